@@ -1,0 +1,272 @@
+"""Tests of mha_jax.attention: values, the seed's worked example, impls, bad input."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import numpy_mha
+from mha_jax import attention as A
+
+
+
+def _setup(d=32, h=4, b=2, t=6, s=None, bias=True, seed=0):
+  keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+  p = A.init_attention_params(keys[0], d, h, use_bias=bias)
+  if bias:  # non-zero biases so they are really tested
+    p = {k: (v + 0.1 * jax.random.normal(keys[3], v.shape) if k.startswith("b") else v)
+         for k, v in p.items()}
+  x = jax.random.normal(keys[1], (b, t, d))
+  ctx = None if s is None else jax.random.normal(keys[2], (b, s, d))
+  return p, x, ctx
+
+
+# ---------------------------------------------------------------- the seed's example
+
+def test_seed_worked_example_building_blocks():
+  q = jnp.array([1.0, 0.0, 2.0])[None, None, None, :]              # (B=1, T=1, H=1, K=3)
+  k = jnp.array([[2.0, 1, 1], [0, 3, 0], [1, 1, 1]])[None, :, None, :]
+  v = jnp.array([[2.0, 5, 1], [0, 1, 3], [4, 0, 2]])[None, :, None, :]
+  s = A.attention_scores(q, k, scale=1.0)
+  np.testing.assert_allclose(s[0, 0, 0], [4.0, 0.0, 3.0])
+  plain = s / s.sum(-1, keepdims=True)  # the article's simplification of softmax
+  np.testing.assert_allclose(plain[0, 0, 0], [4 / 7, 0, 3 / 7], rtol=1e-6)
+  mixed = A.mix_values(plain, v)
+  np.testing.assert_allclose(mixed[0, 0, 0], [20 / 7, 20 / 7, 10 / 7], rtol=1e-6)
+  np.testing.assert_allclose(mixed[0, 0, 0], [2.857, 2.857, 1.429], atol=1e-3)
+  # Real softmax of the scaled scores: divide by sqrt(d_k) = sqrt(3).
+  w = A.attention_weights(A.attention_scores(q, k))
+  e = np.exp(np.array([4.0, 0.0, 3.0]) / math.sqrt(3))
+  np.testing.assert_allclose(w[0, 0, 0], e / e.sum(), rtol=1e-6)
+  np.testing.assert_allclose(A.mix_values(w, v)[0, 0, 0], (e / e.sum()) @ np.array(
+      [[2.0, 5, 1], [0, 1, 3], [4, 0, 2]]), rtol=1e-6)
+
+
+# ---------------------------------------------------------------- building blocks
+
+def test_split_heads_is_a_reshape_of_feature_slices():
+  x = jnp.arange(2 * 3 * 12, dtype=jnp.float32).reshape(2, 3, 12)
+  y = A.split_heads(x, 4)
+  assert y.shape == (2, 3, 4, 3)
+  for i in range(4):
+    np.testing.assert_array_equal(y[:, :, i], x[:, :, 3 * i:3 * (i + 1)])
+  np.testing.assert_array_equal(A.merge_heads(y), x)
+
+
+def test_scale_is_the_heads_own_width():
+  p, x, _ = _setup(d=64, h=16, bias=False)
+  got = A.multi_head_attention(p, x, impl="reference", return_weights=True).weights
+  q = jnp.einsum("btd,dhk->bthk", x, p["wq"])
+  k = jnp.einsum("btd,dhk->bthk", x, p["wk"])
+  dots = jnp.einsum("bthk,bshk->bhts", q, k)
+  np.testing.assert_allclose(got, jax.nn.softmax(dots / math.sqrt(4), -1), atol=1e-6)
+  wrong = jax.nn.softmax(dots / math.sqrt(64), -1)  # sqrt(d_model): flatter
+  assert float(jnp.abs(got - wrong).max()) > 1e-2
+  assert float(got.max(-1).mean()) > float(wrong.max(-1).mean())
+
+
+def test_weights_are_float32_for_bfloat16_inputs():
+  p, x, _ = _setup(bias=False)
+  p16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), p)
+  r = A.multi_head_attention(p16, x.astype(jnp.bfloat16), return_weights=True)
+  assert r.weights.dtype == jnp.float32
+  assert r.out.dtype == jnp.bfloat16
+  np.testing.assert_allclose(r.weights.sum(-1), 1.0, atol=1e-6)
+
+
+def test_fully_masked_row_gives_zero_weights_output_and_finite_grads():
+  p, x, _ = _setup(bias=False)
+  mask = jnp.ones((2, 1, 6, 6), bool).at[1, 0, 2].set(False)
+  for impl in ("reference", "xla"):
+    out = A.multi_head_attention(p, x, mask=mask, impl=impl)
+    np.testing.assert_array_equal(out[1, 2], 0.0)
+    assert np.all(np.isfinite(out))
+  r = A.multi_head_attention(p, x, mask=mask, return_weights=True)
+  np.testing.assert_array_equal(r.weights[1, :, 2], 0.0)
+  g = jax.grad(lambda p: jnp.sum(A.multi_head_attention(p, x, mask=mask) ** 2))(p)
+  assert all(np.all(np.isfinite(v)) for v in jax.tree.leaves(g))
+  s = jnp.zeros((1, 1, 2, 3))
+  w = A.attention_weights(s, jnp.zeros((1, 1, 2, 3), bool))
+  np.testing.assert_array_equal(w, 0.0)
+
+
+# ---------------------------------------------------------------- against the oracle
+
+CASES = dict(
+    plain=dict(),
+    causal=dict(causal=True),
+    mask=dict(mask="random"),
+    mask_causal=dict(mask="random", causal=True),
+    gates=dict(gates="h"),
+    batch_gates_mask=dict(gates="bh", mask="random"),
+    cross=dict(s=9, mask="random"),
+    cross_causal=dict(s=9, causal=True),
+)
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla", "auto"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_numpy_oracle(impl, case):
+  c = CASES[case]
+  p, x, ctx = _setup(s=c.get("s"))
+  b, t, s = 2, 6, c.get("s") or 6
+  mask = gates = None
+  if c.get("mask"):
+    mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.6, (b, 1, t, s))
+  if c.get("gates") == "h":
+    gates = jnp.array([1.0, 0.0, 0.5, 2.0])
+  elif c.get("gates") == "bh":
+    gates = jax.random.uniform(jax.random.PRNGKey(8), (b, 4))
+  got = A.multi_head_attention(p, x, ctx, mask=mask, causal=c.get("causal", False),
+                               head_gates=gates, impl=impl)
+  want, _ = numpy_mha(p, x, ctx, mask, c.get("causal", False), gates)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_all_impls_agree_and_weights_match_oracle():
+  p, x, _ = _setup(d=48, h=6, t=10)
+  mask = jax.random.bernoulli(jax.random.PRNGKey(3), 0.7, (2, 6, 10, 10))
+  gates = jnp.linspace(0, 1, 6)
+  outs = {i: A.multi_head_attention(p, x, mask=mask, head_gates=gates, causal=True, impl=i)
+          for i in ("reference", "xla", "auto")}
+  np.testing.assert_allclose(outs["reference"], outs["xla"], atol=1e-5)
+  np.testing.assert_allclose(outs["reference"], outs["auto"], atol=1e-5)
+  r = A.multi_head_attention(p, x, mask=mask, head_gates=gates, causal=True,
+                             return_weights=True)
+  _, w = numpy_mha(p, x, None, mask, True, gates)
+  np.testing.assert_allclose(r.weights, w, atol=1e-6)
+  np.testing.assert_allclose(r.out, outs["reference"], atol=1e-6)
+
+
+def test_gate_zero_equals_physically_removing_the_head():
+  p, x, _ = _setup(d=32, h=4)
+  gated = A.multi_head_attention(p, x, head_gates=jnp.array([1.0, 0.0, 1.0, 0.0]))
+  keep = np.array([0, 2])
+  pruned = {k: (v[:, keep] if k in ("wq", "wk", "wv") else v[keep] if k in
+                ("wo", "bq", "bk", "bv") else v) for k, v in p.items()}
+  assert pruned["wq"].shape == (32, 2, 8)
+  np.testing.assert_allclose(A.multi_head_attention(pruned, x), gated, atol=1e-6)
+
+
+def test_zero_heads_leaves_only_the_output_bias():
+  p, x, _ = _setup(d=32, h=4)
+  empty = {k: (v[:, :0] if k in ("wq", "wk", "wv") else v[:0] if k in
+               ("wo", "bq", "bk", "bv") else v) for k, v in p.items()}
+  out = A.multi_head_attention(empty, x)
+  np.testing.assert_allclose(out, jnp.broadcast_to(p["bo"], out.shape))
+  r = A.multi_head_attention(empty, x, return_weights=True)
+  assert r.weights.shape == (2, 0, 6, 6) and r.heads.shape == (2, 6, 0, 8)
+
+
+def test_head_outputs_are_independent_mixtures():
+  """Changing one head's W_Q leaves every other head's weights and output unchanged."""
+  p, x, _ = _setup(d=32, h=4, bias=False)
+  r1 = A.multi_head_attention(p, x, return_weights=True)
+  p2 = dict(p, wq=p["wq"].at[:, 1].multiply(-3.0))
+  r2 = A.multi_head_attention(p2, x, return_weights=True)
+  others = np.array([0, 2, 3])
+  np.testing.assert_allclose(r1.weights[:, others], r2.weights[:, others], atol=1e-7)
+  np.testing.assert_allclose(r1.heads[:, :, others], r2.heads[:, :, others], atol=1e-7)
+  assert float(jnp.abs(r1.weights[:, 1] - r2.weights[:, 1]).max()) > 1e-2
+
+
+def test_one_head_two_jobs_compromises():
+  """The seed's claim: a head mixing two targets has its peak weight lowest at 50/50."""
+  t, d = 8, 16
+  prev = np.roll(np.eye(t), 1, axis=1)          # attend to token i-1
+  partner = np.roll(np.eye(t), 3, axis=1)       # attend to token i-3
+  x = jnp.asarray(np.eye(t, d)[None])           # one-hot tokens
+  peaks = []
+  for alpha in np.linspace(0, 1, 11):
+    # One head: query-key matrix W_QK = 8 * (alpha*prev + (1-alpha)*partner).
+    wqk = 8.0 * (alpha * prev + (1 - alpha) * partner)
+    wq = np.zeros((d, 1, t)); wq[:t, 0] = wqk
+    wk = np.zeros((d, 1, t)); wk[:t, 0] = np.eye(t) * math.sqrt(t)
+    p = {"wq": jnp.asarray(wq), "wk": jnp.asarray(wk),
+         "wv": jnp.asarray(wk), "wo": jnp.zeros((1, t, d))}
+    w = A.multi_head_attention(p, x, return_weights=True).weights
+    peaks.append(float(w.max(-1).mean()))
+  assert int(np.argmin(peaks)) == 5          # alpha = 0.5
+  assert peaks[5] < 0.55 and peaks[0] > 0.9 and peaks[-1] > 0.9
+
+
+# ---------------------------------------------------------------- jit and retracing
+
+class VariantsTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_variants_match_oracle(self):
+    p, x, _ = _setup()
+    mask = jax.random.bernoulli(jax.random.PRNGKey(1), 0.7, (2, 1, 6, 6))
+    f = self.variant(lambda p, x, m: A.multi_head_attention(p, x, mask=m, impl="reference"))
+    want, _ = numpy_mha(p, x, None, mask)
+    np.testing.assert_allclose(f(p, x, mask), want, atol=1e-5)
+
+  def test_no_retrace_for_same_shapes(self):
+    p, x, _ = _setup()
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def f(p, x):
+      return A.multi_head_attention(p, x, causal=True)
+
+    for i in range(4):
+      f(p, x + i)
+    f(jax.tree.map(lambda a: a * 2, p), x)
+    with self.assertRaises(AssertionError):  # a new shape does retrace, and is caught
+      f(p, x[:, :3])
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_init_rejects_bad_head_counts():
+  with pytest.raises(ValueError, match=r"num_heads=5 does not divide d_model=32"):
+    A.init_attention_params(jax.random.PRNGKey(0), 32, 5)
+  with pytest.raises(ValueError, match=r"num_heads must be a positive integer; got 0"):
+    A.init_attention_params(jax.random.PRNGKey(0), 32, 0)
+  with pytest.raises(ValueError, match=r"num_heads must be a positive integer; got -2"):
+    A.init_attention_params(jax.random.PRNGKey(0), 32, -2)
+  p = A.init_attention_params(jax.random.PRNGKey(0), 32, 5, head_dim=8)
+  assert p["wq"].shape == (32, 5, 8)
+
+
+def test_bad_inputs_name_the_argument():
+  p, x, _ = _setup(bias=False)
+  q = jnp.zeros((1, 3, 2, 4))
+  with pytest.raises(ValueError, match=r"same head width K; got q K=4.*k K=5"):
+    A.attention_scores(q, jnp.zeros((1, 3, 2, 5)))
+  with pytest.raises(ValueError, match=r"mask must be boolean.*float32"):
+    A.multi_head_attention(p, x, mask=jnp.ones((2, 1, 6, 6)))
+  with pytest.raises(ValueError, match=r"mask of shape \(2, 1, 5, 6\).*T dimension is 5"):
+    A.multi_head_attention(p, x, mask=jnp.ones((2, 1, 5, 6), bool))
+  with pytest.raises(ValueError, match=r"mask must have rank 4.*\(2, 6, 6\)"):
+    A.multi_head_attention(p, x, mask=jnp.ones((2, 6, 6), bool))
+  with pytest.raises(ValueError, match=r"x must be a rank-3 array.*\(6, 32\)"):
+    A.multi_head_attention(p, x[0])
+  with pytest.raises(ValueError, match=r"x has d_model=16"):
+    A.multi_head_attention(p, x[..., :16])
+  with pytest.raises(ValueError, match=r"head_gates must have shape \(H,\) = \(4,\).*\(3,\)"):
+    A.multi_head_attention(p, x, head_gates=jnp.ones(3))
+  with pytest.raises(ValueError, match=r"head_gates.*\(2, 3\)"):
+    A.multi_head_attention(p, x, head_gates=jnp.ones((2, 3)))
+  with pytest.raises(ValueError, match=r"impl must be one of .*got 'flash'"):
+    A.multi_head_attention(p, x, impl="flash")
+  with pytest.raises(ValueError, match=r"impl='xla' does not expose attention weights"):
+    A.multi_head_attention(p, x, impl="xla", return_weights=True)
+  with pytest.raises(ValueError, match=r"params\['wo'\] must have shape \(4, 8, 32\)"):
+    A.multi_head_attention(dict(p, wo=jnp.zeros((4, 4, 32))), x)
+  with pytest.raises(ValueError, match=r"params is missing \['wv'\]"):
+    A.multi_head_attention({k: v for k, v in p.items() if k != "wv"}, x)
+  with pytest.raises(ValueError, match=r"num_heads=5 does not divide the last dimension 32"):
+    A.split_heads(x, 5)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="tests the CPU/TPU error")
+def test_cudnn_without_gpu_is_a_clear_error():
+  p, x, _ = _setup(bias=False)
+  with pytest.raises(ValueError, match=r"impl='cudnn' needs an NVIDIA GPU; .*'cpu'"):
+    A.multi_head_attention(p, x, impl="cudnn")
+  assert A.resolve_impl("auto", jnp.zeros((1, 2, 2, 8), jnp.bfloat16), False) == "xla"
