@@ -111,9 +111,10 @@ def attention_scores(q_BTHK: jax.Array, k_BSHK: jax.Array,
     raise ValueError(f"q_BTHK and k_BSHK must have the same batch size; got {bq} and {bk}")
   if scale is None:
     scale = 1.0 / math.sqrt(kq)
-  s_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK,
-                      preferred_element_type=jnp.float32)
-  return s_BHTS * jnp.float32(scale)
+  # Scaling q (T*K numbers) rather than the scores (T*S per head) is the same maths
+  # and far cheaper when H is large.
+  q_BTHK = q_BTHK * jnp.asarray(scale, q_BTHK.dtype)
+  return jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK, preferred_element_type=jnp.float32)
 
 
 def attention_weights(s_BHTS: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -278,11 +279,13 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool) -> str:
     _check_cudnn_supported(q_BTHK)
   if impl != "auto":
     return impl
+  # Measured (scripts/bench_attention.py): on CPU the explicit path beats jax.nn's
+  # XLA path, most in forward+backward and at large h.
   try:
     _check_cudnn_supported(q_BTHK)
     return "cudnn"
   except ValueError:
-    return "xla"
+    return "reference"
 
 
 def _causal_mask(t: int, s: int) -> jax.Array:
@@ -357,7 +360,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     head_gates: (H,) or (B, H); multiplies each head's output before W_O.
     impl: "reference" (explicit weights), "xla" (jax.nn.dot_product_attention),
       "cudnn" (GPU, bf16/f16), or "auto" (cudnn where it can serve the call, else
-      xla; reference whenever weights are asked for).
+      reference, the faster of the other two in our benchmark).
     return_weights: also return the weights and the per-head outputs.
 
   Returns:

@@ -1,0 +1,68 @@
+"""Cost accounting against the real param pytrees and XLA's own FLOP count."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha_jax import accounting
+from mha_jax import attention as A
+
+
+@pytest.mark.parametrize("h", [1, 2, 4, 8, 16, 32, 64])
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_param_count_matches_pytree_and_is_flat_in_h(h, use_bias):
+  d = 64
+  p = jax.eval_shape(lambda k: A.init_attention_params(k, d, h, use_bias=use_bias),
+                     jax.random.PRNGKey(0))
+  n = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(p))
+  assert n == accounting.attention_params(d, h, use_bias=use_bias)
+  assert n == 4 * d * d + (4 * d if use_bias else 0)
+
+
+def _xla_flops(fn, *args):
+  cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0]
+  return float(cost["flops"])
+
+
+@pytest.mark.parametrize("d,h,t,s", [(128, 4, 64, 64), (128, 16, 64, 64), (256, 8, 128, 128),
+                                     (128, 8, 32, 96)])
+def test_flops_match_xla_within_5_percent(d, h, t, s):
+  p = A.init_attention_params(jax.random.PRNGKey(0), d, h)
+  x = jnp.zeros((2, t, d))
+  c = jnp.zeros((2, s, d))
+  want = accounting.attention_flops(d, t, kv_len=s, batch=2)["total"]
+  for impl in ("reference", "xla"):
+    got = _xla_flops(lambda p, x, c: A.multi_head_attention(p, x, c, impl=impl), p, x, c)
+    assert abs(got - want) / want < 0.05, (impl, got, want)
+
+
+def test_flops_do_not_depend_on_h_but_score_memory_does():
+  d, t = 256, 64
+  counts = []
+  for h in (1, 4, 16, 64, 256):
+    p = A.init_attention_params(jax.random.PRNGKey(0), d, h)
+    counts.append(_xla_flops(lambda p, x: A.multi_head_attention(p, x, impl="reference"),
+                             p, jnp.zeros((1, t, d))))
+  base = accounting.attention_flops(d, t)["total"]
+  # XLA adds softmax elementwise work (a few ops per score), which grows with h.
+  assert all(abs(c - base) / base < 0.05 for c in counts[:4]), counts
+  mem = [accounting.score_memory_bytes(2, h, 128) for h in (8, 16, 96)]
+  assert mem == [2 * h * 128 * 128 * 4 for h in (8, 16, 96)]
+  params = jax.eval_shape(lambda k: A.init_attention_params(k, 256, 16), jax.random.PRNGKey(0))
+  w = jax.eval_shape(lambda p, x: A.multi_head_attention(p, x, return_weights=True).weights,
+                     params, jax.ShapeDtypeStruct((2, 128, 256), jnp.float32))
+  assert int(np.prod(w.shape)) * 4 == accounting.score_memory_bytes(2, 16, 128)
+
+
+def test_zoo_rows_and_bad_input():
+  rows = {r["model"]: r for r in accounting.zoo_rows(seq_len=1024)}
+  assert rows["GPT-3 175B"]["d_k"] == 128 and rows["Transformer-base"]["d_k"] == 64
+  assert rows["GPT-2 XL"]["d_k"] == 64 and rows["LLaMA 33B"]["d_k"] == 128
+  assert rows["LLaMA 7B"]["params"] == 4 * 4096**2
+  with pytest.raises(ValueError, match="num_heads=5 does not divide d_model=64"):
+    accounting.attention_params(64, 5)
+  with pytest.raises(ValueError, match="seq_len must be a positive integer; got 0"):
+    accounting.attention_flops(64, 0)

@@ -1,0 +1,46 @@
+"""The `mha-jax` command: zoo and the benchmark harness (no timings are asserted)."""
+
+import json
+import subprocess
+import sys
+
+from mha_jax import cli
+
+
+def test_zoo_prints_every_model_with_d_k(capsys):
+  assert cli.main(["zoo", "--seq-len", "1024"]) == 0
+  out = capsys.readouterr().out
+  assert "T=1024" in out
+  for model, d_k in (("Transformer-base", 64), ("GPT-2 XL", 64), ("LLaMA 65B", 128),
+                     ("GPT-3 175B", 128)):
+    line = next(l for l in out.splitlines() if l.startswith(model))
+    assert int(line.split()[-4]) == d_k, line
+  assert "603,979,776" in out            # 4 * 12288^2
+
+
+def test_console_script_entry_point_runs():
+  r = subprocess.run([sys.executable, "-m", "mha_jax.cli", "zoo"], capture_output=True,
+                     text=True, check=True)
+  assert "LLaMA 13B" in r.stdout
+
+
+def test_bench_attention_writes_json_and_table(tmp_path, capsys):
+  out = tmp_path / "b.json"
+  assert cli.main(["bench", "attention", "--d-model", "32", "--seq-len", "8", "--batch", "1",
+                   "--heads", "4,8", "--rounds", "2", "--out", str(out)]) == 0
+  text = capsys.readouterr().out
+  data = json.loads(out.read_text())
+  impls = {r["impl"] for r in data["rows"]}
+  assert {"mha_jax impl=auto", "flax.linen MHDPA", "flax.nnx MultiHeadAttention",
+          "linen + jax.nn.dot_product_attention"} <= impls
+  assert len(data["rows"]) == 2 * 2 * len(impls)       # h x mode x impl
+  assert all(len(r["times_ms"]) == 2 and r["median_ms"] > 0 for r in data["rows"])
+  assert data["machine"]["matmul_gflops"] > 0
+  assert "| 8 | 4 | flax.linen MHDPA |" in text
+
+
+def test_bench_rejects_heads_not_dividing_width(tmp_path, capsys):
+  assert cli.main(["bench", "attention", "--d-model", "30", "--heads", "8",
+                   "--out", str(tmp_path / "x.json")]) == 2
+  assert "h=8 does not divide d_model=30" in capsys.readouterr().err
+  assert not (tmp_path / "x.json").exists()

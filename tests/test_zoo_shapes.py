@@ -1,0 +1,63 @@
+"""Shape contracts over the model zoo, h = 8 ... 96.
+
+At the real widths every intermediate is checked through jax.eval_shape (no memory is
+spent); real numbers are computed at a reduced width with the same h.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import numpy_mha
+from mha_jax import accounting
+from mha_jax import attention as A
+
+ZOO = {e.name: e for e in accounting.ZOO}
+T, B = 128, 2
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_every_intermediate_shape_at_real_width(name):
+  e = ZOO[name]
+  d, h, k = e.d_model, e.num_heads, e.d_model // e.num_heads
+  params = jax.eval_shape(lambda key: A.init_attention_params(key, d, h, use_bias=True),
+                          jax.random.PRNGKey(0))
+  chex.assert_trees_all_equal_shapes(params, {n: jax.ShapeDtypeStruct(s, jnp.float32) for n, s
+                                              in A.param_shapes(d, h, k).items()})
+  # Each of W_Q, W_K, W_V, W_O holds d_model x d_model numbers, whatever h is.
+  assert all(np.prod(params[n].shape) == d * d for n in ("wq", "wk", "wv", "wo"))
+  x = jax.ShapeDtypeStruct((B, T, d), jnp.float32)
+  ctx = jax.ShapeDtypeStruct((B, 2 * T, d), jnp.float32)
+  q = jax.eval_shape(lambda x: A.split_heads(x, h), x)
+  kk = jax.eval_shape(lambda x: A.split_heads(x, h), ctx)
+  s = jax.eval_shape(A.attention_scores, q, kk)
+  w = jax.eval_shape(A.attention_weights, s)
+  o = jax.eval_shape(A.mix_values, w, kk)
+  m = jax.eval_shape(A.merge_heads, o)
+  assert (q.shape, s.shape, w.shape, o.shape, m.shape) == (
+      (B, T, h, k), (B, h, T, 2 * T), (B, h, T, 2 * T), (B, T, h, k), (B, T, d))
+  assert w.dtype == jnp.float32
+  for impl in ("reference", "xla"):
+    out = jax.eval_shape(lambda p, x, c: A.multi_head_attention(p, x, c, impl=impl), params,
+                         x, ctx)
+    assert out.shape == (B, T, d)
+  r = jax.eval_shape(lambda p, x: A.multi_head_attention(p, x, causal=True,
+                                                         return_weights=True), params, x)
+  assert (r.out.shape, r.weights.shape, r.heads.shape) == ((B, T, d), (B, h, T, T), (B, T, h, k))
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_real_numbers_at_reduced_width_same_heads(name):
+  h = ZOO[name].num_heads
+  d = 2 * h                                   # d_k = 2, same h
+  p = A.init_attention_params(jax.random.PRNGKey(h), d, h, use_bias=True)
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, d))
+  mask = jnp.tril(jnp.ones((5, 5), bool))
+  r = jax.jit(lambda p, x: A.multi_head_attention(p, x, mask=mask, return_weights=True))(p, x)
+  want_out, want_w = numpy_mha(p, x, mask=mask)
+  np.testing.assert_allclose(r.out, want_out, atol=1e-5)
+  np.testing.assert_allclose(r.weights, want_w, atol=1e-6)
+  np.testing.assert_allclose(jax.jit(lambda p, x: A.multi_head_attention(
+      p, x, mask=mask, impl="xla"))(p, x), want_out, atol=1e-5)
