@@ -107,3 +107,16 @@ def format_zoo(seq_len: int = 2048, batch: int = 1) -> str:
     lines.append(f"{r['model']:<24} {r['d_model']:>7} {r['heads']:>3} {r['d_k']:>4} "
                  f"{r['params']:>13,} {r['gflops']:>11.1f} {r['score_mib']:>10.0f}")
   return "\n".join(lines)
+
+
+def format_head_sweep(d_model: int, seq_len: int = 2048, batch: int = 1) -> str:
+  """Every h dividing d_model at fixed width: params and FLOPs flat, d_k and scores move."""
+  _positive("d_model", d_model)
+  head = f"{'h':>5} {'d_k':>5} {'params':>13} {'GFLOP':>9} {'scores MiB':>10}"
+  lines = [f"One self-attention layer at d_model={d_model}, T={seq_len}, batch={batch}",
+           head, "-" * len(head)]
+  flops = attention_flops(d_model, seq_len, batch=batch)["total"] / 1e9
+  for h in [h for h in range(1, d_model + 1) if d_model % h == 0]:
+    lines.append(f"{h:>5} {d_model // h:>5} {attention_params(d_model, h):>13,} "
+                 f"{flops:>9.1f} {score_memory_bytes(batch, h, seq_len) / 2**20:>10.2f}")
+  return "\n".join(lines)

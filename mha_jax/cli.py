@@ -15,6 +15,11 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def _cmd_zoo(args) -> int:
   from mha_jax import accounting
+  if args.d_model is not None:
+    print(accounting.format_head_sweep(args.d_model, seq_len=args.seq_len, batch=args.batch))
+    print("\nAt d_k = 1 a query and a key are single numbers: a head can then only favour "
+          "the key with the largest or the smallest k.")
+    return 0
   print(accounting.format_zoo(seq_len=args.seq_len, batch=args.batch))
   print("\nParams and FLOPs are the same for every h at a given d_model; the score "
         "tensor grows with h.")
@@ -39,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
   z = sub.add_parser("zoo", help="params, FLOPs and score memory of the model zoo")
   z.add_argument("--seq-len", type=int, default=2048)
   z.add_argument("--batch", type=int, default=1)
+  z.add_argument("--d-model", type=int, default=None,
+                 help="instead of the zoo, every h dividing this width")
   z.set_defaults(func=_cmd_zoo)
 
   b = sub.add_parser("bench", help="benchmarks")

@@ -270,3 +270,22 @@ def test_cudnn_without_gpu_is_a_clear_error():
   with pytest.raises(ValueError, match=r"impl='cudnn' needs an NVIDIA GPU; .*'cpu'"):
     A.multi_head_attention(p, x, impl="cudnn")
   assert A.resolve_impl("auto", jnp.zeros((1, 2, 2, 8), jnp.bfloat16), False) == "reference"
+
+
+def test_head_width_one_leaves_only_two_directions():
+  """At d_k = 1 a query and a key are single numbers: every row's argmax is the key with
+  the largest or the smallest k, whatever the query. No error, just nothing to say."""
+  p, x, _ = _setup(d=16, h=16, t=12, bias=False)
+  r = A.multi_head_attention(p, x, return_weights=True)
+  k_BSH = jnp.einsum("bsd,dh->bsh", x, p["wk"][..., 0])
+  top = np.asarray(r.weights.argmax(-1))                    # (B, H, T)
+  hi = np.asarray(k_BSH.argmax(1))[:, :, None]              # (B, H, 1)
+  lo = np.asarray(k_BSH.argmin(1))[:, :, None]
+  assert np.all((top == hi) | (top == lo))
+  distinct = lambda top: max(len(np.unique(top[b, h])) for b in range(top.shape[0])
+                             for h in range(top.shape[1]))
+  assert distinct(top) <= 2
+  # At d_k = 4 (same D) a head's rows are free to pick other keys.
+  p4, _, _ = _setup(d=16, h=4, t=12, bias=False)
+  w4 = A.multi_head_attention(p4, x, return_weights=True).weights
+  assert distinct(np.asarray(w4.argmax(-1))) > 2

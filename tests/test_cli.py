@@ -44,3 +44,13 @@ def test_bench_rejects_heads_not_dividing_width(tmp_path, capsys):
                    "--out", str(tmp_path / "x.json")]) == 2
   assert "h=8 does not divide d_model=30" in capsys.readouterr().err
   assert not (tmp_path / "x.json").exists()
+
+
+def test_zoo_head_sweep_keeps_params_and_flops_flat(capsys):
+  assert cli.main(["zoo", "--d-model", "64", "--seq-len", "128"]) == 0
+  rows = [l.split() for l in capsys.readouterr().out.splitlines() if l[:5].strip().isdigit()]
+  assert [int(r[0]) for r in rows] == [1, 2, 4, 8, 16, 32, 64]
+  assert [int(r[1]) for r in rows] == [64, 32, 16, 8, 4, 2, 1]
+  assert {r[2] for r in rows} == {"16,384"} and len({r[3] for r in rows}) == 1
+  mib = [float(r[4]) for r in rows]
+  assert mib == sorted(mib) and mib[-1] == 64 * mib[0]
