@@ -6,6 +6,15 @@ from mha_jax.attention import (AttentionOutput, attention_scores, attention_weig
 
 __version__ = "0.1.0"
 
-__all__ = ["AttentionOutput", "attention_scores", "attention_weights",
+
+
+def __getattr__(name):
+  if name in ("load", "Loaded"):  # lazy: pulls in orbax and the data code
+    from mha_jax import loader as _load_module
+    return getattr(_load_module, name)
+  raise AttributeError(f"module 'mha_jax' has no attribute {name!r}")
+
+
+__all__ = ["load", "Loaded", "AttentionOutput", "attention_scores", "attention_weights",
            "init_attention_params", "merge_heads", "mix_values", "multi_head_attention",
            "split_heads", "__version__"]

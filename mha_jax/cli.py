@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -37,8 +38,65 @@ def _cmd_bench_attention(args) -> int:
   return 0
 
 
+def _repo_path(path: str) -> str:
+  """A config path as given, else relative to the repository holding this package."""
+  import os
+  if os.path.exists(path.partition(":")[0]):
+    return path
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cand = os.path.join(root, path)
+  return cand if os.path.exists(cand.partition(":")[0]) else path
+
+
+def _cmd_train(args, extra) -> int:
+  from mha_jax import config as mc
+  from mha_jax.train import loop
+  if args.multihost:
+    import jax
+    jax.distributed.initialize()
+  cfg = mc.load_config(_repo_path(args.config))
+  rest = mc.apply_overrides(cfg, extra)
+  if rest:
+    raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+  try:
+    summary = loop.train(cfg, args.workdir)
+  except loop.TrainingDiverged as e:
+    print(f"mha-jax: {e}", file=sys.stderr)
+    return 1
+  print(json.dumps(summary))
+  return 0
+
+
+def _cmd_eval(args) -> int:
+  from mha_jax.loader import load
+  run = load(args.workdir, step=args.step)
+  if args.split not in ("train", "valid", "test"):
+    raise ValueError(f"--split must be train, valid or test; got {args.split!r}")
+  res = run.model.evaluate(run.params, args.split, bleu=run.config.task == "translation")
+  print(json.dumps({"workdir": args.workdir, "step": run.step, "split": args.split, **res}))
+  return 0
+
+
+def _cmd_sweep(args, extra) -> int:
+  from mha_jax import sweep
+  from mha_jax.train import loop
+  spec = _repo_path(args.config)
+  runs = sweep.plan(spec, args.workdir, extra)
+  if args.print_commands:
+    print("\n".join(sweep.commands(runs)))
+    return 0
+  sweep.run_sweep(spec, args.workdir, extra, train_fn=loop.train)
+  return 0
+
+
+def _cmd_quickstart(args, extra) -> int:
+  from mha_jax import quickstart
+  quickstart.run(args.workdir, extra)
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="mha-jax", description=__doc__)
+  p = argparse.ArgumentParser(prog="mha-jax", description=__doc__, allow_abbrev=False)
   sub = p.add_subparsers(dest="command", required=True)
 
   z = sub.add_parser("zoo", help="params, FLOPs and score memory of the model zoo")
@@ -47,6 +105,30 @@ def build_parser() -> argparse.ArgumentParser:
   z.add_argument("--d-model", type=int, default=None,
                  help="instead of the zoo, every h dividing this width")
   z.set_defaults(func=_cmd_zoo)
+
+  t = sub.add_parser("train", help="train (or resume) a run from a config file")
+  t.add_argument("--config", required=True, help="configs/FILE.py[:arg]")
+  t.add_argument("--workdir", required=True)
+  t.add_argument("--multihost", action="store_true",
+                 help="call jax.distributed.initialize() (multi-host TPU slices)")
+  t.set_defaults(func=_cmd_train, extra=True)
+
+  e = sub.add_parser("eval", help="evaluate a run's checkpoint; prints one JSON object")
+  e.add_argument("--workdir", required=True)
+  e.add_argument("--split", default="test")
+  e.add_argument("--step", type=int, default=None)
+  e.set_defaults(func=_cmd_eval)
+
+  sw = sub.add_parser("sweep", help="run the runs a sweep config lists")
+  sw.add_argument("--config", required=True)
+  sw.add_argument("--workdir", required=True)
+  sw.add_argument("--print-commands", action="store_true",
+                  help="print one `mha-jax train` command per run instead")
+  sw.set_defaults(func=_cmd_sweep, extra=True)
+
+  q = sub.add_parser("quickstart", help="train, evaluate and summarize the default model")
+  q.add_argument("--workdir", default="workdirs/quickstart")
+  q.set_defaults(func=_cmd_quickstart, extra=True)
 
   b = sub.add_parser("bench", help="benchmarks")
   bsub = b.add_subparsers(dest="bench", required=True)
@@ -70,9 +152,12 @@ def add_bench_attention_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv=None) -> int:
-  args = build_parser().parse_args(argv)
+  parser = build_parser()
+  args, extra = parser.parse_known_args(argv)
+  if extra and not getattr(args, "extra", False):
+    parser.error(f"unrecognized arguments: {' '.join(extra)}")
   try:
-    return args.func(args)
+    return args.func(args, extra) if getattr(args, "extra", False) else args.func(args)
   except ValueError as e:
     print(f"mha-jax: error: {e}", file=sys.stderr)
     return 2

@@ -1,0 +1,30 @@
+"""Attention-only 2-layer model on repeated random tokens: induction heads.
+
+  mha-jax train --config configs/induction.py --workdir runs/induction
+
+Sequences are [BOS] r_1..r_n r_1..r_n with r uniform over the vocabulary. The loss on
+the repeated half can only fall below ln(V) through in-context copying.
+"""
+
+import ml_collections
+
+from mha_jax import config as mc
+
+
+def get_config(arg=None):
+  a = mc.parse_arg(arg, heads=4, d_model=64, layers=2, vocab=64, half_len=24,
+                   layer_norm=False)
+  cfg = ml_collections.ConfigDict()
+  cfg.task = "lm"
+  cfg.seed = 0
+  cfg.data = dict(kind="repeated", seed=0, vocab_size=a.vocab, half_len=a.half_len,
+                  text_files=(), tokenizer="bpe")
+  cfg.model = dict(
+      d_model=a.d_model, num_heads=a.heads, head_dim=0, num_layers=a.layers, d_ff=0,
+      max_len=2 * a.half_len + 1, dropout=0.0, layer_norm=a.layer_norm, attn_only=True,
+      use_bias=False, pos="learned", impl="auto")
+  cfg.train = mc.train_defaults(steps=1500, batch_size=32, lr=1e-3, warmup=100,
+                                schedule="constant", weight_decay=0.0, eval_every=100,
+                                checkpoint_every=250, log_every=50)
+  cfg.eval = mc.eval_defaults(batch_size=64, lm_batches=4)
+  return cfg

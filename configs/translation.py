@@ -1,0 +1,44 @@
+"""Encoder-decoder translation, the setting of Voita et al. (2019).
+
+  mha-jax train --config configs/translation.py --workdir runs/tr
+  mha-jax train --config configs/translation.py:heads=16 --workdir runs/h16
+  mha-jax train --config configs/translation.py:quickstart --workdir runs/qs
+
+Arguments: heads, d_model, layers (encoder and decoder each), quickstart (a smaller,
+shorter run for a 2-core CPU). Data: the built-in synthetic language pair, or
+data.kind=parallel with data.{train,valid,test}_{src,tgt} files and optional
+data.conllu.{train,valid,test} parses of the source side.
+"""
+
+import ml_collections
+
+from mha_jax import config as mc
+
+
+def get_config(arg=None):
+  a = mc.parse_arg(arg, heads=8, d_model=128, layers=6, quickstart=False)
+  cfg = ml_collections.ConfigDict()
+  cfg.task = "translation"
+  cfg.seed = 0
+  cfg.data = dict(
+      kind="synthetic", seed=0, train_size=20000, valid_size=500, test_size=500, max_len=24,
+      grammar=dict(num_nouns=300, num_verbs=120, num_adjectives=120, num_adverbs=60,
+                   num_names=200, zipf_exponent=1.1),
+      train_src="", train_tgt="", valid_src="", valid_tgt="", test_src="", test_tgt="",
+      conllu=dict(train="", valid="", test=""))
+  cfg.model = dict(
+      d_model=a.d_model, num_heads=a.heads, head_dim=0, enc_layers=a.layers,
+      dec_layers=a.layers, d_ff=4 * a.d_model, dropout=0.0, layer_norm=True,
+      attn_only=False, use_bias=False, impl="auto")
+  cfg.train = mc.train_defaults(steps=3000, batch_size=64, lr=2e-3, warmup=300,
+                                label_smoothing=0.1)
+  cfg.eval = mc.eval_defaults()
+  if a.quickstart:
+    cfg.model.d_model = 64
+    cfg.model.d_ff = 256
+    cfg.train.steps = 600
+    cfg.train.warmup = 100
+    cfg.train.eval_every = 600
+    cfg.train.checkpoint_every = 300
+    cfg.train.log_every = 50
+  return cfg

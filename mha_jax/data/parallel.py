@@ -1,0 +1,46 @@
+"""Parallel text the user brings: one sentence per line, optional CoNLL-U for the source."""
+
+from __future__ import annotations
+
+import os
+
+
+def read_lines(path: str, what: str) -> list[list[str]]:
+  """Whitespace-tokenized lines of a UTF-8 file; errors name the config field."""
+  if not path or not os.path.isfile(path):
+    raise ValueError(f"{what}: no such file {path!r}")
+  with open(path, encoding="utf-8") as f:
+    lines = [l.split() for l in f.read().splitlines()]
+  if not any(lines):
+    raise ValueError(f"{what}: file {path!r} is empty")
+  for i, l in enumerate(lines):
+    if not l:
+      raise ValueError(f"{what}: line {i + 1} of {path!r} is empty")
+  return lines
+
+
+def read_conllu_arcs(path: str, sentences: list[list[str]], what: str
+                     ) -> list[dict[str, list]]:
+  """Gold arcs from a CoNLL-U file whose tokens match `sentences` one to one.
+
+  Returns per sentence {"heads": 0-based head index or -1, "rels": relation}; the
+  relation's subtype is dropped (nsubj:pass -> nsubj).
+  """
+  import conllu
+  if not os.path.isfile(path):
+    raise ValueError(f"{what}: no such file {path!r}")
+  with open(path, encoding="utf-8") as f:
+    parsed = conllu.parse(f.read())
+  if len(parsed) != len(sentences):
+    raise ValueError(f"{what}: {path!r} has {len(parsed)} sentences, the source file "
+                     f"{len(sentences)}")
+  out = []
+  for n, (tl, words) in enumerate(zip(parsed, sentences)):
+    toks = [t for t in tl if isinstance(t["id"], int)]
+    forms = [t["form"] for t in toks]
+    if forms != words:
+      raise ValueError(f"{what}: sentence {n + 1} of {path!r} has tokens {forms[:8]}..., "
+                       f"the source line {words[:8]}...")
+    out.append({"heads": [int(t["head"]) - 1 for t in toks],
+                "rels": [str(t["deprel"]).split(":")[0] for t in toks]})
+  return out

@@ -1,0 +1,62 @@
+"""The one loader: every analysis starts from a workdir through `mha_jax.load`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import ml_collections
+
+from mha_jax import config as mc
+from mha_jax import tasks
+from mha_jax.models import common as C
+from mha_jax.train import checkpoint as ckpt_lib
+
+
+@dataclasses.dataclass
+class Loaded:
+  """What a workdir holds.
+
+  config: the resolved, locked config of the run.
+  model: the task object: `model.apply(params, batch, gates=..., capture=...)`,
+    `model.loss(...)`, `model.evaluate(params, split)`, the data and vocabulary.
+  params: the params pytree at `step` (on one device, in their saved shapes).
+  """
+  config: ml_collections.ConfigDict
+  model: Any
+  params: Any
+  step: int
+  workdir: str
+
+  @property
+  def head_names(self) -> list[str]:
+    return C.head_names(self.params)
+
+  def __iter__(self):  # config, model, params = mha_jax.load(workdir)
+    return iter((self.config, self.model, self.params))
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise ValueError(f"--workdir {workdir!r} has no config.json: not a mha-jax run")
+  with open(path) as f:
+    return mc.from_dict(json.load(f))
+
+
+def load(workdir: str, step: int | None = None) -> Loaded:
+  """Config, model and params of the run in `workdir` (latest checkpoint by default)."""
+  cfg = load_config(workdir)
+  ckpts = ckpt_lib.Checkpoints(workdir, read_only=True)
+  try:
+    steps = ckpts.all_steps()
+    if not steps:
+      raise ValueError(f"--workdir {workdir!r} has no trained checkpoint yet")
+    if step is not None and step not in steps:
+      raise ValueError(f"step {step} is not in {workdir!r}; saved steps: {steps}")
+    params, step = ckpts.restore_params(step)
+  finally:
+    ckpts.close()
+  return Loaded(cfg, tasks.build(cfg, workdir), params, step, workdir)

@@ -1,0 +1,80 @@
+"""Decoder-only language model; `attn_only=True` drops the MLPs (circuit studies).
+
+params = {
+  "embed": (V, D), "pos_embed": (max_len, D)  (when pos="learned"),
+  "lm": {"layer_{i}": {"ln1", "attn", "ln2", "mlp"}, "ln_final"},
+  "unembed": (D, V),
+}
+With layer_norm=False there are no ln* entries; with attn_only=True no "mlp".
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from mha_jax import attention
+from mha_jax.models import common as C
+
+
+def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 0,
+         num_layers: int, d_ff: int, max_len: int, layer_norm: bool = True,
+         attn_only: bool = False, use_bias: bool = False, pos: str = "learned") -> dict:
+  keys = iter(jax.random.split(key, 4 + 2 * num_layers))
+  layers = {}
+  for i in range(num_layers):
+    b = {"attn": attention.init_attention_params(next(keys), d_model, num_heads,
+                                                 head_dim=head_dim or None, use_bias=use_bias)}
+    if not attn_only:
+      b["mlp"] = C.init_mlp(next(keys), d_model, d_ff)
+    if layer_norm:
+      b["ln1"] = C.init_layer_norm(d_model)
+      if not attn_only:
+        b["ln2"] = C.init_layer_norm(d_model)
+    layers[f"layer_{i}"] = b
+  if layer_norm:
+    layers["ln_final"] = C.init_layer_norm(d_model)
+  params = {
+      "embed": jax.random.normal(next(keys), (vocab_size, d_model)) * 0.02,
+      "lm": layers,
+      "unembed": jax.random.normal(next(keys), (d_model, vocab_size)) * d_model ** -0.5,
+  }
+  if pos == "learned":
+    params["pos_embed"] = jax.random.normal(next(keys), (max_len, d_model)) * 0.02
+  return params
+
+
+def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, key=None):
+  """Next-token logits (B, T, V); with capture=True also {"lm": [AttentionOutput ...]}."""
+  t = tokens_BT.shape[1]
+  d = params["embed"].shape[1]
+  x = params["embed"][tokens_BT]
+  if "pos_embed" in params:
+    if t > params["pos_embed"].shape[0]:
+      raise ValueError(f"sequence length {t} exceeds model.max_len="
+                       f"{params['pos_embed'].shape[0]}")
+    x = x + params["pos_embed"][:t]
+  else:
+    x = x + C.sinusoidal(t, d)
+  keys = iter(jax.random.split(key, 64) if key is not None else [None] * 64)
+  cap = {} if capture else None
+  for i, name in enumerate(C.layers_of(params["lm"])):
+    p = params["lm"][name]
+    h = C.layer_norm(p["ln1"], x) if "ln1" in p else x
+    gate = C.gate_for(gates, "lm", i)
+    if cap is None:
+      a = attention.multi_head_attention(p["attn"], h, causal=True, head_gates=gate,
+                                         impl=spec.impl)
+    else:
+      r = attention.multi_head_attention(p["attn"], h, causal=True, head_gates=gate,
+                                         return_weights=True)
+      cap.setdefault("lm", []).append(r)
+      a = r.out
+    x = x + C.dropout(next(keys), spec.dropout, a)
+    if "mlp" in p:
+      h = C.layer_norm(p["ln2"], x) if "ln2" in p else x
+      x = x + C.dropout(next(keys), spec.dropout, C.mlp(p["mlp"], h))
+  if "ln_final" in params["lm"]:
+    x = C.layer_norm(params["lm"]["ln_final"], x)
+  logits = x @ params["unembed"]
+  return (logits, cap) if capture else logits

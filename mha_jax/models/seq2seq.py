@@ -1,0 +1,130 @@
+"""Encoder-decoder Transformer (pre-LN), the setting of Voita et al. 2019.
+
+params = {
+  "embed": (V, D)                      shared source/target embedding, tied output
+  "encoder": {"layer_{i}": {"ln1", "self_attn", "ln2", "mlp"}, "ln_final"},
+  "decoder": {"layer_{i}": {"ln1", "self_attn", "ln2", "cross_attn", "ln3", "mlp"},
+              "ln_final"},
+}
+Every attention block is `attention.multi_head_attention` on its own params.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from mha_jax import attention
+from mha_jax.models import common as C
+
+
+def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 0,
+         enc_layers: int, dec_layers: int, d_ff: int, layer_norm: bool = True,
+         attn_only: bool = False, use_bias: bool = False) -> dict:
+  """Fresh params. head_dim 0 means d_model // num_heads."""
+  k = head_dim or None
+  keys = iter(jax.random.split(key, 1 + 4 * (enc_layers + dec_layers)))
+
+  def block(cross):
+    b = {"self_attn": attention.init_attention_params(next(keys), d_model, num_heads,
+                                                      head_dim=k, use_bias=use_bias)}
+    if cross:
+      b["cross_attn"] = attention.init_attention_params(next(keys), d_model, num_heads,
+                                                        head_dim=k, use_bias=use_bias)
+    if not attn_only:
+      b["mlp"] = C.init_mlp(next(keys), d_model, d_ff)
+    if layer_norm:
+      for ln in ("ln1", "ln2", "ln3")[: 2 + cross]:
+        b[ln] = C.init_layer_norm(d_model)
+    return b
+
+  params = {
+      "embed": jax.random.normal(next(keys), (vocab_size, d_model)) * d_model ** -0.5,
+      "encoder": {f"layer_{i}": block(False) for i in range(enc_layers)},
+      "decoder": {f"layer_{i}": block(True) for i in range(dec_layers)},
+  }
+  if layer_norm:
+    params["encoder"]["ln_final"] = C.init_layer_norm(d_model)
+    params["decoder"]["ln_final"] = C.init_layer_norm(d_model)
+  return params
+
+
+def _norm(p, name, x):
+  return C.layer_norm(p[name], x) if name in p else x
+
+
+def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, capture=None, key=None):
+  """Encoder states (B, S, D). `capture` (a dict) receives per-layer AttentionOutputs."""
+  d = params["embed"].shape[1]
+  x = params["embed"][src_BS] * C.embed_scale(d) + C.sinusoidal(src_BS.shape[1], d)
+  keys = iter(jax.random.split(key, 64) if key is not None else [None] * 64)
+  x = C.dropout(next(keys), spec.dropout, x)
+  pad_mask = (src_BS != spec.pad_id)[:, None, None, :]
+  for i, name in enumerate(C.layers_of(params["encoder"])):
+    p = params["encoder"][name]
+    x = x + C.dropout(next(keys), spec.dropout, _attend(
+        p["self_attn"], _norm(p, "ln1", x), None, pad_mask, False,
+        C.gate_for(gates, "encoder", i), spec, capture, "encoder"))
+    if "mlp" in p:
+      x = x + C.dropout(next(keys), spec.dropout, C.mlp(p["mlp"], _norm(p, "ln2", x)))
+  return _norm(params["encoder"], "ln_final", x)
+
+
+def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
+           capture=None, key=None):
+  """Logits (B, T, V) for the next target token at every position."""
+  d = params["embed"].shape[1]
+  x = params["embed"][tgt_in_BT] * C.embed_scale(d) + C.sinusoidal(tgt_in_BT.shape[1], d)
+  keys = iter(jax.random.split(key, 64) if key is not None else [None] * 64)
+  x = C.dropout(next(keys), spec.dropout, x)
+  src_mask = (src_BS != spec.pad_id)[:, None, None, :]
+  for i, name in enumerate(C.layers_of(params["decoder"])):
+    p = params["decoder"][name]
+    x = x + C.dropout(next(keys), spec.dropout, _attend(
+        p["self_attn"], _norm(p, "ln1", x), None, None, True,
+        C.gate_for(gates, "decoder_self", i), spec, capture, "decoder_self"))
+    x = x + C.dropout(next(keys), spec.dropout, _attend(
+        p["cross_attn"], _norm(p, "ln2", x), enc_BSD, src_mask, False,
+        C.gate_for(gates, "decoder_cross", i), spec, capture, "decoder_cross"))
+    if "mlp" in p:
+      x = x + C.dropout(next(keys), spec.dropout, C.mlp(p["mlp"], _norm(p, "ln3", x)))
+  x = _norm(params["decoder"], "ln_final", x)
+  return x @ params["embed"].T
+
+
+def apply(params, spec: C.ModelSpec, src_BS, tgt_in_BT, *, gates=None, capture=False,
+          key=None):
+  """Logits (B, T, V); with capture=True also {stack: [AttentionOutput per layer]}."""
+  cap = {} if capture else None
+  ke, kd = jax.random.split(key) if key is not None else (None, None)
+  enc = encode(params, spec, src_BS, gates=gates, capture=cap, key=ke)
+  logits = decode(params, spec, enc, src_BS, tgt_in_BT, gates=gates, capture=cap, key=kd)
+  return (logits, cap) if capture else logits
+
+
+def _attend(p, x, ctx, mask, causal, gate, spec, capture, stack):
+  if capture is None:
+    return attention.multi_head_attention(p, x, ctx, mask=mask, causal=causal,
+                                          head_gates=gate, impl=spec.impl)
+  r = attention.multi_head_attention(p, x, ctx, mask=mask, causal=causal, head_gates=gate,
+                                     return_weights=True)
+  capture.setdefault(stack, []).append(r)
+  return r.out
+
+
+def greedy_decode(params, spec: C.ModelSpec, src_BS, max_len: int, bos_id: int,
+                  eos_id: int):
+  """Greedy translations (B, max_len): [BOS, y_1, ..., EOS, PAD...]. One compile per shape."""
+  enc = encode(params, spec, src_BS)
+  b = src_BS.shape[0]
+  out = jnp.full((b, max_len), spec.pad_id, jnp.int32).at[:, 0].set(bos_id)
+
+  def step(i, state):
+    out, done = state
+    logits = decode(params, spec, enc, src_BS, out)
+    nxt = jnp.argmax(logits[:, i - 1], axis=-1).astype(jnp.int32)
+    nxt = jnp.where(done, spec.pad_id, nxt)
+    return out.at[:, i].set(nxt), done | (nxt == eos_id)
+
+  out, _ = jax.lax.fori_loop(1, max_len, step, (out, jnp.zeros((b,), bool)))
+  return out

@@ -1,0 +1,54 @@
+"""`mha-jax quickstart`: train the translation config at a CPU-friendly size, evaluate
+BLEU on the test split next to a copy-the-source baseline, write a summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Sequence
+
+from mha_jax import config as mc
+
+CONFIG = "configs/translation.py:quickstart"
+
+
+def _config_path() -> str:
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  path = os.path.join(root, "configs", "translation.py")
+  if not os.path.exists(path):
+    raise ValueError(f"quickstart needs the repository's configs/ folder next to the "
+                     f"package (install with `pip install -e .`); looked for {path}")
+  return path + ":quickstart"
+
+
+def run(workdir: str, extra: Sequence[str] = (), log=print) -> dict:
+  from mha_jax.loader import load
+  from mha_jax.train import loop
+  t0 = time.time()
+  cfg = mc.load_config(_config_path())
+  rest = mc.apply_overrides(cfg, list(extra))
+  if rest:
+    raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+  m = cfg.model
+  log(f"quickstart: {m.enc_layers}+{m.dec_layers} layers x {m.num_heads} heads, "
+      f"d_model={m.d_model}, {cfg.train.steps} steps, workdir {workdir}")
+  summary = loop.train(cfg, workdir, log=log)
+  if summary["status"] != "done":
+    return summary
+  run_ = load(workdir)
+  test = run_.model.evaluate(run_.params, "test", bleu=True)
+  result = {
+      "workdir": workdir, "step": run_.step,
+      "model": {"d_model": m.d_model, "heads": m.num_heads, "enc_layers": m.enc_layers,
+                "dec_layers": m.dec_layers},
+      "test": test, "copy_baseline_bleu": run_.model.copy_baseline_bleu("test"),
+      "seconds": time.time() - t0,
+  }
+  with open(os.path.join(workdir, "quickstart.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  log(f"\ntest BLEU {test['bleu']:.1f}  (copy-the-source baseline "
+      f"{result['copy_baseline_bleu']:.1f}), test loss {test['loss']:.3f}, "
+      f"accuracy {test['accuracy']:.3f}")
+  log(f"wrote {os.path.join(workdir, 'quickstart.json')} in {result['seconds']:.0f} s")
+  return result

@@ -1,0 +1,136 @@
+"""Sweeps: a config file lists runs; each runs in its own sub-workdir.
+
+    mha-jax sweep --config configs/sweep_heads.py:heads=1,4,8,64 --workdir runs/sweep
+    mha-jax sweep ... --print-commands      # one `mha-jax train` line per run (TPU VMs)
+
+Extra `--config.a.b=v` arguments apply to every run's base config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from typing import Callable, Sequence
+
+from mha_jax import accounting
+from mha_jax import config as mc
+from mha_jax.train import metrics as metrics_lib
+
+
+def resolve_path(path: str, relative_to: str) -> str:
+  """A config path as given, or relative to the sweep file, or to the repository."""
+  for cand in (path, os.path.join(os.path.dirname(relative_to), path),
+               os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)):
+    if os.path.isfile(cand):
+      return cand
+  raise ValueError(f"sweep base config {path!r} not found")
+
+
+def plan(sweep_spec: str, workdir: str, extra: Sequence[str]) -> list[dict]:
+  """One entry per run: name, workdir, the base config spec, its overrides, the config."""
+  sweep_cfg = mc.load_config(sweep_spec)
+  sweep_path = sweep_spec.partition(":")[0]
+  base = resolve_path(sweep_cfg.base, sweep_path)
+  spec = base + (f":{sweep_cfg.base_arg}" if sweep_cfg.base_arg else "")
+  runs = []
+  for run in sweep_cfg.runs:
+    overrides = [f"--config.{k}={v}" for k, v in dict(run["overrides"]).items()]
+    overrides += list(extra)
+    cfg = mc.load_config(spec)
+    rest = mc.apply_overrides(cfg, overrides)
+    if rest:
+      raise ValueError(f"sweep: unexpected arguments {rest}")
+    mc.validate(cfg)
+    runs.append({"name": run["name"], "workdir": os.path.join(workdir, run["name"]),
+                 "spec": spec, "overrides": overrides, "config": cfg})
+  return runs
+
+
+def commands(runs: list[dict]) -> list[str]:
+  return [" ".join(["mha-jax", "train", "--config", shlex.quote(r["spec"]), "--workdir",
+                    shlex.quote(r["workdir"])] + [shlex.quote(o) for o in r["overrides"]])
+          for r in runs]
+
+
+def _finished(run: dict) -> bool:
+  from mha_jax.train import checkpoint as ckpt_lib
+  if not os.path.isdir(os.path.join(run["workdir"], "checkpoints")):
+    return False
+  c = ckpt_lib.Checkpoints(run["workdir"], read_only=True)
+  try:
+    return (c.latest_step() or 0) >= run["config"].train.steps
+  finally:
+    c.close()
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+  rows = []
+  for r in runs:
+    m = r["config"].model
+    d_k = m.head_dim or m.d_model // m.num_heads
+    valid = [x for x in metrics_lib.read_metrics(r["workdir"]) if x["split"] == "valid"]
+    last = valid[-1] if valid else {}
+    rows.append({"run": r["name"], "heads": m.num_heads, "d_k": d_k,
+                 "attn_params_per_layer": accounting.attention_params(m.d_model, m.num_heads)
+                 if not m.head_dim else 4 * m.d_model * m.num_heads * m.head_dim,
+                 "step": last.get("step"), "valid_loss": last.get("loss"),
+                 "valid_accuracy": last.get("accuracy"), "valid_bleu": last.get("bleu")})
+  return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+  out = ["| run | h | d_k | attn params/layer | step | valid loss | valid acc | valid BLEU |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|"]
+  f = lambda v, p: "-" if v is None else f"{v:.{p}f}"
+  for r in rows:
+    out.append(f"| {r['run']} | {r['heads']} | {r['d_k']} | {r['attn_params_per_layer']:,} | "
+               f"{r['step'] or '-'} | {f(r['valid_loss'], 3)} | {f(r['valid_accuracy'], 3)} | "
+               f"{f(r['valid_bleu'], 1)} |")
+  return "\n".join(out)
+
+
+def plot(rows: list[dict], path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  done = [r for r in rows if r["valid_loss"] is not None]
+  if not done:
+    return
+  has_bleu = any(r["valid_bleu"] is not None for r in done)
+  fig, axes = plt.subplots(1, 2 if has_bleu else 1, figsize=(9 if has_bleu else 5, 3.5))
+  axes = list(axes) if has_bleu else [axes]
+  hs = [r["heads"] for r in done]
+  axes[0].plot(hs, [r["valid_loss"] for r in done], "o-")
+  axes[0].set_ylabel("valid loss")
+  if has_bleu:
+    axes[1].plot(hs, [r["valid_bleu"] or 0 for r in done], "o-", color="C1")
+    axes[1].set_ylabel("valid BLEU")
+  for ax in axes:
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("heads h (d_k = d_model / h)")
+    ax.set_xticks(hs, [f"{h}\n(d_k={r['d_k']})" for h, r in zip(hs, done)], fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def run_sweep(sweep_spec: str, workdir: str, extra: Sequence[str], *,
+              train_fn: Callable, log: Callable[[str], None] = print) -> list[dict]:
+  runs = plan(sweep_spec, workdir, extra)
+  os.makedirs(workdir, exist_ok=True)
+  for r in runs:
+    if _finished(r):
+      log(f"[{r['name']}] finished already, skipping")
+      continue
+    log(f"[{r['name']}] training in {r['workdir']}")
+    train_fn(r["config"], r["workdir"])
+  rows = summarize(runs)
+  with open(os.path.join(workdir, "sweep.json"), "w") as f:
+    json.dump(rows, f, indent=1)
+  table = format_rows(rows)
+  with open(os.path.join(workdir, "sweep.md"), "w") as f:
+    f.write(table + "\n")
+  plot(rows, os.path.join(workdir, "sweep.png"))
+  log(table)
+  return rows

@@ -1,0 +1,339 @@
+"""Tasks: data + model + loss + evaluation for one config.
+
+A task reads its data (generating it into `workdir/data/` the first time), builds the
+model's init and apply, serves deterministic training batches by step, and evaluates.
+`translation`: the encoder-decoder on the synthetic pair or the user's parallel text.
+`lm`: the decoder-only model on repeated random tokens or plain text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mha_jax.data import parallel, repeated_tokens, synthetic_translation, text, vocab as V
+from mha_jax.models import common as C
+from mha_jax.models import lm as lm_model
+from mha_jax.models import seq2seq
+
+SPLITS = ("train", "valid", "test")
+
+
+def model_spec(cfg) -> C.ModelSpec:
+  m = cfg.model
+  return C.ModelSpec(kind="seq2seq" if cfg.task == "translation" else "lm",
+                     layer_norm=m.layer_norm, attn_only=m.attn_only, dropout=m.dropout,
+                     impl=m.impl, pos="sinusoidal" if cfg.task == "translation" else m.pos)
+
+
+def _epoch_indices(seed: int, n: int, start: int, count: int) -> np.ndarray:
+  """Examples start..start+count of the stream of shuffled epochs over n examples."""
+  out = np.empty(count, np.int64)
+  pos = 0
+  while pos < count:
+    epoch, offset = divmod(start + pos, n)
+    perm = np.random.default_rng([seed, 1000 + epoch]).permutation(n)
+    take = min(count - pos, n - offset)
+    out[pos:pos + take] = perm[offset:offset + take]
+    pos += take
+  return out
+
+
+def _local_rows(batch: int, process_index: int, process_count: int) -> slice:
+  per = batch // process_count
+  return slice(process_index * per, (process_index + 1) * per)
+
+
+def _check_ids(ids: np.ndarray, vocab_size: int, what: str) -> None:
+  bad = ids >= vocab_size
+  if bad.any():
+    raise ValueError(f"{what}: token id {int(ids[bad].max())} >= vocab size {vocab_size}")
+
+
+class TranslationTask:
+  """Encoder-decoder translation; BLEU with sacrebleu."""
+
+  def __init__(self, cfg, workdir: str | None):
+    self.cfg = cfg
+    d = cfg.data
+    self.data_dir = os.path.join(workdir, "data") if workdir else None
+    self.arcs: dict[str, list] = {}
+    if d.kind == "synthetic":
+      gcfg = synthetic_translation.GrammarConfig(**dict(d.grammar))
+      grammar, splits = synthetic_translation.build_splits(
+          {"train": d.train_size, "valid": d.valid_size, "test": d.test_size}, d.seed, gcfg)
+      self.words = {s: ([x.src for x in splits[s]], [x.tgt for x in splits[s]]) for s in SPLITS}
+      self.arcs = {s: [{"heads": x.heads, "rels": x.rels} for x in splits[s]] for s in SPLITS}
+      self.vocab = V.Vocab(grammar.lex.source_types() + grammar.lex.target_types())
+      if self.data_dir and not os.path.exists(os.path.join(self.data_dir, "train.src")):
+        synthetic_translation.export(self.data_dir, grammar, splits)
+    elif d.kind == "parallel":
+      self.words = {}
+      for s in SPLITS:
+        src = parallel.read_lines(d[f"{s}_src"], f"data.{s}_src")
+        tgt = parallel.read_lines(d[f"{s}_tgt"], f"data.{s}_tgt")
+        if len(src) != len(tgt):
+          raise ValueError(f"data.{s}_src has {len(src)} lines but data.{s}_tgt has "
+                           f"{len(tgt)}")
+        self.words[s] = (src, tgt)
+        if d.conllu[s]:
+          self.arcs[s] = parallel.read_conllu_arcs(d.conllu[s], src, f"data.conllu.{s}")
+      self.vocab = V.Vocab(w for side in self.words["train"] for sent in side for w in sent)
+      if self.data_dir:
+        os.makedirs(self.data_dir, exist_ok=True)
+        for s, arcs in self.arcs.items():
+          with open(os.path.join(self.data_dir, f"{s}.arcs.jsonl"), "w") as f:
+            f.writelines(json.dumps(a) + "\n" for a in arcs)
+        freqs: dict[str, int] = {}
+        for sent in self.words["train"][0]:
+          for w in sent:
+            freqs[w] = freqs.get(w, 0) + 1
+        with open(os.path.join(self.data_dir, "train_freqs.json"), "w") as f:
+          json.dump(freqs, f)
+    else:
+      raise ValueError(f"data.kind must be 'synthetic' or 'parallel' for translation; "
+                       f"got {d.kind!r}")
+    if self.data_dir:
+      os.makedirs(self.data_dir, exist_ok=True)
+      self.vocab.save(os.path.join(self.data_dir, "vocab.json"))
+    self.arrays = {}
+    for s in SPLITS:
+      src_w, tgt_w = self.words[s]
+      src = V.pad_ids([self.vocab.encode(w) for w in src_w], d.max_len, bos=False, eos=True,
+                      what=f"data {s} source")
+      tgt = V.pad_ids([self.vocab.encode(w) for w in tgt_w], d.max_len + 1, bos=True,
+                      eos=True, what=f"data {s} target")
+      self.arrays[s] = {"src": src, "tgt": tgt}
+    self.vocab_size = len(self.vocab)
+    self.spec = model_spec(cfg)
+
+  # ---------------------------------------------------------------- model
+  def init_params(self, key):
+    m = self.cfg.model
+    return seq2seq.init(key, vocab_size=self.vocab_size, d_model=m.d_model,
+                        num_heads=m.num_heads, head_dim=m.head_dim, enc_layers=m.enc_layers,
+                        dec_layers=m.dec_layers, d_ff=m.d_ff, layer_norm=m.layer_norm,
+                        attn_only=m.attn_only, use_bias=m.use_bias)
+
+  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+    return seq2seq.apply(params, self.spec, batch["src"], batch["tgt"][:, :-1], gates=gates,
+                         capture=capture, key=key)
+
+  # ---------------------------------------------------------------- data
+  def train_batch(self, step: int, process_index: int = 0, process_count: int = 1):
+    b = self.cfg.train.batch_size
+    idx = _epoch_indices(self.cfg.data.seed, len(self.arrays["train"]["src"]), step * b, b)
+    idx = idx[_local_rows(b, process_index, process_count)]
+    return {k: v[idx] for k, v in self.arrays["train"].items()}
+
+  def eval_batches(self, split: str, batch_size: int):
+    arr = self.arrays[split]
+    n = len(arr["src"])
+    for start in range(0, n, batch_size):
+      idx = np.arange(start, start + batch_size)
+      weight = (idx < n).astype(np.float32)
+      idx = np.minimum(idx, n - 1)
+      yield {k: v[idx] for k, v in arr.items()}, weight
+
+  # ---------------------------------------------------------------- loss
+  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+           example_weight=None):
+    """(objective, metrics sums) for one batch. Metrics are sums, to be divided by
+    metrics["tokens"]."""
+    logits = self.apply(params, batch, gates=gates, key=key).astype(jnp.float32)
+    targets = batch["tgt"][:, 1:]
+    mask = (targets != V.PAD_ID).astype(jnp.float32)
+    if example_weight is not None:
+      mask = mask * example_weight[:, None]
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    if label_smoothing:
+      onehot = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), label_smoothing)
+      obj = optax.softmax_cross_entropy(logits, onehot)
+    else:
+      obj = nll
+    tokens = mask.sum()
+    metrics = {"loss": (nll * mask).sum(), "accuracy": (
+        (logits.argmax(-1) == targets) * mask).sum(), "tokens": tokens}
+    return (obj * mask).sum() / jnp.maximum(tokens, 1.0), metrics
+
+  # ---------------------------------------------------------------- evaluation
+  def translate(self, params, split: str, limit: int = 0, batch_size: int = 128):
+    """Greedy translations of the first `limit` (0 = all) sentences of a split."""
+    decode = _jit_greedy(self.spec, self.cfg.data.max_len + 1)
+    src = self.arrays[split]["src"]
+    n = len(src) if limit <= 0 else min(limit, len(src))
+    hyps = []
+    for start in range(0, n, batch_size):
+      chunk = src[start:start + batch_size]
+      pad = batch_size - len(chunk)
+      if pad:
+        chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
+      out = np.asarray(decode(params, jnp.asarray(chunk)))
+      hyps += [self.vocab.decode(row) for row in out[: batch_size - pad]]
+    return hyps
+
+  def bleu(self, params, split: str, limit: int = 0) -> float:
+    import sacrebleu
+    hyps = self.translate(params, split, limit)
+    refs = self.words[split][1][: len(hyps)]
+    return sacrebleu.corpus_bleu([" ".join(h) for h in hyps],
+                                 [[" ".join(r) for r in refs]]).score
+
+  def copy_baseline_bleu(self, split: str) -> float:
+    """BLEU of the source sentence taken as its own translation."""
+    import sacrebleu
+    src, tgt = self.words[split]
+    return sacrebleu.corpus_bleu([" ".join(s) for s in src], [[" ".join(t) for t in tgt]]).score
+
+  def evaluate(self, params, split: str, *, bleu: bool = True) -> dict[str, float]:
+    e = self.cfg.eval
+    totals = _sum_metrics(self, params, split, e.batch_size)
+    out = {"loss": totals["loss"] / totals["tokens"],
+           "accuracy": totals["accuracy"] / totals["tokens"]}
+    if bleu:
+      out["bleu"] = self.bleu(params, split, e.bleu_examples if split != "test" else 0)
+    return out
+
+
+class LMTask:
+  """Decoder-only LM on repeated random tokens or plain text."""
+
+  def __init__(self, cfg, workdir: str | None):
+    self.cfg = cfg
+    d = cfg.data
+    self.data_dir = os.path.join(workdir, "data") if workdir else None
+    if d.kind == "repeated":
+      self.vocab_size = d.vocab_size
+      self.seq_len = 1 + 2 * d.half_len
+      repeated_tokens.repeated_tokens(d.seed, 0, 1, d.half_len, d.vocab_size)  # validates
+    elif d.kind == "text":
+      tok_path = None
+      if self.data_dir:
+        for name in ("tokenizer.json", "tokenizer.bytes"):
+          if os.path.exists(os.path.join(self.data_dir, name)):
+            tok_path = os.path.join(self.data_dir, name)
+      corpus = text.read_corpus(list(d.text_files))
+      if tok_path:
+        self.tokenizer = text.TextTokenizer.load(tok_path)
+      else:
+        self.tokenizer = text.TextTokenizer.train(d.tokenizer, corpus, d.vocab_size)
+        if self.data_dir:
+          os.makedirs(self.data_dir, exist_ok=True)
+          self.tokenizer.save(self.data_dir)
+      self.streams = text.split_stream(self.tokenizer.encode(corpus))
+      self.vocab_size = self.tokenizer.vocab_size
+      self.seq_len = cfg.model.max_len
+    else:
+      raise ValueError(f"data.kind must be 'repeated' or 'text' for lm; got {d.kind!r}")
+    if self.seq_len > cfg.model.max_len:
+      raise ValueError(f"data.half_len={d.half_len} gives sequences of {self.seq_len} tokens, "
+                       f"more than model.max_len={cfg.model.max_len}")
+    self.spec = model_spec(cfg)
+
+  def init_params(self, key):
+    m = self.cfg.model
+    return lm_model.init(key, vocab_size=self.vocab_size, d_model=m.d_model,
+                         num_heads=m.num_heads, head_dim=m.head_dim, num_layers=m.num_layers,
+                         d_ff=m.d_ff, max_len=m.max_len, layer_norm=m.layer_norm,
+                         attn_only=m.attn_only, use_bias=m.use_bias, pos=m.pos)
+
+  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+    return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], gates=gates,
+                          capture=capture, key=key)
+
+  def _batch(self, split: str, index: int, batch: int) -> np.ndarray:
+    d = self.cfg.data
+    seed = d.seed + {"train": 0, "valid": 1_000_003, "test": 2_000_003}[split]
+    if d.kind == "repeated":
+      return repeated_tokens.repeated_tokens(seed, index, batch, d.half_len, d.vocab_size)
+    return text.windows(self.streams[split], seed, index, batch, self.seq_len + 1)
+
+  def train_batch(self, step: int, process_index: int = 0, process_count: int = 1):
+    b = self.cfg.train.batch_size
+    tokens = self._batch("train", step, b)[_local_rows(b, process_index, process_count)]
+    _check_ids(tokens, self.vocab_size, "training batch")
+    return {"tokens": tokens}
+
+  def eval_batches(self, split: str, batch_size: int):
+    for i in range(max(1, self.cfg.eval.lm_batches)):
+      yield {"tokens": self._batch(split, i, batch_size)}, np.ones(batch_size, np.float32)
+
+  def position_mask(self, length: int) -> dict[str, np.ndarray]:
+    """Masks over predicted positions 0..length-1 (position p predicts token p+1).
+
+    For repeated tokens: "first" = predictions of tokens 2..n of the first copy,
+    "repeat" = predictions of tokens 2..n of the second copy (the first token of each
+    copy is random and cannot be predicted).
+    """
+    if self.cfg.data.kind != "repeated":
+      return {}
+    n = self.cfg.data.half_len
+    target_pos = np.arange(length) + 1      # index of the predicted token in the sequence
+    first = (target_pos >= 2) & (target_pos <= n)
+    repeat = (target_pos >= n + 2) & (target_pos <= 2 * n)
+    return {"first": first.astype(np.float32), "repeat": repeat.astype(np.float32)}
+
+  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+           example_weight=None):
+    del label_smoothing
+    tokens = batch["tokens"]
+    logits = self.apply(params, batch, gates=gates, key=key).astype(jnp.float32)
+    targets = tokens[:, 1:]
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    w = jnp.ones_like(nll) if example_weight is None else jnp.broadcast_to(
+        example_weight[:, None], nll.shape)
+    metrics = {"loss": (nll * w).sum(), "accuracy": ((logits.argmax(-1) == targets) * w).sum(),
+               "tokens": w.sum()}
+    for name, m in self.position_mask(nll.shape[1]).items():
+      metrics[f"loss_{name}"] = (nll * w * m).sum()
+      metrics[f"tokens_{name}"] = (w * m).sum()
+    return (nll * w).sum() / w.sum(), metrics
+
+  def evaluate(self, params, split: str, *, bleu: bool = False) -> dict[str, float]:
+    del bleu
+    totals = _sum_metrics(self, params, split, self.cfg.eval.batch_size)
+    out = {"loss": totals["loss"] / totals["tokens"],
+           "accuracy": totals["accuracy"] / totals["tokens"]}
+    for name in ("first", "repeat"):
+      if f"loss_{name}" in totals:
+        out[f"loss_{name}"] = totals[f"loss_{name}"] / totals[f"tokens_{name}"]
+    return out
+
+
+_EVAL_CACHE: dict[Any, Any] = {}
+
+
+def _sum_metrics(task, params, split, batch_size) -> dict[str, float]:
+  key = ("eval", id(task))
+  if key not in _EVAL_CACHE:
+    _EVAL_CACHE[key] = jax.jit(lambda p, b, w: task.loss(p, b, example_weight=w)[1])
+  f = _EVAL_CACHE[key]
+  totals: dict[str, float] = {}
+  for batch, weight in task.eval_batches(split, batch_size):
+    m = f(params, batch, jnp.asarray(weight))
+    for k, v in m.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+  return totals
+
+
+def _jit_greedy(spec, max_len):
+  key = ("greedy", spec, max_len)
+  if key not in _EVAL_CACHE:
+    _EVAL_CACHE[key] = jax.jit(lambda p, src: seq2seq.greedy_decode(
+        p, spec, src, max_len, V.BOS_ID, V.EOS_ID))
+  return _EVAL_CACHE[key]
+
+
+def build(cfg, workdir: str | None = None):
+  """The task object for a config."""
+  if cfg.task == "translation":
+    return TranslationTask(cfg, workdir)
+  if cfg.task == "lm":
+    return LMTask(cfg, workdir)
+  raise ValueError(f"task must be 'translation' or 'lm'; got {cfg.task!r}")

@@ -1,0 +1,100 @@
+"""Models: shapes, stable param paths, head gates wired everywhere, causality."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha_jax import attention
+from mha_jax.models import common as C
+from mha_jax.models import lm, seq2seq
+
+SPEC = C.ModelSpec("seq2seq")
+
+
+@pytest.fixture(scope="module")
+def s2s():
+  p = seq2seq.init(jax.random.PRNGKey(0), vocab_size=40, d_model=32, num_heads=4,
+                   enc_layers=2, dec_layers=2, d_ff=64)
+  src = jax.random.randint(jax.random.PRNGKey(1), (3, 7), 4, 40).at[0, 5:].set(0)
+  tgt = jax.random.randint(jax.random.PRNGKey(2), (3, 6), 4, 40)
+  return p, src, tgt
+
+
+def test_param_paths_and_head_names(s2s):
+  p, _, _ = s2s
+  assert p["encoder"]["layer_1"]["self_attn"]["wq"].shape == (32, 4, 8)
+  assert p["decoder"]["layer_0"]["cross_attn"]["wo"].shape == (4, 8, 32)
+  names = C.head_names(p)
+  assert len(names) == 3 * 2 * 4
+  assert names[:2] == ["encoder.0.0", "encoder.0.1"] and "decoder_cross.1.3" in names
+  assert C.head_counts(p) == {"encoder": [4, 4], "decoder_self": [4, 4],
+                              "decoder_cross": [4, 4]}
+
+
+@pytest.mark.parametrize("stack,layer", [("encoder", 1), ("decoder_self", 0),
+                                         ("decoder_cross", 1)])
+def test_gate_zero_equals_removing_the_head_in_every_block_type(s2s, stack, layer):
+  p, src, tgt = s2s
+  gates = C.ones_gates(p)
+  gates[stack][layer] = jnp.array([1.0, 0.0, 1.0, 1.0])
+  gated = seq2seq.apply(p, SPEC, src, tgt, gates=gates)
+  top, attn = C.STACKS[stack]
+  keep = np.array([0, 2, 3])
+  blk = p[top][f"layer_{layer}"][attn]
+  pruned_blk = {"wq": blk["wq"][:, keep], "wk": blk["wk"][:, keep], "wv": blk["wv"][:, keep],
+                "wo": blk["wo"][keep]}
+  pruned = jax.tree.map(lambda x: x, p)
+  pruned[top][f"layer_{layer}"][attn] = pruned_blk
+  np.testing.assert_allclose(seq2seq.apply(pruned, SPEC, src, tgt), gated, atol=1e-5)
+  assert float(jnp.abs(gated - seq2seq.apply(p, SPEC, src, tgt)).max()) > 1e-4
+
+
+def test_capture_returns_every_layers_weights(s2s):
+  p, src, tgt = s2s
+  logits, cap = seq2seq.apply(p, SPEC, src, tgt, capture=True)
+  np.testing.assert_allclose(logits, seq2seq.apply(p, SPEC, src, tgt), atol=1e-5)
+  assert [w.weights.shape for w in cap["decoder_cross"]] == [(3, 4, 6, 7)] * 2
+  enc = cap["encoder"][0].weights
+  np.testing.assert_array_equal(enc[0, :, :, 5:], 0.0)          # padding never attended
+  np.testing.assert_allclose(enc.sum(-1), 1.0, atol=1e-5)
+
+
+def test_decoder_is_causal_and_encoder_ignores_padding(s2s):
+  p, src, tgt = s2s
+  base = seq2seq.apply(p, SPEC, src, tgt)
+  changed = seq2seq.apply(p, SPEC, src, tgt.at[:, 4].set(5))
+  np.testing.assert_allclose(base[:, :4], changed[:, :4], atol=1e-6)
+  assert float(jnp.abs(base[:, 4:] - changed[:, 4:]).max()) > 1e-4
+  other_pad = seq2seq.apply(p, SPEC, src.at[0, 6].set(0), tgt)   # already padding there
+  np.testing.assert_allclose(base[0], other_pad[0], atol=1e-6)
+
+
+def test_attention_only_lm_without_layernorm_has_only_attention():
+  p = lm.init(jax.random.PRNGKey(0), vocab_size=20, d_model=16, num_heads=2, num_layers=2,
+              d_ff=0, max_len=12, attn_only=True, layer_norm=False)
+  assert set(p["lm"]["layer_0"]) == {"attn"}
+  assert set(p) == {"embed", "pos_embed", "lm", "unembed"}
+  x = jnp.arange(10)[None] % 20
+  spec = C.ModelSpec("lm", layer_norm=False, attn_only=True)
+  logits, cap = lm.apply(p, spec, x, capture=True)
+  # Attention-only, no LN: logits are exactly embed + sum of the heads' writes, unembedded.
+  resid = p["embed"][x] + p["pos_embed"][:10]
+  for layer_cap, name in zip(cap["lm"], ("layer_0", "layer_1")):
+    resid = resid + layer_cap.out
+  np.testing.assert_allclose(logits, resid @ p["unembed"], atol=1e-5)
+  with pytest.raises(ValueError, match="sequence length 13 exceeds model.max_len=12"):
+    lm.apply(p, spec, jnp.zeros((1, 13), jnp.int32))
+
+
+def test_model_with_a_layer_of_zero_heads_runs(s2s):
+  p, src, tgt = s2s
+  blk = p["encoder"]["layer_0"]["self_attn"]
+  p0 = jax.tree.map(lambda x: x, p)
+  p0["encoder"]["layer_0"]["self_attn"] = {"wq": blk["wq"][:, :0], "wk": blk["wk"][:, :0],
+                                           "wv": blk["wv"][:, :0], "wo": blk["wo"][:0]}
+  out = seq2seq.apply(p0, SPEC, src, tgt)
+  gates = C.ones_gates(p)
+  gates["encoder"][0] = jnp.zeros(4)
+  np.testing.assert_allclose(out, seq2seq.apply(p, SPEC, src, tgt, gates=gates), atol=1e-5)
+  assert C.head_counts(p0)["encoder"] == [0, 4]

@@ -1,0 +1,197 @@
+"""Training, checkpoints, resume, preemption, determinism, devices, the loader, eval."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import mha_jax
+from mha_jax import config as mc
+from mha_jax import tasks
+from mha_jax.train import checkpoint as ckpt_lib
+from mha_jax.train import loop
+from mha_jax.train.metrics import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY_TRANSLATION = [
+    "--config.data.train_size=300", "--config.data.valid_size=20", "--config.data.test_size=20",
+    "--config.data.grammar.num_nouns=30", "--config.data.grammar.num_verbs=12",
+    "--config.data.grammar.num_adjectives=10", "--config.data.grammar.num_adverbs=6",
+    "--config.data.grammar.num_names=10", "--config.model.d_model=16", "--config.model.d_ff=32",
+    "--config.model.enc_layers=1", "--config.model.dec_layers=1", "--config.train.batch_size=8",
+    "--config.eval.bleu_examples=10", "--config.train.warmup=2", "--config.train.progress=false"]
+TINY_INDUCTION = [
+    "--config.model.d_model=16", "--config.data.vocab_size=12", "--config.data.half_len=6",
+    "--config.model.max_len=13", "--config.train.batch_size=8", "--config.eval.lm_batches=1",
+    "--config.eval.batch_size=8", "--config.train.warmup=2", "--config.train.progress=false"]
+
+
+def tiny(spec, base, *extra):
+  cfg = mc.load_config(os.path.join(ROOT, spec))
+  mc.apply_overrides(cfg, list(base) + list(extra))
+  return cfg
+
+
+def cli(*args, env=None, **kw):
+  return subprocess.run([sys.executable, "-m", "mha_jax.cli", *args], cwd=ROOT, text=True,
+                        capture_output=True, env={**os.environ, **(env or {})}, **kw)
+
+
+def test_train_writes_metrics_checkpoints_and_resumes(tmp_path):
+  wd = str(tmp_path / "run")
+  logs = []
+  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.train.steps=6",
+             "--config.train.checkpoint_every=3", "--config.train.eval_every=6",
+             "--config.train.log_every=3")
+  out = loop.train(cfg, wd, log=logs.append)
+  assert out["status"] == "done" and out["step"] == 6
+  assert set(out["valid"]) == {"loss", "accuracy", "bleu"}
+  m = read_metrics(wd)
+  assert [r["step"] for r in m if r["split"] == "train"] == [3, 6]
+  assert [r["step"] for r in m if r["split"] == "valid"] == [6]
+  assert all(r["tokens_per_s"] > 0 for r in m if r["split"] == "train")
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(wd, "tb")))
+  c = ckpt_lib.Checkpoints(wd, read_only=True)
+  assert c.all_steps() == [3, 6]
+  c.close()
+  for f in ("train.src", "train.tgt", "train.arcs.jsonl", "train_freqs.json", "vocab.json"):
+    assert os.path.exists(os.path.join(wd, "data", f)), f
+  # The same run with more steps resumes where it stopped.
+  cfg2 = tiny("configs/translation.py", TINY_TRANSLATION, "--config.train.steps=9",
+              "--config.train.checkpoint_every=3", "--config.train.eval_every=6",
+              "--config.train.log_every=3")
+  logs.clear()
+  assert loop.train(cfg2, wd, log=logs.append)["step"] == 9
+  assert any("resumed from step 6" in l for l in logs)
+  assert [r["step"] for r in read_metrics(wd) if r["split"] == "train"] == [3, 6, 9]
+
+
+def test_loss_falls_when_training(tmp_path):
+  cfg = tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=60",
+             "--config.train.log_every=10", "--config.train.lr=3e-3")
+  loop.train(cfg, str(tmp_path / "r"), log=lambda s: None)
+  train = [r["loss"] for r in read_metrics(str(tmp_path / "r")) if r["split"] == "train"]
+  assert train[-1] < train[0] - 0.2
+
+
+def test_incompatible_workdir_is_refused_and_left_untouched(tmp_path):
+  wd = str(tmp_path / "run")
+  cfg = tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=2")
+  loop.train(cfg, wd, log=lambda s: None)
+  before = open(os.path.join(wd, "config.json")).read()
+  other = tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=2",
+               "--config.model.num_heads=2")
+  with pytest.raises(ValueError, match=r"holds a run of another config \(model.num_heads: "
+                                       r"4 -> 2\); refusing"):
+    loop.train(other, wd, log=lambda s: None)
+  assert open(os.path.join(wd, "config.json")).read() == before
+  c = ckpt_lib.Checkpoints(wd, read_only=True)
+  assert c.all_steps() == [2]
+  c.close()
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+  wd = str(tmp_path / "run")
+  cfg = tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=50",
+             "--config.train.lr=1e30", "--config.train.warmup=1", "--config.train.clip=1e30",
+             "--config.train.log_every=1", "--config.train.checkpoint_every=1")
+  with pytest.raises(loop.TrainingDiverged, match=r"loss became (nan|inf) at step \d+; "
+                                                  r"stopped. Last good checkpoint: step \d+"):
+    loop.train(cfg, wd, log=lambda s: None)
+  run = mha_jax.load(wd)
+  assert run.step >= 1
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(run.params))
+
+
+def test_load_returns_config_model_params_and_eval_cli(tmp_path):
+  wd = str(tmp_path / "run")
+  loop.train(tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=3"), wd,
+             log=lambda s: None)
+  config, model, params = mha_jax.load(wd)
+  assert config.model.num_heads == 4 and isinstance(model, tasks.LMTask)
+  assert params["lm"]["layer_1"]["attn"]["wq"].shape == (16, 4, 4)
+  assert mha_jax.load(wd).head_names[:2] == ["lm.0.0", "lm.0.1"]
+  r = cli("eval", "--workdir", wd, "--split", "valid")
+  assert r.returncode == 0, r.stderr
+  res = json.loads(r.stdout.strip().splitlines()[-1])
+  assert res["step"] == 3 and {"loss", "accuracy", "loss_first", "loss_repeat"} <= set(res)
+  assert abs(res["loss_first"] - np.log(12)) < 0.5      # random tokens: about ln V
+  with pytest.raises(ValueError, match="has no config.json"):
+    mha_jax.load(str(tmp_path / "nothing"))
+  with pytest.raises(ValueError, match=r"step 7 is not in .*saved steps: \[3\]"):
+    mha_jax.load(wd, step=7)
+
+
+def _params_at(wd, step):
+  return ckpt_lib.Checkpoints(wd, read_only=True).restore_params(step)[0]
+
+
+def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path):
+  args = ["train", "--config", "configs/induction.py", *TINY_INDUCTION,
+          "--config.train.steps=40", "--config.train.checkpoint_every=4",
+          "--config.train.log_every=4", "--config.train.eval_every=100"]
+  ref = str(tmp_path / "ref")
+  assert cli(*args, "--workdir", ref).returncode == 0
+  wd = str(tmp_path / "killed")
+  rng = random.Random(0)
+  for attempt in range(2):      # kill twice at random moments, then let it finish
+    p = subprocess.Popen([sys.executable, "-m", "mha_jax.cli", *args, "--workdir", wd],
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not os.path.isdir(os.path.join(wd, "checkpoints")):
+      time.sleep(0.05)
+    time.sleep(rng.uniform(0.5, 2.5))
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+  assert cli(*args, "--workdir", wd).returncode == 0
+  assert ckpt_lib.tree_equal(_params_at(ref, 40), _params_at(wd, 40))
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path):
+  wd = str(tmp_path / "run")
+  p = subprocess.Popen([sys.executable, "-m", "mha_jax.cli", "train", "--config",
+                        "configs/induction.py", *TINY_INDUCTION, "--config.train.steps=100000",
+                        "--config.train.checkpoint_every=100000", "--config.train.log_every=5",
+                        "--workdir", wd], cwd=ROOT, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 120
+  while time.time() < deadline and not read_metrics(wd):
+    time.sleep(0.1)
+  p.send_signal(signal.SIGTERM)
+  out, _ = p.communicate(timeout=120)
+  assert p.returncode == 0, out
+  saved = int(out.split("SIGTERM: saved checkpoint at step ")[1].split(";")[0])
+  assert saved >= 5
+  c = ckpt_lib.Checkpoints(wd, read_only=True)
+  assert c.latest_step() == saved
+  c.close()
+
+
+def test_checkpoints_move_between_8_devices_and_1(tmp_path):
+  eight = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  args = ["train", "--config", "configs/induction.py", *TINY_INDUCTION,
+          "--config.train.checkpoint_every=2", "--config.train.eval_every=100"]
+  # 8 devices write step 4; 1 device resumes to 6. And the other way round.
+  a, b, ref = (str(tmp_path / n) for n in ("a", "b", "ref"))
+  assert cli(*args, "--config.train.steps=4", "--workdir", a, env=eight).returncode == 0
+  r = cli(*args, "--config.train.steps=6", "--workdir", a)
+  assert r.returncode == 0 and "resumed from step 4" in r.stdout, r.stdout + r.stderr
+  assert cli(*args, "--config.train.steps=4", "--workdir", b).returncode == 0
+  r = cli(*args, "--config.train.steps=6", "--workdir", b, env=eight)
+  assert r.returncode == 0 and "resumed from step 4" in r.stdout, r.stdout + r.stderr
+  assert cli(*args, "--config.train.steps=6", "--workdir", ref).returncode == 0
+  p_ref = _params_at(ref, 6)
+  for wd in (a, b):   # same maths; only the order of the cross-device sum differs
+    close = jax.tree.map(lambda x, y: np.allclose(x, y, atol=1e-4), _params_at(wd, 6), p_ref)
+    assert all(jax.tree.leaves(close))
+  r = subprocess.run([sys.executable, "-c", "import jax; print(jax.device_count())"],
+                     capture_output=True, text=True, env={**os.environ, **eight})
+  assert r.stdout.strip() == "8"
