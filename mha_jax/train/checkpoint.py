@@ -23,11 +23,18 @@ class Checkpoints:
 
   def __init__(self, workdir: str, *, max_to_keep: int = 3, read_only: bool = False):
     self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    # "read_only" here means: never create, delete or clean anything up.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+        max_to_keep=None if read_only else max_to_keep, create=not read_only,
         enable_async_checkpointing=False, cleanup_tmp_directories=not read_only)
+    if read_only and not os.path.isdir(self.directory):
+      raise ValueError(f"workdir {os.path.dirname(self.directory)!r} has no trained "
+                       f"checkpoint (no {self.directory})")
+    handlers = {"params": ocp.StandardCheckpointHandler(),
+                "opt_state": ocp.StandardCheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler()}
     self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=ITEMS)
+                                         item_handlers=handlers)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()

@@ -144,7 +144,7 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
         has_aux=True)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    metrics = dict(metrics, objective=obj, grad_norm=optax.global_norm(grads))
+    metrics = dict(metrics, objective=obj, grad_norm=optax.tree.norm(grads))
     return params, opt_state, metrics
 
   train_step = jax.jit(train_step, donate_argnums=(0, 1),
