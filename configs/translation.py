@@ -4,8 +4,8 @@
   mha-jax train --config configs/translation.py:heads=16 --workdir runs/h16
   mha-jax train --config configs/translation.py:quickstart --workdir runs/qs
 
-Arguments: heads, d_model, layers (encoder and decoder each), quickstart (a smaller,
-shorter run for a 2-core CPU). Data: the built-in synthetic language pair, or
+Arguments: heads, d_model (default 128; 64 with quickstart), layers (encoder and decoder
+each), quickstart (a smaller, shorter run that fits in 3 minutes on a 2-core CPU). Data: the built-in synthetic language pair, or
 data.kind=parallel with data.{train,valid,test}_{src,tgt} files and optional
 data.conllu.{train,valid,test} parses of the source side.
 """
@@ -16,7 +16,8 @@ from mha_jax import config as mc
 
 
 def get_config(arg=None):
-  a = mc.parse_arg(arg, heads=8, d_model=128, layers=6, quickstart=False)
+  a = mc.parse_arg(arg, heads=8, d_model=0, layers=6, quickstart=False)
+  d_model = a.d_model or (64 if a.quickstart else 128)
   cfg = ml_collections.ConfigDict()
   cfg.task = "translation"
   cfg.seed = 0
@@ -27,15 +28,13 @@ def get_config(arg=None):
       train_src="", train_tgt="", valid_src="", valid_tgt="", test_src="", test_tgt="",
       conllu=dict(train="", valid="", test=""))
   cfg.model = dict(
-      d_model=a.d_model, num_heads=a.heads, head_dim=0, enc_layers=a.layers,
-      dec_layers=a.layers, d_ff=4 * a.d_model, dropout=0.0, layer_norm=True,
+      d_model=d_model, num_heads=a.heads, head_dim=0, enc_layers=a.layers,
+      dec_layers=a.layers, d_ff=4 * d_model, dropout=0.0, layer_norm=True,
       attn_only=False, use_bias=False, impl="auto")
   cfg.train = mc.train_defaults(steps=3000, batch_size=64, lr=2e-3, warmup=300,
                                 label_smoothing=0.1)
   cfg.eval = mc.eval_defaults()
   if a.quickstart:
-    cfg.model.d_model = 64
-    cfg.model.d_ff = 256
     cfg.train.steps = 600
     cfg.train.warmup = 100
     cfg.train.eval_every = 600

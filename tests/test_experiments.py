@@ -1,0 +1,96 @@
+"""Sweeps, the TPU launch script, the quickstart and the induction run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mha_jax import cli, sweep, tasks
+from mha_jax.train import loop
+from mha_jax.train.metrics import read_metrics
+from test_train import ROOT, TINY_INDUCTION, TINY_TRANSLATION, tiny
+
+
+def test_sweep_print_commands(capsys):
+  assert cli.main(["sweep", "--config", "configs/sweep_heads.py:heads=1,4,8,64",
+                   "--workdir", "runs/sw", "--print-commands",
+                   "--config.train.steps=300"]) == 0
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert len(lines) == 4
+  assert lines[3] == ("mha-jax train --config configs/translation.py:d_model=64 --workdir "
+                      "runs/sw/h64 --config.model.num_heads=64 --config.train.steps=300")
+  assert not os.path.exists(os.path.join(ROOT, "runs", "sw"))
+
+
+def test_sweep_rejects_heads_not_dividing_d_model(tmp_path):
+  with pytest.raises(ValueError, match="model.num_heads=3 does not divide model.d_model=64"):
+    sweep.plan("configs/sweep_heads.py:heads=2,3", str(tmp_path), [])
+
+
+def test_sweep_runs_skips_finished_and_summarizes(tmp_path):
+  wd = str(tmp_path / "sweep")
+  extra = TINY_TRANSLATION + ["--config.train.steps=3", "--config.train.eval_every=3",
+                              "--config.train.log_every=3"]
+  spec = "configs/sweep_heads.py:heads=1,16,d_model=16"
+  logs = []
+  rows = sweep.run_sweep(spec, wd, extra, train_fn=lambda c, w: loop.train(c, w, log=logs.append),
+                         log=logs.append)
+  assert [(r["heads"], r["d_k"]) for r in rows] == [(1, 16), (16, 1)]
+  assert all(r["attn_params_per_layer"] == 4 * 16 * 16 for r in rows)
+  assert all(r["step"] == 3 and r["valid_loss"] > 0 and r["valid_bleu"] is not None
+             for r in rows)
+  assert os.path.getsize(os.path.join(wd, "sweep.png")) > 1000
+  assert json.load(open(os.path.join(wd, "sweep.json"))) == rows
+  assert "| h16 | 16 | 1 |" in open(os.path.join(wd, "sweep.md")).read()
+  logs.clear()
+  sweep.run_sweep(spec, wd, extra, train_fn=lambda c, w: pytest.fail("retrained"),
+                  log=logs.append)
+  assert sum("finished already, skipping" in l for l in logs) == 2
+
+
+def test_launch_tpu_vm_dry_run_prints_gcloud_commands():
+  r = subprocess.run(["bash", "scripts/launch_tpu_vm.sh", "--name", "tpu1", "--zone", "z1",
+                      "--create", "--type", "v4-32", "--dry-run", "--", "mha-jax", "train",
+                      "--config", "configs/translation.py", "--workdir", "runs/a"],
+                     cwd=ROOT, capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr
+  lines = [l for l in r.stdout.splitlines() if l.startswith("gcloud")]
+  assert lines[0].startswith("gcloud compute tpus tpu-vm create tpu1 --zone z1 "
+                             "--accelerator-type v4-32")
+  assert "scp" in lines[1] and "--worker=all" in lines[1]
+  assert "pip\\ install" in lines[2] and "\\[tpu\\]" in lines[2]
+  assert "--worker=all" in lines[3] and "--multihost" in lines[3]
+  r = subprocess.run(["bash", "scripts/launch_tpu_vm.sh", "--zone", "z1", "--", "ls"],
+                     cwd=ROOT, capture_output=True, text=True)
+  assert r.returncode == 2 and "--name is required" in r.stderr
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused():
+  with pytest.raises(ValueError, match="training batch: token id 50 >= vocab size 50"):
+    tasks._check_ids(np.array([[1, 50]]), 50, "training batch")
+
+
+@pytest.mark.slow
+def test_quickstart_end_to_end(tmp_path):
+  wd = str(tmp_path / "qs")
+  r = subprocess.run([sys.executable, "-m", "mha_jax.cli", "quickstart", "--workdir", wd],
+                     cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stderr[-2000:]
+  res = json.load(open(os.path.join(wd, "quickstart.json")))
+  assert res["test"]["bleu"] > res["copy_baseline_bleu"] + 30
+  assert "test BLEU" in r.stdout
+
+
+@pytest.mark.slow
+def test_induction_config_learns_to_copy(tmp_path):
+  """The repeated half's loss falls from about ln V to below 1 nat."""
+  wd = str(tmp_path / "ind")
+  cfg = tiny("configs/induction.py", ["--config.train.progress=false"])
+  loop.train(cfg, wd, log=lambda s: None)
+  valid = [r for r in read_metrics(wd) if r["split"] == "valid"]
+  assert abs(valid[0]["loss_first"] - np.log(64)) < 0.1
+  assert valid[-1]["loss_repeat"] < 1.0 < valid[0]["loss_repeat"]
+  assert valid[-1]["loss_first"] > 3.9     # the first half stays unpredictable
