@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,7 +163,10 @@ class TranslationTask:
   # ---------------------------------------------------------------- evaluation
   def translate(self, params, split: str, limit: int = 0, batch_size: int = 128):
     """Greedy translations of the first `limit` (0 = all) sentences of a split."""
-    decode = _jit_greedy(self.spec, self.cfg.data.max_len + 1)
+    if getattr(self, "_greedy", None) is None:
+      self._greedy = jax.jit(lambda p, src: seq2seq.greedy_decode(
+          p, self.spec, src, self.cfg.data.max_len + 1, V.BOS_ID, V.EOS_ID))
+    decode = self._greedy
     src = self.arrays[split]["src"]
     n = len(src) if limit <= 0 else min(limit, len(src))
     hyps = []
@@ -306,28 +307,16 @@ class LMTask:
     return out
 
 
-_EVAL_CACHE: dict[Any, Any] = {}
-
-
 def _sum_metrics(task, params, split, batch_size) -> dict[str, float]:
-  key = ("eval", id(task))
-  if key not in _EVAL_CACHE:
-    _EVAL_CACHE[key] = jax.jit(lambda p, b, w: task.loss(p, b, example_weight=w)[1])
-  f = _EVAL_CACHE[key]
+  """Sums of the loss metrics over a split's evaluation batches (one compile per task)."""
+  if getattr(task, "_eval_fn", None) is None:
+    task._eval_fn = jax.jit(lambda p, b, w: task.loss(p, b, example_weight=w)[1])
   totals: dict[str, float] = {}
   for batch, weight in task.eval_batches(split, batch_size):
-    m = f(params, batch, jnp.asarray(weight))
+    m = task._eval_fn(params, batch, jnp.asarray(weight))
     for k, v in m.items():
       totals[k] = totals.get(k, 0.0) + float(v)
   return totals
-
-
-def _jit_greedy(spec, max_len):
-  key = ("greedy", spec, max_len)
-  if key not in _EVAL_CACHE:
-    _EVAL_CACHE[key] = jax.jit(lambda p, src: seq2seq.greedy_decode(
-        p, spec, src, max_len, V.BOS_ID, V.EOS_ID))
-  return _EVAL_CACHE[key]
 
 
 def build(cfg, workdir: str | None = None):
