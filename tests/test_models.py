@@ -98,3 +98,14 @@ def test_model_with_a_layer_of_zero_heads_runs(s2s):
   gates["encoder"][0] = jnp.zeros(4)
   np.testing.assert_allclose(out, seq2seq.apply(p, SPEC, src, tgt, gates=gates), atol=1e-5)
   assert C.head_counts(p0)["encoder"] == [0, 4]
+
+
+def test_dropout_only_with_a_key(s2s):
+  p, src, tgt = s2s
+  spec = C.ModelSpec("seq2seq", dropout=0.3)
+  base = seq2seq.apply(p, SPEC, src, tgt)
+  np.testing.assert_allclose(seq2seq.apply(p, spec, src, tgt), base, atol=1e-6)
+  a = seq2seq.apply(p, spec, src, tgt, key=jax.random.PRNGKey(0))
+  b = seq2seq.apply(p, spec, src, tgt, key=jax.random.PRNGKey(1))
+  assert float(jnp.abs(a - base).max()) > 1e-3 and float(jnp.abs(a - b).max()) > 1e-3
+  np.testing.assert_array_equal(a, seq2seq.apply(p, spec, src, tgt, key=jax.random.PRNGKey(0)))

@@ -70,6 +70,14 @@ def sinusoidal(length: int, d: int) -> jax.Array:
   return jnp.asarray(out)
 
 
+def key_stream(key):
+  """Endless fresh keys from `key` (or Nones when key is None: no dropout)."""
+  i = 0
+  while True:
+    yield None if key is None else jax.random.fold_in(key, i)
+    i += 1
+
+
 def dropout(key, rate, x):
   if key is None or rate == 0.0:
     return x

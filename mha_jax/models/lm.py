@@ -56,7 +56,7 @@ def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, ke
     x = x + params["pos_embed"][:t]
   else:
     x = x + C.sinusoidal(t, d)
-  keys = iter(jax.random.split(key, 64) if key is not None else [None] * 64)
+  keys = C.key_stream(key)
   cap = {} if capture else None
   for i, name in enumerate(C.layers_of(params["lm"])):
     p = params["lm"][name]

@@ -53,12 +53,17 @@ def _norm(p, name, x):
   return C.layer_norm(p[name], x) if name in p else x
 
 
+def _embed(params, spec, ids_BT, keys):
+  """Scaled shared embedding plus sinusoidal positions, then dropout."""
+  d = params["embed"].shape[1]
+  x = params["embed"][ids_BT] * C.embed_scale(d) + C.sinusoidal(ids_BT.shape[1], d)
+  return C.dropout(next(keys), spec.dropout, x)
+
+
 def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, capture=None, key=None):
   """Encoder states (B, S, D). `capture` (a dict) receives per-layer AttentionOutputs."""
-  d = params["embed"].shape[1]
-  x = params["embed"][src_BS] * C.embed_scale(d) + C.sinusoidal(src_BS.shape[1], d)
-  keys = iter(jax.random.split(key, 64) if key is not None else [None] * 64)
-  x = C.dropout(next(keys), spec.dropout, x)
+  keys = C.key_stream(key)
+  x = _embed(params, spec, src_BS, keys)
   pad_mask = (src_BS != spec.pad_id)[:, None, None, :]
   for i, name in enumerate(C.layers_of(params["encoder"])):
     p = params["encoder"][name]
@@ -73,10 +78,8 @@ def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, capture=None, key=N
 def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
            capture=None, key=None):
   """Logits (B, T, V) for the next target token at every position."""
-  d = params["embed"].shape[1]
-  x = params["embed"][tgt_in_BT] * C.embed_scale(d) + C.sinusoidal(tgt_in_BT.shape[1], d)
-  keys = iter(jax.random.split(key, 64) if key is not None else [None] * 64)
-  x = C.dropout(next(keys), spec.dropout, x)
+  keys = C.key_stream(key)
+  x = _embed(params, spec, tgt_in_BT, keys)
   src_mask = (src_BS != spec.pad_id)[:, None, None, :]
   for i, name in enumerate(C.layers_of(params["decoder"])):
     p = params["decoder"][name]
