@@ -1,0 +1,69 @@
+"""Stream per-head attention weights and outputs out of the unchanged model.
+
+The model's own forward pass runs with capture=True (the core's return-weights path);
+nothing here re-implements attention. Memory stays bounded: each batch is handed to
+reducers and dropped, unless full tensors are asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Sequence
+
+import jax
+import numpy as np
+
+
+def _select(cap: dict, stacks: Sequence[str] | None, layers: Sequence[int] | None) -> dict:
+  out = {}
+  for stack, per_layer in cap.items():
+    if stacks is not None and stack not in stacks:
+      continue
+    out[stack] = {i: r for i, r in enumerate(per_layer) if layers is None or i in layers}
+  return out
+
+
+def iter_captures(run, split: str = "valid", *, stacks: Sequence[str] | None = None,
+                  layers: Sequence[int] | None = None, batch_size: int = 64,
+                  limit: int = 0, gates=None) -> Iterator[tuple[dict, dict, np.ndarray]]:
+  """Yields (batch, captured, example_weight) per batch of `split`.
+
+  captured[stack][layer] = AttentionOutput with .weights (B, H, T, S) and .heads
+  (B, T, H, K) as NumPy arrays. example_weight is 0 for rows that only pad the last batch.
+  `limit` > 0 stops after that many examples.
+  """
+  model, params = run.model, run.params
+  valid_stacks = {s for s, _ in _stack_layers(params)}
+  for s in stacks or ():
+    if s not in valid_stacks:
+      raise ValueError(f"stacks: {s!r} is not in this model; it has {sorted(valid_stacks)}")
+  fwd = jax.jit(lambda p, b, g: model.apply(p, b, gates=g, capture=True)[1])
+  seen = 0
+  for batch, weight in model.eval_batches(split, batch_size):
+    cap = jax.device_get(fwd(params, batch, gates))
+    cap = _select(cap, stacks, layers)
+    if limit and seen + len(weight) > limit:
+      weight = weight.copy()
+      weight[max(0, limit - seen):] = 0.0
+    yield batch, cap, weight
+    seen += int(weight.sum())
+    if limit and seen >= limit:
+      break
+
+
+def _stack_layers(params):
+  from mha_jax.models import common as C
+  return [(s, i) for s, i, _ in C.attention_blocks(params)]
+
+
+def capture(run, split: str = "valid", *, stacks=None, layers=None, batch_size: int = 64,
+            limit: int = 0, reducers: Sequence[Callable] = (), keep_full: bool = False):
+  """Runs `reducers(batch, captured, weight)` on every batch; returns the full captures
+  (a list of (batch, captured, weight)) only when keep_full is True."""
+  kept = []
+  for item in iter_captures(run, split, stacks=stacks, layers=layers,
+                            batch_size=batch_size, limit=limit):
+    for r in reducers:
+      r(*item)
+    if keep_full:
+      kept.append(item)
+  return kept if keep_full else None
