@@ -77,6 +77,52 @@ def _cmd_eval(args) -> int:
   return 0
 
 
+def _cmd_analyze(args) -> int:
+  from mha_jax.analysis import report
+  from mha_jax.loader import load
+  run = load(args.workdir, step=args.step)
+  summary = report.analyze(run, split=args.split, loo=not args.no_ablations,
+                           loo_bleu_limit=args.bleu_sentences)
+  print(json.dumps(summary, indent=1))
+  print(f"wrote {args.workdir}/analysis/ (heads.json, heads.csv, *.png, explorer.html)")
+  return 0
+
+
+def _cmd_ablate(args) -> int:
+  import os
+  from mha_jax.analysis import importance, report
+  from mha_jax.loader import load
+  run = load(args.workdir, step=args.step)
+  if args.mode not in ("zero", "mean"):
+    raise ValueError(f"--mode must be 'zero' or 'mean'; got {args.mode!r}")
+  if not args.each and not args.heads:
+    raise ValueError("give --heads stack.layer.head[,...] or --each")
+  is_tr = run.config.task == "translation"
+  base = run.model.evaluate(run.params, args.split, bleu=is_tr)
+  if args.each:
+    rows = importance.leave_one_out(run, split=args.split, mode=args.mode, bleu_limit=0)
+    result = {"mode": args.mode, "split": args.split, "base": base, "each": rows}
+  else:
+    heads = importance.parse_heads(run.params, args.heads)
+    res = importance.ablate(run, heads, mode=args.mode, split=args.split)
+    rows = [{"head": args.heads, **res, **{f"delta_{k}": res[k] - base[k] for k in res}}]
+    result = {"mode": args.mode, "split": args.split, "heads": args.heads, "base": base,
+              "ablated": res, "delta": {k: res[k] - base[k] for k in res}}
+  out_dir = os.path.join(args.workdir, "analysis")
+  os.makedirs(out_dir, exist_ok=True)
+  name = "ablation_each" if args.each else "ablation"
+  with open(os.path.join(out_dir, f"{name}_{args.mode}.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  key = "delta_bleu" if is_tr else "delta_loss"
+  report._plot_bars([r["head"] for r in rows], [r[key] for r in rows],
+                    os.path.join(out_dir, f"{name}_{args.mode}.png"), key)
+  if args.each:   # the full list is in the JSON file; print the ten largest effects
+    result = {k: v for k, v in result.items() if k != "each"}
+    result["largest"] = sorted(rows, key=lambda r: r[key] if is_tr else -r[key])[:10]
+  print(json.dumps(result))
+  return 0
+
+
 def _cmd_sweep(args, extra) -> int:
   from mha_jax import sweep
   from mha_jax.train import loop
@@ -118,6 +164,24 @@ def build_parser() -> argparse.ArgumentParser:
   e.add_argument("--split", default="test")
   e.add_argument("--step", type=int, default=None)
   e.set_defaults(func=_cmd_eval)
+
+  a = sub.add_parser("analyze", help="head roles, importance, ablations, plots, explorer")
+  a.add_argument("--workdir", required=True)
+  a.add_argument("--split", default="test")
+  a.add_argument("--step", type=int, default=None)
+  a.add_argument("--no-ablations", action="store_true", help="skip the leave-one-out pass")
+  a.add_argument("--bleu-sentences", type=int, default=64,
+                 help="sentences for BLEU in the leave-one-out pass (0 = all)")
+  a.set_defaults(func=_cmd_analyze)
+
+  ab = sub.add_parser("ablate", help="evaluate a checkpoint with heads ablated")
+  ab.add_argument("--workdir", required=True)
+  ab.add_argument("--heads", default="", help="e.g. encoder.2.5,decoder_cross.0.1")
+  ab.add_argument("--mode", default="zero", help="zero or mean")
+  ab.add_argument("--each", action="store_true", help="every single-head ablation")
+  ab.add_argument("--split", default="test")
+  ab.add_argument("--step", type=int, default=None)
+  ab.set_defaults(func=_cmd_ablate)
 
   sw = sub.add_parser("sweep", help="run the runs a sweep config lists")
   sw.add_argument("--config", required=True)

@@ -161,11 +161,12 @@ class TranslationTask:
     return (obj * mask).sum() / jnp.maximum(tokens, 1.0), metrics
 
   # ---------------------------------------------------------------- evaluation
-  def translate(self, params, split: str, limit: int = 0, batch_size: int = 128):
+  def translate(self, params, split: str, limit: int = 0, batch_size: int = 128,
+                gates=None):
     """Greedy translations of the first `limit` (0 = all) sentences of a split."""
     if getattr(self, "_greedy", None) is None:
-      self._greedy = jax.jit(lambda p, src: seq2seq.greedy_decode(
-          p, self.spec, src, self.cfg.data.max_len + 1, V.BOS_ID, V.EOS_ID))
+      self._greedy = jax.jit(lambda p, src, g: seq2seq.greedy_decode(
+          p, self.spec, src, self.cfg.data.max_len + 1, V.BOS_ID, V.EOS_ID, gates=g))
     decode = self._greedy
     src = self.arrays[split]["src"]
     n = len(src) if limit <= 0 else min(limit, len(src))
@@ -175,13 +176,13 @@ class TranslationTask:
       pad = batch_size - len(chunk)
       if pad:
         chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
-      out = np.asarray(decode(params, jnp.asarray(chunk)))
+      out = np.asarray(decode(params, jnp.asarray(chunk), gates))
       hyps += [self.vocab.decode(row) for row in out[: batch_size - pad]]
     return hyps
 
-  def bleu(self, params, split: str, limit: int = 0) -> float:
+  def bleu(self, params, split: str, limit: int = 0, gates=None) -> float:
     import sacrebleu
-    hyps = self.translate(params, split, limit)
+    hyps = self.translate(params, split, limit, gates=gates)
     refs = self.words[split][1][: len(hyps)]
     return sacrebleu.corpus_bleu([" ".join(h) for h in hyps],
                                  [[" ".join(r) for r in refs]]).score
@@ -192,13 +193,18 @@ class TranslationTask:
     src, tgt = self.words[split]
     return sacrebleu.corpus_bleu([" ".join(s) for s in src], [[" ".join(t) for t in tgt]]).score
 
-  def evaluate(self, params, split: str, *, bleu: bool = True) -> dict[str, float]:
+  def evaluate(self, params, split: str, *, bleu: bool = True, gates=None,
+               bleu_limit: int | None = None) -> dict[str, float]:
+    """Loss and accuracy over the split; BLEU over all of test, or over
+    eval.bleu_examples sentences of other splits (bleu_limit overrides; 0 = all)."""
     e = self.cfg.eval
-    totals = _sum_metrics(self, params, split, e.batch_size)
+    totals = _sum_metrics(self, params, split, e.batch_size, gates)
     out = {"loss": totals["loss"] / totals["tokens"],
            "accuracy": totals["accuracy"] / totals["tokens"]}
     if bleu:
-      out["bleu"] = self.bleu(params, split, e.bleu_examples if split != "test" else 0)
+      limit = bleu_limit if bleu_limit is not None else (
+          e.bleu_examples if split != "test" else 0)
+      out["bleu"] = self.bleu(params, split, limit, gates=gates)
     return out
 
 
@@ -296,9 +302,10 @@ class LMTask:
       metrics[f"tokens_{name}"] = (w * m).sum()
     return (nll * w).sum() / w.sum(), metrics
 
-  def evaluate(self, params, split: str, *, bleu: bool = False) -> dict[str, float]:
-    del bleu
-    totals = _sum_metrics(self, params, split, self.cfg.eval.batch_size)
+  def evaluate(self, params, split: str, *, bleu: bool = False, gates=None,
+               bleu_limit: int | None = None) -> dict[str, float]:
+    del bleu, bleu_limit
+    totals = _sum_metrics(self, params, split, self.cfg.eval.batch_size, gates)
     out = {"loss": totals["loss"] / totals["tokens"],
            "accuracy": totals["accuracy"] / totals["tokens"]}
     for name in ("first", "repeat"):
@@ -307,13 +314,13 @@ class LMTask:
     return out
 
 
-def _sum_metrics(task, params, split, batch_size) -> dict[str, float]:
+def _sum_metrics(task, params, split, batch_size, gates=None) -> dict[str, float]:
   """Sums of the loss metrics over a split's evaluation batches (one compile per task)."""
   if getattr(task, "_eval_fn", None) is None:
-    task._eval_fn = jax.jit(lambda p, b, w: task.loss(p, b, example_weight=w)[1])
+    task._eval_fn = jax.jit(lambda p, b, w, g: task.loss(p, b, example_weight=w, gates=g)[1])
   totals: dict[str, float] = {}
   for batch, weight in task.eval_batches(split, batch_size):
-    m = task._eval_fn(params, batch, jnp.asarray(weight))
+    m = task._eval_fn(params, batch, jnp.asarray(weight), gates)
     for k, v in m.items():
       totals[k] = totals.get(k, 0.0) + float(v)
   return totals

@@ -84,7 +84,6 @@ def test_quickstart_end_to_end(tmp_path):
   assert "test BLEU" in r.stdout
 
 
-@pytest.mark.slow
 def test_induction_config_learns_to_copy(tmp_path):
   """The repeated half's loss falls from about ln V to below 1 nat."""
   wd = str(tmp_path / "ind")

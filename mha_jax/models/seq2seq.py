@@ -116,15 +116,15 @@ def _attend(p, x, ctx, mask, causal, gate, spec, capture, stack):
 
 
 def greedy_decode(params, spec: C.ModelSpec, src_BS, max_len: int, bos_id: int,
-                  eos_id: int):
+                  eos_id: int, gates=None):
   """Greedy translations (B, max_len): [BOS, y_1, ..., EOS, PAD...]. One compile per shape."""
-  enc = encode(params, spec, src_BS)
+  enc = encode(params, spec, src_BS, gates=gates)
   b = src_BS.shape[0]
   out = jnp.full((b, max_len), spec.pad_id, jnp.int32).at[:, 0].set(bos_id)
 
   def step(i, state):
     out, done = state
-    logits = decode(params, spec, enc, src_BS, out)
+    logits = decode(params, spec, enc, src_BS, out, gates=gates)
     nxt = jnp.argmax(logits[:, i - 1], axis=-1).astype(jnp.int32)
     nxt = jnp.where(done, spec.pad_id, nxt)
     return out.at[:, i].set(nxt), done | (nxt == eos_id)

@@ -1,0 +1,145 @@
+"""Head importance and ablation, through the model's own head gates.
+
+  michel_importance   I_h = E_x |dL(x)/d xi_h| at xi = 1 (Michel et al. 2019), per example,
+                      normalised per layer (L2), as in their code
+  ablate              evaluate with some heads zeroed, or replaced by their mean output
+  leave_one_out       the loss (and BLEU) change of each single-head ablation
+
+Mean ablation is param surgery, not new attention code: the head's gate goes to 0 and
+its mean output (over a reference set) times its W_O rows is added to the block's
+output bias, which is exactly what replacing the head's output by its mean does.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mha_jax.models import common as C
+
+
+def parse_heads(params, names: str | Sequence[str]) -> list[tuple[str, int, int]]:
+  """"encoder.2.5,decoder_cross.0.1" -> [(stack, layer, head)], checked against params."""
+  if isinstance(names, str):
+    names = [n for n in names.split(",") if n.strip()]
+  counts = C.head_counts(params)
+  out = []
+  for name in names:
+    parts = name.strip().split(".")
+    ok = len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit()
+    if ok:
+      stack, layer, head = parts[0], int(parts[1]), int(parts[2])
+      ok = stack in counts and layer < len(counts[stack]) and head < counts[stack][layer]
+    if not ok:
+      valid = "; ".join(f"{s}.0-{len(c) - 1}.0-{max(c) - 1}" for s, c in counts.items())
+      raise ValueError(f"--heads: {name!r} is not a head of this model; valid names are "
+                       f"stack.layer.head within: {valid}")
+    out.append((stack, layer, head))
+  return out
+
+
+def gates_without(params, heads: Sequence[tuple[str, int, int]]):
+  gates = C.ones_gates(params)
+  for stack, layer, head in heads:
+    gates[stack][layer] = gates[stack][layer].at[head].set(0.0)
+  return gates
+
+
+def mean_head_outputs(run, split: str = "valid", limit: int = 256) -> dict:
+  """{stack: [(H, K) mean output of each head over the reference set's real tokens]}."""
+  from mha_jax.analysis.capture import iter_captures
+  sums, count = {}, {}
+  for batch, cap, weight in iter_captures(run, split, limit=limit):
+    for stack, layers in cap.items():
+      for layer, r in layers.items():
+        heads = np.asarray(r.heads, np.float64)                   # (B, T, H, K)
+        mask = _query_mask(run, batch, stack, heads.shape[1]) * weight[:, None]
+        s = (heads * mask[:, :, None, None]).sum((0, 1))
+        sums.setdefault(stack, {})[layer] = sums.get(stack, {}).get(layer, 0) + s
+        count.setdefault(stack, {})[layer] = count.get(stack, {}).get(layer, 0) + mask.sum()
+  return {s: [sums[s][l] / max(count[s][l], 1) for l in sorted(sums[s])] for s in sums}
+
+
+def _query_mask(run, batch, stack, t):
+  if "src" in batch:
+    ids = batch["src"] if stack == "encoder" else batch["tgt"][:, :-1]
+    return (np.asarray(ids)[:, :t] != 0).astype(np.float64)
+  return np.ones((len(batch["tokens"]), t))
+
+
+def mean_ablated_params(params, heads, means):
+  """Params in which each listed head's output is replaced by its mean (with gates 0)."""
+  new = jax.tree.map(lambda x: x, params)
+  for stack, layer, head in heads:
+    top, attn = C.STACKS[stack]
+    blk = dict(new[top][f"layer_{layer}"][attn])
+    shift = jnp.asarray(means[stack][layer][head], blk["wo"].dtype) @ blk["wo"][head]
+    blk["bo"] = blk.get("bo", jnp.zeros(blk["wo"].shape[-1], blk["wo"].dtype)) + shift
+    new[top][f"layer_{layer}"] = dict(new[top][f"layer_{layer}"], **{attn: blk})
+  return new
+
+
+def ablate(run, heads, *, mode: str = "zero", split: str = "test", means=None,
+           bleu_limit: int | None = None) -> dict:
+  """Metrics with `heads` ablated ("zero": output 0; "mean": output = its mean)."""
+  if mode not in ("zero", "mean"):
+    raise ValueError(f"--mode must be 'zero' or 'mean'; got {mode!r}")
+  params = run.params
+  if mode == "mean":
+    means = means if means is not None else mean_head_outputs(run, "valid")
+    params = mean_ablated_params(params, heads, means)
+  return run.model.evaluate(params, split, bleu=run.config.task == "translation",
+                            gates=gates_without(run.params, heads), bleu_limit=bleu_limit)
+
+
+def michel_importance(run, split: str = "valid", *, limit: int = 512,
+                      batch_size: int = 32) -> dict[str, np.ndarray]:
+  """{head name: I_h}, raw and normalised per layer, from per-example gate gradients."""
+  model, params = run.model, run.params
+  ones = C.ones_gates(params)
+
+  def example_loss(gates, ex):
+    batch = jax.tree.map(lambda a: a[None], ex)
+    return model.loss(params, batch, gates=gates)[0]
+
+  per_example = jax.jit(jax.vmap(jax.grad(example_loss), in_axes=(None, 0)))
+  total = jax.tree.map(lambda g: np.zeros(g.shape), ones)
+  n = 0
+  for batch, weight in model.eval_batches(split, batch_size):
+    g = per_example(ones, batch)
+    w = np.asarray(weight)
+    total = jax.tree.map(lambda t, x: t + np.einsum("b,bh->h", w, np.abs(np.asarray(x))),
+                         total, g)
+    n += int(w.sum())
+    if limit and n >= limit:
+      break
+  raw, normed = {}, {}
+  for stack, layers in total.items():
+    for i, imp in enumerate(layers):
+      imp = imp / max(n, 1)
+      norm = np.linalg.norm(imp)
+      for h, v in enumerate(imp):
+        raw[f"{stack}.{i}.{h}"] = float(v)
+        normed[f"{stack}.{i}.{h}"] = float(v / norm) if norm > 0 else 0.0
+  return {"raw": raw, "normalized": normed, "examples": n}
+
+
+def leave_one_out(run, *, split: str = "test", mode: str = "zero",
+                  bleu_limit: int = 100, heads=None) -> list[dict]:
+  """For each head (all by default): the metrics' change when only it is ablated."""
+  is_tr = run.config.task == "translation"
+  base = run.model.evaluate(run.params, split, bleu=is_tr, bleu_limit=bleu_limit)
+  means = mean_head_outputs(run, "valid") if mode == "mean" else None
+  names = heads or C.head_names(run.params)
+  rows = []
+  for name in names:
+    h = parse_heads(run.params, [name])
+    res = ablate(run, h, mode=mode, split=split, means=means, bleu_limit=bleu_limit)
+    row = {"head": name, **{f"{k}": v for k, v in res.items()}}
+    for k in res:
+      row[f"delta_{k}"] = res[k] - base[k]
+    rows.append(row)
+  return rows
