@@ -1,0 +1,183 @@
+"""Analysis from checkpoints: capture, importance, ablation, the report and its explorer."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mha_jax
+from mha_jax import cli
+from mha_jax.analysis import capture, explorer, importance, report
+from mha_jax.models import common as C
+from mha_jax.train import loop
+from test_train import TINY_TRANSLATION, tiny
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  wd = str(tmp_path_factory.mktemp("an") / "run")
+  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.train.steps=30",
+             "--config.train.eval_every=30", "--config.train.log_every=30",
+             "--config.train.schedule=constant", "--config.train.lr=5e-3",
+             "--config.model.num_heads=2")
+  loop.train(cfg, wd, log=lambda s: None)
+  return mha_jax.load(wd)
+
+
+def test_capture_streams_weights_from_the_unchanged_model(run):
+  seen = []
+  capture.capture(run, "valid", stacks=("encoder",), batch_size=8, limit=12,
+                  reducers=[lambda b, cap, w: seen.append((set(cap), w.sum()))])
+  assert [s for s, _ in seen] == [{"encoder"}, {"encoder"}]
+  assert sum(n for _, n in seen) == 12                   # limit honoured, padding rows weigh 0
+  full = capture.capture(run, "valid", batch_size=8, limit=8, keep_full=True)
+  batch, cap, _ = full[0]
+  w = cap["decoder_cross"][0].weights
+  assert w.shape == (8, 2, batch["tgt"].shape[1] - 1, batch["src"].shape[1])
+  # The captured forward is the model's own: its output equals the plain apply.
+  logits = run.model.apply(run.params, batch)
+  logits2, _ = run.model.apply(run.params, batch, capture=True)
+  np.testing.assert_allclose(logits, logits2, atol=1e-5)
+  with pytest.raises(ValueError, match=r"stacks: 'lm' is not in this model"):
+    next(capture.iter_captures(run, "valid", stacks=("lm",)))
+
+
+def test_head_names_are_checked_with_the_valid_ones_listed(run):
+  assert importance.parse_heads(run.params, "encoder.0.1,decoder_cross.0.0") == [
+      ("encoder", 0, 1), ("decoder_cross", 0, 0)]
+  for bad in ("encoder.0.2", "encoder.1.0", "decoderx.0.0", "encoder.0"):
+    with pytest.raises(ValueError, match=r"--heads: .* is not a head of this model; valid "
+                                         r"names .*encoder\.0-0\.0-1"):
+      importance.parse_heads(run.params, bad)
+
+
+def test_zero_ablation_of_all_heads_equals_physically_removing_them(run):
+  heads = [("encoder", 0, 0), ("encoder", 0, 1)]
+  zeroed = importance.ablate(run, heads, mode="zero", split="valid", bleu_limit=0)
+  p = jax.tree.map(lambda x: x, run.params)
+  blk = p["encoder"]["layer_0"]["self_attn"]
+  p["encoder"]["layer_0"]["self_attn"] = {k: (v[:, :0] if k in ("wq", "wk", "wv") else v[:0])
+                                          for k, v in blk.items()}
+  removed = run.model.evaluate(p, "valid", bleu_limit=0)
+  for k in ("loss", "accuracy", "bleu"):
+    assert abs(zeroed[k] - removed[k]) < 1e-4, k
+
+
+def test_mean_ablation_replaces_the_output_by_its_mean(run):
+  means = importance.mean_head_outputs(run, "valid")
+  heads = [("decoder_cross", 0, 1)]
+  p = importance.mean_ablated_params(run.params, heads, means)
+  gates = importance.gates_without(run.params, heads)
+  batch = next(run.model.eval_batches("valid", 4))[0]
+  _, cap = run.model.apply(p, batch, gates=gates, capture=True)
+  _, cap0 = run.model.apply(run.params, batch, capture=True)
+  blk = run.params["decoder"]["layer_0"]["cross_attn"]
+  # Output of the block = (other heads through W_O) + mean of head 1 through its W_O.
+  heads0 = np.asarray(cap0["decoder_cross"][0].heads).copy()
+  heads0[:, :, 1] = means["decoder_cross"][0][1]
+  want = np.einsum("bthk,hkd->btd", heads0, np.asarray(blk["wo"]))
+  np.testing.assert_allclose(cap["decoder_cross"][0].out, want, atol=1e-4)
+
+
+def test_michel_importance_matches_a_finite_difference(run):
+  imp = importance.michel_importance(run, "valid", limit=1, batch_size=1)
+  assert imp["examples"] == 1
+  batch = jax.tree.map(lambda a: a[:1], next(run.model.eval_batches("valid", 1))[0])
+  gates = C.ones_gates(run.params)
+  loss = lambda g: float(run.model.loss(run.params, batch, gates=g)[0])
+  eps = 1e-2
+  up, down = C.ones_gates(run.params), C.ones_gates(run.params)
+  up["encoder"][0] = up["encoder"][0].at[1].add(eps)
+  down["encoder"][0] = down["encoder"][0].at[1].add(-eps)
+  fd = abs(loss(up) - loss(down)) / (2 * eps)
+  assert abs(imp["raw"]["encoder.0.1"] - fd) < 0.05 * fd + 1e-4
+  norms = [np.linalg.norm([imp["normalized"][f"{s}.0.{h}"] for h in range(2)])
+           for s in ("encoder", "decoder_self", "decoder_cross")]
+  np.testing.assert_allclose(norms, 1.0, atol=1e-6)
+
+
+def test_ablate_cli_writes_json_and_plot(run, capsys):
+  assert cli.main(["ablate", "--workdir", run.workdir, "--heads", "encoder.0.1",
+                   "--mode", "mean", "--split", "valid"]) == 0
+  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert out["mode"] == "mean" and set(out["delta"]) == {"loss", "accuracy", "bleu"}
+  d = os.path.join(run.workdir, "analysis")
+  assert os.path.exists(os.path.join(d, "ablation_mean.json"))
+  assert os.path.getsize(os.path.join(d, "ablation_mean.png")) > 1000
+  assert cli.main(["ablate", "--workdir", run.workdir, "--each", "--split", "valid"]) == 0
+  each = json.load(open(os.path.join(d, "ablation_each_zero.json")))
+  assert len(each["each"]) == len(run.head_names)
+  assert cli.main(["ablate", "--workdir", run.workdir, "--heads", "encoder.3.0"]) == 2
+  assert "valid names" in capsys.readouterr().err
+  assert cli.main(["ablate", "--workdir", run.workdir, "--heads", "encoder.0.0",
+                   "--mode", "half"]) == 2
+
+
+def test_analyze_writes_the_report(run):
+  summary = report.analyze(run, split="valid", loo_bleu_limit=8, importance_limit=16,
+                           log=lambda s: None)
+  d = os.path.join(run.workdir, "analysis")
+  rows = json.load(open(os.path.join(d, "heads.json")))
+  assert len(rows) == len(run.head_names) == 6
+  enc = [r for r in rows if r["stack"] == "encoder"]
+  assert all({"confidence", "positional_share", "rare_share", "role", "importance",
+              "delta_loss", "delta_bleu"} <= set(r) for r in enc)
+  assert open(os.path.join(d, "heads.csv")).readline().startswith("head,")
+  for png in ("roles.png", "importance.png", "ablation.png"):
+    assert os.path.getsize(os.path.join(d, png)) > 1000, png
+  assert sum(summary["role_counts"]["encoder"].values()) == 2
+  assert len(summary["top_importance"]) == 5
+
+
+def _browser():
+  """Chromium from the system; the test setup installs it with apt when it can."""
+  exe = shutil.which("chromium") or shutil.which("chromium-browser")
+  if exe is None and os.geteuid() == 0 and shutil.which("apt-get"):
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=False, env=env, capture_output=True)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=False, env=env,
+                   capture_output=True)
+    exe = shutil.which("chromium")
+  return exe
+
+
+def test_explorer_renders_the_json_rows_in_a_real_browser(run, tmp_path):
+  rows = [{"head": n, "role": ("syntactic" if n == "encoder.0.1" else "other")}
+          for n in run.head_names]
+  path = str(tmp_path / "explorer.html")
+  data = explorer.write(run, rows, path, split="valid", sentences=3)
+  assert "http" not in open(path).read().replace("http-equiv", "")   # no network at all
+  exe = _browser()
+  if exe is None:
+    pytest.skip("no Chromium and no way to install it (needs root and apt-get)")
+  playwright = pytest.importorskip("playwright.sync_api")
+  with playwright.sync_playwright() as p:
+    browser = p.chromium.launch(executable_path=exe, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"])
+    page = browser.new_page()
+    page.goto("file://" + path)
+    page.select_option("#sent", "2")
+    page.select_option("#stack", "encoder")
+    page.select_option("#layer", "0")
+    page.click("button.head[data-head='1']")
+    assert page.inner_text("#info") == "encoder.0.1 role: syntactic"
+    color = page.eval_on_selector("button.head[data-head='1']", "b => b.style.background")
+    assert color == "rgb(44, 160, 44)"                            # syntactic green
+    shown = page.eval_on_selector_all(
+        "#att tr.row", "rs => rs.map(r => [...r.querySelectorAll('td.w')]"
+                       ".map(td => parseFloat(td.dataset.w)))")
+    want = data["weights"][2]["encoder"][0][1]
+    assert shown == want and len(shown) == len(data["sentences"][2]["src"])
+    labels = page.eval_on_selector_all("#att tr.row th.q", "ths => ths.map(t => t.textContent)")
+    assert labels == data["sentences"][2]["src"]
+    page.select_option("#stack", "decoder_cross")
+    shown = page.eval_on_selector_all(
+        "#att tr.row", "rs => rs.map(r => r.querySelectorAll('td.w').length)")
+    assert shown == [len(data["sentences"][2]["src"])] * len(data["sentences"][2]["tgt"])
+    browser.close()
