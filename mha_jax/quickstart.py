@@ -1,5 +1,6 @@
 """`mha-jax quickstart`: train the translation config at a CPU-friendly size, evaluate
-BLEU on the test split next to a copy-the-source baseline, write a summary."""
+BLEU on the test split next to a copy-the-source baseline, find the heads' roles and
+importance, write a summary."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _config_path() -> str:
   return path + ":quickstart"
 
 
-def run(workdir: str, extra: Sequence[str] = (), log=print) -> dict:
+def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True) -> dict:
   from mha_jax.loader import load
   from mha_jax.train import loop
   t0 = time.time()
@@ -43,12 +44,22 @@ def run(workdir: str, extra: Sequence[str] = (), log=print) -> dict:
       "model": {"d_model": m.d_model, "heads": m.num_heads, "enc_layers": m.enc_layers,
                 "dec_layers": m.dec_layers},
       "test": test, "copy_baseline_bleu": run_.model.copy_baseline_bleu("test"),
-      "seconds": time.time() - t0,
   }
-  with open(os.path.join(workdir, "quickstart.json"), "w") as f:
-    json.dump(result, f, indent=1)
   log(f"\ntest BLEU {test['bleu']:.1f}  (copy-the-source baseline "
       f"{result['copy_baseline_bleu']:.1f}), test loss {test['loss']:.3f}, "
       f"accuracy {test['accuracy']:.3f}")
+  if analyze:
+    from mha_jax.analysis import report
+    log("\nanalysis: head roles and importance (ablations: `mha-jax analyze`) ...")
+    a = report.analyze(run_, split="test", loo=False, log=lambda s: None)
+    result["analysis"] = a
+    for stack, counts in a["role_counts"].items():
+      log(f"  {stack:<13} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    log("  most important heads (Michel et al.): " +
+        ", ".join(f"{h} {v:.3f}" for h, v in a["top_importance"]))
+    log(f"  explorer: {os.path.join(workdir, 'analysis', 'explorer.html')}")
+  result["seconds"] = time.time() - t0
+  with open(os.path.join(workdir, "quickstart.json"), "w") as f:
+    json.dump(result, f, indent=1)
   log(f"wrote {os.path.join(workdir, 'quickstart.json')} in {result['seconds']:.0f} s")
   return result

@@ -170,6 +170,7 @@ class TranslationTask:
     decode = self._greedy
     src = self.arrays[split]["src"]
     n = len(src) if limit <= 0 else min(limit, len(src))
+    batch_size = min(batch_size, n)
     hyps = []
     for start in range(0, n, batch_size):
       chunk = src[start:start + batch_size]

@@ -13,6 +13,7 @@ import json
 import numpy as np
 
 from mha_jax.analysis import capture as capture_lib
+from mha_jax.models.common import STACKS
 
 _COLORS = {"positional": "#1f77b4", "syntactic": "#2ca02c", "rare": "#d62728",
            "previous_token": "#1f77b4", "induction": "#9467bd", "duplicate_token": "#ff7f0e",
@@ -112,7 +113,7 @@ def page_data(run, rows, split: str = "test", sentences: int = 20) -> dict:
                               for _, r in sorted(layers.items())]
                       for stack, layers in cap.items()})
   return {"sentences": sents, "weights": weights, "roles": roles, "colors": _COLORS,
-          "stacks": list(weights[0]) if weights else []}
+          "stacks": [s for s in STACKS if weights and s in weights[0]]}
 
 
 def write(run, rows, path: str, split: str = "test", sentences: int = 20) -> dict:
