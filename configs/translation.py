@@ -24,7 +24,7 @@ def get_config(arg=None):
   cfg.data = dict(
       kind="synthetic", seed=0, train_size=20000, valid_size=500, test_size=500, max_len=24,
       grammar=dict(num_nouns=300, num_verbs=120, num_adjectives=120, num_adverbs=60,
-                   num_names=200, zipf_exponent=1.1),
+                   num_names=200, zipf_exponent=1.1, subwords=False),
       train_src="", train_tgt="", valid_src="", valid_tgt="", test_src="", test_tgt="",
       conllu=dict(train="", valid="", test=""))
   cfg.model = dict(

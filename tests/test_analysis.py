@@ -181,3 +181,79 @@ def test_explorer_renders_the_json_rows_in_a_real_browser(run, tmp_path):
         "#att tr.row", "rs => rs.map(r => r.querySelectorAll('td.w').length)")
     assert shown == [len(data["sentences"][2]["src"])] * len(data["sentences"][2]["tgt"])
     browser.close()
+
+
+class _PlantedModel:
+  """A one-layer encoder whose four heads are planted by hand, run through the real
+  attention function: head 0 attends to the previous token, head 1 to the sentence's
+  rarest token, head 2 to the gold dependency head, head 3 uniformly."""
+
+  def __init__(self, task, workdir, split):
+    self.task = task
+    with open(os.path.join(workdir, "data", "train_freqs.json")) as f:
+      freqs = json.load(f)
+    self.rarity = {w: -np.log(freqs.get(w, 0) + 1.0) for s in task.words[split][0] for w in s}
+    self.split = split
+
+  def __getattr__(self, name):
+    return getattr(self.task, name)
+
+  def eval_batches(self, split, batch_size):
+    row = 0
+    for batch, weight in self.task.eval_batches(split, batch_size):
+      yield dict(batch, x=self._features(batch["src"], row)), weight
+      row += len(weight)
+
+  def _features(self, src, row0):
+    """[one-hot position (S) | one-hot gold head position (S) | rarity | 1] per token."""
+    b, s = src.shape
+    x = np.zeros((b, s, 2 * s + 2), np.float32)
+    sents = self.task.words[self.split][0]
+    for r in range(b):
+      idx = min(row0 + r, len(sents) - 1)
+      words, arcs = sents[idx], self.task.arcs[self.split][idx]
+      for i in range(s):
+        x[r, i, i] = 1.0
+        x[r, i, -1] = 1.0
+        if i < len(words):
+          head = arcs["heads"][i]
+          x[r, i, s + (head if head >= 0 else i)] = 1.0
+          x[r, i, 2 * s] = self.rarity[words[i]]
+    return x
+
+  def apply(self, params, batch, gates=None, capture=False, key=None):
+    from mha_jax import attention
+    src, x = batch["src"], batch["x"]
+    b, s = src.shape
+    d = x.shape[-1]
+    big = 30.0
+    wq = np.zeros((d, 4, d), np.float32)
+    wk = np.zeros((d, 4, d), np.float32)
+    wq[np.arange(1, s), 0, np.arange(s - 1)] = big           # query i -> key position i-1
+    wk[np.arange(s), 0, np.arange(s)] = 1.0
+    wq[-1, 1, 0] = big                                        # key score = its rarity
+    wk[2 * s, 1, 0] = 1.0
+    wq[s + np.arange(s), 2, np.arange(s)] = big               # query's gold head position
+    wk[np.arange(s), 2, np.arange(s)] = 1.0                   # head 3: zero scores, uniform
+    scale = np.sqrt(d)                                        # undo the 1/sqrt(d_k)
+    p = {"wq": jnp.asarray(wq * scale), "wk": jnp.asarray(wk), "wv": jnp.asarray(wk),
+         "wo": jnp.zeros((4, d, d))}
+    mask = ((src != 0) & (src != 2))[:, None, None, :]
+    r = attention.multi_head_attention(p, x, mask=mask, return_weights=True)
+    t = batch["tgt"].shape[1] - 1
+    dec = attention.multi_head_attention(
+        {"wq": jnp.zeros((d, 1, 1)), "wk": jnp.zeros((d, 1, 1)), "wv": jnp.zeros((d, 1, 1)),
+         "wo": jnp.zeros((1, 1, d))}, jnp.zeros((b, t, d)), causal=True, return_weights=True)
+    cap = {"encoder": [r], "decoder_self": [dec]}
+    return (None, cap) if capture else None
+
+
+def test_planted_model_heads_are_classified_exactly(run):
+  planted = mha_jax.Loaded(run.config, _PlantedModel(run.model, run.workdir, "valid"),
+                           {}, run.step, run.workdir)
+  rows = [r for r in report.translation_roles(planted, "valid") if r["stack"] == "encoder"]
+  assert [r["role"] for r in rows] == ["positional", "rare", "syntactic", "other"]
+  assert rows[0]["positional_offset"] == -1
+  assert rows[1]["rare_share"] > 0.95 > rows[3]["rare_share"]
+  assert rows[2]["syntactic_margin"] >= 0.10
+  assert rows[3]["confidence"] < 0.3

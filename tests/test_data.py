@@ -172,3 +172,22 @@ def test_parallel_text_with_conllu(tmp_path):
     parallel.read_lines(str(tmp_path / "empty.txt"), "data.valid_tgt")
   with pytest.raises(ValueError, match="data.test_src: no such file"):
     parallel.read_lines(str(tmp_path / "missing.txt"), "data.test_src")
+
+
+def test_subword_pieces_rejoin_to_words_and_keep_the_arcs():
+  cfg = st.GrammarConfig(subwords=True)
+  _, sp = st.build_splits({"train": 200, "valid": 5, "test": 5}, seed=0, cfg=cfg)
+  _, plain = st.build_splits({"train": 200, "valid": 5, "test": 5}, seed=0)
+  for s, w in zip(sp["train"], plain["train"]):
+    assert " ".join(s.src).replace("@@ ", "") == " ".join(w.src)
+    assert s.tgt == w.tgt
+    words = [i for i, t in enumerate(s.src) if not t.endswith("@@")]   # a word's last piece
+    assert [s.rels[i] for i in words] == w.rels
+    for i, t in enumerate(s.src):
+      if t.endswith("@@"):
+        assert s.rels[i] == "subword" and s.heads[i] == i + 1
+    for wi, i in enumerate(words):                    # word arcs move to last pieces
+      h = w.heads[wi]
+      assert s.heads[i] == (-1 if h < 0 else words[h])
+  pieces = {p for s in sp["train"] for p in s.src}
+  assert any(p.endswith("@@") for p in pieces)

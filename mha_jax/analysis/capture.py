@@ -32,14 +32,13 @@ def iter_captures(run, split: str = "valid", *, stacks: Sequence[str] | None = N
   `limit` > 0 stops after that many examples.
   """
   model, params = run.model, run.params
-  valid_stacks = {s for s, _ in _stack_layers(params)}
-  for s in stacks or ():
-    if s not in valid_stacks:
-      raise ValueError(f"stacks: {s!r} is not in this model; it has {sorted(valid_stacks)}")
   fwd = jax.jit(lambda p, b, g: model.apply(p, b, gates=g, capture=True)[1])
   seen = 0
   for batch, weight in model.eval_batches(split, batch_size):
     cap = jax.device_get(fwd(params, batch, gates))
+    missing = [s for s in stacks or () if s not in cap]
+    if missing:
+      raise ValueError(f"stacks: {missing[0]!r} is not in this model; it has {sorted(cap)}")
     cap = _select(cap, stacks, layers)
     if limit and seen + len(weight) > limit:
       weight = weight.copy()
@@ -49,10 +48,6 @@ def iter_captures(run, split: str = "valid", *, stacks: Sequence[str] | None = N
     if limit and seen >= limit:
       break
 
-
-def _stack_layers(params):
-  from mha_jax.models import common as C
-  return [(s, i) for s, i, _ in C.attention_blocks(params)]
 
 
 def capture(run, split: str = "valid", *, stacks=None, layers=None, batch_size: int = 64,

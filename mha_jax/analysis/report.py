@@ -34,10 +34,8 @@ def translation_roles(run, split: str, limit: int = 0,
   freqs_path = os.path.join(run.workdir, "data", "train_freqs.json")
   with open(freqs_path) as f:
     freqs = json.load(f)
-  counts = C.head_counts(run.params)
   max_len = task.cfg.data.max_len + 1
-  stats = {s: roles.EncoderRoleStats(len(counts[s]), counts[s], max_len)
-           for s in ("encoder", "decoder_self")}
+  stats = {}
   arcs_all = task.arcs.get(split)
   src_words = task.words[split][0]
   offset = 0
@@ -49,6 +47,10 @@ def translation_roles(run, split: str, limit: int = 0,
     lengths = ((src != V.PAD_ID) & (src != V.EOS_ID)).sum(1)
     arcs = [arcs_all[i] for i in idx] if arcs_all else None
     rarest = np.array([_rarest(src_words[i], freqs) for i in idx])
+    for stack in ("encoder", "decoder_self"):
+      if stack not in stats:   # head counts as captured (pruned layers may differ)
+        heads = [np.asarray(cap[stack][l].weights).shape[1] for l in sorted(cap[stack])]
+        stats[stack] = roles.EncoderRoleStats(len(heads), heads, max_len)
     enc = cap["encoder"]
     stats["encoder"].update([np.asarray(enc[l].weights)[:n] for l in sorted(enc)], lengths,
                             arcs, rarest)

@@ -49,6 +49,7 @@ class GrammarConfig:
   adj_probs: tuple = (0.5, 0.35, 0.15)   # P(0, 1, 2 adjectives)
   adverb_prob: float = 0.3
   conj_prob: float = 0.25         # a second clause joined by "and"
+  subwords: bool = False          # write content words as two pieces, "pe@@ rasel"
 
   def validate(self):
     for f in ("num_nouns", "num_verbs", "num_adjectives", "num_adverbs", "num_names"):
@@ -107,10 +108,20 @@ class Lexicon:
   def tgt_agree(lemma, gender, plural):
     return lemma + ("ae", "ou")[gender] + ("n" if plural else "")
 
+  def function_words(self) -> set[str]:
+    """Words never split into pieces: determiners, "and", names."""
+    return {"the", "a", "and", *self.names}
+
   def source_types(self) -> list[str]:
-    c = self.cfg
-    return (["the", "a", "and"] + [self.src_noun(n, p) for n in self.nouns for p in (0, 1)]
-            + self.verbs + self.adjs + self.advs + self.names)
+    words = (["the", "a", "and"] + [self.src_noun(n, p) for n in self.nouns for p in (0, 1)]
+             + self.verbs + self.adjs + self.advs + self.names)
+    if not self.cfg.subwords:
+      return words
+    keep = self.function_words()
+    out = []
+    for w in words:
+      out += [w] if (w in keep or len(w) <= 3) else [w[:2] + "@@", w[2:]]
+    return list(dict.fromkeys(out))
 
   def target_types(self) -> list[str]:
     out = ["ta", "na", "e"] + [self.tgt_noun(n, p) for n in self.t_nouns for p in (0, 1)]
@@ -195,7 +206,32 @@ class Grammar:
       src.append("and"); heads.append(root); rels.append("cc")
       _, tgt2 = self._clause(rng, src, heads, rels, root, "conj")
       tgt = tgt + ["e"] + tgt2
+    if self.cfg.subwords:
+      return split_subwords(Sentence(src, tgt, heads, rels), self.lex.function_words())
     return Sentence(src, tgt, heads, rels)
+
+
+def split_subwords(s: Sentence, keep: set[str]) -> Sentence:
+  """Writes each content word as its first syllable + "@@" and the rest, as BPE would.
+
+  Arcs move to the word's last piece; an earlier piece gets the relation "subword" to
+  it. Pieces like "pe@@" are shared by many words, so a word's meaning needs its
+  neighbour.
+  """
+  pieces, owner = [], []
+  for i, w in enumerate(s.src):
+    parts = [w] if (w in keep or len(w) <= 3) else [w[:2] + "@@", w[2:]]
+    pieces += parts
+    owner += [i] * len(parts)
+  last = {i: max(j for j, o in enumerate(owner) if o == i) for i in range(len(s.src))}
+  heads, rels = [], []
+  for j, i in enumerate(owner):
+    if j != last[i]:
+      heads.append(last[i]); rels.append("subword")
+    else:
+      h = s.heads[i]
+      heads.append(-1 if h < 0 else last[h]); rels.append(s.rels[i])
+  return Sentence(pieces, s.tgt, heads, rels)
 
 
 def generate(num: int, seed: int, cfg: GrammarConfig = GrammarConfig(),
