@@ -29,7 +29,7 @@ def get_config(arg=None):
       conllu=dict(train="", valid="", test=""))
   cfg.model = dict(
       d_model=d_model, num_heads=a.heads, head_dim=0, enc_layers=a.layers,
-      dec_layers=a.layers, d_ff=4 * d_model, dropout=0.0, layer_norm=True,
+      dec_layers=a.layers, d_ff=4 * d_model, dropout=0.0, layer_norm=True, ln_position="pre",
       attn_only=False, use_bias=False, impl="auto")
   cfg.train = mc.train_defaults(steps=3000, batch_size=64, lr=2e-3, warmup=300,
                                 label_smoothing=0.1)

@@ -164,6 +164,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                      f"model.d_model={m.d_model} (or set model.head_dim)")
   if m.head_dim < 0:
     raise ValueError(f"model.head_dim must be >= 0 (0 = d_model / num_heads); got {m.head_dim}")
+  if m.get("ln_position", "pre") not in ("pre", "post"):
+    raise ValueError(f"model.ln_position must be 'pre' or 'post'; got {m.ln_position!r}")
   if t.steps < 1:
     raise ValueError(f"train.steps must be >= 1; got {t.steps}")
   if t.batch_size < 1:

@@ -27,7 +27,8 @@ def model_spec(cfg) -> C.ModelSpec:
   m = cfg.model
   return C.ModelSpec(kind="seq2seq" if cfg.task == "translation" else "lm",
                      layer_norm=m.layer_norm, attn_only=m.attn_only, dropout=m.dropout,
-                     impl=m.impl, pos="sinusoidal" if cfg.task == "translation" else m.pos)
+                     impl=m.impl, pos="sinusoidal" if cfg.task == "translation" else m.pos,
+                     ln_position=m.get("ln_position", "pre"))
 
 
 def _epoch_indices(seed: int, n: int, start: int, count: int) -> np.ndarray:
@@ -117,7 +118,8 @@ class TranslationTask:
     return seq2seq.init(key, vocab_size=self.vocab_size, d_model=m.d_model,
                         num_heads=m.num_heads, head_dim=m.head_dim, enc_layers=m.enc_layers,
                         dec_layers=m.dec_layers, d_ff=m.d_ff, layer_norm=m.layer_norm,
-                        attn_only=m.attn_only, use_bias=m.use_bias)
+                        attn_only=m.attn_only, use_bias=m.use_bias,
+                        ln_position=m.ln_position)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None):
     return seq2seq.apply(params, self.spec, batch["src"], batch["tgt"][:, :-1], gates=gates,

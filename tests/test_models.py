@@ -109,3 +109,18 @@ def test_dropout_only_with_a_key(s2s):
   b = seq2seq.apply(p, spec, src, tgt, key=jax.random.PRNGKey(1))
   assert float(jnp.abs(a - base).max()) > 1e-3 and float(jnp.abs(a - b).max()) > 1e-3
   np.testing.assert_array_equal(a, seq2seq.apply(p, spec, src, tgt, key=jax.random.PRNGKey(0)))
+
+
+def test_post_ln_is_a_different_residual_layout(s2s):
+  _, src, tgt = s2s
+  kw = dict(vocab_size=40, d_model=32, num_heads=4, enc_layers=2, dec_layers=2, d_ff=64)
+  post = seq2seq.init(jax.random.PRNGKey(0), ln_position="post", **kw)
+  pre = seq2seq.init(jax.random.PRNGKey(0), **kw)
+  assert "ln_final" not in post["encoder"] and "ln_final" in pre["encoder"]
+  spec = C.ModelSpec("seq2seq", ln_position="post")
+  out = seq2seq.apply(post, spec, src, tgt)
+  assert out.shape == (3, 6, 40) and np.all(np.isfinite(out))
+  # Post-LN: every encoder output row is layer-normalised (mean 0 before the affine).
+  enc = seq2seq.encode(post, spec, src)
+  np.testing.assert_allclose(enc.mean(-1), 0.0, atol=1e-5)
+  assert float(jnp.abs(out - seq2seq.apply(pre, SPEC, src, tgt)).max()) > 1e-3

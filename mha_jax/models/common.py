@@ -36,6 +36,7 @@ class ModelSpec:
   impl: str = "auto"
   pos: str = "sinusoidal"    # "sinusoidal" or "learned"
   pad_id: int = 0
+  ln_position: str = "pre"   # "pre" (x + f(LN(x))) or "post" (LN(x + f(x)))
 
 
 def layer_norm(p, x, eps=1e-6):

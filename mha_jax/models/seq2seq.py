@@ -20,8 +20,8 @@ from mha_jax.models import common as C
 
 def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 0,
          enc_layers: int, dec_layers: int, d_ff: int, layer_norm: bool = True,
-         attn_only: bool = False, use_bias: bool = False) -> dict:
-  """Fresh params. head_dim 0 means d_model // num_heads."""
+         attn_only: bool = False, use_bias: bool = False, ln_position: str = "pre") -> dict:
+  """Fresh params. head_dim 0 means d_model // num_heads. Post-LN has no final LN."""
   k = head_dim or None
   keys = iter(jax.random.split(key, 1 + 4 * (enc_layers + dec_layers)))
 
@@ -43,7 +43,7 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 
       "encoder": {f"layer_{i}": block(False) for i in range(enc_layers)},
       "decoder": {f"layer_{i}": block(True) for i in range(dec_layers)},
   }
-  if layer_norm:
+  if layer_norm and ln_position == "pre":
     params["encoder"]["ln_final"] = C.init_layer_norm(d_model)
     params["decoder"]["ln_final"] = C.init_layer_norm(d_model)
   return params
@@ -51,6 +51,13 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 
 
 def _norm(p, name, x):
   return C.layer_norm(p[name], x) if name in p else x
+
+
+def _sublayer(x, p, ln, fn, spec, key):
+  """Residual block: pre-LN x + f(LN(x)), or post-LN LN(x + f(x)) (Vaswani et al.)."""
+  if spec.ln_position == "post":
+    return _norm(p, ln, x + C.dropout(key, spec.dropout, fn(x)))
+  return x + C.dropout(key, spec.dropout, fn(_norm(p, ln, x)))
 
 
 def _embed(params, spec, ids_BT, keys):
@@ -67,11 +74,12 @@ def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, capture=None, key=N
   pad_mask = (src_BS != spec.pad_id)[:, None, None, :]
   for i, name in enumerate(C.layers_of(params["encoder"])):
     p = params["encoder"][name]
-    x = x + C.dropout(next(keys), spec.dropout, _attend(
-        p["self_attn"], _norm(p, "ln1", x), None, pad_mask, False,
-        C.gate_for(gates, "encoder", i), spec, capture, "encoder"))
+    gate = C.gate_for(gates, "encoder", i)
+    x = _sublayer(x, p, "ln1", lambda h: _attend(p["self_attn"], h, None, pad_mask, False,
+                                                 gate, spec, capture, "encoder"),
+                  spec, next(keys))
     if "mlp" in p:
-      x = x + C.dropout(next(keys), spec.dropout, C.mlp(p["mlp"], _norm(p, "ln2", x)))
+      x = _sublayer(x, p, "ln2", lambda h: C.mlp(p["mlp"], h), spec, next(keys))
   return _norm(params["encoder"], "ln_final", x)
 
 
@@ -83,14 +91,16 @@ def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
   src_mask = (src_BS != spec.pad_id)[:, None, None, :]
   for i, name in enumerate(C.layers_of(params["decoder"])):
     p = params["decoder"][name]
-    x = x + C.dropout(next(keys), spec.dropout, _attend(
-        p["self_attn"], _norm(p, "ln1", x), None, None, True,
-        C.gate_for(gates, "decoder_self", i), spec, capture, "decoder_self"))
-    x = x + C.dropout(next(keys), spec.dropout, _attend(
-        p["cross_attn"], _norm(p, "ln2", x), enc_BSD, src_mask, False,
-        C.gate_for(gates, "decoder_cross", i), spec, capture, "decoder_cross"))
+    g_self = C.gate_for(gates, "decoder_self", i)
+    g_cross = C.gate_for(gates, "decoder_cross", i)
+    x = _sublayer(x, p, "ln1", lambda h: _attend(p["self_attn"], h, None, None, True, g_self,
+                                                 spec, capture, "decoder_self"),
+                  spec, next(keys))
+    x = _sublayer(x, p, "ln2", lambda h: _attend(p["cross_attn"], h, enc_BSD, src_mask,
+                                                 False, g_cross, spec, capture,
+                                                 "decoder_cross"), spec, next(keys))
     if "mlp" in p:
-      x = x + C.dropout(next(keys), spec.dropout, C.mlp(p["mlp"], _norm(p, "ln3", x)))
+      x = _sublayer(x, p, "ln3", lambda h: C.mlp(p["mlp"], h), spec, next(keys))
   x = _norm(params["decoder"], "ln_final", x)
   return x @ params["embed"].T
 
