@@ -123,6 +123,36 @@ def _cmd_ablate(args) -> int:
   return 0
 
 
+def _float_list(text: str) -> tuple[float, ...]:
+  try:
+    return tuple(float(v) for v in text.split(",") if v.strip())
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected comma-separated numbers; got {text!r}") from None
+
+
+def _cmd_prune(args) -> int:
+  from mha_jax.pruning import gates, run as prune_run
+  hc = gates.HardConcrete(beta=args.beta, init_log_alpha=args.init_log_alpha,
+                          per_layer_mean=args.per_layer_mean, binarize=args.binarize)
+  out = args.out or args.workdir.rstrip("/") + f"_pruned_{args.method}"
+  res = prune_run.prune(args.workdir, out, method=args.method, lam=args.l0_lambda,
+                        lambdas=args.lambdas, keep=args.keep,
+                        stacks=[s for s in args.stacks.split(",") if s], steps=args.steps,
+                        lr=args.lr, finetune=args.finetune,
+                        keep_one_per_layer=args.keep_one_per_layer, seed=args.seed, hc=hc,
+                        bleu_limit=args.bleu_sentences)
+  keys = ("kept", "kept_heads", "base", "after", "lambdas")
+  print(json.dumps({k: res[k] for k in keys if k in res}))
+  return 0
+
+
+def _cmd_export_pruned(args) -> int:
+  from mha_jax.pruning import run as prune_run
+  info = prune_run.export(args.workdir, args.out)
+  print(json.dumps({k: info[k] for k in ("head_counts", "max_abs_diff_vs_masked")}))
+  return 0
+
+
 def _cmd_sweep(args, extra) -> int:
   from mha_jax import sweep
   from mha_jax.train import loop
@@ -182,6 +212,33 @@ def build_parser() -> argparse.ArgumentParser:
   ab.add_argument("--split", default="test")
   ab.add_argument("--step", type=int, default=None)
   ab.set_defaults(func=_cmd_ablate)
+
+  pr = sub.add_parser("prune", help="prune heads: L0 gates, Michel et al., or random")
+  pr.add_argument("--workdir", required=True)
+  pr.add_argument("--out", default=None, help="new workdir (default: WORKDIR_pruned_METHOD)")
+  pr.add_argument("--method", default="l0", help="l0, michel or random")
+  pr.add_argument("--l0-lambda", type=float, default=None)
+  pr.add_argument("--lambdas", type=_float_list, default=(),
+                  help="sweep lambda: one sub-workdir per value")
+  pr.add_argument("--keep", type=int, default=None, help="end with exactly K heads")
+  pr.add_argument("--stacks", default="encoder",
+                  help="comma-separated: encoder, decoder_self, decoder_cross, lm")
+  pr.add_argument("--steps", type=int, default=300, help="gate training steps (l0)")
+  pr.add_argument("--lr", type=float, default=0.05, help="gate learning rate (l0)")
+  pr.add_argument("--finetune", action="store_true", help="also train the model (l0)")
+  pr.add_argument("--beta", type=float, default=1 / 3)
+  pr.add_argument("--init-log-alpha", type=float, default=2.0)
+  pr.add_argument("--per-layer-mean", action="store_true")
+  pr.add_argument("--binarize", default="nonzero", help="nonzero or threshold")
+  pr.add_argument("--keep-one-per-layer", action="store_true", help="michel: never empty a layer")
+  pr.add_argument("--seed", type=int, default=0)
+  pr.add_argument("--bleu-sentences", type=int, default=0, help="test BLEU sentences (0 = all)")
+  pr.set_defaults(func=_cmd_prune)
+
+  ex = sub.add_parser("export-pruned", help="remove pruned heads from the weights for real")
+  ex.add_argument("--workdir", required=True)
+  ex.add_argument("--out", required=True)
+  ex.set_defaults(func=_cmd_export_pruned)
 
   sw = sub.add_parser("sweep", help="run the runs a sweep config lists")
   sw.add_argument("--config", required=True)

@@ -96,10 +96,12 @@ def ablate(run, heads, *, mode: str = "zero", split: str = "test", means=None,
 
 
 def michel_importance(run, split: str = "valid", *, limit: int = 512,
-                      batch_size: int = 32) -> dict[str, np.ndarray]:
-  """{head name: I_h}, raw and normalised per layer, from per-example gate gradients."""
-  model, params = run.model, run.params
-  ones = C.ones_gates(params)
+                      batch_size: int = 32, gates=None, params=None) -> dict[str, np.ndarray]:
+  """{head name: I_h}, raw and normalised per layer, from per-example gate gradients
+  taken at `gates` (default: all 1)."""
+  model = run.model
+  params = run.params if params is None else params
+  ones = C.ones_gates(params) if gates is None else gates
 
   def example_loss(gates, ex):
     batch = jax.tree.map(lambda a: a[None], ex)

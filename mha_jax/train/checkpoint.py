@@ -48,6 +48,26 @@ class Checkpoints:
         meta=ocp.args.JsonSave(meta)), force=True)
     self.manager.wait_until_finished()
 
+  def save_params(self, step: int, params, meta: dict[str, Any]) -> None:
+    """A checkpoint of params only (pruned or exported models: nothing to resume).
+
+    Orbax cannot store zero-size arrays (a layer with every head removed), so those
+    are stored as 1-element placeholders and their shapes kept in meta["empty"].
+    """
+    empty = {}
+
+    def fill(path, x):
+      if np.size(x) == 0:
+        empty[jax.tree_util.keystr(path)] = [list(np.shape(x)), str(np.asarray(x).dtype)]
+        return np.zeros((1,), np.asarray(x).dtype)
+      return x
+
+    params = jax.tree_util.tree_map_with_path(fill, params)
+    self.manager.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params),
+        meta=ocp.args.JsonSave({**meta, "empty": empty})), force=True)
+    self.manager.wait_until_finished()
+
   def restore(self, step: int, params_like, opt_state_like):
     """Restores into the shapes, dtypes and shardings of the given abstract trees, so a
     checkpoint written on N devices restores on M."""
@@ -71,8 +91,13 @@ class Checkpoints:
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
                           meta)
     r = self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(target)))
-    return r["params"], step
+        params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+    empty = (r["meta"] or {}).get("empty", {})
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: (jax.numpy.zeros(empty[jax.tree_util.keystr(path)][0],
+                                         empty[jax.tree_util.keystr(path)][1])
+                         if jax.tree_util.keystr(path) in empty else x), r["params"])
+    return params, step
 
   def close(self) -> None:
     self.manager.close()

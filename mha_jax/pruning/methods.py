@@ -1,0 +1,161 @@
+"""Pruning methods. Each returns a mask {stack: [(H_l,) 0/1]} over the stacks it prunes.
+
+  l0        train Hard Concrete gates on loss + lambda * expected L0 (Voita et al. 2019);
+            the rest of the model is frozen by an optax multi_transform unless finetune
+  keep K    exactly K heads: train the gates at lambda, then keep the K heads with the
+            largest log_alpha (a top-K relaxation; no bisection over lambda)
+  michel    iteratively remove the least important 10 % by I_h, re-scoring each time
+  random    remove heads in a random order
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mha_jax.analysis import importance
+from mha_jax.pruning import gates as G
+from mha_jax.pruning import masks as M
+
+
+def train_gates(run, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
+                finetune: bool = False, param_lr: float = 1e-4, seed: int = 0,
+                hc: G.HardConcrete = G.HardConcrete(), start_mask: dict | None = None,
+                log: Callable[[str], None] = print):
+  """Trains log_alpha (and the params when finetune) on loss + lam * L0. Returns
+  (log_alpha, params, history)."""
+  if lam < 0:
+    raise ValueError(f"--l0-lambda must be >= 0; got {lam}")
+  if steps < 1:
+    raise ValueError(f"--steps must be >= 1; got {steps}")
+  hc.validate()
+  task = run.model
+  counts = {s: c for s, c in M.ones_mask(run.params, stacks).items()}
+  log_alpha = G.init_log_alpha({s: [len(m) for m in c] for s, c in counts.items()}, hc)
+  fixed = start_mask or {}
+  t = run.config.train
+  smoothing = t.get("label_smoothing", 0.0)
+  state = {"params": run.params, "log_alpha": log_alpha}
+  labels = {"params": jax.tree.map(lambda _: "model" if finetune else "frozen", run.params),
+            "log_alpha": jax.tree.map(lambda _: "gates", log_alpha)}
+  tx = optax.multi_transform({"gates": optax.adam(lr), "model": optax.adam(param_lr),
+                              "frozen": optax.set_to_zero()}, labels)
+  opt_state = tx.init(state)
+
+  def gates_for(la, key):
+    g = G.sample(la, key, hc)
+    g = {s: [gi * jnp.asarray(fixed[s][i]) if s in fixed else gi for i, gi in enumerate(l)]
+         for s, l in g.items()}
+    return M.full_gates(state["params"], g)
+
+  def objective(st, batch, key):
+    loss, _ = task.loss(st["params"], batch, gates=gates_for(st["log_alpha"], key),
+                        label_smoothing=smoothing)
+    pen = G.l0_penalty(st["log_alpha"], hc)
+    return loss + lam * pen, (loss, pen)
+
+  @jax.jit
+  def step(st, opt_state, batch, key):
+    if finetune:
+      (obj, aux), grads = jax.value_and_grad(objective, has_aux=True)(st, batch, key)
+    else:   # only the gates need gradients; the frozen params get zeros
+      (obj, aux), g_la = jax.value_and_grad(
+          lambda la: objective(dict(st, log_alpha=la), batch, key), has_aux=True)(
+              st["log_alpha"])
+      grads = {"params": jax.tree.map(jnp.zeros_like, st["params"]), "log_alpha": g_la}
+    updates, opt_state = tx.update(grads, opt_state, st)
+    return optax.apply_updates(st, updates), opt_state, aux
+
+  key = jax.random.PRNGKey(seed)
+  history = []
+  for i in range(steps):
+    batch = task.train_batch(i)
+    state, opt_state, (loss, pen) = step(state, opt_state, batch, jax.random.fold_in(key, i))
+    if (i + 1) % max(1, steps // 5) == 0 or i + 1 == steps:
+      kept = M.count(G.binary(state["log_alpha"], hc))
+      history.append({"step": i + 1, "loss": float(loss), "l0": float(pen), "kept": kept})
+      log(f"  gate step {i + 1}/{steps}: loss {float(loss):.3f} expected L0 "
+          f"{float(pen):.1f} kept {kept}")
+  return state["log_alpha"], state["params"], history
+
+
+def l0_mask(log_alpha, hc: G.HardConcrete, start_mask=None) -> dict:
+  mask = {s: [np.asarray(m) for m in layers] for s, layers in G.binary(log_alpha, hc).items()}
+  return _and(mask, start_mask)
+
+
+def top_k_mask(log_alpha, k: int, start_mask=None) -> dict:
+  """Keep the k heads with the largest log_alpha (among those not already removed)."""
+  flat = [(float(v), s, i, h) for s, layers in log_alpha.items()
+          for i, la in enumerate(layers) for h, v in enumerate(np.asarray(la))
+          if start_mask is None or s not in start_mask or start_mask[s][i][h] > 0]
+  keep = {(s, i, h) for _, s, i, h in sorted(flat, reverse=True)[:k]}
+  return {s: [np.asarray([1.0 if (s, i, h) in keep else 0.0 for h in range(len(la))],
+                         np.float32) for i, la in enumerate(layers)]
+          for s, layers in log_alpha.items()}
+
+
+def _and(mask, start):
+  if not start:
+    return mask
+  return {s: [m * start[s][i] if s in start else m for i, m in enumerate(layers)]
+          for s, layers in mask.items()}
+
+
+def schedule(total: int, fraction: float = 0.1) -> list[int]:
+  """Head counts visited when removing `fraction` of the heads per step."""
+  step = max(1, int(round(total * fraction)))
+  return list(range(total, -1, -step)) + ([0] if total % step else [])
+
+
+def michel_masks(run, *, stacks, counts: list[int], keep_one_per_layer: bool = False,
+                 start_mask=None, limit: int = 256, log: Callable[[str], None] = print
+                 ) -> dict[int, dict]:
+  """Masks at each requested head count, removing the least important heads by I_h
+  (re-scored after every removal step)."""
+  mask = start_mask or M.ones_mask(run.params, stacks)
+  out = {}
+  for target in sorted(counts, reverse=True):
+    while M.count(mask) > target:
+      gates = M.full_gates(run.params, mask)
+      imp = importance.michel_importance(run, "valid", limit=limit, gates=gates)["normalized"]
+      cands = []
+      for s, layers in mask.items():
+        for i, m in enumerate(layers):
+          alive = np.flatnonzero(m > 0)
+          if keep_one_per_layer and len(alive) <= 1:
+            continue
+          cands += [(imp[f"{s}.{i}.{h}"], s, i, h) for h in alive]
+      if not cands:
+        break
+      n_remove = min(M.count(mask) - target, max(1, int(round(0.1 * _total(mask)))))
+      for _, s, i, h in sorted(cands)[:n_remove]:
+        mask[s][i] = mask[s][i].copy()
+        mask[s][i][h] = 0.0
+      log(f"  michel: {M.count(mask)} heads left")
+    out[target] = {s: [m.copy() for m in layers] for s, layers in mask.items()}
+  return out
+
+
+def _total(mask):
+  return sum(len(m) for layers in mask.values() for m in layers)
+
+
+def random_masks(run, *, stacks, counts: list[int], seed: int = 0, start_mask=None
+                 ) -> dict[int, dict]:
+  mask = start_mask or M.ones_mask(run.params, stacks)
+  order = [(s, i, h) for s, layers in mask.items() for i, m in enumerate(layers)
+           for h in np.flatnonzero(m > 0)]
+  np.random.default_rng(seed).shuffle(order)
+  out = {}
+  for target in sorted(counts, reverse=True):
+    while M.count(mask) > target and order:
+      s, i, h = order.pop()
+      mask[s][i] = mask[s][i].copy()
+      mask[s][i][h] = 0.0
+    out[target] = {s: [m.copy() for m in layers] for s, layers in mask.items()}
+  return out

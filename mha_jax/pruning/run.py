@@ -1,0 +1,160 @@
+"""`mha-jax prune` and `mha-jax export-pruned`: pruned workdirs that load like any other.
+
+A pruned workdir holds the source run's config.json, a checkpoint of the masked params
+(pruned heads' W_O rows zeroed, i.e. gate 0) and pruning.json (method, lambda, mask,
+kept heads, gate values, BLEU before and after). `export-pruned` removes the masked
+heads from the weights for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Callable, Sequence
+
+import numpy as np
+
+from mha_jax.loader import load
+from mha_jax.models import common as C
+from mha_jax.pruning import gates as G
+from mha_jax.pruning import masks as M
+from mha_jax.pruning import methods
+from mha_jax.train import checkpoint as ckpt_lib
+
+
+def _fresh_dir(path: str, what: str) -> None:
+  if os.path.exists(path) and os.listdir(path):
+    raise ValueError(f"{what} {path!r} exists and is not empty; refusing to overwrite it")
+  os.makedirs(path, exist_ok=True)
+
+
+def _evaluate(run, params, bleu_limit):
+  return run.model.evaluate(params, "test", bleu=run.config.task == "translation",
+                            bleu_limit=bleu_limit)
+
+
+def write_workdir(run, out: str, params, info: dict) -> None:
+  """A workdir whose checkpoint holds `params` and whose pruning.json holds `info`."""
+  _fresh_dir(out, "--out")
+  try:
+    shutil.copy(os.path.join(run.workdir, "config.json"), os.path.join(out, "config.json"))
+    c = ckpt_lib.Checkpoints(out)
+    c.save_params(run.step, params, {"step": run.step,
+                                     "source": os.path.abspath(run.workdir)})
+    c.close()
+    with open(os.path.join(out, "pruning.json"), "w") as f:
+      json.dump(info, f, indent=1)
+  except BaseException:
+    shutil.rmtree(out, ignore_errors=True)   # we created it empty; leave nothing half-written
+    raise
+
+
+def _check(run, stacks, keep, start_mask):
+  counts = C.head_counts(run.params)
+  for s in stacks:
+    if s not in counts:
+      raise ValueError(f"--stacks: {s!r} is not in this model; it has {sorted(counts)}")
+  available = M.count(start_mask) if start_mask else sum(sum(counts[s]) for s in stacks)
+  if keep is not None and not 0 <= keep <= available:
+    raise ValueError(f"--keep must be between 0 and the {available} heads left in "
+                     f"{list(stacks)}; got {keep}")
+  return available
+
+
+def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
+          lambdas: Sequence[float] = (), keep: int | None = None,
+          stacks: Sequence[str] = ("encoder",), steps: int = 300, lr: float = 0.05,
+          finetune: bool = False, keep_one_per_layer: bool = False, seed: int = 0,
+          hc: G.HardConcrete = G.HardConcrete(), bleu_limit: int = 0,
+          log: Callable[[str], None] = print) -> dict:
+  """Prunes the run in `workdir` into `out` (or one sub-workdir per lambda)."""
+  if method not in ("l0", "michel", "random"):
+    raise ValueError(f"--method must be l0, michel or random; got {method!r}")
+  for l in ([lam] if lam is not None else []) + list(lambdas):
+    if l < 0:
+      raise ValueError(f"--l0-lambda must be >= 0; got {l}")
+  if os.path.exists(out) and os.listdir(out):
+    raise ValueError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
+  run = load(workdir)
+  start_mask = M.read_mask(workdir)
+  if start_mask:
+    start_mask = {s: m for s, m in start_mask.items() if s in stacks}
+  available = _check(run, stacks, keep, start_mask)
+  if method == "l0" and lam is None and not lambdas:
+    raise ValueError("--method l0 needs --l0-lambda X or --lambdas a,b,c")
+  if method != "l0" and keep is None:
+    raise ValueError(f"--method {method} needs --keep K")
+  base = _evaluate(run, run.params, bleu_limit)
+  log(f"base: {available} heads in {list(stacks)}, test " +
+      " ".join(f"{k} {v:.4g}" for k, v in base.items()))
+  common = {"source": os.path.abspath(workdir), "stacks": list(stacks), "method": method,
+            "base": base, "binarize": hc.binarize}
+  if method == "l0" and lambdas:
+    rows = []
+    for l in lambdas:
+      row = _prune_l0(run, os.path.join(out, f"lambda_{l:g}"), l, keep, stacks, steps, lr,
+                      finetune, seed, hc, start_mask, bleu_limit, common, log)
+      rows.append({"lambda": l, "kept": row["kept"], **row["after"]})
+    with open(os.path.join(out, "lambdas.json"), "w") as f:
+      json.dump(rows, f, indent=1)
+    return {"lambdas": rows, "base": base}
+  if method == "l0":
+    return _prune_l0(run, out, lam, keep, stacks, steps, lr, finetune, seed, hc, start_mask,
+                     bleu_limit, common, log)
+  if method == "michel":
+    mask = methods.michel_masks(run, stacks=stacks, counts=[keep],
+                                keep_one_per_layer=keep_one_per_layer,
+                                start_mask=start_mask, log=log)[keep]
+  else:
+    mask = methods.random_masks(run, stacks=stacks, counts=[keep], seed=seed,
+                                start_mask=start_mask)[keep]
+  return _finish(run, out, run.params, mask, {**common, "keep": keep}, bleu_limit, log)
+
+
+def _prune_l0(run, out, lam, keep, stacks, steps, lr, finetune, seed, hc, start_mask,
+              bleu_limit, common, log):
+  log_alpha, params, history = methods.train_gates(
+      run, lam, stacks=stacks, steps=steps, lr=lr, finetune=finetune, seed=seed, hc=hc,
+      start_mask=start_mask, log=log)
+  mask = (methods.top_k_mask(log_alpha, keep, start_mask) if keep is not None
+          else methods.l0_mask(log_alpha, hc, start_mask))
+  info = {**common, "lambda": lam, "keep": keep, "steps": steps, "finetune": finetune,
+          "beta": hc.beta, "stretch": [hc.low, hc.high], "history": history,
+          "log_alpha": M.jsonable(log_alpha), "gates": M.jsonable(G.deterministic(log_alpha, hc))}
+  return _finish(run, out, params, mask, info, bleu_limit, log)
+
+
+def _finish(run, out, params, mask, info, bleu_limit, log):
+  masked = M.mask_params(params, mask)
+  after = _evaluate(run, masked, bleu_limit)
+  info = {**info, "mask": M.mask_to_json(mask), "kept": M.count(mask),
+          "kept_heads": M.kept_names(mask), "after": after}
+  write_workdir(run, out, masked, info)
+  log(f"kept {info['kept']} heads -> {out}: test " +
+      " ".join(f"{k} {v:.4g}" for k, v in after.items()))
+  return info
+
+
+def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dict:
+  """Writes `out` with the masked heads of a pruned workdir physically removed."""
+  mask = M.read_mask(workdir)
+  if mask is None:
+    raise ValueError(f"--workdir {workdir!r} has no pruning.json: prune it first "
+                     f"(mha-jax prune)")
+  if os.path.exists(out) and os.listdir(out):
+    raise ValueError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
+  run = load(workdir)
+  pruned = M.export_pruned(run.params, mask)
+  batch = next(run.model.eval_batches("test", 16))[0]
+  diff = float(np.max(np.abs(np.asarray(run.model.apply(run.params, batch)) -
+                             np.asarray(run.model.apply(pruned, batch)))))
+  with open(os.path.join(workdir, "pruning.json")) as f:
+    info = json.load(f)
+  info.update(exported_from=os.path.abspath(workdir), max_abs_diff_vs_masked=diff,
+              head_counts=C.head_counts(pruned), source_mask=info["mask"],
+              mask=M.mask_to_json(M.ones_mask(pruned, stacks=list(mask))))
+  write_workdir(run, out, pruned, info)
+  log(f"exported {M.count(mask)} heads -> {out}; head counts {C.head_counts(pruned)}; "
+      f"max |logit difference| vs the masked model {diff:.2e}")
+  return info
