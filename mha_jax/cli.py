@@ -146,6 +146,17 @@ def _cmd_prune(args) -> int:
   return 0
 
 
+def _cmd_prune_curve(args) -> int:
+  from mha_jax.pruning import curve
+  out = args.out or args.workdir.rstrip("/") + "/pruning_curve"
+  rows = curve.pruning_curve(args.workdir, out, counts=args.counts,
+                             stacks=[s for s in args.stacks.split(",") if s], lam=args.l0_lambda,
+                             steps=args.steps, bleu_limit=args.bleu_sentences)
+  print(curve.format_curve(rows, "bleu" in rows[0]))
+  print(f"wrote {out}/curve.json, curve.md, curve.png")
+  return 0
+
+
 def _cmd_export_pruned(args) -> int:
   from mha_jax.pruning import run as prune_run
   info = prune_run.export(args.workdir, args.out)
@@ -234,6 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
   pr.add_argument("--seed", type=int, default=0)
   pr.add_argument("--bleu-sentences", type=int, default=0, help="test BLEU sentences (0 = all)")
   pr.set_defaults(func=_cmd_prune)
+
+  pc = sub.add_parser("prune-curve", help="BLEU vs heads kept for l0, michel and random")
+  pc.add_argument("--workdir", required=True)
+  pc.add_argument("--out", default=None, help="default: WORKDIR/pruning_curve")
+  pc.add_argument("--counts", type=_int_list, default=(48, 36, 24, 12, 6, 3, 0))
+  pc.add_argument("--stacks", default="encoder")
+  pc.add_argument("--l0-lambda", type=float, default=0.05)
+  pc.add_argument("--steps", type=int, default=200)
+  pc.add_argument("--bleu-sentences", type=int, default=0)
+  pc.set_defaults(func=_cmd_prune_curve)
 
   ex = sub.add_parser("export-pruned", help="remove pruned heads from the weights for real")
   ex.add_argument("--workdir", required=True)

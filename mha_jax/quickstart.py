@@ -1,6 +1,6 @@
 """`mha-jax quickstart`: train the translation config at a CPU-friendly size, evaluate
 BLEU on the test split next to a copy-the-source baseline, find the heads' roles and
-importance, write a summary."""
+importance, prune 75 % of the encoder heads with L0 gates, write a summary."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 from typing import Sequence
 
 from mha_jax import config as mc
+from mha_jax.models import common as C
 
 CONFIG = "configs/translation.py:quickstart"
 
@@ -23,7 +24,8 @@ def _config_path() -> str:
   return path + ":quickstart"
 
 
-def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True) -> dict:
+def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True,
+        prune: bool = True) -> dict:
   from mha_jax.loader import load
   from mha_jax.train import loop
   t0 = time.time()
@@ -58,6 +60,21 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
     log("  most important heads (Michel et al.): " +
         ", ".join(f"{h} {v:.3f}" for h, v in a["top_importance"]))
     log(f"  explorer: {os.path.join(workdir, 'analysis', 'explorer.html')}")
+  if prune:
+    from mha_jax.pruning import run as prune_run
+    out = os.path.join(workdir, "pruned_l0")
+    if os.path.exists(out):
+      log(f"\npruning: {out} exists already, kept as it is")
+    else:
+      total = sum(C.head_counts(run_.params)["encoder"])
+      keep = max(1, total // 4)
+      log(f"\npruning: L0 gates (Voita et al.), keep {keep} of {total} encoder heads ...")
+      info = prune_run.prune(workdir, out, method="l0", lam=0.05, keep=keep, steps=100,
+                             log=lambda s: None)
+      result["pruning"] = {k: info[k] for k in ("kept", "kept_heads", "base", "after")}
+      log(f"  test BLEU {info['base']['bleu']:.1f} with all heads -> "
+          f"{info['after']['bleu']:.1f} with {info['kept']} encoder heads "
+          f"({', '.join(info['kept_heads'])})")
   result["seconds"] = time.time() - t0
   with open(os.path.join(workdir, "quickstart.json"), "w") as f:
     json.dump(result, f, indent=1)

@@ -158,3 +158,22 @@ def test_prune_cli_and_bad_input(run, tmp_path, capsys):
   assert cli.main(["export-pruned", "--workdir", run.workdir, "--out",
                    str(tmp_path / "e")]) == 2
   assert "has no pruning.json" in capsys.readouterr().err
+
+
+def test_pruning_curve_joins_roles_and_writes_outputs(run, tmp_path):
+  from mha_jax.pruning import curve
+  out = str(tmp_path / "curve")
+  rows = curve.pruning_curve(run.workdir, out, counts=[8, 4, 0], steps=3,
+                             log=lambda s: None)
+  assert {(r["method"], r["kept"]) for r in rows} == {
+      (m, k) for m in ("l0", "michel", "random") for k in (8, 4, 0)}
+  by = {(r["method"], r["kept"]): r for r in rows}
+  for m in ("l0", "michel", "random"):      # all heads kept = the dense model
+    assert abs(by[(m, 8)]["loss"] - by[("l0", 8)]["loss"]) < 1e-6
+    assert sum(by[(m, 4)]["roles"].values()) == 4 and by[(m, 0)]["roles"] == {}
+    assert by[(m, 0)]["loss"] > by[(m, 8)]["loss"]
+  assert os.path.getsize(os.path.join(out, "curve.png")) > 1000
+  table = open(os.path.join(out, "curve.md")).read()
+  assert table.splitlines()[2].startswith("| 8 |")
+  with pytest.raises(ValueError, match=r"--counts: 9 is outside 0..8"):
+    curve.pruning_curve(run.workdir, out, counts=[9], log=lambda s: None)

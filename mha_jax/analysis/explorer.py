@@ -57,6 +57,7 @@ function draw(){
   const s = D.sentences[st.sent], w = D.weights[st.sent][st.stack][st.layer];
   if(st.head >= w.length) st.head = 0;
   drawHeads();
+  if(!w.length){ $('info').textContent='this layer has no heads (all pruned)'; $('att').innerHTML=''; return; }
   const q = st.stack==='encoder' ? s.src : (st.stack.startsWith('decoder') ? s.tgt : s.tokens);
   const k = (st.stack==='encoder'||st.stack==='decoder_cross') ? s.src :
             (st.stack==='decoder_self' ? s.tgt : s.tokens);

@@ -1,0 +1,99 @@
+"""The pruning curve: BLEU (or loss) against heads kept, for L0, Michel and random, at the
+same head counts, joined with the heads' roles from the dense model's analysis."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Sequence
+
+from mha_jax.analysis import report
+from mha_jax.loader import load
+from mha_jax.pruning import gates as G
+from mha_jax.pruning import masks as M
+from mha_jax.pruning import methods
+
+
+def _roles(run, split, log) -> dict[str, str]:
+  path = os.path.join(run.workdir, "analysis", "heads.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return {r["head"]: r.get("role", "other") for r in json.load(f)}
+  log("roles: analysing the dense model first ...")
+  rows = (report.translation_roles(run, split) if run.config.task == "translation"
+          else report.lm_roles(run, split))
+  return {r["head"]: r["role"] for r in rows}
+
+
+def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
+                  stacks: Sequence[str] = ("encoder",), lam: float = 0.05, steps: int = 200,
+                  bleu_limit: int = 0, seed: int = 0, hc: G.HardConcrete = G.HardConcrete(),
+                  log: Callable[[str], None] = print) -> list[dict]:
+  run = load(workdir)
+  total = M.count(M.ones_mask(run.params, stacks))
+  for k in counts:
+    if not 0 <= k <= total:
+      raise ValueError(f"--counts: {k} is outside 0..{total} heads in {list(stacks)}")
+  roles = _roles(run, "test", log)
+  is_tr = run.config.task == "translation"
+  masks: dict[str, dict[int, dict]] = {"random": methods.random_masks(
+      run, stacks=stacks, counts=list(counts), seed=seed)}
+  masks["michel"] = methods.michel_masks(run, stacks=stacks, counts=list(counts), log=log)
+  masks["l0"] = {}
+  for k in counts:
+    log(f"l0: training gates for K={k}")
+    la, _, _ = methods.train_gates(run, lam, stacks=stacks, steps=steps, seed=seed, hc=hc,
+                                   log=lambda s: None)
+    masks["l0"][k] = methods.top_k_mask(la, k)
+  rows = []
+  for method in ("l0", "michel", "random"):
+    for k in sorted(counts, reverse=True):
+      mask = masks[method][k]
+      res = run.model.evaluate(run.params, "test", bleu=is_tr, bleu_limit=bleu_limit,
+                               gates=M.full_gates(run.params, mask))
+      kept = M.kept_names(mask)
+      role_counts: dict[str, int] = {}
+      for h in kept:
+        role_counts[roles.get(h, "other")] = role_counts.get(roles.get(h, "other"), 0) + 1
+      rows.append({"method": method, "kept": k, **res, "roles": role_counts,
+                   "kept_heads": kept})
+      log(f"{method:>6} K={k:>3}: " + " ".join(f"{m} {v:.4g}" for m, v in res.items()
+                                              if isinstance(v, float)))
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, "curve.json"), "w") as f:
+    json.dump({"workdir": workdir, "stacks": list(stacks), "lambda": lam, "steps": steps,
+               "total": total, "rows": rows}, f, indent=1)
+  with open(os.path.join(out_dir, "curve.md"), "w") as f:
+    f.write(format_curve(rows, is_tr) + "\n")
+  _plot(rows, os.path.join(out_dir, "curve.png"), "bleu" if is_tr else "loss")
+  return rows
+
+
+def format_curve(rows: list[dict], is_tr: bool) -> str:
+  metric = "bleu" if is_tr else "loss"
+  ks = sorted({r["kept"] for r in rows}, reverse=True)
+  by = {(r["method"], r["kept"]): r for r in rows}
+  lines = [f"| heads kept | " + " | ".join(f"{m} {metric}" for m in ("l0", "michel", "random"))
+           + " | roles kept (l0) |", "|---:|---:|---:|---:|---|"]
+  for k in ks:
+    roles = by[("l0", k)]["roles"]
+    lines.append(f"| {k} | " + " | ".join(f"{by[(m, k)][metric]:.2f}" for m in
+                                         ("l0", "michel", "random")) + " | " +
+                 ", ".join(f"{r} {n}" for r, n in sorted(roles.items())) + " |")
+  return "\n".join(lines)
+
+
+def _plot(rows, path, metric):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  for method in ("l0", "michel", "random"):
+    rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["kept"])
+    ax.plot([r["kept"] for r in rs], [r[metric] for r in rs], "o-", label=method)
+  ax.set_xlabel("heads kept")
+  ax.set_ylabel(f"test {metric}")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
