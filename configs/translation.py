@@ -38,6 +38,7 @@ def get_config(arg=None):
     cfg.train.steps = 600
     cfg.train.warmup = 100
     cfg.train.eval_every = 600
+    cfg.eval.bleu_examples = 100
     cfg.train.checkpoint_every = 300
     cfg.train.log_every = 50
   return cfg

@@ -69,8 +69,8 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
       total = sum(C.head_counts(run_.params)["encoder"])
       keep = max(1, total // 4)
       log(f"\npruning: L0 gates (Voita et al.), keep {keep} of {total} encoder heads ...")
-      info = prune_run.prune(workdir, out, method="l0", lam=0.05, keep=keep, steps=100,
-                             log=lambda s: None)
+      info = prune_run.prune(workdir, out, method="l0", lam=0.05, keep=keep, steps=60,
+                             log=lambda s: None, loaded=run_, base=test)
       result["pruning"] = {k: info[k] for k in ("kept", "kept_heads", "base", "after")}
       log(f"  test BLEU {info['base']['bleu']:.1f} with all heads -> "
           f"{info['after']['bleu']:.1f} with {info['kept']} encoder heads "

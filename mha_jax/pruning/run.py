@@ -67,8 +67,11 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
           stacks: Sequence[str] = ("encoder",), steps: int = 300, lr: float = 0.05,
           finetune: bool = False, keep_one_per_layer: bool = False, seed: int = 0,
           hc: G.HardConcrete = G.HardConcrete(), bleu_limit: int = 0,
-          log: Callable[[str], None] = print) -> dict:
-  """Prunes the run in `workdir` into `out` (or one sub-workdir per lambda)."""
+          log: Callable[[str], None] = print, loaded=None, base: dict | None = None) -> dict:
+  """Prunes the run in `workdir` into `out` (or one sub-workdir per lambda).
+
+  `loaded` (the workdir's `mha_jax.load`) and `base` (its test metrics at bleu_limit)
+  save a reload and an evaluation when the caller has them already."""
   if method not in ("l0", "michel", "random"):
     raise ValueError(f"--method must be l0, michel or random; got {method!r}")
   for l in ([lam] if lam is not None else []) + list(lambdas):
@@ -76,7 +79,7 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
       raise ValueError(f"--l0-lambda must be >= 0; got {l}")
   if os.path.exists(out) and os.listdir(out):
     raise ValueError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
-  run = load(workdir)
+  run = loaded if loaded is not None else load(workdir)
   start_mask = M.read_mask(workdir)
   if start_mask:
     start_mask = {s: m for s, m in start_mask.items() if s in stacks}
@@ -85,7 +88,7 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
     raise ValueError("--method l0 needs --l0-lambda X or --lambdas a,b,c")
   if method != "l0" and keep is None:
     raise ValueError(f"--method {method} needs --keep K")
-  base = _evaluate(run, run.params, bleu_limit)
+  base = base if base is not None else _evaluate(run, run.params, bleu_limit)
   log(f"base: {available} heads in {list(stacks)}, test " +
       " ".join(f"{k} {v:.4g}" for k, v in base.items()))
   common = {"source": os.path.abspath(workdir), "stacks": list(stacks), "method": method,
