@@ -82,6 +82,9 @@ def test_quickstart_end_to_end(tmp_path):
   res = json.load(open(os.path.join(wd, "quickstart.json")))
   assert res["test"]["bleu"] > res["copy_baseline_bleu"] + 30
   assert "test BLEU" in r.stdout
+  assert res["pruning"]["kept"] == 12 and res["pruning"]["after"]["bleu"] > 40
+  assert sum(res["analysis"]["role_counts"]["encoder"].values()) == 48
+  assert res["seconds"] < 180
 
 
 def test_induction_config_learns_to_copy(tmp_path):

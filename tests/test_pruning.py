@@ -177,3 +177,26 @@ def test_pruning_curve_joins_roles_and_writes_outputs(run, tmp_path):
   assert table.splitlines()[2].startswith("| 8 |")
   with pytest.raises(ValueError, match=r"--counts: 9 is outside 0..8"):
     curve.pruning_curve(run.workdir, out, counts=[9], log=lambda s: None)
+
+
+def test_lambda_sweep_records_heads_kept_and_bleu(run, tmp_path):
+  out = str(tmp_path / "sweep")
+  res = prune_run.prune(run.workdir, out, method="l0", lambdas=[0.0, 5.0], steps=30, lr=0.3,
+                        log=lambda s: None)
+  rows = json.load(open(os.path.join(out, "lambdas.json")))
+  assert [r["lambda"] for r in rows] == [0.0, 5.0] == [r["lambda"] for r in res["lambdas"]]
+  assert rows[0]["kept"] == 8 and rows[1]["kept"] < rows[0]["kept"]
+  assert all({"bleu", "loss"} <= set(r) for r in rows)
+  for l in ("0", "5"):
+    info = json.load(open(os.path.join(out, f"lambda_{l}", "pruning.json")))
+    assert mha_jax.load(os.path.join(out, f"lambda_{l}")).step == run.step
+    assert info["kept"] == rows[int(l == "5")]["kept"]
+
+
+def test_workdir_without_a_trained_checkpoint_is_refused(run, tmp_path):
+  wd = tmp_path / "untrained"
+  wd.mkdir()
+  (wd / "config.json").write_text(open(os.path.join(run.workdir, "config.json")).read())
+  with pytest.raises(ValueError, match="has no trained checkpoint"):
+    prune_run.prune(str(wd), str(tmp_path / "o"), method="random", keep=1, log=lambda s: None)
+  assert not (tmp_path / "o").exists()
