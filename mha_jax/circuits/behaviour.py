@@ -1,0 +1,66 @@
+"""Behavioural scores on repeated random tokens with BOS, from the model's own forward.
+
+  prefix matching  attention to the token after earlier copies of the current token
+                   (the induction score of `analysis.roles.lm_scores`)
+  previous token   attention to the previous position
+  copying          the head's direct effect on the logit of the token it attends to,
+                   minus its mean effect over the vocabulary (row convention:
+                   head output @ Wo_h @ U; exact for models without a final LayerNorm)
+  ICL score        loss at a late position minus loss at an early one (Olsson et al.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import optax
+import jax.numpy as jnp
+
+from mha_jax.analysis import roles
+from mha_jax.data import repeated_tokens
+
+
+def eval_tokens(run, batch: int = 64, seed_offset: int = 7_000_003) -> np.ndarray:
+  d = run.config.data
+  if d.kind != "repeated":
+    raise ValueError(f"behavioural scores need data.kind='repeated'; got {d.kind!r}")
+  return repeated_tokens.repeated_tokens(d.seed + seed_offset, 0, batch, d.half_len,
+                                         d.vocab_size)
+
+
+def head_scores(run, tokens: np.ndarray) -> dict[str, dict[str, float]]:
+  """{"lm.layer.head": {prefix_matching, previous_token, duplicate_token, copying}}."""
+  batch = {"tokens": tokens}
+  logits, cap = run.model.apply(run.params, batch, capture=True)
+  x = tokens[:, :-1]
+  u = np.asarray(run.params["unembed"], np.float64)
+  out = {}
+  for layer, r in enumerate(cap["lm"]):
+    w = np.asarray(r.weights)
+    s = roles.lm_scores(w, x)
+    attn = run.params["lm"][f"layer_{layer}"]["attn"]
+    wo = np.asarray(attn["wo"], np.float64)
+    heads = np.asarray(r.heads, np.float64)                         # (B, T, H, K)
+    for h in range(w.shape[1]):
+      dla = heads[:, :, h] @ wo[h] @ u                               # (B, T, V)
+      attended = np.take_along_axis(x, w[:, h].argmax(-1), axis=1)   # (B, T)
+      own = np.take_along_axis(dla, attended[..., None], axis=-1)[..., 0]
+      copying = float((own - dla.mean(-1))[:, 1:].mean())
+      out[f"lm.{layer}.{h}"] = {"prefix_matching": float(s["induction"][h]),
+                                "previous_token": float(s["previous_token"][h]),
+                                "duplicate_token": float(s["duplicate_token"][h]),
+                                "copying": copying}
+  return out
+
+
+def icl_score(run, tokens: np.ndarray, early: int | None = None,
+              late: int | None = None) -> dict[str, float]:
+  """Loss at a late position minus loss at an early one (negative = in-context learning).
+  Defaults: the 2nd token of the first copy and the last token of the second."""
+  logits = np.asarray(run.model.apply(run.params, {"tokens": tokens}))
+  nll = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
+      jnp.asarray(logits), jnp.asarray(tokens[:, 1:])))               # (B, T-1)
+  early = 1 if early is None else early
+  late = nll.shape[1] - 1 if late is None else late
+  return {"early_position": early, "late_position": late,
+          "loss_early": float(nll[:, early].mean()), "loss_late": float(nll[:, late].mean()),
+          "icl_score": float(nll[:, late].mean() - nll[:, early].mean())}
