@@ -3,7 +3,11 @@
   mha-jax train --config configs/induction.py --workdir runs/induction
 
 Sequences are [BOS] r_1..r_n r_1..r_n with r uniform over the vocabulary. The loss on
-the repeated half can only fall below ln(V) through in-context copying.
+the repeated half can only fall below ln(V) through in-context copying. Positions enter
+Q and K only (pos=qk, Shortformer style, as in the papers) unless pos=learned; every
+250th step is kept, so `mha-jax circuits` can follow the phase change. Each sequence
+copies m tokens, m drawn from [half_len / 2, half_len], then random tokens: the repeat
+distance varies, so no head can find the earlier copy by position alone.
 """
 
 import ml_collections
@@ -13,18 +17,18 @@ from mha_jax import config as mc
 
 def get_config(arg=None):
   a = mc.parse_arg(arg, heads=4, d_model=64, layers=2, vocab=64, half_len=24,
-                   layer_norm=False)
+                   layer_norm=False, pos="qk")
   cfg = ml_collections.ConfigDict()
   cfg.task = "lm"
   cfg.seed = 0
   cfg.data = dict(kind="repeated", seed=0, vocab_size=a.vocab, half_len=a.half_len,
-                  text_files=(), tokenizer="bpe")
+                  min_half_len=a.half_len // 2, text_files=(), tokenizer="bpe")
   cfg.model = dict(
       d_model=a.d_model, num_heads=a.heads, head_dim=0, num_layers=a.layers, d_ff=0,
       max_len=2 * a.half_len + 1, dropout=0.0, layer_norm=a.layer_norm, attn_only=True,
-      use_bias=False, pos="learned", impl="auto")
-  cfg.train = mc.train_defaults(steps=1500, batch_size=32, lr=1e-3, warmup=100,
-                                schedule="constant", weight_decay=0.0, eval_every=100,
-                                checkpoint_every=250, log_every=50)
+      use_bias=False, pos=a.pos, impl="auto")
+  cfg.train = mc.train_defaults(steps=4000, batch_size=32, lr=3e-3, warmup=100,
+                                schedule="constant", weight_decay=0.0, eval_every=250,
+                                checkpoint_every=250, log_every=50, keep=100)
   cfg.eval = mc.eval_defaults(batch_size=64, lm_batches=4)
   return cfg

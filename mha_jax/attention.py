@@ -345,6 +345,7 @@ def _check_gates(head_gates: Any, b: int, h: int) -> jax.Array:
 
 
 def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None = None, *,
+                         value_input: jax.Array | None = None,
                          mask: jax.Array | None = None, causal: bool = False,
                          head_gates: jax.Array | None = None, impl: str = "auto",
                          return_weights: bool = False):
@@ -355,6 +356,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       {"bq", "bk", "bv": (H, K), "bo": (D,)}. H and K are read from the shapes.
     x: (B, T, D) queries' input.
     context: (B, S, D) keys' and values' input; None means x (self-attention).
+    value_input: (B, S, D) values' input when it differs from the keys' (e.g. positions
+      in Q and K only, as in Shortformer); None means context.
     mask: boolean, True = may attend; (B|1, H|1, T|1, S|1) or (T, S).
     causal: also forbid attending to later positions (key j > query i).
     head_gates: (H,) or (B, H); multiplies each head's output before W_O.
@@ -379,6 +382,10 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                      f"params['wk'] expects D={d}")
   if ctx.shape[0] != x.shape[0]:
     raise ValueError(f"context batch {ctx.shape[0]} differs from x batch {x.shape[0]}")
+  val = ctx if value_input is None else value_input
+  if value_input is not None and (not hasattr(val, "shape") or val.shape != ctx.shape):
+    raise ValueError(f"value_input must have the keys' input shape {tuple(ctx.shape)}; "
+                     f"got {getattr(val, 'shape', val)}")
   if not isinstance(causal, (bool, np.bool_)):
     raise ValueError(f"causal must be a bool; got {causal!r}")
   b, t, _ = x.shape
@@ -404,7 +411,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
 
   q_BTHK = project(x, params["wq"], params.get("bq"))
   k_BSHK = project(ctx, params["wk"], params.get("bk"))
-  v_BSHK = project(ctx, params["wv"], params.get("bv"))
+  v_BSHK = project(val, params["wv"], params.get("bv"))
 
   kernel = resolve_impl(impl, q_BTHK, return_weights)
   if kernel == "reference":

@@ -164,6 +164,15 @@ def _cmd_export_pruned(args) -> int:
   return 0
 
 
+def _cmd_circuits(args) -> int:
+  from mha_jax.circuits import report as circuits_report
+  res = circuits_report.circuits(args.workdir, track=not args.no_track)
+  print(circuits_report.format_summary(res))
+  print(f"wrote {args.workdir}/circuits/ (circuits.json, composition.png, positivity.png, "
+        f"icl.png)")
+  return 0
+
+
 def _cmd_sweep(args, extra) -> int:
   from mha_jax import sweep
   from mha_jax.train import loop
@@ -260,6 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
   ex.add_argument("--workdir", required=True)
   ex.add_argument("--out", required=True)
   ex.set_defaults(func=_cmd_export_pruned)
+
+  ci = sub.add_parser("circuits", help="induction heads, composition, positivity, paths")
+  ci.add_argument("--workdir", required=True)
+  ci.add_argument("--no-track", action="store_true", help="skip the pass over checkpoints")
+  ci.set_defaults(func=_cmd_circuits)
 
   sw = sub.add_parser("sweep", help="run the runs a sweep config lists")
   sw.add_argument("--config", required=True)

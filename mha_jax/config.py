@@ -166,6 +166,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f"model.head_dim must be >= 0 (0 = d_model / num_heads); got {m.head_dim}")
   if m.get("ln_position", "pre") not in ("pre", "post"):
     raise ValueError(f"model.ln_position must be 'pre' or 'post'; got {m.ln_position!r}")
+  if cfg.task == "lm" and m.pos not in ("learned", "sinusoidal", "qk"):
+    raise ValueError(f"model.pos must be learned, sinusoidal or qk; got {m.pos!r}")
   if t.steps < 1:
     raise ValueError(f"train.steps must be >= 1; got {t.steps}")
   if t.batch_size < 1:

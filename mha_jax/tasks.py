@@ -261,33 +261,28 @@ class LMTask:
     d = self.cfg.data
     seed = d.seed + {"train": 0, "valid": 1_000_003, "test": 2_000_003}[split]
     if d.kind == "repeated":
-      return repeated_tokens.repeated_tokens(seed, index, batch, d.half_len, d.vocab_size)
-    return text.windows(self.streams[split], seed, index, batch, self.seq_len + 1)
+      return repeated_tokens.repeated_tokens(seed, index, batch, d.half_len, d.vocab_size,
+                                             d.get("min_half_len", 0), return_lengths=True)
+    return text.windows(self.streams[split], seed, index, batch, self.seq_len + 1), None
 
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1):
     b = self.cfg.train.batch_size
-    tokens = self._batch("train", step, b)[_local_rows(b, process_index, process_count)]
-    _check_ids(tokens, self.vocab_size, "training batch")
-    return {"tokens": tokens}
+    batch = self._make(*self._batch("train", step, b))
+    rows = _local_rows(b, process_index, process_count)
+    batch = {k: v[rows] for k, v in batch.items()}
+    _check_ids(batch["tokens"], self.vocab_size, "training batch")
+    return batch
+
+  def _make(self, tokens, lengths):
+    """The batch dict; for repeated tokens with the first/repeat position masks."""
+    if lengths is None:
+      return {"tokens": tokens}
+    masks = repeated_tokens.position_masks(lengths, tokens.shape[1] - 1)
+    return {"tokens": tokens, "mask_first": masks["first"], "mask_repeat": masks["repeat"]}
 
   def eval_batches(self, split: str, batch_size: int):
     for i in range(max(1, self.cfg.eval.lm_batches)):
-      yield {"tokens": self._batch(split, i, batch_size)}, np.ones(batch_size, np.float32)
-
-  def position_mask(self, length: int) -> dict[str, np.ndarray]:
-    """Masks over predicted positions 0..length-1 (position p predicts token p+1).
-
-    For repeated tokens: "first" = predictions of tokens 2..n of the first copy,
-    "repeat" = predictions of tokens 2..n of the second copy (the first token of each
-    copy is random and cannot be predicted).
-    """
-    if self.cfg.data.kind != "repeated":
-      return {}
-    n = self.cfg.data.half_len
-    target_pos = np.arange(length) + 1      # index of the predicted token in the sequence
-    first = (target_pos >= 2) & (target_pos <= n)
-    repeat = (target_pos >= n + 2) & (target_pos <= 2 * n)
-    return {"first": first.astype(np.float32), "repeat": repeat.astype(np.float32)}
+      yield self._make(*self._batch(split, i, batch_size)), np.ones(batch_size, np.float32)
 
   def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
            example_weight=None):
@@ -300,9 +295,11 @@ class LMTask:
         example_weight[:, None], nll.shape)
     metrics = {"loss": (nll * w).sum(), "accuracy": ((logits.argmax(-1) == targets) * w).sum(),
                "tokens": w.sum()}
-    for name, m in self.position_mask(nll.shape[1]).items():
-      metrics[f"loss_{name}"] = (nll * w * m).sum()
-      metrics[f"tokens_{name}"] = (w * m).sum()
+    for name in ("first", "repeat"):
+      if f"mask_{name}" in batch:
+        m = batch[f"mask_{name}"]
+        metrics[f"loss_{name}"] = (nll * w * m).sum()
+        metrics[f"tokens_{name}"] = (w * m).sum()
     return (nll * w).sum() / w.sum(), metrics
 
   def evaluate(self, params, split: str, *, bleu: bool = False, gates=None,

@@ -95,4 +95,4 @@ def test_induction_config_learns_to_copy(tmp_path):
   valid = [r for r in read_metrics(wd) if r["split"] == "valid"]
   assert abs(valid[0]["loss_first"] - np.log(64)) < 0.1
   assert valid[-1]["loss_repeat"] < 1.0 < valid[0]["loss_repeat"]
-  assert valid[-1]["loss_first"] > 3.9     # the first half stays unpredictable
+  assert valid[-1]["loss_first"] > 3.9     # the first copy stays unpredictable

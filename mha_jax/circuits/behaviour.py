@@ -19,12 +19,14 @@ from mha_jax.analysis import roles
 from mha_jax.data import repeated_tokens
 
 
-def eval_tokens(run, batch: int = 64, seed_offset: int = 7_000_003) -> np.ndarray:
+def eval_tokens(run, batch: int = 64, seed_offset: int = 7_000_003):
+  """(tokens (B, 1 + 2n), copy lengths m (B,)) held out from training."""
   d = run.config.data
   if d.kind != "repeated":
     raise ValueError(f"behavioural scores need data.kind='repeated'; got {d.kind!r}")
   return repeated_tokens.repeated_tokens(d.seed + seed_offset, 0, batch, d.half_len,
-                                         d.vocab_size)
+                                         d.vocab_size, d.get("min_half_len", 0),
+                                         return_lengths=True)
 
 
 def head_scores(run, tokens: np.ndarray) -> dict[str, dict[str, float]]:
@@ -52,15 +54,15 @@ def head_scores(run, tokens: np.ndarray) -> dict[str, dict[str, float]]:
   return out
 
 
-def icl_score(run, tokens: np.ndarray, early: int | None = None,
-              late: int | None = None) -> dict[str, float]:
-  """Loss at a late position minus loss at an early one (negative = in-context learning).
-  Defaults: the 2nd token of the first copy and the last token of the second."""
+def icl_score(run, tokens: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
+  """Loss at a late position minus loss at an early one (negative = in-context learning):
+  the prediction of the 2nd token of the first copy against that of the last token of
+  the second copy (row by row, as copy lengths vary)."""
   logits = np.asarray(run.model.apply(run.params, {"tokens": tokens}))
   nll = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
       jnp.asarray(logits), jnp.asarray(tokens[:, 1:])))               # (B, T-1)
-  early = 1 if early is None else early
-  late = nll.shape[1] - 1 if late is None else late
-  return {"early_position": early, "late_position": late,
-          "loss_early": float(nll[:, early].mean()), "loss_late": float(nll[:, late].mean()),
-          "icl_score": float(nll[:, late].mean() - nll[:, early].mean())}
+  rows = np.arange(len(tokens))
+  early = nll[:, 1]
+  late = nll[rows, 2 * np.asarray(lengths) - 1]
+  return {"loss_early": float(early.mean()), "loss_late": float(late.mean()),
+          "icl_score": float(late.mean() - early.mean())}

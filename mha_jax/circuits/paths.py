@@ -28,19 +28,27 @@ def _check_linear(params):
     raise ValueError("path expansion needs attention without biases (model.use_bias=false)")
 
 
-def expand(params, tokens_BT, patterns: list[np.ndarray]) -> dict[str, np.ndarray]:
+def _x0(params, tok, pos_in_residual):
+  e = np.asarray(params["embed"], np.float64)
+  x0 = e[tok]
+  if pos_in_residual:
+    if "pos_embed" in params:
+      x0 = x0 + np.asarray(params["pos_embed"], np.float64)[: tok.shape[1]]
+    else:
+      x0 = x0 + np.asarray(C.sinusoidal(tok.shape[1], e.shape[1]), np.float64)
+  return x0
+
+
+def expand(params, tokens_BT, patterns: list[np.ndarray], *, pos_in_residual: bool = True
+           ) -> dict[str, np.ndarray]:
   """Logits split by order: {"order_0": (B, T, V), "order_1": ..., ...}, float64.
 
-  `patterns[l]` is layer l's frozen attention (B, H, T, T).
+  `patterns[l]` is layer l's frozen attention (B, H, T, T). With positions in Q and K
+  only (model.pos="qk") the residual starts from the token embeddings alone.
   """
   _check_linear(params)
   tok = np.asarray(tokens_BT)
-  e = np.asarray(params["embed"], np.float64)
-  x0 = e[tok]
-  if "pos_embed" in params:
-    x0 = x0 + np.asarray(params["pos_embed"], np.float64)[: tok.shape[1]]
-  else:
-    x0 = x0 + np.asarray(C.sinusoidal(tok.shape[1], e.shape[1]), np.float64)
+  x0 = _x0(params, tok, pos_in_residual)
   orders = [x0]
   for l, name in enumerate(C.layers_of(params["lm"])):
     attn = {k: np.asarray(v, np.float64) for k, v in params["lm"][name]["attn"].items()}
@@ -54,13 +62,12 @@ def expand(params, tokens_BT, patterns: list[np.ndarray]) -> dict[str, np.ndarra
   return {f"order_{n}": r @ u for n, r in enumerate(orders)}
 
 
-def single_head_terms(params, tokens_BT, patterns) -> dict[str, np.ndarray]:
+def single_head_terms(params, tokens_BT, patterns, *, pos_in_residual: bool = True
+                      ) -> dict[str, np.ndarray]:
   """Order-1 logits of each head alone: A^h x0 OV^h U, keyed "lm.layer.head"."""
   _check_linear(params)
   tok = np.asarray(tokens_BT)
-  x0 = np.asarray(params["embed"], np.float64)[tok]
-  if "pos_embed" in params:
-    x0 = x0 + np.asarray(params["pos_embed"], np.float64)[: tok.shape[1]]
+  x0 = _x0(params, tok, pos_in_residual)
   u = np.asarray(params["unembed"], np.float64)
   out = {}
   for l, name in enumerate(C.layers_of(params["lm"])):
@@ -77,10 +84,11 @@ def _loss(logits, tokens, mask):
   return float((nll * mask).sum() / mask.sum())
 
 
-def term_importance(params, tokens_BT, patterns, mask=None) -> list[dict]:
-  """Loss with orders 0..n kept, for each n, and the change when order n is removed."""
+def term_importance(params, tokens_BT, patterns, mask=None, *,
+                    pos_in_residual: bool = True) -> list[dict]:
+  """Loss with orders 0..n kept, for each n, and the change when the rest is removed."""
   tok = np.asarray(tokens_BT)
-  terms = expand(params, tok, patterns)
+  terms = expand(params, tok, patterns, pos_in_residual=pos_in_residual)
   mask = np.ones((tok.shape[0], tok.shape[1] - 1)) if mask is None else mask
   n_max = len(terms) - 1
   names = {0: "direct", 1: "single heads", 2: "virtual heads"}

@@ -1,4 +1,9 @@
-"""Repeated random tokens with BOS, for induction heads: [BOS] r_1..r_n r_1..r_n."""
+"""Repeated random tokens with BOS, for induction heads: [BOS] r_1..r_m r_1..r_m [tail].
+
+With min_half_len < half_len, each sequence draws its own m in [min_half_len, half_len]
+and fills the rest with fresh random tokens, so the repeat distance varies and no head can
+find the earlier copy by position alone.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,10 @@ import numpy as np
 BOS_ID = 0
 
 
-def repeated_tokens(seed: int, index: int, batch: int, half_len: int,
-                    vocab_size: int) -> np.ndarray:
-  """Batch number `index` of the stream given by `seed`: (batch, 1 + 2 * half_len) int32.
+def repeated_tokens(seed: int, index: int, batch: int, half_len: int, vocab_size: int,
+                    min_half_len: int = 0, return_lengths: bool = False):
+  """Batch number `index` of the stream given by `seed`: (batch, 1 + 2 * half_len) int32
+  (and the per-row copy length m when return_lengths).
 
   Random tokens are uniform over 1..vocab_size-1 (0 is BOS). Deterministic in
   (seed, index), so a resumed run sees exactly the batches it would have seen.
@@ -18,7 +24,25 @@ def repeated_tokens(seed: int, index: int, batch: int, half_len: int,
     raise ValueError(f"data.vocab_size must be >= 3; got {vocab_size}")
   if half_len < 1:
     raise ValueError(f"data.half_len must be >= 1; got {half_len}")
+  lo = min_half_len or half_len
+  if not 1 <= lo <= half_len:
+    raise ValueError(f"data.min_half_len must be in 1..data.half_len={half_len}; got "
+                     f"{min_half_len}")
   rng = np.random.default_rng([seed, index])
-  r = rng.integers(1, vocab_size, size=(batch, half_len), dtype=np.int32)
-  bos = np.full((batch, 1), BOS_ID, np.int32)
-  return np.concatenate([bos, r, r], axis=1)
+  out = rng.integers(1, vocab_size, size=(batch, 1 + 2 * half_len), dtype=np.int32)
+  out[:, 0] = BOS_ID
+  m = rng.integers(lo, half_len + 1, size=batch) if lo < half_len else np.full(batch, half_len)
+  for b in range(batch):
+    out[b, 1 + m[b]:1 + 2 * m[b]] = out[b, 1:1 + m[b]]
+  return (out, m) if return_lengths else out
+
+
+def position_masks(m: np.ndarray, length: int) -> dict[str, np.ndarray]:
+  """(B, length) masks over predicted positions p (p predicts token p + 1): "first" =
+  tokens 2..m of the first copy, "repeat" = tokens 2..m of the second copy (the first
+  token of each copy is random and cannot be predicted)."""
+  target = np.arange(length)[None, :] + 1
+  m = np.asarray(m)[:, None]
+  first = (target >= 2) & (target <= m)
+  repeat = (target >= m + 2) & (target <= 2 * m)
+  return {"first": first.astype(np.float32), "repeat": repeat.astype(np.float32)}

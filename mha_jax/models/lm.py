@@ -20,6 +20,8 @@ from mha_jax.models import common as C
 def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 0,
          num_layers: int, d_ff: int, max_len: int, layer_norm: bool = True,
          attn_only: bool = False, use_bias: bool = False, pos: str = "learned") -> dict:
+  """pos: "learned" (added to the residual), "sinusoidal", or "qk" (learned, added to
+  the inputs of Q and K only: Shortformer)."""
   keys = iter(jax.random.split(key, 4 + 2 * num_layers))
   layers = {}
   for i in range(num_layers):
@@ -39,7 +41,7 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 
       "lm": layers,
       "unembed": jax.random.normal(next(keys), (d_model, vocab_size)) * d_model ** -0.5,
   }
-  if pos == "learned":
+  if pos in ("learned", "qk"):
     params["pos_embed"] = jax.random.normal(next(keys), (max_len, d_model)) * 0.02
   return params
 
@@ -53,21 +55,25 @@ def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, ke
     if t > params["pos_embed"].shape[0]:
       raise ValueError(f"sequence length {t} exceeds model.max_len="
                        f"{params['pos_embed'].shape[0]}")
-    x = x + params["pos_embed"][:t]
+    pos = params["pos_embed"][:t]
   else:
-    x = x + C.sinusoidal(t, d)
+    pos = C.sinusoidal(t, d)
+  qk_only = spec.pos == "qk"      # Shortformer: positions enter Q and K, not the residual
+  if not qk_only:
+    x = x + pos
   keys = C.key_stream(key)
   cap = {} if capture else None
   for i, name in enumerate(C.layers_of(params["lm"])):
     p = params["lm"][name]
     h = C.layer_norm(p["ln1"], x) if "ln1" in p else x
     gate = C.gate_for(gates, "lm", i)
+    hq, hv = (h + pos, h) if qk_only else (h, None)
     if cap is None:
-      a = attention.multi_head_attention(p["attn"], h, causal=True, head_gates=gate,
-                                         impl=spec.impl)
+      a = attention.multi_head_attention(p["attn"], hq, value_input=hv, causal=True,
+                                         head_gates=gate, impl=spec.impl)
     else:
-      r = attention.multi_head_attention(p["attn"], h, causal=True, head_gates=gate,
-                                         return_weights=True)
+      r = attention.multi_head_attention(p["attn"], hq, value_input=hv, causal=True,
+                                         head_gates=gate, return_weights=True)
       cap.setdefault("lm", []).append(r)
       a = r.out
     x = x + C.dropout(next(keys), spec.dropout, a)

@@ -1,0 +1,178 @@
+"""`mha-jax circuits --workdir DIR`: behavioural and weight-based circuit scores of a
+decoder-only model, the phase change over its checkpoints, path expansion and term
+importance. Writes DIR/circuits/circuits.json and composition.png, positivity.png,
+icl.png."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+import numpy as np
+
+from mha_jax.circuits import behaviour, paths, scores
+from mha_jax.loader import load
+from mha_jax.train import checkpoint as ckpt_lib
+
+
+def find_induction_heads(heads: dict, comp_k: dict, prefix: float = 0.3,
+                         copying: float = 0.0) -> list[dict]:
+  """Heads with prefix matching >= `prefix` and positive copying, each with its
+  strongest K-composition partner (baseline-corrected) and that partner's
+  previous-token score."""
+  out = []
+  for name, s in heads.items():
+    if s["prefix_matching"] < prefix or s["copying"] <= copying:
+      continue
+    partners = {e: v for (e, l), v in comp_k.items() if l == name}
+    best = max(partners, key=partners.get) if partners else None
+    out.append({"head": name, **s, "k_partner": best,
+                "k_partner_score": partners.get(best) if best else None,
+                "k_partner_previous_token": heads[best]["previous_token"] if best else None})
+  return sorted(out, key=lambda r: -r["prefix_matching"])
+
+
+def over_checkpoints(workdir: str, tokens: np.ndarray, lengths: np.ndarray, log
+                     ) -> list[dict]:
+  c = ckpt_lib.Checkpoints(workdir, read_only=True)
+  steps = c.all_steps()
+  c.close()
+  rows = []
+  for step in steps:
+    run = load(workdir, step=step)
+    icl = behaviour.icl_score(run, tokens, lengths)
+    hs = behaviour.head_scores(run, tokens)
+    rows.append({"step": step, **icl,
+                 "max_prefix_matching": max(v["prefix_matching"] for v in hs.values()),
+                 "max_previous_token": max(v["previous_token"] for v in hs.values())})
+    log(f"  step {step}: ICL score {icl['icl_score']:.3f}, max prefix matching "
+        f"{rows[-1]['max_prefix_matching']:.2f}")
+  return rows
+
+
+def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
+             track: bool = True, log: Callable[[str], None] = print) -> dict:
+  run = load(workdir)
+  if run.config.task != "lm":
+    raise ValueError(f"circuits needs a decoder-only model (task lm); {workdir!r} has "
+                     f"task {run.config.task!r}")
+  out_dir = out_dir or os.path.join(workdir, "circuits")
+  os.makedirs(out_dir, exist_ok=True)
+  tokens, lengths = behaviour.eval_tokens(run)
+  log("behavioural scores ...")
+  heads = behaviour.head_scores(run, tokens)
+  log("composition scores ...")
+  comp = scores.composition_scores(run.params, samples=samples)
+  layers = sorted({int(n.split(".")[1]) for n in heads})
+  for name in heads:
+    l, h = (int(v) for v in name.split(".")[1:])
+    heads[name]["ov_positivity"] = scores.ov_positivity(run.params, "lm", l, h)
+  prev_head = max((n for n in heads if int(n.split(".")[1]) == layers[0]),
+                  key=lambda n: heads[n]["previous_token"])
+  pl, ph = (int(v) for v in prev_head.split(".")[1:])
+  for name in heads:
+    l, h = (int(v) for v in name.split(".")[1:])
+    if l > pl:
+      heads[name]["k_comp_positivity"] = scores.k_composition_positivity(
+          run.params, (pl, ph), (l, h))
+  induction = find_induction_heads(heads, comp["corrected"]["k"])
+  result = {"workdir": workdir, "step": run.step, "heads": heads,
+            "previous_token_head": prev_head, "induction_heads": induction,
+            "composition": {kind: {f"{e}->{l}": v for (e, l), v in m.items()}
+                            for kind, m in comp["corrected"].items()},
+            "composition_raw": {kind: {f"{e}->{l}": v for (e, l), v in m.items()}
+                                for kind, m in comp["raw"].items()},
+            "composition_baseline": comp["baseline"]}
+  m = run.config.model
+  if m.attn_only and not m.layer_norm and not m.use_bias:
+    log("path expansion and term importance ...")
+    _, cap = run.model.apply(run.params, {"tokens": tokens}, capture=True)
+    pats = [np.asarray(r.weights) for r in cap["lm"]]
+    x = tokens[:, :-1]
+    terms = paths.expand(run.params, x, pats, pos_in_residual=m.pos != "qk")
+    full = np.asarray(run.model.apply(run.params, {"tokens": tokens}))
+    result["path_expansion_max_error"] = float(np.abs(sum(terms.values()) - full).max())
+    result["term_importance"] = paths.term_importance(run.params, x, pats,
+                                                      pos_in_residual=m.pos != "qk")
+  if track:
+    log("ICL score over checkpoints ...")
+    result["over_steps"] = over_checkpoints(workdir, tokens, lengths, log)
+  with open(os.path.join(out_dir, "circuits.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  _plots(result, out_dir)
+  return result
+
+
+def _plots(result, out_dir):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  heads = result["heads"]
+  names = sorted(heads, key=lambda n: tuple(int(v) for v in n.split(".")[1:]))
+  pos = {n: (int(n.split(".")[2]), -int(n.split(".")[1])) for n in names}
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  colors = {"q": "C0", "k": "C3", "v": "C2"}
+  for kind, m in result["composition"].items():
+    for pair, v in m.items():
+      e, l = pair.split("->")
+      if v > 0:
+        ax.plot([pos[e][0], pos[l][0]], [pos[e][1], pos[l][1]], color=colors[kind],
+                lw=12 * v, alpha=0.6)
+  for n in names:
+    ax.scatter(*pos[n], s=200, color="white", edgecolor="black", zorder=3)
+    ax.annotate(n.split(".", 1)[1], pos[n], ha="center", va="center", fontsize=7, zorder=4)
+  ax.set_title("composition (line width = score - random baseline)\nQ blue, K red, V green",
+               fontsize=9)
+  ax.axis("off")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "composition.png"), dpi=120)
+  plt.close(fig)
+  fig, ax = plt.subplots(figsize=(4.5, 4))
+  ind = {r["head"] for r in result["induction_heads"]}
+  for n in names:
+    if "k_comp_positivity" in heads[n]:
+      ax.scatter(heads[n]["ov_positivity"], heads[n]["k_comp_positivity"],
+                 color="C3" if n in ind else "C7", s=40)
+      ax.annotate(n, (heads[n]["ov_positivity"], heads[n]["k_comp_positivity"]), fontsize=7)
+  ax.set_xlim(-1.05, 1.05)
+  ax.set_ylim(-1.05, 1.05)
+  ax.axhline(0, color="k", lw=0.5)
+  ax.axvline(0, color="k", lw=0.5)
+  ax.set_xlabel("OV circuit eigenvalue positivity (copying)")
+  ax.set_ylabel(f"K-composition QK positivity with {result['previous_token_head']}")
+  ax.set_title("induction heads in red", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "positivity.png"), dpi=120)
+  plt.close(fig)
+  if result.get("over_steps"):
+    rows = result["over_steps"]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot([r["step"] for r in rows], [r["icl_score"] for r in rows], "o-")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("ICL score (late - early loss)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "icl.png"), dpi=120)
+    plt.close(fig)
+
+
+def format_summary(result) -> str:
+  lines = ["induction heads (prefix matching >= 0.3, copying > 0):"]
+  for r in result["induction_heads"]:
+    partner = ("none (first layer)" if r["k_partner"] is None else
+               f"{r['k_partner']} ({r['k_partner_score']:.3f} over baseline; its "
+               f"previous-token score {r['k_partner_previous_token']:.3f})")
+    lines.append(f"  {r['head']}: prefix matching {r['prefix_matching']:.3f}, copying "
+                 f"{r['copying']:.3f}, strongest K-composition {partner}")
+  lines.append(f"previous-token head of layer 0: {result['previous_token_head']} "
+               f"({result['heads'][result['previous_token_head']]['previous_token']:.3f})")
+  k = result["composition"]["k"]
+  lines.append("K-composition (score - baseline), earlier -> later:")
+  for pair, v in sorted(k.items()):
+    lines.append(f"  {pair}: {v:+.3f}")
+  if "term_importance" in result:
+    lines.append("term importance (patterns frozen):")
+    for r in result["term_importance"]:
+      lines.append(f"  keep {r['orders_kept']:<40} loss {r['loss']:.3f} "
+                   f"(+{r['loss_change_vs_full']:.3f})")
+  return "\n".join(lines)
