@@ -289,3 +289,19 @@ def test_head_width_one_leaves_only_two_directions():
   p4, _, _ = _setup(d=16, h=4, t=12, bias=False)
   w4 = A.multi_head_attention(p4, x, return_weights=True).weights
   assert distinct(np.asarray(w4.argmax(-1))) > 2
+
+
+def test_value_input_projects_values_from_another_input():
+  """Positions in Q and K only (Shortformer): keys from context, values from value_input."""
+  p, x, ctx = _setup(s=6, bias=False)
+  vin = jax.random.normal(jax.random.PRNGKey(9), ctx.shape)
+  r = A.multi_head_attention(p, x, ctx, value_input=vin, return_weights=True)
+  _, w = numpy_mha(p, x, ctx)
+  v = np.einsum("bsd,dhk->bshk", np.asarray(vin, np.float64), np.asarray(p["wv"], np.float64))
+  want = np.einsum("bthk,hkd->btd", np.einsum("bhts,bshk->bthk", w, v), np.asarray(p["wo"]))
+  np.testing.assert_allclose(r.out, want, atol=1e-5)
+  np.testing.assert_allclose(r.weights, w, atol=1e-6)        # the pattern ignores values
+  np.testing.assert_allclose(A.multi_head_attention(p, x, ctx, value_input=vin, impl="xla"),
+                             want, atol=1e-5)
+  with pytest.raises(ValueError, match=r"value_input must have the keys' input shape"):
+    A.multi_head_attention(p, x, ctx, value_input=vin[:, :3])
