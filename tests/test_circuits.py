@@ -107,3 +107,15 @@ def test_trained_two_layer_model_has_an_induction_head(tmp_path):
   assert res["path_expansion_max_error"] < 1e-3
   for f in ("circuits.json", "composition.png", "positivity.png", "icl.png"):
     assert os.path.getsize(os.path.join(wd, "circuits", f)) > 500, f
+
+
+def test_circuits_runs_on_a_text_model_with_layernorm(tmp_path):
+  wd = str(tmp_path / "text")
+  cfg = tiny("configs/lm.py:attn_only,layers=2", [
+      "--config.train.progress=false", "--config.train.steps=3", "--config.data.tokenizer=bytes",
+      "--config.model.d_model=16", "--config.model.max_len=32", "--config.train.batch_size=4",
+      "--config.eval.batch_size=4", "--config.eval.lm_batches=1", "--config.model.pos=qk"])
+  loop.train(cfg, wd, log=lambda s: None)
+  res = report.circuits(wd, log=lambda s: None, samples=20)
+  assert len(res["heads"]) == 16 and "term_importance" not in res    # LayerNorm: no paths
+  assert len(res["composition"]["k"]) == 64 and res["over_steps"][0]["step"] == 3

@@ -20,12 +20,17 @@ from mha_jax.data import repeated_tokens
 
 
 def eval_tokens(run, batch: int = 64, seed_offset: int = 7_000_003):
-  """(tokens (B, 1 + 2n), copy lengths m (B,)) held out from training."""
+  """(tokens (B, 1 + 2n), copy lengths m (B,)): repeated random tokens held out from
+  training. A model trained on text gets them over its own vocabulary (BOS is id 0 in
+  both), with n as long as its context allows, as the papers evaluate text models."""
   d = run.config.data
-  if d.kind != "repeated":
-    raise ValueError(f"behavioural scores need data.kind='repeated'; got {d.kind!r}")
-  return repeated_tokens.repeated_tokens(d.seed + seed_offset, 0, batch, d.half_len,
-                                         d.vocab_size, d.get("min_half_len", 0),
+  if d.kind == "repeated":
+    return repeated_tokens.repeated_tokens(d.seed + seed_offset, 0, batch, d.half_len,
+                                           d.vocab_size, d.get("min_half_len", 0),
+                                           return_lengths=True)
+  n = (run.config.model.max_len - 1) // 2
+  return repeated_tokens.repeated_tokens(d.seed + seed_offset, 0, batch, n,
+                                         run.model.vocab_size, max(1, n // 2),
                                          return_lengths=True)
 
 
