@@ -107,6 +107,12 @@ def test_trained_two_layer_model_has_an_induction_head(tmp_path):
   assert res["path_expansion_max_error"] < 1e-3
   for f in ("circuits.json", "composition.png", "positivity.png", "icl.png"):
     assert os.path.getsize(os.path.join(wd, "circuits", f)) > 500, f
+  # The loss on the repeats falls from about ln V to below 1 nat; the first copy stays.
+  from mha_jax.train.metrics import read_metrics
+  valid = [r for r in read_metrics(wd) if r["split"] == "valid"]
+  assert abs(valid[0]["loss_first"] - np.log(64)) < 0.1
+  assert valid[-1]["loss_repeat"] < 1.0 < valid[0]["loss_repeat"]
+  assert valid[-1]["loss_first"] > 3.9
 
 
 def test_circuits_runs_on_a_text_model_with_layernorm(tmp_path):

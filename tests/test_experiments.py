@@ -87,6 +87,7 @@ def test_quickstart_end_to_end(tmp_path):
   assert res["seconds"] < 180
 
 
+@pytest.mark.slow     # the circuits test trains the same config in the default run
 def test_induction_config_learns_to_copy(tmp_path):
   """The repeated half's loss falls from about ln V to below 1 nat."""
   wd = str(tmp_path / "ind")

@@ -30,6 +30,7 @@ TINY_TRANSLATION = [
     "--config.eval.bleu_examples=10", "--config.train.warmup=2", "--config.train.progress=false"]
 TINY_INDUCTION = [
     "--config.model.d_model=16", "--config.data.vocab_size=12", "--config.data.half_len=6",
+    "--config.data.min_half_len=3",
     "--config.model.max_len=13", "--config.train.batch_size=8", "--config.eval.lm_batches=1",
     "--config.eval.batch_size=8", "--config.train.warmup=2", "--config.train.progress=false"]
 
