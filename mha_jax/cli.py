@@ -7,11 +7,18 @@ import json
 import sys
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-  try:
-    return tuple(int(v) for v in text.split(",") if v.strip())
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected comma-separated integers; got {text!r}") from None
+def _list_of(cast, what):
+  """An argparse type for comma-separated values, "1,2,3" -> (1, 2, 3)."""
+  def parse(text: str) -> tuple:
+    try:
+      return tuple(cast(v) for v in text.split(",") if v.strip())
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"expected comma-separated {what}; got {text!r}") from None
+  return parse
+
+
+_int_list = _list_of(int, "integers")
+_float_list = _list_of(float, "numbers")
 
 
 def _cmd_zoo(args) -> int:
@@ -121,13 +128,6 @@ def _cmd_ablate(args) -> int:
     result["largest"] = sorted(rows, key=lambda r: r[key] if is_tr else -r[key])[:10]
   print(json.dumps(result))
   return 0
-
-
-def _float_list(text: str) -> tuple[float, ...]:
-  try:
-    return tuple(float(v) for v in text.split(",") if v.strip())
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected comma-separated numbers; got {text!r}") from None
 
 
 def _cmd_prune(args) -> int:
