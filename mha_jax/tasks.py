@@ -166,10 +166,8 @@ class TranslationTask:
   def translate(self, params, split: str, limit: int = 0, batch_size: int = 128,
                 gates=None):
     """Greedy translations of the first `limit` (0 = all) sentences of a split."""
-    if getattr(self, "_greedy", None) is None:
-      self._greedy = jax.jit(lambda p, src, g: seq2seq.greedy_decode(
-          p, self.spec, src, self.cfg.data.max_len + 1, V.BOS_ID, V.EOS_ID, gates=g))
-    decode = self._greedy
+    decode = jitted(self, "greedy", lambda p, src, g: seq2seq.greedy_decode(
+        p, self.spec, src, self.cfg.data.max_len + 1, V.BOS_ID, V.EOS_ID, gates=g))
     src = self.arrays[split]["src"]
     n = len(src) if limit <= 0 else min(limit, len(src))
     batch_size = min(batch_size, n)
@@ -314,13 +312,23 @@ class LMTask:
     return out
 
 
+def jitted(task, name: str, fn):
+  """`fn` jitted once per task and cached on it, so repeated evaluations, captures and
+  gradient passes compile once per shape instead of once per call. Params, gates and
+  batches must be arguments of `fn`, never constants it closes over."""
+  cache = task.__dict__.setdefault("_jit_cache", {})
+  if name not in cache:
+    cache[name] = jax.jit(fn)
+  return cache[name]
+
+
 def _sum_metrics(task, params, split, batch_size, gates=None) -> dict[str, float]:
   """Sums of the loss metrics over a split's evaluation batches (one compile per task)."""
-  if getattr(task, "_eval_fn", None) is None:
-    task._eval_fn = jax.jit(lambda p, b, w, g: task.loss(p, b, example_weight=w, gates=g)[1])
+  fn = jitted(task, "eval_metrics",
+              lambda p, b, w, g: task.loss(p, b, example_weight=w, gates=g)[1])
   totals: dict[str, float] = {}
   for batch, weight in task.eval_batches(split, batch_size):
-    m = task._eval_fn(params, batch, jnp.asarray(weight), gates)
+    m = fn(params, batch, jnp.asarray(weight), gates)
     for k, v in m.items():
       totals[k] = totals.get(k, 0.0) + float(v)
   return totals

@@ -13,6 +13,14 @@ import jax
 import numpy as np
 
 
+def captured(model, params, batch, gates=None) -> dict:
+  """{stack: [AttentionOutput per layer]} on the host, from the model's own forward with
+  capture=True (compiled once per model and shape)."""
+  from mha_jax.tasks import jitted
+  fwd = jitted(model, "capture", lambda p, b, g: model.apply(p, b, gates=g, capture=True)[1])
+  return jax.device_get(fwd(params, batch, gates))
+
+
 def _select(cap: dict, stacks: Sequence[str] | None, layers: Sequence[int] | None) -> dict:
   out = {}
   for stack, per_layer in cap.items():
@@ -32,10 +40,9 @@ def iter_captures(run, split: str = "valid", *, stacks: Sequence[str] | None = N
   `limit` > 0 stops after that many examples.
   """
   model, params = run.model, run.params
-  fwd = jax.jit(lambda p, b, g: model.apply(p, b, gates=g, capture=True)[1])
   seen = 0
   for batch, weight in model.eval_batches(split, batch_size):
-    cap = jax.device_get(fwd(params, batch, gates))
+    cap = captured(model, params, batch, gates)
     missing = [s for s in stacks or () if s not in cap]
     if missing:
       raise ValueError(f"stacks: {missing[0]!r} is not in this model; it has {sorted(cap)}")

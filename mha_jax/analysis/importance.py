@@ -99,19 +99,22 @@ def michel_importance(run, split: str = "valid", *, limit: int = 512,
                       batch_size: int = 32, gates=None, params=None) -> dict[str, np.ndarray]:
   """{head name: I_h}, raw and normalised per layer, from per-example gate gradients
   taken at `gates` (default: all 1)."""
+  from mha_jax.tasks import jitted
   model = run.model
   params = run.params if params is None else params
   ones = C.ones_gates(params) if gates is None else gates
 
-  def example_loss(gates, ex):
+  def example_loss(gates, params, ex):
     batch = jax.tree.map(lambda a: a[None], ex)
     return model.loss(params, batch, gates=gates)[0]
 
-  per_example = jax.jit(jax.vmap(jax.grad(example_loss), in_axes=(None, 0)))
+  # One compile per model: Michel's iterative pruning calls this after every removal.
+  per_example = jitted(model, "gate_grads",
+                       jax.vmap(jax.grad(example_loss), in_axes=(None, None, 0)))
   total = jax.tree.map(lambda g: np.zeros(g.shape), ones)
   n = 0
   for batch, weight in model.eval_batches(split, batch_size):
-    g = per_example(ones, batch)
+    g = per_example(ones, params, batch)
     w = np.asarray(weight)
     total = jax.tree.map(lambda t, x: t + np.einsum("b,bh->h", w, np.abs(np.asarray(x))),
                          total, g)

@@ -15,8 +15,9 @@ import numpy as np
 import optax
 import jax.numpy as jnp
 
-from mha_jax.analysis import roles
+from mha_jax.analysis import capture, roles
 from mha_jax.data import repeated_tokens
+from mha_jax.tasks import jitted
 
 
 def eval_tokens(run, batch: int = 64, seed_offset: int = 7_000_003):
@@ -36,8 +37,7 @@ def eval_tokens(run, batch: int = 64, seed_offset: int = 7_000_003):
 
 def head_scores(run, tokens: np.ndarray) -> dict[str, dict[str, float]]:
   """{"lm.layer.head": {prefix_matching, previous_token, duplicate_token, copying}}."""
-  batch = {"tokens": tokens}
-  logits, cap = run.model.apply(run.params, batch, capture=True)
+  cap = capture.captured(run.model, run.params, {"tokens": tokens})
   x = tokens[:, :-1]
   u = np.asarray(run.params["unembed"], np.float64)
   out = {}
@@ -63,7 +63,8 @@ def icl_score(run, tokens: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
   """Loss at a late position minus loss at an early one (negative = in-context learning):
   the prediction of the 2nd token of the first copy against that of the last token of
   the second copy (row by row, as copy lengths vary)."""
-  logits = np.asarray(run.model.apply(run.params, {"tokens": tokens}))
+  fwd = jitted(run.model, "logits", lambda p, b: run.model.apply(p, b))
+  logits = np.asarray(fwd(run.params, {"tokens": tokens}))
   nll = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
       jnp.asarray(logits), jnp.asarray(tokens[:, 1:])))               # (B, T-1)
   rows = np.arange(len(tokens))

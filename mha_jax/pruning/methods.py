@@ -20,6 +20,7 @@ import optax
 from mha_jax.analysis import importance
 from mha_jax.pruning import gates as G
 from mha_jax.pruning import masks as M
+from mha_jax.tasks import jitted
 
 
 def train_gates(run, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
@@ -34,47 +35,49 @@ def train_gates(run, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
     raise ValueError(f"--steps must be >= 1; got {steps}")
   hc.validate()
   task = run.model
-  counts = {s: c for s, c in M.ones_mask(run.params, stacks).items()}
+  counts = M.ones_mask(run.params, stacks)
   log_alpha = G.init_log_alpha({s: [len(m) for m in c] for s, c in counts.items()}, hc)
-  fixed = start_mask or {}
-  t = run.config.train
-  smoothing = t.get("label_smoothing", 0.0)
+  # Heads removed by an earlier prune stay closed; a mask argument, not a constant.
+  fixed = {s: [jnp.asarray(start_mask[s][i] if start_mask and s in start_mask else m)
+               for i, m in enumerate(c)] for s, c in counts.items()}
+  smoothing = run.config.train.get("label_smoothing", 0.0)
   state = {"params": run.params, "log_alpha": log_alpha}
-  labels = {"params": jax.tree.map(lambda _: "model" if finetune else "frozen", run.params),
-            "log_alpha": jax.tree.map(lambda _: "gates", log_alpha)}
-  tx = optax.multi_transform({"gates": optax.adam(lr), "model": optax.adam(param_lr),
-                              "frozen": optax.set_to_zero()}, labels)
+  tx = optax.multi_transform(
+      {"gates": optax.adam(lr), "model": optax.adam(param_lr), "frozen": optax.set_to_zero()},
+      lambda st: {"params": jax.tree.map(lambda _: "model" if finetune else "frozen",
+                                         st["params"]),
+                  "log_alpha": jax.tree.map(lambda _: "gates", st["log_alpha"])})
   opt_state = tx.init(state)
 
-  def gates_for(la, key):
-    g = G.sample(la, key, hc)
-    g = {s: [gi * jnp.asarray(fixed[s][i]) if s in fixed else gi for i, gi in enumerate(l)]
-         for s, l in g.items()}
-    return M.full_gates(state["params"], g)
-
-  def objective(st, batch, key):
-    loss, _ = task.loss(st["params"], batch, gates=gates_for(st["log_alpha"], key),
+  def objective(st, batch, key, lam, fixed):
+    g = G.sample(st["log_alpha"], key, hc)
+    g = {s: [gi * fixed[s][i] for i, gi in enumerate(layers)] for s, layers in g.items()}
+    loss, _ = task.loss(st["params"], batch, gates=M.full_gates(st["params"], g),
                         label_smoothing=smoothing)
     pen = G.l0_penalty(st["log_alpha"], hc)
     return loss + lam * pen, (loss, pen)
 
-  @jax.jit
-  def step(st, opt_state, batch, key):
+  def step(st, opt_state, batch, key, lam, fixed):
     if finetune:
-      (obj, aux), grads = jax.value_and_grad(objective, has_aux=True)(st, batch, key)
+      (_, aux), grads = jax.value_and_grad(objective, has_aux=True)(st, batch, key, lam,
+                                                                    fixed)
     else:   # only the gates need gradients; the frozen params get zeros
-      (obj, aux), g_la = jax.value_and_grad(
-          lambda la: objective(dict(st, log_alpha=la), batch, key), has_aux=True)(
-              st["log_alpha"])
+      (_, aux), g_la = jax.value_and_grad(
+          lambda la: objective(dict(st, log_alpha=la), batch, key, lam, fixed),
+          has_aux=True)(st["log_alpha"])
       grads = {"params": jax.tree.map(jnp.zeros_like, st["params"]), "log_alpha": g_la}
     updates, opt_state = tx.update(grads, opt_state, st)
     return optax.apply_updates(st, updates), opt_state, aux
 
+  # Compiled once per setting and model: a lambda sweep or a pruning curve reuses it.
+  step = jitted(task, f"gate_step/{finetune}/{lr}/{param_lr}/{smoothing}/{hc}", step)
+  lam_arg = jnp.float32(lam)
   key = jax.random.PRNGKey(seed)
   history = []
   for i in range(steps):
     batch = task.train_batch(i)
-    state, opt_state, (loss, pen) = step(state, opt_state, batch, jax.random.fold_in(key, i))
+    state, opt_state, (loss, pen) = step(state, opt_state, batch, jax.random.fold_in(key, i),
+                                         lam_arg, fixed)
     if (i + 1) % max(1, steps // 5) == 0 or i + 1 == steps:
       kept = M.count(G.binary(state["log_alpha"], hc))
       history.append({"step": i + 1, "loss": float(loss), "l0": float(pen), "kept": kept})
