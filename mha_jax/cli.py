@@ -105,13 +105,14 @@ def _cmd_ablate(args) -> int:
   if not args.each and not args.heads:
     raise ValueError("give --heads stack.layer.head[,...] or --each")
   is_tr = run.config.task == "translation"
-  base = run.model.evaluate(run.params, args.split, bleu=is_tr)
+  base = run.model.evaluate(run.params, args.split, bleu=is_tr, bleu_limit=0)
   if args.each:
-    rows = importance.leave_one_out(run, split=args.split, mode=args.mode, bleu_limit=0)
+    rows = importance.leave_one_out(run, split=args.split, mode=args.mode, bleu_limit=0,
+                                    base=base)
     result = {"mode": args.mode, "split": args.split, "base": base, "each": rows}
   else:
     heads = importance.parse_heads(run.params, args.heads)
-    res = importance.ablate(run, heads, mode=args.mode, split=args.split)
+    res = importance.ablate(run, heads, mode=args.mode, split=args.split, bleu_limit=0)
     rows = [{"head": args.heads, **res, **{f"delta_{k}": res[k] - base[k] for k in res}}]
     result = {"mode": args.mode, "split": args.split, "heads": args.heads, "base": base,
               "ablated": res, "delta": {k: res[k] - base[k] for k in res}}

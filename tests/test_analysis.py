@@ -14,19 +14,12 @@ import mha_jax
 from mha_jax import cli
 from mha_jax.analysis import capture, explorer, importance, report
 from mha_jax.models import common as C
-from mha_jax.train import loop
-from test_train import TINY_TRANSLATION, tiny
+from test_train import trained_translation
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-  wd = str(tmp_path_factory.mktemp("an") / "run")
-  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.train.steps=30",
-             "--config.train.eval_every=30", "--config.train.log_every=30",
-             "--config.train.schedule=constant", "--config.train.lr=5e-3",
-             "--config.model.num_heads=2")
-  loop.train(cfg, wd, log=lambda s: None)
-  return mha_jax.load(wd)
+  return trained_translation(tmp_path_factory, "an", "--config.model.num_heads=2")
 
 
 def test_capture_streams_weights_from_the_unchanged_model(run):

@@ -18,8 +18,7 @@ from mha_jax.pruning import masks as M
 from mha_jax.pruning import methods
 from mha_jax.pruning import run as prune_run
 from mha_jax.train import checkpoint as ckpt_lib
-from mha_jax.train import loop
-from test_train import TINY_TRANSLATION, tiny
+from test_train import trained_translation
 
 HC = G.HardConcrete()
 
@@ -49,13 +48,8 @@ def test_hard_concrete_sample_gate_and_penalty_formulas():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-  wd = str(tmp_path_factory.mktemp("pr") / "run")
-  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.train.steps=30",
-             "--config.train.eval_every=30", "--config.train.log_every=30",
-             "--config.train.schedule=constant", "--config.train.lr=5e-3",
-             "--config.model.num_heads=4", "--config.model.enc_layers=2")
-  loop.train(cfg, wd, log=lambda s: None)
-  return mha_jax.load(wd)
+  return trained_translation(tmp_path_factory, "pr", "--config.model.num_heads=4",
+                             "--config.model.enc_layers=2")
 
 
 def test_gate_training_freezes_the_model_and_lambda_prunes(run):

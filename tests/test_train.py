@@ -41,6 +41,17 @@ def tiny(spec, base, *extra):
   return cfg
 
 
+def trained_translation(tmp_path_factory, name, *extra):
+  """A tiny translation run trained for 30 steps, loaded (shared by the analysis and
+  pruning tests)."""
+  wd = str(tmp_path_factory.mktemp(name) / "run")
+  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.train.steps=30",
+             "--config.train.eval_every=30", "--config.train.log_every=30",
+             "--config.train.schedule=constant", "--config.train.lr=5e-3", *extra)
+  loop.train(cfg, wd, log=lambda s: None)
+  return mha_jax.load(wd)
+
+
 def cli(*args, env=None, **kw):
   return subprocess.run([sys.executable, "-m", "mha_jax.cli", *args], cwd=ROOT, text=True,
                         capture_output=True, env={**os.environ, **(env or {})}, **kw)

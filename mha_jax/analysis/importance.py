@@ -133,10 +133,12 @@ def michel_importance(run, split: str = "valid", *, limit: int = 512,
 
 
 def leave_one_out(run, *, split: str = "test", mode: str = "zero",
-                  bleu_limit: int = 100, heads=None) -> list[dict]:
-  """For each head (all by default): the metrics' change when only it is ablated."""
+                  bleu_limit: int = 100, heads=None, base: dict | None = None) -> list[dict]:
+  """For each head (all by default): the metrics' change when only it is ablated.
+  `base` (the unablated metrics at the same split and bleu_limit) saves an evaluation."""
   is_tr = run.config.task == "translation"
-  base = run.model.evaluate(run.params, split, bleu=is_tr, bleu_limit=bleu_limit)
+  if base is None:
+    base = run.model.evaluate(run.params, split, bleu=is_tr, bleu_limit=bleu_limit)
   means = mean_head_outputs(run, "valid") if mode == "mean" else None
   names = heads or C.head_names(run.params)
   rows = []
