@@ -45,23 +45,13 @@ def _cmd_bench_attention(args) -> int:
   return 0
 
 
-def _repo_path(path: str) -> str:
-  """A config path as given, else relative to the repository holding this package."""
-  import os
-  if os.path.exists(path.partition(":")[0]):
-    return path
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  cand = os.path.join(root, path)
-  return cand if os.path.exists(cand.partition(":")[0]) else path
-
-
 def _cmd_train(args, extra) -> int:
   from mha_jax import config as mc
   from mha_jax.train import loop
   if args.multihost:
     import jax
     jax.distributed.initialize()
-  cfg = mc.load_config(_repo_path(args.config))
+  cfg = mc.load_config(args.config)
   rest = mc.apply_overrides(cfg, extra)
   if rest:
     raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
@@ -177,7 +167,8 @@ def _cmd_circuits(args) -> int:
 def _cmd_sweep(args, extra) -> int:
   from mha_jax import sweep
   from mha_jax.train import loop
-  spec = _repo_path(args.config)
+  from mha_jax import config as mc
+  spec = mc.resolve(args.config)
   runs = sweep.plan(spec, args.workdir, extra)
   if args.print_commands:
     print("\n".join(sweep.commands(runs)))

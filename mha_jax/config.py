@@ -63,9 +63,24 @@ def _cast(text: str, like: Any, what: str) -> Any:
     raise ValueError(f"{what}: cannot read {text!r} as {type(like).__name__}") from None
 
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def resolve(spec: str, *near: str) -> str:
+  """"path.py[:arg]" with the path as given, or next to any of `near` (files), or relative
+  to the repository holding this package (where `configs/` lives); unchanged if none
+  exists, so load_config reports it."""
+  path, colon, arg = spec.partition(":")
+  for cand in [path] + [os.path.join(os.path.dirname(n), path) for n in near] + [
+      os.path.join(REPO_ROOT, path)]:
+    if os.path.isfile(cand):
+      return cand + colon + arg
+  return spec
+
+
 def load_config(spec: str) -> ml_collections.ConfigDict:
-  """Loads "path/to/config.py[:arg]" and locks it."""
-  path, _, arg = spec.partition(":")
+  """Loads "path/to/config.py[:arg]" and locks it (see `resolve` for where it looks)."""
+  path, _, arg = resolve(spec).partition(":")
   if not os.path.isfile(path):
     raise ValueError(f"--config: no such file {path!r}")
   mod_spec = importlib.util.spec_from_file_location(

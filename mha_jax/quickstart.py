@@ -15,21 +15,12 @@ from mha_jax.models import common as C
 CONFIG = "configs/translation.py:quickstart"
 
 
-def _config_path() -> str:
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  path = os.path.join(root, "configs", "translation.py")
-  if not os.path.exists(path):
-    raise ValueError(f"quickstart needs the repository's configs/ folder next to the "
-                     f"package (install with `pip install -e .`); looked for {path}")
-  return path + ":quickstart"
-
-
 def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True,
         prune: bool = True) -> dict:
   from mha_jax.loader import load
   from mha_jax.train import loop
   t0 = time.time()
-  cfg = mc.load_config(_config_path())
+  cfg = mc.load_config(CONFIG)
   rest = mc.apply_overrides(cfg, list(extra))
   if rest:
     raise ValueError(f"unrecognized arguments: {' '.join(rest)}")

@@ -18,20 +18,13 @@ from mha_jax import config as mc
 from mha_jax.train import metrics as metrics_lib
 
 
-def resolve_path(path: str, relative_to: str) -> str:
-  """A config path as given, or relative to the sweep file, or to the repository."""
-  for cand in (path, os.path.join(os.path.dirname(relative_to), path),
-               os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)):
-    if os.path.isfile(cand):
-      return cand
-  raise ValueError(f"sweep base config {path!r} not found")
-
-
 def plan(sweep_spec: str, workdir: str, extra: Sequence[str]) -> list[dict]:
   """One entry per run: name, workdir, the base config spec, its overrides, the config."""
   sweep_cfg = mc.load_config(sweep_spec)
   sweep_path = sweep_spec.partition(":")[0]
-  base = resolve_path(sweep_cfg.base, sweep_path)
+  base = mc.resolve(sweep_cfg.base, sweep_path).partition(":")[0]
+  if not os.path.isfile(base):
+    raise ValueError(f"sweep base config {sweep_cfg.base!r} not found")
   spec = base + (f":{sweep_cfg.base_arg}" if sweep_cfg.base_arg else "")
   runs = []
   for run in sweep_cfg.runs:
