@@ -15,7 +15,10 @@ The whole computation, for one layer, is the textbook's seven lines:
   y_BTD = o_BTD @ W_O              (W_O mixes the heads)
 
 Parameters are a plain dict: ``wq``, ``wk``, ``wv`` of shape (D, H, K), ``wo`` of
-shape (H, K, D), optional ``bq``, ``bk``, ``bv`` (H, K) and ``bo`` (D,). H and K
+shape (H, K, D), optional ``bq``, ``bk``, ``bv`` (H, K) and ``bo`` (D,), and optional
+``rel_bias`` (H, 2R + 1): one learned score bias per head and relative offset
+(Shaw et al. 2018), so every per-head parameter lives in the block and removing a
+head is slicing its row. H and K
 are read from the shapes, so a layer whose heads were removed still runs.
 """
 
@@ -34,6 +37,7 @@ Params = Mapping[str, jax.Array]
 IMPLS = ("auto", "reference", "xla", "cudnn")
 _WEIGHT_KEYS = ("wq", "wk", "wv", "wo")
 _BIAS_KEYS = ("bq", "bk", "bv", "bo")
+REL_BIAS = "rel_bias"
 
 
 class AttentionOutput(NamedTuple):
@@ -163,7 +167,7 @@ def mix_values(w_BHTS: jax.Array, v_BSHK: jax.Array) -> jax.Array:
 
 def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
                           head_dim: int | None = None, use_bias: bool = False,
-                          dtype: Any = jnp.float32) -> dict[str, jax.Array]:
+                          max_rel: int = 0, dtype: Any = jnp.float32) -> dict[str, jax.Array]:
   """Fresh parameters for one attention layer.
 
   Weights are LeCun-normal (truncated) over their input features, as Flax's
@@ -175,6 +179,8 @@ def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
     num_heads: H >= 1. Must divide d_model unless head_dim is given.
     head_dim: K; default d_model // num_heads.
     use_bias: add bq, bk, bv (H, K) and bo (D,).
+    max_rel: R > 0 adds a zero "rel_bias" (H, 2R + 1): relative positions, offsets
+      j - i clipped to +-R.
     dtype: parameter dtype.
 
   Returns:
@@ -190,10 +196,26 @@ def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
     head_dim = d_model // num_heads
   elif not isinstance(head_dim, (int, np.integer)) or head_dim < 1:
     raise ValueError(f"head_dim must be a positive integer; got {head_dim!r}")
+  if not isinstance(max_rel, (int, np.integer)) or max_rel < 0:
+    raise ValueError(f"max_rel must be an integer >= 0; got {max_rel!r}")
   d, h, k = int(d_model), int(num_heads), int(head_dim)
   names = _WEIGHT_KEYS + (_BIAS_KEYS if use_bias else ())
   keys = jax.random.split(key, len(names))
-  return {n: PARAM_INITS[n](kn, param_shapes(d, h, k)[n], dtype) for n, kn in zip(names, keys)}
+  out = {n: PARAM_INITS[n](kn, param_shapes(d, h, k)[n], dtype) for n, kn in zip(names, keys)}
+  if max_rel:
+    out[REL_BIAS] = jnp.zeros((h, 2 * int(max_rel) + 1), dtype)
+  return out
+
+
+def relative_bias(table_HR: jax.Array, t: int, s: int) -> jax.Array:
+  """(1, H, T, S) score bias table_HR[h, R + clip(j - i, -R, R)] for query i, key j.
+
+  The table is (H, 2R + 1): one scalar per head and clipped offset (Shaw et al. 2018;
+  T5 buckets offsets logarithmically instead of clipping).
+  """
+  r = (table_HR.shape[1] - 1) // 2
+  off_TS = np.clip(np.arange(s)[None, :] - np.arange(t)[:, None], -r, r) + r
+  return table_HR[:, off_TS][None]
 
 
 def param_shapes(d_model: int, num_heads: int, head_dim: int) -> dict[str, tuple[int, ...]]:
@@ -220,10 +242,10 @@ def check_attention_params(params: Params) -> tuple[int, int, int]:
   missing = [k for k in _WEIGHT_KEYS if k not in params]
   if missing:
     raise ValueError(f"params is missing {missing}; it has keys {sorted(params)}")
-  unknown = sorted(set(params) - set(_WEIGHT_KEYS) - set(_BIAS_KEYS))
+  unknown = sorted(set(params) - set(_WEIGHT_KEYS) - set(_BIAS_KEYS) - {REL_BIAS})
   if unknown:
     raise ValueError(f"params has unknown keys {unknown}; allowed: "
-                     f"{_WEIGHT_KEYS + _BIAS_KEYS}")
+                     f"{_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS,)}")
   wq = params["wq"]
   _check_rank("params['wq']", wq, 3, "D, H, K")
   d, h, k = wq.shape
@@ -233,6 +255,11 @@ def check_attention_params(params: Params) -> tuple[int, int, int]:
                        f"params['wq'] {tuple(wq.shape)} (D, H, K); got {tuple(params[name].shape)}")
   if k < 1:
     raise ValueError(f"head width K read from params['wq'] must be >= 1; got shape {wq.shape}")
+  if REL_BIAS in params:
+    rb = params[REL_BIAS]
+    if rb.ndim != 2 or rb.shape[0] != h or rb.shape[1] % 2 != 1:
+      raise ValueError(f"params['rel_bias'] must have shape (H, 2R + 1) = ({h}, odd); got "
+                       f"{tuple(rb.shape)}")
   return d, h, k
 
 
@@ -293,15 +320,20 @@ def _causal_mask(t: int, s: int) -> jax.Array:
   return jnp.tril(jnp.ones((t, s), jnp.bool_))[None, None]
 
 
-def _reference_kernel(q_BTHK, k_BSHK, v_BSHK, mask_BHTS):
+def _reference_kernel(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS=None):
   s_BHTS = attention_scores(q_BTHK, k_BSHK)
+  if bias_BHTS is not None:
+    s_BHTS = s_BHTS + bias_BHTS.astype(s_BHTS.dtype)
   w_BHTS = attention_weights(s_BHTS, mask_BHTS)
   return mix_values(w_BHTS, v_BSHK), w_BHTS
 
 
-def _fused_kernel(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, causal, implementation):
+def _fused_kernel(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, causal, implementation,
+                  bias_BHTS=None):
+  if bias_BHTS is not None:
+    bias_BHTS = bias_BHTS.astype(q_BTHK.dtype)
   o_BTHK = jax.nn.dot_product_attention(
-      q_BTHK, k_BSHK, v_BSHK, mask=mask_BHTS, is_causal=causal,
+      q_BTHK, k_BSHK, v_BSHK, bias=bias_BHTS, mask=mask_BHTS, is_causal=causal,
       scale=1.0 / math.sqrt(q_BTHK.shape[-1]), implementation=implementation)
   if mask_BHTS is not None:
     # jax.nn spreads a fully masked row uniformly; the contract is a zero output.
@@ -334,6 +366,22 @@ def _check_mask(mask: Any, b: int, h: int, t: int, s: int) -> jax.Array:
   return mask
 
 
+def _check_bias(bias: Any, b: int, h: int, t: int, s: int) -> jax.Array:
+  bias = jnp.asarray(bias)
+  if not jnp.issubdtype(bias.dtype, jnp.floating):
+    raise ValueError(f"bias must be a float array added to the scores; got dtype {bias.dtype}")
+  if bias.ndim == 2:
+    bias = bias[None, None]
+  if bias.ndim != 4:
+    raise ValueError(f"bias must have rank 4 (B, H, T, S) or rank 2 (T, S); got shape "
+                     f"{bias.shape}")
+  for got, want, letter in zip(bias.shape, (b, h, t, s), "BHTS"):
+    if got not in (1, want):
+      raise ValueError(f"bias of shape {bias.shape} does not broadcast to (B, H, T, S) = "
+                       f"{(b, h, t, s)}: its {letter} dimension is {got}")
+  return bias
+
+
 def _check_gates(head_gates: Any, b: int, h: int) -> jax.Array:
   g = jnp.asarray(head_gates)
   if g.ndim == 1 and g.shape[0] == h:
@@ -347,6 +395,7 @@ def _check_gates(head_gates: Any, b: int, h: int) -> jax.Array:
 def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None = None, *,
                          value_input: jax.Array | None = None,
                          mask: jax.Array | None = None, causal: bool = False,
+                         bias: jax.Array | None = None,
                          head_gates: jax.Array | None = None, impl: str = "auto",
                          return_weights: bool = False):
   """Multi-head attention of x over itself, or over `context` (cross-attention).
@@ -360,6 +409,9 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       in Q and K only, as in Shortformer); None means context.
     mask: boolean, True = may attend; (B|1, H|1, T|1, S|1) or (T, S).
     causal: also forbid attending to later positions (key j > query i).
+    bias: float, added to the scaled scores before the softmax; (B|1, H|1, T|1, S|1)
+      or (T, S) (e.g. ALiBi). A params["rel_bias"] table adds its relative-position
+      bias on top.
     head_gates: (H,) or (B, H); multiplies each head's output before W_O.
     impl: "reference" (explicit weights), "xla" (jax.nn.dot_product_attention),
       "cudnn" (GPU, bf16/f16), or "auto" (cudnn where it can serve the call, else
@@ -393,6 +445,11 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   if mask is not None:
     mask = _check_mask(mask, b, h, t, s)
   gates = None if head_gates is None else _check_gates(head_gates, b, h)
+  if bias is not None:
+    bias = _check_bias(bias, b, h, t, s)
+  if REL_BIAS in params and h:
+    rel = relative_bias(params[REL_BIAS], t, s)
+    bias = rel if bias is None else bias + rel
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
 
@@ -419,9 +476,10 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     if causal:
       cm = _causal_mask(t, s)
       full = cm if full is None else full & cm
-    o_BTHK, w_BHTS = _reference_kernel(q_BTHK, k_BSHK, v_BSHK, full)
+    o_BTHK, w_BHTS = _reference_kernel(q_BTHK, k_BSHK, v_BSHK, full, bias)
   else:
-    o_BTHK, w_BHTS = _fused_kernel(q_BTHK, k_BSHK, v_BSHK, mask, causal, kernel), None
+    o_BTHK = _fused_kernel(q_BTHK, k_BSHK, v_BSHK, mask, causal, kernel, bias)
+    w_BHTS = None
 
   if gates is not None:
     o_BTHK = o_BTHK * gates.astype(o_BTHK.dtype)

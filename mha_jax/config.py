@@ -183,6 +183,12 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f"model.ln_position must be 'pre' or 'post'; got {m.ln_position!r}")
   if cfg.task == "lm" and m.pos not in ("learned", "sinusoidal", "qk"):
     raise ValueError(f"model.pos must be learned, sinusoidal or qk; got {m.pos!r}")
+  if cfg.task == "translation" and m.get("pos", "sinusoidal") not in ("sinusoidal", "relative"):
+    raise ValueError(f"model.pos must be sinusoidal or relative for translation; got "
+                     f"{m.pos!r}")
+  if m.get("max_rel", 1) < 1:
+    raise ValueError(f"model.max_rel (relative offsets are clipped to +-max_rel) must be "
+                     f">= 1; got {m.max_rel}")
   if t.steps < 1:
     raise ValueError(f"train.steps must be >= 1; got {t.steps}")
   if t.batch_size < 1:

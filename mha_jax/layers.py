@@ -82,6 +82,9 @@ def to_flax_linen(params: Mapping[str, jax.Array]) -> dict[str, dict[str, jax.Ar
   The Flax module must be built with `use_bias` matching whether `params` has biases.
   """
   attention.check_attention_params(params)
+  if attention.REL_BIAS in params:
+    raise ValueError("params has 'rel_bias' (relative positions), which "
+                     "flax.linen.MultiHeadDotProductAttention has no place for")
   out = {}
   for flax_name, (w_name, b_name) in _FLAX_NAMES.items():
     out[flax_name] = {"kernel": params[w_name]}

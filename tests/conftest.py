@@ -7,7 +7,7 @@ import numpy as np
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-def numpy_mha(params, x, context=None, mask=None, causal=False, gates=None):
+def numpy_mha(params, x, context=None, mask=None, causal=False, gates=None, bias=None):
   """Per-head loop in float64 NumPy, written from the paper, not from mha_jax.
 
   Returns (out (B, T, D), weights (B, H, T, S)).
@@ -34,6 +34,8 @@ def numpy_mha(params, x, context=None, mask=None, causal=False, gates=None):
       k = c[b] @ p["wk"][:, h, :] + (p["bk"][h] if "bk" in p else 0)
       v = c[b] @ p["wv"][:, h, :] + (p["bv"][h] if "bv" in p else 0)
       s = q @ k.T / np.sqrt(K)
+      if bias is not None:
+        s = s + np.broadcast_to(np.asarray(bias, np.float64), (B, H, T, S))[b, h]
       for t in range(T):
         ok = allowed[b, h, t]
         if not ok.any():

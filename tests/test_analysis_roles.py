@@ -75,3 +75,62 @@ def test_lm_scores_on_planted_patterns_through_the_attention_function():
     cands = [j for j in range(q) if tokens[0, j] == tokens[0, q]]
     dup[0, 0, q, cands[-1] if cands else 0] = 1.0
   assert roles.lm_scores(dup, tokens)["duplicate_token"][0] == 1.0
+
+
+def test_planted_model_through_the_report_pipeline(tmp_path_factory):
+  """A real encoder whose layer-0 heads are set by hand, analysed from its workdir by
+  `report.translation_roles` (capture -> detectors), like any checkpoint:
+    head 0: previous token (rel_bias +50 at offset -1, Q = K = 0);
+    head 1: the sentence's rarest token (a constant query against a key holding
+            -log(1 + training frequency));
+    head 2: the next noun (a constant query against an "is a noun" key, rel_bias
+            forbidding offsets <= 0 and preferring the nearest): the gold head of every
+            det and amod dependent;
+    head 3: uniform (all zero).
+  """
+  import dataclasses
+  import json
+  import os
+
+  from mha_jax.analysis import report
+  from mha_jax.data import synthetic_translation as st
+  from test_train import trained_translation
+
+  run = trained_translation(tmp_path_factory, "planted", "--config.model.num_heads=4",
+                            "--config.model.layer_norm=false", "--config.model.max_rel=8",
+                            "--config.train.steps=2", "--config.train.eval_every=2")
+  cfg = run.model.cfg
+  lex = st.Grammar(st.GrammarConfig(**dict(cfg.data.grammar)), cfg.data.seed).lex
+  nouns = {lex.src_noun(n, p) for n in lex.nouns for p in (0, 1)}
+  with open(os.path.join(run.workdir, "data", "train_freqs.json")) as f:
+    freqs = json.load(f)
+  tokens = run.model.vocab.tokens
+  d = cfg.model.d_model
+  feats = np.zeros((len(tokens), d), np.float32)
+  feats[:, 0] = 1.0                                                  # constant
+  feats[:, 1] = [-np.log1p(freqs.get(t, 0)) if i > 3 else -20.0      # rarity (specials: never)
+                 for i, t in enumerate(tokens)]
+  feats[:, 2] = [float(t in nouns) for t in tokens]                  # is a noun
+  params = jax.tree.map(lambda x: x, run.params)
+  params["embed"] = jnp.asarray(feats / np.sqrt(d))                  # the model scales by sqrt(D)
+  blk = {k: jnp.zeros_like(v) for k, v in params["encoder"]["layer_0"]["self_attn"].items()}
+  r = (blk["rel_bias"].shape[1] - 1) // 2
+  offsets = np.arange(-r, r + 1)
+  wq, wk = np.zeros(blk["wq"].shape), np.zeros(blk["wk"].shape)
+  rel = np.zeros(blk["rel_bias"].shape)
+  rel[0, offsets == -1] = 50.0
+  wq[0, 1, 0], wk[1, 1, 0] = 1000.0, 1.0
+  wq[0, 2, 0], wk[2, 2, 0] = 200.0, 1.0
+  rel[2] = np.where(offsets > 0, -offsets, -1e4)
+  blk.update(wq=jnp.asarray(wq, jnp.float32), wk=jnp.asarray(wk, jnp.float32),
+             rel_bias=jnp.asarray(rel, jnp.float32))
+  params["encoder"]["layer_0"]["self_attn"] = blk
+  planted = dataclasses.replace(run, params=params)
+
+  rows = {r["head"]: r for r in report.translation_roles(planted, "train", limit=200)}
+  got = [rows[f"encoder.0.{h}"] for h in range(4)]
+  assert [r["role"] for r in got] == ["positional", "rare", "syntactic", "other"]
+  assert got[0]["positional_offset"] == -1 and got[0]["positional_share"] == 1.0
+  assert got[1]["rare_share"] == 1.0 and got[1]["rare_chance"] < 0.3
+  assert got[2]["syn_amod_dh"] == 1.0 and got[2]["syntactic_margin"] >= 0.1
+  assert got[3]["confidence"] < 0.35 and got[3]["positional_share"] < 0.5

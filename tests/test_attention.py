@@ -104,6 +104,9 @@ CASES = dict(
     batch_gates_mask=dict(gates="bh", mask="random"),
     cross=dict(s=9, mask="random"),
     cross_causal=dict(s=9, causal=True),
+    bias=dict(bias="bhts"),
+    bias_mask_causal=dict(bias="hts", mask="random", causal=True),
+    cross_bias_2d=dict(s=9, bias="ts"),
 )
 
 
@@ -120,9 +123,13 @@ def test_matches_numpy_oracle(impl, case):
     gates = jnp.array([1.0, 0.0, 0.5, 2.0])
   elif c.get("gates") == "bh":
     gates = jax.random.uniform(jax.random.PRNGKey(8), (b, 4))
+  bias = None
+  if c.get("bias"):
+    shape = {"bhts": (b, 4, t, s), "hts": (1, 4, t, s), "ts": (t, s)}[c["bias"]]
+    bias = 2.0 * jax.random.normal(jax.random.PRNGKey(9), shape)
   got = A.multi_head_attention(p, x, ctx, mask=mask, causal=c.get("causal", False),
-                               head_gates=gates, impl=impl)
-  want, _ = numpy_mha(p, x, ctx, mask, c.get("causal", False), gates)
+                               head_gates=gates, bias=bias, impl=impl)
+  want, _ = numpy_mha(p, x, ctx, mask, c.get("causal", False), gates, bias)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -262,6 +269,16 @@ def test_bad_inputs_name_the_argument():
     A.multi_head_attention({k: v for k, v in p.items() if k != "wv"}, x)
   with pytest.raises(ValueError, match=r"num_heads=5 does not divide the last dimension 32"):
     A.split_heads(x, 5)
+  with pytest.raises(ValueError, match=r"params\['rel_bias'\] must have shape \(H, 2R \+ 1\) = \(4, odd\); got \(4, 6\)"):
+    A.multi_head_attention(dict(p, rel_bias=jnp.zeros((4, 6))), x)
+  with pytest.raises(ValueError, match=r"max_rel must be an integer >= 0; got -1"):
+    A.init_attention_params(jax.random.PRNGKey(0), 32, 4, max_rel=-1)
+  with pytest.raises(ValueError, match=r"bias must be a float array.*bool"):
+    A.multi_head_attention(p, x, bias=jnp.ones((6, 6), bool))
+  with pytest.raises(ValueError, match=r"bias of shape \(1, 3, 6, 6\).*H dimension is 3"):
+    A.multi_head_attention(p, x, bias=jnp.zeros((1, 3, 6, 6)))
+  with pytest.raises(ValueError, match=r"bias must have rank 4.*\(6,\)"):
+    A.multi_head_attention(p, x, bias=jnp.zeros((6,)))
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="tests the CPU/TPU error")
@@ -305,3 +322,35 @@ def test_value_input_projects_values_from_another_input():
                              want, atol=1e-5)
   with pytest.raises(ValueError, match=r"value_input must have the keys' input shape"):
     A.multi_head_attention(p, x, ctx, value_input=vin[:, :3])
+
+
+def test_bias_shifts_scores_before_the_softmax():
+  """A bias of +b on one key per row equals multiplying that key's softmax term by e^b."""
+  p, x, _ = _setup(d=16, h=2, t=5)
+  r0 = A.multi_head_attention(p, x, return_weights=True)
+  bias = jnp.zeros((5, 5)).at[:, 0].set(1.5)
+  r1 = A.multi_head_attention(p, x, bias=bias, return_weights=True)
+  w0 = np.asarray(r0.weights, np.float64)
+  boosted = w0.copy()
+  boosted[..., 0] *= math.exp(1.5)
+  np.testing.assert_allclose(r1.weights, boosted / boosted.sum(-1, keepdims=True), atol=1e-6)
+  # gradients reach the bias (it is a learned parameter in relative-position models)
+  g = jax.grad(lambda b: A.multi_head_attention(p, x, bias=b).sum())(bias)
+  assert float(jnp.abs(g).max()) > 1e-4
+
+
+def test_rel_bias_is_a_per_head_offset_bias_and_slices_with_the_heads():
+  p, x, _ = _setup(d=16, h=2, t=6, bias=False)
+  table = jax.random.normal(jax.random.PRNGKey(4), (2, 7))       # R = 3
+  want = A.multi_head_attention(p, x, bias=A.relative_bias(table, 6, 6), return_weights=True)
+  got = A.multi_head_attention(dict(p, rel_bias=table), x, return_weights=True)
+  np.testing.assert_allclose(got.weights, want.weights, atol=1e-6)
+  off = np.clip(np.arange(6)[None] - np.arange(6)[:, None], -3, 3) + 3
+  _, w = numpy_mha(p, x, bias=np.asarray(table)[:, off][None])
+  np.testing.assert_allclose(got.weights, w, atol=1e-5)
+  # Removing head 0 = slicing every per-head param, rel_bias included.
+  gated = A.multi_head_attention(dict(p, rel_bias=table), x, head_gates=jnp.array([0.0, 1.0]))
+  one = {k: (v[:, 1:] if k in ("wq", "wk", "wv") else v[1:]) for k, v in p.items()}
+  np.testing.assert_allclose(A.multi_head_attention(dict(one, rel_bias=table[1:]), x), gated,
+                             atol=1e-5)
+  assert A.init_attention_params(jax.random.PRNGKey(0), 16, 2, max_rel=3)["rel_bias"].shape == (2, 7)

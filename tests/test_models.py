@@ -124,3 +124,33 @@ def test_post_ln_is_a_different_residual_layout(s2s):
   enc = seq2seq.encode(post, spec, src)
   np.testing.assert_allclose(enc.mean(-1), 0.0, atol=1e-5)
   assert float(jnp.abs(out - seq2seq.apply(pre, SPEC, src, tgt)).max()) > 1e-3
+
+
+def test_relative_positions_replace_sinusoids_with_a_per_head_offset_bias(s2s):
+  _, src, tgt = s2s
+  kw = dict(vocab_size=40, d_model=32, num_heads=4, enc_layers=2, dec_layers=2, d_ff=64)
+  p = seq2seq.init(jax.random.PRNGKey(0), pos="relative", max_rel=3, **kw)
+  assert p["encoder"]["layer_0"]["self_attn"]["rel_bias"].shape == (4, 7)
+  assert "rel_bias" in p["decoder"]["layer_1"]["self_attn"]
+  assert "rel_bias" not in p["decoder"]["layer_1"]["cross_attn"]
+  table = jax.random.normal(jax.random.PRNGKey(3), (4, 7))
+  b = np.asarray(attention.relative_bias(table, 5, 5))[0]
+  for i in range(5):
+    for j in range(5):
+      np.testing.assert_array_equal(b[:, i, j], table[:, 3 + int(np.clip(j - i, -3, 3))])
+  spec = C.ModelSpec("seq2seq", pos="relative")
+  # No absolute positions: a sentence of one repeated word gets the same state everywhere,
+  # with sinusoids it does not.
+  same = jnp.full((1, 6), 7)
+  enc = seq2seq.encode(p, spec, same)
+  np.testing.assert_allclose(enc[0], jnp.broadcast_to(enc[0, :1], enc[0].shape), atol=1e-5)
+  sin = seq2seq.encode(seq2seq.init(jax.random.PRNGKey(0), **kw), SPEC, same)
+  assert float(jnp.abs(sin[0] - sin[0, :1]).max()) > 1e-2
+  # A bias on offset +1 in layer 0 makes encoder head 0 attend to the next token.
+  p1 = jax.tree.map(lambda x: x, p)
+  blk = p1["encoder"]["layer_0"]["self_attn"]
+  blk["rel_bias"] = blk["rel_bias"].at[0, 4].set(20.0)
+  _, cap = seq2seq.apply(p1, spec, src, tgt, capture=True)
+  w = np.asarray(cap["encoder"][0].weights)[1, 0]           # sentence 1: no padding
+  np.testing.assert_array_equal(w[:-1].argmax(-1), np.arange(1, 7))
+  assert float(jnp.abs(seq2seq.apply(p1, spec, src, tgt) - seq2seq.apply(p, spec, src, tgt)).max()) > 1e-3

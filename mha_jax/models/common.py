@@ -34,7 +34,7 @@ class ModelSpec:
   attn_only: bool = False
   dropout: float = 0.0
   impl: str = "auto"
-  pos: str = "sinusoidal"    # "sinusoidal" or "learned"
+  pos: str = "sinusoidal"    # "sinusoidal", "learned", "qk" (LM) or "relative" (seq2seq)
   pad_id: int = 0
   ln_position: str = "pre"   # "pre" (x + f(LN(x))) or "post" (LN(x + f(x)))
 

@@ -7,6 +7,10 @@ params = {
               "ln_final"},
 }
 Every attention block is `attention.multi_head_attention` on its own params.
+Positions: sinusoidal, added to the embeddings (Vaswani et al.), or "relative": no
+absolute positions; each self-attention block has "rel_bias" (H, 2R + 1), one learned
+score bias per head and clipped offset (Shaw et al. 2018), applied by the attention
+function. Cross-attention has no positional term in either case.
 """
 
 from __future__ import annotations
@@ -20,14 +24,18 @@ from mha_jax.models import common as C
 
 def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 0,
          enc_layers: int, dec_layers: int, d_ff: int, layer_norm: bool = True,
-         attn_only: bool = False, use_bias: bool = False, ln_position: str = "pre") -> dict:
-  """Fresh params. head_dim 0 means d_model // num_heads. Post-LN has no final LN."""
+         attn_only: bool = False, use_bias: bool = False, ln_position: str = "pre",
+         pos: str = "sinusoidal", max_rel: int = 16) -> dict:
+  """Fresh params. head_dim 0 means d_model // num_heads. Post-LN has no final LN.
+  pos="relative" adds a zero (H, 2 max_rel + 1) "rel_bias" to every self-attention."""
   k = head_dim or None
   keys = iter(jax.random.split(key, 1 + 4 * (enc_layers + dec_layers)))
 
   def block(cross):
+    rel = max_rel if pos == "relative" else 0
     b = {"self_attn": attention.init_attention_params(next(keys), d_model, num_heads,
-                                                      head_dim=k, use_bias=use_bias)}
+                                                      head_dim=k, use_bias=use_bias,
+                                                      max_rel=rel)}
     if cross:
       b["cross_attn"] = attention.init_attention_params(next(keys), d_model, num_heads,
                                                         head_dim=k, use_bias=use_bias)
@@ -61,9 +69,11 @@ def _sublayer(x, p, ln, fn, spec, key):
 
 
 def _embed(params, spec, ids_BT, keys):
-  """Scaled shared embedding plus sinusoidal positions, then dropout."""
+  """Scaled shared embedding (plus sinusoidal positions unless pos="relative"), dropout."""
   d = params["embed"].shape[1]
-  x = params["embed"][ids_BT] * C.embed_scale(d) + C.sinusoidal(ids_BT.shape[1], d)
+  x = params["embed"][ids_BT] * C.embed_scale(d)
+  if spec.pos != "relative":
+    x = x + C.sinusoidal(ids_BT.shape[1], d)
   return C.dropout(next(keys), spec.dropout, x)
 
 

@@ -71,7 +71,7 @@ def export_pruned(params, mask: dict):
       keep = np.flatnonzero(np.asarray(m) > 0)
       blk = _block(params, stack, i)
       new = {k: (v[:, keep] if k in ("wq", "wk", "wv") else v[keep]
-                 if k in ("wo", "bq", "bk", "bv") else v) for k, v in blk.items()}
+                 if k in ("wo", "bq", "bk", "bv", "rel_bias") else v) for k, v in blk.items()}
       params = _with_block(params, stack, i, new)
   return params
 
