@@ -250,3 +250,33 @@ def test_planted_model_heads_are_classified_exactly(run):
   assert rows[1]["rare_share"] > 0.95 > rows[3]["rare_share"]
   assert rows[2]["syntactic_margin"] >= 0.10
   assert rows[3]["confidence"] < 0.3
+
+
+def test_quickstart_model_has_positional_and_syntactic_encoder_heads(tmp_path, capsys):
+  """The quickstart model itself (configs/translation.py:quickstart, ~2 minutes on two
+  cores), analysed from its workdir: Voita et al.'s positional and syntactic encoder heads
+  must be there."""
+  from collections import Counter
+
+  from mha_jax import config as mc
+  from mha_jax import quickstart
+  from mha_jax.train import loop
+  wd = str(tmp_path / "qs")
+  cfg = mc.load_config(quickstart.CONFIG)
+  mc.apply_overrides(cfg, ["--config.train.progress=false"])
+  loop.train(cfg, wd, log=lambda s: None)
+  run = mha_jax.load(wd)
+  enc = [r for r in report.translation_roles(run, "test") if r["stack"] == "encoder"]
+  counts = Counter(r["role"] for r in enc)
+  positional = [r for r in enc if r["role"] == "positional"]
+  rare = max(enc, key=lambda r: r["rare_share"])
+  with capsys.disabled():
+    print(f"\nquickstart encoder roles {dict(counts)}; positional "
+          + ", ".join(f"{r['head']} ({r['positional_share']:.2f} at {r['positional_offset']:+d})"
+                      for r in positional)
+          + f"; best rare-token head {rare['head']} {rare['rare_share']:.2f} "
+          f"(chance {rare['rare_chance']:.2f})")
+  assert counts["positional"] >= 1 and counts["syntactic"] >= 1
+  assert all(abs(r["positional_offset"]) <= 1 for r in positional)   # self or a neighbour
+  assert any(abs(r["positional_offset"]) == 1 for r in positional)   # Voita's kind: +-1
+  assert len(enc) == 48

@@ -82,8 +82,10 @@ def test_quickstart_end_to_end(tmp_path):
   res = json.load(open(os.path.join(wd, "quickstart.json")))
   assert res["test"]["bleu"] > res["copy_baseline_bleu"] + 30
   assert "test BLEU" in r.stdout
-  assert res["pruning"]["kept"] == 12 and res["pruning"]["after"]["bleu"] > 40
-  assert sum(res["analysis"]["role_counts"]["encoder"].values()) == 48
+  assert res["pruning"]["kept"] == 12
+  roles = res["analysis"]["role_counts"]["encoder"]
+  assert sum(roles.values()) == 48 and roles.get("positional", 0) >= 1
+  assert res["pruning"]["after"]["bleu"] > res["pruning"]["base"]["bleu"] - 5
 
 
 @pytest.mark.slow     # the circuits test trains the same config in the default run
