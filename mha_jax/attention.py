@@ -293,7 +293,8 @@ def _check_cudnn_supported(q_BTHK: jax.Array) -> None:
                      f"at most 256; got K={k}")
 
 
-def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool) -> str:
+def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool,
+                 has_bias: bool = False) -> str:
   """The kernel `impl` means for this call: 'reference', 'xla' or 'cudnn'."""
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
@@ -307,7 +308,10 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool) -> str:
   if impl != "auto":
     return impl
   # Measured (scripts/bench_attention.py): on CPU the explicit path beats jax.nn's
-  # XLA path, most in forward+backward and at large h.
+  # XLA path, most in forward+backward and at large h. A score bias (learned, for
+  # relative positions) stays on the explicit path: its gradient through cuDNN is untested.
+  if has_bias:
+    return "reference"
   try:
     _check_cudnn_supported(q_BTHK)
     return "cudnn"
@@ -414,8 +418,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       bias on top.
     head_gates: (H,) or (B, H); multiplies each head's output before W_O.
     impl: "reference" (explicit weights), "xla" (jax.nn.dot_product_attention),
-      "cudnn" (GPU, bf16/f16), or "auto" (cudnn where it can serve the call, else
-      reference, the faster of the other two in our benchmark).
+      "cudnn" (GPU, bf16/f16), or "auto" (cudnn where it can serve the call and there
+      is no score bias, else reference, the faster of the other two in our benchmark).
     return_weights: also return the weights and the per-head outputs.
 
   Returns:
@@ -470,7 +474,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   k_BSHK = project(ctx, params["wk"], params.get("bk"))
   v_BSHK = project(val, params["wv"], params.get("bv"))
 
-  kernel = resolve_impl(impl, q_BTHK, return_weights)
+  kernel = resolve_impl(impl, q_BTHK, return_weights, bias is not None)
   if kernel == "reference":
     full = mask
     if causal:
