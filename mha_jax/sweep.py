@@ -13,7 +13,6 @@ import os
 import shlex
 from typing import Callable, Sequence
 
-from mha_jax import accounting
 from mha_jax import config as mc
 from mha_jax.train import metrics as metrics_lib
 
@@ -57,6 +56,18 @@ def _finished(run: dict) -> bool:
     c.close()
 
 
+def _self_attention_params(m) -> int:
+  """Numbers in one self-attention block as the model builds it (relative-position
+  tables included), from the real init under jax.eval_shape."""
+  import jax
+  from mha_jax import attention
+  rel = m.get("max_rel", 16) if m.get("pos", "") == "relative" else 0
+  shapes = jax.eval_shape(lambda k: attention.init_attention_params(
+      k, m.d_model, m.num_heads, head_dim=m.head_dim or None, use_bias=m.use_bias,
+      max_rel=rel), jax.random.PRNGKey(0))
+  return sum(int(x.size) for x in jax.tree.leaves(shapes))
+
+
 def summarize(runs: list[dict]) -> list[dict]:
   rows = []
   for r in runs:
@@ -65,8 +76,7 @@ def summarize(runs: list[dict]) -> list[dict]:
     valid = [x for x in metrics_lib.read_metrics(r["workdir"]) if x["split"] == "valid"]
     last = valid[-1] if valid else {}
     rows.append({"run": r["name"], "heads": m.num_heads, "d_k": d_k,
-                 "attn_params_per_layer": accounting.attention_params(m.d_model, m.num_heads)
-                 if not m.head_dim else 4 * m.d_model * m.num_heads * m.head_dim,
+                 "attn_params_per_layer": _self_attention_params(m),
                  "step": last.get("step"), "valid_loss": last.get("loss"),
                  "valid_accuracy": last.get("accuracy"), "valid_bleu": last.get("bleu")})
   return rows

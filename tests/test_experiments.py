@@ -5,9 +5,11 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
+import mha_jax
 from mha_jax import cli, sweep, tasks
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
@@ -39,7 +41,10 @@ def test_sweep_runs_skips_finished_and_summarizes(tmp_path):
   rows = sweep.run_sweep(spec, wd, extra, train_fn=lambda c, w: loop.train(c, w, log=logs.append),
                          log=logs.append)
   assert [(r["heads"], r["d_k"]) for r in rows] == [(1, 16), (16, 1)]
-  assert all(r["attn_params_per_layer"] == 4 * 16 * 16 for r in rows)
+  for r in rows:   # 4 D^2 for every h, plus the relative-position table, 2 * 16 + 1 per head
+    blk = mha_jax.load(os.path.join(wd, r["run"])).params["encoder"]["layer_0"]["self_attn"]
+    assert r["attn_params_per_layer"] == sum(x.size for x in jax.tree.leaves(blk))
+    assert r["attn_params_per_layer"] == 4 * 16 * 16 + 33 * r["heads"]
   assert all(r["step"] == 3 and r["valid_loss"] > 0 and r["valid_bleu"] is not None
              for r in rows)
   assert os.path.getsize(os.path.join(wd, "sweep.png")) > 1000
