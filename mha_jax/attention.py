@@ -354,36 +354,32 @@ def _fused_kernel(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, causal, implementation,
 # --------------------------------------------------------------------------
 
 
+def _check_4d(name: str, arr: jax.Array, b: int, h: int, t: int, s: int) -> jax.Array:
+  """(T, S) -> (1, 1, T, S); refuses what does not broadcast to (B, H, T, S)."""
+  if arr.ndim == 2:
+    arr = arr[None, None]
+  if arr.ndim != 4:
+    raise ValueError(f"{name} must have rank 4 (B, H, T, S) or rank 2 (T, S); got shape "
+                     f"{arr.shape}. For a per-example (B, T, S) {name} pass {name}[:, None]")
+  for got, want, letter in zip(arr.shape, (b, h, t, s), "BHTS"):
+    if got not in (1, want):
+      raise ValueError(f"{name} of shape {arr.shape} does not broadcast to (B, H, T, S) = "
+                       f"{(b, h, t, s)}: its {letter} dimension is {got}")
+  return arr
+
+
 def _check_mask(mask: Any, b: int, h: int, t: int, s: int) -> jax.Array:
   mask = jnp.asarray(mask)
   if mask.dtype != jnp.bool_:
     raise ValueError(f"mask must be boolean (True = may attend); got dtype {mask.dtype}")
-  if mask.ndim == 2:
-    mask = mask[None, None]
-  if mask.ndim != 4:
-    raise ValueError(f"mask must have rank 4 (B, H, T, S) or rank 2 (T, S); got shape "
-                     f"{mask.shape}. For a per-example (B, T, S) mask pass mask[:, None]")
-  for got, want, letter in zip(mask.shape, (b, h, t, s), "BHTS"):
-    if got not in (1, want):
-      raise ValueError(f"mask of shape {mask.shape} does not broadcast to (B, H, T, S) = "
-                       f"{(b, h, t, s)}: its {letter} dimension is {got}")
-  return mask
+  return _check_4d("mask", mask, b, h, t, s)
 
 
 def _check_bias(bias: Any, b: int, h: int, t: int, s: int) -> jax.Array:
   bias = jnp.asarray(bias)
   if not jnp.issubdtype(bias.dtype, jnp.floating):
     raise ValueError(f"bias must be a float array added to the scores; got dtype {bias.dtype}")
-  if bias.ndim == 2:
-    bias = bias[None, None]
-  if bias.ndim != 4:
-    raise ValueError(f"bias must have rank 4 (B, H, T, S) or rank 2 (T, S); got shape "
-                     f"{bias.shape}")
-  for got, want, letter in zip(bias.shape, (b, h, t, s), "BHTS"):
-    if got not in (1, want):
-      raise ValueError(f"bias of shape {bias.shape} does not broadcast to (B, H, T, S) = "
-                       f"{(b, h, t, s)}: its {letter} dimension is {got}")
-  return bias
+  return _check_4d("bias", bias, b, h, t, s)
 
 
 def _check_gates(head_gates: Any, b: int, h: int) -> jax.Array:
