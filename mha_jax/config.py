@@ -141,8 +141,25 @@ def to_dict(cfg) -> dict:
   return json.loads(cfg.to_json_best_effort())
 
 
+# Fields added after runs were already being written, with the value those runs used.
+ADDED_FIELDS = {"translation": {"model.pos": "sinusoidal", "model.max_rel": 16}}
+
+
+def upgrade(d: dict) -> dict:
+  """A saved config dict with the fields it predates filled in (a new dict)."""
+  d = json.loads(json.dumps(d))
+  for key, value in ADDED_FIELDS.get(d.get("task"), {}).items():
+    *path, last = key.split(".")
+    node = d
+    for part in path:
+      node = node.setdefault(part, {})
+    node.setdefault(last, value)
+  return d
+
+
 def from_dict(d: dict) -> ml_collections.ConfigDict:
-  cfg = ml_collections.ConfigDict(d)
+  """A locked config from a saved dict (upgraded: see ADDED_FIELDS)."""
+  cfg = ml_collections.ConfigDict(upgrade(d))
   cfg.lock()
   return cfg
 
@@ -183,12 +200,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f"model.ln_position must be 'pre' or 'post'; got {m.ln_position!r}")
   if cfg.task == "lm" and m.pos not in ("learned", "sinusoidal", "qk"):
     raise ValueError(f"model.pos must be learned, sinusoidal or qk; got {m.pos!r}")
-  if cfg.task == "translation" and m.get("pos", "sinusoidal") not in ("sinusoidal", "relative"):
-    raise ValueError(f"model.pos must be sinusoidal or relative for translation; got "
-                     f"{m.pos!r}")
-  if m.get("max_rel", 1) < 1:
-    raise ValueError(f"model.max_rel (relative offsets are clipped to +-max_rel) must be "
-                     f">= 1; got {m.max_rel}")
+  if cfg.task == "translation":
+    if m.pos not in ("sinusoidal", "relative"):
+      raise ValueError(f"model.pos must be sinusoidal or relative for translation; got "
+                       f"{m.pos!r}")
+    if m.max_rel < 1:
+      raise ValueError(f"model.max_rel (relative offsets are clipped to +-max_rel) must "
+                       f"be >= 1; got {m.max_rel}")
   if t.steps < 1:
     raise ValueError(f"train.steps must be >= 1; got {t.steps}")
   if t.batch_size < 1:

@@ -27,7 +27,7 @@ def model_spec(cfg) -> C.ModelSpec:
   m = cfg.model
   return C.ModelSpec(kind="seq2seq" if cfg.task == "translation" else "lm",
                      layer_norm=m.layer_norm, attn_only=m.attn_only, dropout=m.dropout,
-                     impl=m.impl, pos=m.get("pos", "sinusoidal"),
+                     impl=m.impl, pos=m.pos,
                      ln_position=m.get("ln_position", "pre"))
 
 
@@ -119,8 +119,7 @@ class TranslationTask:
                         num_heads=m.num_heads, head_dim=m.head_dim, enc_layers=m.enc_layers,
                         dec_layers=m.dec_layers, d_ff=m.d_ff, layer_norm=m.layer_norm,
                         attn_only=m.attn_only, use_bias=m.use_bias,
-                        ln_position=m.ln_position, pos=m.get("pos", "sinusoidal"),
-                        max_rel=m.get("max_rel", 16))
+                        ln_position=m.ln_position, pos=m.pos, max_rel=m.max_rel)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None):
     return seq2seq.apply(params, self.spec, batch["src"], batch["tgt"][:, :-1], gates=gates,

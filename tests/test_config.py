@@ -1,5 +1,7 @@
 """Configs are data: loading, arguments, overrides, locking and validation."""
 
+import json
+
 import pytest
 
 from mha_jax import config as mc
@@ -63,3 +65,21 @@ def test_every_shipped_config_loads_and_validates():
     mc.validate(mc.load_config(spec))
   sweep = mc.load_config("configs/sweep_heads.py")
   assert [r["overrides"]["model.num_heads"] for r in sweep.runs] == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_configs_saved_before_a_field_existed_load_with_the_value_they_ran_with(tmp_path):
+  from mha_jax.train import loop
+  new = mc.to_dict(mc.load_config("configs/translation.py"))
+  old = json.loads(json.dumps(new))
+  del old["model"]["pos"], old["model"]["max_rel"]          # a run from before relative positions
+  cfg = mc.from_dict(old)
+  assert cfg.model.pos == "sinusoidal" and cfg.model.max_rel == 16
+  assert "pos" not in old["model"]                          # the saved dict is not modified
+  wd = tmp_path / "run"
+  wd.mkdir()
+  (wd / "config.json").write_text(json.dumps(old))
+  resumed = mc.load_config("configs/translation.py")
+  mc.apply_overrides(resumed, ["--config.model.pos=sinusoidal"])
+  loop.prepare_workdir(resumed, str(wd))                    # same model: may resume
+  with pytest.raises(ValueError, match=r"model.pos: 'sinusoidal' -> 'relative'"):
+    loop.prepare_workdir(mc.load_config("configs/translation.py"), str(wd))

@@ -59,7 +59,7 @@ def prepare_workdir(cfg, workdir: str) -> None:
   new = mc.to_dict(cfg)
   if os.path.exists(path):
     with open(path) as f:
-      saved = json.load(f)
+      saved = mc.upgrade(json.load(f))
     bad = mc.incompatible_fields(saved, new)
     if bad:
       diffs = ", ".join(f"{k}: {mc.flatten(saved).get(k)!r} -> {mc.flatten(new).get(k)!r}"
