@@ -56,16 +56,16 @@ def _finished(run: dict) -> bool:
     c.close()
 
 
-def _self_attention_params(m) -> int:
-  """Numbers in one self-attention block as the model builds it (relative-position
-  tables included), from the real init under jax.eval_shape."""
+def _self_attention_params(cfg) -> int:
+  """Numbers in the model's first attention block (relative-position tables included),
+  from the model's own init under jax.eval_shape (no arrays are made)."""
   import jax
-  from mha_jax import attention
-  rel = m.get("max_rel", 16) if m.get("pos", "") == "relative" else 0
-  shapes = jax.eval_shape(lambda k: attention.init_attention_params(
-      k, m.d_model, m.num_heads, head_dim=m.head_dim or None, use_bias=m.use_bias,
-      max_rel=rel), jax.random.PRNGKey(0))
-  return sum(int(x.size) for x in jax.tree.leaves(shapes))
+  from mha_jax import tasks
+  from mha_jax.models import common as C
+  shapes = jax.eval_shape(lambda k: tasks.init_model(cfg, k, vocab_size=8),
+                          jax.random.PRNGKey(0))
+  _, _, block = next(C.attention_blocks(shapes))
+  return sum(int(x.size) for x in jax.tree.leaves(block))
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -76,7 +76,7 @@ def summarize(runs: list[dict]) -> list[dict]:
     valid = [x for x in metrics_lib.read_metrics(r["workdir"]) if x["split"] == "valid"]
     last = valid[-1] if valid else {}
     rows.append({"run": r["name"], "heads": m.num_heads, "d_k": d_k,
-                 "attn_params_per_layer": _self_attention_params(m),
+                 "attn_params_per_layer": _self_attention_params(r["config"]),
                  "step": last.get("step"), "valid_loss": last.get("loss"),
                  "valid_accuracy": last.get("accuracy"), "valid_bleu": last.get("bleu")})
   return rows

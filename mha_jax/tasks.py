@@ -31,6 +31,18 @@ def model_spec(cfg) -> C.ModelSpec:
                      ln_position=m.get("ln_position", "pre"))
 
 
+def init_model(cfg, key, vocab_size: int) -> dict:
+  """Fresh params of cfg.model: the one place a config becomes a model's init."""
+  m = cfg.model
+  common = dict(vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads,
+                head_dim=m.head_dim, d_ff=m.d_ff, layer_norm=m.layer_norm,
+                attn_only=m.attn_only, use_bias=m.use_bias)
+  if cfg.task == "translation":
+    return seq2seq.init(key, enc_layers=m.enc_layers, dec_layers=m.dec_layers,
+                        ln_position=m.ln_position, pos=m.pos, max_rel=m.max_rel, **common)
+  return lm_model.init(key, num_layers=m.num_layers, max_len=m.max_len, pos=m.pos, **common)
+
+
 def _epoch_indices(seed: int, n: int, start: int, count: int) -> np.ndarray:
   """Examples start..start+count of the stream of shuffled epochs over n examples."""
   out = np.empty(count, np.int64)
@@ -114,12 +126,7 @@ class TranslationTask:
 
   # ---------------------------------------------------------------- model
   def init_params(self, key):
-    m = self.cfg.model
-    return seq2seq.init(key, vocab_size=self.vocab_size, d_model=m.d_model,
-                        num_heads=m.num_heads, head_dim=m.head_dim, enc_layers=m.enc_layers,
-                        dec_layers=m.dec_layers, d_ff=m.d_ff, layer_norm=m.layer_norm,
-                        attn_only=m.attn_only, use_bias=m.use_bias,
-                        ln_position=m.ln_position, pos=m.pos, max_rel=m.max_rel)
+    return init_model(self.cfg, key, self.vocab_size)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None):
     return seq2seq.apply(params, self.spec, batch["src"], batch["tgt"][:, :-1], gates=gates,
@@ -245,11 +252,7 @@ class LMTask:
     self.spec = model_spec(cfg)
 
   def init_params(self, key):
-    m = self.cfg.model
-    return lm_model.init(key, vocab_size=self.vocab_size, d_model=m.d_model,
-                         num_heads=m.num_heads, head_dim=m.head_dim, num_layers=m.num_layers,
-                         d_ff=m.d_ff, max_len=m.max_len, layer_norm=m.layer_norm,
-                         attn_only=m.attn_only, use_bias=m.use_bias, pos=m.pos)
+    return init_model(self.cfg, key, self.vocab_size)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None):
     return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], gates=gates,
