@@ -329,12 +329,11 @@ def _sum_metrics(task, params, split, batch_size, gates=None) -> dict[str, float
   """Sums of the loss metrics over a split's evaluation batches (one compile per task)."""
   fn = jitted(task, "eval_metrics",
               lambda p, b, w, g: task.loss(p, b, example_weight=w, gates=g)[1])
-  totals: dict[str, float] = {}
+  totals = None                      # summed on the device; one transfer at the end
   for batch, weight in task.eval_batches(split, batch_size):
     m = fn(params, batch, jnp.asarray(weight), gates)
-    for k, v in m.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
-  return totals
+    totals = m if totals is None else jax.tree.map(jnp.add, totals, m)
+  return {k: float(v) for k, v in jax.device_get(totals or {}).items()}
 
 
 def build(cfg, workdir: str | None = None):
