@@ -111,16 +111,16 @@ def michel_importance(run, split: str = "valid", *, limit: int = 512,
   # One compile per model: Michel's iterative pruning calls this after every removal.
   per_example = jitted(model, "gate_grads",
                        jax.vmap(jax.grad(example_loss), in_axes=(None, None, 0)))
-  total = jax.tree.map(lambda g: np.zeros(g.shape), ones)
+  total = jax.tree.map(jnp.zeros_like, ones)     # summed on the device
   n = 0
   for batch, weight in model.eval_batches(split, batch_size):
     g = per_example(ones, params, batch)
-    w = np.asarray(weight)
-    total = jax.tree.map(lambda t, x: t + np.einsum("b,bh->h", w, np.abs(np.asarray(x))),
-                         total, g)
-    n += int(w.sum())
+    w = jnp.asarray(weight)
+    total = jax.tree.map(lambda t, x: t + jnp.einsum("b,bh->h", w, jnp.abs(x)), total, g)
+    n += int(weight.sum())                        # host-side weights: no transfer
     if limit and n >= limit:
       break
+  total = jax.tree.map(lambda t: np.asarray(t, np.float64), jax.device_get(total))
   raw, normed = {}, {}
   for stack, layers in total.items():
     for i, imp in enumerate(layers):
