@@ -258,13 +258,10 @@ def test_quickstart_model_has_positional_and_syntactic_encoder_heads(tmp_path, c
   must be there."""
   from collections import Counter
 
-  from mha_jax import config as mc
   from mha_jax import quickstart
-  from mha_jax.train import loop
   wd = str(tmp_path / "qs")
-  cfg = mc.load_config(quickstart.CONFIG)
-  mc.apply_overrides(cfg, ["--config.train.progress=false"])
-  loop.train(cfg, wd, log=lambda s: None)
+  quickstart.run(wd, ["--config.train.progress=false"], log=lambda s: None, analyze=False,
+                 prune=False)
   run = mha_jax.load(wd)
   enc = [r for r in report.translation_roles(run, "test") if r["stack"] == "encoder"]
   counts = Counter(r["role"] for r in enc)
