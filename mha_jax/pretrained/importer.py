@@ -50,6 +50,8 @@ def read_model(name: str | None = None, file: str | None = None):
                     **info},
          "data": {"kind": "text", "text_files": []},
          "eval": dict(EVAL_DEFAULTS[task])}
+  from mha_jax import config as mc
+  mc.validate(mc.from_dict(cfg))
   return params, cfg, tok
 
 
