@@ -30,6 +30,7 @@ returned heads) is per query head.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping, NamedTuple
 
@@ -328,6 +329,108 @@ def num_kv_heads_of(params: Params) -> int:
 
 
 # --------------------------------------------------------------------------
+# Rotary position embeddings (RoPE, Su et al. 2021).
+# --------------------------------------------------------------------------
+
+ROPE_LAYOUTS = ("half", "interleaved")
+
+
+@dataclasses.dataclass(frozen=True)
+class RoPE:
+  """Rotary position embedding of queries and keys (hashable: a static jit argument).
+
+  Feature pair i of a head (i < dim / 2) turns by the angle p * theta_i at position p,
+  theta_i = base ** (-2 i / dim), so a rotated query . key depends on positions only
+  through their difference.
+
+  Attributes:
+    base: the frequency base (10000 in the paper and LLaMA-2, 500000 in LLaMA-3).
+    layout: which features form a pair. "half" pairs i with i + dim/2 (Hugging Face
+      rotate_half, GPT-NeoX, LLaMA checkpoints in HF layout); "interleaved" pairs 2i
+      with 2i + 1 (the paper, GPT-J, Meta's original LLaMA code).
+    dim: how many leading features of each head rotate (even); None = all K. The
+      rest pass through (partial rotary, as in GPT-NeoX and Phi).
+  """
+  base: float = 10000.0
+  layout: str = "half"
+  dim: int | None = None
+
+  def __post_init__(self):
+    if self.layout not in ROPE_LAYOUTS:
+      raise ValueError(f"RoPE layout must be one of {ROPE_LAYOUTS}; got {self.layout!r}")
+    if (isinstance(self.base, bool) or not isinstance(self.base, (int, float, np.number))
+        or not self.base > 0):
+      raise ValueError(f"RoPE base must be a positive number; got {self.base!r}")
+    if self.dim is not None and (
+        isinstance(self.dim, bool) or not isinstance(self.dim, (int, np.integer))
+        or self.dim < 2 or self.dim % 2):
+      raise ValueError(f"RoPE dim (rotated features per head) must be an even integer "
+                       f">= 2 or None; got {self.dim!r}")
+
+  def rotated_dim(self, head_dim: int) -> int:
+    """The number of rotated features for heads of width head_dim (checks dim <= K)."""
+    dim = head_dim if self.dim is None else int(self.dim)
+    if dim > head_dim:
+      raise ValueError(f"RoPE dim={dim} exceeds the head width K={head_dim}")
+    if dim % 2:
+      raise ValueError(f"RoPE rotates feature pairs: the head width K={head_dim} is odd; "
+                       f"pass RoPE(dim=an even number <= K)")
+    return dim
+
+
+def _check_positions(name: str, positions: Any, b: int, t: int) -> jax.Array:
+  """(T,) or (B|1, T) integer positions -> (B|1, T)."""
+  pos = jnp.asarray(positions)
+  if not jnp.issubdtype(pos.dtype, jnp.integer):
+    raise ValueError(f"{name} must be integer positions; got dtype {pos.dtype}")
+  if pos.ndim == 1:
+    pos = pos[None]
+  if pos.ndim != 2 or pos.shape[1] != t or pos.shape[0] not in (1, b):
+    raise ValueError(f"{name} must have shape (T,) = ({t},) or (B, T) = ({b}, {t}); got "
+                     f"{tuple(jnp.shape(positions))}")
+  return pos
+
+
+def apply_rope(x_BTHK: jax.Array, positions_BT: jax.Array, rope: RoPE) -> jax.Array:
+  """Rotates each head's feature pairs by position: RoPE on queries or keys.
+
+  Args:
+    x_BTHK: (B, T, H, K) queries or keys (any number of heads).
+    positions_BT: integer absolute positions, (B, T) or (T,).
+    rope: a RoPE (base, layout, dim).
+
+  Returns:
+    (B, T, H, K) in x's dtype; angles and the rotation are computed in float32 (or
+    wider, when x is).
+  """
+  if not isinstance(rope, RoPE):
+    raise ValueError(f"rope must be an attention.RoPE; got {rope!r}")
+  _check_rank("x_BTHK", x_BTHK, 4, "B, T, H, K")
+  b, t, _, k = x_BTHK.shape
+  pos_BT = _check_positions("positions", positions_BT, b, t)
+  dim = rope.rotated_dim(k)
+  half = dim // 2
+  # theta_i = base^(-2i/dim), exact in float64, then float32 like the angles.
+  inv_freq = (1.0 / float(rope.base) ** (np.arange(half, dtype=np.float64) * 2.0 / dim))
+  ang_BTF = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+  cos, sin = jnp.cos(ang_BTF)[:, :, None], jnp.sin(ang_BTF)[:, :, None]   # (B, T, 1, F)
+  ct = jnp.promote_types(x_BTHK.dtype, jnp.float32)
+  x = x_BTHK.astype(ct)
+  if rope.layout == "half":
+    x1, x2 = x[..., :half], x[..., half:dim]
+  else:
+    x1, x2 = x[..., 0:dim:2], x[..., 1:dim:2]
+  r1, r2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+  if rope.layout == "half":
+    rot = jnp.concatenate([r1, r2], axis=-1)
+  else:
+    rot = jnp.stack([r1, r2], axis=-1).reshape(*r1.shape[:-1], dim)
+  if dim < k:
+    rot = jnp.concatenate([rot, x[..., dim:]], axis=-1)
+  return rot.astype(x_BTHK.dtype)
+
+
+# --------------------------------------------------------------------------
 # Kernels: what `impl` dispatches to. All take (B, T, H, K) q and (B, S, G, K) k, v.
 # --------------------------------------------------------------------------
 
@@ -464,7 +567,9 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                          mask: jax.Array | None = None, causal: bool = False,
                          bias: jax.Array | None = None,
                          head_gates: jax.Array | None = None, impl: str = "auto",
-                         return_weights: bool = False):
+                         return_weights: bool = False, rope: RoPE | None = None,
+                         positions: jax.Array | None = None,
+                         kv_positions: jax.Array | None = None):
   """Multi-head attention of x over itself, or over `context` (cross-attention).
 
   Args:
@@ -487,6 +592,12 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       "cudnn" (GPU, bf16/f16), or "auto" (cudnn where it can serve the call and there
       is no score bias, else reference, the faster of the other two in our benchmark).
     return_weights: also return the weights and the per-head outputs.
+    rope: a RoPE: rotary position embedding of q and k after their projections and
+      biases (values are not rotated). None: no rotation.
+    positions: integer absolute positions of the queries, (B, T) or (T,); default
+      arange(T). Only with rope. In self-attention the keys use them too.
+    kv_positions: integer positions of the keys with `context`, (B, S) or (S,);
+      default arange(S). Only with rope and context.
 
   Returns:
     y_BTD (B, T, D), or AttentionOutput(out, weights (B, H, T, S), heads (B, T, H, K))
@@ -527,6 +638,23 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     bias = rel if bias is None else bias + rel
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
+  if rope is not None and not isinstance(rope, RoPE):
+    raise ValueError(f"rope must be an attention.RoPE or None; got {rope!r}")
+  if rope is None and (positions is not None or kv_positions is not None):
+    raise ValueError("positions and kv_positions only place the rotary embedding; pass "
+                     "rope=attention.RoPE(...) with them")
+  if kv_positions is not None and context is None:
+    raise ValueError("kv_positions are for cross-attention (with context); in "
+                     "self-attention the keys use the queries' positions")
+  if rope is not None:
+    rope.rotated_dim(k)
+    q_pos = (jnp.arange(t)[None] if positions is None
+             else _check_positions("positions", positions, b, t))
+    if context is None:
+      k_pos = q_pos
+    else:
+      k_pos = (jnp.arange(s)[None] if kv_positions is None
+               else _check_positions("kv_positions", kv_positions, b, s))
 
   if h == 0:  # Every head pruned: the layer adds only its output bias.
     out = jnp.zeros((b, t, d), x.dtype) + params.get("bo", jnp.zeros((d,), x.dtype))
@@ -545,6 +673,9 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   q_BTHK = project(x, params["wq"], params.get("bq"))
   k_BSGK = project(ctx, params["wk"], params.get("bk"))
   v_BSGK = project(val, params["wv"], params.get("bv"))
+  if rope is not None:
+    q_BTHK = apply_rope(q_BTHK, q_pos, rope)
+    k_BSGK = apply_rope(k_BSGK, k_pos, rope)
 
   kernel = resolve_impl(impl, q_BTHK, return_weights, bias is not None)
   if kernel == "reference":

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import numpy_mha
+from conftest import numpy_mha, numpy_rope
 from mha_jax import attention as A
 
 
@@ -271,14 +271,15 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
                              atol=1e-5)
 
 
-@pytest.mark.parametrize("g", [1, 2])
-def test_gqa_gradients_agree_across_impls_and_with_finite_differences(g):
+@pytest.mark.parametrize("g,rope", [(1, None), (2, A.RoPE(base=100.0, layout="interleaved"))])
+def test_gqa_gradients_agree_across_impls_and_with_finite_differences(g, rope):
   p, x, _ = _setup(d=16, h=4, t=5, g=g)
   mask = jax.random.bernoulli(jax.random.PRNGKey(2), 0.7, (2, 4, 5, 5)).at[..., 0].set(True)
   gates = jnp.array([1.0, 0.5, 0.0, 2.0])
 
   def loss(p, x, impl):
-    y = A.multi_head_attention(p, x, mask=mask, causal=True, head_gates=gates, impl=impl)
+    y = A.multi_head_attention(p, x, mask=mask, causal=True, head_gates=gates, impl=impl,
+                               rope=rope)
     return jnp.sum(jnp.sin(y))
 
   grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
@@ -330,6 +331,127 @@ def test_non_float_inputs_are_refused():
     A.multi_head_attention(p, x, jnp.ones((2, 5, 32), jnp.int32))
   with pytest.raises(ValueError, match=r"value_input must be a float array.*got dtype bool"):
     A.multi_head_attention(p, x, ctx, value_input=jnp.ones((2, 5, 32), bool))
+
+
+# ---------------------------------------------------------------- rotary positions
+
+@pytest.mark.parametrize("rope", [A.RoPE(), A.RoPE(base=100.0, layout="interleaved"),
+                                  A.RoPE(base=500.0, layout="half", dim=4),
+                                  A.RoPE(layout="interleaved", dim=6)])
+def test_apply_rope_matches_numpy_rotation(rope):
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 3, 8))
+  pos = jnp.array([[0, 1, 2, 3, 4], [7, 3, 100, 2047, 0]])
+  got = A.apply_rope(x, pos, rope)
+  assert got.shape == x.shape and got.dtype == x.dtype
+  for b in range(2):
+    for h in range(3):
+      want = numpy_rope(x[b, :, h], pos[b], rope.base, rope.layout, rope.dim)
+      np.testing.assert_allclose(got[b, :, h], want, atol=2e-5, rtol=1e-5)
+  if rope.dim:   # features from dim on pass through untouched
+    np.testing.assert_array_equal(got[..., rope.dim:], x[..., rope.dim:])
+  # (T,) positions broadcast over the batch; position 0 is the identity.
+  np.testing.assert_allclose(A.apply_rope(x, pos[0], rope)[1],
+                             A.apply_rope(x[1:], pos[:1], rope)[0], atol=1e-6)
+  np.testing.assert_allclose(A.apply_rope(x, jnp.zeros(5, jnp.int32), rope), x, atol=1e-6)
+  # bfloat16 in, bfloat16 out (angles in float32)
+  assert A.apply_rope(x.astype(jnp.bfloat16), pos, rope).dtype == jnp.bfloat16
+
+
+RoPE_CASES = dict(
+    self_gqa_causal=dict(g=2, causal=True, rope=A.RoPE(base=100.0)),
+    self_positions_mask=dict(g=4, mask=True, positions="bt",
+                             rope=A.RoPE(base=1000.0, layout="interleaved")),
+    self_partial_mqa=dict(g=1, causal=True, positions="t", rope=A.RoPE(layout="half", dim=4)),
+    cross_kv_positions=dict(g=2, s=9, positions="bt", kv_positions=True,
+                            rope=A.RoPE(base=50.0, layout="interleaved")),
+    cross_default=dict(g=4, s=7, rope=A.RoPE(base=30.0)),
+)
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+@pytest.mark.parametrize("case", list(RoPE_CASES))
+def test_rope_attention_matches_numpy_oracle(case, impl):
+  c = RoPE_CASES[case]
+  p, x, ctx = _setup(d=32, h=4, s=c.get("s"), g=c["g"])
+  b, t, s = 2, 6, c.get("s") or 6
+  mask = positions = kv_positions = None
+  if c.get("mask"):
+    mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.6, (b, 1, t, s)).at[..., 0].set(True)
+  if c.get("positions") == "bt":
+    positions = jnp.array([[3, 4, 5, 6, 7, 8], [20, 19, 40, 2, 2, 0]])
+  elif c.get("positions") == "t":
+    positions = jnp.arange(6) + 11
+  if c.get("kv_positions"):
+    kv_positions = jnp.arange(s)[::-1] * 3
+  rope = c["rope"]
+  got = A.multi_head_attention(p, x, ctx, mask=mask, causal=c.get("causal", False),
+                               rope=rope, positions=positions, kv_positions=kv_positions,
+                               impl=impl)
+  want, _ = numpy_mha(p, x, ctx, mask, c.get("causal", False), rope=(
+      rope.base, rope.layout, rope.dim), positions=positions, kv_positions=kv_positions)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  plain, _ = numpy_mha(p, x, ctx, mask, c.get("causal", False))
+  assert np.abs(plain - want).max() > 1e-3      # the rotation really changed something
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rope_scores_depend_only_on_position_differences(layout):
+  p, x, _ = _setup(d=32, h=4, t=6, g=2, bias=False)
+  rope = A.RoPE(base=100.0, layout=layout)
+  pos = jnp.array([[0, 1, 2, 3, 4, 5], [4, 0, 9, 2, 2, 30]])
+  w = lambda pos: A.multi_head_attention(p, x, rope=rope, positions=pos,
+                                         return_weights=True).weights
+  np.testing.assert_allclose(w(pos + 7), w(pos), atol=1e-5)
+  np.testing.assert_allclose(w(pos + 1000), w(pos), atol=1e-4)
+  # Not invariant to a change of differences: swapping two positions moves the weights.
+  assert float(jnp.abs(w(pos.at[:, 0].set(5).at[:, 5].set(0)) - w(pos)).max()) > 1e-3
+
+
+def test_rope_half_and_interleaved_differ_by_a_feature_permutation():
+  """half(x) = interleaved(x[perm])[inverse perm], perm = 0, K/2, 1, K/2+1, ...; so a
+  checkpoint in one layout runs in the other once W_Q and W_K columns are permuted."""
+  k = 8
+  perm = np.stack([np.arange(k // 2), np.arange(k // 2) + k // 2], -1).reshape(-1)
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 3, k))
+  pos = jnp.arange(5) * 3
+  half = A.apply_rope(x, pos, A.RoPE(layout="half"))
+  inter = A.apply_rope(x[..., perm], pos, A.RoPE(layout="interleaved"))
+  np.testing.assert_allclose(half, inter[..., np.argsort(perm)], atol=1e-6)
+  assert float(jnp.abs(half - A.apply_rope(x, pos, A.RoPE(layout="interleaved"))).max()) > 1e-2
+  p, xx, _ = _setup(d=32, h=4, g=2)
+  pp = {n: (v[..., perm] if n in ("wq", "wk", "bq", "bk") else v) for n, v in p.items()}
+  np.testing.assert_allclose(
+      A.multi_head_attention(p, xx, causal=True, rope=A.RoPE(layout="half")),
+      A.multi_head_attention(pp, xx, causal=True, rope=A.RoPE(layout="interleaved")),
+      atol=1e-5)
+
+
+def test_rope_bad_input_is_named():
+  p, x, ctx = _setup(s=5, bias=False)
+  with pytest.raises(ValueError, match=r"RoPE layout must be one of \('half', 'interleaved'\); got 'neox'"):
+    A.RoPE(layout="neox")
+  with pytest.raises(ValueError, match=r"RoPE dim .* must be an even integer >= 2 or None; got 5"):
+    A.RoPE(dim=5)
+  with pytest.raises(ValueError, match=r"RoPE base must be a positive number; got 0"):
+    A.RoPE(base=0)
+  with pytest.raises(ValueError, match=r"RoPE dim=16 exceeds the head width K=8"):
+    A.multi_head_attention(p, x, rope=A.RoPE(dim=16))
+  with pytest.raises(ValueError, match=r"positions must be integer positions; got dtype float32"):
+    A.multi_head_attention(p, x, rope=A.RoPE(), positions=jnp.arange(6.0))
+  with pytest.raises(ValueError, match=r"positions must have shape \(T,\) = \(6,\) or \(B, T\) = \(2, 6\); got \(5,\)"):
+    A.multi_head_attention(p, x, rope=A.RoPE(), positions=jnp.arange(5))
+  with pytest.raises(ValueError, match=r"kv_positions must have shape \(T,\) = \(5,\)"):
+    A.multi_head_attention(p, x, ctx, rope=A.RoPE(), kv_positions=jnp.arange(6))
+  with pytest.raises(ValueError, match=r"pass rope=attention.RoPE"):
+    A.multi_head_attention(p, x, positions=jnp.arange(6))
+  with pytest.raises(ValueError, match=r"kv_positions are for cross-attention"):
+    A.multi_head_attention(p, x, rope=A.RoPE(), kv_positions=jnp.arange(6))
+  with pytest.raises(ValueError, match=r"rope must be an attention.RoPE or None; got 10000"):
+    A.multi_head_attention(p, x, rope=10000)
+  odd = A.init_attention_params(jax.random.PRNGKey(0), 12, 4, head_dim=3)
+  with pytest.raises(ValueError, match=r"head width K=3 is odd"):
+    A.multi_head_attention(odd, jnp.zeros((1, 2, 12)), rope=A.RoPE())
+  assert hash(A.RoPE()) == hash(A.RoPE(10000.0, "half", None))   # a static jit argument
 
 
 # ---------------------------------------------------------------- jit and retracing
