@@ -249,14 +249,18 @@ def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
   return out
 
 
-def relative_bias(table_HR: jax.Array, t: int, s: int) -> jax.Array:
+def relative_bias(table_HR: jax.Array, t: int, s: int, q_offset: Any = 0) -> jax.Array:
   """(1, H, T, S) score bias table_HR[h, R + clip(j - i, -R, R)] for query i, key j.
 
   The table is (H, 2R + 1): one scalar per head and clipped offset (Shaw et al. 2018;
-  T5 buckets offsets logarithmically instead of clipping).
+  T5 buckets offsets logarithmically instead of clipping). q_offset (an int, or a
+  traced scalar such as a KV cache's length) is the position of query 0.
   """
   r = (table_HR.shape[1] - 1) // 2
-  off_TS = np.clip(np.arange(s)[None, :] - np.arange(t)[:, None], -r, r) + r
+  if isinstance(q_offset, (int, np.integer)):
+    off_TS = np.clip(np.arange(s)[None, :] - np.arange(t)[:, None] - q_offset, -r, r) + r
+  else:
+    off_TS = jnp.clip(jnp.arange(s)[None, :] - jnp.arange(t)[:, None] - q_offset, -r, r) + r
   return table_HR[:, off_TS][None]
 
 
@@ -431,6 +435,61 @@ def apply_rope(x_BTHK: jax.Array, positions_BT: jax.Array, rope: RoPE) -> jax.Ar
 
 
 # --------------------------------------------------------------------------
+# KV cache: keys and values of earlier tokens, for decoding one step at a time.
+# --------------------------------------------------------------------------
+
+
+def init_kv_cache(batch: int, max_len: int, num_kv_heads: int, head_dim: int,
+                  dtype: Any = jnp.float32) -> dict[str, jax.Array]:
+  """An empty cache for one self-attention layer (a plain pytree; jit-friendly).
+
+  Returns:
+    {"k": (B, S_max, G, K) zeros, "v": (B, S_max, G, K) zeros, "length": int32 0}.
+    Keys are stored after RoPE. Pass it as multi_head_attention(..., cache=cache);
+    each call writes its T new keys and values at [length, length + T) and returns
+    the cache with length + T.
+  """
+  for name, val in (("batch", batch), ("max_len", max_len), ("num_kv_heads", num_kv_heads),
+                    ("head_dim", head_dim)):
+    if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < 1:
+      raise ValueError(f"{name} must be a positive integer; got {val!r}")
+  shape = (int(batch), int(max_len), int(num_kv_heads), int(head_dim))
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+          "length": jnp.zeros((), jnp.int32)}
+
+
+def _check_cache(cache: Any, b: int, g: int, k: int, t: int) -> tuple[int, jax.Array]:
+  """Validates a KV cache for x (B, T, D); returns (S_max, length as int32)."""
+  if not isinstance(cache, Mapping) or set(cache) != {"k", "v", "length"}:
+    raise ValueError(f"cache must be a dict with keys ['k', 'length', 'v'] (from "
+                     f"init_kv_cache); got "
+                     f"{sorted(cache) if isinstance(cache, Mapping) else type(cache).__name__}")
+  ck, cv = cache["k"], cache["v"]
+  _check_rank("cache['k']", ck, 4, "B, S_max, G, K")
+  if ck.shape[0] != b or ck.shape[2:] != (g, k):
+    raise ValueError(f"cache['k'] must have shape (B, S_max, G, K) = ({b}, S_max, {g}, {k}) "
+                     f"for x and params; got {tuple(ck.shape)}")
+  if getattr(cv, "shape", None) != ck.shape:
+    raise ValueError(f"cache['v'] must have cache['k']'s shape {tuple(ck.shape)}; got "
+                     f"{getattr(cv, 'shape', cv)}")
+  s_max = ck.shape[1]
+  if t > s_max:
+    raise ValueError(f"x has T={t} tokens, more than the cache holds (S_max={s_max})")
+  length = jnp.asarray(cache["length"])
+  if length.ndim != 0 or not jnp.issubdtype(length.dtype, jnp.integer):
+    raise ValueError(f"cache['length'] must be an integer scalar; got shape "
+                     f"{length.shape} dtype {length.dtype}")
+  try:
+    n = int(length)
+  except jax.errors.ConcretizationTypeError:  # traced under jit: checked by a NaN guard
+    n = None
+  if n is not None and not 0 <= n <= s_max - t:
+    raise ValueError(f"cache['length']={n} plus T={t} new tokens exceeds the cache's "
+                     f"S_max={s_max} (or is negative)")
+  return s_max, length.astype(jnp.int32)
+
+
+# --------------------------------------------------------------------------
 # Kernels: what `impl` dispatches to. All take (B, T, H, K) q and (B, S, G, K) k, v.
 # --------------------------------------------------------------------------
 
@@ -569,7 +628,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                          head_gates: jax.Array | None = None, impl: str = "auto",
                          return_weights: bool = False, rope: RoPE | None = None,
                          positions: jax.Array | None = None,
-                         kv_positions: jax.Array | None = None):
+                         kv_positions: jax.Array | None = None,
+                         cache: Mapping[str, jax.Array] | None = None):
   """Multi-head attention of x over itself, or over `context` (cross-attention).
 
   Args:
@@ -598,10 +658,18 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       arange(T). Only with rope. In self-attention the keys use them too.
     kv_positions: integer positions of the keys with `context`, (B, S) or (S,);
       default arange(S). Only with rope and context.
+    cache: a KV cache from init_kv_cache (self-attention only). x's keys and values
+      (rotated at positions, default length + arange(T)) are written at
+      [length, length + T); the T queries attend over the whole cache: key slot j
+      counts when j < length + T and, with causal, when j <= length + i. mask and
+      bias then have S = S_max (e.g. a prompt's padding). Works under jit with a
+      traced length; a write past S_max raises when length is concrete and gives NaN
+      outputs when it is traced.
 
   Returns:
     y_BTD (B, T, D), or AttentionOutput(out, weights (B, H, T, S), heads (B, T, H, K))
-    when return_weights is True.
+    when return_weights is True. With a cache: (that, new_cache), new_cache's length
+    being length + T, and S = S_max.
   """
   d, h, k = check_attention_params(params)
   _check_rank("x", x, 3, "B, T, D")
@@ -628,13 +696,20 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     raise ValueError(f"causal must be a bool; got {causal!r}")
   b, t, _ = x.shape
   s = ctx.shape[1]
+  g = num_kv_heads_of(params)
+  length = 0
+  if cache is not None:
+    if context is not None or value_input is not None:
+      raise ValueError("cache is for self-attention (decoding); got it together with "
+                       "context or value_input")
+    s, length = _check_cache(cache, b, g, k, t)
   if mask is not None:
     mask = _check_mask(mask, b, h, t, s)
   gates = None if head_gates is None else _check_gates(head_gates, b, h)
   if bias is not None:
     bias = _check_bias(bias, b, h, t, s)
   if REL_BIAS in params and h:
-    rel = relative_bias(params[REL_BIAS], t, s)
+    rel = relative_bias(params[REL_BIAS], t, s, length)
     bias = rel if bias is None else bias + rel
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
@@ -648,20 +723,13 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                      "self-attention the keys use the queries' positions")
   if rope is not None:
     rope.rotated_dim(k)
-    q_pos = (jnp.arange(t)[None] if positions is None
+    q_pos = (length + jnp.arange(t)[None] if positions is None
              else _check_positions("positions", positions, b, t))
     if context is None:
       k_pos = q_pos
     else:
       k_pos = (jnp.arange(s)[None] if kv_positions is None
                else _check_positions("kv_positions", kv_positions, b, s))
-
-  if h == 0:  # Every head pruned: the layer adds only its output bias.
-    out = jnp.zeros((b, t, d), x.dtype) + params.get("bo", jnp.zeros((d,), x.dtype))
-    if return_weights:
-      return AttentionOutput(out, jnp.zeros((b, 0, t, s), jnp.float32),
-                             jnp.zeros((b, t, 0, k), x.dtype))
-    return out
 
   # Projections: W (D, H*K) viewed as (D, H, K). Heads are a reshape of the output.
   def project(inp, w, bias):
@@ -670,12 +738,46 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     y_BTHK = split_heads(y_BTD, n)
     return y_BTHK if bias is None else y_BTHK + bias.astype(inp.dtype)
 
-  q_BTHK = project(x, params["wq"], params.get("bq"))
+  def zero_heads():  # Every head pruned: the layer adds only its output bias.
+    out = jnp.zeros((b, t, d), x.dtype) + params.get("bo", jnp.zeros((d,), x.dtype))
+    if return_weights:
+      return AttentionOutput(out, jnp.zeros((b, 0, t, s), jnp.float32),
+                             jnp.zeros((b, t, 0, k), x.dtype))
+    return out
+
+  if h == 0 and cache is None:
+    return zero_heads()
+
   k_BSGK = project(ctx, params["wk"], params.get("bk"))
   v_BSGK = project(val, params["wv"], params.get("bv"))
   if rope is not None:
-    q_BTHK = apply_rope(q_BTHK, q_pos, rope)
     k_BSGK = apply_rope(k_BSGK, k_pos, rope)
+  new_cache = None
+  if cache is not None:  # write the T new keys and values, then attend over S_max slots
+    at = (jnp.int32(0), length, jnp.int32(0), jnp.int32(0))
+    new_cache = {
+        "k": jax.lax.dynamic_update_slice(cache["k"], k_BSGK.astype(cache["k"].dtype), at),
+        "v": jax.lax.dynamic_update_slice(cache["v"], v_BSGK.astype(cache["v"].dtype), at),
+        "length": length + t}
+    k_BSGK = new_cache["k"].astype(x.dtype)
+    v_BSGK = new_cache["v"].astype(x.dtype)
+    slot_S = jnp.arange(s)
+    if causal:  # key slot j <= the query's slot length + i
+      valid = (slot_S[None, :] <= length + jnp.arange(t)[:, None])[None, None]
+    else:
+      valid = (slot_S < length + t)[None, None, None]
+    mask = valid if mask is None else mask & valid
+    causal = False
+
+  def finish(result):
+    return result if new_cache is None else (result, new_cache)
+
+  if h == 0:  # still keeps the cache up to date (the keys are the kv heads')
+    return finish(zero_heads())
+
+  q_BTHK = project(x, params["wq"], params.get("bq"))
+  if rope is not None:
+    q_BTHK = apply_rope(q_BTHK, q_pos, rope)
 
   kernel = resolve_impl(impl, q_BTHK, return_weights, bias is not None)
   if kernel == "reference":
@@ -693,8 +795,10 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   y_BTD = merge_heads(o_BTHK) @ params["wo"].reshape(h * k, d).astype(o_BTHK.dtype)
   if "bo" in params:
     y_BTD = y_BTD + params["bo"].astype(y_BTD.dtype)
+  if new_cache is not None:  # a write past S_max (traced length) poisons the output
+    y_BTD = jnp.where(length + t <= s, y_BTD, jnp.nan)
   chex.assert_shape(y_BTD, (b, t, d))
   chex.assert_shape(o_BTHK, (b, t, h, k))
   if return_weights:
-    return AttentionOutput(y_BTD, w_BHTS, o_BTHK)
-  return y_BTD
+    return finish(AttentionOutput(y_BTD, w_BHTS, o_BTHK))
+  return finish(y_BTD)

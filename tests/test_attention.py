@@ -454,6 +454,120 @@ def test_rope_bad_input_is_named():
   assert hash(A.RoPE()) == hash(A.RoPE(10000.0, "half", None))   # a static jit argument
 
 
+# ---------------------------------------------------------------- KV cache
+
+def _decoder_params(g=2, rel=True):
+  p, x, _ = _setup(d=32, h=4, t=8, g=g, seed=3)
+  if rel:
+    p = dict(p, rel_bias=jax.random.normal(jax.random.PRNGKey(11), (4, 7)))
+  return p, x
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+def test_kv_cache_decoding_token_by_token_equals_one_causal_pass(impl):
+  p, x = _decoder_params()
+  rope = A.RoPE(base=100.0)
+  full = A.multi_head_attention(p, x, causal=True, rope=rope, impl=impl)
+  chex.clear_trace_counter()   # the same step function under each parameter
+
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def step(p, x_B1D, cache):
+    return A.multi_head_attention(p, x_B1D, causal=True, rope=rope, impl=impl, cache=cache)
+
+  cache = A.init_kv_cache(2, 11, 2, 8)
+  outs = []
+  for i in range(8):
+    y, cache = step(p, x[:, i:i + 1], cache)
+    outs.append(y)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), full, atol=1e-5, rtol=1e-5)
+  assert int(cache["length"]) == 8
+  # The cache holds the rotated keys at slots 0..7 and zeros beyond.
+  k_full = A.apply_rope(jnp.einsum("btd,dgk->btgk", x, p["wk"]) + p["bk"], jnp.arange(8), rope)
+  np.testing.assert_allclose(cache["k"][:, :8], k_full, atol=1e-5)
+  np.testing.assert_array_equal(cache["k"][:, 8:], 0.0)
+
+
+def test_kv_cache_in_chunks_with_padding_mask_and_weights():
+  """Prompt of 5 (the first example left-padded by 2), then 1 token at a time."""
+  p, x = _decoder_params(g=1)
+  rope = A.RoPE(layout="interleaved")
+  s_max = 12
+  keep_BS = jnp.ones((2, s_max), bool).at[0, :2].set(False)      # padding slots
+  pos_BT = jnp.stack([jnp.maximum(jnp.arange(8) - 2, 0), jnp.arange(8)])
+  full = A.multi_head_attention(p, x, causal=True, rope=rope, positions=pos_BT,
+                                mask=keep_BS[:, None, None, :8], return_weights=True)
+
+  @jax.jit
+  @chex.assert_max_traces(n=2)   # one trace for the prompt's shape, one for single tokens
+  def step(p, x, pos, cache):
+    return A.multi_head_attention(p, x, causal=True, rope=rope, positions=pos, cache=cache,
+                                  mask=keep_BS[:, None, None, :], return_weights=True)
+
+  cache = A.init_kv_cache(2, s_max, 1, 8)
+  r, cache = step(p, x[:, :5], pos_BT[:, :5], cache)
+  outs, weights = [r.out], [r.weights]
+  for i in range(5, 8):
+    r, cache = step(p, x[:, i:i + 1], pos_BT[:, i:i + 1], cache)
+    outs.append(r.out)
+    weights.append(r.weights)
+  assert r.weights.shape == (2, 4, 1, s_max)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), full.out, atol=1e-5, rtol=1e-5)
+  w = jnp.concatenate(weights, 2)
+  np.testing.assert_allclose(w[..., :8], full.weights, atol=1e-6)
+  np.testing.assert_array_equal(w[..., 8:], 0.0)      # empty slots get no weight
+  np.testing.assert_array_equal(w[0, :, :, :2], 0.0)  # nor do the padding slots
+
+
+def test_kv_cache_without_causal_sees_every_filled_slot_and_keeps_rel_bias():
+  p, x = _decoder_params()
+  cache = A.init_kv_cache(2, 9, 2, 8)
+  _, cache = A.multi_head_attention(p, x[:, :5], cache=cache)
+  r, cache = A.multi_head_attention(p, x[:, 5:], cache=cache, return_weights=True)
+  full = A.multi_head_attention(p, x, return_weights=True)
+  np.testing.assert_allclose(r.out, full.out[:, 5:], atol=1e-5)
+  np.testing.assert_allclose(r.weights[..., :8], full.weights[:, :, 5:], atol=1e-6)
+  np.testing.assert_array_equal(r.weights[..., 8:], 0.0)
+
+
+def test_kv_cache_bad_input_and_overflow():
+  p, x = _decoder_params()
+  cache = A.init_kv_cache(2, 6, 2, 8)
+  assert {k: v.shape for k, v in cache.items()} == {"k": (2, 6, 2, 8), "v": (2, 6, 2, 8),
+                                                    "length": ()}
+  assert cache["length"].dtype == jnp.int32
+  with pytest.raises(ValueError, match=r"cache is for self-attention"):
+    A.multi_head_attention(p, x[:, :2], x[:, :2], cache=cache)
+  with pytest.raises(ValueError, match=r"x has T=8 tokens, more than the cache holds \(S_max=6\)"):
+    A.multi_head_attention(p, x, cache=cache)
+  with pytest.raises(ValueError, match=r"cache\['length'\]=5 plus T=2 new tokens exceeds"):
+    A.multi_head_attention(p, x[:, :2], cache=dict(cache, length=jnp.int32(5)))
+  with pytest.raises(ValueError, match=r"cache\['k'\] must have shape \(B, S_max, G, K\) = "
+                     r"\(2, S_max, 2, 8\) for x and params; got \(2, 6, 4, 8\)"):
+    A.multi_head_attention(p, x[:, :2], cache=A.init_kv_cache(2, 6, 4, 8))
+  with pytest.raises(ValueError, match=r"cache must be a dict with keys"):
+    A.multi_head_attention(p, x[:, :2], cache={"k": cache["k"]})
+  with pytest.raises(ValueError, match=r"mask of shape \(1, 1, 1, 8\).*S dimension is 8"):
+    A.multi_head_attention(p, x[:, :2], cache=cache, mask=jnp.ones((1, 1, 1, 8), bool))
+  with pytest.raises(ValueError, match=r"max_len must be a positive integer; got 0"):
+    A.init_kv_cache(1, 0, 1, 8)
+  # Under jit the length is traced: a write past S_max gives NaN, not a silent clamp.
+  step = jax.jit(lambda c: A.multi_head_attention(p, x[:, :2], cache=c))
+  y, _ = step(dict(cache, length=jnp.int32(5)))
+  assert np.all(np.isnan(y))
+  y, c2 = step(dict(cache, length=jnp.int32(4)))
+  assert np.all(np.isfinite(y)) and int(c2["length"]) == 6
+
+
+def test_kv_cache_with_zero_query_heads_still_fills_the_cache():
+  p, x = _decoder_params(rel=False)
+  empty = {k: (v[:, :0] if k == "wq" else v[:0] if k in ("wo", "bq") else v)
+           for k, v in p.items()}
+  y, cache = A.multi_head_attention(empty, x[:, :3], cache=A.init_kv_cache(2, 4, 2, 8))
+  np.testing.assert_allclose(y, jnp.broadcast_to(p["bo"], y.shape))
+  assert int(cache["length"]) == 3 and float(jnp.abs(cache["v"][:, :3]).max()) > 0
+
+
 # ---------------------------------------------------------------- jit and retracing
 
 class VariantsTest(chex.TestCase):
