@@ -107,6 +107,8 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
   Raises TrainingDiverged on a NaN/inf loss, after keeping the last good checkpoint.
   """
   mc.validate(cfg)
+  if jax.process_index() != 0:   # one process speaks for a multi-process run
+    log = lambda s: None
   t = cfg.train
   n_dev = jax.device_count()
   if t.batch_size % n_dev:
