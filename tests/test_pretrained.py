@@ -90,55 +90,54 @@ def smol_gguf():
 def numpy_llama_gguf(tensors, meta, tokens_BT):
   """LLaMA as llama.cpp runs a GGUF: RMSNorm, RoPE on adjacent pairs (2i, 2i+1) of the
   stored Q/K rows, K/V heads repeated for their query-head groups, SwiGLU, tied output.
-  Causal; every row is read in full (right padding cannot change earlier positions)."""
+  Causal, positions 0..T-1 in every row: right padding cannot change the real tokens'
+  logits, so the caller compares those. Returns logits (B, T, V)."""
   h, h_kv = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
   base, eps = meta["llama.rope.freq_base"], meta["llama.attention.layer_norm_rms_epsilon"]
   w = tensors
+  b, t = tokens_BT.shape
 
   def rms(x, scale):
     return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * scale
 
-  def rope_pairs(x_THK):
-    t, _, k = x_THK.shape
+  def rope_pairs(x_BTHK):
+    k = x_BTHK.shape[-1]
     theta = base ** (-np.arange(0, k, 2) / k)                # (K/2,)
     ang = np.arange(t)[:, None] * theta[None]                # (T, K/2)
-    c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
-    a, b = x_THK[..., 0::2], x_THK[..., 1::2]
-    out = np.empty_like(x_THK)
-    out[..., 0::2] = a * c - b * s
-    out[..., 1::2] = a * s + b * c
+    c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]        # (T, 1, K/2)
+    x0, x1 = x_BTHK[..., 0::2], x_BTHK[..., 1::2]
+    out = np.empty_like(x_BTHK)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
     return out
 
-  out = []
-  for row in tokens_BT:
-    x = w["token_embd.weight"][row]                          # (T, D)
-    t = len(row)
-    for i in range(meta["llama.block_count"]):
-      p = f"blk.{i}."
-      y = rms(x, w[p + "attn_norm.weight"])
-      q = (y @ w[p + "attn_q.weight"].T).reshape(t, h, -1)
-      k = (y @ w[p + "attn_k.weight"].T).reshape(t, h_kv, -1)
-      v = (y @ w[p + "attn_v.weight"].T).reshape(t, h_kv, -1)
-      q, k = rope_pairs(q), rope_pairs(k)
-      k, v = np.repeat(k, h // h_kv, axis=1), np.repeat(v, h // h_kv, axis=1)
-      s = np.einsum("thk,shk->hts", q, k) / math.sqrt(q.shape[-1])
-      s = np.where(np.tril(np.ones((t, t), bool))[None], s, -np.inf)
-      a = np.exp(s - s.max(-1, keepdims=True))
-      a /= a.sum(-1, keepdims=True)
-      o = np.einsum("hts,shk->thk", a, v).reshape(t, -1)
-      x = x + o @ w[p + "attn_output.weight"].T
-      y = rms(x, w[p + "ffn_norm.weight"])
-      g = y @ w[p + "ffn_gate.weight"].T
-      x = x + (g / (1 + np.exp(-g)) * (y @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
-    x = rms(x, w["output_norm.weight"])
-    out.append(x @ w.get("output.weight", w["token_embd.weight"]).T)
-  return out
+  causal = np.tril(np.ones((t, t), bool))
+  x = w["token_embd.weight"][tokens_BT]                      # (B, T, D)
+  for i in range(meta["llama.block_count"]):
+    p = f"blk.{i}."
+    y = rms(x, w[p + "attn_norm.weight"])
+    q = (y @ w[p + "attn_q.weight"].T).reshape(b, t, h, -1)
+    k = (y @ w[p + "attn_k.weight"].T).reshape(b, t, h_kv, -1)
+    v = (y @ w[p + "attn_v.weight"].T).reshape(b, t, h_kv, -1)
+    q, k = rope_pairs(q), rope_pairs(k)
+    k, v = np.repeat(k, h // h_kv, axis=2), np.repeat(v, h // h_kv, axis=2)
+    s = np.einsum("bthk,bshk->bhts", q, k) / math.sqrt(q.shape[-1])
+    s = np.where(causal, s, -np.inf)
+    a = np.exp(s - s.max(-1, keepdims=True))
+    a /= a.sum(-1, keepdims=True)
+    o = np.einsum("bhts,bshk->bthk", a, v).reshape(b, t, -1)
+    x = x + o @ w[p + "attn_output.weight"].T
+    y = rms(x, w[p + "ffn_norm.weight"])
+    g = y @ w[p + "ffn_gate.weight"].T
+    x = x + (g / (1 + np.exp(-g)) * (y @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+  x = rms(x, w["output_norm.weight"])
+  return x @ w.get("output.weight", w["token_embd.weight"]).T
 
 
 def numpy_bert(w, cfg, tokens_BT, mask_BT):
   """BERT (HF names) in float64: post-LN, absolute positions, token type 0, exact GELU,
   padding keys masked. Returns hidden states (B, T, D)."""
-  erf = np.vectorize(math.erf)
+  from scipy.special import erf     # scipy comes with jax
   h, eps = cfg["num_attention_heads"], cfg["layer_norm_eps"]
 
   def ln(x, name):
@@ -257,10 +256,10 @@ def test_smollm2_logits_match_independent_numpy_forward(smol_run, smol_gguf):
     tokens[r, :len(i)], mask[r, :len(i)] = i, True
   assert not mask.all()                               # one row is right-padded
   got = np.asarray(model.logits(params, tokens, mask))
-  ref = numpy_llama_gguf(*smol_gguf, [np.asarray(i) for i in ids])
-  errs = [rel_err(got[r, :len(i)], ref[r]) for r, i in enumerate(ids)]
-  print(f"\nSmolLM2 logits: max relative error vs float64 NumPy = {max(errs):.2e}")
-  assert max(errs) < RTOL, errs
+  ref = numpy_llama_gguf(*smol_gguf, tokens)
+  err = rel_err(got[mask], ref[mask])
+  print(f"\nSmolLM2 logits: max relative error vs float64 NumPy = {err:.2e}")
+  assert err < RTOL
   # apply() follows runs trained here: logits for tokens[:, :-1], with gates and capture.
   logits, cap = model.apply(params, {"tokens": tokens, "mask": mask}, capture=True)
   np.testing.assert_allclose(np.asarray(logits), got[:, :-1], rtol=1e-4, atol=1e-3)
@@ -348,7 +347,7 @@ def test_generate_continues_with_paris(smol_run, paris, capsys):
   assert model.generate(params, PROMPT, NEW)["tokens"] == list(new)
   assert cli.main(["generate", "--workdir", smol_run.workdir, "--prompt", PROMPT,
                    "--max-new-tokens", str(NEW)]) == 0
-  printed = json.loads(capsys.readouterr().out)
+  printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert printed["continuation"].lstrip().startswith("Paris"), printed
 
 
@@ -394,7 +393,7 @@ def test_corrupt_and_truncated_files_are_refused(tmp_path):
   src = _model_path("smollm2-135m")
   trunc = tmp_path / "trunc.gguf"
   with open(src, "rb") as f:
-    trunc.write_bytes(f.read(3_000_000))
+    trunc.write_bytes(f.read(200_000))
   with pytest.raises(ValueError, match="trunc.gguf"):
     importer.import_model(str(tmp_path / "w1"), file=str(trunc))
   junk = tmp_path / "junk.gguf"
