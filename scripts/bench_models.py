@@ -70,7 +70,7 @@ def to_transformers(run):
   d = m.d_model
 
   def t(x):
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(x, np.float32)))
+    return torch.from_numpy(np.array(x, np.float32))    # a writable copy
 
   sd = {"model.embed_tokens.weight": t(p["embed"]),
         "model.norm.weight": t(p["lm"]["ln_final"]["scale"])}
@@ -156,8 +156,15 @@ def main(argv=None):
   p.add_argument("--new-tokens", type=int, default=32)
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--no-transformers", action="store_true")
+  p.add_argument("--cores", type=int, default=0,
+                 help="pin the process to this many cores, torch threads to match (0: all); "
+                      "on a shared machine 1 keeps OpenMP from thrashing")
   p.add_argument("--out", default="results/bench_models.json")
   args = p.parse_args(argv)
+  cores = sorted(os.sched_getaffinity(0))
+  if args.cores:                     # before JAX starts its thread pool
+    cores = cores[:args.cores]
+    os.sched_setaffinity(0, set(cores))
   import jax
   import mha_jax
   from mha_jax.pretrained import importer
@@ -179,7 +186,7 @@ def main(argv=None):
       print("transformers/torch not installed: mha-jax only")
     else:
       hf_rows, hf_model = bench_transformers(run, shapes, args.new_tokens, args.rounds,
-                                             os.cpu_count())
+                                             len(cores))
       rows += hf_rows
       extra = {"transformers": transformers.__version__, "torch": torch.__version__,
                "torch_threads": torch.get_num_threads(),
@@ -187,7 +194,8 @@ def main(argv=None):
   result = {"model": "smollm2-135m (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized to f32)",
             "new_tokens": args.new_tokens, "rounds": args.rounds, "rows": rows,
             "jax": jax.__version__, "backend": jax.default_backend(),
-            "cpu_count": os.cpu_count(), "machine": platform.machine(), **extra}
+            "cpu_count": os.cpu_count(), "cores_used": len(cores),
+            "machine": platform.machine(), **extra}
   print()
   print(table(rows))
   if "logits_rel_err_vs_transformers" in extra:
