@@ -2,9 +2,10 @@
 
     python scripts/bench_models.py [--workdir DIR] [--out results/bench_models.json]
 
-Forward: tokens/s of one full forward (B x T tokens). Generation: a prompt of T tokens,
-then N new tokens greedily with the KV cache; decode tokens/s = B * N / (time to generate
-- time of the prompt's forward), prefill measured separately. The same numbers for the
+Forward: tokens/s of one full forward (B x T tokens, logits at every position).
+Generation: a prompt of T tokens, then N new tokens greedily with the KV cache; decode
+tokens/s = B * (N - 1) / (time to generate N tokens - time to generate 1 token), so each
+library's own prefill cancels out. The same numbers for the
 same float32 weights run by `transformers`' LlamaForCausalLM (torch, CPU) when that is
 installed (an optional extra, never a dependency). Medians over --rounds after a warm-up
 (compilation excluded). float32 everywhere.
@@ -46,11 +47,9 @@ def bench_mha_jax(run, shapes, new_tokens, rounds):
   for b, t in shapes:
     tokens = jax.numpy.asarray(rng.integers(100, 40000, (b, t)), jax.numpy.int32)
     t_fwd = _median_time(lambda: fwd(params, tokens).block_until_ready(), rounds)
-    t_gen = _median_time(lambda: llama.generate(params, model.spec, tokens, new_tokens),
-                         max(1, rounds // 2))
-    rows.append(dict(impl="mha-jax", batch=b, seq_len=t, forward_s=t_fwd,
-                     forward_tok_s=b * t / t_fwd, generate_s=t_gen,
-                     decode_tok_s=b * new_tokens / max(t_gen - t_fwd, 1e-9)))
+    t_1, t_n = (_median_time(lambda n=n: llama.generate(params, model.spec, tokens, n), rounds)
+                for n in (1, new_tokens))
+    rows.append(_row("mha-jax", b, t, new_tokens, t_fwd, t_1, t_n))
     print(_fmt(rows[-1]), flush=True)
   return rows
 
@@ -107,14 +106,19 @@ def bench_transformers(run, shapes, new_tokens, rounds, threads):
     tokens = torch.from_numpy(rng.integers(100, 40000, (b, t)))
     with torch.inference_mode():
       t_fwd = _median_time(lambda: model(tokens, use_cache=False).logits, rounds)
-      t_gen = _median_time(lambda: model.generate(
-          tokens, attention_mask=torch.ones_like(tokens), max_new_tokens=new_tokens,
-          min_new_tokens=new_tokens, do_sample=False, pad_token_id=2), max(1, rounds // 2))
-    rows.append(dict(impl="transformers", batch=b, seq_len=t, forward_s=t_fwd,
-                     forward_tok_s=b * t / t_fwd, generate_s=t_gen,
-                     decode_tok_s=b * new_tokens / max(t_gen - t_fwd, 1e-9)))
+      t_1, t_n = (_median_time(lambda n=n: model.generate(
+          tokens, attention_mask=torch.ones_like(tokens), max_new_tokens=n,
+          min_new_tokens=n, do_sample=False, pad_token_id=2), rounds)
+          for n in (1, new_tokens))
+    rows.append(_row("transformers", b, t, new_tokens, t_fwd, t_1, t_n))
     print(_fmt(rows[-1]), flush=True)
   return rows, model
+
+
+def _row(impl, b, t, n, t_fwd, t_1, t_n):
+  return dict(impl=impl, batch=b, seq_len=t, forward_s=t_fwd, forward_tok_s=b * t / t_fwd,
+              generate_1_s=t_1, generate_n_s=t_n,
+              decode_tok_s=b * (n - 1) / max(t_n - t_1, 1e-9))
 
 
 def logit_agreement(run, hf_model, text="The capital of France is Paris, and"):
@@ -154,7 +158,7 @@ def main(argv=None):
   p.add_argument("--batches", default="1,8")
   p.add_argument("--seq-lens", default="128,512")
   p.add_argument("--new-tokens", type=int, default=32)
-  p.add_argument("--rounds", type=int, default=3)
+  p.add_argument("--rounds", type=int, default=2)
   p.add_argument("--no-transformers", action="store_true")
   p.add_argument("--cores", type=int, default=0,
                  help="pin the process to this many cores, torch threads to match (0: all); "

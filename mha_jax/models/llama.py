@@ -114,7 +114,7 @@ def _final(params, spec, x):
 
 
 def apply(params, spec: LlamaSpec, tokens_BT, *, mask_BT=None, positions_BT=None,
-          gates=None, capture=False, cache=None):
+          gates=None, capture=False, cache=None, last_only: bool = False):
   """Logits (B, T, V) for every position of tokens_BT.
 
   mask_BT: True for real tokens, False for padding (keys that no query may read); with
@@ -124,6 +124,7 @@ def apply(params, spec: LlamaSpec, tokens_BT, *, mask_BT=None, positions_BT=None
   cache: {"layer_{i}": attention KV cache} from `init_cache`; then tokens are appended at
     the cache's length and (logits, new_cache) is returned. With a cache, mask_BT covers
     the whole cache (B, S_max): True where a key is real.
+  last_only: logits of the last position only, (B, 1, V) (a prompt's prefill).
   """
   if capture and cache is not None:
     raise ValueError("capture=True cannot be combined with a KV cache")
@@ -136,7 +137,7 @@ def apply(params, spec: LlamaSpec, tokens_BT, *, mask_BT=None, positions_BT=None
     x, extras[name] = _block(params["lm"][name], x, spec, gate=C.gate_for(gates, "lm", i),
                              key_mask=key_mask, positions_BT=positions_BT,
                              cache=None if cache is None else cache[name], capture=capture)
-  logits = _final(params, spec, x)
+  logits = _final(params, spec, x[:, -1:] if last_only else x)
   if cache is not None:
     return logits, extras
   return (logits, {"lm": list(extras.values())}) if capture else logits
@@ -152,7 +153,7 @@ def init_cache(params, batch: int, max_len: int, dtype=jnp.float32) -> dict:
 
 
 def _prefill(params, spec, tokens_BT, cache):
-  logits, cache = apply(params, spec, tokens_BT, cache=cache)
+  logits, cache = apply(params, spec, tokens_BT, cache=cache, last_only=True)
   return logits[:, -1], cache
 
 
