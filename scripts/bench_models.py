@@ -37,14 +37,14 @@ def _median_time(fn, rounds: int) -> float:
   return statistics.median(times)
 
 
-def bench_mha_jax(run, shapes, new_tokens, rounds):
+def bench_mha_jax(run, b, t, new_tokens, rounds):
   import jax
   from mha_jax.models import llama
   model, params = run.model, run.params
   fwd = jax.jit(lambda p, t: llama.apply(p, model.spec, t))
   rng = np.random.default_rng(0)
   rows = []
-  for b, t in shapes:
+  if True:
     tokens = jax.numpy.asarray(rng.integers(100, 40000, (b, t)), jax.numpy.int32)
     t_fwd = _median_time(lambda: fwd(params, tokens).block_until_ready(), rounds)
     t_1, t_n = (_median_time(lambda n=n: llama.generate(params, model.spec, tokens, n), rounds)
@@ -96,13 +96,11 @@ def to_transformers(run):
   return model
 
 
-def bench_transformers(run, shapes, new_tokens, rounds, threads):
+def bench_transformers(model, b, t, new_tokens, rounds):
   import torch
-  torch.set_num_threads(threads)
-  model = to_transformers(run)
   rng = np.random.default_rng(0)
   rows = []
-  for b, t in shapes:
+  if True:
     tokens = torch.from_numpy(rng.integers(100, 40000, (b, t)))
     with torch.inference_mode():
       t_fwd = _median_time(lambda: model(tokens, use_cache=False).logits, rounds)
@@ -112,7 +110,7 @@ def bench_transformers(run, shapes, new_tokens, rounds, threads):
           for n in (1, new_tokens))
     rows.append(_row("transformers", b, t, new_tokens, t_fwd, t_1, t_n))
     print(_fmt(rows[-1]), flush=True)
-  return rows, model
+  return rows
 
 
 def _row(impl, b, t, n, t_fwd, t_1, t_n):
@@ -180,21 +178,24 @@ def main(argv=None):
     workdir = os.path.join(tmp.name, "smollm2")
     importer.import_model(workdir, name="smollm2-135m")
   run = mha_jax.load(workdir)
-  rows = bench_mha_jax(run, shapes, args.new_tokens, args.rounds)
-  extra = {}
+  extra, hf_model = {}, None
   if not args.no_transformers:
     try:
-      import torch  # noqa: F401
+      import torch
       import transformers
     except ImportError:
       print("transformers/torch not installed: mha-jax only")
     else:
-      hf_rows, hf_model = bench_transformers(run, shapes, args.new_tokens, args.rounds,
-                                             len(cores))
-      rows += hf_rows
+      torch.set_num_threads(len(cores))
+      hf_model = to_transformers(run)
       extra = {"transformers": transformers.__version__, "torch": torch.__version__,
                "torch_threads": torch.get_num_threads(),
                "logits_rel_err_vs_transformers": logit_agreement(run, hf_model)}
+  rows = []
+  for b, t in shapes:          # the two libraries alternate, so both see the same load
+    rows += bench_mha_jax(run, b, t, args.new_tokens, args.rounds)
+    if hf_model is not None:
+      rows += bench_transformers(hf_model, b, t, args.new_tokens, args.rounds)
   result = {"model": "smollm2-135m (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized to f32)",
             "new_tokens": args.new_tokens, "rounds": args.rounds, "rows": rows,
             "jax": jax.__version__, "backend": jax.default_backend(),
