@@ -149,6 +149,19 @@ def table(rows) -> str:
   return "\n".join(out)
 
 
+def _write(out, rows, args, cores, extra) -> dict:
+  import jax
+  result = {"model": "smollm2-135m (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized to f32)",
+            "new_tokens": args.new_tokens, "rounds": args.rounds, "rows": rows,
+            "jax": jax.__version__, "backend": jax.default_backend(),
+            "cpu_count": os.cpu_count(), "cores_used": len(cores),
+            "machine": platform.machine(), **extra}
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w") as f:
+    json.dump(result, f, indent=1)
+  return result
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("--workdir", default=None, help="an imported smollm2-135m (default: import "
@@ -196,19 +209,13 @@ def main(argv=None):
     rows += bench_mha_jax(run, b, t, args.new_tokens, args.rounds)
     if hf_model is not None:
       rows += bench_transformers(hf_model, b, t, args.new_tokens, args.rounds)
-  result = {"model": "smollm2-135m (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized to f32)",
-            "new_tokens": args.new_tokens, "rounds": args.rounds, "rows": rows,
-            "jax": jax.__version__, "backend": jax.default_backend(),
-            "cpu_count": os.cpu_count(), "cores_used": len(cores),
-            "machine": platform.machine(), **extra}
+    _write(args.out, rows, args, cores, extra)     # after every shape: a partial run keeps its rows
+  _write(args.out, rows, args, cores, extra)
   print()
   print(table(rows))
   if "logits_rel_err_vs_transformers" in extra:
     print(f"\nlogits vs transformers: max relative difference "
           f"{extra['logits_rel_err_vs_transformers']:.2e}")
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
   print(f"wrote {args.out}")
   if tmp:
     tmp.cleanup()
