@@ -30,7 +30,8 @@ def _cmd_zoo(args) -> int:
     return 0
   print(accounting.format_zoo(seq_len=args.seq_len, batch=args.batch))
   print("\nParams and FLOPs are the same for every h at a given d_model; the score "
-        "tensor grows with h.")
+        "tensor grows with h. Grouped-query attention (h_kv < h) shrinks W_K, W_V and "
+        "the KV cache by h / h_kv.")
   return 0
 
 
