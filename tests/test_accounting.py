@@ -64,8 +64,8 @@ def test_flops_match_xla_within_5_percent(d, h, t, s):
     assert abs(got - want) / want < 0.05, (impl, got, want)
 
 
-@pytest.mark.parametrize("d,h,g,t,s", [(256, 8, 2, 64, 64), (256, 16, 1, 32, 96)])
-def test_gqa_flops_match_xla_within_5_percent(d, h, g, t, s):
+def test_gqa_flops_match_xla_within_5_percent():
+  d, h, g, t, s = 256, 8, 2, 32, 96
   p = A.init_attention_params(jax.random.PRNGKey(0), d, h, num_kv_heads=g)
   x, c = jnp.zeros((2, t, d)), jnp.zeros((2, s, d))
   want = accounting.attention_flops(d, t, kv_len=s, batch=2, num_heads=h, num_kv_heads=g)

@@ -71,7 +71,8 @@ def test_gqa_variants_at_real_width(name):
     chex.assert_trees_all_equal_shapes_and_dtypes(new, cache)
 
 
-@pytest.mark.parametrize("name", list(ZOO))
+# LLaMA-3 8B (32 / 8 heads) has LLaMA-2 70B's grouping at a smaller h: shapes only.
+@pytest.mark.parametrize("name", [n for n in ZOO if n != "LLaMA-3 8B"])
 def test_real_numbers_at_reduced_width_same_heads(name):
   h, g = ZOO[name].num_heads, ZOO[name].kv_heads
   d = 2 * h                                   # d_k = 2, same h and h_kv
