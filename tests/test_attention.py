@@ -472,6 +472,34 @@ def test_rope_bad_input_is_named():
   assert hash(A.RoPE()) == hash(A.RoPE(10000.0, "half", None))   # a static jit argument
 
 
+def test_gqa_and_rope_match_torch_and_hugging_face_llama():
+  """An outside reference for the two conventions: Hugging Face LLaMA's rotary embedding
+  (rotate_half) and repeat_kv, with torch's scaled_dot_product_attention."""
+  torch = pytest.importorskip("torch")
+  hf = pytest.importorskip("transformers.models.llama.modeling_llama")
+  from transformers import LlamaConfig
+  p, x, _ = _setup(d=32, h=4, g=2, t=7, bias=False)
+  pos = np.array([[0, 1, 2, 3, 4, 5, 6], [5, 6, 7, 8, 9, 10, 11]])
+  cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                    rope_theta=500.0)
+  t = lambda a: torch.tensor(np.asarray(a, np.float64))
+  xt = t(x)
+  q = torch.einsum("btd,dhk->bhtk", xt, t(p["wq"]))
+  k = torch.einsum("btd,dhk->bhtk", xt, t(p["wk"]))
+  v = torch.einsum("btd,dhk->bhtk", xt, t(p["wv"]))
+  cos, sin = hf.LlamaRotaryEmbedding(cfg)(xt, torch.tensor(pos))
+  q, k = hf.apply_rotary_pos_emb(q, k, cos, sin)
+  o = torch.nn.functional.scaled_dot_product_attention(
+      q, hf.repeat_kv(k, 2), hf.repeat_kv(v, 2), is_causal=True)
+  want = torch.einsum("bhtk,hkd->btd", o, t(p["wo"])).numpy()
+  got = A.multi_head_attention(p, x, causal=True, rope=A.RoPE(base=500.0),
+                               positions=jnp.asarray(pos))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(
+      A.apply_rope(jnp.einsum("btd,dhk->bthk", x, p["wk"]), jnp.asarray(pos), A.RoPE(500.0)),
+      k.permute(0, 2, 1, 3).numpy(), atol=1e-5)
+
+
 # ---------------------------------------------------------------- KV cache
 
 def _decoder_params(g=2, rel=True):
