@@ -26,6 +26,9 @@ G = 1 is multi-query, Shazeer 2019). Query head i reads key/value head i // (H /
 the order of Hugging Face's ``repeat_kv``: kv head j serves query heads
 j*H/G ... (j+1)*H/G - 1. Everything per head (gates, weights, masks, biases, the
 returned heads) is per query head.
+
+Rotary position embeddings (RoPE) rotate q and k inside the function; a KV cache
+(init_kv_cache) lets a decoder attend one step at a time over earlier keys and values.
 """
 
 from __future__ import annotations
@@ -382,7 +385,7 @@ class RoPE:
     return dim
 
 
-def _check_positions(name: str, positions: Any, b: int, t: int) -> jax.Array:
+def _check_positions(name: str, positions: Any, b: int, t: int, letter: str = "T") -> jax.Array:
   """(T,) or (B|1, T) integer positions -> (B|1, T)."""
   pos = jnp.asarray(positions)
   if not jnp.issubdtype(pos.dtype, jnp.integer):
@@ -390,8 +393,8 @@ def _check_positions(name: str, positions: Any, b: int, t: int) -> jax.Array:
   if pos.ndim == 1:
     pos = pos[None]
   if pos.ndim != 2 or pos.shape[1] != t or pos.shape[0] not in (1, b):
-    raise ValueError(f"{name} must have shape (T,) = ({t},) or (B, T) = ({b}, {t}); got "
-                     f"{tuple(jnp.shape(positions))}")
+    raise ValueError(f"{name} must have shape ({letter},) = ({t},) or (B, {letter}) = "
+                     f"({b}, {t}); got {tuple(jnp.shape(positions))}")
   return pos
 
 
@@ -729,7 +732,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       k_pos = q_pos
     else:
       k_pos = (jnp.arange(s)[None] if kv_positions is None
-               else _check_positions("kv_positions", kv_positions, b, s))
+               else _check_positions("kv_positions", kv_positions, b, s, "S"))
 
   # Projections: W (D, H*K) viewed as (D, H, K). Heads are a reshape of the output.
   def project(inp, w, bias):

@@ -458,7 +458,7 @@ def test_rope_bad_input_is_named():
     A.multi_head_attention(p, x, rope=A.RoPE(), positions=jnp.arange(6.0))
   with pytest.raises(ValueError, match=r"positions must have shape \(T,\) = \(6,\) or \(B, T\) = \(2, 6\); got \(5,\)"):
     A.multi_head_attention(p, x, rope=A.RoPE(), positions=jnp.arange(5))
-  with pytest.raises(ValueError, match=r"kv_positions must have shape \(T,\) = \(5,\)"):
+  with pytest.raises(ValueError, match=r"kv_positions must have shape \(S,\) = \(5,\)"):
     A.multi_head_attention(p, x, ctx, rope=A.RoPE(), kv_positions=jnp.arange(6))
   with pytest.raises(ValueError, match=r"pass rope=attention.RoPE"):
     A.multi_head_attention(p, x, positions=jnp.arange(6))
