@@ -14,8 +14,10 @@ def test_zoo_prints_every_model_with_d_k(capsys):
   for model, d_k in (("Transformer-base", 64), ("GPT-2 XL", 64), ("LLaMA 65B", 128),
                      ("GPT-3 175B", 128)):
     line = next(l for l in out.splitlines() if l.startswith(model))
-    assert int(line.split()[-4]) == d_k, line
+    assert int(line.split()[-5]) == d_k, line
   assert "603,979,776" in out            # 4 * 12288^2
+  llama2 = next(l for l in out.splitlines() if l.startswith("LLaMA-2 70B")).split()
+  assert (llama2[3], llama2[4], llama2[6]) == ("64", "8", "150,994,944")   # h, h_kv, params
 
 
 def test_console_script_entry_point_runs():
