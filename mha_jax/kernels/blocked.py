@@ -34,14 +34,14 @@ DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
 # Target size of one score block in bytes (B * H * block_q * block_k * 4): blocks
 # shrink along T until the block fits, so memory stays bounded at large B * H.
-BLOCK_BYTES = 64 * 2**20
+BLOCK_BYTES = 8 * 2**20
 
 
 def choose_blocks(b: int, h: int, t: int, s: int, block_q: int | None = None,
                   block_k: int | None = None) -> tuple[int, int]:
   """(block_q, block_k) for these shapes; given values win.
 
-  Key blocks are min(S, 512); query blocks min(T, 512), halved (down to 16) while
+  Key blocks are min(S, 512); query blocks min(T, 512), halved (down to 32) while
   one float32 score block B * H * block_q * block_k would exceed BLOCK_BYTES.
   """
   for name, val in (("block_q", block_q), ("block_k", block_k)):
@@ -53,7 +53,7 @@ def choose_blocks(b: int, h: int, t: int, s: int, block_q: int | None = None,
     bq = int(block_q)
   else:
     bq = min(t, DEFAULT_BLOCK_Q)
-    while bq > 16 and b * h * bq * bk * 4 > BLOCK_BYTES:
+    while bq > 32 and b * h * bq * bk * 4 > BLOCK_BYTES:
       bq //= 2
   return max(1, min(bq, t)), max(1, min(bk, s))
 
