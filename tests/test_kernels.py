@@ -186,3 +186,95 @@ def test_pallas_refuses_what_it_cannot_serve():
                             kernel="gpu", interpret=True)
   with pytest.raises(ValueError, match="kernel must be one of"):
     pallas.pallas_attention(q, k, v, kernel="triton", interpret=True)
+
+
+# ---------------------------------------------------------------- through the layer
+
+def _layer_case(h, g, t, s, kind, seed=0):
+  d = 8 * h
+  ks = jax.random.split(jax.random.PRNGKey(seed), 6)
+  p = A.init_attention_params(ks[0], d, h, use_bias=True, num_kv_heads=g,
+                              max_rel=3 if "rel" in kind else 0)
+  if "rel" in kind:
+    p["rel_bias"] = jax.random.normal(ks[5], p["rel_bias"].shape)
+  x = jax.random.normal(ks[1], (2, t, d))
+  ctx = None if s == t else jax.random.normal(ks[2], (2, s, d))
+  mask = jax.random.bernoulli(ks[3], 0.7, (2, 1, t, s)).at[0, 0, 0].set(False) \
+      if "mask" in kind else None
+  bias = 0.5 * jax.random.normal(ks[4], (1, h, t, s)) if "bias" in kind else None
+  gates = jnp.linspace(0.0, 1.5, h) if "gates" in kind else None
+  return p, x, ctx, dict(mask=mask, bias=bias, head_gates=gates, causal="causal" in kind)
+
+
+# (h, g, t, s, kind): GQA, cross-attention with T != S, every extra.
+LAYER_GRID = [
+    (4, 4, 6, 6, "mask causal gates"),
+    (6, 2, 5, 9, "mask bias rel"),
+    pytest.param(1, 1, 7, 7, "causal rel", marks=pytest.mark.slow),
+    pytest.param(8, 1, 9, 4, "mask gates bias", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("h,g,t,s,kind", LAYER_GRID)
+def test_every_impl_agrees_with_reference_through_the_layer(h, g, t, s, kind):
+  p, x, ctx, kw = _layer_case(h, g, t, s, kind)
+
+  def f(impl):
+    return jax.jit(lambda p, x, c: A.multi_head_attention(p, x, c, impl=impl, **kw))
+
+  def loss(impl):
+    return jax.jit(jax.grad(lambda p, x, c: jnp.sum(jnp.sin(
+        A.multi_head_attention(p, x, c, impl=impl, **kw))), argnums=(0, 1)))
+
+  want, gwant = f("reference")(p, x, ctx), loss("reference")(p, x, ctx)
+  for impl in ("xla", "blocked", "auto"):
+    np.testing.assert_allclose(f(impl)(p, x, ctx), want, atol=1e-5, rtol=1e-5)
+    got = loss(impl)(p, x, ctx)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4),
+                 got, gwant)
+
+
+def test_auto_picks_by_memory_and_weights():
+  from mha_jax.kernels import dispatch
+  q = jax.ShapeDtypeStruct((1, 32768, 8, 64), jnp.float32)
+  assert dispatch.resolve_impl("auto", q, False) == "blocked"        # 34 GB of scores
+  assert dispatch.resolve_impl("auto", q, True) == "reference"       # weights asked for
+  small = jax.ShapeDtypeStruct((2, 8, 4, 8), jnp.float32)
+  assert dispatch.resolve_impl("auto", small, False) == "reference"  # below the threshold
+  # A budget too small for the scores sends even a small call to blocked.
+  assert dispatch.resolve_impl("auto", small, False, budget=1024) == "blocked"
+  with pytest.raises(ValueError, match="does not expose attention weights"):
+    dispatch.resolve_impl("blocked", small, True)
+  with pytest.raises(ValueError, match="impl must be one of"):
+    dispatch.resolve_impl("flash", small, False)
+  with pytest.raises(ValueError, match="needs a GPU or TPU"):
+    p, x, _, _ = _layer_case(2, 2, 4, 4, "")
+    A.multi_head_attention(p, x, impl="pallas")
+
+
+# ---------------------------------------------------------------- training uses it
+
+def test_training_with_auto_gives_the_reference_loss_curve(tmp_path, monkeypatch):
+  """The tiny translation model trains to the same losses (1e-4) whether attention runs
+  on the reference path or, through impl=auto, on the blocked path."""
+  from test_train import TINY_TRANSLATION, tiny
+  from mha_jax.kernels import dispatch
+  from mha_jax.train import loop
+  from mha_jax.train.metrics import read_metrics
+
+  def curve(impl, name):
+    cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.train.steps=8",
+               "--config.train.log_every=1", "--config.train.eval_every=8",
+               "--config.train.schedule=constant", "--config.train.lr=5e-3",
+               f"--config.model.impl={impl}")
+    loop.train(cfg, str(tmp_path / name), log=lambda s: None)
+    return [r["loss"] for r in read_metrics(str(tmp_path / name)) if r["split"] == "train"]
+
+  ref = curve("reference", "ref")
+  # At these tiny shapes auto would pick reference; lower the threshold so it picks
+  # blocked, the path it takes at real sizes.
+  monkeypatch.setattr(dispatch, "BLOCKED_FROM_SCORES", 0)
+  assert dispatch.resolve_impl("auto", jnp.zeros((8, 12, 4, 4)), False) == "blocked"
+  auto = curve("auto", "auto")
+  assert len(ref) == 8 and ref[-1] < ref[0]
+  np.testing.assert_allclose(auto, ref, rtol=1e-4, atol=1e-4)
