@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mha_jax import accounting, attention, layers
+from mha_jax.kernels import xla as xla_kernels
 
 DEFAULT_HEADS = (8, 12, 16, 32, 64, 96)
 
@@ -96,7 +97,7 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
     if h < 1 or d_model % h:
       raise ValueError(f"heads: h={h} does not divide d_model={d_model}")
   if with_cudnn is None:
-    with_cudnn = attention._gpu_available()
+    with_cudnn = xla_kernels.gpu_available()
   dt = jnp.dtype(dtype)
   if with_cudnn and dt == jnp.float32:
     log("note: cuDNN attention needs bfloat16/float16; rerun with --dtype bfloat16 "

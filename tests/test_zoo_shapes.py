@@ -39,7 +39,7 @@ def test_every_intermediate_shape_at_real_width(name):
   assert (q.shape, s.shape, w.shape, o.shape, m.shape) == (
       (B, T, h, k), (B, h, T, 2 * T), (B, h, T, 2 * T), (B, T, h, k), (B, T, d))
   assert w.dtype == jnp.float32
-  for impl in ("reference", "xla"):
+  for impl in ("reference", "xla", "blocked", "auto"):
     out = jax.eval_shape(lambda p, x, c: A.multi_head_attention(p, x, c, impl=impl), params,
                          x, ctx)
     assert out.shape == (B, T, d)
