@@ -89,8 +89,10 @@ def build_impls(d_model: int, num_heads: int, x: jax.Array, *, with_cudnn: bool,
 
 def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
         heads=DEFAULT_HEADS, rounds: int = 5, warmup: int = 1, with_cudnn: bool | None = None,
-        dtype: str = "float32", log: Callable[[str], None] = print) -> dict:
-  """Times forward and forward+backward for every implementation and every h."""
+        dtype: str = "float32", impls: tuple[str, ...] | None = None,
+        log: Callable[[str], None] = print) -> dict:
+  """Times forward and forward+backward for every implementation (or those named in
+  `impls`; the peers always run) and every h."""
   if rounds < 1:
     raise ValueError(f"rounds must be >= 1; got {rounds}")
   for h in heads:
@@ -110,9 +112,14 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
   x = jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model), dt)
   rows = []
   for h in heads:
-    impls = build_impls(d_model, h, x, with_cudnn=with_cudnn, dtype=dt)
+    built = build_impls(d_model, h, x, with_cudnn=with_cudnn, dtype=dt)
+    if impls is not None:
+      unknown = sorted(set(impls) - set(built))
+      if unknown:
+        raise ValueError(f"impls: unknown names {unknown}; known: {sorted(built)}")
+      built = {n: v for n, v in built.items() if n in impls or n in PEERS}
     compiled = {}
-    for name, (f, p) in impls.items():
+    for name, (f, p) in built.items():
       fwd = jax.jit(f)
       grad = jax.jit(jax.grad(lambda p, x, f=f: jnp.sum(f(p, x).astype(jnp.float32)),
                               argnums=(0, 1)))
@@ -139,6 +146,8 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
   return {
       "config": {"d_model": d_model, "seq_len": seq_len, "batch": batch,
                  "heads": list(heads), "rounds": rounds, "warmup": warmup, "dtype": dtype},
+      "note": "2-core CPU shared with other jobs: timings are noisy; rounds are "
+              "interleaved so drift hits every implementation alike",
       "machine": {"backend": jax.default_backend(),
                   "device_kind": jax.devices()[0].device_kind,
                   "device_count": jax.device_count(), "cpu_count": os.cpu_count(),

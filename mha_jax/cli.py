@@ -51,7 +51,7 @@ def _cmd_bench_attention(args) -> int:
     return 0
   result = bench.run(d_model=args.d_model, seq_len=args.seq_len, batch=args.batch,
                      heads=args.heads, rounds=args.rounds, warmup=args.warmup,
-                     dtype=args.dtype)
+                     dtype=args.dtype, impls=tuple(args.impls) if args.impls else None)
   print(bench.format_table(result))
   bench.write_json(result, args.out)
   print(f"\nwrote {args.out}")
@@ -333,7 +333,8 @@ def add_bench_attention_args(p: argparse.ArgumentParser) -> None:
   p.add_argument("--seq-lens", type=_int_list, default=None,
                  help="with --scale-t: comma-separated T values")
   p.add_argument("--impls", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
-                 default=None, help="with --scale-t: comma-separated implementation names")
+                 default=None, help="comma-separated implementation names (default: all; "
+                 "without --scale-t the peers always run)")
   p.add_argument("--max-mem-gb", type=float, default=6.0,
                  help="with --scale-t: address-space cap per subprocess (default 6)")
   p.set_defaults(d_model_given=False, batch_given=False, heads_given=False)

@@ -49,7 +49,7 @@ TAKES_TABLE = ("blocked", "pallas")   # build the relative-position bias per blo
 CPU_MEASURED_MS: dict[int, dict[str, float]] = {}
 # B * H * T * S from which blocked beats reference on CPU (from CPU_MEASURED_MS and the
 # small-shape check in the same file).
-BLOCKED_FROM_SCORES = 2**20
+BLOCKED_FROM_SCORES = 2**21
 # float32 (B, H, T, S) tensors alive at once in the reference path's forward+backward
 # (scores, weights, their cotangents).
 SCORE_COPIES = 4
