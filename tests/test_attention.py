@@ -463,7 +463,7 @@ def _decoder_params(g=2, rel=True):
   return p, x
 
 
-@pytest.mark.parametrize("impl", ["reference", "xla"])
+@pytest.mark.parametrize("impl", ["reference", "xla", "blocked"])
 def test_kv_cache_decoding_token_by_token_equals_one_causal_pass(impl):
   p, x = _decoder_params()
   rope = A.RoPE(base=100.0)
