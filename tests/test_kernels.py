@@ -254,6 +254,7 @@ def test_auto_picks_by_memory_and_weights():
 
 # ---------------------------------------------------------------- training uses it
 
+@pytest.mark.slow   # about 30 s of CPU: two short training runs
 def test_training_with_auto_gives_the_reference_loss_curve(tmp_path, monkeypatch):
   """The tiny translation model trains to the same losses (1e-4) whether attention runs
   on the reference path or, through impl=auto, on the blocked path."""
