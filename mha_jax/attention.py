@@ -39,10 +39,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-Params = Mapping[str, jax.Array]
-
 from mha_jax.kernels import dispatch as _dispatch
 from mha_jax.kernels import xla as _xla
+
+Params = Mapping[str, jax.Array]
 
 IMPLS = _dispatch.IMPLS
 _WEIGHT_KEYS = ("wq", "wk", "wv", "wo")
