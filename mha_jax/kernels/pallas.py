@@ -138,7 +138,9 @@ def pallas_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None, *,
   if kernel == "tpu_flash":
     from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
     ab = _dense_bias(bias_BHTS, rel_bias_HR, b, h, t, s, q.dtype)
-    o = tpu_flash.flash_attention(q, k, v, ab, causal=bool(causal), sm_scale=float(scale))
+    # The kernel scales (q . k + ab): scale q instead so that the bias is not scaled.
+    o = tpu_flash.flash_attention(q * jnp.asarray(scale, q.dtype), k, v, ab,
+                                  causal=bool(causal), sm_scale=1.0)
     return to_bhtk(o)
   from jax.experimental.pallas.ops.tpu.splash_attention import (
       splash_attention_kernel as splash, splash_attention_mask as splash_mask)
