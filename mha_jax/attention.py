@@ -42,9 +42,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.kernels import dispatch as _dispatch
+from mha_jax.kernels import xla as _xla
+
 Params = Mapping[str, jax.Array]
 
-IMPLS = ("auto", "reference", "xla", "cudnn")
+IMPLS = _dispatch.IMPLS
 _WEIGHT_KEYS = ("wq", "wk", "wv", "wo")
 _BIAS_KEYS = ("bq", "bk", "bv", "bo")
 REL_BIAS = "rel_bias"
@@ -493,86 +496,12 @@ def _check_cache(cache: Any, b: int, g: int, k: int, t: int) -> tuple[int, jax.A
 
 
 # --------------------------------------------------------------------------
-# Kernels: what `impl` dispatches to. All take (B, T, H, K) q and (B, S, G, K) k, v.
+# Kernels live in mha_jax/kernels/ (reference, xla, blocked, pallas); dispatch.py
+# holds the impl switch and `auto`. All take (B, T, H, K) q and (B, S, G, K) k, v.
 # --------------------------------------------------------------------------
 
-
-def _gpu_available() -> bool:
-  try:
-    return any(d.platform == "gpu" for d in jax.devices())
-  except RuntimeError:
-    return False
-
-
-def _check_cudnn_supported(q_BTHK: jax.Array) -> None:
-  if not _gpu_available():
-    raise ValueError(f"impl='cudnn' needs an NVIDIA GPU; this process has backend "
-                     f"{jax.default_backend()!r}. Use impl='auto', 'xla' or 'reference'")
-  if q_BTHK.dtype not in (jnp.bfloat16, jnp.float16):
-    raise ValueError(f"impl='cudnn' needs bfloat16 or float16 inputs; got dtype "
-                     f"{q_BTHK.dtype}. Cast x and params, or use impl='xla'")
-  k = q_BTHK.shape[-1]
-  if k % 8 or k > 256:
-    raise ValueError(f"impl='cudnn' needs a head width K that is a multiple of 8 and "
-                     f"at most 256; got K={k}")
-
-
-def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool,
-                 has_bias: bool = False) -> str:
-  """The kernel `impl` means for this call: 'reference', 'xla' or 'cudnn'."""
-  if impl not in IMPLS:
-    raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
-  if return_weights:
-    if impl in ("xla", "cudnn"):
-      raise ValueError(f"impl={impl!r} does not expose attention weights; use "
-                       f"impl='reference' or 'auto' with return_weights=True")
-    return "reference"
-  if impl == "cudnn":
-    _check_cudnn_supported(q_BTHK)
-  if impl != "auto":
-    return impl
-  # Measured (scripts/bench_attention.py): on CPU the explicit path beats jax.nn's
-  # XLA path, most in forward+backward and at large h. A score bias (learned, for
-  # relative positions) stays on the explicit path: its gradient through cuDNN is untested.
-  if has_bias:
-    return "reference"
-  try:
-    _check_cudnn_supported(q_BTHK)
-    return "cudnn"
-  except ValueError:
-    return "reference"
-
-
-def _causal_mask(t: int, s: int) -> jax.Array:
-  """(1, 1, T, S): query i may attend to keys j <= i (top-left aligned, as jax.nn)."""
-  return jnp.tril(jnp.ones((t, s), jnp.bool_))[None, None]
-
-
-def _reference_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS=None):
-  s_BHTS = attention_scores(q_BTHK, k_BSGK)
-  if bias_BHTS is not None:
-    s_BHTS = s_BHTS + bias_BHTS.astype(s_BHTS.dtype)
-  w_BHTS = attention_weights(s_BHTS, mask_BHTS)
-  return mix_values(w_BHTS, v_BSGK), w_BHTS
-
-
-def _fused_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal, implementation,
-                  bias_BHTS=None):
-  # jax.nn takes G key/value heads dividing H in the same order (query head i reads
-  # kv head i // (H // G)); tests check it against the per-head oracle.
-  if bias_BHTS is not None:
-    bias_BHTS = bias_BHTS.astype(q_BTHK.dtype)
-  o_BTHK = jax.nn.dot_product_attention(
-      q_BTHK, k_BSGK, v_BSGK, bias=bias_BHTS, mask=mask_BHTS, is_causal=causal,
-      scale=1.0 / math.sqrt(q_BTHK.shape[-1]), implementation=implementation)
-  if mask_BHTS is not None:
-    # jax.nn spreads a fully masked row uniformly; the contract is a zero output.
-    full = mask_BHTS
-    if causal:
-      full = full & _causal_mask(q_BTHK.shape[1], k_BSGK.shape[1])
-    live_BHT = jnp.any(full, axis=-1)
-    o_BTHK = jnp.where(jnp.swapaxes(live_BHT, 1, 2)[..., None], o_BTHK, 0)
-  return o_BTHK
+resolve_impl = _dispatch.resolve_impl
+_gpu_available = _xla.gpu_available
 
 
 # --------------------------------------------------------------------------
@@ -652,8 +581,10 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       bias on top.
     head_gates: (H,) or (B, H); multiplies each head's output before W_O.
     impl: "reference" (explicit weights), "xla" (jax.nn.dot_product_attention),
-      "cudnn" (GPU, bf16/f16), or "auto" (cudnn where it can serve the call and there
-      is no score bias, else reference, the faster of the other two in our benchmark).
+      "cudnn" (GPU, bf16/f16), "blocked" (flash-style, pure JAX, O(T) memory),
+      "pallas" (Pallas flash kernels on GPU/TPU), or "auto": reference when weights
+      are asked for, else the fastest that can serve the call on this backend and
+      never one whose scores would not fit in memory (mha_jax/kernels/dispatch.py).
     return_weights: also return the weights and the per-head outputs.
     rope: a RoPE: rotary position embedding of q and k after their projections and
       biases (values are not rotated). None: no rotation.
@@ -711,9 +642,6 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   gates = None if head_gates is None else _check_gates(head_gates, b, h)
   if bias is not None:
     bias = _check_bias(bias, b, h, t, s)
-  if REL_BIAS in params and h:
-    rel = relative_bias(params[REL_BIAS], t, s, length)
-    bias = rel if bias is None else bias + rel
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
   if rope is not None and not isinstance(rope, RoPE):
@@ -782,16 +710,15 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   if rope is not None:
     q_BTHK = apply_rope(q_BTHK, q_pos, rope)
 
-  kernel = resolve_impl(impl, q_BTHK, return_weights, bias is not None)
-  if kernel == "reference":
-    full = mask
-    if causal:
-      cm = _causal_mask(t, s)
-      full = cm if full is None else full & cm
-    o_BTHK, w_BHTS = _reference_kernel(q_BTHK, k_BSGK, v_BSGK, full, bias)
-  else:
-    o_BTHK = _fused_kernel(q_BTHK, k_BSGK, v_BSGK, mask, causal, kernel, bias)
-    w_BHTS = None
+  table = params.get(REL_BIAS)
+  kernel = resolve_impl(impl, q_BTHK, return_weights, bias is not None or table is not None,
+                        k_BSGK=k_BSGK, has_mask=mask is not None)
+  if table is not None and (kernel not in _dispatch.TAKES_TABLE or cache is not None):
+    rel = relative_bias(table, t, s, length)    # dense (1, H, T, S)
+    bias = rel if bias is None else bias + rel
+    table = None
+  o_BTHK, w_BHTS = _dispatch.run_kernel(kernel, q_BTHK, k_BSGK, v_BSGK, mask, causal, bias,
+                                        table)
 
   if gates is not None:
     o_BTHK = o_BTHK * gates.astype(o_BTHK.dtype)

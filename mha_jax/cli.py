@@ -37,9 +37,22 @@ def _cmd_zoo(args) -> int:
 
 def _cmd_bench_attention(args) -> int:
   from mha_jax import bench
+  if args.scale_t:
+    seq_lens = args.seq_lens or bench.SCALE_T
+    impls = tuple(args.impls) if args.impls else None
+    result = bench.run_scale_t(d_model=args.d_model if args.d_model_given else 512,
+                               num_heads=args.heads[0] if args.heads_given else 8,
+                               batch=args.batch if args.batch_given else 1,
+                               seq_lens=seq_lens, impls=impls, rounds=args.rounds,
+                               max_mem_gb=args.max_mem_gb)
+    print(bench.format_scale_t(result))
+    out = args.out if args.out != _BENCH_OUT else "results/bench_attention_scale_t.json"
+    bench.write_json(result, out)
+    print(f"\nwrote {out}")
+    return 0
   result = bench.run(d_model=args.d_model, seq_len=args.seq_len, batch=args.batch,
                      heads=args.heads, rounds=args.rounds, warmup=args.warmup,
-                     dtype=args.dtype)
+                     dtype=args.dtype, impls=tuple(args.impls) if args.impls else None)
   print(bench.format_table(result))
   bench.write_json(result, args.out)
   print(f"\nwrote {args.out}")
@@ -332,17 +345,41 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
+_BENCH_OUT = "results/bench_attention.json"
+
+
+class _Given(argparse.Action):
+  """Stores the value and records that it was given (--scale-t has other defaults)."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    setattr(namespace, self.dest, values)
+    setattr(namespace, self.dest + "_given", True)
+
+
 def add_bench_attention_args(p: argparse.ArgumentParser) -> None:
   from mha_jax.bench import DEFAULT_HEADS
-  p.add_argument("--d-model", type=int, default=768)
+  p.add_argument("--d-model", type=int, default=768, action=_Given,
+                 help="default 768 (512 with --scale-t)")
   p.add_argument("--seq-len", type=int, default=512)
-  p.add_argument("--batch", type=int, default=4)
-  p.add_argument("--heads", type=_int_list, default=DEFAULT_HEADS,
-                 help="comma-separated head counts (default: %(default)s)")
+  p.add_argument("--batch", type=int, default=4, action=_Given,
+                 help="default 4 (1 with --scale-t)")
+  p.add_argument("--heads", type=_int_list, default=DEFAULT_HEADS, action=_Given,
+                 help="comma-separated head counts (default: %(default)s; 8 with --scale-t)")
+  p.add_argument("--scale-t", action="store_true",
+                 help="time and peak memory against T (512 .. 32768), one capped "
+                      "subprocess per implementation and T")
+  p.add_argument("--seq-lens", type=_int_list, default=None,
+                 help="with --scale-t: comma-separated T values")
+  p.add_argument("--impls", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                 default=None, help="comma-separated implementation names (default: all; "
+                 "without --scale-t the peers always run)")
+  p.add_argument("--max-mem-gb", type=float, default=6.0,
+                 help="with --scale-t: address-space cap per subprocess (default 6)")
+  p.set_defaults(d_model_given=False, batch_given=False, heads_given=False)
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--warmup", type=int, default=1)
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-  p.add_argument("--out", default="results/bench_attention.json")
+  p.add_argument("--out", default=_BENCH_OUT)
 
 
 def main(argv=None) -> int:

@@ -93,7 +93,7 @@ def test_weights_are_float32_for_bfloat16_inputs():
 def test_fully_masked_row_gives_zero_weights_output_and_finite_grads():
   p, x, _ = _setup(bias=False)
   mask = jnp.ones((2, 1, 6, 6), bool).at[1, 0, 2].set(False)
-  for impl in ("reference", "xla"):
+  for impl in ("reference", "xla", "blocked"):
     out = A.multi_head_attention(p, x, mask=mask, impl=impl)
     np.testing.assert_array_equal(out[1, 2], 0.0)
     assert np.all(np.isfinite(out))
@@ -123,7 +123,7 @@ CASES = dict(
 )
 
 
-@pytest.mark.parametrize("impl", ["reference", "xla", "auto"])
+@pytest.mark.parametrize("impl", ["reference", "xla", "blocked", "auto"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_numpy_oracle(impl, case):
   c = CASES[case]
@@ -151,7 +151,7 @@ def test_all_impls_agree_and_weights_match_oracle():
   mask = jax.random.bernoulli(jax.random.PRNGKey(3), 0.7, (2, 6, 10, 10))
   gates = jnp.linspace(0, 1, 6)
   outs = {i: A.multi_head_attention(p, x, mask=mask, head_gates=gates, causal=True, impl=i)
-          for i in ("reference", "xla", "auto")}
+          for i in ("reference", "xla", "blocked", "auto")}
   np.testing.assert_allclose(outs["reference"], outs["xla"], atol=1e-5)
   np.testing.assert_allclose(outs["reference"], outs["auto"], atol=1e-5)
   r = A.multi_head_attention(p, x, mask=mask, head_gates=gates, causal=True,
@@ -509,7 +509,7 @@ def _decoder_params(g=2, rel=True):
   return p, x
 
 
-@pytest.mark.parametrize("impl", ["reference", "xla"])
+@pytest.mark.parametrize("impl", ["reference", "xla", "blocked"])
 def test_kv_cache_decoding_token_by_token_equals_one_causal_pass(impl):
   p, x = _decoder_params()
   rope = A.RoPE(base=100.0)

@@ -43,7 +43,7 @@ def test_every_intermediate_shape_at_real_width(name):
       (B, T, h, k), (B, 2 * T, g, k), (B, h, T, 2 * T), (B, h, T, 2 * T), (B, T, h, k),
       (B, T, d))
   assert w.dtype == jnp.float32
-  for impl in ("reference", "xla"):
+  for impl in ("reference", "xla", "blocked", "auto"):
     out = jax.eval_shape(lambda p, x, c: A.multi_head_attention(p, x, c, impl=impl), params,
                          x, ctx)
     assert out.shape == (B, T, d)
