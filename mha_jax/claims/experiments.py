@@ -80,7 +80,7 @@ def sentence_layer(seed: int = 0, d_model: int = 8):
   scores are its pattern, given as the attention function's score bias), token
   vectors x (1, T, D), and the layer's AttentionOutput."""
   pats = head_patterns()
-  params = dict(A.init_attention_params(jax.random.PRNGKey(seed), d_model, len(pats)))
+  params = init_params(jax.random.PRNGKey(seed), d_model, len(pats))
   params["wq"] = jnp.zeros_like(params["wq"])
   params["wk"] = jnp.zeros_like(params["wk"])
   x = jax.random.normal(jax.random.PRNGKey(seed + 1), (1, len(SENTENCE), d_model))
@@ -170,11 +170,13 @@ def q_jacobian(params, x_1D: jax.Array) -> np.ndarray:
 
 
 def claim_whole_token(ctx: Context, d_model: int = 8) -> dict:
+  """W_Q from init_attention_params at h = 1, viewed as (D, h, D / h) for each h: the
+  (D, H, K) layout is a reshape of (D, H*K), so every h cuts the same matrix."""
   x = jax.random.normal(jax.random.PRNGKey(3), (d_model,))
+  wq = init_params(jax.random.PRNGKey(1), d_model, 1)["wq"]
   share = {}
   for h in [h for h in range(1, d_model + 1) if d_model % h == 0]:
-    p = A.init_attention_params(jax.random.PRNGKey(h), d_model, h)
-    g = q_jacobian(p, x)
+    g = q_jacobian({"wq": wq.reshape(d_model, h, d_model // h)}, x)
     share[str(h)] = float(((g > 1e-9 * g.max()).sum(0) / d_model).min())
   return {"numbers": {"d_model": d_model, "min_share_of_features_read": share},
           "figures": []}
@@ -184,27 +186,42 @@ DK_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
 DIVISORS = ("1/sqrt(d_k)", "1/sqrt(d_model)", "1")
 
 
-def divisor_curves(d_model: int = 128, keys: int = 16, queries: int = 2048, seed: int = 0
-                   ) -> dict:
+@jax.jit
+def _peak_entropy(q_BTHK, k_BSHK, scale):
+  """Mean peak weight and entropy of attention_weights(attention_scores(q, k, scale))."""
+  w = A.attention_weights(A.attention_scores(q_BTHK, k_BSHK, scale))
+  return w.max(-1).mean(), (-(w * jnp.log(jnp.maximum(w, 1e-30))).sum(-1)).mean()
+
+
+def init_params(key, d_model: int, heads: int) -> dict:
+  """init_attention_params, compiled once per shape (eager init is slow on CPU)."""
+  return dict(jax.jit(A.init_attention_params, static_argnums=(1, 2))(key, d_model, heads))
+
+
+def divisor_curves(d_model: int = 128, keys: int = 16, queries: int = 2048, seed: int = 0,
+                   dk_grid=DK_GRID) -> dict:
   """Mean peak weight and entropy of one head whose queries and keys have unit-variance
-  components, for d_k in DK_GRID and each divisor (scores by attention_scores,
-  weights by attention_weights)."""
+  components, for each d_k and each divisor (scores by attention_scores, weights by
+  attention_weights). Queries and keys are zero beyond their d_k features, so one
+  compiled shape serves every d_k with the same dot products."""
   peak = {d: [] for d in DIVISORS}
   ent = {d: [] for d in DIVISORS}
-  for dk in DK_GRID:
+  width = max(dk_grid)
+  for dk in dk_grid:
     kq, kk = jax.random.split(jax.random.PRNGKey(seed + dk))
-    q = jax.random.normal(kq, (queries, 1, 1, dk))
-    k = jax.random.normal(kk, (queries, keys, 1, dk))
+    keep = (jnp.arange(width) < dk).astype(jnp.float32)
+    q = jax.random.normal(kq, (queries, 1, 1, width)) * keep
+    k = jax.random.normal(kk, (queries, keys, 1, width)) * keep
     for name, scale in zip(DIVISORS, (1 / math.sqrt(dk), 1 / math.sqrt(d_model), 1.0)):
-      w = A.attention_weights(A.attention_scores(q, k, scale))
-      peak[name].append(float(w.max(-1).mean()))
-      ent[name].append(float((-(w * jnp.log(jnp.maximum(w, 1e-30))).sum(-1)).mean()))
-  return {"d_k": list(DK_GRID), "d_model": d_model, "keys": keys, "peak": peak,
+      p, e = _peak_entropy(q, k, jnp.float32(scale))
+      peak[name].append(float(p))
+      ent[name].append(float(e))
+  return {"d_k": list(dk_grid), "d_model": d_model, "keys": keys, "peak": peak,
           "entropy": ent, "uniform_entropy": math.log(keys)}
 
 
 def claim_divisor(ctx: Context) -> dict:
-  c = divisor_curves()
+  c = ctx.cache["divisor_curves"] = divisor_curves()
   plt = _plt()
   fig, ax = plt.subplots(1, 2, figsize=(8, 3))
   for name in DIVISORS:
@@ -232,7 +249,7 @@ def claim_divisor_real_widths(ctx: Context, d_model: int = 768, t: int = 64) -> 
   fn = jax.jit(lambda p, x: A.multi_head_attention(p, x, causal=True,
                                                    return_weights=True).weights)
   for h in REAL_HEADS:
-    p = dict(A.init_attention_params(jax.random.PRNGKey(h), d_model, h))
+    p = init_params(jax.random.PRNGKey(h), d_model, h)
     for name, f in zip(DIVISORS[:2], (1.0, math.sqrt((d_model // h) / d_model))):
       w = fn({**p, "wq": p["wq"] * f}, x)[0, :, t // 2:]     # queries with >= 64 keys
       ent[name].append(float((-(w * jnp.log(jnp.maximum(w, 1e-30))).sum(-1)).mean()))

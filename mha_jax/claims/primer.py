@@ -39,14 +39,14 @@ def page_data(ctx: E.Context) -> dict:
   d = 8
   cuts = {}
   xq = jax.random.normal(jax.random.PRNGKey(3), (d,))
+  wq = E.init_params(jax.random.PRNGKey(1), d, 1)["wq"]
   for h in (1, 2, 4, 8):
     shapes = A.param_shapes(d, h, d // h)
-    p = A.init_attention_params(jax.random.PRNGKey(h), d, h)
     cuts[str(h)] = {"d_k": d // h, "shapes": {k: list(v) for k, v in shapes.items()},
                     "params": accounting.attention_params(d, h),
-                    "reads": _r(E.q_jacobian(p, xq) > 0, 0)}               # (D, H)
+                    "reads": _r(E.q_jacobian({"wq": wq.reshape(d, h, d // h)}, xq) > 0, 0)}               # (D, H)
   data["cuts"] = {"d_model": d, "by_h": cuts}
-  data["divisor"] = _r_tree(E.divisor_curves())
+  data["divisor"] = _r_tree(ctx.cache.get("divisor_curves") or E.divisor_curves())
   slider = E.wo_slider(heads[4], wo, head=0)
   data["wo"] = {"token": E.SENTENCE[4], "trained": ctx.cache.get("wo_slider") is not None,
                 "sentence": _r_tree(slider)}
@@ -168,7 +168,8 @@ function line(x0, y0, w, h, xs, series, mark, xlab, logx){
   const py = v => y0 + h - h * (v - ymin) / (ymax - ymin || 1);
   let s = `<line x1="${x0}" y1="${y0+h}" x2="${x0+w}" y2="${y0+h}" stroke="#999"/>`;
   s += `<text x="${x0+w/2}" y="${y0+h+26}" text-anchor="middle">${esc(xlab)}</text>`;
-  xs.forEach(v => s += `<text x="${px(v)}" y="${y0+h+13}" text-anchor="middle">${v}</text>`);
+  const every = Math.ceil(xs.length / 9);
+  xs.forEach((v, i) => { if (i % every === 0) s += `<text x="${px(v)}" y="${y0+h+13}" text-anchor="middle">${+(+v).toFixed(2)}</text>`; });
   series.forEach((se, k) => {
     const pts = xs.map((v, i) => se.ys[i] === null ? null : `${px(v)},${py(se.ys[i])}`).filter(p => p);
     s += `<polyline fill="none" stroke="${se.color||C[k]}" stroke-width="2" points="${pts.join(" ")}"/>`;

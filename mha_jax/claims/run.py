@@ -63,9 +63,6 @@ CLAIMS = {
         "appeared before", S.claim_rests_on_first_token, R.rests_on_first_token),
 }
 
-CHEAP = ("mixture_dip", "whole_token", "divisor", "worked_example")
-
-
 def parse_only(only: str | Sequence[str] | None) -> list[str]:
   if not only:
     return list(CLAIMS)
