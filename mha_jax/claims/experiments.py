@@ -116,6 +116,11 @@ def claim_one_head_compromises(ctx: Context) -> dict:
   test = toy.held_out(TOY["vocab"], TOY["length"])
   tw = {h: toy.target_weights(toy.weights(r["params"], test["tokens"]), test["partner"])
         for h, r in runs.items()}
+  ctx.cache["compromise_example"] = {
+      "tokens": test["tokens"][0].tolist(), "partner": test["partner"][0].tolist(),
+      "h1": toy.weights(runs[1]["params"], test["tokens"][:1])[0].tolist(),
+      "h2": toy.weights(runs[2]["params"], test["tokens"][:1])[0].tolist(),
+      "loss": {str(h): r["loss"] for h, r in runs.items()}}
   n = {f"loss_h{h}": r["loss"] for h, r in runs.items()}
   n.update(chance_loss=2 * math.log(TOY["vocab"]),
            h1_weight_previous=float(tw[1]["previous"][0]),

@@ -61,6 +61,8 @@ def page_data(ctx: E.Context) -> dict:
             "flops_formula": accounting.attention_flops(768, 256)["total"],
             "score_bytes": [accounting.score_memory_bytes(1, h, 256) for h in hs]}
   data["cost"] = _r_tree(cost)
+  if ctx.cache.get("compromise_example") is not None:
+    data["compromise"] = _r_tree(ctx.cache["compromise_example"])
   dk1 = ctx.cache.get("dk1_example")
   if dk1 is not None:
     data["dk1"] = _r_tree(dk1)
@@ -112,6 +114,12 @@ through the attention function on "<span id="sent"></span>". Drag the query:</p>
 and read the peak at the query "it":</p>
 <div class="fig" id="f-mix"><div class="ctl">mix <input type="range" id="mix" min="0" max="20" value="0">
 <span class="num" id="mixval"></span></div><svg id="s-mix" width="820" height="190"></svg></div>
+
+<p>The same, trained: one attention layer asked for the previous token and the latest
+earlier "noun" at once (the two-target toy task, equal parameters for every h):</p>
+<div class="fig" id="f-trained"><div class="ctl">query <input type="range" id="qt" min="2" max="11" value="8">
+<span class="num" id="qtval"></span></div><svg id="s-trained" width="820" height="330"></svg>
+<p class="note" id="qtnote"></p></div>
 
 <h2>2. Cutting d_model into h heads</h2>
 <div class="fig" id="f-cut"><div class="ctl">h <input type="range" id="h" min="0" max="3" value="2">
@@ -201,6 +209,16 @@ function drawMix(){
   $("s-mix").innerHTML = bars(10, 20, 360, 120, row, S, C[4], "one head's weights at 'it'", null)
     + line(430, 20, 300, 120, D.mixture.ratios.map(r => +r.toFixed(2)), [{name: "peak", ys: D.mixture.peak}], i, "mix ratio", false);
 }
+function drawTrained(){
+  if (!D.compromise) { $("qtnote").textContent = "Not computed in this run (the one_head_compromises claim trains these models)."; $("s-trained").innerHTML = ""; return; }
+  const e = D.compromise, t = +$("qt").value, p = e.partner[t], n = t + 1;
+  const lab = e.tokens.slice(0, n).map((x, j) => (j === t - 1 ? "prev " : j === p ? "partner " : "") + x);
+  $("qtval").textContent = `query ${t}: previous token at ${t - 1}, partner at ${p < 0 ? "none" : p}`;
+  $("s-trained").innerHTML = bars(10, 20, 800, 70, e.h1[0][t].slice(0, n), lab, C[4], "h = 1: its one head", null)
+    + bars(10, 130, 390, 70, e.h2[0][t].slice(0, n), lab, C[0], "h = 2: head 0", null)
+    + bars(420, 130, 390, 70, e.h2[1][t].slice(0, n), lab, C[1], "h = 2: head 1", null);
+  $("qtnote").textContent = "held-out loss by h: " + Object.entries(e.loss).map(([h, l]) => `h=${h}: ${l.toFixed(3)}`).join(", ");
+}
 function drawCut(){
   const hs = ["1", "2", "4", "8"], h = hs[+$("h").value], c = D.cuts.by_h[h], d = D.cuts.d_model;
   $("hval").textContent = `h = ${h}, d_k = ${c.d_k}; W_Q, W_K, W_V, W_O hold ${c.params} numbers for every h`;
@@ -255,7 +273,7 @@ function drawDk1(){
   $("dk1note").textContent = `Trained model with h = d_model = ${e.d_model}: ${(100*e.share).toFixed(2)} % of rows put their argmax on an extreme key. Loss by h: ` +
     Object.entries(e.loss_by_h).map(([h, l]) => `h=${h}: ${l.toFixed(3)}`).join(", ");
 }
-const draws = {q: drawQuery, mix: drawMix, h: drawCut, reads: drawCut, dk: drawDiv, q4: drawTypes, wo: drawWO, hc: drawCost, q1: drawDk1};
+const draws = {q: drawQuery, mix: drawMix, qt: drawTrained, h: drawCut, reads: drawCut, dk: drawDiv, q4: drawTypes, wo: drawWO, hc: drawCost, q1: drawDk1};
 for (const [id, fn] of Object.entries(draws)) { $(id).addEventListener("input", fn); $(id).addEventListener("change", fn); }
 Object.values(draws).forEach(fn => fn());
 </script></body></html>
