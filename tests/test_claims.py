@@ -232,3 +232,17 @@ def test_primer_in_a_real_browser(report):
     browser.close()
   assert errors == []
   assert requests == ["file://" + path]
+
+
+def test_random_start_places_both_copies_and_masks_follow():
+  from mha_jax.data import repeated_tokens as RT
+  plain = RT.repeated_tokens(5, 2, 16, 8, 30, 4, return_lengths=True)
+  np.testing.assert_array_equal(plain[0], RT.repeated_tokens(5, 2, 16, 8, 30, 4))
+  x, m, p = RT.repeated_tokens(5, 2, 16, 8, 30, 4, return_lengths=True, random_start=True)
+  assert (p >= 0).all() and (p + 2 * m <= 16).all() and p.max() > 0
+  masks = RT.position_masks(m, 16, p)
+  for r in range(16):
+    s = 1 + p[r]
+    np.testing.assert_array_equal(x[r, s:s + m[r]], x[r, s + m[r]:s + 2 * m[r]])
+    assert np.nonzero(masks["repeat"][r])[0].tolist() == list(range(s + m[r], s + 2 * m[r] - 1))
+    assert np.nonzero(masks["first"][r])[0].tolist() == list(range(s, s + m[r] - 1))
