@@ -17,12 +17,13 @@ from mha_jax import config as mc
 
 def get_config(arg=None):
   a = mc.parse_arg(arg, heads=4, d_model=64, layers=2, vocab=64, half_len=24,
-                   layer_norm=False, pos="qk", random_start=False)
+                   layer_norm=False, pos="qk", random_start=False,
+                   min_half_len=0)
   cfg = ml_collections.ConfigDict()
   cfg.task = "lm"
   cfg.seed = 0
   cfg.data = dict(kind="repeated", seed=0, vocab_size=a.vocab, half_len=a.half_len,
-                  min_half_len=a.half_len // 2, random_start=a.random_start, text_files=(),
+                  min_half_len=a.min_half_len or a.half_len // 2, random_start=a.random_start, text_files=(),
                   tokenizer="bpe")
   cfg.model = dict(
       d_model=a.d_model, num_heads=a.heads, head_dim=0, num_layers=a.layers, d_ff=0,

@@ -246,3 +246,17 @@ def test_random_start_places_both_copies_and_masks_follow():
     np.testing.assert_array_equal(x[r, s:s + m[r]], x[r, s + m[r]:s + 2 * m[r]])
     assert np.nonzero(masks["repeat"][r])[0].tolist() == list(range(s + m[r], s + 2 * m[r] - 1))
     assert np.nonzero(masks["first"][r])[0].tolist() == list(range(s, s + m[r] - 1))
+
+
+@pytest.mark.slow
+def test_toy_claims_train_and_hold(tmp_path):
+  """The claims that train the two-target toy models (about 1 minute on 2 cores)."""
+  rep = claims_run.run_claims(str(tmp_path), only="one_head_compromises,dk1,wo_mixes",
+                              log=lambda s: None)
+  by = {r["name"]: r for r in rep["claims"]}
+  n = by["one_head_compromises"]["numbers"]
+  assert n["loss_h1"] > n["loss_h4"] and len(set(n["attention_params"])) == 1
+  assert by["dk1"]["numbers"]["argmax_at_extreme_share"] >= 0.99
+  assert 0.5 < by["wo_mixes"]["numbers"]["mean_share_outside_slot"] < 1.0
+  html = open(tmp_path / "primer.html").read()
+  assert '"compromise"' in html and '"dk1"' in html and '"trained_layer"' in html

@@ -157,6 +157,7 @@ HEADLINE = {
     "worked_example": ("scores", "weights", "output", "seed_prints", "softmax_weights",
                        "d_k_of_widths"),
     "induction_k_composition": ("previous_token_head", "previous_token_score",
+                                "previous_token_sharp_up_to", "positions",
                                 "induction_head", "prefix_matching", "k_partner",
                                 "k_partner_score", "k_row", "k_row_median"),
     "positivity_corner": ("induction_heads", "corner_heads", "positivity"),

@@ -135,7 +135,18 @@ def claim_induction_k_composition(ctx: Context) -> dict:
   row = {e: v for pair, v in res["composition"]["k"].items()
          for e, l in [pair.split("->")] if l == ind}
   partner = max(row, key=row.get)
+  from mha_jax.analysis import capture
+  from mha_jax.circuits import behaviour
+  run = ctx.cache["circuits_run"]
+  tokens, _ = behaviour.eval_tokens(run)
+  pl, ph = (int(v) for v in prev.split(".")[1:])
+  w = np.asarray(capture.captured(run.model, run.params, {"tokens": tokens})["lm"][pl]
+                 .weights)[:, ph]
+  by_pos = [float(w[:, t, t - 1].mean()) for t in range(1, w.shape[1])]
+  sharp = next((t for t, v in enumerate(by_pos, 1) if v < 0.9), len(by_pos) + 1) - 1
   n = {"workdir": res["workdir"], "induction_head": ind,
+       "previous_token_by_position": by_pos, "previous_token_sharp_up_to": sharp,
+       "positions": len(by_pos),
        "prefix_matching": heads[ind]["prefix_matching"], "copying": heads[ind]["copying"],
        "previous_token_head": prev, "previous_token_score": heads[prev]["previous_token"],
        "k_partner": partner, "k_partner_score": row[partner],
