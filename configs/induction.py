@@ -17,19 +17,19 @@ from mha_jax import config as mc
 
 def get_config(arg=None):
   a = mc.parse_arg(arg, heads=4, d_model=64, layers=2, vocab=64, half_len=24,
-                   layer_norm=False, pos="qk", random_start=False,
+                   layer_norm=False, pos="qk", random_start=True,
                    min_half_len=0)
   cfg = ml_collections.ConfigDict()
   cfg.task = "lm"
   cfg.seed = 0
   cfg.data = dict(kind="repeated", seed=0, vocab_size=a.vocab, half_len=a.half_len,
-                  min_half_len=a.min_half_len or a.half_len // 2, random_start=a.random_start, text_files=(),
-                  tokenizer="bpe")
+                  min_half_len=a.min_half_len or a.half_len // 2,
+                  random_start=a.random_start, text_files=(), tokenizer="bpe")
   cfg.model = dict(
       d_model=a.d_model, num_heads=a.heads, head_dim=0, num_layers=a.layers, d_ff=0,
       max_len=2 * a.half_len + 1, dropout=0.0, layer_norm=a.layer_norm, attn_only=True,
       use_bias=False, pos=a.pos, impl="auto")
-  cfg.train = mc.train_defaults(steps=4000, batch_size=32, lr=3e-3, warmup=100,
+  cfg.train = mc.train_defaults(steps=4000, batch_size=32, lr=1e-2, warmup=100,
                                 schedule="constant", weight_decay=0.0, eval_every=250,
                                 checkpoint_every=250, log_every=50, keep=100)
   cfg.eval = mc.eval_defaults(batch_size=64, lm_batches=4)
