@@ -21,7 +21,8 @@ def repeated_tokens(seed: int, index: int, batch: int, half_len: int, vocab_size
 
   Random tokens are uniform over 1..vocab_size-1 (0 is BOS). With random_start, each
   row's first copy starts after p random tokens, p uniform in 0..2 (half_len - m), so
-  copies (and the keys an induction head must find) lie at every position.
+  first copies (the keys an induction head must find) lie anywhere in positions
+  1..2 half_len - m, not only at the start.
   Deterministic in (seed, index), so a resumed run sees exactly the batches it would
   have seen.
   """
