@@ -178,6 +178,17 @@ def _cmd_circuits(args) -> int:
   return 0
 
 
+def _cmd_claims(args) -> int:
+  from mha_jax.claims import run as claims_run
+  rep = claims_run.run_claims(args.out, only=args.only, workdir=args.workdir,
+                              induction_workdir=args.induction_workdir,
+                              sweep_workdir=args.sweep_workdir)
+  for r in rep["claims"]:
+    print(f"{r['verdict']:>14}  {r['name']}")
+  print(f"wrote {args.out}/REPORT.md, claims.json, primer.html in {rep['seconds']:.0f} s")
+  return 0
+
+
 def _cmd_sweep(args, extra) -> int:
   from mha_jax import sweep
   from mha_jax.train import loop
@@ -311,6 +322,16 @@ def build_parser() -> argparse.ArgumentParser:
   ci.add_argument("--workdir", required=True)
   ci.add_argument("--no-track", action="store_true", help="skip the pass over checkpoints")
   ci.set_defaults(func=_cmd_circuits)
+
+  cl = sub.add_parser("claims", help="measure the seed documents' claims; report + primer")
+  cl.add_argument("--only", default=None, help="comma-separated claim names")
+  cl.add_argument("--out", default="claims")
+  cl.add_argument("--workdir", default=None, help="a quickstart workdir to reuse")
+  cl.add_argument("--induction-workdir", default=None,
+                  help="a trained configs/induction.py workdir to reuse")
+  cl.add_argument("--sweep-workdir", default=None,
+                  help="a `mha-jax sweep` workdir: its loss at d_k = 1")
+  cl.set_defaults(func=_cmd_claims)
 
   sw = sub.add_parser("sweep", help="run the runs a sweep config lists")
   sw.add_argument("--config", required=True)

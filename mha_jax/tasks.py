@@ -263,7 +263,8 @@ class LMTask:
     seed = d.seed + {"train": 0, "valid": 1_000_003, "test": 2_000_003}[split]
     if d.kind == "repeated":
       return repeated_tokens.repeated_tokens(seed, index, batch, d.half_len, d.vocab_size,
-                                             d.get("min_half_len", 0), return_lengths=True)
+                                             d.get("min_half_len", 0), return_lengths=True,
+                                             random_start=d.get("random_start", False))
     return text.windows(self.streams[split], seed, index, batch, self.seq_len + 1), None
 
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1):
@@ -274,11 +275,11 @@ class LMTask:
     _check_ids(batch["tokens"], self.vocab_size, "training batch")
     return batch
 
-  def _make(self, tokens, lengths):
+  def _make(self, tokens, lengths, starts=None):
     """The batch dict; for repeated tokens with the first/repeat position masks."""
     if lengths is None:
       return {"tokens": tokens}
-    masks = repeated_tokens.position_masks(lengths, tokens.shape[1] - 1)
+    masks = repeated_tokens.position_masks(lengths, tokens.shape[1] - 1, starts)
     return {"tokens": tokens, "mask_first": masks["first"], "mask_repeat": masks["repeat"]}
 
   def eval_batches(self, split: str, batch_size: int):
