@@ -152,23 +152,35 @@ def attention_weights(s_BHTS: jax.Array, mask: jax.Array | None = None) -> jax.A
   Returns:
     w_BHTS: float32 weights of the scores' shape.
   """
+  w_BHTS, live = _masked_softmax(s_BHTS, mask)
+  return w_BHTS if live is None else w_BHTS * live
+
+
+def _masked_softmax(s_BHTS, mask):
+  """(softmax over allowed keys, live rows (..., T, 1) or None when unmasked).
+
+  Masked scores are filled with the float32 minimum before jax.nn.softmax, whose own
+  derivative rule keeps the backward pass to one fused expression: a masked entry then
+  gets weight exactly 0 whenever its row allows any key. A row that allows none comes
+  out uniform here; callers zero it with `live` (computed on the unbroadcast mask, so
+  it is small for padding or causal masks).
+  """
   s = jnp.asarray(s_BHTS).astype(jnp.float32)
   if mask is None:
-    return jax.nn.softmax(s, axis=-1)
+    return jax.nn.softmax(s, axis=-1), None
   mask = jnp.asarray(mask)
   if mask.dtype != jnp.bool_:
     raise ValueError(f"mask must be boolean (True = may attend); got dtype {mask.dtype}")
   try:
-    mask = jnp.broadcast_to(mask, s.shape)
+    jnp.broadcast_shapes(mask.shape, s.shape)
+    if jnp.broadcast_shapes(mask.shape, s.shape) != s.shape:
+      raise ValueError
   except ValueError:
     raise ValueError(f"mask of shape {mask.shape} does not broadcast to the scores' "
                      f"shape {s.shape}") from None
-  row_max = jnp.max(jnp.where(mask, s, -jnp.inf), axis=-1, keepdims=True)
-  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  # Double `where` keeps gradients finite on masked entries.
-  e = jnp.where(mask, jnp.exp(jnp.where(mask, s - row_max, 0.0)), 0.0)
-  denom = jnp.sum(e, axis=-1, keepdims=True)
-  return e / jnp.where(denom > 0, denom, 1.0)
+  live = jnp.any(mask, axis=-1, keepdims=True)
+  w = jax.nn.softmax(jnp.where(mask, s, jnp.finfo(jnp.float32).min), axis=-1)
+  return w, live.astype(jnp.float32)
 
 
 def mix_values(w_BHTS: jax.Array, v_BSGK: jax.Array) -> jax.Array:
@@ -549,8 +561,13 @@ def _reference_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS=None):
   s_BHTS = attention_scores(q_BTHK, k_BSGK)
   if bias_BHTS is not None:
     s_BHTS = s_BHTS + bias_BHTS.astype(s_BHTS.dtype)
-  w_BHTS = attention_weights(s_BHTS, mask_BHTS)
-  return mix_values(w_BHTS, v_BSGK), w_BHTS
+  w_BHTS, live = _masked_softmax(s_BHTS, mask_BHTS)
+  o_BTHK = mix_values(w_BHTS, v_BSGK)
+  if live is None:
+    return o_BTHK, w_BHTS
+  # Rows with no allowed key: zero weights and a zero output (on the small (B, T, H, K)).
+  live_BTH1 = jnp.swapaxes(jnp.broadcast_to(live, (*live.shape[:2], o_BTHK.shape[1], 1)), 1, 2)
+  return o_BTHK * live_BTH1, w_BHTS * live
 
 
 def _fused_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal, implementation,
@@ -734,8 +751,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   # Projections: W (D, H*K) viewed as (D, H, K). Heads are a reshape of the output.
   def project(inp, w, bias):
     n = w.shape[1]
-    y_BTD = inp @ w.reshape(d, n * k).astype(inp.dtype)
-    y_BTHK = split_heads(y_BTD, n)
+    y_BTHK = jnp.einsum("btd,dhk->bthk", inp, w.astype(inp.dtype))
     return y_BTHK if bias is None else y_BTHK + bias.astype(inp.dtype)
 
   def zero_heads():  # Every head pruned: the layer adds only its output bias.
@@ -792,7 +808,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
 
   if gates is not None:
     o_BTHK = o_BTHK * gates.astype(o_BTHK.dtype)
-  y_BTD = merge_heads(o_BTHK) @ params["wo"].reshape(h * k, d).astype(o_BTHK.dtype)
+  y_BTD = jnp.einsum("bthk,hkd->btd", o_BTHK, params["wo"].astype(o_BTHK.dtype))
   if "bo" in params:
     y_BTD = y_BTD + params["bo"].astype(y_BTD.dtype)
   if new_cache is not None:  # a write past S_max (traced length) poisons the output
