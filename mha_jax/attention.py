@@ -158,23 +158,35 @@ def attention_weights(s_BHTS: jax.Array, mask: jax.Array | None = None) -> jax.A
   Returns:
     w_BHTS: float32 weights of the scores' shape.
   """
+  w_BHTS, live = masked_softmax(s_BHTS, mask)
+  return w_BHTS if live is None else w_BHTS * live
+
+
+def masked_softmax(s_BHTS: jax.Array, mask: jax.Array | None):
+  """(w_BHTS, live): float32 softmax over allowed keys, and live rows (..., T, 1) as
+  float32 1/0 (None when unmasked).
+
+  Masked scores are filled with the float32 minimum before jax.nn.softmax, whose own
+  derivative rule keeps the backward pass to one fused expression: a masked entry then
+  gets weight exactly 0 whenever its row allows any key. A row that allows none comes
+  out uniform here; callers zero it with `live` (computed on the unbroadcast mask, so
+  it is small for padding or causal masks).
+  """
   s = jnp.asarray(s_BHTS).astype(jnp.float32)
   if mask is None:
-    return jax.nn.softmax(s, axis=-1)
+    return jax.nn.softmax(s, axis=-1), None
   mask = jnp.asarray(mask)
   if mask.dtype != jnp.bool_:
     raise ValueError(f"mask must be boolean (True = may attend); got dtype {mask.dtype}")
   try:
-    mask = jnp.broadcast_to(mask, s.shape)
+    if jnp.broadcast_shapes(mask.shape, s.shape) != s.shape:
+      raise ValueError
   except ValueError:
     raise ValueError(f"mask of shape {mask.shape} does not broadcast to the scores' "
                      f"shape {s.shape}") from None
-  row_max = jnp.max(jnp.where(mask, s, -jnp.inf), axis=-1, keepdims=True)
-  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  # Double `where` keeps gradients finite on masked entries.
-  e = jnp.where(mask, jnp.exp(jnp.where(mask, s - row_max, 0.0)), 0.0)
-  denom = jnp.sum(e, axis=-1, keepdims=True)
-  return e / jnp.where(denom > 0, denom, 1.0)
+  live = jnp.any(mask, axis=-1, keepdims=True)
+  w = jax.nn.softmax(jnp.where(mask, s, jnp.finfo(jnp.float32).min), axis=-1)
+  return w, live.astype(jnp.float32)
 
 
 def mix_values(w_BHTS: jax.Array, v_BSGK: jax.Array) -> jax.Array:
@@ -665,8 +677,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   # Projections: W (D, H*K) viewed as (D, H, K). Heads are a reshape of the output.
   def project(inp, w, bias):
     n = w.shape[1]
-    y_BTD = inp @ w.reshape(d, n * k).astype(inp.dtype)
-    y_BTHK = split_heads(y_BTD, n)
+    y_BTHK = jnp.einsum("btd,dhk->bthk", inp, w.astype(inp.dtype))
     return y_BTHK if bias is None else y_BTHK + bias.astype(inp.dtype)
 
   def zero_heads():  # Every head pruned: the layer adds only its output bias.
@@ -722,7 +733,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
 
   if gates is not None:
     o_BTHK = o_BTHK * gates.astype(o_BTHK.dtype)
-  y_BTD = merge_heads(o_BTHK) @ params["wo"].reshape(h * k, d).astype(o_BTHK.dtype)
+  y_BTD = jnp.einsum("bthk,hkd->btd", o_BTHK, params["wo"].astype(o_BTHK.dtype))
   if "bo" in params:
     y_BTD = y_BTD + params["bo"].astype(y_BTD.dtype)
   if new_cache is not None:  # a write past S_max (traced length) poisons the output

@@ -59,6 +59,18 @@ def _cmd_bench_attention(args) -> int:
   return 0
 
 
+def _cmd_bench_train(args, extra) -> int:
+  from mha_jax import bench_train
+  if any(not a.startswith("--config.") for a in extra):
+    raise ValueError(f"unrecognized arguments: {' '.join(extra)}")
+  result = bench_train.run(args.config, extra, rounds=args.rounds, warmup=args.warmup,
+                           workdir=args.workdir, matmul_size=args.matmul_size)
+  print(bench_train.format_table(result))
+  bench_train.write_json(result, args.out)
+  print(f"\nwrote {args.out}")
+  return 0
+
+
 def _cmd_train(args, extra) -> int:
   from mha_jax import config as mc
   from mha_jax.train import loop
@@ -363,6 +375,16 @@ def build_parser() -> argparse.ArgumentParser:
   ba = bsub.add_parser("attention", help="this layer vs flax.linen, flax.nnx, jax.nn")
   add_bench_attention_args(ba)
   ba.set_defaults(func=_cmd_bench_attention)
+  bt = bsub.add_parser("train", help="the quickstart model's training step, ours vs flax.linen")
+  bt.add_argument("--config", default="configs/translation.py:quickstart")
+  bt.add_argument("--rounds", type=int, default=10)
+  bt.add_argument("--warmup", type=int, default=2)
+  bt.add_argument("--workdir", default="workdirs/bench_train",
+                  help="where the task writes its generated data")
+  bt.add_argument("--matmul-size", type=int, default=2048,
+                  help="n of the n x n matmul that measures the machine's rate")
+  bt.add_argument("--out", default="results/bench_train.json")
+  bt.set_defaults(func=_cmd_bench_train, extra=True)
   return p
 
 

@@ -7,6 +7,7 @@ in attention.py, the textbook's lines, and are imported when the kernel runs.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 
 def reference_kernel(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
@@ -16,5 +17,12 @@ def reference_kernel(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
   s_BHTS = attention.attention_scores(q_BTHK, k_BSGK)
   if bias_BHTS is not None:
     s_BHTS = s_BHTS + bias_BHTS.astype(s_BHTS.dtype)
-  w_BHTS = attention.attention_weights(s_BHTS, mask_BHTS)
-  return attention.mix_values(w_BHTS, v_BSGK), w_BHTS
+  w_BHTS, live = attention.masked_softmax(s_BHTS, mask_BHTS)
+  o_BTHK = attention.mix_values(w_BHTS, v_BSGK)
+  if live is None:
+    return o_BTHK, w_BHTS
+  # Rows with no allowed key: zero weights and a zero output, the latter applied to the
+  # small (B, T, H, K) output rather than the (B, H, T, S) weights (unused in training).
+  live_BTH1 = jnp.swapaxes(jnp.broadcast_to(live, (*live.shape[:2], o_BTHK.shape[1], 1)),
+                           1, 2)
+  return o_BTHK * live_BTH1, w_BHTS * live
