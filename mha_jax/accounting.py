@@ -15,6 +15,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class ZooEntry:
@@ -43,7 +45,7 @@ ZOO = (
 
 def _positive(name, value):
   if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    raise UserError(f"{name} must be a positive integer; got {value!r}")
 
 
 def attention_params(d_model: int, num_heads: int, *, use_bias: bool = False) -> int:
@@ -51,7 +53,7 @@ def attention_params(d_model: int, num_heads: int, *, use_bias: bool = False) ->
   _positive("d_model", d_model)
   _positive("num_heads", num_heads)
   if d_model % num_heads:
-    raise ValueError(f"num_heads={num_heads} does not divide d_model={d_model}")
+    raise UserError(f"num_heads={num_heads} does not divide d_model={d_model}")
   return 4 * d_model * d_model + (4 * d_model if use_bias else 0)
 
 

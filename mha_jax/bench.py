@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mha_jax.errors import UserError
 from mha_jax import accounting, attention, layers
 
 DEFAULT_HEADS = (8, 12, 16, 32, 64, 96)
@@ -80,10 +81,10 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
         dtype: str = "float32", log: Callable[[str], None] = print) -> dict:
   """Times forward and forward+backward for every implementation and every h."""
   if rounds < 1:
-    raise ValueError(f"rounds must be >= 1; got {rounds}")
+    raise UserError(f"rounds must be >= 1; got {rounds}")
   for h in heads:
     if h < 1 or d_model % h:
-      raise ValueError(f"heads: h={h} does not divide d_model={d_model}")
+      raise UserError(f"heads: h={h} does not divide d_model={d_model}")
   if with_cudnn is None:
     with_cudnn = attention._gpu_available()
   dt = jnp.dtype(dtype)

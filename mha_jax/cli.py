@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from mha_jax.errors import UserError
 
 
 def _list_of(cast, what):
@@ -54,7 +55,7 @@ def _cmd_train(args, extra) -> int:
   cfg = mc.load_config(args.config)
   rest = mc.apply_overrides(cfg, extra)
   if rest:
-    raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+    raise UserError(f"unrecognized arguments: {' '.join(rest)}")
   try:
     summary = loop.train(cfg, args.workdir)
   except loop.TrainingDiverged as e:
@@ -66,9 +67,9 @@ def _cmd_train(args, extra) -> int:
 
 def _cmd_eval(args) -> int:
   from mha_jax.loader import load
-  run = load(args.workdir, step=args.step)
   if args.split not in ("train", "valid", "test"):
-    raise ValueError(f"--split must be train, valid or test; got {args.split!r}")
+    raise UserError(f"--split must be train, valid or test; got {args.split!r}")
+  run = load(args.workdir, step=args.step)
   res = run.model.evaluate(run.params, args.split, bleu=run.config.task == "translation")
   print(json.dumps({"workdir": args.workdir, "step": run.step, "split": args.split, **res}))
   return 0
@@ -89,19 +90,21 @@ def _cmd_ablate(args) -> int:
   import os
   from mha_jax.analysis import importance, report
   from mha_jax.loader import load
-  run = load(args.workdir, step=args.step)
   if args.mode not in ("zero", "mean"):
-    raise ValueError(f"--mode must be 'zero' or 'mean'; got {args.mode!r}")
+    raise UserError(f"--mode must be 'zero' or 'mean'; got {args.mode!r}")
   if not args.each and not args.heads:
-    raise ValueError("give --heads stack.layer.head[,...] or --each")
-  is_tr = run.config.task == "translation"
+    raise UserError("give --heads stack.layer.head[,...] or --each")
+  if args.split not in ("train", "valid", "test"):
+    raise UserError(f"--split must be train, valid or test; got {args.split!r}")
+  run = load(args.workdir, step=args.step)
+  heads = None if args.each else importance.parse_heads(run.params, args.heads)
+  is_tr = run.config.task == "translation"       # names checked above, before this pass
   base = run.model.evaluate(run.params, args.split, bleu=is_tr, bleu_limit=0)
   if args.each:
     rows = importance.leave_one_out(run, split=args.split, mode=args.mode, bleu_limit=0,
                                     base=base)
     result = {"mode": args.mode, "split": args.split, "base": base, "each": rows}
   else:
-    heads = importance.parse_heads(run.params, args.heads)
     res = importance.ablate(run, heads, mode=args.mode, split=args.split, bleu_limit=0)
     rows = [{"head": args.heads, **res, **{f"delta_{k}": res[k] - base[k] for k in res}}]
     result = {"mode": args.mode, "split": args.split, "heads": args.heads, "base": base,
@@ -306,7 +309,7 @@ def main(argv=None) -> int:
     parser.error(f"unrecognized arguments: {' '.join(extra)}")
   try:
     return args.func(args, extra) if getattr(args, "extra", False) else args.func(args)
-  except ValueError as e:
+  except UserError as e:     # bad input: one line. Anything else is a bug: its traceback.
     print(f"mha-jax: error: {e}", file=sys.stderr)
     return 2
 

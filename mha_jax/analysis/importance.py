@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.errors import UserError
 from mha_jax.models import common as C
 
 
@@ -35,7 +36,7 @@ def parse_heads(params, names: str | Sequence[str]) -> list[tuple[str, int, int]
       ok = stack in counts and layer < len(counts[stack]) and head < counts[stack][layer]
     if not ok:
       valid = "; ".join(f"{s}.0-{len(c) - 1}.0-{max(c) - 1}" for s, c in counts.items())
-      raise ValueError(f"--heads: {name!r} is not a head of this model; valid names are "
+      raise UserError(f"--heads: {name!r} is not a head of this model; valid names are "
                        f"stack.layer.head within: {valid}")
     out.append((stack, layer, head))
   return out
@@ -86,7 +87,7 @@ def ablate(run, heads, *, mode: str = "zero", split: str = "test", means=None,
            bleu_limit: int | None = None) -> dict:
   """Metrics with `heads` ablated ("zero": output 0; "mean": output = its mean)."""
   if mode not in ("zero", "mean"):
-    raise ValueError(f"--mode must be 'zero' or 'mean'; got {mode!r}")
+    raise UserError(f"--mode must be 'zero' or 'mean'; got {mode!r}")
   params = run.params
   if mode == "mean":
     means = means if means is not None else mean_head_outputs(run, "valid")

@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 
+from mha_jax.errors import UserError
 from mha_jax.circuits import behaviour, paths, scores
 from mha_jax.loader import load
 from mha_jax.train import checkpoint as ckpt_lib
@@ -55,7 +56,7 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
              track: bool = True, log: Callable[[str], None] = print) -> dict:
   run = load(workdir)
   if run.config.task != "lm":
-    raise ValueError(f"circuits needs a decoder-only model (task lm); {workdir!r} has "
+    raise UserError(f"circuits needs a decoder-only model (task lm); {workdir!r} has "
                      f"task {run.config.task!r}")
   out_dir = out_dir or os.path.join(workdir, "circuits")
   os.makedirs(out_dir, exist_ok=True)

@@ -23,6 +23,7 @@ import os
 from typing import Sequence
 
 import numpy as np
+from mha_jax.errors import UserError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -54,7 +55,7 @@ class GrammarConfig:
   def validate(self):
     for f in ("num_nouns", "num_verbs", "num_adjectives", "num_adverbs", "num_names"):
       if getattr(self, f) < 2:
-        raise ValueError(f"data.grammar.{f} must be >= 2; got {getattr(self, f)}")
+        raise UserError(f"data.grammar.{f} must be >= 2; got {getattr(self, f)}")
 
 
 @dataclasses.dataclass
@@ -247,7 +248,7 @@ def build_splits(sizes: dict[str, int], seed: int, cfg: GrammarConfig = GrammarC
   """Train/valid/test splits drawn from one grammar, each from its own stream."""
   for name, n in sizes.items():
     if n < 1:
-      raise ValueError(f"data.{name}_size must be >= 1; got {n}")
+      raise UserError(f"data.{name}_size must be >= 1; got {n}")
   grammar = Grammar(cfg, seed)
   splits = {}
   for k, (name, n) in enumerate(sorted(sizes.items())):

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Callable, Sequence
 
+from mha_jax.errors import UserError
 from mha_jax.analysis import report
 from mha_jax.loader import load
 from mha_jax.pruning import gates as G
@@ -33,7 +34,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   total = M.count(M.ones_mask(run.params, stacks))
   for k in counts:
     if not 0 <= k <= total:
-      raise ValueError(f"--counts: {k} is outside 0..{total} heads in {list(stacks)}")
+      raise UserError(f"--counts: {k} is outside 0..{total} heads in {list(stacks)}")
   roles = _roles(run, "test", log)
   is_tr = run.config.task == "translation"
   masks: dict[str, dict[int, dict]] = {"random": methods.random_masks(

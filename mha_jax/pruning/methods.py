@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mha_jax.errors import UserError
 from mha_jax.analysis import importance
 from mha_jax.pruning import gates as G
 from mha_jax.pruning import masks as M
@@ -30,9 +31,9 @@ def train_gates(run, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
   """Trains log_alpha (and the params when finetune) on loss + lam * L0. Returns
   (log_alpha, params, history)."""
   if lam < 0:
-    raise ValueError(f"--l0-lambda must be >= 0; got {lam}")
+    raise UserError(f"--l0-lambda must be >= 0; got {lam}")
   if steps < 1:
-    raise ValueError(f"--steps must be >= 1; got {steps}")
+    raise UserError(f"--steps must be >= 1; got {steps}")
   hc.validate()
   task = run.model
   counts = M.ones_mask(run.params, stacks)

@@ -1,0 +1,238 @@
+"""Faults and bad input (issue 10): checkpoint damage, data loss, silent nonsense,
+tracebacks. Every test here failed before the fix it guards."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import mha_jax
+from mha_jax import cli as cli_mod
+from mha_jax import config as mc
+from mha_jax.errors import BadCheckpoint, UserError
+from mha_jax.train import checkpoint as ckpt_lib
+from mha_jax.train import loop
+from test_train import TINY_INDUCTION, TINY_TRANSLATION, tiny
+
+QUIET = dict(log=lambda s: None)
+
+
+def induction_cfg(*extra):
+  return tiny("configs/induction.py", TINY_INDUCTION, "--config.train.checkpoint_every=4",
+              "--config.train.eval_every=100", "--config.train.log_every=4",
+              "--config.train.keep=10", *extra)
+
+
+@pytest.fixture(scope="session")
+def ind_run(tmp_path_factory):
+  """A tiny induction run with checkpoints at steps 4 and 8 (copy it before changing it)."""
+  wd = str(tmp_path_factory.mktemp("faults") / "ind")
+  loop.train(induction_cfg("--config.train.steps=8"), wd, **QUIET)
+  return wd
+
+
+def _copy(src, tmp_path, name="run"):
+  dst = str(tmp_path / name)
+  shutil.copytree(src, dst)
+  return dst
+
+
+def _largest(folder):
+  """The params' data files (orbax keeps the same bytes under d/ and ocdbt.process_0/d/)."""
+  files = [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs]
+  size = max(map(os.path.getsize, files))
+  return [f for f in files if os.path.getsize(f) == size]
+
+
+def _flip(path, n=64):
+  data = bytearray(open(path, "rb").read())
+  mid = len(data) // 2
+  for i in range(mid, mid + n):
+    data[i] ^= 0xFF
+  open(path, "wb").write(bytes(data))
+
+
+def _damage(wd, how):
+  step = os.path.join(wd, "checkpoints", "8")
+  for big in _largest(os.path.join(step, "params")):
+    if how == "random_bytes":
+      open(big, "wb").write(np.random.default_rng(0).bytes(os.path.getsize(big)))
+    elif how == "truncated":
+      open(big, "r+b").truncate(os.path.getsize(big) // 3)
+    elif how == "deleted":
+      os.remove(big)
+    elif how == "flipped_64_bytes":
+      _flip(big)
+  if how == "meta_garbled":
+    open(os.path.join(step, "meta", "metadata"), "w").write("{not json")
+  elif how == "params_removed":
+    shutil.rmtree(os.path.join(step, "params"))
+
+
+def _tree(wd):
+  """Every file under wd with its size and mtime (to show nothing was written)."""
+  return {os.path.relpath(os.path.join(d, f), wd): (os.path.getsize(os.path.join(d, f)),
+                                                     os.stat(os.path.join(d, f)).st_mtime_ns)
+          for d, _, fs in os.walk(wd) for f in fs}
+
+
+# ------------------------------------------------------------------ data loss
+
+def test_keep_zero_is_refused_and_every_checkpoint_survives(ind_run, tmp_path):
+  wd = _copy(ind_run, tmp_path)
+  before = _tree(wd)
+  for keep in ("0", "-1"):
+    with pytest.raises(UserError, match=rf"train.keep must be >= 1 .*got {keep}"):
+      loop.train(induction_cfg("--config.train.steps=12", f"--config.train.keep={keep}"),
+                 wd, **QUIET)
+    with pytest.raises(UserError, match="train.keep must be >= 1"):   # fresh run too
+      loop.train(induction_cfg("--config.train.steps=4", f"--config.train.keep={keep}"),
+                 str(tmp_path / "fresh"), **QUIET)
+  assert _tree(wd) == before and ckpt_lib.step_dirs(wd) == [4, 8]
+  assert not os.path.exists(tmp_path / "fresh")
+
+
+def test_a_failed_train_leaves_a_workdir_that_a_later_run_may_use(tmp_path):
+  wd = str(tmp_path / "run")
+  with pytest.raises(UserError, match="more than model.max_len"):   # fails after config.json
+    loop.train(induction_cfg("--config.train.steps=2", "--config.data.half_len=9"), wd, **QUIET)
+  assert ckpt_lib.step_dirs(wd) == []
+  res = loop.train(induction_cfg("--config.train.steps=2", "--config.train.checkpoint_every=2"),
+                   wd, **QUIET)
+  assert res["status"] == "done" and ckpt_lib.step_dirs(wd) == [2]
+  assert json.load(open(os.path.join(wd, "config.json")))["data"]["half_len"] == 6
+
+
+# ------------------------------------------------------------------ checkpoint faults
+
+DAMAGE = ("random_bytes", "truncated", "deleted", "flipped_64_bytes", "meta_garbled",
+          "params_removed")
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_a_bad_newest_checkpoint_falls_back_for_load_and_eval(ind_run, tmp_path, how,
+                                                              capsys):
+  wd = _copy(ind_run, tmp_path)
+  good = mha_jax.load(wd, step=4, **QUIET).params
+  _damage(wd, how)
+  before = _tree(wd)
+  warnings = []
+  run = mha_jax.load(wd, log=warnings.append)
+  assert run.step == 4 and ckpt_lib.tree_equal(run.params, good)
+  assert any(os.path.join("checkpoints", "8") in w for w in warnings), warnings
+  with pytest.raises(BadCheckpoint, match=r"checkpoints/8"):        # asked for by name
+    mha_jax.load(wd, step=8, **QUIET)
+  assert cli_mod.main(["eval", "--workdir", wd, "--split", "valid"]) == 0
+  out, err = capsys.readouterr()
+  assert json.loads(out)["step"] == 4 and np.isfinite(json.loads(out)["loss"])
+  assert "mha-jax: warning: checkpoint" in err and "checkpoints/8" in err
+  assert _tree(wd) == before                                        # nothing deleted or written
+
+
+@pytest.mark.parametrize("how", ["flipped_64_bytes", "params_removed"])
+def test_resuming_train_starts_from_the_newest_good_checkpoint(ind_run, tmp_path, how,
+                                                               capsys):
+  wd = _copy(ind_run, tmp_path)
+  _damage(wd, how)
+  logs = []
+  res = loop.train(induction_cfg("--config.train.steps=12"), wd, log=logs.append)
+  assert res["status"] == "done" and res["step"] == 12
+  assert "resumed from step 4 in " + wd in logs
+  err = capsys.readouterr().err
+  assert "checkpoints/8" in err and "checkpoints.bad" in err
+  assert ckpt_lib.step_dirs(wd) == [4, 8, 12]                      # 8 written again
+  assert os.listdir(os.path.join(wd, "checkpoints.bad")) == ["8"]  # the bad one, kept
+  # Same result as a run resumed from step 4 of an undamaged copy.
+  ref = _copy(ind_run, tmp_path, "ref")
+  shutil.rmtree(os.path.join(ref, "checkpoints", "8"))
+  loop.train(induction_cfg("--config.train.steps=12"), ref, **QUIET)
+  assert ckpt_lib.tree_equal(mha_jax.load(wd, **QUIET).params,
+                             mha_jax.load(ref, **QUIET).params)
+
+
+def test_checksums_are_saved_and_every_checkpoint_bad_is_an_error(ind_run, tmp_path):
+  wd = _copy(ind_run, tmp_path)
+  meta = json.load(open(os.path.join(wd, "checkpoints", "8", "meta", "metadata")))
+  assert set(meta["checksums"]) == {"params", "opt_state"}
+  assert all(len(v) == 64 for v in meta["checksums"]["params"].values())
+  for step in ("4", "8"):
+    for f in _largest(os.path.join(wd, "checkpoints", step, "params")):
+      _flip(f)
+  with pytest.raises(BadCheckpoint, match=r"every checkpoint .* is bad \(steps \[8, 4\]\)"):
+    mha_jax.load(wd, **QUIET)
+  assert ckpt_lib.step_dirs(wd) == [4, 8]
+
+
+def test_train_refuses_a_pruned_workdir_and_leaves_config_json_untouched(ind_run, tmp_path):
+  run = mha_jax.load(ind_run, **QUIET)
+  wd = str(tmp_path / "pruned")
+  os.makedirs(wd)
+  shutil.copy(os.path.join(ind_run, "config.json"), wd)
+  c = ckpt_lib.Checkpoints(wd)
+  c.save_params(8, run.params, {"step": 8})
+  c.close()
+  before = open(os.path.join(wd, "config.json"), "rb").read()
+  with pytest.raises(UserError, match="pruned or exported model .* no optimizer state"):
+    loop.train(induction_cfg("--config.train.steps=12"), wd, **QUIET)
+  assert open(os.path.join(wd, "config.json"), "rb").read() == before
+  assert mha_jax.load(wd, **QUIET).step == 8                          # still loads
+
+
+# ------------------------------------------------------------------ the run's data
+
+def _parallel_files(d, n=40, seed=0):
+  rng = np.random.default_rng(seed)
+  words = [f"w{i}" for i in range(12)]
+  paths = {}
+  for split, count in (("train", n), ("valid", 6), ("test", 6)):
+    src = [" ".join(rng.choice(words, rng.integers(2, 6))) for _ in range(count)]
+    tgt = [" ".join(reversed(s.split())) for s in src]
+    for side, lines in (("src", src), ("tgt", tgt)):
+      p = os.path.join(d, f"{split}.{side}")
+      open(p, "w").write("\n".join(lines) + "\n")
+      paths[f"{split}_{side}"] = p
+  return paths
+
+
+@pytest.fixture(scope="session")
+def parallel_run(tmp_path_factory):
+  base = tmp_path_factory.mktemp("parallel")
+  paths = _parallel_files(str(base))
+  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.data.kind=parallel",
+             "--config.train.steps=2", "--config.train.checkpoint_every=2",
+             "--config.train.eval_every=2", "--config.data.max_len=8",
+             *[f"--config.data.{k}={v}" for k, v in paths.items()])
+  wd = str(base / "run")
+  loop.train(cfg, wd, **QUIET)
+  return wd, paths
+
+
+def test_loading_and_evaluating_never_write_to_the_workdir(parallel_run, ind_run):
+  for wd in (parallel_run[0], ind_run):
+    before = _tree(wd)
+    run = mha_jax.load(wd)
+    run.model.evaluate(run.params, "valid", bleu=False)
+    assert _tree(wd) == before
+
+
+def test_data_edited_after_training_is_refused_and_the_vocabulary_kept(parallel_run,
+                                                                       tmp_path):
+  wd, paths = parallel_run
+  wd = _copy(wd, tmp_path)
+  data = _copy(os.path.dirname(paths["train_src"]), tmp_path, "data")
+  cfg = json.load(open(os.path.join(wd, "config.json")))
+  for k in paths:
+    cfg["data"][k] = os.path.join(data, os.path.basename(paths[k]))
+  json.dump(cfg, open(os.path.join(wd, "config.json"), "w"))
+  vocab = open(os.path.join(wd, "data", "vocab.json")).read()
+  assert mha_jax.load(wd).model.vocab_size == len(json.loads(vocab))
+  with open(cfg["data"]["train_src"], "a") as f:
+    f.write("brand new words\n")
+  with open(cfg["data"]["train_tgt"], "a") as f:
+    f.write("words new brand\n")
+  with pytest.raises(UserError, match=r"data.train_src/data.train_tgt: the training data no "
+                                      r"longer matches the run's vocabulary .*3 new"):
+    mha_jax.load(wd)
+  assert open(os.path.join(wd, "data", "vocab.json")).read() == vocab
