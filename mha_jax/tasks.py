@@ -184,11 +184,7 @@ class TranslationTask:
     if example_weight is not None:
       mask = mask * example_weight[:, None]
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    if label_smoothing:
-      onehot = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), label_smoothing)
-      obj = optax.softmax_cross_entropy(logits, onehot)
-    else:
-      obj = nll
+    obj = _smoothed(logits, targets, label_smoothing) if label_smoothing else nll
     tokens = mask.sum()
     metrics = {"loss": (nll * mask).sum(), "accuracy": (
         (logits.argmax(-1) == targets) * mask).sum(), "tokens": tokens}
@@ -312,11 +308,11 @@ class LMTask:
 
   def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
            example_weight=None):
-    del label_smoothing
     tokens = batch["tokens"]
     logits = self.apply(params, batch, gates=gates, key=key).astype(jnp.float32)
     targets = tokens[:, 1:]
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    obj = _smoothed(logits, targets, label_smoothing) if label_smoothing else nll
     w = jnp.ones_like(nll) if example_weight is None else jnp.broadcast_to(
         example_weight[:, None], nll.shape)
     metrics = {"loss": (nll * w).sum(), "accuracy": ((logits.argmax(-1) == targets) * w).sum(),
@@ -326,7 +322,7 @@ class LMTask:
         m = batch[f"mask_{name}"]
         metrics[f"loss_{name}"] = (nll * w * m).sum()
         metrics[f"tokens_{name}"] = (w * m).sum()
-    return (nll * w).sum() / w.sum(), metrics
+    return (obj * w).sum() / w.sum(), metrics
 
   def evaluate(self, params, split: str, *, bleu: bool = False, gates=None,
                bleu_limit: int | None = None) -> dict[str, float]:
@@ -338,6 +334,12 @@ class LMTask:
       if f"loss_{name}" in totals:
         out[f"loss_{name}"] = totals[f"loss_{name}"] / totals[f"tokens_{name}"]
     return out
+
+
+def _smoothed(logits, targets, label_smoothing: float):
+  """Cross-entropy against labels smoothed toward uniform (train.label_smoothing)."""
+  onehot = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), label_smoothing)
+  return optax.softmax_cross_entropy(logits, onehot)
 
 
 def jitted(task, name: str, fn):

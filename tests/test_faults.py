@@ -232,3 +232,75 @@ def test_data_edited_after_training_is_refused_and_the_vocabulary_kept(parallel_
                                       r"longer matches the run's vocabulary .*3 new"):
     mha_jax.load(wd)
   assert open(os.path.join(wd, "data", "vocab.json")).read() == vocab
+
+
+# ------------------------------------------------------------------ silent nonsense
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("model.dropout", "1.5", r"model.dropout must be in \[0, 1\); got 1.5"),
+    ("model.dropout", "-0.1", r"model.dropout must be in \[0, 1\); got -0.1"),
+    ("train.clip", "-1", r"train.clip must be >= 0 \(global-norm clipping; 0 = none\); got -1"),
+    ("train.keep", "-1", r"train.keep must be >= 1 \(checkpoints kept on disk\); got -1"),
+    ("train.label_smoothing", "1.0", r"train.label_smoothing must be in \[0, 1\); got 1.0"),
+    ("train.lr", "0", r"train.lr must be > 0; got 0"),
+    ("train.b2", "1.5", r"train.b2 must be in \[0, 1\); got 1.5"),
+    ("train.warmup", "-5", r"train.warmup must be >= 0; got -5"),
+    ("train.weight_decay", "-0.1", r"train.weight_decay must be >= 0; got -0.1"),
+    ("train.max_loss_factor", "0.5", r"train.max_loss_factor must be > 1"),
+    ("eval.batch_size", "0", r"eval.batch_size must be >= 1; got 0"),
+    ("data.half_len", "-1", r"data.half_len must be >= 0; got -1"),
+])
+def test_every_numeric_field_is_range_checked_by_name(field, value, msg):
+  with pytest.raises(UserError, match=msg):
+    mc.validate(induction_cfg(f"--config.{field}={value}"))
+
+
+def test_clip_zero_means_no_clipping():
+  import jax.numpy as jnp
+  g = {"w": jnp.asarray([3.0, -4.0])}
+
+  def first_update(clip):
+    cfg = induction_cfg(f"--config.train.clip={clip}", "--config.train.schedule=constant",
+                        "--config.train.warmup=0")
+    mc.validate(cfg)
+    opt = loop.make_optimizer(cfg.train)
+    state = opt.update(g, opt.init(g), {"w": jnp.zeros(2)})[1]   # step 0 has lr 0
+    return np.asarray(opt.update(g, state, {"w": jnp.zeros(2)})[0]["w"])
+
+  none = first_update("0")       # was clip_by_global_norm(0): every gradient zeroed
+  assert np.all(np.abs(none) > 1e-4)
+  np.testing.assert_allclose(none, first_update("1e30"), rtol=1e-6)
+
+
+def test_a_loss_that_grows_without_nan_stops_the_run(tmp_path):
+  # lr 100 with a long warmup: the loss climbs from ln 12 = 2.48 to 20,000 without NaN.
+  wd = str(tmp_path / "run")
+  with pytest.raises(loop.TrainingDiverged,
+                     match=r"is more than train.max_loss_factor=4 times the starting loss "
+                           r"2.48.*Last good checkpoint: step 4"):
+    loop.train(induction_cfg("--config.train.steps=12", "--config.train.lr=100",
+                             "--config.train.warmup=1000", "--config.train.log_every=1"),
+               wd, **QUIET)
+  assert ckpt_lib.step_dirs(wd) == [4]
+  meta = json.load(open(os.path.join(wd, "checkpoints", "4", "meta", "metadata")))
+  assert meta["initial_loss"] == pytest.approx(np.log(12), abs=0.05)
+
+
+def test_lm_label_smoothing_changes_the_objective_as_the_formula_says():
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from mha_jax import tasks
+  cfg = induction_cfg()
+  task = tasks.build(cfg)
+  params = task.init_params(jax.random.PRNGKey(0))
+  batch = task.train_batch(0)
+  plain, m = task.loss(params, batch)
+  smooth, m2 = task.loss(params, batch, label_smoothing=0.2)
+  logits = task.apply(params, batch).astype(jnp.float32)
+  v = logits.shape[-1]
+  labels = 0.8 * jax.nn.one_hot(batch["tokens"][:, 1:], v) + 0.2 / v
+  want = optax.softmax_cross_entropy(logits, labels).mean()
+  assert float(smooth) == pytest.approx(float(want), rel=1e-5)
+  assert float(smooth) != pytest.approx(float(plain), rel=1e-4)
+  assert float(m["loss"]) == pytest.approx(float(m2["loss"]))       # the metric is plain NLL
