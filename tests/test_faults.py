@@ -304,3 +304,60 @@ def test_lm_label_smoothing_changes_the_objective_as_the_formula_says():
   assert float(smooth) == pytest.approx(float(want), rel=1e-5)
   assert float(smooth) != pytest.approx(float(plain), rel=1e-4)
   assert float(m["loss"]) == pytest.approx(float(m2["loss"]))       # the metric is plain NLL
+
+
+# ------------------------------------------------------------------ messages, not tracebacks
+
+def test_cli_prints_one_line_for_bad_input_and_a_traceback_for_bugs(ind_run, tmp_path,
+                                                                    capsys, monkeypatch):
+  bad = tmp_path / "bad.py"
+  bad.write_text("def get_config(arg=None)\n  return 1\n")
+  assert cli_mod.main(["train", "--config", str(bad), "--workdir", str(tmp_path / "w")]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and f"--config: '{bad}' line 1" in err, err
+  wd = _copy(ind_run, tmp_path)
+  open(os.path.join(wd, "config.json"), "w").write('{"task": "lm",')
+  assert cli_mod.main(["eval", "--workdir", wd]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and os.path.join(wd, "config.json") + " is not valid JSON" in err
+  import mha_jax.loader
+
+  def bug(*a, **k):
+    raise ValueError("an internal shape bug")        # e.g. raised inside JAX
+  monkeypatch.setattr(mha_jax.loader, "load", bug)
+  with pytest.raises(ValueError, match="an internal shape bug"):
+    cli_mod.main(["eval", "--workdir", ind_run])
+
+
+def test_ablate_checks_head_names_before_evaluating(ind_run, capsys, monkeypatch):
+  from mha_jax import tasks
+
+  def no_eval(*a, **k):
+    raise AssertionError("evaluated before checking --heads")
+  monkeypatch.setattr(tasks.LMTask, "evaluate", no_eval)
+  assert cli_mod.main(["ablate", "--workdir", ind_run, "--heads", "lm.99.0"]) == 2
+  assert "lm.99.0" in capsys.readouterr().err
+
+
+def test_binary_data_files_name_the_field_and_the_file(tmp_path):
+  from mha_jax.data import parallel, text
+  p = tmp_path / "train.src"
+  p.write_bytes(b"ok line\n\xff\xfe\x00binary\n")
+  with pytest.raises(UserError, match=rf"data.train_src: '{p}' is not UTF-8 text"):
+    parallel.read_lines(str(p), "data.train_src")
+  with pytest.raises(UserError, match=rf"data.text_files: '{p}' is not UTF-8 text"):
+    text.read_corpus([str(p)])
+
+
+@pytest.mark.parametrize("head,msg", [
+    ("x", r"not valid CoNLL-U .*'head'"),
+    ("9", r"sentence 1 of .*token 1 \('the'\): head 9 is not a token of the sentence \(0..2\)"),
+    ("_", r"head None is not a token"),
+])
+def test_conllu_heads_that_are_not_tokens_are_refused(tmp_path, head, msg):
+  from mha_jax.data import parallel
+  p = tmp_path / "t.conllu"
+  p.write_text(f"1\tthe\tthe\tDET\t_\t_\t{head}\tdet\t_\t_\n"
+               "2\tdog\tdog\tNOUN\t_\t_\t0\troot\t_\t_\n\n")
+  with pytest.raises(UserError, match=msg):
+    parallel.read_conllu_arcs(str(p), [["the", "dog"]], "data.conllu.train")
