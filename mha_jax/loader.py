@@ -21,12 +21,13 @@ class Loaded:
   """What a workdir holds.
 
   config: the resolved, locked config of the run.
-  model: the task object: `model.apply(params, batch, gates=..., capture=...)`,
-    `model.loss(...)`, `model.evaluate(params, split)`, the data and vocabulary.
+  model: the task, typed by `tasks.Task` (apply, loss, evaluate, train_batch,
+    eval_batches, vocab_size; translation adds `tasks.TranslationData`): what the
+    studies may use of it.
   params: the params pytree at `step` (on one device, in their saved shapes).
   """
   config: ml_collections.ConfigDict
-  model: Any
+  model: tasks.Task
   params: Any
   step: int
   workdir: str

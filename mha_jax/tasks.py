@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Iterator, Protocol, runtime_checkable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +24,47 @@ from mha_jax.models import lm as lm_model
 from mha_jax.models import seq2seq
 
 SPLITS = ("train", "valid", "test")
+
+
+@runtime_checkable
+class Task(Protocol):
+  """What `mha_jax.load` hands to every study (analysis, ablation, pruning, circuits):
+  the studies use these members and nothing else of a task. Batches are dicts of int32
+  arrays ("src"/"tgt" for translation, "tokens" for an LM); gates are
+  {stack: [(H_l,) per layer]}; metrics are sums to divide by metrics["tokens"]."""
+
+  vocab_size: int
+
+  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+    """Logits (B, T, V); with capture=True, (logits, {stack: {layer: captured}})."""
+
+  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+           example_weight=None):
+    """(objective, metric sums) for one batch."""
+
+  def evaluate(self, params, split: str, *, bleu: bool = False, gates=None,
+               bleu_limit: int | None = None) -> dict[str, float]:
+    """Loss and accuracy (and BLEU for translation) over a split."""
+
+  def train_batch(self, step: int, process_index: int = 0, process_count: int = 1
+                  ) -> dict[str, np.ndarray]:
+    """Training batch number `step` (deterministic)."""
+
+  def eval_batches(self, split: str, batch_size: int
+                   ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """(batch, example weights (B,)) over a split; padding rows have weight 0."""
+
+
+@runtime_checkable
+class TranslationData(Task, Protocol):
+  """A translation task's extra members, used by the role analysis and the explorer."""
+
+  vocab: V.Vocab                                   # word vocabulary of the run
+  words: dict[str, tuple[list[list[str]], list[list[str]]]]   # split -> (src, tgt) words
+  arcs: dict[str, list[dict]]                      # split -> gold arcs (when known)
+
+  def copy_baseline_bleu(self, split: str) -> float:
+    """BLEU of the source sentence taken as its own translation."""
 
 
 def model_spec(cfg) -> C.ModelSpec:

@@ -34,7 +34,7 @@ def translation_roles(run, split: str, limit: int = 0,
   freqs_path = os.path.join(run.workdir, "data", "train_freqs.json")
   with open(freqs_path) as f:
     freqs = json.load(f)
-  max_len = task.cfg.data.max_len + 1
+  max_len = run.config.data.max_len + 1
   stats = {}
   arcs_all = task.arcs.get(split)
   src_words = task.words[split][0]
