@@ -232,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
   pr.add_argument("--workdir", required=True)
   pr.add_argument("--out", default=None, help="new workdir (default: WORKDIR_pruned_METHOD)")
   pr.add_argument("--method", default="l0", help="l0, michel or random")
-  pr.add_argument("--l0-lambda", type=float, default=None)
+  pr.add_argument("--l0-lambda", type=float, default=None,
+                  help="L0 penalty (with --keep K: default 0.05, it only ranks the heads)")
   pr.add_argument("--lambdas", type=_float_list, default=(),
                   help="sweep lambda: one sub-workdir per value")
   pr.add_argument("--keep", type=int, default=None, help="end with exactly K heads")

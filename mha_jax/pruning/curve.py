@@ -40,12 +40,10 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   masks: dict[str, dict[int, dict]] = {"random": methods.random_masks(
       run, stacks=stacks, counts=list(counts), seed=seed)}
   masks["michel"] = methods.michel_masks(run, stacks=stacks, counts=list(counts), log=log)
-  masks["l0"] = {}
-  for k in counts:
-    log(f"l0: training gates for K={k}")
-    la, _, _ = methods.train_gates(run, lam, stacks=stacks, steps=steps, seed=seed, hc=hc,
-                                   log=lambda s: None)
-    masks["l0"][k] = methods.top_k_mask(la, k)
+  log(f"l0: training gates once (lambda {lam}, {steps} steps); top K for each count")
+  la, _, _ = methods.train_gates(run, lam, stacks=stacks, steps=steps, seed=seed, hc=hc,
+                                 log=lambda s: None)
+  masks["l0"] = {k: methods.top_k_mask(la, k) for k in counts}
   rows = []
   for method in ("l0", "michel", "random"):
     for k in sorted(counts, reverse=True):

@@ -24,6 +24,10 @@ from mha_jax.pruning import methods
 from mha_jax.train import checkpoint as ckpt_lib
 
 
+# The lambda of `prune --method l0 --keep K` without --l0-lambda (prune-curve's default).
+DEFAULT_KEEP_LAMBDA = 0.05
+
+
 def _fresh_dir(path: str, what: str) -> None:
   if os.path.exists(path) and os.listdir(path):
     raise UserError(f"{what} {path!r} exists and is not empty; refusing to overwrite it")
@@ -86,7 +90,9 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
     start_mask = {s: m for s, m in start_mask.items() if s in stacks}
   available = _check(run, stacks, keep, start_mask)
   if method == "l0" and lam is None and not lambdas:
-    raise UserError("--method l0 needs --l0-lambda X or --lambdas a,b,c")
+    if keep is None:
+      raise UserError("--method l0 needs --l0-lambda X, --lambdas a,b,c or --keep K")
+    lam = DEFAULT_KEEP_LAMBDA    # top K of the gates: lambda only shapes the ranking
   if method != "l0" and keep is None:
     raise UserError(f"--method {method} needs --keep K")
   base = base if base is not None else _evaluate(run, run.params, bleu_limit)
