@@ -19,13 +19,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mha_jax.errors import UserError
 from mha_jax import accounting, attention, layers
+from mha_jax.errors import UserError
 
 DEFAULT_HEADS = (8, 12, 16, 32, 64, 96)
 
 
-def _median_seconds(fn: Callable[[], object], rounds: int) -> list[float]:
+def _round_seconds(fn: Callable[[], object], rounds: int) -> list[float]:
+  """Wall seconds of each of `rounds` calls (the caller takes the median)."""
   out = []
   for _ in range(rounds):
     t0 = time.perf_counter()
@@ -39,7 +40,7 @@ def matmul_gflops(n: int = 2048, rounds: int = 7, dtype=jnp.float32) -> float:
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
   f = jax.jit(lambda a, b: a @ b)
   jax.block_until_ready(f(a, a))
-  t = statistics.median(_median_seconds(lambda: f(a, a), rounds))
+  t = statistics.median(_round_seconds(lambda: f(a, a), rounds))
   return 2 * n**3 / t / 1e9
 
 
@@ -49,7 +50,7 @@ def _linen_dpa_fn(query, key, value, bias=None, mask=None, **_):
                                       implementation="xla")
 
 
-def build_impls(d_model: int, num_heads: int, x: jax.Array, *, with_cudnn: bool,
+def build_impls(d_model: int, num_heads: int, *, with_cudnn: bool,
                 dtype=jnp.float32) -> dict[str, tuple[Callable, object]]:
   """name -> (pure function f(params, x) -> y, params), all with the same weights."""
   ours = attention.init_attention_params(jax.random.PRNGKey(0), d_model, num_heads,
@@ -99,7 +100,7 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
   x = jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model), dt)
   rows = []
   for h in heads:
-    impls = build_impls(d_model, h, x, with_cudnn=with_cudnn, dtype=dt)
+    impls = build_impls(d_model, h, with_cudnn=with_cudnn, dtype=dt)
     compiled = {}
     for name, (f, p) in impls.items():
       fwd = jax.jit(f)
@@ -113,7 +114,7 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
     times = {(n, m): [] for n in compiled for m in ("forward", "forward+backward")}
     for _ in range(rounds):  # interleaved
       for (n, m) in times:
-        times[(n, m)] += _median_seconds(compiled[n][m], 1)
+        times[(n, m)] += _round_seconds(compiled[n][m], 1)
     for mode, mult in (("forward", 1), ("forward+backward", 3)):
       meds = {n: statistics.median(times[(n, mode)]) for n in compiled}
       peers = [v for n, v in meds.items() if not n.startswith("mha_jax")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
 from mha_jax.errors import UserError
 
 

@@ -18,6 +18,7 @@ import re
 from typing import Any, Sequence
 
 import ml_collections
+
 from mha_jax.errors import UserError
 
 # Fields that may change when a run resumes in an existing workdir.

@@ -452,3 +452,49 @@ def test_prune_l0_keep_k_needs_no_lambda(ind_run, tmp_path, capsys):
   assert cli_mod.main(["prune", "--workdir", ind_run, "--out", str(tmp_path / "q"),
                        "--method", "l0", "--stacks", "lm"]) == 2
   assert "--l0-lambda X, --lambdas a,b,c or --keep K" in capsys.readouterr().err
+
+
+def test_special_ids_have_one_definition_per_vocabulary():
+  import ast
+  import glob
+  from mha_jax.data import repeated_tokens, text, vocab as V
+  from mha_jax.models import common as C
+  assert text.BOS_ID is V.LM_BOS_ID and repeated_tokens.BOS_ID is V.LM_BOS_ID
+  assert C.ModelSpec("seq2seq").pad_id == V.PAD_ID
+  root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "mha_jax")
+  literal = []
+  for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True):
+    if path.endswith(os.path.join("data", "vocab.py")):
+      continue
+    for node in ast.walk(ast.parse(open(path).read())):
+      if isinstance(node, (ast.Assign, ast.AnnAssign)):   # X_ID = 0, pad_id: int = 0
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names = [getattr(t, "id", getattr(t, "attr", "")) for t in targets]
+        if (any(n.lower().endswith("_id") for n in names) and
+            isinstance(node.value, ast.Constant)):
+          literal.append((os.path.basename(path), names))
+      if isinstance(node, ast.Compare) and any(   # ids != 0: padding by a literal
+          isinstance(c, ast.Constant) and c.value == 0 for c in node.comparators) and any(
+              isinstance(o, ast.NotEq) for o in node.ops) and any(
+                  w in ast.unparse(node.left) for w in ("src", "tgt", "ids")):
+        literal.append((os.path.basename(path), ast.unparse(node)))
+  assert literal == []
+
+
+def test_misleading_names_and_dead_code_are_gone():
+  import inspect
+  from mha_jax import bench
+  from mha_jax.analysis import importance, roles
+  from mha_jax.data import synthetic_translation
+  from mha_jax.models import seq2seq
+  assert hasattr(roles, "RoleStats") and not hasattr(roles, "EncoderRoleStats")
+  assert not hasattr(roles, "DIRECTIONS") and not hasattr(synthetic_translation, "generate")
+  assert "x" not in inspect.signature(bench.build_impls).parameters
+  assert not hasattr(bench, "_median_seconds")
+  assert "np.ndarray" not in str(inspect.signature(importance.michel_importance).return_annotation)
+  assert "(pre-LN)" not in seq2seq.__doc__
+  assert "RNG is not restored" in " ".join(ckpt_lib.__doc__.split())
+  cfg = mc.load_config("configs/lm.py")
+  assert cfg.data.text_files == ()
+  src = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "lm.py")).read()
+  assert src.count("text_files =") + src.count("text_files=") == 1

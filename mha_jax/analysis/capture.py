@@ -11,6 +11,7 @@ from typing import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
+
 from mha_jax.errors import UserError
 
 

@@ -12,13 +12,14 @@ output bias, which is exactly what replacing the head's output by its mean does.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from mha_jax.errors import UserError
+from mha_jax.data import vocab as V
 from mha_jax.models import common as C
 
 
@@ -67,7 +68,7 @@ def mean_head_outputs(run, split: str = "valid", limit: int = 256) -> dict:
 def _query_mask(run, batch, stack, t):
   if "src" in batch:
     ids = batch["src"] if stack == "encoder" else batch["tgt"][:, :-1]
-    return (np.asarray(ids)[:, :t] != 0).astype(np.float64)
+    return (np.asarray(ids)[:, :t] != V.PAD_ID).astype(np.float64)
   return np.ones((len(batch["tokens"]), t))
 
 
@@ -97,9 +98,9 @@ def ablate(run, heads, *, mode: str = "zero", split: str = "test", means=None,
 
 
 def michel_importance(run, split: str = "valid", *, limit: int = 512,
-                      batch_size: int = 32, gates=None, params=None) -> dict[str, np.ndarray]:
-  """{head name: I_h}, raw and normalised per layer, from per-example gate gradients
-  taken at `gates` (default: all 1)."""
+                      batch_size: int = 32, gates=None, params=None) -> dict[str, Any]:
+  """{"raw": {head name: I_h}, "normalized": {head name: I_h / ||I_layer||},
+  "examples": n}, from per-example gate gradients taken at `gates` (default: all 1)."""
   from mha_jax.tasks import jitted
   model = run.model
   params = run.params if params is None else params

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+
 from mha_jax.errors import UserError
 
 

@@ -8,9 +8,9 @@ find the earlier copy by position alone.
 from __future__ import annotations
 
 import numpy as np
-from mha_jax.errors import UserError
 
-BOS_ID = 0
+from mha_jax.data.vocab import LM_BOS_ID as BOS_ID
+from mha_jax.errors import UserError
 
 
 def repeated_tokens(seed: int, index: int, batch: int, half_len: int, vocab_size: int,

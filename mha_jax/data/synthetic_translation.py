@@ -23,6 +23,7 @@ import os
 from typing import Sequence
 
 import numpy as np
+
 from mha_jax.errors import UserError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -233,14 +234,6 @@ def split_subwords(s: Sentence, keep: set[str]) -> Sentence:
       h = s.heads[i]
       heads.append(-1 if h < 0 else last[h]); rels.append(s.rels[i])
   return Sentence(pieces, s.tgt, heads, rels)
-
-
-def generate(num: int, seed: int, cfg: GrammarConfig = GrammarConfig(),
-             grammar: Grammar | None = None) -> list[Sentence]:
-  """`num` sentence pairs, deterministic from (seed, cfg)."""
-  grammar = grammar or Grammar(cfg, seed)
-  rng = np.random.default_rng([seed, 11])
-  return [grammar.sample(rng) for _ in range(num)]
 
 
 def build_splits(sizes: dict[str, int], seed: int, cfg: GrammarConfig = GrammarConfig()

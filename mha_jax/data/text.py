@@ -6,9 +6,10 @@ import os
 from typing import Sequence
 
 import numpy as np
+
+from mha_jax.data.vocab import LM_BOS_ID as BOS_ID
 from mha_jax.errors import UserError
 
-BOS_ID = 0
 _SPECIALS = ["<s>", "<unk>"]     # BPE ids 0 and 1
 
 

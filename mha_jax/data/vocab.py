@@ -6,10 +6,16 @@ import json
 from typing import Iterable, Sequence
 
 import numpy as np
+
 from mha_jax.errors import UserError
 
+# The special ids of every vocabulary, defined here and only here.
+# Word vocabularies (translation):
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# LM token streams (repeated random tokens; text through BPE or bytes): id 0 is BOS,
+# there is no padding. Repeated-token probes of a text model rely on the two agreeing.
+LM_BOS_ID = 0
 
 
 class Vocab:

@@ -18,6 +18,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+
 from mha_jax.errors import UserError
 
 
