@@ -124,7 +124,11 @@ def test_analyze_writes_the_report(run):
   for png in ("roles.png", "importance.png", "ablation.png"):
     assert os.path.getsize(os.path.join(d, png)) > 1000, png
   assert sum(summary["role_counts"]["encoder"].values()) == 2
-  assert len(summary["top_importance"]) == 5
+  # The five heads with the largest I_h, largest first, as heads.json records them.
+  want = sorted(((r["importance_raw"], r["head"]) for r in rows), reverse=True)[:5]
+  assert [(h, pytest.approx(v)) for v, h in want] == [tuple(t) for t in
+                                                      summary["top_importance"]]
+  assert want[0][0] > want[-1][0] > 0
 
 
 def _browser():

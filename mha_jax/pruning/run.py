@@ -1,6 +1,6 @@
 """`mha-jax prune` and `mha-jax export-pruned`: pruned workdirs that load like any other.
 
-A pruned workdir holds the source run's config.json, a checkpoint of the masked params
+A pruned workdir holds the source run's config.json and data/, a checkpoint of the masked params
 (pruned heads' W_O rows zeroed, i.e. gate 0) and pruning.json (method, lambda, mask,
 kept heads, gate values, BLEU before and after). `export-pruned` removes the masked
 heads from the weights for real.
@@ -44,6 +44,9 @@ def write_workdir(run, out: str, params, info: dict) -> None:
   _fresh_dir(out, "--out")
   try:
     shutil.copy(os.path.join(run.workdir, "config.json"), os.path.join(out, "config.json"))
+    data = os.path.join(run.workdir, "data")   # the run's vocabulary/tokenizer and stats
+    if os.path.isdir(data):
+      shutil.copytree(data, os.path.join(out, "data"))
     c = ckpt_lib.Checkpoints(out)
     c.save_params(run.step, params, {"step": run.step,
                                      "source": os.path.abspath(run.workdir)})
