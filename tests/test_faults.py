@@ -498,3 +498,32 @@ def test_misleading_names_and_dead_code_are_gone():
   assert cfg.data.text_files == ()
   src = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "lm.py")).read()
   assert src.count("text_files =") + src.count("text_files=") == 1
+
+
+def test_ci_installs_the_browser_and_no_test_installs_anything():
+  root = os.path.dirname(os.path.dirname(__file__))
+  ci = open(os.path.join(root, ".ci", "run")).read()
+  assert "apt-get install -y -qq chromium" in ci and "command -v chromium" in ci
+  for name in os.listdir(os.path.join(root, "tests")):
+    if name.endswith(".py") and name != os.path.basename(__file__):
+      src = open(os.path.join(root, "tests", name)).read()
+      assert "apt-get" not in src and "pip install" not in src, name
+
+
+def test_the_results_the_readme_cites_are_in_the_repository():
+  import re
+  import subprocess
+  root = os.path.dirname(os.path.dirname(__file__))
+  readme = open(os.path.join(root, "README.md")).read()
+  cited = set(re.findall(r"docs/results/[\w.\-{},*]+", readme))
+  assert cited
+  tracked = subprocess.run(["git", "ls-files", "docs/results"], cwd=root, text=True,
+                           capture_output=True).stdout.split()
+  ignored = subprocess.run(["git", "check-ignore", "docs/results/x.json"], cwd=root).returncode
+  assert ignored == 1                                   # .gitignore no longer hides them
+  for c in cited:
+    stem, _, exts = c.partition("{")
+    names = ([stem + e for e in exts.rstrip("}").split(",")] if exts else [c.rstrip(".")])
+    for n in names:
+      pat = re.escape(n).replace(r"\*", ".*")
+      assert any(re.fullmatch(pat, t) for t in tracked), (n, tracked)
