@@ -76,14 +76,30 @@ def _cmd_eval(args) -> int:
   return 0
 
 
+def _out_dir(args) -> str:
+  """--out, by default WORKDIR/analysis; checked writable before any work is done."""
+  import os
+  out = args.out or os.path.join(args.workdir, "analysis")
+  try:
+    os.makedirs(out, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"--out {out!r} cannot be created ({e.strerror}); a read-only "
+                    f"workdir needs --out elsewhere") from None
+  if not os.access(out, os.W_OK):
+    raise UserError(f"--out {out!r} is not writable; a read-only workdir needs --out "
+                    f"elsewhere")
+  return out
+
+
 def _cmd_analyze(args) -> int:
   from mha_jax.analysis import report
   from mha_jax.loader import load
   run = load(args.workdir, step=args.step)
-  summary = report.analyze(run, split=args.split, loo=not args.no_ablations,
+  out = _out_dir(args)
+  summary = report.analyze(run, split=args.split, out_dir=out, loo=not args.no_ablations,
                            loo_bleu_limit=args.bleu_sentences)
   print(json.dumps(summary, indent=1))
-  print(f"wrote {args.workdir}/analysis/ (heads.json, heads.csv, *.png, explorer.html)")
+  print(f"wrote {out}/ (heads.json, heads.csv, *.png, explorer.html)")
   return 0
 
 
@@ -99,6 +115,7 @@ def _cmd_ablate(args) -> int:
     raise UserError(f"--split must be train, valid or test; got {args.split!r}")
   run = load(args.workdir, step=args.step)
   heads = None if args.each else importance.parse_heads(run.params, args.heads)
+  out_dir = _out_dir(args)
   is_tr = run.config.task == "translation"       # names checked above, before this pass
   base = run.model.evaluate(run.params, args.split, bleu=is_tr, bleu_limit=0)
   if args.each:
@@ -110,8 +127,6 @@ def _cmd_ablate(args) -> int:
     rows = [{"head": args.heads, **res, **{f"delta_{k}": res[k] - base[k] for k in res}}]
     result = {"mode": args.mode, "split": args.split, "heads": args.heads, "base": base,
               "ablated": res, "delta": {k: res[k] - base[k] for k in res}}
-  out_dir = os.path.join(args.workdir, "analysis")
-  os.makedirs(out_dir, exist_ok=True)
   name = "ablation_each" if args.each else "ablation"
   with open(os.path.join(out_dir, f"{name}_{args.mode}.json"), "w") as f:
     json.dump(result, f, indent=1)
@@ -216,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
   a.add_argument("--split", default="test")
   a.add_argument("--step", type=int, default=None)
   a.add_argument("--no-ablations", action="store_true", help="skip the leave-one-out pass")
+  a.add_argument("--out", default=None, help="output folder (default: WORKDIR/analysis)")
   a.add_argument("--bleu-sentences", type=int, default=64,
                  help="sentences for BLEU in the leave-one-out pass (0 = all)")
   a.set_defaults(func=_cmd_analyze)
@@ -227,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
   ab.add_argument("--each", action="store_true", help="every single-head ablation")
   ab.add_argument("--split", default="test")
   ab.add_argument("--step", type=int, default=None)
+  ab.add_argument("--out", default=None, help="output folder (default: WORKDIR/analysis)")
   ab.set_defaults(func=_cmd_ablate)
 
   pr = sub.add_parser("prune", help="prune heads: L0 gates, Michel et al., or random")

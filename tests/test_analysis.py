@@ -143,8 +143,8 @@ def test_explorer_renders_the_json_rows_in_a_real_browser(run, tmp_path):
   assert "http" not in open(path).read().replace("http-equiv", "")   # no network at all
   exe = _browser()
   if exe is None:
-    pytest.skip("Chromium is not on PATH (CI installs it in .ci/run; locally: "
-                "apt-get install chromium)")
+    pytest.skip("Chromium is not on PATH (CI installs it in .ci/run; locally, install "
+                "Debian's chromium package)")
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:
     browser = p.chromium.launch(executable_path=exe, args=[
