@@ -272,8 +272,12 @@ def test_clip_zero_means_no_clipping():
   np.testing.assert_allclose(none, first_update("1e30"), rtol=1e-6)
 
 
-def test_a_loss_that_grows_without_nan_stops_the_run(tmp_path):
+def test_a_loss_that_grows_without_nan_stops_the_run(tmp_path, monkeypatch):
   # lr 100 with a long warmup: the loss climbs from ln 12 = 2.48 to 20,000 without NaN.
+  closed = []
+  for cls in (loop.MetricsWriter, ckpt_lib.Checkpoints):
+    monkeypatch.setattr(cls, "close", lambda self, real=cls.close, name=cls.__name__: (
+        closed.append(name), real(self))[1])
   wd = str(tmp_path / "run")
   with pytest.raises(loop.TrainingDiverged,
                      match=r"is more than train.max_loss_factor=4 times the starting loss "
@@ -282,6 +286,7 @@ def test_a_loss_that_grows_without_nan_stops_the_run(tmp_path):
                              "--config.train.warmup=1000", "--config.train.log_every=1"),
                wd, **QUIET)
   assert ckpt_lib.step_dirs(wd) == [4]
+  assert sorted(closed) == ["Checkpoints", "MetricsWriter"]   # closed on the way out
   meta = json.load(open(os.path.join(wd, "checkpoints", "4", "meta", "metadata")))
   assert meta["initial_loss"] == pytest.approx(np.log(12), abs=0.05)
 
