@@ -14,16 +14,23 @@ The whole computation, for one layer, is the textbook's seven lines:
   o_BTD = merge_heads(o_BTHK)      (concatenate)
   y_BTD = o_BTD @ W_O              (W_O mixes the heads)
 
-Parameters are a plain dict: ``wq``, ``wk``, ``wv`` of shape (D, H, K), ``wo`` of
-shape (H, K, D), optional ``bq``, ``bk``, ``bv`` (H, K) and ``bo`` (D,), and optional
+Parameters are a plain dict: ``wq`` of shape (D, H, K), ``wk``, ``wv`` of shape
+(D, G, K), ``wo`` of shape (H, K, D), optional ``bq`` (H, K), ``bk``, ``bv`` (G, K)
+and ``bo`` (D,), and optional
 ``rel_bias`` (H, 2R + 1): one learned score bias per head and relative offset
 (Shaw et al. 2018), so every per-head parameter lives in the block and removing a
-head is slicing its row. H and K
-are read from the shapes, so a layer whose heads were removed still runs.
+head is slicing its row. H, G and K are read from the shapes, so a layer whose
+heads were removed still runs. G is the number of key/value heads: G = H is
+multi-head attention, G dividing H is grouped-query attention (Ainslie et al. 2023;
+G = 1 is multi-query, Shazeer 2019). Query head i reads key/value head i // (H // G),
+the order of Hugging Face's ``repeat_kv``: kv head j serves query heads
+j*H/G ... (j+1)*H/G - 1. Everything per head (gates, weights, masks, biases, the
+returned heads) is per query head.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping, NamedTuple
 
@@ -89,36 +96,49 @@ def merge_heads(x_BTHK: jax.Array) -> jax.Array:
   return x_BTHK.reshape(b, t, h * k)
 
 
-def attention_scores(q_BTHK: jax.Array, k_BSHK: jax.Array,
+def _group(h: int, g: int, what: str) -> int:
+  """H // G, the query heads per key/value head; refuses G not dividing H."""
+  if g < 1 or h % g:
+    raise ValueError(f"{what}: the number of key/value heads G={g} must divide the number "
+                     f"of query heads H={h} (grouped-query attention)")
+  return h // g
+
+
+def attention_scores(q_BTHK: jax.Array, k_BSGK: jax.Array,
                      scale: float | None = None) -> jax.Array:
-  """Scaled dot products of every query with every key, per head.
+  """Scaled dot products of every query with every key, per query head.
 
   Args:
     q_BTHK: queries (B, T, H, K).
-    k_BSHK: keys (B, S, H, K); same B, H and K as the queries.
+    k_BSGK: keys (B, S, G, K); same B and K as the queries, G dividing H. Query head
+      i reads key head i // (H // G) (G = H: one key head per query head).
     scale: multiplies the dot products. None means 1/sqrt(K), the head's own width.
 
   Returns:
     s_BHTS: (B, H, T, S) scores in float32.
   """
   _check_rank("q_BTHK", q_BTHK, 4, "B, T, H, K")
-  _check_rank("k_BSHK", k_BSHK, 4, "B, S, H, K")
-  bq, _, hq, kq = q_BTHK.shape
-  bk, _, hk, kk = k_BSHK.shape
+  _check_rank("k_BSGK", k_BSGK, 4, "B, S, G, K")
+  bq, t, hq, kq = q_BTHK.shape
+  bk, s, hk, kk = k_BSGK.shape
   if kq != kk:
-    raise ValueError(f"q_BTHK and k_BSHK must have the same head width K; got q "
-                     f"K={kq} (shape {q_BTHK.shape}) and k K={kk} (shape {k_BSHK.shape})")
-  if hq != hk:
-    raise ValueError(f"q_BTHK and k_BSHK must have the same number of heads; got "
-                     f"{hq} and {hk}")
+    raise ValueError(f"q_BTHK and k_BSGK must have the same head width K; got q "
+                     f"K={kq} (shape {q_BTHK.shape}) and k K={kk} (shape {k_BSGK.shape})")
+  r = _group(hq, hk, "q_BTHK and k_BSGK")
   if bq != bk:
-    raise ValueError(f"q_BTHK and k_BSHK must have the same batch size; got {bq} and {bk}")
+    raise ValueError(f"q_BTHK and k_BSGK must have the same batch size; got {bq} and {bk}")
   if scale is None:
     scale = 1.0 / math.sqrt(kq)
   # Scaling q (T*K numbers) rather than the scores (T*S per head) is the same maths
   # and far cheaper when H is large.
   q_BTHK = q_BTHK * jnp.asarray(scale, q_BTHK.dtype)
-  return jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK, preferred_element_type=jnp.float32)
+  if r == 1:
+    return jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSGK, preferred_element_type=jnp.float32)
+  # Grouped: query head g*R + r reads key head g; no copy of the keys.
+  q_BTGRK = q_BTHK.reshape(bq, t, hk, r, kq)
+  s_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK,
+                       preferred_element_type=jnp.float32)
+  return s_BGRTS.reshape(bq, hq, t, s)
 
 
 def attention_weights(s_BHTS: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -151,13 +171,24 @@ def attention_weights(s_BHTS: jax.Array, mask: jax.Array | None = None) -> jax.A
   return e / jnp.where(denom > 0, denom, 1.0)
 
 
-def mix_values(w_BHTS: jax.Array, v_BSHK: jax.Array) -> jax.Array:
-  """Each head's output: its weights times the values, (B, H, T, S) x (B, S, H, K) -> (B, T, H, K)."""
+def mix_values(w_BHTS: jax.Array, v_BSGK: jax.Array) -> jax.Array:
+  """Each query head's output: its weights times its value head's values.
+
+  (B, H, T, S) x (B, S, G, K) -> (B, T, H, K), G dividing H; query head i reads value
+  head i // (H // G).
+  """
   _check_rank("w_BHTS", w_BHTS, 4, "B, H, T, S")
-  _check_rank("v_BSHK", v_BSHK, 4, "B, S, H, K")
-  if w_BHTS.shape[3] != v_BSHK.shape[1] or w_BHTS.shape[1] != v_BSHK.shape[2]:
-    raise ValueError(f"w_BHTS {w_BHTS.shape} and v_BSHK {v_BSHK.shape} disagree on S or H")
-  return jnp.einsum("bhts,bshk->bthk", w_BHTS.astype(v_BSHK.dtype), v_BSHK)
+  _check_rank("v_BSGK", v_BSGK, 4, "B, S, G, K")
+  b, h, t, s = w_BHTS.shape
+  g, k = v_BSGK.shape[2], v_BSGK.shape[3]
+  if s != v_BSGK.shape[1]:
+    raise ValueError(f"w_BHTS {w_BHTS.shape} and v_BSGK {v_BSGK.shape} disagree on S")
+  r = _group(h, g, "w_BHTS and v_BSGK")
+  w_BHTS = w_BHTS.astype(v_BSGK.dtype)
+  if r == 1:
+    return jnp.einsum("bhts,bshk->bthk", w_BHTS, v_BSGK)
+  o_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", w_BHTS.reshape(b, g, r, t, s), v_BSGK)
+  return o_BTGRK.reshape(b, t, h, k)
 
 
 # --------------------------------------------------------------------------
@@ -167,7 +198,8 @@ def mix_values(w_BHTS: jax.Array, v_BSHK: jax.Array) -> jax.Array:
 
 def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
                           head_dim: int | None = None, use_bias: bool = False,
-                          max_rel: int = 0, dtype: Any = jnp.float32) -> dict[str, jax.Array]:
+                          max_rel: int = 0, dtype: Any = jnp.float32,
+                          num_kv_heads: int | None = None) -> dict[str, jax.Array]:
   """Fresh parameters for one attention layer.
 
   Weights are LeCun-normal (truncated) over their input features, as Flax's
@@ -182,9 +214,12 @@ def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
     max_rel: R > 0 adds a zero "rel_bias" (H, 2R + 1): relative positions, offsets
       j - i clipped to +-R.
     dtype: parameter dtype.
+    num_kv_heads: G, the key/value heads (grouped-query attention); must divide
+      num_heads. None means num_heads (multi-head); 1 is multi-query.
 
   Returns:
-    {"wq", "wk", "wv": (D, H, K), "wo": (H, K, D)} plus biases if asked.
+    {"wq": (D, H, K), "wk", "wv": (D, G, K), "wo": (H, K, D)} plus biases if asked
+    (bq (H, K), bk, bv (G, K), bo (D,)).
   """
   for name, val in (("d_model", d_model), ("num_heads", num_heads)):
     if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < 1:
@@ -198,31 +233,44 @@ def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
     raise ValueError(f"head_dim must be a positive integer; got {head_dim!r}")
   if not isinstance(max_rel, (int, np.integer)) or max_rel < 0:
     raise ValueError(f"max_rel must be an integer >= 0; got {max_rel!r}")
-  d, h, k = int(d_model), int(num_heads), int(head_dim)
+  if num_kv_heads is None:
+    num_kv_heads = num_heads
+  if (not isinstance(num_kv_heads, (int, np.integer)) or isinstance(num_kv_heads, bool)
+      or num_kv_heads < 1):
+    raise ValueError(f"num_kv_heads must be a positive integer; got {num_kv_heads!r}")
+  _group(int(num_heads), int(num_kv_heads), f"num_kv_heads={num_kv_heads}")
+  d, h, k, g = int(d_model), int(num_heads), int(head_dim), int(num_kv_heads)
   names = _WEIGHT_KEYS + (_BIAS_KEYS if use_bias else ())
   keys = jax.random.split(key, len(names))
-  out = {n: PARAM_INITS[n](kn, param_shapes(d, h, k)[n], dtype) for n, kn in zip(names, keys)}
+  shapes = param_shapes(d, h, k, g)
+  out = {n: PARAM_INITS[n](kn, shapes[n], dtype) for n, kn in zip(names, keys)}
   if max_rel:
     out[REL_BIAS] = jnp.zeros((h, 2 * int(max_rel) + 1), dtype)
   return out
 
 
-def relative_bias(table_HR: jax.Array, t: int, s: int) -> jax.Array:
+def relative_bias(table_HR: jax.Array, t: int, s: int, q_offset: Any = 0) -> jax.Array:
   """(1, H, T, S) score bias table_HR[h, R + clip(j - i, -R, R)] for query i, key j.
 
   The table is (H, 2R + 1): one scalar per head and clipped offset (Shaw et al. 2018;
-  T5 buckets offsets logarithmically instead of clipping).
+  T5 buckets offsets logarithmically instead of clipping). q_offset (an int, or a
+  traced scalar such as a KV cache's length) is the position of query 0.
   """
   r = (table_HR.shape[1] - 1) // 2
-  off_TS = np.clip(np.arange(s)[None, :] - np.arange(t)[:, None], -r, r) + r
+  if isinstance(q_offset, (int, np.integer)):
+    off_TS = np.clip(np.arange(s)[None, :] - np.arange(t)[:, None] - q_offset, -r, r) + r
+  else:
+    off_TS = jnp.clip(jnp.arange(s)[None, :] - jnp.arange(t)[:, None] - q_offset, -r, r) + r
   return table_HR[:, off_TS][None]
 
 
-def param_shapes(d_model: int, num_heads: int, head_dim: int) -> dict[str, tuple[int, ...]]:
-  """Shapes of every attention param for (D, H, K)."""
+def param_shapes(d_model: int, num_heads: int, head_dim: int,
+                 num_kv_heads: int | None = None) -> dict[str, tuple[int, ...]]:
+  """Shapes of every attention param for (D, H, K) and G key/value heads (None = H)."""
   d, h, k = d_model, num_heads, head_dim
-  return {"wq": (d, h, k), "wk": (d, h, k), "wv": (d, h, k), "wo": (h, k, d),
-          "bq": (h, k), "bk": (h, k), "bv": (h, k), "bo": (d,)}
+  g = h if num_kv_heads is None else num_kv_heads
+  return {"wq": (d, h, k), "wk": (d, g, k), "wv": (d, g, k), "wo": (h, k, d),
+          "bq": (h, k), "bk": (g, k), "bv": (g, k), "bo": (d,)}
 
 
 _in_init = jax.nn.initializers.variance_scaling(
@@ -236,7 +284,10 @@ PARAM_INITS = {"wq": _in_init, "wk": _in_init, "wv": _in_init, "wo": _out_init,
 
 
 def check_attention_params(params: Params) -> tuple[int, int, int]:
-  """Validates the param dict's keys and shapes; returns (D, H, K)."""
+  """Validates the param dict's keys and shapes; returns (D, H, K).
+
+  G (key/value heads) is read from params['wk'] and must divide H; see num_kv_heads_of.
+  """
   if not isinstance(params, Mapping):
     raise ValueError(f"params must be a dict with keys {_WEIGHT_KEYS}; got {type(params).__name__}")
   missing = [k for k in _WEIGHT_KEYS if k not in params]
@@ -249,10 +300,18 @@ def check_attention_params(params: Params) -> tuple[int, int, int]:
   wq = params["wq"]
   _check_rank("params['wq']", wq, 3, "D, H, K")
   d, h, k = wq.shape
-  for name, shape in param_shapes(d, h, k).items():
+  wk = params["wk"]
+  _check_rank("params['wk']", wk, 3, "D, G, K")
+  g = wk.shape[1]
+  if h and (g < 1 or h % g):
+    raise ValueError(f"params['wk'] {tuple(wk.shape)} has G={g} key/value heads, which must "
+                     f"divide the H={h} query heads of params['wq'] {tuple(wq.shape)} "
+                     f"(grouped-query attention)")
+  for name, shape in param_shapes(d, h, k, g).items():
     if name in params and tuple(params[name].shape) != shape:
       raise ValueError(f"params['{name}'] must have shape {shape} to match "
-                       f"params['wq'] {tuple(wq.shape)} (D, H, K); got {tuple(params[name].shape)}")
+                       f"params['wq'] {tuple(wq.shape)} (D, H, K) and params['wk'] "
+                       f"{tuple(wk.shape)} (D, G, K); got {tuple(params[name].shape)}")
   if k < 1:
     raise ValueError(f"head width K read from params['wq'] must be >= 1; got shape {wq.shape}")
   if REL_BIAS in params:
@@ -264,12 +323,174 @@ def check_attention_params(params: Params) -> tuple[int, int, int]:
 
 
 def num_heads_of(params: Params) -> int:
-  """H, read from params['wq'] (D, H, K)."""
+  """H, the query heads, read from params['wq'] (D, H, K)."""
   return int(params["wq"].shape[1])
 
 
+def num_kv_heads_of(params: Params) -> int:
+  """G, the key/value heads, read from params['wk'] (D, G, K); G = H unless grouped."""
+  return int(params["wk"].shape[1])
+
+
 # --------------------------------------------------------------------------
-# Kernels: what `impl` dispatches to. All take (B, T, H, K) q and (B, S, H, K) k, v.
+# Rotary position embeddings (RoPE, Su et al. 2021).
+# --------------------------------------------------------------------------
+
+ROPE_LAYOUTS = ("half", "interleaved")
+
+
+@dataclasses.dataclass(frozen=True)
+class RoPE:
+  """Rotary position embedding of queries and keys (hashable: a static jit argument).
+
+  Feature pair i of a head (i < dim / 2) turns by the angle p * theta_i at position p,
+  theta_i = base ** (-2 i / dim), so a rotated query . key depends on positions only
+  through their difference.
+
+  Attributes:
+    base: the frequency base (10000 in the paper and LLaMA-2, 500000 in LLaMA-3).
+    layout: which features form a pair. "half" pairs i with i + dim/2 (Hugging Face
+      rotate_half, GPT-NeoX, LLaMA checkpoints in HF layout); "interleaved" pairs 2i
+      with 2i + 1 (the paper, GPT-J, Meta's original LLaMA code).
+    dim: how many leading features of each head rotate (even); None = all K. The
+      rest pass through (partial rotary, as in GPT-NeoX and Phi).
+  """
+  base: float = 10000.0
+  layout: str = "half"
+  dim: int | None = None
+
+  def __post_init__(self):
+    if self.layout not in ROPE_LAYOUTS:
+      raise ValueError(f"RoPE layout must be one of {ROPE_LAYOUTS}; got {self.layout!r}")
+    if (isinstance(self.base, bool) or not isinstance(self.base, (int, float, np.number))
+        or not self.base > 0):
+      raise ValueError(f"RoPE base must be a positive number; got {self.base!r}")
+    if self.dim is not None and (
+        isinstance(self.dim, bool) or not isinstance(self.dim, (int, np.integer))
+        or self.dim < 2 or self.dim % 2):
+      raise ValueError(f"RoPE dim (rotated features per head) must be an even integer "
+                       f">= 2 or None; got {self.dim!r}")
+
+  def rotated_dim(self, head_dim: int) -> int:
+    """The number of rotated features for heads of width head_dim (checks dim <= K)."""
+    dim = head_dim if self.dim is None else int(self.dim)
+    if dim > head_dim:
+      raise ValueError(f"RoPE dim={dim} exceeds the head width K={head_dim}")
+    if dim % 2:
+      raise ValueError(f"RoPE rotates feature pairs: the head width K={head_dim} is odd; "
+                       f"pass RoPE(dim=an even number <= K)")
+    return dim
+
+
+def _check_positions(name: str, positions: Any, b: int, t: int) -> jax.Array:
+  """(T,) or (B|1, T) integer positions -> (B|1, T)."""
+  pos = jnp.asarray(positions)
+  if not jnp.issubdtype(pos.dtype, jnp.integer):
+    raise ValueError(f"{name} must be integer positions; got dtype {pos.dtype}")
+  if pos.ndim == 1:
+    pos = pos[None]
+  if pos.ndim != 2 or pos.shape[1] != t or pos.shape[0] not in (1, b):
+    raise ValueError(f"{name} must have shape (T,) = ({t},) or (B, T) = ({b}, {t}); got "
+                     f"{tuple(jnp.shape(positions))}")
+  return pos
+
+
+def apply_rope(x_BTHK: jax.Array, positions_BT: jax.Array, rope: RoPE) -> jax.Array:
+  """Rotates each head's feature pairs by position: RoPE on queries or keys.
+
+  Args:
+    x_BTHK: (B, T, H, K) queries or keys (any number of heads).
+    positions_BT: integer absolute positions, (B, T) or (T,).
+    rope: a RoPE (base, layout, dim).
+
+  Returns:
+    (B, T, H, K) in x's dtype; angles and the rotation are computed in float32 (or
+    wider, when x is).
+  """
+  if not isinstance(rope, RoPE):
+    raise ValueError(f"rope must be an attention.RoPE; got {rope!r}")
+  _check_rank("x_BTHK", x_BTHK, 4, "B, T, H, K")
+  b, t, _, k = x_BTHK.shape
+  pos_BT = _check_positions("positions", positions_BT, b, t)
+  dim = rope.rotated_dim(k)
+  half = dim // 2
+  # theta_i = base^(-2i/dim), exact in float64, then float32 like the angles.
+  inv_freq = (1.0 / float(rope.base) ** (np.arange(half, dtype=np.float64) * 2.0 / dim))
+  ang_BTF = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+  cos, sin = jnp.cos(ang_BTF)[:, :, None], jnp.sin(ang_BTF)[:, :, None]   # (B, T, 1, F)
+  ct = jnp.promote_types(x_BTHK.dtype, jnp.float32)
+  x = x_BTHK.astype(ct)
+  if rope.layout == "half":
+    x1, x2 = x[..., :half], x[..., half:dim]
+  else:
+    x1, x2 = x[..., 0:dim:2], x[..., 1:dim:2]
+  r1, r2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+  if rope.layout == "half":
+    rot = jnp.concatenate([r1, r2], axis=-1)
+  else:
+    rot = jnp.stack([r1, r2], axis=-1).reshape(*r1.shape[:-1], dim)
+  if dim < k:
+    rot = jnp.concatenate([rot, x[..., dim:]], axis=-1)
+  return rot.astype(x_BTHK.dtype)
+
+
+# --------------------------------------------------------------------------
+# KV cache: keys and values of earlier tokens, for decoding one step at a time.
+# --------------------------------------------------------------------------
+
+
+def init_kv_cache(batch: int, max_len: int, num_kv_heads: int, head_dim: int,
+                  dtype: Any = jnp.float32) -> dict[str, jax.Array]:
+  """An empty cache for one self-attention layer (a plain pytree; jit-friendly).
+
+  Returns:
+    {"k": (B, S_max, G, K) zeros, "v": (B, S_max, G, K) zeros, "length": int32 0}.
+    Keys are stored after RoPE. Pass it as multi_head_attention(..., cache=cache);
+    each call writes its T new keys and values at [length, length + T) and returns
+    the cache with length + T.
+  """
+  for name, val in (("batch", batch), ("max_len", max_len), ("num_kv_heads", num_kv_heads),
+                    ("head_dim", head_dim)):
+    if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < 1:
+      raise ValueError(f"{name} must be a positive integer; got {val!r}")
+  shape = (int(batch), int(max_len), int(num_kv_heads), int(head_dim))
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+          "length": jnp.zeros((), jnp.int32)}
+
+
+def _check_cache(cache: Any, b: int, g: int, k: int, t: int) -> tuple[int, jax.Array]:
+  """Validates a KV cache for x (B, T, D); returns (S_max, length as int32)."""
+  if not isinstance(cache, Mapping) or set(cache) != {"k", "v", "length"}:
+    raise ValueError(f"cache must be a dict with keys ['k', 'length', 'v'] (from "
+                     f"init_kv_cache); got "
+                     f"{sorted(cache) if isinstance(cache, Mapping) else type(cache).__name__}")
+  ck, cv = cache["k"], cache["v"]
+  _check_rank("cache['k']", ck, 4, "B, S_max, G, K")
+  if ck.shape[0] != b or ck.shape[2:] != (g, k):
+    raise ValueError(f"cache['k'] must have shape (B, S_max, G, K) = ({b}, S_max, {g}, {k}) "
+                     f"for x and params; got {tuple(ck.shape)}")
+  if getattr(cv, "shape", None) != ck.shape:
+    raise ValueError(f"cache['v'] must have cache['k']'s shape {tuple(ck.shape)}; got "
+                     f"{getattr(cv, 'shape', cv)}")
+  s_max = ck.shape[1]
+  if t > s_max:
+    raise ValueError(f"x has T={t} tokens, more than the cache holds (S_max={s_max})")
+  length = jnp.asarray(cache["length"])
+  if length.ndim != 0 or not jnp.issubdtype(length.dtype, jnp.integer):
+    raise ValueError(f"cache['length'] must be an integer scalar; got shape "
+                     f"{length.shape} dtype {length.dtype}")
+  try:
+    n = int(length)
+  except jax.errors.ConcretizationTypeError:  # traced under jit: checked by a NaN guard
+    n = None
+  if n is not None and not 0 <= n <= s_max - t:
+    raise ValueError(f"cache['length']={n} plus T={t} new tokens exceeds the cache's "
+                     f"S_max={s_max} (or is negative)")
+  return s_max, length.astype(jnp.int32)
+
+
+# --------------------------------------------------------------------------
+# Kernels: what `impl` dispatches to. All take (B, T, H, K) q and (B, S, G, K) k, v.
 # --------------------------------------------------------------------------
 
 
@@ -324,26 +545,28 @@ def _causal_mask(t: int, s: int) -> jax.Array:
   return jnp.tril(jnp.ones((t, s), jnp.bool_))[None, None]
 
 
-def _reference_kernel(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS=None):
-  s_BHTS = attention_scores(q_BTHK, k_BSHK)
+def _reference_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS=None):
+  s_BHTS = attention_scores(q_BTHK, k_BSGK)
   if bias_BHTS is not None:
     s_BHTS = s_BHTS + bias_BHTS.astype(s_BHTS.dtype)
   w_BHTS = attention_weights(s_BHTS, mask_BHTS)
-  return mix_values(w_BHTS, v_BSHK), w_BHTS
+  return mix_values(w_BHTS, v_BSGK), w_BHTS
 
 
-def _fused_kernel(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, causal, implementation,
+def _fused_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal, implementation,
                   bias_BHTS=None):
+  # jax.nn takes G key/value heads dividing H in the same order (query head i reads
+  # kv head i // (H // G)); tests check it against the per-head oracle.
   if bias_BHTS is not None:
     bias_BHTS = bias_BHTS.astype(q_BTHK.dtype)
   o_BTHK = jax.nn.dot_product_attention(
-      q_BTHK, k_BSHK, v_BSHK, bias=bias_BHTS, mask=mask_BHTS, is_causal=causal,
+      q_BTHK, k_BSGK, v_BSGK, bias=bias_BHTS, mask=mask_BHTS, is_causal=causal,
       scale=1.0 / math.sqrt(q_BTHK.shape[-1]), implementation=implementation)
   if mask_BHTS is not None:
     # jax.nn spreads a fully masked row uniformly; the contract is a zero output.
     full = mask_BHTS
     if causal:
-      full = full & _causal_mask(q_BTHK.shape[1], k_BSHK.shape[1])
+      full = full & _causal_mask(q_BTHK.shape[1], k_BSGK.shape[1])
     live_BHT = jnp.any(full, axis=-1)
     o_BTHK = jnp.where(jnp.swapaxes(live_BHT, 1, 2)[..., None], o_BTHK, 0)
   return o_BTHK
@@ -366,6 +589,12 @@ def _check_4d(name: str, arr: jax.Array, b: int, h: int, t: int, s: int) -> jax.
       raise ValueError(f"{name} of shape {arr.shape} does not broadcast to (B, H, T, S) = "
                        f"{(b, h, t, s)}: its {letter} dimension is {got}")
   return arr
+
+
+def _check_float(name: str, arr: Any) -> None:
+  if not jnp.issubdtype(arr.dtype, jnp.floating):
+    raise ValueError(f"{name} must be a float array (embeddings, not token ids); got dtype "
+                     f"{arr.dtype}")
 
 
 def _check_mask(mask: Any, b: int, h: int, t: int, s: int) -> jax.Array:
@@ -397,17 +626,23 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                          mask: jax.Array | None = None, causal: bool = False,
                          bias: jax.Array | None = None,
                          head_gates: jax.Array | None = None, impl: str = "auto",
-                         return_weights: bool = False):
+                         return_weights: bool = False, rope: RoPE | None = None,
+                         positions: jax.Array | None = None,
+                         kv_positions: jax.Array | None = None,
+                         cache: Mapping[str, jax.Array] | None = None):
   """Multi-head attention of x over itself, or over `context` (cross-attention).
 
   Args:
-    params: {"wq", "wk", "wv": (D, H, K), "wo": (H, K, D)}, optional
-      {"bq", "bk", "bv": (H, K), "bo": (D,)}. H and K are read from the shapes.
+    params: {"wq": (D, H, K), "wk", "wv": (D, G, K), "wo": (H, K, D)}, optional
+      {"bq": (H, K), "bk", "bv": (G, K), "bo": (D,)}, optional "rel_bias" (H, 2R + 1).
+      H, G and K are read from the shapes; G (key/value heads) divides H, and query
+      head i reads key/value head i // (H // G) (grouped-query attention).
     x: (B, T, D) queries' input.
     context: (B, S, D) keys' and values' input; None means x (self-attention).
     value_input: (B, S, D) values' input when it differs from the keys' (e.g. positions
       in Q and K only, as in Shortformer); None means context.
-    mask: boolean, True = may attend; (B|1, H|1, T|1, S|1) or (T, S).
+    mask: boolean, True = may attend; (B|1, H|1, T|1, S|1) or (T, S). H is per
+      query head, as are bias, head_gates and the returned weights and heads.
     causal: also forbid attending to later positions (key j > query i).
     bias: float, added to the scaled scores before the softmax; (B|1, H|1, T|1, S|1)
       or (T, S) (e.g. ALiBi). A params["rel_bias"] table adds its relative-position
@@ -417,15 +652,32 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       "cudnn" (GPU, bf16/f16), or "auto" (cudnn where it can serve the call and there
       is no score bias, else reference, the faster of the other two in our benchmark).
     return_weights: also return the weights and the per-head outputs.
+    rope: a RoPE: rotary position embedding of q and k after their projections and
+      biases (values are not rotated). None: no rotation.
+    positions: integer absolute positions of the queries, (B, T) or (T,); default
+      arange(T). Only with rope. In self-attention the keys use them too.
+    kv_positions: integer positions of the keys with `context`, (B, S) or (S,);
+      default arange(S). Only with rope and context.
+    cache: a KV cache from init_kv_cache (self-attention only). x's keys and values
+      (rotated at positions, default length + arange(T)) are written at
+      [length, length + T); the T queries attend over the whole cache: key slot j
+      counts when j < length + T and, with causal, when j <= length + i. mask and
+      bias then have S = S_max (e.g. a prompt's padding). Works under jit with a
+      traced length; a write past S_max raises when length is concrete and gives NaN
+      outputs when it is traced.
 
   Returns:
     y_BTD (B, T, D), or AttentionOutput(out, weights (B, H, T, S), heads (B, T, H, K))
-    when return_weights is True.
+    when return_weights is True. With a cache: (that, new_cache), new_cache's length
+    being length + T, and S = S_max.
   """
   d, h, k = check_attention_params(params)
   _check_rank("x", x, 3, "B, T, D")
+  _check_float("x", x)
+  if context is not None:
+    _check_rank("context", context, 3, "B, S, D")
+    _check_float("context", context)
   ctx = x if context is None else context
-  _check_rank("context", ctx, 3, "B, S, D")
   if x.shape[-1] != d:
     raise ValueError(f"x has d_model={x.shape[-1]} (shape {x.shape}) but params['wq'] "
                      f"expects D={d}")
@@ -438,37 +690,94 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   if value_input is not None and (not hasattr(val, "shape") or val.shape != ctx.shape):
     raise ValueError(f"value_input must have the keys' input shape {tuple(ctx.shape)}; "
                      f"got {getattr(val, 'shape', val)}")
+  if value_input is not None:
+    _check_float("value_input", value_input)
   if not isinstance(causal, (bool, np.bool_)):
     raise ValueError(f"causal must be a bool; got {causal!r}")
   b, t, _ = x.shape
   s = ctx.shape[1]
+  g = num_kv_heads_of(params)
+  length = 0
+  if cache is not None:
+    if context is not None or value_input is not None:
+      raise ValueError("cache is for self-attention (decoding); got it together with "
+                       "context or value_input")
+    s, length = _check_cache(cache, b, g, k, t)
   if mask is not None:
     mask = _check_mask(mask, b, h, t, s)
   gates = None if head_gates is None else _check_gates(head_gates, b, h)
   if bias is not None:
     bias = _check_bias(bias, b, h, t, s)
   if REL_BIAS in params and h:
-    rel = relative_bias(params[REL_BIAS], t, s)
+    rel = relative_bias(params[REL_BIAS], t, s, length)
     bias = rel if bias is None else bias + rel
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
+  if rope is not None and not isinstance(rope, RoPE):
+    raise ValueError(f"rope must be an attention.RoPE or None; got {rope!r}")
+  if rope is None and (positions is not None or kv_positions is not None):
+    raise ValueError("positions and kv_positions only place the rotary embedding; pass "
+                     "rope=attention.RoPE(...) with them")
+  if kv_positions is not None and context is None:
+    raise ValueError("kv_positions are for cross-attention (with context); in "
+                     "self-attention the keys use the queries' positions")
+  if rope is not None:
+    rope.rotated_dim(k)
+    q_pos = (length + jnp.arange(t)[None] if positions is None
+             else _check_positions("positions", positions, b, t))
+    if context is None:
+      k_pos = q_pos
+    else:
+      k_pos = (jnp.arange(s)[None] if kv_positions is None
+               else _check_positions("kv_positions", kv_positions, b, s))
 
-  if h == 0:  # Every head pruned: the layer adds only its output bias.
+  # Projections: W (D, H*K) viewed as (D, H, K). Heads are a reshape of the output.
+  def project(inp, w, bias):
+    n = w.shape[1]
+    y_BTD = inp @ w.reshape(d, n * k).astype(inp.dtype)
+    y_BTHK = split_heads(y_BTD, n)
+    return y_BTHK if bias is None else y_BTHK + bias.astype(inp.dtype)
+
+  def zero_heads():  # Every head pruned: the layer adds only its output bias.
     out = jnp.zeros((b, t, d), x.dtype) + params.get("bo", jnp.zeros((d,), x.dtype))
     if return_weights:
       return AttentionOutput(out, jnp.zeros((b, 0, t, s), jnp.float32),
                              jnp.zeros((b, t, 0, k), x.dtype))
     return out
 
-  # Projections: W (D, H*K) viewed as (D, H, K). Heads are a reshape of the output.
-  def project(inp, w, bias):
-    y_BTD = inp @ w.reshape(d, h * k).astype(inp.dtype)
-    y_BTHK = split_heads(y_BTD, h)
-    return y_BTHK if bias is None else y_BTHK + bias.astype(inp.dtype)
+  if h == 0 and cache is None:
+    return zero_heads()
+
+  k_BSGK = project(ctx, params["wk"], params.get("bk"))
+  v_BSGK = project(val, params["wv"], params.get("bv"))
+  if rope is not None:
+    k_BSGK = apply_rope(k_BSGK, k_pos, rope)
+  new_cache = None
+  if cache is not None:  # write the T new keys and values, then attend over S_max slots
+    at = (jnp.int32(0), length, jnp.int32(0), jnp.int32(0))
+    new_cache = {
+        "k": jax.lax.dynamic_update_slice(cache["k"], k_BSGK.astype(cache["k"].dtype), at),
+        "v": jax.lax.dynamic_update_slice(cache["v"], v_BSGK.astype(cache["v"].dtype), at),
+        "length": length + t}
+    k_BSGK = new_cache["k"].astype(x.dtype)
+    v_BSGK = new_cache["v"].astype(x.dtype)
+    slot_S = jnp.arange(s)
+    if causal:  # key slot j <= the query's slot length + i
+      valid = (slot_S[None, :] <= length + jnp.arange(t)[:, None])[None, None]
+    else:
+      valid = (slot_S < length + t)[None, None, None]
+    mask = valid if mask is None else mask & valid
+    causal = False
+
+  def finish(result):
+    return result if new_cache is None else (result, new_cache)
+
+  if h == 0:  # still keeps the cache up to date (the keys are the kv heads')
+    return finish(zero_heads())
 
   q_BTHK = project(x, params["wq"], params.get("bq"))
-  k_BSHK = project(ctx, params["wk"], params.get("bk"))
-  v_BSHK = project(val, params["wv"], params.get("bv"))
+  if rope is not None:
+    q_BTHK = apply_rope(q_BTHK, q_pos, rope)
 
   kernel = resolve_impl(impl, q_BTHK, return_weights, bias is not None)
   if kernel == "reference":
@@ -476,9 +785,9 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     if causal:
       cm = _causal_mask(t, s)
       full = cm if full is None else full & cm
-    o_BTHK, w_BHTS = _reference_kernel(q_BTHK, k_BSHK, v_BSHK, full, bias)
+    o_BTHK, w_BHTS = _reference_kernel(q_BTHK, k_BSGK, v_BSGK, full, bias)
   else:
-    o_BTHK = _fused_kernel(q_BTHK, k_BSHK, v_BSHK, mask, causal, kernel, bias)
+    o_BTHK = _fused_kernel(q_BTHK, k_BSGK, v_BSGK, mask, causal, kernel, bias)
     w_BHTS = None
 
   if gates is not None:
@@ -486,8 +795,10 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   y_BTD = merge_heads(o_BTHK) @ params["wo"].reshape(h * k, d).astype(o_BTHK.dtype)
   if "bo" in params:
     y_BTD = y_BTD + params["bo"].astype(y_BTD.dtype)
+  if new_cache is not None:  # a write past S_max (traced length) poisons the output
+    y_BTD = jnp.where(length + t <= s, y_BTD, jnp.nan)
   chex.assert_shape(y_BTD, (b, t, d))
   chex.assert_shape(o_BTHK, (b, t, h, k))
   if return_weights:
-    return AttentionOutput(y_BTD, w_BHTS, o_BTHK)
-  return y_BTD
+    return finish(AttentionOutput(y_BTD, w_BHTS, o_BTHK))
+  return finish(y_BTD)

@@ -50,9 +50,9 @@ def _cmd_bench_attention(args) -> int:
 def _cmd_train(args, extra) -> int:
   from mha_jax import config as mc
   from mha_jax.train import loop
-  if args.multihost:
-    import jax
-    jax.distributed.initialize()
+  from mha_jax.train import distributed
+  distributed.initialize(args.coordinator, args.num_processes, args.process_id,
+                         auto=args.multihost)
   cfg = mc.load_config(args.config)
   rest = mc.apply_overrides(cfg, extra)
   if rest:
@@ -217,7 +217,15 @@ def build_parser() -> argparse.ArgumentParser:
   t.add_argument("--config", required=True, help="configs/FILE.py[:arg]")
   t.add_argument("--workdir", required=True)
   t.add_argument("--multihost", action="store_true",
-                 help="call jax.distributed.initialize() (multi-host TPU slices)")
+                 help="call jax.distributed.initialize() and let JAX find the cluster "
+                      "(Cloud TPU VM slices)")
+  t.add_argument("--coordinator", default=None,
+                 help="HOST:PORT of process 0, for a multi-process run (or "
+                      "MHA_JAX_COORDINATOR)")
+  t.add_argument("--num-processes", default=None,
+                 help="number of processes (or MHA_JAX_NUM_PROCESSES)")
+  t.add_argument("--process-id", default=None,
+                 help="this process's id, 0..N-1 (or MHA_JAX_PROCESS_ID)")
   t.set_defaults(func=_cmd_train, extra=True)
 
   e = sub.add_parser("eval", help="evaluate a run's checkpoint; prints one JSON object")

@@ -24,7 +24,7 @@ from mha_jax.errors import UserError
 # Fields that may change when a run resumes in an existing workdir.
 RESUMABLE_FIELDS = ("train.steps", "train.eval_every", "train.log_every",
                     "train.checkpoint_every", "train.progress", "train.keep",
-                    "train.max_loss_factor", "eval")
+                    "train.max_loss_factor", "eval", "mesh")
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
@@ -96,8 +96,18 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
   if not hasattr(module, "get_config"):
     raise UserError(f"--config: {path!r} has no get_config(arg)")
   cfg = module.get_config(arg or None)
+  if "mesh" not in cfg:   # a config need not say how it is laid out on devices
+    cfg.mesh = mesh_defaults()
   cfg.lock()
   return cfg
+
+
+def mesh_defaults(**overrides) -> ml_collections.ConfigDict:
+  """The `mesh` group: a (data, model) device mesh; data=0 takes every device left
+  after the model axis. Heads and MLP units are split over `model`."""
+  m = ml_collections.ConfigDict(dict(data=0, model=1))
+  m.update(overrides)
+  return m
 
 
 def _all_keys(cfg, prefix=""):
@@ -149,8 +159,8 @@ def to_dict(cfg) -> dict:
 
 # Fields added after runs were already being written, with the value those runs used.
 ADDED_FIELDS = {"translation": {"model.pos": "sinusoidal", "model.max_rel": 16,
-                                "train.max_loss_factor": 4.0},
-                "lm": {"train.max_loss_factor": 4.0}}
+                                "mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0},
+                "lm": {"mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0}}
 
 
 def upgrade(d: dict) -> dict:

@@ -7,8 +7,34 @@ import numpy as np
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-def numpy_mha(params, x, context=None, mask=None, causal=False, gates=None, bias=None):
+def numpy_rope(x_TK, pos_T, base=10000.0, layout="half", dim=None):
+  """Rotary embedding of one head's (T, K) rows, from the formula (Su et al. 2021).
+
+  Pair i (i < dim/2) turns by the angle pos * base**(-2i/dim). "half" pairs feature i
+  with i + dim/2 (Hugging Face rotate_half); "interleaved" pairs 2i with 2i+1.
+  Features from dim on pass through.
+  """
+  x = np.array(x_TK, np.float64)
+  dim = x.shape[-1] if dim is None else dim
+  out = x.copy()
+  for t in range(x.shape[0]):
+    for i in range(dim // 2):
+      a, b = (i, i + dim // 2) if layout == "half" else (2 * i, 2 * i + 1)
+      ang = float(pos_T[t]) * base ** (-2.0 * i / dim)
+      c, s = np.cos(ang), np.sin(ang)
+      out[t, a] = x[t, a] * c - x[t, b] * s
+      out[t, b] = x[t, b] * c + x[t, a] * s
+  return out
+
+
+def numpy_mha(params, x, context=None, mask=None, causal=False, gates=None, bias=None,
+              rope=None, positions=None, kv_positions=None):
   """Per-head loop in float64 NumPy, written from the paper, not from mha_jax.
+
+  Grouped-query attention: params["wk"] may have G heads, G dividing H; query head h
+  reads key/value head h // (H // G). rope: (base, layout, dim) rotates q and k of
+  every head by numpy_rope at positions (B, T) (default arange(T)) and kv_positions
+  (B, S) (default: positions for self-attention, arange(S) for context).
 
   Returns (out (B, T, D), weights (B, H, T, S)).
   """
@@ -18,6 +44,14 @@ def numpy_mha(params, x, context=None, mask=None, causal=False, gates=None, bias
   B, T, D = x.shape
   S = c.shape[1]
   _, H, K = p["wq"].shape
+  G = p["wk"].shape[1]
+  if rope is not None:
+    pos = np.broadcast_to(np.arange(T) if positions is None else np.asarray(positions),
+                          (B, T))
+    if kv_positions is not None:
+      kv_pos = np.broadcast_to(np.asarray(kv_positions), (B, S))
+    else:
+      kv_pos = pos if context is None else np.broadcast_to(np.arange(S), (B, S))
   allowed = np.ones((B, H, T, S), bool)
   if mask is not None:
     m = np.asarray(mask)
@@ -30,9 +64,13 @@ def numpy_mha(params, x, context=None, mask=None, causal=False, gates=None, bias
   weights = np.zeros((B, H, T, S))
   for b in range(B):
     for h in range(H):
+      j = h // (H // G)                 # this query head's key/value head
       q = x[b] @ p["wq"][:, h, :] + (p["bq"][h] if "bq" in p else 0)
-      k = c[b] @ p["wk"][:, h, :] + (p["bk"][h] if "bk" in p else 0)
-      v = c[b] @ p["wv"][:, h, :] + (p["bv"][h] if "bv" in p else 0)
+      k = c[b] @ p["wk"][:, j, :] + (p["bk"][j] if "bk" in p else 0)
+      v = c[b] @ p["wv"][:, j, :] + (p["bv"][j] if "bv" in p else 0)
+      if rope is not None:
+        q = numpy_rope(q, pos[b], *rope)
+        k = numpy_rope(k, kv_pos[b], *rope)
       s = q @ k.T / np.sqrt(K)
       if bias is not None:
         s = s + np.broadcast_to(np.asarray(bias, np.float64), (B, H, T, S))[b, h]

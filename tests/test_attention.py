@@ -8,14 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import numpy_mha
+from conftest import numpy_mha, numpy_rope
 from mha_jax import attention as A
 
 
 
-def _setup(d=32, h=4, b=2, t=6, s=None, bias=True, seed=0):
+def _setup(d=32, h=4, b=2, t=6, s=None, bias=True, seed=0, g=None):
   keys = jax.random.split(jax.random.PRNGKey(seed), 4)
-  p = A.init_attention_params(keys[0], d, h, use_bias=bias)
+  p = A.init_attention_params(keys[0], d, h, use_bias=bias, num_kv_heads=g)
   if bias:  # non-zero biases so they are really tested
     p = {k: (v + 0.1 * jax.random.normal(keys[3], v.shape) if k.startswith("b") else v)
          for k, v in p.items()}
@@ -198,6 +198,374 @@ def test_one_head_two_jobs_compromises():
     peaks.append(float(w.max(-1).mean()))
   assert int(np.argmin(peaks)) == 5          # alpha = 0.5
   assert peaks[5] < 0.55 and peaks[0] > 0.9 and peaks[-1] > 0.9
+
+
+# ---------------------------------------------------------------- grouped-query attention
+
+GQA_CASES = dict(
+    causal=dict(causal=True),
+    mask_gates_bias=dict(mask="bh", gates="bh", bias="hts", causal=True),
+    cross_mask=dict(s=9, mask="b", gates="h"),
+    rel_bias=dict(rel=True, mask="b"),
+)
+
+
+def _gqa_call(case, g, impl, h=4, seed=0):
+  c = GQA_CASES[case]
+  p, x, ctx = _setup(d=32, h=h, s=c.get("s"), g=g, seed=seed)
+  b, t, s = 2, 6, c.get("s") or 6
+  mask = gates = bias = None
+  if c.get("mask"):
+    shape = (b, h, t, s) if c["mask"] == "bh" else (b, 1, t, s)
+    mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.6, shape).at[..., 0].set(True)
+  if c.get("gates") == "h":
+    gates = jnp.linspace(0.0, 2.0, h)
+  elif c.get("gates") == "bh":
+    gates = jax.random.uniform(jax.random.PRNGKey(8), (b, h))
+  if c.get("bias"):
+    bias = 2.0 * jax.random.normal(jax.random.PRNGKey(9), (1, h, t, s))
+  if c.get("rel"):
+    p = dict(p, rel_bias=jax.random.normal(jax.random.PRNGKey(10), (h, 5)))
+  kw = dict(mask=mask, causal=c.get("causal", False), head_gates=gates, bias=bias)
+  return p, x, ctx, kw
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+@pytest.mark.parametrize("g", [1, 2])
+@pytest.mark.parametrize("case", list(GQA_CASES))
+def test_gqa_matches_numpy_oracle(case, g, impl):
+  p, x, ctx, kw = _gqa_call(case, g, impl)
+  assert p["wk"].shape == (32, g, 8) and A.num_kv_heads_of(p) == g
+  got = A.multi_head_attention(p, x, ctx, impl=impl, **kw)
+  bias = kw["bias"]
+  if "rel_bias" in p:
+    off = np.clip(np.arange(6)[None] - np.arange(6)[:, None], -2, 2) + 2
+    bias = np.asarray(p["rel_bias"])[:, off][None]
+  oracle_p = {k: v for k, v in p.items() if k != "rel_bias"}
+  want, w = numpy_mha(oracle_p, x, ctx, kw["mask"], kw["causal"], kw["head_gates"], bias)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  if impl == "reference":  # auto is the reference path here, and the only one with weights
+    r = A.multi_head_attention(p, x, ctx, return_weights=True, impl="auto", **kw)
+    assert r.weights.shape == w.shape and r.heads.shape == (2, 6, 4, 8)
+    np.testing.assert_allclose(r.weights, w, atol=1e-6)
+    np.testing.assert_allclose(r.out, want, atol=1e-5, rtol=1e-5)
+
+
+def test_gqa_equals_mha_with_repeated_kv_heads():
+  """G key/value heads = H heads whose K/V weights repeat each kv head H/G times in a row."""
+  p, x, _ = _setup(d=48, h=6, g=2, t=7)
+  rep = {k: (jnp.repeat(v, 3, axis=1) if k in ("wk", "wv") else
+             jnp.repeat(v, 3, axis=0) if k in ("bk", "bv") else v) for k, v in p.items()}
+  assert rep["wk"].shape == (48, 6, 8)
+  for impl in ("reference", "xla"):
+    np.testing.assert_allclose(A.multi_head_attention(p, x, causal=True, impl=impl),
+                               A.multi_head_attention(rep, x, causal=True, impl=impl),
+                               atol=1e-5)
+  # The building blocks take G heads directly, without a copy.
+  q = jnp.einsum("btd,dhk->bthk", x, p["wq"])
+  k = jnp.einsum("btd,dhk->bthk", x, p["wk"])
+  np.testing.assert_allclose(A.attention_scores(q, k),
+                             A.attention_scores(q, jnp.repeat(k, 3, axis=2)), atol=1e-5)
+  w = jax.nn.softmax(A.attention_scores(q, k), -1)
+  np.testing.assert_allclose(A.mix_values(w, k), A.mix_values(w, jnp.repeat(k, 3, axis=2)),
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("g,rope", [(1, None), (2, A.RoPE(base=100.0, layout="interleaved"))])
+def test_gqa_gradients_agree_across_impls_and_with_finite_differences(g, rope):
+  p, x, _ = _setup(d=16, h=4, t=5, g=g)
+  mask = jax.random.bernoulli(jax.random.PRNGKey(2), 0.7, (2, 4, 5, 5)).at[..., 0].set(True)
+  gates = jnp.array([1.0, 0.5, 0.0, 2.0])
+
+  def loss(p, x, impl):
+    y = A.multi_head_attention(p, x, mask=mask, causal=True, head_gates=gates, impl=impl,
+                               rope=rope)
+    return jnp.sum(jnp.sin(y))
+
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+  gr, gx = grad(p, x, "reference"), grad(p, x, "xla")
+  chex.assert_trees_all_close(gr, gx, atol=1e-5)
+  assert gr[0]["wk"].shape == (16, g, 4)
+  assert float(jnp.abs(gr[0]["wk"]).max()) > 1e-3
+  jax.test_util.check_grads(jax.jit(lambda p, x: loss(p, x, "reference")), (p, x), order=1,
+                            modes=("rev",), atol=5e-2, rtol=5e-2)
+
+
+def test_gqa_zero_query_heads_still_runs():
+  p, x, _ = _setup(d=32, h=4, g=2)
+  empty = {k: (v[:, :0] if k == "wq" else v[:0] if k in ("wo", "bq") else v)
+           for k, v in p.items()}
+  out = A.multi_head_attention(empty, x)
+  np.testing.assert_allclose(out, jnp.broadcast_to(p["bo"], out.shape))
+
+
+def test_gqa_init_shapes_and_named_errors():
+  p = A.init_attention_params(jax.random.PRNGKey(0), 64, 8, num_kv_heads=2, use_bias=True)
+  assert {k: v.shape for k, v in p.items()} == {
+      "wq": (64, 8, 8), "wk": (64, 2, 8), "wv": (64, 2, 8), "wo": (8, 8, 64),
+      "bq": (8, 8), "bk": (2, 8), "bv": (2, 8), "bo": (64,)}
+  assert A.check_attention_params(p) == (64, 8, 8)
+  assert A.num_kv_heads_of(p) == 2 and A.num_heads_of(p) == 8
+  assert A.param_shapes(64, 8, 8, 2)["wk"] == (64, 2, 8)
+  with pytest.raises(ValueError, match=r"G=3 must divide the number of query heads H=8"):
+    A.init_attention_params(jax.random.PRNGKey(0), 64, 8, num_kv_heads=3)
+  with pytest.raises(ValueError, match=r"num_kv_heads must be a positive integer; got 0"):
+    A.init_attention_params(jax.random.PRNGKey(0), 64, 8, num_kv_heads=0)
+  bad = dict(p, wk=jnp.zeros((64, 3, 8)), wv=jnp.zeros((64, 3, 8)))
+  with pytest.raises(ValueError, match=r"params\['wk'\] \(64, 3, 8\) has G=3 key/value "
+                     r"heads, which must divide the H=8 query heads"):
+    A.multi_head_attention(bad, jnp.zeros((1, 2, 64)))
+  with pytest.raises(ValueError, match=r"params\['wv'\] must have shape \(64, 2, 8\)"):
+    A.multi_head_attention(dict(p, wv=jnp.zeros((64, 8, 8))), jnp.zeros((1, 2, 64)))
+  with pytest.raises(ValueError, match=r"G=3 must divide the number of query heads H=4"):
+    A.attention_scores(jnp.zeros((1, 2, 4, 8)), jnp.zeros((1, 2, 3, 8)))
+  with pytest.raises(ValueError, match=r"G=3 must divide the number of query heads H=4"):
+    A.mix_values(jnp.zeros((1, 4, 2, 2)), jnp.zeros((1, 2, 3, 8)))
+
+
+def test_non_float_inputs_are_refused():
+  p, x, ctx = _setup(s=5, bias=False)
+  with pytest.raises(ValueError, match=r"x must be a float array.*got dtype int32"):
+    A.multi_head_attention(p, jnp.ones((2, 6, 32), jnp.int32))
+  with pytest.raises(ValueError, match=r"context must be a float array.*got dtype int32"):
+    A.multi_head_attention(p, x, jnp.ones((2, 5, 32), jnp.int32))
+  with pytest.raises(ValueError, match=r"value_input must be a float array.*got dtype bool"):
+    A.multi_head_attention(p, x, ctx, value_input=jnp.ones((2, 5, 32), bool))
+
+
+# ---------------------------------------------------------------- rotary positions
+
+@pytest.mark.parametrize("rope", [A.RoPE(), A.RoPE(base=100.0, layout="interleaved"),
+                                  A.RoPE(base=500.0, layout="half", dim=4),
+                                  A.RoPE(layout="interleaved", dim=6)])
+def test_apply_rope_matches_numpy_rotation(rope):
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 3, 8))
+  pos = jnp.array([[0, 1, 2, 3, 4], [7, 3, 100, 2047, 0]])
+  got = A.apply_rope(x, pos, rope)
+  assert got.shape == x.shape and got.dtype == x.dtype
+  for b in range(2):
+    for h in range(3):
+      want = numpy_rope(x[b, :, h], pos[b], rope.base, rope.layout, rope.dim)
+      np.testing.assert_allclose(got[b, :, h], want, atol=2e-5, rtol=1e-5)
+  if rope.dim:   # features from dim on pass through untouched
+    np.testing.assert_array_equal(got[..., rope.dim:], x[..., rope.dim:])
+  # (T,) positions broadcast over the batch; position 0 is the identity.
+  np.testing.assert_allclose(A.apply_rope(x, pos[0], rope)[1],
+                             A.apply_rope(x[1:], pos[:1], rope)[0], atol=1e-6)
+  np.testing.assert_allclose(A.apply_rope(x, jnp.zeros(5, jnp.int32), rope), x, atol=1e-6)
+  # bfloat16 in, bfloat16 out (angles in float32)
+  assert A.apply_rope(x.astype(jnp.bfloat16), pos, rope).dtype == jnp.bfloat16
+
+
+RoPE_CASES = dict(
+    self_gqa_causal=dict(g=2, causal=True, rope=A.RoPE(base=100.0)),
+    self_positions_mask=dict(g=4, mask=True, positions="bt",
+                             rope=A.RoPE(base=1000.0, layout="interleaved")),
+    self_partial_mqa=dict(g=1, causal=True, positions="t", rope=A.RoPE(layout="half", dim=4)),
+    cross_kv_positions=dict(g=2, s=9, positions="bt", kv_positions=True,
+                            rope=A.RoPE(base=50.0, layout="interleaved")),
+    cross_default=dict(g=4, s=7, rope=A.RoPE(base=30.0)),
+)
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+@pytest.mark.parametrize("case", list(RoPE_CASES))
+def test_rope_attention_matches_numpy_oracle(case, impl):
+  c = RoPE_CASES[case]
+  p, x, ctx = _setup(d=32, h=4, s=c.get("s"), g=c["g"])
+  b, t, s = 2, 6, c.get("s") or 6
+  mask = positions = kv_positions = None
+  if c.get("mask"):
+    mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.6, (b, 1, t, s)).at[..., 0].set(True)
+  if c.get("positions") == "bt":
+    positions = jnp.array([[3, 4, 5, 6, 7, 8], [20, 19, 40, 2, 2, 0]])
+  elif c.get("positions") == "t":
+    positions = jnp.arange(6) + 11
+  if c.get("kv_positions"):
+    kv_positions = jnp.arange(s)[::-1] * 3
+  rope = c["rope"]
+  got = A.multi_head_attention(p, x, ctx, mask=mask, causal=c.get("causal", False),
+                               rope=rope, positions=positions, kv_positions=kv_positions,
+                               impl=impl)
+  want, _ = numpy_mha(p, x, ctx, mask, c.get("causal", False), rope=(
+      rope.base, rope.layout, rope.dim), positions=positions, kv_positions=kv_positions)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  plain, _ = numpy_mha(p, x, ctx, mask, c.get("causal", False))
+  assert np.abs(plain - want).max() > 1e-3      # the rotation really changed something
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rope_scores_depend_only_on_position_differences(layout):
+  p, x, _ = _setup(d=32, h=4, t=6, g=2, bias=False)
+  rope = A.RoPE(base=100.0, layout=layout)
+  pos = jnp.array([[0, 1, 2, 3, 4, 5], [4, 0, 9, 2, 2, 30]])
+  w = lambda pos: A.multi_head_attention(p, x, rope=rope, positions=pos,
+                                         return_weights=True).weights
+  np.testing.assert_allclose(w(pos + 7), w(pos), atol=1e-5)
+  np.testing.assert_allclose(w(pos + 1000), w(pos), atol=1e-4)
+  # Not invariant to a change of differences: swapping two positions moves the weights.
+  assert float(jnp.abs(w(pos.at[:, 0].set(5).at[:, 5].set(0)) - w(pos)).max()) > 1e-3
+
+
+def test_rope_half_and_interleaved_differ_by_a_feature_permutation():
+  """half(x) = interleaved(x[perm])[inverse perm], perm = 0, K/2, 1, K/2+1, ...; so a
+  checkpoint in one layout runs in the other once W_Q and W_K columns are permuted."""
+  k = 8
+  perm = np.stack([np.arange(k // 2), np.arange(k // 2) + k // 2], -1).reshape(-1)
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 3, k))
+  pos = jnp.arange(5) * 3
+  half = A.apply_rope(x, pos, A.RoPE(layout="half"))
+  inter = A.apply_rope(x[..., perm], pos, A.RoPE(layout="interleaved"))
+  np.testing.assert_allclose(half, inter[..., np.argsort(perm)], atol=1e-6)
+  assert float(jnp.abs(half - A.apply_rope(x, pos, A.RoPE(layout="interleaved"))).max()) > 1e-2
+  p, xx, _ = _setup(d=32, h=4, g=2)
+  pp = {n: (v[..., perm] if n in ("wq", "wk", "bq", "bk") else v) for n, v in p.items()}
+  np.testing.assert_allclose(
+      A.multi_head_attention(p, xx, causal=True, rope=A.RoPE(layout="half")),
+      A.multi_head_attention(pp, xx, causal=True, rope=A.RoPE(layout="interleaved")),
+      atol=1e-5)
+
+
+def test_rope_bad_input_is_named():
+  p, x, ctx = _setup(s=5, bias=False)
+  with pytest.raises(ValueError, match=r"RoPE layout must be one of \('half', 'interleaved'\); got 'neox'"):
+    A.RoPE(layout="neox")
+  with pytest.raises(ValueError, match=r"RoPE dim .* must be an even integer >= 2 or None; got 5"):
+    A.RoPE(dim=5)
+  with pytest.raises(ValueError, match=r"RoPE base must be a positive number; got 0"):
+    A.RoPE(base=0)
+  with pytest.raises(ValueError, match=r"RoPE dim=16 exceeds the head width K=8"):
+    A.multi_head_attention(p, x, rope=A.RoPE(dim=16))
+  with pytest.raises(ValueError, match=r"positions must be integer positions; got dtype float32"):
+    A.multi_head_attention(p, x, rope=A.RoPE(), positions=jnp.arange(6.0))
+  with pytest.raises(ValueError, match=r"positions must have shape \(T,\) = \(6,\) or \(B, T\) = \(2, 6\); got \(5,\)"):
+    A.multi_head_attention(p, x, rope=A.RoPE(), positions=jnp.arange(5))
+  with pytest.raises(ValueError, match=r"kv_positions must have shape \(T,\) = \(5,\)"):
+    A.multi_head_attention(p, x, ctx, rope=A.RoPE(), kv_positions=jnp.arange(6))
+  with pytest.raises(ValueError, match=r"pass rope=attention.RoPE"):
+    A.multi_head_attention(p, x, positions=jnp.arange(6))
+  with pytest.raises(ValueError, match=r"kv_positions are for cross-attention"):
+    A.multi_head_attention(p, x, rope=A.RoPE(), kv_positions=jnp.arange(6))
+  with pytest.raises(ValueError, match=r"rope must be an attention.RoPE or None; got 10000"):
+    A.multi_head_attention(p, x, rope=10000)
+  odd = A.init_attention_params(jax.random.PRNGKey(0), 12, 4, head_dim=3)
+  with pytest.raises(ValueError, match=r"head width K=3 is odd"):
+    A.multi_head_attention(odd, jnp.zeros((1, 2, 12)), rope=A.RoPE())
+  assert hash(A.RoPE()) == hash(A.RoPE(10000.0, "half", None))   # a static jit argument
+
+
+# ---------------------------------------------------------------- KV cache
+
+def _decoder_params(g=2, rel=True):
+  p, x, _ = _setup(d=32, h=4, t=8, g=g, seed=3)
+  if rel:
+    p = dict(p, rel_bias=jax.random.normal(jax.random.PRNGKey(11), (4, 7)))
+  return p, x
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+def test_kv_cache_decoding_token_by_token_equals_one_causal_pass(impl):
+  p, x = _decoder_params()
+  rope = A.RoPE(base=100.0)
+  full = A.multi_head_attention(p, x, causal=True, rope=rope, impl=impl)
+  chex.clear_trace_counter()   # the same step function under each parameter
+
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def step(p, x_B1D, cache):
+    return A.multi_head_attention(p, x_B1D, causal=True, rope=rope, impl=impl, cache=cache)
+
+  cache = A.init_kv_cache(2, 11, 2, 8)
+  outs = []
+  for i in range(8):
+    y, cache = step(p, x[:, i:i + 1], cache)
+    outs.append(y)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), full, atol=1e-5, rtol=1e-5)
+  assert int(cache["length"]) == 8
+  # The cache holds the rotated keys at slots 0..7 and zeros beyond.
+  k_full = A.apply_rope(jnp.einsum("btd,dgk->btgk", x, p["wk"]) + p["bk"], jnp.arange(8), rope)
+  np.testing.assert_allclose(cache["k"][:, :8], k_full, atol=1e-5)
+  np.testing.assert_array_equal(cache["k"][:, 8:], 0.0)
+
+
+def test_kv_cache_in_chunks_with_padding_mask_and_weights():
+  """Prompt of 5 (the first example left-padded by 2), then 1 token at a time."""
+  p, x = _decoder_params(g=1)
+  rope = A.RoPE(layout="interleaved")
+  s_max = 12
+  keep_BS = jnp.ones((2, s_max), bool).at[0, :2].set(False)      # padding slots
+  pos_BT = jnp.stack([jnp.maximum(jnp.arange(8) - 2, 0), jnp.arange(8)])
+  full = A.multi_head_attention(p, x, causal=True, rope=rope, positions=pos_BT,
+                                mask=keep_BS[:, None, None, :8], return_weights=True)
+
+  @jax.jit
+  @chex.assert_max_traces(n=2)   # one trace for the prompt's shape, one for single tokens
+  def step(p, x, pos, cache):
+    return A.multi_head_attention(p, x, causal=True, rope=rope, positions=pos, cache=cache,
+                                  mask=keep_BS[:, None, None, :], return_weights=True)
+
+  cache = A.init_kv_cache(2, s_max, 1, 8)
+  r, cache = step(p, x[:, :5], pos_BT[:, :5], cache)
+  outs, weights = [r.out], [r.weights]
+  for i in range(5, 8):
+    r, cache = step(p, x[:, i:i + 1], pos_BT[:, i:i + 1], cache)
+    outs.append(r.out)
+    weights.append(r.weights)
+  assert r.weights.shape == (2, 4, 1, s_max)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), full.out, atol=1e-5, rtol=1e-5)
+  w = jnp.concatenate(weights, 2)
+  np.testing.assert_allclose(w[..., :8], full.weights, atol=1e-6)
+  np.testing.assert_array_equal(w[..., 8:], 0.0)      # empty slots get no weight
+  np.testing.assert_array_equal(w[0, :, :, :2], 0.0)  # nor do the padding slots
+
+
+def test_kv_cache_without_causal_sees_every_filled_slot_and_keeps_rel_bias():
+  p, x = _decoder_params()
+  cache = A.init_kv_cache(2, 9, 2, 8)
+  _, cache = A.multi_head_attention(p, x[:, :5], cache=cache)
+  r, cache = A.multi_head_attention(p, x[:, 5:], cache=cache, return_weights=True)
+  full = A.multi_head_attention(p, x, return_weights=True)
+  np.testing.assert_allclose(r.out, full.out[:, 5:], atol=1e-5)
+  np.testing.assert_allclose(r.weights[..., :8], full.weights[:, :, 5:], atol=1e-6)
+  np.testing.assert_array_equal(r.weights[..., 8:], 0.0)
+
+
+def test_kv_cache_bad_input_and_overflow():
+  p, x = _decoder_params()
+  cache = A.init_kv_cache(2, 6, 2, 8)
+  assert {k: v.shape for k, v in cache.items()} == {"k": (2, 6, 2, 8), "v": (2, 6, 2, 8),
+                                                    "length": ()}
+  assert cache["length"].dtype == jnp.int32
+  with pytest.raises(ValueError, match=r"cache is for self-attention"):
+    A.multi_head_attention(p, x[:, :2], x[:, :2], cache=cache)
+  with pytest.raises(ValueError, match=r"x has T=8 tokens, more than the cache holds \(S_max=6\)"):
+    A.multi_head_attention(p, x, cache=cache)
+  with pytest.raises(ValueError, match=r"cache\['length'\]=5 plus T=2 new tokens exceeds"):
+    A.multi_head_attention(p, x[:, :2], cache=dict(cache, length=jnp.int32(5)))
+  with pytest.raises(ValueError, match=r"cache\['k'\] must have shape \(B, S_max, G, K\) = "
+                     r"\(2, S_max, 2, 8\) for x and params; got \(2, 6, 4, 8\)"):
+    A.multi_head_attention(p, x[:, :2], cache=A.init_kv_cache(2, 6, 4, 8))
+  with pytest.raises(ValueError, match=r"cache must be a dict with keys"):
+    A.multi_head_attention(p, x[:, :2], cache={"k": cache["k"]})
+  with pytest.raises(ValueError, match=r"mask of shape \(1, 1, 1, 8\).*S dimension is 8"):
+    A.multi_head_attention(p, x[:, :2], cache=cache, mask=jnp.ones((1, 1, 1, 8), bool))
+  with pytest.raises(ValueError, match=r"max_len must be a positive integer; got 0"):
+    A.init_kv_cache(1, 0, 1, 8)
+  # Under jit the length is traced: a write past S_max gives NaN, not a silent clamp.
+  step = jax.jit(lambda c: A.multi_head_attention(p, x[:, :2], cache=c))
+  y, _ = step(dict(cache, length=jnp.int32(5)))
+  assert np.all(np.isnan(y))
+  y, c2 = step(dict(cache, length=jnp.int32(4)))
+  assert np.all(np.isfinite(y)) and int(c2["length"]) == 6
+
+
+def test_kv_cache_with_zero_query_heads_still_fills_the_cache():
+  p, x = _decoder_params(rel=False)
+  empty = {k: (v[:, :0] if k == "wq" else v[:0] if k in ("wo", "bq") else v)
+           for k, v in p.items()}
+  y, cache = A.multi_head_attention(empty, x[:, :3], cache=A.init_kv_cache(2, 4, 2, 8))
+  np.testing.assert_allclose(y, jnp.broadcast_to(p["bo"], y.shape))
+  assert int(cache["length"]) == 3 and float(jnp.abs(cache["v"][:, :3]).max()) > 0
 
 
 # ---------------------------------------------------------------- jit and retracing

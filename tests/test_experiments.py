@@ -68,6 +68,20 @@ def test_launch_tpu_vm_dry_run_prints_gcloud_commands():
   assert "scp" in lines[1] and "--worker=all" in lines[1]
   assert "pip\\ install" in lines[2] and "\\[tpu\\]" in lines[2]
   assert "--worker=all" in lines[3] and "--multihost" in lines[3]
+  # Explicit multi-process flags, one ssh per worker.
+  r = subprocess.run(["bash", "scripts/launch_tpu_vm.sh", "--name", "tpu1", "--zone", "z1",
+                      "--workers", "4", "--dry-run", "--", "mha-jax", "train",
+                      "--config", "configs/translation.py", "--workdir", "gs://b/run"],
+                     cwd=ROOT, capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr
+  lines = [l for l in r.stdout.splitlines() if l.startswith("gcloud")]
+  assert "describe tpu1" in lines[2]
+  runs = lines[3:]
+  assert len(runs) == 4
+  for i, line in enumerate(runs):
+    assert f"--worker={i}" in line and "--multihost" not in line
+    assert (f"--coordinator\\ WORKER0_IP:8476\\ --num-processes\\ 4\\ "
+            f"--process-id\\ {i}") in line, line
   r = subprocess.run(["bash", "scripts/launch_tpu_vm.sh", "--zone", "z1", "--", "ls"],
                      cwd=ROOT, capture_output=True, text=True)
   assert r.returncode == 2 and "--name is required" in r.stderr

@@ -34,9 +34,12 @@ def warn(message: str) -> None:
   print(f"mha-jax: warning: {message}", file=sys.stderr)
 
 
-def _digest(x) -> str:
-  """SHA-256 of an array's dtype, shape and bytes (a replicated array: one replica)."""
+def _digest(x) -> str | None:
+  """SHA-256 of an array's dtype, shape and bytes; None for an array split over several
+  processes (no process holds all its bytes: such arrays go unchecked)."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    if not x.sharding.is_fully_replicated:
+      return None
     x = x.addressable_data(0)
   a = np.ascontiguousarray(np.asarray(x))
   h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
@@ -140,7 +143,8 @@ class Checkpoints:
       if item not in restored or item not in saved:
         continue
       got = checksums(restored[item])
-      bad = sorted(k for k in set(got) | set(saved[item]) if got.get(k) != saved[item].get(k))
+      bad = sorted(k for k in set(got) | set(saved[item]) if got.get(k) != saved[item].get(k)
+                   and got.get(k) is not None and saved[item].get(k) is not None)
       if bad:
         raise BadCheckpoint(f"checkpoint {self.step_dir(step)}: checksum mismatch in "
                             f"{item}{bad[0]}" + (f" and {len(bad) - 1} more arrays"

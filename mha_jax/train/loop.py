@@ -1,8 +1,9 @@
 """Training: one jitted, data-parallel step; orbax checkpoints; resume; preemption.
 
 The same code runs on a laptop, on 8 fake CPU devices and on a TPU slice: params and
-optimizer state are replicated over a 1-D mesh ("data"), each batch is split across it,
-and on several hosts each host feeds its own rows of every global batch.
+optimizer state live on a 2-D mesh ("data", "model"): each batch is split over "data",
+heads and MLP units over "model" (train/sharding.py), and on several hosts each host
+feeds its own rows of every global batch.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mha_jax import config as mc
 from mha_jax import tasks
 from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
+from mha_jax.train import sharding
 from mha_jax.train.metrics import MetricsWriter
 
 
@@ -124,14 +126,16 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
   checkpoints.bad/, never deleted.
   """
   mc.validate(cfg)
+  if jax.process_index() != 0:   # one process speaks for a multi-process run
+    log = lambda s: None
   t = cfg.train
-  n_dev = jax.device_count()
-  if t.batch_size % n_dev:
-    raise UserError(f"train.batch_size={t.batch_size} must be divisible by the "
-                     f"{n_dev} devices")
+  mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.model)
+  n_data = mesh.shape["data"]
+  if t.batch_size % n_data:
+    raise UserError(f"train.batch_size={t.batch_size} must be divisible by the mesh's "
+                    f"data axis ({n_data} devices)")
   prepare_workdir(cfg, workdir)
   task = tasks.build(cfg, workdir)
-  mesh = Mesh(np.asarray(jax.devices()), ("data",))
   replicated = NamedSharding(mesh, P())
   data_sharding = NamedSharding(mesh, P("data"))
   optimizer = make_optimizer(t)
@@ -141,8 +145,10 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
     params = task.init_params(key)
     return params, optimizer.init(params)
 
-  init_state = jax.jit(init_state, out_shardings=replicated)
-  params, opt_state = init_state(jax.random.fold_in(root_key, 0))
+  key0 = jax.random.fold_in(root_key, 0)
+  state_shardings = sharding.shardings(jax.eval_shape(init_state, key0), mesh)
+  init_state = jax.jit(init_state, out_shardings=state_shardings)
+  params, opt_state = init_state(key0)
 
   ckpts = ckpt_lib.Checkpoints(workdir, max_to_keep=t.keep)
   writer, bar = None, None
@@ -174,7 +180,7 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
       return params, opt_state, metrics
 
     train_step = jax.jit(train_step, donate_argnums=(0, 1),
-                         out_shardings=(replicated, replicated, replicated))
+                         out_shardings=(*state_shardings, replicated))
 
     writer = MetricsWriter(workdir, enabled=jax.process_index() == 0)
     if t.progress and sys.stderr.isatty():

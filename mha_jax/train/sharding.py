@@ -1,0 +1,65 @@
+"""A 2-D device mesh ("data", "model") and Megatron-style param shardings.
+
+Batches are split over "data". Over "model", every attention block's head axis is split
+(wq, wk, wv (D, H, K) on H; wo (H, K, D) on H; bq, bk, bv, rel_bias on H) and every MLP's
+hidden axis (w1 (D, F) and b1 on F, w2 (F, D) on F), so a head and its slice of W_O live
+on one device and each layer needs one all-reduce after W_O and one after the MLP. The
+model code is unchanged: XLA's sharding propagation (GSPMD) follows the params' layout.
+A dimension that the model axis does not divide stays replicated.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from mha_jax.errors import UserError
+
+# Param name -> the axis that holds heads (attention) or hidden units (MLP).
+_HEAD_AXIS = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "bq": 0, "bk": 0, "bv": 0, "rel_bias": 0}
+_MLP_AXIS = {"w1": 1, "b1": 0, "w2": 0}
+
+
+def make_mesh(data: int = 0, model: int = 1, devices=None) -> Mesh:
+  """A (data, model) mesh over the first data * model devices; data=0 means all of them
+  divided by `model`."""
+  devices = list(jax.devices() if devices is None else devices)
+  n = len(devices)
+  for name, val, low in (("mesh.data", data, 0), ("mesh.model", model, 1)):
+    if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < low:
+      raise UserError(f"{name} must be an integer >= {low}; got {val!r}")
+  if data == 0:
+    if n % model:
+      raise UserError(f"mesh.model={model} does not divide the {n} devices")
+    data = n // model
+  if data * model > n:
+    raise UserError(f"mesh.data x mesh.model = {data} x {model} needs {data * model} "
+                     f"devices; this process sees {n}")
+  return Mesh(np.asarray(devices[:data * model]).reshape(data, model), ("data", "model"))
+
+
+def _names(path) -> list[str]:
+  return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+
+
+def param_spec(path, shape, model_size: int) -> P:
+  """The PartitionSpec of one param (or optimizer moment of it) from its path."""
+  names = _names(path)
+  if not names:
+    return P()
+  axis = _HEAD_AXIS.get(names[-1])
+  if axis is None and len(names) > 1 and names[-2] == "mlp":
+    axis = _MLP_AXIS.get(names[-1])
+  if axis is None or len(shape) <= axis or shape[axis] % model_size or model_size == 1:
+    return P()
+  spec = [None] * len(shape)
+  spec[axis] = "model"
+  return P(*spec)
+
+
+def shardings(tree, mesh: Mesh):
+  """NamedShardings for every leaf of `tree` (params, optimizer state, or their shapes)."""
+  m = mesh.shape["model"]
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: NamedSharding(mesh, param_spec(path, np.shape(x), m)), tree)
