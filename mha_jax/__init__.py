@@ -1,8 +1,8 @@
 """mha-jax: a JAX/Flax research codebase for studying multi-head attention."""
 
-from mha_jax.attention import (AttentionOutput, attention_scores, attention_weights,
-                               init_attention_params, merge_heads, mix_values,
-                               multi_head_attention, split_heads)
+from mha_jax.attention import (AttentionOutput, RoPE, apply_rope, attention_scores,
+                               attention_weights, init_attention_params, init_kv_cache,
+                               merge_heads, mix_values, multi_head_attention, split_heads)
 
 __version__ = "0.1.0"
 
@@ -17,4 +17,4 @@ def __getattr__(name):
 
 __all__ = ["load", "Loaded", "AttentionOutput", "attention_scores", "attention_weights",
            "init_attention_params", "merge_heads", "mix_values", "multi_head_attention",
-           "split_heads", "__version__"]
+           "split_heads", "RoPE", "apply_rope", "init_kv_cache", "__version__"]

@@ -6,6 +6,11 @@ For self-attention over T tokens of width D with h heads of width d_k = D / h:
   scores  = B h T^2 numbers                      grows with h
 FLOPs count a multiply-add as 2. Softmax adds a few elementwise operations per score,
 so XLA's own count sits a few percent above the matmul FLOPs and grows with h.
+
+With grouped-query attention (h_kv key/value heads shared by h query heads) W_K and
+W_V shrink to D x h_kv d_k: params 2 D^2 + 2 D h_kv d_k, the K and V projections
+shrink alike, scores and mixing stay per query head, and the KV cache a decoder keeps
+(2 L T h_kv d_k numbers per sequence) shrinks by h / h_kv.
 """
 
 from __future__ import annotations
@@ -23,13 +28,18 @@ class ZooEntry:
   name: str
   d_model: int
   num_heads: int
+  num_kv_heads: int | None = None     # None: h (multi-head attention)
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
 
+  @property
+  def kv_heads(self) -> int:
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
-# Published widths and head counts. d_k = d_model / h.
+
+# Published widths and head counts (query / key-value heads). d_k = d_model / h.
 ZOO = (
     ZooEntry("Transformer-base", 512, 8),
     ZooEntry("Transformer-big", 1024, 16),
@@ -39,6 +49,8 @@ ZOO = (
     ZooEntry("LLaMA 13B", 5120, 40),
     ZooEntry("LLaMA 33B", 6656, 52),
     ZooEntry("LLaMA 65B", 8192, 64),
+    ZooEntry("LLaMA-2 70B", 8192, 64, 8),
+    ZooEntry("LLaMA-3 8B", 4096, 32, 8),
     ZooEntry("GPT-3 175B", 12288, 96),
 )
 
@@ -48,21 +60,45 @@ def _positive(name, value):
     raise UserError(f"{name} must be a positive integer; got {value!r}")
 
 
-def attention_params(d_model: int, num_heads: int, *, use_bias: bool = False) -> int:
-  """Parameter count of one attention layer: 4 D^2 (+ 4 D), for every h dividing D."""
+def _kv_width(d_model: int, num_heads: int | None, num_kv_heads: int | None) -> int:
+  """h_kv d_k, the width of W_K and W_V's output (D without GQA)."""
+  if num_kv_heads is None:
+    return d_model
+  if num_heads is None:
+    raise UserError("num_kv_heads needs num_heads (d_k = d_model / num_heads)")
+  _positive("num_heads", num_heads)
+  _positive("num_kv_heads", num_kv_heads)
+  if d_model % num_heads:
+    raise UserError(f"num_heads={num_heads} does not divide d_model={d_model}")
+  if num_heads % num_kv_heads:
+    raise UserError(f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}")
+  return num_kv_heads * (d_model // num_heads)
+
+
+def attention_params(d_model: int, num_heads: int, *, use_bias: bool = False,
+                     num_kv_heads: int | None = None) -> int:
+  """Parameter count of one attention layer.
+
+  4 D^2 (+ 4 D) for every h dividing D; with h_kv key/value heads (GQA)
+  2 D^2 + 2 D h_kv d_k (+ 2 D + 2 h_kv d_k).
+  """
   _positive("d_model", d_model)
   _positive("num_heads", num_heads)
   if d_model % num_heads:
     raise UserError(f"num_heads={num_heads} does not divide d_model={d_model}")
-  return 4 * d_model * d_model + (4 * d_model if use_bias else 0)
+  kv = _kv_width(d_model, num_heads, num_kv_heads)
+  return 2 * d_model * d_model + 2 * d_model * kv + (2 * d_model + 2 * kv if use_bias else 0)
 
 
 def attention_flops(d_model: int, seq_len: int, *, kv_len: int | None = None,
-                    batch: int = 1) -> dict[str, int]:
+                    batch: int = 1, num_heads: int | None = None,
+                    num_kv_heads: int | None = None) -> dict[str, int]:
   """Matmul FLOPs of one forward pass (2 per multiply-add).
 
   Returns a dict with "projections" (Q and output: 2 T D^2 each; K and V: 2 S D^2
-  each), "scores" (2 T S D), "mixing" (2 T S D) and "total". None depends on h.
+  each, or 2 S D h_kv d_k each with num_kv_heads), "scores" (2 T S D), "mixing"
+  (2 T S D) and "total". Without GQA none depends on h; scores and mixing are per
+  query head, so GQA changes only the K and V projections.
   """
   _positive("d_model", d_model)
   _positive("seq_len", seq_len)
@@ -70,7 +106,8 @@ def attention_flops(d_model: int, seq_len: int, *, kv_len: int | None = None,
   s = seq_len if kv_len is None else kv_len
   _positive("kv_len", s)
   t, d = seq_len, d_model
-  proj = batch * (4 * t * d * d + 4 * s * d * d)
+  kv = _kv_width(d, num_heads, num_kv_heads)
+  proj = batch * (4 * t * d * d + 4 * s * d * kv)
   scores = batch * 2 * t * s * d
   mixing = batch * 2 * t * s * d
   return {"projections": proj, "scores": scores, "mixing": mixing,
@@ -86,28 +123,47 @@ def score_memory_bytes(batch: int, num_heads: int, seq_len: int, *,
   return batch * num_heads * seq_len * s * jnp.dtype(dtype).itemsize
 
 
+def kv_cache_bytes(seq_len: int, num_kv_heads: int, head_dim: int, *, num_layers: int = 1,
+                   batch: int = 1, dtype=jnp.float32) -> int:
+  """Bytes of a decoder's KV cache: 2 L T h_kv d_k bytes-per-element per sequence.
+
+  Matches attention.init_kv_cache(batch, seq_len, num_kv_heads, head_dim, dtype) per
+  layer (its int32 length aside).
+  """
+  for name, val in (("seq_len", seq_len), ("num_kv_heads", num_kv_heads),
+                    ("head_dim", head_dim), ("num_layers", num_layers), ("batch", batch)):
+    _positive(name, val)
+  return 2 * num_layers * batch * seq_len * num_kv_heads * head_dim * jnp.dtype(dtype).itemsize
+
+
 def zoo_rows(seq_len: int = 2048, batch: int = 1) -> list[dict]:
-  """One dict per zoo model: d_model, h, d_k, params, FLOPs and score memory at seq_len."""
+  """One dict per zoo model: d_model, h, h_kv, d_k, params, FLOPs, score and KV-cache
+  memory (float32, one layer) at seq_len."""
   rows = []
   for e in ZOO:
     rows.append({
-        "model": e.name, "d_model": e.d_model, "heads": e.num_heads, "d_k": e.head_dim,
-        "params": attention_params(e.d_model, e.num_heads),
-        "gflops": attention_flops(e.d_model, seq_len, batch=batch)["total"] / 1e9,
+        "model": e.name, "d_model": e.d_model, "heads": e.num_heads,
+        "kv_heads": e.kv_heads, "d_k": e.head_dim,
+        "params": attention_params(e.d_model, e.num_heads, num_kv_heads=e.kv_heads),
+        "gflops": attention_flops(e.d_model, seq_len, batch=batch, num_heads=e.num_heads,
+                                  num_kv_heads=e.kv_heads)["total"] / 1e9,
         "score_mib": score_memory_bytes(batch, e.num_heads, seq_len) / 2**20,
+        "kv_cache_mib": kv_cache_bytes(seq_len, e.kv_heads, e.head_dim,
+                                       batch=batch) / 2**20,
     })
   return rows
 
 
 def format_zoo(seq_len: int = 2048, batch: int = 1) -> str:
   """The zoo as a text table."""
-  head = (f"{'model':<24} {'d_model':>7} {'h':>3} {'d_k':>4} {'params/layer':>13} "
-          f"{'GFLOP/layer':>11} {'scores MiB':>10}")
-  lines = [f"One self-attention layer, T={seq_len}, batch={batch}, float32 scores", head,
-           "-" * len(head)]
+  head = (f"{'model':<24} {'d_model':>7} {'h':>3} {'h_kv':>4} {'d_k':>4} "
+          f"{'params/layer':>13} {'GFLOP/layer':>11} {'scores MiB':>10} {'KV cache MiB':>12}")
+  lines = [f"One self-attention layer, T={seq_len}, batch={batch}, float32 scores and KV "
+           f"cache", head, "-" * len(head)]
   for r in zoo_rows(seq_len, batch):
-    lines.append(f"{r['model']:<24} {r['d_model']:>7} {r['heads']:>3} {r['d_k']:>4} "
-                 f"{r['params']:>13,} {r['gflops']:>11.1f} {r['score_mib']:>10.0f}")
+    lines.append(f"{r['model']:<24} {r['d_model']:>7} {r['heads']:>3} {r['kv_heads']:>4} "
+                 f"{r['d_k']:>4} {r['params']:>13,} {r['gflops']:>11.1f} "
+                 f"{r['score_mib']:>10.0f} {r['kv_cache_mib']:>12.0f}")
   return "\n".join(lines)
 
 

@@ -26,6 +26,9 @@ G = 1 is multi-query, Shazeer 2019). Query head i reads key/value head i // (H /
 the order of Hugging Face's ``repeat_kv``: kv head j serves query heads
 j*H/G ... (j+1)*H/G - 1. Everything per head (gates, weights, masks, biases, the
 returned heads) is per query head.
+
+Rotary position embeddings (RoPE) rotate q and k inside the function; a KV cache
+(init_kv_cache) lets a decoder attend one step at a time over earlier keys and values.
 """
 
 from __future__ import annotations
@@ -39,9 +42,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.kernels import dispatch as _dispatch
+from mha_jax.kernels import xla as _xla
+
 Params = Mapping[str, jax.Array]
 
-IMPLS = ("auto", "reference", "xla", "cudnn")
+IMPLS = _dispatch.IMPLS
 _WEIGHT_KEYS = ("wq", "wk", "wv", "wo")
 _BIAS_KEYS = ("bq", "bk", "bv", "bo")
 REL_BIAS = "rel_bias"
@@ -152,23 +158,35 @@ def attention_weights(s_BHTS: jax.Array, mask: jax.Array | None = None) -> jax.A
   Returns:
     w_BHTS: float32 weights of the scores' shape.
   """
+  w_BHTS, live = masked_softmax(s_BHTS, mask)
+  return w_BHTS if live is None else w_BHTS * live
+
+
+def masked_softmax(s_BHTS: jax.Array, mask: jax.Array | None):
+  """(w_BHTS, live): float32 softmax over allowed keys, and live rows (..., T, 1) as
+  float32 1/0 (None when unmasked).
+
+  Masked scores are filled with the float32 minimum before jax.nn.softmax, whose own
+  derivative rule keeps the backward pass to one fused expression: a masked entry then
+  gets weight exactly 0 whenever its row allows any key. A row that allows none comes
+  out uniform here; callers zero it with `live` (computed on the unbroadcast mask, so
+  it is small for padding or causal masks).
+  """
   s = jnp.asarray(s_BHTS).astype(jnp.float32)
   if mask is None:
-    return jax.nn.softmax(s, axis=-1)
+    return jax.nn.softmax(s, axis=-1), None
   mask = jnp.asarray(mask)
   if mask.dtype != jnp.bool_:
     raise ValueError(f"mask must be boolean (True = may attend); got dtype {mask.dtype}")
   try:
-    mask = jnp.broadcast_to(mask, s.shape)
+    if jnp.broadcast_shapes(mask.shape, s.shape) != s.shape:
+      raise ValueError
   except ValueError:
     raise ValueError(f"mask of shape {mask.shape} does not broadcast to the scores' "
                      f"shape {s.shape}") from None
-  row_max = jnp.max(jnp.where(mask, s, -jnp.inf), axis=-1, keepdims=True)
-  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  # Double `where` keeps gradients finite on masked entries.
-  e = jnp.where(mask, jnp.exp(jnp.where(mask, s - row_max, 0.0)), 0.0)
-  denom = jnp.sum(e, axis=-1, keepdims=True)
-  return e / jnp.where(denom > 0, denom, 1.0)
+  live = jnp.any(mask, axis=-1, keepdims=True)
+  w = jax.nn.softmax(jnp.where(mask, s, jnp.finfo(jnp.float32).min), axis=-1)
+  return w, live.astype(jnp.float32)
 
 
 def mix_values(w_BHTS: jax.Array, v_BSGK: jax.Array) -> jax.Array:
@@ -382,7 +400,7 @@ class RoPE:
     return dim
 
 
-def _check_positions(name: str, positions: Any, b: int, t: int) -> jax.Array:
+def _check_positions(name: str, positions: Any, b: int, t: int, letter: str = "T") -> jax.Array:
   """(T,) or (B|1, T) integer positions -> (B|1, T)."""
   pos = jnp.asarray(positions)
   if not jnp.issubdtype(pos.dtype, jnp.integer):
@@ -390,8 +408,8 @@ def _check_positions(name: str, positions: Any, b: int, t: int) -> jax.Array:
   if pos.ndim == 1:
     pos = pos[None]
   if pos.ndim != 2 or pos.shape[1] != t or pos.shape[0] not in (1, b):
-    raise ValueError(f"{name} must have shape (T,) = ({t},) or (B, T) = ({b}, {t}); got "
-                     f"{tuple(jnp.shape(positions))}")
+    raise ValueError(f"{name} must have shape ({letter},) = ({t},) or (B, {letter}) = "
+                     f"({b}, {t}); got {tuple(jnp.shape(positions))}")
   return pos
 
 
@@ -490,86 +508,12 @@ def _check_cache(cache: Any, b: int, g: int, k: int, t: int) -> tuple[int, jax.A
 
 
 # --------------------------------------------------------------------------
-# Kernels: what `impl` dispatches to. All take (B, T, H, K) q and (B, S, G, K) k, v.
+# Kernels live in mha_jax/kernels/ (reference, xla, blocked, pallas); dispatch.py
+# holds the impl switch and `auto`. All take (B, T, H, K) q and (B, S, G, K) k, v.
 # --------------------------------------------------------------------------
 
-
-def _gpu_available() -> bool:
-  try:
-    return any(d.platform == "gpu" for d in jax.devices())
-  except RuntimeError:
-    return False
-
-
-def _check_cudnn_supported(q_BTHK: jax.Array) -> None:
-  if not _gpu_available():
-    raise ValueError(f"impl='cudnn' needs an NVIDIA GPU; this process has backend "
-                     f"{jax.default_backend()!r}. Use impl='auto', 'xla' or 'reference'")
-  if q_BTHK.dtype not in (jnp.bfloat16, jnp.float16):
-    raise ValueError(f"impl='cudnn' needs bfloat16 or float16 inputs; got dtype "
-                     f"{q_BTHK.dtype}. Cast x and params, or use impl='xla'")
-  k = q_BTHK.shape[-1]
-  if k % 8 or k > 256:
-    raise ValueError(f"impl='cudnn' needs a head width K that is a multiple of 8 and "
-                     f"at most 256; got K={k}")
-
-
-def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool,
-                 has_bias: bool = False) -> str:
-  """The kernel `impl` means for this call: 'reference', 'xla' or 'cudnn'."""
-  if impl not in IMPLS:
-    raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
-  if return_weights:
-    if impl in ("xla", "cudnn"):
-      raise ValueError(f"impl={impl!r} does not expose attention weights; use "
-                       f"impl='reference' or 'auto' with return_weights=True")
-    return "reference"
-  if impl == "cudnn":
-    _check_cudnn_supported(q_BTHK)
-  if impl != "auto":
-    return impl
-  # Measured (scripts/bench_attention.py): on CPU the explicit path beats jax.nn's
-  # XLA path, most in forward+backward and at large h. A score bias (learned, for
-  # relative positions) stays on the explicit path: its gradient through cuDNN is untested.
-  if has_bias:
-    return "reference"
-  try:
-    _check_cudnn_supported(q_BTHK)
-    return "cudnn"
-  except ValueError:
-    return "reference"
-
-
-def _causal_mask(t: int, s: int) -> jax.Array:
-  """(1, 1, T, S): query i may attend to keys j <= i (top-left aligned, as jax.nn)."""
-  return jnp.tril(jnp.ones((t, s), jnp.bool_))[None, None]
-
-
-def _reference_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS=None):
-  s_BHTS = attention_scores(q_BTHK, k_BSGK)
-  if bias_BHTS is not None:
-    s_BHTS = s_BHTS + bias_BHTS.astype(s_BHTS.dtype)
-  w_BHTS = attention_weights(s_BHTS, mask_BHTS)
-  return mix_values(w_BHTS, v_BSGK), w_BHTS
-
-
-def _fused_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal, implementation,
-                  bias_BHTS=None):
-  # jax.nn takes G key/value heads dividing H in the same order (query head i reads
-  # kv head i // (H // G)); tests check it against the per-head oracle.
-  if bias_BHTS is not None:
-    bias_BHTS = bias_BHTS.astype(q_BTHK.dtype)
-  o_BTHK = jax.nn.dot_product_attention(
-      q_BTHK, k_BSGK, v_BSGK, bias=bias_BHTS, mask=mask_BHTS, is_causal=causal,
-      scale=1.0 / math.sqrt(q_BTHK.shape[-1]), implementation=implementation)
-  if mask_BHTS is not None:
-    # jax.nn spreads a fully masked row uniformly; the contract is a zero output.
-    full = mask_BHTS
-    if causal:
-      full = full & _causal_mask(q_BTHK.shape[1], k_BSGK.shape[1])
-    live_BHT = jnp.any(full, axis=-1)
-    o_BTHK = jnp.where(jnp.swapaxes(live_BHT, 1, 2)[..., None], o_BTHK, 0)
-  return o_BTHK
+resolve_impl = _dispatch.resolve_impl
+_gpu_available = _xla.gpu_available
 
 
 # --------------------------------------------------------------------------
@@ -649,8 +593,10 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       bias on top.
     head_gates: (H,) or (B, H); multiplies each head's output before W_O.
     impl: "reference" (explicit weights), "xla" (jax.nn.dot_product_attention),
-      "cudnn" (GPU, bf16/f16), or "auto" (cudnn where it can serve the call and there
-      is no score bias, else reference, the faster of the other two in our benchmark).
+      "cudnn" (GPU, bf16/f16), "blocked" (flash-style, pure JAX, O(T) memory),
+      "pallas" (Pallas flash kernels on GPU/TPU), or "auto": reference when weights
+      are asked for, else the fastest that can serve the call on this backend and
+      never one whose scores would not fit in memory (mha_jax/kernels/dispatch.py).
     return_weights: also return the weights and the per-head outputs.
     rope: a RoPE: rotary position embedding of q and k after their projections and
       biases (values are not rotated). None: no rotation.
@@ -708,9 +654,6 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   gates = None if head_gates is None else _check_gates(head_gates, b, h)
   if bias is not None:
     bias = _check_bias(bias, b, h, t, s)
-  if REL_BIAS in params and h:
-    rel = relative_bias(params[REL_BIAS], t, s, length)
-    bias = rel if bias is None else bias + rel
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
   if rope is not None and not isinstance(rope, RoPE):
@@ -729,13 +672,12 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       k_pos = q_pos
     else:
       k_pos = (jnp.arange(s)[None] if kv_positions is None
-               else _check_positions("kv_positions", kv_positions, b, s))
+               else _check_positions("kv_positions", kv_positions, b, s, "S"))
 
   # Projections: W (D, H*K) viewed as (D, H, K). Heads are a reshape of the output.
   def project(inp, w, bias):
     n = w.shape[1]
-    y_BTD = inp @ w.reshape(d, n * k).astype(inp.dtype)
-    y_BTHK = split_heads(y_BTD, n)
+    y_BTHK = jnp.einsum("btd,dhk->bthk", inp, w.astype(inp.dtype))
     return y_BTHK if bias is None else y_BTHK + bias.astype(inp.dtype)
 
   def zero_heads():  # Every head pruned: the layer adds only its output bias.
@@ -779,20 +721,19 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   if rope is not None:
     q_BTHK = apply_rope(q_BTHK, q_pos, rope)
 
-  kernel = resolve_impl(impl, q_BTHK, return_weights, bias is not None)
-  if kernel == "reference":
-    full = mask
-    if causal:
-      cm = _causal_mask(t, s)
-      full = cm if full is None else full & cm
-    o_BTHK, w_BHTS = _reference_kernel(q_BTHK, k_BSGK, v_BSGK, full, bias)
-  else:
-    o_BTHK = _fused_kernel(q_BTHK, k_BSGK, v_BSGK, mask, causal, kernel, bias)
-    w_BHTS = None
+  table = params.get(REL_BIAS)
+  kernel = resolve_impl(impl, q_BTHK, return_weights, bias is not None or table is not None,
+                        k_BSGK=k_BSGK, has_mask=mask is not None)
+  if table is not None and (kernel not in _dispatch.TAKES_TABLE or cache is not None):
+    rel = relative_bias(table, t, s, length)    # dense (1, H, T, S)
+    bias = rel if bias is None else bias + rel
+    table = None
+  o_BTHK, w_BHTS = _dispatch.run_kernel(kernel, q_BTHK, k_BSGK, v_BSGK, mask, causal, bias,
+                                        table)
 
   if gates is not None:
     o_BTHK = o_BTHK * gates.astype(o_BTHK.dtype)
-  y_BTD = merge_heads(o_BTHK) @ params["wo"].reshape(h * k, d).astype(o_BTHK.dtype)
+  y_BTD = jnp.einsum("bthk,hkd->btd", o_BTHK, params["wo"].astype(o_BTHK.dtype))
   if "bo" in params:
     y_BTD = y_BTD + params["bo"].astype(y_BTD.dtype)
   if new_cache is not None:  # a write past S_max (traced length) poisons the output

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mha_jax import accounting, attention, layers
+from mha_jax.kernels import xla as xla_kernels
 from mha_jax.errors import UserError
 
 DEFAULT_HEADS = (8, 12, 16, 32, 64, 96)
@@ -50,6 +51,17 @@ def _linen_dpa_fn(query, key, value, bias=None, mask=None, **_):
                                       implementation="xla")
 
 
+PEERS = ("flax.linen MHDPA", "linen + jax.nn.dot_product_attention",
+         "flax.nnx MultiHeadAttention")
+OURS = ("auto", "reference", "xla", "blocked")
+
+
+def impl_names(with_cudnn: bool) -> tuple[str, ...]:
+  """The rows build_impls makes, in order, without building them."""
+  ours = OURS + (("cudnn",) if with_cudnn else ())
+  return tuple(f"mha_jax impl={i}" for i in ours) + PEERS
+
+
 def build_impls(d_model: int, num_heads: int, *, with_cudnn: bool,
                 dtype=jnp.float32) -> dict[str, tuple[Callable, object]]:
   """name -> (pure function f(params, x) -> y, params), all with the same weights."""
@@ -57,7 +69,7 @@ def build_impls(d_model: int, num_heads: int, *, with_cudnn: bool,
                                          use_bias=True, dtype=dtype)
   flax_params = {"params": layers.to_flax_linen(ours)}
   impls = {}
-  for impl in ("auto", "reference", "xla"):
+  for impl in OURS:
     impls[f"mha_jax impl={impl}"] = (
         lambda p, x, impl=impl: attention.multi_head_attention(p, x, impl=impl), ours)
   if with_cudnn:
@@ -79,15 +91,17 @@ def build_impls(d_model: int, num_heads: int, *, with_cudnn: bool,
 
 def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
         heads=DEFAULT_HEADS, rounds: int = 5, warmup: int = 1, with_cudnn: bool | None = None,
-        dtype: str = "float32", log: Callable[[str], None] = print) -> dict:
-  """Times forward and forward+backward for every implementation and every h."""
+        dtype: str = "float32", impls: tuple[str, ...] | None = None,
+        log: Callable[[str], None] = print) -> dict:
+  """Times forward and forward+backward for every implementation (or those named in
+  `impls`; the peers always run) and every h."""
   if rounds < 1:
     raise UserError(f"rounds must be >= 1; got {rounds}")
   for h in heads:
     if h < 1 or d_model % h:
       raise UserError(f"heads: h={h} does not divide d_model={d_model}")
   if with_cudnn is None:
-    with_cudnn = attention._gpu_available()
+    with_cudnn = xla_kernels.gpu_available()
   dt = jnp.dtype(dtype)
   if with_cudnn and dt == jnp.float32:
     log("note: cuDNN attention needs bfloat16/float16; rerun with --dtype bfloat16 "
@@ -100,9 +114,14 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
   x = jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model), dt)
   rows = []
   for h in heads:
-    impls = build_impls(d_model, h, with_cudnn=with_cudnn, dtype=dt)
+    built = build_impls(d_model, h, with_cudnn=with_cudnn, dtype=dt)
+    if impls is not None:
+      unknown = sorted(set(impls) - set(built))
+      if unknown:
+        raise UserError(f"impls: unknown names {unknown}; known: {sorted(built)}")
+      built = {n: v for n, v in built.items() if n in impls or n in PEERS}
     compiled = {}
-    for name, (f, p) in impls.items():
+    for name, (f, p) in built.items():
       fwd = jax.jit(f)
       grad = jax.jit(jax.grad(lambda p, x, f=f: jnp.sum(f(p, x).astype(jnp.float32)),
                               argnums=(0, 1)))
@@ -129,6 +148,8 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
   return {
       "config": {"d_model": d_model, "seq_len": seq_len, "batch": batch,
                  "heads": list(heads), "rounds": rounds, "warmup": warmup, "dtype": dtype},
+      "note": "2-core CPU shared with other jobs: timings are noisy; rounds are "
+              "interleaved so drift hits every implementation alike",
       "machine": {"backend": jax.default_backend(),
                   "device_kind": jax.devices()[0].device_kind,
                   "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
@@ -174,3 +195,141 @@ def write_json(result: dict, path: str) -> None:
   with open(tmp, "w") as f:
     json.dump(result, f, indent=1)
   os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------
+# --scale-t: time and peak resident memory against the sequence length, one fresh
+# subprocess per (implementation, T) so that each peak is its own.
+# --------------------------------------------------------------------------
+
+SCALE_T = tuple(512 * 2**i for i in range(7))     # 512 .. 32768
+
+
+def _scale_t_one(name: str, *, d_model: int, num_heads: int, seq_len: int, batch: int,
+                 rounds: int) -> dict:
+  """Runs in the subprocess: compile, then time forward+backward of one implementation."""
+  import resource
+  x = jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model), jnp.float32)
+  impls = build_impls(d_model, num_heads, with_cudnn=False)
+  if name not in impls:
+    raise UserError(f"impl {name!r} is not one of {sorted(impls)}")
+  f, p = impls[name]
+  grad = jax.jit(jax.grad(lambda p, x: jnp.sum(f(p, x).astype(jnp.float32)), argnums=(0, 1)))
+  t0 = time.perf_counter()
+  compiled = grad.lower(p, x).compile()
+  compile_s = time.perf_counter() - t0
+  times = _round_seconds(lambda: compiled(p, x), rounds)
+  return {"impl": name, "seq_len": seq_len, "median_ms": statistics.median(times) * 1e3,
+          "times_ms": [t * 1e3 for t in times], "compile_s": compile_s,
+          "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _run_capped(argv: list[str], max_mem_gb: float, timeout_s: float):
+  """Runs argv with its address space capped; returns (exit code, stdout, stderr).
+
+  The cap (RLIMIT_AS) makes an over-large allocation fail inside the child instead of
+  exhausting a shared machine. Status is the exit code, or -signal, or None on timeout.
+  """
+  import subprocess
+  # The child sets the limit on itself first thing (no fork-time hook: JAX is threaded).
+  proc = subprocess.Popen(argv + [str(max_mem_gb)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+  try:
+    out, err = proc.communicate(timeout=timeout_s)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    out, err = proc.communicate()
+    return None, out, err
+  return proc.returncode, out, err
+
+
+def run_scale_t(*, d_model: int = 512, num_heads: int = 8, batch: int = 1,
+                seq_lens=SCALE_T, impls: tuple[str, ...] | None = None, rounds: int = 3,
+                max_mem_gb: float = 6.0, timeout_s: float = 1200,
+                log: Callable[[str], None] = print) -> dict:
+  """Forward+backward time and peak resident memory for each implementation and T.
+
+  Each (implementation, T) runs in a fresh Python process whose address space is capped
+  at max_mem_gb; one that fails to allocate is reported as "over cap" (the memory a
+  (B, H, T, S) score tensor needs grows as T^2). Once an implementation is over the cap
+  or the time limit at some T, larger T are not tried.
+  """
+  import sys
+  if max_mem_gb <= 0:
+    raise UserError(f"max_mem_gb must be > 0; got {max_mem_gb}")
+  if impls is None:
+    impls = impl_names(with_cudnn=False)
+  rows = []
+  for name in impls:
+    stop = None
+    for t in seq_lens:
+      if stop is not None:
+        rows.append({"impl": name, "seq_len": t, "status": stop + " (at a smaller T)"})
+        continue
+      r = rounds if t <= 4096 else 1
+      argv = [sys.executable, "-m", "mha_jax.bench", "scale-t-one", name, str(d_model),
+              str(num_heads), str(t), str(batch), str(r)]
+      code, out, err = _run_capped(argv, max_mem_gb, timeout_s)
+      line = [l for l in out.splitlines() if l.startswith("{")]
+      if code == 0 and line:
+        row = json.loads(line[-1])
+        row["status"] = "ok"
+      else:
+        oom = code is not None and ("RESOURCE_EXHAUSTED" in err or "MemoryError" in err
+                                    or "bad_alloc" in err or code < 0)
+        status = "timeout" if code is None else ("over cap" if oom else "error")
+        row = {"impl": name, "seq_len": t, "status": status,
+               "error": err.strip().splitlines()[-1][:300] if err.strip() else ""}
+        stop = status
+      rows.append(row)
+      log(f"{name} T={t}: {row['status']} "
+          + (f"{row['median_ms']:.0f} ms, {row['max_rss_mb']:.0f} MB" if row["status"] == "ok"
+             else row.get("error", "")))
+  return {"config": {"d_model": d_model, "heads": num_heads, "batch": batch,
+                     "seq_lens": list(seq_lens), "rounds": rounds,
+                     "rounds_note": "1 timed round for T > 4096, after compilation",
+                     "max_mem_gb": max_mem_gb, "dtype": "float32", "mode": "forward+backward",
+                     "memory": "peak resident set (ru_maxrss) of a fresh process per row, "
+                               "JAX runtime included; address space capped at max_mem_gb"},
+          "machine": {"backend": jax.default_backend(), "cpu_count": os.cpu_count(),
+                      "platform": platform.platform(), "jax": jax.__version__},
+          "rows": rows}
+
+
+def format_scale_t(result: dict) -> str:
+  """Markdown table: one row per T, time and peak memory per implementation."""
+  c = result["config"]
+  impls = list(dict.fromkeys(r["impl"] for r in result["rows"]))
+  by = {(r["impl"], r["seq_len"]): r for r in result["rows"]}
+  out = [f"d_model={c['d_model']}, h={c['heads']}, batch={c['batch']}, float32, "
+         f"forward+backward; peak resident memory per fresh process, cap {c['max_mem_gb']} GB",
+         "", "| T | " + " | ".join(impls) + " |", "|---:|" + "---|" * len(impls)]
+  for t in c["seq_lens"]:
+    cells = []
+    for n in impls:
+      r = by.get((n, t), {"status": "-"})
+      cells.append(f"{r['median_ms']:.0f} ms, {r['max_rss_mb'] / 1024:.2f} GB"
+                   if r["status"] == "ok" else r["status"])
+    out.append(f"| {t} | " + " | ".join(cells) + " |")
+  out.append("")
+  for n in impls:
+    ok = [r for r in result["rows"] if r["impl"] == n and r["status"] == "ok"]
+    if ok:
+      top = max(ok, key=lambda r: r["seq_len"])
+      out.append(f"  {n}: largest T {top['seq_len']}, peak {top['max_rss_mb'] / 1024:.2f} GB")
+    else:
+      out.append(f"  {n}: no T ran")
+  return "\n".join(out)
+
+
+if __name__ == "__main__":
+  import sys
+  if len(sys.argv) == 9 and sys.argv[1] == "scale-t-one":
+    import resource
+    _, _, name, d, h, t, b, r, cap_gb = sys.argv
+    cap = int(float(cap_gb) * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    print(json.dumps(_scale_t_one(name, d_model=int(d), num_heads=int(h), seq_len=int(t),
+                                  batch=int(b), rounds=int(r))))
+  else:
+    sys.exit("usage: python -m mha_jax.bench scale-t-one NAME D H T B ROUNDS CAP_GB")

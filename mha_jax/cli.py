@@ -32,17 +32,43 @@ def _cmd_zoo(args) -> int:
     return 0
   print(accounting.format_zoo(seq_len=args.seq_len, batch=args.batch))
   print("\nParams and FLOPs are the same for every h at a given d_model; the score "
-        "tensor grows with h.")
+        "tensor grows with h. Grouped-query attention (h_kv < h) shrinks W_K, W_V and "
+        "the KV cache by h / h_kv.")
   return 0
 
 
 def _cmd_bench_attention(args) -> int:
   from mha_jax import bench
+  if args.scale_t:
+    seq_lens = args.seq_lens or bench.SCALE_T
+    impls = tuple(args.impls) if args.impls else None
+    result = bench.run_scale_t(d_model=args.d_model if args.d_model_given else 512,
+                               num_heads=args.heads[0] if args.heads_given else 8,
+                               batch=args.batch if args.batch_given else 1,
+                               seq_lens=seq_lens, impls=impls, rounds=args.rounds,
+                               max_mem_gb=args.max_mem_gb)
+    print(bench.format_scale_t(result))
+    out = args.out if args.out != _BENCH_OUT else "results/bench_attention_scale_t.json"
+    bench.write_json(result, out)
+    print(f"\nwrote {out}")
+    return 0
   result = bench.run(d_model=args.d_model, seq_len=args.seq_len, batch=args.batch,
                      heads=args.heads, rounds=args.rounds, warmup=args.warmup,
-                     dtype=args.dtype)
+                     dtype=args.dtype, impls=tuple(args.impls) if args.impls else None)
   print(bench.format_table(result))
   bench.write_json(result, args.out)
+  print(f"\nwrote {args.out}")
+  return 0
+
+
+def _cmd_bench_train(args, extra) -> int:
+  from mha_jax import bench_train
+  if any(not a.startswith("--config.") for a in extra):
+    raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+  result = bench_train.run(args.config, extra, rounds=args.rounds, warmup=args.warmup,
+                           workdir=args.workdir, matmul_size=args.matmul_size)
+  print(bench_train.format_table(result))
+  bench_train.write_json(result, args.out)
   print(f"\nwrote {args.out}")
   return 0
 
@@ -183,6 +209,17 @@ def _cmd_circuits(args) -> int:
   return 0
 
 
+def _cmd_claims(args) -> int:
+  from mha_jax.claims import run as claims_run
+  rep = claims_run.run_claims(args.out, only=args.only, workdir=args.workdir,
+                              induction_workdir=args.induction_workdir,
+                              sweep_workdir=args.sweep_workdir)
+  for r in rep["claims"]:
+    print(f"{r['verdict']:>14}  {r['name']}")
+  print(f"wrote {args.out}/REPORT.md, claims.json, primer.html in {rep['seconds']:.0f} s")
+  return 0
+
+
 def _cmd_sweep(args, extra) -> int:
   from mha_jax import sweep
   from mha_jax.train import loop
@@ -199,6 +236,29 @@ def _cmd_sweep(args, extra) -> int:
 def _cmd_quickstart(args, extra) -> int:
   from mha_jax import quickstart
   quickstart.run(args.workdir, extra)
+  return 0
+
+
+def _cmd_import(args) -> int:
+  from mha_jax.pretrained import importer
+  cfg = importer.import_model(args.workdir, name=args.name, file=args.file)
+  m = cfg["model"]
+  print(json.dumps({"workdir": args.workdir, "task": cfg["task"], "family": m["family"],
+                    "layers": m["num_layers"], "heads": m["num_heads"],
+                    "kv_heads": m.get("num_kv_heads", m["num_heads"]),
+                    "d_model": m["d_model"], "source": cfg["source"]["path"]}))
+  return 0
+
+
+def _cmd_generate(args) -> int:
+  from mha_jax.loader import load
+  run = load(args.workdir)
+  if run.config.task != "pretrained_lm":
+    raise UserError(f"--workdir {args.workdir!r} holds task {run.config.task!r}; generate "
+                     f"needs a language model (pretrained_lm)")
+  out = run.model.generate(run.params, args.prompt, args.max_new_tokens, chat=args.chat)
+  print(json.dumps({"prompt": args.prompt, "chat": args.chat, "continuation": out["text"],
+                    "tokens": out["tokens"]}))
   return 0
 
 
@@ -297,6 +357,16 @@ def build_parser() -> argparse.ArgumentParser:
   ci.add_argument("--no-track", action="store_true", help="skip the pass over checkpoints")
   ci.set_defaults(func=_cmd_circuits)
 
+  cl = sub.add_parser("claims", help="measure the seed documents' claims; report + primer")
+  cl.add_argument("--only", default=None, help="comma-separated claim names")
+  cl.add_argument("--out", default="claims")
+  cl.add_argument("--workdir", default=None, help="a quickstart workdir to reuse")
+  cl.add_argument("--induction-workdir", default=None,
+                  help="a trained configs/induction.py workdir to reuse")
+  cl.add_argument("--sweep-workdir", default=None,
+                  help="a `mha-jax sweep` workdir: its loss at d_k = 1")
+  cl.set_defaults(func=_cmd_claims)
+
   sw = sub.add_parser("sweep", help="run the runs a sweep config lists")
   sw.add_argument("--config", required=True)
   sw.add_argument("--workdir", required=True)
@@ -308,25 +378,73 @@ def build_parser() -> argparse.ArgumentParser:
   q.add_argument("--workdir", default="workdirs/quickstart")
   q.set_defaults(func=_cmd_quickstart, extra=True)
 
+  im = sub.add_parser("import", help="a pretrained model as a new workdir (offline)")
+  im.add_argument("name", nargs="?", default=None, help="smollm2-135m or minilm-l6")
+  im.add_argument("--file", default=None,
+                  help="a llama GGUF file, or a folder with config.json + model.safetensors")
+  im.add_argument("--workdir", required=True)
+  im.set_defaults(func=_cmd_import)
+
+  g = sub.add_parser("generate", help="greedy continuation with the KV cache (imported LMs)")
+  g.add_argument("--workdir", required=True)
+  g.add_argument("--prompt", required=True)
+  g.add_argument("--max-new-tokens", type=int, default=16)
+  g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+  g.set_defaults(func=_cmd_generate)
+
   b = sub.add_parser("bench", help="benchmarks")
   bsub = b.add_subparsers(dest="bench", required=True)
   ba = bsub.add_parser("attention", help="this layer vs flax.linen, flax.nnx, jax.nn")
   add_bench_attention_args(ba)
   ba.set_defaults(func=_cmd_bench_attention)
+  bt = bsub.add_parser("train", help="the quickstart model's training step, ours vs flax.linen")
+  bt.add_argument("--config", default="configs/translation.py:quickstart")
+  bt.add_argument("--rounds", type=int, default=10)
+  bt.add_argument("--warmup", type=int, default=2)
+  bt.add_argument("--workdir", default="workdirs/bench_train",
+                  help="where the task writes its generated data")
+  bt.add_argument("--matmul-size", type=int, default=2048,
+                  help="n of the n x n matmul that measures the machine's rate")
+  bt.add_argument("--out", default="results/bench_train.json")
+  bt.set_defaults(func=_cmd_bench_train, extra=True)
   return p
+
+
+_BENCH_OUT = "results/bench_attention.json"
+
+
+class _Given(argparse.Action):
+  """Stores the value and records that it was given (--scale-t has other defaults)."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    setattr(namespace, self.dest, values)
+    setattr(namespace, self.dest + "_given", True)
 
 
 def add_bench_attention_args(p: argparse.ArgumentParser) -> None:
   from mha_jax.bench import DEFAULT_HEADS
-  p.add_argument("--d-model", type=int, default=768)
+  p.add_argument("--d-model", type=int, default=768, action=_Given,
+                 help="default 768 (512 with --scale-t)")
   p.add_argument("--seq-len", type=int, default=512)
-  p.add_argument("--batch", type=int, default=4)
-  p.add_argument("--heads", type=_int_list, default=DEFAULT_HEADS,
-                 help="comma-separated head counts (default: %(default)s)")
+  p.add_argument("--batch", type=int, default=4, action=_Given,
+                 help="default 4 (1 with --scale-t)")
+  p.add_argument("--heads", type=_int_list, default=DEFAULT_HEADS, action=_Given,
+                 help="comma-separated head counts (default: %(default)s; 8 with --scale-t)")
+  p.add_argument("--scale-t", action="store_true",
+                 help="time and peak memory against T (512 .. 32768), one capped "
+                      "subprocess per implementation and T")
+  p.add_argument("--seq-lens", type=_int_list, default=None,
+                 help="with --scale-t: comma-separated T values")
+  p.add_argument("--impls", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                 default=None, help="comma-separated implementation names (default: all; "
+                 "without --scale-t the peers always run)")
+  p.add_argument("--max-mem-gb", type=float, default=6.0,
+                 help="with --scale-t: address-space cap per subprocess (default 6)")
+  p.set_defaults(d_model_given=False, batch_given=False, heads_given=False)
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--warmup", type=int, default=1)
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-  p.add_argument("--out", default="results/bench_attention.json")
+  p.add_argument("--out", default=_BENCH_OUT)
 
 
 def main(argv=None) -> int:

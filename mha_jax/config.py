@@ -269,6 +269,8 @@ RANGES = (
 def validate(cfg: ml_collections.ConfigDict) -> None:
   """Checks every value the code relies on (types, ranges, choices); errors name the
   field and the value."""
+  if cfg.get("task") in PRETRAINED_TASKS:
+    return validate_pretrained(cfg)
   if cfg.get("task") not in ("translation", "lm"):
     raise UserError(f"task must be 'translation' or 'lm'; got {cfg.get('task')!r}")
   for key, lo, hi, lo_open, hi_open, note in RANGES:
@@ -296,6 +298,24 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if t.schedule not in ("inverse_sqrt", "cosine", "constant"):
     raise UserError(f"train.schedule must be inverse_sqrt, cosine or constant; got "
                     f"{t.schedule!r}")
+
+
+# Tasks of imported models (mha-jax import): no training fields.
+PRETRAINED_TASKS = ("pretrained_lm", "embedding")
+
+
+def validate_pretrained(cfg: ml_collections.ConfigDict) -> None:
+  """Checks an imported model's config (written by mha_jax.pretrained)."""
+  m = cfg.model
+  for key in ("d_model", "num_heads", "head_dim", "num_layers", "d_ff", "vocab_size"):
+    if m[key] < 1:
+      raise UserError(f"model.{key} must be >= 1; got {m[key]}")
+  if cfg.task == "pretrained_lm" and m.num_heads % m.num_kv_heads:
+    raise UserError(f"model.num_kv_heads={m.num_kv_heads} must divide "
+                     f"model.num_heads={m.num_heads}")
+  for key in ("batch_size", "seq_len", "windows"):
+    if cfg.eval[key] < 1:
+      raise UserError(f"eval.{key} must be >= 1; got {cfg.eval[key]}")
 
 
 def train_defaults(**overrides) -> ml_collections.ConfigDict:

@@ -21,35 +21,44 @@ _FLAX_NAMES = {"query": ("wq", "bq"), "key": ("wk", "bk"), "value": ("wv", "bv")
 
 
 class MultiHeadAttention(nn.Module):
-  """Multi-head attention with params {wq, wk, wv: (D, H, K); wo: (H, K, D); biases}.
+  """Multi-head attention with params {wq: (D, H, K); wk, wv: (D, G, K); wo: (H, K, D);
+  biases}.
 
   Attributes:
-    num_heads: H.
+    num_heads: H, the query heads.
     head_dim: K; default D // H (D read from the input).
-    use_bias: add bq, bk, bv (H, K) and bo (D,).
+    use_bias: add bq (H, K), bk, bv (G, K) and bo (D,).
     impl: kernel choice, see `attention.multi_head_attention`.
     param_dtype: dtype of the params.
+    num_kv_heads: G key/value heads dividing H (grouped-query attention); None = H.
+    rope: an attention.RoPE to rotate q and k by position; None = no rotation.
   """
   num_heads: int
   head_dim: int | None = None
   use_bias: bool = False
   impl: str = "auto"
   param_dtype: Any = jnp.float32
+  num_kv_heads: int | None = None
+  rope: attention.RoPE | None = None
 
   @nn.compact
   def __call__(self, x_BTD, context_BSD=None, *, mask=None, causal=False,
-               head_gates=None, return_weights=False):
+               head_gates=None, return_weights=False, positions=None):
     d = x_BTD.shape[-1]
     if self.head_dim is None and (self.num_heads < 1 or d % self.num_heads):
       raise UserError(f"num_heads={self.num_heads} does not divide d_model={d}")
+    g = self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+    if g < 1 or self.num_heads % g:
+      raise UserError(f"num_kv_heads={self.num_kv_heads} does not divide "
+                       f"num_heads={self.num_heads}")
     k = self.head_dim or d // self.num_heads
-    shapes = attention.param_shapes(d, self.num_heads, k)
+    shapes = attention.param_shapes(d, self.num_heads, k, g)
     names = attention._WEIGHT_KEYS + (attention._BIAS_KEYS if self.use_bias else ())
     params = {n: self.param(n, attention.PARAM_INITS[n], shapes[n], self.param_dtype)
               for n in names}
     return attention.multi_head_attention(
         params, x_BTD, context_BSD, mask=mask, causal=causal, head_gates=head_gates,
-        impl=self.impl, return_weights=return_weights)
+        impl=self.impl, return_weights=return_weights, rope=self.rope, positions=positions)
 
 
 def from_flax_linen(flax_params: Mapping[str, Any]) -> dict[str, jax.Array]:
@@ -82,7 +91,11 @@ def to_flax_linen(params: Mapping[str, jax.Array]) -> dict[str, dict[str, jax.Ar
 
   The Flax module must be built with `use_bias` matching whether `params` has biases.
   """
-  attention.check_attention_params(params)
+  _, h, _ = attention.check_attention_params(params)
+  if attention.num_kv_heads_of(params) != h:
+    raise UserError(f"params has {attention.num_kv_heads_of(params)} key/value heads for "
+                     f"{h} query heads (grouped-query attention), which "
+                     f"flax.linen.MultiHeadDotProductAttention cannot express")
   if attention.REL_BIAS in params:
     raise UserError("params has 'rel_bias' (relative positions), which "
                      "flax.linen.MultiHeadDotProductAttention has no place for")

@@ -15,7 +15,6 @@ from typing import Iterator, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from mha_jax.errors import UserError
 from mha_jax.data import parallel, repeated_tokens, synthetic_translation, text, vocab as V
@@ -109,6 +108,27 @@ def _check_ids(ids: np.ndarray, vocab_size: int, what: str) -> None:
   bad = ids >= vocab_size
   if bad.any():
     raise UserError(f"{what}: token id {int(ids[bad].max())} >= vocab size {vocab_size}")
+
+
+def token_losses(logits_BTV, targets_BT, label_smoothing: float = 0.0):
+  """Per-token (nll, objective, correct) from one float32 log-softmax over the vocabulary.
+
+  The objective is the cross-entropy against labels smoothed as optax.smooth_labels does
+  ((1 - e) one-hot + e / V), written as (1 - e) nll - e mean_v log p_v, so no one-hot
+  tensor is built. `correct` is 1 where the target's logit is the row's maximum.
+  """
+  logits = logits_BTV.astype(jnp.float32)
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  shifted = logits - jax.lax.stop_gradient(top)
+  logp = shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
+  target_logp = jnp.take_along_axis(logp, targets_BT[..., None], axis=-1)[..., 0]
+  nll = -target_logp
+  obj = nll
+  if label_smoothing:
+    obj = (1.0 - label_smoothing) * nll - label_smoothing * jnp.mean(logp, axis=-1)
+  correct = (jnp.take_along_axis(logits, targets_BT[..., None], axis=-1)[..., 0]
+             >= top[..., 0]).astype(jnp.float32)
+  return nll, obj, correct
 
 
 class TranslationTask:
@@ -221,16 +241,15 @@ class TranslationTask:
            example_weight=None):
     """(objective, metrics sums) for one batch. Metrics are sums, to be divided by
     metrics["tokens"]."""
-    logits = self.apply(params, batch, gates=gates, key=key).astype(jnp.float32)
+    logits = self.apply(params, batch, gates=gates, key=key)
     targets = batch["tgt"][:, 1:]
     mask = (targets != V.PAD_ID).astype(jnp.float32)
     if example_weight is not None:
       mask = mask * example_weight[:, None]
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    obj = _smoothed(logits, targets, label_smoothing) if label_smoothing else nll
+    nll, obj, correct = token_losses(logits, targets, label_smoothing)
     tokens = mask.sum()
-    metrics = {"loss": (nll * mask).sum(), "accuracy": (
-        (logits.argmax(-1) == targets) * mask).sum(), "tokens": tokens}
+    metrics = {"loss": (nll * mask).sum(), "accuracy": (correct * mask).sum(),
+               "tokens": tokens}
     return (obj * mask).sum() / jnp.maximum(tokens, 1.0), metrics
 
   # ---------------------------------------------------------------- evaluation
@@ -327,7 +346,8 @@ class LMTask:
     seed = d.seed + {"train": 0, "valid": 1_000_003, "test": 2_000_003}[split]
     if d.kind == "repeated":
       return repeated_tokens.repeated_tokens(seed, index, batch, d.half_len, d.vocab_size,
-                                             d.get("min_half_len", 0), return_lengths=True)
+                                             d.get("min_half_len", 0), return_lengths=True,
+                                             random_start=d.get("random_start", False))
     return text.windows(self.streams[split], seed, index, batch, self.seq_len + 1), None
 
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1):
@@ -338,11 +358,11 @@ class LMTask:
     _check_ids(batch["tokens"], self.vocab_size, "training batch")
     return batch
 
-  def _make(self, tokens, lengths):
+  def _make(self, tokens, lengths, starts=None):
     """The batch dict; for repeated tokens with the first/repeat position masks."""
     if lengths is None:
       return {"tokens": tokens}
-    masks = repeated_tokens.position_masks(lengths, tokens.shape[1] - 1)
+    masks = repeated_tokens.position_masks(lengths, tokens.shape[1] - 1, starts)
     return {"tokens": tokens, "mask_first": masks["first"], "mask_repeat": masks["repeat"]}
 
   def eval_batches(self, split: str, batch_size: int):
@@ -352,13 +372,12 @@ class LMTask:
   def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
            example_weight=None):
     tokens = batch["tokens"]
-    logits = self.apply(params, batch, gates=gates, key=key).astype(jnp.float32)
+    logits = self.apply(params, batch, gates=gates, key=key)
     targets = tokens[:, 1:]
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    obj = _smoothed(logits, targets, label_smoothing) if label_smoothing else nll
+    nll, obj, correct = token_losses(logits, targets, label_smoothing)
     w = jnp.ones_like(nll) if example_weight is None else jnp.broadcast_to(
         example_weight[:, None], nll.shape)
-    metrics = {"loss": (nll * w).sum(), "accuracy": ((logits.argmax(-1) == targets) * w).sum(),
+    metrics = {"loss": (nll * w).sum(), "accuracy": (correct * w).sum(),
                "tokens": w.sum()}
     for name in ("first", "repeat"):
       if f"mask_{name}" in batch:
@@ -377,12 +396,6 @@ class LMTask:
       if f"loss_{name}" in totals:
         out[f"loss_{name}"] = totals[f"loss_{name}"] / totals[f"tokens_{name}"]
     return out
-
-
-def _smoothed(logits, targets, label_smoothing: float):
-  """Cross-entropy against labels smoothed toward uniform (train.label_smoothing)."""
-  onehot = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), label_smoothing)
-  return optax.softmax_cross_entropy(logits, onehot)
 
 
 def jitted(task, name: str, fn):
@@ -413,4 +426,7 @@ def build(cfg, workdir: str | None = None, *, read_only: bool = False):
     return TranslationTask(cfg, workdir, read_only=read_only)
   if cfg.task == "lm":
     return LMTask(cfg, workdir, read_only=read_only)
+  if cfg.task in ("pretrained_lm", "embedding"):      # imported models (mha-jax import)
+    from mha_jax.pretrained import tasks as pretrained_tasks
+    return pretrained_tasks.build(cfg, workdir)
   raise UserError(f"task must be 'translation' or 'lm'; got {cfg.task!r}")

@@ -116,7 +116,8 @@ def test_trained_two_layer_model_has_an_induction_head(tmp_path):
   steps = res["over_steps"]
   assert steps[-1]["icl_score"] < min(-1.5, steps[0]["icl_score"] - 1.5)   # the phase change
   rows = res["term_importance"]
-  assert rows[1]["loss_change_vs_full"] > 0.3          # virtual heads (K/V-composition) matter
+  # As in the paper, single-head terms carry most of the effect, virtual heads little.
+  assert rows[1]["loss_change_vs_full"] < 0.25 * rows[0]["loss_change_vs_full"]
   assert res["path_expansion_max_error"] < 1e-3
   for f in ("circuits.json", "composition.png", "positivity.png", "icl.png"):
     assert os.path.getsize(os.path.join(wd, "circuits", f)) > 500, f

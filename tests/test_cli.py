@@ -14,8 +14,10 @@ def test_zoo_prints_every_model_with_d_k(capsys):
   for model, d_k in (("Transformer-base", 64), ("GPT-2 XL", 64), ("LLaMA 65B", 128),
                      ("GPT-3 175B", 128)):
     line = next(l for l in out.splitlines() if l.startswith(model))
-    assert int(line.split()[-4]) == d_k, line
+    assert int(line.split()[-5]) == d_k, line
   assert "603,979,776" in out            # 4 * 12288^2
+  llama2 = next(l for l in out.splitlines() if l.startswith("LLaMA-2 70B")).split()
+  assert (llama2[3], llama2[4], llama2[6]) == ("64", "8", "150,994,944")   # h, h_kv, params
 
 
 def test_console_script_entry_point_runs():
@@ -31,12 +33,24 @@ def test_bench_attention_writes_json_and_table(tmp_path, capsys):
   text = capsys.readouterr().out
   data = json.loads(out.read_text())
   impls = {r["impl"] for r in data["rows"]}
-  assert {"mha_jax impl=auto", "flax.linen MHDPA", "flax.nnx MultiHeadAttention",
+  assert {"mha_jax impl=auto", "mha_jax impl=blocked", "flax.linen MHDPA", "flax.nnx MultiHeadAttention",
           "linen + jax.nn.dot_product_attention"} <= impls
   assert len(data["rows"]) == 2 * 2 * len(impls)       # h x mode x impl
   assert all(len(r["times_ms"]) == 2 and r["median_ms"] > 0 for r in data["rows"])
   assert data["machine"]["matmul_gflops"] > 0
   assert "| 8 | 4 | flax.linen MHDPA |" in text
+
+
+def test_bench_scale_t_reports_time_memory_and_over_cap(tmp_path, capsys):
+  """Each (impl, T) in its own capped subprocess; an allocation over the cap is reported."""
+  out = tmp_path / "s.json"
+  assert cli.main(["bench", "attention", "--scale-t", "--d-model", "16", "--heads", "2",
+                   "--seq-lens", "16,40000", "--impls", "mha_jax impl=reference",
+                   "--rounds", "1", "--max-mem-gb", "4", "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["status"] for r in rows] == ["ok", "over cap"]   # 2 * 40000^2 * 4 B = 12.8 GB
+  assert rows[0]["median_ms"] > 0 and 50 < rows[0]["max_rss_mb"] < 4096
+  assert "over cap" in capsys.readouterr().out
 
 
 def test_bench_rejects_heads_not_dividing_width(tmp_path, capsys):

@@ -67,6 +67,25 @@ def test_same_output_as_flax_nnx_on_the_same_weights():
   np.testing.assert_allclose(attention.multi_head_attention(ours, x), model(x), atol=1e-5)
 
 
+def test_layer_with_grouped_kv_heads_and_rope():
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 48))
+  rope = attention.RoPE(layout="interleaved")
+  m = layers.MultiHeadAttention(num_heads=6, num_kv_heads=2, use_bias=True, rope=rope)
+  v = m.init(jax.random.PRNGKey(0), x)
+  shapes = jax.tree.map(jnp.shape, v["params"])
+  assert shapes == {"wq": (48, 6, 8), "wk": (48, 2, 8), "wv": (48, 2, 8), "wo": (6, 8, 48),
+                    "bq": (6, 8), "bk": (2, 8), "bv": (2, 8), "bo": (48,)}
+  pos = jnp.arange(5) + 3
+  np.testing.assert_allclose(
+      m.apply(v, x, causal=True, positions=pos),
+      attention.multi_head_attention(v["params"], x, causal=True, rope=rope, positions=pos),
+      atol=1e-6)
+  with pytest.raises(ValueError, match=r"2 key/value heads for 6 query heads.*cannot express"):
+    layers.to_flax_linen(v["params"])
+  with pytest.raises(ValueError, match=r"num_kv_heads=4 does not divide num_heads=6"):
+    layers.MultiHeadAttention(num_heads=6, num_kv_heads=4).init(jax.random.PRNGKey(0), x)
+
+
 def test_converter_errors_name_what_is_missing():
   with pytest.raises(ValueError, match=r"flax_params is missing \['out'\]"):
     layers.from_flax_linen({"query": {}, "key": {}, "value": {}})

@@ -214,3 +214,41 @@ def test_checkpoints_move_between_8_devices_and_1(tmp_path):
   r = subprocess.run([sys.executable, "-c", "import jax; print(jax.device_count())"],
                      capture_output=True, text=True, env={**os.environ, **eight})
   assert r.stdout.strip() == "8"
+
+
+def test_token_losses_match_optax_with_and_without_label_smoothing():
+  import jax.numpy as jnp
+  import optax
+  k1, k2 = jax.random.split(jax.random.PRNGKey(3))
+  logits = jax.random.normal(k1, (3, 5, 40)) * 3
+  targets = jax.random.randint(k2, (3, 5), 0, 40)
+  for eps in (0.0, 0.1):
+    labels = optax.smooth_labels(jax.nn.one_hot(targets, 40), eps)
+    nll, obj, correct = tasks.token_losses(logits, targets, eps)
+    np.testing.assert_allclose(obj, optax.softmax_cross_entropy(logits, labels), atol=1e-5)
+    np.testing.assert_allclose(
+        nll, optax.softmax_cross_entropy_with_integer_labels(logits, targets), atol=1e-5)
+    np.testing.assert_array_equal(correct, logits.argmax(-1) == targets)
+    g = jax.grad(lambda l: tasks.token_losses(l, targets, eps)[1].sum())(logits)
+    g_ref = jax.grad(lambda l: optax.softmax_cross_entropy(l, labels).sum())(logits)
+    np.testing.assert_allclose(g, g_ref, atol=1e-6)
+  # Label smoothing changes the objective, not the reported nll.
+  assert float(jnp.abs(tasks.token_losses(logits, targets, 0.1)[1]
+                       - tasks.token_losses(logits, targets, 0.0)[1]).max()) > 1e-3
+
+
+def test_bench_train_times_ours_and_flax_linen_and_writes_json(tmp_path):
+  out = tmp_path / "bt.json"
+  r = cli("bench", "train", "--config", "configs/translation.py:quickstart", "--rounds", "1",
+          "--warmup", "1", "--workdir", str(tmp_path / "wd"), "--out", str(out),
+          "--matmul-size", "256",
+          "--config.model.enc_layers=1", "--config.model.dec_layers=1",
+          "--config.data.train_size=200", "--config.data.valid_size=20",
+          "--config.data.test_size=20", "--config.train.batch_size=8")
+  assert r.returncode == 0, r.stdout + r.stderr
+  res = json.loads(out.read_text())
+  rows = {row["model"]: row for row in res["rows"]}
+  assert set(rows) == {"mha_jax", "flax.linen"}
+  assert rows["flax.linen"]["vs_flax_linen"] == 1.0 and rows["mha_jax"]["step_ms"] > 0
+  assert rows["mha_jax"]["gflop"] > 0 and res["matmul_gflops"] > 0
+  assert "| mha_jax |" in r.stdout and "% matmul" in r.stdout

@@ -14,12 +14,18 @@ from mha_jax.errors import UserError
 
 
 def repeated_tokens(seed: int, index: int, batch: int, half_len: int, vocab_size: int,
-                    min_half_len: int = 0, return_lengths: bool = False):
+                    min_half_len: int = 0, return_lengths: bool = False,
+                    random_start: bool = False):
   """Batch number `index` of the stream given by `seed`: (batch, 1 + 2 * half_len) int32
-  (and the per-row copy length m when return_lengths).
+  (and the per-row copy length m when return_lengths; with random_start, also the
+  per-row start p of the first copy: (tokens, m, p)).
 
-  Random tokens are uniform over 1..vocab_size-1 (0 is BOS). Deterministic in
-  (seed, index), so a resumed run sees exactly the batches it would have seen.
+  Random tokens are uniform over 1..vocab_size-1 (0 is BOS). With random_start, each
+  row's first copy starts after p random tokens, p uniform in 0..2 (half_len - m), so
+  first copies (the keys an induction head must find) lie anywhere in positions
+  1..2 half_len - m, not only at the start.
+  Deterministic in (seed, index), so a resumed run sees exactly the batches it would
+  have seen.
   """
   if vocab_size < 3:
     raise UserError(f"data.vocab_size must be >= 3; got {vocab_size}")
@@ -33,16 +39,24 @@ def repeated_tokens(seed: int, index: int, batch: int, half_len: int, vocab_size
   out = rng.integers(1, vocab_size, size=(batch, 1 + 2 * half_len), dtype=np.int32)
   out[:, 0] = BOS_ID
   m = rng.integers(lo, half_len + 1, size=batch) if lo < half_len else np.full(batch, half_len)
+  p = (rng.integers(0, 2 * (half_len - m) + 1) if random_start
+       else np.zeros(batch, np.int64))
   for b in range(batch):
-    out[b, 1 + m[b]:1 + 2 * m[b]] = out[b, 1:1 + m[b]]
+    start = 1 + p[b]
+    out[b, start + m[b]:start + 2 * m[b]] = out[b, start:start + m[b]]
+  if random_start:
+    return (out, m, p) if return_lengths else out
   return (out, m) if return_lengths else out
 
 
-def position_masks(m: np.ndarray, length: int) -> dict[str, np.ndarray]:
+def position_masks(m: np.ndarray, length: int, start=None) -> dict[str, np.ndarray]:
   """(B, length) masks over predicted positions p (p predicts token p + 1): "first" =
   tokens 2..m of the first copy, "repeat" = tokens 2..m of the second copy (the first
-  token of each copy is random and cannot be predicted)."""
+  token of each copy is random and cannot be predicted). `start` (B,): random tokens
+  before each row's first copy (random_start)."""
   target = np.arange(length)[None, :] + 1
+  if start is not None:
+    target = target - np.asarray(start)[:, None]
   m = np.asarray(m)[:, None]
   first = (target >= 2) & (target <= m)
   repeat = (target >= m + 2) & (target <= 2 * m)

@@ -1,0 +1,188 @@
+"""Training-step benchmark: the quickstart model's step, ours next to flax.linen's.
+
+Both models are the same encoder-decoder (pre-LN, relative-position score bias per
+head, GELU MLP, shared embedding tied to the output, label-smoothed cross-entropy) on
+the same batch with the same optimizer (loop.make_optimizer); the flax.linen one is
+built from nn.LayerNorm, nn.Dense and nn.MultiHeadDotProductAttention. Rounds are
+interleaved in one process; we report medians, XLA's FLOP count of our step and the
+rate against the machine's measured matmul rate.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mha_jax.errors import UserError
+from mha_jax import bench, tasks
+from mha_jax import config as mc
+from mha_jax.data import vocab as V
+from mha_jax.train import loop
+
+
+class _LinenBlock(nn.Module):
+  """One pre-LN block: self-attention with a learned relative bias, optional
+  cross-attention, MLP."""
+  num_heads: int
+  d_ff: int
+  max_rel: int
+  cross: bool
+
+  @nn.compact
+  def __call__(self, x, enc=None, self_mask=None, cross_mask=None):
+    t = x.shape[1]
+    table = self.param("rel_bias", nn.initializers.zeros, (self.num_heads, 2 * self.max_rel + 1))
+    off = np.clip(np.arange(t)[None, :] - np.arange(t)[:, None], -self.max_rel,
+                  self.max_rel) + self.max_rel
+    bias = table[:, off][None]
+    attn_fn = functools.partial(nn.dot_product_attention, bias=bias)
+    h = nn.LayerNorm(epsilon=1e-6)(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads, use_bias=False,
+                                            attention_fn=attn_fn)(h, mask=self_mask)
+    if self.cross:
+      h = nn.LayerNorm(epsilon=1e-6)(x)
+      x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads, use_bias=False)(
+          h, enc, mask=cross_mask)
+    h = nn.LayerNorm(epsilon=1e-6)(x)
+    h = nn.Dense(x.shape[-1])(nn.gelu(nn.Dense(self.d_ff)(h)))
+    return x + h
+
+
+class LinenSeq2Seq(nn.Module):
+  """The quickstart encoder-decoder from flax.linen modules."""
+  vocab_size: int
+  d_model: int
+  num_heads: int
+  d_ff: int
+  enc_layers: int
+  dec_layers: int
+  max_rel: int
+
+  @nn.compact
+  def __call__(self, src_BS, tgt_in_BT):
+    embed = nn.Embed(self.vocab_size, self.d_model)
+    scale = self.d_model ** 0.5
+    src_mask = (src_BS != V.PAD_ID)[:, None, None, :]
+    x = embed(src_BS) * scale
+    for _ in range(self.enc_layers):
+      x = _LinenBlock(self.num_heads, self.d_ff, self.max_rel, False)(x, self_mask=src_mask)
+    enc = nn.LayerNorm(epsilon=1e-6)(x)
+    y = embed(tgt_in_BT) * scale
+    causal = nn.make_causal_mask(tgt_in_BT)
+    for _ in range(self.dec_layers):
+      y = _LinenBlock(self.num_heads, self.d_ff, self.max_rel, True)(
+          y, enc, self_mask=causal, cross_mask=src_mask)
+    return embed.attend(nn.LayerNorm(epsilon=1e-6)(y))
+
+
+def _smoothed_loss(logits, targets, smoothing):
+  """The task's objective: label-smoothed cross-entropy over non-pad targets."""
+  mask = (targets != V.PAD_ID).astype(jnp.float32)
+  onehot = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), smoothing)
+  obj = optax.softmax_cross_entropy(logits.astype(jnp.float32), onehot)
+  return (obj * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def build_steps(cfg, workdir: str) -> tuple[dict[str, tuple[Callable, list]], dict, float]:
+  """name -> (jitted step, [params, opt_state]), the batch, and our step's GFLOP."""
+  task = tasks.build(cfg, workdir)
+  t = cfg.train
+  optimizer = loop.make_optimizer(t)
+  batch = {k: jnp.asarray(v) for k, v in task.train_batch(0, 0, 1).items()}
+
+  def make(loss_fn, params):
+    def step(params, opt_state, batch):
+      obj, grads = jax.value_and_grad(loss_fn)(params, batch)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, obj
+    return jax.jit(step, donate_argnums=(0, 1)), [params, optimizer.init(params)]
+
+  ours = task.init_params(jax.random.PRNGKey(cfg.seed))
+  steps = {"mha_jax": make(lambda p, b: task.loss(p, b, label_smoothing=t.label_smoothing)[0],
+                           ours)}
+  m = cfg.model
+  linen = LinenSeq2Seq(vocab_size=task.vocab_size, d_model=m.d_model,
+                       num_heads=m.num_heads, d_ff=m.d_ff, enc_layers=m.enc_layers,
+                       dec_layers=m.dec_layers, max_rel=m.max_rel)
+  src, tgt = batch["src"], batch["tgt"]
+  lp = linen.init(jax.random.PRNGKey(cfg.seed), src, tgt[:, :-1])
+  steps["flax.linen"] = make(
+      lambda p, b: _smoothed_loss(linen.apply(p, b["src"], b["tgt"][:, :-1]),
+                                  b["tgt"][:, 1:], t.label_smoothing), lp)
+  fn, state = steps["mha_jax"]
+  cost = fn.lower(*state, batch).compile().cost_analysis()
+  cost = cost if isinstance(cost, dict) else cost[0]
+  return steps, batch, float(cost["flops"]) / 1e9
+
+
+def run(config: str = "configs/translation.py:quickstart", overrides: Sequence[str] = (),
+        rounds: int = 10, warmup: int = 2, workdir: str = "workdirs/bench_train",
+        matmul_size: int = 2048, log: Callable[[str], None] = print) -> dict:
+  """Times one training step of each model; returns the result dict."""
+  cfg = mc.load_config(config)
+  mc.apply_overrides(cfg, list(overrides))
+  mc.validate(cfg)
+  if cfg.task != "translation":
+    raise UserError(f"--config must be a translation config (the quickstart model); got "
+                     f"task {cfg.task!r}")
+  steps, batch, gflop = build_steps(cfg, workdir)
+  log("measuring the matmul rate ...")
+  rate = bench.matmul_gflops(matmul_size)
+
+  def once(name):
+    fn, state = steps[name]
+    t0 = time.perf_counter()
+    state[0], state[1], obj = fn(state[0], state[1], batch)
+    jax.block_until_ready(obj)
+    return time.perf_counter() - t0
+
+  for name in steps:
+    for _ in range(warmup):
+      once(name)
+  times = {name: [] for name in steps}
+  for _ in range(rounds):          # interleaved rounds
+    for name in steps:
+      times[name].append(once(name))
+  rows = []
+  for name, ts in times.items():
+    ms = statistics.median(ts) * 1e3
+    rows.append({"model": name, "step_ms": ms, "gflop": gflop,
+                 "gflop_per_s": gflop / (ms / 1e3),
+                 "pct_matmul": 100 * gflop / (ms / 1e3) / rate})
+  ref = next(r["step_ms"] for r in rows if r["model"] == "flax.linen")
+  for r in rows:
+    r["vs_flax_linen"] = r["step_ms"] / ref
+  return {"config": config, "overrides": list(overrides), "rounds": rounds,
+          "batch_shapes": {k: list(v.shape) for k, v in batch.items()},
+          "matmul_gflops": rate, "backend": jax.default_backend(),
+          "devices": jax.device_count(), "machine": platform.processor() or platform.machine(),
+          "cpus": os.cpu_count(), "rows": rows}
+
+
+def format_table(res: dict) -> str:
+  lines = [f"{res['config']} {' '.join(res['overrides'])}: one training step (fwd + bwd + "
+           f"AdamW), batch {res['batch_shapes']}, median of {res['rounds']} interleaved "
+           f"rounds; {res['backend']}, matmul {res['matmul_gflops']:.1f} GFLOP/s",
+           "", "| model | step ms | vs flax.linen | GFLOP (XLA, ours) | GFLOP/s | % matmul |",
+           "|---|---:|---:|---:|---:|---:|"]
+  for r in res["rows"]:
+    lines.append(f"| {r['model']} | {r['step_ms']:.1f} | {r['vs_flax_linen']:.2f} | "
+                 f"{r['gflop']:.2f} | {r['gflop_per_s']:.1f} | {r['pct_matmul']:.1f} |")
+  return "\n".join(lines)
+
+
+def write_json(res: dict, path: str) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(res, f, indent=1)

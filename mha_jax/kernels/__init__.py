@@ -1,0 +1,1 @@
+"""Attention kernels: what `impl=` in mha_jax.attention dispatches to."""

@@ -1,0 +1,358 @@
+"""Blocked (flash-style) attention in pure JAX: memory linear in T and S.
+
+The (T, S) score matrix is never held whole. Queries are cut into blocks of
+``block_q`` rows and keys into blocks of ``block_k`` columns; for each query block a
+loop runs over the key blocks keeping a running row maximum, row sum and weighted
+value sum (the online softmax). The backward pass (``jax.custom_vjp``) keeps only
+the output and the per-row log-sum-exp and recomputes each block's weights from
+them (Rabe & Staats 2021; Dao et al. 2022). Peak memory is
+O(B * H * (T + S) * K + B * H * block_q * block_k), whatever T and S are.
+
+Shapes: q (B, T, H, K); k (B, S, G, K); v (B, S, G, V) with G (key/value heads)
+dividing H: query head i reads key/value head i // (H // G) (grouped-query
+attention; G = H is ordinary multi-head attention).
+
+Everything about the call's masks follows mha_jax.attention: boolean masks,
+True = may attend; causal is top-left aligned (key j <= query i); a query row with
+no key to attend to gives a zero output, never NaN.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Default block sizes: one block up to these lengths; measured on the 2-core CPU
+# (docs/results/bench_attention_*.json): fewer, larger blocks win there because each
+# loop step costs a few separate XLA kernels.
+DEFAULT_BLOCK_Q = 512
+DEFAULT_BLOCK_K = 512
+# Target size of one score block in bytes (B * H * block_q * block_k * 4): blocks
+# shrink along T until the block fits, so memory stays bounded at large B * H.
+BLOCK_BYTES = 8 * 2**20
+
+
+def choose_blocks(b: int, h: int, t: int, s: int, block_q: int | None = None,
+                  block_k: int | None = None) -> tuple[int, int]:
+  """(block_q, block_k) for these shapes; given values win.
+
+  Key blocks are min(S, 512); query blocks min(T, 512), halved (down to 32) while
+  one float32 score block B * H * block_q * block_k would exceed BLOCK_BYTES.
+  """
+  for name, val in (("block_q", block_q), ("block_k", block_k)):
+    if val is not None and (not isinstance(val, (int, np.integer)) or isinstance(val, bool)
+                            or val < 1):
+      raise ValueError(f"{name} must be a positive integer or None; got {val!r}")
+  bk = int(block_k) if block_k is not None else min(s, DEFAULT_BLOCK_K)
+  if block_q is not None:
+    bq = int(block_q)
+  else:
+    bq = min(t, DEFAULT_BLOCK_Q)
+    while bq > 32 and b * h * bq * bk * 4 > BLOCK_BYTES:
+      bq //= 2
+  return max(1, min(bq, t)), max(1, min(bk, s))
+
+
+def _to_blocks(x, n, blk, axis):
+  """Pads `axis` to n * blk and splits it into (n, blk); n moves to the front."""
+  pad = n * blk - x.shape[axis]
+  if pad:
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    x = jnp.pad(x, widths)
+  x = x.reshape(x.shape[:axis] + (n, blk) + x.shape[axis + 1:])
+  return jnp.moveaxis(x, axis, 0)
+
+
+def _block_extra(arr, b, g, r, t, s, nq, nk, bq, bk):
+  """(B|1, H|1, T|1, S|1) -> (nq|1, nk|1, B|1, G|1, R|1, bq|1, bk|1) blocks."""
+  if arr is None:
+    return None
+  ab, ah, at, as_ = arr.shape
+  if ah == 1:
+    arr = arr.reshape(ab, 1, 1, at, as_)
+  else:
+    arr = arr.reshape(ab, g, r, at, as_)
+  # Axes: (B, G, R, T, S). Split S then T; keep singletons as blocks of one.
+  if as_ > 1:
+    arr = _to_blocks(arr, nk, bk, 4)              # (nk, B, G, R, T, bk)
+  else:
+    arr = arr[None]
+  if at > 1:
+    arr = _to_blocks(arr, nq, bq, 4)              # (nq, nk, B, G, R, bq, bk)
+  else:
+    arr = arr[None]
+  return arr
+
+
+def _pick(arr, i, j):
+  """Block (i, j) of a blocked extra array; singleton block axes broadcast."""
+  ii = i if arr.shape[0] > 1 else 0
+  jj = j if arr.shape[1] > 1 else 0
+  return jax.lax.dynamic_index_in_dim(
+      jax.lax.dynamic_index_in_dim(arr, ii, 0, keepdims=False), jj, 0, keepdims=False)
+
+
+class _Static(NamedTuple):
+  b: int
+  t: int
+  s: int
+  h: int
+  g: int
+  bq: int
+  bk: int
+  nq: int
+  nk: int
+  scale: float
+  causal: bool
+
+
+def _block_logits(st, q_i, k_j, i, j, mask_bl, bias_bl, table_GRO):
+  """Scores of query block i against key block j, and where they may attend.
+
+  Returns s (B, G, R, bq, bk) float32 (bias added) and ok (bool, broadcastable).
+  """
+  r = st.h // st.g
+  s_ = jnp.einsum("bgmk,bgsk->bgms", q_i, k_j, preferred_element_type=jnp.float32)
+  s_ = s_.reshape(st.b, st.g, r, st.bq, st.bk)
+  qpos = i * st.bq + jnp.arange(st.bq)[:, None]
+  kpos = j * st.bk + jnp.arange(st.bk)[None, :]
+  ok = None
+  if st.s % st.bk:
+    ok = kpos < st.s
+  if st.causal:
+    c = kpos <= qpos
+    ok = c if ok is None else ok & c
+  if ok is not None:
+    ok = jnp.broadcast_to(ok, (st.bq, st.bk))
+  if mask_bl is not None:
+    m = _pick(mask_bl, i, j)
+    ok = m if ok is None else m & ok
+  if bias_bl is not None:
+    s_ = s_ + _pick(bias_bl, i, j).astype(jnp.float32)
+  if table_GRO is not None:
+    rr = (table_GRO.shape[-1] - 1) // 2
+    off = jnp.clip(kpos - qpos, -rr, rr) + rr                  # (bq, bk)
+    s_ = s_ + table_GRO[:, :, off].astype(jnp.float32)[None]
+  return s_, ok
+
+
+def _live_k(st, i):
+  """Key blocks query block i can see: all, or up to the diagonal when causal."""
+  if not st.causal:
+    return st.nk
+  return jnp.minimum(st.nk, ((i + 1) * st.bq - 1) // st.bk + 1)
+
+
+def _first_q(st, j):
+  """First query block that sees key block j (0 unless causal)."""
+  if not st.causal:
+    return 0
+  return jnp.minimum(st.nq, (j * st.bk) // st.bq)
+
+
+def _forward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO):
+  """Online softmax over key blocks. Returns o (nq, B, G, M, V), lse (nq, B, G, M)."""
+  r = st.h // st.g
+  m_rows = r * st.bq
+  dv = vb.shape[-1]
+
+  def one_q_block(args):
+    i, q_i = args
+
+    def body(j, carry):
+      m, l, acc = carry
+      s_, ok = _block_logits(st, q_i, kb[j], i, j, mask_bl, bias_bl, table_GRO)
+      if ok is not None:
+        s_ = jnp.where(ok, s_, -jnp.inf)
+      s_ = s_.reshape(st.b, st.g, m_rows, st.bk)
+      m_new = jnp.maximum(m, jnp.max(s_, axis=-1))
+      m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+      p = jnp.exp(s_ - m_safe[..., None])          # exp(-inf) = 0 on masked entries
+      corr = jnp.exp(m - m_safe)
+      l = l * corr + jnp.sum(p, axis=-1)
+      acc = acc * corr[..., None] + jnp.einsum(
+          "bgms,bgsv->bgmv", p.astype(vb.dtype), vb[j], preferred_element_type=jnp.float32)
+      return m_new, l, acc
+
+    init = (jnp.full((st.b, st.g, m_rows), -jnp.inf, jnp.float32),
+            jnp.zeros((st.b, st.g, m_rows), jnp.float32),
+            jnp.zeros((st.b, st.g, m_rows, dv), jnp.float32))
+    m, l, acc = jax.lax.fori_loop(0, _live_k(st, i), body, init)
+    live = l > 0
+    o = acc / jnp.where(live, l, 1.0)[..., None]
+    lse = jnp.where(live, m + jnp.log(jnp.where(live, l, 1.0)), jnp.inf)
+    return o, lse
+
+  if st.nq == 1:
+    o, lse = one_q_block((0, qb[0]))
+    return o[None], lse[None]
+  return jax.lax.map(one_q_block, (jnp.arange(st.nq), qb))
+
+
+def _backward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO, ob, lse, dob):
+  """Gradients for q, k, v (blocked), the bias blocks and the rel-bias table."""
+  r = st.h // st.g
+  m_rows = r * st.bq
+  delta = jnp.sum(dob.astype(jnp.float32) * ob.astype(jnp.float32), axis=-1)  # (nq,B,G,M)
+
+  def one_k_block(j, carry):
+    dq, dbias, dtab = carry
+    k_j, v_j = kb[j], vb[j]
+
+    def body(i, inner):
+      dk_j, dv_j, dq, dbias, dtab = inner
+      q_i, do_i = qb[i], dob[i]
+      s_, ok = _block_logits(st, q_i, k_j, i, j, mask_bl, bias_bl, table_GRO)
+      s_ = s_.reshape(st.b, st.g, m_rows, st.bk)
+      p = jnp.exp(s_ - lse[i][..., None])
+      if ok is not None:
+        okm = jnp.broadcast_to(ok, (st.b, st.g, r, st.bq, st.bk)).reshape(p.shape)
+        p = jnp.where(okm, p, 0.0)
+      dv_j = dv_j + jnp.einsum("bgms,bgmv->bgsv", p.astype(do_i.dtype), do_i,
+                               preferred_element_type=jnp.float32)
+      dp = jnp.einsum("bgmv,bgsv->bgms", do_i, v_j, preferred_element_type=jnp.float32)
+      ds = p * (dp - delta[i][..., None])
+      dq = dq.at[i].add(jnp.einsum("bgms,bgsk->bgmk", ds.astype(k_j.dtype), k_j,
+                                   preferred_element_type=jnp.float32))
+      dk_j = dk_j + jnp.einsum("bgms,bgmk->bgsk", ds.astype(q_i.dtype), q_i,
+                               preferred_element_type=jnp.float32)
+      ds5 = ds.reshape(st.b, st.g, r, st.bq, st.bk)
+      if dbias is not None:
+        shape = dbias.shape[2:]
+        red = tuple(ax for ax in range(5) if shape[ax] == 1 and ds5.shape[ax] != 1)
+        blk = jnp.sum(ds5, axis=red, keepdims=True)
+        ii = i if dbias.shape[0] > 1 else 0
+        jj = j if dbias.shape[1] > 1 else 0
+        dbias = dbias.at[ii, jj].add(blk)
+      if dtab is not None:
+        rr = (dtab.shape[-1] - 1) // 2
+        qpos = i * st.bq + jnp.arange(st.bq)[:, None]
+        kpos = j * st.bk + jnp.arange(st.bk)[None, :]
+        off = (jnp.clip(kpos - qpos, -rr, rr) + rr).reshape(-1)
+        per = jnp.sum(ds5, axis=0).reshape(st.g, r, st.bq * st.bk)
+        dtab = dtab.at[:, :, off].add(per)
+      return dk_j, dv_j, dq, dbias, dtab
+
+    init = (jnp.zeros(k_j.shape, jnp.float32), jnp.zeros(v_j.shape, jnp.float32),
+            dq, dbias, dtab)
+    dk_j, dv_j, dq, dbias, dtab = jax.lax.fori_loop(_first_q(st, j), st.nq, body, init)
+    return (dq, dbias, dtab), (dk_j, dv_j)
+
+  dq0 = jnp.zeros(qb.shape, jnp.float32)
+  dbias0 = None if bias_bl is None else jnp.zeros(bias_bl.shape, jnp.float32)
+  dtab0 = None if table_GRO is None else jnp.zeros(table_GRO.shape, jnp.float32)
+  (dq, dbias, dtab), (dk, dv) = jax.lax.scan(
+      lambda c, j: one_k_block(j, c), (dq0, dbias0, dtab0), jnp.arange(st.nk))
+  return dq, dk, dv, dbias, dtab
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _core(st, qb, kb, vb, mask_bl, bias_bl, table_GRO):
+  return _forward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO)[0]
+
+
+def _core_fwd(st, qb, kb, vb, mask_bl, bias_bl, table_GRO):
+  ob, lse = _forward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO)
+  ob = ob.astype(vb.dtype)
+  return ob, (qb, kb, vb, mask_bl, bias_bl, table_GRO, ob, lse)
+
+
+def _core_bwd(st, res, dob):
+  qb, kb, vb, mask_bl, bias_bl, table_GRO, ob, lse = res
+  dq, dk, dv, dbias, dtab = _backward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO,
+                                      ob, lse, dob)
+  # q was scaled before blocking; the chain rule through the scale happens outside.
+  return (dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None,
+          None if dbias is None else dbias.astype(bias_bl.dtype),
+          None if dtab is None else dtab.astype(table_GRO.dtype))
+
+
+_core.defvjp(_core_fwd, _core_bwd)
+
+
+def _check_extra(name, arr, b, h, t, s):
+  if arr is None:
+    return None
+  arr = jnp.asarray(arr)
+  if arr.ndim == 2:
+    arr = arr[None, None]
+  if arr.ndim != 4 or any(got not in (1, want) for got, want in zip(arr.shape, (b, h, t, s))):
+    raise ValueError(f"{name} of shape {arr.shape} does not broadcast to (B, H, T, S) = "
+                     f"{(b, h, t, s)}")
+  return arr
+
+
+def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
+                      mask_BHTS: jax.Array | None = None,
+                      bias_BHTS: jax.Array | None = None, *, causal: bool = False,
+                      rel_bias_HR: jax.Array | None = None, scale: float | None = None,
+                      block_q: int | None = None, block_k: int | None = None) -> jax.Array:
+  """Attention output without the (T, S) weights, in O(T + S) memory.
+
+  Args:
+    q_BTHK: queries (B, T, H, K).
+    k_BSHK: keys (B, S, G, K), G dividing H (grouped-query attention).
+    v_BSHK: values (B, S, G, V).
+    mask_BHTS: boolean, True = may attend; (B|1, H|1, T|1, S|1) or (T, S).
+    bias_BHTS: float, added to the scaled scores; (B|1, H|1, T|1, S|1) or (T, S).
+      A full (T, S) bias is itself O(T * S): prefer rel_bias_HR for positions.
+    causal: key j may be seen by query i only when j <= i (top-left aligned);
+      key blocks above the diagonal are skipped.
+    rel_bias_HR: (H, 2R + 1) table, bias table[h, R + clip(j - i, -R, R)] built per
+      block from the offsets.
+    scale: multiplies q . k; None means 1 / sqrt(K).
+    block_q, block_k: block sizes; None chooses them from the shapes (choose_blocks).
+
+  Returns:
+    o_BTHK: (B, T, H, V) in v's dtype. Differentiable in q, k, v, bias and the table.
+  """
+  for name, x in (("q_BTHK", q_BTHK), ("k_BSHK", k_BSHK), ("v_BSHK", v_BSHK)):
+    if not hasattr(x, "ndim") or x.ndim != 4:
+      raise ValueError(f"{name} must be a rank-4 array; got shape {getattr(x, 'shape', x)}")
+  b, t, h, dk = q_BTHK.shape
+  bk_, s, g, dk2 = k_BSHK.shape
+  if v_BSHK.shape[:3] != k_BSHK.shape[:3]:
+    raise ValueError(f"v_BSHK {v_BSHK.shape} and k_BSHK {k_BSHK.shape} must agree on "
+                     f"(B, S, G)")
+  if dk2 != dk or bk_ != b:
+    raise ValueError(f"q_BTHK {q_BTHK.shape} and k_BSHK {k_BSHK.shape} must agree on B and K")
+  if g < 1 or h % g:
+    raise ValueError(f"key/value heads G={g} must divide query heads H={h} "
+                     f"(k_BSHK shape {k_BSHK.shape})")
+  if not isinstance(causal, (bool, np.bool_)):
+    raise ValueError(f"causal must be a bool; got {causal!r}")
+  mask = _check_extra("mask_BHTS", mask_BHTS, b, h, t, s)
+  if mask is not None and mask.dtype != jnp.bool_:
+    raise ValueError(f"mask_BHTS must be boolean (True = may attend); got dtype {mask.dtype}")
+  bias = _check_extra("bias_BHTS", bias_BHTS, b, h, t, s)
+  if rel_bias_HR is not None:
+    rel_bias_HR = jnp.asarray(rel_bias_HR)
+    if rel_bias_HR.ndim != 2 or rel_bias_HR.shape[0] != h or rel_bias_HR.shape[1] % 2 != 1:
+      raise ValueError(f"rel_bias_HR must have shape (H, 2R + 1) = ({h}, odd); got "
+                       f"{rel_bias_HR.shape}")
+  bq, bk = choose_blocks(b, h, t, s, block_q, block_k)
+  nq, nk = -(-t // bq), -(-s // bk)
+  r = h // g
+  if scale is None:
+    scale = 1.0 / math.sqrt(dk)
+  st = _Static(b, t, s, h, g, bq, bk, nq, nk, float(scale), bool(causal))
+
+  # q (B, T, H, K) -> (nq, B, G, R * bq, K); k, v (B, S, G, .) -> (nk, B, G, bk, .).
+  qs = q_BTHK * jnp.asarray(scale, q_BTHK.dtype)
+  qb = _to_blocks(qs.reshape(b, t, g, r, dk), nq, bq, 1)        # (nq, B, bq, G, R, K)
+  qb = qb.transpose(0, 1, 3, 4, 2, 5).reshape(nq, b, g, r * bq, dk)
+  kb = _to_blocks(k_BSHK, nk, bk, 1).transpose(0, 1, 3, 2, 4)   # (nk, B, G, bk, K)
+  vb = _to_blocks(v_BSHK, nk, bk, 1).transpose(0, 1, 3, 2, 4)
+  mask_bl = _block_extra(mask, b, g, r, t, s, nq, nk, bq, bk)
+  bias_bl = _block_extra(bias, b, g, r, t, s, nq, nk, bq, bk)
+  table = None if rel_bias_HR is None else rel_bias_HR.reshape(g, r, -1)
+  ob = _core(st, qb, kb, vb, mask_bl, bias_bl, table)          # (nq, B, G, R * bq, V)
+  dv = v_BSHK.shape[-1]
+  o = ob.reshape(nq, b, g, r, bq, dv).transpose(1, 0, 4, 2, 3, 5)
+  return o.reshape(b, nq * bq, h, dv)[:, :t].astype(v_BSHK.dtype)

@@ -1,0 +1,186 @@
+"""Which kernel serves a call: the `impl` switch, and `auto` with the measurements behind it.
+
+impl names:
+  reference  explicit (B, H, T, S) weights (kernels/reference.py); the only one that
+             returns weights, what every analysis uses.
+  xla        jax.nn.dot_product_attention, XLA's fused path (kernels/xla.py).
+  cudnn      the same through cuDNN (NVIDIA GPU, bfloat16/float16).
+  blocked    flash-style blocked attention in pure JAX, O(T) memory, any backend
+             (kernels/blocked.py).
+  pallas     Pallas flash kernels, GPU (Triton) or TPU (flash/splash) (kernels/pallas.py).
+  auto       the rule below.
+
+`auto`:
+  1. return_weights -> reference (the analyses need explicit weights).
+  2. GPU: cudnn where it can serve the call (bf16/f16, K % 8 == 0, K <= 256, no score
+     bias); else pallas where it can (no mask, no bias, lengths multiples of the
+     block); TPU: pallas (flash with a bias, splash without) where it can serve.
+     These are not measured here (no accelerator was at hand when this was written):
+     they follow the kernels' purpose, and the GPU/TPU rows of the benchmark are to be
+     filled in on such a machine.
+  3. Never a kernel that materialises the (B, H, T, S) scores when they would not fit:
+     reference and xla need about SCORE_COPIES float32 copies of them in
+     forward+backward; when that exceeds score_memory_budget(), blocked.
+  4. Otherwise the faster of reference and blocked on this backend, by the
+     measurements in CPU_MEASURED_MS: blocked once B * H * T * S reaches
+     BLOCKED_FROM_SCORES, reference below (small problems: one block, the custom VJP's
+     recomputation does not pay).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+
+from mha_jax.kernels import blocked as blocked_lib
+from mha_jax.kernels import pallas as pallas_lib
+from mha_jax.kernels import reference as reference_lib
+from mha_jax.kernels import xla as xla_lib
+
+IMPLS = ("auto", "reference", "xla", "cudnn", "blocked", "pallas")
+NO_WEIGHTS = ("xla", "cudnn", "blocked", "pallas")
+TAKES_TABLE = ("blocked", "pallas")   # build the relative-position bias per block
+
+# Forward+backward ms of the attention layer, d_model 768, T = S = 512, batch 4,
+# float32, on the shared 2-core CPU (docs/results/bench_attention_cpu.json, median of
+# interleaved rounds; the machine was shared, so the numbers are noisy).
+# Keyed by h (B * H * T * S = h * 2^20). The machine was 10x slower than when idle.
+CPU_MEASURED_MS: dict[int, dict[str, float]] = {
+    8: {"reference": 2195, "blocked": 2094, "flax.linen": 2104},
+    12: {"reference": 2293, "blocked": 1674, "flax.linen": 2175},
+    16: {"reference": 3730, "blocked": 3310, "flax.linen": 3244},
+    32: {"reference": 5908, "blocked": 4673, "flax.linen": 5228},
+    64: {"reference": 7835, "blocked": 5328, "flax.linen": 8214},
+    96: {"reference": 6465, "blocked": 2483, "flax.linen": 6692},
+}
+# B * H * T * S from which blocked beats reference on CPU: the table above (from 2^23
+# up) and a causal layer, forward+backward, at (B, T, D, H) = (4, 256, 512, 8), 2^21
+# scores: blocked 300-448 ms, reference 543-580 ms; at 2^20 the two were within noise
+# of each other, at 2^15 (the quickstart's size) equal.
+BLOCKED_FROM_SCORES = 2**21
+# float32 (B, H, T, S) tensors alive at once in the reference path's forward+backward
+# (scores, weights, their cotangents).
+SCORE_COPIES = 4
+# Budget when the device does not say: a quarter of the host's available memory.
+_FALLBACK_BYTES = 4 * 2**30
+
+
+def score_memory_budget() -> int:
+  """Bytes the (B, H, T, S) score tensors may take on the default device."""
+  try:
+    stats = jax.devices()[0].memory_stats() or {}
+  except Exception:  # backends without memory stats
+    stats = {}
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"]) // 2
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024 // 4
+  except OSError:
+    pass
+  return _FALLBACK_BYTES
+
+
+def scores_fit(b: int, h: int, t: int, s: int, budget: int | None = None) -> bool:
+  """Whether SCORE_COPIES float32 (B, H, T, S) tensors fit in the budget."""
+  budget = score_memory_budget() if budget is None else budget
+  return SCORE_COPIES * 4 * b * h * t * s <= budget
+
+
+def _cudnn_ok(q_BTHK, has_bias) -> bool:
+  if has_bias:
+    return False
+  try:
+    xla_lib.check_cudnn_supported(q_BTHK)
+    return True
+  except ValueError:
+    return False
+
+
+def _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias) -> bool:
+  backend = jax.default_backend()
+  if backend == "gpu":
+    kernel = "gpu"
+  elif backend == "tpu":
+    kernel = "tpu_flash" if has_bias else "tpu_splash"
+  else:
+    return False
+  try:
+    pallas_lib.check_supported(kernel, q_BTHK, k_BSGK, k_BSGK,
+                               mask_BHTS=np.zeros(()) if has_mask else None,
+                               bias_BHTS=np.zeros(()) if has_bias else None)
+    return True
+  except ValueError:
+    return False
+
+
+def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: bool = False,
+                 *, k_BSGK: jax.Array | None = None, has_mask: bool = False,
+                 budget: int | None = None) -> str:
+  """The kernel `impl` means for this call: one of IMPLS other than 'auto'.
+
+  Args:
+    impl: the requested name.
+    q_BTHK: the queries (shape and dtype are read).
+    return_weights: the caller wants (B, H, T, S) weights.
+    has_bias: a score bias (bias or rel_bias) is present.
+    k_BSGK: the keys; None means the queries' shape (self-attention).
+    has_mask: a boolean mask (beyond causal) is present.
+    budget: bytes for score tensors; None asks the device (score_memory_budget).
+  """
+  if impl not in IMPLS:
+    raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
+  if return_weights:
+    if impl in NO_WEIGHTS:
+      raise ValueError(f"impl={impl!r} does not expose attention weights; use "
+                       f"impl='reference' or 'auto' with return_weights=True")
+    return "reference"
+  if impl == "cudnn":
+    xla_lib.check_cudnn_supported(q_BTHK)
+  if impl != "auto":
+    return impl
+  k_BSGK = q_BTHK if k_BSGK is None else k_BSGK
+  b, t, h, _ = q_BTHK.shape
+  s = k_BSGK.shape[1]
+  backend = jax.default_backend()
+  if backend == "gpu" and _cudnn_ok(q_BTHK, has_bias):
+    return "cudnn"
+  if backend in ("gpu", "tpu") and _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias):
+    return "pallas"
+  if not scores_fit(b, h, t, s, budget):
+    return "blocked"
+  return "blocked" if b * h * t * s >= BLOCKED_FROM_SCORES else "reference"
+
+
+def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bias_BHTS,
+               rel_bias_HR=None, *, block_q: int | None = None, block_k: int | None = None):
+  """(o (B, T, H, K), w (B, H, T, S) or None) from the named kernel.
+
+  mask_BHTS and bias_BHTS broadcast to (B, H, T, S); rel_bias_HR (H, 2R + 1) is a
+  relative-position table with query 0 at position 0, taken by the kernels in
+  TAKES_TABLE (the caller turns it into a dense bias for the others).
+  """
+  t, s = q_BTHK.shape[1], k_BSGK.shape[1]
+  if rel_bias_HR is not None and kernel not in TAKES_TABLE:
+    raise ValueError(f"kernel {kernel!r} takes no rel_bias table; pass its dense bias")
+  if kernel == "reference":
+    full = mask_BHTS
+    if causal:
+      cm = xla_lib.causal_mask(t, s)
+      full = cm if full is None else full & cm
+    return reference_lib.reference_kernel(q_BTHK, k_BSGK, v_BSGK, full, bias_BHTS)
+  if kernel in ("xla", "cudnn"):
+    return xla_lib.fused_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal, kernel,
+                                bias_BHTS), None
+  if kernel == "blocked":
+    return blocked_lib.blocked_attention(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS,
+                                         causal=causal, rel_bias_HR=rel_bias_HR,
+                                         block_q=block_q, block_k=block_k), None
+  if kernel == "pallas":
+    return pallas_lib.pallas_attention(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS,
+                                       causal=causal, rel_bias_HR=rel_bias_HR), None
+  raise ValueError(f"kernel must be one of {IMPLS[1:]}; got {kernel!r}")

@@ -1,0 +1,151 @@
+"""Pallas flash-attention kernels from jax.experimental, behind one signature.
+
+- GPU: ``jax.experimental.pallas.ops.gpu.attention.mha`` (Triton). Takes causal
+  attention and nothing else: no mask, no score bias; q, k, v of one head width.
+- TPU: ``jax.experimental.pallas.ops.tpu.flash_attention`` (takes a dense score bias,
+  so ``bias`` and ``rel_bias`` are served, at O(T * S) memory for the bias) and the
+  splash kernel ``...tpu.splash_attention`` (causal or full, no bias).
+
+Each wrapper takes the project's layout, q (B, T, H, K), k and v (B, S, G, K) with G
+dividing H (grouped-query attention: key/value heads are repeated to H here), and
+returns (B, T, H, K). What a kernel cannot serve raises ValueError before tracing.
+
+``interpret=True`` runs a kernel on CPU in Pallas interpret mode (the tests do; it
+is slow, for correctness only). For the TPU kernels the caller must trace the whole
+computation, gradients included, inside ``pallas_tpu_interpret()``: the backward
+kernels are traced after the forward returns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+KERNELS = ("gpu", "tpu_flash", "tpu_splash")
+_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+_TPU_BLOCK = 128
+
+
+def pallas_tpu_interpret():
+  """Context under which TPU Pallas kernels run in interpret mode on CPU."""
+  from jax.experimental.pallas import tpu as pltpu
+  return pltpu.force_tpu_interpret_mode()
+
+
+def _backend() -> str:
+  return jax.default_backend()
+
+
+def check_supported(kernel: str, q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None,
+                    rel_bias_HR=None, interpret: bool = False) -> None:
+  """Raises ValueError naming what `kernel` cannot serve in this call."""
+  if kernel not in KERNELS:
+    raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
+  want = "gpu" if kernel == "gpu" else "tpu"
+  if not interpret and _backend() != want:
+    raise ValueError(f"Pallas kernel {kernel!r} needs a {want.upper()}; this process has "
+                     f"backend {_backend()!r}. Use impl='blocked' or 'reference' "
+                     f"(or interpret=True for a slow CPU check)")
+  if q_BTHK.dtype not in _DTYPES or k_BSHK.dtype != q_BTHK.dtype or v_BSHK.dtype != q_BTHK.dtype:
+    raise ValueError(f"Pallas kernel {kernel!r} needs q, k, v of one dtype among float32, "
+                     f"bfloat16, float16; got {q_BTHK.dtype}, {k_BSHK.dtype}, {v_BSHK.dtype}")
+  b, t, h, dk = q_BTHK.shape
+  s, g = k_BSHK.shape[1], k_BSHK.shape[2]
+  if v_BSHK.shape[-1] != dk or k_BSHK.shape[-1] != dk:
+    raise ValueError(f"Pallas kernel {kernel!r} needs one head width for q, k and v; got "
+                     f"q {q_BTHK.shape}, k {k_BSHK.shape}, v {v_BSHK.shape}")
+  if g < 1 or h % g:
+    raise ValueError(f"key/value heads G={g} must divide query heads H={h}")
+  if mask_BHTS is not None:
+    raise ValueError(f"Pallas kernel {kernel!r} takes no boolean mask (only causal); got a "
+                     f"mask of shape {tuple(mask_BHTS.shape)}. Use impl='blocked'")
+  if kernel in ("gpu", "tpu_splash") and (bias_BHTS is not None or rel_bias_HR is not None):
+    raise ValueError(f"Pallas kernel {kernel!r} takes no score bias (bias or rel_bias). "
+                     f"Use impl='blocked' (or 'tpu_flash' on TPU)")
+  if kernel == "gpu":
+    if dk > 256:
+      raise ValueError(f"Pallas GPU kernel needs head width K <= 256; got K={dk}")
+    for name, n in (("T", t), ("S", s)):
+      blk = min(128, n)
+      if n % blk:
+        raise ValueError(f"Pallas GPU kernel needs {name} a multiple of {blk}; got {name}={n}")
+  else:
+    for name, n in (("T", t), ("S", s)):
+      if n % _TPU_BLOCK:
+        raise ValueError(f"Pallas TPU kernel {kernel!r} needs {name} a multiple of "
+                         f"{_TPU_BLOCK}; got {name}={n}")
+
+
+def _repeat_kv(x_BSGK, h):
+  g = x_BSGK.shape[2]
+  return x_BSGK if g == h else jnp.repeat(x_BSGK, h // g, axis=2)
+
+
+def _dense_bias(bias_BHTS, rel_bias_HR, b, h, t, s, dtype):
+  out = None
+  if bias_BHTS is not None:
+    bias = bias_BHTS if bias_BHTS.ndim == 4 else bias_BHTS[None, None]
+    out = jnp.broadcast_to(bias.astype(jnp.float32), (b, h, t, s))
+  if rel_bias_HR is not None:
+    r = (rel_bias_HR.shape[1] - 1) // 2
+    off = jnp.clip(jnp.arange(s)[None, :] - jnp.arange(t)[:, None], -r, r) + r
+    rel = jnp.broadcast_to(rel_bias_HR[:, off].astype(jnp.float32)[None], (b, h, t, s))
+    out = rel if out is None else out + rel
+  return None if out is None else out.astype(dtype)
+
+
+def pallas_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None, *,
+                     causal: bool = False, rel_bias_HR=None, scale: float | None = None,
+                     kernel: str | None = None, interpret: bool = False):
+  """Attention output (B, T, H, K) through a Pallas kernel.
+
+  Args:
+    q_BTHK, k_BSHK, v_BSHK: (B, T, H, K), (B, S, G, K), (B, S, G, K).
+    mask_BHTS: must be None (the kernels take causal masking only).
+    bias_BHTS, rel_bias_HR: score bias, served by 'tpu_flash' only.
+    causal: key j <= query i (top-left aligned).
+    scale: None means 1 / sqrt(K).
+    kernel: 'gpu', 'tpu_flash' or 'tpu_splash'; None picks by backend ('tpu_flash' on
+      TPU when there is a bias, else 'tpu_splash').
+    interpret: run in Pallas interpret mode (CPU, slow; tests).
+  """
+  if kernel is None:
+    if _backend() == "gpu":
+      kernel = "gpu"
+    elif _backend() == "tpu":
+      kernel = "tpu_flash" if (bias_BHTS is not None or rel_bias_HR is not None) else "tpu_splash"
+    else:
+      raise ValueError(f"impl='pallas' needs a GPU or TPU; this process has backend "
+                       f"{_backend()!r}. Use impl='blocked' or 'reference'")
+  check_supported(kernel, q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS, rel_bias_HR,
+                  interpret)
+  b, t, h, dk = q_BTHK.shape
+  s = k_BSHK.shape[1]
+  if scale is None:
+    scale = 1.0 / math.sqrt(dk)
+  k_BSHK, v_BSHK = _repeat_kv(k_BSHK, h), _repeat_kv(v_BSHK, h)
+  if kernel == "gpu":
+    from jax.experimental.pallas.ops.gpu import attention as gpu_attention
+    blocks = gpu_attention.BlockSizes(block_q=min(128, t), block_k=min(128, s),
+                                      block_q_dkv=min(32, t), block_kv_dkv=min(32, s),
+                                      block_q_dq=min(32, t), block_kv_dq=min(32, s))
+    return gpu_attention.mha(q_BTHK, k_BSHK, v_BSHK, None, sm_scale=float(scale),
+                             causal=bool(causal), block_sizes=blocks, interpret=interpret)
+  to_bhtk = lambda x: jnp.swapaxes(x, 1, 2)
+  q, k, v = to_bhtk(q_BTHK), to_bhtk(k_BSHK), to_bhtk(v_BSHK)
+  if kernel == "tpu_flash":
+    from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+    ab = _dense_bias(bias_BHTS, rel_bias_HR, b, h, t, s, q.dtype)
+    # The kernel scales (q . k + ab): scale q instead so that the bias is not scaled.
+    o = tpu_flash.flash_attention(q * jnp.asarray(scale, q.dtype), k, v, ab,
+                                  causal=bool(causal), sm_scale=1.0)
+    return to_bhtk(o)
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+      splash_attention_kernel as splash, splash_attention_mask as splash_mask)
+  one = splash_mask.CausalMask((t, s)) if causal else splash_mask.FullMask((t, s))
+  kern = splash.make_splash_mha_single_device(splash_mask.MultiHeadMask([one] * h),
+                                              interpret=interpret)
+  o = jax.vmap(kern)(q * jnp.asarray(scale, q.dtype), k, v)
+  return to_bhtk(o)

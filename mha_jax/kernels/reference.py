@@ -1,0 +1,28 @@
+"""The reference kernel: explicit (B, H, T, S) weights, what every analysis reads.
+
+It is attention.py's building blocks (scores, softmax, mix) in sequence; they stay
+in attention.py, the textbook's lines, and are imported when the kernel runs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def reference_kernel(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
+                     mask_BHTS: jax.Array | None, bias_BHTS: jax.Array | None = None):
+  """(o (B, T, H, K), w (B, H, T, S) float32); G key/value heads dividing H."""
+  from mha_jax import attention  # the building blocks; attention imports this module
+  s_BHTS = attention.attention_scores(q_BTHK, k_BSGK)
+  if bias_BHTS is not None:
+    s_BHTS = s_BHTS + bias_BHTS.astype(s_BHTS.dtype)
+  w_BHTS, live = attention.masked_softmax(s_BHTS, mask_BHTS)
+  o_BTHK = attention.mix_values(w_BHTS, v_BSGK)
+  if live is None:
+    return o_BTHK, w_BHTS
+  # Rows with no allowed key: zero weights and a zero output, the latter applied to the
+  # small (B, T, H, K) output rather than the (B, H, T, S) weights (unused in training).
+  live_BTH1 = jnp.swapaxes(jnp.broadcast_to(live, (*live.shape[:2], o_BTHK.shape[1], 1)),
+                           1, 2)
+  return o_BTHK * live_BTH1, w_BHTS * live
