@@ -526,9 +526,7 @@ def test_the_results_the_readme_cites_are_in_the_repository():
                            capture_output=True).stdout.split()
   ignored = subprocess.run(["git", "check-ignore", "docs/results/x.json"], cwd=root).returncode
   assert ignored == 1                                   # .gitignore no longer hides them
-  # The attention benchmark is being re-measured on another branch, which commits it.
-  pending = {"docs/results/bench_attention_cpu.json"}
-  for c in cited - pending:
+  for c in cited:
     stem, _, exts = c.partition("{")
     names = ([stem + e for e in exts.rstrip("}").split(",")] if exts else [c.rstrip(".")])
     for n in names:
