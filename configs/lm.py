@@ -18,9 +18,8 @@ def get_config(arg=None):
   cfg = ml_collections.ConfigDict()
   cfg.task = "lm"
   cfg.seed = 0
-  cfg.data = dict(kind="text", seed=0, text_files=("",), tokenizer="bpe", vocab_size=2048,
+  cfg.data = dict(kind="text", seed=0, text_files=(), tokenizer="bpe", vocab_size=2048,
                   half_len=0)
-  cfg.data.text_files = ()
   cfg.model = dict(
       d_model=a.d_model, num_heads=a.heads, head_dim=0, num_layers=a.layers,
       d_ff=4 * a.d_model, max_len=128, dropout=0.0, layer_norm=True,

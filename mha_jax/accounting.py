@@ -20,6 +20,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class ZooEntry:
@@ -55,7 +57,7 @@ ZOO = (
 
 def _positive(name, value):
   if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    raise UserError(f"{name} must be a positive integer; got {value!r}")
 
 
 def _kv_width(d_model: int, num_heads: int | None, num_kv_heads: int | None) -> int:
@@ -63,13 +65,13 @@ def _kv_width(d_model: int, num_heads: int | None, num_kv_heads: int | None) -> 
   if num_kv_heads is None:
     return d_model
   if num_heads is None:
-    raise ValueError("num_kv_heads needs num_heads (d_k = d_model / num_heads)")
+    raise UserError("num_kv_heads needs num_heads (d_k = d_model / num_heads)")
   _positive("num_heads", num_heads)
   _positive("num_kv_heads", num_kv_heads)
   if d_model % num_heads:
-    raise ValueError(f"num_heads={num_heads} does not divide d_model={d_model}")
+    raise UserError(f"num_heads={num_heads} does not divide d_model={d_model}")
   if num_heads % num_kv_heads:
-    raise ValueError(f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}")
+    raise UserError(f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}")
   return num_kv_heads * (d_model // num_heads)
 
 
@@ -83,7 +85,7 @@ def attention_params(d_model: int, num_heads: int, *, use_bias: bool = False,
   _positive("d_model", d_model)
   _positive("num_heads", num_heads)
   if d_model % num_heads:
-    raise ValueError(f"num_heads={num_heads} does not divide d_model={d_model}")
+    raise UserError(f"num_heads={num_heads} does not divide d_model={d_model}")
   kv = _kv_width(d_model, num_heads, num_kv_heads)
   return 2 * d_model * d_model + 2 * d_model * kv + (2 * d_model + 2 * kv if use_bias else 0)
 

@@ -21,11 +21,13 @@ from flax import nnx
 
 from mha_jax import accounting, attention, layers
 from mha_jax.kernels import xla as xla_kernels
+from mha_jax.errors import UserError
 
 DEFAULT_HEADS = (8, 12, 16, 32, 64, 96)
 
 
-def _median_seconds(fn: Callable[[], object], rounds: int) -> list[float]:
+def _round_seconds(fn: Callable[[], object], rounds: int) -> list[float]:
+  """Wall seconds of each of `rounds` calls (the caller takes the median)."""
   out = []
   for _ in range(rounds):
     t0 = time.perf_counter()
@@ -39,7 +41,7 @@ def matmul_gflops(n: int = 2048, rounds: int = 7, dtype=jnp.float32) -> float:
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
   f = jax.jit(lambda a, b: a @ b)
   jax.block_until_ready(f(a, a))
-  t = statistics.median(_median_seconds(lambda: f(a, a), rounds))
+  t = statistics.median(_round_seconds(lambda: f(a, a), rounds))
   return 2 * n**3 / t / 1e9
 
 
@@ -60,7 +62,7 @@ def impl_names(with_cudnn: bool) -> tuple[str, ...]:
   return tuple(f"mha_jax impl={i}" for i in ours) + PEERS
 
 
-def build_impls(d_model: int, num_heads: int, x: jax.Array, *, with_cudnn: bool,
+def build_impls(d_model: int, num_heads: int, *, with_cudnn: bool,
                 dtype=jnp.float32) -> dict[str, tuple[Callable, object]]:
   """name -> (pure function f(params, x) -> y, params), all with the same weights."""
   ours = attention.init_attention_params(jax.random.PRNGKey(0), d_model, num_heads,
@@ -94,10 +96,10 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
   """Times forward and forward+backward for every implementation (or those named in
   `impls`; the peers always run) and every h."""
   if rounds < 1:
-    raise ValueError(f"rounds must be >= 1; got {rounds}")
+    raise UserError(f"rounds must be >= 1; got {rounds}")
   for h in heads:
     if h < 1 or d_model % h:
-      raise ValueError(f"heads: h={h} does not divide d_model={d_model}")
+      raise UserError(f"heads: h={h} does not divide d_model={d_model}")
   if with_cudnn is None:
     with_cudnn = xla_kernels.gpu_available()
   dt = jnp.dtype(dtype)
@@ -112,11 +114,11 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
   x = jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model), dt)
   rows = []
   for h in heads:
-    built = build_impls(d_model, h, x, with_cudnn=with_cudnn, dtype=dt)
+    built = build_impls(d_model, h, with_cudnn=with_cudnn, dtype=dt)
     if impls is not None:
       unknown = sorted(set(impls) - set(built))
       if unknown:
-        raise ValueError(f"impls: unknown names {unknown}; known: {sorted(built)}")
+        raise UserError(f"impls: unknown names {unknown}; known: {sorted(built)}")
       built = {n: v for n, v in built.items() if n in impls or n in PEERS}
     compiled = {}
     for name, (f, p) in built.items():
@@ -131,7 +133,7 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
     times = {(n, m): [] for n in compiled for m in ("forward", "forward+backward")}
     for _ in range(rounds):  # interleaved
       for (n, m) in times:
-        times[(n, m)] += _median_seconds(compiled[n][m], 1)
+        times[(n, m)] += _round_seconds(compiled[n][m], 1)
     for mode, mult in (("forward", 1), ("forward+backward", 3)):
       meds = {n: statistics.median(times[(n, mode)]) for n in compiled}
       peers = [v for n, v in meds.items() if not n.startswith("mha_jax")]
@@ -208,15 +210,15 @@ def _scale_t_one(name: str, *, d_model: int, num_heads: int, seq_len: int, batch
   """Runs in the subprocess: compile, then time forward+backward of one implementation."""
   import resource
   x = jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model), jnp.float32)
-  impls = build_impls(d_model, num_heads, x, with_cudnn=False)
+  impls = build_impls(d_model, num_heads, with_cudnn=False)
   if name not in impls:
-    raise ValueError(f"impl {name!r} is not one of {sorted(impls)}")
+    raise UserError(f"impl {name!r} is not one of {sorted(impls)}")
   f, p = impls[name]
   grad = jax.jit(jax.grad(lambda p, x: jnp.sum(f(p, x).astype(jnp.float32)), argnums=(0, 1)))
   t0 = time.perf_counter()
   compiled = grad.lower(p, x).compile()
   compile_s = time.perf_counter() - t0
-  times = _median_seconds(lambda: compiled(p, x), rounds)
+  times = _round_seconds(lambda: compiled(p, x), rounds)
   return {"impl": name, "seq_len": seq_len, "median_ms": statistics.median(times) * 1e3,
           "times_ms": [t * 1e3 for t in times], "compile_s": compile_s,
           "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -254,7 +256,7 @@ def run_scale_t(*, d_model: int = 512, num_heads: int = 8, batch: int = 1,
   """
   import sys
   if max_mem_gb <= 0:
-    raise ValueError(f"max_mem_gb must be > 0; got {max_mem_gb}")
+    raise UserError(f"max_mem_gb must be > 0; got {max_mem_gb}")
   if impls is None:
     impls = impl_names(with_cudnn=False)
   rows = []

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mha_jax.errors import UserError
 from mha_jax import bench, tasks
 from mha_jax import config as mc
 from mha_jax.data import vocab as V
@@ -133,7 +134,7 @@ def run(config: str = "configs/translation.py:quickstart", overrides: Sequence[s
   mc.apply_overrides(cfg, list(overrides))
   mc.validate(cfg)
   if cfg.task != "translation":
-    raise ValueError(f"--config must be a translation config (the quickstart model); got "
+    raise UserError(f"--config must be a translation config (the quickstart model); got "
                      f"task {cfg.task!r}")
   steps, batch, gflop = build_steps(cfg, workdir)
   log("measuring the matmul rate ...")

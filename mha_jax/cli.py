@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from mha_jax.errors import UserError
+
 
 def _list_of(cast, what):
   """An argparse type for comma-separated values, "1,2,3" -> (1, 2, 3)."""
@@ -62,7 +64,7 @@ def _cmd_bench_attention(args) -> int:
 def _cmd_bench_train(args, extra) -> int:
   from mha_jax import bench_train
   if any(not a.startswith("--config.") for a in extra):
-    raise ValueError(f"unrecognized arguments: {' '.join(extra)}")
+    raise UserError(f"unrecognized arguments: {' '.join(extra)}")
   result = bench_train.run(args.config, extra, rounds=args.rounds, warmup=args.warmup,
                            workdir=args.workdir, matmul_size=args.matmul_size)
   print(bench_train.format_table(result))
@@ -80,7 +82,7 @@ def _cmd_train(args, extra) -> int:
   cfg = mc.load_config(args.config)
   rest = mc.apply_overrides(cfg, extra)
   if rest:
-    raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+    raise UserError(f"unrecognized arguments: {' '.join(rest)}")
   try:
     summary = loop.train(cfg, args.workdir)
   except loop.TrainingDiverged as e:
@@ -92,22 +94,38 @@ def _cmd_train(args, extra) -> int:
 
 def _cmd_eval(args) -> int:
   from mha_jax.loader import load
-  run = load(args.workdir, step=args.step)
   if args.split not in ("train", "valid", "test"):
-    raise ValueError(f"--split must be train, valid or test; got {args.split!r}")
+    raise UserError(f"--split must be train, valid or test; got {args.split!r}")
+  run = load(args.workdir, step=args.step)
   res = run.model.evaluate(run.params, args.split, bleu=run.config.task == "translation")
   print(json.dumps({"workdir": args.workdir, "step": run.step, "split": args.split, **res}))
   return 0
+
+
+def _out_dir(args) -> str:
+  """--out, by default WORKDIR/analysis; checked writable before any work is done."""
+  import os
+  out = args.out or os.path.join(args.workdir, "analysis")
+  try:
+    os.makedirs(out, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"--out {out!r} cannot be created ({e.strerror}); a read-only "
+                    f"workdir needs --out elsewhere") from None
+  if not os.access(out, os.W_OK):
+    raise UserError(f"--out {out!r} is not writable; a read-only workdir needs --out "
+                    f"elsewhere")
+  return out
 
 
 def _cmd_analyze(args) -> int:
   from mha_jax.analysis import report
   from mha_jax.loader import load
   run = load(args.workdir, step=args.step)
-  summary = report.analyze(run, split=args.split, loo=not args.no_ablations,
+  out = _out_dir(args)
+  summary = report.analyze(run, split=args.split, out_dir=out, loo=not args.no_ablations,
                            loo_bleu_limit=args.bleu_sentences)
   print(json.dumps(summary, indent=1))
-  print(f"wrote {args.workdir}/analysis/ (heads.json, heads.csv, *.png, explorer.html)")
+  print(f"wrote {out}/ (heads.json, heads.csv, *.png, explorer.html)")
   return 0
 
 
@@ -115,25 +133,26 @@ def _cmd_ablate(args) -> int:
   import os
   from mha_jax.analysis import importance, report
   from mha_jax.loader import load
-  run = load(args.workdir, step=args.step)
   if args.mode not in ("zero", "mean"):
-    raise ValueError(f"--mode must be 'zero' or 'mean'; got {args.mode!r}")
+    raise UserError(f"--mode must be 'zero' or 'mean'; got {args.mode!r}")
   if not args.each and not args.heads:
-    raise ValueError("give --heads stack.layer.head[,...] or --each")
-  is_tr = run.config.task == "translation"
+    raise UserError("give --heads stack.layer.head[,...] or --each")
+  if args.split not in ("train", "valid", "test"):
+    raise UserError(f"--split must be train, valid or test; got {args.split!r}")
+  run = load(args.workdir, step=args.step)
+  heads = None if args.each else importance.parse_heads(run.params, args.heads)
+  out_dir = _out_dir(args)
+  is_tr = run.config.task == "translation"       # names checked above, before this pass
   base = run.model.evaluate(run.params, args.split, bleu=is_tr, bleu_limit=0)
   if args.each:
     rows = importance.leave_one_out(run, split=args.split, mode=args.mode, bleu_limit=0,
                                     base=base)
     result = {"mode": args.mode, "split": args.split, "base": base, "each": rows}
   else:
-    heads = importance.parse_heads(run.params, args.heads)
     res = importance.ablate(run, heads, mode=args.mode, split=args.split, bleu_limit=0)
     rows = [{"head": args.heads, **res, **{f"delta_{k}": res[k] - base[k] for k in res}}]
     result = {"mode": args.mode, "split": args.split, "heads": args.heads, "base": base,
               "ablated": res, "delta": {k: res[k] - base[k] for k in res}}
-  out_dir = os.path.join(args.workdir, "analysis")
-  os.makedirs(out_dir, exist_ok=True)
   name = "ablation_each" if args.each else "ablation"
   with open(os.path.join(out_dir, f"{name}_{args.mode}.json"), "w") as f:
     json.dump(result, f, indent=1)
@@ -235,7 +254,7 @@ def _cmd_generate(args) -> int:
   from mha_jax.loader import load
   run = load(args.workdir)
   if run.config.task != "pretrained_lm":
-    raise ValueError(f"--workdir {args.workdir!r} holds task {run.config.task!r}; generate "
+    raise UserError(f"--workdir {args.workdir!r} holds task {run.config.task!r}; generate "
                      f"needs a language model (pretrained_lm)")
   out = run.model.generate(run.params, args.prompt, args.max_new_tokens, chat=args.chat)
   print(json.dumps({"prompt": args.prompt, "chat": args.chat, "continuation": out["text"],
@@ -280,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
   a.add_argument("--split", default="test")
   a.add_argument("--step", type=int, default=None)
   a.add_argument("--no-ablations", action="store_true", help="skip the leave-one-out pass")
+  a.add_argument("--out", default=None, help="output folder (default: WORKDIR/analysis)")
   a.add_argument("--bleu-sentences", type=int, default=64,
                  help="sentences for BLEU in the leave-one-out pass (0 = all)")
   a.set_defaults(func=_cmd_analyze)
@@ -291,13 +311,15 @@ def build_parser() -> argparse.ArgumentParser:
   ab.add_argument("--each", action="store_true", help="every single-head ablation")
   ab.add_argument("--split", default="test")
   ab.add_argument("--step", type=int, default=None)
+  ab.add_argument("--out", default=None, help="output folder (default: WORKDIR/analysis)")
   ab.set_defaults(func=_cmd_ablate)
 
   pr = sub.add_parser("prune", help="prune heads: L0 gates, Michel et al., or random")
   pr.add_argument("--workdir", required=True)
   pr.add_argument("--out", default=None, help="new workdir (default: WORKDIR_pruned_METHOD)")
   pr.add_argument("--method", default="l0", help="l0, michel or random")
-  pr.add_argument("--l0-lambda", type=float, default=None)
+  pr.add_argument("--l0-lambda", type=float, default=None,
+                  help="L0 penalty (with --keep K: default 0.05, it only ranks the heads)")
   pr.add_argument("--lambdas", type=_float_list, default=(),
                   help="sweep lambda: one sub-workdir per value")
   pr.add_argument("--keep", type=int, default=None, help="end with exactly K heads")
@@ -432,7 +454,7 @@ def main(argv=None) -> int:
     parser.error(f"unrecognized arguments: {' '.join(extra)}")
   try:
     return args.func(args, extra) if getattr(args, "extra", False) else args.func(args)
-  except ValueError as e:
+  except UserError as e:     # bad input: one line. Anything else is a bug: its traceback.
     print(f"mha-jax: error: {e}", file=sys.stderr)
     return 2
 

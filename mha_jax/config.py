@@ -19,16 +19,19 @@ from typing import Any, Sequence
 
 import ml_collections
 
+from mha_jax.errors import UserError
+
 # Fields that may change when a run resumes in an existing workdir.
 RESUMABLE_FIELDS = ("train.steps", "train.eval_every", "train.log_every",
-                    "train.checkpoint_every", "train.progress", "train.keep", "eval", "mesh")
+                    "train.checkpoint_every", "train.progress", "train.keep",
+                    "train.max_loss_factor", "eval", "mesh")
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   """big_vision-style argument: "heads=16,small" -> {heads: 16, small: True}.
 
   Values are typed like the defaults. A value may itself hold commas
-  ("heads=1,4,8,steps=300" gives heads="1,4,8"). Unknown keys raise ValueError.
+  ("heads=1,4,8,steps=300" gives heads="1,4,8"). Unknown keys raise UserError.
   """
   out = ml_collections.ConfigDict(defaults)
   if not arg:
@@ -38,7 +41,7 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
       continue
     key, eq, value = part.partition("=")
     if key not in defaults:
-      raise ValueError(f"config argument {key!r} is unknown; known: {sorted(defaults)}")
+      raise UserError(f"config argument {key!r} is unknown; known: {sorted(defaults)}")
     out[key] = _cast(value if eq else "true", defaults[key], f"config argument {key!r}")
   return out
 
@@ -48,7 +51,7 @@ def _cast(text: str, like: Any, what: str) -> Any:
     if isinstance(like, bool):
       low = text.lower()
       if low not in ("true", "false", "1", "0", "yes", "no"):
-        raise ValueError
+        raise UserError
       return low in ("true", "1", "yes")
     if isinstance(like, int):
       return int(text)
@@ -60,7 +63,7 @@ def _cast(text: str, like: Any, what: str) -> Any:
       return type(like)(v if isinstance(v, (list, tuple)) else [v])
     return text
   except (ValueError, SyntaxError):
-    raise ValueError(f"{what}: cannot read {text!r} as {type(like).__name__}") from None
+    raise UserError(f"{what}: cannot read {text!r} as {type(like).__name__}") from None
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,13 +85,16 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
   """Loads "path/to/config.py[:arg]" and locks it (see `resolve` for where it looks)."""
   path, _, arg = resolve(spec).partition(":")
   if not os.path.isfile(path):
-    raise ValueError(f"--config: no such file {path!r}")
+    raise UserError(f"--config: no such file {path!r}")
   mod_spec = importlib.util.spec_from_file_location(
       "mha_jax_config_" + os.path.splitext(os.path.basename(path))[0], path)
   module = importlib.util.module_from_spec(mod_spec)
-  mod_spec.loader.exec_module(module)
+  try:
+    mod_spec.loader.exec_module(module)
+  except SyntaxError as e:
+    raise UserError(f"--config: {path!r} line {e.lineno}: {e.msg}") from None
   if not hasattr(module, "get_config"):
-    raise ValueError(f"--config: {path!r} has no get_config(arg)")
+    raise UserError(f"--config: {path!r} has no get_config(arg)")
   cfg = module.get_config(arg or None)
   if "mesh" not in cfg:   # a config need not say how it is laid out on devices
     cfg.mesh = mesh_defaults()
@@ -119,12 +125,12 @@ def override(cfg: ml_collections.ConfigDict, key: str, text: str) -> None:
     if not isinstance(node, ml_collections.ConfigDict) or p not in node:
       close = difflib.get_close_matches(key, list(_all_keys(cfg)), n=3)
       hint = f"; did you mean {close}?" if close else ""
-      raise ValueError(f"config key {key!r} is unknown{hint}")
+      raise UserError(f"config key {key!r} is unknown{hint}")
     if i < len(parts) - 1:
       node = node[p]
   current = node[parts[-1]]
   if isinstance(current, ml_collections.ConfigDict):
-    raise ValueError(f"config key {key!r} is a group; set one of its fields")
+    raise UserError(f"config key {key!r} is a group; set one of its fields")
   with node.unlocked():
     node[parts[-1]] = _cast(text, current, f"--config.{key}")
 
@@ -138,7 +144,7 @@ def apply_overrides(cfg: ml_collections.ConfigDict, args: Sequence[str]) -> list
       key, eq, value = a[len("--config."):].partition("=")
       if not eq:
         if i + 1 >= len(args):
-          raise ValueError(f"--config.{key} needs a value")
+          raise UserError(f"--config.{key} needs a value")
         value, i = args[i + 1], i + 1
       override(cfg, key, value)
     else:
@@ -153,8 +159,8 @@ def to_dict(cfg) -> dict:
 
 # Fields added after runs were already being written, with the value those runs used.
 ADDED_FIELDS = {"translation": {"model.pos": "sinusoidal", "model.max_rel": 16,
-                                 "mesh.data": 0, "mesh.model": 1},
-                "lm": {"mesh.data": 0, "mesh.model": 1}}
+                                "mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0},
+                "lm": {"mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0}}
 
 
 def upgrade(d: dict) -> dict:
@@ -197,44 +203,101 @@ def incompatible_fields(saved: dict, new: dict) -> list[str]:
   return out
 
 
+def _check_range(cfg, key: str, lo=None, hi=None, *, lo_open=False, hi_open=False,
+                 note: str = "") -> None:
+  """cfg[key] within [lo, hi] (open ends where asked), else a UserError naming the field.
+  A field the config does not have is skipped."""
+  node = cfg
+  for part in key.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      return
+    node = node[part]
+  v = node
+  if isinstance(v, bool) or not isinstance(v, (int, float)):
+    raise UserError(f"{key} must be a number; got {v!r}")
+  ok = ((lo is None or (v > lo if lo_open else v >= lo)) and
+        (hi is None or (v < hi if hi_open else v <= hi)))
+  if not ok:
+    left = "" if lo is None else ("(" if lo_open else "[") + f"{lo}, "
+    right = "" if hi is None else f"{hi}" + (")" if hi_open else "]")
+    want = (f"in {left}{right}" if lo is not None and hi is not None else
+            f"{'>' if lo_open else '>='} {lo}" if lo is not None else
+            f"{'<' if hi_open else '<='} {hi}")
+    raise UserError(f"{key} must be {want}{note}; got {v!r}")
+
+
+# Numeric fields and their ranges: (key, lo, hi, lo_open, hi_open, note).
+RANGES = (
+    ("seed", 0, None, False, False, ""),
+    ("model.d_model", 1, None, False, False, ""),
+    ("model.num_heads", 1, None, False, False, ""),
+    ("model.head_dim", 0, None, False, False, " (0 = d_model / num_heads)"),
+    ("model.d_ff", 0, None, False, False, ""),
+    ("model.enc_layers", 1, None, False, False, ""),
+    ("model.dec_layers", 1, None, False, False, ""),
+    ("model.num_layers", 1, None, False, False, ""),
+    ("model.max_len", 1, None, False, False, ""),
+    ("model.dropout", 0, 1, False, True, ""),
+    ("data.seed", 0, None, False, False, ""),
+    ("data.max_len", 1, None, False, False, ""),
+    ("data.train_size", 1, None, False, False, ""),
+    ("data.valid_size", 1, None, False, False, ""),
+    ("data.test_size", 1, None, False, False, ""),
+    ("data.vocab_size", 3, None, False, False, ""),
+    ("data.half_len", 0, None, False, False, ""),
+    ("data.min_half_len", 0, None, False, False, ""),
+    ("train.steps", 1, None, False, False, ""),
+    ("train.batch_size", 1, None, False, False, ""),
+    ("train.lr", 0, None, True, False, ""),
+    ("train.warmup", 0, None, False, False, ""),
+    ("train.weight_decay", 0, None, False, False, ""),
+    ("train.b2", 0, 1, False, True, ""),
+    ("train.clip", 0, None, False, False, " (global-norm clipping; 0 = none)"),
+    ("train.label_smoothing", 0, 1, False, True, ""),
+    ("train.eval_every", 1, None, False, False, ""),
+    ("train.log_every", 1, None, False, False, ""),
+    ("train.checkpoint_every", 1, None, False, False, ""),
+    ("train.keep", 1, None, False, False, " (checkpoints kept on disk)"),
+    ("train.max_loss_factor", 0, None, False, False,
+     " (stop when the loss exceeds this multiple of the starting loss; 0 = never)"),
+    ("eval.batch_size", 1, None, False, False, ""),
+    ("eval.bleu_examples", 0, None, False, False, " (0 = all)"),
+    ("eval.lm_batches", 1, None, False, False, ""),
+)
+
+
 def validate(cfg: ml_collections.ConfigDict) -> None:
-  """Checks values the code relies on; errors name the field."""
-  if cfg.task in PRETRAINED_TASKS:
+  """Checks every value the code relies on (types, ranges, choices); errors name the
+  field and the value."""
+  if cfg.get("task") in PRETRAINED_TASKS:
     return validate_pretrained(cfg)
+  if cfg.get("task") not in ("translation", "lm"):
+    raise UserError(f"task must be 'translation' or 'lm'; got {cfg.get('task')!r}")
+  for key, lo, hi, lo_open, hi_open, note in RANGES:
+    _check_range(cfg, key, lo, hi, lo_open=lo_open, hi_open=hi_open, note=note)
   m, t = cfg.model, cfg.train
-  for key in ("d_model", "num_heads"):
-    if m[key] < 1:
-      raise ValueError(f"model.{key} must be >= 1; got {m[key]}")
   if m.head_dim == 0 and m.d_model % m.num_heads:
-    raise ValueError(f"model.num_heads={m.num_heads} does not divide "
-                     f"model.d_model={m.d_model} (or set model.head_dim)")
-  if m.head_dim < 0:
-    raise ValueError(f"model.head_dim must be >= 0 (0 = d_model / num_heads); got {m.head_dim}")
+    raise UserError(f"model.num_heads={m.num_heads} does not divide "
+                    f"model.d_model={m.d_model} (or set model.head_dim)")
+  if not m.get("attn_only", False) and m.get("d_ff", 1) < 1:
+    raise UserError(f"model.d_ff must be >= 1 unless model.attn_only; got {m.d_ff}")
+  if 0 < t.get("max_loss_factor", 0) <= 1:
+    raise UserError(f"train.max_loss_factor must be > 1 (or 0 = never stop); got "
+                    f"{t.max_loss_factor}")
   if m.get("ln_position", "pre") not in ("pre", "post"):
-    raise ValueError(f"model.ln_position must be 'pre' or 'post'; got {m.ln_position!r}")
+    raise UserError(f"model.ln_position must be 'pre' or 'post'; got {m.ln_position!r}")
   if cfg.task == "lm" and m.pos not in ("learned", "sinusoidal", "qk"):
-    raise ValueError(f"model.pos must be learned, sinusoidal or qk; got {m.pos!r}")
+    raise UserError(f"model.pos must be learned, sinusoidal or qk; got {m.pos!r}")
   if cfg.task == "translation":
     if m.pos not in ("sinusoidal", "relative"):
-      raise ValueError(f"model.pos must be sinusoidal or relative for translation; got "
-                       f"{m.pos!r}")
+      raise UserError(f"model.pos must be sinusoidal or relative for translation; got "
+                      f"{m.pos!r}")
     if m.max_rel < 1:
-      raise ValueError(f"model.max_rel (relative offsets are clipped to +-max_rel) must "
-                       f"be >= 1; got {m.max_rel}")
-  if t.steps < 1:
-    raise ValueError(f"train.steps must be >= 1; got {t.steps}")
-  if t.batch_size < 1:
-    raise ValueError(f"train.batch_size must be >= 1; got {t.batch_size}")
-  if t.lr <= 0:
-    raise ValueError(f"train.lr must be > 0; got {t.lr}")
+      raise UserError(f"model.max_rel (relative offsets are clipped to +-max_rel) must "
+                      f"be >= 1; got {m.max_rel}")
   if t.schedule not in ("inverse_sqrt", "cosine", "constant"):
-    raise ValueError(f"train.schedule must be inverse_sqrt, cosine or constant; got "
-                     f"{t.schedule!r}")
-  for key in ("eval_every", "log_every", "checkpoint_every"):
-    if t[key] < 1:
-      raise ValueError(f"train.{key} must be >= 1; got {t[key]}")
-  if cfg.task not in ("translation", "lm"):
-    raise ValueError(f"task must be 'translation' or 'lm'; got {cfg.task!r}")
+    raise UserError(f"train.schedule must be inverse_sqrt, cosine or constant; got "
+                    f"{t.schedule!r}")
 
 
 # Tasks of imported models (mha-jax import): no training fields.
@@ -246,13 +309,13 @@ def validate_pretrained(cfg: ml_collections.ConfigDict) -> None:
   m = cfg.model
   for key in ("d_model", "num_heads", "head_dim", "num_layers", "d_ff", "vocab_size"):
     if m[key] < 1:
-      raise ValueError(f"model.{key} must be >= 1; got {m[key]}")
+      raise UserError(f"model.{key} must be >= 1; got {m[key]}")
   if cfg.task == "pretrained_lm" and m.num_heads % m.num_kv_heads:
-    raise ValueError(f"model.num_kv_heads={m.num_kv_heads} must divide "
+    raise UserError(f"model.num_kv_heads={m.num_kv_heads} must divide "
                      f"model.num_heads={m.num_heads}")
   for key in ("batch_size", "seq_len", "windows"):
     if cfg.eval[key] < 1:
-      raise ValueError(f"eval.{key} must be >= 1; got {cfg.eval[key]}")
+      raise UserError(f"eval.{key} must be >= 1; got {cfg.eval[key]}")
 
 
 def train_defaults(**overrides) -> ml_collections.ConfigDict:
@@ -260,7 +323,8 @@ def train_defaults(**overrides) -> ml_collections.ConfigDict:
   t = ml_collections.ConfigDict(dict(
       steps=2000, batch_size=64, lr=1e-3, warmup=200, schedule="inverse_sqrt",
       weight_decay=0.01, b2=0.98, clip=1.0, label_smoothing=0.0,
-      eval_every=500, log_every=50, checkpoint_every=500, keep=3, progress=True))
+      eval_every=500, log_every=50, checkpoint_every=500, keep=3, progress=True,
+      max_loss_factor=4.0))
   t.update(overrides)
   return t
 

@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from mha_jax.errors import UserError
 from mha_jax import attention
 
 _FLAX_NAMES = {"query": ("wq", "bq"), "key": ("wk", "bk"), "value": ("wv", "bv"),
@@ -45,10 +46,10 @@ class MultiHeadAttention(nn.Module):
                head_gates=None, return_weights=False, positions=None):
     d = x_BTD.shape[-1]
     if self.head_dim is None and (self.num_heads < 1 or d % self.num_heads):
-      raise ValueError(f"num_heads={self.num_heads} does not divide d_model={d}")
+      raise UserError(f"num_heads={self.num_heads} does not divide d_model={d}")
     g = self.num_heads if self.num_kv_heads is None else self.num_kv_heads
     if g < 1 or self.num_heads % g:
-      raise ValueError(f"num_kv_heads={self.num_kv_heads} does not divide "
+      raise UserError(f"num_kv_heads={self.num_kv_heads} does not divide "
                        f"num_heads={self.num_heads}")
     k = self.head_dim or d // self.num_heads
     shapes = attention.param_shapes(d, self.num_heads, k, g)
@@ -71,7 +72,7 @@ def from_flax_linen(flax_params: Mapping[str, Any]) -> dict[str, jax.Array]:
     flax_params = flax_params["params"]
   missing = [n for n in _FLAX_NAMES if n not in flax_params]
   if missing:
-    raise ValueError(f"flax_params is missing {missing}; got keys {sorted(flax_params)}")
+    raise UserError(f"flax_params is missing {missing}; got keys {sorted(flax_params)}")
   out = {}
   for flax_name, (w_name, b_name) in _FLAX_NAMES.items():
     sub = flax_params[flax_name]
@@ -80,7 +81,7 @@ def from_flax_linen(flax_params: Mapping[str, Any]) -> dict[str, jax.Array]:
       out[b_name] = jnp.asarray(sub["bias"])
   has_bias = [b for b in attention._BIAS_KEYS if b in out]
   if has_bias and len(has_bias) != 4:
-    raise ValueError(f"flax_params has biases for {has_bias} only; expected all or none")
+    raise UserError(f"flax_params has biases for {has_bias} only; expected all or none")
   attention.check_attention_params(out)
   return out
 
@@ -92,11 +93,11 @@ def to_flax_linen(params: Mapping[str, jax.Array]) -> dict[str, dict[str, jax.Ar
   """
   _, h, _ = attention.check_attention_params(params)
   if attention.num_kv_heads_of(params) != h:
-    raise ValueError(f"params has {attention.num_kv_heads_of(params)} key/value heads for "
+    raise UserError(f"params has {attention.num_kv_heads_of(params)} key/value heads for "
                      f"{h} query heads (grouped-query attention), which "
                      f"flax.linen.MultiHeadDotProductAttention cannot express")
   if attention.REL_BIAS in params:
-    raise ValueError("params has 'rel_bias' (relative positions), which "
+    raise UserError("params has 'rel_bias' (relative positions), which "
                      "flax.linen.MultiHeadDotProductAttention has no place for")
   out = {}
   for flax_name, (w_name, b_name) in _FLAX_NAMES.items():

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 import ml_collections
 
+from mha_jax.errors import UserError
 from mha_jax import config as mc
 from mha_jax import tasks
 from mha_jax.models import common as C
@@ -20,12 +21,13 @@ class Loaded:
   """What a workdir holds.
 
   config: the resolved, locked config of the run.
-  model: the task object: `model.apply(params, batch, gates=..., capture=...)`,
-    `model.loss(...)`, `model.evaluate(params, split)`, the data and vocabulary.
+  model: the task, typed by `tasks.Task` (apply, loss, evaluate, train_batch,
+    eval_batches, vocab_size; translation adds `tasks.TranslationData`): what the
+    studies may use of it.
   params: the params pytree at `step` (on one device, in their saved shapes).
   """
   config: ml_collections.ConfigDict
-  model: Any
+  model: tasks.Task
   params: Any
   step: int
   workdir: str
@@ -41,22 +43,28 @@ class Loaded:
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
-    raise ValueError(f"--workdir {workdir!r} has no config.json: not a mha-jax run")
-  with open(path) as f:
-    return mc.from_dict(json.load(f))
+    raise UserError(f"--workdir {workdir!r} has no config.json: not a mha-jax run")
+  try:
+    with open(path, encoding="utf-8") as f:
+      return mc.from_dict(json.load(f))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise UserError(f"{path} is not valid JSON ({e})") from None
 
 
-def load(workdir: str, step: int | None = None) -> Loaded:
-  """Config, model and params of the run in `workdir` (latest checkpoint by default)."""
+def load(workdir: str, step: int | None = None, *,
+         log: Callable[[str], None] = ckpt_lib.warn) -> Loaded:
+  """Config, model and params of the run in `workdir`: the newest good checkpoint by
+  default (bad newer ones are reported through `log` and skipped; see checkpoint.py).
+  Never writes to the workdir."""
   cfg = load_config(workdir)
   ckpts = ckpt_lib.Checkpoints(workdir, read_only=True)
   try:
     steps = ckpts.all_steps()
     if not steps:
-      raise ValueError(f"--workdir {workdir!r} has no trained checkpoint yet")
+      raise UserError(f"--workdir {workdir!r} has no trained checkpoint yet")
     if step is not None and step not in steps:
-      raise ValueError(f"step {step} is not in {workdir!r}; saved steps: {steps}")
-    params, step = ckpts.restore_params(step)
+      raise UserError(f"step {step} is not in {workdir!r}; saved steps: {steps}")
+    params, step = ckpts.restore_params(step, log=log)
   finally:
     ckpts.close()
-  return Loaded(cfg, tasks.build(cfg, workdir), params, step, workdir)
+  return Loaded(cfg, tasks.build(cfg, workdir, read_only=True), params, step, workdir)

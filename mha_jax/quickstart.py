@@ -9,6 +9,7 @@ import os
 import time
 from typing import Sequence
 
+from mha_jax.errors import UserError
 from mha_jax import config as mc
 from mha_jax.models import common as C
 
@@ -23,7 +24,7 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
   cfg = mc.load_config(CONFIG)
   rest = mc.apply_overrides(cfg, list(extra))
   if rest:
-    raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+    raise UserError(f"unrecognized arguments: {' '.join(rest)}")
   m = cfg.model
   log(f"quickstart: {m.enc_layers}+{m.dec_layers} layers x {m.num_heads} heads, "
       f"d_model={m.d_model}, {cfg.train.steps} steps, workdir {workdir}")

@@ -13,6 +13,7 @@ import os
 import shlex
 from typing import Callable, Sequence
 
+from mha_jax.errors import UserError
 from mha_jax import config as mc
 from mha_jax.train import metrics as metrics_lib
 
@@ -23,7 +24,7 @@ def plan(sweep_spec: str, workdir: str, extra: Sequence[str]) -> list[dict]:
   sweep_path = sweep_spec.partition(":")[0]
   base = mc.resolve(sweep_cfg.base, sweep_path).partition(":")[0]
   if not os.path.isfile(base):
-    raise ValueError(f"sweep base config {sweep_cfg.base!r} not found")
+    raise UserError(f"sweep base config {sweep_cfg.base!r} not found")
   spec = base + (f":{sweep_cfg.base_arg}" if sweep_cfg.base_arg else "")
   runs = []
   for run in sweep_cfg.runs:
@@ -32,7 +33,7 @@ def plan(sweep_spec: str, workdir: str, extra: Sequence[str]) -> list[dict]:
     cfg = mc.load_config(spec)
     rest = mc.apply_overrides(cfg, overrides)
     if rest:
-      raise ValueError(f"sweep: unexpected arguments {rest}")
+      raise UserError(f"sweep: unexpected arguments {rest}")
     mc.validate(cfg)
     runs.append({"name": run["name"], "workdir": os.path.join(workdir, run["name"]),
                  "spec": spec, "overrides": overrides, "config": cfg})

@@ -10,16 +10,60 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Iterator, Protocol, runtime_checkable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.errors import UserError
 from mha_jax.data import parallel, repeated_tokens, synthetic_translation, text, vocab as V
 from mha_jax.models import common as C
 from mha_jax.models import lm as lm_model
 from mha_jax.models import seq2seq
 
 SPLITS = ("train", "valid", "test")
+
+
+@runtime_checkable
+class Task(Protocol):
+  """What `mha_jax.load` hands to every study (analysis, ablation, pruning, circuits):
+  the studies use these members and nothing else of a task. Batches are dicts of int32
+  arrays ("src"/"tgt" for translation, "tokens" for an LM); gates are
+  {stack: [(H_l,) per layer]}; metrics are sums to divide by metrics["tokens"]."""
+
+  vocab_size: int
+
+  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+    """Logits (B, T, V); with capture=True, (logits, {stack: {layer: captured}})."""
+
+  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+           example_weight=None):
+    """(objective, metric sums) for one batch."""
+
+  def evaluate(self, params, split: str, *, bleu: bool = False, gates=None,
+               bleu_limit: int | None = None) -> dict[str, float]:
+    """Loss and accuracy (and BLEU for translation) over a split."""
+
+  def train_batch(self, step: int, process_index: int = 0, process_count: int = 1
+                  ) -> dict[str, np.ndarray]:
+    """Training batch number `step` (deterministic)."""
+
+  def eval_batches(self, split: str, batch_size: int
+                   ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """(batch, example weights (B,)) over a split; padding rows have weight 0."""
+
+
+@runtime_checkable
+class TranslationData(Task, Protocol):
+  """A translation task's extra members, used by the role analysis and the explorer."""
+
+  vocab: V.Vocab                                   # word vocabulary of the run
+  words: dict[str, tuple[list[list[str]], list[list[str]]]]   # split -> (src, tgt) words
+  arcs: dict[str, list[dict]]                      # split -> gold arcs (when known)
+
+  def copy_baseline_bleu(self, split: str) -> float:
+    """BLEU of the source sentence taken as its own translation."""
 
 
 def model_spec(cfg) -> C.ModelSpec:
@@ -63,7 +107,7 @@ def _local_rows(batch: int, process_index: int, process_count: int) -> slice:
 def _check_ids(ids: np.ndarray, vocab_size: int, what: str) -> None:
   bad = ids >= vocab_size
   if bad.any():
-    raise ValueError(f"{what}: token id {int(ids[bad].max())} >= vocab size {vocab_size}")
+    raise UserError(f"{what}: token id {int(ids[bad].max())} >= vocab size {vocab_size}")
 
 
 def token_losses(logits_BTV, targets_BT, label_smoothing: float = 0.0):
@@ -90,7 +134,7 @@ def token_losses(logits_BTV, targets_BT, label_smoothing: float = 0.0):
 class TranslationTask:
   """Encoder-decoder translation; BLEU with sacrebleu."""
 
-  def __init__(self, cfg, workdir: str | None):
+  def __init__(self, cfg, workdir: str | None, *, read_only: bool = False):
     self.cfg = cfg
     d = cfg.data
     self.data_dir = os.path.join(workdir, "data") if workdir else None
@@ -102,7 +146,8 @@ class TranslationTask:
       self.words = {s: ([x.src for x in splits[s]], [x.tgt for x in splits[s]]) for s in SPLITS}
       self.arcs = {s: [{"heads": x.heads, "rels": x.rels} for x in splits[s]] for s in SPLITS}
       self.vocab = V.Vocab(grammar.lex.source_types() + grammar.lex.target_types())
-      if self.data_dir and not os.path.exists(os.path.join(self.data_dir, "train.src")):
+      if (self.data_dir and not read_only and
+          not os.path.exists(os.path.join(self.data_dir, "train.src"))):
         synthetic_translation.export(self.data_dir, grammar, splits)
     elif d.kind == "parallel":
       self.words = {}
@@ -110,13 +155,13 @@ class TranslationTask:
         src = parallel.read_lines(d[f"{s}_src"], f"data.{s}_src")
         tgt = parallel.read_lines(d[f"{s}_tgt"], f"data.{s}_tgt")
         if len(src) != len(tgt):
-          raise ValueError(f"data.{s}_src has {len(src)} lines but data.{s}_tgt has "
+          raise UserError(f"data.{s}_src has {len(src)} lines but data.{s}_tgt has "
                            f"{len(tgt)}")
         self.words[s] = (src, tgt)
         if d.conllu[s]:
           self.arcs[s] = parallel.read_conllu_arcs(d.conllu[s], src, f"data.conllu.{s}")
       self.vocab = V.Vocab(w for side in self.words["train"] for sent in side for w in sent)
-      if self.data_dir:
+      if self.data_dir and not read_only:
         os.makedirs(self.data_dir, exist_ok=True)
         for s, arcs in self.arcs.items():
           with open(os.path.join(self.data_dir, f"{s}.arcs.jsonl"), "w") as f:
@@ -128,11 +173,9 @@ class TranslationTask:
         with open(os.path.join(self.data_dir, "train_freqs.json"), "w") as f:
           json.dump(freqs, f)
     else:
-      raise ValueError(f"data.kind must be 'synthetic' or 'parallel' for translation; "
+      raise UserError(f"data.kind must be 'synthetic' or 'parallel' for translation; "
                        f"got {d.kind!r}")
-    if self.data_dir:
-      os.makedirs(self.data_dir, exist_ok=True)
-      self.vocab.save(os.path.join(self.data_dir, "vocab.json"))
+    self.vocab = self._run_vocab(self.vocab, read_only)
     self.arrays = {}
     for s in SPLITS:
       src_w, tgt_w = self.words[s]
@@ -143,6 +186,31 @@ class TranslationTask:
       self.arrays[s] = {"src": src, "tgt": tgt}
     self.vocab_size = len(self.vocab)
     self.spec = model_spec(cfg)
+
+  def _run_vocab(self, built: V.Vocab, read_only: bool) -> V.Vocab:
+    """The run's vocabulary is part of the run: read from workdir/data/vocab.json when
+    it exists (written once, by the first `train`), never rebuilt over it. Data whose
+    vocabulary differs from it is refused."""
+    if not self.data_dir:
+      return built
+    path = os.path.join(self.data_dir, "vocab.json")
+    if not os.path.exists(path):
+      if not read_only:
+        os.makedirs(self.data_dir, exist_ok=True)
+        built.save(path)
+      return built
+    saved = V.Vocab.load(path)
+    if saved.tokens != built.tokens:
+      new = [t for t in built.tokens if t not in saved.index]
+      gone = [t for t in saved.tokens if t not in built.index]
+      what = ("data.train_src/data.train_tgt" if self.cfg.data.kind == "parallel"
+              else "data (synthetic)")
+      raise UserError(
+          f"{what}: the training data no longer matches the run's vocabulary {path} "
+          f"({len(saved)} tokens; the data gives {len(built)}: {len(new)} new, e.g. "
+          f"{new[:5]}, {len(gone)} missing, e.g. {gone[:5]}). The data changed after "
+          f"training; restore it or train a new run")
+    return saved
 
   # ---------------------------------------------------------------- model
   def init_params(self, key):
@@ -234,7 +302,7 @@ class TranslationTask:
 class LMTask:
   """Decoder-only LM on repeated random tokens or plain text."""
 
-  def __init__(self, cfg, workdir: str | None):
+  def __init__(self, cfg, workdir: str | None, *, read_only: bool = False):
     self.cfg = cfg
     d = cfg.data
     self.data_dir = os.path.join(workdir, "data") if workdir else None
@@ -253,16 +321,16 @@ class LMTask:
         self.tokenizer = text.TextTokenizer.load(tok_path)
       else:
         self.tokenizer = text.TextTokenizer.train(d.tokenizer, corpus, d.vocab_size)
-        if self.data_dir:
+        if self.data_dir and not read_only:
           os.makedirs(self.data_dir, exist_ok=True)
           self.tokenizer.save(self.data_dir)
       self.streams = text.split_stream(self.tokenizer.encode(corpus))
       self.vocab_size = self.tokenizer.vocab_size
       self.seq_len = cfg.model.max_len
     else:
-      raise ValueError(f"data.kind must be 'repeated' or 'text' for lm; got {d.kind!r}")
+      raise UserError(f"data.kind must be 'repeated' or 'text' for lm; got {d.kind!r}")
     if self.seq_len > cfg.model.max_len:
-      raise ValueError(f"data.half_len={d.half_len} gives sequences of {self.seq_len} tokens, "
+      raise UserError(f"data.half_len={d.half_len} gives sequences of {self.seq_len} tokens, "
                        f"more than model.max_len={cfg.model.max_len}")
     self.spec = model_spec(cfg)
 
@@ -351,13 +419,14 @@ def _sum_metrics(task, params, split, batch_size, gates=None) -> dict[str, float
   return {k: float(v) for k, v in jax.device_get(totals or {}).items()}
 
 
-def build(cfg, workdir: str | None = None):
-  """The task object for a config."""
+def build(cfg, workdir: str | None = None, *, read_only: bool = False):
+  """The task object for a config. read_only: never write into `workdir` (loading a run);
+  otherwise the first build writes the run's data files (vocabulary, tokenizer)."""
   if cfg.task == "translation":
-    return TranslationTask(cfg, workdir)
+    return TranslationTask(cfg, workdir, read_only=read_only)
   if cfg.task == "lm":
-    return LMTask(cfg, workdir)
+    return LMTask(cfg, workdir, read_only=read_only)
   if cfg.task in ("pretrained_lm", "embedding"):      # imported models (mha-jax import)
     from mha_jax.pretrained import tasks as pretrained_tasks
     return pretrained_tasks.build(cfg, workdir)
-  raise ValueError(f"task must be 'translation' or 'lm'; got {cfg.task!r}")
+  raise UserError(f"task must be 'translation' or 'lm'; got {cfg.task!r}")

@@ -32,7 +32,7 @@ def test_planted_heads_are_classified_exactly():
   sents = _sentences()
   rng = np.random.default_rng(1)
   s = 12
-  stats = roles.EncoderRoleStats(num_layers=1, num_heads=[4], max_len=s)
+  stats = roles.RoleStats(num_layers=1, num_heads=[4], max_len=s)
   for ln, arcs, rarest in sents:
     w = np.zeros((4, s, s))
     w[0, :ln] = _one_hot_rows(np.maximum(np.arange(ln) - 1, 0), ln, s)     # previous token

@@ -51,8 +51,21 @@ def test_composition_hand_values_and_random_baseline():
     vals = np.array(list(comp["corrected"][kind].values()))
     assert len(vals) == 64
     assert abs(vals.mean()) < 0.02 and comp["baseline"][kind] > 0.1    # ~0 once subtracted
-    raw = np.array(list(comp["raw"][kind].values()))
-    np.testing.assert_allclose(raw - comp["baseline"][kind], vals)
+  # Every raw score recomputed from the weights, in the papers' column notation:
+  # W_QK = Wq Wk^T, W_OV = (Wv Wo)^T; Q: W_QK^T W_OV, K: W_QK W_OV, V: W_OV W_OV.
+  a0, a1 = (jax.tree.map(lambda x: np.asarray(x, np.float64), p["lm"][f"layer_{l}"]["attn"])
+            for l in (0, 1))
+  for i in range(8):
+    ov_e = (a0["wv"][:, i] @ a0["wo"][i]).T
+    for j in range(8):
+      qk_l = a1["wq"][:, j] @ a1["wk"][:, j].T
+      ov_l = (a1["wv"][:, j] @ a1["wo"][j]).T
+      for kind, a in (("q", qk_l.T), ("k", qk_l), ("v", ov_l)):
+        want = np.linalg.norm(a @ ov_e) / (np.linalg.norm(a) * np.linalg.norm(ov_e))
+        got = comp["raw"][kind][(f"lm.0.{i}", f"lm.1.{j}")]
+        assert got == pytest.approx(want, rel=1e-9), (kind, i, j)
+        assert comp["corrected"][kind][(f"lm.0.{i}", f"lm.1.{j}")] == pytest.approx(
+            want - comp["baseline"][kind], rel=1e-9)
 
 
 @pytest.mark.parametrize("pos", ["learned", "qk"])

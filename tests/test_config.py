@@ -78,6 +78,7 @@ def test_configs_saved_before_a_field_existed_load_with_the_value_they_ran_with(
   wd = tmp_path / "run"
   wd.mkdir()
   (wd / "config.json").write_text(json.dumps(old))
+  (wd / "checkpoints" / "1" / "opt_state").mkdir(parents=True)   # a run, not an empty dir
   resumed = mc.load_config("configs/translation.py")
   mc.apply_overrides(resumed, ["--config.model.pos=sinusoidal"])
   loop.prepare_workdir(resumed, str(wd))                    # same model: may resume

@@ -108,12 +108,23 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
                              run.model.apply(run.params, batch,
                                              gates=M.full_gates(run.params, mask)), atol=1e-5)
   # The exported model works everywhere: eval, analysis, ablation, further pruning.
-  assert json.loads(json.dumps(ex.model.evaluate(ex.params, "valid")))["bleu"] >= 0
+  # Exported and masked are one model: the same loss and the same greedy translations.
+  ev = json.loads(json.dumps(ex.model.evaluate(ex.params, "valid")))
+  ev_masked = masked.model.evaluate(masked.params, "valid")
+  assert ev["loss"] == pytest.approx(ev_masked["loss"], abs=1e-5)
+  assert ev["bleu"] == pytest.approx(ev_masked["bleu"], abs=1e-6)
+  assert ex.model.translate(ex.params, "valid") == masked.model.translate(masked.params,
+                                                                          "valid")
   rows = report.translation_roles(ex, "valid")
   assert len([r for r in rows if r["stack"] == "encoder"]) == 3
   imp = importance.michel_importance(ex, "valid", limit=8)
   assert "encoder.0.2" in imp["raw"] and "encoder.1.0" not in imp["raw"]
-  importance.ablate(ex, [("encoder", 0, 0)], split="valid")
+  # Ablating exported head 0 of layer 0 = also closing that head in the source model.
+  abl = importance.ablate(ex, [("encoder", 0, 0)], split="valid", bleu_limit=4)
+  closed = {"encoder": [np.array([0, 1, 0, 1], np.float32), np.zeros(4, np.float32)]}
+  want = run.model.evaluate(run.params, "valid", bleu=False,
+                            gates=M.full_gates(run.params, closed))
+  assert abl["loss"] == pytest.approx(want["loss"], abs=1e-5)
   again = prune_run.prune(exp, str(tmp_path / "again"), method="l0", lam=0.1, keep=2,
                           steps=3, log=lambda s: None)
   assert again["kept"] == 2

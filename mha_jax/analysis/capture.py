@@ -12,6 +12,8 @@ from typing import Callable, Iterator, Sequence
 import jax
 import numpy as np
 
+from mha_jax.errors import UserError
+
 
 def captured(model, params, batch, gates=None) -> dict:
   """{stack: [AttentionOutput per layer]} on the host, from the model's own forward with
@@ -45,7 +47,7 @@ def iter_captures(run, split: str = "valid", *, stacks: Sequence[str] | None = N
     cap = captured(model, params, batch, gates)
     missing = [s for s in stacks or () if s not in cap]
     if missing:
-      raise ValueError(f"stacks: {missing[0]!r} is not in this model; it has {sorted(cap)}")
+      raise UserError(f"stacks: {missing[0]!r} is not in this model; it has {sorted(cap)}")
     cap = _select(cap, stacks, layers)
     if limit and seen + len(weight) > limit:
       weight = weight.copy()

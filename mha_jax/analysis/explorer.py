@@ -13,6 +13,7 @@ import json
 import numpy as np
 
 from mha_jax.analysis import capture as capture_lib
+from mha_jax.data import vocab as V
 from mha_jax.models.common import STACKS
 
 _COLORS = {"positional": "#1f77b4", "syntactic": "#2ca02c", "rare": "#d62728",
@@ -99,7 +100,7 @@ def page_data(run, rows, split: str = "test", sentences: int = 20) -> dict:
       if is_tr:
         src = np.asarray(batch["src"][b])
         tgt = np.asarray(batch["tgt"][b])[:-1]
-        s_len, t_len = int((src != 0).sum()), int((tgt != 0).sum())
+        s_len, t_len = int((src != V.PAD_ID).sum()), int((tgt != V.PAD_ID).sum())
         vocab = run.model.vocab
         sents.append({"src": [vocab.tokens[i] for i in src[:s_len]],
                       "tgt": [vocab.tokens[i] for i in tgt[:t_len]]})

@@ -12,12 +12,14 @@ output bias, which is exactly what replacing the head's output by its mean does.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.errors import UserError
+from mha_jax.data import vocab as V
 from mha_jax.models import common as C
 
 
@@ -35,7 +37,7 @@ def parse_heads(params, names: str | Sequence[str]) -> list[tuple[str, int, int]
       ok = stack in counts and layer < len(counts[stack]) and head < counts[stack][layer]
     if not ok:
       valid = "; ".join(f"{s}.0-{len(c) - 1}.0-{max(c) - 1}" for s, c in counts.items())
-      raise ValueError(f"--heads: {name!r} is not a head of this model; valid names are "
+      raise UserError(f"--heads: {name!r} is not a head of this model; valid names are "
                        f"stack.layer.head within: {valid}")
     out.append((stack, layer, head))
   return out
@@ -66,7 +68,7 @@ def mean_head_outputs(run, split: str = "valid", limit: int = 256) -> dict:
 def _query_mask(run, batch, stack, t):
   if "src" in batch:
     ids = batch["src"] if stack == "encoder" else batch["tgt"][:, :-1]
-    return (np.asarray(ids)[:, :t] != 0).astype(np.float64)
+    return (np.asarray(ids)[:, :t] != V.PAD_ID).astype(np.float64)
   return np.ones((len(batch["tokens"]), t))
 
 
@@ -86,7 +88,7 @@ def ablate(run, heads, *, mode: str = "zero", split: str = "test", means=None,
            bleu_limit: int | None = None) -> dict:
   """Metrics with `heads` ablated ("zero": output 0; "mean": output = its mean)."""
   if mode not in ("zero", "mean"):
-    raise ValueError(f"--mode must be 'zero' or 'mean'; got {mode!r}")
+    raise UserError(f"--mode must be 'zero' or 'mean'; got {mode!r}")
   params = run.params
   if mode == "mean":
     means = means if means is not None else mean_head_outputs(run, "valid")
@@ -96,9 +98,9 @@ def ablate(run, heads, *, mode: str = "zero", split: str = "test", means=None,
 
 
 def michel_importance(run, split: str = "valid", *, limit: int = 512,
-                      batch_size: int = 32, gates=None, params=None) -> dict[str, np.ndarray]:
-  """{head name: I_h}, raw and normalised per layer, from per-example gate gradients
-  taken at `gates` (default: all 1)."""
+                      batch_size: int = 32, gates=None, params=None) -> dict[str, Any]:
+  """{"raw": {head name: I_h}, "normalized": {head name: I_h / ||I_layer||},
+  "examples": n}, from per-example gate gradients taken at `gates` (default: all 1)."""
   from mha_jax.tasks import jitted
   model = run.model
   params = run.params if params is None else params

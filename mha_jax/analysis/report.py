@@ -34,7 +34,7 @@ def translation_roles(run, split: str, limit: int = 0,
   freqs_path = os.path.join(run.workdir, "data", "train_freqs.json")
   with open(freqs_path) as f:
     freqs = json.load(f)
-  max_len = task.cfg.data.max_len + 1
+  max_len = run.config.data.max_len + 1
   stats = {}
   arcs_all = task.arcs.get(split)
   src_words = task.words[split][0]
@@ -50,7 +50,7 @@ def translation_roles(run, split: str, limit: int = 0,
     for stack in ("encoder", "decoder_self"):
       if stack not in stats:   # head counts as captured (pruned layers may differ)
         heads = [np.asarray(cap[stack][l].weights).shape[1] for l in sorted(cap[stack])]
-        stats[stack] = roles.EncoderRoleStats(len(heads), heads, max_len)
+        stats[stack] = roles.RoleStats(len(heads), heads, max_len)
     enc = cap["encoder"]
     stats["encoder"].update([np.asarray(enc[l].weights)[:n] for l in sorted(enc)], lengths,
                             arcs, rarest)

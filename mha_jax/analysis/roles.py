@@ -23,7 +23,6 @@ from typing import Mapping, Sequence
 import numpy as np
 
 SYNTAX_RELATIONS = ("nsubj", "dobj", "amod", "advmod")
-DIRECTIONS = ("dep->head", "head->dep")
 
 
 @dataclasses.dataclass
@@ -47,8 +46,9 @@ def _partners(heads: Sequence[int], rels: Sequence[str]):
   return out
 
 
-class EncoderRoleStats:
-  """Accumulates the statistics for every head of one self-attention stack.
+class RoleStats:
+  """Accumulates the statistics for every head of one self-attention stack (the
+  encoder's, or the decoder's without arcs and rarest).
 
   Feed `update(weights_LBHSS, lengths_B, arcs, rarest_B)` per batch, where lengths
   count the tokens without EOS and padding, `arcs` are the batch's sentences' gold arcs

@@ -16,16 +16,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mha_jax.errors import UserError
 from mha_jax.models import common as C
 
 
 def _check_linear(params):
   layers = [params["lm"][n] for n in C.layers_of(params["lm"])]
   if "ln_final" in params["lm"] or any(("ln1" in l or "mlp" in l) for l in layers):
-    raise ValueError("path expansion needs an attention-only model without LayerNorm "
+    raise UserError("path expansion needs an attention-only model without LayerNorm "
                      "(model.attn_only=true, model.layer_norm=false)")
   if any("bo" in l["attn"] or "bv" in l["attn"] for l in layers):
-    raise ValueError("path expansion needs attention without biases (model.use_bias=false)")
+    raise UserError("path expansion needs attention without biases (model.use_bias=false)")
 
 
 def _x0(params, tok, pos_in_residual):

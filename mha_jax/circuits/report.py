@@ -5,6 +5,7 @@ icl.png."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Callable
@@ -12,6 +13,7 @@ from typing import Callable
 import numpy as np
 
 from mha_jax.circuits import behaviour, paths, scores
+from mha_jax.errors import BadCheckpoint, UserError
 from mha_jax.loader import load
 from mha_jax.train import checkpoint as ckpt_lib
 
@@ -33,21 +35,29 @@ def find_induction_heads(heads: dict, comp_k: dict, prefix: float = 0.3,
   return sorted(out, key=lambda r: -r["prefix_matching"])
 
 
-def over_checkpoints(workdir: str, tokens: np.ndarray, lengths: np.ndarray, log
-                     ) -> list[dict]:
-  c = ckpt_lib.Checkpoints(workdir, read_only=True)
-  steps = c.all_steps()
-  c.close()
+def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log) -> list[dict]:
+  """Scores at every checkpoint of `run`'s workdir. Only the params are restored: the
+  task (and its compiled functions) is `run`'s, so no step recompiles. Bad checkpoints
+  are skipped with a warning."""
+  c = ckpt_lib.Checkpoints(run.workdir, read_only=True)
   rows = []
-  for step in steps:
-    run = load(workdir, step=step)
-    icl = behaviour.icl_score(run, tokens, lengths)
-    hs = behaviour.head_scores(run, tokens)
-    rows.append({"step": step, **icl,
-                 "max_prefix_matching": max(v["prefix_matching"] for v in hs.values()),
-                 "max_previous_token": max(v["previous_token"] for v in hs.values())})
-    log(f"  step {step}: ICL score {icl['icl_score']:.3f}, max prefix matching "
-        f"{rows[-1]['max_prefix_matching']:.2f}")
+  try:
+    for step in c.all_steps():
+      try:
+        params, _ = c.restore_params(step)
+      except BadCheckpoint as e:
+        ckpt_lib.warn(f"{e}; skipped")
+        continue
+      at = dataclasses.replace(run, params=params, step=step)
+      icl = behaviour.icl_score(at, tokens, lengths)
+      hs = behaviour.head_scores(at, tokens)
+      rows.append({"step": step, **icl,
+                   "max_prefix_matching": max(v["prefix_matching"] for v in hs.values()),
+                   "max_previous_token": max(v["previous_token"] for v in hs.values())})
+      log(f"  step {step}: ICL score {icl['icl_score']:.3f}, max prefix matching "
+          f"{rows[-1]['max_prefix_matching']:.2f}")
+  finally:
+    c.close()
   return rows
 
 
@@ -55,7 +65,7 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
              track: bool = True, log: Callable[[str], None] = print) -> dict:
   run = load(workdir)
   if run.config.task != "lm":
-    raise ValueError(f"circuits needs a decoder-only model (task lm); {workdir!r} has "
+    raise UserError(f"circuits needs a decoder-only model (task lm); {workdir!r} has "
                      f"task {run.config.task!r}")
   out_dir = out_dir or os.path.join(workdir, "circuits")
   os.makedirs(out_dir, exist_ok=True)
@@ -97,7 +107,7 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
                                                       pos_in_residual=m.pos != "qk")
   if track:
     log("ICL score over checkpoints ...")
-    result["over_steps"] = over_checkpoints(workdir, tokens, lengths, log)
+    result["over_steps"] = over_checkpoints(run, tokens, lengths, log)
   with open(os.path.join(out_dir, "circuits.json"), "w") as f:
     json.dump(result, f, indent=1)
   _plots(result, out_dir)

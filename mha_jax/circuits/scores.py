@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mha_jax.errors import UserError
 from mha_jax.models import common as C
 
 
@@ -53,7 +54,7 @@ def pair_matrices(kind: str, early, late) -> tuple[np.ndarray, np.ndarray]:
     return qk_row(late), ov_row(early).T
   if kind == "v":
     return ov_row(late).T, ov_row(early).T
-  raise ValueError(f"kind must be 'q', 'k' or 'v'; got {kind!r}")
+  raise UserError(f"kind must be 'q', 'k' or 'v'; got {kind!r}")
 
 
 def random_baseline(kind: str, d: int, k_early: int, k_late: int, samples: int = 200,

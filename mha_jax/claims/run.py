@@ -8,6 +8,7 @@ import os
 import time
 from typing import Callable, Sequence
 
+from mha_jax.errors import UserError
 from mha_jax.claims import experiments as E
 from mha_jax.claims import rules as R
 from mha_jax.claims import studies as S
@@ -70,7 +71,7 @@ def parse_only(only: str | Sequence[str] | None) -> list[str]:
            if n.strip()]
   bad = [n for n in names if n not in CLAIMS]
   if bad:
-    raise ValueError(f"--only: unknown claim {bad[0]!r}; known: {', '.join(CLAIMS)}")
+    raise UserError(f"--only: unknown claim {bad[0]!r}; known: {', '.join(CLAIMS)}")
   return names
 
 
@@ -81,9 +82,9 @@ def run_claims(out: str, *, only=None, workdir: str | None = None,
   for flag, wd in (("--workdir", workdir), ("--induction-workdir", induction_workdir),
                    ("--sweep-workdir", sweep_workdir)):
     if wd is not None and not os.path.isdir(wd):
-      raise ValueError(f"{flag} {wd!r} is not a directory")
+      raise UserError(f"{flag} {wd!r} is not a directory")
   if os.path.exists(out) and not os.path.isdir(out):
-    raise ValueError(f"--out {out!r} exists and is not a directory")
+    raise UserError(f"--out {out!r} exists and is not a directory")
   os.makedirs(out, exist_ok=True)
   ctx = E.Context(out=out, workdir=workdir, induction_workdir=induction_workdir,
                   sweep_workdir=sweep_workdir, log=log)

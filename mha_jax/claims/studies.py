@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from mha_jax.errors import UserError
 from mha_jax.claims.experiments import Context, _plt, _save
 
 SPECIALISED = ("positional", "syntactic", "rare")
@@ -51,7 +52,7 @@ def claim_pruning(ctx: Context, keep: int = 10, last: int = 3) -> dict:
   wd = quickstart_workdir(ctx)
   run = load(wd)
   if run.config.task != "translation":
-    raise ValueError(f"--workdir {wd!r} is not a translation (quickstart) run")
+    raise UserError(f"--workdir {wd!r} is not a translation (quickstart) run")
   roles = _roles(run)
   out = os.path.join(ctx.work, f"pruned_keep{keep}")
   if os.path.exists(os.path.join(out, "pruning.json")):       # reuse, never overwrite
@@ -189,7 +190,7 @@ def claim_term_importance(ctx: Context) -> dict:
   res = circuits_result(ctx)
   rows = res.get("term_importance")
   if not rows:
-    raise ValueError("term importance needs an attention-only model without LayerNorm "
+    raise UserError("term importance needs an attention-only model without LayerNorm "
                      "or biases (configs/induction.py)")
   n = {"loss_direct": rows[0]["loss"], "loss_direct_single": rows[1]["loss"],
        "loss_full": rows[-1]["loss"],

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mha_jax.errors import UserError
 from mha_jax.models import common as C
 from mha_jax.models import lm as lm_model
 
@@ -27,7 +28,7 @@ def two_target_batch(seed: int, batch: int, length: int, vocab: int):
   """tokens (B, T) int32, targets A and B (B, T) int32, masks (B, T) float32 (1 where
   the target exists), and partner positions (B, T) (-1 where none)."""
   if vocab < 4 or vocab % 2:
-    raise ValueError(f"vocab must be an even number >= 4; got {vocab}")
+    raise UserError(f"vocab must be an even number >= 4; got {vocab}")
   rng = np.random.default_rng(seed)
   x = rng.integers(0, vocab, size=(batch, length)).astype(np.int32)
   a = np.zeros_like(x)

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import os
 
+from mha_jax.errors import UserError
+
 
 def read_lines(path: str, what: str) -> list[list[str]]:
   """Whitespace-tokenized lines of a UTF-8 file; errors name the config field."""
   if not path or not os.path.isfile(path):
-    raise ValueError(f"{what}: no such file {path!r}")
-  with open(path, encoding="utf-8") as f:
-    lines = [l.split() for l in f.read().splitlines()]
+    raise UserError(f"{what}: no such file {path!r}")
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = [l.split() for l in f.read().splitlines()]
+  except UnicodeDecodeError as e:
+    raise UserError(f"{what}: {path!r} is not UTF-8 text (byte {e.start}: {e.reason})"
+                    ) from None
   if not any(lines):
-    raise ValueError(f"{what}: file {path!r} is empty")
+    raise UserError(f"{what}: file {path!r} is empty")
   for i, l in enumerate(lines):
     if not l:
-      raise ValueError(f"{what}: line {i + 1} of {path!r} is empty")
+      raise UserError(f"{what}: line {i + 1} of {path!r} is empty")
   return lines
 
 
@@ -28,19 +34,30 @@ def read_conllu_arcs(path: str, sentences: list[list[str]], what: str
   """
   import conllu
   if not os.path.isfile(path):
-    raise ValueError(f"{what}: no such file {path!r}")
-  with open(path, encoding="utf-8") as f:
-    parsed = conllu.parse(f.read())
+    raise UserError(f"{what}: no such file {path!r}")
+  try:
+    with open(path, encoding="utf-8") as f:
+      parsed = conllu.parse(f.read())
+  except UnicodeDecodeError as e:
+    raise UserError(f"{what}: {path!r} is not UTF-8 text (byte {e.start}: {e.reason})"
+                    ) from None
+  except conllu.exceptions.ParseException as e:
+    raise UserError(f"{what}: {path!r} is not valid CoNLL-U ({e})") from None
   if len(parsed) != len(sentences):
-    raise ValueError(f"{what}: {path!r} has {len(parsed)} sentences, the source file "
+    raise UserError(f"{what}: {path!r} has {len(parsed)} sentences, the source file "
                      f"{len(sentences)}")
   out = []
   for n, (tl, words) in enumerate(zip(parsed, sentences)):
     toks = [t for t in tl if isinstance(t["id"], int)]
     forms = [t["form"] for t in toks]
     if forms != words:
-      raise ValueError(f"{what}: sentence {n + 1} of {path!r} has tokens {forms[:8]}..., "
+      raise UserError(f"{what}: sentence {n + 1} of {path!r} has tokens {forms[:8]}..., "
                        f"the source line {words[:8]}...")
+    for t in toks:
+      if not isinstance(t["head"], int) or not 0 <= t["head"] <= len(toks):
+        raise UserError(f"{what}: sentence {n + 1} of {path!r}, token {t['id']} "
+                        f"({t['form']!r}): head {t['head']!r} is not a token of the "
+                        f"sentence (0..{len(toks)})")
     out.append({"heads": [int(t["head"]) - 1 for t in toks],
                 "rels": [str(t["deprel"]).split(":")[0] for t in toks]})
   return out

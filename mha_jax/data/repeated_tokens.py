@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-BOS_ID = 0
+from mha_jax.data.vocab import LM_BOS_ID as BOS_ID
+from mha_jax.errors import UserError
 
 
 def repeated_tokens(seed: int, index: int, batch: int, half_len: int, vocab_size: int,
@@ -27,12 +28,12 @@ def repeated_tokens(seed: int, index: int, batch: int, half_len: int, vocab_size
   have seen.
   """
   if vocab_size < 3:
-    raise ValueError(f"data.vocab_size must be >= 3; got {vocab_size}")
+    raise UserError(f"data.vocab_size must be >= 3; got {vocab_size}")
   if half_len < 1:
-    raise ValueError(f"data.half_len must be >= 1; got {half_len}")
+    raise UserError(f"data.half_len must be >= 1; got {half_len}")
   lo = min_half_len or half_len
   if not 1 <= lo <= half_len:
-    raise ValueError(f"data.min_half_len must be in 1..data.half_len={half_len}; got "
+    raise UserError(f"data.min_half_len must be in 1..data.half_len={half_len}; got "
                      f"{min_half_len}")
   rng = np.random.default_rng([seed, index])
   out = rng.integers(1, vocab_size, size=(batch, 1 + 2 * half_len), dtype=np.int32)

@@ -24,6 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
+from mha_jax.errors import UserError
+
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
 RELATIONS = ("nsubj", "dobj", "amod", "advmod", "det", "cc", "conj")
@@ -54,7 +56,7 @@ class GrammarConfig:
   def validate(self):
     for f in ("num_nouns", "num_verbs", "num_adjectives", "num_adverbs", "num_names"):
       if getattr(self, f) < 2:
-        raise ValueError(f"data.grammar.{f} must be >= 2; got {getattr(self, f)}")
+        raise UserError(f"data.grammar.{f} must be >= 2; got {getattr(self, f)}")
 
 
 @dataclasses.dataclass
@@ -234,20 +236,12 @@ def split_subwords(s: Sentence, keep: set[str]) -> Sentence:
   return Sentence(pieces, s.tgt, heads, rels)
 
 
-def generate(num: int, seed: int, cfg: GrammarConfig = GrammarConfig(),
-             grammar: Grammar | None = None) -> list[Sentence]:
-  """`num` sentence pairs, deterministic from (seed, cfg)."""
-  grammar = grammar or Grammar(cfg, seed)
-  rng = np.random.default_rng([seed, 11])
-  return [grammar.sample(rng) for _ in range(num)]
-
-
 def build_splits(sizes: dict[str, int], seed: int, cfg: GrammarConfig = GrammarConfig()
                  ) -> tuple[Grammar, dict[str, list[Sentence]]]:
   """Train/valid/test splits drawn from one grammar, each from its own stream."""
   for name, n in sizes.items():
     if n < 1:
-      raise ValueError(f"data.{name}_size must be >= 1; got {n}")
+      raise UserError(f"data.{name}_size must be >= 1; got {n}")
   grammar = Grammar(cfg, seed)
   splits = {}
   for k, (name, n) in enumerate(sorted(sizes.items())):

@@ -7,7 +7,9 @@ from typing import Sequence
 
 import numpy as np
 
-BOS_ID = 0
+from mha_jax.data.vocab import LM_BOS_ID as BOS_ID
+from mha_jax.errors import UserError
+
 _SPECIALS = ["<s>", "<unk>"]     # BPE ids 0 and 1
 
 
@@ -19,11 +21,15 @@ def read_corpus(paths: Sequence[str] | None) -> str:
   parts = []
   for p in paths:
     if not os.path.isfile(p):
-      raise ValueError(f"data.text_files: no such file {p!r}")
-    with open(p, encoding="utf-8") as f:
-      text = f.read()
+      raise UserError(f"data.text_files: no such file {p!r}")
+    try:
+      with open(p, encoding="utf-8") as f:
+        text = f.read()
+    except UnicodeDecodeError as e:
+      raise UserError(f"data.text_files: {p!r} is not UTF-8 text (byte {e.start}: "
+                      f"{e.reason})") from None
     if not text.strip():
-      raise ValueError(f"data.text_files: file {p!r} is empty")
+      raise UserError(f"data.text_files: file {p!r} is empty")
     parts.append(text)
   return "\n\n".join(parts)
 
@@ -33,7 +39,7 @@ class TextTokenizer:
 
   def __init__(self, kind: str, tokenizer=None):
     if kind not in ("bpe", "bytes"):
-      raise ValueError(f"data.tokenizer must be 'bpe' or 'bytes'; got {kind!r}")
+      raise UserError(f"data.tokenizer must be 'bpe' or 'bytes'; got {kind!r}")
     self.kind = kind
     self.tok = tokenizer
 
@@ -42,9 +48,9 @@ class TextTokenizer:
     if kind == "bytes":
       return cls("bytes")
     if kind != "bpe":
-      raise ValueError(f"data.tokenizer must be 'bpe' or 'bytes'; got {kind!r}")
+      raise UserError(f"data.tokenizer must be 'bpe' or 'bytes'; got {kind!r}")
     if vocab_size < 260:
-      raise ValueError(f"data.vocab_size must be >= 260 for BPE; got {vocab_size}")
+      raise UserError(f"data.vocab_size must be >= 260 for BPE; got {vocab_size}")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -98,7 +104,7 @@ def windows(stream: np.ndarray, seed: int, index: int, batch: int, seq_len: int
             ) -> np.ndarray:
   """Batch `index`: (batch, seq_len) rows [BOS] + a random window of seq_len-1 tokens."""
   if len(stream) < seq_len:
-    raise ValueError(f"the text split has {len(stream)} tokens, fewer than "
+    raise UserError(f"the text split has {len(stream)} tokens, fewer than "
                      f"model.max_len={seq_len}")
   rng = np.random.default_rng([seed, index])
   starts = rng.integers(0, len(stream) - seq_len + 2, size=batch)

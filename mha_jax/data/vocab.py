@@ -7,8 +7,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from mha_jax.errors import UserError
+
+# The special ids of every vocabulary, defined here and only here.
+# Word vocabularies (translation):
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# LM token streams (repeated random tokens; text through BPE or bytes): id 0 is BOS,
+# there is no padding. Repeated-token probes of a text model rely on the two agreeing.
+LM_BOS_ID = 0
 
 
 class Vocab:
@@ -47,10 +54,13 @@ class Vocab:
 
   @classmethod
   def load(cls, path: str) -> "Vocab":
-    with open(path) as f:
-      tokens = json.load(f)
-    if tokens[:4] != [PAD, BOS, EOS, UNK]:
-      raise ValueError(f"{path} is not a vocabulary written by mha_jax")
+    try:
+      with open(path, encoding="utf-8") as f:
+        tokens = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise UserError(f"{path} is not a vocabulary written by mha_jax ({e})") from None
+    if not isinstance(tokens, list) or tokens[:4] != [PAD, BOS, EOS, UNK]:
+      raise UserError(f"{path} is not a vocabulary written by mha_jax")
     return cls(tokens[4:])
 
 
@@ -61,7 +71,7 @@ def pad_ids(rows: Sequence[Sequence[int]], max_len: int, *, bos: bool, eos: bool
   for n, ids in enumerate(rows):
     row = ([BOS_ID] if bos else []) + list(ids) + ([EOS_ID] if eos else [])
     if len(row) > max_len:
-      raise ValueError(f"{what}: sentence {n} has {len(row)} tokens with markers, more "
+      raise UserError(f"{what}: sentence {n} has {len(row)} tokens with markers, more "
                        f"than data.max_len={max_len}")
     out[n, :len(row)] = row
   return out

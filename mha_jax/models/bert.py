@@ -18,6 +18,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from mha_jax.errors import UserError
 from mha_jax import attention
 from mha_jax.models import common as C
 
@@ -59,7 +60,7 @@ def apply(params, spec: BertSpec, tokens_BT, *, mask_BT=None, token_types_BT=Non
   """
   b, t = tokens_BT.shape
   if t > params["pos_embed"].shape[0]:
-    raise ValueError(f"sequence length {t} exceeds the model's {params['pos_embed'].shape[0]} "
+    raise UserError(f"sequence length {t} exceeds the model's {params['pos_embed'].shape[0]} "
                      f"positions")
   types = jnp.zeros_like(tokens_BT) if token_types_BT is None else token_types_BT
   x = params["embed"][tokens_BT] + params["pos_embed"][:t][None] + params["type_embed"][types]

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import attention
+from mha_jax.data.vocab import PAD_ID
 
 STACKS = {"encoder": ("encoder", "self_attn"), "decoder_self": ("decoder", "self_attn"),
           "decoder_cross": ("decoder", "cross_attn"), "lm": ("lm", "attn")}
@@ -35,7 +36,7 @@ class ModelSpec:
   dropout: float = 0.0
   impl: str = "auto"
   pos: str = "sinusoidal"    # "sinusoidal", "learned", "qk" (LM) or "relative" (seq2seq)
-  pad_id: int = 0
+  pad_id: int = PAD_ID       # <pad> of the word vocabulary (data/vocab.py)
   ln_position: str = "pre"   # "pre" (x + f(LN(x))) or "post" (LN(x + f(x)))
 
 

@@ -20,6 +20,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from mha_jax.errors import UserError
 from mha_jax import attention
 from mha_jax.models import common as C
 
@@ -127,7 +128,7 @@ def apply(params, spec: LlamaSpec, tokens_BT, *, mask_BT=None, positions_BT=None
   last_only: logits of the last position only, (B, 1, V) (a prompt's prefill).
   """
   if capture and cache is not None:
-    raise ValueError("capture=True cannot be combined with a KV cache")
+    raise UserError("capture=True cannot be combined with a KV cache")
   x = _embed(params, tokens_BT)
   key_mask = None if mask_BT is None else jnp.asarray(mask_BT, bool)[:, None, None, :]
   if positions_BT is None and mask_BT is not None and cache is None:
@@ -180,9 +181,9 @@ def generate(params, spec: LlamaSpec, prompt_BT, max_new_tokens: int, *,
   import numpy as np
   prompt_BT = jnp.asarray(prompt_BT, jnp.int32)
   if prompt_BT.ndim != 2 or prompt_BT.shape[1] < 1:
-    raise ValueError(f"prompt_BT must be (B, T) with T >= 1; got shape {prompt_BT.shape}")
+    raise UserError(f"prompt_BT must be (B, T) with T >= 1; got shape {prompt_BT.shape}")
   if max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
+    raise UserError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
   b, t = prompt_BT.shape
   cache = init_cache(params, b, t + max_new_tokens)
   logits, cache = _prefill_jit(params, spec, prompt_BT, cache)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from mha_jax.errors import UserError
 from mha_jax import attention
 from mha_jax.models import common as C
 
@@ -53,7 +54,7 @@ def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, ke
   x = params["embed"][tokens_BT]
   if "pos_embed" in params:
     if t > params["pos_embed"].shape[0]:
-      raise ValueError(f"sequence length {t} exceeds model.max_len="
+      raise UserError(f"sequence length {t} exceeds model.max_len="
                        f"{params['pos_embed'].shape[0]}")
     pos = params["pos_embed"][:t]
   else:

@@ -1,4 +1,5 @@
-"""Encoder-decoder Transformer (pre-LN), the setting of Voita et al. 2019.
+"""Encoder-decoder Transformer, the setting of Voita et al. 2019 (LayerNorm before or
+after each block: model.ln_position "pre" or "post").
 
 params = {
   "embed": (V, D)                      shared source/target embedding, tied output

@@ -14,6 +14,8 @@ import os
 
 import numpy as np
 
+from mha_jax.errors import UserError
+
 SUPPORTED_ARCH = ("llama",)
 
 
@@ -28,7 +30,7 @@ def _field(reader, key, default=None, *, path, required=False):
   f = reader.fields.get(key)
   if f is None:
     if required:
-      raise ValueError(f"--file {path!r}: GGUF metadata has no {key!r}")
+      raise UserError(f"--file {path!r}: GGUF metadata has no {key!r}")
     return default
   return f.contents()
 
@@ -36,11 +38,11 @@ def _field(reader, key, default=None, *, path, required=False):
 def open_reader(path: str):
   import gguf
   if not os.path.isfile(path):
-    raise ValueError(f"--file {path!r}: no such file")
+    raise UserError(f"--file {path!r}: no such file")
   try:
     return gguf.GGUFReader(path, "r")
   except Exception as e:  # noqa: BLE001 - gguf raises ValueError, IndexError, struct errors...
-    raise ValueError(f"--file {path!r} is not a readable GGUF file (corrupt or truncated?): "
+    raise UserError(f"--file {path!r} is not a readable GGUF file (corrupt or truncated?): "
                      f"{type(e).__name__}: {e}") from None
 
 
@@ -51,7 +53,7 @@ def read(path: str):
   reader = open_reader(path)
   arch = _field(reader, "general.architecture", path=path, required=True)
   if arch not in SUPPORTED_ARCH:
-    raise ValueError(f"--file {path!r}: general.architecture is {arch!r}; only "
+    raise UserError(f"--file {path!r}: general.architecture is {arch!r}; only "
                      f"{SUPPORTED_ARCH} GGUF files are supported")
 
   def meta(key, default=None, required=True):
@@ -65,7 +67,7 @@ def read(path: str):
   rot = int(meta("rope.dimension_count", k))
   scaling = _field(reader, f"{arch}.rope.scaling.type", None, path=path)
   if rot != k or (scaling not in (None, "none")):
-    raise ValueError(f"--file {path!r}: partial or scaled RoPE (rope.dimension_count={rot}, "
+    raise UserError(f"--file {path!r}: partial or scaled RoPE (rope.dimension_count={rot}, "
                      f"head width {k}, rope.scaling.type={scaling!r}) is not supported")
   n_layers = int(meta("block_count"))
   cfg = dict(family="llama", d_model=d, num_heads=h, num_kv_heads=h_kv, head_dim=k,
@@ -80,24 +82,24 @@ def read(path: str):
     try:
       w = np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type), np.float32)
     except Exception as e:  # noqa: BLE001
-      raise ValueError(f"--file {path!r}: tensor {t.name!r} of type {t.tensor_type.name} "
+      raise UserError(f"--file {path!r}: tensor {t.name!r} of type {t.tensor_type.name} "
                        f"cannot be dequantized: {e}") from None
     expect = tuple(int(n) for n in reversed(t.shape))
     if w.shape != expect:
-      raise ValueError(f"--file {path!r}: tensor {t.name!r} has {w.shape} values, header "
+      raise UserError(f"--file {path!r}: tensor {t.name!r} has {w.shape} values, header "
                        f"says {expect} (truncated file?)")
     tensors[t.name] = w
     qtypes[t.tensor_type.name] = qtypes.get(t.tensor_type.name, 0) + 1
 
   def take(name):
     if name not in tensors:
-      raise ValueError(f"--file {path!r}: tensor {name!r} is missing")
+      raise UserError(f"--file {path!r}: tensor {name!r} is missing")
     return tensors.pop(name)
 
   def linear(name, out, inp):
     w = take(name)
     if w.shape != (out, inp):
-      raise ValueError(f"--file {path!r}: tensor {name!r} has shape {w.shape}, expected "
+      raise UserError(f"--file {path!r}: tensor {name!r} has shape {w.shape}, expected "
                        f"{(out, inp)} (out, in)")
     return w
 
@@ -125,21 +127,21 @@ def read(path: str):
     params["unembed"] = linear("output.weight", v, d).T
   cfg["tie_embeddings"] = "unembed" not in params
   if tensors:
-    raise ValueError(f"--file {path!r}: tensors this importer does not know: "
+    raise UserError(f"--file {path!r}: tensors this importer does not know: "
                      f"{sorted(tensors)[:5]} (biases, RoPE frequency tables?)")
   params = _contiguous(params)
 
   tokens = _field(reader, "tokenizer.ggml.tokens", path=path, required=True)
   model = _field(reader, "tokenizer.ggml.model", path=path, required=True)
   if model != "gpt2":
-    raise ValueError(f"--file {path!r}: tokenizer.ggml.model={model!r}; only byte-level BPE "
+    raise UserError(f"--file {path!r}: tokenizer.ggml.model={model!r}; only byte-level BPE "
                      f"('gpt2') tokenizers are supported")
   tok = tk.from_gguf_vocab(tokens, _field(reader, "tokenizer.ggml.merges", [], path=path),
                            _field(reader, "tokenizer.ggml.token_type", None, path=path),
                            _field(reader, "tokenizer.ggml.pre", "default", path=path),
                            f"--file {path!r}")
   if len(tokens) != v:
-    raise ValueError(f"--file {path!r}: {len(tokens)} tokens but the embedding has {v} rows")
+    raise UserError(f"--file {path!r}: {len(tokens)} tokens but the embedding has {v} rows")
 
   def tid(key):
     x = _field(reader, f"tokenizer.ggml.{key}", None, path=path)

@@ -12,27 +12,29 @@ import os
 
 import numpy as np
 
+from mha_jax.errors import UserError
+
 
 def _load_config(folder: str) -> dict:
   path = os.path.join(folder, "config.json")
   if not os.path.isfile(path):
-    raise ValueError(f"--file {folder!r}: no config.json (expected the Hugging Face layout: "
+    raise UserError(f"--file {folder!r}: no config.json (expected the Hugging Face layout: "
                      f"config.json, model.safetensors, tokenizer.json)")
   try:
     with open(path) as f:
       return json.load(f)
   except (OSError, json.JSONDecodeError) as e:
-    raise ValueError(f"--file {folder!r}: config.json cannot be read: {e}") from None
+    raise UserError(f"--file {folder!r}: config.json cannot be read: {e}") from None
 
 
 def load_safetensors(path: str) -> dict[str, np.ndarray]:
   from safetensors.numpy import load_file
   if not os.path.isfile(path):
-    raise ValueError(f"--file {os.path.dirname(path)!r}: no {os.path.basename(path)}")
+    raise UserError(f"--file {os.path.dirname(path)!r}: no {os.path.basename(path)}")
   try:
     return load_file(path)
   except Exception as e:  # noqa: BLE001 - SafetensorError and friends
-    raise ValueError(f"--file {path!r} is not a readable safetensors file (corrupt or "
+    raise UserError(f"--file {path!r} is not a readable safetensors file (corrupt or "
                      f"truncated?): {type(e).__name__}: {e}") from None
 
 
@@ -52,14 +54,14 @@ def read(folder: str):
   cfg = _load_config(folder)
   arch = architecture(cfg)
   if arch not in ("llama", "bert"):
-    raise ValueError(f"--file {folder!r}: config.json says model_type={cfg.get('model_type')!r}"
+    raise UserError(f"--file {folder!r}: config.json says model_type={cfg.get('model_type')!r}"
                      f" / architectures={cfg.get('architectures')}; only llama and bert are "
                      f"supported")
   weights = load_safetensors(os.path.join(folder, "model.safetensors"))
   where = os.path.join(folder, "model.safetensors")
   tok_path = os.path.join(folder, "tokenizer.json")
   if not os.path.isfile(tok_path):
-    raise ValueError(f"--file {folder!r}: no tokenizer.json")
+    raise UserError(f"--file {folder!r}: no tokenizer.json")
   if arch == "llama":
     params, mcfg = _llama(cfg, weights, where)
     tok = tk.from_tokenizer_json(tok_path)
@@ -104,10 +106,10 @@ class _Take:
       if p + name in self.w:
         x = np.asarray(self.w.pop(p + name), np.float32)
         if shape is not None and x.shape != tuple(shape):
-          raise ValueError(f"{self.where}: tensor {p + name!r} has shape {x.shape}, "
+          raise UserError(f"{self.where}: tensor {p + name!r} has shape {x.shape}, "
                            f"expected {tuple(shape)}")
         return np.ascontiguousarray(x)
-    raise ValueError(f"{self.where}: tensor {name!r} is missing")
+    raise UserError(f"{self.where}: tensor {name!r} is missing")
 
 
 def _llama(cfg, weights, where):
@@ -116,11 +118,11 @@ def _llama(cfg, weights, where):
   k = int(cfg.get("head_dim") or d // h)
   f, n = int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])
   if cfg.get("rope_scaling"):
-    raise ValueError(f"{where}: rope_scaling={cfg['rope_scaling']} is not supported")
+    raise UserError(f"{where}: rope_scaling={cfg['rope_scaling']} is not supported")
   if cfg.get("hidden_act", "silu") != "silu":
-    raise ValueError(f"{where}: hidden_act={cfg['hidden_act']!r}; llama needs 'silu'")
+    raise UserError(f"{where}: hidden_act={cfg['hidden_act']!r}; llama needs 'silu'")
   if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-    raise ValueError(f"{where}: attention/MLP biases are not supported")
+    raise UserError(f"{where}: attention/MLP biases are not supported")
   take = _Take(weights, where, ("model.", ""))
   v = int(cfg["vocab_size"])
   layers = {}
@@ -144,7 +146,7 @@ def _llama(cfg, weights, where):
     if not tied:
       params["unembed"] = np.ascontiguousarray(head.T)
   elif not tied:
-    raise ValueError(f"{where}: tie_word_embeddings is false but lm_head.weight is missing")
+    raise UserError(f"{where}: tie_word_embeddings is false but lm_head.weight is missing")
   _no_leftovers(take, where, ignore=("rotary_emb.inv_freq",))
   mcfg = dict(family="llama", d_model=d, num_heads=h, num_kv_heads=h_kv, head_dim=k,
               num_layers=n, d_ff=f, vocab_size=v, norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
@@ -159,10 +161,10 @@ def _bert(cfg, weights, where):
   f, n = int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])
   k = d // h
   if cfg.get("hidden_act", "gelu") != "gelu":
-    raise ValueError(f"{where}: hidden_act={cfg['hidden_act']!r}; only 'gelu' (exact) is "
+    raise UserError(f"{where}: hidden_act={cfg['hidden_act']!r}; only 'gelu' (exact) is "
                      f"supported")
   if cfg.get("position_embedding_type", "absolute") != "absolute":
-    raise ValueError(f"{where}: position_embedding_type="
+    raise UserError(f"{where}: position_embedding_type="
                      f"{cfg['position_embedding_type']!r}; only 'absolute' is supported")
   take = _Take(weights, where, ("", "bert."))
   v, p = int(cfg["vocab_size"]), int(cfg["max_position_embeddings"])
@@ -207,7 +209,7 @@ def _bert(cfg, weights, where):
 def _no_leftovers(take, where, ignore):
   left = [n for n in take.w if not any(i in n for i in ignore)]
   if left:
-    raise ValueError(f"{where}: tensors this importer does not know: {sorted(left)[:5]}")
+    raise UserError(f"{where}: tensors this importer does not know: {sorted(left)[:5]}")
 
 
 def _f32(tree):

@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 
+from mha_jax.errors import UserError
 from mha_jax.pretrained import gguf_llama, hf_folder, registry
 
 TASK_OF_FAMILY = {"llama": "pretrained_lm", "bert": "embedding"}
@@ -28,11 +29,11 @@ def _sha256(path: str) -> str:
 def read_model(name: str | None = None, file: str | None = None):
   """(params, config dict, tokenizers.Tokenizer) of a known model or a file/folder."""
   if (name is None) == (file is None):
-    raise ValueError(f"give a known model name ({sorted(registry.KNOWN)}) or --file PATH, "
+    raise UserError(f"give a known model name ({sorted(registry.KNOWN)}) or --file PATH, "
                      f"not both or neither; got name={name!r}, file={file!r}")
   path = registry.find_model(name) if name else file
   if not os.path.exists(path):
-    raise ValueError(f"--file {path!r}: no such file or folder")
+    raise UserError(f"--file {path!r}: no such file or folder")
   if os.path.isdir(path):
     params, mcfg, tok, tok_cfg, info = hf_folder.read(path)
     digest = _sha256(os.path.join(path, "model.safetensors"))
@@ -40,7 +41,7 @@ def read_model(name: str | None = None, file: str | None = None):
     with open(path, "rb") as f:
       magic = f.read(4)
     if magic != b"GGUF":
-      raise ValueError(f"--file {path!r} is neither a GGUF file (its first bytes are "
+      raise UserError(f"--file {path!r} is neither a GGUF file (its first bytes are "
                        f"{magic!r}, not b'GGUF') nor a Hugging Face folder")
     params, mcfg, tok, tok_cfg, info = gguf_llama.read(path)
     digest = _sha256(path)
@@ -59,7 +60,7 @@ def import_model(workdir: str, name: str | None = None, file: str | None = None)
   """Writes the workdir; refuses one that exists and is not empty. Returns config dict."""
   from mha_jax.train import checkpoint as ckpt_lib
   if os.path.exists(workdir) and (not os.path.isdir(workdir) or os.listdir(workdir)):
-    raise ValueError(f"--workdir {workdir!r} exists and is not empty; import writes a new "
+    raise UserError(f"--workdir {workdir!r} exists and is not empty; import writes a new "
                      f"run and overwrites nothing")
   params, cfg, tok = read_model(name, file)
   parent = os.path.dirname(os.path.abspath(workdir))

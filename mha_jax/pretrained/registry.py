@@ -6,6 +6,8 @@ import dataclasses
 import importlib.util
 import os
 
+from mha_jax.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class Known:
@@ -45,15 +47,15 @@ def package_dir(module: str) -> str | None:
 def find_model(name: str) -> str:
   """Path of a known model's file or folder; ValueError with the pip line when missing."""
   if name not in KNOWN:
-    raise ValueError(f"model {name!r} is not known; known: {sorted(KNOWN)} (or pass "
+    raise UserError(f"model {name!r} is not known; known: {sorted(KNOWN)} (or pass "
                      f"--file PATH)")
   k = KNOWN[name]
   folder = package_dir(k.module)
   if folder is None:
-    raise ValueError(f"model {name!r} needs the package {k.pip_name!r}, which is not "
+    raise UserError(f"model {name!r} needs the package {k.pip_name!r}, which is not "
                      f"installed. Install it with: {k.install}")
   path = os.path.join(folder, k.relpath)
   if not os.path.exists(path):
-    raise ValueError(f"model {name!r}: package {k.pip_name!r} is installed at {folder} but "
+    raise UserError(f"model {name!r}: package {k.pip_name!r} is installed at {folder} but "
                      f"has no {k.relpath!r}; reinstall with: {k.install}")
   return path

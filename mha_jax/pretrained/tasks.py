@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mha_jax.errors import UserError
 from mha_jax.data import text as text_data
 from mha_jax.models import bert, llama
 from mha_jax.pretrained.tokenizer import PretrainedTokenizer
@@ -30,16 +31,16 @@ def _tokenizer(workdir, add_special_tokens: bool):
     return None
   path = os.path.join(workdir, "tokenizer.json")
   if not os.path.isfile(path):
-    raise ValueError(f"--workdir {workdir!r} has no tokenizer.json")
+    raise UserError(f"--workdir {workdir!r} has no tokenizer.json")
   return PretrainedTokenizer.load(path, add_special_tokens)
 
 
 class _NotTrainable:
   def train_batch(self, *args, **kwargs):
-    raise ValueError(f"task {self.cfg.task!r} is an imported model; it is not trained here")
+    raise UserError(f"task {self.cfg.task!r} is an imported model; it is not trained here")
 
   def init_params(self, key):
-    raise ValueError(f"task {self.cfg.task!r} is an imported model: its params come from "
+    raise UserError(f"task {self.cfg.task!r} is an imported model: its params come from "
                      f"its checkpoint, not from init")
 
 
@@ -92,10 +93,10 @@ class PretrainedLMTask(_NotTrainable):
   def stream(self, split: str) -> np.ndarray:
     """The built-in text (Python's bundled docs) in the model's tokens, split 90/5/5."""
     if split not in SPLITS:
-      raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
+      raise UserError(f"split must be one of {SPLITS}; got {split!r}")
     if self._streams is None:
       if self.tokenizer is None:
-        raise ValueError("this task was built without a workdir: no tokenizer")
+        raise UserError("this task was built without a workdir: no tokenizer")
       corpus = text_data.read_corpus(list(self.cfg.data.text_files))
       self._streams = text_data.split_stream(self.tokenizer.encode(corpus))
     return self._streams[split]
@@ -106,7 +107,7 @@ class PretrainedLMTask(_NotTrainable):
     s = self.stream(split)
     n = min(e.windows, (len(s) - 1) // e.seq_len)
     if n < 1:
-      raise ValueError(f"the {split} split has {len(s)} tokens, fewer than eval.seq_len + 1 = "
+      raise UserError(f"the {split} split has {len(s)} tokens, fewer than eval.seq_len + 1 = "
                        f"{e.seq_len + 1}")
     return np.stack([s[i * e.seq_len: i * e.seq_len + e.seq_len + 1] for i in range(n)])
 
@@ -138,13 +139,13 @@ class PretrainedLMTask(_NotTrainable):
                stop_at_eos: bool = True) -> dict:
     """Greedy continuation of `prompt` with the KV cache: {"text", "tokens", "prompt_tokens"}."""
     if self.tokenizer is None:
-      raise ValueError("this task was built without a workdir: no tokenizer")
+      raise UserError("this task was built without a workdir: no tokenizer")
     text = self.chat_prompt(prompt) if chat else prompt
     ids = self.tokenizer.encode(text)
     if self.cfg.tokenizer.add_bos and self.cfg.tokenizer.bos_id >= 0:
       ids = np.concatenate([[self.cfg.tokenizer.bos_id], ids]).astype(np.int32)
     if len(ids) == 0:
-      raise ValueError("--prompt is empty: nothing to continue")
+      raise UserError("--prompt is empty: nothing to continue")
     eos = [int(self.cfg.tokenizer.eos_id)] if stop_at_eos and self.cfg.tokenizer.eos_id >= 0 \
         else []
     new = llama.generate(params, self.spec, ids[None], max_new_tokens,
@@ -176,9 +177,9 @@ class EmbeddingTask(_NotTrainable):
   def batch(self, texts, max_len: int | None = None) -> dict:
     """{"tokens", "mask", "token_types"} (B, T), right-padded with the pad id."""
     if self.tokenizer is None:
-      raise ValueError("this task was built without a workdir: no tokenizer")
+      raise UserError("this task was built without a workdir: no tokenizer")
     if isinstance(texts, str):
-      raise ValueError("texts must be a list of strings; got one string")
+      raise UserError("texts must be a list of strings; got one string")
     ids = self.tokenizer.encode_batch(texts)
     if max_len:
       ids = [i[:max_len] for i in ids]
@@ -203,7 +204,7 @@ class EmbeddingTask(_NotTrainable):
   def eval_batches(self, split: str, batch_size: int):
     """Paragraphs of the built-in text, eval.seq_len tokens at most, right-padded."""
     if split not in SPLITS:
-      raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
+      raise UserError(f"split must be one of {SPLITS}; got {split!r}")
     if self._paragraphs is None:
       corpus = text_data.read_corpus(list(self.cfg.data.text_files))
       paras = [p.strip() for p in corpus.split("\n\n") if len(p.strip()) > 40]
@@ -244,4 +245,4 @@ def build(cfg, workdir: str | None):
     return PretrainedLMTask(cfg, workdir)
   if cfg.task == "embedding":
     return EmbeddingTask(cfg, workdir)
-  raise ValueError(f"task {cfg.task!r} is not an imported-model task")
+  raise UserError(f"task {cfg.task!r} is not an imported-model task")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mha_jax.errors import UserError
+
 # tokenizer.ggml.pre -> digit handling before the byte-level split (llama.cpp's
 # pre-tokenizer families for byte-level BPE).
 _DIGITS_ONE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
@@ -25,7 +27,7 @@ def from_gguf_vocab(tokens, merges, token_types, pre: str, where: str):
   for m in merges:
     a, sep, b = m.partition(" ")
     if not sep:
-      raise ValueError(f"{where}: tokenizer.ggml.merges entry {m!r} is not 'a b'")
+      raise UserError(f"{where}: tokenizer.ggml.merges entry {m!r} is not 'a b'")
     pairs.append((a, b))
   tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
   byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -40,7 +42,7 @@ def from_gguf_vocab(tokens, merges, token_types, pre: str, where: str):
         pre_tokenizers.Split(Regex(_LLAMA3_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
   else:
-    raise ValueError(f"{where}: tokenizer.ggml.pre={pre!r} is not supported; supported: "
+    raise UserError(f"{where}: tokenizer.ggml.pre={pre!r} is not supported; supported: "
                      f"{sorted(_DIGITS_ONE + _PLAIN_GPT2 + ('llama-bpe',))}")
   tok.decoder = decoders.ByteLevel()
   types = list(token_types) if token_types is not None else [1] * len(tokens)
@@ -60,7 +62,7 @@ def from_tokenizer_json(path: str, max_len: int | None = None):
   try:
     tok = Tokenizer.from_file(path)
   except Exception as e:  # noqa: BLE001 - the library raises a plain Exception
-    raise ValueError(f"tokenizer file {path!r} cannot be read: {e}") from None
+    raise UserError(f"tokenizer file {path!r} cannot be read: {e}") from None
   tok.no_padding()
   if max_len:
     tok.enable_truncation(max_length=max_len)

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Callable, Sequence
 
+from mha_jax.errors import UserError
 from mha_jax.analysis import report
 from mha_jax.loader import load
 from mha_jax.pruning import gates as G
@@ -33,18 +34,16 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   total = M.count(M.ones_mask(run.params, stacks))
   for k in counts:
     if not 0 <= k <= total:
-      raise ValueError(f"--counts: {k} is outside 0..{total} heads in {list(stacks)}")
+      raise UserError(f"--counts: {k} is outside 0..{total} heads in {list(stacks)}")
   roles = _roles(run, "test", log)
   is_tr = run.config.task == "translation"
   masks: dict[str, dict[int, dict]] = {"random": methods.random_masks(
       run, stacks=stacks, counts=list(counts), seed=seed)}
   masks["michel"] = methods.michel_masks(run, stacks=stacks, counts=list(counts), log=log)
-  masks["l0"] = {}
-  for k in counts:
-    log(f"l0: training gates for K={k}")
-    la, _, _ = methods.train_gates(run, lam, stacks=stacks, steps=steps, seed=seed, hc=hc,
-                                   log=lambda s: None)
-    masks["l0"][k] = methods.top_k_mask(la, k)
+  log(f"l0: training gates once (lambda {lam}, {steps} steps); top K for each count")
+  la, _, _ = methods.train_gates(run, lam, stacks=stacks, steps=steps, seed=seed, hc=hc,
+                                 log=lambda s: None)
+  masks["l0"] = {k: methods.top_k_mask(la, k) for k in counts}
   rows = []
   for method in ("l0", "michel", "random"):
     for k in sorted(counts, reverse=True):

@@ -19,6 +19,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from mha_jax.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class HardConcrete:
@@ -32,12 +34,12 @@ class HardConcrete:
 
   def validate(self):
     if not 0 < self.beta:
-      raise ValueError(f"beta must be > 0; got {self.beta}")
+      raise UserError(f"beta must be > 0; got {self.beta}")
     if not (self.low < 0 < 1 < self.high):
-      raise ValueError(f"stretch limits must satisfy low < 0 and high > 1; got "
+      raise UserError(f"stretch limits must satisfy low < 0 and high > 1; got "
                        f"({self.low}, {self.high})")
     if self.binarize not in ("nonzero", "threshold"):
-      raise ValueError(f"binarize must be 'nonzero' or 'threshold'; got {self.binarize!r}")
+      raise UserError(f"binarize must be 'nonzero' or 'threshold'; got {self.binarize!r}")
 
 
 def init_log_alpha(counts: dict[str, list[int]], hc: HardConcrete) -> dict:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mha_jax.errors import UserError
 from mha_jax.analysis import importance
 from mha_jax.pruning import gates as G
 from mha_jax.pruning import masks as M
@@ -30,9 +31,9 @@ def train_gates(run, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
   """Trains log_alpha (and the params when finetune) on loss + lam * L0. Returns
   (log_alpha, params, history)."""
   if lam < 0:
-    raise ValueError(f"--l0-lambda must be >= 0; got {lam}")
+    raise UserError(f"--l0-lambda must be >= 0; got {lam}")
   if steps < 1:
-    raise ValueError(f"--steps must be >= 1; got {steps}")
+    raise UserError(f"--steps must be >= 1; got {steps}")
   hc.validate()
   task = run.model
   counts = M.ones_mask(run.params, stacks)
@@ -120,7 +121,7 @@ def michel_masks(run, *, stacks, counts: list[int], keep_one_per_layer: bool = F
                  ) -> dict[int, dict]:
   """Masks at each requested head count, removing the least important heads by I_h
   (re-scored after every removal step)."""
-  mask = start_mask or M.ones_mask(run.params, stacks)
+  mask = _copy(start_mask or M.ones_mask(run.params, stacks))   # never the caller's lists
   out = {}
   for target in sorted(counts, reverse=True):
     while M.count(mask) > target:
@@ -137,11 +138,14 @@ def michel_masks(run, *, stacks, counts: list[int], keep_one_per_layer: bool = F
         break
       n_remove = min(M.count(mask) - target, max(1, int(round(0.1 * _total(mask)))))
       for _, s, i, h in sorted(cands)[:n_remove]:
-        mask[s][i] = mask[s][i].copy()
         mask[s][i][h] = 0.0
       log(f"  michel: {M.count(mask)} heads left")
     out[target] = {s: [m.copy() for m in layers] for s, layers in mask.items()}
   return out
+
+
+def _copy(mask) -> dict:
+  return {s: [np.array(m, np.float32) for m in layers] for s, layers in mask.items()}
 
 
 def _total(mask):
@@ -150,7 +154,7 @@ def _total(mask):
 
 def random_masks(run, *, stacks, counts: list[int], seed: int = 0, start_mask=None
                  ) -> dict[int, dict]:
-  mask = start_mask or M.ones_mask(run.params, stacks)
+  mask = _copy(start_mask or M.ones_mask(run.params, stacks))
   order = [(s, i, h) for s, layers in mask.items() for i, m in enumerate(layers)
            for h in np.flatnonzero(m > 0)]
   np.random.default_rng(seed).shuffle(order)
@@ -158,7 +162,6 @@ def random_masks(run, *, stacks, counts: list[int], seed: int = 0, start_mask=No
   for target in sorted(counts, reverse=True):
     while M.count(mask) > target and order:
       s, i, h = order.pop()
-      mask[s][i] = mask[s][i].copy()
       mask[s][i][h] = 0.0
     out[target] = {s: [m.copy() for m in layers] for s, layers in mask.items()}
   return out

@@ -1,6 +1,6 @@
 """`mha-jax prune` and `mha-jax export-pruned`: pruned workdirs that load like any other.
 
-A pruned workdir holds the source run's config.json, a checkpoint of the masked params
+A pruned workdir holds the source run's config.json and data/, a checkpoint of the masked params
 (pruned heads' W_O rows zeroed, i.e. gate 0) and pruning.json (method, lambda, mask,
 kept heads, gate values, BLEU before and after). `export-pruned` removes the masked
 heads from the weights for real.
@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from mha_jax.errors import UserError
 from mha_jax.loader import load
 from mha_jax.models import common as C
 from mha_jax.pruning import gates as G
@@ -23,9 +24,13 @@ from mha_jax.pruning import methods
 from mha_jax.train import checkpoint as ckpt_lib
 
 
+# The lambda of `prune --method l0 --keep K` without --l0-lambda (prune-curve's default).
+DEFAULT_KEEP_LAMBDA = 0.05
+
+
 def _fresh_dir(path: str, what: str) -> None:
   if os.path.exists(path) and os.listdir(path):
-    raise ValueError(f"{what} {path!r} exists and is not empty; refusing to overwrite it")
+    raise UserError(f"{what} {path!r} exists and is not empty; refusing to overwrite it")
   os.makedirs(path, exist_ok=True)
 
 
@@ -39,6 +44,9 @@ def write_workdir(run, out: str, params, info: dict) -> None:
   _fresh_dir(out, "--out")
   try:
     shutil.copy(os.path.join(run.workdir, "config.json"), os.path.join(out, "config.json"))
+    data = os.path.join(run.workdir, "data")   # the run's vocabulary/tokenizer and stats
+    if os.path.isdir(data):
+      shutil.copytree(data, os.path.join(out, "data"))
     c = ckpt_lib.Checkpoints(out)
     c.save_params(run.step, params, {"step": run.step,
                                      "source": os.path.abspath(run.workdir)})
@@ -54,10 +62,10 @@ def _check(run, stacks, keep, start_mask):
   counts = C.head_counts(run.params)
   for s in stacks:
     if s not in counts:
-      raise ValueError(f"--stacks: {s!r} is not in this model; it has {sorted(counts)}")
+      raise UserError(f"--stacks: {s!r} is not in this model; it has {sorted(counts)}")
   available = M.count(start_mask) if start_mask else sum(sum(counts[s]) for s in stacks)
   if keep is not None and not 0 <= keep <= available:
-    raise ValueError(f"--keep must be between 0 and the {available} heads left in "
+    raise UserError(f"--keep must be between 0 and the {available} heads left in "
                      f"{list(stacks)}; got {keep}")
   return available
 
@@ -73,21 +81,23 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
   `loaded` (the workdir's `mha_jax.load`) and `base` (its test metrics at bleu_limit)
   save a reload and an evaluation when the caller has them already."""
   if method not in ("l0", "michel", "random"):
-    raise ValueError(f"--method must be l0, michel or random; got {method!r}")
+    raise UserError(f"--method must be l0, michel or random; got {method!r}")
   for l in ([lam] if lam is not None else []) + list(lambdas):
     if l < 0:
-      raise ValueError(f"--l0-lambda must be >= 0; got {l}")
+      raise UserError(f"--l0-lambda must be >= 0; got {l}")
   if os.path.exists(out) and os.listdir(out):
-    raise ValueError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
+    raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   run = loaded if loaded is not None else load(workdir)
   start_mask = M.read_mask(workdir)
   if start_mask:
     start_mask = {s: m for s, m in start_mask.items() if s in stacks}
   available = _check(run, stacks, keep, start_mask)
   if method == "l0" and lam is None and not lambdas:
-    raise ValueError("--method l0 needs --l0-lambda X or --lambdas a,b,c")
+    if keep is None:
+      raise UserError("--method l0 needs --l0-lambda X, --lambdas a,b,c or --keep K")
+    lam = DEFAULT_KEEP_LAMBDA    # top K of the gates: lambda only shapes the ranking
   if method != "l0" and keep is None:
-    raise ValueError(f"--method {method} needs --keep K")
+    raise UserError(f"--method {method} needs --keep K")
   base = base if base is not None else _evaluate(run, run.params, bleu_limit)
   log(f"base: {available} heads in {list(stacks)}, test " +
       " ".join(f"{k} {v:.4g}" for k, v in base.items()))
@@ -143,10 +153,10 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
   """Writes `out` with the masked heads of a pruned workdir physically removed."""
   mask = M.read_mask(workdir)
   if mask is None:
-    raise ValueError(f"--workdir {workdir!r} has no pruning.json: prune it first "
+    raise UserError(f"--workdir {workdir!r} has no pruning.json: prune it first "
                      f"(mha-jax prune)")
   if os.path.exists(out) and os.listdir(out):
-    raise ValueError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
+    raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   run = load(workdir)
   pruned = M.export_pruned(run.params, mask)
   batch = next(run.model.eval_batches("test", 16))[0]

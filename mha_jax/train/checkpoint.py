@@ -1,21 +1,75 @@
-"""Orbax checkpoints of a run: params, optimizer state, step, RNG and data position.
+"""Orbax checkpoints of a run: params, optimizer state, and meta (step, seed, data
+position, the starting loss, and a SHA-256 of every array).
 
 Layout of a workdir:
   config.json            the resolved config
-  checkpoints/<step>/    params/, opt_state/, meta/ (step, rng, data position)
+  checkpoints/<step>/    params/, opt_state/, meta/
+  checkpoints.bad/       bad checkpoints a resumed run moved out of its way
   metrics.jsonl, tb/     metrics
+
+Integrity lives here and nowhere else. A checkpoint is *bad* when an item is missing or
+unreadable or an array's SHA-256 differs from the one saved with it. Restoring without a
+step falls back to the newest good checkpoint and reports every bad one it skipped
+(`log`, by default a warning on stderr); nothing is deleted. The training RNG is not
+restored: every step's key is derived from config.seed and the step number.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from typing import Any
+import sys
+from typing import Any, Callable
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from mha_jax.errors import BadCheckpoint, UserError
+
 ITEMS = ("params", "opt_state", "meta")
+
+
+def warn(message: str) -> None:
+  print(f"mha-jax: warning: {message}", file=sys.stderr)
+
+
+def _digest(x) -> str | None:
+  """SHA-256 of an array's dtype, shape and bytes; None for an array split over several
+  processes (no process holds all its bytes: such arrays go unchecked)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    if not x.sharding.is_fully_replicated:
+      return None
+    x = x.addressable_data(0)
+  a = np.ascontiguousarray(np.asarray(x))
+  h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+  h.update(a.tobytes())
+  return h.hexdigest()
+
+
+def checksums(tree) -> dict[str, str]:
+  """{path: SHA-256} of every array in a pytree."""
+  return {jax.tree_util.keystr(p): _digest(x)
+          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _short(e: BaseException) -> str:
+  text = " ".join(str(e).split())
+  return f"{type(e).__name__}: {text[:200]}" + ("..." if len(text) > 200 else "")
+
+
+def step_dirs(workdir: str) -> list[int]:
+  """Steps that have a folder under workdir/checkpoints (good or bad), ascending."""
+  d = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(d):
+    return []
+  return sorted(int(n) for n in os.listdir(d) if n.isdigit())
+
+
+def has_train_state(workdir: str, step: int) -> bool:
+  """Whether checkpoint `step` holds an optimizer state (a pruned or exported model's
+  checkpoint holds params only)."""
+  return os.path.isdir(os.path.join(workdir, "checkpoints", str(step), "opt_state"))
 
 
 class Checkpoints:
@@ -27,8 +81,9 @@ class Checkpoints:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else max_to_keep, create=not read_only,
         enable_async_checkpointing=False, cleanup_tmp_directories=not read_only)
+    self.bad_steps: list[int] = []   # what the last restore without a step skipped
     if read_only and not os.path.isdir(self.directory):
-      raise ValueError(f"workdir {os.path.dirname(self.directory)!r} has no trained "
+      raise UserError(f"workdir {os.path.dirname(self.directory)!r} has no trained "
                        f"checkpoint (no {self.directory})")
     handlers = {"params": ocp.StandardCheckpointHandler(),
                 "opt_state": ocp.StandardCheckpointHandler(),
@@ -42,7 +97,12 @@ class Checkpoints:
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
   def save(self, step: int, params, opt_state, meta: dict[str, Any]) -> None:
+    meta = {**meta, "checksums": {"params": checksums(params),
+                                  "opt_state": checksums(opt_state)}}
     self.manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
         meta=ocp.args.JsonSave(meta)), force=True)
@@ -65,39 +125,127 @@ class Checkpoints:
     params = jax.tree_util.tree_map_with_path(fill, params)
     self.manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
-        meta=ocp.args.JsonSave({**meta, "empty": empty})), force=True)
+        meta=ocp.args.JsonSave({**meta, "empty": empty,
+                                "checksums": {"params": checksums(params)}})), force=True)
     self.manager.wait_until_finished()
 
-  def restore(self, step: int, params_like, opt_state_like):
-    """Restores into the shapes, dtypes and shardings of the given abstract trees, so a
-    checkpoint written on N devices restores on M."""
+  def has_train_state(self, step: int) -> bool:
+    return os.path.isdir(os.path.join(self.step_dir(step), "opt_state"))
+
+  def _verify(self, step: int, restored: dict) -> None:
+    meta = restored.get("meta")
+    if not isinstance(meta, dict):
+      raise BadCheckpoint(f"checkpoint {self.step_dir(step)} has no readable meta item")
+    saved = meta.get("checksums")
+    if saved is None:        # written before checksums existed: nothing to compare
+      return
+    for item in ("params", "opt_state"):
+      if item not in restored or item not in saved:
+        continue
+      got = checksums(restored[item])
+      bad = sorted(k for k in set(got) | set(saved[item]) if got.get(k) != saved[item].get(k)
+                   and got.get(k) is not None and saved[item].get(k) is not None)
+      if bad:
+        raise BadCheckpoint(f"checkpoint {self.step_dir(step)}: checksum mismatch in "
+                            f"{item}{bad[0]}" + (f" and {len(bad) - 1} more arrays"
+                                                if len(bad) > 1 else ""))
+
+  def _restore_checked(self, step: int, make_args: Callable[[int], dict]) -> dict:
+    """One checkpoint restored and verified; BadCheckpoint names it and says why."""
+    args = make_args(step)
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+      restored = {k: restored[k] for k in args}
+    except BadCheckpoint:
+      raise
+    except Exception as e:   # orbax/TensorStore/JSON errors all mean: unreadable
+      raise BadCheckpoint(f"checkpoint {self.step_dir(step)} is unreadable ({_short(e)})"
+                          ) from e
+    self._verify(step, restored)
+    return restored
+
+  def _newest_good(self, step: int | None, make_args, log) -> tuple[dict, int]:
+    """The given step, or else the newest checkpoint that restores and verifies."""
+    if step is not None:
+      return self._restore_checked(step, make_args), step
+    steps = sorted(self.all_steps(), reverse=True)
+    if not steps:
+      raise UserError(f"no checkpoint in {self.directory}")
+    bad = self.bad_steps = []
+    for s in steps:
+      try:
+        restored = self._restore_checked(s, make_args)
+      except BadCheckpoint as e:
+        bad.append(s)
+        log(f"{e}; falling back to an older checkpoint")
+        continue
+      if bad:
+        log(f"using checkpoint {self.step_dir(s)} (step {s}); skipped bad step(s) "
+            f"{bad}, left on disk")
+      return restored, s
+    raise BadCheckpoint(f"every checkpoint in {self.directory} is bad (steps {bad}); "
+                        f"nothing was deleted")
+
+  def restore(self, step: int | None, params_like, opt_state_like, *,
+              log: Callable[[str], None] = warn):
+    """(params, opt_state, meta, step) in the shapes, dtypes and shardings of the given
+    abstract trees, so a checkpoint written on N devices restores on M. step None: the
+    newest good checkpoint."""
     def abstract(tree):
       return jax.tree.map(
           lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-    r = self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract(params_like)),
-        opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
-        meta=ocp.args.JsonRestore()))
-    return r["params"], r["opt_state"], r["meta"]
+    def make_args(s):
+      if not self.has_train_state(s):
+        raise BadCheckpoint(f"checkpoint {self.step_dir(s)} has no optimizer state "
+                            f"(opt_state/)")
+      return dict(params=ocp.args.StandardRestore(abstract(params_like)),
+                  opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
+                  meta=ocp.args.JsonRestore())
+    r, step = self._newest_good(step, make_args, log)
+    return r["params"], r["opt_state"], r["meta"], step
 
-  def restore_params(self, step: int | None = None):
-    """Params as saved (their own shapes: a pruned checkpoint keeps its head counts),
-    on the default device."""
-    step = self.latest_step() if step is None else step
-    if step is None:
-      raise ValueError(f"no checkpoint in {self.directory}")
-    meta = self.manager.item_metadata(step)["params"]
+  def restore_params(self, step: int | None = None, *, log: Callable[[str], None] = warn):
+    """(params, step): params as saved (their own shapes: a pruned checkpoint keeps its
+    head counts), on the default device. step None: the newest good checkpoint."""
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
-                          meta)
-    r = self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+
+    def make_args(s):
+      meta = self.manager.item_metadata(s)["params"]
+      if meta is None:
+        raise BadCheckpoint(f"checkpoint {self.step_dir(s)} has no params item")
+      target = jax.tree.map(
+          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), meta)
+      return dict(params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
+
+    def checked(s):   # item_metadata itself may fail on a damaged checkpoint
+      try:
+        return make_args(s)
+      except BadCheckpoint:
+        raise
+      except Exception as e:
+        raise BadCheckpoint(f"checkpoint {self.step_dir(s)} is unreadable ({_short(e)})"
+                            ) from e
+
+    r, step = self._newest_good(step, checked, log)
     empty = (r["meta"] or {}).get("empty", {})
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: (jax.numpy.zeros(empty[jax.tree_util.keystr(path)][0],
                                          empty[jax.tree_util.keystr(path)][1])
                          if jax.tree_util.keystr(path) in empty else x), r["params"])
     return params, step
+
+  def set_aside(self, steps: list[int]) -> str:
+    """Moves bad checkpoints out of the way of new saves (to checkpoints.bad/), so a
+    resumed run can write those steps again; nothing is deleted. Returns the folder."""
+    dest = self.directory + ".bad"
+    os.makedirs(dest, exist_ok=True)
+    for s in steps:
+      target, n = os.path.join(dest, str(s)), 1
+      while os.path.exists(target):
+        target, n = os.path.join(dest, f"{s}.{n}"), n + 1
+      os.replace(self.step_dir(s), target)
+    self.manager.reload()
+    return dest
 
   def close(self) -> None:
     self.manager.close()

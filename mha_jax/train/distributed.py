@@ -13,6 +13,8 @@ import os
 
 import jax
 
+from mha_jax.errors import UserError
+
 ENV = {"coordinator": "MHA_JAX_COORDINATOR", "num_processes": "MHA_JAX_NUM_PROCESSES",
        "process_id": "MHA_JAX_PROCESS_ID"}
 
@@ -34,23 +36,23 @@ def settings(coordinator: str | None = None, num_processes: int | None = None,
   missing = [n for n, v in given.items() if v is None]
   if missing:
     flags = ", ".join(f"--{n.replace('_', '-')} (or {ENV[n]})" for n in missing)
-    raise ValueError(f"a multi-process run needs --coordinator, --num-processes and "
+    raise UserError(f"a multi-process run needs --coordinator, --num-processes and "
                      f"--process-id; missing {flags}")
   coord = str(given["coordinator"])
   host, _, port = coord.rpartition(":")
   if not host or not port.isdigit() or not 0 < int(port) < 65536:
-    raise ValueError(f"--coordinator must be HOST:PORT; got {coord!r}")
+    raise UserError(f"--coordinator must be HOST:PORT; got {coord!r}")
   out = {"coordinator": coord}
   for name in ("num_processes", "process_id"):
     try:
       out[name] = int(given[name])
     except (TypeError, ValueError):
-      raise ValueError(f"--{name.replace('_', '-')} must be an integer; got "
+      raise UserError(f"--{name.replace('_', '-')} must be an integer; got "
                        f"{given[name]!r}") from None
   if out["num_processes"] < 1:
-    raise ValueError(f"--num-processes must be >= 1; got {out['num_processes']}")
+    raise UserError(f"--num-processes must be >= 1; got {out['num_processes']}")
   if not 0 <= out["process_id"] < out["num_processes"]:
-    raise ValueError(f"--process-id must be in [0, {out['num_processes']}); got "
+    raise UserError(f"--process-id must be in [0, {out['num_processes']}); got "
                      f"{out['process_id']}")
   return out
 

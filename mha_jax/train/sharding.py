@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from mha_jax.errors import UserError
+
 # Param name -> the axis that holds heads (attention) or hidden units (MLP).
 _HEAD_AXIS = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "bq": 0, "bk": 0, "bv": 0, "rel_bias": 0}
 _MLP_AXIS = {"w1": 1, "b1": 0, "w2": 0}
@@ -26,13 +28,13 @@ def make_mesh(data: int = 0, model: int = 1, devices=None) -> Mesh:
   n = len(devices)
   for name, val, low in (("mesh.data", data, 0), ("mesh.model", model, 1)):
     if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < low:
-      raise ValueError(f"{name} must be an integer >= {low}; got {val!r}")
+      raise UserError(f"{name} must be an integer >= {low}; got {val!r}")
   if data == 0:
     if n % model:
-      raise ValueError(f"mesh.model={model} does not divide the {n} devices")
+      raise UserError(f"mesh.model={model} does not divide the {n} devices")
     data = n // model
   if data * model > n:
-    raise ValueError(f"mesh.data x mesh.model = {data} x {model} needs {data * model} "
+    raise UserError(f"mesh.data x mesh.model = {data} x {model} needs {data * model} "
                      f"devices; this process sees {n}")
   return Mesh(np.asarray(devices[:data * model]).reshape(data, model), ("data", "model"))
 

@@ -1,0 +1,15 @@
+"""The project's own error types.
+
+`UserError` is bad input from the user (a flag, a config field, a data file, a workdir):
+the CLI prints its message on one line and exits with status 2. Any other exception is a
+bug and shows its traceback. It is a ValueError, so `except ValueError` still catches it.
+"""
+
+
+class UserError(ValueError):
+  """Bad input; the message names the argument, field or file and the value it got."""
+
+
+class BadCheckpoint(UserError):
+  """A checkpoint that cannot be read back as it was written (missing or garbled item,
+  checksum mismatch)."""
