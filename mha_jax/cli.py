@@ -183,6 +183,29 @@ def _cmd_quickstart(args, extra) -> int:
   return 0
 
 
+def _cmd_import(args) -> int:
+  from mha_jax.pretrained import importer
+  cfg = importer.import_model(args.workdir, name=args.name, file=args.file)
+  m = cfg["model"]
+  print(json.dumps({"workdir": args.workdir, "task": cfg["task"], "family": m["family"],
+                    "layers": m["num_layers"], "heads": m["num_heads"],
+                    "kv_heads": m.get("num_kv_heads", m["num_heads"]),
+                    "d_model": m["d_model"], "source": cfg["source"]["path"]}))
+  return 0
+
+
+def _cmd_generate(args) -> int:
+  from mha_jax.loader import load
+  run = load(args.workdir)
+  if run.config.task != "pretrained_lm":
+    raise ValueError(f"--workdir {args.workdir!r} holds task {run.config.task!r}; generate "
+                     f"needs a language model (pretrained_lm)")
+  out = run.model.generate(run.params, args.prompt, args.max_new_tokens, chat=args.chat)
+  print(json.dumps({"prompt": args.prompt, "chat": args.chat, "continuation": out["text"],
+                    "tokens": out["tokens"]}))
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="mha-jax", description=__doc__, allow_abbrev=False)
   sub = p.add_subparsers(dest="command", required=True)
@@ -285,6 +308,20 @@ def build_parser() -> argparse.ArgumentParser:
   q = sub.add_parser("quickstart", help="train, evaluate and summarize the default model")
   q.add_argument("--workdir", default="workdirs/quickstart")
   q.set_defaults(func=_cmd_quickstart, extra=True)
+
+  im = sub.add_parser("import", help="a pretrained model as a new workdir (offline)")
+  im.add_argument("name", nargs="?", default=None, help="smollm2-135m or minilm-l6")
+  im.add_argument("--file", default=None,
+                  help="a llama GGUF file, or a folder with config.json + model.safetensors")
+  im.add_argument("--workdir", required=True)
+  im.set_defaults(func=_cmd_import)
+
+  g = sub.add_parser("generate", help="greedy continuation with the KV cache (imported LMs)")
+  g.add_argument("--workdir", required=True)
+  g.add_argument("--prompt", required=True)
+  g.add_argument("--max-new-tokens", type=int, default=16)
+  g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+  g.set_defaults(func=_cmd_generate)
 
   b = sub.add_parser("bench", help="benchmarks")
   bsub = b.add_subparsers(dest="bench", required=True)

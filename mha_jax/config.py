@@ -199,6 +199,8 @@ def incompatible_fields(saved: dict, new: dict) -> list[str]:
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
   """Checks values the code relies on; errors name the field."""
+  if cfg.task in PRETRAINED_TASKS:
+    return validate_pretrained(cfg)
   m, t = cfg.model, cfg.train
   for key in ("d_model", "num_heads"):
     if m[key] < 1:
@@ -233,6 +235,24 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       raise ValueError(f"train.{key} must be >= 1; got {t[key]}")
   if cfg.task not in ("translation", "lm"):
     raise ValueError(f"task must be 'translation' or 'lm'; got {cfg.task!r}")
+
+
+# Tasks of imported models (mha-jax import): no training fields.
+PRETRAINED_TASKS = ("pretrained_lm", "embedding")
+
+
+def validate_pretrained(cfg: ml_collections.ConfigDict) -> None:
+  """Checks an imported model's config (written by mha_jax.pretrained)."""
+  m = cfg.model
+  for key in ("d_model", "num_heads", "head_dim", "num_layers", "d_ff", "vocab_size"):
+    if m[key] < 1:
+      raise ValueError(f"model.{key} must be >= 1; got {m[key]}")
+  if cfg.task == "pretrained_lm" and m.num_heads % m.num_kv_heads:
+    raise ValueError(f"model.num_kv_heads={m.num_kv_heads} must divide "
+                     f"model.num_heads={m.num_heads}")
+  for key in ("batch_size", "seq_len", "windows"):
+    if cfg.eval[key] < 1:
+      raise ValueError(f"eval.{key} must be >= 1; got {cfg.eval[key]}")
 
 
 def train_defaults(**overrides) -> ml_collections.ConfigDict:

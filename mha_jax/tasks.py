@@ -342,4 +342,7 @@ def build(cfg, workdir: str | None = None):
     return TranslationTask(cfg, workdir)
   if cfg.task == "lm":
     return LMTask(cfg, workdir)
+  if cfg.task in ("pretrained_lm", "embedding"):      # imported models (mha-jax import)
+    from mha_jax.pretrained import tasks as pretrained_tasks
+    return pretrained_tasks.build(cfg, workdir)
   raise ValueError(f"task must be 'translation' or 'lm'; got {cfg.task!r}")

@@ -1,0 +1,84 @@
+"""`mha-jax import`: a known model (found in its pip package) or a file -> an ordinary
+workdir: config.json, an orbax checkpoint (step 0, float32 params), tokenizer.json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+
+from mha_jax.pretrained import gguf_llama, hf_folder, registry
+
+TASK_OF_FAMILY = {"llama": "pretrained_lm", "bert": "embedding"}
+# Evaluation defaults written into config.json (eval = perplexity on the built-in text).
+EVAL_DEFAULTS = {"pretrained_lm": dict(batch_size=4, seq_len=256, windows=16),
+                 "embedding": dict(batch_size=16, seq_len=128, windows=64)}
+
+
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 22), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def read_model(name: str | None = None, file: str | None = None):
+  """(params, config dict, tokenizers.Tokenizer) of a known model or a file/folder."""
+  if (name is None) == (file is None):
+    raise ValueError(f"give a known model name ({sorted(registry.KNOWN)}) or --file PATH, "
+                     f"not both or neither; got name={name!r}, file={file!r}")
+  path = registry.find_model(name) if name else file
+  if not os.path.exists(path):
+    raise ValueError(f"--file {path!r}: no such file or folder")
+  if os.path.isdir(path):
+    params, mcfg, tok, tok_cfg, info = hf_folder.read(path)
+    digest = _sha256(os.path.join(path, "model.safetensors"))
+  else:
+    with open(path, "rb") as f:
+      magic = f.read(4)
+    if magic != b"GGUF":
+      raise ValueError(f"--file {path!r} is neither a GGUF file (its first bytes are "
+                       f"{magic!r}, not b'GGUF') nor a Hugging Face folder")
+    params, mcfg, tok, tok_cfg, info = gguf_llama.read(path)
+    digest = _sha256(path)
+  task = TASK_OF_FAMILY[mcfg["family"]]
+  cfg = {"task": task, "model": {**mcfg, "impl": "auto"}, "tokenizer": tok_cfg,
+         "source": {"name": name or "", "path": os.path.abspath(path), "sha256": digest,
+                    **info},
+         "data": {"kind": "text", "text_files": []},
+         "eval": dict(EVAL_DEFAULTS[task])}
+  from mha_jax import config as mc
+  mc.validate(mc.from_dict(cfg))
+  return params, cfg, tok
+
+
+def import_model(workdir: str, name: str | None = None, file: str | None = None) -> dict:
+  """Writes the workdir; refuses one that exists and is not empty. Returns config dict."""
+  from mha_jax.train import checkpoint as ckpt_lib
+  if os.path.exists(workdir) and (not os.path.isdir(workdir) or os.listdir(workdir)):
+    raise ValueError(f"--workdir {workdir!r} exists and is not empty; import writes a new "
+                     f"run and overwrites nothing")
+  params, cfg, tok = read_model(name, file)
+  parent = os.path.dirname(os.path.abspath(workdir))
+  os.makedirs(parent, exist_ok=True)
+  # Written next to the target and renamed at the end: a failed import leaves nothing.
+  tmp = tempfile.mkdtemp(prefix=".import-", dir=parent)
+  try:
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(cfg, f, indent=1)
+    tok.save(os.path.join(tmp, "tokenizer.json"))
+    ckpts = ckpt_lib.Checkpoints(tmp, max_to_keep=1)
+    try:
+      ckpts.save_params(0, params, {"imported_from": cfg["source"]["path"]})
+    finally:
+      ckpts.close()
+    if os.path.isdir(workdir):
+      os.rmdir(workdir)              # empty (checked above)
+    os.rename(tmp, workdir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return cfg

@@ -1,0 +1,242 @@
+"""Tasks of imported models, what `mha_jax.load(workdir)` hands to every study.
+
+`pretrained_lm` (LLaMA family): `apply(params, {"tokens": ids_BT})` returns next-token
+  logits for ids[:, :-1] (B, T-1, V), exactly like runs trained here (the last token is
+  only a target); `logits(params, ids_BT)` gives all T positions; `generate` decodes
+  greedily with the KV cache; `evaluate` is perplexity on the built-in text (Python's
+  bundled docs), tokenized with the model's own tokenizer.
+`embedding` (BERT): `apply(params, {"tokens", "mask", "token_types"})` returns the last
+  hidden states (B, T, D); `embed(params, texts)` the mean-pooled sentence embeddings.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mha_jax.data import text as text_data
+from mha_jax.models import bert, llama
+from mha_jax.pretrained.tokenizer import PretrainedTokenizer
+
+SPLITS = ("train", "valid", "test")
+
+
+def _tokenizer(workdir, add_special_tokens: bool):
+  if not workdir:
+    return None
+  path = os.path.join(workdir, "tokenizer.json")
+  if not os.path.isfile(path):
+    raise ValueError(f"--workdir {workdir!r} has no tokenizer.json")
+  return PretrainedTokenizer.load(path, add_special_tokens)
+
+
+class _NotTrainable:
+  def train_batch(self, *args, **kwargs):
+    raise ValueError(f"task {self.cfg.task!r} is an imported model; it is not trained here")
+
+  def init_params(self, key):
+    raise ValueError(f"task {self.cfg.task!r} is an imported model: its params come from "
+                     f"its checkpoint, not from init")
+
+
+class PretrainedLMTask(_NotTrainable):
+  """A LLaMA-family LM imported from GGUF or safetensors."""
+
+  def __init__(self, cfg, workdir: str | None):
+    self.cfg = cfg
+    m = cfg.model
+    self.spec = llama.LlamaSpec(norm_eps=m.norm_eps, rope_base=m.rope_base, impl=m.impl)
+    self.tokenizer = _tokenizer(workdir, add_special_tokens=False)
+    self.vocab_size = m.vocab_size
+    self._streams = None
+
+  # ---------------------------------------------------------------- model
+  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+    """Logits (B, T-1, V) predicting tokens[:, 1:] (like the LM task of runs trained here).
+    batch["mask"] (B, T), if given, is True for real tokens (padding masked as keys)."""
+    del key
+    mask = batch.get("mask")
+    return llama.apply(params, self.spec, batch["tokens"][:, :-1],
+                       mask_BT=None if mask is None else mask[:, :-1], gates=gates,
+                       capture=capture)
+
+  def logits(self, params, tokens_BT, mask_BT=None, gates=None):
+    """Logits (B, T, V) for every position (the next token after each)."""
+    return llama.apply(params, self.spec, jnp.asarray(tokens_BT), mask_BT=mask_BT, gates=gates)
+
+  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+           example_weight=None):
+    del label_smoothing
+    logits = self.apply(params, batch, gates=gates, key=key).astype(jnp.float32)
+    targets = batch["tokens"][:, 1:]
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    w = jnp.ones_like(nll)
+    if "mask" in batch:
+      w = w * batch["mask"][:, 1:].astype(w.dtype)
+    if example_weight is not None:
+      w = w * example_weight[:, None]
+    metrics = {"loss": (nll * w).sum(), "accuracy": ((logits.argmax(-1) == targets) * w).sum(),
+               "tokens": w.sum()}
+    return (nll * w).sum() / jnp.maximum(w.sum(), 1.0), metrics
+
+  # ---------------------------------------------------------------- data
+  def stream(self, split: str) -> np.ndarray:
+    """The built-in text (Python's bundled docs) in the model's tokens, split 90/5/5."""
+    if split not in SPLITS:
+      raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
+    if self._streams is None:
+      if self.tokenizer is None:
+        raise ValueError("this task was built without a workdir: no tokenizer")
+      corpus = text_data.read_corpus(list(self.cfg.data.text_files))
+      self._streams = text_data.split_stream(self.tokenizer.encode(corpus))
+    return self._streams[split]
+
+  def windows(self, split: str) -> np.ndarray:
+    """(N, seq_len + 1) consecutive windows; the N * seq_len targets do not overlap."""
+    e = self.cfg.eval
+    s = self.stream(split)
+    n = min(e.windows, (len(s) - 1) // e.seq_len)
+    if n < 1:
+      raise ValueError(f"the {split} split has {len(s)} tokens, fewer than eval.seq_len + 1 = "
+                       f"{e.seq_len + 1}")
+    return np.stack([s[i * e.seq_len: i * e.seq_len + e.seq_len + 1] for i in range(n)])
+
+  def eval_batches(self, split: str, batch_size: int):
+    w = self.windows(split)
+    for start in range(0, len(w), batch_size):
+      idx = np.arange(start, start + batch_size)
+      weight = (idx < len(w)).astype(np.float32)
+      yield {"tokens": w[np.minimum(idx, len(w) - 1)]}, weight
+
+  def evaluate(self, params, split: str = "test", *, bleu: bool = False, gates=None,
+               bleu_limit: int | None = None) -> dict:
+    """Loss, accuracy and perplexity on eval.windows windows of eval.seq_len + 1 tokens."""
+    del bleu, bleu_limit
+    from mha_jax.tasks import _sum_metrics
+    t = _sum_metrics(self, params, split, self.cfg.eval.batch_size, gates)
+    loss = t["loss"] / t["tokens"]
+    return {"loss": loss, "accuracy": t["accuracy"] / t["tokens"],
+            "perplexity": float(np.exp(loss)), "tokens": int(t["tokens"]),
+            "windows": len(self.windows(split)), "seq_len": int(self.cfg.eval.seq_len)}
+
+  # ---------------------------------------------------------------- generation
+  def chat_prompt(self, user: str) -> str:
+    """The ChatML turn SmolLM2-Instruct was tuned on (its GGUF chat template, no system
+    turn), ending where the assistant's reply starts."""
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+  def generate(self, params, prompt: str, max_new_tokens: int = 16, *, chat: bool = False,
+               stop_at_eos: bool = True) -> dict:
+    """Greedy continuation of `prompt` with the KV cache: {"text", "tokens", "prompt_tokens"}."""
+    if self.tokenizer is None:
+      raise ValueError("this task was built without a workdir: no tokenizer")
+    text = self.chat_prompt(prompt) if chat else prompt
+    ids = self.tokenizer.encode(text)
+    if self.cfg.tokenizer.add_bos and self.cfg.tokenizer.bos_id >= 0:
+      ids = np.concatenate([[self.cfg.tokenizer.bos_id], ids]).astype(np.int32)
+    if len(ids) == 0:
+      raise ValueError("--prompt is empty: nothing to continue")
+    eos = [int(self.cfg.tokenizer.eos_id)] if stop_at_eos and self.cfg.tokenizer.eos_id >= 0 \
+        else []
+    new = llama.generate(params, self.spec, ids[None], max_new_tokens,
+                         eos_id=eos[0] if eos else None)[0]
+    keep = list(new)
+    if eos and eos[0] in keep:
+      keep = keep[:keep.index(eos[0])]
+    return {"text": self.tokenizer.decode(keep, skip_special_tokens=True),
+            "tokens": [int(i) for i in new], "prompt_tokens": [int(i) for i in ids]}
+
+
+class EmbeddingTask(_NotTrainable):
+  """A BERT encoder imported from safetensors (sentence embeddings by mean pooling)."""
+
+  def __init__(self, cfg, workdir: str | None):
+    self.cfg = cfg
+    self.spec = bert.BertSpec(norm_eps=cfg.model.norm_eps, impl=cfg.model.impl)
+    self.tokenizer = _tokenizer(workdir, add_special_tokens=True)
+    self.vocab_size = cfg.model.vocab_size
+    self._paragraphs = None
+
+  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+    """Last hidden states (B, T, D) of batch["tokens"]; batch["mask"] (True = real token)
+    and batch["token_types"] are optional."""
+    del key
+    return bert.apply(params, self.spec, batch["tokens"], mask_BT=batch.get("mask"),
+                      token_types_BT=batch.get("token_types"), gates=gates, capture=capture)
+
+  def batch(self, texts, max_len: int | None = None) -> dict:
+    """{"tokens", "mask", "token_types"} (B, T), right-padded with the pad id."""
+    if self.tokenizer is None:
+      raise ValueError("this task was built without a workdir: no tokenizer")
+    if isinstance(texts, str):
+      raise ValueError("texts must be a list of strings; got one string")
+    ids = self.tokenizer.encode_batch(texts)
+    if max_len:
+      ids = [i[:max_len] for i in ids]
+    t = max(len(i) for i in ids)
+    tokens = np.full((len(ids), t), self.cfg.tokenizer.pad_id, np.int32)
+    mask = np.zeros((len(ids), t), bool)
+    for r, i in enumerate(ids):
+      tokens[r, :len(i)] = i
+      mask[r, :len(i)] = True
+    return {"tokens": tokens, "mask": mask, "token_types": np.zeros_like(tokens)}
+
+  def embed(self, params, texts, *, normalize: bool | None = None, gates=None) -> np.ndarray:
+    """Sentence embeddings (N, D): mask-aware mean of the last hidden states, L2-normalised
+    when the model's sentence-transformers pipeline does (default) or normalize=True."""
+    from mha_jax.tasks import jitted
+    b = self.batch(texts)
+    norm = self.cfg.tokenizer.get("normalize", False) if normalize is None else normalize
+    fn = jitted(self, f"embed_{bool(norm)}", lambda p, bt, g: bert.mean_pool(
+        self.apply(p, bt, gates=g), bt["mask"], normalize=bool(norm)))
+    return np.asarray(fn(params, jax.tree.map(jnp.asarray, b), gates))
+
+  def eval_batches(self, split: str, batch_size: int):
+    """Paragraphs of the built-in text, eval.seq_len tokens at most, right-padded."""
+    if split not in SPLITS:
+      raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
+    if self._paragraphs is None:
+      corpus = text_data.read_corpus(list(self.cfg.data.text_files))
+      paras = [p.strip() for p in corpus.split("\n\n") if len(p.strip()) > 40]
+      n = len(paras)
+      cut = {"train": (0, int(0.9 * n)), "valid": (int(0.9 * n), int(0.95 * n)),
+             "test": (int(0.95 * n), n)}
+      self._paragraphs = {s: paras[a:b] for s, (a, b) in cut.items()}
+    paras = self._paragraphs[split][: self.cfg.eval.windows]
+    for start in range(0, len(paras), batch_size):
+      chunk = paras[start:start + batch_size]
+      weight = np.zeros(batch_size, np.float32)
+      weight[:len(chunk)] = 1.0
+      chunk = chunk + [chunk[-1]] * (batch_size - len(chunk))
+      b = self.batch(chunk, self.cfg.eval.seq_len)
+      yield b, weight
+
+  def evaluate(self, params, split: str = "test", *, bleu: bool = False, gates=None,
+               bleu_limit: int | None = None) -> dict:
+    """No loss for an encoder without a head: reports the embeddings' spread instead
+    (mean cosine similarity between different paragraphs of the split)."""
+    del bleu, bleu_limit
+    from mha_jax.tasks import jitted
+    fn = jitted(self, "embed_True", lambda p, bt, g: bert.mean_pool(
+        self.apply(p, bt, gates=g), bt["mask"], normalize=True))
+    embs = []
+    for b, w in self.eval_batches(split, self.cfg.eval.batch_size):
+      e = np.asarray(fn(params, jax.tree.map(jnp.asarray, b), gates))
+      embs.append(e[w > 0])
+    e = np.concatenate(embs)
+    sim = e @ e.T
+    n = len(e)
+    off = (sim.sum() - np.trace(sim)) / max(n * (n - 1), 1)
+    return {"paragraphs": n, "mean_cosine_between_paragraphs": float(off)}
+
+
+def build(cfg, workdir: str | None):
+  if cfg.task == "pretrained_lm":
+    return PretrainedLMTask(cfg, workdir)
+  if cfg.task == "embedding":
+    return EmbeddingTask(cfg, workdir)
+  raise ValueError(f"task {cfg.task!r} is not an imported-model task")

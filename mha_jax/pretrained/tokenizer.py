@@ -1,0 +1,97 @@
+"""Tokenizers built with `tokenizers`: from a GGUF file's vocabulary and merges, or from an
+HF tokenizer.json. Either way the workdir holds one tokenizer.json."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# tokenizer.ggml.pre -> digit handling before the byte-level split (llama.cpp's
+# pre-tokenizer families for byte-level BPE).
+_DIGITS_ONE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
+               "minerva")
+_PLAIN_GPT2 = ("gpt2", "default", "mpt", "olmo", "jais", "gpt-2")
+# LLaMA 3 / tiktoken-style split (numbers in groups of up to three).
+_LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?"
+                   r"[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GGUF token types
+CONTROL, USER_DEFINED = 3, 4
+
+
+def from_gguf_vocab(tokens, merges, token_types, pre: str, where: str):
+  """A byte-level BPE `tokenizers.Tokenizer` from GGUF metadata (tokenizer.ggml.*)."""
+  from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+  vocab = {t: i for i, t in enumerate(tokens)}
+  pairs = []
+  for m in merges:
+    a, sep, b = m.partition(" ")
+    if not sep:
+      raise ValueError(f"{where}: tokenizer.ggml.merges entry {m!r} is not 'a b'")
+    pairs.append((a, b))
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  if pre in _DIGITS_ONE:
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), byte_level])
+  elif pre in _PLAIN_GPT2:
+    tok.pre_tokenizer = byte_level
+  elif pre in ("llama-bpe", "llama3"):
+    from tokenizers import Regex
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_LLAMA3_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  else:
+    raise ValueError(f"{where}: tokenizer.ggml.pre={pre!r} is not supported; supported: "
+                     f"{sorted(_DIGITS_ONE + _PLAIN_GPT2 + ('llama-bpe',))}")
+  tok.decoder = decoders.ByteLevel()
+  types = list(token_types) if token_types is not None else [1] * len(tokens)
+  special = [AddedToken(t, special=True, normalized=False)
+             for t, ty in zip(tokens, types) if ty == CONTROL]
+  user = [AddedToken(t, special=False, normalized=False)
+          for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+  tok.add_special_tokens(special)
+  if user:
+    tok.add_tokens(user)
+  return tok
+
+
+def from_tokenizer_json(path: str, max_len: int | None = None):
+  """An HF tokenizer.json, without its fixed padding; truncation at max_len if given."""
+  from tokenizers import Tokenizer
+  try:
+    tok = Tokenizer.from_file(path)
+  except Exception as e:  # noqa: BLE001 - the library raises a plain Exception
+    raise ValueError(f"tokenizer file {path!r} cannot be read: {e}") from None
+  tok.no_padding()
+  if max_len:
+    tok.enable_truncation(max_length=max_len)
+  return tok
+
+
+class PretrainedTokenizer:
+  """ids = encode(text) (np.int32), text = decode(ids); wraps the workdir's tokenizer.json."""
+
+  def __init__(self, tok, add_special_tokens: bool):
+    self.tok = tok
+    self.add_special_tokens = add_special_tokens
+
+  @classmethod
+  def load(cls, path: str, add_special_tokens: bool) -> "PretrainedTokenizer":
+    return cls(from_tokenizer_json(path), add_special_tokens)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.tok.get_vocab_size()
+
+  def encode(self, text: str) -> np.ndarray:
+    return np.asarray(self.tok.encode(text, add_special_tokens=self.add_special_tokens).ids,
+                      np.int32)
+
+  def encode_batch(self, texts) -> list[np.ndarray]:
+    return [np.asarray(e.ids, np.int32) for e in
+            self.tok.encode_batch(list(texts), add_special_tokens=self.add_special_tokens)]
+
+  def decode(self, ids, skip_special_tokens: bool = False) -> str:
+    return self.tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+  def token_id(self, token: str) -> int | None:
+    return self.tok.token_to_id(token)

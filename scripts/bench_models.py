@@ -1,0 +1,205 @@
+"""Speed of a real model: SmolLM2-135M forward and greedy generation, mha-jax vs transformers.
+
+    python scripts/bench_models.py [--workdir DIR] [--out results/bench_models.json]
+
+Forward: tokens/s of one full forward (B x T tokens). Generation: a prompt of T tokens,
+then N new tokens greedily with the KV cache; decode tokens/s = B * N / (time to generate
+- time of the prompt's forward), prefill measured separately. The same numbers for the
+same float32 weights run by `transformers`' LlamaForCausalLM (torch, CPU) when that is
+installed (an optional extra, never a dependency). Medians over --rounds after a warm-up
+(compilation excluded). float32 everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _median_time(fn, rounds: int) -> float:
+  fn()                                   # warm-up (compiles)
+  times = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def bench_mha_jax(run, shapes, new_tokens, rounds):
+  import jax
+  from mha_jax.models import llama
+  model, params = run.model, run.params
+  fwd = jax.jit(lambda p, t: llama.apply(p, model.spec, t))
+  rng = np.random.default_rng(0)
+  rows = []
+  for b, t in shapes:
+    tokens = jax.numpy.asarray(rng.integers(100, 40000, (b, t)), jax.numpy.int32)
+    t_fwd = _median_time(lambda: fwd(params, tokens).block_until_ready(), rounds)
+    t_gen = _median_time(lambda: llama.generate(params, model.spec, tokens, new_tokens),
+                         max(1, rounds // 2))
+    rows.append(dict(impl="mha-jax", batch=b, seq_len=t, forward_s=t_fwd,
+                     forward_tok_s=b * t / t_fwd, generate_s=t_gen,
+                     decode_tok_s=b * new_tokens / max(t_gen - t_fwd, 1e-9)))
+    print(_fmt(rows[-1]), flush=True)
+  return rows
+
+
+def to_transformers(run):
+  """transformers' LlamaForCausalLM holding the same float32 weights (HF layout)."""
+  import torch
+  from transformers import LlamaConfig, LlamaForCausalLM
+  m, p = run.config.model, run.params
+  cfg = LlamaConfig(vocab_size=m.vocab_size, hidden_size=m.d_model,
+                    intermediate_size=m.d_ff, num_hidden_layers=m.num_layers,
+                    num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
+                    head_dim=m.head_dim, rms_norm_eps=m.norm_eps, rope_theta=m.rope_base,
+                    max_position_embeddings=m.max_len, tie_word_embeddings=m.tie_embeddings,
+                    torch_dtype="float32")
+  model = LlamaForCausalLM(cfg).eval()
+  d = m.d_model
+
+  def t(x):
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(x, np.float32)))
+
+  sd = {"model.embed_tokens.weight": t(p["embed"]),
+        "model.norm.weight": t(p["lm"]["ln_final"]["scale"])}
+  for i in range(m.num_layers):
+    L, pre = p["lm"][f"layer_{i}"], f"model.layers.{i}."
+    a = L["attn"]
+    sd.update({
+        pre + "input_layernorm.weight": t(L["ln1"]["scale"]),
+        pre + "post_attention_layernorm.weight": t(L["ln2"]["scale"]),
+        pre + "self_attn.q_proj.weight": t(np.asarray(a["wq"]).reshape(d, -1).T),
+        pre + "self_attn.k_proj.weight": t(np.asarray(a["wk"]).reshape(d, -1).T),
+        pre + "self_attn.v_proj.weight": t(np.asarray(a["wv"]).reshape(d, -1).T),
+        pre + "self_attn.o_proj.weight": t(np.asarray(a["wo"]).reshape(-1, d).T),
+        pre + "mlp.gate_proj.weight": t(np.asarray(L["mlp"]["w_gate"]).T),
+        pre + "mlp.up_proj.weight": t(np.asarray(L["mlp"]["w_up"]).T),
+        pre + "mlp.down_proj.weight": t(np.asarray(L["mlp"]["w_down"]).T)})
+  if "unembed" in p:
+    sd["lm_head.weight"] = t(np.asarray(p["unembed"]).T)
+  missing, unexpected = model.load_state_dict(sd, strict=False)
+  if unexpected or [k for k in missing if k != "lm_head.weight"]:
+    raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+  if m.tie_embeddings:
+    model.tie_weights()
+  return model
+
+
+def bench_transformers(run, shapes, new_tokens, rounds, threads):
+  import torch
+  torch.set_num_threads(threads)
+  model = to_transformers(run)
+  rng = np.random.default_rng(0)
+  rows = []
+  for b, t in shapes:
+    tokens = torch.from_numpy(rng.integers(100, 40000, (b, t)))
+    with torch.inference_mode():
+      t_fwd = _median_time(lambda: model(tokens, use_cache=False).logits, rounds)
+      t_gen = _median_time(lambda: model.generate(
+          tokens, attention_mask=torch.ones_like(tokens), max_new_tokens=new_tokens,
+          min_new_tokens=new_tokens, do_sample=False, pad_token_id=2), max(1, rounds // 2))
+    rows.append(dict(impl="transformers", batch=b, seq_len=t, forward_s=t_fwd,
+                     forward_tok_s=b * t / t_fwd, generate_s=t_gen,
+                     decode_tok_s=b * new_tokens / max(t_gen - t_fwd, 1e-9)))
+    print(_fmt(rows[-1]), flush=True)
+  return rows, model
+
+
+def logit_agreement(run, hf_model, text="The capital of France is Paris, and"):
+  """max |mha-jax - transformers| / max |transformers| of the logits on one prompt."""
+  import torch
+  ids = run.model.tokenizer.encode(text)
+  ours = np.asarray(run.model.logits(run.params, ids[None]))[0]
+  with torch.inference_mode():
+    theirs = hf_model(torch.from_numpy(ids[None].astype(np.int64))).logits[0].numpy()
+  return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+
+
+def _fmt(r):
+  return (f"{r['impl']:>12}  B={r['batch']:<2} T={r['seq_len']:<4}  forward "
+          f"{r['forward_tok_s']:9.0f} tok/s  decode {r['decode_tok_s']:7.1f} tok/s")
+
+
+def table(rows) -> str:
+  by = {(r["batch"], r["seq_len"], r["impl"]): r for r in rows}
+  out = ["| B | T | forward tok/s mha-jax | transformers | ratio | decode tok/s mha-jax | "
+         "transformers | ratio |", "|---|---|---|---|---|---|---|---|"]
+  for b, t in sorted({(r["batch"], r["seq_len"]) for r in rows}):
+    ours, hf = by.get((b, t, "mha-jax")), by.get((b, t, "transformers"))
+    cells = [str(b), str(t)]
+    for key in ("forward_tok_s", "decode_tok_s"):
+      cells.append(f"{ours[key]:.0f}" if ours else "-")
+      cells.append(f"{hf[key]:.0f}" if hf else "-")
+      cells.append(f"{ours[key] / hf[key]:.2f}x" if ours and hf else "-")
+    out.append("| " + " | ".join(cells) + " |")
+  return "\n".join(out)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__)
+  p.add_argument("--workdir", default=None, help="an imported smollm2-135m (default: import "
+                 "into a temporary folder)")
+  p.add_argument("--batches", default="1,8")
+  p.add_argument("--seq-lens", default="128,512")
+  p.add_argument("--new-tokens", type=int, default=32)
+  p.add_argument("--rounds", type=int, default=3)
+  p.add_argument("--no-transformers", action="store_true")
+  p.add_argument("--out", default="results/bench_models.json")
+  args = p.parse_args(argv)
+  import jax
+  import mha_jax
+  from mha_jax.pretrained import importer
+  shapes = [(int(b), int(t)) for b in args.batches.split(",") for t in args.seq_lens.split(",")]
+  tmp = None
+  workdir = args.workdir
+  if workdir is None:
+    tmp = tempfile.TemporaryDirectory()
+    workdir = os.path.join(tmp.name, "smollm2")
+    importer.import_model(workdir, name="smollm2-135m")
+  run = mha_jax.load(workdir)
+  rows = bench_mha_jax(run, shapes, args.new_tokens, args.rounds)
+  extra = {}
+  if not args.no_transformers:
+    try:
+      import torch  # noqa: F401
+      import transformers
+    except ImportError:
+      print("transformers/torch not installed: mha-jax only")
+    else:
+      hf_rows, hf_model = bench_transformers(run, shapes, args.new_tokens, args.rounds,
+                                             os.cpu_count())
+      rows += hf_rows
+      extra = {"transformers": transformers.__version__, "torch": torch.__version__,
+               "torch_threads": torch.get_num_threads(),
+               "logits_rel_err_vs_transformers": logit_agreement(run, hf_model)}
+  result = {"model": "smollm2-135m (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized to f32)",
+            "new_tokens": args.new_tokens, "rounds": args.rounds, "rows": rows,
+            "jax": jax.__version__, "backend": jax.default_backend(),
+            "cpu_count": os.cpu_count(), "machine": platform.machine(), **extra}
+  print()
+  print(table(rows))
+  if "logits_rel_err_vs_transformers" in extra:
+    print(f"\nlogits vs transformers: max relative difference "
+          f"{extra['logits_rel_err_vs_transformers']:.2e}")
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"wrote {args.out}")
+  if tmp:
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+  main()
