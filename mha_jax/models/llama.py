@@ -84,6 +84,35 @@ def positions_from_mask(mask_BT):
   return jnp.maximum(jnp.cumsum(mask_BT.astype(jnp.int32), axis=1) - 1, 0)
 
 
+def _embed(params, tokens_BT):
+  return params["embed"][tokens_BT]
+
+
+def _block(p, x, spec: LlamaSpec, *, gate=None, key_mask=None, positions_BT=None,
+           cache=None, capture=False):
+  """One decoder layer. Returns (x, extra): extra is the new KV cache with `cache`, the
+  AttentionOutput with capture=True, else None."""
+  h = rms_norm(p["ln1"], x, spec.norm_eps)
+  kw = dict(causal=True, mask=key_mask, head_gates=gate, rope=spec.rope)
+  if positions_BT is not None:
+    kw["positions"] = positions_BT
+  extra = None
+  if cache is not None:
+    a, extra = attention.multi_head_attention(p["attn"], h, cache=cache, impl=spec.impl, **kw)
+  elif capture:
+    extra = attention.multi_head_attention(p["attn"], h, return_weights=True, **kw)
+    a = extra.out
+  else:
+    a = attention.multi_head_attention(p["attn"], h, impl=spec.impl, **kw)
+  x = x + a
+  x = x + swiglu(p["mlp"], rms_norm(p["ln2"], x, spec.norm_eps))
+  return x, extra
+
+
+def _final(params, spec, x):
+  return unembed(params, rms_norm(params["lm"]["ln_final"], x, spec.norm_eps))
+
+
 def apply(params, spec: LlamaSpec, tokens_BT, *, mask_BT=None, positions_BT=None,
           gates=None, capture=False, cache=None):
   """Logits (B, T, V) for every position of tokens_BT.
@@ -98,36 +127,19 @@ def apply(params, spec: LlamaSpec, tokens_BT, *, mask_BT=None, positions_BT=None
   """
   if capture and cache is not None:
     raise ValueError("capture=True cannot be combined with a KV cache")
-  b, t = tokens_BT.shape
-  x = params["embed"][tokens_BT]
-  key_mask = None if mask_BT is None else mask_BT[:, None, None, :]
+  x = _embed(params, tokens_BT)
+  key_mask = None if mask_BT is None else jnp.asarray(mask_BT, bool)[:, None, None, :]
   if positions_BT is None and mask_BT is not None and cache is None:
     positions_BT = positions_from_mask(mask_BT)
-  cap = {} if capture else None
-  new_cache = {} if cache is not None else None
-  rope = spec.rope
+  extras = {}
   for i, name in enumerate(C.layers_of(params["lm"])):
-    p = params["lm"][name]
-    h = rms_norm(p["ln1"], x, spec.norm_eps)
-    gate = C.gate_for(gates, "lm", i)
-    kw = dict(causal=True, mask=key_mask, head_gates=gate, rope=rope)
-    if positions_BT is not None:
-      kw["positions"] = positions_BT
-    if cache is not None:
-      a, new_cache[name] = attention.multi_head_attention(p["attn"], h, cache=cache[name],
-                                                          impl=spec.impl, **kw)
-    elif cap is not None:
-      r = attention.multi_head_attention(p["attn"], h, return_weights=True, **kw)
-      cap.setdefault("lm", []).append(r)
-      a = r.out
-    else:
-      a = attention.multi_head_attention(p["attn"], h, impl=spec.impl, **kw)
-    x = x + a
-    x = x + swiglu(p["mlp"], rms_norm(p["ln2"], x, spec.norm_eps))
-  logits = unembed(params, rms_norm(params["lm"]["ln_final"], x, spec.norm_eps))
+    x, extras[name] = _block(params["lm"][name], x, spec, gate=C.gate_for(gates, "lm", i),
+                             key_mask=key_mask, positions_BT=positions_BT,
+                             cache=None if cache is None else cache[name], capture=capture)
+  logits = _final(params, spec, x)
   if cache is not None:
-    return logits, new_cache
-  return (logits, cap) if capture else logits
+    return logits, extras
+  return (logits, {"lm": list(extras.values())}) if capture else logits
 
 
 def init_cache(params, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -149,8 +161,8 @@ def _step(params, spec, token_B, cache):
   return logits[:, -1], cache
 
 
-_prefill_jit = jax.jit(_prefill, static_argnames="spec")
-_step_jit = jax.jit(_step, static_argnames="spec")
+_prefill_jit = jax.jit(_prefill, static_argnames="spec", donate_argnames="cache")
+_step_jit = jax.jit(_step, static_argnames="spec", donate_argnames="cache")
 
 
 def generate(params, spec: LlamaSpec, prompt_BT, max_new_tokens: int, *,
@@ -160,7 +172,9 @@ def generate(params, spec: LlamaSpec, prompt_BT, max_new_tokens: int, *,
 
   Returns new tokens (B, N), N <= max_new_tokens (stops early once every row has emitted
   eos_id; later tokens of a finished row are eos_id); with return_logits also the
-  float32 logits (B, N, V) that chose them.
+  float32 logits (B, N, V) that chose them. The layers stay unrolled in the compiled
+  programs: a scan over stacked layers compiles ~4x faster but, measured on CPU, decodes
+  ~2.5x slower (78 vs 30 ms per token for SmolLM2).
   """
   import numpy as np
   prompt_BT = jnp.asarray(prompt_BT, jnp.int32)

@@ -65,8 +65,13 @@ class PretrainedLMTask(_NotTrainable):
                        capture=capture)
 
   def logits(self, params, tokens_BT, mask_BT=None, gates=None):
-    """Logits (B, T, V) for every position (the next token after each)."""
-    return llama.apply(params, self.spec, jnp.asarray(tokens_BT), mask_BT=mask_BT, gates=gates)
+    """Logits (B, T, V) for every position (the next token after each); compiled once
+    per shape."""
+    from mha_jax.tasks import jitted
+    fn = jitted(self, "logits", lambda p, t, m, g: llama.apply(p, self.spec, t, mask_BT=m,
+                                                               gates=g))
+    return fn(params, jnp.asarray(tokens_BT), None if mask_BT is None else
+              jnp.asarray(mask_BT), gates)
 
   def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
            example_weight=None):
