@@ -170,7 +170,7 @@ def page_data(run, rows, split: str = "test", sentences: int = 20) -> dict:
           "stacks": [s for s in STACKS if weights and s in weights[0]]}
 
 
-def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_tokens: int = 24,
+def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_tokens: int = 20,
                    half_len: int = 10) -> dict:
   """The explorer's JSON for an imported model (LLaMA LM or BERT encoder): `sentences`
   pieces of the built-in text cut to max_tokens tokens (and, for an LM, one sequence of
@@ -209,7 +209,7 @@ def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_token
 
 def write(run, rows, path: str, split: str = "test", sentences: int = 20) -> dict:
   if run.config.task in ("pretrained_lm", "embedding"):
-    data = real_page_data(run, rows, split, min(sentences, 3))
+    data = real_page_data(run, rows, split, min(sentences, 2))
   else:
     data = page_data(run, rows, split, sentences)
   text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
