@@ -39,6 +39,8 @@ def write_workdir(run, out: str, params, info: dict) -> None:
   _fresh_dir(out, "--out")
   try:
     shutil.copy(os.path.join(run.workdir, "config.json"), os.path.join(out, "config.json"))
+    if os.path.exists(os.path.join(run.workdir, "tokenizer.json")):   # imported models
+      shutil.copy(os.path.join(run.workdir, "tokenizer.json"), out)
     c = ckpt_lib.Checkpoints(out)
     c.save_params(run.step, params, {"step": run.step,
                                      "source": os.path.abspath(run.workdir)})
