@@ -88,7 +88,7 @@ function drawModel(){
     box.appendChild(c); }});
 }
 function drawHeadView(q,k,rows){
-  const svg=$('headview'), ns='http://www.w3.org/2000/svg', dy=16, n=Math.max(q.length,k.length);
+  const svg=$('headview'), ns=svg.namespaceURI, dy=16, n=Math.max(q.length,k.length);
   svg.setAttribute('height', dy*n+10); svg.innerHTML='';
   const mk=(tag,attrs)=>{const e=document.createElementNS(ns,tag);
     Object.entries(attrs).forEach(([a,v])=>e.setAttribute(a,v)); return e;};
