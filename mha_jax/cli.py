@@ -135,13 +135,15 @@ def _cmd_ablate(args) -> int:
   from mha_jax.loader import load
   if args.mode not in ("zero", "mean"):
     raise UserError(f"--mode must be 'zero' or 'mean'; got {args.mode!r}")
-  if not args.each and not args.heads:
-    raise UserError("give --heads stack.layer.head[,...] or --each")
   if args.split not in ("train", "valid", "test"):
     raise UserError(f"--split must be train, valid or test; got {args.split!r}")
+  if not args.each and not args.heads and not args.induction_vs_random:
+    raise UserError("give --heads stack.layer.head[,...], --each or --induction-vs-random")
   run = load(args.workdir, step=args.step)
-  heads = None if args.each else importance.parse_heads(run.params, args.heads)
   out_dir = _out_dir(args)
+  if args.induction_vs_random:
+    return _ablate_induction(run, args, out_dir)
+  heads = None if args.each else importance.parse_heads(run.params, args.heads)
   is_tr = run.config.task == "translation"       # names checked above, before this pass
   base = run.model.evaluate(run.params, args.split, bleu=is_tr, bleu_limit=0)
   if args.each:
@@ -163,6 +165,28 @@ def _cmd_ablate(args) -> int:
     result = {k: v for k, v in result.items() if k != "each"}
     result["largest"] = sorted(rows, key=lambda r: r[key] if is_tr else -r[key])[:10]
   print(json.dumps(result))
+  return 0
+
+
+def _ablate_induction(run, args, out_dir: str) -> int:
+  import os
+  from mha_jax.analysis import importance, report
+  if run.config.task not in ("lm", "pretrained_lm"):
+    raise UserError(f"--induction-vs-random needs a language model; {args.workdir!r} has "
+                     f"task {run.config.task!r}")
+  path = os.path.join(args.workdir, "analysis", "heads.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      rows = json.load(f)
+  else:
+    rows = report.lm_roles(run, args.split)
+  scores = {r["head"]: r["induction"] for r in rows if "induction" in r}
+  res = importance.induction_vs_random(run, scores, top=args.top, draws=args.draws,
+                                       mode=args.mode, split=args.split)
+  with open(os.path.join(out_dir, f"ablation_induction_{args.mode}.json"), "w") as f:
+    json.dump(res, f, indent=1)
+  print(json.dumps({k: res[k] for k in ("mode", "top_heads", "top_scores", "top_delta",
+                                        "random_delta_mean")}))
   return 0
 
 
@@ -309,6 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
   ab.add_argument("--heads", default="", help="e.g. encoder.2.5,decoder_cross.0.1")
   ab.add_argument("--mode", default="zero", help="zero or mean")
   ab.add_argument("--each", action="store_true", help="every single-head ablation")
+  ab.add_argument("--induction-vs-random", action="store_true",
+                  help="LM: the top --top induction heads together vs --draws sets of "
+                       "random heads from the same layers")
+  ab.add_argument("--top", type=int, default=5)
+  ab.add_argument("--draws", type=int, default=5)
   ab.add_argument("--split", default="test")
   ab.add_argument("--step", type=int, default=None)
   ab.add_argument("--out", default=None, help="output folder (default: WORKDIR/analysis)")

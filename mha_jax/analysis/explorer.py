@@ -14,10 +14,12 @@ import numpy as np
 
 from mha_jax.analysis import capture as capture_lib
 from mha_jax.data import vocab as V
+from mha_jax.models import common as C
 from mha_jax.models.common import STACKS
 
 _COLORS = {"positional": "#1f77b4", "syntactic": "#2ca02c", "rare": "#d62728",
            "previous_token": "#1f77b4", "induction": "#9467bd", "duplicate_token": "#ff7f0e",
+           "attention_sink": "#8c564b", "cls": "#e377c2", "sep": "#17becf",
            "other": "#999999", "n/a": "#999999"}
 
 _PAGE = """<!doctype html>
@@ -31,11 +33,23 @@ table.att{border-collapse:collapse;margin-top:12px}
 table.att td,table.att th{padding:2px 5px;font-size:12px;text-align:center}
 table.att th.q{text-align:right}
 #legend span{display:inline-block;padding:2px 6px;margin-right:4px;color:#fff;font-size:12px}
+#model{display:grid;gap:2px;margin:8px 0}
+canvas.thumb{border:2px solid #999;cursor:pointer;width:32px;height:32px;image-rendering:pixelated}
+canvas.thumb.sel{outline:2px solid #000}
+canvas.thumb.pruned{opacity:.35;border-style:dashed}
+#headview text{font-size:11px;cursor:default}
+#headview line{stroke:#1f77b4}
 </style></head><body>
 <h2>Attention explorer: TITLE</h2>
 <div>sentence <select id="sent"></select> attention <select id="stack"></select>
 layer <select id="layer"></select></div>
-<div id="heads"></div><div id="legend"></div><div id="info"></div>
+<div id="legend"></div>
+<details open><summary>model view: every head (rows: layers, columns: heads; border: role,
+dashed: pruned); click one to open it</summary><div id="model"></div></details>
+<div id="heads"></div><div id="info"></div>
+<details open><summary>head view: lines from each token (left) to the tokens it attends
+(right); hover a line for its weight, a token for its lines</summary>
+<svg id="headview" width="420" height="60"></svg></details>
 <table class="att" id="att"></table>
 <script id="data" type="application/json">DATA</script>
 <script>
@@ -54,14 +68,53 @@ function drawHeads(){
     b.dataset.role=r; b.style.background=D.colors[r]||'#999'; b.title=r;
     b.onclick=()=>{st.head=h; draw();}; box.appendChild(b); }
 }
+const pruned = new Set(D.pruned || []);
+function drawModel(){
+  const box=$('model'), L=D.weights[st.sent][st.stack];
+  const n=Math.max(1, ...L.map(l=>l.length));
+  box.style.gridTemplateColumns='repeat('+n+', 36px)'; box.innerHTML='';
+  L.forEach((heads,l)=>{ for(let h=0; h<n; h++){
+    if(h>=heads.length){ box.appendChild(document.createElement('span')); continue; }
+    const rows=heads[h], c=document.createElement('canvas'), name=st.stack+'.'+l+'.'+h;
+    c.width=rows[0].length; c.height=rows.length; c.className='thumb'+
+      (pruned.has(name)?' pruned':'')+(l===st.layer&&h===st.head?' sel':'');
+    c.dataset.layer=l; c.dataset.head=h; c.title=name+' '+role(st.stack,l,h)+(pruned.has(name)?' (pruned)':'');
+    c.style.borderColor=D.colors[role(st.stack,l,h)]||'#999';
+    const ctx=c.getContext('2d'), img=ctx.createImageData(c.width,c.height);
+    rows.forEach((row,i)=>row.forEach((v,j)=>{ const p=4*(i*c.width+j);
+      img.data[p]=255-Math.round(224*v); img.data[p+1]=255-Math.round(136*v);
+      img.data[p+2]=255-Math.round(75*v); img.data[p+3]=255; }));
+    ctx.putImageData(img,0,0);
+    c.onclick=()=>{ st.layer=l; st.head=h; $('layer').value=l; draw(); };
+    box.appendChild(c); }});
+}
+function drawHeadView(q,k,rows){
+  const svg=$('headview'), ns=svg.namespaceURI, dy=16, n=Math.max(q.length,k.length);
+  svg.setAttribute('height', dy*n+10); svg.innerHTML='';
+  const mk=(tag,attrs)=>{const e=document.createElementNS(ns,tag);
+    Object.entries(attrs).forEach(([a,v])=>e.setAttribute(a,v)); return e;};
+  rows.forEach((row,i)=>row.forEach((v,j)=>{ if(v<0.02) return;
+    const ln=mk('line',{x1:150,y1:dy*i+12,x2:270,y2:dy*j+12,'stroke-width':1+3*v,
+      'stroke-opacity':v,'data-q':i,'data-k':j,'data-w':v,'class':'hv'});
+    const t=mk('title',{}); t.textContent=q[i]+' \u2192 '+k[j]+': '+v.toFixed(3);
+    ln.appendChild(t); svg.appendChild(ln); }));
+  const hl=(i,on)=>svg.querySelectorAll('line[data-q="'+i+'"]').forEach(l=>
+    l.style.stroke=on?'#d62728':'');
+  q.forEach((tok,i)=>{ const t=mk('text',{x:145,y:dy*i+16,'text-anchor':'end','class':'qt'});
+    t.textContent=tok; t.onmouseenter=()=>hl(i,true); t.onmouseleave=()=>hl(i,false);
+    svg.appendChild(t); });
+  k.forEach((tok,j)=>{ const t=mk('text',{x:275,y:dy*j+16,'class':'kt'}); t.textContent=tok;
+    svg.appendChild(t); });
+}
 function draw(){
   const s = D.sentences[st.sent], w = D.weights[st.sent][st.stack][st.layer];
   if(st.head >= w.length) st.head = 0;
-  drawHeads();
+  drawHeads(); drawModel();
   if(!w.length){ $('info').textContent='this layer has no heads (all pruned)'; $('att').innerHTML=''; return; }
-  const q = st.stack==='encoder' ? s.src : (st.stack.startsWith('decoder') ? s.tgt : s.tokens);
-  const k = (st.stack==='encoder'||st.stack==='decoder_cross') ? s.src :
+  const q = st.stack==='encoder' ? (s.src||s.tokens) : (st.stack.startsWith('decoder') ? s.tgt : s.tokens);
+  const k = (st.stack==='encoder'||st.stack==='decoder_cross') ? (s.src||s.tokens) :
             (st.stack==='decoder_self' ? s.tgt : s.tokens);
+  drawHeadView(q, k, w[st.head]);
   const rows = w[st.head];
   $('info').textContent = st.stack+'.'+st.layer+'.'+st.head+' role: '+role(st.stack,st.layer,st.head);
   const t=$('att'); t.innerHTML='';
@@ -118,8 +171,48 @@ def page_data(run, rows, split: str = "test", sentences: int = 20) -> dict:
           "stacks": [s for s in STACKS if weights and s in weights[0]]}
 
 
+def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_tokens: int = 20,
+                   half_len: int = 10) -> dict:
+  """The explorer's JSON for an imported model (LLaMA LM or BERT encoder): `sentences`
+  pieces of the built-in text cut to max_tokens tokens (and, for an LM, one sequence of
+  repeated random tokens), tokens shown as the tokenizer's strings, weights to 2 places
+  (SmolLM2's 270 heads stay well under 5 MB)."""
+  from mha_jax.pruning import masks as M
+  model = run.model
+  roles = {r["head"]: r.get("role", "other") for r in rows}
+  batches = []
+  for batch, weight in model.eval_batches(split, max(sentences, 1)):
+    cut = {k: np.asarray(v)[:sentences, :max_tokens + 1] for k, v in batch.items()
+           if k != "reference"}
+    batches.append(cut)
+    break
+  if hasattr(model, "repeated_tokens"):
+    tokens, _ = model.repeated_tokens(7_000_003, 1, half_len)
+    batches.append({"tokens": tokens})
+  sents, weights = [], []
+  for batch in batches:
+    cap = capture_lib.captured(model, run.params, batch)
+    stack = "lm" if "lm" in cap else "encoder"
+    toks = np.asarray(batch["tokens"])
+    for b in range(len(toks)):
+      ids = toks[b, :-1] if stack == "lm" else toks[b][np.asarray(batch["mask"])[b]]
+      n = len(ids)
+      sents.append({"tokens": [model.tokenizer.decode([int(i)]) or f"<{int(i)}>"
+                               for i in ids]})
+      weights.append({stack: [np.round(np.asarray(r.weights[b])[:, :n, :n], 2).tolist()
+                              for r in cap[stack]]})
+  mask = M.read_mask(run.workdir)
+  pruned = ([n for n in C.head_names(run.params) if n not in set(M.kept_names(mask))]
+            if mask else [])
+  return {"sentences": sents, "weights": weights, "roles": roles, "colors": _COLORS,
+          "stacks": [s for s in STACKS if weights and s in weights[0]], "pruned": pruned}
+
+
 def write(run, rows, path: str, split: str = "test", sentences: int = 20) -> dict:
-  data = page_data(run, rows, split, sentences)
+  if run.config.task in ("pretrained_lm", "embedding"):
+    data = real_page_data(run, rows, split, min(sentences, 2))
+  else:
+    data = page_data(run, rows, split, sentences)
   text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
   page = _PAGE.replace("TITLE", html.escape(run.workdir)).replace("DATA", text)
   with open(path, "w", encoding="utf-8") as f:

@@ -93,8 +93,65 @@ def ablate(run, heads, *, mode: str = "zero", split: str = "test", means=None,
   if mode == "mean":
     means = means if means is not None else mean_head_outputs(run, "valid")
     params = mean_ablated_params(params, heads, means)
-  return run.model.evaluate(params, split, bleu=run.config.task == "translation",
-                            gates=gates_without(run.params, heads), bleu_limit=bleu_limit)
+  gates = gates_without(run.params, heads)
+  out = run.model.evaluate(params, split, bleu=run.config.task == "translation",
+                           gates=gates, bleu_limit=bleu_limit)
+  if hasattr(run.model, "repeated_tokens"):   # an imported LM: also on repeated tokens
+    out.update(repeated_loss(run, params, gates))
+  return out
+
+
+def repeated_loss(run, params=None, gates=None, *, batch: int = 8, half_len: int = 32,
+                  seed: int = 7_000_003) -> dict[str, float]:
+  """The LM loss on repeated random tokens of the model's own vocabulary (with BOS):
+  on the first copy (loss_first, unpredictable) and on the repeated half (loss_repeat,
+  what induction heads make predictable)."""
+  from mha_jax.data import repeated_tokens as rt
+  from mha_jax.tasks import jitted
+  task = run.model
+  tokens, m = task.repeated_tokens(seed, batch, half_len)
+  masks = rt.position_masks(m, tokens.shape[1] - 1)
+  b = {"tokens": tokens, "mask_first": masks["first"], "mask_repeat": masks["repeat"]}
+  fn = jitted(task, "repeat_metrics", lambda p, bt, g: task.loss(p, bt, gates=g)[1])
+  t = jax.device_get(fn(run.params if params is None else params, b, gates))
+  return {f"loss_{k}": float(t[f"loss_{k}"] / t[f"tokens_{k}"]) for k in ("first", "repeat")}
+
+
+def induction_vs_random(run, scores: dict[str, float], *, top: int = 5, draws: int = 5,
+                        mode: str = "zero", split: str = "test", seed: int = 0,
+                        means=None, log=print) -> dict:
+  """Ablate the `top` heads with the largest induction score together, against `draws`
+  sets of random heads drawn from the same layers (one per top head, never a top head).
+  Returns the metrics of both, their deltas from the unablated model, and each draw."""
+  if mode == "mean" and means is None:
+    means = mean_head_outputs(run, "valid")
+  names = sorted(scores, key=lambda n: -scores[n])[:top]
+  base = run.model.evaluate(run.params, split)
+  if hasattr(run.model, "repeated_tokens"):
+    base.update(repeated_loss(run))
+  def delta(res):
+    return {k: res[k] - base[k] for k in res if k in base and isinstance(res[k], float)}
+  top_res = ablate(run, parse_heads(run.params, names), mode=mode, split=split, means=means)
+  log(f"  top {top} {names}: " + " ".join(f"{k} {v:+.3f}" for k, v in delta(top_res).items()))
+  rng = np.random.default_rng(seed)
+  counts = C.head_counts(run.params)
+  rand = []
+  for i in range(draws):
+    pick = []
+    for n in names:
+      stack, layer, _ = n.split(".")
+      pool = [f"{stack}.{layer}.{h}" for h in range(counts[stack][int(layer)])
+              if f"{stack}.{layer}.{h}" not in names and f"{stack}.{layer}.{h}" not in pick]
+      pick.append(pool[rng.integers(len(pool))])
+    res = ablate(run, parse_heads(run.params, pick), mode=mode, split=split, means=means)
+    rand.append({"heads": pick, **res, "delta": delta(res)})
+    log(f"  random draw {i}: {pick}: " +
+        " ".join(f"{k} {v:+.3f}" for k, v in rand[-1]["delta"].items()))
+  keys = rand[0]["delta"].keys() if rand else []
+  return {"mode": mode, "split": split, "base": base, "top_heads": names,
+          "top_scores": [scores[n] for n in names], "top": top_res, "top_delta": delta(top_res),
+          "random_draws": rand,
+          "random_delta_mean": {k: float(np.mean([r["delta"][k] for r in rand])) for k in keys}}
 
 
 def michel_importance(run, split: str = "valid", *, limit: int = 512,
@@ -105,14 +162,23 @@ def michel_importance(run, split: str = "valid", *, limit: int = 512,
   model = run.model
   params = run.params if params is None else params
   ones = C.ones_gates(params) if gates is None else gates
+  if run.config.task in ("pretrained_lm", "embedding"):   # real models: memory-bound
+    batch_size = min(batch_size, int(run.config.eval.batch_size))
 
   def example_loss(gates, params, ex):
     batch = jax.tree.map(lambda a: a[None], ex)
     return model.loss(params, batch, gates=gates)[0]
 
+  def example_outputs(gates, params, ex):   # tasks whose loss is flat at gates = 1
+    batch = jax.tree.map(lambda a: a[None], ex)
+    return model.importance_outputs(params, batch, gates=gates)[0]       # (K,)
+
   # One compile per model: Michel's iterative pruning calls this after every removal.
-  per_example = jitted(model, "gate_grads",
-                       jax.vmap(jax.grad(example_loss), in_axes=(None, None, 0)))
+  # |dL/dxi| per example; or sum_k |d out_k / dxi| where the task gives importance_outputs.
+  vector = hasattr(model, "importance_outputs")
+  grad = (lambda g, p, ex: jax.tree.map(lambda j: jnp.abs(j).sum(0), jax.jacrev(
+      example_outputs)(g, p, ex))) if vector else jax.grad(example_loss)
+  per_example = jitted(model, "gate_grads", jax.vmap(grad, in_axes=(None, None, 0)))
   total = jax.tree.map(jnp.zeros_like, ones)     # summed on the device
   n = 0
   for batch, weight in model.eval_batches(split, batch_size):

@@ -16,11 +16,13 @@ import numpy as np
 from mha_jax.analysis import capture as capture_lib
 from mha_jax.analysis import explorer, importance, roles
 from mha_jax.data import vocab as V
+from mha_jax.errors import UserError
 from mha_jax.models import common as C
 
 ROLE_COLORS = {"positional": "#1f77b4", "syntactic": "#2ca02c", "rare": "#d62728",
                "other": "#c7c7c7", "previous_token": "#1f77b4", "induction": "#9467bd",
-               "duplicate_token": "#ff7f0e"}
+               "duplicate_token": "#ff7f0e", "attention_sink": "#8c564b", "cls": "#e377c2",
+               "sep": "#17becf"}
 
 
 def _rarest(words: list[str], freqs: dict[str, int]) -> int:
@@ -68,6 +70,8 @@ def translation_roles(run, split: str, limit: int = 0,
 
 
 def lm_roles(run, split: str, limit: int = 256, threshold: float = 0.4) -> list[dict]:
+  if hasattr(run.model, "repeated_tokens"):   # a model of a real tokenizer (imported)
+    return real_lm_roles(run, split, threshold=threshold)
   sums, n = {}, 0
   for batch, cap, weight in capture_lib.iter_captures(run, split, stacks=("lm",), limit=limit):
     tokens = np.asarray(batch["tokens"])[:, :-1]
@@ -86,6 +90,132 @@ def lm_roles(run, split: str, limit: int = 256, threshold: float = 0.4) -> list[
       row["role"] = best if row[best] >= threshold else "other"
       rows.append(row)
   return rows
+
+
+def real_lm_roles(run, split: str = "test", *, batches: int = 2, batch_size: int = 8,
+                  half_len: int = 32, text_windows: int = 8, threshold: float = 0.4,
+                  sink: float = 0.8, seed: int = 7_000_003) -> list[dict]:
+  """Roles of every head of an LM over a real tokenizer (mha_jax.load of an imported
+  model). On `batches` x `batch_size` sequences of repeated random tokens over the model's
+  own vocabulary with its BOS ([BOS] r_1..r_n r_1..r_n, n = half_len): previous-token,
+  duplicate-token and induction scores (lm_scores). On `text_windows` windows of the
+  built-in text (split): the attention-sink share (weight on the first token) and the
+  mean entropy. Role: the largest of the three scores if >= threshold, else
+  "attention_sink" if the sink share >= sink, else "other"."""
+  sums, n = {}, 0
+  for i in range(batches):
+    tokens, _ = run.model.repeated_tokens(seed + i, batch_size, half_len)
+    cap = capture_lib.captured(run.model, run.params, {"tokens": tokens})
+    for layer, r in enumerate(cap["lm"]):
+      acc = sums.setdefault(layer, {})
+      for k, v in roles.lm_scores(np.asarray(r.weights), tokens[:, :-1]).items():
+        acc[k] = acc.get(k, 0) + v
+    n += 1
+  text = {}
+  for batch, cap, weight in capture_lib.iter_captures(
+      run, split, stacks=("lm",), batch_size=run.config.eval.batch_size, limit=text_windows):
+    valid = np.broadcast_to(weight[:, None] > 0, np.asarray(batch["tokens"])[:, :-1].shape)
+    for layer, r in cap["lm"].items():
+      acc = text.setdefault(layer, {"sink": 0, "entropy": 0, "n": 0})
+      w = np.asarray(r.weights)
+      acc["sink"] = acc["sink"] + roles.first_token_share(w, valid) * valid[:, 1:].sum()
+      acc["entropy"] = acc["entropy"] + roles.entropy(w, valid) * valid.sum()
+      acc["n"] += valid.sum()
+  rows = []
+  for layer in sorted(sums):
+    t = text[layer]
+    for h in range(len(sums[layer]["induction"])):
+      row = {"head": f"lm.{layer}.{h}", "stack": "lm", "layer": layer, "index": h,
+             **{k: float(v[h] / n) for k, v in sums[layer].items()},
+             "sink_share": float(t["sink"][h] / max(t["n"] - text_windows, 1)),
+             "entropy": float(t["entropy"][h] / max(t["n"], 1))}
+      best = max(("previous_token", "induction", "duplicate_token"), key=lambda k: row[k])
+      row["role"] = (best if row[best] >= threshold else
+                     "attention_sink" if row["sink_share"] >= sink else "other")
+      rows.append(row)
+  return rows
+
+
+def embedding_roles(run, split: str = "test", limit: int = 0,
+                    th: roles.Thresholds = roles.Thresholds(), special: float = 0.5,
+                    conllu: str | None = None) -> list[dict]:
+  """Roles of every encoder head of a BERT encoder on paragraphs of the built-in text:
+  Voita et al.'s positional (90 % rule) and rare-token statistics over the real tokens
+  ([CLS] and [SEP] included as positions; the rarest token is the least frequent
+  wordpiece of the train split, [CLS]/[SEP] excluded), and the attention on [CLS] and on
+  [SEP]. Role: positional > syntactic > cls > sep > rare > other ("cls"/"sep" when that
+  share >= `special`). Syntactic needs arcs of the input sentences (a CoNLL-U file):
+  not available on the built-in text, so no head is syntactic here."""
+  if conllu:
+    raise UserError("--conllu: syntactic roles of an imported encoder need sentences "
+                     "aligned to its wordpieces; not supported yet")
+  task = run.model
+  freqs = np.zeros(task.vocab_size, np.int64)
+  for ids in task.tokenizer.encode_batch(task._split_paragraphs()["train"]):
+    np.add.at(freqs, ids, 1)
+  stats, special_sums, n_q = None, {}, 0
+  for batch, cap, weight in capture_lib.iter_captures(run, split, stacks=("encoder",),
+                                                      limit=limit):
+    n = int(weight.sum())
+    lengths = np.asarray(batch["mask"]).sum(1)[:n]
+    tok = np.asarray(batch["tokens"])[:n]
+    rarest = np.array([1 + int(np.argmin(freqs[tok[b, 1:max(lengths[b] - 1, 2)]]))
+                       for b in range(n)])
+    enc = cap["encoder"]
+    if stats is None:
+      heads = [np.asarray(enc[l].weights).shape[1] for l in sorted(enc)]
+      stats = roles.EncoderRoleStats(len(heads), heads, int(run.config.eval.seq_len))
+    ws = [np.asarray(enc[l].weights)[:n] for l in sorted(enc)]
+    stats.update(ws, lengths, None, rarest)
+    q = int(lengths.sum())
+    for l, w in enumerate(ws):
+      for k, v in roles.special_token_shares(w, lengths).items():
+        special_sums.setdefault(l, {}).setdefault(k, 0)
+        special_sums[l][k] = special_sums[l][k] + v * q
+    n_q += q
+  rows = stats.results("encoder", th)
+  for r in rows:
+    for k in ("cls_share", "sep_share"):
+      r[k] = float(special_sums[r["layer"]][k][r["index"]] / max(n_q, 1))
+    if r["role"] in ("rare", "other"):
+      if r["cls_share"] >= special:
+        r["role"] = "cls"
+      elif r["sep_share"] >= special:
+        r["role"] = "sep"
+  return rows
+
+
+GRID_SCORES = {"lm": ("previous_token", "duplicate_token", "induction", "sink_share",
+                      "entropy", "importance"),
+               "encoder": ("positional_share", "cls_share", "sep_share", "rare_share",
+                           "confidence", "importance")}
+
+
+def plot_score_grids(rows, path, keys, title=""):
+  """One layer x head heat map per score (missing values blank)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  keys = [k for k in keys if any(k in r for r in rows)]
+  n_l = max(r["layer"] for r in rows) + 1
+  n_h = max(r["index"] for r in rows) + 1
+  fig, axes = plt.subplots(1, len(keys), figsize=(1.0 + 0.32 * n_h * len(keys) + 1.2 *
+                                                  len(keys), 1.0 + 0.16 * n_l + 1),
+                           squeeze=False)
+  for ax, k in zip(axes[0], keys):
+    grid = np.full((n_l, n_h), np.nan)
+    for r in rows:
+      if k in r and r[k] is not None:
+        grid[r["layer"], r["index"]] = r[k]
+    im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_title(k, fontsize=9)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    fig.colorbar(im, ax=ax, fraction=0.05)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
 
 
 def _plot_grid(rows, path, title):
@@ -145,8 +275,19 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
   out_dir = out_dir or os.path.join(run.workdir, "analysis")
   os.makedirs(out_dir, exist_ok=True)
   is_tr = run.config.task == "translation"
+  task = run.config.task
+  if task == "embedding":      # the loss: cosine distance to the dense model's embedding
+    run.model.set_reference(run.params)
+  if task in ("pretrained_lm", "embedding"):   # imported models: 270 / 72 heads
+    importance_limit = min(importance_limit, run.config.eval.batch_size * 2)
+    if task == "pretrained_lm" and loo:
+      log("leave-one-out skipped for an imported LM (270 evaluations); run "
+          "`mha-jax ablate --each` for it")
+      loo = False
   log("roles ...")
-  rows = translation_roles(run, split, role_limit) if is_tr else lm_roles(run, split)
+  rows = (translation_roles(run, split, role_limit) if is_tr else
+          embedding_roles(run, split, role_limit) if task == "embedding" else
+          lm_roles(run, split))
   by_name = {r["head"]: r for r in rows}
   log("importance (Michel et al.) ...")
   imp = importance.michel_importance(run, "valid", limit=importance_limit)
@@ -168,6 +309,11 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
   write_rows(rows, out_dir)
   _plot_grid([r for r in rows if r.get("role") != "n/a"], os.path.join(out_dir, "roles.png"),
              f"head roles, {run.workdir}")
+  stack0 = rows[0]["stack"]
+  if stack0 in GRID_SCORES:
+    plot_score_grids([r for r in rows if r["stack"] == stack0],
+                     os.path.join(out_dir, "scores.png"), GRID_SCORES[stack0],
+                     f"per-head scores, {run.workdir}")
   names = [r["head"] for r in rows]
   _plot_bars(names, [r.get("importance", 0.0) for r in rows],
              os.path.join(out_dir, "importance.png"), "importance (normalised per layer)")

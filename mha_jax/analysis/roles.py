@@ -179,3 +179,38 @@ def lm_scores(weights_BHTT: np.ndarray, tokens_BT: np.ndarray) -> dict[str, np.n
     has = pat.any(-1)                                          # (B, T)
     out[name] = (mass * has[:, None]).sum((0, 2)) / max(has.sum(), 1)
   return out
+
+
+def first_token_share(weights_BHTT: np.ndarray, valid_BT: np.ndarray | None = None
+                      ) -> np.ndarray:
+  """(H,) mean attention on key 0 (the attention sink) over queries 1.. (query 0 can
+  only attend to itself); valid_BT (True = real token) restricts the queries."""
+  w = np.asarray(weights_BHTT, np.float64)
+  q = np.ones((w.shape[0], w.shape[2]), bool) if valid_BT is None else \
+      np.asarray(valid_BT, bool)[:, :w.shape[2]].copy()
+  q[:, 0] = False
+  return (w[..., 0] * q[:, None]).sum((0, 2)) / max(q.sum(), 1)
+
+
+def entropy(weights_BHTT: np.ndarray, valid_BT: np.ndarray | None = None) -> np.ndarray:
+  """(H,) mean entropy (nats) of the attention rows of real query tokens."""
+  w = np.asarray(weights_BHTT, np.float64)
+  ent = -(w * np.log(np.where(w > 0, w, 1.0))).sum(-1)          # (B, H, T)
+  q = np.ones((w.shape[0], w.shape[2]), bool) if valid_BT is None else \
+      np.asarray(valid_BT, bool)[:, :w.shape[2]]
+  return (ent * q[:, None]).sum((0, 2)) / max(q.sum(), 1)
+
+
+def special_token_shares(weights_BHTT: np.ndarray, lengths_B: np.ndarray
+                         ) -> dict[str, np.ndarray]:
+  """(H,) mean attention of real queries on the first token ([CLS]) and on the last real
+  token ([SEP]) of each sequence (BERT inputs: [CLS] ... [SEP] [PAD]...)."""
+  w = np.asarray(weights_BHTT, np.float64)
+  b, h, t, _ = w.shape
+  ln = np.asarray(lengths_B)
+  q = np.arange(t)[None, :] < ln[:, None]                          # (B, T)
+  cls = (w[..., 0] * q[:, None]).sum((0, 2))
+  sep = (np.take_along_axis(w, (ln - 1)[:, None, None, None].repeat(h, 1).repeat(t, 2),
+                            -1)[..., 0] * q[:, None]).sum((0, 2))
+  n = max(q.sum(), 1)
+  return {"cls_share": cls / n, "sep_share": sep / n}

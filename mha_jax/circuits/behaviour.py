@@ -16,6 +16,7 @@ import optax
 import jax.numpy as jnp
 
 from mha_jax.analysis import capture, roles
+from mha_jax.circuits import scores
 from mha_jax.data import repeated_tokens
 from mha_jax.tasks import jitted
 
@@ -24,6 +25,8 @@ def eval_tokens(run, batch: int = 64, seed_offset: int = 7_000_003):
   """(tokens (B, 1 + 2n), copy lengths m (B,)): repeated random tokens held out from
   training. A model trained on text gets them over its own vocabulary (BOS is id 0 in
   both), with n as long as its context allows, as the papers evaluate text models."""
+  if hasattr(run.model, "repeated_tokens"):    # an imported model: its own vocab and BOS
+    return run.model.repeated_tokens(seed_offset, batch, 32)
   d = run.config.data
   if d.kind == "repeated":
     return repeated_tokens.repeated_tokens(d.seed + seed_offset, 0, batch, d.half_len,
@@ -39,7 +42,8 @@ def head_scores(run, tokens: np.ndarray) -> dict[str, dict[str, float]]:
   """{"lm.layer.head": {prefix_matching, previous_token, duplicate_token, copying}}."""
   cap = capture.captured(run.model, run.params, {"tokens": tokens})
   x = tokens[:, :-1]
-  u = np.asarray(run.params["unembed"], np.float64)
+  u = scores.unembed_matrix(run.params)                             # (D, V)
+  u_mean = u.mean(1)
   out = {}
   for layer, r in enumerate(cap["lm"]):
     w = np.asarray(r.weights)
@@ -48,10 +52,10 @@ def head_scores(run, tokens: np.ndarray) -> dict[str, dict[str, float]]:
     wo = np.asarray(attn["wo"], np.float64)
     heads = np.asarray(r.heads, np.float64)                         # (B, T, H, K)
     for h in range(w.shape[1]):
-      dla = heads[:, :, h] @ wo[h] @ u                               # (B, T, V)
+      write = heads[:, :, h] @ wo[h]                                 # (B, T, D)
       attended = np.take_along_axis(x, w[:, h].argmax(-1), axis=1)   # (B, T)
-      own = np.take_along_axis(dla, attended[..., None], axis=-1)[..., 0]
-      copying = float((own - dla.mean(-1))[:, 1:].mean())
+      own = np.einsum("btd,dbt->bt", write, u[:, attended])          # logit of attended
+      copying = float((own - write @ u_mean)[:, 1:].mean())
       out[f"lm.{layer}.{h}"] = {"prefix_matching": float(s["induction"][h]),
                                 "previous_token": float(s["previous_token"][h]),
                                 "duplicate_token": float(s["duplicate_token"][h]),

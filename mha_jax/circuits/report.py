@@ -64,6 +64,9 @@ def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log) -> list[
 def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
              track: bool = True, log: Callable[[str], None] = print) -> dict:
   run = load(workdir)
+  if run.config.task == "pretrained_lm":
+    return real_lm_circuits(run, out_dir or os.path.join(workdir, "circuits"),
+                            samples=samples, log=log)
   if run.config.task != "lm":
     raise UserError(f"circuits needs a decoder-only model (task lm); {workdir!r} has "
                      f"task {run.config.task!r}")
@@ -112,6 +115,79 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
     json.dump(result, f, indent=1)
   _plots(result, out_dir)
   return result
+
+
+def real_lm_circuits(run, out_dir: str, *, top: int = 10, batch: int = 8,
+                     samples: int = 50, partners: int = 3,
+                     log: Callable[[str], None] = print) -> dict:
+  """Circuits of an imported LM (many layers, GQA, MLPs, RMSNorm): prefix matching,
+  previous-token and copying scores of every head on repeated random tokens over the
+  model's vocabulary; for the `top` heads by prefix matching, OV eigenvalue positivity
+  through embedding and unembedding (its K x K factor), the earlier heads they K-compose
+  with most (random baseline subtracted; factored; a query head reads its kv head's
+  W_K) and whether those are previous-token heads. Norms and MLPs are left out of the
+  weight-based scores, as in Elhage et al.'s attention-only analysis."""
+  os.makedirs(out_dir, exist_ok=True)
+  tokens, lengths = behaviour.eval_tokens(run, batch)
+  log("behavioural scores ...")
+  heads = behaviour.head_scores(run, tokens)
+  icl = behaviour.icl_score(run, tokens, lengths)
+  prev_rank = sorted(heads, key=lambda n: -heads[n]["previous_token"])
+  prev_set = {n for n in prev_rank if heads[n]["previous_token"] >= 0.4}
+  d, k = (int(x) for x in run.params["lm"]["layer_0"]["attn"]["wq"].shape[::2])
+  base = scores.random_baseline("k", d, k, k, samples)
+  log(f"K-composition of the top {top} induction heads (baseline {base:.4f}) ...")
+  rows = []
+  for name in sorted(heads, key=lambda n: -heads[n]["prefix_matching"])[:top]:
+    l, h = (int(v) for v in name.split(".")[1:])
+    comp = scores.k_composition_partners(run.params, (l, h), baseline=base)
+    best = sorted(comp, key=lambda n: -comp[n])[:partners]
+    rows.append({"head": name, **heads[name],
+                 "ov_positivity": scores.ov_positivity(run.params, "lm", l, h),
+                 "k_partners": [{"head": b, "k_composition": comp[b],
+                                 "previous_token": heads[b]["previous_token"],
+                                 "is_previous_token_head": b in prev_set} for b in best]})
+    heads[name]["ov_positivity"] = rows[-1]["ov_positivity"]
+  result = {"workdir": run.workdir, "step": run.step, "heads": heads, **icl,
+            "repeated_tokens": {"batch": int(tokens.shape[0]), "length": int(tokens.shape[1])},
+            "previous_token_heads": [n for n in prev_rank if n in prev_set],
+            "k_composition_baseline": base, "top_induction_heads": rows}
+  with open(os.path.join(out_dir, "circuits.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  _real_plot(result, os.path.join(out_dir, "induction.png"))
+  return result
+
+
+def _real_plot(result, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  heads = result["heads"]
+  fig, ax = plt.subplots(figsize=(5, 4))
+  x = [v["previous_token"] for v in heads.values()]
+  y = [v["prefix_matching"] for v in heads.values()]
+  ax.scatter(x, y, s=10, color="C7")
+  for r in result["top_induction_heads"]:
+    ax.annotate(r["head"][3:], (r["previous_token"], r["prefix_matching"]), fontsize=7)
+  ax.set_xlabel("previous-token score")
+  ax.set_ylabel("prefix matching (induction) score")
+  ax.set_title("heads on repeated random tokens", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def format_real_summary(result) -> str:
+  lines = [f"ICL score {result['icl_score']:.3f} (loss late {result['loss_late']:.3f} - "
+           f"early {result['loss_early']:.3f})",
+           "top heads by prefix matching (induction score):"]
+  for r in result["top_induction_heads"]:
+    ps = ", ".join(f"{p['head']} {p['k_composition']:+.4f}"
+                   f"{' (prev-token)' if p['is_previous_token_head'] else ''}"
+                   for p in r["k_partners"])
+    lines.append(f"  {r['head']}: prefix {r['prefix_matching']:.3f} copying "
+                 f"{r['copying']:.3f} OV positivity {r['ov_positivity']:+.3f}; K-comp: {ps}")
+  return "\n".join(lines)
 
 
 def _plots(result, out_dir):
@@ -167,6 +243,8 @@ def _plots(result, out_dir):
 
 
 def format_summary(result) -> str:
+  if "top_induction_heads" in result:
+    return format_real_summary(result)
   lines = ["induction heads (prefix matching >= 0.3, copying > 0):"]
   for r in result["induction_heads"]:
     partner = ("none (first layer)" if r["k_partner"] is None else

@@ -23,9 +23,22 @@ from mha_jax.models import common as C
 
 
 def head_matrices(attn_params, h: int) -> dict[str, np.ndarray]:
-  """Row-convention factors of head h, float64: Wq, Wk, Wv (D, K), Wo (K, D)."""
-  p = {k: np.asarray(v, np.float64) for k, v in attn_params.items()}
-  return {"Wq": p["wq"][:, h], "Wk": p["wk"][:, h], "Wv": p["wv"][:, h], "Wo": p["wo"][h]}
+  """Row-convention factors of query head h, float64: Wq, Wk, Wv (D, K), Wo (K, D).
+  With grouped-query attention (wk, wv of G < H heads) Wk and Wv are those of the
+  key/value head h // (H // G) that query head h reads."""
+  n_h, n_kv = int(attn_params["wq"].shape[1]), int(attn_params["wk"].shape[1])
+  kv = h // (n_h // n_kv)
+  return {"Wq": np.asarray(attn_params["wq"][:, h], np.float64),
+          "Wk": np.asarray(attn_params["wk"][:, kv], np.float64),
+          "Wv": np.asarray(attn_params["wv"][:, kv], np.float64),
+          "Wo": np.asarray(attn_params["wo"][h], np.float64)}
+
+
+def unembed_matrix(params) -> np.ndarray:
+  """(D, V): params["unembed"], or embed.T when the embeddings are tied."""
+  if "unembed" in params:
+    return np.asarray(params["unembed"], np.float64)
+  return np.asarray(params["embed"], np.float64).T
 
 
 def qk_row(m) -> np.ndarray:
@@ -57,6 +70,37 @@ def pair_matrices(kind: str, early, late) -> tuple[np.ndarray, np.ndarray]:
   raise UserError(f"kind must be 'q', 'k' or 'v'; got {kind!r}")
 
 
+def _factors(kind: str, early, late):
+  """(L, M, R) with A B = L M R^T, and A, B as (L_a, R_a), (L_b, R_b) with A = L_a R_a^T:
+  the rank-K forms of pair_matrices, so no D x D product is ever formed."""
+  if kind == "q":    # A = Wk2 Wq2^T, B = Wo1^T Wv1^T
+    a, b, m = (late["Wk"], late["Wq"]), (early["Wo"].T, early["Wv"]), late["Wq"].T @ early["Wo"].T
+    return (late["Wk"], m, early["Wv"]), a, b
+  if kind == "k":    # A = Wq2 Wk2^T
+    a, b = (late["Wq"], late["Wk"]), (early["Wo"].T, early["Wv"])
+    return (late["Wq"], late["Wk"].T @ early["Wo"].T, early["Wv"]), a, b
+  if kind == "v":    # A = Wo2^T Wv2^T
+    a, b = (late["Wo"].T, late["Wv"]), (early["Wo"].T, early["Wv"])
+    return (late["Wo"].T, late["Wv"].T @ early["Wo"].T, early["Wv"]), a, b
+  raise ValueError(f"kind must be 'q', 'k' or 'v'; got {kind!r}")
+
+
+def _fro2(l, r, m=None) -> float:
+  """|L M R^T|_F^2 (M = I when None) through K x K Gram matrices."""
+  gl, gr = l.T @ l, r.T @ r
+  if m is None:
+    return float(np.trace(gl @ gr))
+  return float(np.trace(gl @ m @ gr @ m.T))
+
+
+def composition_factored(kind: str, early, late) -> float:
+  """composition(*pair_matrices(kind, early, late)), computed on K x K matrices: what
+  real models (D = 576, hundreds of heads) need."""
+  (l, m, r), a, b = _factors(kind, early, late)
+  den = np.sqrt(_fro2(*a) * _fro2(*b))
+  return float(np.sqrt(max(_fro2(l, r, m), 0.0)) / den) if den > 0 else 0.0
+
+
 def random_baseline(kind: str, d: int, k_early: int, k_late: int, samples: int = 200,
                     seed: int = 0) -> float:
   """Mean composition score of random Gaussian heads of the same shapes (the paper's
@@ -68,7 +112,7 @@ def random_baseline(kind: str, d: int, k_early: int, k_late: int, samples: int =
                                                ("Wv", (d, k_early)), ("Wo", (k_early, d)))}
     l = {n: rng.standard_normal(s) for n, s in (("Wq", (d, k_late)), ("Wk", (d, k_late)),
                                                ("Wv", (d, k_late)), ("Wo", (k_late, d)))}
-    out.append(composition(*pair_matrices(kind, e, l)))
+    out.append(composition_factored(kind, e, l))
   return float(np.mean(out))
 
 
@@ -108,8 +152,8 @@ def ov_positivity(params, stack: str = "lm", layer: int = 0, head: int = 0) -> f
   factor Wo U E Wv (same non-zero eigenvalues), in float64."""
   m = head_matrices(_block(params, stack, layer), head)
   e = np.asarray(params["embed"], np.float64)                 # (V, D)
-  u = np.asarray(params["unembed"], np.float64)               # (D, V)
-  small = m["Wo"] @ u @ e @ m["Wv"]                           # (K, K)
+  u = unembed_matrix(params)                                  # (D, V)
+  small = (m["Wo"] @ u) @ (e @ m["Wv"])                       # (K, K)
   return positivity(np.linalg.eigvals(small))
 
 
@@ -123,6 +167,25 @@ def k_composition_positivity(params, early: tuple[int, int], late: tuple[int, in
   e = np.asarray(params["embed"], np.float64)
   small = m2["Wk"].T @ m1["Wo"].T @ m1["Wv"].T @ e.T @ e @ m2["Wq"]
   return positivity(np.linalg.eigvals(small))
+
+
+def k_composition_partners(params, late: tuple[int, int], stack: str = "lm",
+                           baseline: float | None = None, samples: int = 50) -> dict:
+  """{"stack.layer.head": K-composition score minus the random baseline} of every head
+  in an earlier layer into `late` (factored; GQA-aware through head_matrices)."""
+  blocks = {i: p for s, i, p in C.attention_blocks(params) if s == stack}
+  m2 = head_matrices(blocks[late[0]], late[1])
+  if baseline is None:
+    d, k = m2["Wq"].shape
+    baseline = random_baseline("k", d, k, k, samples)
+  out = {}
+  for i in sorted(blocks):
+    if i >= late[0]:
+      break
+    for h in range(int(blocks[i]["wq"].shape[1])):
+      out[f"{stack}.{i}.{h}"] = composition_factored(
+          "k", head_matrices(blocks[i], h), m2) - baseline
+  return out
 
 
 def _block(params, stack, layer):

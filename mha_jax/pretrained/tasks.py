@@ -87,7 +87,43 @@ class PretrainedLMTask(_NotTrainable):
       w = w * example_weight[:, None]
     metrics = {"loss": (nll * w).sum(), "accuracy": ((logits.argmax(-1) == targets) * w).sum(),
                "tokens": w.sum()}
+    for name in ("first", "repeat"):      # repeated-token batches (see repeated_tokens)
+      if f"mask_{name}" in batch:
+        m = batch[f"mask_{name}"]
+        metrics[f"loss_{name}"] = (nll * w * m).sum()
+        metrics[f"tokens_{name}"] = (w * m).sum()
     return (nll * w).sum() / jnp.maximum(w.sum(), 1.0), metrics
+
+  # ---------------------------------------------------------------- studies
+  def train_batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict:
+    """Batch `step` of random windows (eval.batch_size x eval.seq_len + 1 tokens) of the
+    built-in text's train split: what head-gate training (pruning) fits on; the model's
+    own weights are never trained here."""
+    del process_index, process_count
+    e = self.cfg.eval
+    s = self.stream("train")
+    rng = np.random.default_rng([int(self.cfg.get("seed", 0)), 17, step])
+    starts = rng.integers(0, len(s) - e.seq_len - 1, size=e.batch_size)
+    return {"tokens": np.stack([s[a:a + e.seq_len + 1] for a in starts]).astype(np.int32)}
+
+  def special_ids(self) -> np.ndarray:
+    """Ids of the tokenizer's special (added) tokens."""
+    if self.tokenizer is None:
+      return np.asarray([self.cfg.tokenizer.bos_id, self.cfg.tokenizer.eos_id])
+    return np.asarray(sorted(self.tokenizer.tok.get_added_tokens_decoder()), np.int64)
+
+  def repeated_tokens(self, seed: int, batch: int, half_len: int, min_half_len: int = 0):
+    """(tokens (B, 1 + 2n), copy lengths m (B,)): [BOS] r_1..r_m r_1..r_m [fresh tail], the
+    random tokens uniform over the vocabulary's ordinary (non-special) tokens, BOS the
+    model's own (as data.repeated_tokens, over this tokenizer)."""
+    from mha_jax.data import repeated_tokens as rt
+    ordinary = np.setdiff1d(np.arange(self.vocab_size), self.special_ids())
+    idx, m = rt.repeated_tokens(seed, 0, batch, half_len, len(ordinary) + 1, min_half_len,
+                                return_lengths=True)
+    tokens = ordinary[np.maximum(idx - 1, 0)].astype(np.int32)  # 1..n -> ordinary ids
+    bos = self.cfg.tokenizer.bos_id
+    tokens[:, 0] = bos if bos >= 0 else ordinary[0]
+    return tokens, m
 
   # ---------------------------------------------------------------- data
   def stream(self, split: str) -> np.ndarray:
@@ -174,6 +210,72 @@ class EmbeddingTask(_NotTrainable):
     return bert.apply(params, self.spec, batch["tokens"], mask_BT=batch.get("mask"),
                       token_types_BT=batch.get("token_types"), gates=gates, capture=capture)
 
+  # ---------------------------------------------------------------- studies
+  def pooled(self, params, batch, gates=None):
+    """Mean-pooled, L2-normalised sentence embeddings (B, D) of a batch (traceable)."""
+    return bert.mean_pool(self.apply(params, batch, gates=gates), batch["mask"],
+                          normalize=True)
+
+  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+           example_weight=None):
+    """A loss without a task head: the cosine distance 1 - cos(e, e_ref) between the
+    (gated) model's sentence embedding and the reference: batch["reference"] (the dense
+    model's embeddings, see with_reference) or else the same params without gates."""
+    del key, label_smoothing
+    e = self.pooled(params, batch, gates)
+    ref = batch["reference"] if "reference" in batch else jax.lax.stop_gradient(
+        self.pooled(params, batch))
+    ref = ref / jnp.maximum(jnp.linalg.norm(ref, axis=-1, keepdims=True), 1e-12)
+    dist = 1.0 - (e * ref).sum(-1)                                  # (B,)
+    w = jnp.ones_like(dist) if example_weight is None else example_weight
+    metrics = {"loss": (dist * w).sum(), "tokens": w.sum()}
+    return (dist * w).sum() / jnp.maximum(w.sum(), 1.0), metrics
+
+  def importance_outputs(self, params, batch, gates=None):
+    """(B, 8) projections of the embedding on 8 fixed random unit directions. The cosine
+    loss is flat at the dense model (its gate gradients are 0 there), so Michel et al.'s
+    importance E|dL/dxi_h| is taken over these instead: E_x sum_k |r_k . de/dxi_h|, which
+    is proportional to the embedding's sensitivity |de/dxi_h| for isotropic r_k."""
+    e = self.pooled(params, batch, gates)
+    r = jax.random.normal(jax.random.PRNGKey(0), (8, e.shape[-1]), e.dtype)
+    return e @ (r / jnp.linalg.norm(r, axis=-1, keepdims=True)).T
+
+  def set_reference(self, params) -> None:
+    """Dense params whose embeddings the loss compares against (added to every batch)."""
+    self._reference = params
+    self._reference_cache = {}
+
+  def with_reference(self, batch: dict) -> dict:
+    ref = getattr(self, "_reference", None)
+    if ref is None:
+      return batch
+    from mha_jax.tasks import jitted
+    key = hash(np.asarray(batch["tokens"]).tobytes())   # the same batches recur: cache
+    cache = self.__dict__.setdefault("_reference_cache", {})
+    if key not in cache:
+      fn = jitted(self, "reference", lambda p, b: self.pooled(p, b))
+      cache[key] = fn(ref, {k: jnp.asarray(v) for k, v in batch.items()})
+    return dict(batch, reference=cache[key])
+
+  def train_batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict:
+    """Batch `step`: eval.batch_size random paragraphs of the built-in text's train split
+    (for head-gate training; the model's weights are never trained here)."""
+    del process_index, process_count
+    paras = self._split_paragraphs()["train"]
+    rng = np.random.default_rng([int(self.cfg.get("seed", 0)), 19, step])
+    idx = rng.integers(0, len(paras), size=self.cfg.eval.batch_size)
+    return self.with_reference(self.batch([paras[i] for i in idx], self.cfg.eval.seq_len))
+
+  def _split_paragraphs(self) -> dict:
+    if self._paragraphs is None:
+      corpus = text_data.read_corpus(list(self.cfg.data.text_files))
+      paras = [p.strip() for p in corpus.split("\n\n") if len(p.strip()) > 40]
+      n = len(paras)
+      cut = {"train": (0, int(0.9 * n)), "valid": (int(0.9 * n), int(0.95 * n)),
+             "test": (int(0.95 * n), n)}
+      self._paragraphs = {s: paras[a:b] for s, (a, b) in cut.items()}
+    return self._paragraphs
+
   def batch(self, texts, max_len: int | None = None) -> dict:
     """{"tokens", "mask", "token_types"} (B, T), right-padded with the pad id."""
     if self.tokenizer is None:
@@ -205,21 +307,14 @@ class EmbeddingTask(_NotTrainable):
     """Paragraphs of the built-in text, eval.seq_len tokens at most, right-padded."""
     if split not in SPLITS:
       raise UserError(f"split must be one of {SPLITS}; got {split!r}")
-    if self._paragraphs is None:
-      corpus = text_data.read_corpus(list(self.cfg.data.text_files))
-      paras = [p.strip() for p in corpus.split("\n\n") if len(p.strip()) > 40]
-      n = len(paras)
-      cut = {"train": (0, int(0.9 * n)), "valid": (int(0.9 * n), int(0.95 * n)),
-             "test": (int(0.95 * n), n)}
-      self._paragraphs = {s: paras[a:b] for s, (a, b) in cut.items()}
-    paras = self._paragraphs[split][: self.cfg.eval.windows]
+    paras = self._split_paragraphs()[split][: self.cfg.eval.windows]
     for start in range(0, len(paras), batch_size):
       chunk = paras[start:start + batch_size]
       weight = np.zeros(batch_size, np.float32)
       weight[:len(chunk)] = 1.0
       chunk = chunk + [chunk[-1]] * (batch_size - len(chunk))
       b = self.batch(chunk, self.cfg.eval.seq_len)
-      yield b, weight
+      yield self.with_reference(b), weight
 
   def evaluate(self, params, split: str = "test", *, bleu: bool = False, gates=None,
                bleu_limit: int | None = None) -> dict:
@@ -229,15 +324,22 @@ class EmbeddingTask(_NotTrainable):
     from mha_jax.tasks import jitted
     fn = jitted(self, "embed_True", lambda p, bt, g: bert.mean_pool(
         self.apply(p, bt, gates=g), bt["mask"], normalize=True))
-    embs = []
+    embs, cos = [], []
     for b, w in self.eval_batches(split, self.cfg.eval.batch_size):
       e = np.asarray(fn(params, jax.tree.map(jnp.asarray, b), gates))
       embs.append(e[w > 0])
+      if "reference" in b:        # a dense reference is set (pruning): compare with it
+        r = np.asarray(b["reference"])[w > 0]
+        cos.append((e[w > 0] * r).sum(-1) / np.maximum(np.linalg.norm(r, axis=-1), 1e-12))
     e = np.concatenate(embs)
     sim = e @ e.T
     n = len(e)
     off = (sim.sum() - np.trace(sim)) / max(n * (n - 1), 1)
-    return {"paragraphs": n, "mean_cosine_between_paragraphs": float(off)}
+    out = {"paragraphs": n, "mean_cosine_between_paragraphs": float(off)}
+    if cos:
+      out["cosine_to_full"] = float(np.concatenate(cos).mean())
+      out["loss"] = 1.0 - out["cosine_to_full"]
+    return out
 
 
 def build(cfg, workdir: str | None):

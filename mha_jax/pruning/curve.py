@@ -21,8 +21,10 @@ def _roles(run, split, log) -> dict[str, str]:
     with open(path) as f:
       return {r["head"]: r.get("role", "other") for r in json.load(f)}
   log("roles: analysing the dense model first ...")
-  rows = (report.translation_roles(run, split) if run.config.task == "translation"
-          else report.lm_roles(run, split))
+  task = run.config.task
+  rows = (report.translation_roles(run, split) if task == "translation" else
+          report.embedding_roles(run, split) if task == "embedding" else
+          report.lm_roles(run, split))
   return {r["head"]: r["role"] for r in rows}
 
 
@@ -31,6 +33,8 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
                   bleu_limit: int = 0, seed: int = 0, hc: G.HardConcrete = G.HardConcrete(),
                   log: Callable[[str], None] = print) -> list[dict]:
   run = load(workdir)
+  if hasattr(run.model, "set_reference"):   # embeddings: compare with the dense model
+    run.model.set_reference(run.params)
   total = M.count(M.ones_mask(run.params, stacks))
   for k in counts:
     if not 0 <= k <= total:
@@ -40,9 +44,10 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   masks: dict[str, dict[int, dict]] = {"random": methods.random_masks(
       run, stacks=stacks, counts=list(counts), seed=seed)}
   masks["michel"] = methods.michel_masks(run, stacks=stacks, counts=list(counts), log=log)
-  log(f"l0: training gates once (lambda {lam}, {steps} steps); top K for each count")
-  la, _, _ = methods.train_gates(run, lam, stacks=stacks, steps=steps, seed=seed, hc=hc,
-                                 log=lambda s: None)
+  # One gate training serves every K (same lambda and seed): keep the top-K log_alpha.
+  log(f"l0: training gates ({steps} steps, lambda {lam})")
+  la, _, history = methods.train_gates(run, lam, stacks=stacks, steps=steps, seed=seed,
+                                       hc=hc, log=log)
   masks["l0"] = {k: methods.top_k_mask(la, k) for k in counts}
   rows = []
   for method in ("l0", "michel", "random"):
@@ -61,22 +66,33 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "curve.json"), "w") as f:
     json.dump({"workdir": workdir, "stacks": list(stacks), "lambda": lam, "steps": steps,
-               "total": total, "rows": rows}, f, indent=1)
+               "total": total, "l0_history": history, "rows": rows}, f, indent=1)
   with open(os.path.join(out_dir, "curve.md"), "w") as f:
     f.write(format_curve(rows, is_tr) + "\n")
-  _plot(rows, os.path.join(out_dir, "curve.png"), "bleu" if is_tr else "loss")
+  _plot(rows, os.path.join(out_dir, "curve.png"), curve_metric(rows, is_tr))
   return rows
 
 
+def curve_metric(rows: list[dict], is_tr: bool) -> str:
+  """BLEU (translation), cosine to the dense model (embeddings), perplexity (imported
+  LMs) or loss."""
+  if is_tr:
+    return "bleu"
+  for m in ("cosine_to_full", "perplexity"):
+    if rows and m in rows[0]:
+      return m
+  return "loss"
+
+
 def format_curve(rows: list[dict], is_tr: bool) -> str:
-  metric = "bleu" if is_tr else "loss"
+  metric = curve_metric(rows, is_tr)
   ks = sorted({r["kept"] for r in rows}, reverse=True)
   by = {(r["method"], r["kept"]): r for r in rows}
   lines = [f"| heads kept | " + " | ".join(f"{m} {metric}" for m in ("l0", "michel", "random"))
            + " | roles kept (l0) |", "|---:|---:|---:|---:|---|"]
   for k in ks:
     roles = by[("l0", k)]["roles"]
-    lines.append(f"| {k} | " + " | ".join(f"{by[(m, k)][metric]:.2f}" for m in
+    lines.append(f"| {k} | " + " | ".join(f"{by[(m, k)][metric]:.4g}" for m in
                                          ("l0", "michel", "random")) + " | " +
                  ", ".join(f"{r} {n}" for r, n in sorted(roles.items())) + " |")
   return "\n".join(lines)

@@ -64,16 +64,66 @@ def mask_params(params, mask: dict):
   return params
 
 
+def gqa_layout(m, num_heads: int, num_kv_heads: int):
+  """How a layer's mask becomes grouped-query shapes: (query heads kept, kv heads kept,
+  real (1) or padding (0) per kept query head). A kv head goes once all its query heads
+  are gone. Groups must stay equal in size (query head i reads kv head i // (H' / G')),
+  so a group with fewer survivors than the largest keeps some of its removed query heads
+  as padding with W_O zeroed: they write nothing, exactly as masked."""
+  m = np.asarray(m) > 0
+  per = num_heads // num_kv_heads
+  groups = [[h for h in range(g * per, (g + 1) * per) if m[h]] for g in range(num_kv_heads)]
+  kv = [g for g in range(num_kv_heads) if groups[g]]
+  size = max((len(groups[g]) for g in kv), default=0)
+  q, real = [], []
+  for g in kv:
+    pad = [h for h in range(g * per, (g + 1) * per) if not m[h]][:size - len(groups[g])]
+    q += groups[g] + pad
+    real += [1.0] * len(groups[g]) + [0.0] * len(pad)
+  return np.asarray(q, np.int64), np.asarray(kv, np.int64), np.asarray(real, np.float32)
+
+
 def export_pruned(params, mask: dict):
-  """Params with the masked heads physically removed."""
+  """Params with the masked heads physically removed. With grouped-query attention a
+  key/value head is removed once all its query heads are (see gqa_layout)."""
   for stack, layers in mask.items():
     for i, m in enumerate(layers):
-      keep = np.flatnonzero(np.asarray(m) > 0)
       blk = _block(params, stack, i)
-      new = {k: (v[:, keep] if k in ("wq", "wk", "wv") else v[keep]
-                 if k in ("wo", "bq", "bk", "bv", "rel_bias") else v) for k, v in blk.items()}
+      h, g = int(blk["wq"].shape[1]), int(blk["wk"].shape[1])
+      if g == h:
+        q = kv = np.flatnonzero(np.asarray(m) > 0)
+        real = np.ones(len(q), np.float32)
+      else:
+        q, kv, real = gqa_layout(m, h, g)
+      new = {}
+      for k, v in blk.items():
+        if k == "wq":
+          new[k] = v[:, q]
+        elif k in ("wk", "wv"):
+          new[k] = v[:, kv]
+        elif k in ("bk", "bv"):
+          new[k] = v[kv]
+        elif k == "wo":
+          new[k] = v[q] * jnp.asarray(real, v.dtype)[:, None, None]
+        elif k in ("bq", "rel_bias"):
+          new[k] = v[q]
+        else:
+          new[k] = v
       params = _with_block(params, stack, i, new)
   return params
+
+
+def exported_mask(params, mask: dict) -> dict:
+  """The mask of export_pruned(params, mask): 1 for kept heads, 0 for GQA padding."""
+  out = {}
+  for stack, layers in mask.items():
+    out[stack] = []
+    for i, m in enumerate(layers):
+      blk = _block(params, stack, i)
+      h, g = int(blk["wq"].shape[1]), int(blk["wk"].shape[1])
+      out[stack].append(np.ones(int((np.asarray(m) > 0).sum()), np.float32) if g == h
+                        else gqa_layout(m, h, g)[2])
+  return out
 
 
 def read_mask(workdir: str) -> dict | None:

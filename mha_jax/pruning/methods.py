@@ -41,7 +41,7 @@ def train_gates(run, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
   # Heads removed by an earlier prune stay closed; a mask argument, not a constant.
   fixed = {s: [jnp.asarray(start_mask[s][i] if start_mask and s in start_mask else m)
                for i, m in enumerate(c)] for s, c in counts.items()}
-  smoothing = run.config.train.get("label_smoothing", 0.0)
+  smoothing = run.config.get("train", {}).get("label_smoothing", 0.0)
   state = {"params": run.params, "log_alpha": log_alpha}
   tx = optax.multi_transform(
       {"gates": optax.adam(lr), "model": optax.adam(param_lr), "frozen": optax.set_to_zero()},

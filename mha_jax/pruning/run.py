@@ -47,6 +47,8 @@ def write_workdir(run, out: str, params, info: dict) -> None:
     data = os.path.join(run.workdir, "data")   # the run's vocabulary/tokenizer and stats
     if os.path.isdir(data):
       shutil.copytree(data, os.path.join(out, "data"))
+    if os.path.exists(os.path.join(run.workdir, "tokenizer.json")):   # imported models
+      shutil.copy(os.path.join(run.workdir, "tokenizer.json"), out)
     c = ckpt_lib.Checkpoints(out)
     c.save_params(run.step, params, {"step": run.step,
                                      "source": os.path.abspath(run.workdir)})
@@ -88,6 +90,7 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
   if os.path.exists(out) and os.listdir(out):
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   run = loaded if loaded is not None else load(workdir)
+  _reference(run)
   start_mask = M.read_mask(workdir)
   if start_mask:
     start_mask = {s: m for s, m in start_mask.items() if s in stacks}
@@ -158,16 +161,57 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
   if os.path.exists(out) and os.listdir(out):
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   run = load(workdir)
+  _reference(run)
   pruned = M.export_pruned(run.params, mask)
   batch = next(run.model.eval_batches("test", 16))[0]
+  batch = {k: v for k, v in batch.items() if k != "reference"}
   diff = float(np.max(np.abs(np.asarray(run.model.apply(run.params, batch)) -
                              np.asarray(run.model.apply(pruned, batch)))))
   with open(os.path.join(workdir, "pruning.json")) as f:
     info = json.load(f)
+  speed = forward_speedup(run.model, run.params, pruned, batch)
   info.update(exported_from=os.path.abspath(workdir), max_abs_diff_vs_masked=diff,
               head_counts=C.head_counts(pruned), source_mask=info["mask"],
-              mask=M.mask_to_json(M.ones_mask(pruned, stacks=list(mask))))
+              kv_head_counts={s: [int(p["wk"].shape[1]) for st, _, p in
+                                  C.attention_blocks(pruned) if st == s] for s in mask},
+              mask=M.mask_to_json(M.exported_mask(run.params, mask)), forward_speed=speed)
   write_workdir(run, out, pruned, info)
   log(f"exported {M.count(mask)} heads -> {out}; head counts {C.head_counts(pruned)}; "
-      f"max |logit difference| vs the masked model {diff:.2e}")
+      f"max |logit difference| vs the masked model {diff:.2e}; forward "
+      f"{speed['masked_s']:.4f} s -> {speed['exported_s']:.4f} s (x{speed['speedup']:.2f})")
   return info
+
+
+def forward_speedup(model, dense, pruned, batch, repeats: int = 7) -> dict:
+  """Median seconds of one jitted forward of each (compiled first): the masked model
+  (all heads computed, pruned ones gated to 0 by W_O) against the exported one."""
+  import time
+  import jax
+  fwd = jax.jit(lambda p, b: model.apply(p, b))
+  out = {}
+  for name, p in (("masked_s", dense), ("exported_s", pruned)):
+    jax.block_until_ready(fwd(p, batch))
+    times = []
+    for _ in range(repeats):
+      t = time.perf_counter()
+      jax.block_until_ready(fwd(p, batch))
+      times.append(time.perf_counter() - t)
+    out[name] = float(np.median(times))
+  out["speedup"] = out["masked_s"] / out["exported_s"]
+  out["batch_shape"] = list(np.asarray(batch["tokens"]).shape)
+  return out
+
+
+def _reference(run) -> None:
+  """Embedding models: the loss and the metrics compare with the dense model's
+  embeddings (the source run of a pruned workdir, else these params)."""
+  if not hasattr(run.model, "set_reference"):
+    return
+  path = os.path.join(run.workdir, "pruning.json")
+  params = run.params
+  if os.path.exists(path):
+    with open(path) as f:
+      src = json.load(f).get("source")
+    if src and os.path.exists(os.path.join(src, "config.json")):
+      params = load(src).params
+  run.model.set_reference(params)
