@@ -208,7 +208,6 @@ SCALE_T = tuple(512 * 2**i for i in range(7))     # 512 .. 32768
 def _scale_t_one(name: str, *, d_model: int, num_heads: int, seq_len: int, batch: int,
                  rounds: int) -> dict:
   """Runs in the subprocess: compile, then time forward+backward of one implementation."""
-  import resource
   x = jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model), jnp.float32)
   impls = build_impls(d_model, num_heads, with_cudnn=False)
   if name not in impls:
@@ -221,7 +220,22 @@ def _scale_t_one(name: str, *, d_model: int, num_heads: int, seq_len: int, batch
   times = _round_seconds(lambda: compiled(p, x), rounds)
   return {"impl": name, "seq_len": seq_len, "median_ms": statistics.median(times) * 1e3,
           "times_ms": [t * 1e3 for t in times], "compile_s": compile_s,
-          "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+          "max_rss_mb": _peak_rss_mb()}
+
+
+def _peak_rss_mb() -> float:
+  """This process's peak resident memory, MB. VmHWM belongs to the process image (Linux
+  carries ru_maxrss over from the parent across fork + exec, so a child started by a big
+  process would report the parent's peak)."""
+  import resource
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 1024
+  except OSError:
+    pass
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _run_capped(argv: list[str], max_mem_gb: float, timeout_s: float):
@@ -289,7 +303,7 @@ def run_scale_t(*, d_model: int = 512, num_heads: int = 8, batch: int = 1,
                      "seq_lens": list(seq_lens), "rounds": rounds,
                      "rounds_note": "1 timed round for T > 4096, after compilation",
                      "max_mem_gb": max_mem_gb, "dtype": "float32", "mode": "forward+backward",
-                     "memory": "peak resident set (ru_maxrss) of a fresh process per row, "
+                     "memory": "peak resident set (VmHWM) of a fresh process per row, "
                                "JAX runtime included; address space capped at max_mem_gb"},
           "machine": {"backend": jax.default_backend(), "cpu_count": os.cpu_count(),
                       "platform": platform.platform(), "jax": jax.__version__},

@@ -66,6 +66,33 @@ class TranslationData(Task, Protocol):
     """BLEU of the source sentence taken as its own translation."""
 
 
+@runtime_checkable
+class PretrainedLMData(Task, Protocol):
+  """An imported language model's extra members, used by its studies."""
+
+  tokenizer: object                                # the model's own tokenizer
+
+  def repeated_tokens(self, seed: int, batch: int, half_len: int, min_half_len: int = 0):
+    """(tokens (B, 1 + 2n), copy lengths (B,)): [BOS] r r, r over ordinary tokens."""
+
+
+@runtime_checkable
+class EmbeddingData(Task, Protocol):
+  """An imported sentence encoder's extra members: a loss against the dense model's
+  embeddings (set_reference), and outputs for Michel importance."""
+
+  tokenizer: object
+
+  def paragraphs(self) -> dict:
+    """{split: paragraphs of the built-in text}."""
+
+  def set_reference(self, params) -> None:
+    """Dense params whose embeddings the loss compares against."""
+
+  def importance_outputs(self, params, batch, gates=None):
+    """(B, n) outputs whose gate gradients give Michel importance."""
+
+
 def model_spec(cfg) -> C.ModelSpec:
   m = cfg.model
   return C.ModelSpec(kind="seq2seq" if cfg.task == "translation" else "lm",

@@ -249,6 +249,7 @@ def test_planted_model_heads_are_classified_exactly(run):
   assert rows[3]["confidence"] < 0.3
 
 
+@pytest.mark.slow     # trains the full quickstart model (minutes on 2 cores)
 def test_quickstart_model_has_positional_and_syntactic_encoder_heads(tmp_path, capsys):
   """The quickstart model itself (configs/translation.py:quickstart, ~2 minutes on two
   cores), analysed from its workdir: Voita et al.'s positional and syntactic encoder heads

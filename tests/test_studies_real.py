@@ -178,7 +178,7 @@ def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
 
 
 def test_explorer_model_and_head_view_in_a_real_browser(smol, smol_rows, tmp_path):
-  from tests.test_analysis import _browser
+  from test_analysis import _browser
   path = str(tmp_path / "explorer.html")
   data = explorer.write(smol, smol_rows, path)
   text = open(path).read()

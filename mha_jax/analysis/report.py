@@ -151,7 +151,7 @@ def embedding_roles(run, split: str = "test", limit: int = 0,
                      "aligned to its wordpieces; not supported yet")
   task = run.model
   freqs = np.zeros(task.vocab_size, np.int64)
-  for ids in task.tokenizer.encode_batch(task._split_paragraphs()["train"]):
+  for ids in task.tokenizer.encode_batch(task.paragraphs()["train"]):
     np.add.at(freqs, ids, 1)
   stats, special_sums, n_q = None, {}, 0
   for batch, cap, weight in capture_lib.iter_captures(run, split, stacks=("encoder",),
@@ -164,7 +164,7 @@ def embedding_roles(run, split: str = "test", limit: int = 0,
     enc = cap["encoder"]
     if stats is None:
       heads = [np.asarray(enc[l].weights).shape[1] for l in sorted(enc)]
-      stats = roles.EncoderRoleStats(len(heads), heads, int(run.config.eval.seq_len))
+      stats = roles.RoleStats(len(heads), heads, int(run.config.eval.seq_len))
     ws = [np.asarray(enc[l].weights)[:n] for l in sorted(enc)]
     stats.update(ws, lengths, None, rarest)
     q = int(lengths.sum())

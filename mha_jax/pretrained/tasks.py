@@ -261,12 +261,13 @@ class EmbeddingTask(_NotTrainable):
     """Batch `step`: eval.batch_size random paragraphs of the built-in text's train split
     (for head-gate training; the model's weights are never trained here)."""
     del process_index, process_count
-    paras = self._split_paragraphs()["train"]
+    paras = self.paragraphs()["train"]
     rng = np.random.default_rng([int(self.cfg.get("seed", 0)), 19, step])
     idx = rng.integers(0, len(paras), size=self.cfg.eval.batch_size)
     return self.with_reference(self.batch([paras[i] for i in idx], self.cfg.eval.seq_len))
 
-  def _split_paragraphs(self) -> dict:
+  def paragraphs(self) -> dict:
+    """{split: paragraphs of the built-in text} (90 / 5 / 5 %)."""
     if self._paragraphs is None:
       corpus = text_data.read_corpus(list(self.cfg.data.text_files))
       paras = [p.strip() for p in corpus.split("\n\n") if len(p.strip()) > 40]
@@ -307,7 +308,7 @@ class EmbeddingTask(_NotTrainable):
     """Paragraphs of the built-in text, eval.seq_len tokens at most, right-padded."""
     if split not in SPLITS:
       raise UserError(f"split must be one of {SPLITS}; got {split!r}")
-    paras = self._split_paragraphs()[split][: self.cfg.eval.windows]
+    paras = self.paragraphs()[split][: self.cfg.eval.windows]
     for start in range(0, len(paras), batch_size):
       chunk = paras[start:start + batch_size]
       weight = np.zeros(batch_size, np.float32)

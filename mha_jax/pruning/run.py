@@ -198,7 +198,7 @@ def forward_speedup(model, dense, pruned, batch, repeats: int = 7) -> dict:
       times.append(time.perf_counter() - t)
     out[name] = float(np.median(times))
   out["speedup"] = out["masked_s"] / out["exported_s"]
-  out["batch_shape"] = list(np.asarray(batch["tokens"]).shape)
+  out["batch_shapes"] = {k: list(np.shape(v)) for k, v in batch.items()}
   return out
 
 
