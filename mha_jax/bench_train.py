@@ -87,10 +87,9 @@ class LinenSeq2Seq(nn.Module):
 
 
 def _smoothed_loss(logits, targets, smoothing):
-  """The task's objective: label-smoothed cross-entropy over non-pad targets."""
+  """The task's objective (tasks.token_losses) over non-pad targets."""
   mask = (targets != V.PAD_ID).astype(jnp.float32)
-  onehot = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), smoothing)
-  obj = optax.softmax_cross_entropy(logits.astype(jnp.float32), onehot)
+  obj = tasks.token_losses(logits, targets, smoothing)[1]
   return (obj * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 

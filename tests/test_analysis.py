@@ -135,21 +135,26 @@ def _browser():
   return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def launch_chromium(playwright):
+  """Headless system Chromium with no background networking; skips when it is missing."""
+  exe = _browser()
+  if exe is None:
+    pytest.skip("Chromium is not on PATH (CI installs it in .ci/run; locally, install "
+                "Debian's chromium package)")
+  return playwright.chromium.launch(executable_path=exe, args=[
+      "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync", "--no-first-run"])
+
+
 def test_explorer_renders_the_json_rows_in_a_real_browser(run, tmp_path):
   rows = [{"head": n, "role": ("syntactic" if n == "encoder.0.1" else "other")}
           for n in run.head_names]
   path = str(tmp_path / "explorer.html")
   data = explorer.write(run, rows, path, split="valid", sentences=3)
   assert "http" not in open(path).read().replace("http-equiv", "")   # no network at all
-  exe = _browser()
-  if exe is None:
-    pytest.skip("Chromium is not on PATH (CI installs it in .ci/run; locally, install "
-                "Debian's chromium package)")
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:
-    browser = p.chromium.launch(executable_path=exe, args=[
-        "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"])
+    browser = launch_chromium(p)
     page = browser.new_page()
     page.goto("file://" + path)
     page.select_option("#sent", "2")

@@ -16,7 +16,7 @@ from mha_jax.claims import experiments as E
 from mha_jax.claims import rules as R
 from mha_jax.claims import run as claims_run
 from mha_jax.claims import toy
-from test_analysis import _browser
+from test_analysis import launch_chromium
 
 H, F, I = R.HOLDS, R.FAILS, R.INCONCLUSIVE
 
@@ -194,14 +194,9 @@ def test_primer_in_a_real_browser(report):
   data = json.loads(html.split("const D = ", 1)[1].split(";\nconst $", 1)[0])
   assert data["sentence"] == list(E.SENTENCE)
   assert data["cost"]["params"] == [4 * 768 * 768] * len(E.COST_HEADS)
-  exe = _browser()
-  if exe is None:
-    pytest.skip("no Chromium and no way to install it (needs root and apt-get)")
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:
-    browser = p.chromium.launch(executable_path=exe, args=[
-        "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"])
+    browser = launch_chromium(p)
     page = browser.new_page()
     errors, requests = [], []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)

@@ -178,19 +178,16 @@ def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
 
 
 def test_explorer_model_and_head_view_in_a_real_browser(smol, smol_rows, tmp_path):
-  from test_analysis import _browser
+  from test_analysis import launch_chromium
   path = str(tmp_path / "explorer.html")
   data = explorer.write(smol, smol_rows, path)
   text = open(path).read()
   assert "http" not in text.replace("http-equiv", "")          # no network at all
   assert len(text) < 5e6
   assert len(data["weights"][0]["lm"]) == LAYERS and len(data["sentences"]) == 3
-  exe = _browser()
-  if exe is None:
-    pytest.skip("no Chromium")
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:
-    browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+    browser = launch_chromium(p)
     page = browser.new_page()
     errors, requests = [], []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
