@@ -1,6 +1,7 @@
 """Shared test helpers: an independent NumPy oracle for multi-head attention."""
 
 import os
+import shutil
 import tempfile
 
 import jax
@@ -12,15 +13,24 @@ def _share_compilations() -> None:
   """One persistent XLA cache per test run, shared by the xdist workers and every
   subprocess a test starts: many tests compile the same tiny programs. A cache dir set
   by the user (JAX_COMPILATION_CACHE_DIR) is used as is."""
+  global _OWN_CACHE
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="mha-jax-test-xla-")
+    _OWN_CACHE = tempfile.mkdtemp(prefix="mha-jax-test-xla-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
   jax.config.update("jax_persistent_cache_min_compile_time_secs",
                     float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 
+_OWN_CACHE = None
 _share_compilations()
+
+
+def pytest_unconfigure(config):
+  if _OWN_CACHE:       # the process that made the cache removes it
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
 
 # On GPU/TPU, float32 matmuls default to lower precision; tests compare at 1e-5.
 jax.config.update("jax_default_matmul_precision", "highest")
