@@ -71,9 +71,9 @@ def listdir(p) -> list[str]:
 
 
 def writable(p) -> bool:
-  """Whether folder p accepts new files (always assumed for URIs: errors surface at the
-  first write)."""
-  return is_uri(p) or os.access(p, os.W_OK)
+  """Whether folder p accepts new files (assumed for URIs, where errors surface at the
+  first write, and on processes that write nothing)."""
+  return is_uri(p) or not is_writer() or os.access(p, os.W_OK)
 
 
 def read_text(p) -> str:

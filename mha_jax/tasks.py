@@ -9,7 +9,6 @@ model's init and apply, serves deterministic training batches by step, and evalu
 from __future__ import annotations
 
 import json
-import os
 from typing import Iterator, Protocol, runtime_checkable
 
 import jax

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 from mha_jax.errors import UserError
 from mha_jax import storage
