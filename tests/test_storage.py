@@ -22,6 +22,7 @@ import mha_jax
 from mha_jax import cli as cli_mod
 from mha_jax import storage
 from mha_jax import tasks
+from mha_jax.models import common as C
 from mha_jax.train import loop
 from test_faults import ind_run  # noqa: F401 - a session fixture: one tiny trained run
 from test_train import ROOT, TINY_INDUCTION, tiny
@@ -52,12 +53,15 @@ ALLOWED = {   # (module, what it calls): why it is not workdir I/O
 
 def file_io_calls(source: str) -> set[str]:
   """What a module's source uses to touch files directly: "open", "os.<name>",
-  "os.path", "shutil", "pathlib", "tempfile"."""
+  "os.path", "shutil", "pathlib", "tempfile", "savefig" (matplotlib to a path)."""
   found = set()
   for node in ast.walk(ast.parse(source)):
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
         node.func.id == "open":
       found.add("open")
+    elif isinstance(node, ast.Attribute) and node.attr == "savefig" and not (
+        isinstance(node.value, ast.Name) and node.value.id == "storage"):
+      found.add("savefig")             # matplotlib writing to a path: storage.savefig
     elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
       if node.value.id == "os" and node.attr in FORBIDDEN_OS:
         found.add(f"os.{node.attr}")
@@ -84,9 +88,11 @@ def test_file_io_scan_flags_direct_file_access():
               "import os\nos.replace(a, b)": {"os.replace"},
               "import shutil\nshutil.copytree(a, b)": {"shutil"},
               "from pathlib import Path\nPath(wd).write_text('x')": {"pathlib"},
+              "fig.savefig(os.path.join(out, 'a.png'))": {"savefig", "os.path"},
               "from os import path\npath.join(a, b)": {"os.path"},
               "import os\nos.cpu_count(); os.environ.get('X')": set(),
-              "from mha_jax import storage\nstorage.write_json(p, {})": set()}
+              "from mha_jax import storage\nstorage.write_json(p, {})": set(),
+              "storage.savefig(fig, p, dpi=90)": set()}
   for src, want in snippets.items():
     assert file_io_calls(src) == want, src
 
@@ -162,11 +168,13 @@ def _files(folder):
                 for d, _, fs in os.walk(folder) for f in fs)
 
 
-def test_gs_workdir_train_load_eval_analyze_prune(fake_gcs, capsys):
+GS_CFG = ("--config.train.steps=4", "--config.train.checkpoint_every=4",
+          "--config.train.eval_every=100", "--config.train.log_every=2")
+
+
+def test_gs_workdir_train_resume_load_eval_analyze(fake_gcs, capsys):
   wd = "gs://bucket/run"
-  cfg = tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=4",
-             "--config.train.checkpoint_every=4", "--config.train.eval_every=100",
-             "--config.train.log_every=2")
+  cfg = tiny("configs/induction.py", TINY_INDUCTION, *GS_CFG)
   loop.train(cfg, wd, **QUIET)
   files = _files(fake_gcs / "bucket" / "run")
   assert "config.json" in files and "metrics.jsonl" in files
@@ -182,13 +190,31 @@ def test_gs_workdir_train_load_eval_analyze_prune(fake_gcs, capsys):
   assert loop.train(cfg, wd, **QUIET)["step"] == 4
   assert cli_mod.main(["eval", "--workdir", wd, "--split", "valid"]) == 0
   assert json.loads(capsys.readouterr().out)["step"] == 4
+  assert cli_mod.main(["analyze", "--workdir", wd, "--no-ablations"]) == 0
+  files = _files(fake_gcs / "bucket" / "run")
+  assert {"analysis/heads.json", "analysis/heads.csv", "analysis/summary.json",
+          "analysis/roles.png", "analysis/explorer.html"} <= set(files)
+  png = storage.read_bytes(wd + "/analysis/roles.png")
+  assert png[:8] == b"\x89PNG\r\n\x1a\n"
+  assert storage.read_json(wd + "/analysis/heads.json")[0]["head"] == "lm.0.0"
+
+
+@pytest.mark.slow
+def test_gs_workdir_ablate_prune_export_circuits(fake_gcs):
+  wd = "gs://bucket/run"
+  loop.train(tiny("configs/induction.py", TINY_INDUCTION, *GS_CFG), wd, **QUIET)
   assert cli_mod.main(["ablate", "--workdir", wd, "--heads", "lm.0.0"]) == 0
   assert cli_mod.main(["prune", "--workdir", wd, "--out", "gs://bucket/pruned",
                        "--method", "random", "--keep", "1", "--stacks", "lm"]) == 0
   pruned = _files(fake_gcs / "bucket" / "pruned")
   assert {"config.json", "pruning.json"} <= set(pruned)
   assert mha_jax.load("gs://bucket/pruned").step == 4
-  assert "analysis/ablation_zero.json" in _files(fake_gcs / "bucket" / "run")
+  assert cli_mod.main(["export-pruned", "--workdir", "gs://bucket/pruned",
+                       "--out", "gs://bucket/exported"]) == 0
+  assert sum(C.head_counts(mha_jax.load("gs://bucket/exported").params)["lm"]) == 1
+  assert cli_mod.main(["circuits", "--workdir", wd, "--no-track"]) == 0
+  files = _files(fake_gcs / "bucket" / "run")
+  assert {"analysis/ablation_zero.json", "circuits/circuits.json"} <= set(files)
 
 
 # ---------------------------------------------------------------------------
@@ -237,7 +263,6 @@ def test_process_1_writes_nothing(ind_run, tmp_path, monkeypatch):
   assert not os.path.exists(wd1)
   # studies from an existing run: reports, ablations, pruned workdirs
   assert cli_mod.main(["analyze", "--workdir", wd, "--no-ablations"]) == 0
-  assert cli_mod.main(["ablate", "--workdir", wd, "--heads", "lm.0.0"]) == 0
   out = str(tmp_path / "pruned")
   assert cli_mod.main(["prune", "--workdir", wd, "--out", out, "--method", "random",
                        "--keep", "1", "--stacks", "lm"]) == 0
