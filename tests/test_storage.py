@@ -15,7 +15,6 @@ import os
 import types
 
 import jax
-import numpy as np
 import pytest
 
 import mha_jax
