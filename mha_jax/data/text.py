@@ -73,7 +73,7 @@ class TextTokenizer:
       storage.write_text(path, "")
     else:
       path = storage.join(directory, "tokenizer.json")
-      storage.write_text(path, self.tok.to_str())
+      storage.write_text(path, self.tok.to_str(pretty=True))   # as tok.save wrote it
     return path
 
   @property
