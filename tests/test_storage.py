@@ -21,6 +21,7 @@ import mha_jax
 from mha_jax import cli as cli_mod
 from mha_jax import storage
 from mha_jax import tasks
+from mha_jax.loader import load_config
 from mha_jax.models import common as C
 from mha_jax.train import loop
 from test_faults import ind_run  # noqa: F401 - a session fixture: one tiny trained run
@@ -240,10 +241,11 @@ class _NoCheckpoints:
     pass
 
 
+@pytest.mark.xdist_group("faults")   # on the worker that trains ind_run for test_faults
 def test_process_1_writes_nothing(ind_run, tmp_path, monkeypatch):
   from mha_jax.train import checkpoint as ckpt_lib
   wd = ind_run                              # trained by process 0 (shared with test_faults)
-  cfg = mha_jax.loader.load_config(wd)
+  cfg = load_config(wd)
   cfg.train.steps = 4
   before = {f: os.path.getsize(os.path.join(wd, f)) for f in _files(wd)}
   assert "config.json" in before and "metrics.jsonl" in before
