@@ -211,7 +211,9 @@ def _cmd_prune_curve(args) -> int:
   out = args.out or args.workdir.rstrip("/") + "/pruning_curve"
   rows = curve.pruning_curve(args.workdir, out, counts=args.counts,
                              stacks=[s for s in args.stacks.split(",") if s], lam=args.l0_lambda,
-                             steps=args.steps, bleu_limit=args.bleu_sentences)
+                             steps=args.steps, bleu_limit=args.bleu_sentences,
+                             random_draws=args.random_draws,
+                             save_workdirs=args.save_workdirs)
   print(curve.format_curve(rows, "bleu" in rows[0]))
   print(f"wrote {out}/curve.json, curve.md, curve.png")
   return 0
@@ -374,6 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
   pc.add_argument("--l0-lambda", type=float, default=0.05)
   pc.add_argument("--steps", type=int, default=200)
   pc.add_argument("--bleu-sentences", type=int, default=0)
+  pc.add_argument("--random-draws", type=int, default=1,
+                  help="random pruning: the mean over this many random orders")
+  pc.add_argument("--save-workdirs", type=_int_list, default=(),
+                  help="head counts (of --counts) at which each method's pruned model is "
+                       "written as OUT/{method}_k{K}, ready for export-pruned")
   pc.set_defaults(func=_cmd_prune_curve)
 
   ex = sub.add_parser("export-pruned", help="remove pruned heads from the weights for real")
