@@ -123,7 +123,7 @@ def _cmd_analyze(args) -> int:
   run = load(args.workdir, step=args.step)
   out = _out_dir(args)
   summary = report.analyze(run, split=args.split, out_dir=out, loo=not args.no_ablations,
-                           loo_bleu_limit=args.bleu_sentences)
+                           loo_bleu_limit=args.bleu_sentences, conllu=args.conllu)
   print(json.dumps(summary, indent=1))
   print(f"wrote {out}/ (heads.json, heads.csv, *.png, explorer.html)")
   return 0
@@ -328,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
   a.add_argument("--out", default=None, help="output folder (default: WORKDIR/analysis)")
   a.add_argument("--bleu-sentences", type=int, default=64,
                  help="sentences for BLEU in the leave-one-out pass (0 = all)")
+  a.add_argument("--conllu", default=None,
+                 help="imported encoders: a CoNLL-U file of sentences for syntactic roles")
   a.set_defaults(func=_cmd_analyze)
 
   ab = sub.add_parser("ablate", help="evaluate a checkpoint with heads ablated")
