@@ -307,3 +307,42 @@ def test_bert_syntactic_roles_from_a_conllu_file(minilm, tmp_path, capsys):
   assert cli.main(["analyze", "--workdir", minilm.workdir, "--conllu",
                    str(tmp_path / "missing.conllu"), "--out", str(tmp_path / "a")]) == 2
   assert "no such file" in capsys.readouterr().err
+
+
+def _shapes_in(jaxpr) -> set:
+  """Shapes of every value a jaxpr (and the jaxprs inside it) computes."""
+  out = set()
+  for eqn in jaxpr.eqns:
+    out |= {tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape")}
+    for p in eqn.params.values():
+      for sub in (p if isinstance(p, (list, tuple)) else [p]):
+        inner = getattr(sub, "jaxpr", None)
+        if inner is not None:
+          out |= _shapes_in(getattr(inner, "jaxpr", inner))
+  return out
+
+
+def test_frozen_gate_step_forms_no_weight_gradient_and_cosine_loss_needs_a_cut(minilm):
+  # the cosine-distance loss: 0 with every head, > 0 once heads are gone
+  minilm.model.set_reference(minilm.params)
+  batch = jax.tree.map(jnp.asarray, minilm.model.train_batch(0))
+  ones = M.ones_mask(minilm.params, ["encoder"])
+  full, _ = minilm.model.loss(minilm.params, batch, gates=M.full_gates(minilm.params, ones))
+  cut = {"encoder": [m.copy() for m in ones["encoder"]]}
+  cut["encoder"][0][:6] = 0.0
+  less, _ = minilm.model.loss(minilm.params, batch, gates=M.full_gates(minilm.params, cut))
+  assert abs(float(full)) < 1e-5 and float(less) > 1e-3
+  # L0 gate training with the model frozen: the step differentiates log_alpha alone, so
+  # no value shaped like a weight matrix (the embedding, W_Q, the MLP) is ever computed
+  la, params, hist = methods.train_gates(minilm, 0.01, stacks=["encoder"], steps=2,
+                                         log=lambda s: None)
+  assert params is minilm.params and np.isfinite(hist[-1]["loss_mean"])
+  step = next(v for k, v in minilm.model._jit_cache.items() if k.startswith("gate_step/"))
+  import optax
+  fixed = {"encoder": [jnp.ones(12) for _ in range(6)]}
+  jaxpr = jax.make_jaxpr(step)(la, optax.adam(0.05).init(la), minilm.params, batch,
+                               jax.random.PRNGKey(0), jnp.float32(0.01), fixed)
+  shapes = _shapes_in(jaxpr.jaxpr)
+  weights = {tuple(np.shape(x)) for x in jax.tree.leaves(minilm.params) if np.ndim(x) >= 2}
+  assert (30522, 384) in weights and (384, 1536) in weights
+  assert not shapes & weights, shapes & weights
