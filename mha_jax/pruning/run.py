@@ -165,20 +165,24 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
   pruned = M.export_pruned(run.params, mask)
   batch = next(run.model.eval_batches("test", 16))[0]
   batch = {k: v for k, v in batch.items() if k != "reference"}
-  diff = float(np.max(np.abs(np.asarray(run.model.apply(run.params, batch)) -
-                             np.asarray(run.model.apply(pruned, batch)))))
+  masked_out = np.asarray(run.model.apply(run.params, batch))
+  diff = float(np.max(np.abs(masked_out - np.asarray(run.model.apply(pruned, batch)))))
+  scale = float(np.max(np.abs(masked_out)))
   with open(os.path.join(workdir, "pruning.json")) as f:
     info = json.load(f)
   speed = forward_speedup(run.model, run.params, pruned, batch)
   info.update(exported_from=os.path.abspath(workdir), max_abs_diff_vs_masked=diff,
+              max_abs_output_masked=scale, relative_diff_vs_masked=diff / max(scale, 1e-30),
               head_counts=C.head_counts(pruned), source_mask=info["mask"],
               kv_head_counts={s: [int(p["wk"].shape[1]) for st, _, p in
                                   C.attention_blocks(pruned) if st == s] for s in mask},
               mask=M.mask_to_json(M.exported_mask(run.params, mask)), forward_speed=speed)
   write_workdir(run, out, pruned, info)
   log(f"exported {M.count(mask)} heads -> {out}; head counts {C.head_counts(pruned)}; "
-      f"max |logit difference| vs the masked model {diff:.2e}; forward "
-      f"{speed['masked_s']:.4f} s -> {speed['exported_s']:.4f} s (x{speed['speedup']:.2f})")
+      f"max |output difference| vs the masked model {diff:.2e} (max |output| {scale:.3g}); "
+      f"forward {speed['masked_s']:.4f} s -> {speed['exported_s']:.4f} s "
+      f"(x{speed['speedup']:.2f}, {speed['masked_tokens_per_s']:.0f} -> "
+      f"{speed['exported_tokens_per_s']:.0f} tokens/s)")
   return info
 
 
