@@ -82,7 +82,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   for method in ("l0", "michel", "random"):
     for k in sorted(counts, reverse=True):
       mask = masks[method][k]
-      res = _evaluate(run, mask, is_tr, bleu_limit)
+      res = first = _evaluate(run, mask, is_tr, bleu_limit)
       if method == "random" and random_draws > 1:
         each = [res] + [_evaluate(run, d[k], is_tr, bleu_limit) for d in draws[1:]]
         res = {m: (float(np.mean([e[m] for e in each])) if isinstance(v, float) else v)
@@ -101,7 +101,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
                               M.mask_params(run.params, mask),
                               {"source": os.path.abspath(workdir), "stacks": list(stacks),
                                "method": method, "keep": k, "mask": M.mask_to_json(mask),
-                               "kept": M.count(mask), "kept_heads": kept, "after": res,
+                               "kept": M.count(mask), "kept_heads": kept, "after": first,
                                "from_curve": os.path.abspath(out_dir)})
   seconds["evaluations"] = time.perf_counter() - t0
   os.makedirs(out_dir, exist_ok=True)
