@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 
 
@@ -104,14 +105,13 @@ def _cmd_eval(args) -> int:
 
 def _out_dir(args) -> str:
   """--out, by default WORKDIR/analysis; checked writable before any work is done."""
-  import os
-  out = args.out or os.path.join(args.workdir, "analysis")
+  out = args.out or storage.join(args.workdir, "analysis")
   try:
-    os.makedirs(out, exist_ok=True)
+    storage.makedirs(out)
   except OSError as e:
     raise UserError(f"--out {out!r} cannot be created ({e.strerror}); a read-only "
                     f"workdir needs --out elsewhere") from None
-  if not os.access(out, os.W_OK):
+  if not storage.writable(out):
     raise UserError(f"--out {out!r} is not writable; a read-only workdir needs --out "
                     f"elsewhere")
   return out
@@ -130,7 +130,6 @@ def _cmd_analyze(args) -> int:
 
 
 def _cmd_ablate(args) -> int:
-  import os
   from mha_jax.analysis import importance, report
   from mha_jax.loader import load
   if args.mode not in ("zero", "mean"):
@@ -156,11 +155,10 @@ def _cmd_ablate(args) -> int:
     result = {"mode": args.mode, "split": args.split, "heads": args.heads, "base": base,
               "ablated": res, "delta": {k: res[k] - base[k] for k in res}}
   name = "ablation_each" if args.each else "ablation"
-  with open(os.path.join(out_dir, f"{name}_{args.mode}.json"), "w") as f:
-    json.dump(result, f, indent=1)
+  storage.write_json(storage.join(out_dir, f"{name}_{args.mode}.json"), result)
   key = "delta_bleu" if is_tr else "delta_loss"
   report._plot_bars([r["head"] for r in rows], [r[key] for r in rows],
-                    os.path.join(out_dir, f"{name}_{args.mode}.png"), key)
+                    storage.join(out_dir, f"{name}_{args.mode}.png"), key)
   if args.each:   # the full list is in the JSON file; print the ten largest effects
     result = {k: v for k, v in result.items() if k != "each"}
     result["largest"] = sorted(rows, key=lambda r: r[key] if is_tr else -r[key])[:10]
@@ -169,22 +167,19 @@ def _cmd_ablate(args) -> int:
 
 
 def _ablate_induction(run, args, out_dir: str) -> int:
-  import os
   from mha_jax.analysis import importance, report
   if run.config.task not in ("lm", "pretrained_lm"):
     raise UserError(f"--induction-vs-random needs a language model; {args.workdir!r} has "
                      f"task {run.config.task!r}")
-  path = os.path.join(args.workdir, "analysis", "heads.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      rows = json.load(f)
+  path = storage.join(args.workdir, "analysis", "heads.json")
+  if storage.exists(path):
+    rows = storage.read_json(path)
   else:
     rows = report.lm_roles(run, args.split)
   scores = {r["head"]: r["induction"] for r in rows if "induction" in r}
   res = importance.induction_vs_random(run, scores, top=args.top, draws=args.draws,
                                        mode=args.mode, split=args.split)
-  with open(os.path.join(out_dir, f"ablation_induction_{args.mode}.json"), "w") as f:
-    json.dump(res, f, indent=1)
+  storage.write_json(storage.join(out_dir, f"ablation_induction_{args.mode}.json"), res)
   print(json.dumps({k: res[k] for k in ("mode", "top_heads", "top_scores", "top_delta",
                                         "random_delta_mean")}))
   return 0

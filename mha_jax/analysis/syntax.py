@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from mha_jax import storage
 from mha_jax.analysis import capture as capture_lib
 from mha_jax.analysis import roles
 from mha_jax.errors import UserError
@@ -65,8 +66,7 @@ def read_sentences(path: str, what: str = "--conllu") -> tuple[list[list[str]], 
   import conllu
   from mha_jax.data import parallel
   arcs = parallel.read_conllu_arcs(path, None, what)
-  with open(path, encoding="utf-8") as f:
-    parsed = conllu.parse(f.read())
+  parsed = conllu.parse(storage.read_text(path))
   return [[t["form"] for t in tl if isinstance(t["id"], int)] for tl in parsed], arcs
 
 

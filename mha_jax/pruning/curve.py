@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.analysis import report
 from mha_jax.loader import load
@@ -20,10 +21,9 @@ from mha_jax.pruning import run as run_lib
 
 
 def _roles(run, split, log) -> dict[str, str]:
-  path = os.path.join(run.workdir, "analysis", "heads.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      return {r["head"]: r.get("role", "other") for r in json.load(f)}
+  path = storage.join(run.workdir, "analysis", "heads.json")
+  if storage.exists(path):
+    return {r["head"]: r.get("role", "other") for r in storage.read_json(path)}
   log("roles: analysing the dense model first ...")
   task = run.config.task
   rows = (report.translation_roles(run, split) if task == "translation" else
@@ -55,8 +55,8 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
     raise UserError(f"--random-draws must be >= 1; got {random_draws}")
   for k in save_workdirs:       # refused now, not after the work
     for method in ("l0", "michel", "random"):
-      d = os.path.join(out_dir, f"{method}_k{k}")
-      if os.path.exists(d) and os.listdir(d):
+      d = storage.join(out_dir, f"{method}_k{k}")
+      if storage.exists(d) and storage.listdir(d):
         raise UserError(f"--save-workdirs: {d!r} exists and is not empty; refusing to "
                         f"overwrite it")
   roles = _roles(run, "test", log)
@@ -97,22 +97,20 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
       log(f"{method:>6} K={k:>3}: " + " ".join(f"{m} {v:.4g}" for m, v in res.items()
                                               if isinstance(v, float)))
       if k in save_workdirs:
-        run_lib.write_workdir(run, os.path.join(out_dir, f"{method}_k{k}"),
+        run_lib.write_workdir(run, storage.join(out_dir, f"{method}_k{k}"),
                               M.mask_params(run.params, mask),
-                              {"source": os.path.abspath(workdir), "stacks": list(stacks),
+                              {"source": storage.abspath(workdir), "stacks": list(stacks),
                                "method": method, "keep": k, "mask": M.mask_to_json(mask),
                                "kept": M.count(mask), "kept_heads": kept, "after": first,
-                               "from_curve": os.path.abspath(out_dir)})
+                               "from_curve": storage.abspath(out_dir)})
   seconds["evaluations"] = time.perf_counter() - t0
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "curve.json"), "w") as f:
-    json.dump({"workdir": workdir, "stacks": list(stacks), "lambda": lam, "steps": steps,
-               "gate_batch_shape": gate_batch, "random_draws": random_draws,
-               "seconds": seconds, "total": total, "l0_history": history, "rows": rows},
-              f, indent=1)
-  with open(os.path.join(out_dir, "curve.md"), "w") as f:
-    f.write(format_curve(rows, is_tr) + "\n")
-  _plot(rows, os.path.join(out_dir, "curve.png"), curve_metric(rows, is_tr))
+  storage.makedirs(out_dir)
+  storage.write_json(storage.join(out_dir, "curve.json"),
+                     {"workdir": workdir, "stacks": list(stacks), "lambda": lam, "steps": steps,
+                      "gate_batch_shape": gate_batch, "random_draws": random_draws,
+                      "seconds": seconds, "total": total, "l0_history": history, "rows": rows})
+  storage.write_text(storage.join(out_dir, "curve.md"), format_curve(rows, is_tr) + "\n")
+  _plot(rows, storage.join(out_dir, "curve.png"), curve_metric(rows, is_tr))
   return rows
 
 
@@ -162,5 +160,5 @@ def _plot(rows, path, metric):
   ax.set_ylabel(f"test {metric}")
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  storage.savefig(fig, path, dpi=120)
   plt.close(fig)
