@@ -123,7 +123,7 @@ def _cmd_analyze(args) -> int:
   run = load(args.workdir, step=args.step)
   out = _out_dir(args)
   summary = report.analyze(run, split=args.split, out_dir=out, loo=not args.no_ablations,
-                           loo_bleu_limit=args.bleu_sentences)
+                           loo_bleu_limit=args.bleu_sentences, conllu=args.conllu)
   print(json.dumps(summary, indent=1))
   print(f"wrote {out}/ (heads.json, heads.csv, *.png, explorer.html)")
   return 0
@@ -206,7 +206,9 @@ def _cmd_prune_curve(args) -> int:
   out = args.out or args.workdir.rstrip("/") + "/pruning_curve"
   rows = curve.pruning_curve(args.workdir, out, counts=args.counts,
                              stacks=[s for s in args.stacks.split(",") if s], lam=args.l0_lambda,
-                             steps=args.steps, bleu_limit=args.bleu_sentences)
+                             steps=args.steps, bleu_limit=args.bleu_sentences,
+                             random_draws=args.random_draws,
+                             save_workdirs=args.save_workdirs)
   print(curve.format_curve(rows, "bleu" in rows[0]))
   print(f"wrote {out}/curve.json, curve.md, curve.png")
   return 0
@@ -215,7 +217,8 @@ def _cmd_prune_curve(args) -> int:
 def _cmd_export_pruned(args) -> int:
   from mha_jax.pruning import run as prune_run
   info = prune_run.export(args.workdir, args.out)
-  print(json.dumps({k: info[k] for k in ("head_counts", "max_abs_diff_vs_masked")}))
+  print(json.dumps({k: info[k] for k in ("head_counts", "max_abs_diff_vs_masked",
+                                          "relative_diff_vs_masked", "forward_speed")}))
   return 0
 
 
@@ -321,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
   a.add_argument("--out", default=None, help="output folder (default: WORKDIR/analysis)")
   a.add_argument("--bleu-sentences", type=int, default=64,
                  help="sentences for BLEU in the leave-one-out pass (0 = all)")
+  a.add_argument("--conllu", default=None,
+                 help="imported encoders: a CoNLL-U file of sentences for syntactic roles")
   a.set_defaults(func=_cmd_analyze)
 
   ab = sub.add_parser("ablate", help="evaluate a checkpoint with heads ablated")
@@ -369,6 +374,11 @@ def build_parser() -> argparse.ArgumentParser:
   pc.add_argument("--l0-lambda", type=float, default=0.05)
   pc.add_argument("--steps", type=int, default=200)
   pc.add_argument("--bleu-sentences", type=int, default=0)
+  pc.add_argument("--random-draws", type=int, default=1,
+                  help="random pruning: the mean over this many random orders")
+  pc.add_argument("--save-workdirs", type=_int_list, default=(),
+                  help="head counts (of --counts) at which each method's pruned model is "
+                       "written as OUT/{method}_k{K}, ready for export-pruned")
   pc.set_defaults(func=_cmd_prune_curve)
 
   ex = sub.add_parser("export-pruned", help="remove pruned heads from the weights for real")

@@ -52,16 +52,34 @@ for name in ("smol_curve_curve.md", "minilm_curve_curve.md"):
 bert = load("minilm_analysis_summary.json")
 if bert:
   print("BERT role counts:", bert["role_counts"])
-ex = load("smol_r135_export.json")
+bheads = load("minilm_analysis_heads.json")
+if bheads and any(r.get("syntactic_best") for r in bheads):
+  syn = sorted((r for r in bheads if r["role"] == "syntactic"),
+               key=lambda r: -r["syntactic_margin"])
+  print(f"BERT syntactic heads ({len(syn)}): " + ", ".join(
+      f"{r['head']} {r['syntactic_best']} {r['syn_' + r['syntactic_best']]:.2f} "
+      f"(+{r['syntactic_margin']:.2f})" for r in syn))
+ex = load("smol_pruned135_export.json")
 if ex:
-  print("export:", json.dumps(ex))
+  f = ex["forward_speed"]
+  print(f"export ({ex.get('method')}, {ex.get('kept')} heads kept): query heads per layer "
+        f"{ex['head_counts']['lm']}, kv heads {ex['kv_head_counts']['lm']}; max |logit diff| "
+        f"vs masked {ex['max_abs_diff_vs_masked']:.2e}; forward on {f['batch_shapes']}: "
+        f"{f['masked_tokens_per_s']:.0f} -> {f['exported_tokens_per_s']:.0f} tokens/s, "
+        f"x{f['speedup']:.3f} (median of {f['rounds']} interleaved rounds)")
 for name in ("smol_curve_curve.json", "minilm_curve_curve.json"):
   c = load(name)
   if not c:
     continue
   rows = c["rows"]
   metric = "cosine_to_full" if "cosine_to_full" in rows[0] else "perplexity"
-  print(f"{name}: {metric} (test split) and the roles of the heads kept")
+  last = c["l0_history"][-1]
+  print(f"{name}: L0 gates {c['steps']} steps, lambda {c['lambda']}, batch "
+        f"{c.get('gate_batch_shape')}, loss at the end {last['loss']:.3f} (mean of the "
+        f"last {c['steps'] // 5} steps {last.get('loss_mean', float('nan')):.3f}); wall "
+        + ", ".join(f"{k} {v / 60:.1f} min" for k, v in c.get("seconds", {}).items()))
+  print(f"{metric} (test split; random: mean of {c.get('random_draws', 1)} draws) and the "
+        f"roles of the heads kept")
   print("| heads kept | " + " | ".join(f"{m} {metric}" for m in ("l0", "michel", "random"))
         + " | roles kept: l0 / michel / random |")
   print("|---:|---:|---:|---:|---|")
@@ -69,6 +87,11 @@ for name in ("smol_curve_curve.json", "minilm_curve_curve.json"):
   for k in sorted({r["kept"] for r in rows}, reverse=True):
     roles = " / ".join(", ".join(f"{a} {n}" for a, n in sorted(by[(m, k)]["roles"].items())
                                  if a != "other") or "-" for m in ("l0", "michel", "random"))
-    print(f"| {k} | " + " | ".join(f"{by[(m, k)][metric]:.4g}" for m in ("l0", "michel", "random"))
-          + f" | {roles} |")
+    rnd = by[("random", k)]
+    spread = ""
+    if "draws" in rnd:
+      v = [d[metric] for d in rnd["draws"]]
+      spread = f" ({min(v):.4g}-{max(v):.4g})"
+    print(f"| {k} | " + " | ".join(f"{by[(m, k)][metric]:.4g}" for m in ("l0", "michel"))
+          + f" | {rnd[metric]:.4g}{spread} | {roles} |")
   print()

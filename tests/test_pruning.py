@@ -172,8 +172,8 @@ def test_prune_cli_and_bad_input(run, tmp_path, capsys):
 def test_pruning_curve_joins_roles_and_writes_outputs(run, tmp_path):
   from mha_jax.pruning import curve
   out = str(tmp_path / "curve")
-  rows = curve.pruning_curve(run.workdir, out, counts=[8, 4, 0], steps=3,
-                             log=lambda s: None)
+  rows = curve.pruning_curve(run.workdir, out, counts=[8, 4, 0], steps=3, random_draws=3,
+                             save_workdirs=[4], log=lambda s: None)
   assert {(r["method"], r["kept"]) for r in rows} == {
       (m, k) for m in ("l0", "michel", "random") for k in (8, 4, 0)}
   by = {(r["method"], r["kept"]): r for r in rows}
@@ -184,6 +184,26 @@ def test_pruning_curve_joins_roles_and_writes_outputs(run, tmp_path):
   assert os.path.getsize(os.path.join(out, "curve.png")) > 1000
   table = open(os.path.join(out, "curve.md")).read()
   assert table.splitlines()[2].startswith("| 8 |")
+  # random: the mean over 3 orders (the first one's heads), each draw recorded
+  r4 = by[("random", 4)]
+  assert len(r4["draws"]) == 3 and r4["loss"] == pytest.approx(
+      np.mean([d["loss"] for d in r4["draws"]]))
+  assert len({d["loss"] for d in r4["draws"]}) > 1
+  # --save-workdirs: each method's model at 4 heads, a pruned workdir like prune's
+  for m in ("l0", "michel", "random"):
+    saved = os.path.join(out, f"{m}_k4")
+    info = json.load(open(os.path.join(saved, "pruning.json")))
+    assert info["kept_heads"] == by[(m, 4)]["kept_heads"] and info["method"] == m
+    again = mha_jax.load(saved)
+    res = again.model.evaluate(again.params, "test", bleu=False)
+    want = by[(m, 4)]["draws"][0] if m == "random" else by[(m, 4)]   # random: 1st draw
+    assert res["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-6)
+    assert info["after"]["loss"] == pytest.approx(want["loss"], rel=1e-6)
+  ex = prune_run.export(os.path.join(out, "l0_k4"), str(tmp_path / "ex"), log=lambda s: None)
+  assert sum(ex["head_counts"]["encoder"]) == 4 and ex["max_abs_diff_vs_masked"] < 1e-4
+  assert ex["forward_speed"]["interleaved"] and ex["forward_speed"]["exported_tokens_per_s"] > 0
+  with pytest.raises(ValueError, match="--save-workdirs: .*l0_k4.* not empty"):
+    curve.pruning_curve(run.workdir, out, counts=[8, 4], save_workdirs=[4], log=lambda s: None)
   with pytest.raises(ValueError, match=r"--counts: 9 is outside 0..8"):
     curve.pruning_curve(run.workdir, out, counts=[9], log=lambda s: None)
 

@@ -196,3 +196,144 @@ def test_explorer_model_and_head_view_in_a_real_browser(smol, smol_rows, tmp_pat
     assert max(w) == max(max(row) for row in want)
     assert errors == [] and requests == []
     browser.close()
+
+
+# Two hand-made sentences in CoNLL-U (UD v2): "tokenizers" (3 wordpieces) heads an amod,
+# "unbelievably" (5 wordpieces) depends on "quickly", "embeddings" (4) on "analyzed".
+CONLLU = "".join(
+    "\n".join("\t".join([str(i + 1), w, "_", "_", "_", "_", str(h), r, "_", "_"])
+              for i, (w, h, r) in enumerate(sent)) + "\n\n"
+    for sent in [
+        [("Complicated", 2, "amod"), ("tokenizers", 3, "nsubj"), ("confuse", 0, "root"),
+         ("researchers", 3, "obj"), (".", 3, "punct")],
+        [("Researchers", 4, "nsubj"), ("unbelievably", 3, "advmod"), ("quickly", 4, "advmod"),
+         ("analyzed", 0, "root"), ("embeddings", 4, "obj:x"), (".", 4, "punct")]])
+
+
+def _planted(word_ids, arcs):
+  """(3, T, T) wordpiece attention: head 0 follows the arcs only once pieces are joined
+  (a dependent's pieces put 0.72 on the pieces of its head word, split evenly, and 0.28 on
+  [SEP], so a 3-piece head word loses to [SEP] piece by piece; the first piece of a
+  >= 4-piece dependent looks at [CLS] instead); head 1 attends to the previous
+  wordpiece; head 2 to [CLS]."""
+  t = len(word_ids)
+  w = np.zeros((3, t, t))
+  pieces = {}
+  for i, wid in enumerate(word_ids):
+    if wid is not None:
+      pieces.setdefault(wid, []).append(i)
+  for q, wid in enumerate(word_ids):
+    head = arcs["heads"][wid] if wid is not None else -1
+    if head < 0:
+      w[0, q, q] = 1.0
+    elif len(pieces[wid]) >= 4 and q == pieces[wid][0]:
+      w[0, q, 0] = 1.0
+    else:
+      w[0, q, pieces[head]] = 0.72 / len(pieces[head])
+      w[0, q, t - 1] = 0.28
+    w[1, q, max(q - 1, 0)] = 1.0
+  w[2, :, 0] = 1.0
+  return w
+
+
+def test_conllu_words_align_to_wordpieces_and_a_head_along_the_arcs_scores_1(
+    minilm, tmp_path):
+  from mha_jax.analysis import roles, syntax
+  path = tmp_path / "s.conllu"
+  path.write_text(CONLLU)
+  sentences, arcs = syntax.read_sentences(str(path))
+  assert sentences[1][1] == "unbelievably" and arcs[1]["rels"][4] == "obj"
+  encoded = [syntax.encode_words(minilm.model.tokenizer, s, "--conllu") for s in sentences]
+  ids, word_ids = encoded[1]
+  groups, unit_of = syntax.word_groups(word_ids)
+  assert len(groups) == 6 + 2 and groups[0] == [0] and groups[-1] == [len(ids) - 1]
+  assert groups[unit_of[1]] == [2, 3, 4, 5, 6]                   # un ##bel ##ie ##va ##bly
+  assert minilm.model.tokenizer.decode(ids[groups[unit_of[1]]]).replace(" ", "").replace(
+      "##", "") == "unbelievably"
+  assert len(groups[unit_of[4]]) == 4                             # em ##bed ##ding ##s
+  # received attention summed over a word's pieces, paid attention averaged over them
+  w = np.random.default_rng(0).dirichlet(np.ones(len(ids)), size=(2, len(ids)))
+  wa = syntax.word_attention(w, groups)
+  np.testing.assert_allclose(wa.sum(-1), 1.0, atol=1e-12)
+  u, v = unit_of[1], unit_of[2]
+  want = np.mean([sum(w[1, a, b] for b in groups[v]) for a in groups[u]])
+  assert wa[1, u, v] == pytest.approx(want, abs=1e-12)
+
+  planted = [[_planted(wi, a)] for (_, wi), a in zip(encoded, arcs)]
+  # piece by piece the arc-following head would miss an arc: joining pieces is needed
+  t0 = planted[0][0][0]
+  assert t0[encoded[0][1].index(0)].argmax() == len(encoded[0][0]) - 1   # [SEP]
+  syn = syntax.score_sentences(
+      ((p, wi, a) for p, (_, wi), a in zip(planted, encoded, arcs)),
+      max_units=max(len(syntax.word_groups(wi)[0]) for _, wi in encoded),
+      relations=["advmod", "amod", "dobj", "nsubj", "punct"])
+  arc, prev, cls = (syn[f"encoder.0.{h}"] for h in range(3))
+  for rel in ("nsubj", "dobj", "amod", "advmod", "punct"):
+    assert arc[f"syn_{rel}_dh"] == 1.0, rel
+    assert prev[f"syn_{rel}_dh"] < 1.0 and cls[f"syn_{rel}_dh"] == 0.0, rel
+  # nsubj sits 1 and 3 words before its verb: the best fixed offset gets half of them
+  assert arc["syn_nsubj_dh_baseline"] == 0.5
+  assert arc["syntactic_margin"] >= 0.5 > max(prev["syntactic_margin"],
+                                             cls["syntactic_margin"])
+  row = {**arc, "positional_share": 0.0, "rare_share": 0.0}
+  assert roles.assign_role(row) == "syntactic"
+  assert roles.assign_role({**prev, "positional_share": 0.0, "rare_share": 0.0}) == "other"
+
+
+def test_bert_syntactic_roles_from_a_conllu_file(minilm, tmp_path, capsys):
+  from mha_jax import cli
+  path = tmp_path / "s.conllu"
+  path.write_text(CONLLU)
+  rows = report.embedding_roles(minilm, "test", limit=8, conllu=str(path))
+  assert len(rows) == 72
+  for r in rows:          # every relation the file uses is scored, for every head
+    for rel in ("nsubj_dh", "dobj_hd", "amod_dh", "advmod_hd", "punct_dh"):
+      assert 0.0 <= r[f"syn_{rel}"] <= 1.0
+    assert (r["role"] == "syntactic") == (r["positional_share"] < 0.9 and
+                                          r["syntactic_margin"] >= 0.1)
+  bad = tmp_path / "bad.conllu"
+  bad.write_text("1\tdog\t_\t_\t_\t_\t7\tnsubj\t_\t_\n\n")
+  with pytest.raises(ValueError, match="head 7 is not a token"):
+    report.embedding_roles(minilm, "test", limit=8, conllu=str(bad))
+  assert cli.main(["analyze", "--workdir", minilm.workdir, "--conllu",
+                   str(tmp_path / "missing.conllu"), "--out", str(tmp_path / "a")]) == 2
+  assert "no such file" in capsys.readouterr().err
+
+
+def _shapes_in(jaxpr) -> set:
+  """Shapes of every value a jaxpr (and the jaxprs inside it) computes."""
+  out = set()
+  for eqn in jaxpr.eqns:
+    out |= {tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape")}
+    for p in eqn.params.values():
+      for sub in (p if isinstance(p, (list, tuple)) else [p]):
+        inner = getattr(sub, "jaxpr", None)
+        if inner is not None:
+          out |= _shapes_in(getattr(inner, "jaxpr", inner))
+  return out
+
+
+def test_frozen_gate_step_forms_no_weight_gradient_and_cosine_loss_needs_a_cut(minilm):
+  # the cosine-distance loss: 0 with every head, > 0 once heads are gone
+  minilm.model.set_reference(minilm.params)
+  batch = jax.tree.map(jnp.asarray, minilm.model.train_batch(0))
+  ones = M.ones_mask(minilm.params, ["encoder"])
+  full, _ = minilm.model.loss(minilm.params, batch, gates=M.full_gates(minilm.params, ones))
+  cut = {"encoder": [m.copy() for m in ones["encoder"]]}
+  cut["encoder"][0][:6] = 0.0
+  less, _ = minilm.model.loss(minilm.params, batch, gates=M.full_gates(minilm.params, cut))
+  assert abs(float(full)) < 1e-5 and float(less) > 1e-3
+  # L0 gate training with the model frozen: the step differentiates log_alpha alone, so
+  # no value shaped like a weight matrix (the embedding, W_Q, the MLP) is ever computed
+  la, params, hist = methods.train_gates(minilm, 0.01, stacks=["encoder"], steps=2,
+                                         log=lambda s: None)
+  assert params is minilm.params and np.isfinite(hist[-1]["loss_mean"])
+  step = next(v for k, v in minilm.model._jit_cache.items() if k.startswith("gate_step/"))
+  import optax
+  fixed = {"encoder": [jnp.ones(12) for _ in range(6)]}
+  jaxpr = jax.make_jaxpr(step)(la, optax.adam(0.05).init(la), minilm.params, batch,
+                               jax.random.PRNGKey(0), jnp.float32(0.01), fixed)
+  shapes = _shapes_in(jaxpr.jaxpr)
+  weights = {tuple(np.shape(x)) for x in jax.tree.leaves(minilm.params) if np.ndim(x) >= 2}
+  assert (30522, 384) in weights and (384, 1536) in weights
+  assert not shapes & weights, shapes & weights

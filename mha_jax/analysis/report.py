@@ -14,7 +14,7 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.analysis import capture as capture_lib
-from mha_jax.analysis import explorer, importance, roles
+from mha_jax.analysis import explorer, importance, roles, syntax
 from mha_jax.data import vocab as V
 from mha_jax.errors import UserError
 from mha_jax.models import common as C
@@ -143,11 +143,11 @@ def embedding_roles(run, split: str = "test", limit: int = 0,
   ([CLS] and [SEP] included as positions; the rarest token is the least frequent
   wordpiece of the train split, [CLS]/[SEP] excluded), and the attention on [CLS] and on
   [SEP]. Role: positional > syntactic > cls > sep > rare > other ("cls"/"sep" when that
-  share >= `special`). Syntactic needs arcs of the input sentences (a CoNLL-U file):
-  not available on the built-in text, so no head is syntactic here."""
-  if conllu:
-    raise UserError("--conllu: syntactic roles of an imported encoder need sentences "
-                     "aligned to its wordpieces; not supported yet")
+  share >= `special`). Syntactic needs arcs: with `conllu` (a CoNLL-U file of input
+  sentences) each head's dependency accuracy is measured on those sentences, words
+  aligned to wordpieces (analysis.syntax), and a head is syntactic by the translation
+  models' rule; without it no head is syntactic."""
+  syn = syntax.conllu_syntax(run, conllu, th) if conllu else {}
   task = run.model
   freqs = np.zeros(task.vocab_size, np.int64)
   for ids in task.tokenizer.encode_batch(task.paragraphs()["train"]):
@@ -174,6 +174,9 @@ def embedding_roles(run, split: str = "test", limit: int = 0,
     n_q += q
   rows = stats.results("encoder", th)
   for r in rows:
+    if syn:
+      r.update(syn[r["head"]])
+      r["role"] = roles.assign_role(r, th)
     for k in ("cls_share", "sep_share"):
       r[k] = float(special_sums[r["layer"]][k][r["index"]] / max(n_q, 1))
     if r["role"] in ("rare", "other"):
@@ -269,8 +272,14 @@ def write_rows(rows: list[dict], directory: str) -> None:
 
 def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit: int = 0,
             importance_limit: int = 512, loo: bool = True, loo_bleu_limit: int = 64,
-            log: Callable[[str], None] = print) -> dict:
-  """Roles, importance and single-head ablations for a loaded run; writes the report."""
+            conllu: str | None = None, log: Callable[[str], None] = print) -> dict:
+  """Roles, importance and single-head ablations for a loaded run; writes the report.
+  `conllu`: a CoNLL-U file of input sentences for the syntactic roles of an encoder
+  without its own arcs (an imported BERT; translation runs take data.conllu)."""
+  if conllu and run.config.task != "embedding":
+    raise UserError(f"--conllu is for imported encoders (task embedding); this run has "
+                    f"task {run.config.task!r} (translation runs read data.conllu.<split> "
+                    f"from their config)")
   out_dir = out_dir or storage.join(run.workdir, "analysis")
   storage.makedirs(out_dir)
   is_tr = run.config.task == "translation"
@@ -285,7 +294,7 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
       loo = False
   log("roles ...")
   rows = (translation_roles(run, split, role_limit) if is_tr else
-          embedding_roles(run, split, role_limit) if task == "embedding" else
+          embedding_roles(run, split, role_limit, conllu=conllu) if task == "embedding" else
           lm_roles(run, split))
   by_name = {r["head"]: r for r in rows}
   log("importance (Michel et al.) ...")

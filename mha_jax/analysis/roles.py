@@ -22,7 +22,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-SYNTAX_RELATIONS = ("nsubj", "dobj", "amod", "advmod")
+SYNTAX_RELATIONS = ("nsubj", "dobj", "amod", "advmod")   # the ones a head is judged on
+ALIASES = {"obj": "dobj"}          # Universal Dependencies v2 calls the object "obj"
 
 
 @dataclasses.dataclass
@@ -32,13 +33,20 @@ class Thresholds:
   rare: float = 0.5
 
 
-def _partners(heads: Sequence[int], rels: Sequence[str]):
+def relation(rel: str) -> str:
+  """The relation without its subtype, UD v2 names as above (obj:x -> dobj)."""
+  r = rel.split(":")[0]
+  return ALIASES.get(r, r)
+
+
+def _partners(heads: Sequence[int], rels: Sequence[str],
+              relations: Sequence[str] = SYNTAX_RELATIONS):
   """{(relation, direction): [(query, {targets})]} for one sentence."""
   out: dict[tuple[str, str], list] = {}
   deps: dict[tuple[int, str], set] = {}
   for i, (h, r) in enumerate(zip(heads, rels)):
-    r = r.split(":")[0]
-    if r in SYNTAX_RELATIONS and h >= 0:
+    r = relation(r)
+    if r in relations and h >= 0:
       out.setdefault((r, "dep->head"), []).append((i, {h}))
       deps.setdefault((h, r), set()).add(i)
   for (h, r), ds in deps.items():
@@ -53,9 +61,13 @@ class RoleStats:
   Feed `update(weights_LBHSS, lengths_B, arcs, rarest_B)` per batch, where lengths
   count the tokens without EOS and padding, `arcs` are the batch's sentences' gold arcs
   ({"heads", "rels"}), and rarest_B the index of each sentence's least frequent token.
+  `relations`: the relations whose accuracy is reported (default SYNTAX_RELATIONS); a
+  head is syntactic by SYNTAX_RELATIONS alone either way.
   """
 
-  def __init__(self, num_layers: int, num_heads: Sequence[int], max_len: int):
+  def __init__(self, num_layers: int, num_heads: Sequence[int], max_len: int,
+               relations: Sequence[str] | None = None):
+    self.relations = tuple(relations) if relations else SYNTAX_RELATIONS
     self.L = num_layers
     self.H = list(num_heads)
     self.max_len = max_len
@@ -83,7 +95,8 @@ class RoleStats:
       ks = np.arange(-(ln - 1), ln)
       self.possible[ks + self.max_len] += ln - np.abs(ks)
       self.rare_chance += 1.0 / ln
-      partners = _partners(arcs[n]["heads"], arcs[n]["rels"]) if arcs is not None else {}
+      partners = (_partners(arcs[n]["heads"], arcs[n]["rels"], self.relations)
+                  if arcs is not None else {})
       for key, pairs in partners.items():
         self.syn_total[key] = self.syn_total.get(key, 0) + len(pairs)
         hist = self.base_offsets.setdefault(key, {})
@@ -133,7 +146,7 @@ class RoleStats:
           name = f"{key[0]}_{'dh' if key[1] == 'dep->head' else 'hd'}"
           row[f"syn_{name}"] = acc
           row[f"syn_{name}_baseline"] = base
-          if acc - base > best_margin:
+          if key[0] in SYNTAX_RELATIONS and acc - base > best_margin:
             best_margin, best_key = acc - base, name
         row["syntactic_best"] = best_key
         row["syntactic_margin"] = best_margin if best_key else 0.0

@@ -24,9 +24,10 @@ def read_lines(path: str, what: str) -> list[list[str]]:
   return lines
 
 
-def read_conllu_arcs(path: str, sentences: list[list[str]], what: str
+def read_conllu_arcs(path: str, sentences: list[list[str]] | None, what: str
                      ) -> list[dict[str, list]]:
-  """Gold arcs from a CoNLL-U file whose tokens match `sentences` one to one.
+  """Gold arcs from a CoNLL-U file whose tokens match `sentences` one to one (None: the
+  file's own sentences, whatever they are).
 
   Returns per sentence {"heads": 0-based head index or -1, "rels": relation}; the
   relation's subtype is dropped (nsubj:pass -> nsubj).
@@ -41,6 +42,10 @@ def read_conllu_arcs(path: str, sentences: list[list[str]], what: str
                     ) from None
   except conllu.exceptions.ParseException as e:
     raise UserError(f"{what}: {path!r} is not valid CoNLL-U ({e})") from None
+  if not parsed:
+    raise UserError(f"{what}: {path!r} holds no sentence")
+  if sentences is None:
+    sentences = [[t["form"] for t in tl if isinstance(t["id"], int)] for tl in parsed]
   if len(parsed) != len(sentences):
     raise UserError(f"{what}: {path!r} has {len(parsed)} sentences, the source file "
                      f"{len(sentences)}")

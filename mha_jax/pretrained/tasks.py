@@ -35,6 +35,12 @@ def _tokenizer(workdir, add_special_tokens: bool):
   return PretrainedTokenizer.load(path, add_special_tokens)
 
 
+def _gate_batch(cfg):
+  """The batch head-gate training draws: config section "prune" ({batch_size, seq_len})
+  when the workdir's config.json has one, else "eval"."""
+  return cfg.prune if "prune" in cfg else cfg.eval
+
+
 class _NotTrainable:
   def train_batch(self, *args, **kwargs):
     raise UserError(f"task {self.cfg.task!r} is an imported model; it is not trained here")
@@ -96,11 +102,11 @@ class PretrainedLMTask(_NotTrainable):
 
   # ---------------------------------------------------------------- studies
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict:
-    """Batch `step` of random windows (eval.batch_size x eval.seq_len + 1 tokens) of the
-    built-in text's train split: what head-gate training (pruning) fits on; the model's
-    own weights are never trained here."""
+    """Batch `step` of random windows (batch_size x seq_len + 1 tokens; the config's
+    "prune" section, else its "eval" one) of the built-in text's train split: what
+    head-gate training (pruning) fits on; the model's own weights are never trained here."""
     del process_index, process_count
-    e = self.cfg.eval
+    e = _gate_batch(self.cfg)
     s = self.stream("train")
     rng = np.random.default_rng([int(self.cfg.get("seed", 0)), 17, step])
     starts = rng.integers(0, len(s) - e.seq_len - 1, size=e.batch_size)
@@ -258,13 +264,15 @@ class EmbeddingTask(_NotTrainable):
     return dict(batch, reference=cache[key])
 
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict:
-    """Batch `step`: eval.batch_size random paragraphs of the built-in text's train split
-    (for head-gate training; the model's weights are never trained here)."""
+    """Batch `step`: batch_size random paragraphs (<= seq_len wordpieces; the config's
+    "prune" section, else "eval") of the built-in text's train split (for head-gate
+    training; the model's weights are never trained here)."""
     del process_index, process_count
+    e = _gate_batch(self.cfg)
     paras = self.paragraphs()["train"]
     rng = np.random.default_rng([int(self.cfg.get("seed", 0)), 19, step])
-    idx = rng.integers(0, len(paras), size=self.cfg.eval.batch_size)
-    return self.with_reference(self.batch([paras[i] for i in idx], self.cfg.eval.seq_len))
+    idx = rng.integers(0, len(paras), size=e.batch_size)
+    return self.with_reference(self.batch([paras[i] for i in idx], e.seq_len))
 
   def paragraphs(self) -> dict:
     """{split: paragraphs of the built-in text} (90 / 5 / 5 %)."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Callable, Sequence
+
+import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
@@ -14,6 +17,7 @@ from mha_jax.loader import load
 from mha_jax.pruning import gates as G
 from mha_jax.pruning import masks as M
 from mha_jax.pruning import methods
+from mha_jax.pruning import run as run_lib
 
 
 def _roles(run, split, log) -> dict[str, str]:
@@ -31,7 +35,12 @@ def _roles(run, split, log) -> dict[str, str]:
 def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
                   stacks: Sequence[str] = ("encoder",), lam: float = 0.05, steps: int = 200,
                   bleu_limit: int = 0, seed: int = 0, hc: G.HardConcrete = G.HardConcrete(),
+                  random_draws: int = 1, save_workdirs: Sequence[int] = (),
                   log: Callable[[str], None] = print) -> list[dict]:
+  """Test metrics of the masks of the three methods at each head count. Random pruning is
+  averaged over `random_draws` orders (seeds seed..seed+n-1; its kept heads and roles are
+  the first draw's). For each K in `save_workdirs`, OUT/{method}_k{K} is written as a
+  pruned workdir (as `mha-jax prune` writes it: ready for export-pruned)."""
   run = load(workdir)
   if hasattr(run.model, "set_reference"):   # embeddings: compare with the dense model
     run.model.set_reference(run.params)
@@ -39,22 +48,46 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   for k in counts:
     if not 0 <= k <= total:
       raise UserError(f"--counts: {k} is outside 0..{total} heads in {list(stacks)}")
+  for k in save_workdirs:
+    if k not in counts:
+      raise UserError(f"--save-workdirs: {k} is not one of --counts {list(counts)}")
+  if random_draws < 1:
+    raise UserError(f"--random-draws must be >= 1; got {random_draws}")
+  for k in save_workdirs:       # refused now, not after the work
+    for method in ("l0", "michel", "random"):
+      d = storage.join(out_dir, f"{method}_k{k}")
+      if storage.exists(d) and storage.listdir(d):
+        raise UserError(f"--save-workdirs: {d!r} exists and is not empty; refusing to "
+                        f"overwrite it")
   roles = _roles(run, "test", log)
   is_tr = run.config.task == "translation"
-  masks: dict[str, dict[int, dict]] = {"random": methods.random_masks(
-      run, stacks=stacks, counts=list(counts), seed=seed)}
+  seconds = {}
+  t0 = time.perf_counter()
+  draws = [methods.random_masks(run, stacks=stacks, counts=list(counts), seed=seed + d)
+           for d in range(random_draws)]
+  masks: dict[str, dict[int, dict]] = {"random": draws[0]}
   masks["michel"] = methods.michel_masks(run, stacks=stacks, counts=list(counts), log=log)
+  seconds["michel"] = time.perf_counter() - t0
   # One gate training serves every K (same lambda and seed): keep the top-K log_alpha.
   log(f"l0: training gates ({steps} steps, lambda {lam})")
+  t0 = time.perf_counter()
   la, _, history = methods.train_gates(run, lam, stacks=stacks, steps=steps, seed=seed,
                                        hc=hc, log=log)
+  seconds["l0_gate_training"] = time.perf_counter() - t0
   masks["l0"] = {k: methods.top_k_mask(la, k) for k in counts}
+  gate_batch = {k: np.shape(v) for k, v in run.model.train_batch(0).items()
+                if k in ("tokens", "src")}
   rows = []
+  t0 = time.perf_counter()
   for method in ("l0", "michel", "random"):
     for k in sorted(counts, reverse=True):
       mask = masks[method][k]
-      res = run.model.evaluate(run.params, "test", bleu=is_tr, bleu_limit=bleu_limit,
-                               gates=M.full_gates(run.params, mask))
+      res = first = _evaluate(run, mask, is_tr, bleu_limit)
+      if method == "random" and random_draws > 1:
+        each = [res] + [_evaluate(run, d[k], is_tr, bleu_limit) for d in draws[1:]]
+        res = {m: (float(np.mean([e[m] for e in each])) if isinstance(v, float) else v)
+               for m, v in res.items()}
+        res["draws"] = [{m: v for m, v in e.items() if isinstance(v, float)} for e in each]
       kept = M.kept_names(mask)
       role_counts: dict[str, int] = {}
       for h in kept:
@@ -63,13 +96,27 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
                    "kept_heads": kept})
       log(f"{method:>6} K={k:>3}: " + " ".join(f"{m} {v:.4g}" for m, v in res.items()
                                               if isinstance(v, float)))
+      if k in save_workdirs:
+        run_lib.write_workdir(run, storage.join(out_dir, f"{method}_k{k}"),
+                              M.mask_params(run.params, mask),
+                              {"source": storage.abspath(workdir), "stacks": list(stacks),
+                               "method": method, "keep": k, "mask": M.mask_to_json(mask),
+                               "kept": M.count(mask), "kept_heads": kept, "after": first,
+                               "from_curve": storage.abspath(out_dir)})
+  seconds["evaluations"] = time.perf_counter() - t0
   storage.makedirs(out_dir)
   storage.write_json(storage.join(out_dir, "curve.json"),
                      {"workdir": workdir, "stacks": list(stacks), "lambda": lam, "steps": steps,
-                      "total": total, "l0_history": history, "rows": rows})
+                      "gate_batch_shape": gate_batch, "random_draws": random_draws,
+                      "seconds": seconds, "total": total, "l0_history": history, "rows": rows})
   storage.write_text(storage.join(out_dir, "curve.md"), format_curve(rows, is_tr) + "\n")
   _plot(rows, storage.join(out_dir, "curve.png"), curve_metric(rows, is_tr))
   return rows
+
+
+def _evaluate(run, mask, is_tr, bleu_limit) -> dict:
+  return run.model.evaluate(run.params, "test", bleu=is_tr, bleu_limit=bleu_limit,
+                            gates=M.full_gates(run.params, mask))
 
 
 def curve_metric(rows: list[dict], is_tr: bool) -> str:
@@ -84,16 +131,20 @@ def curve_metric(rows: list[dict], is_tr: bool) -> str:
 
 
 def format_curve(rows: list[dict], is_tr: bool) -> str:
+  """A markdown table: the metric of each method at each head count, and the roles of the
+  heads each method keeps ("other" left out)."""
   metric = curve_metric(rows, is_tr)
   ks = sorted({r["kept"] for r in rows}, reverse=True)
   by = {(r["method"], r["kept"]): r for r in rows}
-  lines = [f"| heads kept | " + " | ".join(f"{m} {metric}" for m in ("l0", "michel", "random"))
-           + " | roles kept (l0) |", "|---:|---:|---:|---:|---|"]
+  names = ("l0", "michel", "random")
+  lines = ["| heads kept | " + " | ".join(f"{m} {metric}" for m in names) + " | " +
+           " | ".join(f"roles kept ({m})" for m in names) + " |",
+           "|---:|---:|---:|---:|---|---|---|"]
   for k in ks:
-    roles = by[("l0", k)]["roles"]
-    lines.append(f"| {k} | " + " | ".join(f"{by[(m, k)][metric]:.4g}" for m in
-                                         ("l0", "michel", "random")) + " | " +
-                 ", ".join(f"{r} {n}" for r, n in sorted(roles.items())) + " |")
+    roles = [", ".join(f"{r} {n}" for r, n in sorted(by[(m, k)]["roles"].items())
+                       if r != "other") or "-" for m in names]
+    lines.append(f"| {k} | " + " | ".join(f"{by[(m, k)][metric]:.4g}" for m in names) +
+                 " | " + " | ".join(roles) + " |")
   return "\n".join(lines)
 
 

@@ -42,48 +42,67 @@ def train_gates(run, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
   fixed = {s: [jnp.asarray(start_mask[s][i] if start_mask and s in start_mask else m)
                for i, m in enumerate(c)] for s, c in counts.items()}
   smoothing = run.config.get("train", {}).get("label_smoothing", 0.0)
-  state = {"params": run.params, "log_alpha": log_alpha}
-  tx = optax.multi_transform(
-      {"gates": optax.adam(lr), "model": optax.adam(param_lr), "frozen": optax.set_to_zero()},
-      lambda st: {"params": jax.tree.map(lambda _: "model" if finetune else "frozen",
-                                         st["params"]),
-                  "log_alpha": jax.tree.map(lambda _: "gates", st["log_alpha"])})
-  opt_state = tx.init(state)
 
-  def objective(st, batch, key, lam, fixed):
-    g = G.sample(st["log_alpha"], key, hc)
+  def objective(params, log_alpha, batch, key, lam, fixed):
+    g = G.sample(log_alpha, key, hc)
     g = {s: [gi * fixed[s][i] for i, gi in enumerate(layers)] for s, layers in g.items()}
-    loss, _ = task.loss(st["params"], batch, gates=M.full_gates(st["params"], g),
+    loss, _ = task.loss(params, batch, gates=M.full_gates(params, g),
                         label_smoothing=smoothing)
-    pen = G.l0_penalty(st["log_alpha"], hc)
+    pen = G.l0_penalty(log_alpha, hc)
     return loss + lam * pen, (loss, pen)
 
-  def step(st, opt_state, batch, key, lam, fixed):
-    if finetune:
-      (_, aux), grads = jax.value_and_grad(objective, has_aux=True)(st, batch, key, lam,
-                                                                    fixed)
-    else:   # only the gates need gradients; the frozen params get zeros
-      (_, aux), g_la = jax.value_and_grad(
-          lambda la: objective(dict(st, log_alpha=la), batch, key, lam, fixed),
-          has_aux=True)(st["log_alpha"])
-      grads = {"params": jax.tree.map(jnp.zeros_like, st["params"]), "log_alpha": g_la}
-    updates, opt_state = tx.update(grads, opt_state, st)
-    return optax.apply_updates(st, updates), opt_state, aux
+  if finetune:      # gates and model: one optimizer over both
+    tx = optax.multi_transform({"gates": optax.adam(lr), "model": optax.adam(param_lr)},
+                               {"params": "model", "log_alpha": "gates"})
 
-  # Compiled once per setting and model: a lambda sweep or a pruning curve reuses it.
-  step = jitted(task, f"gate_step/{finetune}/{lr}/{param_lr}/{smoothing}/{hc}", step)
+    def step(st, opt_state, batch, key, lam, fixed):
+      (_, aux), grads = jax.value_and_grad(
+          lambda st: objective(st["params"], st["log_alpha"], batch, key, lam, fixed),
+          has_aux=True)(st)
+      updates, opt_state = tx.update(grads, opt_state, st)
+      return optax.apply_updates(st, updates), opt_state, aux
+  else:
+    # Frozen model: the gradient is taken w.r.t. log_alpha alone, so no weight gradient
+    # (embedding, projections) is ever formed; the params are a jit argument that is
+    # read, never updated or copied (no optimizer state for them).
+    tx = optax.adam(lr)
+
+    def gate_step(la, opt_state, params, batch, key, lam, fixed):
+      (_, aux), g_la = jax.value_and_grad(
+          lambda la: objective(params, la, batch, key, lam, fixed), has_aux=True)(la)
+      updates, opt_state = tx.update(g_la, opt_state, la)
+      return optax.apply_updates(la, updates), opt_state, aux
+
+    gate_step = jitted(task, f"gate_step/{lr}/{smoothing}/{hc}", gate_step)
+
+    def step(st, opt_state, batch, key, lam, fixed):
+      la, opt_state, aux = gate_step(st["log_alpha"], opt_state, st["params"], batch, key,
+                                     lam, fixed)
+      return dict(st, log_alpha=la), opt_state, aux
+
+  state = {"params": run.params, "log_alpha": log_alpha}
+  opt_state = tx.init(state if finetune else log_alpha)
+  # Committed like the step's outputs, or the second step compiles again.
+  state["log_alpha"], opt_state = jax.device_put((log_alpha, opt_state),
+                                                 jax.local_devices()[0])
+  if finetune:    # compiled once per setting and model: a lambda sweep or a curve reuses it
+    step = jitted(task, f"gate_step/{finetune}/{lr}/{param_lr}/{smoothing}/{hc}", step)
   lam_arg = jnp.float32(lam)
   key = jax.random.PRNGKey(seed)
-  history = []
+  history, losses = [], []
   for i in range(steps):
     batch = task.train_batch(i)
     state, opt_state, (loss, pen) = step(state, opt_state, batch, jax.random.fold_in(key, i),
                                          lam_arg, fixed)
+    losses.append(loss)
     if (i + 1) % max(1, steps // 5) == 0 or i + 1 == steps:
       kept = M.count(G.binary(state["log_alpha"], hc))
-      history.append({"step": i + 1, "loss": float(loss), "l0": float(pen), "kept": kept})
-      log(f"  gate step {i + 1}/{steps}: loss {float(loss):.3f} expected L0 "
-          f"{float(pen):.1f} kept {kept}")
+      mean = float(np.mean(jax.device_get(losses)))   # over the steps since the last line
+      history.append({"step": i + 1, "loss": float(loss), "loss_mean": mean,
+                      "l0": float(pen), "kept": kept})
+      log(f"  gate step {i + 1}/{steps}: loss {float(loss):.3f} (mean {mean:.3f}) "
+          f"expected L0 {float(pen):.1f} kept {kept}")
+      losses = []
   return state["log_alpha"], state["params"], history
 
 

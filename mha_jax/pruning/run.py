@@ -161,39 +161,51 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
   pruned = M.export_pruned(run.params, mask)
   batch = next(run.model.eval_batches("test", 16))[0]
   batch = {k: v for k, v in batch.items() if k != "reference"}
-  diff = float(np.max(np.abs(np.asarray(run.model.apply(run.params, batch)) -
-                             np.asarray(run.model.apply(pruned, batch)))))
+  masked_out = np.asarray(run.model.apply(run.params, batch))
+  diff = float(np.max(np.abs(masked_out - np.asarray(run.model.apply(pruned, batch)))))
+  scale = float(np.max(np.abs(masked_out)))
   info = storage.read_json(storage.join(workdir, "pruning.json"))
   speed = forward_speedup(run.model, run.params, pruned, batch)
   info.update(exported_from=storage.abspath(workdir), max_abs_diff_vs_masked=diff,
+              max_abs_output_masked=scale, relative_diff_vs_masked=diff / max(scale, 1e-30),
               head_counts=C.head_counts(pruned), source_mask=info["mask"],
               kv_head_counts={s: [int(p["wk"].shape[1]) for st, _, p in
                                   C.attention_blocks(pruned) if st == s] for s in mask},
               mask=M.mask_to_json(M.exported_mask(run.params, mask)), forward_speed=speed)
   write_workdir(run, out, pruned, info)
   log(f"exported {M.count(mask)} heads -> {out}; head counts {C.head_counts(pruned)}; "
-      f"max |logit difference| vs the masked model {diff:.2e}; forward "
-      f"{speed['masked_s']:.4f} s -> {speed['exported_s']:.4f} s (x{speed['speedup']:.2f})")
+      f"max |output difference| vs the masked model {diff:.2e} (max |output| {scale:.3g}); "
+      f"forward {speed['masked_s']:.4f} s -> {speed['exported_s']:.4f} s "
+      f"(x{speed['speedup']:.2f}, {speed['masked_tokens_per_s']:.0f} -> "
+      f"{speed['exported_tokens_per_s']:.0f} tokens/s)")
   return info
 
 
-def forward_speedup(model, dense, pruned, batch, repeats: int = 7) -> dict:
-  """Median seconds of one jitted forward of each (compiled first): the masked model
-  (all heads computed, pruned ones gated to 0 by W_O) against the exported one."""
+def forward_speedup(model, dense, pruned, batch, rounds: int = 9) -> dict:
+  """One jitted forward of each (both compiled first) on the same batch, timed in
+  `rounds` interleaved rounds (masked, exported, masked, ...; median seconds): the masked
+  model (every head computed, pruned ones gated to 0 by W_O: the dense model's cost)
+  against the exported one. Also tokens per second (batch tokens / median)."""
   import time
   import jax
   fwd = jax.jit(lambda p, b: model.apply(p, b))
-  out = {}
-  for name, p in (("masked_s", dense), ("exported_s", pruned)):
+  names = (("masked_s", dense), ("exported_s", pruned))
+  for _, p in names:
     jax.block_until_ready(fwd(p, batch))
-    times = []
-    for _ in range(repeats):
+  times = {name: [] for name, _ in names}
+  for _ in range(rounds):
+    for name, p in names:
       t = time.perf_counter()
       jax.block_until_ready(fwd(p, batch))
-      times.append(time.perf_counter() - t)
-    out[name] = float(np.median(times))
+      times[name].append(time.perf_counter() - t)
+  tokens = int(np.prod(np.shape(batch["tokens"] if "tokens" in batch else
+                                next(iter(batch.values())))))
+  out = {name: float(np.median(v)) for name, v in times.items()}
   out["speedup"] = out["masked_s"] / out["exported_s"]
-  out["batch_shapes"] = {k: list(np.shape(v)) for k, v in batch.items()}
+  out.update(rounds=rounds, interleaved=True, tokens_per_batch=tokens,
+             masked_tokens_per_s=tokens / out["masked_s"],
+             exported_tokens_per_s=tokens / out["exported_s"],
+             batch_shapes={k: list(np.shape(v)) for k, v in batch.items()})
   return out
 
 
