@@ -44,16 +44,15 @@ NO_WEIGHTS = ("xla", "cudnn", "blocked", "pallas")
 TAKES_TABLE = ("blocked", "pallas")   # build the relative-position bias per block
 
 # Forward+backward ms of the attention layer, d_model 768, T = S = 512, batch 4,
-# float32, on the shared 2-core CPU (docs/results/bench_attention_cpu.json, median of
-# interleaved rounds; the machine was shared, so the numbers are noisy).
-# Keyed by h (B * H * T * S = h * 2^20). The machine was 10x slower than when idle.
+# float32, on the 2-core CPU when nearly idle (docs/results/bench_attention_cpu.json,
+# median of 5 interleaved rounds). Keyed by h (B * H * T * S = h * 2^20).
 CPU_MEASURED_MS: dict[int, dict[str, float]] = {
-    8: {"reference": 2195, "blocked": 2094, "flax.linen": 2104},
-    12: {"reference": 2293, "blocked": 1674, "flax.linen": 2175},
-    16: {"reference": 3730, "blocked": 3310, "flax.linen": 3244},
-    32: {"reference": 5908, "blocked": 4673, "flax.linen": 5228},
-    64: {"reference": 7835, "blocked": 5328, "flax.linen": 8214},
-    96: {"reference": 6465, "blocked": 2483, "flax.linen": 6692},
+    8: {"reference": 282, "blocked": 276, "flax.linen": 264},
+    12: {"reference": 303, "blocked": 287, "flax.linen": 304},
+    16: {"reference": 401, "blocked": 301, "flax.linen": 405},
+    32: {"reference": 622, "blocked": 386, "flax.linen": 626},
+    64: {"reference": 1134, "blocked": 537, "flax.linen": 1152},
+    96: {"reference": 1648, "blocked": 664, "flax.linen": 1619},
 }
 # B * H * T * S from which blocked beats reference on CPU: the table above (from 2^23
 # up) and a causal layer, forward+backward, at (B, T, D, H) = (4, 256, 512, 8), 2^21
