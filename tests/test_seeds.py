@@ -1,0 +1,166 @@
+"""Many seeds in one program (train.seeds): layout, equality with single-seed runs, resume,
+divergence, and the stability report of `mha-jax analyze` over a multi-seed workdir."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+import mha_jax
+from mha_jax import config as mc
+from mha_jax.errors import UserError
+from mha_jax.train import checkpoint as ckpt_lib
+from mha_jax.train import loop
+from mha_jax.train.metrics import read_metrics
+from tests.test_train import TINY_INDUCTION, TINY_TRANSLATION, tiny
+
+QUIET = dict(log=lambda s: None)
+STEPS = ("--config.train.steps=4", "--config.train.checkpoint_every=2",
+         "--config.train.eval_every=4", "--config.train.log_every=2",
+         "--config.eval.bleu_examples=4", "--config.train.lr=5e-3")
+
+
+def seeds_cfg(seeds, *extra):
+  return tiny("configs/translation.py", TINY_TRANSLATION, *STEPS,
+              f"--config.train.seeds={seeds}", *extra)
+
+
+def params_of(workdir):
+  return mha_jax.load(workdir).params
+
+
+def max_diff(a, b):
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.fixture(scope="session")
+def three(tmp_path_factory):
+  """seeds=3 of the tiny translation config, 4 steps, in one program."""
+  wd = str(tmp_path_factory.mktemp("seeds") / "run")
+  summary = loop.train(seeds_cfg(3), wd, **QUIET)
+  return wd, summary
+
+
+def test_seed_list_parses_counts_ranges_and_lists():
+  cfg = seeds_cfg(1)
+  assert mc.seed_list(cfg) == [0]
+  for text, want in (("3", [0, 1, 2]), ("2-4", [2, 3, 4]), ("3,5,9", [3, 5, 9])):
+    mc.override(cfg, "train.seeds", text)
+    assert mc.seed_list(cfg) == want
+  mc.override(cfg, "seed", "7")
+  mc.override(cfg, "train.seeds", "2")
+  assert mc.seed_list(cfg) == [7, 8]
+  for bad in ("0", "5-2", "a", "1,1", "-3"):
+    mc.override(cfg, "train.seeds", bad)
+    with pytest.raises(UserError, match="train.seeds"):
+      mc.validate(cfg)
+
+
+def test_old_config_json_upgrades_to_one_seed():
+  d = mc.to_dict(seeds_cfg(1))
+  del d["train"]["seeds"], d["train"]["shuffle_seed"]
+  cfg = mc.from_dict(d)
+  assert cfg.train.seeds == "1" and cfg.train.shuffle_seed == -1
+  assert mc.seed_list(cfg) == [0]
+
+
+def test_three_seeds_write_ordinary_workdirs(three):
+  wd, summary = three
+  assert summary["status"] == "done" and summary["step"] == 4
+  assert summary["seeds"] == [0, 1, 2]
+  man = json.load(open(os.path.join(wd, "seeds.json")))
+  assert man["seeds"] == [0, 1, 2]
+  assert man["workdirs"] == ["seed_0", "seed_1", "seed_2"]
+  assert not os.path.exists(os.path.join(wd, "config.json"))
+  for s in (0, 1, 2):
+    sd = os.path.join(wd, f"seed_{s}")
+    run = mha_jax.load(sd)
+    assert run.step == 4 and run.config.seed == s
+    assert run.config.train.seeds == "1" and run.config.train.shuffle_seed == s
+    assert ckpt_lib.step_dirs(sd) == [2, 4]
+    assert [r["step"] for r in read_metrics(sd) if r["split"] == "train"] == [2, 4]
+    assert [r["step"] for r in read_metrics(sd) if r["split"] == "valid"] == [4]
+  with pytest.raises(UserError, match="multi-seed"):
+    mha_jax.load(wd)
+
+
+def test_seed_of_the_vmapped_run_equals_a_plain_run_of_its_config(three, tmp_path):
+  # seed 2: another init key and another data order than the config's own (seed 0)
+  wd, _ = three
+  cfg = mha_jax.loader.load_config(os.path.join(wd, "seed_2"))
+  plain = str(tmp_path / "plain_2")
+  loop.train(cfg, plain, **QUIET)
+  d = max_diff(params_of(plain), params_of(os.path.join(wd, "seed_2")))
+  assert d < 1e-5, d
+  a, b, c = (params_of(os.path.join(wd, f"seed_{s}")) for s in (0, 1, 2))
+  assert max_diff(a, b) > 1e-2 and max_diff(b, c) > 1e-2 and max_diff(a, c) > 1e-2
+
+
+def test_seeds_have_their_own_data_order(three):
+  from mha_jax import tasks
+  wd, _ = three
+  batches = [tasks.build(mha_jax.loader.load_config(os.path.join(wd, f"seed_{s}")),
+                         None).train_batch(0)["src"] for s in (0, 1)]
+  assert not np.array_equal(*batches)
+  base = tasks.build(seeds_cfg(1), None).train_batch(0)["src"]
+  assert np.array_equal(base, batches[0])     # seed 0 keeps data.seed=0's order
+
+
+def test_resumed_multi_seed_run_matches_an_uninterrupted_one(three, tmp_path):
+  # A copy of the 4-step run interrupted after its step-2 save: step 4 set aside.
+  wd, _ = three
+  other = str(tmp_path / "resumed")
+  shutil.copytree(wd, other)
+  for s in (0, 1, 2):
+    shutil.rmtree(os.path.join(other, f"seed_{s}", "checkpoints", "4"))
+  logs = []
+  loop.train(seeds_cfg(3), other, log=logs.append)
+  assert any("resumed from step 2" in l for l in logs)
+  for s in (0, 1, 2):
+    d = max_diff(params_of(os.path.join(other, f"seed_{s}")),
+                 params_of(os.path.join(wd, f"seed_{s}")))
+    assert d <= 1e-6, (s, d)
+
+
+def test_seeds_out_of_step_resume_from_the_oldest(three, tmp_path):
+  # Interrupted between the seeds' saves: seed 1 has step 4, the others only step 2.
+  wd, _ = three
+  other = str(tmp_path / "ragged")
+  shutil.copytree(wd, other)
+  for s in (0, 2):
+    shutil.rmtree(os.path.join(other, f"seed_{s}", "checkpoints", "4"))
+  logs = []
+  loop.train(seeds_cfg(3, "--config.train.steps=2"), other, log=logs.append)
+  assert any("resumed from step 2" in l for l in logs)
+  assert ckpt_lib.step_dirs(os.path.join(other, "seed_1")) == [2]    # 4 set aside, kept
+  assert os.listdir(os.path.join(other, "seed_1", "checkpoints.bad")) == ["4"]
+
+
+def test_multi_seed_workdir_refuses_mismatched_runs(three, tmp_path):
+  wd, _ = three
+  with pytest.raises(UserError, match="multi-seed run"):
+    loop.train(seeds_cfg(1), wd, **QUIET)
+  with pytest.raises(UserError, match=r"holds seeds \[0, 1, 2\]"):
+    loop.train(seeds_cfg(2), wd, **QUIET)
+  with pytest.raises(UserError, match="mesh.model=2"):
+    loop.train(seeds_cfg(2, "--config.mesh.model=2"), str(tmp_path / "m"), **QUIET)
+
+
+def test_a_diverging_seed_stops_the_run_naming_it(tmp_path):
+  # lr 100 with a long warmup: the loss grows past 4x its start (test_faults.py)
+  cfg = tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=12",
+             "--config.train.lr=100", "--config.train.warmup=1000",
+             "--config.train.log_every=1", "--config.train.checkpoint_every=4",
+             "--config.train.seeds=5-6")
+  wd = str(tmp_path / "div")
+  with pytest.raises(loop.TrainingDiverged, match=r"seed ([56]) of train.seeds='5-6': "
+                                                   r".*Last good checkpoint: step (\d+)") as e:
+    loop.train(cfg, wd, **QUIET)
+  seed = int(str(e.value).split()[1])
+  good = int(str(e.value).split("Last good checkpoint: step ")[1].split()[0])
+  assert f"seed_{seed}" in str(e.value)
+  assert ckpt_lib.step_dirs(os.path.join(wd, f"seed_{seed}"))[-1] == good
