@@ -164,3 +164,55 @@ def test_a_diverging_seed_stops_the_run_naming_it(tmp_path):
   good = int(str(e.value).split("Last good checkpoint: step ")[1].split()[0])
   assert f"seed_{seed}" in str(e.value)
   assert ckpt_lib.step_dirs(os.path.join(wd, f"seed_{seed}"))[-1] == good
+
+
+def test_role_stability_counts_seeds_per_layer():
+  from mha_jax.analysis import stability
+
+  def rows(roles_by_layer):
+    return [{"head": f"encoder.{l}.{h}", "stack": "encoder", "layer": l, "index": h,
+             "role": role} for l, roles in enumerate(roles_by_layer)
+            for h, role in enumerate(roles)]
+
+  rep = stability.role_stability({
+      0: rows([["positional", "positional", "other"], ["rare", "other", "other"]]),
+      1: rows([["positional", "other", "other"], ["other", "other", "other"]]),
+      2: rows([["other", "other", "other"], ["positional", "rare", "syntactic"]])})
+  by = {(r["layer"], r["role"]): r for r in rep["layers"]}
+  assert rep["roles"] == ["positional", "syntactic", "rare", "other"]
+  assert by[(0, "positional")]["seeds_with_role"] == 2
+  assert by[(0, "positional")]["heads_per_seed"] == [2, 1, 0]
+  assert by[(0, "positional")]["heads_mean"] == pytest.approx(1.0)
+  assert by[(0, "positional")]["heads_std"] == pytest.approx(1.0)
+  assert by[(1, "rare")]["seeds_with_role"] == 2 and by[(1, "syntactic")]["seeds_with_role"] == 1
+  assert by[(0, "rare")]["seeds_with_role"] == 0
+  assert rep["totals"]["encoder"]["positional"]["per_seed"] == [2, 1, 1]
+  md = stability.format_roles(rep)
+  assert "| encoder | 0 | 2/3 (1.0 ± 1.0) |" in md
+
+
+def test_analyze_over_a_multi_seed_workdir_writes_the_stability_table(three, capsys):
+  from mha_jax import cli
+  wd, _ = three
+  assert cli.main(["analyze", "--workdir", wd, "--no-ablations"]) == 0
+  rep = json.load(open(os.path.join(wd, "analysis", "stability.json")))
+  assert rep["seeds"] == [0, 1, 2] and rep["n_seeds"] == 3
+  for name in ("stability.md", "stability.png"):
+    assert os.path.getsize(os.path.join(wd, "analysis", name)) > 0
+  heads = {s: json.load(open(os.path.join(wd, f"seed_{s}", "analysis", "heads.json")))
+           for s in (0, 1, 2)}
+  assert rep["layers"]
+  stacks = set()
+  for r in rep["layers"]:
+    want = sum(any(h["stack"] == r["stack"] and h["layer"] == r["layer"] and
+                   h["role"] == r["role"] for h in heads[s]) for s in (0, 1, 2))
+    assert 0 <= r["seeds_with_role"] <= 3
+    assert r["seeds_with_role"] == want, r
+    stacks.add(r["stack"])
+  assert stacks == {"encoder", "decoder_self"}
+  # every head of every seed is counted once
+  for stack in stacks:
+    n_heads = [sum(h["stack"] == stack for h in heads[s]) for s in (0, 1, 2)]
+    assert [sum(t["per_seed"][i] for t in rep["totals"][stack].values())
+            for i in range(3)] == n_heads
+  assert "seeds with at least one head" in capsys.readouterr().out
