@@ -209,7 +209,8 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
           raise UserError(f"checkpoint {start} in {w!r} was written with another "
                           f"batch size (data position {meta.get('data_position')})")
         initial_loss[i] = meta.get("initial_loss")
-      log(f"resumed from step {start} in {workdir}")
+      if start:
+        log(f"resumed from step {start} in {workdir}")
     for i in range(len(runs)):
       if initial_loss[i] is None and start:     # checkpoints from before it was recorded
         initial_loss[i] = float(np.log(task.vocab_size))
@@ -331,23 +332,23 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
 
 
 def _restore(all_ckpts, runs, params, opt_state, state_shardings, slices):
-  """Every seed's newest good checkpoint at one step (the oldest of the seeds' newest:
-  seeds ahead of it have their newer checkpoints set aside, not deleted). Returns
-  (params, opt_state, metas, step) stacked like the state given."""
+  """Every seed's newest good checkpoint at one step: the oldest of the seeds' newest
+  (a run interrupted between the seeds' saves), step 0 (the fresh state given) when a
+  seed has none. Checkpoints newer than that step are set aside, never deleted.
+  Returns (params, opt_state, metas, step), stacked like the state given."""
   found = []
   for i, ckpts in enumerate(all_ckpts):
-    if not ckpts.all_steps():
-      raise UserError(f"{runs[i][1]!r} has no checkpoint while the other seeds of this "
-                      f"run have; refusing to resume them out of step. Move it aside")
-    p, o, meta, s = ckpts.restore(None, _seed_slice(params, slices[i]),
-                                  _seed_slice(opt_state, slices[i]))
-    found.append([p, o, meta, s])
+    fresh = (_seed_slice(params, slices[i]), _seed_slice(opt_state, slices[i]))
+    if ckpts.all_steps():
+      found.append(list(ckpts.restore(None, *fresh)))
+    else:
+      found.append([*fresh, {"data_position": 0, "initial_loss": None}, 0])
   start = min(f[3] for f in found)
   for i, ckpts in enumerate(all_ckpts):
-    if found[i][3] != start:     # this seed ran ahead (interrupted between the seeds' saves)
-      p, o, meta, _ = ckpts.restore(start, _seed_slice(params, slices[i]),
-                                    _seed_slice(opt_state, slices[i]))
-      found[i] = [p, o, meta, start]
+    if found[i][3] != start:     # this seed ran ahead of another
+      fresh = (_seed_slice(params, slices[i]), _seed_slice(opt_state, slices[i]))
+      found[i] = (list(ckpts.restore(start, *fresh)) if start else
+                  [*fresh, {"data_position": 0, "initial_loss": None}, 0])
     bad = sorted(b for b in set(ckpts.bad_steps) if b > start)
     ahead = sorted(b for b in ckpts.all_steps() if b > start and b not in bad)
     for which, what in ((bad, "bad checkpoint(s)"), (ahead, "checkpoint(s)")):
