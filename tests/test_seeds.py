@@ -219,3 +219,41 @@ def test_analyze_over_a_multi_seed_workdir_writes_the_stability_table(three, cap
     assert [sum(t["per_seed"][i] for t in rep["totals"][stack].values())
             for i in range(3)] == n_heads
   assert "seeds with at least one head" in capsys.readouterr().out
+
+
+_MESH_SCRIPT = r"""
+import json, sys
+import jax, numpy as np
+sys.path.insert(0, sys.argv[1])
+from tests.test_train import TINY_INDUCTION, tiny
+from mha_jax.train import loop, checkpoint as C
+base = sys.argv[2]
+def run(name, data):
+  cfg = tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=4",
+             "--config.train.seeds=2", f"--config.mesh.data={data}")
+  loop.train(cfg, f"{base}/{name}", log=lambda s: None)
+  out = []
+  for s in (0, 1):
+    c = C.Checkpoints(f"{base}/{name}/seed_{s}", read_only=True)
+    out.append(c.restore_params(4)[0]); c.close()
+  return out
+one, two = run("d1", 1), run("d2", 2)
+print("RESULT" + json.dumps({"devices": len(jax.devices()), "diff": max(
+    float(np.abs(np.asarray(a) - np.asarray(b)).max())
+    for s in (0, 1) for a, b in zip(jax.tree.leaves(one[s]), jax.tree.leaves(two[s])))}))
+"""
+
+
+@pytest.mark.slow
+def test_multi_seed_batches_split_over_two_devices_match_one(tmp_path):
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+         "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  r = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, root, str(tmp_path)], env=env,
+                     capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  res = json.loads(r.stdout.split("RESULT")[1])
+  assert res["devices"] == 2
+  assert res["diff"] < 1e-5, res

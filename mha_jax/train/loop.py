@@ -3,7 +3,8 @@
 The same code runs on a laptop, on 8 fake CPU devices and on a TPU slice: params and
 optimizer state live on a 2-D mesh ("data", "model"): each batch is split over "data",
 heads and MLP units over "model" (train/sharding.py), and on several hosts each host
-feeds its own rows of every global batch.
+feeds its own rows of every global batch. With train.seeds > 1 the same step is vmapped
+over a leading seed axis: N runs of one config in one program (train/seeds.py).
 """
 
 from __future__ import annotations
