@@ -151,6 +151,12 @@ def _cmd_analyze_seeds(args, seeds) -> int:
     run = load(wd, step=args.step)
     seed_out = os.path.join(args.out, f"seed_{s}") if args.out else os.path.join(wd, "analysis")
     print(f"seed {s}: analysing {wd} into {seed_out} ...", flush=True)
+    if args.roles_only:   # roles alone, beside (not over) a full report
+      heads[s] = os.path.join(seed_out, "roles_only.json")
+      os.makedirs(seed_out, exist_ok=True)
+      with open(heads[s], "w") as f:
+        json.dump(stability.roles_of(run, args.split), f, indent=1)
+      continue
     report.analyze(run, split=args.split, out_dir=seed_out, loo=not args.no_ablations,
                    loo_bleu_limit=args.bleu_sentences, log=lambda m: None)
     heads[s] = os.path.join(seed_out, "heads.json")
@@ -167,6 +173,8 @@ def _cmd_analyze(args) -> int:
   seeds = _multi_seed(args.workdir)
   if seeds:
     return _cmd_analyze_seeds(args, seeds)
+  if args.roles_only:
+    raise UserError(f"--roles-only is for a multi-seed workdir; {args.workdir!r} is one run")
   run = load(args.workdir, step=args.step)
   out = _out_dir(args)
   summary = report.analyze(run, split=args.split, out_dir=out, loo=not args.no_ablations,
@@ -396,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
   a.add_argument("--split", default="test")
   a.add_argument("--step", type=int, default=None)
   a.add_argument("--no-ablations", action="store_true", help="skip the leave-one-out pass")
+  a.add_argument("--roles-only", action="store_true",
+                 help="multi-seed workdir: each seed's head roles only (roles_only.json), "
+                      "then their stability; no importance, ablations or explorer")
   a.add_argument("--out", default=None, help="output folder (default: WORKDIR/analysis)")
   a.add_argument("--bleu-sentences", type=int, default=64,
                  help="sentences for BLEU in the leave-one-out pass (0 = all)")

@@ -126,6 +126,7 @@ def test_resumed_multi_seed_run_matches_an_uninterrupted_one(three, tmp_path):
     assert d <= 1e-6, (s, d)
 
 
+@pytest.mark.slow
 def test_seeds_out_of_step_resume_from_the_oldest(three, tmp_path):
   # Interrupted between the seeds' saves: seed 0 has no checkpoint yet, seed 1 has steps
   # 2 and 4, seed 2 step 2: all restart from step 0, the others' checkpoints set aside.
@@ -153,6 +154,7 @@ def test_multi_seed_workdir_refuses_mismatched_runs(three, tmp_path):
     loop.train(seeds_cfg(2, "--config.mesh.model=2"), str(tmp_path / "m"), **QUIET)
 
 
+@pytest.mark.slow
 def test_a_diverging_seed_stops_the_run_naming_it(tmp_path):
   # lr 100 with a long warmup: the loss grows past 4x its start (test_faults.py)
   cfg = tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=12",
@@ -219,6 +221,12 @@ def test_analyze_over_a_multi_seed_workdir_writes_the_stability_table(three, cap
     assert [sum(t["per_seed"][i] for t in rep["totals"][stack].values())
             for i in range(3)] == n_heads
   assert "seeds with at least one head" in capsys.readouterr().out
+  # --roles-only: the same roles, so the same table, without the rest of the report
+  out = os.path.join(os.path.dirname(wd), "roles_only")
+  assert cli.main(["analyze", "--workdir", wd, "--roles-only", "--out", out]) == 0
+  assert os.path.exists(os.path.join(out, "seed_1", "roles_only.json"))
+  assert not os.path.exists(os.path.join(out, "seed_1", "explorer.html"))
+  assert json.load(open(os.path.join(out, "stability.json")))["layers"] == rep["layers"]
 
 
 _MESH_SCRIPT = r"""
