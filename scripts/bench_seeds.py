@@ -58,6 +58,9 @@ def run_one(seeds: int, workdir: str, overrides) -> dict:
   summary = loop.train(cfg, workdir, log=lambda s: print(f"  [{seeds} seed(s)] {s}",
                                                          flush=True))
   wall = time.perf_counter() - t0
+  if summary["status"] != "done":
+    raise SystemExit(f"{workdir}: training {summary['status']} at step {summary['step']}; "
+                     f"no timing written (resume it with mha-jax train)")
   dirs = summary.get("workdirs", [workdir])
   t = cfg.train
   valid = summary["valid"] if seeds > 1 else [summary["valid"]]
@@ -66,6 +69,45 @@ def run_one(seeds: int, workdir: str, overrides) -> dict:
                                        for d in dirs),
           "load_before": load_before, "load_after": _load(), "workdir": workdir,
           "valid_bleu": [v["bleu"] for v in valid], "valid_loss": [v["loss"] for v in valid]}
+
+
+def interleaved_steps(seeds: int, rounds: int, overrides) -> dict:
+  """The training step alone (loop.make_train_step, jitted; vmapped over `seeds`), 1 seed
+  and N seeds timed in alternation so both see the same machine load; medians in ms."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from mha_jax import config as mc, tasks
+  from mha_jax.train import loop
+  cfg = mc.load_config(CONFIG)
+  mc.apply_overrides(cfg, list(overrides))
+  task = tasks.build(cfg, None)
+  opt = loop.make_optimizer(cfg.train)
+  step = loop.make_train_step(task, opt, cfg)
+
+  def init(key):
+    p = task.init_params(key)
+    return p, opt.init(p)
+
+  keys = jnp.stack([jax.random.PRNGKey(i) for i in range(seeds)])
+  batches = [task.train_batch(i) for i in range(seeds)]
+  one = (jax.jit(step, donate_argnums=(0, 1)), jax.jit(init)(keys[0]), batches[0], keys[0])
+  many = (jax.jit(jax.vmap(step, in_axes=(0, 0, 0, None, 0)), donate_argnums=(0, 1)),
+          jax.jit(jax.vmap(init))(keys),
+          {k: np.stack([b[k] for b in batches]) for k in batches[0]}, keys)
+  states = [one[1], many[1]]
+  times = [[], []]
+  for r in range(rounds + 1):          # round 0 compiles
+    for i, (fn, _, batch, key) in enumerate((one, many)):
+      t0 = time.perf_counter()
+      p, o, m = fn(*states[i], batch, jnp.int32(r), key)
+      jax.block_until_ready(m)
+      states[i] = (p, o)
+      if r:
+        times[i].append((time.perf_counter() - t0) * 1e3)
+  a, b = statistics.median(times[0]), statistics.median(times[1])
+  return {"rounds": rounds, "one_seed_ms": a, "n_seeds_ms": b, "seeds": seeds,
+          "ratio": b / a, "load_after": _load()}
 
 
 def format_table(res: dict) -> str:
@@ -90,7 +132,26 @@ def main(argv=None) -> int:
   p.add_argument("--seeds", type=int, default=8)
   p.add_argument("--workdir", default="workdirs/bench_seeds")
   p.add_argument("--out", default="docs/results/bench_seeds_cpu.json")
+  p.add_argument("--step-rounds", type=int, default=0,
+                 help="only time the step, 1 vs N seeds interleaved, this many rounds; "
+                      "adds the result to --out if it exists")
   args, overrides = p.parse_known_args(argv)
+  if args.step_rounds:
+    res = {"load_before": _load(), **interleaved_steps(args.seeds, args.step_rounds,
+                                                       overrides)}
+    print(f"step alone, interleaved, median of {args.step_rounds}: 1 seed "
+          f"{res['one_seed_ms']:.0f} ms, {args.seeds} seeds {res['n_seeds_ms']:.0f} ms "
+          f"({res['ratio']:.2f}x); load {res['load_before']:.2f} -> {res['load_after']:.2f}")
+    if os.path.exists(args.out):
+      with open(args.out) as f:
+        full = json.load(f)
+      full["step_interleaved"] = res
+      with open(args.out, "w") as f:
+        json.dump(full, f, indent=1)
+    else:
+      with open(args.out + ".steps.json", "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
   import jax
   from mha_jax import config as mc
   cfg = mc.load_config(CONFIG)
