@@ -4,6 +4,7 @@ divergence, and the stability report of `mha-jax analyze` over a multi-seed work
 import json
 import os
 import shutil
+import sys
 
 import jax
 import numpy as np
@@ -15,7 +16,9 @@ from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
-from tests.test_train import TINY_INDUCTION, TINY_TRANSLATION, tiny
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_train import TINY_INDUCTION, TINY_TRANSLATION, tiny  # noqa: E402
 
 QUIET = dict(log=lambda s: None)
 STEPS = ("--config.train.steps=4", "--config.train.checkpoint_every=2",
@@ -255,7 +258,6 @@ print("RESULT" + json.dumps({"devices": len(jax.devices()), "diff": max(
 @pytest.mark.slow
 def test_multi_seed_batches_split_over_two_devices_match_one(tmp_path):
   import subprocess
-  import sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
          "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}

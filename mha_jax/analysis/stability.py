@@ -24,6 +24,12 @@ ROLE_ORDER = ("positional", "syntactic", "rare", "previous_token", "induction",
               "duplicate_token", "attention_sink", "cls", "sep", "other")
 
 
+# The roles a stack's table always shows, found or not (report.py assigns them).
+STACK_ROLES = {"encoder": ("positional", "syntactic", "rare"),
+               "decoder_self": ("positional",),
+               "lm": ("previous_token", "induction", "duplicate_token")}
+
+
 def _stats(values: Sequence[float]) -> dict:
   v = np.asarray(values, np.float64)
   return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
@@ -51,6 +57,8 @@ def role_stability(rows_by_seed: Mapping[int, list[dict]]) -> dict:
       layers.setdefault(r["stack"], set()).add(int(r["layer"]))
       cell = counts.setdefault((r["stack"], int(r["layer"])), {})
       cell[role] = cell.get(role, 0) + 1
+  for stack in layers:
+    roles.update(STACK_ROLES.get(stack, ()))
   roles = _ordered(roles)
   table = []
   for stack, ls in layers.items():
@@ -117,6 +125,8 @@ def plot_roles(rep: dict, path: str, roles: Sequence[str] | None = None) -> None
       for x, r in zip(xs, rs):
         ax.text(x, r["heads_mean"] + r["heads_std"] + 0.05, str(r["seeds_with_role"]),
                 ha="center", va="bottom", fontsize=6)
+    ax.set_ylim(0, max([1.0] + [r["heads_mean"] + r["heads_std"] + 0.3 for r in rep["layers"]
+                                if r["stack"] == stack and r["role"] in roles]))
     ax.set_xticks(range(len(layers)), [str(l) for l in layers])
     ax.set_xlabel("layer")
     ax.set_ylabel("heads (mean ± std over seeds)")
