@@ -199,37 +199,49 @@ def test_role_stability_counts_seeds_per_layer():
   assert "| encoder | 0 | 2/3 (1.0 ± 1.0) |" in md
 
 
-def test_analyze_over_a_multi_seed_workdir_writes_the_stability_table(three, capsys):
+def _check_counts(rep, per_seed_rows):
+  seeds = sorted(per_seed_rows)
+  assert rep["seeds"] == seeds and rep["n_seeds"] == len(seeds) and rep["layers"]
+  stacks = set()
+  for r in rep["layers"]:
+    want = sum(any(h["stack"] == r["stack"] and h["layer"] == r["layer"] and
+                   h["role"] == r["role"] for h in per_seed_rows[s]) for s in seeds)
+    assert 0 <= r["seeds_with_role"] <= len(seeds)
+    assert r["seeds_with_role"] == want, r
+    stacks.add(r["stack"])
+  assert stacks == {"encoder", "decoder_self"}
+  for stack in stacks:       # every head of every seed is counted once
+    n_heads = [sum(h["stack"] == stack for h in per_seed_rows[s]) for s in seeds]
+    assert [sum(t["per_seed"][i] for t in rep["totals"][stack].values())
+            for i in range(len(seeds))] == n_heads
+
+
+def test_analyze_roles_over_a_multi_seed_workdir_writes_the_stability_table(three, capsys):
+  from mha_jax import cli
+  wd, _ = three
+  out = os.path.join(os.path.dirname(wd), "roles_only")
+  assert cli.main(["analyze", "--workdir", wd, "--roles-only", "--out", out]) == 0
+  rep = json.load(open(os.path.join(out, "stability.json")))
+  rows = {s: json.load(open(os.path.join(out, f"seed_{s}", "roles_only.json")))
+          for s in (0, 1, 2)}
+  _check_counts(rep, rows)
+  assert {"positional", "syntactic", "rare", "other"} <= set(rep["roles"])
+  for name in ("stability.md", "stability.png"):
+    assert os.path.getsize(os.path.join(out, name)) > 0
+  assert not os.path.exists(os.path.join(out, "seed_1", "explorer.html"))
+  assert "seeds with at least one head" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_full_analyze_over_a_multi_seed_workdir_reports_each_seed(three):
   from mha_jax import cli
   wd, _ = three
   assert cli.main(["analyze", "--workdir", wd, "--no-ablations"]) == 0
   rep = json.load(open(os.path.join(wd, "analysis", "stability.json")))
-  assert rep["seeds"] == [0, 1, 2] and rep["n_seeds"] == 3
-  for name in ("stability.md", "stability.png"):
-    assert os.path.getsize(os.path.join(wd, "analysis", name)) > 0
-  heads = {s: json.load(open(os.path.join(wd, f"seed_{s}", "analysis", "heads.json")))
-           for s in (0, 1, 2)}
-  assert rep["layers"]
-  stacks = set()
-  for r in rep["layers"]:
-    want = sum(any(h["stack"] == r["stack"] and h["layer"] == r["layer"] and
-                   h["role"] == r["role"] for h in heads[s]) for s in (0, 1, 2))
-    assert 0 <= r["seeds_with_role"] <= 3
-    assert r["seeds_with_role"] == want, r
-    stacks.add(r["stack"])
-  assert stacks == {"encoder", "decoder_self"}
-  # every head of every seed is counted once
-  for stack in stacks:
-    n_heads = [sum(h["stack"] == stack for h in heads[s]) for s in (0, 1, 2)]
-    assert [sum(t["per_seed"][i] for t in rep["totals"][stack].values())
-            for i in range(3)] == n_heads
-  assert "seeds with at least one head" in capsys.readouterr().out
-  # --roles-only: the same roles, so the same table, without the rest of the report
-  out = os.path.join(os.path.dirname(wd), "roles_only")
-  assert cli.main(["analyze", "--workdir", wd, "--roles-only", "--out", out]) == 0
-  assert os.path.exists(os.path.join(out, "seed_1", "roles_only.json"))
-  assert not os.path.exists(os.path.join(out, "seed_1", "explorer.html"))
-  assert json.load(open(os.path.join(out, "stability.json")))["layers"] == rep["layers"]
+  rows = {s: json.load(open(os.path.join(wd, f"seed_{s}", "analysis", "heads.json")))
+          for s in (0, 1, 2)}
+  _check_counts(rep, rows)
+  assert os.path.exists(os.path.join(wd, "seed_2", "analysis", "explorer.html"))
 
 
 _MESH_SCRIPT = r"""
