@@ -279,3 +279,39 @@ def test_multi_seed_batches_split_over_two_devices_match_one(tmp_path):
   res = json.loads(r.stdout.split("RESULT")[1])
   assert res["devices"] == 2
   assert res["diff"] < 1e-5, res
+
+
+def test_curve_stability_gives_mean_and_spread_per_method_and_count():
+  from mha_jax.analysis import stability
+
+  def curve(l0, rnd):
+    return {"rows": [{"method": "l0", "kept": 4, "bleu": l0, "roles": {"positional": 1}},
+                     {"method": "random", "kept": 4, "bleu": rnd, "roles": {}}]}
+
+  rep = stability.curve_stability({0: curve(10.0, 2.0), 1: curve(14.0, 4.0)}, "bleu")
+  by = {(r["method"], r["kept"]): r for r in rep["rows"]}
+  assert by[("l0", 4)]["mean"] == pytest.approx(12.0)
+  assert by[("l0", 4)]["std"] == pytest.approx(np.std([10.0, 14.0], ddof=1))
+  assert (by[("random", 4)]["min"], by[("random", 4)]["max"]) == (2.0, 4.0)
+  assert by[("l0", 4)]["roles_kept_mean"] == {"positional": 1.0}
+  assert "| 4 | 12 ± 2.8 (10-14) | 3 ± 1.4 (2-4) | positional 1.0 |" in \
+      stability.format_curve(rep)
+
+
+@pytest.mark.slow
+def test_prune_curve_over_a_multi_seed_workdir(three, tmp_path):
+  from mha_jax import cli
+  wd, _ = three
+  out = str(tmp_path / "curve")
+  assert cli.main(["prune-curve", "--workdir", wd, "--out", out, "--counts", "8,4,1",
+                   "--steps", "3", "--bleu-sentences", "4"]) == 0
+  rep = json.load(open(os.path.join(out, "curve_stability.json")))
+  assert rep["seeds"] == [0, 1, 2] and rep["metric"] == "bleu"
+  for r in rep["rows"]:
+    per_seed = [next(x["bleu"] for x in json.load(open(os.path.join(
+        out, f"seed_{s}", "curve.json")))["rows"] if x["method"] == r["method"] and
+                     x["kept"] == r["kept"]) for s in (0, 1, 2)]
+    assert r["values"] == per_seed and r["mean"] == pytest.approx(np.mean(per_seed))
+  assert {(r["method"], r["kept"]) for r in rep["rows"]} == {
+      (m, k) for m in ("l0", "michel", "random") for k in (8, 4, 1)}
+  assert os.path.getsize(os.path.join(out, "curve_stability.png")) > 0
