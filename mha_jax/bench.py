@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mha_jax import storage
 from mha_jax import accounting, attention, layers
 from mha_jax.kernels import xla as xla_kernels
 from mha_jax.errors import UserError
@@ -190,11 +191,8 @@ def format_table(result: dict) -> str:
 
 
 def write_json(result: dict, path: str) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(result, f, indent=1)
-  os.replace(tmp, path)
+  storage.makedirs(storage.dirname(storage.abspath(path)))
+  storage.write_json(path, result, atomic=True)
 
 
 # --------------------------------------------------------------------------

@@ -11,7 +11,6 @@ rate against the machine's measured matmul rate.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 import statistics
@@ -24,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax import bench, tasks
 from mha_jax import config as mc
@@ -182,6 +182,5 @@ def format_table(res: dict) -> str:
 
 
 def write_json(res: dict, path: str) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(res, f, indent=1)
+  storage.makedirs(storage.dirname(storage.abspath(path)))
+  storage.write_json(path, res)

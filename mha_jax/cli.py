@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 
 
@@ -119,14 +120,13 @@ def _cmd_eval(args) -> int:
 
 def _out_dir(args) -> str:
   """--out, by default WORKDIR/analysis; checked writable before any work is done."""
-  import os
-  out = args.out or os.path.join(args.workdir, "analysis")
+  out = args.out or storage.join(args.workdir, "analysis")
   try:
-    os.makedirs(out, exist_ok=True)
+    storage.makedirs(out)
   except OSError as e:
     raise UserError(f"--out {out!r} cannot be created ({e.strerror}); a read-only "
                     f"workdir needs --out elsewhere") from None
-  if not os.access(out, os.W_OK):
+  if not storage.writable(out):
     raise UserError(f"--out {out!r} is not writable; a read-only workdir needs --out "
                     f"elsewhere")
   return out
@@ -142,24 +142,23 @@ def _cmd_analyze_seeds(args, seeds) -> int:
   """analyze over a multi-seed workdir: each seed's report into its own workdir's
   analysis/ (or --out/seed_<s>), then the role stability across seeds into --out
   (default WORKDIR/analysis)."""
-  import os
   from mha_jax.analysis import report, stability
   from mha_jax.loader import load
   out = _out_dir(args)
   heads = {}
   for s, wd in seeds:
     run = load(wd, step=args.step)
-    seed_out = os.path.join(args.out, f"seed_{s}") if args.out else os.path.join(wd, "analysis")
+    seed_out = (storage.join(args.out, f"seed_{s}") if args.out else
+                storage.join(wd, "analysis"))
     print(f"seed {s}: analysing {wd} into {seed_out} ...", flush=True)
     if args.roles_only:   # roles alone, beside (not over) a full report
-      heads[s] = os.path.join(seed_out, "roles_only.json")
-      os.makedirs(seed_out, exist_ok=True)
-      with open(heads[s], "w") as f:
-        json.dump(stability.roles_of(run, args.split), f, indent=1)
+      heads[s] = storage.join(seed_out, "roles_only.json")
+      storage.makedirs(seed_out)
+      storage.write_json(heads[s], stability.roles_of(run, args.split))
       continue
     report.analyze(run, split=args.split, out_dir=seed_out, loo=not args.no_ablations,
                    loo_bleu_limit=args.bleu_sentences, log=lambda m: None)
-    heads[s] = os.path.join(seed_out, "heads.json")
+    heads[s] = storage.join(seed_out, "heads.json")
   rep = stability.write_role_stability(heads, out)
   print(stability.format_roles(rep))
   print(f"wrote {out}/ (stability.json, stability.md, stability.png) and each seed's "
@@ -185,7 +184,6 @@ def _cmd_analyze(args) -> int:
 
 
 def _cmd_ablate(args) -> int:
-  import os
   from mha_jax.analysis import importance, report
   from mha_jax.loader import load
   if args.mode not in ("zero", "mean"):
@@ -211,11 +209,10 @@ def _cmd_ablate(args) -> int:
     result = {"mode": args.mode, "split": args.split, "heads": args.heads, "base": base,
               "ablated": res, "delta": {k: res[k] - base[k] for k in res}}
   name = "ablation_each" if args.each else "ablation"
-  with open(os.path.join(out_dir, f"{name}_{args.mode}.json"), "w") as f:
-    json.dump(result, f, indent=1)
+  storage.write_json(storage.join(out_dir, f"{name}_{args.mode}.json"), result)
   key = "delta_bleu" if is_tr else "delta_loss"
   report._plot_bars([r["head"] for r in rows], [r[key] for r in rows],
-                    os.path.join(out_dir, f"{name}_{args.mode}.png"), key)
+                    storage.join(out_dir, f"{name}_{args.mode}.png"), key)
   if args.each:   # the full list is in the JSON file; print the ten largest effects
     result = {k: v for k, v in result.items() if k != "each"}
     result["largest"] = sorted(rows, key=lambda r: r[key] if is_tr else -r[key])[:10]
@@ -224,22 +221,19 @@ def _cmd_ablate(args) -> int:
 
 
 def _ablate_induction(run, args, out_dir: str) -> int:
-  import os
   from mha_jax.analysis import importance, report
   if run.config.task not in ("lm", "pretrained_lm"):
     raise UserError(f"--induction-vs-random needs a language model; {args.workdir!r} has "
                      f"task {run.config.task!r}")
-  path = os.path.join(args.workdir, "analysis", "heads.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      rows = json.load(f)
+  path = storage.join(args.workdir, "analysis", "heads.json")
+  if storage.exists(path):
+    rows = storage.read_json(path)
   else:
     rows = report.lm_roles(run, args.split)
   scores = {r["head"]: r["induction"] for r in rows if "induction" in r}
   res = importance.induction_vs_random(run, scores, top=args.top, draws=args.draws,
                                        mode=args.mode, split=args.split)
-  with open(os.path.join(out_dir, f"ablation_induction_{args.mode}.json"), "w") as f:
-    json.dump(res, f, indent=1)
+  storage.write_json(storage.join(out_dir, f"ablation_induction_{args.mode}.json"), res)
   print(json.dumps({k: res[k] for k in ("mode", "top_heads", "top_scores", "top_delta",
                                         "random_delta_mean")}))
   return 0
@@ -264,20 +258,19 @@ def _cmd_prune(args) -> int:
 def _cmd_prune_curve_seeds(args, seeds, out: str) -> int:
   """prune-curve over a multi-seed workdir: each seed's curve into its own workdir's
   pruning_curve/ (or --out/seed_<s>), then their mean and spread into --out."""
-  import os
   from mha_jax.analysis import stability
   from mha_jax.pruning import curve
   paths, metric = {}, "loss"
   for s, wd in seeds:
-    seed_out = os.path.join(args.out, f"seed_{s}") if args.out else os.path.join(
-        wd, "pruning_curve")
+    seed_out = (storage.join(args.out, f"seed_{s}") if args.out else
+                storage.join(wd, "pruning_curve"))
     print(f"seed {s}: pruning curve of {wd} into {seed_out} ...", flush=True)
     rows = curve.pruning_curve(wd, seed_out, counts=args.counts,
                                stacks=[x for x in args.stacks.split(",") if x],
                                lam=args.l0_lambda, steps=args.steps,
                                bleu_limit=args.bleu_sentences, log=lambda m: None)
     metric = curve.curve_metric(rows, "bleu" in rows[0])
-    paths[s] = os.path.join(seed_out, "curve.json")
+    paths[s] = storage.join(seed_out, "curve.json")
   rep = stability.write_curve_stability(paths, out, metric)
   print(stability.format_curve(rep))
   print(f"wrote {out}/curve_stability.json, .md, .png and each seed's curve")

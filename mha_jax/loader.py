@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Callable
 
 import ml_collections
 
 from mha_jax.errors import UserError
 from mha_jax import config as mc
+from mha_jax import storage
 from mha_jax import tasks
 from mha_jax.models import common as C
 from mha_jax.train import checkpoint as ckpt_lib
@@ -41,15 +41,14 @@ class Loaded:
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    if os.path.exists(os.path.join(workdir, "seeds.json")):
+  path = storage.join(workdir, "config.json")
+  if not storage.exists(path):
+    if storage.exists(storage.join(workdir, "seeds.json")):
       raise UserError(f"--workdir {workdir!r} is a multi-seed run (seeds.json): load one "
                       f"of its seeds, {workdir.rstrip('/')}/seed_<s>")
     raise UserError(f"--workdir {workdir!r} has no config.json: not a mha-jax run")
   try:
-    with open(path, encoding="utf-8") as f:
-      return mc.from_dict(json.load(f))
+    return mc.from_dict(storage.read_json(path))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise UserError(f"{path} is not valid JSON ({e})") from None
 

@@ -4,11 +4,10 @@ importance, prune 75 % of the encoder heads with L0 gates, write a summary."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Sequence
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax import config as mc
 from mha_jax.models import common as C
@@ -51,11 +50,11 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
       log(f"  {stack:<13} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     log("  most important heads (Michel et al.): " +
         ", ".join(f"{h} {v:.3f}" for h, v in a["top_importance"]))
-    log(f"  explorer: {os.path.join(workdir, 'analysis', 'explorer.html')}")
+    log(f"  explorer: {storage.join(workdir, 'analysis', 'explorer.html')}")
   if prune:
     from mha_jax.pruning import run as prune_run
-    out = os.path.join(workdir, "pruned_l0")
-    if os.path.exists(out):
+    out = storage.join(workdir, "pruned_l0")
+    if storage.exists(out):
       log(f"\npruning: {out} exists already, kept as it is")
     else:
       total = sum(C.head_counts(run_.params)["encoder"])
@@ -68,7 +67,6 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
           f"{info['after']['bleu']:.1f} with {info['kept']} encoder heads "
           f"({', '.join(info['kept_heads'])})")
   result["seconds"] = time.time() - t0
-  with open(os.path.join(workdir, "quickstart.json"), "w") as f:
-    json.dump(result, f, indent=1)
-  log(f"wrote {os.path.join(workdir, 'quickstart.json')} in {result['seconds']:.0f} s")
+  storage.write_json(storage.join(workdir, "quickstart.json"), result)
+  log(f"wrote {storage.join(workdir, 'quickstart.json')} in {result['seconds']:.0f} s")
   return result

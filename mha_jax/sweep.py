@@ -8,11 +8,10 @@ Extra `--config.a.b=v` arguments apply to every run's base config.
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
 from typing import Callable, Sequence
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax import config as mc
 from mha_jax.train import metrics as metrics_lib
@@ -23,7 +22,7 @@ def plan(sweep_spec: str, workdir: str, extra: Sequence[str]) -> list[dict]:
   sweep_cfg = mc.load_config(sweep_spec)
   sweep_path = sweep_spec.partition(":")[0]
   base = mc.resolve(sweep_cfg.base, sweep_path).partition(":")[0]
-  if not os.path.isfile(base):
+  if not storage.isfile(base):
     raise UserError(f"sweep base config {sweep_cfg.base!r} not found")
   spec = base + (f":{sweep_cfg.base_arg}" if sweep_cfg.base_arg else "")
   runs = []
@@ -35,7 +34,7 @@ def plan(sweep_spec: str, workdir: str, extra: Sequence[str]) -> list[dict]:
     if rest:
       raise UserError(f"sweep: unexpected arguments {rest}")
     mc.validate(cfg)
-    runs.append({"name": run["name"], "workdir": os.path.join(workdir, run["name"]),
+    runs.append({"name": run["name"], "workdir": storage.join(workdir, run["name"]),
                  "spec": spec, "overrides": overrides, "config": cfg})
   return runs
 
@@ -48,7 +47,7 @@ def commands(runs: list[dict]) -> list[str]:
 
 def _finished(run: dict) -> bool:
   from mha_jax.train import checkpoint as ckpt_lib
-  if not os.path.isdir(os.path.join(run["workdir"], "checkpoints")):
+  if not storage.isdir(storage.join(run["workdir"], "checkpoints")):
     return False
   c = ckpt_lib.Checkpoints(run["workdir"], read_only=True)
   try:
@@ -115,14 +114,14 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_xlabel("heads h (d_k = d_model / h)")
     ax.set_xticks(hs, [f"{h}\n(d_k={r['d_k']})" for h, r in zip(hs, done)], fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  storage.savefig(fig, path, dpi=120)
   plt.close(fig)
 
 
 def run_sweep(sweep_spec: str, workdir: str, extra: Sequence[str], *,
               train_fn: Callable, log: Callable[[str], None] = print) -> list[dict]:
   runs = plan(sweep_spec, workdir, extra)
-  os.makedirs(workdir, exist_ok=True)
+  storage.makedirs(workdir)
   for r in runs:
     if _finished(r):
       log(f"[{r['name']}] finished already, skipping")
@@ -130,11 +129,9 @@ def run_sweep(sweep_spec: str, workdir: str, extra: Sequence[str], *,
     log(f"[{r['name']}] training in {r['workdir']}")
     train_fn(r["config"], r["workdir"])
   rows = summarize(runs)
-  with open(os.path.join(workdir, "sweep.json"), "w") as f:
-    json.dump(rows, f, indent=1)
+  storage.write_json(storage.join(workdir, "sweep.json"), rows)
   table = format_rows(rows)
-  with open(os.path.join(workdir, "sweep.md"), "w") as f:
-    f.write(table + "\n")
-  plot(rows, os.path.join(workdir, "sweep.png"))
+  storage.write_text(storage.join(workdir, "sweep.md"), table + "\n")
+  plot(rows, storage.join(workdir, "sweep.png"))
   log(table)
   return rows

@@ -9,7 +9,6 @@ model's init and apply, serves deterministic training batches by step, and evalu
 from __future__ import annotations
 
 import json
-import os
 from typing import Iterator, Protocol, runtime_checkable
 
 import jax
@@ -17,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax.errors import UserError
+from mha_jax import storage
 from mha_jax.data import parallel, repeated_tokens, synthetic_translation, text, vocab as V
 from mha_jax.models import common as C
 from mha_jax.models import lm as lm_model
@@ -171,7 +171,7 @@ class TranslationTask:
   def __init__(self, cfg, workdir: str | None, *, read_only: bool = False):
     self.cfg = cfg
     d = cfg.data
-    self.data_dir = os.path.join(workdir, "data") if workdir else None
+    self.data_dir = storage.join(workdir, "data") if workdir else None
     self.arcs: dict[str, list] = {}
     if d.kind == "synthetic":
       gcfg = synthetic_translation.GrammarConfig(**dict(d.grammar))
@@ -181,7 +181,7 @@ class TranslationTask:
       self.arcs = {s: [{"heads": x.heads, "rels": x.rels} for x in splits[s]] for s in SPLITS}
       self.vocab = V.Vocab(grammar.lex.source_types() + grammar.lex.target_types())
       if (self.data_dir and not read_only and
-          not os.path.exists(os.path.join(self.data_dir, "train.src"))):
+          not storage.exists(storage.join(self.data_dir, "train.src"))):
         synthetic_translation.export(self.data_dir, grammar, splits)
     elif d.kind == "parallel":
       self.words = {}
@@ -196,16 +196,16 @@ class TranslationTask:
           self.arcs[s] = parallel.read_conllu_arcs(d.conllu[s], src, f"data.conllu.{s}")
       self.vocab = V.Vocab(w for side in self.words["train"] for sent in side for w in sent)
       if self.data_dir and not read_only:
-        os.makedirs(self.data_dir, exist_ok=True)
+        storage.makedirs(self.data_dir)
         for s, arcs in self.arcs.items():
-          with open(os.path.join(self.data_dir, f"{s}.arcs.jsonl"), "w") as f:
-            f.writelines(json.dumps(a) + "\n" for a in arcs)
+          storage.write_text(storage.join(self.data_dir, f"{s}.arcs.jsonl"),
+                             "".join(json.dumps(a) + "\n" for a in arcs))
         freqs: dict[str, int] = {}
         for sent in self.words["train"][0]:
           for w in sent:
             freqs[w] = freqs.get(w, 0) + 1
-        with open(os.path.join(self.data_dir, "train_freqs.json"), "w") as f:
-          json.dump(freqs, f)
+        storage.write_json(storage.join(self.data_dir, "train_freqs.json"), freqs,
+                           indent=None)
     else:
       raise UserError(f"data.kind must be 'synthetic' or 'parallel' for translation; "
                        f"got {d.kind!r}")
@@ -227,10 +227,10 @@ class TranslationTask:
     vocabulary differs from it is refused."""
     if not self.data_dir:
       return built
-    path = os.path.join(self.data_dir, "vocab.json")
-    if not os.path.exists(path):
+    path = storage.join(self.data_dir, "vocab.json")
+    if not storage.exists(path):
       if not read_only:
-        os.makedirs(self.data_dir, exist_ok=True)
+        storage.makedirs(self.data_dir)
         built.save(path)
       return built
     saved = V.Vocab.load(path)
@@ -340,7 +340,7 @@ class LMTask:
   def __init__(self, cfg, workdir: str | None, *, read_only: bool = False):
     self.cfg = cfg
     d = cfg.data
-    self.data_dir = os.path.join(workdir, "data") if workdir else None
+    self.data_dir = storage.join(workdir, "data") if workdir else None
     if d.kind == "repeated":
       self.vocab_size = d.vocab_size
       self.seq_len = 1 + 2 * d.half_len
@@ -349,15 +349,15 @@ class LMTask:
       tok_path = None
       if self.data_dir:
         for name in ("tokenizer.json", "tokenizer.bytes"):
-          if os.path.exists(os.path.join(self.data_dir, name)):
-            tok_path = os.path.join(self.data_dir, name)
+          if storage.exists(storage.join(self.data_dir, name)):
+            tok_path = storage.join(self.data_dir, name)
       corpus = text.read_corpus(list(d.text_files))
       if tok_path:
         self.tokenizer = text.TextTokenizer.load(tok_path)
       else:
         self.tokenizer = text.TextTokenizer.train(d.tokenizer, corpus, d.vocab_size)
         if self.data_dir and not read_only:
-          os.makedirs(self.data_dir, exist_ok=True)
+          storage.makedirs(self.data_dir)
           self.tokenizer.save(self.data_dir)
       self.streams = text.split_stream(self.tokenizer.encode(corpus))
       self.vocab_size = self.tokenizer.vocab_size

@@ -2,10 +2,10 @@
 # Run an mha-jax command on every worker of a Cloud TPU VM (single- or multi-host).
 #
 #   scripts/launch_tpu_vm.sh --name my-tpu --zone us-central2-b [--create --type v4-32] \
-#       [--workers N] [--port P] [--dry-run] -- mha-jax train --config configs/translation.py --workdir DIR
+#       [--workers N] [--port P] [--dry-run] -- mha-jax train --config configs/translation.py --workdir gs://BUCKET/run
 #
 # Steps: (optionally) create the TPU VM, copy the repository's tracked files to every
-# worker, `pip install -e .[tpu]` there, then run the command on all workers at once.
+# worker, `pip install -e .[tpu,gcs]` there, then run the command on all workers at once.
 # Without --workers, `mha-jax train` gets --multihost (one ssh --worker=all; JAX finds
 # the slice itself). With --workers N, worker i runs the command with explicit
 # --coordinator WORKER0_IP:P --num-processes N --process-id i, worker 0's internal IP
@@ -65,7 +65,7 @@ if [ "$create" = 1 ]; then
 fi
 run gcloud compute tpus tpu-vm scp "$tarball" "$name:~/mha-jax.tar.gz" --zone "$zone" --worker=all
 run gcloud compute tpus tpu-vm ssh "$name" --zone "$zone" --worker=all --command \
-  "mkdir -p ~/$remote_dir && tar -xzf ~/mha-jax.tar.gz -C ~/$remote_dir && cd ~/$remote_dir && python3 -m pip install -q -e '.[tpu]'"
+  "mkdir -p ~/$remote_dir && tar -xzf ~/mha-jax.tar.gz -C ~/$remote_dir && cd ~/$remote_dir && python3 -m pip install -q -e '.[tpu,gcs]'"
 if [ "$is_train" = 1 ] && [ "$workers" -gt 0 ]; then
   if [ "$dry" = 1 ]; then
     run gcloud compute tpus tpu-vm describe "$name" --zone "$zone" \

@@ -1,7 +1,36 @@
 """Shared test helpers: an independent NumPy oracle for multi-head attention."""
 
+import os
+import shutil
+import tempfile
+
 import jax
 import numpy as np
+import pytest
+
+
+def _share_compilations() -> None:
+  """One persistent XLA cache per test run, shared by the xdist workers and every
+  subprocess a test starts: many tests compile the same tiny programs. A cache dir set
+  by the user (JAX_COMPILATION_CACHE_DIR) is used as is."""
+  global _OWN_CACHE
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_CACHE = tempfile.mkdtemp(prefix="mha-jax-test-xla-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+_OWN_CACHE = None
+_share_compilations()
+
+
+def pytest_unconfigure(config):
+  if _OWN_CACHE:       # the process that made the cache removes it
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
 
 # On GPU/TPU, float32 matmuls default to lower precision; tests compare at 1e-5.
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -87,3 +116,34 @@ def numpy_mha(params, x, context=None, mask=None, causal=False, gates=None, bias
       heads[b, :, h, :] = o
   out = np.einsum("bthk,hkd->btd", heads, p["wo"]) + (p["bo"] if "bo" in p else 0)
   return out, weights
+
+
+# --------------------------------------------------------------------------
+# Real models: one import per model per worker, shared by test_pretrained and
+# test_studies_real (both in xdist group "pretrained", so on one worker).
+# --------------------------------------------------------------------------
+
+
+def _imported_workdir(tmp_path_factory, name: str) -> str:
+  from mha_jax import cli
+  from mha_jax.pretrained import registry
+  try:
+    registry.find_model(name)
+  except ValueError as e:      # fail loudly: CI installs these packages
+    pytest.fail(f"real-model tests need the model packages: {e}")
+  workdir = str(tmp_path_factory.mktemp("real") / name)
+  assert cli.main(["import", name, "--workdir", workdir]) == 0
+  return workdir
+
+
+
+@pytest.fixture(scope="session")
+def smollm2_workdir(tmp_path_factory) -> str:
+  """`mha-jax import smollm2-135m` into a fresh workdir (read it, or copy it first)."""
+  return _imported_workdir(tmp_path_factory, "smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def minilm_workdir(tmp_path_factory) -> str:
+  """`mha-jax import minilm-l6` into a fresh workdir (read it, or copy it first)."""
+  return _imported_workdir(tmp_path_factory, "minilm-l6")

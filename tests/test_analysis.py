@@ -16,6 +16,10 @@ from mha_jax.models import common as C
 from test_train import trained_translation
 
 
+# One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('analysis')
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   return trained_translation(tmp_path_factory, "an", "--config.model.num_heads=2")

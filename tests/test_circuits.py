@@ -98,6 +98,7 @@ def test_variable_copy_length_defeats_a_positional_shortcut():
   assert (masks["first"].sum(1) == m - 1).all() and (masks["repeat"].sum(1) == m - 1).all()
 
 
+@pytest.mark.slow   # trains the induction config to its phase change (~50 s on 2 cores)
 def test_trained_two_layer_model_has_an_induction_head(tmp_path):
   """A layer-2 head with high prefix matching and copying, whose strongest
   K-composition is with the layer-1 head that attends most to the previous token."""

@@ -66,7 +66,7 @@ def test_launch_tpu_vm_dry_run_prints_gcloud_commands():
   assert lines[0].startswith("gcloud compute tpus tpu-vm create tpu1 --zone z1 "
                              "--accelerator-type v4-32")
   assert "scp" in lines[1] and "--worker=all" in lines[1]
-  assert "pip\\ install" in lines[2] and "\\[tpu\\]" in lines[2]
+  assert "pip\\ install" in lines[2] and "\\[tpu\\,gcs\\]" in lines[2]   # gcs: workdirs in buckets
   assert "--worker=all" in lines[3] and "--multihost" in lines[3]
   # Explicit multi-process flags, one ssh per worker.
   r = subprocess.run(["bash", "scripts/launch_tpu_vm.sh", "--name", "tpu1", "--zone", "z1",

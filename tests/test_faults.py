@@ -16,6 +16,10 @@ from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from test_train import TINY_INDUCTION, TINY_TRANSLATION, tiny
 
+
+# One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('faults')
+
 QUIET = dict(log=lambda s: None)
 
 

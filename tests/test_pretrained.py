@@ -53,19 +53,13 @@ def rel_err(a, ref) -> float:
 
 
 @pytest.fixture(scope="session")
-def smol_run(tmp_path_factory):
-  _model_path("smollm2-135m")
-  workdir = str(tmp_path_factory.mktemp("real") / "smollm2")
-  assert cli.main(["import", "smollm2-135m", "--workdir", workdir]) == 0
-  return mha_jax.load(workdir)
+def smol_run(smollm2_workdir):
+  return mha_jax.load(smollm2_workdir)
 
 
 @pytest.fixture(scope="session")
-def minilm_run(tmp_path_factory):
-  _model_path("minilm-l6")
-  workdir = str(tmp_path_factory.mktemp("real") / "minilm")
-  importer.import_model(workdir, name="minilm-l6")
-  return mha_jax.load(workdir)
+def minilm_run(minilm_workdir):
+  return mha_jax.load(minilm_workdir)
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,10 @@ from mha_jax.pruning import run as prune_run
 from mha_jax.train import checkpoint as ckpt_lib
 from test_train import trained_translation
 
+
+# One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('pruning')
+
 HC = G.HardConcrete()
 
 

@@ -3,6 +3,7 @@ all-MiniLM-L6-v2), through the same commands and modules as models trained here.
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,6 @@ import mha_jax
 from mha_jax.analysis import explorer, importance, report
 from mha_jax.circuits import scores
 from mha_jax.models import common as C
-from mha_jax.pretrained import importer, registry
 from mha_jax.pruning import masks as M
 from mha_jax.pruning import methods
 from mha_jax.pruning import run as prune_run
@@ -22,16 +22,9 @@ pytestmark = pytest.mark.xdist_group("pretrained")
 LAYERS = 30
 
 
-def _need(name):
-  try:
-    registry.find_model(name)
-  except ValueError as e:
-    pytest.skip(str(e))
-
-
-def _imported(name, d, eval_cfg):
-  """A fresh import of a real model, evaluated on small batches (eval_cfg)."""
-  importer.import_model(str(d / "w"), name=name)
+def _imported(src: str, d, eval_cfg):
+  """A copy of a freshly imported real model (conftest), evaluated on small batches."""
+  shutil.copytree(src, str(d / "w"))
   path = str(d / "w" / "config.json")
   with open(path) as f:
     cfg = json.load(f)
@@ -42,19 +35,17 @@ def _imported(name, d, eval_cfg):
 
 
 @pytest.fixture(scope="session")
-def smol(tmp_path_factory):
+def smol(smollm2_workdir, tmp_path_factory):
   """SmolLM2-135M, all 30 layers (270 query heads, 90 kv heads), on short windows: a
   prefix of its layers would not predict tokens (its strongest induction heads sit in
   layers 17-23)."""
-  _need("smollm2-135m")
-  return _imported("smollm2-135m", tmp_path_factory.mktemp("studies_smol"),
+  return _imported(smollm2_workdir, tmp_path_factory.mktemp("studies_smol"),
                    {"batch_size": 2, "seq_len": 32, "windows": 4})
 
 
 @pytest.fixture(scope="session")
-def minilm(tmp_path_factory):
-  _need("minilm-l6")
-  return _imported("minilm-l6", tmp_path_factory.mktemp("studies_minilm"),
+def minilm(minilm_workdir, tmp_path_factory):
+  return _imported(minilm_workdir, tmp_path_factory.mktemp("studies_minilm"),
                    {"batch_size": 8, "seq_len": 48, "windows": 16})
 
 

@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 
+from mha_jax import storage
 from mha_jax.analysis import capture as capture_lib
 from mha_jax.data import vocab as V
 from mha_jax.models import common as C
@@ -215,6 +216,5 @@ def write(run, rows, path: str, split: str = "test", sentences: int = 20) -> dic
     data = page_data(run, rows, split, sentences)
   text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
   page = _PAGE.replace("TITLE", html.escape(run.workdir)).replace("DATA", text)
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(page)
+  storage.write_text(path, page)
   return data

@@ -7,12 +7,12 @@ importance.png, ablation.png and explorer.html, and returns a summary.
 from __future__ import annotations
 
 import csv
-import json
-import os
+import io
 from typing import Callable
 
 import numpy as np
 
+from mha_jax import storage
 from mha_jax.analysis import capture as capture_lib
 from mha_jax.analysis import explorer, importance, roles
 from mha_jax.data import vocab as V
@@ -33,9 +33,8 @@ def translation_roles(run, split: str, limit: int = 0,
                       th: roles.Thresholds = roles.Thresholds()) -> list[dict]:
   """Role statistics of the encoder's and the decoder's self-attention heads."""
   task = run.model
-  freqs_path = os.path.join(run.workdir, "data", "train_freqs.json")
-  with open(freqs_path) as f:
-    freqs = json.load(f)
+  freqs_path = storage.join(run.workdir, "data", "train_freqs.json")
+  freqs = storage.read_json(freqs_path)
   max_len = run.config.data.max_len + 1
   stats = {}
   arcs_all = task.arcs.get(split)
@@ -214,7 +213,7 @@ def plot_score_grids(rows, path, keys, title=""):
     fig.colorbar(im, ax=ax, fraction=0.05)
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  storage.savefig(fig, path, dpi=100)
   plt.close(fig)
 
 
@@ -240,7 +239,7 @@ def _plot_grid(rows, path, title):
   fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
   fig.suptitle(title)
   fig.tight_layout(rect=(0, 0.08, 1, 1))
-  fig.savefig(path, dpi=110)
+  storage.savefig(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -254,26 +253,26 @@ def _plot_bars(names, values, path, ylabel, top=20):
   ax.set_xticks(range(len(order)), [names[i] for i in order], rotation=70, fontsize=7)
   ax.set_ylabel(ylabel)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  storage.savefig(fig, path, dpi=110)
   plt.close(fig)
 
 
 def write_rows(rows: list[dict], directory: str) -> None:
-  with open(os.path.join(directory, "heads.json"), "w") as f:
-    json.dump(rows, f, indent=1)
+  storage.write_json(storage.join(directory, "heads.json"), rows)
   keys = list(dict.fromkeys(k for r in rows for k in r))
-  with open(os.path.join(directory, "heads.csv"), "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=keys)
-    w.writeheader()
-    w.writerows(rows)
+  f = io.StringIO(newline="")
+  w = csv.DictWriter(f, fieldnames=keys)
+  w.writeheader()
+  w.writerows(rows)
+  storage.write_text(storage.join(directory, "heads.csv"), f.getvalue())
 
 
 def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit: int = 0,
             importance_limit: int = 512, loo: bool = True, loo_bleu_limit: int = 64,
             log: Callable[[str], None] = print) -> dict:
   """Roles, importance and single-head ablations for a loaded run; writes the report."""
-  out_dir = out_dir or os.path.join(run.workdir, "analysis")
-  os.makedirs(out_dir, exist_ok=True)
+  out_dir = out_dir or storage.join(run.workdir, "analysis")
+  storage.makedirs(out_dir)
   is_tr = run.config.task == "translation"
   task = run.config.task
   if task == "embedding":      # the loss: cosine distance to the dense model's embedding
@@ -307,21 +306,21 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
           by_name[r["head"]][k] = v
   rows = list(by_name.values())
   write_rows(rows, out_dir)
-  _plot_grid([r for r in rows if r.get("role") != "n/a"], os.path.join(out_dir, "roles.png"),
+  _plot_grid([r for r in rows if r.get("role") != "n/a"], storage.join(out_dir, "roles.png"),
              f"head roles, {run.workdir}")
   stack0 = rows[0]["stack"]
   if stack0 in GRID_SCORES:
     plot_score_grids([r for r in rows if r["stack"] == stack0],
-                     os.path.join(out_dir, "scores.png"), GRID_SCORES[stack0],
+                     storage.join(out_dir, "scores.png"), GRID_SCORES[stack0],
                      f"per-head scores, {run.workdir}")
   names = [r["head"] for r in rows]
   _plot_bars(names, [r.get("importance", 0.0) for r in rows],
-             os.path.join(out_dir, "importance.png"), "importance (normalised per layer)")
+             storage.join(out_dir, "importance.png"), "importance (normalised per layer)")
   key = "delta_bleu" if is_tr and loo else "delta_loss"
   if loo:
-    _plot_bars(names, [r.get(key, 0.0) for r in rows], os.path.join(out_dir, "ablation.png"),
+    _plot_bars(names, [r.get(key, 0.0) for r in rows], storage.join(out_dir, "ablation.png"),
                f"{key} when ablated alone")
-  explorer.write(run, rows, os.path.join(out_dir, "explorer.html"), split=split)
+  explorer.write(run, rows, storage.join(out_dir, "explorer.html"), split=split)
   counts: dict[str, dict[str, int]] = {}
   for r in rows:
     if r.get("role") not in (None, "n/a"):
@@ -334,6 +333,5 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
     worst = sorted(loo_rows, key=lambda r: r[key] if key == "delta_bleu" else -r[key])[:5]
     summary["largest_ablation_deltas"] = [
         {k: r[k] for k in r if k == "head" or k.startswith("delta_")} for r in worst]
-  with open(os.path.join(out_dir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=1)
+  storage.write_json(storage.join(out_dir, "summary.json"), summary)
   return summary

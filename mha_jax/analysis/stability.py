@@ -13,11 +13,11 @@ and curve_stability.json, .md, .png (pruning).
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from mha_jax import storage
 
 # Roles shown in the tables first, in this order (others follow alphabetically).
 ROLE_ORDER = ("positional", "syntactic", "rare", "previous_token", "induction",
@@ -137,7 +137,7 @@ def plot_roles(rep: dict, path: str, roles: Sequence[str] | None = None) -> None
   fig.suptitle(f"head roles over {rep['n_seeds']} seeds (number: seeds with the role)",
                fontsize=9)
   fig.tight_layout(rect=(0, 0.08, 1, 1))
-  fig.savefig(path, dpi=110)
+  storage.savefig(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -154,16 +154,13 @@ def write_role_stability(heads_json_by_seed: Mapping[int, str], out_dir: str) ->
   """Reads each seed's heads.json, writes stability.{json,md,png} into out_dir."""
   rows = {}
   for s, path in heads_json_by_seed.items():
-    with open(path) as f:
-      rows[s] = json.load(f)
+    rows[s] = storage.read_json(path)
   rep = role_stability(rows)
   rep["sources"] = {str(s): p for s, p in heads_json_by_seed.items()}
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "stability.json"), "w") as f:
-    json.dump(rep, f, indent=1)
-  with open(os.path.join(out_dir, "stability.md"), "w") as f:
-    f.write(format_roles(rep) + "\n")
-  plot_roles(rep, os.path.join(out_dir, "stability.png"))
+  storage.makedirs(out_dir)
+  storage.write_json(storage.join(out_dir, "stability.json"), rep)
+  storage.write_text(storage.join(out_dir, "stability.md"), format_roles(rep) + "\n")
+  plot_roles(rep, storage.join(out_dir, "stability.png"))
   return rep
 
 
@@ -215,7 +212,7 @@ def plot_curve(rep: dict, path: str) -> None:
   ax.set_ylabel(f"test {rep['metric']} (mean ± std, {rep['n_seeds']} seeds)")
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  storage.savefig(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -223,14 +220,11 @@ def write_curve_stability(curve_json_by_seed: Mapping[int, str], out_dir: str,
                           metric: str) -> dict:
   curves = {}
   for s, path in curve_json_by_seed.items():
-    with open(path) as f:
-      curves[s] = json.load(f)
+    curves[s] = storage.read_json(path)
   rep = curve_stability(curves, metric)
   rep["sources"] = {str(s): p for s, p in curve_json_by_seed.items()}
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "curve_stability.json"), "w") as f:
-    json.dump(rep, f, indent=1)
-  with open(os.path.join(out_dir, "curve_stability.md"), "w") as f:
-    f.write(format_curve(rep) + "\n")
-  plot_curve(rep, os.path.join(out_dir, "curve_stability.png"))
+  storage.makedirs(out_dir)
+  storage.write_json(storage.join(out_dir, "curve_stability.json"), rep)
+  storage.write_text(storage.join(out_dir, "curve_stability.md"), format_curve(rep) + "\n")
+  plot_curve(rep, storage.join(out_dir, "curve_stability.png"))
   return rep

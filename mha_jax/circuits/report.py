@@ -6,12 +6,11 @@ icl.png."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Callable
 
 import numpy as np
 
+from mha_jax import storage
 from mha_jax.circuits import behaviour, paths, scores
 from mha_jax.errors import BadCheckpoint, UserError
 from mha_jax.loader import load
@@ -65,13 +64,13 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
              track: bool = True, log: Callable[[str], None] = print) -> dict:
   run = load(workdir)
   if run.config.task == "pretrained_lm":
-    return real_lm_circuits(run, out_dir or os.path.join(workdir, "circuits"),
+    return real_lm_circuits(run, out_dir or storage.join(workdir, "circuits"),
                             samples=samples, log=log)
   if run.config.task != "lm":
     raise UserError(f"circuits needs a decoder-only model (task lm); {workdir!r} has "
                      f"task {run.config.task!r}")
-  out_dir = out_dir or os.path.join(workdir, "circuits")
-  os.makedirs(out_dir, exist_ok=True)
+  out_dir = out_dir or storage.join(workdir, "circuits")
+  storage.makedirs(out_dir)
   tokens, lengths = behaviour.eval_tokens(run)
   log("behavioural scores ...")
   heads = behaviour.head_scores(run, tokens)
@@ -111,8 +110,7 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
   if track:
     log("ICL score over checkpoints ...")
     result["over_steps"] = over_checkpoints(run, tokens, lengths, log)
-  with open(os.path.join(out_dir, "circuits.json"), "w") as f:
-    json.dump(result, f, indent=1)
+  storage.write_json(storage.join(out_dir, "circuits.json"), result)
   _plots(result, out_dir)
   return result
 
@@ -127,7 +125,7 @@ def real_lm_circuits(run, out_dir: str, *, top: int = 10, batch: int = 8,
   with most (random baseline subtracted; factored; a query head reads its kv head's
   W_K) and whether those are previous-token heads. Norms and MLPs are left out of the
   weight-based scores, as in Elhage et al.'s attention-only analysis."""
-  os.makedirs(out_dir, exist_ok=True)
+  storage.makedirs(out_dir)
   tokens, lengths = behaviour.eval_tokens(run, batch)
   log("behavioural scores ...")
   heads = behaviour.head_scores(run, tokens)
@@ -152,9 +150,8 @@ def real_lm_circuits(run, out_dir: str, *, top: int = 10, batch: int = 8,
             "repeated_tokens": {"batch": int(tokens.shape[0]), "length": int(tokens.shape[1])},
             "previous_token_heads": [n for n in prev_rank if n in prev_set],
             "k_composition_baseline": base, "top_induction_heads": rows}
-  with open(os.path.join(out_dir, "circuits.json"), "w") as f:
-    json.dump(result, f, indent=1)
-  _real_plot(result, os.path.join(out_dir, "induction.png"))
+  storage.write_json(storage.join(out_dir, "circuits.json"), result)
+  _real_plot(result, storage.join(out_dir, "induction.png"))
   return result
 
 
@@ -173,7 +170,7 @@ def _real_plot(result, path):
   ax.set_ylabel("prefix matching (induction) score")
   ax.set_title("heads on repeated random tokens", fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  storage.savefig(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -212,7 +209,7 @@ def _plots(result, out_dir):
                fontsize=9)
   ax.axis("off")
   fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "composition.png"), dpi=120)
+  storage.savefig(fig, storage.join(out_dir, "composition.png"), dpi=120)
   plt.close(fig)
   fig, ax = plt.subplots(figsize=(4.5, 4))
   ind = {r["head"] for r in result["induction_heads"]}
@@ -229,7 +226,7 @@ def _plots(result, out_dir):
   ax.set_ylabel(f"K-composition QK positivity with {result['previous_token_head']}")
   ax.set_title("induction heads in red", fontsize=9)
   fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "positivity.png"), dpi=120)
+  storage.savefig(fig, storage.join(out_dir, "positivity.png"), dpi=120)
   plt.close(fig)
   if result.get("over_steps"):
     rows = result["over_steps"]
@@ -238,7 +235,7 @@ def _plots(result, out_dir):
     ax.set_xlabel("training step")
     ax.set_ylabel("ICL score (late - early loss)")
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "icl.png"), dpi=120)
+    storage.savefig(fig, storage.join(out_dir, "icl.png"), dpi=120)
     plt.close(fig)
 
 

@@ -9,15 +9,14 @@ blocks, the models, `mha_jax.load`, the accounting, pruning and circuits modules
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax import storage
 from mha_jax import accounting
 from mha_jax import attention as A
 from mha_jax.claims import toy
@@ -43,7 +42,7 @@ class Context:
 
   @property
   def work(self) -> str:
-    return os.path.join(self.out, "work")
+    return storage.join(self.out, "work")
 
 
 def _plt():
@@ -55,7 +54,7 @@ def _plt():
 
 def _save(fig, ctx, name) -> str:
   fig.tight_layout()
-  fig.savefig(os.path.join(ctx.out, name), dpi=110)
+  storage.savefig(fig, storage.join(ctx.out, name), dpi=110)
   _plt().close(fig)
   return name
 
@@ -378,8 +377,7 @@ def claim_dk1(ctx: Context) -> dict:
        "loss_by_h": {str(h): r["loss"] for h, r in runs.items()},
        "loss_dk1": runs[d]["loss"], "best_loss": min(r["loss"] for r in runs.values())}
   if ctx.sweep_workdir:             # a real `mha-jax sweep` run: its loss at d_k = 1
-    with open(os.path.join(ctx.sweep_workdir, "sweep.json")) as f:
-      rows = json.load(f)
+    rows = storage.read_json(storage.join(ctx.sweep_workdir, "sweep.json"))
     n["translation_sweep"] = [{k: r[k] for k in ("heads", "d_k", "valid_loss",
                                                  "valid_bleu")} for r in rows]
     done = [r for r in rows if r["valid_loss"] is not None]

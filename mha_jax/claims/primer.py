@@ -13,6 +13,7 @@ import json
 import jax
 import numpy as np
 
+from mha_jax import storage
 from mha_jax import accounting
 from mha_jax import attention as A
 from mha_jax.claims import experiments as E
@@ -84,8 +85,7 @@ def _r_tree(x):
 def write(ctx: E.Context, path: str) -> dict:
   data = page_data(ctx)
   blob = json.dumps(data).replace("</", "<\\/")
-  with open(path, "w") as f:
-    f.write(PAGE.replace("__DATA__", blob))
+  storage.write_text(path, PAGE.replace("__DATA__", blob))
   return data
 
 

@@ -3,11 +3,10 @@ DIR/REPORT.md, DIR/claims.json, one PNG per figure and DIR/primer.html."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Callable, Sequence
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.claims import experiments as E
 from mha_jax.claims import rules as R
@@ -81,11 +80,11 @@ def run_claims(out: str, *, only=None, workdir: str | None = None,
   names = parse_only(only)
   for flag, wd in (("--workdir", workdir), ("--induction-workdir", induction_workdir),
                    ("--sweep-workdir", sweep_workdir)):
-    if wd is not None and not os.path.isdir(wd):
+    if wd is not None and not storage.isdir(wd):
       raise UserError(f"{flag} {wd!r} is not a directory")
-  if os.path.exists(out) and not os.path.isdir(out):
+  if storage.exists(out) and not storage.isdir(out):
     raise UserError(f"--out {out!r} exists and is not a directory")
-  os.makedirs(out, exist_ok=True)
+  storage.makedirs(out)
   ctx = E.Context(out=out, workdir=workdir, induction_workdir=induction_workdir,
                   sweep_workdir=sweep_workdir, log=log)
   t0 = time.time()
@@ -104,13 +103,11 @@ def run_claims(out: str, *, only=None, workdir: str | None = None,
             "workdir": ctx.workdir, "induction_workdir": ctx.induction_workdir}
   if primer:
     from mha_jax.claims import primer as P
-    P.write(ctx, os.path.join(out, "primer.html"))
+    P.write(ctx, storage.join(out, "primer.html"))
     report["primer"] = "primer.html"
   report["seconds"] = round(time.time() - t0, 1)
-  with open(os.path.join(out, "claims.json"), "w") as f:
-    json.dump(report, f, indent=1)
-  with open(os.path.join(out, "REPORT.md"), "w") as f:
-    f.write(format_report(report))
+  storage.write_json(storage.join(out, "claims.json"), report)
+  storage.write_text(storage.join(out, "REPORT.md"), format_report(report))
   return report
 
 

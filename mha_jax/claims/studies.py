@@ -5,11 +5,10 @@ given."""
 
 from __future__ import annotations
 
-import json
-import os
 
 import numpy as np
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.claims.experiments import Context, _plt, _save
 
@@ -22,15 +21,15 @@ SPECIALISED = ("positional", "syntactic", "rare")
 def quickstart_workdir(ctx: Context) -> str:
   if ctx.workdir:
     return ctx.workdir
-  wd = os.path.join(ctx.work, "quickstart")
+  wd = storage.join(ctx.work, "quickstart")
   from mha_jax import quickstart
   from mha_jax.train import checkpoint as ckpt_lib
   done = False
-  if os.path.isdir(os.path.join(wd, "checkpoints")):
+  if storage.isdir(storage.join(wd, "checkpoints")):
     c = ckpt_lib.Checkpoints(wd, read_only=True)
     done = bool(c.all_steps())
     c.close()
-  if not done or not os.path.exists(os.path.join(wd, "quickstart.json")):
+  if not done or not storage.exists(storage.join(wd, "quickstart.json")):
     ctx.log(f"  training the quickstart model in {wd} (no --workdir given) ...")
     quickstart.run(wd, log=lambda s: None, analyze=False, prune=False)
   ctx.workdir = wd
@@ -38,10 +37,9 @@ def quickstart_workdir(ctx: Context) -> str:
 
 
 def _roles(run) -> dict[str, str]:
-  path = os.path.join(run.workdir, "analysis", "heads.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      return {r["head"]: r.get("role", "other") for r in json.load(f)}
+  path = storage.join(run.workdir, "analysis", "heads.json")
+  if storage.exists(path):
+    return {r["head"]: r.get("role", "other") for r in storage.read_json(path)}
   from mha_jax.analysis import report
   return {r["head"]: r["role"] for r in report.translation_roles(run, "test")}
 
@@ -54,21 +52,18 @@ def claim_pruning(ctx: Context, keep: int = 10, last: int = 3) -> dict:
   if run.config.task != "translation":
     raise UserError(f"--workdir {wd!r} is not a translation (quickstart) run")
   roles = _roles(run)
-  out = os.path.join(ctx.work, f"pruned_keep{keep}")
-  if os.path.exists(os.path.join(out, "pruning.json")):       # reuse, never overwrite
-    with open(os.path.join(out, "pruning.json")) as f:
-      info = json.load(f)
+  out = storage.join(ctx.work, f"pruned_keep{keep}")
+  if storage.exists(storage.join(out, "pruning.json")):       # reuse, never overwrite
+    info = storage.read_json(storage.join(out, "pruning.json"))
   else:
     ctx.log(f"  pruning to {keep} encoder heads with L0 gates ...")
-    qs = os.path.join(wd, "quickstart.json")
+    qs = storage.join(wd, "quickstart.json")
     base = None
-    if os.path.exists(qs):
-      with open(qs) as f:
-        base = json.load(f).get("test")
+    if storage.exists(qs):
+      base = storage.read_json(qs).get("test")
     info = prune_run.prune(wd, out, method="l0", lam=0.05, keep=keep, steps=100,
                            log=lambda s: None, loaded=run, base=base)
-    with open(os.path.join(out, "pruning.json")) as f:
-      info = json.load(f)
+    info = storage.read_json(storage.join(out, "pruning.json"))
   la = info["log_alpha"]["encoder"]
   ranked = sorted(((v, f"encoder.{l}.{h}") for l, row in enumerate(la)
                    for h, v in enumerate(row)), reverse=True)
@@ -94,7 +89,7 @@ def claim_pruning(ctx: Context, keep: int = 10, last: int = 3) -> dict:
 def induction_workdir(ctx: Context) -> str:
   if ctx.induction_workdir:
     return ctx.induction_workdir
-  wd = os.path.join(ctx.work, "induction")
+  wd = storage.join(ctx.work, "induction")
   from mha_jax import config as mc
   from mha_jax.train import loop
   cfg = mc.load_config("configs/induction.py")
@@ -111,7 +106,7 @@ def circuits_result(ctx: Context) -> dict:
     from mha_jax.loader import load
     wd = induction_workdir(ctx)
     ctx.log("  circuits analysis ...")
-    res = report.circuits(wd, os.path.join(ctx.out, "circuits"), track=False,
+    res = report.circuits(wd, storage.join(ctx.out, "circuits"), track=False,
                           log=lambda s: None)
     run = load(wd)
     ctx.cache["circuits"] = res
@@ -157,7 +152,7 @@ def claim_induction_k_composition(ctx: Context) -> dict:
        "scores": {h: {k: round(v, 4) for k, v in s.items()} for h, s in heads.items()}}
   figs = []
   for f in ("composition.png", "positivity.png"):
-    if os.path.exists(os.path.join(ctx.out, "circuits", f)):
+    if storage.exists(storage.join(ctx.out, "circuits", f)):
       figs.append(f"circuits/{f}")
   return {"numbers": n, "figures": figs}
 

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
 
 from mha_jax.errors import UserError
+from mha_jax import storage
 
 
 def read_lines(path: str, what: str) -> list[list[str]]:
   """Whitespace-tokenized lines of a UTF-8 file; errors name the config field."""
-  if not path or not os.path.isfile(path):
+  if not path or not storage.isfile(path):
     raise UserError(f"{what}: no such file {path!r}")
   try:
-    with open(path, encoding="utf-8") as f:
-      lines = [l.split() for l in f.read().splitlines()]
+    lines = [l.split() for l in storage.read_text(path).splitlines()]
   except UnicodeDecodeError as e:
     raise UserError(f"{what}: {path!r} is not UTF-8 text (byte {e.start}: {e.reason})"
                     ) from None
@@ -33,11 +32,10 @@ def read_conllu_arcs(path: str, sentences: list[list[str]], what: str
   relation's subtype is dropped (nsubj:pass -> nsubj).
   """
   import conllu
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     raise UserError(f"{what}: no such file {path!r}")
   try:
-    with open(path, encoding="utf-8") as f:
-      parsed = conllu.parse(f.read())
+    parsed = conllu.parse(storage.read_text(path))
   except UnicodeDecodeError as e:
     raise UserError(f"{what}: {path!r} is not UTF-8 text (byte {e.start}: {e.reason})"
                     ) from None

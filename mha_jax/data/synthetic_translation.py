@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Sequence
 
 import numpy as np
 
 from mha_jax.errors import UserError
+from mha_jax import storage
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -262,14 +262,14 @@ def token_frequencies(sentences: Sequence[Sentence]) -> dict[str, int]:
 def export(directory: str, grammar: Grammar, splits: dict[str, list[Sentence]]) -> None:
   """Writes {split}.src/.tgt (one sentence a line), {split}.arcs.jsonl (gold arcs) and
   train_freqs.json (the training split's source token counts)."""
-  os.makedirs(directory, exist_ok=True)
+  storage.makedirs(directory)
   for name, sents in splits.items():
-    with open(os.path.join(directory, f"{name}.src"), "w") as f:
-      f.writelines(" ".join(s.src) + "\n" for s in sents)
-    with open(os.path.join(directory, f"{name}.tgt"), "w") as f:
-      f.writelines(" ".join(s.tgt) + "\n" for s in sents)
-    with open(os.path.join(directory, f"{name}.arcs.jsonl"), "w") as f:
-      for s in sents:
-        f.write(json.dumps({"heads": s.heads, "rels": s.rels}) + "\n")
-  with open(os.path.join(directory, "train_freqs.json"), "w") as f:
-    json.dump(token_frequencies(splits["train"]), f)
+    storage.write_text(storage.join(directory, f"{name}.src"),
+                       "".join(" ".join(s.src) + "\n" for s in sents))
+    storage.write_text(storage.join(directory, f"{name}.tgt"),
+                       "".join(" ".join(s.tgt) + "\n" for s in sents))
+    storage.write_text(storage.join(directory, f"{name}.arcs.jsonl"),
+                       "".join(json.dumps({"heads": s.heads, "rels": s.rels}) + "\n"
+                               for s in sents))
+  storage.write_json(storage.join(directory, "train_freqs.json"),
+                     token_frequencies(splits["train"]), indent=None)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import numpy as np
 
 from mha_jax.data.vocab import LM_BOS_ID as BOS_ID
 from mha_jax.errors import UserError
+from mha_jax import storage
 
 _SPECIALS = ["<s>", "<unk>"]     # BPE ids 0 and 1
 
@@ -20,11 +20,10 @@ def read_corpus(paths: Sequence[str] | None) -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
   parts = []
   for p in paths:
-    if not os.path.isfile(p):
+    if not storage.isfile(p):
       raise UserError(f"data.text_files: no such file {p!r}")
     try:
-      with open(p, encoding="utf-8") as f:
-        text = f.read()
+      text = storage.read_text(p)
     except UnicodeDecodeError as e:
       raise UserError(f"data.text_files: {p!r} is not UTF-8 text (byte {e.start}: "
                       f"{e.reason})") from None
@@ -66,15 +65,15 @@ class TextTokenizer:
     if path.endswith("bytes"):
       return cls("bytes")
     from tokenizers import Tokenizer
-    return cls("bpe", Tokenizer.from_file(path))
+    return cls("bpe", Tokenizer.from_str(storage.read_text(path)))
 
   def save(self, directory: str) -> str:
     if self.kind == "bytes":
-      path = os.path.join(directory, "tokenizer.bytes")
-      open(path, "w").close()
+      path = storage.join(directory, "tokenizer.bytes")
+      storage.write_text(path, "")
     else:
-      path = os.path.join(directory, "tokenizer.json")
-      self.tok.save(path)
+      path = storage.join(directory, "tokenizer.json")
+      storage.write_text(path, self.tok.to_str(pretty=True))   # as tok.save wrote it
     return path
 
   @property

@@ -7,6 +7,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 
 # The special ids of every vocabulary, defined here and only here.
@@ -49,14 +50,12 @@ class Vocab:
     return out
 
   def save(self, path: str) -> None:
-    with open(path, "w") as f:
-      json.dump(self.tokens, f)
+    storage.write_json(path, self.tokens, indent=None)
 
   @classmethod
   def load(cls, path: str) -> "Vocab":
     try:
-      with open(path, encoding="utf-8") as f:
-        tokens = json.load(f)
+      tokens = storage.read_json(path)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise UserError(f"{path} is not a vocabulary written by mha_jax ({e})") from None
     if not isinstance(tokens, list) or tokens[:4] != [PAD, BOS, EOS, UNK]:

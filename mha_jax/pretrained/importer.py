@@ -4,11 +4,9 @@ workdir: config.json, an orbax checkpoint (step 0, float32 params), tokenizer.js
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import shutil
-import tempfile
+import uuid
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.pretrained import gguf_llama, hf_folder, registry
 
@@ -20,7 +18,7 @@ EVAL_DEFAULTS = {"pretrained_lm": dict(batch_size=4, seq_len=256, windows=16),
 
 def _sha256(path: str) -> str:
   h = hashlib.sha256()
-  with open(path, "rb") as f:
+  with storage.path(path).open("rb") as f:
     for chunk in iter(lambda: f.read(1 << 22), b""):
       h.update(chunk)
   return h.hexdigest()
@@ -32,13 +30,13 @@ def read_model(name: str | None = None, file: str | None = None):
     raise UserError(f"give a known model name ({sorted(registry.KNOWN)}) or --file PATH, "
                      f"not both or neither; got name={name!r}, file={file!r}")
   path = registry.find_model(name) if name else file
-  if not os.path.exists(path):
+  if not storage.exists(path):
     raise UserError(f"--file {path!r}: no such file or folder")
-  if os.path.isdir(path):
+  if storage.isdir(path):
     params, mcfg, tok, tok_cfg, info = hf_folder.read(path)
-    digest = _sha256(os.path.join(path, "model.safetensors"))
+    digest = _sha256(storage.join(path, "model.safetensors"))
   else:
-    with open(path, "rb") as f:
+    with storage.path(path).open("rb") as f:
       magic = f.read(4)
     if magic != b"GGUF":
       raise UserError(f"--file {path!r} is neither a GGUF file (its first bytes are "
@@ -47,7 +45,7 @@ def read_model(name: str | None = None, file: str | None = None):
     digest = _sha256(path)
   task = TASK_OF_FAMILY[mcfg["family"]]
   cfg = {"task": task, "model": {**mcfg, "impl": "auto"}, "tokenizer": tok_cfg,
-         "source": {"name": name or "", "path": os.path.abspath(path), "sha256": digest,
+         "source": {"name": name or "", "path": storage.abspath(path), "sha256": digest,
                     **info},
          "data": {"kind": "text", "text_files": []},
          "eval": dict(EVAL_DEFAULTS[task])}
@@ -59,27 +57,27 @@ def read_model(name: str | None = None, file: str | None = None):
 def import_model(workdir: str, name: str | None = None, file: str | None = None) -> dict:
   """Writes the workdir; refuses one that exists and is not empty. Returns config dict."""
   from mha_jax.train import checkpoint as ckpt_lib
-  if os.path.exists(workdir) and (not os.path.isdir(workdir) or os.listdir(workdir)):
+  if storage.exists(workdir) and (not storage.isdir(workdir) or storage.listdir(workdir)):
     raise UserError(f"--workdir {workdir!r} exists and is not empty; import writes a new "
                      f"run and overwrites nothing")
   params, cfg, tok = read_model(name, file)
-  parent = os.path.dirname(os.path.abspath(workdir))
-  os.makedirs(parent, exist_ok=True)
+  parent = storage.dirname(storage.abspath(workdir))
+  storage.makedirs(parent)
   # Written next to the target and renamed at the end: a failed import leaves nothing.
-  tmp = tempfile.mkdtemp(prefix=".import-", dir=parent)
+  tmp = storage.join(parent, f".import-{uuid.uuid4().hex[:8]}")
+  storage.makedirs(tmp)
   try:
-    with open(os.path.join(tmp, "config.json"), "w") as f:
-      json.dump(cfg, f, indent=1)
-    tok.save(os.path.join(tmp, "tokenizer.json"))
+    storage.write_json(storage.join(tmp, "config.json"), cfg)
+    storage.write_text(storage.join(tmp, "tokenizer.json"), tok.to_str(pretty=True))
     ckpts = ckpt_lib.Checkpoints(tmp, max_to_keep=1)
     try:
       ckpts.save_params(0, params, {"imported_from": cfg["source"]["path"]})
     finally:
       ckpts.close()
-    if os.path.isdir(workdir):
-      os.rmdir(workdir)              # empty (checked above)
-    os.rename(tmp, workdir)
+    if storage.isdir(workdir):
+      storage.rmdir(workdir)         # empty (checked above)
+    storage.rename(tmp, workdir)
   except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
+    storage.rmtree(tmp, ignore_errors=True)
     raise
   return cfg

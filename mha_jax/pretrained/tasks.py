@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import os
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +18,7 @@ import numpy as np
 import optax
 
 from mha_jax.errors import UserError
+from mha_jax import storage
 from mha_jax.data import text as text_data
 from mha_jax.models import bert, llama
 from mha_jax.pretrained.tokenizer import PretrainedTokenizer
@@ -29,8 +29,8 @@ SPLITS = ("train", "valid", "test")
 def _tokenizer(workdir, add_special_tokens: bool):
   if not workdir:
     return None
-  path = os.path.join(workdir, "tokenizer.json")
-  if not os.path.isfile(path):
+  path = storage.join(workdir, "tokenizer.json")
+  if not storage.isfile(path):
     raise UserError(f"--workdir {workdir!r} has no tokenizer.json")
   return PretrainedTokenizer.load(path, add_special_tokens)
 

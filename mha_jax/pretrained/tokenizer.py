@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from mha_jax.errors import UserError
+from mha_jax import storage
 
 # tokenizer.ggml.pre -> digit handling before the byte-level split (llama.cpp's
 # pre-tokenizer families for byte-level BPE).
@@ -60,7 +61,7 @@ def from_tokenizer_json(path: str, max_len: int | None = None):
   """An HF tokenizer.json, without its fixed padding; truncation at max_len if given."""
   from tokenizers import Tokenizer
   try:
-    tok = Tokenizer.from_file(path)
+    tok = Tokenizer.from_str(storage.read_text(path))
   except Exception as e:  # noqa: BLE001 - the library raises a plain Exception
     raise UserError(f"tokenizer file {path!r} cannot be read: {e}") from None
   tok.no_padding()

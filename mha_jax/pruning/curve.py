@@ -7,6 +7,7 @@ import json
 import os
 from typing import Callable, Sequence
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.analysis import report
 from mha_jax.loader import load
@@ -16,10 +17,9 @@ from mha_jax.pruning import methods
 
 
 def _roles(run, split, log) -> dict[str, str]:
-  path = os.path.join(run.workdir, "analysis", "heads.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      return {r["head"]: r.get("role", "other") for r in json.load(f)}
+  path = storage.join(run.workdir, "analysis", "heads.json")
+  if storage.exists(path):
+    return {r["head"]: r.get("role", "other") for r in storage.read_json(path)}
   log("roles: analysing the dense model first ...")
   task = run.config.task
   rows = (report.translation_roles(run, split) if task == "translation" else
@@ -63,13 +63,12 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
                    "kept_heads": kept})
       log(f"{method:>6} K={k:>3}: " + " ".join(f"{m} {v:.4g}" for m, v in res.items()
                                               if isinstance(v, float)))
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "curve.json"), "w") as f:
-    json.dump({"workdir": workdir, "stacks": list(stacks), "lambda": lam, "steps": steps,
-               "total": total, "l0_history": history, "rows": rows}, f, indent=1)
-  with open(os.path.join(out_dir, "curve.md"), "w") as f:
-    f.write(format_curve(rows, is_tr) + "\n")
-  _plot(rows, os.path.join(out_dir, "curve.png"), curve_metric(rows, is_tr))
+  storage.makedirs(out_dir)
+  storage.write_json(storage.join(out_dir, "curve.json"),
+                     {"workdir": workdir, "stacks": list(stacks), "lambda": lam, "steps": steps,
+                      "total": total, "l0_history": history, "rows": rows})
+  storage.write_text(storage.join(out_dir, "curve.md"), format_curve(rows, is_tr) + "\n")
+  _plot(rows, storage.join(out_dir, "curve.png"), curve_metric(rows, is_tr))
   return rows
 
 
@@ -110,5 +109,5 @@ def _plot(rows, path, metric):
   ax.set_ylabel(f"test {metric}")
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  storage.savefig(fig, path, dpi=120)
   plt.close(fig)

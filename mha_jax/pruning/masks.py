@@ -9,13 +9,12 @@ zero included.
 
 from __future__ import annotations
 
-import json
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax import storage
 from mha_jax.models import common as C
 
 
@@ -128,11 +127,10 @@ def exported_mask(params, mask: dict) -> dict:
 
 def read_mask(workdir: str) -> dict | None:
   """The mask a pruning run recorded in DIR/pruning.json, if any."""
-  path = os.path.join(workdir, "pruning.json")
-  if not os.path.exists(path):
+  path = storage.join(workdir, "pruning.json")
+  if not storage.exists(path):
     return None
-  with open(path) as f:
-    info = json.load(f)
+  info = storage.read_json(path)
   return {s: [np.asarray(m, np.float32) for m in layers] for s, layers in info["mask"].items()}
 
 

@@ -8,13 +8,11 @@ heads from the weights for real.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from typing import Callable, Sequence
 
 import numpy as np
 
+from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.loader import load
 from mha_jax.models import common as C
@@ -29,9 +27,9 @@ DEFAULT_KEEP_LAMBDA = 0.05
 
 
 def _fresh_dir(path: str, what: str) -> None:
-  if os.path.exists(path) and os.listdir(path):
+  if storage.exists(path) and storage.listdir(path):
     raise UserError(f"{what} {path!r} exists and is not empty; refusing to overwrite it")
-  os.makedirs(path, exist_ok=True)
+  storage.makedirs(path)
 
 
 def _evaluate(run, params, bleu_limit):
@@ -43,20 +41,19 @@ def write_workdir(run, out: str, params, info: dict) -> None:
   """A workdir whose checkpoint holds `params` and whose pruning.json holds `info`."""
   _fresh_dir(out, "--out")
   try:
-    shutil.copy(os.path.join(run.workdir, "config.json"), os.path.join(out, "config.json"))
-    data = os.path.join(run.workdir, "data")   # the run's vocabulary/tokenizer and stats
-    if os.path.isdir(data):
-      shutil.copytree(data, os.path.join(out, "data"))
-    if os.path.exists(os.path.join(run.workdir, "tokenizer.json")):   # imported models
-      shutil.copy(os.path.join(run.workdir, "tokenizer.json"), out)
+    storage.copy(storage.join(run.workdir, "config.json"), storage.join(out, "config.json"))
+    data = storage.join(run.workdir, "data")   # the run's vocabulary/tokenizer and stats
+    if storage.isdir(data):
+      storage.copytree(data, storage.join(out, "data"))
+    if storage.exists(storage.join(run.workdir, "tokenizer.json")):   # imported models
+      storage.copy(storage.join(run.workdir, "tokenizer.json"), out)
     c = ckpt_lib.Checkpoints(out)
     c.save_params(run.step, params, {"step": run.step,
-                                     "source": os.path.abspath(run.workdir)})
+                                     "source": storage.abspath(run.workdir)})
     c.close()
-    with open(os.path.join(out, "pruning.json"), "w") as f:
-      json.dump(info, f, indent=1)
+    storage.write_json(storage.join(out, "pruning.json"), info)
   except BaseException:
-    shutil.rmtree(out, ignore_errors=True)   # we created it empty; leave nothing half-written
+    storage.rmtree(out, ignore_errors=True)   # we created it empty; leave nothing half-written
     raise
 
 
@@ -87,7 +84,7 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
   for l in ([lam] if lam is not None else []) + list(lambdas):
     if l < 0:
       raise UserError(f"--l0-lambda must be >= 0; got {l}")
-  if os.path.exists(out) and os.listdir(out):
+  if storage.exists(out) and storage.listdir(out):
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   run = loaded if loaded is not None else load(workdir)
   _reference(run)
@@ -104,16 +101,15 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
   base = base if base is not None else _evaluate(run, run.params, bleu_limit)
   log(f"base: {available} heads in {list(stacks)}, test " +
       " ".join(f"{k} {v:.4g}" for k, v in base.items()))
-  common = {"source": os.path.abspath(workdir), "stacks": list(stacks), "method": method,
+  common = {"source": storage.abspath(workdir), "stacks": list(stacks), "method": method,
             "base": base, "binarize": hc.binarize}
   if method == "l0" and lambdas:
     rows = []
     for l in lambdas:
-      row = _prune_l0(run, os.path.join(out, f"lambda_{l:g}"), l, keep, stacks, steps, lr,
+      row = _prune_l0(run, storage.join(out, f"lambda_{l:g}"), l, keep, stacks, steps, lr,
                       finetune, seed, hc, start_mask, bleu_limit, common, log)
       rows.append({"lambda": l, "kept": row["kept"], **row["after"]})
-    with open(os.path.join(out, "lambdas.json"), "w") as f:
-      json.dump(rows, f, indent=1)
+    storage.write_json(storage.join(out, "lambdas.json"), rows)
     return {"lambdas": rows, "base": base}
   if method == "l0":
     return _prune_l0(run, out, lam, keep, stacks, steps, lr, finetune, seed, hc, start_mask,
@@ -158,7 +154,7 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
   if mask is None:
     raise UserError(f"--workdir {workdir!r} has no pruning.json: prune it first "
                      f"(mha-jax prune)")
-  if os.path.exists(out) and os.listdir(out):
+  if storage.exists(out) and storage.listdir(out):
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   run = load(workdir)
   _reference(run)
@@ -167,10 +163,9 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
   batch = {k: v for k, v in batch.items() if k != "reference"}
   diff = float(np.max(np.abs(np.asarray(run.model.apply(run.params, batch)) -
                              np.asarray(run.model.apply(pruned, batch)))))
-  with open(os.path.join(workdir, "pruning.json")) as f:
-    info = json.load(f)
+  info = storage.read_json(storage.join(workdir, "pruning.json"))
   speed = forward_speedup(run.model, run.params, pruned, batch)
-  info.update(exported_from=os.path.abspath(workdir), max_abs_diff_vs_masked=diff,
+  info.update(exported_from=storage.abspath(workdir), max_abs_diff_vs_masked=diff,
               head_counts=C.head_counts(pruned), source_mask=info["mask"],
               kv_head_counts={s: [int(p["wk"].shape[1]) for st, _, p in
                                   C.attention_blocks(pruned) if st == s] for s in mask},
@@ -207,11 +202,10 @@ def _reference(run) -> None:
   embeddings (the source run of a pruned workdir, else these params)."""
   if not hasattr(run.model, "set_reference"):
     return
-  path = os.path.join(run.workdir, "pruning.json")
+  path = storage.join(run.workdir, "pruning.json")
   params = run.params
-  if os.path.exists(path):
-    with open(path) as f:
-      src = json.load(f).get("source")
-    if src and os.path.exists(os.path.join(src, "config.json")):
+  if storage.exists(path):
+    src = storage.read_json(path).get("source")
+    if src and storage.exists(storage.join(src, "config.json")):
       params = load(src).params
   run.model.set_reference(params)

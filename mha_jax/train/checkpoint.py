@@ -17,7 +17,6 @@ restored: every step's key is derived from config.seed and the step number.
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 from typing import Any, Callable
 
@@ -25,6 +24,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from mha_jax import storage
 from mha_jax.errors import BadCheckpoint, UserError
 
 ITEMS = ("params", "opt_state", "meta")
@@ -60,35 +60,35 @@ def _short(e: BaseException) -> str:
 
 def step_dirs(workdir: str) -> list[int]:
   """Steps that have a folder under workdir/checkpoints (good or bad), ascending."""
-  d = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(d):
+  d = storage.join(workdir, "checkpoints")
+  if not storage.isdir(d):
     return []
-  return sorted(int(n) for n in os.listdir(d) if n.isdigit())
+  return sorted(int(n) for n in storage.listdir(d) if n.isdigit())
 
 
 def has_train_state(workdir: str, step: int) -> bool:
   """Whether checkpoint `step` holds an optimizer state (a pruned or exported model's
   checkpoint holds params only)."""
-  return os.path.isdir(os.path.join(workdir, "checkpoints", str(step), "opt_state"))
+  return storage.isdir(storage.join(workdir, "checkpoints", str(step), "opt_state"))
 
 
 class Checkpoints:
   """A thin wrapper over `orbax.checkpoint.CheckpointManager` (synchronous saves)."""
 
   def __init__(self, workdir: str, *, max_to_keep: int = 3, read_only: bool = False):
-    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    self.directory = storage.abspath(storage.join(workdir, "checkpoints"))
     # "read_only" here means: never create, delete or clean anything up.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else max_to_keep, create=not read_only,
         enable_async_checkpointing=False, cleanup_tmp_directories=not read_only)
     self.bad_steps: list[int] = []   # what the last restore without a step skipped
-    if read_only and not os.path.isdir(self.directory):
-      raise UserError(f"workdir {os.path.dirname(self.directory)!r} has no trained "
+    if read_only and not storage.isdir(self.directory):
+      raise UserError(f"workdir {storage.dirname(self.directory)!r} has no trained "
                        f"checkpoint (no {self.directory})")
     handlers = {"params": ocp.StandardCheckpointHandler(),
                 "opt_state": ocp.StandardCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
+    self.manager = ocp.CheckpointManager(storage.path(self.directory), options=options,
                                          item_handlers=handlers)
 
   def latest_step(self) -> int | None:
@@ -98,7 +98,7 @@ class Checkpoints:
     return list(self.manager.all_steps())
 
   def step_dir(self, step: int) -> str:
-    return os.path.join(self.directory, str(step))
+    return storage.join(self.directory, str(step))
 
   def save(self, step: int, params, opt_state, meta: dict[str, Any]) -> None:
     meta = {**meta, "checksums": {"params": checksums(params),
@@ -130,7 +130,7 @@ class Checkpoints:
     self.manager.wait_until_finished()
 
   def has_train_state(self, step: int) -> bool:
-    return os.path.isdir(os.path.join(self.step_dir(step), "opt_state"))
+    return storage.isdir(storage.join(self.step_dir(step), "opt_state"))
 
   def _verify(self, step: int, restored: dict) -> None:
     meta = restored.get("meta")
@@ -238,12 +238,12 @@ class Checkpoints:
     """Moves bad checkpoints out of the way of new saves (to checkpoints.bad/), so a
     resumed run can write those steps again; nothing is deleted. Returns the folder."""
     dest = self.directory + ".bad"
-    os.makedirs(dest, exist_ok=True)
+    storage.makedirs(dest)
     for s in steps:
-      target, n = os.path.join(dest, str(s)), 1
-      while os.path.exists(target):
-        target, n = os.path.join(dest, f"{s}.{n}"), n + 1
-      os.replace(self.step_dir(s), target)
+      target, n = storage.join(dest, str(s)), 1
+      while storage.exists(target):
+        target, n = storage.join(dest, f"{s}.{n}"), n + 1
+      storage.rename(self.step_dir(s), target)
     self.manager.reload()
     return dest
 

@@ -24,6 +24,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mha_jax import config as mc
+from mha_jax import storage
 from mha_jax import tasks
 from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
@@ -63,19 +64,18 @@ def prepare_workdir(cfg, workdir: str) -> None:
   an incompatible config, nor a pruned model's workdir. A config.json without any
   checkpoint beside it (a run that failed before its first save) holds no run: it is
   replaced."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, "config.json")
+  storage.makedirs(workdir)
+  path = storage.join(workdir, "config.json")
   new = mc.to_dict(cfg)
   steps = ckpt_lib.step_dirs(workdir)
-  if steps and (os.path.exists(os.path.join(workdir, "pruning.json")) or
+  if steps and (storage.exists(storage.join(workdir, "pruning.json")) or
                 not any(ckpt_lib.has_train_state(workdir, s) for s in steps)):
     raise UserError(f"workdir {workdir!r} holds a pruned or exported model (params only, "
                     f"no optimizer state); train cannot resume it and left it untouched. "
                     f"Train a new run with another --workdir")
-  if os.path.exists(path) and steps:
+  if storage.exists(path) and steps:
     try:
-      with open(path) as f:
-        saved = mc.upgrade(json.load(f))
+      saved = mc.upgrade(storage.read_json(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise UserError(f"{path} is not valid JSON ({e}); refusing to touch the run") from None
     bad = mc.incompatible_fields(saved, new)
@@ -87,11 +87,7 @@ def prepare_workdir(cfg, workdir: str) -> None:
   elif steps:
     raise UserError(f"workdir {workdir!r} has checkpoints but no config.json; refusing "
                      f"to touch it")
-  if jax.process_index() == 0:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(new, f, indent=1)
-    os.replace(tmp, path)
+  storage.write_json(path, new, atomic=True)   # process 0 only
 
 
 class _Preemption:
@@ -353,7 +349,7 @@ def _restore(all_ckpts, runs, params, opt_state, state_shardings, slices):
     bad = sorted(b for b in set(ckpts.bad_steps) if b > start)
     ahead = sorted(b for b in ckpts.all_steps() if b > start and b not in bad)
     for which, what in ((bad, "bad checkpoint(s)"), (ahead, "checkpoint(s)")):
-      which = [b for b in which if os.path.isdir(ckpts.step_dir(b))]
+      which = [b for b in which if storage.isdir(ckpts.step_dir(b))]
       if which:   # out of the way of this run's next saves
         dest = ckpts.set_aside(which)
         ckpt_lib.warn(f"moved {what} {which} to {dest} (kept, not deleted)" +

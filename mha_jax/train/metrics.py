@@ -3,27 +3,30 @@
 from __future__ import annotations
 
 import json
-import os
 import time
+
+from mha_jax import storage
 
 
 class MetricsWriter:
 
   def __init__(self, workdir: str, enabled: bool = True):
     self.enabled = enabled
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = storage.join(workdir, "metrics.jsonl")
     self._tb = None
     if enabled:
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+      tb = storage.join(workdir, "tb")
+      if storage.is_uri(tb):
+        _register_tb_uri(tb)
+      self._tb = SummaryWriter(tb)
 
   def write(self, step: int, split: str, values: dict) -> None:
     if not self.enabled:
       return
     rec = {"step": int(step), "split": split, "time": time.time(),
            **{k: float(v) for k, v in values.items()}}
-    with open(self.path, "a") as f:
-      f.write(json.dumps(rec) + "\n")
+    storage.append_text(self.path, json.dumps(rec) + "\n")
     for k, v in values.items():
       self._tb.add_scalar(f"{split}/{k}", float(v), int(step))
 
@@ -33,8 +36,38 @@ class MetricsWriter:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
+  path = storage.join(workdir, "metrics.jsonl")
+  if not storage.exists(path):
     return []
-  with open(path) as f:
-    return [json.loads(l) for l in f if l.strip()]
+  return [json.loads(l) for l in storage.read_text(path).splitlines() if l.strip()]
+
+
+class _UriEventFile:
+  """A TensorBoard event file on an object store: buffered, the whole file rewritten
+  through storage at each flush (what tensorboardX's own gs:// writer does, without
+  google-cloud-storage)."""
+
+  def __init__(self, path: str):
+    self.path, self.data = path, bytearray()
+
+  def write(self, b: bytes) -> None:
+    self.data += b
+
+  def flush(self) -> None:
+    storage.write_bytes(self.path, bytes(self.data))
+
+  def close(self) -> None:
+    self.flush()
+
+
+class _UriEventFiles:
+  def open(self, path: str) -> _UriEventFile:
+    return _UriEventFile(path)
+
+  def directory_check(self, path: str) -> None:
+    storage.makedirs(path)
+
+
+def _register_tb_uri(path: str) -> None:
+  from tensorboardX import record_writer
+  record_writer.register_writer_factory(path.split(":")[0], _UriEventFiles())

@@ -14,12 +14,11 @@ their per-seed work in each seed's workdir and write a report across seeds into 
 from __future__ import annotations
 
 import json
-import os
 
-import jax
 import ml_collections
 
 from mha_jax import config as mc
+from mha_jax import storage
 from mha_jax.errors import UserError
 
 MANIFEST = "seeds.json"
@@ -38,18 +37,17 @@ def seed_config(cfg: ml_collections.ConfigDict, seed: int) -> ml_collections.Con
 
 
 def seed_dir(workdir: str, seed: int) -> str:
-  return os.path.join(workdir, f"seed_{seed}")
+  return storage.join(workdir, f"seed_{seed}")
 
 
 def is_multi_seed(workdir: str) -> bool:
-  return os.path.isfile(os.path.join(workdir, MANIFEST))
+  return storage.isfile(storage.join(workdir, MANIFEST))
 
 
 def read_manifest(workdir: str) -> dict:
-  path = os.path.join(workdir, MANIFEST)
+  path = storage.join(workdir, MANIFEST)
   try:
-    with open(path) as f:
-      man = json.load(f)
+    man = storage.read_json(path)
   except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
     raise UserError(f"{path} is not a readable multi-seed manifest ({e})") from None
   if not isinstance(man, dict) or not isinstance(man.get("seeds"), list):
@@ -60,7 +58,7 @@ def read_manifest(workdir: str) -> dict:
 def seed_workdirs(workdir: str) -> list[tuple[int, str]]:
   """[(seed, its workdir)] of a multi-seed workdir, in the manifest's order."""
   man = read_manifest(workdir)
-  return [(int(s), os.path.join(workdir, d)) for s, d in zip(man["seeds"], man["workdirs"])]
+  return [(int(s), storage.join(workdir, d)) for s, d in zip(man["seeds"], man["workdirs"])]
 
 
 def prepare(cfg, workdir: str) -> list[tuple[ml_collections.ConfigDict, str]]:
@@ -69,7 +67,7 @@ def prepare(cfg, workdir: str) -> list[tuple[ml_collections.ConfigDict, str]]:
   Refuses (UserError, nothing touched) a workdir that holds a single run, or a
   multi-seed run of other seeds or of another config."""
   seeds = mc.seed_list(cfg)
-  if os.path.exists(os.path.join(workdir, "config.json")):
+  if storage.exists(storage.join(workdir, "config.json")):
     raise UserError(f"workdir {workdir!r} holds a single run (config.json); a multi-seed "
                     f"run (train.seeds={cfg.train.seeds!r}) needs a new --workdir")
   new = mc.to_dict(cfg)
@@ -82,13 +80,10 @@ def prepare(cfg, workdir: str) -> list[tuple[ml_collections.ConfigDict, str]]:
     if bad:
       raise UserError(f"workdir {workdir!r} holds a multi-seed run of another config "
                       f"(fields {bad[:6]}); refusing to touch it. Use a new --workdir")
-  os.makedirs(workdir, exist_ok=True)
-  if jax.process_index() == 0:
-    path = os.path.join(workdir, MANIFEST)
-    with open(path + ".tmp", "w") as f:
-      json.dump({"seeds": seeds, "workdirs": [f"seed_{s}" for s in seeds], "config": new},
-                f, indent=1)
-    os.replace(path + ".tmp", path)
+  storage.makedirs(workdir)     # process 0 writes; the others skip
+  storage.write_json(storage.join(workdir, MANIFEST),
+                     {"seeds": seeds, "workdirs": [f"seed_{s}" for s in seeds], "config": new},
+                     atomic=True)
   return [(seed_config(cfg, s), seed_dir(workdir, s)) for s in seeds]
 
 
