@@ -20,6 +20,8 @@ from mha_jax.train.metrics import read_metrics
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_train import TINY_INDUCTION, TINY_TRANSLATION, tiny  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("seeds")   # one worker builds the shared 3-seed run
+
 QUIET = dict(log=lambda s: None)
 STEPS = ("--config.train.steps=4", "--config.train.checkpoint_every=2",
          "--config.train.eval_every=4", "--config.train.log_every=2",
