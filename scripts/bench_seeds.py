@@ -134,7 +134,8 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="docs/results/bench_seeds_cpu.json")
   p.add_argument("--step-rounds", type=int, default=0,
                  help="only time the step, 1 vs N seeds interleaved, this many rounds; "
-                      "adds the result to --out if it exists")
+                      "adds the result to --out if it exists. Not a fair ratio: the 1-seed "
+                      "step runs slower right after the N-seed one (README)")
   args, overrides = p.parse_known_args(argv)
   if args.step_rounds:
     res = {"load_before": _load(), **interleaved_steps(args.seeds, args.step_rounds,
