@@ -97,6 +97,21 @@ def _cmd_eval(args) -> int:
   from mha_jax.loader import load
   if args.split not in ("train", "valid", "test"):
     raise UserError(f"--split must be train, valid or test; got {args.split!r}")
+  seeds = _multi_seed(args.workdir)
+  if seeds:     # one line per seed, then the mean and std over seeds
+    import numpy as np
+    all_res = []
+    for s, wd in seeds:
+      run = load(wd, step=args.step)
+      res = run.model.evaluate(run.params, args.split, bleu=run.config.task == "translation")
+      all_res.append(res)
+      print(json.dumps({"workdir": wd, "seed": s, "step": run.step, "split": args.split,
+                        **res}), flush=True)
+    print(json.dumps({"workdir": args.workdir, "seeds": [s for s, _ in seeds],
+                      "split": args.split, **{
+                          f"{k}_{f.__name__}": float(f([r[k] for r in all_res]))
+                          for k in all_res[0] for f in (np.mean, np.std)}}))
+    return 0
   run = load(args.workdir, step=args.step)
   res = run.model.evaluate(run.params, args.split, bleu=run.config.task == "translation")
   print(json.dumps({"workdir": args.workdir, "step": run.step, "split": args.split, **res}))
@@ -117,9 +132,48 @@ def _out_dir(args) -> str:
   return out
 
 
+def _multi_seed(workdir: str):
+  """[(seed, seed workdir)] when --workdir is a multi-seed run (train.seeds), else None."""
+  from mha_jax.train import seeds as seeds_lib
+  return seeds_lib.seed_workdirs(workdir) if seeds_lib.is_multi_seed(workdir) else None
+
+
+def _cmd_analyze_seeds(args, seeds) -> int:
+  """analyze over a multi-seed workdir: each seed's report into its own workdir's
+  analysis/ (or --out/seed_<s>), then the role stability across seeds into --out
+  (default WORKDIR/analysis)."""
+  from mha_jax.analysis import report, stability
+  from mha_jax.loader import load
+  out = _out_dir(args)
+  heads = {}
+  for s, wd in seeds:
+    run = load(wd, step=args.step)
+    seed_out = (storage.join(args.out, f"seed_{s}") if args.out else
+                storage.join(wd, "analysis"))
+    print(f"seed {s}: analysing {wd} into {seed_out} ...", flush=True)
+    if args.roles_only:   # roles alone, beside (not over) a full report
+      heads[s] = storage.join(seed_out, "roles_only.json")
+      storage.makedirs(seed_out)
+      storage.write_json(heads[s], stability.roles_of(run, args.split))
+      continue
+    report.analyze(run, split=args.split, out_dir=seed_out, loo=not args.no_ablations,
+                   loo_bleu_limit=args.bleu_sentences, log=lambda m: None)
+    heads[s] = storage.join(seed_out, "heads.json")
+  rep = stability.write_role_stability(heads, out)
+  print(stability.format_roles(rep))
+  print(f"wrote {out}/ (stability.json, stability.md, stability.png) and each seed's "
+        f"analysis")
+  return 0
+
+
 def _cmd_analyze(args) -> int:
   from mha_jax.analysis import report
   from mha_jax.loader import load
+  seeds = _multi_seed(args.workdir)
+  if seeds:
+    return _cmd_analyze_seeds(args, seeds)
+  if args.roles_only:
+    raise UserError(f"--roles-only is for a multi-seed workdir; {args.workdir!r} is one run")
   run = load(args.workdir, step=args.step)
   out = _out_dir(args)
   summary = report.analyze(run, split=args.split, out_dir=out, loo=not args.no_ablations,
@@ -201,9 +255,34 @@ def _cmd_prune(args) -> int:
   return 0
 
 
+def _cmd_prune_curve_seeds(args, seeds, out: str) -> int:
+  """prune-curve over a multi-seed workdir: each seed's curve into its own workdir's
+  pruning_curve/ (or --out/seed_<s>), then their mean and spread into --out."""
+  from mha_jax.analysis import stability
+  from mha_jax.pruning import curve
+  paths, metric = {}, "loss"
+  for s, wd in seeds:
+    seed_out = (storage.join(args.out, f"seed_{s}") if args.out else
+                storage.join(wd, "pruning_curve"))
+    print(f"seed {s}: pruning curve of {wd} into {seed_out} ...", flush=True)
+    rows = curve.pruning_curve(wd, seed_out, counts=args.counts,
+                               stacks=[x for x in args.stacks.split(",") if x],
+                               lam=args.l0_lambda, steps=args.steps,
+                               bleu_limit=args.bleu_sentences, log=lambda m: None)
+    metric = curve.curve_metric(rows, "bleu" in rows[0])
+    paths[s] = storage.join(seed_out, "curve.json")
+  rep = stability.write_curve_stability(paths, out, metric)
+  print(stability.format_curve(rep))
+  print(f"wrote {out}/curve_stability.json, .md, .png and each seed's curve")
+  return 0
+
+
 def _cmd_prune_curve(args) -> int:
   from mha_jax.pruning import curve
   out = args.out or args.workdir.rstrip("/") + "/pruning_curve"
+  seeds = _multi_seed(args.workdir)
+  if seeds:
+    return _cmd_prune_curve_seeds(args, seeds, out)
   rows = curve.pruning_curve(args.workdir, out, counts=args.counts,
                              stacks=[s for s in args.stacks.split(",") if s], lam=args.l0_lambda,
                              steps=args.steps, bleu_limit=args.bleu_sentences,
@@ -321,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
   a.add_argument("--split", default="test")
   a.add_argument("--step", type=int, default=None)
   a.add_argument("--no-ablations", action="store_true", help="skip the leave-one-out pass")
+  a.add_argument("--roles-only", action="store_true",
+                 help="multi-seed workdir: each seed's head roles only (roles_only.json), "
+                      "then their stability; no importance, ablations or explorer")
   a.add_argument("--out", default=None, help="output folder (default: WORKDIR/analysis)")
   a.add_argument("--bleu-sentences", type=int, default=64,
                  help="sentences for BLEU in the leave-one-out pass (0 = all)")

@@ -159,8 +159,10 @@ def to_dict(cfg) -> dict:
 
 # Fields added after runs were already being written, with the value those runs used.
 ADDED_FIELDS = {"translation": {"model.pos": "sinusoidal", "model.max_rel": 16,
-                                "mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0},
-                "lm": {"mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0}}
+                                "mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0,
+                                "train.seeds": "1", "train.shuffle_seed": -1},
+                "lm": {"mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0,
+                       "train.seeds": "1", "train.shuffle_seed": -1}}
 
 
 def upgrade(d: dict) -> dict:
@@ -260,6 +262,7 @@ RANGES = (
     ("train.keep", 1, None, False, False, " (checkpoints kept on disk)"),
     ("train.max_loss_factor", 0, None, False, False,
      " (stop when the loss exceeds this multiple of the starting loss; 0 = never)"),
+    ("train.shuffle_seed", -1, None, False, False, " (-1 = data.seed)"),
     ("eval.batch_size", 1, None, False, False, ""),
     ("eval.bleu_examples", 0, None, False, False, " (0 = all)"),
     ("eval.lm_batches", 1, None, False, False, ""),
@@ -295,6 +298,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if m.max_rel < 1:
       raise UserError(f"model.max_rel (relative offsets are clipped to +-max_rel) must "
                       f"be >= 1; got {m.max_rel}")
+  seed_list(cfg)   # train.seeds must parse
   if t.schedule not in ("inverse_sqrt", "cosine", "constant"):
     raise UserError(f"train.schedule must be inverse_sqrt, cosine or constant; got "
                     f"{t.schedule!r}")
@@ -324,9 +328,34 @@ def train_defaults(**overrides) -> ml_collections.ConfigDict:
       steps=2000, batch_size=64, lr=1e-3, warmup=200, schedule="inverse_sqrt",
       weight_decay=0.01, b2=0.98, clip=1.0, label_smoothing=0.0,
       eval_every=500, log_every=50, checkpoint_every=500, keep=3, progress=True,
-      max_loss_factor=4.0))
+      max_loss_factor=4.0, seeds="1", shuffle_seed=-1))
   t.update(overrides)
   return t
+
+
+def seed_list(cfg) -> list[int]:
+  """The seeds train.seeds asks for: "N" (or the int N) = seed, seed + 1, ..., seed + N - 1;
+  "A-B" = A..B inclusive; "A,B,C" = those seeds. "1" (the default) = [seed], one run."""
+  text = str(cfg.train.get("seeds", "1") if "train" in cfg else "1").replace(" ", "")
+  bad = UserError(f"train.seeds must be a count N >= 1, a range A-B or a list A,B,C of "
+                  f"seeds >= 0; got {text!r}")
+  if re.fullmatch(r"\d+", text):
+    n = int(text)
+    if n < 1:
+      raise bad
+    return [int(cfg.seed) + i for i in range(n)]
+  m = re.fullmatch(r"(\d+)-(\d+)", text)
+  if m:
+    lo, hi = int(m.group(1)), int(m.group(2))
+    if hi < lo:
+      raise bad
+    return list(range(lo, hi + 1))
+  if re.fullmatch(r"\d+(,\d+)+,?", text):
+    out = [int(x) for x in text.split(",") if x]
+    if len(set(out)) != len(out):
+      raise UserError(f"train.seeds lists a seed twice: {text!r}")
+    return out
+  raise bad
 
 
 def eval_defaults(**overrides) -> ml_collections.ConfigDict:

@@ -43,6 +43,9 @@ class Loaded:
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = storage.join(workdir, "config.json")
   if not storage.exists(path):
+    if storage.exists(storage.join(workdir, "seeds.json")):
+      raise UserError(f"--workdir {workdir!r} is a multi-seed run (seeds.json): load one "
+                      f"of its seeds, {workdir.rstrip('/')}/seed_<s>")
     raise UserError(f"--workdir {workdir!r} has no config.json: not a mha-jax run")
   try:
     return mc.from_dict(storage.read_json(path))

@@ -126,6 +126,13 @@ def _epoch_indices(seed: int, n: int, start: int, count: int) -> np.ndarray:
   return out
 
 
+def train_order_seed(cfg) -> int:
+  """The seed of the training batches' order: train.shuffle_seed, or data.seed when it
+  is -1 (the default; a multi-seed run gives each seed its own, train/seeds.py)."""
+  shuffle = cfg.train.get("shuffle_seed", -1)
+  return cfg.data.seed if shuffle < 0 else shuffle
+
+
 def _local_rows(batch: int, process_index: int, process_count: int) -> slice:
   per = batch // process_count
   return slice(process_index * per, (process_index + 1) * per)
@@ -250,7 +257,8 @@ class TranslationTask:
   # ---------------------------------------------------------------- data
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1):
     b = self.cfg.train.batch_size
-    idx = _epoch_indices(self.cfg.data.seed, len(self.arrays["train"]["src"]), step * b, b)
+    idx = _epoch_indices(train_order_seed(self.cfg), len(self.arrays["train"]["src"]),
+                         step * b, b)
     idx = idx[_local_rows(b, process_index, process_count)]
     return {k: v[idx] for k, v in self.arrays["train"].items()}
 
@@ -370,7 +378,8 @@ class LMTask:
 
   def _batch(self, split: str, index: int, batch: int) -> np.ndarray:
     d = self.cfg.data
-    seed = d.seed + {"train": 0, "valid": 1_000_003, "test": 2_000_003}[split]
+    seed = {"train": train_order_seed(self.cfg), "valid": d.seed + 1_000_003,
+            "test": d.seed + 2_000_003}[split]
     if d.kind == "repeated":
       return repeated_tokens.repeated_tokens(seed, index, batch, d.half_len, d.vocab_size,
                                              d.get("min_half_len", 0), return_lengths=True,

@@ -3,7 +3,8 @@
 The same code runs on a laptop, on 8 fake CPU devices and on a TPU slice: params and
 optimizer state live on a 2-D mesh ("data", "model"): each batch is split over "data",
 heads and MLP units over "model" (train/sharding.py), and on several hosts each host
-feeds its own rows of every global batch.
+feeds its own rows of every global batch. With train.seeds > 1 the same step is vmapped
+over a leading seed axis: N runs of one config in one program (train/seeds.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from mha_jax import storage
 from mha_jax import tasks
 from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
+from mha_jax.train import seeds as seeds_lib
 from mha_jax.train import sharding
 from mha_jax.train.metrics import MetricsWriter
 
@@ -112,6 +114,31 @@ def _finite(x) -> bool:
   return bool(np.isfinite(np.asarray(x)).all())
 
 
+def make_train_step(task, optimizer: optax.GradientTransformation, cfg) -> Callable:
+  """The one training step: (params, opt_state, batch, step, root_key) -> (params,
+  opt_state, metrics). A multi-seed run vmaps this same function over a leading seed
+  axis of everything but `step`. Dropout keys come from root_key and the step number."""
+  t = cfg.train
+
+  def train_step(params, opt_state, batch, step, root_key):
+    key = jax.random.fold_in(jax.random.fold_in(root_key, 1), step)
+    (obj, metrics), grads = jax.value_and_grad(
+        lambda p: task.loss(p, batch, key=key if cfg.model.dropout else None,
+                            label_smoothing=t.get("label_smoothing", 0.0)),
+        has_aux=True)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    metrics = dict(metrics, objective=obj, grad_norm=optax.tree.norm(grads))
+    return params, opt_state, metrics
+
+  return train_step
+
+
+def _seed_slice(tree, i: int | None):
+  """Seed i of a tree with a leading seed axis; the tree itself when i is None."""
+  return tree if i is None else jax.tree.map(lambda x: x[i], tree)
+
+
 def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
   """Trains (or resumes) the run in `workdir`; returns a summary dict.
 
@@ -120,83 +147,109 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
   the starting loss, after keeping the last good checkpoint. Resuming starts from the
   newest good checkpoint (see checkpoint.py); bad newer ones are moved to
   checkpoints.bad/, never deleted.
+
+  With train.seeds naming N > 1 seeds, the N runs train as one program (the step
+  vmapped over a leading seed axis) into workdir/seed_<s>/ (train/seeds.py); they save,
+  evaluate and resume together, and a seed that diverges stops them all, naming it.
   """
   mc.validate(cfg)
   if jax.process_index() != 0:   # one process speaks for a multi-process run
     log = lambda s: None
   t = cfg.train
+  seeds = mc.seed_list(cfg)
+  multi = len(seeds) > 1
+  if multi and cfg.mesh.model > 1:
+    raise UserError(f"train.seeds={t.seeds!r} ({len(seeds)} seeds) with mesh.model="
+                    f"{cfg.mesh.model}: a multi-seed run replicates params over the mesh; "
+                    f"set mesh.model=1 or train.seeds=1")
   mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.model)
   n_data = mesh.shape["data"]
   if t.batch_size % n_data:
     raise UserError(f"train.batch_size={t.batch_size} must be divisible by the mesh's "
                     f"data axis ({n_data} devices)")
-  prepare_workdir(cfg, workdir)
-  task = tasks.build(cfg, workdir)
+  if multi:
+    runs = seeds_lib.prepare(cfg, workdir)
+  else:
+    seeds_lib.refuse_single(workdir)
+    runs = [(cfg, workdir)]
+  for c, w in runs:
+    prepare_workdir(c, w)
+  run_tasks = [tasks.build(c, w) for c, w in runs]
+  for other in run_tasks[1:]:   # seeds differ in their batches' order only: one compile
+    other.__dict__["_jit_cache"] = run_tasks[0].__dict__.setdefault("_jit_cache", {})
+  task = run_tasks[0]
+  slices = list(range(len(runs))) if multi else [None]   # seed i of the stacked state
   replicated = NamedSharding(mesh, P())
-  data_sharding = NamedSharding(mesh, P("data"))
+  data_sharding = NamedSharding(mesh, P(None, "data") if multi else P("data"))
   optimizer = make_optimizer(t)
-  root_key = jax.random.PRNGKey(cfg.seed)
+  root_keys = [jax.random.PRNGKey(c.seed) for c, _ in runs]
+  root_key = jnp.stack(root_keys) if multi else root_keys[0]
 
   def init_state(key):
-    params = task.init_params(key)
+    params = task.init_params(jax.random.fold_in(key, 0))
     return params, optimizer.init(params)
 
-  key0 = jax.random.fold_in(root_key, 0)
-  state_shardings = sharding.shardings(jax.eval_shape(init_state, key0), mesh)
-  init_state = jax.jit(init_state, out_shardings=state_shardings)
-  params, opt_state = init_state(key0)
+  if multi:
+    init_state = jax.vmap(init_state)
+  state_shardings = sharding.shardings(jax.eval_shape(init_state, root_key), mesh)
+  params, opt_state = jax.jit(init_state, out_shardings=state_shardings)(root_key)
 
-  ckpts = ckpt_lib.Checkpoints(workdir, max_to_keep=t.keep)
-  writer, bar = None, None
+  all_ckpts = [ckpt_lib.Checkpoints(w, max_to_keep=t.keep) for _, w in runs]
+  writers, bar = [], None
   try:
-    start, initial_loss = 0, None
-    if ckpts.all_steps():
-      params, opt_state, meta, start = ckpts.restore(None, params, opt_state)
-      newer = [b for b in ckpts.bad_steps if b > start]
-      if newer:   # out of the way of this run's next saves
-        dest = ckpts.set_aside(newer)
-        ckpt_lib.warn(f"moved bad checkpoint(s) {newer} to {dest} (kept, not deleted)")
-      if meta.get("data_position") != start * t.batch_size:
-        raise UserError(f"checkpoint {start} in {workdir!r} was written with another "
-                        f"batch size (data position {meta.get('data_position')})")
-      initial_loss = meta.get("initial_loss")
-      log(f"resumed from step {start} in {workdir}")
-    if initial_loss is None and start:     # checkpoints from before it was recorded
-      initial_loss = float(np.log(task.vocab_size))
+    start, initial_loss = 0, [None] * len(runs)
+    if any(c.all_steps() for c in all_ckpts):
+      params, opt_state, metas, start = _restore(all_ckpts, runs, params, opt_state,
+                                                 state_shardings, slices)
+      for i, ((c, w), meta) in enumerate(zip(runs, metas)):
+        if meta.get("data_position") != start * t.batch_size:
+          raise UserError(f"checkpoint {start} in {w!r} was written with another "
+                          f"batch size (data position {meta.get('data_position')})")
+        initial_loss[i] = meta.get("initial_loss")
+      if start:
+        log(f"resumed from step {start} in {workdir}")
+    for i in range(len(runs)):
+      if initial_loss[i] is None and start:     # checkpoints from before it was recorded
+        initial_loss[i] = float(np.log(task.vocab_size))
 
-    def train_step(params, opt_state, batch, step):
-      key = jax.random.fold_in(jax.random.fold_in(root_key, 1), step)
-      (obj, metrics), grads = jax.value_and_grad(
-          lambda p: task.loss(p, batch, key=key if cfg.model.dropout else None,
-                              label_smoothing=t.get("label_smoothing", 0.0)),
-          has_aux=True)(params)
-      updates, opt_state = optimizer.update(grads, opt_state, params)
-      params = optax.apply_updates(params, updates)
-      metrics = dict(metrics, objective=obj, grad_norm=optax.tree.norm(grads))
-      return params, opt_state, metrics
-
-    train_step = jax.jit(train_step, donate_argnums=(0, 1),
+    step_fn = make_train_step(task, optimizer, cfg)
+    if multi:
+      step_fn = jax.vmap(step_fn, in_axes=(0, 0, 0, None, 0))
+    train_step = jax.jit(step_fn, donate_argnums=(0, 1),
                          out_shardings=(*state_shardings, replicated))
 
-    writer = MetricsWriter(workdir, enabled=jax.process_index() == 0)
+    writers = [MetricsWriter(w, enabled=jax.process_index() == 0) for _, w in runs]
     if t.progress and sys.stderr.isatty():
       from tqdm import tqdm
       bar = tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True)
 
     def save(step, last_metrics):
-      if last_metrics is not None and not (_finite(last_metrics["objective"]) and
-                                           _finite(last_metrics["grad_norm"])):
-        return False
-      ckpts.save(step, params, opt_state, {"step": step, "seed": cfg.seed,
-                                           "data_position": step * t.batch_size,
-                                           "initial_loss": initial_loss})
-      return True
+      for i, ((c, _), ckpts) in enumerate(zip(runs, all_ckpts)):
+        m = _seed_slice(last_metrics, slices[i]) if last_metrics is not None else None
+        if m is not None and not (_finite(m["objective"]) and _finite(m["grad_norm"])):
+          continue
+        ckpts.save(step, _seed_slice(params, slices[i]), _seed_slice(opt_state, slices[i]),
+                   {"step": step, "seed": c.seed, "data_position": step * t.batch_size,
+                    "initial_loss": initial_loss[i]})
 
     def evaluate(step, split="valid"):
-      res = task.evaluate(params, split, bleu=cfg.task == "translation")
-      writer.write(step, split, res)
-      log(f"step {step}: {split} " + " ".join(f"{k} {v:.4g}" for k, v in res.items()))
-      return res
+      out = []
+      for i, ((c, _), task_i, writer) in enumerate(zip(runs, run_tasks, writers)):
+        res = task_i.evaluate(_seed_slice(params, slices[i]), split,
+                              bleu=cfg.task == "translation")
+        writer.write(step, split, res)
+        who = f"seed {c.seed} " if multi else ""
+        log(f"step {step}: {who}{split} " + " ".join(f"{k} {v:.4g}" for k, v in res.items()))
+        out.append(res)
+      return out if multi else out[0]
+
+    def batch_at(step):
+      local = [tk.train_batch(step, jax.process_index(), jax.process_count())
+               for tk in run_tasks]
+      if multi:
+        local = [{k: np.stack([b[k] for b in local]) for k in local[0]}]
+      return {k: jax.make_array_from_process_local_data(data_sharding, v)
+              for k, v in local[0].items()}
 
     factor = t.get("max_loss_factor", 0.0)
     status, step, last, window = "done", start, None, []
@@ -208,47 +261,56 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
           log(f"SIGTERM: saved checkpoint at step {step}; run the same command to resume")
           status = "preempted"
           break
-        local = task.train_batch(step, jax.process_index(), jax.process_count())
-        batch = {k: jax.make_array_from_process_local_data(data_sharding, v)
-                 for k, v in local.items()}
-        params, opt_state, last = train_step(params, opt_state, batch, jnp.int32(step))
+        params, opt_state, last = train_step(params, opt_state, batch_at(step),
+                                             jnp.int32(step), root_key)
         step += 1
         window.append(last)
         if bar is not None:
           bar.update(1)
         if step % t.log_every == 0 or step % t.checkpoint_every == 0 or step == t.steps:
-          host = jax.device_get(window)
+          host_all = jax.device_get(window)
           window = []
-          first = step - len(host) + 1
-          if initial_loss is None:
-            initial_loss = float(host[0]["loss"]) / max(float(host[0]["tokens"]), 1.0)
-          good = ckpts.latest_step()
-          where = (f"Last good checkpoint: step {good} in {ckpts.directory}" if good
-                   else "No checkpoint saved yet")
-          for i, m in enumerate(host):
-            if not (_finite(m["objective"]) and _finite(m["grad_norm"])):
-              raise TrainingDiverged(
-                  f"loss became {float(m['objective'])} at step {first + i}; stopped. "
-                  f"{where}. Lower train.lr or raise train.warmup")
-            per_token = float(m["loss"]) / max(float(m["tokens"]), 1.0)
-            if factor and per_token > factor * initial_loss:
-              raise TrainingDiverged(
-                  f"loss {per_token:.4g} at step {first + i} is more than "
-                  f"train.max_loss_factor={factor:g} times the starting loss "
-                  f"{initial_loss:.4g}; stopped. {where}. Lower train.lr or raise "
-                  f"train.warmup")
-          tokens = sum(float(m["tokens"]) for m in host)
-          loss = sum(float(m["loss"]) for m in host) / max(tokens, 1.0)
+          first = step - len(host_all) + 1
           now = time.perf_counter()
-          tok_s = tokens / max(now - t_last, 1e-9)
+          elapsed = max(now - t_last, 1e-9)
           t_last = now
-          rec = {"loss": loss, "objective": float(np.mean([m["objective"] for m in host])),
-                 "grad_norm": float(host[-1]["grad_norm"]), "tokens_per_s": tok_s}
-          writer.write(step, "train", rec)
+          losses = []
+          for i, ((c, _), ckpts) in enumerate(zip(runs, all_ckpts)):
+            host = [_seed_slice(m, slices[i]) for m in host_all]
+            if initial_loss[i] is None:
+              initial_loss[i] = float(host[0]["loss"]) / max(float(host[0]["tokens"]), 1.0)
+            good = ckpts.latest_step()
+            where = (f"Last good checkpoint: step {good} in {ckpts.directory}" if good
+                     else "No checkpoint saved yet")
+            who = f"seed {c.seed} of train.seeds={t.seeds!r}: " if multi else ""
+            for j, m in enumerate(host):
+              if not (_finite(m["objective"]) and _finite(m["grad_norm"])):
+                raise TrainingDiverged(
+                    f"{who}loss became {float(m['objective'])} at step {first + j}; "
+                    f"stopped. {where}. Lower train.lr or raise train.warmup")
+              per_token = float(m["loss"]) / max(float(m["tokens"]), 1.0)
+              if factor and per_token > factor * initial_loss[i]:
+                raise TrainingDiverged(
+                    f"{who}loss {per_token:.4g} at step {first + j} is more than "
+                    f"train.max_loss_factor={factor:g} times the starting loss "
+                    f"{initial_loss[i]:.4g}; stopped. {where}. Lower train.lr or raise "
+                    f"train.warmup")
+            tokens = sum(float(m["tokens"]) for m in host)
+            loss = sum(float(m["loss"]) for m in host) / max(tokens, 1.0)
+            tok_s = tokens / elapsed
+            rec = {"loss": loss,
+                   "objective": float(np.mean([m["objective"] for m in host])),
+                   "grad_norm": float(host[-1]["grad_norm"]), "tokens_per_s": tok_s}
+            writers[i].write(step, "train", rec)
+            losses.append((loss, tok_s))
+          loss, tok_s = (float(np.mean([l for l, _ in losses])),
+                         sum(s for _, s in losses))
           if bar is not None:
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
           elif step % t.log_every == 0 or step == t.steps:
-            log(f"step {step}/{t.steps}: loss {loss:.4f} tokens/s {tok_s:,.0f}")
+            spread = (f" (seeds {min(l for l, _ in losses):.4f}.."
+                      f"{max(l for l, _ in losses):.4f})" if multi else "")
+            log(f"step {step}/{t.steps}: loss {loss:.4f}{spread} tokens/s {tok_s:,.0f}")
         if step % t.checkpoint_every == 0 or step == t.steps:
           save(step, last)
         if step % t.eval_every == 0 or step == t.steps:
@@ -256,7 +318,48 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
   finally:   # also on divergence or an error: flush metrics, close the bar and orbax
     if bar is not None:
       bar.close()
-    if writer is not None:
+    for writer in writers:
       writer.close()
-    ckpts.close()
+    for ckpts in all_ckpts:
+      ckpts.close()
+  if multi:
+    return {"status": status, "step": step, "workdir": workdir, "seeds": seeds,
+            "workdirs": [w for _, w in runs], "valid": valid}
   return {"status": status, "step": step, "workdir": workdir, "valid": valid}
+
+
+def _restore(all_ckpts, runs, params, opt_state, state_shardings, slices):
+  """Every seed's newest good checkpoint at one step: the oldest of the seeds' newest
+  (a run interrupted between the seeds' saves), step 0 (the fresh state given) when a
+  seed has none. Checkpoints newer than that step are set aside, never deleted.
+  Returns (params, opt_state, metas, step), stacked like the state given."""
+  found = []
+  for i, ckpts in enumerate(all_ckpts):
+    fresh = (_seed_slice(params, slices[i]), _seed_slice(opt_state, slices[i]))
+    if ckpts.all_steps():
+      found.append(list(ckpts.restore(None, *fresh)))
+    else:
+      found.append([*fresh, {"data_position": 0, "initial_loss": None}, 0])
+  start = min(f[3] for f in found)
+  for i, ckpts in enumerate(all_ckpts):
+    if found[i][3] != start:     # this seed ran ahead of another
+      fresh = (_seed_slice(params, slices[i]), _seed_slice(opt_state, slices[i]))
+      found[i] = (list(ckpts.restore(start, *fresh)) if start else
+                  [*fresh, {"data_position": 0, "initial_loss": None}, 0])
+    bad = sorted(b for b in set(ckpts.bad_steps) if b > start)
+    ahead = sorted(b for b in ckpts.all_steps() if b > start and b not in bad)
+    for which, what in ((bad, "bad checkpoint(s)"), (ahead, "checkpoint(s)")):
+      which = [b for b in which if storage.isdir(ckpts.step_dir(b))]
+      if which:   # out of the way of this run's next saves
+        dest = ckpts.set_aside(which)
+        ckpt_lib.warn(f"moved {what} {which} to {dest} (kept, not deleted)" +
+                      (f": the other seeds resume from step {start}" if what[0] == "c"
+                       else ""))
+  if slices[0] is None:
+    p, o, meta, _ = found[0]
+    return p, o, [meta], start
+  stack = lambda trees, shard: jax.device_put(
+      jax.tree.map(lambda *xs: jnp.stack(xs), *trees), shard)
+  params = stack([f[0] for f in found], state_shardings[0])
+  opt_state = stack([f[1] for f in found], state_shardings[1])
+  return params, opt_state, [f[2] for f in found], start

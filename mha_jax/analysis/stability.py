@@ -1,0 +1,230 @@
+"""How stable head roles and pruning curves are across the seeds of a multi-seed run.
+
+Heads are only defined up to a permutation within a layer, so stability is measured per
+layer: for every (stack, layer, role), in how many seeds at least one head of that layer
+has the role, and the mean and spread (sample std) over seeds of how many heads have it.
+Pruning curves: for every method and head count, the mean, std, min and max over seeds
+of the curve's metric (BLEU for translation), and the roles the L0 gates keep.
+
+Inputs are the per-seed outputs of `mha-jax analyze` (heads.json) and `mha-jax
+prune-curve` (curve.json); outputs: stability.json, stability.md, stability.png (roles)
+and curve_stability.json, .md, .png (pruning).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from mha_jax import storage
+
+# Roles shown in the tables first, in this order (others follow alphabetically).
+ROLE_ORDER = ("positional", "syntactic", "rare", "previous_token", "induction",
+              "duplicate_token", "attention_sink", "cls", "sep", "other")
+
+
+# The roles a stack's table always shows, found or not (report.py assigns them).
+STACK_ROLES = {"encoder": ("positional", "syntactic", "rare"),
+               "decoder_self": ("positional",),
+               "lm": ("previous_token", "induction", "duplicate_token")}
+
+
+def _stats(values: Sequence[float]) -> dict:
+  v = np.asarray(values, np.float64)
+  return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+          "min": float(v.min()), "max": float(v.max())}
+
+
+def _ordered(roles) -> list[str]:
+  roles = set(roles)
+  return [r for r in ROLE_ORDER if r in roles] + sorted(roles - set(ROLE_ORDER))
+
+
+def role_stability(rows_by_seed: Mapping[int, list[dict]]) -> dict:
+  """The stability report from {seed: heads.json rows}."""
+  seeds = list(rows_by_seed)
+  per_seed: dict[int, dict[tuple[str, int], dict[str, int]]] = {}
+  layers: dict[str, set[int]] = {}
+  roles = set()
+  for s, rows in rows_by_seed.items():
+    counts = per_seed.setdefault(s, {})
+    for r in rows:
+      role = r.get("role")
+      if role in (None, "n/a"):
+        continue
+      roles.add(role)
+      layers.setdefault(r["stack"], set()).add(int(r["layer"]))
+      cell = counts.setdefault((r["stack"], int(r["layer"])), {})
+      cell[role] = cell.get(role, 0) + 1
+  for stack in layers:
+    roles.update(STACK_ROLES.get(stack, ()))
+  roles = _ordered(roles)
+  table = []
+  for stack, ls in layers.items():
+    for layer in sorted(ls):
+      for role in roles:
+        heads = [per_seed[s].get((stack, layer), {}).get(role, 0) for s in seeds]
+        table.append({"stack": stack, "layer": layer, "role": role,
+                      "seeds_with_role": sum(h > 0 for h in heads),
+                      "heads_per_seed": heads, **{f"heads_{k}": v for k, v in
+                                                  _stats(heads).items()}})
+  totals = {}
+  for stack in layers:
+    for role in roles:
+      per = [sum(c.get(role, 0) for (st, _), c in per_seed[s].items() if st == stack)
+             for s in seeds]
+      totals.setdefault(stack, {})[role] = {"per_seed": per, **_stats(per),
+                                            "seeds_with_role": sum(p > 0 for p in per)}
+  return {"seeds": seeds, "n_seeds": len(seeds), "roles": roles, "layers": table,
+          "totals": totals}
+
+
+def format_roles(rep: dict, roles: Sequence[str] | None = None) -> str:
+  """Markdown: one row per (stack, layer); per role "k/N seeds, mean ± std heads"."""
+  roles = [r for r in (roles or rep["roles"]) if r in rep["roles"]]
+  n = rep["n_seeds"]
+  by = {(r["stack"], r["layer"], r["role"]): r for r in rep["layers"]}
+  cells = lambda r: (f"{r['seeds_with_role']}/{n} ({r['heads_mean']:.1f} ± "
+                     f"{r['heads_std']:.1f})")
+  lines = [f"Seeds {rep['seeds']}. Each cell: seeds with at least one head of the role in "
+           f"that layer / {n} (heads of the role per seed, mean ± std).", "",
+           "| stack | layer | " + " | ".join(roles) + " |",
+           "|---|---:|" + "---|" * len(roles)]
+  keys = sorted({(r["stack"], r["layer"]) for r in rep["layers"]},
+                key=lambda k: (list(rep["totals"]).index(k[0]), k[1]))
+  for stack, layer in keys:
+    lines.append(f"| {stack} | {layer} | " +
+                 " | ".join(cells(by[(stack, layer, role)]) for role in roles) + " |")
+  for stack, tot in rep["totals"].items():
+    lines.append(f"| {stack} | all | " + " | ".join(
+        f"{tot[role]['seeds_with_role']}/{n} ({tot[role]['mean']:.1f} ± "
+        f"{tot[role]['std']:.1f})" for role in roles) + " |")
+  return "\n".join(lines)
+
+
+def plot_roles(rep: dict, path: str, roles: Sequence[str] | None = None) -> None:
+  """Per stack: heads of each role per layer, mean over seeds with std error bars; the
+  number over a bar is how many seeds have the role in that layer."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from mha_jax.analysis.report import ROLE_COLORS
+  roles = [r for r in (roles or rep["roles"]) if r in rep["roles"] and r != "other"]
+  stacks = list(rep["totals"])
+  fig, axes = plt.subplots(1, len(stacks), figsize=(4.2 * len(stacks), 3.4), squeeze=False)
+  by = {(r["stack"], r["layer"], r["role"]): r for r in rep["layers"]}
+  width = 0.8 / max(len(roles), 1)
+  for ax, stack in zip(axes[0], stacks):
+    layers = sorted({r["layer"] for r in rep["layers"] if r["stack"] == stack})
+    for j, role in enumerate(roles):
+      xs = np.arange(len(layers)) + (j - (len(roles) - 1) / 2) * width
+      rs = [by[(stack, l, role)] for l in layers]
+      ax.bar(xs, [r["heads_mean"] for r in rs], width, yerr=[r["heads_std"] for r in rs],
+             capsize=2, color=ROLE_COLORS.get(role, "#7f7f7f"), label=role)
+      for x, r in zip(xs, rs):
+        ax.text(x, r["heads_mean"] + r["heads_std"] + 0.05, str(r["seeds_with_role"]),
+                ha="center", va="bottom", fontsize=6)
+    ax.set_ylim(0, max([1.0] + [r["heads_mean"] + r["heads_std"] + 0.3 for r in rep["layers"]
+                                if r["stack"] == stack and r["role"] in roles]))
+    ax.set_xticks(range(len(layers)), [str(l) for l in layers])
+    ax.set_xlabel("layer")
+    ax.set_ylabel("heads (mean ± std over seeds)")
+    ax.set_title(stack)
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  if handles:
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+  fig.suptitle(f"head roles over {rep['n_seeds']} seeds (number: seeds with the role)",
+               fontsize=9)
+  fig.tight_layout(rect=(0, 0.08, 1, 1))
+  storage.savefig(fig, path, dpi=110)
+  plt.close(fig)
+
+
+def roles_of(run, split: str = "test") -> list[dict]:
+  """The heads' roles of a loaded run (report.py's role statistics, nothing else)."""
+  from mha_jax.analysis import report
+  task = run.config.task
+  return (report.translation_roles(run, split) if task == "translation" else
+          report.embedding_roles(run, split) if task == "embedding" else
+          report.lm_roles(run, split))
+
+
+def write_role_stability(heads_json_by_seed: Mapping[int, str], out_dir: str) -> dict:
+  """Reads each seed's heads.json, writes stability.{json,md,png} into out_dir."""
+  rows = {}
+  for s, path in heads_json_by_seed.items():
+    rows[s] = storage.read_json(path)
+  rep = role_stability(rows)
+  rep["sources"] = {str(s): p for s, p in heads_json_by_seed.items()}
+  storage.makedirs(out_dir)
+  storage.write_json(storage.join(out_dir, "stability.json"), rep)
+  storage.write_text(storage.join(out_dir, "stability.md"), format_roles(rep) + "\n")
+  plot_roles(rep, storage.join(out_dir, "stability.png"))
+  return rep
+
+
+# ------------------------------------------------------------------ pruning curves
+def curve_stability(curves_by_seed: Mapping[int, dict], metric: str) -> dict:
+  """From {seed: curve.json contents}: per (method, heads kept), the metric's mean, std,
+  min, max over seeds, and the mean number of heads of each role that are kept."""
+  seeds = list(curves_by_seed)
+  cells: dict[tuple[str, int], list[dict]] = {}
+  for s in seeds:
+    for r in curves_by_seed[s]["rows"]:
+      cells.setdefault((r["method"], int(r["kept"])), []).append(r)
+  rows = []
+  for (method, kept), rs in sorted(cells.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+    roles = sorted({k for r in rs for k in r.get("roles", {})})
+    rows.append({"method": method, "kept": kept, "n": len(rs),
+                 "values": [r[metric] for r in rs], **_stats([r[metric] for r in rs]),
+                 "roles_kept_mean": {k: float(np.mean([r.get("roles", {}).get(k, 0)
+                                                       for r in rs])) for k in roles}})
+  return {"seeds": seeds, "n_seeds": len(seeds), "metric": metric, "rows": rows}
+
+
+def format_curve(rep: dict) -> str:
+  methods = list(dict.fromkeys(r["method"] for r in rep["rows"]))
+  by = {(r["method"], r["kept"]): r for r in rep["rows"]}
+  ks = sorted({r["kept"] for r in rep["rows"]}, reverse=True)
+  lines = [f"Test {rep['metric']} over seeds {rep['seeds']}: mean ± std (min-max).", "",
+           "| heads kept | " + " | ".join(methods) + " | roles kept by l0 (mean) |",
+           "|---:|" + "---|" * (len(methods) + 1)]
+  for k in ks:
+    cell = lambda r: (f"{r['mean']:.4g} ± {r['std']:.2g} ({r['min']:.4g}-{r['max']:.4g})"
+                      if r else "")
+    roles = (by.get(("l0", k)) or {}).get("roles_kept_mean", {})
+    lines.append(f"| {k} | " + " | ".join(cell(by.get((m, k))) for m in methods) + " | " +
+                 ", ".join(f"{r} {v:.1f}" for r, v in sorted(roles.items())) + " |")
+  return "\n".join(lines)
+
+
+def plot_curve(rep: dict, path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(5.2, 3.6))
+  for method in dict.fromkeys(r["method"] for r in rep["rows"]):
+    rs = sorted((r for r in rep["rows"] if r["method"] == method), key=lambda r: r["kept"])
+    ax.errorbar([r["kept"] for r in rs], [r["mean"] for r in rs],
+                yerr=[r["std"] for r in rs], fmt="o-", capsize=3, label=method)
+  ax.set_xlabel("heads kept")
+  ax.set_ylabel(f"test {rep['metric']} (mean ± std, {rep['n_seeds']} seeds)")
+  ax.legend()
+  fig.tight_layout()
+  storage.savefig(fig, path, dpi=120)
+  plt.close(fig)
+
+
+def write_curve_stability(curve_json_by_seed: Mapping[int, str], out_dir: str,
+                          metric: str) -> dict:
+  curves = {}
+  for s, path in curve_json_by_seed.items():
+    curves[s] = storage.read_json(path)
+  rep = curve_stability(curves, metric)
+  rep["sources"] = {str(s): p for s, p in curve_json_by_seed.items()}
+  storage.makedirs(out_dir)
+  storage.write_json(storage.join(out_dir, "curve_stability.json"), rep)
+  storage.write_text(storage.join(out_dir, "curve_stability.md"), format_curve(rep) + "\n")
+  plot_curve(rep, storage.join(out_dir, "curve_stability.png"))
+  return rep

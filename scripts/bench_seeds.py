@@ -1,0 +1,179 @@
+"""Wall time of 1 seed vs N seeds (train.seeds, one vmapped program) of the quickstart model.
+
+    python scripts/bench_seeds.py [--seeds 8] [--workdir workdirs/bench_seeds]
+        [--out docs/results/bench_seeds_cpu.json] [--config.train.steps=...]
+
+Trains configs/translation.py:quickstart (the model and run `mha-jax quickstart` trains)
+once with train.seeds=1 and once with train.seeds=N, the same steps, each into a fresh
+workdir (WORKDIR/seeds_1, WORKDIR/seeds_N; an existing one is refused, so move it away
+first). Wall time is the whole `train` call: data, compilation, the steps, checkpoints
+and the final validation (BLEU on eval.bleu_examples sentences per seed). The step time
+is the median time between consecutive training-log records (log_every steps), taken
+from the seeds' metrics.jsonl timestamps; records that hold a checkpoint save are left
+out. The 1-minute load average is read before and after each run (the machine may be
+shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CONFIG = "configs/translation.py:quickstart"
+
+
+def _load() -> float:
+  return os.getloadavg()[0]
+
+
+def step_ms(workdir: str, log_every: int, checkpoint_every: int) -> float:
+  """Median ms per step between consecutive train records (no checkpoint in between)."""
+  from mha_jax.train.metrics import read_metrics
+  recs = [r for r in read_metrics(workdir) if r["split"] == "train"]
+  gaps = [(b["time"] - a["time"]) / (b["step"] - a["step"]) * 1e3
+          for a, b in zip(recs, recs[1:])
+          if b["step"] - a["step"] == log_every and a["step"] % checkpoint_every]
+  return statistics.median(gaps) if gaps else float("nan")
+
+
+def run_one(seeds: int, workdir: str, overrides) -> dict:
+  from mha_jax import config as mc
+  from mha_jax.train import loop
+  cfg = mc.load_config(CONFIG)
+  rest = mc.apply_overrides(cfg, [*overrides, f"--config.train.seeds={seeds}",
+                                  "--config.train.progress=false"])
+  if rest:
+    raise SystemExit(f"unrecognized arguments: {rest}")
+  if os.path.exists(workdir):
+    raise SystemExit(f"{workdir} exists; move it away (this script times fresh runs)")
+  load_before = _load()
+  t0 = time.perf_counter()
+  summary = loop.train(cfg, workdir, log=lambda s: print(f"  [{seeds} seed(s)] {s}",
+                                                         flush=True))
+  wall = time.perf_counter() - t0
+  if summary["status"] != "done":
+    raise SystemExit(f"{workdir}: training {summary['status']} at step {summary['step']}; "
+                     f"no timing written (resume it with mha-jax train)")
+  dirs = summary.get("workdirs", [workdir])
+  t = cfg.train
+  valid = summary["valid"] if seeds > 1 else [summary["valid"]]
+  return {"seeds": seeds, "wall_s": wall, "steps": t.steps,
+          "step_ms": statistics.median(step_ms(d, t.log_every, t.checkpoint_every)
+                                       for d in dirs),
+          "load_before": load_before, "load_after": _load(), "workdir": workdir,
+          "valid_bleu": [v["bleu"] for v in valid], "valid_loss": [v["loss"] for v in valid]}
+
+
+def interleaved_steps(seeds: int, rounds: int, overrides) -> dict:
+  """The training step alone (loop.make_train_step, jitted; vmapped over `seeds`), 1 seed
+  and N seeds timed in alternation so both see the same machine load; medians in ms."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from mha_jax import config as mc, tasks
+  from mha_jax.train import loop
+  cfg = mc.load_config(CONFIG)
+  mc.apply_overrides(cfg, list(overrides))
+  task = tasks.build(cfg, None)
+  opt = loop.make_optimizer(cfg.train)
+  step = loop.make_train_step(task, opt, cfg)
+
+  def init(key):
+    p = task.init_params(key)
+    return p, opt.init(p)
+
+  keys = jnp.stack([jax.random.PRNGKey(i) for i in range(seeds)])
+  batches = [task.train_batch(i) for i in range(seeds)]
+  one = (jax.jit(step, donate_argnums=(0, 1)), jax.jit(init)(keys[0]), batches[0], keys[0])
+  many = (jax.jit(jax.vmap(step, in_axes=(0, 0, 0, None, 0)), donate_argnums=(0, 1)),
+          jax.jit(jax.vmap(init))(keys),
+          {k: np.stack([b[k] for b in batches]) for k in batches[0]}, keys)
+  states = [one[1], many[1]]
+  times = [[], []]
+  for r in range(rounds + 1):          # round 0 compiles
+    for i, (fn, _, batch, key) in enumerate((one, many)):
+      t0 = time.perf_counter()
+      p, o, m = fn(*states[i], batch, jnp.int32(r), key)
+      jax.block_until_ready(m)
+      states[i] = (p, o)
+      if r:
+        times[i].append((time.perf_counter() - t0) * 1e3)
+  a, b = statistics.median(times[0]), statistics.median(times[1])
+  return {"rounds": rounds, "one_seed_ms": a, "n_seeds_ms": b, "seeds": seeds,
+          "ratio": b / a, "load_after": _load()}
+
+
+def format_table(res: dict) -> str:
+  one = res["rows"][0]
+  lines = [f"{res['config']}: {one['steps']} steps, batch {res['batch_size']} per seed; "
+           f"{res['cpus']} CPUs, jax {res['jax']}", "",
+           "| seeds | wall s | vs 1 seed | wall s per seed | step ms | step vs 1 seed | "
+           "valid BLEU (mean, min-max) | load 1 min (before, after) |",
+           "|---:|---:|---:|---:|---:|---:|---|---|"]
+  for r in res["rows"]:
+    b = r["valid_bleu"]
+    lines.append(
+        f"| {r['seeds']} | {r['wall_s']:.1f} | {r['wall_s'] / one['wall_s']:.2f}x | "
+        f"{r['wall_s'] / r['seeds']:.1f} | {r['step_ms']:.0f} | "
+        f"{r['step_ms'] / one['step_ms']:.2f}x | {statistics.mean(b):.1f} ({min(b):.1f}-"
+        f"{max(b):.1f}) | {r['load_before']:.2f}, {r['load_after']:.2f} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--seeds", type=int, default=8)
+  p.add_argument("--workdir", default="workdirs/bench_seeds")
+  p.add_argument("--out", default="docs/results/bench_seeds_cpu.json")
+  p.add_argument("--step-rounds", type=int, default=0,
+                 help="only time the step, 1 vs N seeds interleaved, this many rounds; "
+                      "adds the result to --out if it exists. Not a fair ratio: the 1-seed "
+                      "step runs slower right after the N-seed one (README)")
+  args, overrides = p.parse_known_args(argv)
+  if args.step_rounds:
+    res = {"load_before": _load(), **interleaved_steps(args.seeds, args.step_rounds,
+                                                       overrides)}
+    print(f"step alone, interleaved, median of {args.step_rounds}: 1 seed "
+          f"{res['one_seed_ms']:.0f} ms, {args.seeds} seeds {res['n_seeds_ms']:.0f} ms "
+          f"({res['ratio']:.2f}x); load {res['load_before']:.2f} -> {res['load_after']:.2f}")
+    if os.path.exists(args.out):
+      with open(args.out) as f:
+        full = json.load(f)
+      full["step_interleaved"] = res
+      with open(args.out, "w") as f:
+        json.dump(full, f, indent=1)
+    else:
+      with open(args.out + ".steps.json", "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+  import jax
+  from mha_jax import config as mc
+  cfg = mc.load_config(CONFIG)
+  mc.apply_overrides(cfg, list(overrides))
+  rows = []
+  for n in (1, args.seeds):
+    print(f"training {n} seed(s) ...", flush=True)
+    rows.append(run_one(n, os.path.join(args.workdir, f"seeds_{n}"), overrides))
+    print(json.dumps(rows[-1]), flush=True)
+  res = {"config": CONFIG, "overrides": list(overrides), "batch_size": cfg.train.batch_size,
+         "cpus": os.cpu_count(), "machine": platform.machine(), "jax": jax.__version__,
+         "backend": jax.default_backend(), "rows": rows,
+         "ratio_wall": rows[1]["wall_s"] / rows[0]["wall_s"],
+         "note": "shared machine: see the load averages"}
+  print(format_table(res))
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(res, f, indent=1)
+  print(f"\nwrote {args.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
