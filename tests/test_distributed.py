@@ -78,6 +78,7 @@ def _max_diff(a, b) -> float:
 EVERY = ["--config.train.checkpoint_every=10", "--config.train.log_every=10"]
 
 
+@pytest.mark.slow   # 3 training subprocesses, 2 of them coupled (~26 s)
 def test_two_processes_train_like_one_and_write_once(tmp_path):
   two, one = str(tmp_path / "two"), str(tmp_path / "one")
   logs = _finish(_start(two, 20, 2, *EVERY))

@@ -32,6 +32,7 @@ def test_sweep_rejects_heads_not_dividing_d_model(tmp_path):
     sweep.plan("configs/sweep_heads.py:heads=2,3", str(tmp_path), [])
 
 
+@pytest.mark.slow   # trains three runs of the sweep (~16 s)
 def test_sweep_runs_skips_finished_and_summarizes(tmp_path):
   wd = str(tmp_path / "sweep")
   extra = TINY_TRANSLATION + ["--config.train.steps=3", "--config.train.eval_every=3",
@@ -107,7 +108,7 @@ def test_quickstart_end_to_end(tmp_path):
   assert res["pruning"]["after"]["bleu"] > res["pruning"]["base"]["bleu"] - 5
 
 
-@pytest.mark.slow     # the circuits test trains the same config in the default run
+@pytest.mark.slow     # trains the induction config (the circuits test, also slow, checks its circuit)
 def test_induction_config_learns_to_copy(tmp_path):
   """The repeated half's loss falls from about ln V to below 1 nat."""
   wd = str(tmp_path / "ind")

@@ -194,6 +194,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
   c.close()
 
 
+@pytest.mark.slow   # three 8-device/1-device runs in subprocesses (~27 s)
 def test_checkpoints_move_between_8_devices_and_1(tmp_path):
   eight = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
   args = ["train", "--config", "configs/induction.py", *TINY_INDUCTION,
