@@ -150,6 +150,20 @@ def launch_chromium(playwright):
       "--disable-component-update", "--disable-sync", "--no-first-run"])
 
 
+def open_page(playwright, path):
+  """(browser, page, errors, requests): `path` opened in launch_chromium, with console
+  and page errors and every request but the page's own recorded."""
+  browser = launch_chromium(playwright)
+  page = browser.new_page()
+  errors, requests = [], []
+  page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+  page.on("pageerror", lambda e: errors.append(str(e)))
+  url = "file://" + path
+  page.on("request", lambda r: None if r.url == url else requests.append(r.url))
+  page.goto(url)
+  return browser, page, errors, requests
+
+
 def test_explorer_renders_the_json_rows_in_a_real_browser(run, tmp_path):
   rows = [{"head": n, "role": ("syntactic" if n == "encoder.0.1" else "other")}
           for n in run.head_names]

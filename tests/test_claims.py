@@ -16,7 +16,7 @@ from mha_jax.claims import experiments as E
 from mha_jax.claims import rules as R
 from mha_jax.claims import run as claims_run
 from mha_jax.claims import toy
-from test_analysis import launch_chromium
+from test_analysis import open_page
 
 H, F, I = R.HOLDS, R.FAILS, R.INCONCLUSIVE
 
@@ -196,13 +196,7 @@ def test_primer_in_a_real_browser(report):
   assert data["cost"]["params"] == [4 * 768 * 768] * len(E.COST_HEADS)
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:
-    browser = launch_chromium(p)
-    page = browser.new_page()
-    errors, requests = [], []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("request", lambda r: requests.append(r.url))
-    page.goto("file://" + path)
+    browser, page, errors, requests = open_page(p, path)
 
     def bar_values(svg):
       return page.eval_on_selector_all(f"#{svg} rect.bar", "rs => rs.map(r => +r.dataset.v)")
@@ -226,7 +220,7 @@ def test_primer_in_a_real_browser(report):
     assert page.inner_html("#s-cut") != cut0 and "d_k = 8" in page.inner_text("#hval")
     browser.close()
   assert errors == []
-  assert requests == ["file://" + path]
+  assert requests == []
 
 
 def test_random_start_places_both_copies_and_masks_follow():

@@ -169,7 +169,7 @@ def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
 
 
 def test_explorer_model_and_head_view_in_a_real_browser(smol, smol_rows, tmp_path):
-  from test_analysis import launch_chromium
+  from test_analysis import open_page
   path = str(tmp_path / "explorer.html")
   data = explorer.write(smol, smol_rows, path)
   text = open(path).read()
@@ -178,14 +178,7 @@ def test_explorer_model_and_head_view_in_a_real_browser(smol, smol_rows, tmp_pat
   assert len(data["weights"][0]["lm"]) == LAYERS and len(data["sentences"]) == 3
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:
-    browser = launch_chromium(p)
-    page = browser.new_page()
-    errors, requests = [], []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("request", lambda r: requests.append(r.url) if not r.url.startswith("file:")
-            else None)
-    page.goto("file://" + path)
+    browser, page, errors, requests = open_page(p, path)
     assert page.locator("canvas.thumb").count() == LAYERS * 9
     page.click("canvas.thumb[data-layer='3'][data-head='7']")
     assert page.inner_text("#info").startswith("lm.3.7 role: ")
