@@ -150,18 +150,22 @@ def roles_of(run, split: str = "test") -> list[dict]:
           report.lm_roles(run, split))
 
 
+def _write_report(json_by_seed: Mapping[int, str], out_dir: str, name: str, build, fmt,
+                  plot) -> dict:
+  """Reads each seed's JSON, builds the report, writes name.{json,md,png} into out_dir."""
+  rep = build({s: storage.read_json(path) for s, path in json_by_seed.items()})
+  rep["sources"] = {str(s): p for s, p in json_by_seed.items()}
+  storage.makedirs(out_dir)
+  storage.write_json(storage.join(out_dir, f"{name}.json"), rep)
+  storage.write_text(storage.join(out_dir, f"{name}.md"), fmt(rep) + "\n")
+  plot(rep, storage.join(out_dir, f"{name}.png"))
+  return rep
+
+
 def write_role_stability(heads_json_by_seed: Mapping[int, str], out_dir: str) -> dict:
   """Reads each seed's heads.json, writes stability.{json,md,png} into out_dir."""
-  rows = {}
-  for s, path in heads_json_by_seed.items():
-    rows[s] = storage.read_json(path)
-  rep = role_stability(rows)
-  rep["sources"] = {str(s): p for s, p in heads_json_by_seed.items()}
-  storage.makedirs(out_dir)
-  storage.write_json(storage.join(out_dir, "stability.json"), rep)
-  storage.write_text(storage.join(out_dir, "stability.md"), format_roles(rep) + "\n")
-  plot_roles(rep, storage.join(out_dir, "stability.png"))
-  return rep
+  return _write_report(heads_json_by_seed, out_dir, "stability", role_stability,
+                       format_roles, plot_roles)
 
 
 # ------------------------------------------------------------------ pruning curves
@@ -218,13 +222,7 @@ def plot_curve(rep: dict, path: str) -> None:
 
 def write_curve_stability(curve_json_by_seed: Mapping[int, str], out_dir: str,
                           metric: str) -> dict:
-  curves = {}
-  for s, path in curve_json_by_seed.items():
-    curves[s] = storage.read_json(path)
-  rep = curve_stability(curves, metric)
-  rep["sources"] = {str(s): p for s, p in curve_json_by_seed.items()}
-  storage.makedirs(out_dir)
-  storage.write_json(storage.join(out_dir, "curve_stability.json"), rep)
-  storage.write_text(storage.join(out_dir, "curve_stability.md"), format_curve(rep) + "\n")
-  plot_curve(rep, storage.join(out_dir, "curve_stability.png"))
-  return rep
+  """Reads each seed's curve.json, writes curve_stability.{json,md,png} into out_dir."""
+  return _write_report(curve_json_by_seed, out_dir, "curve_stability",
+                       lambda curves: curve_stability(curves, metric), format_curve,
+                       plot_curve)
