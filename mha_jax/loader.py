@@ -14,6 +14,7 @@ from mha_jax import storage
 from mha_jax import tasks
 from mha_jax.models import common as C
 from mha_jax.train import checkpoint as ckpt_lib
+from mha_jax.train import seeds as seeds_lib
 
 
 @dataclasses.dataclass
@@ -43,7 +44,7 @@ class Loaded:
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = storage.join(workdir, "config.json")
   if not storage.exists(path):
-    if storage.exists(storage.join(workdir, "seeds.json")):
+    if seeds_lib.is_multi_seed(workdir):
       raise UserError(f"--workdir {workdir!r} is a multi-seed run (seeds.json): load one "
                       f"of its seeds, {workdir.rstrip('/')}/seed_<s>")
     raise UserError(f"--workdir {workdir!r} has no config.json: not a mha-jax run")

@@ -129,9 +129,6 @@ class Checkpoints:
                                 "checksums": {"params": checksums(params)}})), force=True)
     self.manager.wait_until_finished()
 
-  def has_train_state(self, step: int) -> bool:
-    return storage.isdir(storage.join(self.step_dir(step), "opt_state"))
-
   def _verify(self, step: int, restored: dict) -> None:
     meta = restored.get("meta")
     if not isinstance(meta, dict):
@@ -152,8 +149,8 @@ class Checkpoints:
 
   def _restore_checked(self, step: int, make_args: Callable[[int], dict]) -> dict:
     """One checkpoint restored and verified; BadCheckpoint names it and says why."""
-    args = make_args(step)
-    try:
+    try:   # make_args may read metadata, which fails on a damaged checkpoint too
+      args = make_args(step)
       restored = self.manager.restore(step, args=ocp.args.Composite(**args))
       restored = {k: restored[k] for k in args}
     except BadCheckpoint:
@@ -195,7 +192,7 @@ class Checkpoints:
       return jax.tree.map(
           lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
     def make_args(s):
-      if not self.has_train_state(s):
+      if not has_train_state(storage.dirname(self.directory), s):
         raise BadCheckpoint(f"checkpoint {self.step_dir(s)} has no optimizer state "
                             f"(opt_state/)")
       return dict(params=ocp.args.StandardRestore(abstract(params_like)),
@@ -217,16 +214,7 @@ class Checkpoints:
           lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), meta)
       return dict(params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
 
-    def checked(s):   # item_metadata itself may fail on a damaged checkpoint
-      try:
-        return make_args(s)
-      except BadCheckpoint:
-        raise
-      except Exception as e:
-        raise BadCheckpoint(f"checkpoint {self.step_dir(s)} is unreadable ({_short(e)})"
-                            ) from e
-
-    r, step = self._newest_good(step, checked, log)
+    r, step = self._newest_good(step, make_args, log)
     empty = (r["meta"] or {}).get("empty", {})
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: (jax.numpy.zeros(empty[jax.tree_util.keystr(path)][0],
