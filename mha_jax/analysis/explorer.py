@@ -183,8 +183,7 @@ def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_token
   roles = {r["head"]: r.get("role", "other") for r in rows}
   batches = []
   for batch, weight in model.eval_batches(split, max(sentences, 1)):
-    cut = {k: np.asarray(v)[:sentences, :max_tokens + 1] for k, v in batch.items()
-           if k != "reference"}
+    cut = {k: np.asarray(v)[:sentences, :max_tokens + 1] for k, v in batch.items()}
     batches.append(cut)
     break
   if hasattr(model, "repeated_tokens"):

@@ -17,7 +17,6 @@ from mha_jax.analysis import capture as capture_lib
 from mha_jax.analysis import explorer, importance, roles, syntax
 from mha_jax.data import vocab as V
 from mha_jax.errors import UserError
-from mha_jax.models import common as C
 
 ROLE_COLORS = {"positional": "#1f77b4", "syntactic": "#2ca02c", "rare": "#d62728",
                "other": "#c7c7c7", "previous_token": "#1f77b4", "induction": "#9467bd",
@@ -285,7 +284,8 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
   is_tr = run.config.task == "translation"
   task = run.config.task
   if task == "embedding":      # the loss: cosine distance to the dense model's embedding
-    run.model.set_reference(run.params)
+    from mha_jax.pruning import run as prune_run
+    prune_run.set_dense_reference(run)
   if task in ("pretrained_lm", "embedding"):   # imported models: 270 / 72 heads
     importance_limit = min(importance_limit, run.config.eval.batch_size * 2)
     if task == "pretrained_lm" and loo:

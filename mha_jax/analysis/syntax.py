@@ -116,10 +116,11 @@ def conllu_syntax(run, path: str, th: roles.Thresholds = roles.Thresholds(),
   relations = sorted({roles.relation(r) for a in arcs for r, h in zip(a["rels"], a["heads"])
                       if h >= 0})
 
+  t = max(len(ids) for ids, _ in encoded)      # one width for every chunk: one compile
+
   def each():
     for start in range(0, len(encoded), batch_size):
       chunk = encoded[start:start + batch_size]
-      t = max(len(ids) for ids, _ in chunk)
       tokens = np.full((len(chunk), t), run.config.tokenizer.pad_id, np.int32)
       mask = np.zeros((len(chunk), t), bool)
       for b, (ids, _) in enumerate(chunk):

@@ -259,8 +259,8 @@ class EmbeddingTask(_NotTrainable):
     key = hash(np.asarray(batch["tokens"]).tobytes())   # the same batches recur: cache
     cache = self.__dict__.setdefault("_reference_cache", {})
     if key not in cache:
-      fn = jitted(self, "reference", lambda p, b: self.pooled(p, b))
-      cache[key] = fn(ref, {k: jnp.asarray(v) for k, v in batch.items()})
+      fn = jitted(self, "pooled", self.pooled)
+      cache[key] = fn(ref, {k: jnp.asarray(v) for k, v in batch.items()}, None)
     return dict(batch, reference=cache[key])
 
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict:
@@ -272,7 +272,7 @@ class EmbeddingTask(_NotTrainable):
     paras = self.paragraphs()["train"]
     rng = np.random.default_rng([int(self.cfg.get("seed", 0)), 19, step])
     idx = rng.integers(0, len(paras), size=e.batch_size)
-    return self.with_reference(self.batch([paras[i] for i in idx], e.seq_len))
+    return self.with_reference(self.batch([paras[i] for i in idx], e.seq_len, pad=True))
 
   def paragraphs(self) -> dict:
     """{split: paragraphs of the built-in text} (90 / 5 / 5 %)."""
@@ -285,8 +285,9 @@ class EmbeddingTask(_NotTrainable):
       self._paragraphs = {s: paras[a:b] for s, (a, b) in cut.items()}
     return self._paragraphs
 
-  def batch(self, texts, max_len: int | None = None) -> dict:
-    """{"tokens", "mask", "token_types"} (B, T), right-padded with the pad id."""
+  def batch(self, texts, max_len: int | None = None, pad: bool = False) -> dict:
+    """{"tokens", "mask", "token_types"} (B, T), right-padded with the pad id: to the
+    longest text, or with pad=True to max_len (one shape for every batch: one compile)."""
     if self.tokenizer is None:
       raise UserError("this task was built without a workdir: no tokenizer")
     if isinstance(texts, str):
@@ -294,7 +295,7 @@ class EmbeddingTask(_NotTrainable):
     ids = self.tokenizer.encode_batch(texts)
     if max_len:
       ids = [i[:max_len] for i in ids]
-    t = max(len(i) for i in ids)
+    t = max_len if pad and max_len else max(len(i) for i in ids)
     tokens = np.full((len(ids), t), self.cfg.tokenizer.pad_id, np.int32)
     mask = np.zeros((len(ids), t), bool)
     for r, i in enumerate(ids):
@@ -322,8 +323,7 @@ class EmbeddingTask(_NotTrainable):
       weight = np.zeros(batch_size, np.float32)
       weight[:len(chunk)] = 1.0
       chunk = chunk + [chunk[-1]] * (batch_size - len(chunk))
-      b = self.batch(chunk, self.cfg.eval.seq_len)
-      yield self.with_reference(b), weight
+      yield self.batch(chunk, self.cfg.eval.seq_len, pad=True), weight
 
   def evaluate(self, params, split: str = "test", *, bleu: bool = False, gates=None,
                bleu_limit: int | None = None) -> dict:
@@ -331,10 +331,10 @@ class EmbeddingTask(_NotTrainable):
     (mean cosine similarity between different paragraphs of the split)."""
     del bleu, bleu_limit
     from mha_jax.tasks import jitted
-    fn = jitted(self, "embed_True", lambda p, bt, g: bert.mean_pool(
-        self.apply(p, bt, gates=g), bt["mask"], normalize=True))
+    fn = jitted(self, "pooled", self.pooled)
     embs, cos = [], []
     for b, w in self.eval_batches(split, self.cfg.eval.batch_size):
+      b = self.with_reference(b)
       e = np.asarray(fn(params, jax.tree.map(jnp.asarray, b), gates))
       embs.append(e[w > 0])
       if "reference" in b:        # a dense reference is set (pruning): compare with it

@@ -3,8 +3,6 @@ same head counts, joined with the heads' roles from the dense model's analysis."
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Callable, Sequence
 
@@ -42,8 +40,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   the first draw's). For each K in `save_workdirs`, OUT/{method}_k{K} is written as a
   pruned workdir (as `mha-jax prune` writes it: ready for export-pruned)."""
   run = load(workdir)
-  if hasattr(run.model, "set_reference"):   # embeddings: compare with the dense model
-    run.model.set_reference(run.params)
+  run_lib.set_dense_reference(run)       # embeddings: compare with the dense model
   total = M.count(M.ones_mask(run.params, stacks))
   for k in counts:
     if not 0 <= k <= total:

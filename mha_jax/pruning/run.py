@@ -87,7 +87,7 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
   if storage.exists(out) and storage.listdir(out):
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   run = loaded if loaded is not None else load(workdir)
-  _reference(run)
+  set_dense_reference(run)
   start_mask = M.read_mask(workdir)
   if start_mask:
     start_mask = {s: m for s, m in start_mask.items() if s in stacks}
@@ -157,15 +157,12 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
   if storage.exists(out) and storage.listdir(out):
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   run = load(workdir)
-  _reference(run)
   pruned = M.export_pruned(run.params, mask)
   batch = next(run.model.eval_batches("test", 16))[0]
-  batch = {k: v for k, v in batch.items() if k != "reference"}
-  masked_out = np.asarray(run.model.apply(run.params, batch))
-  diff = float(np.max(np.abs(masked_out - np.asarray(run.model.apply(pruned, batch)))))
+  speed, (masked_out, exported_out) = forward_speedup(run.model, run.params, pruned, batch)
+  diff = float(np.max(np.abs(masked_out - exported_out)))
   scale = float(np.max(np.abs(masked_out)))
   info = storage.read_json(storage.join(workdir, "pruning.json"))
-  speed = forward_speedup(run.model, run.params, pruned, batch)
   info.update(exported_from=storage.abspath(workdir), max_abs_diff_vs_masked=diff,
               max_abs_output_masked=scale, relative_diff_vs_masked=diff / max(scale, 1e-30),
               head_counts=C.head_counts(pruned), source_mask=info["mask"],
@@ -181,17 +178,17 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
   return info
 
 
-def forward_speedup(model, dense, pruned, batch, rounds: int = 9) -> dict:
+def forward_speedup(model, dense, pruned, batch, rounds: int = 9) -> tuple[dict, tuple]:
   """One jitted forward of each (both compiled first) on the same batch, timed in
   `rounds` interleaved rounds (masked, exported, masked, ...; median seconds): the masked
   model (every head computed, pruned ones gated to 0 by W_O: the dense model's cost)
-  against the exported one. Also tokens per second (batch tokens / median)."""
+  against the exported one. Also tokens per second (batch tokens / median).
+  Returns (timings, (masked outputs, exported outputs) as NumPy)."""
   import time
   import jax
   fwd = jax.jit(lambda p, b: model.apply(p, b))
   names = (("masked_s", dense), ("exported_s", pruned))
-  for _, p in names:
-    jax.block_until_ready(fwd(p, batch))
+  outputs = tuple(np.asarray(fwd(p, batch)) for _, p in names)   # also the compiles
   times = {name: [] for name, _ in names}
   for _ in range(rounds):
     for name, p in names:
@@ -206,10 +203,10 @@ def forward_speedup(model, dense, pruned, batch, rounds: int = 9) -> dict:
              masked_tokens_per_s=tokens / out["masked_s"],
              exported_tokens_per_s=tokens / out["exported_s"],
              batch_shapes={k: list(np.shape(v)) for k, v in batch.items()})
-  return out
+  return out, outputs
 
 
-def _reference(run) -> None:
+def set_dense_reference(run) -> None:
   """Embedding models: the loss and the metrics compare with the dense model's
   embeddings (the source run of a pruned workdir, else these params)."""
   if not hasattr(run.model, "set_reference"):
