@@ -174,10 +174,8 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
     runs = [(cfg, workdir)]
   for c, w in runs:
     prepare_workdir(c, w)
-  run_tasks = [tasks.build(c, w) for c, w in runs]
-  for other in run_tasks[1:]:   # seeds differ in their batches' order only: one compile
-    other.__dict__["_jit_cache"] = run_tasks[0].__dict__.setdefault("_jit_cache", {})
-  task = run_tasks[0]
+  run_tasks = [tasks.build(c, w) for c, w in runs]   # each seed's data files, batch order
+  task = run_tasks[0]   # seeds differ only in their batches' order: one task computes
   slices = list(range(len(runs))) if multi else [None]   # seed i of the stacked state
   replicated = NamedSharding(mesh, P())
   data_sharding = NamedSharding(mesh, P(None, "data") if multi else P("data"))
@@ -234,9 +232,9 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
 
     def evaluate(step, split="valid"):
       out = []
-      for i, ((c, _), task_i, writer) in enumerate(zip(runs, run_tasks, writers)):
-        res = task_i.evaluate(_seed_slice(params, slices[i]), split,
-                              bleu=cfg.task == "translation")
+      for i, ((c, _), writer) in enumerate(zip(runs, writers)):
+        res = task.evaluate(_seed_slice(params, slices[i]), split,
+                            bleu=cfg.task == "translation")
         writer.write(step, split, res)
         who = f"seed {c.seed} " if multi else ""
         log(f"step {step}: {who}{split} " + " ".join(f"{k} {v:.4g}" for k, v in res.items()))
