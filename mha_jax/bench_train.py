@@ -100,7 +100,7 @@ def build_steps(cfg, workdir: str) -> tuple[dict[str, tuple[Callable, list]], di
   optimizer = loop.make_optimizer(t)
   batch = {k: jnp.asarray(v) for k, v in task.train_batch(0, 0, 1).items()}
 
-  def make(loss_fn, params):
+  def make(loss_fn, params):      # the flax.linen peer's step
     def step(params, opt_state, batch):
       obj, grads = jax.value_and_grad(loss_fn)(params, batch)
       updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -108,8 +108,10 @@ def build_steps(cfg, workdir: str) -> tuple[dict[str, tuple[Callable, list]], di
     return jax.jit(step, donate_argnums=(0, 1)), [params, optimizer.init(params)]
 
   ours = task.init_params(jax.random.PRNGKey(cfg.seed))
-  steps = {"mha_jax": make(lambda p, b: task.loss(p, b, label_smoothing=t.label_smoothing)[0],
-                           ours)}
+  train_step = loop.make_train_step(task, optimizer, cfg)     # the step `train` runs
+  key = jax.random.PRNGKey(cfg.seed)
+  steps = {"mha_jax": (jax.jit(lambda p, o, b: train_step(p, o, b, jnp.int32(0), key),
+                               donate_argnums=(0, 1)), [ours, optimizer.init(ours)])}
   m = cfg.model
   linen = LinenSeq2Seq(vocab_size=task.vocab_size, d_model=m.d_model,
                        num_heads=m.num_heads, d_ff=m.d_ff, enc_layers=m.enc_layers,
