@@ -154,7 +154,7 @@ def _cmd_analyze_seeds(args, seeds) -> int:
     if args.roles_only:   # roles alone, beside (not over) a full report
       heads[s] = storage.join(seed_out, "roles_only.json")
       storage.makedirs(seed_out)
-      storage.write_json(heads[s], stability.roles_of(run, args.split))
+      storage.write_json(heads[s], report.head_roles(run, args.split))
       continue
     report.analyze(run, split=args.split, out_dir=seed_out, loo=not args.no_ablations,
                    loo_bleu_limit=args.bleu_sentences, log=lambda m: None)

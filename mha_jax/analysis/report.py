@@ -192,6 +192,17 @@ GRID_SCORES = {"lm": ("previous_token", "duplicate_token", "induction", "sink_sh
                            "confidence", "importance")}
 
 
+def head_roles(run, split: str = "test", limit: int = 0, *, conllu: str | None = None
+               ) -> list[dict]:
+  """Every head's role statistics and role, by the run's task (the one dispatch)."""
+  task = run.config.task
+  if task == "translation":
+    return translation_roles(run, split, limit)
+  if task == "embedding":
+    return embedding_roles(run, split, limit, conllu=conllu)
+  return lm_roles(run, split)
+
+
 def plot_score_grids(rows, path, keys, title=""):
   """One layer x head heat map per score (missing values blank)."""
   import matplotlib
@@ -293,9 +304,7 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
           "`mha-jax ablate --each` for it")
       loo = False
   log("roles ...")
-  rows = (translation_roles(run, split, role_limit) if is_tr else
-          embedding_roles(run, split, role_limit, conllu=conllu) if task == "embedding" else
-          lm_roles(run, split))
+  rows = head_roles(run, split, role_limit, conllu=conllu)
   by_name = {r["head"]: r for r in rows}
   log("importance (Michel et al.) ...")
   imp = importance.michel_importance(run, "valid", limit=importance_limit)

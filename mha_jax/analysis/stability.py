@@ -141,15 +141,6 @@ def plot_roles(rep: dict, path: str, roles: Sequence[str] | None = None) -> None
   plt.close(fig)
 
 
-def roles_of(run, split: str = "test") -> list[dict]:
-  """The heads' roles of a loaded run (report.py's role statistics, nothing else)."""
-  from mha_jax.analysis import report
-  task = run.config.task
-  return (report.translation_roles(run, split) if task == "translation" else
-          report.embedding_roles(run, split) if task == "embedding" else
-          report.lm_roles(run, split))
-
-
 def _write_report(json_by_seed: Mapping[int, str], out_dir: str, name: str, build, fmt,
                   plot) -> dict:
   """Reads each seed's JSON, builds the report, writes name.{json,md,png} into out_dir."""

@@ -23,11 +23,7 @@ def _roles(run, split, log) -> dict[str, str]:
   if storage.exists(path):
     return {r["head"]: r.get("role", "other") for r in storage.read_json(path)}
   log("roles: analysing the dense model first ...")
-  task = run.config.task
-  rows = (report.translation_roles(run, split) if task == "translation" else
-          report.embedding_roles(run, split) if task == "embedding" else
-          report.lm_roles(run, split))
-  return {r["head"]: r["role"] for r in rows}
+  return {r["head"]: r["role"] for r in report.head_roles(run, split)}
 
 
 def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
