@@ -29,7 +29,8 @@ impl names:
 
 from __future__ import annotations
 
-import os
+import functools
+import resource
 
 import jax
 import numpy as np
@@ -59,29 +60,38 @@ CPU_MEASURED_MS: dict[int, dict[str, float]] = {
 # scores: blocked 300-448 ms, reference 543-580 ms; at 2^20 the two were within noise
 # of each other, at 2^15 (the quickstart's size) equal.
 BLOCKED_FROM_SCORES = 2**21
-# float32 (B, H, T, S) tensors alive at once in the reference path's forward+backward
-# (scores, weights, their cotangents).
-SCORE_COPIES = 4
+# float32 (B, H, T, S) tensors alive at once in the reference path's forward+backward:
+# measured, --scale-t at T = 4096 (docs/results/bench_attention_scale_t_cpu.json):
+# reference and xla peak at 3.5 GB, 0.44 GB of it the runtime, with 0.54 GB per copy.
+SCORE_COPIES = 6
 # Budget when the device does not say: a quarter of the host's available memory.
 _FALLBACK_BYTES = 4 * 2**30
 
 
+@functools.cache
 def score_memory_budget() -> int:
-  """Bytes the (B, H, T, S) score tensors may take on the default device."""
+  """Bytes the (B, H, T, S) score tensors may take on the default device, read once per
+  process (so a kernel choice does not follow the machine's load): half the device's
+  limit, else a quarter of the host's available memory or of the process's
+  address-space limit (RLIMIT_AS), whichever is smaller."""
   try:
     stats = jax.devices()[0].memory_stats() or {}
   except Exception:  # backends without memory stats
     stats = {}
   if "bytes_limit" in stats:
     return int(stats["bytes_limit"]) // 2
+  host = _FALLBACK_BYTES * 4
   try:
     with open("/proc/meminfo") as f:
       for line in f:
         if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024 // 4
+          host = int(line.split()[1]) * 1024
   except OSError:
     pass
-  return _FALLBACK_BYTES
+  cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+  if cap != resource.RLIM_INFINITY:
+    host = min(host, cap)
+  return host // 4
 
 
 def scores_fit(b: int, h: int, t: int, s: int, budget: int | None = None) -> bool:
