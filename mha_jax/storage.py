@@ -121,15 +121,13 @@ def write_json(p, obj: Any, *, indent: int | None = 1, atomic: bool = False) -> 
 
 
 def append_text(p, text: str) -> None:
-  """Appends to a file (object stores cannot append: the file is rewritten there)."""
-  if not is_writer():
-    return
-  if not is_uri(p):
+  """Appends to a local file. Object stores cannot append: callers keep the contents and
+  rewrite the file (see train/metrics.py)."""
+  if is_uri(p):
+    raise ValueError(f"append_text: {p!r} is on an object store, which cannot append")
+  if is_writer():
     with open(p, "a", encoding="utf-8") as f:
       f.write(text)
-    return
-  old = read_bytes(p) if exists(p) else b""
-  write_bytes(p, old + text.encode("utf-8"))
 
 
 def savefig(fig, p, **kwargs) -> None:

@@ -13,6 +13,10 @@ class MetricsWriter:
   def __init__(self, workdir: str, enabled: bool = True):
     self.enabled = enabled
     self.path = storage.join(workdir, "metrics.jsonl")
+    # On an object store the lines are kept here (read once) and the file rewritten.
+    self._lines = None
+    if enabled and storage.is_uri(self.path):
+      self._lines = storage.read_text(self.path) if storage.exists(self.path) else ""
     self._tb = None
     if enabled:
       from tensorboardX import SummaryWriter
@@ -26,7 +30,12 @@ class MetricsWriter:
       return
     rec = {"step": int(step), "split": split, "time": time.time(),
            **{k: float(v) for k, v in values.items()}}
-    storage.append_text(self.path, json.dumps(rec) + "\n")
+    line = json.dumps(rec) + "\n"
+    if self._lines is None:
+      storage.append_text(self.path, line)
+    else:
+      self._lines += line
+      storage.write_text(self.path, self._lines)
     for k, v in values.items():
       self._tb.add_scalar(f"{split}/{k}", float(v), int(step))
 
