@@ -145,23 +145,24 @@ def _check_ids(ids: np.ndarray, vocab_size: int, what: str) -> None:
 
 
 def token_losses(logits_BTV, targets_BT, label_smoothing: float = 0.0):
-  """Per-token (nll, objective, correct) from one float32 log-softmax over the vocabulary.
+  """Per-token (nll, objective, correct) from one float32 log-sum-exp over the vocabulary.
 
   The objective is the cross-entropy against labels smoothed as optax.smooth_labels does
-  ((1 - e) one-hot + e / V), written as (1 - e) nll - e mean_v log p_v, so no one-hot
-  tensor is built. `correct` is 1 where the target's logit is the row's maximum.
+  ((1 - e) one-hot + e / V), written as (1 - e) nll - e mean_v log p_v, so neither a
+  one-hot nor a log-probability tensor is built. `correct` is 1 where the target's logit
+  is the row's maximum.
   """
   logits = logits_BTV.astype(jnp.float32)
   top = jnp.max(logits, axis=-1, keepdims=True)
   shifted = logits - jax.lax.stop_gradient(top)
-  logp = shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
-  target_logp = jnp.take_along_axis(logp, targets_BT[..., None], axis=-1)[..., 0]
+  lse = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+  target_shifted = jnp.take_along_axis(shifted, targets_BT[..., None], axis=-1)[..., 0]
+  target_logp = target_shifted - lse
   nll = -target_logp
   obj = nll
   if label_smoothing:
-    obj = (1.0 - label_smoothing) * nll - label_smoothing * jnp.mean(logp, axis=-1)
-  correct = (jnp.take_along_axis(logits, targets_BT[..., None], axis=-1)[..., 0]
-             >= top[..., 0]).astype(jnp.float32)
+    obj = (1.0 - label_smoothing) * nll - label_smoothing * (shifted.mean(-1) - lse)
+  correct = (target_shifted >= 0).astype(jnp.float32)   # the target's logit is the max
   return nll, obj, correct
 
 

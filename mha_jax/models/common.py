@@ -51,7 +51,9 @@ def init_layer_norm(d):
 
 
 def mlp(p, x):
-  return jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+  """GELU MLP over (..., D), as 2-D matmuls (see attention.py's projections)."""
+  x2 = x.reshape(-1, x.shape[-1])
+  return (jax.nn.gelu(x2 @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]).reshape(x.shape)
 
 
 def init_mlp(key, d, f):
