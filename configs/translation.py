@@ -42,6 +42,7 @@ def get_config(arg=None):
       pos="relative", max_rel=16)
   cfg.train = mc.train_defaults(steps=3000, batch_size=64, lr=2e-3, warmup=300,
                                 label_smoothing=0.1)
+  cfg.train.pack = True             # sentence pairs packed into rows (data/packing.py)
   cfg.eval = mc.eval_defaults()
   if a.quickstart:
     cfg.train.steps = 500

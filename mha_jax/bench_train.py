@@ -27,6 +27,7 @@ from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax import bench, tasks
 from mha_jax import config as mc
+from mha_jax.data import packing
 from mha_jax.data import vocab as V
 from mha_jax.train import loop
 
@@ -93,8 +94,13 @@ def _smoothed_loss(logits, targets, smoothing):
   return (obj * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-def build_steps(cfg, workdir: str) -> tuple[dict[str, tuple[Callable, list]], dict, float]:
-  """name -> (jitted step, [params, opt_state]), the batch, and our step's GFLOP."""
+def build_steps(cfg, workdir: str) -> tuple[dict[str, tuple[Callable, list, dict]],
+                                            dict[str, float]]:
+  """name -> (jitted step, [params, opt_state], its batch), and name -> XLA's GFLOP count
+  of our step on that batch (flax.linen: the padded batch's, the same maths).
+
+  "mha_jax" and "flax.linen" take the same padded batch; "mha_jax packed" takes the
+  same sentence pairs packed into rows as `train` packs them (data/packing.py)."""
   task = tasks.build(cfg, workdir)
   t = cfg.train
   optimizer = loop.make_optimizer(t)
@@ -105,13 +111,14 @@ def build_steps(cfg, workdir: str) -> tuple[dict[str, tuple[Callable, list]], di
       obj, grads = jax.value_and_grad(loss_fn)(params, batch)
       updates, opt_state = optimizer.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state, obj
-    return jax.jit(step, donate_argnums=(0, 1)), [params, optimizer.init(params)]
+    return jax.jit(step, donate_argnums=(0, 1)), [params, optimizer.init(params)], batch
 
   ours = task.init_params(jax.random.PRNGKey(cfg.seed))
   train_step = loop.make_train_step(task, optimizer, cfg)     # the step `train` runs
   key = jax.random.PRNGKey(cfg.seed)
-  steps = {"mha_jax": (jax.jit(lambda p, o, b: train_step(p, o, b, jnp.int32(0), key),
-                               donate_argnums=(0, 1)), [ours, optimizer.init(ours)])}
+  ours_fn = jax.jit(lambda p, o, b: train_step(p, o, b, jnp.int32(0), key),
+                    donate_argnums=(0, 1))
+  steps = {"mha_jax": (ours_fn, [ours, optimizer.init(ours)], batch)}
   m = cfg.model
   linen = LinenSeq2Seq(vocab_size=task.vocab_size, d_model=m.d_model,
                        num_heads=m.num_heads, d_ff=m.d_ff, enc_layers=m.enc_layers,
@@ -121,10 +128,20 @@ def build_steps(cfg, workdir: str) -> tuple[dict[str, tuple[Callable, list]], di
   steps["flax.linen"] = make(
       lambda p, b: _smoothed_loss(linen.apply(p, b["src"], b["tgt"][:, :-1]),
                                   b["tgt"][:, 1:], t.label_smoothing), lp)
-  fn, state = steps["mha_jax"]
-  cost = fn.lower(*state, batch).compile().cost_analysis()
-  cost = cost if isinstance(cost, dict) else cost[0]
-  return steps, batch, float(cost["flops"]) / 1e9
+  if t.get("pack", False):
+    rows = packing.rows_ladder([task.train_rows_needed(s) for s in range(min(64, t.steps))],
+                               t.batch_size, 1)[0]
+    packed = {k: jnp.asarray(v) for k, v in task.packed_train_batch(0, rows).items()}
+    steps["mha_jax packed"] = (ours_fn, [jax.tree.map(jnp.copy, ours),
+                                         optimizer.init(ours)], packed)
+  gflop = {}
+  for name in ("mha_jax", "mha_jax packed"):
+    if name in steps:
+      fn, state, b = steps[name]
+      cost = fn.lower(*state, b).compile().cost_analysis()
+      gflop[name] = float((cost if isinstance(cost, dict) else cost[0])["flops"]) / 1e9
+  gflop["flax.linen"] = gflop["mha_jax"]
+  return steps, gflop
 
 
 def run(config: str = "configs/translation.py:quickstart", overrides: Sequence[str] = (),
@@ -137,12 +154,12 @@ def run(config: str = "configs/translation.py:quickstart", overrides: Sequence[s
   if cfg.task != "translation":
     raise UserError(f"--config must be a translation config (the quickstart model); got "
                      f"task {cfg.task!r}")
-  steps, batch, gflop = build_steps(cfg, workdir)
+  steps, gflop = build_steps(cfg, workdir)
   log("measuring the matmul rate ...")
   rate = bench.matmul_gflops(matmul_size)
 
   def once(name):
-    fn, state = steps[name]
+    fn, state, batch = steps[name]
     t0 = time.perf_counter()
     state[0], state[1], obj = fn(state[0], state[1], batch)
     jax.block_until_ready(obj)
@@ -158,14 +175,14 @@ def run(config: str = "configs/translation.py:quickstart", overrides: Sequence[s
   rows = []
   for name, ts in times.items():
     ms = statistics.median(ts) * 1e3
-    rows.append({"model": name, "step_ms": ms, "gflop": gflop,
-                 "gflop_per_s": gflop / (ms / 1e3),
-                 "pct_matmul": 100 * gflop / (ms / 1e3) / rate})
+    rows.append({"model": name, "step_ms": ms, "gflop": gflop[name],
+                 "gflop_per_s": gflop[name] / (ms / 1e3),
+                 "pct_matmul": 100 * gflop[name] / (ms / 1e3) / rate,
+                 "batch_shapes": {k: list(v.shape) for k, v in steps[name][2].items()}})
   ref = next(r["step_ms"] for r in rows if r["model"] == "flax.linen")
   for r in rows:
     r["vs_flax_linen"] = r["step_ms"] / ref
   return {"config": config, "overrides": list(overrides), "rounds": rounds,
-          "batch_shapes": {k: list(v.shape) for k, v in batch.items()},
           "matmul_gflops": rate, "backend": jax.default_backend(),
           "devices": jax.device_count(), "machine": platform.processor() or platform.machine(),
           "cpus": os.cpu_count(), "rows": rows}
@@ -173,13 +190,15 @@ def run(config: str = "configs/translation.py:quickstart", overrides: Sequence[s
 
 def format_table(res: dict) -> str:
   lines = [f"{res['config']} {' '.join(res['overrides'])}: one training step (fwd + bwd + "
-           f"AdamW), batch {res['batch_shapes']}, median of {res['rounds']} interleaved "
-           f"rounds; {res['backend']}, matmul {res['matmul_gflops']:.1f} GFLOP/s",
-           "", "| model | step ms | vs flax.linen | GFLOP (XLA, ours) | GFLOP/s | % matmul |",
-           "|---|---:|---:|---:|---:|---:|"]
+           f"AdamW), median of {res['rounds']} interleaved rounds; {res['backend']}, matmul "
+           f"{res['matmul_gflops']:.1f} GFLOP/s",
+           "", "| model | batch (src, tgt) | step ms | vs flax.linen | GFLOP (XLA, ours) | "
+           "GFLOP/s | % matmul |", "|---|---|---:|---:|---:|---:|---:|"]
   for r in res["rows"]:
-    lines.append(f"| {r['model']} | {r['step_ms']:.1f} | {r['vs_flax_linen']:.2f} | "
-                 f"{r['gflop']:.2f} | {r['gflop_per_s']:.1f} | {r['pct_matmul']:.1f} |")
+    shapes = r.get("batch_shapes", res.get("batch_shapes", {}))
+    batch = ", ".join("x".join(map(str, shapes[k])) for k in ("src", "tgt") if k in shapes)
+    lines.append(f"| {r['model']} | {batch} | {r['step_ms']:.1f} | {r['vs_flax_linen']:.2f} "
+                 f"| {r['gflop']:.2f} | {r['gflop_per_s']:.1f} | {r['pct_matmul']:.1f} |")
   return "\n".join(lines)
 
 

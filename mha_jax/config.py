@@ -24,7 +24,7 @@ from mha_jax.errors import UserError
 # Fields that may change when a run resumes in an existing workdir.
 RESUMABLE_FIELDS = ("train.steps", "train.eval_every", "train.log_every",
                     "train.checkpoint_every", "train.progress", "train.keep",
-                    "train.max_loss_factor", "eval", "mesh")
+                    "train.max_loss_factor", "train.pack", "eval", "mesh")
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
@@ -160,7 +160,8 @@ def to_dict(cfg) -> dict:
 # Fields added after runs were already being written, with the value those runs used.
 ADDED_FIELDS = {"translation": {"model.pos": "sinusoidal", "model.max_rel": 16,
                                 "mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0,
-                                "train.seeds": "1", "train.shuffle_seed": -1},
+                                "train.seeds": "1", "train.shuffle_seed": -1,
+                                "train.pack": False},
                 "lm": {"mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0,
                        "train.seeds": "1", "train.shuffle_seed": -1}}
 
@@ -292,6 +293,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if cfg.task == "lm" and m.pos not in ("learned", "sinusoidal", "qk"):
     raise UserError(f"model.pos must be learned, sinusoidal or qk; got {m.pos!r}")
   if cfg.task == "translation":
+    if not isinstance(t.get("pack", False), bool):
+      raise UserError(f"train.pack must be true or false; got {t.pack!r}")
     if m.pos not in ("sinusoidal", "relative"):
       raise UserError(f"model.pos must be sinusoidal or relative for translation; got "
                       f"{m.pos!r}")

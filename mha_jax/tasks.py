@@ -17,7 +17,8 @@ import numpy as np
 
 from mha_jax.errors import UserError
 from mha_jax import storage
-from mha_jax.data import parallel, repeated_tokens, synthetic_translation, text, vocab as V
+from mha_jax.data import packing, parallel, repeated_tokens, synthetic_translation, text
+from mha_jax.data import vocab as V
 from mha_jax.models import common as C
 from mha_jax.models import lm as lm_model
 from mha_jax.models import seq2seq
@@ -252,8 +253,12 @@ class TranslationTask:
     return init_model(self.cfg, key, self.vocab_size)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None):
+    packed = None
+    if "src_seg" in batch:     # a packed batch (data/packing.py)
+      packed = {"src_seg": batch["src_seg"], "src_pos": batch["src_pos"],
+                "tgt_seg": batch["tgt_seg"][:, :-1], "tgt_pos": batch["tgt_pos"][:, :-1]}
     return seq2seq.apply(params, self.spec, batch["src"], batch["tgt"][:, :-1], gates=gates,
-                         capture=capture, key=key)
+                         capture=capture, key=key, packed=packed)
 
   # ---------------------------------------------------------------- data
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1):
@@ -262,6 +267,17 @@ class TranslationTask:
                          step * b, b)
     idx = idx[_local_rows(b, process_index, process_count)]
     return {k: v[idx] for k, v in self.arrays["train"].items()}
+
+  def train_rows_needed(self, step: int) -> int:
+    """Rows the packed form of training batch `step` needs (data/packing.py)."""
+    return packing.rows_needed(self.train_batch(step), V.PAD_ID)
+
+  def packed_train_batch(self, step: int, rows: int, process_index: int = 0,
+                         process_count: int = 1) -> dict[str, np.ndarray]:
+    """Training batch `step` packed into `rows` rows (the whole batch is packed, then
+    this process takes its share of the rows)."""
+    out = packing.pack(self.train_batch(step), rows, V.PAD_ID)
+    return {k: v[_local_rows(rows, process_index, process_count)] for k, v in out.items()}
 
   def eval_batches(self, split: str, batch_size: int):
     arr = self.arrays[split]
@@ -279,7 +295,10 @@ class TranslationTask:
     metrics["tokens"]."""
     logits = self.apply(params, batch, gates=gates, key=key)
     targets = batch["tgt"][:, 1:]
-    mask = (targets != V.PAD_ID).astype(jnp.float32)
+    mask = targets != V.PAD_ID
+    if "tgt_seg" in batch:     # packed: no target across two pairs' boundary
+      mask = mask & (batch["tgt_seg"][:, 1:] == batch["tgt_seg"][:, :-1])
+    mask = mask.astype(jnp.float32)
     if example_weight is not None:
       mask = mask * example_weight[:, None]
     nll, obj, correct = token_losses(logits, targets, label_smoothing)

@@ -69,20 +69,33 @@ def _sublayer(x, p, ln, fn, spec, key):
   return x + C.dropout(key, spec.dropout, fn(_norm(p, ln, x)))
 
 
-def _embed(params, spec, ids_BT, keys):
-  """Scaled shared embedding (plus sinusoidal positions unless pos="relative"), dropout."""
+def _embed(params, spec, ids_BT, keys, pos_BT=None):
+  """Scaled shared embedding (plus sinusoidal positions unless pos="relative": arange(T),
+  or pos_BT, each token's position in its packed pair), dropout."""
   d = params["embed"].shape[1]
   x = params["embed"][ids_BT] * C.embed_scale(d)
   if spec.pos != "relative":
-    x = x + C.sinusoidal(ids_BT.shape[1], d)
+    table = C.sinusoidal(ids_BT.shape[1], d)
+    x = x + (table if pos_BT is None else table[pos_BT])
   return C.dropout(next(keys), spec.dropout, x)
 
 
-def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, capture=None, key=None):
-  """Encoder states (B, S, D). `capture` (a dict) receives per-layer AttentionOutputs."""
+def _segment_mask(q_seg_BT, k_seg_BS):
+  """(B, 1, T, S): query and key in the same packed pair (segment ids, 0 = padding)."""
+  return ((q_seg_BT[:, None, :, None] == k_seg_BS[:, None, None, :])
+          & (k_seg_BS != 0)[:, None, None, :])
+
+
+def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, capture=None, key=None,
+           src_seg_BS=None, src_pos_BS=None):
+  """Encoder states (B, S, D). `capture` (a dict) receives per-layer AttentionOutputs.
+  src_seg_BS, src_pos_BS: segment ids and positions of a packed batch (data/packing.py)."""
   keys = C.key_stream(key)
-  x = _embed(params, spec, src_BS, keys)
-  pad_mask = (src_BS != spec.pad_id)[:, None, None, :]
+  x = _embed(params, spec, src_BS, keys, src_pos_BS)
+  if src_seg_BS is None:
+    pad_mask = (src_BS != spec.pad_id)[:, None, None, :]
+  else:
+    pad_mask = _segment_mask(src_seg_BS, src_seg_BS)
   for i, name in enumerate(C.layers_of(params["encoder"])):
     p = params["encoder"][name]
     gate = C.gate_for(gates, "encoder", i)
@@ -95,16 +108,23 @@ def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, capture=None, key=N
 
 
 def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
-           capture=None, key=None):
-  """Logits (B, T, V) for the next target token at every position."""
+           capture=None, key=None, src_seg_BS=None, tgt_seg_BT=None, tgt_pos_BT=None):
+  """Logits (B, T, V) for the next target token at every position. The *_seg and
+  tgt_pos_BT arrays describe a packed batch (data/packing.py)."""
   keys = C.key_stream(key)
-  x = _embed(params, spec, tgt_in_BT, keys)
-  src_mask = (src_BS != spec.pad_id)[:, None, None, :]
+  x = _embed(params, spec, tgt_in_BT, keys, tgt_pos_BT)
+  self_mask = None
+  if src_seg_BS is None:
+    src_mask = (src_BS != spec.pad_id)[:, None, None, :]
+  else:
+    src_mask = _segment_mask(tgt_seg_BT, src_seg_BS)
+    self_mask = _segment_mask(tgt_seg_BT, tgt_seg_BT)
   for i, name in enumerate(C.layers_of(params["decoder"])):
     p = params["decoder"][name]
     g_self = C.gate_for(gates, "decoder_self", i)
     g_cross = C.gate_for(gates, "decoder_cross", i)
-    x = _sublayer(x, p, "ln1", lambda h: _attend(p["self_attn"], h, None, None, True, g_self,
+    x = _sublayer(x, p, "ln1", lambda h: _attend(p["self_attn"], h, None, self_mask, True,
+                                                 g_self,
                                                  spec, capture, "decoder_self"),
                   spec, next(keys))
     x = _sublayer(x, p, "ln2", lambda h: _attend(p["cross_attn"], h, enc_BSD, src_mask,
@@ -117,12 +137,18 @@ def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
 
 
 def apply(params, spec: C.ModelSpec, src_BS, tgt_in_BT, *, gates=None, capture=False,
-          key=None):
-  """Logits (B, T, V); with capture=True also {stack: [AttentionOutput per layer]}."""
+          key=None, packed=None):
+  """Logits (B, T, V); with capture=True also {stack: [AttentionOutput per layer]}.
+  packed: {"src_seg", "src_pos" (B, S), "tgt_seg", "tgt_pos" (B, T)} of a packed batch
+  (data/packing.py), already cut to tgt_in_BT's positions."""
   cap = {} if capture else None
   ke, kd = jax.random.split(key) if key is not None else (None, None)
-  enc = encode(params, spec, src_BS, gates=gates, capture=cap, key=ke)
-  logits = decode(params, spec, enc, src_BS, tgt_in_BT, gates=gates, capture=cap, key=kd)
+  pk = packed or {}
+  enc = encode(params, spec, src_BS, gates=gates, capture=cap, key=ke,
+               src_seg_BS=pk.get("src_seg"), src_pos_BS=pk.get("src_pos"))
+  logits = decode(params, spec, enc, src_BS, tgt_in_BT, gates=gates, capture=cap, key=kd,
+                  src_seg_BS=pk.get("src_seg"), tgt_seg_BT=pk.get("tgt_seg"),
+                  tgt_pos_BT=pk.get("tgt_pos"))
   return (logits, cap) if capture else logits
 
 

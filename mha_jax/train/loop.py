@@ -10,6 +10,7 @@ over a leading seed axis: N runs of one config in one program (train/seeds.py).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -26,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from mha_jax import config as mc
 from mha_jax import storage
 from mha_jax import tasks
+from mha_jax.data import packing
 from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import seeds as seeds_lib
@@ -241,9 +243,20 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
         out.append(res)
       return out if multi else out[0]
 
+    ladder = None
+    if cfg.task == "translation" and t.get("pack", False):   # data/packing.py
+      sample = [tk.train_rows_needed(s) for tk in run_tasks for s in range(min(64, t.steps))]
+      ladder = packing.rows_ladder(sample, t.batch_size,
+                                   math.lcm(n_data, jax.process_count()))
+
     def batch_at(step):
-      local = [tk.train_batch(step, jax.process_index(), jax.process_count())
-               for tk in run_tasks]
+      if ladder is not None:
+        rows = packing.rung(ladder, max(tk.train_rows_needed(step) for tk in run_tasks))
+        local = [tk.packed_train_batch(step, rows, jax.process_index(), jax.process_count())
+                 for tk in run_tasks]
+      else:
+        local = [tk.train_batch(step, jax.process_index(), jax.process_count())
+                 for tk in run_tasks]
       if multi:
         local = [{k: np.stack([b[k] for b in local]) for k in local[0]}]
       return {k: jax.make_array_from_process_local_data(data_sharding, v)
