@@ -249,7 +249,11 @@ def test_bench_train_times_ours_and_flax_linen_and_writes_json(tmp_path):
   assert r.returncode == 0, r.stdout + r.stderr
   res = json.loads(out.read_text())
   rows = {row["model"]: row for row in res["rows"]}
-  assert set(rows) == {"mha_jax", "flax.linen"}
+  assert set(rows) == {"mha_jax", "flax.linen", "mha_jax packed"}
   assert rows["flax.linen"]["vs_flax_linen"] == 1.0 and rows["mha_jax"]["step_ms"] > 0
   assert rows["mha_jax"]["gflop"] > 0 and res["matmul_gflops"] > 0
+  # the packed row: the same 8 pairs in fewer rows, so fewer FLOPs
+  assert rows["mha_jax packed"]["batch_shapes"]["src"][0] < 8
+  assert rows["mha_jax"]["batch_shapes"]["src"][0] == 8
+  assert rows["mha_jax packed"]["gflop"] < rows["mha_jax"]["gflop"]
   assert "| mha_jax |" in r.stdout and "% matmul" in r.stdout
