@@ -10,6 +10,10 @@ higher peak learning rate). Data: the built-in synthetic language pair, or
 data.kind=parallel with data.{train,valid,test}_{src,tgt} files and optional
 data.conllu.{train,valid,test} parses of the source side.
 
+Training batches are packed (train.pack, default true): whole sentence pairs side by
+side in rows with segment ids, the same maths as padded rows in fewer positions
+(mha_jax/data/packing.py).
+
 Positions: model.pos="relative" (default; a learned score bias per head and offset,
 clipped at +-max_rel, Shaw et al. 2018) or "sinusoidal" (added to the embeddings, as in
 Vaswani et al. and Voita et al.). Measured at the quickstart size: sinusoidal models

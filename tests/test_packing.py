@@ -113,3 +113,13 @@ def test_training_packed_follows_the_padded_loss_curve(tmp_path):
     losses[pack] = [m["loss"] for m in read_metrics(wd) if m.get("split") == "train"]
   assert len(losses[True]) == 6
   np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
+
+
+def test_processes_share_one_packed_batch(tmp_path):
+  task = tasks.build(_cfg(), str(tmp_path))
+  rows = packing.rows_ladder([task.train_rows_needed(s) for s in range(8)], 24, 2)[0]
+  whole = task.packed_train_batch(5, rows)
+  parts = [task.packed_train_batch(5, rows, i, 2) for i in range(2)]
+  assert rows % 2 == 0 and parts[0]["src"].shape[0] == rows // 2
+  for k in whole:
+    np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), whole[k])
