@@ -275,11 +275,16 @@ def relative_bias(table_HR: jax.Array, t: int, s: int, q_offset: Any = 0) -> jax
   traced scalar such as a KV cache's length) is the position of query 0.
   """
   r = (table_HR.shape[1] - 1) // 2
-  if isinstance(q_offset, (int, np.integer)):
-    off_TS = np.clip(np.arange(s)[None, :] - np.arange(t)[:, None] - q_offset, -r, r) + r
-  else:
-    off_TS = jnp.clip(jnp.arange(s)[None, :] - jnp.arange(t)[:, None] - q_offset, -r, r) + r
+  xp = np if isinstance(q_offset, (int, np.integer)) else jnp
+  off_TS = relative_index(xp.arange(t)[:, None] + q_offset, xp.arange(s)[None, :], r)
   return table_HR[:, off_TS][None]
+
+
+def relative_index(q_pos, k_pos, r: int):
+  """Column of the (H, 2R + 1) relative-position table for query position q_pos and key
+  position k_pos (broadcast): R + clip(k - q, -R, R). NumPy in, NumPy out."""
+  xp = np if isinstance(q_pos, np.ndarray) and isinstance(k_pos, np.ndarray) else jnp
+  return xp.clip(k_pos - q_pos, -r, r) + r
 
 
 def param_shapes(d_model: int, num_heads: int, head_dim: int,

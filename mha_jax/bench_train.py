@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax import bench, tasks
 from mha_jax import config as mc
@@ -201,7 +200,3 @@ def format_table(res: dict) -> str:
                  f"| {r['gflop']:.2f} | {r['gflop_per_s']:.1f} | {r['pct_matmul']:.1f} |")
   return "\n".join(lines)
 
-
-def write_json(res: dict, path: str) -> None:
-  storage.makedirs(storage.dirname(storage.abspath(path)))
-  storage.write_json(path, res)

@@ -69,7 +69,7 @@ def _cmd_bench_train(args, extra) -> int:
   result = bench_train.run(args.config, extra, rounds=args.rounds, warmup=args.warmup,
                            workdir=args.workdir, matmul_size=args.matmul_size)
   print(bench_train.format_table(result))
-  bench_train.write_json(result, args.out)
+  bench.write_json(result, args.out)
   print(f"\nwrote {args.out}")
   return 0
 

@@ -182,8 +182,9 @@ def test_study_rules_flip():
 
 
 def test_every_claim_has_a_rule_with_text():
-  for name, (text, fn, rule) in claims_run.CLAIMS.items():
+  for name, (text, fn, rule, headline) in claims_run.CLAIMS.items():
     assert text and callable(fn) and len(rule.text) > 40, name
+    assert headline and all(isinstance(k, str) and k for k in headline), name
 
 
 def test_primer_in_a_real_browser(report):

@@ -158,9 +158,9 @@ def test_pallas_tpu_kernels_interpret_match_reference(kernel):
   table = 0.3 * jax.random.normal(jax.random.PRNGKey(3), (2, 9))
   for causal in (False, True):
     use_rel = kernel == "tpu_flash" and causal
-    f = lambda q, k, v: pallas.pallas_attention(
-        q, k, v, causal=causal, kernel=kernel, interpret=True,
-        rel_bias_HR=table if use_rel else None)
+    rel = A.relative_bias(table, 128, 128) if use_rel else None     # dense (1, H, T, S)
+    f = lambda q, k, v: pallas.pallas_attention(q, k, v, rel, causal=causal, kernel=kernel,
+                                                interpret=True)
     r = lambda q, k, v: reference(q, k, v, causal=causal, table=table if use_rel else None)
     with pallas.pallas_tpu_interpret():
       _check(f, r, (q, k, v), (0, 1, 2))

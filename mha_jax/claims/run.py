@@ -12,55 +12,76 @@ from mha_jax.claims import experiments as E
 from mha_jax.claims import rules as R
 from mha_jax.claims import studies as S
 
-# name: (the claim as the seeds state it, experiment, rule)
+# name: (the claim as the seeds state it, experiment, rule, the numbers shown in the
+# report's table; the rest are in claims.json)
 CLAIMS = {
     "one_head_compromises": (
         "One head asked for two tokens at once compromises: h=1 loses to h=2, 4 at equal "
         "params, and its weight splits between the targets",
-        E.claim_one_head_compromises, R.one_head_compromises),
+        E.claim_one_head_compromises, R.one_head_compromises,
+        ("loss_h1", "loss_h2", "loss_h4", "h1_weight_previous", "h1_weight_partner",
+         "h2_best_weight_previous", "h2_best_weight_partner")),
     "mixture_dip": (
         "Mixing a positional and a syntactic score pattern in one head: the peak weight "
-        "dips lowest near the 50/50 mix", E.claim_mixture_dip, R.mixture_dip),
+        "dips lowest near the 50/50 mix", E.claim_mixture_dip, R.mixture_dip,
+        ("peak_at_0", "peak_at_half", "peak_at_1", "argmin_mix")),
     "whole_token": (
         "Every head reads the whole token: its projection uses all d_model inputs",
-        E.claim_whole_token, R.whole_token),
+        E.claim_whole_token, R.whole_token,
+        ("min_share_of_features_read",)),
     "divisor": (
         "Each head divides by its own sqrt(d_k): flat with the right divisor, flattening "
-        "as d_k shrinks with sqrt(d_model)", E.claim_divisor, R.divisor),
+        "as d_k shrinks with sqrt(d_model)", E.claim_divisor, R.divisor,
+        ("d_k", "peak")),
     "divisor_real_widths": (
         "The same at real widths (d_model 768, h = 8..96) at initialisation",
-        E.claim_divisor_real_widths, R.divisor_real_widths),
+        E.claim_divisor_real_widths, R.divisor_real_widths,
+        ("heads", "entropy")),
     "cost": (
         "Params and FLOPs do not depend on h; the score memory does (d_model 768 = "
-        "GPT-2 small)", E.claim_cost, R.cost),
+        "GPT-2 small)", E.claim_cost, R.cost,
+        ("heads", "params", "flops_xla", "flops_formula", "score_bytes",
+         "gpt2_small_params", "gpt2_small_published")),
     "dk1": (
         "At d_k = 1 only two directions remain: each query's argmax is the largest or "
-        "smallest scalar key; the loss suffers", E.claim_dk1, R.dk1),
+        "smallest scalar key; the loss suffers", E.claim_dk1, R.dk1,
+        ("argmax_at_extreme_share", "loss_by_h", "loss_dk1", "best_loss")),
     "wo_mixes": (
         "W_O mixes the heads: it is not block-diagonal in a trained layer",
-        E.claim_wo_mixes, R.wo_mixes),
+        E.claim_wo_mixes, R.wo_mixes,
+        ("share_outside_slot", "mean_share_outside_slot", "slider_other_share")),
     "pruning": (
         "Specialised heads survive pruning: keeping 10 of 48 encoder heads costs little "
-        "and keeps positional/syntactic/rare heads", S.claim_pruning, R.pruning),
+        "and keeps positional/syntactic/rare heads", S.claim_pruning, R.pruning,
+        ("bleu_all", "bleu_kept", "kept", "kept_roles", "specialised_share_all",
+         "specialised_share_kept", "last_heads", "last_heads_roles")),
     "worked_example": (
         "The QKV document's worked example: scores (4, 0, 3), weights (4/7, 0, 3/7), "
-        "output (20/7, 20/7, 10/7)", E.claim_worked_example, R.worked_example),
+        "output (20/7, 20/7, 10/7)", E.claim_worked_example, R.worked_example,
+        ("scores", "weights", "output", "seed_prints", "softmax_weights", "d_k_of_widths")),
     "induction_k_composition": (
         "Induction heads form by K-composition with a previous-token head",
-        S.claim_induction_k_composition, R.induction_k_composition),
+        S.claim_induction_k_composition, R.induction_k_composition,
+        ("previous_token_head", "previous_token_score", "previous_token_sharp_up_to",
+         "positions", "induction_head", "prefix_matching", "k_partner",
+         "k_partner_score", "k_row", "k_row_median")),
     "positivity_corner": (
         "Induction heads sit alone where OV (copying) and K-composition (matching) "
         "eigenvalue positivity are both positive", S.claim_positivity_corner,
-        R.positivity_corner),
+        R.positivity_corner,
+        ("induction_heads", "corner_heads", "positivity")),
     "composition_sparse": (
         "Composition is sparse: most composition scores sit near the random baseline",
-        S.claim_composition_sparse, R.composition_sparse),
+        S.claim_composition_sparse, R.composition_sparse,
+        ("pairs", "share_near_baseline", "max_over_baseline", "median_abs_over_baseline")),
     "term_importance": (
         "Most of the effect is in single-head terms, little in virtual heads",
-        S.claim_term_importance, R.term_importance),
+        S.claim_term_importance, R.term_importance,
+        ("loss_direct", "loss_direct_single", "loss_full")),
     "rests_on_first_token": (
         "An induction head rests on the first token when the current token has not "
-        "appeared before", S.claim_rests_on_first_token, R.rests_on_first_token),
+        "appeared before", S.claim_rests_on_first_token, R.rests_on_first_token,
+        ("induction_head", "weight_on_bos", "max_weight_elsewhere")),
 }
 
 def parse_only(only: str | Sequence[str] | None) -> list[str]:
@@ -90,7 +111,7 @@ def run_claims(out: str, *, only=None, workdir: str | None = None,
   t0 = time.time()
   results = []
   for name in names:
-    text, fn, rule = CLAIMS[name]
+    text, fn, rule, _ = CLAIMS[name]
     log(f"[{name}]")
     t = time.time()
     r = fn(ctx)
@@ -137,42 +158,13 @@ def _fmt(v) -> str:
   return str(v)
 
 
-# Numbers shown in the table (the rest are in claims.json).
-HEADLINE = {
-    "one_head_compromises": ("loss_h1", "loss_h2", "loss_h4", "h1_weight_previous",
-                             "h1_weight_partner", "h2_best_weight_previous",
-                             "h2_best_weight_partner"),
-    "mixture_dip": ("peak_at_0", "peak_at_half", "peak_at_1", "argmin_mix"),
-    "whole_token": ("min_share_of_features_read",),
-    "divisor": ("d_k", "peak"),
-    "divisor_real_widths": ("heads", "entropy"),
-    "cost": ("heads", "params", "flops_xla", "flops_formula", "score_bytes",
-             "gpt2_small_params", "gpt2_small_published"),
-    "dk1": ("argmax_at_extreme_share", "loss_by_h", "loss_dk1", "best_loss"),
-    "wo_mixes": ("share_outside_slot", "mean_share_outside_slot", "slider_other_share"),
-    "pruning": ("bleu_all", "bleu_kept", "kept", "kept_roles", "specialised_share_all",
-                "specialised_share_kept", "last_heads", "last_heads_roles"),
-    "worked_example": ("scores", "weights", "output", "seed_prints", "softmax_weights",
-                       "d_k_of_widths"),
-    "induction_k_composition": ("previous_token_head", "previous_token_score",
-                                "previous_token_sharp_up_to", "positions",
-                                "induction_head", "prefix_matching", "k_partner",
-                                "k_partner_score", "k_row", "k_row_median"),
-    "positivity_corner": ("induction_heads", "corner_heads", "positivity"),
-    "composition_sparse": ("pairs", "share_near_baseline", "max_over_baseline",
-                           "median_abs_over_baseline"),
-    "term_importance": ("loss_direct", "loss_direct_single", "loss_full"),
-    "rests_on_first_token": ("induction_head", "weight_on_bos", "max_weight_elsewhere"),
-}
-
-
 def format_report(report: dict) -> str:
   lines = ["# The seeds' claims, measured", "",
            f"`mha-jax claims`, {report['seconds']:.0f} s. Verdicts are computed from the "
            "numbers by the rule shown; every number is in claims.json.", "",
            "| claim | numbers | rule | verdict |", "|---|---|---|---|"]
   for r in report["claims"]:
-    keys = HEADLINE.get(r["name"], tuple(r["numbers"])[:6])
+    keys = CLAIMS[r["name"]][3] if r["name"] in CLAIMS else tuple(r["numbers"])[:6]
     nums = "; ".join(f"{k} = {_fmt(r['numbers'][k])}" for k in keys if k in r["numbers"])
     nums = nums.replace("|", "/")
     lines.append(f"| **{r['name']}**: {r['claim']} | {nums} | {r['rule']} | "

@@ -136,8 +136,8 @@ def _block_logits(st, q_i, k_j, i, j, mask_bl, bias_bl, table_GRO):
   if bias_bl is not None:
     s_ = s_ + _pick(bias_bl, i, j).astype(jnp.float32)
   if table_GRO is not None:
-    rr = (table_GRO.shape[-1] - 1) // 2
-    off = jnp.clip(kpos - qpos, -rr, rr) + rr                  # (bq, bk)
+    from mha_jax.attention import relative_index   # attention imports this module
+    off = relative_index(qpos, kpos, (table_GRO.shape[-1] - 1) // 2)      # (bq, bk)
     s_ = s_ + table_GRO[:, :, off].astype(jnp.float32)[None]
   return s_, ok
 
@@ -231,10 +231,10 @@ def _backward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO, ob, lse, dob):
         jj = j if dbias.shape[1] > 1 else 0
         dbias = dbias.at[ii, jj].add(blk)
       if dtab is not None:
-        rr = (dtab.shape[-1] - 1) // 2
+        from mha_jax.attention import relative_index
         qpos = i * st.bq + jnp.arange(st.bq)[:, None]
         kpos = j * st.bk + jnp.arange(st.bk)[None, :]
-        off = (jnp.clip(kpos - qpos, -rr, rr) + rr).reshape(-1)
+        off = relative_index(qpos, kpos, (dtab.shape[-1] - 1) // 2).reshape(-1)
         per = jnp.sum(ds5, axis=0).reshape(st.g, r, st.bq * st.bk)
         dtab = dtab.at[:, :, off].add(per)
       return dk_j, dv_j, dq, dbias, dtab

@@ -42,7 +42,7 @@ from mha_jax.kernels import xla as xla_lib
 
 IMPLS = ("auto", "reference", "xla", "cudnn", "blocked", "pallas")
 NO_WEIGHTS = ("xla", "cudnn", "blocked", "pallas")
-TAKES_TABLE = ("blocked", "pallas")   # build the relative-position bias per block
+TAKES_TABLE = ("blocked",)   # builds the relative-position bias per block
 
 # Forward+backward ms of the attention layer, d_model 768, T = S = 512, batch 4,
 # float32, on the 2-core CPU when nearly idle (docs/results/bench_attention_cpu.json,
@@ -191,5 +191,5 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
                                          block_q=block_q, block_k=block_k), None
   if kernel == "pallas":
     return pallas_lib.pallas_attention(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS,
-                                       causal=causal, rel_bias_HR=rel_bias_HR), None
+                                       causal=causal), None
   raise ValueError(f"kernel must be one of {IMPLS[1:]}; got {kernel!r}")

@@ -3,7 +3,8 @@
 - GPU: ``jax.experimental.pallas.ops.gpu.attention.mha`` (Triton). Takes causal
   attention and nothing else: no mask, no score bias; q, k, v of one head width.
 - TPU: ``jax.experimental.pallas.ops.tpu.flash_attention`` (takes a dense score bias,
-  so ``bias`` and ``rel_bias`` are served, at O(T * S) memory for the bias) and the
+  so ``bias`` and ``rel_bias``, as attention.relative_bias's dense form, are served, at
+  O(T * S) memory for the bias) and the
   splash kernel ``...tpu.splash_attention`` (causal or full, no bias).
 
 Each wrapper takes the project's layout, q (B, T, H, K), k and v (B, S, G, K) with G
@@ -39,7 +40,7 @@ def _backend() -> str:
 
 
 def check_supported(kernel: str, q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None,
-                    rel_bias_HR=None, interpret: bool = False) -> None:
+                    interpret: bool = False) -> None:
   """Raises ValueError naming what `kernel` cannot serve in this call."""
   if kernel not in KERNELS:
     raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
@@ -61,7 +62,7 @@ def check_supported(kernel: str, q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BH
   if mask_BHTS is not None:
     raise ValueError(f"Pallas kernel {kernel!r} takes no boolean mask (only causal); got a "
                      f"mask of shape {tuple(mask_BHTS.shape)}. Use impl='blocked'")
-  if kernel in ("gpu", "tpu_splash") and (bias_BHTS is not None or rel_bias_HR is not None):
+  if kernel in ("gpu", "tpu_splash") and bias_BHTS is not None:
     raise ValueError(f"Pallas kernel {kernel!r} takes no score bias (bias or rel_bias). "
                      f"Use impl='blocked' (or 'tpu_flash' on TPU)")
   if kernel == "gpu":
@@ -83,28 +84,23 @@ def _repeat_kv(x_BSGK, h):
   return x_BSGK if g == h else jnp.repeat(x_BSGK, h // g, axis=2)
 
 
-def _dense_bias(bias_BHTS, rel_bias_HR, b, h, t, s, dtype):
-  out = None
-  if bias_BHTS is not None:
-    bias = bias_BHTS if bias_BHTS.ndim == 4 else bias_BHTS[None, None]
-    out = jnp.broadcast_to(bias.astype(jnp.float32), (b, h, t, s))
-  if rel_bias_HR is not None:
-    r = (rel_bias_HR.shape[1] - 1) // 2
-    off = jnp.clip(jnp.arange(s)[None, :] - jnp.arange(t)[:, None], -r, r) + r
-    rel = jnp.broadcast_to(rel_bias_HR[:, off].astype(jnp.float32)[None], (b, h, t, s))
-    out = rel if out is None else out + rel
-  return None if out is None else out.astype(dtype)
+def _dense_bias(bias_BHTS, b, h, t, s, dtype):
+  if bias_BHTS is None:
+    return None
+  bias = bias_BHTS if bias_BHTS.ndim == 4 else bias_BHTS[None, None]
+  return jnp.broadcast_to(bias.astype(jnp.float32), (b, h, t, s)).astype(dtype)
 
 
 def pallas_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None, *,
-                     causal: bool = False, rel_bias_HR=None, scale: float | None = None,
+                     causal: bool = False, scale: float | None = None,
                      kernel: str | None = None, interpret: bool = False):
   """Attention output (B, T, H, K) through a Pallas kernel.
 
   Args:
     q_BTHK, k_BSHK, v_BSHK: (B, T, H, K), (B, S, G, K), (B, S, G, K).
     mask_BHTS: must be None (the kernels take causal masking only).
-    bias_BHTS, rel_bias_HR: score bias, served by 'tpu_flash' only.
+    bias_BHTS: score bias (a relative-position table comes as its dense bias,
+      attention.relative_bias), served by 'tpu_flash' only.
     causal: key j <= query i (top-left aligned).
     scale: None means 1 / sqrt(K).
     kernel: 'gpu', 'tpu_flash' or 'tpu_splash'; None picks by backend ('tpu_flash' on
@@ -115,12 +111,11 @@ def pallas_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None, *,
     if _backend() == "gpu":
       kernel = "gpu"
     elif _backend() == "tpu":
-      kernel = "tpu_flash" if (bias_BHTS is not None or rel_bias_HR is not None) else "tpu_splash"
+      kernel = "tpu_flash" if bias_BHTS is not None else "tpu_splash"
     else:
       raise ValueError(f"impl='pallas' needs a GPU or TPU; this process has backend "
                        f"{_backend()!r}. Use impl='blocked' or 'reference'")
-  check_supported(kernel, q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS, rel_bias_HR,
-                  interpret)
+  check_supported(kernel, q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS, interpret)
   b, t, h, dk = q_BTHK.shape
   s = k_BSHK.shape[1]
   if scale is None:
@@ -137,7 +132,7 @@ def pallas_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None, *,
   q, k, v = to_bhtk(q_BTHK), to_bhtk(k_BSHK), to_bhtk(v_BSHK)
   if kernel == "tpu_flash":
     from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
-    ab = _dense_bias(bias_BHTS, rel_bias_HR, b, h, t, s, q.dtype)
+    ab = _dense_bias(bias_BHTS, b, h, t, s, q.dtype)
     # The kernel scales (q . k + ab): scale q instead so that the bias is not scaled.
     o = tpu_flash.flash_attention(q * jnp.asarray(scale, q.dtype), k, v, ab,
                                   causal=bool(causal), sm_scale=1.0)
