@@ -159,8 +159,8 @@ def test_pallas_tpu_kernels_interpret_match_reference(kernel):
   for causal in (False, True):
     use_rel = kernel == "tpu_flash" and causal
     rel = A.relative_bias(table, 128, 128) if use_rel else None     # dense (1, H, T, S)
-    f = lambda q, k, v: pallas.pallas_attention(q, k, v, rel, causal=causal, kernel=kernel,
-                                                interpret=True)
+    f = lambda q, k, v: pallas.pallas_attention(q, k, v, None, rel, causal=causal,
+                                                kernel=kernel, interpret=True)
     r = lambda q, k, v: reference(q, k, v, causal=causal, table=table if use_rel else None)
     with pallas.pallas_tpu_interpret():
       _check(f, r, (q, k, v), (0, 1, 2))
