@@ -63,7 +63,7 @@ def _cmd_bench_attention(args) -> int:
 
 
 def _cmd_bench_train(args, extra) -> int:
-  from mha_jax import bench_train
+  from mha_jax import bench, bench_train
   if any(not a.startswith("--config.") for a in extra):
     raise UserError(f"unrecognized arguments: {' '.join(extra)}")
   result = bench_train.run(args.config, extra, rounds=args.rounds, warmup=args.warmup,
