@@ -1,5 +1,8 @@
 """Sentence packing (data/packing.py): the packed batch is the padded batch's maths."""
+import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -124,3 +127,34 @@ def test_processes_share_one_packed_batch(tmp_path):
   assert rows % 2 == 0 and parts[0]["src"].shape[0] == rows // 2
   for k in whole:
     np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), whole[k])
+
+
+_MESH_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1] + "/tests")
+from test_train import TINY_TRANSLATION, tiny
+from mha_jax.train import loop
+from mha_jax.train.metrics import read_metrics
+out = {}
+for d, m in [(1, 1), (8, 1), (2, 4)]:
+  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.train.steps=5",
+             "--config.train.log_every=1", "--config.train.batch_size=16",
+             f"--config.mesh.data={d}", f"--config.mesh.model={m}")
+  loop.train(cfg, f"{sys.argv[2]}/m{d}x{m}", log=lambda s: None)
+  out[f"{d}x{m}"] = [r["loss"] for r in read_metrics(f"{sys.argv[2]}/m{d}x{m}")
+                     if r["split"] == "train"]
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_packed_batches_split_over_a_mesh_give_the_one_device_curve(tmp_path):
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+         "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+  r = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, ROOT, str(tmp_path)], env=env,
+                     cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+  curves = json.loads(r.stdout.split("RESULT")[1])
+  assert len(curves["1x1"]) == 5
+  for name, curve in curves.items():
+    np.testing.assert_allclose(curve, curves["1x1"], atol=1e-5, err_msg=name)
