@@ -124,8 +124,7 @@ def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
     g_self = C.gate_for(gates, "decoder_self", i)
     g_cross = C.gate_for(gates, "decoder_cross", i)
     x = _sublayer(x, p, "ln1", lambda h: _attend(p["self_attn"], h, None, self_mask, True,
-                                                 g_self,
-                                                 spec, capture, "decoder_self"),
+                                                 g_self, spec, capture, "decoder_self"),
                   spec, next(keys))
     x = _sublayer(x, p, "ln2", lambda h: _attend(p["cross_attn"], h, enc_BSD, src_mask,
                                                  False, g_cross, spec, capture,
