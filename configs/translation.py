@@ -5,7 +5,7 @@
   mha-jax train --config configs/translation.py:quickstart --workdir runs/qs
 
 Arguments: heads, d_model (default 128; 64 with quickstart), layers (encoder and decoder
-each), quickstart (a smaller, shorter run that fits in 3 minutes on a 2-core CPU, at a
+each), quickstart (a smaller, shorter run that takes about 90 s on a 2-core CPU, at a
 higher peak learning rate). Data: the built-in synthetic language pair, or
 data.kind=parallel with data.{train,valid,test}_{src,tgt} files and optional
 data.conllu.{train,valid,test} parses of the source side.
