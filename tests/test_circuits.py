@@ -110,8 +110,8 @@ def test_trained_two_layer_model_has_an_induction_head(tmp_path):
   prev = res["previous_token_head"]
   heads = [r for r in res["induction_heads"] if r["head"].startswith("lm.1.")]
   assert heads, res["heads"]
-  best = heads[0]
-  assert best["prefix_matching"] > 0.3 and best["copying"] > 0.1
+  # The model may grow several induction heads; at least one matches prefixes and copies.
+  assert any(r["prefix_matching"] > 0.3 and r["copying"] > 0.1 for r in heads), heads
   strongest = [r for r in heads if r["k_partner"] == prev]
   assert strongest, (prev, heads)
   steps = res["over_steps"]
