@@ -248,6 +248,9 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
       sample = [tk.train_rows_needed(s) for tk in run_tasks for s in range(min(64, t.steps))]
       ladder = packing.rows_ladder(sample, t.batch_size,
                                    math.lcm(n_data, jax.process_count()))
+      log(f"packing {t.batch_size} sentence pairs per step into {ladder[0]} rows "
+          f"(the first {min(64, t.steps)} batches needed {min(sample)}-{max(sample)}; "
+          f"{t.batch_size} rows if one needs more; train.pack=false turns it off)")
 
     def batch_at(step):
       if ladder is not None:
