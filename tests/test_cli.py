@@ -29,12 +29,13 @@ def test_console_script_entry_point_runs():
 def test_bench_attention_writes_json_and_table(tmp_path, capsys):
   out = tmp_path / "b.json"
   assert cli.main(["bench", "attention", "--d-model", "32", "--seq-len", "8", "--batch", "1",
-                   "--heads", "4,8", "--rounds", "2", "--out", str(out)]) == 0
+                   "--heads", "4,8", "--rounds", "2", "--out", str(out),
+                   "--impls", "mha_jax impl=auto,mha_jax impl=blocked"]) == 0
   text = capsys.readouterr().out
   data = json.loads(out.read_text())
   impls = {r["impl"] for r in data["rows"]}
-  assert {"mha_jax impl=auto", "mha_jax impl=blocked", "flax.linen MHDPA", "flax.nnx MultiHeadAttention",
-          "linen + jax.nn.dot_product_attention"} <= impls
+  assert impls == {"mha_jax impl=auto", "mha_jax impl=blocked", "flax.linen MHDPA",
+                   "flax.nnx MultiHeadAttention", "linen + jax.nn.dot_product_attention"}
   assert len(data["rows"]) == 2 * 2 * len(impls)       # h x mode x impl
   assert all(len(r["times_ms"]) == 2 and r["median_ms"] > 0 for r in data["rows"])
   assert data["machine"]["matmul_gflops"] > 0

@@ -149,13 +149,13 @@ def _params_at(wd, step):
 
 def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path):
   args = ["train", "--config", "configs/induction.py", *TINY_INDUCTION,
-          "--config.train.steps=200", "--config.train.checkpoint_every=20",
+          "--config.train.steps=120", "--config.train.checkpoint_every=20",
           "--config.train.log_every=20", "--config.train.eval_every=1000"]
   ref = str(tmp_path / "ref")
   assert cli(*args, "--workdir", ref).returncode == 0
   wd = str(tmp_path / "killed")
   rng = random.Random(0)
-  for attempt in range(2):      # kill twice at random moments, then let it finish
+  for attempt in range(1):      # kill at a random moment, then let it finish
     seen = max(ckpt_lib.step_dirs(wd), default=0)
     p = subprocess.Popen([sys.executable, "-m", "mha_jax.cli", *args, "--workdir", wd],
                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -168,10 +168,10 @@ def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path):
     # The kill interrupted training: the process did not exit by itself, and the run
     # is saved part of the way, past where this attempt started.
     assert p.returncode == -signal.SIGKILL
-    assert seen < max(ckpt_lib.step_dirs(wd)) < 200, ckpt_lib.step_dirs(wd)
+    assert seen < max(ckpt_lib.step_dirs(wd)) < 120, ckpt_lib.step_dirs(wd)
   r = cli(*args, "--workdir", wd)
   assert r.returncode == 0 and "resumed from step" in r.stdout, r.stdout + r.stderr
-  assert ckpt_lib.tree_equal(_params_at(ref, 200), _params_at(wd, 200))
+  assert ckpt_lib.tree_equal(_params_at(ref, 120), _params_at(wd, 120))
 
 
 def test_sigterm_saves_and_exits_cleanly(tmp_path):
