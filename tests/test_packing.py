@@ -105,6 +105,7 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(tmp_path, extra):
     assert abs(float(f(leaky)[0][0]) - float(obj_a)) > 1e-3
 
 
+@pytest.mark.slow   # every default translation training test already trains packed batches
 def test_training_packed_follows_the_padded_loss_curve(tmp_path):
   losses = {}
   for pack in (True, False):
