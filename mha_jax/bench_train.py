@@ -26,7 +26,6 @@ import optax
 from mha_jax.errors import UserError
 from mha_jax import bench, tasks
 from mha_jax import config as mc
-from mha_jax.data import packing
 from mha_jax.data import vocab as V
 from mha_jax.train import loop
 
@@ -128,9 +127,8 @@ def build_steps(cfg, workdir: str) -> tuple[dict[str, tuple[Callable, list, dict
       lambda p, b: _smoothed_loss(linen.apply(p, b["src"], b["tgt"][:, :-1]),
                                   b["tgt"][:, 1:], t.label_smoothing), lp)
   if t.get("pack", False):
-    rows = packing.rows_ladder([task.train_rows_needed(s) for s in range(min(64, t.steps))],
-                               t.batch_size, 1)[0]
-    packed = {k: jnp.asarray(v) for k, v in task.packed_train_batch(0, rows).items()}
+    ladder = loop.packing_ladder([task], t, 1)[0]
+    packed = {k: jnp.asarray(v) for k, v in loop.packed_batches([task], 0, ladder)[0].items()}
     steps["mha_jax packed"] = (ours_fn, [jax.tree.map(jnp.copy, ours),
                                          optimizer.init(ours)], packed)
   gflop = {}

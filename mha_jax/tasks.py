@@ -134,7 +134,8 @@ def train_order_seed(cfg) -> int:
   return cfg.data.seed if shuffle < 0 else shuffle
 
 
-def _local_rows(batch: int, process_index: int, process_count: int) -> slice:
+def local_rows(batch: int, process_index: int, process_count: int) -> slice:
+  """This process's share of a batch's B rows."""
   per = batch // process_count
   return slice(process_index * per, (process_index + 1) * per)
 
@@ -265,19 +266,18 @@ class TranslationTask:
     b = self.cfg.train.batch_size
     idx = _epoch_indices(train_order_seed(self.cfg), len(self.arrays["train"]["src"]),
                          step * b, b)
-    idx = idx[_local_rows(b, process_index, process_count)]
+    idx = idx[local_rows(b, process_index, process_count)]
     return {k: v[idx] for k, v in self.arrays["train"].items()}
 
   def train_rows_needed(self, step: int) -> int:
     """Rows the packed form of training batch `step` needs (data/packing.py)."""
     return packing.rows_needed(self.train_batch(step), V.PAD_ID)
 
-  def packed_train_batch(self, step: int, rows: int, process_index: int = 0,
-                         process_count: int = 1) -> dict[str, np.ndarray]:
-    """Training batch `step` packed into `rows` rows (the whole batch is packed, then
-    this process takes its share of the rows)."""
-    out = packing.pack(self.train_batch(step), rows, V.PAD_ID)
-    return {k: v[_local_rows(rows, process_index, process_count)] for k, v in out.items()}
+  def packed_train_batch(self, step: int, rows: int | tuple[int, ...]
+                         ) -> dict[str, np.ndarray]:
+    """The whole training batch `step` packed into `rows` rows, or into the smallest
+    rung of a ladder that holds it (data/packing.py)."""
+    return packing.pack(self.train_batch(step), rows, V.PAD_ID)
 
   def eval_batches(self, split: str, batch_size: int):
     arr = self.arrays[split]
@@ -409,7 +409,7 @@ class LMTask:
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1):
     b = self.cfg.train.batch_size
     batch = self._make(*self._batch("train", step, b))
-    rows = _local_rows(b, process_index, process_count)
+    rows = local_rows(b, process_index, process_count)
     batch = {k: v[rows] for k, v in batch.items()}
     _check_ids(batch["tokens"], self.vocab_size, "training batch")
     return batch

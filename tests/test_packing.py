@@ -64,6 +64,9 @@ def test_pack_places_every_pair_once_with_segments_and_positions():
   # every pair once per side, and on the same row on both sides
   assert sorted(p for n, p, _ in seen if n == "src") == list(range(b))
   assert {(p, r) for n, p, r in seen if n == "src"} == {(p, r) for n, p, r in seen if n == "tgt"}
+  # a ladder: its smallest rung that holds the batch
+  assert packing.pack({"src": src, "tgt": tgt}, (need - 1, need + 3, b), V.PAD_ID)[
+      "src"].shape[0] == need + 3
   with pytest.raises(ValueError, match=f"rows={need - 1} is fewer than the {need} rows"):
     packing.pack({"src": src, "tgt": tgt}, need - 1, V.PAD_ID)
 
@@ -123,8 +126,8 @@ def test_training_packed_follows_the_padded_loss_curve(tmp_path):
 def test_processes_share_one_packed_batch(tmp_path):
   task = tasks.build(_cfg(), str(tmp_path))
   rows = packing.rows_ladder([task.train_rows_needed(s) for s in range(8)], 24, 2)[0]
-  whole = task.packed_train_batch(5, rows)
-  parts = [task.packed_train_batch(5, rows, i, 2) for i in range(2)]
+  whole = loop.packed_batches([task], 5, (rows,))[0]
+  parts = [loop.packed_batches([task], 5, (rows,), i, 2)[0] for i in range(2)]
   assert rows % 2 == 0 and parts[0]["src"].shape[0] == rows // 2
   for k in whole:
     np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), whole[k])

@@ -57,13 +57,15 @@ def rows_needed(batch: dict[str, np.ndarray], pad_id: int) -> int:
                          tgt.shape[1]))
 
 
-def pack(batch: dict[str, np.ndarray], rows: int, pad_id: int) -> dict[str, np.ndarray]:
-  """The packed batch, R = rows rows of the padded batch's widths.
+def pack(batch: dict[str, np.ndarray], rows: int | tuple[int, ...],
+         pad_id: int) -> dict[str, np.ndarray]:
+  """The packed batch, R rows of the padded batch's widths.
 
   Args:
     batch: {"src": (B, S), "tgt": (B, T)} int arrays, each pair left-aligned and padded
       with pad_id ("tgt" = [BOS, y_1, ..., EOS]).
-    rows: R, at least rows_needed(batch).
+    rows: R, at least rows_needed(batch); or a ladder (rows_ladder), R being its
+      smallest rung that holds the batch.
 
   Returns:
     {"src", "tgt": (R, S), (R, T) tokens; "src_seg", "tgt_seg": int32 segment ids
@@ -76,6 +78,8 @@ def pack(batch: dict[str, np.ndarray], rows: int, pad_id: int) -> dict[str, np.n
                      f"{src.shape} and {tgt.shape}")
   sl, tl = _lengths(src, pad_id), _lengths(tgt, pad_id)
   assignment = assign_rows(sl, tl, src.shape[1], tgt.shape[1])
+  if isinstance(rows, tuple):
+    rows = rung(rows, len(assignment))
   if rows < len(assignment):
     raise ValueError(f"rows={rows} is fewer than the {len(assignment)} rows this batch "
                      f"needs")

@@ -136,6 +136,25 @@ def make_train_step(task, optimizer: optax.GradientTransformation, cfg) -> Calla
   return train_step
 
 
+def packing_ladder(run_tasks, t, multiple: int) -> tuple[tuple[int, ...], list[int]]:
+  """The row counts a packed run uses (data/packing.py), and the sample behind them: the
+  rows each task's first 64 training batches need."""
+  sample = [tk.train_rows_needed(s) for tk in run_tasks for s in range(min(64, t.steps))]
+  return packing.rows_ladder(sample, t.batch_size, multiple), sample
+
+
+def packed_batches(run_tasks, step: int, ladder: tuple[int, ...], process_index: int = 0,
+                   process_count: int = 1) -> list[dict]:
+  """Each task's training batch `step`, packed at one rung of the ladder (the smallest
+  that holds every task's batch), this process's share of the rows."""
+  whole = [tk.packed_train_batch(step, ladder) for tk in run_tasks]
+  rows = max(len(b["src"]) for b in whole)
+  whole = [b if len(b["src"]) == rows else tk.packed_train_batch(step, rows)
+           for tk, b in zip(run_tasks, whole)]
+  part = tasks.local_rows(rows, process_index, process_count)
+  return [{k: v[part] for k, v in b.items()} for b in whole]
+
+
 def _seed_slice(tree, i: int | None):
   """Seed i of a tree with a leading seed axis; the tree itself when i is None."""
   return tree if i is None else jax.tree.map(lambda x: x[i], tree)
@@ -245,18 +264,16 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
 
     ladder = None
     if cfg.task == "translation" and t.get("pack", False):   # data/packing.py
-      sample = [tk.train_rows_needed(s) for tk in run_tasks for s in range(min(64, t.steps))]
-      ladder = packing.rows_ladder(sample, t.batch_size,
-                                   math.lcm(n_data, jax.process_count()))
+      ladder, sample = packing_ladder(run_tasks, t, math.lcm(n_data, jax.process_count()))
       log(f"packing {t.batch_size} sentence pairs per step into {ladder[0]} rows "
-          f"(the first {min(64, t.steps)} batches needed {min(sample)}-{max(sample)}; "
-          f"{t.batch_size} rows if one needs more; train.pack=false turns it off)")
+          f"(the first {len(sample) // len(run_tasks)} batches needed {min(sample)}-"
+          f"{max(sample)}; {ladder[-1]} rows if one needs more; train.pack=false turns "
+          f"it off)")
 
     def batch_at(step):
       if ladder is not None:
-        rows = packing.rung(ladder, max(tk.train_rows_needed(step) for tk in run_tasks))
-        local = [tk.packed_train_batch(step, rows, jax.process_index(), jax.process_count())
-                 for tk in run_tasks]
+        local = packed_batches(run_tasks, step, ladder, jax.process_index(),
+                               jax.process_count())
       else:
         local = [tk.train_batch(step, jax.process_index(), jax.process_count())
                  for tk in run_tasks]
