@@ -97,24 +97,24 @@ def _cmd_eval(args) -> int:
   from mha_jax.loader import load
   if args.split not in ("train", "valid", "test"):
     raise UserError(f"--split must be train, valid or test; got {args.split!r}")
+  def eval_one(wd, **extra):
+    run = load(wd, step=args.step)
+    res = run.model.evaluate(run.params, args.split, bleu=run.config.task == "translation")
+    print(json.dumps({"workdir": wd, **extra, "step": run.step, "split": args.split, **res}),
+          flush=True)
+    return res
+
   seeds = _multi_seed(args.workdir)
-  if seeds:     # one line per seed, then the mean and std over seeds
-    import numpy as np
-    all_res = []
-    for s, wd in seeds:
-      run = load(wd, step=args.step)
-      res = run.model.evaluate(run.params, args.split, bleu=run.config.task == "translation")
-      all_res.append(res)
-      print(json.dumps({"workdir": wd, "seed": s, "step": run.step, "split": args.split,
-                        **res}), flush=True)
-    print(json.dumps({"workdir": args.workdir, "seeds": [s for s, _ in seeds],
-                      "split": args.split, **{
-                          f"{k}_{f.__name__}": float(f([r[k] for r in all_res]))
-                          for k in all_res[0] for f in (np.mean, np.std)}}))
+  if not seeds:
+    eval_one(args.workdir)
     return 0
-  run = load(args.workdir, step=args.step)
-  res = run.model.evaluate(run.params, args.split, bleu=run.config.task == "translation")
-  print(json.dumps({"workdir": args.workdir, "step": run.step, "split": args.split, **res}))
+  from mha_jax.analysis import stability   # one line per seed, then mean and std over seeds
+  all_res = [eval_one(wd, seed=s) for s, wd in seeds]
+  print(json.dumps({"workdir": args.workdir, "seeds": [s for s, _ in seeds],
+                    "split": args.split, **{
+                        f"{k}_{name}": v for k in all_res[0]
+                        for name, v in stability.stats([r[k] for r in all_res]).items()
+                        if name in ("mean", "std")}}))
   return 0
 
 
@@ -156,14 +156,19 @@ def _cmd_analyze_seeds(args, seeds) -> int:
       storage.makedirs(seed_out)
       storage.write_json(heads[s], report.head_roles(run, args.split))
       continue
-    report.analyze(run, split=args.split, out_dir=seed_out, loo=not args.no_ablations,
-                   loo_bleu_limit=args.bleu_sentences, log=lambda m: None)
+    report.analyze(run, out_dir=seed_out, log=lambda m: None, **_analyze_options(args))
     heads[s] = storage.join(seed_out, "heads.json")
   rep = stability.write_role_stability(heads, out)
   print(stability.format_roles(rep))
   print(f"wrote {out}/ (stability.json, stability.md, stability.png) and each seed's "
         f"analysis")
   return 0
+
+
+def _analyze_options(args) -> dict:
+  """The options of `analyze`, the same for one run and for each seed of many."""
+  return dict(split=args.split, loo=not args.no_ablations,
+              loo_bleu_limit=args.bleu_sentences, conllu=args.conllu)
 
 
 def _cmd_analyze(args) -> int:
@@ -176,8 +181,7 @@ def _cmd_analyze(args) -> int:
     raise UserError(f"--roles-only is for a multi-seed workdir; {args.workdir!r} is one run")
   run = load(args.workdir, step=args.step)
   out = _out_dir(args)
-  summary = report.analyze(run, split=args.split, out_dir=out, loo=not args.no_ablations,
-                           loo_bleu_limit=args.bleu_sentences, conllu=args.conllu)
+  summary = report.analyze(run, out_dir=out, **_analyze_options(args))
   print(json.dumps(summary, indent=1))
   print(f"wrote {out}/ (heads.json, heads.csv, *.png, explorer.html)")
   return 0
@@ -255,6 +259,13 @@ def _cmd_prune(args) -> int:
   return 0
 
 
+def _curve_options(args) -> dict:
+  """The options of `prune-curve`, the same for one run and for each seed of many."""
+  return dict(counts=args.counts, stacks=[s for s in args.stacks.split(",") if s],
+              lam=args.l0_lambda, steps=args.steps, bleu_limit=args.bleu_sentences,
+              random_draws=args.random_draws, save_workdirs=args.save_workdirs)
+
+
 def _cmd_prune_curve_seeds(args, seeds, out: str) -> int:
   """prune-curve over a multi-seed workdir: each seed's curve into its own workdir's
   pruning_curve/ (or --out/seed_<s>), then their mean and spread into --out."""
@@ -265,10 +276,7 @@ def _cmd_prune_curve_seeds(args, seeds, out: str) -> int:
     seed_out = (storage.join(args.out, f"seed_{s}") if args.out else
                 storage.join(wd, "pruning_curve"))
     print(f"seed {s}: pruning curve of {wd} into {seed_out} ...", flush=True)
-    rows = curve.pruning_curve(wd, seed_out, counts=args.counts,
-                               stacks=[x for x in args.stacks.split(",") if x],
-                               lam=args.l0_lambda, steps=args.steps,
-                               bleu_limit=args.bleu_sentences, log=lambda m: None)
+    rows = curve.pruning_curve(wd, seed_out, log=lambda m: None, **_curve_options(args))
     metric = curve.curve_metric(rows, "bleu" in rows[0])
     paths[s] = storage.join(seed_out, "curve.json")
   rep = stability.write_curve_stability(paths, out, metric)
@@ -283,11 +291,7 @@ def _cmd_prune_curve(args) -> int:
   seeds = _multi_seed(args.workdir)
   if seeds:
     return _cmd_prune_curve_seeds(args, seeds, out)
-  rows = curve.pruning_curve(args.workdir, out, counts=args.counts,
-                             stacks=[s for s in args.stacks.split(",") if s], lam=args.l0_lambda,
-                             steps=args.steps, bleu_limit=args.bleu_sentences,
-                             random_draws=args.random_draws,
-                             save_workdirs=args.save_workdirs)
+  rows = curve.pruning_curve(args.workdir, out, **_curve_options(args))
   print(curve.format_curve(rows, "bleu" in rows[0]))
   print(f"wrote {out}/curve.json, curve.md, curve.png")
   return 0

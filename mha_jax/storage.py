@@ -168,12 +168,6 @@ def rename(src, dst) -> None:
     path(src).rename(path(dst))
 
 
-def replace(src, dst) -> None:
-  """Renames src to dst, replacing a file dst."""
-  if is_writer():
-    path(src).replace(path(dst))
-
-
 def rmdir(p) -> None:
   """Removes an empty folder."""
   if is_writer():

@@ -30,7 +30,8 @@ STACK_ROLES = {"encoder": ("positional", "syntactic", "rare"),
                "lm": ("previous_token", "induction", "duplicate_token")}
 
 
-def _stats(values: Sequence[float]) -> dict:
+def stats(values: Sequence[float]) -> dict:
+  """Mean, std (ddof 1; 0 for one value), min and max over seeds."""
   v = np.asarray(values, np.float64)
   return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
           "min": float(v.min()), "max": float(v.max())}
@@ -68,13 +69,13 @@ def role_stability(rows_by_seed: Mapping[int, list[dict]]) -> dict:
         table.append({"stack": stack, "layer": layer, "role": role,
                       "seeds_with_role": sum(h > 0 for h in heads),
                       "heads_per_seed": heads, **{f"heads_{k}": v for k, v in
-                                                  _stats(heads).items()}})
+                                                  stats(heads).items()}})
   totals = {}
   for stack in layers:
     for role in roles:
       per = [sum(c.get(role, 0) for (st, _), c in per_seed[s].items() if st == stack)
              for s in seeds]
-      totals.setdefault(stack, {})[role] = {"per_seed": per, **_stats(per),
+      totals.setdefault(stack, {})[role] = {"per_seed": per, **stats(per),
                                             "seeds_with_role": sum(p > 0 for p in per)}
   return {"seeds": seeds, "n_seeds": len(seeds), "roles": roles, "layers": table,
           "totals": totals}
@@ -172,7 +173,7 @@ def curve_stability(curves_by_seed: Mapping[int, dict], metric: str) -> dict:
   for (method, kept), rs in sorted(cells.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
     roles = sorted({k for r in rs for k in r.get("roles", {})})
     rows.append({"method": method, "kept": kept, "n": len(rs),
-                 "values": [r[metric] for r in rs], **_stats([r[metric] for r in rs]),
+                 "values": [r[metric] for r in rs], **stats([r[metric] for r in rs]),
                  "roles_kept_mean": {k: float(np.mean([r.get("roles", {}).get(k, 0)
                                                        for r in rs])) for k in roles}})
   return {"seeds": seeds, "n_seeds": len(seeds), "metric": metric, "rows": rows}
