@@ -229,11 +229,7 @@ def _ablate_induction(run, args, out_dir: str) -> int:
   if run.config.task not in ("lm", "pretrained_lm"):
     raise UserError(f"--induction-vs-random needs a language model; {args.workdir!r} has "
                      f"task {run.config.task!r}")
-  path = storage.join(args.workdir, "analysis", "heads.json")
-  if storage.exists(path):
-    rows = storage.read_json(path)
-  else:
-    rows = report.lm_roles(run, args.split)
+  rows = report.saved_or_head_roles(run, args.split)
   scores = {r["head"]: r["induction"] for r in rows if "induction" in r}
   res = importance.induction_vs_random(run, scores, top=args.top, draws=args.draws,
                                        mode=args.mode, split=args.split)

@@ -203,6 +203,22 @@ def head_roles(run, split: str = "test", limit: int = 0, *, conllu: str | None =
   return lm_roles(run, split)
 
 
+def saved_or_head_roles(run, split: str = "test", log: Callable[[str], None] = print
+                        ) -> list[dict]:
+  """The rows of the run's analysis/heads.json when `analyze` wrote one, else
+  head_roles(run, split) computed now."""
+  path = storage.join(run.workdir, "analysis", "heads.json")
+  if storage.exists(path):
+    return storage.read_json(path)
+  log("roles: analysing the dense model first ...")
+  return head_roles(run, split)
+
+
+def role_of(rows: list[dict]) -> dict[str, str]:
+  """head name -> role ("other" where a row has none)."""
+  return {r["head"]: r.get("role", "other") for r in rows}
+
+
 def plot_score_grids(rows, path, keys, title=""):
   """One layer x head heat map per score (missing values blank)."""
   import matplotlib

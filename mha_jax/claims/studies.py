@@ -10,7 +10,7 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.claims.experiments import Context, _plt, _save
+from mha_jax.claims.experiments import Context
 
 SPECIALISED = ("positional", "syntactic", "rare")
 
@@ -36,14 +36,6 @@ def quickstart_workdir(ctx: Context) -> str:
   return wd
 
 
-def _roles(run) -> dict[str, str]:
-  path = storage.join(run.workdir, "analysis", "heads.json")
-  if storage.exists(path):
-    return {r["head"]: r.get("role", "other") for r in storage.read_json(path)}
-  from mha_jax.analysis import report
-  return {r["head"]: r["role"] for r in report.translation_roles(run, "test")}
-
-
 def claim_pruning(ctx: Context, keep: int = 10, last: int = 3) -> dict:
   from mha_jax.loader import load
   from mha_jax.pruning import run as prune_run
@@ -51,7 +43,8 @@ def claim_pruning(ctx: Context, keep: int = 10, last: int = 3) -> dict:
   run = load(wd)
   if run.config.task != "translation":
     raise UserError(f"--workdir {wd!r} is not a translation (quickstart) run")
-  roles = _roles(run)
+  from mha_jax.analysis import report
+  roles = report.role_of(report.saved_or_head_roles(run, "test", log=lambda m: None))
   out = storage.join(ctx.work, f"pruned_keep{keep}")
   if storage.exists(storage.join(out, "pruning.json")):       # reuse, never overwrite
     info = storage.read_json(storage.join(out, "pruning.json"))

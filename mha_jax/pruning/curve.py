@@ -18,14 +18,6 @@ from mha_jax.pruning import methods
 from mha_jax.pruning import run as run_lib
 
 
-def _roles(run, split, log) -> dict[str, str]:
-  path = storage.join(run.workdir, "analysis", "heads.json")
-  if storage.exists(path):
-    return {r["head"]: r.get("role", "other") for r in storage.read_json(path)}
-  log("roles: analysing the dense model first ...")
-  return {r["head"]: r["role"] for r in report.head_roles(run, split)}
-
-
 def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
                   stacks: Sequence[str] = ("encoder",), lam: float = 0.05, steps: int = 200,
                   bleu_limit: int = 0, seed: int = 0, hc: G.HardConcrete = G.HardConcrete(),
@@ -52,7 +44,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
       if storage.exists(d) and storage.listdir(d):
         raise UserError(f"--save-workdirs: {d!r} exists and is not empty; refusing to "
                         f"overwrite it")
-  roles = _roles(run, "test", log)
+  roles = report.role_of(report.saved_or_head_roles(run, "test", log))
   is_tr = run.config.task == "translation"
   seconds = {}
   t0 = time.perf_counter()
