@@ -8,6 +8,7 @@ model's init and apply, serves deterministic training batches by step, and evalu
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Iterator, Protocol, runtime_checkable
 
@@ -452,6 +453,28 @@ class LMTask:
       if f"loss_{name}" in totals:
         out[f"loss_{name}"] = totals[f"loss_{name}"] / totals[f"tokens_{name}"]
     return out
+
+
+def build_seeds(runs) -> list:
+  """The tasks of a multi-seed run (train/seeds.py), one per (cfg, workdir): the data is
+  built once, for the first seed. The seeds' configs differ only in seed and batch
+  order, so the others share its arrays; each gets a copy of its data files, so that
+  every seed folder stays an ordinary workdir."""
+  first = build(*runs[0])
+  out = [first]
+  for cfg, workdir in runs[1:]:
+    if cfg.data.to_dict() != first.cfg.data.to_dict() or cfg.model != first.cfg.model:
+      out.append(build(cfg, workdir))      # not the same data: built on its own
+      continue
+    data_dir = storage.join(workdir, "data")
+    if (first.data_dir and storage.exists(first.data_dir)
+        and not storage.exists(data_dir)):
+      storage.copytree(first.data_dir, data_dir)
+    task = copy.copy(first)
+    task.__dict__.pop("_jit_cache", None)
+    task.cfg, task.data_dir = cfg, data_dir
+    out.append(task)
+  return out
 
 
 def jitted(task, name: str, fn):

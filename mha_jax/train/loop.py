@@ -194,7 +194,7 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
     runs = [(cfg, workdir)]
   for c, w in runs:
     prepare_workdir(c, w)
-  run_tasks = [tasks.build(c, w) for c, w in runs]   # each seed's data files, batch order
+  run_tasks = tasks.build_seeds(runs)   # each seed's data files and batch order
   task = run_tasks[0]   # seeds differ only in their batches' order: one task computes
   slices = list(range(len(runs))) if multi else [None]   # seed i of the stacked state
   replicated = NamedSharding(mesh, P())
