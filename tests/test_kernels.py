@@ -38,7 +38,7 @@ def _extras(kind, b, h, t, s, seed=1):
   ks = jax.random.split(jax.random.PRNGKey(seed), 3)
   mask = bias = table = None
   if "pad" in kind:    # key padding, and one example with every key masked
-    mask = (jnp.arange(s)[None, None, None, :] < jnp.array([s - 2, 0])[:b, None, None, None])
+    mask = (jnp.arange(s)[None, None, None, :] < jnp.array([s - 2, 0, s - 1, 1])[:b, None, None, None])
   if "rand" in kind:   # per (b, h, t, s), one fully masked row
     mask = jax.random.bernoulli(ks[0], 0.6, (b, h, t, s)).at[0, 0, 1].set(False)
   if "bias" in kind:
@@ -62,25 +62,28 @@ def _check(f, g, args, grad_argnums):
   return o1
 
 
-# (b, t, s, h, g, dk, causal, extras, block_q, block_k): blocks that do not divide.
+# (b, t, s, h, g, dk, causal, extras, block_q, block_k, block_heads): blocks that do
+# not divide; steps over kv heads (cg < G), over batch rows (cb = 1 or 2) and both.
 GRID = [
-    (2, 9, 13, 4, 4, 8, True, "pad", 4, 5),
-    (1, 16, 5, 3, 3, 4, False, "rand bias", 5, 3),
-    (2, 12, 12, 8, 2, 4, True, "rel", 5, 4),      # GQA: 8 query heads, 2 kv heads
-    pytest.param(2, 7, 7, 1, 1, 8, False, "", 3, 2, marks=pytest.mark.slow),
-    pytest.param(2, 10, 6, 6, 1, 8, False, "pad bias rel", None, None,  # MQA
+    (2, 9, 13, 4, 4, 8, True, "pad", 4, 5, 2),         # steps: 2 rows x 2 of 2 heads
+    (1, 16, 5, 3, 3, 4, False, "rand bias", 5, 3, 1),  # 3 steps, one head each
+    (2, 12, 12, 8, 2, 4, True, "rel", 5, 4, 1),        # GQA 8/2, 4 steps (row, kv head)
+    (4, 6, 6, 2, 2, 4, False, "pad bias", 3, 3, 4),    # 2 steps of 2 rows x 2 heads
+    pytest.param(2, 7, 7, 1, 1, 8, False, "", 3, 2, None, marks=pytest.mark.slow),
+    pytest.param(2, 10, 6, 6, 1, 8, False, "pad bias rel", None, None, 1,  # MQA
                  marks=pytest.mark.slow),
-    pytest.param(1, 11, 11, 4, 2, 8, True, "rand rel", 11, 11,          # one block
+    pytest.param(1, 11, 11, 4, 2, 8, True, "rand rel", 11, 11, None,      # one block
                  marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize("b,t,s,h,g,dk,causal,kind,bq,bk", GRID)
-def test_blocked_matches_reference(b, t, s, h, g, dk, causal, kind, bq, bk):
+@pytest.mark.parametrize("b,t,s,h,g,dk,causal,kind,bq,bk,bh", GRID)
+def test_blocked_matches_reference(b, t, s, h, g, dk, causal, kind, bq, bk, bh):
   q, k, v = _inputs(b, t, s, h, g, dk)
   mask, bias, table = _extras(kind, b, h, t, s)
   f = lambda q, k, v, bias, table: blocked.blocked_attention(
-      q, k, v, mask, bias, causal=causal, rel_bias_HR=table, block_q=bq, block_k=bk)
+      q, k, v, mask, bias, causal=causal, rel_bias_HR=table, block_q=bq, block_k=bk,
+      block_heads=bh)
   r = lambda q, k, v, bias, table: reference(q, k, v, mask, bias, causal, table)
   argn = (0, 1, 2) + ((3,) if bias is not None else ()) + ((4,) if table is not None else ())
   out = _check(f, r, (q, k, v, bias, table), argn)
@@ -117,12 +120,21 @@ def test_blocked_memory_is_linear_in_t():
 
 
 def test_choose_blocks():
-  assert blocked.choose_blocks(4, 8, 512, 512) == (512 if 4 * 8 * 512 * 512 * 4 <=
-                                                   blocked.BLOCK_BYTES else 128, 512)
-  bq, bk = blocked.choose_blocks(1, 96, 32768, 32768)
-  assert bk == 512 and 96 * bq * bk * 4 <= blocked.BLOCK_BYTES * 2
-  assert blocked.choose_blocks(2, 2, 7, 5, block_q=3) == (3, 5)
-  assert blocked.choose_blocks(2, 2, 7, 5, block_q=30, block_k=30) == (7, 5)
+  step = blocked.STEP_BYTES
+  # T = 512: one block of T x S; as many heads per step as fit in STEP_BYTES.
+  per_head = 512 * 512 * 4
+  assert blocked.choose_blocks(4, 8, 1, 512, 512) == (512, 512, 1, step // per_head)
+  assert blocked.choose_blocks(4, 96, 1, 512, 512)[2:] == (1, step // per_head)
+  # Few heads: whole batch rows per step (a divisor of B).
+  assert step // per_head == 4
+  assert blocked.choose_blocks(6, 1, 1, 512, 512)[2:] == (3, 1)
+  # Long T, GQA: the query block shrinks until one kv head's block fits.
+  bq, bk, cb, cg = blocked.choose_blocks(1, 12, 8, 32768, 32768)
+  assert bk == 512 and 8 * bq * bk * 4 <= step and (cb, cg) == (1, 1)
+  assert blocked.choose_blocks(2, 2, 1, 7, 5, block_q=3) == (3, 5, 2, 2)
+  assert blocked.choose_blocks(2, 2, 1, 7, 5, block_q=30, block_k=30) == (7, 5, 2, 2)
+  assert blocked.choose_blocks(4, 6, 1, 7, 5, block_heads=4) == (7, 5, 1, 3)
+  assert blocked.choose_blocks(4, 6, 1, 7, 5, block_heads=13) == (7, 5, 2, 6)
 
 
 def test_blocked_bad_input_names_the_argument():
@@ -138,6 +150,8 @@ def test_blocked_bad_input_names_the_argument():
     blocked.blocked_attention(q, k, v, rel_bias_HR=jnp.ones((4, 4)))
   with pytest.raises(ValueError, match="block_q"):
     blocked.blocked_attention(q, k, v, block_q=0)
+  with pytest.raises(ValueError, match="block_heads must be a positive integer.*2.5"):
+    blocked.blocked_attention(q, k, v, block_heads=2.5)
 
 
 # ---------------------------------------------------------------- Pallas, interpret mode
