@@ -45,21 +45,21 @@ NO_WEIGHTS = ("xla", "cudnn", "blocked", "pallas")
 TAKES_TABLE = ("blocked",)   # builds the relative-position bias per block
 
 # Forward+backward ms of the attention layer, d_model 768, T = S = 512, batch 4,
-# float32, on the 2-core CPU when idle (docs/results/bench_attention_cpu.json, median
-# of 5 interleaved rounds). Keyed by h (B * H * T * S = h * 2^20).
+# float32, on the 2-core CPU (docs/results/bench_attention_cpu.json, median of 7
+# interleaved rounds). Keyed by h (B * H * T * S = h * 2^20).
 CPU_MEASURED_MS: dict[int, dict[str, float]] = {
-    8: {"reference": 139, "blocked": 141, "flax.linen": 140},
-    12: {"reference": 157, "blocked": 160, "flax.linen": 154},
-    16: {"reference": 214, "blocked": 186, "flax.linen": 210},
-    32: {"reference": 341, "blocked": 274, "flax.linen": 337},
-    64: {"reference": 636, "blocked": 403, "flax.linen": 624},
-    96: {"reference": 875, "blocked": 505, "flax.linen": 879},
+    8: {"reference": 155, "blocked": 132, "flax.linen": 155},
+    12: {"reference": 181, "blocked": 130, "flax.linen": 181},
+    16: {"reference": 215, "blocked": 125, "flax.linen": 215},
+    32: {"reference": 346, "blocked": 141, "flax.linen": 341},
+    64: {"reference": 663, "blocked": 195, "flax.linen": 664},
+    96: {"reference": 930, "blocked": 207, "flax.linen": 897},
 }
-# B * H * T * S from which blocked is used on CPU: the table above (equal within 2 % at
-# 2^23 and 1.5 * 2^23, blocked ahead from 2^24) and a causal layer, forward+backward, at
-# (B, T, D, H) = (4, 256, 512, 8), 2^21 scores: blocked 300-448 ms, reference 543-580 ms
-# (an earlier session); at 2^20 the two were within noise of each other, at 2^15 (the
-# quickstart's size) equal.
+# B * H * T * S from which blocked is used on CPU: the table above (blocked ahead from
+# 2^23) and self-attention layers with a padding mask, forward+backward, median of 9
+# (2026-11-30): (B, T, D, H) = (4, 256, 512, 8), 2^21 scores: blocked 29 ms, reference
+# 39 ms (causal: 31 against 40); (8, 128, 512, 8), 2^20: blocked 24, reference 21;
+# (64, 24, 64, 8), 2^18 (the quickstart's size): blocked 2.7, reference 2.1.
 BLOCKED_FROM_SCORES = 2**21
 # float32 (B, H, T, S) tensors alive at once in the reference path's forward+backward:
 # measured, --scale-t at T = 4096 (docs/results/bench_attention_scale_t_cpu.json):
@@ -167,7 +167,8 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: b
 
 
 def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bias_BHTS,
-               rel_bias_HR=None, *, block_q: int | None = None, block_k: int | None = None):
+               rel_bias_HR=None, *, block_q: int | None = None, block_k: int | None = None,
+               block_heads: int | None = None):
   """(o (B, T, H, K), w (B, H, T, S) or None) from the named kernel.
 
   mask_BHTS and bias_BHTS broadcast to (B, H, T, S); rel_bias_HR (H, 2R + 1) is a
@@ -189,7 +190,8 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
   if kernel == "blocked":
     return blocked_lib.blocked_attention(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS,
                                          causal=causal, rel_bias_HR=rel_bias_HR,
-                                         block_q=block_q, block_k=block_k), None
+                                         block_q=block_q, block_k=block_k,
+                                         block_heads=block_heads), None
   if kernel == "pallas":
     return pallas_lib.pallas_attention(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS,
                                        causal=causal), None
