@@ -120,11 +120,12 @@ def _pick(arr, i, j):
 
 
 class _Static(NamedTuple):
-  b: int        # batch rows in a step
+  """Shapes of the call; _step_static's copy has one step's b, h and g."""
+  b: int        # batch rows
   t: int
   s: int
-  h: int        # query heads in a step
-  g: int        # key/value heads in a step
+  h: int        # query heads
+  g: int        # key/value heads
   bq: int
   bk: int
   nq: int
@@ -135,7 +136,7 @@ class _Static(NamedTuple):
   ngc: int = 1  # steps along G
 
 
-def _chunk_extra(arr, st, c, axis_b, axis_g):
+def _step_extra(arr, st, c, axis_b, axis_g):
   """The part of a blocked extra array (or table) that step c's pairs see."""
   if arr is None or st.nbc * st.ngc == 1:
     return arr
@@ -147,8 +148,8 @@ def _chunk_extra(arr, st, c, axis_b, axis_g):
   return arr
 
 
-def _chunk_add(full, part, st, c, axis_b, axis_g):
-  """full with step c's gradient `part` added where _chunk_extra took it from."""
+def _step_add(full, part, st, c, axis_b, axis_g):
+  """full with step c's gradient `part` added where _step_extra took it from."""
   if full is None or st.nbc * st.ngc == 1:
     return part
   ib, ig = c // st.ngc, c % st.ngc
@@ -311,61 +312,104 @@ def _step_static(st):
   return st._replace(b=st.b // st.nbc, g=st.g // st.ngc, h=st.h // st.ngc)
 
 
-def _forward_steps(st, qb, kb, vb, mask_bl, bias_bl, table_GRO):
-  """_forward over the steps' (batch row, kv head) pairs: o (C, nq, b, g, M, V), lse."""
+def _step_start(st, c, per_g):
+  """Start of step c's slice along B and along the head axis (per_g heads per kv head)."""
+  if st.nbc * st.ngc == 1:
+    return 0, 0
   sc = _step_static(st)
+  return (c // st.ngc) * sc.b, (c % st.ngc) * sc.g * per_g
 
-  def one(args):
-    c, q, k, v = args
-    return _forward(sc, q, k, v, _chunk_extra(mask_bl, sc, c, 2, 3),
-                    _chunk_extra(bias_bl, sc, c, 2, 3), _chunk_extra(table_GRO, sc, c, None, 0))
 
-  if qb.shape[0] == 1:
-    o, lse = one((0, qb[0], kb[0], vb[0]))
-    return o[None], lse[None]
-  return jax.lax.map(one, (jnp.arange(qb.shape[0]), qb, kb, vb))
+def _rows_in(st, c, x_BTHX, n, blk, per_g):
+  """Step c's rows of x (B, T, G * per_g, ...) as blocks (n, b, g, per_g * blk, ...)."""
+  sc = _step_static(st)
+  b0, h0 = _step_start(st, c, per_g)
+  x = jax.lax.dynamic_slice_in_dim(x_BTHX, b0, sc.b, 0)
+  x = jax.lax.dynamic_slice_in_dim(x, h0, sc.g * per_g, 2)
+  x = _to_blocks(x, n, blk, 1)                            # (n, b, blk, g * per_g, ...)
+  x = x.reshape(n, sc.b, blk, sc.g, per_g, *x.shape[4:])
+  x = jnp.moveaxis(x, 2, 4)                               # (n, b, g, per_g, blk, ...)
+  return x.reshape(n, sc.b, sc.g, per_g * blk, *x.shape[5:])
+
+
+def _rows_out(st, c, full_BTHX, xb, blk, per_g):
+  """full with step c's blocks xb (n, b, g, per_g * blk, ...) written in (inverse of
+  _rows_in)."""
+  sc = _step_static(st)
+  n = xb.shape[0]
+  x = xb.reshape(n, sc.b, sc.g, per_g, blk, *xb.shape[4:])
+  x = jnp.moveaxis(x, 4, 2)                               # (n, b, blk, g, per_g, ...)
+  x = jnp.moveaxis(x, 0, 1).reshape(sc.b, n * blk, sc.g * per_g, *xb.shape[4:])
+  x = x[:, :full_BTHX.shape[1]].astype(full_BTHX.dtype)
+  b0, h0 = _step_start(st, c, per_g)
+  start = (b0, 0, h0) + (0,) * (full_BTHX.ndim - 3)
+  return jax.lax.dynamic_update_slice(full_BTHX, x, start)
+
+
+def _steps(st, fn, init, n_steps):
+  """fn(carry, c) for c in range(n_steps), as a loop (or one call for one step)."""
+  if n_steps == 1:
+    return fn(init, 0)
+  return jax.lax.scan(fn, init, jnp.arange(n_steps))
+
+
+def _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO):
+  """_forward over the steps: o (B, T, H, V) in v's dtype, lse (C, nq, b, g, M)."""
+  sc = _step_static(st)
+  r = st.h // st.g
+
+  def one(o, c):
+    ob, lse = _forward(sc, _rows_in(st, c, q, st.nq, st.bq, r),
+                       _rows_in(st, c, k, st.nk, st.bk, 1), _rows_in(st, c, v, st.nk, st.bk, 1),
+                       _step_extra(mask_bl, sc, c, 2, 3), _step_extra(bias_bl, sc, c, 2, 3),
+                       _step_extra(table_GRO, sc, c, None, 0))
+    return _rows_out(st, c, o, ob, st.bq, r), lse
+
+  o0 = jnp.zeros(q.shape[:3] + v.shape[3:], v.dtype)
+  o, lse = _steps(st, one, o0, st.nbc * st.ngc)
+  return o, (lse[None] if st.nbc * st.ngc == 1 else lse)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(st, qb, kb, vb, mask_bl, bias_bl, table_GRO):
-  return _forward_steps(st, qb, kb, vb, mask_bl, bias_bl, table_GRO)[0]
+def _core(st, q, k, v, mask_bl, bias_bl, table_GRO):
+  return _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO)[0]
 
 
-def _core_fwd(st, qb, kb, vb, mask_bl, bias_bl, table_GRO):
-  ob, lse = _forward_steps(st, qb, kb, vb, mask_bl, bias_bl, table_GRO)
-  ob = ob.astype(vb.dtype)
-  return ob, (qb, kb, vb, mask_bl, bias_bl, table_GRO, ob, lse)
+def _core_fwd(st, q, k, v, mask_bl, bias_bl, table_GRO):
+  o, lse = _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO)
+  return o, (q, k, v, mask_bl, bias_bl, table_GRO, o, lse)
 
 
-def _core_bwd(st, res, dob):
-  qb, kb, vb, mask_bl, bias_bl, table_GRO, ob, lse = res
+def _core_bwd(st, res, do):
+  q, k, v, mask_bl, bias_bl, table_GRO, o, lse = res
   sc = _step_static(st)
+  r = st.h // st.g
+  n_steps = st.nbc * st.ngc
+  # rowsum(do * o) (B, T, H) for every step at once, as a matrix-vector product:
+  # written as a sum, XLA:CPU fused it into a matmul (the dp matmul inside the loop,
+  # the W_O backward outside) and ran that matmul at half speed (h = 8: 12 ms of 130).
+  delta = jnp.einsum("...v,v->...", do.astype(jnp.float32) * o.astype(jnp.float32),
+                     jnp.ones(do.shape[-1], jnp.float32))
 
-  def one(carry, args):
-    dbias, dtab = carry
-    c, q, k, v, delta, lse_c, do = args
-    dq, dk, dv, db, dt = _backward(
-        sc, q, k, v, _chunk_extra(mask_bl, sc, c, 2, 3), _chunk_extra(bias_bl, sc, c, 2, 3),
-        _chunk_extra(table_GRO, sc, c, None, 0), delta, lse_c, do)
-    return ((_chunk_add(dbias, db, sc, c, 2, 3), _chunk_add(dtab, dt, sc, c, None, 0)),
-            (dq, dk, dv))
+  def one(carry, c):
+    dq, dk, dv, dbias, dtab = carry
+    lse_c = lse[c] if n_steps > 1 else lse[0]
+    dq_c, dk_c, dv_c, db, dt = _backward(
+        sc, _rows_in(st, c, q, st.nq, st.bq, r), _rows_in(st, c, k, st.nk, st.bk, 1),
+        _rows_in(st, c, v, st.nk, st.bk, 1), _step_extra(mask_bl, sc, c, 2, 3),
+        _step_extra(bias_bl, sc, c, 2, 3), _step_extra(table_GRO, sc, c, None, 0),
+        _rows_in(st, c, delta, st.nq, st.bq, r), lse_c,
+        _rows_in(st, c, do, st.nq, st.bq, r))
+    return (_rows_out(st, c, dq, dq_c, st.bq, r), _rows_out(st, c, dk, dk_c, st.bk, 1),
+            _rows_out(st, c, dv, dv_c, st.bk, 1), _step_add(dbias, db, sc, c, 2, 3),
+            _step_add(dtab, dt, sc, c, None, 0)), None
 
-  # rowsum(do * o) for every step at once, as a matrix-vector product: written as a
-  # sum, XLA:CPU fused it into a matmul (the dp matmul inside the loop, the W_O
-  # backward outside) and ran that matmul at half speed (h = 8: 12 ms of 130).
-  delta = jnp.einsum("...v,v->...", dob.astype(jnp.float32) * ob.astype(jnp.float32),
-                     jnp.ones(dob.shape[-1], jnp.float32))
-  xs = (jnp.arange(qb.shape[0]), qb, kb, vb, delta, lse, dob)
-  if qb.shape[0] == 1:
-    (dbias, dtab), grads = one((None, None), jax.tree.map(lambda a: a[0], xs))
-    dq, dk, dv = (a[None] for a in grads)
-  else:
-    init = tuple(None if a is None else jnp.zeros(a.shape, jnp.float32)
-                 for a in (bias_bl, table_GRO))
-    (dbias, dtab), (dq, dk, dv) = jax.lax.scan(one, init, xs)
-  # q was scaled before blocking; the chain rule through the scale happens outside.
-  return (dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None,
-          None if dbias is None else dbias.astype(bias_bl.dtype),
+  init = (jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype),
+          *(None if a is None or n_steps == 1 else jnp.zeros(a.shape, jnp.float32)
+            for a in (bias_bl, table_GRO)))
+  (dq, dk, dv, dbias, dtab), _ = _steps(st, one, init, n_steps)
+  # q was scaled before the kernel; the chain rule through the scale happens outside.
+  return (dq, dk, dv, None, None if dbias is None else dbias.astype(bias_bl.dtype),
           None if dtab is None else dtab.astype(table_GRO.dtype))
 
 
@@ -442,23 +486,10 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
     scale = 1.0 / math.sqrt(dk)
   st = _Static(b, t, s, h, g, bq, bk, nq, nk, float(scale), bool(causal), nbc, ngc)
 
-  # Steps C = nbc * ngc, each over cb batch rows and cg kv heads (M = R * bq rows):
-  # q (B, T, H, K) -> (C, nq, cb, cg, M, K); k, v (B, S, G, .) -> (C, nk, cb, cg, bk, .).
+  # Steps C = nbc * ngc, each over cb batch rows and cg kv heads, slice q, k, v where
+  # they lie and cut their slices into blocks (M = R * bq rows of queries per kv head).
   qs = q_BTHK * jnp.asarray(scale, q_BTHK.dtype)
-  qb = _to_blocks(qs.reshape(b, t, g, r, dk), nq, bq, 1)        # (nq, B, bq, G, R, K)
-  qb = qb.reshape(nq, nbc, cb, bq, ngc, cg, r, dk).transpose(1, 4, 0, 2, 5, 6, 3, 7)
-  qb = qb.reshape(nbc * ngc, nq, cb, cg, r * bq, dk)
-
-  def kv_blocks(x):
-    x = _to_blocks(x, nk, bk, 1)                                  # (nk, B, bk, G, .)
-    x = x.reshape(nk, nbc, cb, bk, ngc, cg, x.shape[-1]).transpose(1, 4, 0, 2, 5, 3, 6)
-    return x.reshape(nbc * ngc, nk, cb, cg, bk, x.shape[-1])
-
-  kb, vb = kv_blocks(k_BSHK), kv_blocks(v_BSHK)
   mask_bl = _block_extra(mask, b, g, r, t, s, nq, nk, bq, bk)
   bias_bl = _block_extra(bias, b, g, r, t, s, nq, nk, bq, bk)
   table = None if rel_bias_HR is None else rel_bias_HR.reshape(g, r, -1)
-  ob = _core(st, qb, kb, vb, mask_bl, bias_bl, table)          # (C, nq, cb, cg, M, V)
-  dv = v_BSHK.shape[-1]
-  o = ob.reshape(nbc, ngc, nq, cb, cg, r, bq, dv).transpose(0, 3, 2, 6, 1, 4, 5, 7)
-  return o.reshape(b, nq * bq, h, dv)[:, :t].astype(v_BSHK.dtype)
+  return _core(st, qs, k_BSHK, v_BSHK, mask_bl, bias_bl, table)
