@@ -2,7 +2,9 @@
 
 Every implementation runs the same self-attention (same weights, same input) in the
 same process. Rounds are interleaved (each round times every implementation once),
-so drift on a shared machine hits all of them alike; we report the median.
+so drift on a shared machine hits all of them alike; we report the median. Each timed
+call starts once the process has gone idle (settle), so that one implementation's
+memory release does not land in the next one's time.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import statistics
 import time
 from typing import Callable
@@ -27,10 +30,35 @@ from mha_jax.errors import UserError
 DEFAULT_HEADS = (8, 12, 16, 32, 64, 96)
 
 
+def _cpu_seconds() -> float:
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return r.ru_utime + r.ru_stime
+
+
+def settle(max_s: float = 1.0, quiet_s: float = 0.002, poll_s: float = 0.02) -> None:
+  """Waits (at most max_s) until this process uses no CPU between two polls.
+
+  A call's memory is given back after it returns: at h = 96 the peers' score tensors
+  are gigabytes, and releasing them took 0.16 s of system time in the 0.3 s after
+  the call (measured), which otherwise lands in the next implementation's time (our
+  blocked forward: 58 ms alone, 210 ms right after jax.nn's forward+backward).
+  """
+  deadline = time.perf_counter() + max_s
+  last = _cpu_seconds()
+  while time.perf_counter() < deadline:
+    time.sleep(poll_s)
+    now = _cpu_seconds()
+    if now - last < quiet_s:
+      return
+    last = now
+
+
 def _round_seconds(fn: Callable[[], object], rounds: int) -> list[float]:
-  """Wall seconds of each of `rounds` calls (the caller takes the median)."""
+  """Wall seconds of each of `rounds` calls (the caller takes the median), each
+  started on a settled process (settle)."""
   out = []
   for _ in range(rounds):
+    settle()
     t0 = time.perf_counter()
     jax.block_until_ready(fn())
     out.append(time.perf_counter() - t0)
@@ -150,7 +178,8 @@ def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
       "config": {"d_model": d_model, "seq_len": seq_len, "batch": batch,
                  "heads": list(heads), "rounds": rounds, "warmup": warmup, "dtype": dtype},
       "note": "2-core CPU shared with other jobs: timings are noisy; rounds are "
-              "interleaved so drift hits every implementation alike",
+              "interleaved so drift hits every implementation alike; each timed call "
+              "starts once the process is idle (bench.settle)",
       "machine": {"backend": jax.default_backend(),
                   "device_kind": jax.devices()[0].device_kind,
                   "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
