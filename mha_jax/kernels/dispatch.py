@@ -48,12 +48,12 @@ TAKES_TABLE = ("blocked",)   # builds the relative-position bias per block
 # float32, on the 2-core CPU (docs/results/bench_attention_cpu.json, median of 7
 # interleaved rounds). Keyed by h (B * H * T * S = h * 2^20).
 CPU_MEASURED_MS: dict[int, dict[str, float]] = {
-    8: {"reference": 155, "blocked": 132, "flax.linen": 155},
-    12: {"reference": 181, "blocked": 130, "flax.linen": 181},
-    16: {"reference": 215, "blocked": 125, "flax.linen": 215},
-    32: {"reference": 346, "blocked": 141, "flax.linen": 341},
-    64: {"reference": 663, "blocked": 195, "flax.linen": 664},
-    96: {"reference": 930, "blocked": 207, "flax.linen": 897},
+    8: {"reference": 142, "blocked": 124, "flax.linen": 139},
+    12: {"reference": 162, "blocked": 112, "flax.linen": 162},
+    16: {"reference": 217, "blocked": 119, "flax.linen": 218},
+    32: {"reference": 356, "blocked": 142, "flax.linen": 370},
+    64: {"reference": 654, "blocked": 164, "flax.linen": 659},
+    96: {"reference": 905, "blocked": 172, "flax.linen": 908},
 }
 # B * H * T * S from which blocked is used on CPU: the table above (blocked ahead from
 # 2^23) and self-attention layers with a padding mask, forward+backward, median of 9
