@@ -254,7 +254,6 @@ def _peak_rss_mb() -> float:
   """This process's peak resident memory, MB. VmHWM belongs to the process image (Linux
   carries ru_maxrss over from the parent across fork + exec, so a child started by a big
   process would report the parent's peak)."""
-  import resource
   try:
     with open("/proc/self/status") as f:
       for line in f:
@@ -366,7 +365,6 @@ def format_scale_t(result: dict) -> str:
 if __name__ == "__main__":
   import sys
   if len(sys.argv) == 9 and sys.argv[1] == "scale-t-one":
-    import resource
     _, _, name, d, h, t, b, r, cap_gb = sys.argv
     cap = int(float(cap_gb) * 2**30)
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))

@@ -14,14 +14,11 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.analysis import capture as capture_lib
+from mha_jax.analysis import roles as roles_lib
 from mha_jax.data import vocab as V
 from mha_jax.models import common as C
 from mha_jax.models.common import STACKS
 
-_COLORS = {"positional": "#1f77b4", "syntactic": "#2ca02c", "rare": "#d62728",
-           "previous_token": "#1f77b4", "induction": "#9467bd", "duplicate_token": "#ff7f0e",
-           "attention_sink": "#8c564b", "cls": "#e377c2", "sep": "#17becf",
-           "other": "#999999", "n/a": "#999999"}
 
 _PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>mha-jax attention explorer</title>
@@ -168,7 +165,8 @@ def page_data(run, rows, split: str = "test", sentences: int = 20) -> dict:
                                                                  :lens[stack][1]], 3).tolist()
                               for _, r in sorted(layers.items())]
                       for stack, layers in cap.items()})
-  return {"sentences": sents, "weights": weights, "roles": roles, "colors": _COLORS,
+  return {"sentences": sents, "weights": weights, "roles": roles,
+          "colors": roles_lib.ROLE_COLORS,
           "stacks": [s for s in STACKS if weights and s in weights[0]]}
 
 
@@ -204,7 +202,8 @@ def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_token
   mask = M.read_mask(run.workdir)
   pruned = ([n for n in C.head_names(run.params) if n not in set(M.kept_names(mask))]
             if mask else [])
-  return {"sentences": sents, "weights": weights, "roles": roles, "colors": _COLORS,
+  return {"sentences": sents, "weights": weights, "roles": roles,
+          "colors": roles_lib.ROLE_COLORS,
           "stacks": [s for s in STACKS if weights and s in weights[0]], "pruned": pruned}
 
 

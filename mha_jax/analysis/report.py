@@ -18,11 +18,6 @@ from mha_jax.analysis import explorer, importance, roles, syntax
 from mha_jax.data import vocab as V
 from mha_jax.errors import UserError
 
-ROLE_COLORS = {"positional": "#1f77b4", "syntactic": "#2ca02c", "rare": "#d62728",
-               "other": "#c7c7c7", "previous_token": "#1f77b4", "induction": "#9467bd",
-               "duplicate_token": "#ff7f0e", "attention_sink": "#8c564b", "cls": "#e377c2",
-               "sep": "#17becf"}
-
 
 def _rarest(words: list[str], freqs: dict[str, int]) -> int:
   return int(np.argmin([freqs.get(w, 0) for w in words]))
@@ -84,7 +79,7 @@ def lm_roles(run, split: str, limit: int = 256, threshold: float = 0.4) -> list[
     for h in range(len(sums[layer]["induction"])):
       row = {"head": f"lm.{layer}.{h}", "stack": "lm", "layer": layer, "index": h,
              **{k: float(v[h] / n) for k, v in sums[layer].items()}}
-      best = max(("previous_token", "induction", "duplicate_token"), key=lambda k: row[k])
+      best = max(roles.LM_ROLES, key=lambda k: row[k])
       row["role"] = best if row[best] >= threshold else "other"
       rows.append(row)
   return rows
@@ -127,7 +122,7 @@ def real_lm_roles(run, split: str = "test", *, batches: int = 2, batch_size: int
              **{k: float(v[h] / n) for k, v in sums[layer].items()},
              "sink_share": float(t["sink"][h] / max(t["n"] - text_windows, 1)),
              "entropy": float(t["entropy"][h] / max(t["n"], 1))}
-      best = max(("previous_token", "induction", "duplicate_token"), key=lambda k: row[k])
+      best = max(roles.LM_ROLES, key=lambda k: row[k])
       row["role"] = (best if row[best] >= threshold else
                      "attention_sink" if row["sink_share"] >= sink else "other")
       rows.append(row)
@@ -256,15 +251,15 @@ def _plot_grid(rows, path, title):
     rs = [r for r in rows if r["stack"] == stack]
     for r in rs:
       ax.add_patch(plt.Rectangle((r["index"], r["layer"]), 0.95, 0.95,
-                                 color=ROLE_COLORS.get(r["role"], "#c7c7c7")))
+                                 color=roles.ROLE_COLORS.get(r["role"], "#c7c7c7")))
     ax.set_xlim(0, max(r["index"] for r in rs) + 1)
     ax.set_ylim(max(r["layer"] for r in rs) + 1, 0)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(stack)
-  handles = [plt.Rectangle((0, 0), 1, 1, color=c) for r, c in ROLE_COLORS.items()
+  handles = [plt.Rectangle((0, 0), 1, 1, color=c) for r, c in roles.ROLE_COLORS.items()
              if any(x["role"] == r for x in rows)]
-  labels = [r for r in ROLE_COLORS if any(x["role"] == r for x in rows)]
+  labels = [r for r in roles.ROLE_COLORS if any(x["role"] == r for x in rows)]
   fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
   fig.suptitle(title)
   fig.tight_layout(rect=(0, 0.08, 1, 1))

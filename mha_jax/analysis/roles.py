@@ -23,6 +23,19 @@ from typing import Mapping, Sequence
 import numpy as np
 
 SYNTAX_RELATIONS = ("nsubj", "dobj", "amod", "advmod")   # the ones a head is judged on
+
+# The role names, one list for every report, table and page.
+LM_ROLES = ("previous_token", "induction", "duplicate_token")   # scored per head
+# Roles shown in tables first, in this order (others follow alphabetically).
+ROLE_ORDER = ("positional", "syntactic", "rare", *LM_ROLES, "attention_sink", "cls", "sep",
+              "other")
+# The roles a stack's table always shows, found or not.
+STACK_ROLES = {"encoder": ("positional", "syntactic", "rare"), "decoder_self": ("positional",),
+               "lm": LM_ROLES}
+ROLE_COLORS = {"positional": "#1f77b4", "syntactic": "#2ca02c", "rare": "#d62728",
+               "other": "#c7c7c7", "previous_token": "#1f77b4", "induction": "#9467bd",
+               "duplicate_token": "#ff7f0e", "attention_sink": "#8c564b", "cls": "#e377c2",
+               "sep": "#17becf", "n/a": "#999999"}
 ALIASES = {"obj": "dobj"}          # Universal Dependencies v2 calls the object "obj"
 
 

@@ -19,15 +19,7 @@ import numpy as np
 
 from mha_jax import storage
 
-# Roles shown in the tables first, in this order (others follow alphabetically).
-ROLE_ORDER = ("positional", "syntactic", "rare", "previous_token", "induction",
-              "duplicate_token", "attention_sink", "cls", "sep", "other")
-
-
-# The roles a stack's table always shows, found or not (report.py assigns them).
-STACK_ROLES = {"encoder": ("positional", "syntactic", "rare"),
-               "decoder_self": ("positional",),
-               "lm": ("previous_token", "induction", "duplicate_token")}
+from mha_jax.analysis.roles import ROLE_COLORS, ROLE_ORDER, STACK_ROLES
 
 
 def stats(values: Sequence[float]) -> dict:
@@ -110,7 +102,6 @@ def plot_roles(rep: dict, path: str, roles: Sequence[str] | None = None) -> None
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  from mha_jax.analysis.report import ROLE_COLORS
   roles = [r for r in (roles or rep["roles"]) if r in rep["roles"] and r != "other"]
   stacks = list(rep["totals"])
   fig, axes = plt.subplots(1, len(stacks), figsize=(4.2 * len(stacks), 3.4), squeeze=False)
