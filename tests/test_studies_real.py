@@ -232,9 +232,10 @@ def _planted(word_ids, arcs):
 def test_conllu_words_align_to_wordpieces_and_a_head_along_the_arcs_scores_1(
     minilm, tmp_path):
   from mha_jax.analysis import roles, syntax
+  from mha_jax.data import parallel
   path = tmp_path / "s.conllu"
   path.write_text(CONLLU)
-  sentences, arcs = syntax.read_sentences(str(path))
+  sentences, arcs = parallel.read_conllu(str(path), None, "--conllu")
   assert sentences[1][1] == "unbelievably" and arcs[1]["rels"][4] == "obj"
   encoded = [syntax.encode_words(minilm.model.tokenizer, s, "--conllu") for s in sentences]
   ids, word_ids = encoded[1]

@@ -15,9 +15,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from mha_jax import storage
 from mha_jax.analysis import capture as capture_lib
 from mha_jax.analysis import roles
+from mha_jax.data import parallel
 from mha_jax.errors import UserError
 
 
@@ -61,15 +61,6 @@ def unit_arcs(arcs: dict, unit_of: Sequence[int], n_units: int) -> dict:
   return {"heads": heads, "rels": rels}
 
 
-def read_sentences(path: str, what: str = "--conllu") -> tuple[list[list[str]], list[dict]]:
-  """(words, arcs) of every sentence of a CoNLL-U file (checked by parallel.read_conllu_arcs)."""
-  import conllu
-  from mha_jax.data import parallel
-  arcs = parallel.read_conllu_arcs(path, None, what)
-  parsed = conllu.parse(storage.read_text(path))
-  return [[t["form"] for t in tl if isinstance(t["id"], int)] for tl in parsed], arcs
-
-
 def encode_words(tokenizer, words: Sequence[str], what: str) -> tuple[np.ndarray, list]:
   """(ids (T,), word_ids) of a sentence given as words, with [CLS] and [SEP]."""
   enc = tokenizer.tok.encode(list(words), is_pretokenized=True, add_special_tokens=True)
@@ -111,18 +102,20 @@ def conllu_syntax(run, path: str, th: roles.Thresholds = roles.Thresholds(),
   encoder's own forward (capture); accuracy is reported for every relation the file
   uses, the role judged on roles.SYNTAX_RELATIONS."""
   task = run.model
-  sentences, arcs = read_sentences(path)
+  sentences, arcs = parallel.read_conllu(path, None, "--conllu")
   encoded = [encode_words(task.tokenizer, s, "--conllu") for s in sentences]
   relations = sorted({roles.relation(r) for a in arcs for r, h in zip(a["rels"], a["heads"])
                       if h >= 0})
 
-  t = max(len(ids) for ids, _ in encoded)      # one width for every chunk: one compile
+  t = max(len(ids) for ids, _ in encoded)
+  rows = min(batch_size, len(encoded))
 
   def each():
-    for start in range(0, len(encoded), batch_size):
-      chunk = encoded[start:start + batch_size]
-      tokens = np.full((len(chunk), t), run.config.tokenizer.pad_id, np.int32)
-      mask = np.zeros((len(chunk), t), bool)
+    for start in range(0, len(encoded), rows):
+      chunk = encoded[start:start + rows]
+      # Every chunk (R, T), the last padded with empty rows: one compile.
+      tokens = np.full((rows, t), run.config.tokenizer.pad_id, np.int32)
+      mask = np.zeros((rows, t), bool)
       for b, (ids, _) in enumerate(chunk):
         tokens[b, :len(ids)], mask[b, :len(ids)] = ids, True
       cap = capture_lib.captured(task, run.params, {"tokens": tokens, "mask": mask,

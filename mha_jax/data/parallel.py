@@ -32,6 +32,12 @@ def read_conllu_arcs(path: str, sentences: list[list[str]] | None, what: str
   Returns per sentence {"heads": 0-based head index or -1, "rels": relation}; the
   relation's subtype is dropped (nsubj:pass -> nsubj).
   """
+  return read_conllu(path, sentences, what)[1]
+
+
+def read_conllu(path: str, sentences: list[list[str]] | None, what: str
+                ) -> tuple[list[list[str]], list[dict[str, list]]]:
+  """(words, arcs) per sentence of a CoNLL-U file, parsed once; see read_conllu_arcs."""
   import conllu
   if not storage.isfile(path):
     raise UserError(f"{what}: no such file {path!r}")
@@ -63,4 +69,4 @@ def read_conllu_arcs(path: str, sentences: list[list[str]] | None, what: str
                         f"sentence (0..{len(toks)})")
     out.append({"heads": [int(t["head"]) - 1 for t in toks],
                 "rels": [str(t["deprel"]).split(":")[0] for t in toks]})
-  return out
+  return sentences, out
