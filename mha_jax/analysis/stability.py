@@ -18,7 +18,6 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from mha_jax import storage
-
 from mha_jax.analysis.roles import ROLE_COLORS, ROLE_ORDER, STACK_ROLES
 
 

@@ -136,28 +136,30 @@ class _Static(NamedTuple):
   ngc: int = 1  # steps along G
 
 
+def _step_start(st, c) -> tuple:
+  """(first batch row, first kv head) of step c; st is the call's _Static."""
+  return (c // st.ngc) * (st.b // st.nbc), (c % st.ngc) * (st.g // st.ngc)
+
+
 def _step_extra(arr, st, c, axis_b, axis_g):
   """The part of a blocked extra array (or table) that step c's pairs see."""
-  if arr is None or st.nbc * st.ngc == 1:
-    return arr
-  ib, ig = c // st.ngc, c % st.ngc
-  if axis_b is not None and arr.shape[axis_b] > 1:
-    arr = jax.lax.dynamic_slice_in_dim(arr, ib * st.b, st.b, axis_b)
-  if arr.shape[axis_g] > 1:
-    arr = jax.lax.dynamic_slice_in_dim(arr, ig * st.g, st.g, axis_g)
+  if arr is None:
+    return None
+  starts = dict(zip((axis_b, axis_g), _step_start(st, c)))
+  sizes = {axis_b: st.b // st.nbc, axis_g: st.g // st.ngc}
+  for ax in (axis_b, axis_g):
+    if ax is not None and arr.shape[ax] > 1:
+      arr = jax.lax.dynamic_slice_in_dim(arr, starts[ax], sizes[ax], ax)
   return arr
 
 
 def _step_add(full, part, st, c, axis_b, axis_g):
   """full with step c's gradient `part` added where _step_extra took it from."""
-  if full is None or st.nbc * st.ngc == 1:
-    return part
-  ib, ig = c // st.ngc, c % st.ngc
-  start = [0] * full.ndim
-  if axis_b is not None and full.shape[axis_b] > 1:
-    start[axis_b] = ib * st.b
-  if full.shape[axis_g] > 1:
-    start[axis_g] = ig * st.g
+  if full is None:
+    return None
+  starts = dict(zip((axis_b, axis_g), _step_start(st, c)))
+  start = [starts[ax] if ax in (axis_b, axis_g) and ax is not None and full.shape[ax] > 1
+           else 0 for ax in range(full.ndim)]
   cur = jax.lax.dynamic_slice(full, start, part.shape)
   return jax.lax.dynamic_update_slice(full, cur + part, start)
 
@@ -311,20 +313,12 @@ def _step_static(st):
   return st._replace(b=st.b // st.nbc, g=st.g // st.ngc, h=st.h // st.ngc)
 
 
-def _step_start(st, c, per_g):
-  """Start of step c's slice along B and along the head axis (per_g heads per kv head)."""
-  if st.nbc * st.ngc == 1:
-    return 0, 0
-  sc = _step_static(st)
-  return (c // st.ngc) * sc.b, (c % st.ngc) * sc.g * per_g
-
-
 def _rows_in(st, c, x_BTHX, n, blk, per_g):
   """Step c's rows of x (B, T, G * per_g, ...) as blocks (n, b, g, per_g * blk, ...)."""
   sc = _step_static(st)
-  b0, h0 = _step_start(st, c, per_g)
+  b0, g0 = _step_start(st, c)
   x = jax.lax.dynamic_slice_in_dim(x_BTHX, b0, sc.b, 0)
-  x = jax.lax.dynamic_slice_in_dim(x, h0, sc.g * per_g, 2)
+  x = jax.lax.dynamic_slice_in_dim(x, g0 * per_g, sc.g * per_g, 2)
   x = _to_blocks(x, n, blk, 1)                            # (n, b, blk, g * per_g, ...)
   x = x.reshape(n, sc.b, blk, sc.g, per_g, *x.shape[4:])
   x = jnp.moveaxis(x, 2, 4)                               # (n, b, g, per_g, blk, ...)
@@ -340,15 +334,17 @@ def _rows_out(st, c, full_BTHX, xb, blk, per_g):
   x = jnp.moveaxis(x, 4, 2)                               # (n, b, blk, g, per_g, ...)
   x = jnp.moveaxis(x, 0, 1).reshape(sc.b, n * blk, sc.g * per_g, *xb.shape[4:])
   x = x[:, :full_BTHX.shape[1]].astype(full_BTHX.dtype)
-  b0, h0 = _step_start(st, c, per_g)
-  start = (b0, 0, h0) + (0,) * (full_BTHX.ndim - 3)
+  b0, g0 = _step_start(st, c)
+  start = (b0, 0, g0 * per_g) + (0,) * (full_BTHX.ndim - 3)
   return jax.lax.dynamic_update_slice(full_BTHX, x, start)
 
 
-def _steps(st, fn, init, n_steps):
-  """fn(carry, c) for c in range(n_steps), as a loop (or one call for one step)."""
+def _steps(fn, init, n_steps):
+  """(carry, ys stacked over steps) of fn(carry, c) for c in range(n_steps), as
+  lax.scan; one step is one plain call (no loop)."""
   if n_steps == 1:
-    return fn(init, 0)
+    carry, y = fn(init, 0)
+    return carry, jax.tree.map(lambda a: a[None], y)
   return jax.lax.scan(fn, init, jnp.arange(n_steps))
 
 
@@ -360,13 +356,11 @@ def _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO):
   def one(o, c):
     ob, lse = _forward(sc, _rows_in(st, c, q, st.nq, st.bq, r),
                        _rows_in(st, c, k, st.nk, st.bk, 1), _rows_in(st, c, v, st.nk, st.bk, 1),
-                       _step_extra(mask_bl, sc, c, 2, 3), _step_extra(bias_bl, sc, c, 2, 3),
-                       _step_extra(table_GRO, sc, c, None, 0))
+                       _step_extra(mask_bl, st, c, 2, 3), _step_extra(bias_bl, st, c, 2, 3),
+                       _step_extra(table_GRO, st, c, None, 0))
     return _rows_out(st, c, o, ob, st.bq, r), lse
 
-  o0 = jnp.zeros(q.shape[:3] + v.shape[3:], v.dtype)
-  o, lse = _steps(st, one, o0, st.nbc * st.ngc)
-  return o, (lse[None] if st.nbc * st.ngc == 1 else lse)
+  return _steps(one, jnp.zeros(q.shape[:3] + v.shape[3:], v.dtype), st.nbc * st.ngc)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -383,7 +377,6 @@ def _core_bwd(st, res, do):
   q, k, v, mask_bl, bias_bl, table_GRO, o, lse = res
   sc = _step_static(st)
   r = st.h // st.g
-  n_steps = st.nbc * st.ngc
   # rowsum(do * o) (B, T, H) for every step at once, as a matrix-vector product:
   # written as a sum, XLA:CPU fused it into a matmul (the dp matmul inside the loop,
   # the W_O backward outside) and ran that matmul at half speed (h = 8: 12 ms of 130).
@@ -392,21 +385,18 @@ def _core_bwd(st, res, do):
 
   def one(carry, c):
     dq, dk, dv, dbias, dtab = carry
-    lse_c = lse[c] if n_steps > 1 else lse[0]
     dq_c, dk_c, dv_c, db, dt = _backward(
         sc, _rows_in(st, c, q, st.nq, st.bq, r), _rows_in(st, c, k, st.nk, st.bk, 1),
-        _rows_in(st, c, v, st.nk, st.bk, 1), _step_extra(mask_bl, sc, c, 2, 3),
-        _step_extra(bias_bl, sc, c, 2, 3), _step_extra(table_GRO, sc, c, None, 0),
-        _rows_in(st, c, delta, st.nq, st.bq, r), lse_c,
-        _rows_in(st, c, do, st.nq, st.bq, r))
+        _rows_in(st, c, v, st.nk, st.bk, 1), _step_extra(mask_bl, st, c, 2, 3),
+        _step_extra(bias_bl, st, c, 2, 3), _step_extra(table_GRO, st, c, None, 0),
+        _rows_in(st, c, delta, st.nq, st.bq, r), lse[c], _rows_in(st, c, do, st.nq, st.bq, r))
     return (_rows_out(st, c, dq, dq_c, st.bq, r), _rows_out(st, c, dk, dk_c, st.bk, 1),
-            _rows_out(st, c, dv, dv_c, st.bk, 1), _step_add(dbias, db, sc, c, 2, 3),
-            _step_add(dtab, dt, sc, c, None, 0)), None
+            _rows_out(st, c, dv, dv_c, st.bk, 1), _step_add(dbias, db, st, c, 2, 3),
+            _step_add(dtab, dt, st, c, None, 0)), None
 
-  init = (jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype),
-          *(None if a is None or n_steps == 1 else jnp.zeros(a.shape, jnp.float32)
-            for a in (bias_bl, table_GRO)))
-  (dq, dk, dv, dbias, dtab), _ = _steps(st, one, init, n_steps)
+  init = tuple(None if a is None else jnp.zeros(a.shape, jnp.float32 if i > 2 else a.dtype)
+               for i, a in enumerate((q, k, v, bias_bl, table_GRO)))
+  (dq, dk, dv, dbias, dtab), _ = _steps(one, init, st.nbc * st.ngc)
   # q was scaled before the kernel; the chain rule through the scale happens outside.
   return (dq, dk, dv, None, None if dbias is None else dbias.astype(bias_bl.dtype),
           None if dtab is None else dtab.astype(table_GRO.dtype))
