@@ -42,6 +42,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.blocks import (_check_rank, _group, _shape_error, attention_scores,  # noqa: F401
+                             attention_weights, masked_softmax, merge_heads, mix_values,
+                             relative_bias, relative_index, split_heads)
 from mha_jax.kernels import dispatch as _dispatch
 from mha_jax.kernels import xla as _xla
 
@@ -64,149 +67,6 @@ class AttentionOutput(NamedTuple):
   out: jax.Array
   weights: jax.Array
   heads: jax.Array
-
-
-def _shape_error(name: str, value: Any, expected: str) -> ValueError:
-  shape = getattr(value, "shape", value)
-  return ValueError(f"{name} must be {expected}; got shape {tuple(shape)}"
-                    if hasattr(value, "shape") else f"{name} must be {expected}; got {value!r}")
-
-
-def _check_rank(name: str, x: Any, rank: int, letters: str) -> None:
-  if not hasattr(x, "shape") or x.ndim != rank:
-    raise _shape_error(name, x, f"a rank-{rank} array ({letters})")
-
-
-# --------------------------------------------------------------------------
-# Building blocks, each usable alone.
-# --------------------------------------------------------------------------
-
-
-def split_heads(x_BTD: jax.Array, num_heads: int) -> jax.Array:
-  """(B, T, H*K) -> (B, T, H, K) by reshape only: head i owns features [i*K, (i+1)*K)."""
-  _check_rank("x_BTD", x_BTD, 3, "B, T, D")
-  if not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
-    raise ValueError(f"num_heads must be a positive integer; got {num_heads!r}")
-  d = x_BTD.shape[-1]
-  if d % num_heads:
-    raise ValueError(
-        f"num_heads={num_heads} does not divide the last dimension {d} of x_BTD")
-  b, t, _ = x_BTD.shape
-  return x_BTD.reshape(b, t, int(num_heads), d // int(num_heads))
-
-
-def merge_heads(x_BTHK: jax.Array) -> jax.Array:
-  """(B, T, H, K) -> (B, T, H*K) by reshape only: the concatenation of the heads."""
-  _check_rank("x_BTHK", x_BTHK, 4, "B, T, H, K")
-  b, t, h, k = x_BTHK.shape
-  return x_BTHK.reshape(b, t, h * k)
-
-
-def _group(h: int, g: int, what: str) -> int:
-  """H // G, the query heads per key/value head; refuses G not dividing H."""
-  if g < 1 or h % g:
-    raise ValueError(f"{what}: the number of key/value heads G={g} must divide the number "
-                     f"of query heads H={h} (grouped-query attention)")
-  return h // g
-
-
-def attention_scores(q_BTHK: jax.Array, k_BSGK: jax.Array,
-                     scale: float | None = None) -> jax.Array:
-  """Scaled dot products of every query with every key, per query head.
-
-  Args:
-    q_BTHK: queries (B, T, H, K).
-    k_BSGK: keys (B, S, G, K); same B and K as the queries, G dividing H. Query head
-      i reads key head i // (H // G) (G = H: one key head per query head).
-    scale: multiplies the dot products. None means 1/sqrt(K), the head's own width.
-
-  Returns:
-    s_BHTS: (B, H, T, S) scores in float32.
-  """
-  _check_rank("q_BTHK", q_BTHK, 4, "B, T, H, K")
-  _check_rank("k_BSGK", k_BSGK, 4, "B, S, G, K")
-  bq, t, hq, kq = q_BTHK.shape
-  bk, s, hk, kk = k_BSGK.shape
-  if kq != kk:
-    raise ValueError(f"q_BTHK and k_BSGK must have the same head width K; got q "
-                     f"K={kq} (shape {q_BTHK.shape}) and k K={kk} (shape {k_BSGK.shape})")
-  r = _group(hq, hk, "q_BTHK and k_BSGK")
-  if bq != bk:
-    raise ValueError(f"q_BTHK and k_BSGK must have the same batch size; got {bq} and {bk}")
-  if scale is None:
-    scale = 1.0 / math.sqrt(kq)
-  # Scaling q (T*K numbers) rather than the scores (T*S per head) is the same maths
-  # and far cheaper when H is large.
-  q_BTHK = q_BTHK * jnp.asarray(scale, q_BTHK.dtype)
-  if r == 1:
-    return jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSGK, preferred_element_type=jnp.float32)
-  # Grouped: query head g*R + r reads key head g; no copy of the keys.
-  q_BTGRK = q_BTHK.reshape(bq, t, hk, r, kq)
-  s_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK,
-                       preferred_element_type=jnp.float32)
-  return s_BGRTS.reshape(bq, hq, t, s)
-
-
-def attention_weights(s_BHTS: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-  """Softmax over keys in float32, whatever the input dtype.
-
-  Args:
-    s_BHTS: scores (..., T, S).
-    mask: boolean, True = may attend, broadcastable to s_BHTS. Masked entries get
-      weight exactly 0; a row with no True gets all-zero weights (never NaN).
-
-  Returns:
-    w_BHTS: float32 weights of the scores' shape.
-  """
-  w_BHTS, live = masked_softmax(s_BHTS, mask)
-  return w_BHTS if live is None else w_BHTS * live
-
-
-def masked_softmax(s_BHTS: jax.Array, mask: jax.Array | None):
-  """(w_BHTS, live): float32 softmax over allowed keys, and live rows (..., T, 1) as
-  float32 1/0 (None when unmasked).
-
-  Masked scores are filled with the float32 minimum before jax.nn.softmax, whose own
-  derivative rule keeps the backward pass to one fused expression: a masked entry then
-  gets weight exactly 0 whenever its row allows any key. A row that allows none comes
-  out uniform here; callers zero it with `live` (computed on the unbroadcast mask, so
-  it is small for padding or causal masks).
-  """
-  s = jnp.asarray(s_BHTS).astype(jnp.float32)
-  if mask is None:
-    return jax.nn.softmax(s, axis=-1), None
-  mask = jnp.asarray(mask)
-  if mask.dtype != jnp.bool_:
-    raise ValueError(f"mask must be boolean (True = may attend); got dtype {mask.dtype}")
-  try:
-    if jnp.broadcast_shapes(mask.shape, s.shape) != s.shape:
-      raise ValueError
-  except ValueError:
-    raise ValueError(f"mask of shape {mask.shape} does not broadcast to the scores' "
-                     f"shape {s.shape}") from None
-  live = jnp.any(mask, axis=-1, keepdims=True)
-  w = jax.nn.softmax(jnp.where(mask, s, jnp.finfo(jnp.float32).min), axis=-1)
-  return w, live.astype(jnp.float32)
-
-
-def mix_values(w_BHTS: jax.Array, v_BSGK: jax.Array) -> jax.Array:
-  """Each query head's output: its weights times its value head's values.
-
-  (B, H, T, S) x (B, S, G, K) -> (B, T, H, K), G dividing H; query head i reads value
-  head i // (H // G).
-  """
-  _check_rank("w_BHTS", w_BHTS, 4, "B, H, T, S")
-  _check_rank("v_BSGK", v_BSGK, 4, "B, S, G, K")
-  b, h, t, s = w_BHTS.shape
-  g, k = v_BSGK.shape[2], v_BSGK.shape[3]
-  if s != v_BSGK.shape[1]:
-    raise ValueError(f"w_BHTS {w_BHTS.shape} and v_BSGK {v_BSGK.shape} disagree on S")
-  r = _group(h, g, "w_BHTS and v_BSGK")
-  w_BHTS = w_BHTS.astype(v_BSGK.dtype)
-  if r == 1:
-    return jnp.einsum("bhts,bshk->bthk", w_BHTS, v_BSGK)
-  o_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", w_BHTS.reshape(b, g, r, t, s), v_BSGK)
-  return o_BTGRK.reshape(b, t, h, k)
 
 
 # --------------------------------------------------------------------------
@@ -265,26 +125,6 @@ def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
   if max_rel:
     out[REL_BIAS] = jnp.zeros((h, 2 * int(max_rel) + 1), dtype)
   return out
-
-
-def relative_bias(table_HR: jax.Array, t: int, s: int, q_offset: Any = 0) -> jax.Array:
-  """(1, H, T, S) score bias table_HR[h, R + clip(j - i, -R, R)] for query i, key j.
-
-  The table is (H, 2R + 1): one scalar per head and clipped offset (Shaw et al. 2018;
-  T5 buckets offsets logarithmically instead of clipping). q_offset (an int, or a
-  traced scalar such as a KV cache's length) is the position of query 0.
-  """
-  r = (table_HR.shape[1] - 1) // 2
-  xp = np if isinstance(q_offset, (int, np.integer)) else jnp
-  off_TS = relative_index(xp.arange(t)[:, None] + q_offset, xp.arange(s)[None, :], r)
-  return table_HR[:, off_TS][None]
-
-
-def relative_index(q_pos, k_pos, r: int):
-  """Column of the (H, 2R + 1) relative-position table for query position q_pos and key
-  position k_pos (broadcast): R + clip(k - q, -R, R). NumPy in, NumPy out."""
-  xp = np if isinstance(q_pos, np.ndarray) and isinstance(k_pos, np.ndarray) else jnp
-  return xp.clip(k_pos - q_pos, -r, r) + r
 
 
 def param_shapes(d_model: int, num_heads: int, head_dim: int,

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.blocks import relative_index
+
 # Default block sizes: one block up to these lengths; measured on the 2-core CPU
 # (docs/results/bench_attention_*.json): fewer, larger blocks win there because each
 # loop step costs a few separate XLA kernels.
@@ -188,7 +190,6 @@ def _block_logits(st, q_i, k_j, i, j, mask_bl, bias_bl, table_GRO):
   if bias_bl is not None:
     s_ = s_ + _pick(bias_bl, i, j).astype(jnp.float32)
   if table_GRO is not None:
-    from mha_jax.attention import relative_index   # attention imports this module
     off = relative_index(qpos, kpos, (table_GRO.shape[-1] - 1) // 2)      # (bq, bk)
     s_ = s_ + table_GRO[:, :, off].astype(jnp.float32)[None]
   return s_, ok
@@ -288,7 +289,6 @@ def _backward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO, delta, lse, dob):
         jj = j if dbias.shape[1] > 1 else 0
         dbias = dbias.at[ii, jj].add(blk)
       if dtab is not None:
-        from mha_jax.attention import relative_index
         qpos = i * st.bq + jnp.arange(st.bq)[:, None]
         kpos = j * st.bk + jnp.arange(st.bk)[None, :]
         off = relative_index(qpos, kpos, (dtab.shape[-1] - 1) // 2).reshape(-1)

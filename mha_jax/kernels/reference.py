@@ -1,7 +1,6 @@
 """The reference kernel: explicit (B, H, T, S) weights, what every analysis reads.
 
-It is attention.py's building blocks (scores, softmax, mix) in sequence; they stay
-in attention.py, the textbook's lines, and are imported when the kernel runs.
+It is the building blocks of blocks.py (scores, softmax, mix) in sequence.
 """
 
 from __future__ import annotations
@@ -9,16 +8,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from mha_jax import blocks
+
 
 def reference_kernel(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
                      mask_BHTS: jax.Array | None, bias_BHTS: jax.Array | None = None):
   """(o (B, T, H, K), w (B, H, T, S) float32); G key/value heads dividing H."""
-  from mha_jax import attention  # the building blocks; attention imports this module
-  s_BHTS = attention.attention_scores(q_BTHK, k_BSGK)
+  s_BHTS = blocks.attention_scores(q_BTHK, k_BSGK)
   if bias_BHTS is not None:
     s_BHTS = s_BHTS + bias_BHTS.astype(s_BHTS.dtype)
-  w_BHTS, live = attention.masked_softmax(s_BHTS, mask_BHTS)
-  o_BTHK = attention.mix_values(w_BHTS, v_BSGK)
+  w_BHTS, live = blocks.masked_softmax(s_BHTS, mask_BHTS)
+  o_BTHK = blocks.mix_values(w_BHTS, v_BSGK)
   if live is None:
     return o_BTHK, w_BHTS
   # Rows with no allowed key: zero weights and a zero output, the latter applied to the
