@@ -363,6 +363,18 @@ def _cmd_generate(args) -> int:
   return 0
 
 
+def _cmd_patch(args) -> int:
+  from mha_jax.loader import load
+  from mha_jax.patching import run as patch_run
+  summary = patch_run.study(load(args.workdir), args.out, task=args.task,
+                            pairs_file=args.pairs, methods=args.method,
+                            n_pairs=args.n_pairs, seed=args.seed,
+                            per_position=args.per_position, receivers=args.receivers)
+  print(patch_run.format_summary(summary))
+  print(f"wrote {args.out}/ (patching.json, dla.json, attribution.json, path.json, *.png)")
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="mha-jax", description=__doc__, allow_abbrev=False)
   sub = p.add_subparsers(dest="command", required=True)
@@ -507,6 +519,24 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--max-new-tokens", type=int, default=16)
   g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
   g.set_defaults(func=_cmd_generate)
+
+  pa = sub.add_parser("patch", help="activation, path and attribution patching; DLA")
+  pa.add_argument("--workdir", required=True)
+  pa.add_argument("--task", choices=("ioi", "induction"), default=None)
+  pa.add_argument("--pairs", default=None, help="a JSONL file, one {clean, corrupt, "
+                  "answer, wrong} a line")
+  pa.add_argument("--method", type=_list_of(str, "method names"),
+                  default=("activation", "attribution"),
+                  help="comma-separated: activation, path, attribution (default: "
+                       "activation,attribution)")
+  pa.add_argument("--n-pairs", type=int, default=8, help="built-in tasks: pairs drawn")
+  pa.add_argument("--seed", type=int, default=0)
+  pa.add_argument("--per-position", action="store_true",
+                  help="also patch every head at every position")
+  pa.add_argument("--receivers", type=int, default=2,
+                  help="path patching: the top heads whose q, k, v receive")
+  pa.add_argument("--out", required=True)
+  pa.set_defaults(func=_cmd_patch)
 
   b = sub.add_parser("bench", help="benchmarks")
   bsub = b.add_subparsers(dest="bench", required=True)

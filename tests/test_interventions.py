@@ -33,8 +33,9 @@ def fwd(params, tokens, edits=None, read=()):
 
 def numpy_llama(params, tokens, patch=None):
   """Float64 LLaMA forward written from the formulas, with explicit substitution:
-  patch {(layer, site): fn(value) -> value} at "z" (B, T, H, K), "k" (B, T, G, K),
-  "resid_pre", "mlp_out" (B, T, D). Returns (logits, {(layer, site): value})."""
+  patch {(layer, site): fn(value) -> value} at "q", "z" (B, T, H, K), "k", "v"
+  (B, T, G, K), "k_q", "v_q" (B, T, H, K), "resid_pre", "mlp_out", "resid_post"
+  (B, T, D). Returns (logits, {(layer, site): value}; "final_scale": 1/rms)."""
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   patch = patch or {}
   seen = {}
@@ -62,22 +63,25 @@ def numpy_llama(params, tokens, patch=None):
         q[bb, :, hh] = numpy_rope(q[bb, :, hh], np.arange(t), SPEC.rope_base)
       for g in range(G):
         k[bb, :, g] = numpy_rope(k[bb, :, g], np.arange(t), SPEC.rope_base)
-    k = site(i, "k", k)
+    k, v, q = site(i, "k", k), site(i, "v", v), site(i, "q", q)
+    kq = site(i, "k_q", np.repeat(k, H // G, axis=2))    # as each query head reads them
+    vq = site(i, "v_q", np.repeat(v, H // G, axis=2))
     z = np.zeros((b, t, H, K))
     for bb in range(b):
       for hh in range(H):
-        s = q[bb, :, hh] @ k[bb, :, hh // (H // G)].T / np.sqrt(K)
+        s = q[bb, :, hh] @ kq[bb, :, hh].T / np.sqrt(K)
         s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
         w = np.exp(s - s.max(-1, keepdims=True))
         w /= w.sum(-1, keepdims=True)
-        z[bb, :, hh] = w @ v[bb, :, hh // (H // G)]
+        z[bb, :, hh] = w @ vq[bb, :, hh]
     z = site(i, "z", z)
     x = x + np.einsum("bthk,hkd->btd", z, a["wo"])
     m = lp["mlp"]
     h2 = rms(lp["ln2"]["scale"], x)
     g1 = h2 @ m["w_gate"]
     mo = site(i, "mlp_out", ((g1 / (1 + np.exp(-g1))) * (h2 @ m["w_up"])) @ m["w_down"])
-    x = x + mo
+    x = site(i, "resid_post", x + mo)
+  seen["final_scale"] = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + SPEC.norm_eps)
   x = rms(p["lm"]["ln_final"]["scale"], x)
   return x @ p["embed"].T, seen
 

@@ -1,0 +1,1 @@
+"""Causal head studies: activation, path and attribution patching, DLA, the logit lens."""

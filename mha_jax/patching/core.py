@@ -1,0 +1,450 @@
+"""Causal head studies on prompt pairs, through the model's own forward and its sites.
+
+A `Study` holds a task (what `mha_jax.load` returns), its params and `Pairs`. Every
+method is one jit-compiled program (cached on the study) that runs the forward with
+`interventions` edits: a sweep over many interventions is a vmap over them, chunked
+to a memory budget with `jax.lax.map(..., batch_size=chunk)`, never a Python loop of
+forwards.
+
+  activation   patch one site (head outputs z, q, k, v per query head, k, v per kv
+               head, the residual stream) from the source run into the base run, for
+               every layer and head (and position); denoising = clean into corrupt,
+               noising = corrupt into clean.
+  path         sender head -> receivers' q, k or v (or the logits): the sender
+               patched, every other head frozen at the base run, the receivers'
+               inputs recorded, then patched into the base run (Wang et al. 2022).
+  attribution  (a_source - a_base) . dM/da at the base run for every head and
+               position, from one forward and one backward (Nanda 2023).
+  dla          each head's and MLP's direct contribution to logit(answer) -
+               logit(wrong), the final norm's scale frozen from the clean run.
+  logit_lens   each layer's residual through the final norm and the unembedding.
+
+Metrics from the logits at each prompt's last position: the logit difference LD =
+logit(answer) - logit(wrong), the normalised recovery (LD - LD_corrupt) /
+(LD_clean - LD_corrupt) of the pair-mean LDs, the answer's probability and its loss
+(-log p).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mha_jax import interventions as I
+from mha_jax.errors import UserError
+from mha_jax.patching.pairs import Pairs
+
+HEAD_SITES = ("z", "q", "k_q", "v_q", "result")     # per query head
+KV_SITES = ("k", "v")                                # per key/value head
+STREAM_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+DIRECTIONS = ("denoise", "noise")
+CHANNELS = ("q", "k", "v", "logits")
+_CHANNEL_SITE = {"q": "q", "k": "k_q", "v": "v_q"}
+
+
+def _site(layer: int, site: str) -> str:
+  if site in HEAD_SITES or site in KV_SITES or site == "pattern":
+    return f"lm.{layer}.attn.{site}"
+  if site in STREAM_SITES:
+    return f"lm.{layer}.{site}"
+  raise UserError(f"site must be one of {HEAD_SITES + KV_SITES + STREAM_SITES}; got {site!r}")
+
+
+def metrics(ld_MN, logp_MN, ld_clean_N, ld_corrupt_N) -> dict[str, np.ndarray]:
+  """Pair means of (…, N) logit differences and answer log-probs: logit_diff, recovery,
+  prob, loss, each of shape (…)."""
+  ld, lp = np.asarray(ld_MN, np.float64), np.asarray(logp_MN, np.float64)
+  c, x = float(np.mean(ld_clean_N)), float(np.mean(ld_corrupt_N))
+  denom = c - x if abs(c - x) > 1e-12 else np.nan
+  return {"logit_diff": ld.mean(-1), "recovery": (ld.mean(-1) - x) / denom,
+          "prob": np.exp(lp).mean(-1), "loss": -lp.mean(-1)}
+
+
+def agreement(estimate, exact, top: int = 10) -> dict[str, float]:
+  """Pearson and Spearman correlation of two score tables (NaNs dropped) and the overlap
+  of their top-`top` entries by absolute value (a fraction of `top`)."""
+  from scipy import stats
+  a, b = np.ravel(np.asarray(estimate, np.float64)), np.ravel(np.asarray(exact, np.float64))
+  ok = np.isfinite(a) & np.isfinite(b)
+  a, b = a[ok], b[ok]
+  k = min(top, len(a))
+  ta = set(np.argsort(-np.abs(a))[:k])
+  tb = set(np.argsort(-np.abs(b))[:k])
+  return {"pearson": float(stats.pearsonr(a, b)[0]),
+          "spearman": float(stats.spearmanr(a, b)[0]),
+          f"top{top}_overlap": len(ta & tb) / max(k, 1), "n": int(len(a))}
+
+
+class Study:
+  """Clean/corrupt pairs on one model: every method below is one compiled program.
+
+  task: the Task `mha_jax.load` returns (an LM: `apply(params, batch, hook=...)` with
+    batch {"tokens", "logits_at"}); params: its params; pairs: Pairs.
+  memory_budget: bytes a sweep's chunk of interventions may take (default 2 GiB).
+  """
+
+  def __init__(self, task, params, pairs: Pairs, *, memory_budget: int = 2 << 30):
+    self.task, self.params, self.pairs = task, params, pairs
+    self.memory_budget = int(memory_budget)
+    n, t = pairs.clean.shape
+    extra = lambda a: np.concatenate([a, a[:, -1:]], axis=1)  # noqa: E731 apply shifts by 1
+    self.tokens = {"clean": jnp.asarray(extra(pairs.clean)),
+                   "corrupt": jnp.asarray(extra(pairs.corrupt))}
+    self.at = jnp.asarray(pairs.length - 1, jnp.int32)
+    self.answer = jnp.asarray(pairs.answer)
+    self.wrong = jnp.asarray(pairs.wrong)
+    self.n, self.t = n, t
+    self._jit: dict = {}
+    shapes = jax.eval_shape(
+        lambda p: self._forward(p, self.tokens["clean"], read=("lm.*.attn.z", "lm.*.attn.k")),
+        params)
+    logits, vals = shapes
+    self.vocab = logits.shape[-1]
+    self.layers = sum(1 for k in vals if k.endswith(".attn.z"))
+    if self.layers == 0:
+      raise UserError("this model has no lm.{i}.attn sites: patching studies need a "
+                      "decoder-only LM")
+    self.heads = [vals[f"lm.{i}.attn.z"].shape[2] for i in range(self.layers)]
+    self.kv_heads = [vals[f"lm.{i}.attn.k"].shape[2] for i in range(self.layers)]
+    self.head_dim = [vals[f"lm.{i}.attn.z"].shape[3] for i in range(self.layers)]
+    self.d_model = jax.eval_shape(
+        lambda p: self._forward(p, self.tokens["clean"], read=("lm.0.resid_pre",)),
+        params)[1]["lm.0.resid_pre"].shape[-1]
+    base = self.baseline()
+    self.ld_clean, self.ld_corrupt = base["clean"]["ld"], base["corrupt"]["ld"]
+
+  # ------------------------------------------------------------------ forward
+  def _forward(self, params, tokens, edits=None, read=()):
+    """(logits (N, V) float32 at each prompt's last position, values read)."""
+    batch = {"tokens": tokens, "logits_at": self.at}
+    out, vals = I.run(lambda hook: self.task.apply(params, batch, hook=hook), edits, read)
+    return out[:, 0].astype(jnp.float32), vals
+
+  def _score(self, logits_NV):
+    """(LD (N,), log p(answer) (N,))."""
+    rows = jnp.arange(logits_NV.shape[0])
+    ld = logits_NV[rows, self.answer] - logits_NV[rows, self.wrong]
+    logp = jax.nn.log_softmax(logits_NV, axis=-1)[rows, self.answer]
+    return ld, logp
+
+  def _cached(self, key, build):
+    if key not in self._jit:
+      self._jit[key] = jax.jit(build())
+    return self._jit[key]
+
+  def _chunk(self, m: int, factor: float = 1.0) -> int:
+    """Interventions per chunk: a rough per-intervention footprint of one forward."""
+    hmax = max(self.heads)
+    per = 4 * self.n * (self.t * (24 * self.d_model + 4 * hmax * self.t) + 2 * self.vocab)
+    return int(max(1, min(m, self.memory_budget // max(1, int(per * factor)))))
+
+  def _runs(self, direction):
+    if direction not in DIRECTIONS:
+      raise UserError(f"direction must be one of {DIRECTIONS}; got {direction!r}")
+    return ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
+
+  def baseline(self) -> dict:
+    """{"clean", "corrupt": {"ld", "logp": (N,)}} of the unpatched runs."""
+    fn = self._cached("baseline", lambda: lambda p, a, b: (
+        self._score(self._forward(p, a)[0]), self._score(self._forward(p, b)[0])))
+    (lc, pc), (lx, px) = fn(self.params, self.tokens["clean"], self.tokens["corrupt"])
+    return {"clean": {"ld": np.asarray(lc), "logp": np.asarray(pc)},
+            "corrupt": {"ld": np.asarray(lx), "logp": np.asarray(px)}}
+
+  def values(self, run: str, read: Sequence[str]) -> dict:
+    """{site: value} of the clean or corrupt run (one compiled forward per read set)."""
+    read = tuple(read)
+    fn = self._cached(("values", read), lambda: lambda p, tok: self._forward(p, tok,
+                                                                              read=read)[1])
+    return fn(self.params, self.tokens[run])
+
+  # ------------------------------------------------------------------ activation patching
+  def patch(self, site: str = "z", *, per_position: bool = False,
+            direction: str = "denoise", chunk: int | None = None) -> dict:
+    """Activation patching of `site` for every layer and head (per query head on
+    z/q/k_q/v_q/result, per kv head on k/v, none on the stream sites) and, with
+    per_position, every position; all in one program.
+
+    Returns metrics(...) arrays of shape (L, H_max[, T]) (or (L[, T]) for stream
+    sites), NaN where a layer has fewer heads, plus "ld" (…, N) per pair.
+    """
+    base_run, src_run = self._runs(direction)
+    _site(0, site)
+    per_head = site in HEAD_SITES or site in KV_SITES
+    counts = (self.kv_heads if site in KV_SITES else self.heads) if per_head else [1] * self.layers
+    hmax = max(counts)
+    idx = [(l, h, p) for l in range(self.layers) for h in range(counts[l])
+           for p in (range(self.t) if per_position else (-1,))]
+    ls, hs, ps = (jnp.asarray(np.asarray(c, np.int32)) for c in zip(*idx))
+    names = tuple(_site(i, site) for i in range(self.layers))
+    chunk = chunk or self._chunk(len(idx))
+
+    def build():
+      def fn(params, base_tok, src_tok, ls, hs, ps):
+        src = self._forward(params, src_tok, read=names)[1]
+        ar_t = jnp.arange(self.t)
+
+        def one(ix):
+          l, h, p = ix
+          edits = {}
+          for i, name in enumerate(names):
+            sel = {"positions": ((ar_t == p) | (p < 0)) & (i == l)}
+            if per_head:
+              sel["heads"] = jnp.arange(counts[i]) == h
+            edits[name] = I.replace(src[name], **sel)
+          return self._score(self._forward(params, base_tok, edits)[0])
+
+        return jax.lax.map(one, (ls, hs, ps), batch_size=chunk)
+      return fn
+
+    fn = self._cached(("patch", site, per_position, direction, chunk), build)
+    ld, logp = fn(self.params, self.tokens[base_run], self.tokens[src_run], ls, hs, ps)
+    return self._table(idx, np.asarray(ld), np.asarray(logp), hmax, per_head, per_position)
+
+  def _table(self, idx, ld, logp, hmax, per_head, per_position):
+    shape = (self.layers,) + ((hmax,) if per_head else ()) + ((self.t,) if per_position else ())
+    full_ld = np.full(shape + (self.n,), np.nan)
+    full_lp = np.full(shape + (self.n,), np.nan)
+    for row, (l, h, p) in enumerate(idx):
+      key = (l,) + ((h,) if per_head else ()) + ((p,) if per_position else ())
+      full_ld[key], full_lp[key] = ld[row], logp[row]
+    out = metrics(full_ld, full_lp, self.ld_clean, self.ld_corrupt)
+    out["ld"] = full_ld
+    return out
+
+  def patch_one(self, site: str, layer: int, head: int | None = None,
+                position: int | None = None, direction: str = "denoise") -> dict:
+    """One intervention, one forward (the reference the batched sweep must equal)."""
+    base_run, src_run = self._runs(direction)
+    name = _site(layer, site)
+    src = self.values(src_run, (name,))[name]
+    sel = {}
+    if head is not None:
+      sel["heads"] = head
+    if position is not None:
+      sel["positions"] = position
+    fn = self._cached("one", lambda: lambda p, tok, edits: self._score(
+        self._forward(p, tok, edits)[0]))
+    ld, logp = fn(self.params, self.tokens[base_run], {name: I.replace(src, **sel)})
+    return metrics(np.asarray(ld), np.asarray(logp), self.ld_clean, self.ld_corrupt)
+
+  # ------------------------------------------------------------------ attribution patching
+  def attribution(self, sites: Sequence[str] = ("z",), direction: str = "denoise") -> dict:
+    """AtP: for each site, (a_source - a_base) . d mean-LD / da at the base run, summed
+    over the head width, in the recovery normalisation (divided by LD_clean -
+    LD_corrupt). One forward of the source run, one forward+backward of the base run.
+
+    Returns {site: {"per_position": (L, H_max, T), "heads": (L, H_max)}} (stream sites:
+    (L, T) and (L,)).
+    """
+    base_run, src_run = self._runs(direction)
+    sites = tuple(sites)
+    names = {s: tuple(_site(i, s) for i in range(self.layers)) for s in sites}
+    flat = tuple(n for s in sites for n in names[s])
+
+    def build():
+      def fn(params, base_tok, src_tok):
+        src = self._forward(params, src_tok, read=flat)[1]
+        base = self._forward(params, base_tok, read=flat)[1]
+        zeros = {n: jnp.zeros_like(base[n]) for n in flat}
+
+        def mean_ld(deltas):
+          logits, _ = self._forward(params, base_tok, {n: I.add(d) for n, d in deltas.items()})
+          return self._score(logits)[0].mean()
+
+        grads = jax.grad(mean_ld)(zeros)
+        return {n: (src[n] - base[n]) * grads[n] for n in flat}
+      return fn
+
+    fn = self._cached(("atp", sites, direction), build)
+    prod = fn(self.params, self.tokens[base_run], self.tokens[src_run])
+    denom = float(np.mean(self.ld_clean) - np.mean(self.ld_corrupt))
+    out = {}
+    for s in sites:
+      per = []
+      for n in names[s]:
+        v = np.asarray(prod[n], np.float64) * self.n / denom   # grad carries 1/N
+        if s in HEAD_SITES or s in KV_SITES:
+          per.append(v.sum(axis=3).mean(0).T)                   # (H, T)
+        else:
+          per.append(v.sum(axis=2).mean(0))                     # (T,)
+      if s in HEAD_SITES or s in KV_SITES:
+        hmax = max(p.shape[0] for p in per)
+        arr = np.full((self.layers, hmax, self.t), np.nan)
+        for i, p in enumerate(per):
+          arr[i, :p.shape[0]] = p
+        out[s] = {"per_position": arr, "heads": arr.sum(-1)}
+      else:
+        arr = np.stack(per)
+        out[s] = {"per_position": arr, "heads": arr.sum(-1)}
+    return out
+
+  def forward_backward_seconds(self, rounds: int = 3) -> float:
+    """Median seconds of one forward+backward of the mean LD on the corrupt run (the
+    unit AtP's cost is quoted in)."""
+    fn = self._cached("fwdbwd", lambda: jax.grad(
+        lambda p, tok: self._score(self._forward(p, tok)[0])[0].mean()))
+    jax.block_until_ready(fn(self.params, self.tokens["corrupt"]))
+    times = []
+    for _ in range(rounds):
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(self.params, self.tokens["corrupt"]))
+      times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+  # ------------------------------------------------------------------ path patching
+  def path_patch(self, receivers: Sequence[tuple[int, int]] | str = "logits",
+                 channel: str = "q", direction: str = "denoise",
+                 chunk: int | None = None) -> dict:
+    """Path patching from every sender head to each receiver head through its `channel`
+    input ("q", "k", "v": as that query head reads it), or to the logits
+    (receivers="logits" or channel="logits").
+
+    Step 1 (base run): the sender's z from the source run, every other head's z frozen
+    at the base run (MLPs recompute); the receiver's channel is recorded. Step 2 (base
+    run): the receiver's channel replaced by the recording. For the logits, step 1's
+    logits are the result. All (sender, receiver) pairs in one program.
+
+    Returns metrics arrays of shape (L, H_max, R) (R = 1 for the logits) and
+    "receivers".
+    """
+    base_run, src_run = self._runs(direction)
+    to_logits = receivers == "logits" or channel == "logits"
+    if not to_logits and channel not in _CHANNEL_SITE:
+      raise UserError(f"channel must be one of {CHANNELS}; got {channel!r}")
+    recv = [(-1, -1)] if to_logits else [(int(a), int(b)) for a, b in receivers]
+    for a, b in recv:
+      if not to_logits and not (0 <= a < self.layers and 0 <= b < self.heads[a]):
+        raise UserError(f"receiver lm.{a}.{b} is not a head of this model")
+    idx = [(l, h, r) for r in range(len(recv)) for l in range(self.layers)
+           for h in range(self.heads[l])]
+    ls, hs, rs = (jnp.asarray(np.asarray(c, np.int32)) for c in zip(*idx))
+    rl = jnp.asarray([a for a, _ in recv], jnp.int32)
+    rh = jnp.asarray([b for _, b in recv], jnp.int32)
+    zn = tuple(_site(i, "z") for i in range(self.layers))
+    cn = () if to_logits else tuple(_site(i, _CHANNEL_SITE[channel])
+                                    for i in range(self.layers))
+    chunk = chunk or self._chunk(len(idx), factor=2.0)
+
+    def build():
+      def fn(params, base_tok, src_tok, ls, hs, rs, rl, rh):
+        src = self._forward(params, src_tok, read=zn)[1]
+        base = self._forward(params, base_tok, read=zn)[1]
+
+        def one(ix):
+          l, h, r = ix
+          frozen = {}
+          for i, n in enumerate(zn):
+            sender = (jnp.arange(self.heads[i]) == h) & (i == l)
+            frozen[n] = [I.replace(base[n]), I.replace(src[n], heads=sender)]
+          logits, rec = self._forward(params, base_tok, frozen, read=cn)
+          if to_logits:
+            return self._score(logits)
+          edits = {n: I.replace(rec[n], heads=(jnp.arange(self.heads[i]) == rh[r])
+                                & (i == rl[r])) for i, n in enumerate(cn)}
+          return self._score(self._forward(params, base_tok, edits)[0])
+
+        return jax.lax.map(one, (ls, hs, rs), batch_size=chunk)
+      return fn
+
+    key = ("path", to_logits, channel, direction, len(recv), chunk)
+    fn = self._cached(key, build)
+    ld, logp = fn(self.params, self.tokens[base_run], self.tokens[src_run], ls, hs, rs, rl, rh)
+    ld, logp = np.asarray(ld), np.asarray(logp)
+    hmax = max(self.heads)
+    full_ld = np.full((self.layers, hmax, len(recv), self.n), np.nan)
+    full_lp = np.full_like(full_ld, np.nan)
+    for row, (l, h, r) in enumerate(idx):
+      full_ld[l, h, r], full_lp[l, h, r] = ld[row], logp[row]
+    out = metrics(full_ld, full_lp, self.ld_clean, self.ld_corrupt)
+    out["ld"] = full_ld
+    out["receivers"] = ["logits"] if to_logits else [f"lm.{a}.{b}" for a, b in recv]
+    return out
+
+  # ------------------------------------------------------------------ DLA and logit lens
+  def dla(self, run: str = "clean") -> dict:
+    """Direct logit attribution on `run`: each head's result and each MLP's output at
+    the last position, dotted with the direction of d LD / d (final residual) with the
+    final norm's scale frozen at this run's value (LD is then affine in the residual).
+
+    Returns {"heads": (L, H_max), "mlp": (L,), "embed": float, "ld": mean LD,
+    "ld_frozen_sum": heads + MLPs + embeddings (+ biases: the rest)} as pair means.
+    """
+    last = f"lm.{self.layers - 1}.resid_post"
+    rn = tuple(_site(i, "result") for i in range(self.layers))
+    mn = tuple(_site(i, "mlp_out") for i in range(self.layers))
+    read = rn + mn + ("lm.0.resid_pre", "lm.ln_final.scale", last)
+
+    def build():
+      def fn(params, tok):
+        _, vals = self._forward(params, tok, read=read)
+        scale = jax.lax.stop_gradient(vals["lm.ln_final.scale"])
+
+        def ld_of(delta):
+          logits, _ = self._forward(params, tok, {"lm.ln_final.scale": I.replace(scale),
+                                                  last: I.add(delta)})
+          return self._score(logits)[0].sum()
+
+        g = jax.grad(ld_of)(jnp.zeros_like(vals[last]))      # (N, T, D)
+        heads = [jnp.einsum("nthd,ntd->nh", vals[n], g) for n in rn]
+        mlp = jnp.stack([jnp.einsum("ntd,ntd->n", vals[n], g) if n in vals   # attn-only
+                         else jnp.zeros(g.shape[:1]) for n in mn])
+        embed = jnp.einsum("ntd,ntd->n", vals["lm.0.resid_pre"], g)
+        return heads, mlp, embed
+      return fn
+
+    fn = self._cached(("dla", run), build)
+    heads, mlp, embed = fn(self.params, self.tokens[run])
+    hmax = max(self.heads)
+    arr = np.full((self.layers, hmax), np.nan)
+    for i, hd in enumerate(heads):
+      arr[i, :hd.shape[1]] = np.asarray(hd, np.float64).mean(0)
+    mlp = np.asarray(mlp, np.float64).mean(1)
+    embed = float(np.asarray(embed, np.float64).mean())
+    ld = float(np.mean(self.ld_clean if run == "clean" else self.ld_corrupt))
+    return {"heads": arr, "mlp": mlp, "embed": embed, "ld": ld,
+            "ld_frozen_sum": float(np.nansum(arr) + mlp.sum() + embed)}
+
+  def logit_lens(self, run: str = "clean") -> dict:
+    """Each layer's residual (the embeddings, then after every layer) read through the
+    final norm and the unembedding. Returns metrics arrays of shape (L + 1,)."""
+    last = f"lm.{self.layers - 1}.resid_post"
+    read = ("lm.0.resid_pre",) + tuple(_site(i, "resid_post") for i in range(self.layers))
+
+    def build():
+      def fn(params, tok):
+        vals = self._forward(params, tok, read=read)[1]
+        stack = jnp.stack([vals[n] for n in read])
+        return jax.lax.map(lambda r: self._score(self._forward(
+            params, tok, {last: I.replace(r)})[0]), stack)
+      return fn
+
+    fn = self._cached(("lens", run), build)
+    ld, logp = fn(self.params, self.tokens[run])
+    out = metrics(np.asarray(ld), np.asarray(logp), self.ld_clean, self.ld_corrupt)
+    out["ld"] = np.asarray(ld)
+    return out
+
+
+def head_table(arr_LH, counts: Sequence[int] | None = None, kv: bool = False) -> dict:
+  """{"lm.l.h": value} of an (L, H) table (NaN entries skipped); kv names kv heads the
+  same way (their table says which)."""
+  out = {}
+  for l, row in enumerate(np.asarray(arr_LH)):
+    for h, v in enumerate(row):
+      if counts is not None and h >= counts[l]:
+        continue
+      if np.isfinite(v):
+        out[f"lm.{l}.{h}"] = round(float(v), 6)
+  return out
+
+
+def top(table: dict, k: int = 10, by_abs: bool = False) -> list[tuple[str, float]]:
+  """The k largest entries of a {name: value} table (by absolute value when asked)."""
+  key = (lambda kv: -abs(kv[1])) if by_abs else (lambda kv: -kv[1])
+  return sorted(table.items(), key=key)[:k]

@@ -1,0 +1,219 @@
+"""`mha-jax patch`: a causal head study of one workdir, written as JSON and heatmaps.
+
+  DIR/patching.json     the pairs (clean and corrupt logit differences); under "scores"
+                        one table per patched site keyed by head name, the recovery
+                        (LD - LD_corrupt) / (LD_clean - LD_corrupt) of the pair means:
+                        head_out, q, k, v (per query head) and k_kv, v_kv (per key/value
+                        head, "lm.{layer}.{kv head}"); "resid" per layer and position;
+                        the logit lens; the top heads
+  DIR/dla.json          "heads": mean direct logit attribution on the clean runs, "mlp"
+  DIR/attribution.json  AtP scores of head outputs and their agreement with exact
+                        patching (Pearson, Spearman, top-10 overlap), with the seconds
+  DIR/path.json         path patching: every sender to the logits, and to the top
+                        heads' q, k, v; the strongest edges
+  DIR/*.png             layer x head heatmaps
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from mha_jax import storage
+from mha_jax.errors import UserError
+from mha_jax.patching import core, pairs as pairs_lib
+
+METHODS = ("activation", "path", "attribution")
+TASKS = ("ioi", "induction")
+
+
+def make_pairs(run, task: str | None, pairs_file: str | None, n: int, seed: int):
+  if (task is None) == (pairs_file is None):
+    raise UserError("give exactly one of --task (ioi, induction) and --pairs FILE.jsonl")
+  if pairs_file is not None:
+    return pairs_lib.read_pairs(run.model, pairs_file)
+  if task == "ioi":
+    return pairs_lib.ioi_pairs(run.model, n, seed)
+  if task == "induction":
+    return pairs_lib.induction_pairs(run.model, n, seed=seed)
+  raise UserError(f"--task must be one of {TASKS}; got {task!r}")
+
+
+def _heatmap(arr, title: str, path: str, xlabel: str = "head", cmap: str = "RdBu_r") -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  a = np.asarray(arr, np.float64)
+  lim = np.nanmax(np.abs(a)) if np.isfinite(a).any() else 1.0
+  fig, ax = plt.subplots(figsize=(max(3.5, 0.35 * a.shape[1] + 2), max(3, 0.22 * a.shape[0] + 1.2)))
+  im = ax.imshow(a, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel("layer")
+  ax.set_title(title, fontsize=9)
+  fig.colorbar(im, ax=ax)
+  fig.tight_layout()
+  storage.savefig(fig, path, dpi=110)
+  plt.close(fig)
+
+
+def _per_layer_positions(arr_LT) -> dict:
+  return {f"lm.{l}": [round(float(v), 6) for v in row] for l, row in enumerate(arr_LT)}
+
+
+def _timed(fn):
+  t0 = time.perf_counter()
+  out = fn()
+  return out, time.perf_counter() - t0
+
+
+def study(run, out: str, *, task: str | None = None, pairs_file: str | None = None,
+          methods: Sequence[str] = ("activation", "attribution"), n_pairs: int = 8,
+          seed: int = 0, per_position: bool = False, receivers: int = 2, top: int = 10,
+          log=print) -> dict:
+  """Runs the asked methods on the pairs; writes the files in `out`; returns a summary."""
+  bad = [m for m in methods if m not in METHODS]
+  if bad or not methods:
+    raise UserError(f"--method must be a comma-separated subset of {METHODS}; got "
+                    f"{','.join(methods)!r}")
+  pairs = make_pairs(run, task, pairs_file, n_pairs, seed)
+  s = core.Study(run.model, run.params, pairs)
+  storage.makedirs(out)
+  heads = s.heads
+  label = task or "pairs"
+  summary = {"pairs": len(pairs), "layers": s.layers, "heads": heads[0],
+             "kv_heads": s.kv_heads[0], "ld_clean": float(np.mean(s.ld_clean)),
+             "ld_corrupt": float(np.mean(s.ld_corrupt)), "seconds": {}}
+  log(f"{len(pairs)} pairs, mean logit difference clean {summary['ld_clean']:.3f}, "
+      f"corrupt {summary['ld_corrupt']:.3f}")
+  gqa = any(g != h for g, h in zip(s.kv_heads, heads))
+  exact_heads = None
+  doc = {"workdir": run.workdir, "task": label, "direction": "denoise (clean into corrupt)",
+         "metric": "recovery = (LD_patched - LD_corrupt) / (LD_clean - LD_corrupt) of the "
+                   "pair-mean logit differences LD = logit(answer) - logit(wrong)",
+         "ld_clean": summary["ld_clean"], "ld_corrupt": summary["ld_corrupt"],
+         "pairs": [{**p, "ld_clean": round(float(c), 6), "ld_corrupt": round(float(x), 6)}
+                   for p, c, x in zip(pairs.to_json(), s.ld_clean, s.ld_corrupt)],
+         "scores": {}}
+  if "activation" in methods:
+    sites = [("head_out", "z"), ("q", "q"), ("k", "k_q"), ("v", "v_q")]
+    if gqa:
+      sites += [("k_kv", "k"), ("v_kv", "v")]
+    for name, site in sites:
+      res, sec = _timed(lambda: s.patch(site))
+      summary["seconds"][f"patch_{name}"] = round(sec, 2)
+      counts = s.kv_heads if site in core.KV_SITES else heads
+      doc["scores"][name] = core.head_table(res["recovery"], counts)
+      if name == "head_out":
+        exact_heads = res["recovery"]
+      _heatmap(res["recovery"], f"{label}: recovery, patching {name} (clean into corrupt)",
+               storage.join(out, f"patching_{name}.png"),
+               "kv head" if site in core.KV_SITES else "head")
+    res, sec = _timed(lambda: s.patch("resid_pre", per_position=True))
+    summary["seconds"]["patch_resid_pre"] = round(sec, 2)
+    doc["resid"] = _per_layer_positions(res["recovery"])
+    _heatmap(res["recovery"], f"{label}: recovery, patching resid_pre", storage.join(
+        out, "patching_resid_pre.png"), "position")
+    if per_position:
+      res, sec = _timed(lambda: s.patch("z", per_position=True))
+      summary["seconds"]["patch_head_out_per_position"] = round(sec, 2)
+      doc["head_out_per_position"] = {
+          f"lm.{l}.{h}": [round(float(v), 6) for v in res["recovery"][l, h]]
+          for l in range(s.layers) for h in range(heads[l])}
+    lens = s.logit_lens()
+    doc["logit_lens"] = {"logit_diff": [round(float(v), 6) for v in lens["logit_diff"]],
+                         "prob": [round(float(v), 6) for v in lens["prob"]],
+                         "layers": ["embed"] + [f"lm.{i}" for i in range(s.layers)]}
+    doc["top"] = {"head_out": core.top(doc["scores"]["head_out"], top, by_abs=True)}
+    summary["top_head_out"] = doc["top"]["head_out"]
+  storage.write_json(storage.join(out, "patching.json"), doc)
+
+  d = s.dla()
+  dla_doc = {"workdir": run.workdir, "task": label, "run": "clean",
+             "direction": "logit(answer) - logit(wrong), final norm scale frozen at the "
+                          "clean run",
+             "heads": core.head_table(d["heads"], heads),
+             "mlp": {f"lm.{i}": round(float(v), 6) for i, v in enumerate(d["mlp"])},
+             "embed": d["embed"], "ld": d["ld"], "sum_of_parts": d["ld_frozen_sum"]}
+  dla_doc["top"] = core.top(dla_doc["heads"], top, by_abs=True)
+  summary["top_dla"] = dla_doc["top"]
+  storage.write_json(storage.join(out, "dla.json"), dla_doc)
+  _heatmap(d["heads"], f"{label}: direct logit attribution (clean)",
+           storage.join(out, "dla_heads.png"))
+
+  if "attribution" in methods:
+    atp, sec = _timed(lambda: s.attribution(("z",)))
+    fb = s.forward_backward_seconds()
+    summary["seconds"]["attribution"] = round(sec, 2)
+    a_doc = {"workdir": run.workdir, "task": label, "direction": "denoise",
+             "method": "AtP: (z_clean - z_corrupt) . d mean LD / dz at the corrupt run, "
+                       "over (LD_clean - LD_corrupt)",
+             "scores": {"head_out": core.head_table(atp["z"]["heads"], heads)},
+             "seconds": {"attribution_first_call": round(sec, 3),
+                         "forward_backward": round(fb, 3)}}
+    t0 = time.perf_counter()
+    s.attribution(("z",))
+    a_doc["seconds"]["attribution"] = round(time.perf_counter() - t0, 3)
+    if exact_heads is None:
+      exact_heads = s.patch("z")["recovery"]
+    a_doc["agreement"] = {"head_out": core.agreement(atp["z"]["heads"], exact_heads, top)}
+    summary["attribution_agreement"] = a_doc["agreement"]["head_out"]
+    summary["attribution_seconds"] = a_doc["seconds"]
+    storage.write_json(storage.join(out, "attribution.json"), a_doc)
+    _heatmap(atp["z"]["heads"], f"{label}: AtP estimate of head_out recovery",
+             storage.join(out, "attribution_head_out.png"))
+
+  if "path" in methods:
+    p_doc = {"workdir": run.workdir, "task": label, "direction": "denoise",
+             "method": "sender z clean, other heads frozen at corrupt (MLPs recompute), "
+                       "receiver input recorded then patched"}
+    res, sec = _timed(lambda: s.path_patch("logits"))
+    summary["seconds"]["path_logits"] = round(sec, 2)
+    p_doc["to_logits"] = core.head_table(res["recovery"][..., 0], heads)
+    _heatmap(res["recovery"][..., 0], f"{label}: path patching, sender -> logits",
+             storage.join(out, "path_logits.png"))
+    if exact_heads is None:
+      exact_heads = s.patch("z")["recovery"]
+    ranked = core.top(core.head_table(exact_heads, heads), receivers, by_abs=True)
+    recv = [tuple(int(x) for x in n.split(".")[1:]) for n, _ in ranked]
+    recv = [r for r in recv if r[0] > 0]
+    edges = [{"sender": n, "receiver": "logits", "channel": "direct", "recovery": v}
+             for n, v in p_doc["to_logits"].items()]
+    if recv:
+      for ch in ("q", "k", "v"):
+        res, sec = _timed(lambda: s.path_patch(recv, ch))
+        summary["seconds"][f"path_{ch}"] = round(sec, 2)
+        for r, rname in enumerate(res["receivers"]):
+          for l in range(s.layers):
+            for h in range(heads[l]):
+              v = res["recovery"][l, h, r]
+              if l < recv[r][0] and np.isfinite(v):
+                edges.append({"sender": f"lm.{l}.{h}", "receiver": rname, "channel": ch,
+                              "recovery": round(float(v), 6)})
+    p_doc["receivers"] = [f"lm.{a}.{b}" for a, b in recv]
+    edges.sort(key=lambda e: -abs(e["recovery"]))
+    p_doc["edges"] = edges[:50]
+    summary["top_edges"] = edges[:top]
+    storage.write_json(storage.join(out, "path.json"), p_doc)
+  storage.write_json(storage.join(out, "summary.json"), summary)
+  return summary
+
+
+def format_summary(summary: dict) -> str:
+  lines = [f"{summary['pairs']} pairs; LD clean {summary['ld_clean']:.3f}, corrupt "
+           f"{summary['ld_corrupt']:.3f}"]
+  if "top_head_out" in summary:
+    lines.append("top heads, activation patching of head outputs (recovery): " + ", ".join(
+        f"{n} {v:+.3f}" for n, v in summary["top_head_out"]))
+  lines.append("top heads, direct logit attribution: " + ", ".join(
+      f"{n} {v:+.3f}" for n, v in summary["top_dla"]))
+  if "attribution_agreement" in summary:
+    a = summary["attribution_agreement"]
+    lines.append(f"AtP vs exact: Pearson {a['pearson']:.3f}, Spearman {a['spearman']:.3f}, "
+                 f"top-10 overlap {a['top10_overlap']:.1f}")
+  if "top_edges" in summary:
+    lines.append("strongest path-patching edges: " + ", ".join(
+        f"{e['sender']}->{e['receiver']}({e['channel']}) {e['recovery']:+.3f}"
+        for e in summary["top_edges"][:5]))
+  return "\n".join(lines)
