@@ -129,6 +129,36 @@ def test_batched_sweep_equals_one_at_a_time(setup):
   np.testing.assert_allclose(z["logit_diff"][1, 2, 6], one["logit_diff"], atol=1e-5)
 
 
+class CachedLlamaTask(LlamaTask):
+  """With a prefix cache, as PretrainedLMTask: the sweeps share the common prefix."""
+
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    if "cache" in batch:
+      return llama.apply(params, SPEC, batch["tokens"][:, :-1], cache=batch["cache"],
+                         hook=hook, logits_at=batch.get("logits_at"))[0]
+    return super().apply(params, batch, hook=hook)
+
+  def prefix_cache(self, params, tokens_BT, max_len):
+    cache = llama.init_cache(params, tokens_BT.shape[0], max_len)
+    return llama.apply(params, SPEC, tokens_BT, cache=cache, last_only=True)[1]
+
+
+def test_a_shared_prefix_computed_once_changes_no_result(setup):
+  _, params, pairs = setup
+  corrupt = pairs.clean.copy()
+  corrupt[:, 3] = (corrupt[:, 3] + 5) % 37
+  p = Pairs(pairs.clean, corrupt, pairs.answer, pairs.wrong, pairs.length, pairs.text)
+  full = core.Study(LlamaTask(), params, p)
+  shared = core.Study(CachedLlamaTask(), params, p)
+  assert full.prefix == 0 and shared.prefix == 3
+  np.testing.assert_allclose(shared.ld_clean, full.ld_clean, atol=1e-5)
+  for site, pp in (("z", False), ("z", True), ("k", True), ("resid_pre", True), ("v_q", False)):
+    a, b = shared.patch(site, per_position=pp), full.patch(site, per_position=pp)
+    np.testing.assert_allclose(a["ld"], b["ld"], atol=2e-5, err_msg=f"{site} {pp}")
+  a, b = shared.path_patch([(1, 1)], "k"), full.path_patch([(1, 1)], "k")
+  np.testing.assert_allclose(a["ld"], b["ld"], atol=2e-5)
+
+
 def test_path_patching_equals_two_step_numpy_substitution(setup):
   s, params, pairs = setup
   _, cs = numpy_llama(params, pairs.clean)

@@ -86,9 +86,14 @@ class Study:
   task: the Task `mha_jax.load` returns (an LM: `apply(params, batch, hook=...)` with
     batch {"tokens", "logits_at"}); params: its params; pairs: Pairs.
   memory_budget: bytes a sweep's chunk of interventions may take (default 2 GiB).
+  share_prefix: the positions before the first token where any clean and corrupt
+    prompt differ are the same in every run, patched or not (causal attention): when
+    the task has `prefix_cache` (imported LMs), the sweeps compute them once and run
+    only the rest from that KV cache (exact; IOI's prompts share ~2/3 of their tokens).
   """
 
-  def __init__(self, task, params, pairs: Pairs, *, memory_budget: int = 2 << 30):
+  def __init__(self, task, params, pairs: Pairs, *, memory_budget: int = 2 << 30,
+               share_prefix: bool = True):
     self.task, self.params, self.pairs = task, params, pairs
     self.memory_budget = int(memory_budget)
     n, t = pairs.clean.shape
@@ -99,6 +104,9 @@ class Study:
     self.answer = jnp.asarray(pairs.answer)
     self.wrong = jnp.asarray(pairs.wrong)
     self.n, self.t = n, t
+    differ = (pairs.clean != pairs.corrupt).any(axis=0)
+    p0 = min(int(np.argmax(differ)) if differ.any() else t, int(pairs.length.min()) - 1)
+    self.prefix = p0 if share_prefix and hasattr(task, "prefix_cache") and p0 >= 1 else 0
     self._jit: dict = {}
     shapes = jax.eval_shape(
         lambda p: self._forward(p, self.tokens["clean"], read=("lm.*.attn.z", "lm.*.attn.k")),
@@ -119,9 +127,13 @@ class Study:
     self.ld_clean, self.ld_corrupt = base["clean"]["ld"], base["corrupt"]["ld"]
 
   # ------------------------------------------------------------------ forward
-  def _forward(self, params, tokens, edits=None, read=()):
-    """(logits (N, V) float32 at each prompt's last position, values read)."""
+  def _forward(self, params, tokens, edits=None, read=(), cache=None):
+    """(logits (N, V) float32 at each prompt's last position, values read). With the
+    shared prefix's cache, only positions self.prefix.. run (and are the sites')."""
     batch = {"tokens": tokens, "logits_at": self.at}
+    if cache is not None:
+      batch = {"tokens": tokens[:, self.prefix:], "logits_at": self.at - self.prefix,
+               "cache": cache}
     out, vals = I.run(lambda hook: self.task.apply(params, batch, hook=hook), edits, read)
     return out[:, 0].astype(jnp.float32), vals
 
@@ -137,10 +149,17 @@ class Study:
       self._jit[key] = jax.jit(build())
     return self._jit[key]
 
+  def _prefix_cache(self, params):
+    """The KV cache of the shared prefix (None when the sweeps run every position)."""
+    if not self.prefix:
+      return None
+    return self.task.prefix_cache(params, self.tokens["clean"][:, :self.prefix], self.t)
+
   def _chunk(self, m: int, factor: float = 1.0) -> int:
     """Interventions per chunk: a rough per-intervention footprint of one forward."""
     hmax = max(self.heads)
-    per = 4 * self.n * (self.t * (24 * self.d_model + 4 * hmax * self.t) + 2 * self.vocab)
+    ts = self.t - self.prefix
+    per = 4 * self.n * (ts * (24 * self.d_model + 4 * hmax * self.t) + 2 * self.vocab)
     return int(max(1, min(m, self.memory_budget // max(1, int(per * factor)))))
 
   def _runs(self, direction):
@@ -178,16 +197,19 @@ class Study:
     per_head = site in HEAD_SITES or site in KV_SITES
     counts = (self.kv_heads if site in KV_SITES else self.heads) if per_head else [1] * self.layers
     hmax = max(counts)
+    pre = self.prefix      # positions before it are the same in every run: no effect
     idx = [(l, h, p) for l in range(self.layers) for h in range(counts[l])
-           for p in (range(self.t) if per_position else (-1,))]
+           for p in (range(pre, self.t) if per_position else (-1,))]
     ls, hs, ps = (jnp.asarray(np.asarray(c, np.int32)) for c in zip(*idx))
     names = tuple(_site(i, site) for i in range(self.layers))
     chunk = chunk or self._chunk(len(idx))
 
     def build():
       def fn(params, base_tok, src_tok, ls, hs, ps):
-        src = self._forward(params, src_tok, read=names)[1]
-        ar_t = jnp.arange(self.t)
+        cache = self._prefix_cache(params)
+        src = self._forward(params, src_tok, read=names, cache=cache)[1]
+        # k_q, v_q (after the cache) span the whole cache; every other site the rest
+        ar_t = jnp.arange(0 if site in ("k_q", "v_q") else pre, self.t)
 
         def one(ix):
           l, h, p = ix
@@ -197,19 +219,25 @@ class Study:
             if per_head:
               sel["heads"] = jnp.arange(counts[i]) == h
             edits[name] = I.replace(src[name], **sel)
-          return self._score(self._forward(params, base_tok, edits)[0])
+          return self._score(self._forward(params, base_tok, edits, cache=cache)[0])
 
         return jax.lax.map(one, (ls, hs, ps), batch_size=chunk)
       return fn
 
     fn = self._cached(("patch", site, per_position, direction, chunk), build)
     ld, logp = fn(self.params, self.tokens[base_run], self.tokens[src_run], ls, hs, ps)
-    return self._table(idx, np.asarray(ld), np.asarray(logp), hmax, per_head, per_position)
+    return self._table(idx, np.asarray(ld), np.asarray(logp), hmax, per_head, per_position,
+                       base_run)
 
-  def _table(self, idx, ld, logp, hmax, per_head, per_position):
+  def _table(self, idx, ld, logp, hmax, per_head, per_position, base_run):
     shape = (self.layers,) + ((hmax,) if per_head else ()) + ((self.t,) if per_position else ())
     full_ld = np.full(shape + (self.n,), np.nan)
     full_lp = np.full(shape + (self.n,), np.nan)
+    if per_position and self.prefix:   # the shared prefix: patching there is the base run
+      base = self.baseline()[base_run]
+      for l, h, _ in idx:
+        key = (l,) + ((h,) if per_head else ())
+        full_ld[key][:self.prefix], full_lp[key][:self.prefix] = base["ld"], base["logp"]
     for row, (l, h, p) in enumerate(idx):
       key = (l,) + ((h,) if per_head else ()) + ((p,) if per_position else ())
       full_ld[key], full_lp[key] = ld[row], logp[row]
@@ -333,8 +361,9 @@ class Study:
 
     def build():
       def fn(params, base_tok, src_tok, ls, hs, rs, rl, rh):
-        src = self._forward(params, src_tok, read=zn)[1]
-        base = self._forward(params, base_tok, read=zn)[1]
+        cache = self._prefix_cache(params)
+        src = self._forward(params, src_tok, read=zn, cache=cache)[1]
+        base = self._forward(params, base_tok, read=zn, cache=cache)[1]
 
         def one(ix):
           l, h, r = ix
@@ -342,12 +371,12 @@ class Study:
           for i, n in enumerate(zn):
             sender = (jnp.arange(self.heads[i]) == h) & (i == l)
             frozen[n] = [I.replace(base[n]), I.replace(src[n], heads=sender)]
-          logits, rec = self._forward(params, base_tok, frozen, read=cn)
+          logits, rec = self._forward(params, base_tok, frozen, read=cn, cache=cache)
           if to_logits:
             return self._score(logits)
           edits = {n: I.replace(rec[n], heads=(jnp.arange(self.heads[i]) == rh[r])
                                 & (i == rl[r])) for i, n in enumerate(cn)}
-          return self._score(self._forward(params, base_tok, edits)[0])
+          return self._score(self._forward(params, base_tok, edits, cache=cache)[0])
 
         return jax.lax.map(one, (ls, hs, rs), batch_size=chunk)
       return fn

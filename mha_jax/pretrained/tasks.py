@@ -65,13 +65,23 @@ class PretrainedLMTask(_NotTrainable):
   def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     """Logits (B, T-1, V) predicting tokens[:, 1:] (like the LM task of runs trained here).
     batch["mask"] (B, T), if given, is True for real tokens (padding masked as keys);
-    batch["logits_at"] (B,), if given: logits only at those positions, (B, 1, V).
+    batch["logits_at"] (B,), if given: logits only at those positions, (B, 1, V);
+    batch["cache"], if given: a prefix_cache the tokens continue (positions after it).
     hook: an interventions.Hook."""
     del key
     mask = batch.get("mask")
+    if "cache" in batch:       # the tokens continue a prefix_cache (shared prompt prefix)
+      return llama.apply(params, self.spec, batch["tokens"][:, :-1], cache=batch["cache"],
+                         gates=gates, hook=hook, logits_at=batch.get("logits_at"))[0]
     return llama.apply(params, self.spec, batch["tokens"][:, :-1],
                        mask_BT=None if mask is None else mask[:, :-1], gates=gates,
                        capture=capture, hook=hook, logits_at=batch.get("logits_at"))
+
+  def prefix_cache(self, params, tokens_BT, max_len: int):
+    """The KV cache after tokens_BT (B, P), with room for max_len tokens in all: apply's
+    batch["cache"] continues from it (prompts that share a prefix compute it once)."""
+    cache = llama.init_cache(params, tokens_BT.shape[0], max_len)
+    return llama.apply(params, self.spec, tokens_BT, cache=cache, last_only=True)[1]
 
   def logits(self, params, tokens_BT, mask_BT=None, gates=None):
     """Logits (B, T, V) for every position (the next token after each); compiled once
