@@ -182,12 +182,29 @@ class Study:
                                                                               read=read)[1])
     return fn(self.params, self.tokens[run])
 
+  def edited(self, run: str, edits=None, read: Sequence[str] = ()) -> dict:
+    """One forward of the clean or corrupt prompts with `edits` ({site: Edit}, sites
+    over all T positions): {"ld": (N,), "logp": (N,), "values": {site: value read}}."""
+    read = tuple(read)
+
+    def build():
+      def fn(p, tok, edits):
+        logits, vals = self._forward(p, tok, edits, read)
+        return self._score(logits), vals
+      return fn
+
+    (ld, logp), vals = self._cached(("edited", read), build)(self.params, self.tokens[run],
+                                                             edits or {})
+    return {"ld": np.asarray(ld), "logp": np.asarray(logp), "values": vals}
+
   # ------------------------------------------------------------------ activation patching
   def patch(self, site: str = "z", *, per_position: bool = False,
-            direction: str = "denoise", chunk: int | None = None) -> dict:
+            direction: str = "denoise", layers: Sequence[int] | None = None,
+            chunk: int | None = None) -> dict:
     """Activation patching of `site` for every layer and head (per query head on
     z/q/k_q/v_q/result, per kv head on k/v, none on the stream sites) and, with
-    per_position, every position; all in one program.
+    per_position, every position; all in one program. layers: only these layers'
+    interventions (the others' entries stay NaN).
 
     Returns metrics(...) arrays of shape (L, H_max[, T]) (or (L[, T]) for stream
     sites), NaN where a layer has fewer heads, plus "ld" (…, N) per pair.
@@ -198,7 +215,11 @@ class Study:
     counts = (self.kv_heads if site in KV_SITES else self.heads) if per_head else [1] * self.layers
     hmax = max(counts)
     pre = self.prefix      # positions before it are the same in every run: no effect
-    idx = [(l, h, p) for l in range(self.layers) for h in range(counts[l])
+    chosen = range(self.layers) if layers is None else sorted({int(l) for l in layers})
+    bad = [l for l in chosen if not 0 <= l < self.layers]
+    if bad:
+      raise UserError(f"layers: {bad} are not layers of this model (0..{self.layers - 1})")
+    idx = [(l, h, p) for l in chosen for h in range(counts[l])
            for p in (range(pre, self.t) if per_position else (-1,))]
     ls, hs, ps = (jnp.asarray(np.asarray(c, np.int32)) for c in zip(*idx))
     names = tuple(_site(i, site) for i in range(self.layers))
@@ -224,7 +245,7 @@ class Study:
         return jax.lax.map(one, (ls, hs, ps), batch_size=chunk)
       return fn
 
-    fn = self._cached(("patch", site, per_position, direction, chunk), build)
+    fn = self._cached(("patch", site, per_position, direction, chunk, len(idx)), build)
     ld, logp = fn(self.params, self.tokens[base_run], self.tokens[src_run], ls, hs, ps)
     return self._table(idx, np.asarray(ld), np.asarray(logp), hmax, per_head, per_position,
                        base_run)
