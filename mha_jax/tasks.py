@@ -27,6 +27,12 @@ from mha_jax.models import seq2seq
 SPLITS = ("train", "valid", "test")
 
 
+def check_split(split) -> None:
+  """A split name every task knows, else a UserError naming the valid ones."""
+  if split not in SPLITS:
+    raise UserError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+
+
 @runtime_checkable
 class Task(Protocol):
   """What `mha_jax.load` hands to every study (analysis, ablation, pruning, circuits):
@@ -281,6 +287,7 @@ class TranslationTask:
     return packing.pack(self.train_batch(step), rows, V.PAD_ID)
 
   def eval_batches(self, split: str, batch_size: int):
+    check_split(split)
     arr = self.arrays[split]
     n = len(arr["src"])
     for start in range(0, n, batch_size):
@@ -423,6 +430,7 @@ class LMTask:
     return {"tokens": tokens, "mask_first": masks["first"], "mask_repeat": masks["repeat"]}
 
   def eval_batches(self, split: str, batch_size: int):
+    check_split(split)
     for i in range(max(1, self.cfg.eval.lm_batches)):
       yield self._make(*self._batch(split, i, batch_size)), np.ones(batch_size, np.float32)
 
@@ -489,6 +497,7 @@ def jitted(task, name: str, fn):
 
 def _sum_metrics(task, params, split, batch_size, gates=None) -> dict[str, float]:
   """Sums of the loss metrics over a split's evaluation batches (one compile per task)."""
+  check_split(split)
   fn = jitted(task, "eval_metrics",
               lambda p, b, w, g: task.loss(p, b, example_weight=w, gates=g)[1])
   totals = None                      # summed on the device; one transfer at the end
