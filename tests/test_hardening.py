@@ -140,3 +140,33 @@ def test_conllu_heads_that_form_no_tree_are_refused(tmp_path, heads, msg):
                f"3\truns\trun\tVERB\t_\t_\t{heads[2]}\troot\t_\t_\n\n")
   with pytest.raises(UserError, match=msg):
     parallel.read_conllu_arcs(str(p), [["the", "dog", "runs"]], "data.conllu.train")
+
+
+# ------------------------------------------------------------------ orbax closed cleanly
+
+def _cli(*argv, timeout=240, env=None):
+  """`python -m mha_jax.cli ARGV` in a subprocess: (returncode, stdout, stderr)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  p = subprocess.run([sys.executable, "-m", "mha_jax.cli", *argv], cwd=root, text=True,
+                     capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+  return p.returncode, p.stdout, p.stderr
+
+
+def _truncate_params(wd, step):
+  from test_faults import _largest
+  for f in _largest(os.path.join(wd, "checkpoints", str(step), "params")):
+    open(f, "r+b").truncate(100)
+
+
+def test_the_checkpoint_fallback_prints_its_warnings_and_no_asyncio_tracebacks(run8,
+                                                                              tmp_path):
+  wd = _copy(run8, tmp_path)
+  _truncate_params(wd, 8)
+  rc, out, err = _cli("eval", "--workdir", wd, "--split", "valid")
+  assert rc == 0 and json.loads(out)["step"] == 4
+  lines = err.strip().splitlines()
+  assert len(lines) == 2 and "checkpoints/8 is unreadable" in lines[0], err[:3000]
+  _truncate_params(wd, 4)                                      # every checkpoint bad
+  rc, out, err = _cli("eval", "--workdir", wd)
+  assert rc == 2 and "Traceback" not in err and "Event loop is closed" not in err, err[:3000]
+  assert err.strip().splitlines()[-1].startswith("mha-jax: error: every checkpoint in")

@@ -16,6 +16,8 @@ restored: every step's key is derived from config.seed and the step number.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import sys
 from typing import Any, Callable
@@ -51,6 +53,39 @@ def checksums(tree) -> dict[str, str]:
   """{path: SHA-256} of every array in a pytree."""
   return {jax.tree_util.keystr(p): _digest(x)
           for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _run_draining(coro):
+  """orbax's run-in-a-fresh-event-loop, except that the loop is closed only once every
+  task it started has finished. When one array of a checkpoint cannot be read, orbax's
+  gather fails at once while the other reads are still in TensorStore; closing the loop
+  then makes each of them print "Event loop is closed" (and "Task exception was never
+  retrieved") long after the error was handled."""
+  loop = asyncio.new_event_loop()
+  try:
+    asyncio.set_event_loop(loop)
+    return loop.run_until_complete(coro)
+  finally:
+    pending = asyncio.all_tasks(loop)
+    if pending:
+      loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+@contextlib.contextmanager
+def _orbax_drains():
+  """Every orbax call inside runs its event loops through _run_draining."""
+  from orbax.checkpoint._src import asyncio_utils
+  real = getattr(asyncio_utils, "_run_sync_via_new_loop", None)
+  if real is None:        # another orbax layout: nothing to replace
+    yield
+    return
+  asyncio_utils._run_sync_via_new_loop = _run_draining
+  try:
+    yield
+  finally:
+    asyncio_utils._run_sync_via_new_loop = real
 
 
 def _short(e: BaseException) -> str:
@@ -103,10 +138,11 @@ class Checkpoints:
   def save(self, step: int, params, opt_state, meta: dict[str, Any]) -> None:
     meta = {**meta, "checksums": {"params": checksums(params),
                                   "opt_state": checksums(opt_state)}}
-    self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-        meta=ocp.args.JsonSave(meta)), force=True)
-    self.manager.wait_until_finished()
+    with _orbax_drains():
+      self.manager.save(step, args=ocp.args.Composite(
+          params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+          meta=ocp.args.JsonSave(meta)), force=True)
+      self.manager.wait_until_finished()
 
   def save_params(self, step: int, params, meta: dict[str, Any]) -> None:
     """A checkpoint of params only (pruned or exported models: nothing to resume).
@@ -123,11 +159,12 @@ class Checkpoints:
       return x
 
     params = jax.tree_util.tree_map_with_path(fill, params)
-    self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params),
-        meta=ocp.args.JsonSave({**meta, "empty": empty,
-                                "checksums": {"params": checksums(params)}})), force=True)
-    self.manager.wait_until_finished()
+    with _orbax_drains():
+      self.manager.save(step, args=ocp.args.Composite(
+          params=ocp.args.StandardSave(params),
+          meta=ocp.args.JsonSave({**meta, "empty": empty,
+                                  "checksums": {"params": checksums(params)}})), force=True)
+      self.manager.wait_until_finished()
 
   def _verify(self, step: int, restored: dict) -> None:
     meta = restored.get("meta")
@@ -150,8 +187,9 @@ class Checkpoints:
   def _restore_checked(self, step: int, make_args: Callable[[int], dict]) -> dict:
     """One checkpoint restored and verified; BadCheckpoint names it and says why."""
     try:   # make_args may read metadata, which fails on a damaged checkpoint too
-      args = make_args(step)
-      restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+      with _orbax_drains():
+        args = make_args(step)
+        restored = self.manager.restore(step, args=ocp.args.Composite(**args))
       restored = {k: restored[k] for k in args}
     except BadCheckpoint:
       raise
@@ -236,7 +274,8 @@ class Checkpoints:
     return dest
 
   def close(self) -> None:
-    self.manager.close()
+    with _orbax_drains():
+      self.manager.close()
 
 
 def tree_equal(a, b) -> bool:
