@@ -119,14 +119,22 @@ def _cmd_eval(args) -> int:
 
 def _out_dir(args) -> str:
   """--out, by default WORKDIR/analysis; checked writable before any work is done."""
-  out = args.out or storage.join(args.workdir, "analysis")
+  return writable_out(args.out or storage.join(args.workdir, "analysis"))
+
+
+def writable_out(out: str, flag: str = "--out") -> str:
+  """Creates folder `out` (a command's output) and checks that it takes files, before any
+  work is done."""
+  from mha_jax.errors import StorageFault
+  if storage.exists(out) and not storage.isdir(out):
+    raise UserError(f"{flag} {out!r} is a file, not a folder")
   try:
     storage.makedirs(out)
-  except OSError as e:
-    raise UserError(f"--out {out!r} cannot be created ({e.strerror}); a read-only "
-                    f"workdir needs --out elsewhere") from None
+  except StorageFault as e:
+    raise UserError(f"{flag} {out!r} cannot be created ({storage.FAULTS[e.kind]}); a "
+                    f"read-only workdir needs {flag} elsewhere") from None
   if not storage.writable(out):
-    raise UserError(f"--out {out!r} is not writable; a read-only workdir needs --out "
+    raise UserError(f"{flag} {out!r} is not writable; a read-only workdir needs {flag} "
                     f"elsewhere")
   return out
 
@@ -594,7 +602,7 @@ def check_flags(args) -> None:
     value = getattr(args, dest, None)
     flag = "--" + dest.replace("_", "-")
     for v in (value if isinstance(value, (tuple, list)) else [value]):
-      if v is None:
+      if v is None or isinstance(v, str):   # ablate --heads names heads, bench's counts
         continue
       if isinstance(v, float) and not math.isfinite(v):
         raise UserError(f"{flag} must be a finite number; got {v!r}")

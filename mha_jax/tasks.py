@@ -183,6 +183,7 @@ class TranslationTask:
     d = cfg.data
     self.data_dir = storage.join(workdir, "data") if workdir else None
     self.arcs: dict[str, list] = {}
+    writes = []   # files to write, after every check
     if d.kind == "synthetic":
       gcfg = synthetic_translation.GrammarConfig(**dict(d.grammar))
       grammar, splits = synthetic_translation.build_splits(
@@ -192,7 +193,7 @@ class TranslationTask:
       self.vocab = V.Vocab(grammar.lex.source_types() + grammar.lex.target_types())
       if (self.data_dir and not read_only and
           not storage.exists(storage.join(self.data_dir, "train.src"))):
-        synthetic_translation.export(self.data_dir, grammar, splits)
+        writes.append(lambda: synthetic_translation.export(self.data_dir, grammar, splits))
     elif d.kind == "parallel":
       self.words = {}
       for s in SPLITS:
@@ -206,20 +207,11 @@ class TranslationTask:
           self.arcs[s] = parallel.read_conllu_arcs(d.conllu[s], src, f"data.conllu.{s}")
       self.vocab = V.Vocab(w for side in self.words["train"] for sent in side for w in sent)
       if self.data_dir and not read_only:
-        storage.makedirs(self.data_dir)
-        for s, arcs in self.arcs.items():
-          storage.write_text(storage.join(self.data_dir, f"{s}.arcs.jsonl"),
-                             "".join(json.dumps(a) + "\n" for a in arcs))
-        freqs: dict[str, int] = {}
-        for sent in self.words["train"][0]:
-          for w in sent:
-            freqs[w] = freqs.get(w, 0) + 1
-        storage.write_json(storage.join(self.data_dir, "train_freqs.json"), freqs,
-                           indent=None)
+        writes.append(self._write_parallel_files)
     else:
       raise UserError(f"data.kind must be 'synthetic' or 'parallel' for translation; "
                        f"got {d.kind!r}")
-    self.vocab = self._run_vocab(self.vocab, read_only)
+    self.vocab = self._run_vocab(self.vocab, read_only, writes)
     self.arrays = {}
     for s in SPLITS:
       src_w, tgt_w = self.words[s]
@@ -230,8 +222,21 @@ class TranslationTask:
       self.arrays[s] = {"src": src, "tgt": tgt}
     self.vocab_size = len(self.vocab)
     self.spec = model_spec(cfg)
+    for write in writes:      # the run's data files, once every check above has passed
+      write()
 
-  def _run_vocab(self, built: V.Vocab, read_only: bool) -> V.Vocab:
+  def _write_parallel_files(self) -> None:
+    storage.makedirs(self.data_dir)
+    for s, arcs in self.arcs.items():
+      storage.write_text(storage.join(self.data_dir, f"{s}.arcs.jsonl"),
+                         "".join(json.dumps(a) + "\n" for a in arcs))
+    freqs: dict[str, int] = {}
+    for sent in self.words["train"][0]:
+      for w in sent:
+        freqs[w] = freqs.get(w, 0) + 1
+    storage.write_json(storage.join(self.data_dir, "train_freqs.json"), freqs, indent=None)
+
+  def _run_vocab(self, built: V.Vocab, read_only: bool, writes: list) -> V.Vocab:
     """The run's vocabulary is part of the run: read from workdir/data/vocab.json when
     it exists (written once, by the first `train`), never rebuilt over it. Data whose
     vocabulary differs from it is refused."""
@@ -240,8 +245,7 @@ class TranslationTask:
     path = storage.join(self.data_dir, "vocab.json")
     if not storage.exists(path):
       if not read_only:
-        storage.makedirs(self.data_dir)
-        built.save(path)
+        writes.append(lambda: (storage.makedirs(self.data_dir), built.save(path)))
       return built
     saved = V.Vocab.load(path)
     if saved.tokens != built.tokens:
@@ -369,6 +373,7 @@ class LMTask:
     self.cfg = cfg
     d = cfg.data
     self.data_dir = storage.join(workdir, "data") if workdir else None
+    save_tokenizer = False
     if d.kind == "repeated":
       self.vocab_size = d.vocab_size
       self.seq_len = 1 + 2 * d.half_len
@@ -385,8 +390,7 @@ class LMTask:
       else:
         self.tokenizer = text.TextTokenizer.train(d.tokenizer, corpus, d.vocab_size)
         if self.data_dir and not read_only:
-          storage.makedirs(self.data_dir)
-          self.tokenizer.save(self.data_dir)
+          save_tokenizer = True
       self.streams = text.split_stream(self.tokenizer.encode(corpus))
       self.vocab_size = self.tokenizer.vocab_size
       self.seq_len = cfg.model.max_len
@@ -396,6 +400,9 @@ class LMTask:
       raise UserError(f"data.half_len={d.half_len} gives sequences of {self.seq_len} tokens, "
                        f"more than model.max_len={cfg.model.max_len}")
     self.spec = model_spec(cfg)
+    if save_tokenizer:         # once every check above has passed
+      storage.makedirs(self.data_dir)
+      self.tokenizer.save(self.data_dir)
 
   def init_params(self, key):
     return init_model(self.cfg, key, self.vocab_size)

@@ -29,6 +29,7 @@ from mha_jax import tasks
 from mha_jax.data import packing
 from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
+from mha_jax.train import lock as lock_lib
 from mha_jax.train import seeds as seeds_lib
 from mha_jax.train import sharding
 from mha_jax.train.metrics import MetricsWriter
@@ -60,12 +61,12 @@ def make_optimizer(t) -> optax.GradientTransformation:
                                  weight_decay=t.weight_decay))
 
 
-def prepare_workdir(cfg, workdir: str) -> None:
-  """Writes config.json, or checks it against an existing one. Never overwrites a run of
-  an incompatible config, nor a pruned model's workdir. A config.json without any
-  checkpoint beside it (a run that failed before its first save) holds no run: it is
-  replaced."""
-  storage.makedirs(workdir)
+def check_workdir(cfg, workdir: str) -> dict:
+  """Checks `workdir` for a run of `cfg` and returns the config dict to write; writes
+  nothing. Refuses a user's folder (train/lock.py), a run of an incompatible config, and
+  a pruned model's workdir. A config.json without any checkpoint beside it (a run that
+  failed before its first save) holds no run: it may be replaced."""
+  lock_lib.check_workdir(workdir)
   path = storage.join(workdir, "config.json")
   new = mc.to_dict(cfg)
   steps = ckpt_lib.step_dirs(workdir)
@@ -88,7 +89,44 @@ def prepare_workdir(cfg, workdir: str) -> None:
   elif steps:
     raise UserError(f"workdir {workdir!r} has checkpoints but no config.json; refusing "
                      f"to touch it")
-  storage.write_json(path, new, atomic=True)   # process 0 only
+  return new
+
+
+def write_workdir(workdir: str, new: dict) -> None:
+  """config.json and the run marker (process 0 only), once every check has passed."""
+  storage.makedirs(workdir)
+  storage.write_json(storage.join(workdir, "config.json"), new, atomic=True)
+  lock_lib.write_marker(workdir)
+
+
+def prepare_workdir(cfg, workdir: str) -> None:
+  """check_workdir, then write_workdir."""
+  write_workdir(workdir, check_workdir(cfg, workdir))
+
+
+def _finished(cfg, workdir: str) -> int | None:
+  """The step of a finished run of a compatible config in `workdir` (its newest good
+  checkpoint reached train.steps): there is nothing to do, and nothing is written (a
+  finished run on a read-only mount). None otherwise."""
+  steps = ckpt_lib.step_dirs(workdir)
+  path = storage.join(workdir, "config.json")
+  if not steps or max(steps) < cfg.train.steps or not storage.isfile(path):
+    return None
+  try:
+    if mc.incompatible_fields(mc.upgrade(storage.read_json(path)), mc.to_dict(cfg)):
+      return None
+  except (OSError, ValueError):
+    return None
+  ckpts = ckpt_lib.Checkpoints(workdir, read_only=True)
+  try:
+    _, step = ckpts.restore_params(None, log=lambda m: None)
+    if ckpts.bad_steps:
+      return None        # a resume sets the bad ones aside: that writes
+  except UserError:
+    return None
+  finally:
+    ckpts.close()
+  return step if step >= cfg.train.steps else None
 
 
 class _Preemption:
@@ -188,13 +226,33 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
     raise UserError(f"train.batch_size={t.batch_size} must be divisible by the mesh's "
                     f"data axis ({n_data} devices)")
   if multi:
-    runs = seeds_lib.prepare(cfg, workdir)
+    runs = seeds_lib.plan(cfg, workdir)        # checks only; written below
   else:
     seeds_lib.refuse_single(workdir)
     runs = [(cfg, workdir)]
-  for c, w in runs:
-    prepare_workdir(c, w)
-  run_tasks = tasks.build_seeds(runs)   # each seed's data files and batch order
+  lock_lib.check_workdir(workdir)
+  news = [check_workdir(c, w) for c, w in runs]
+  if not multi:
+    done = _finished(cfg, workdir)
+    if done is not None:
+      log(f"nothing to do: {workdir} holds step {done} of train.steps={t.steps}")
+      return {"status": "done", "step": done, "workdir": workdir, "valid": None}
+  with lock_lib.hold(workdir):
+    news = [check_workdir(c, w) for c, w in runs]   # again, under the lock
+    run_tasks = tasks.build_seeds(runs)   # each seed's data files, after the data's checks
+    if multi:
+      seeds_lib.write_manifest(cfg, workdir)
+      lock_lib.write_marker(workdir)
+    for (c, w), new in zip(runs, news):
+      write_workdir(w, new)
+    return _train(cfg, workdir, runs, run_tasks, mesh, n_data, log)
+
+
+def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
+  """train's loop, once the workdir is checked, locked and written."""
+  t = cfg.train
+  seeds = mc.seed_list(cfg)
+  multi = len(seeds) > 1
   task = run_tasks[0]   # seeds differ only in their batches' order: one task computes
   slices = list(range(len(runs))) if multi else [None]   # seed i of the stacked state
   replicated = NamedSharding(mesh, P())
