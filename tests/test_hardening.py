@@ -170,3 +170,130 @@ def test_the_checkpoint_fallback_prints_its_warnings_and_no_asyncio_tracebacks(r
   rc, out, err = _cli("eval", "--workdir", wd)
   assert rc == 2 and "Traceback" not in err and "Event loop is closed" not in err, err[:3000]
   assert err.strip().splitlines()[-1].startswith("mha-jax: error: every checkpoint in")
+
+
+# ------------------------------------------------------------------ one writer per workdir
+
+def test_a_second_train_on_a_locked_workdir_refuses_naming_the_holder(run8, tmp_path):
+  import socket
+  from mha_jax.train import lock as lock_lib
+  wd = _copy(run8, tmp_path)
+  before = _tree(wd)
+  held = lock_lib.Lock(wd).acquire()            # a live run of this process
+  try:
+    with pytest.raises(UserError, match=rf"workdir '{wd}' is in use by another run: host "
+                                        rf"{socket.gethostname()}, PID {os.getpid()}, "
+                                        r"started .* UTC \(lock .*train.lock\)"):
+      loop.train(induction_cfg("--config.train.steps=12"), wd, **QUIET)
+  finally:
+    held.release()
+  assert _tree(wd) == before and not os.path.exists(os.path.join(wd, "train.lock"))
+
+
+def test_a_stale_lock_is_taken_over_with_a_warning(run8, tmp_path, capsys):
+  import socket
+  import time
+  from mha_jax.train import lock as lock_lib
+  wd = _copy(run8, tmp_path)
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True).stdout.strip()   # a PID now free
+  lock = os.path.join(wd, "train.lock")
+  json.dump({"host": socket.gethostname(), "pid": int(gone), "started": "then",
+             "heartbeat": time.time()}, open(lock, "w"))
+  res = loop.train(induction_cfg("--config.train.steps=12"), wd, **QUIET)
+  assert res["status"] == "done" and res["step"] == 12 and not os.path.exists(lock)
+  err = capsys.readouterr().err
+  assert f"taking over the stale lock {lock} of host {socket.gethostname()}, PID {gone}" in err
+  assert f"PID {gone} is no longer running on this host" in err
+  # Another host: judged by the heartbeat alone.
+  now = time.time()
+  assert lock_lib.stale_reason({"host": "elsewhere", "pid": 1, "heartbeat": now}) is None
+  assert "no heartbeat for 11 min" in lock_lib.stale_reason(
+      {"host": "elsewhere", "pid": 1, "heartbeat": now - 660}, now)
+
+
+def test_train_refuses_a_folder_that_holds_a_users_files(tmp_path):
+  wd = tmp_path / "mine"
+  wd.mkdir()
+  (wd / "config.json").write_text('{"learning_rate": 3}')
+  (wd / "notes.txt").write_text("keep me")
+  before = _tree(str(wd))
+  with pytest.raises(UserError, match=r"is not empty and holds no mha-jax run \(no "
+                                      r"mha-jax-run.json; it holds config.json, notes.txt\)"):
+    loop.train(induction_cfg("--config.train.steps=2"), str(wd), **QUIET)
+  assert _tree(str(wd)) == before
+
+
+def test_a_run_is_marked_and_a_marked_or_older_run_resumes(run8, tmp_path):
+  from mha_jax.train import lock as lock_lib
+  wd = _copy(run8, tmp_path)
+  os.remove(os.path.join(wd, lock_lib.MARKER))    # a run from before the marker
+  loop.train(induction_cfg("--config.train.steps=12"), wd, **QUIET)
+  marker = json.load(open(os.path.join(wd, lock_lib.MARKER)))
+  assert marker["mha_jax"] == "run" and ckpt_lib.step_dirs(wd)[-1] == 12
+
+
+def test_edited_data_is_refused_before_any_data_file_changes(tmp_path):
+  from test_faults import _parallel_files
+  paths = _parallel_files(str(tmp_path))
+  cfg = lambda: tiny("configs/translation.py", TINY_TRANSLATION, "--config.data.kind=parallel",
+                     "--config.train.steps=1", "--config.eval.bleu_examples=2",
+                     "--config.data.max_len=8",
+                     *[f"--config.data.{k}={v}" for k, v in paths.items()])
+  wd = str(tmp_path / "run")
+  loop.train(cfg(), wd, **QUIET)
+  before = _tree(wd)
+  with open(paths["train_src"], "a") as f:
+    f.write("brand new words\n")
+  with open(paths["train_tgt"], "a") as f:
+    f.write("words new brand\n")
+  with pytest.raises(UserError, match="no longer matches the run's vocabulary"):
+    loop.train(cfg(), wd, **QUIET)
+  assert _tree(wd) == before                      # data/train_freqs.json too
+
+
+def _read_only_under(monkeypatch, folder):
+  """Every new file or folder under `folder` fails as on a read-only mount."""
+  from mha_jax import storage
+  from etils import epath
+  real_open, real_mkdir = os.open, epath.Path.mkdir
+
+  def ro_open(p, flags, *a, **k):
+    if str(p).startswith(str(folder)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+      raise OSError(errno.EROFS, "Read-only file system", str(p))
+    return real_open(p, flags, *a, **k)
+
+  def ro_mkdir(self, *a, **k):
+    if str(self).startswith(str(folder)) and not self.exists():
+      raise OSError(errno.EROFS, "Read-only file system", str(self))
+    return real_mkdir(self, *a, **k)
+  monkeypatch.setattr(storage.os, "open", ro_open)
+  monkeypatch.setattr(epath.Path, "mkdir", ro_mkdir)
+
+
+def test_train_into_read_only_places_files_and_paths_under_files(run8, tmp_path,
+                                                                 monkeypatch, capsys):
+  cfg = ["train", "--config", mc.REPO_ROOT + "/configs/induction.py",
+         "--config.train.steps=2", "--config.data.half_len=6", "--config.model.d_model=16",
+         "--config.model.max_len=16"]
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  for wd, msg in ((a_file, f"--workdir '{a_file}' is a file, not a folder"),
+                  (a_file / "run", "a part of the path is a file, not a folder")):
+    assert cli_mod.main(cfg + ["--workdir", str(wd)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and msg in err, err
+  assert a_file.read_text() == "x"
+  ro = tmp_path / "ro"
+  ro.mkdir()
+  _read_only_under(monkeypatch, ro)
+  assert cli_mod.main(cfg + ["--workdir", str(ro / "run")]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and f"cannot write '{ro / 'run'}" in err and "read-only" in err
+  assert os.listdir(ro) == []
+  # A finished run on a read-only mount: nothing to do, nothing written.
+  _read_only_under(monkeypatch, run8)
+  before = _tree(run8)
+  res = loop.train(induction_cfg("--config.train.steps=8", "--config.train.log_every=2"),
+                   run8, **QUIET)
+  assert res["status"] == "done" and res["step"] == 8 and _tree(run8) == before

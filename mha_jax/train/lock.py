@@ -208,11 +208,22 @@ def hold(workdir: str, *, log=warn):
     yield None
     return
   created = not storage.exists(workdir)
-  storage.makedirs(workdir)
-  lock = Lock(workdir, log=log).acquire()
+  try:
+    storage.makedirs(workdir)
+    lock = Lock(workdir, log=log).acquire()
+  except BaseException:
+    _remove_if_empty(workdir, created)
+    raise
   try:
     yield lock
   finally:
     lock.release()
+    _remove_if_empty(workdir, created)
+
+
+def _remove_if_empty(workdir: str, created: bool) -> None:
+  try:
     if created and storage.isdir(workdir) and not storage.listdir(workdir):
       storage.rmdir(workdir)
+  except OSError:
+    pass

@@ -117,6 +117,7 @@ def _finished(cfg, workdir: str) -> int | None:
       return None
   except (OSError, ValueError):
     return None
+  tasks.build(cfg, workdir, read_only=True)    # the data still matches the run's
   ckpts = ckpt_lib.Checkpoints(workdir, read_only=True)
   try:
     _, step = ckpts.restore_params(None, log=lambda m: None)
