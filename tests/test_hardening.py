@@ -297,3 +297,26 @@ def test_train_into_read_only_places_files_and_paths_under_files(run8, tmp_path,
   res = loop.train(induction_cfg("--config.train.steps=8", "--config.train.log_every=2"),
                    run8, **QUIET)
   assert res["status"] == "done" and res["step"] == 8 and _tree(run8) == before
+
+
+# ------------------------------------------------------------------ faults
+
+def test_sigterm_during_a_checkpoint_save_saves_each_step_once_and_exits_0(tmp_path,
+                                                                          monkeypatch,
+                                                                          capsys):
+  real = ckpt_lib.Checkpoints.save
+  saves = []
+
+  def save_then_sigterm(self, step, *a, **k):   # the preemption arrives during the save
+    saves.append(step)
+    real(self, step, *a, **k)
+    os.kill(os.getpid(), signal.SIGTERM)
+  monkeypatch.setattr(ckpt_lib.Checkpoints, "save", save_then_sigterm)
+  wd = str(tmp_path / "run")
+  assert cli_mod.main(["train", "--config", mc.REPO_ROOT + "/configs/induction.py",
+                       "--workdir", wd, *TINY_INDUCTION, "--config.train.steps=12",
+                       "--config.train.checkpoint_every=4", "--config.train.eval_every=100",
+                       "--config.train.log_every=4", "--config.train.progress=false"]) == 0
+  out = capsys.readouterr().out
+  assert json.loads(out.strip().splitlines()[-1])["status"] == "preempted"
+  assert saves == [4] and ckpt_lib.step_dirs(wd) == [4]

@@ -300,7 +300,12 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
       from tqdm import tqdm
       bar = tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True)
 
+    saved = [None]   # the step of the last save: one save per step
+
     def save(step, last_metrics):
+      if saved[0] == step:
+        return
+      saved[0] = step
       for i, ((c, _), ckpts) in enumerate(zip(runs, all_ckpts)):
         m = _seed_slice(last_metrics, slices[i]) if last_metrics is not None else None
         if m is not None and not (_finite(m["objective"]) and _finite(m["grad_norm"])):
