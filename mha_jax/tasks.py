@@ -147,10 +147,15 @@ def local_rows(batch: int, process_index: int, process_count: int) -> slice:
   return slice(process_index * per, (process_index + 1) * per)
 
 
-def _check_ids(ids: np.ndarray, vocab_size: int, what: str) -> None:
-  bad = ids >= vocab_size
-  if bad.any():
-    raise UserError(f"{what}: token id {int(ids[bad].max())} >= vocab size {vocab_size}")
+def _check_ids(ids, vocab_size: int, what: str) -> None:
+  C.check_token_ids(ids, vocab_size, what)
+
+
+def check_batch_ids(task, batch: dict, what: str = "batch") -> None:
+  """Every token-id array of a batch within the task's vocabulary."""
+  for key in ("tokens", "src", "tgt"):
+    if key in batch:
+      _check_ids(batch[key], task.vocab_size, f"{what}[{key!r}]")
 
 
 def token_losses(logits_BTV, targets_BT, label_smoothing: float = 0.0):
@@ -265,6 +270,7 @@ class TranslationTask:
     return init_model(self.cfg, key, self.vocab_size)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None):
+    check_batch_ids(self, batch)
     packed = None
     if "src_seg" in batch:     # a packed batch (data/packing.py)
       packed = {"src_seg": batch["src_seg"], "src_pos": batch["src_pos"],
@@ -408,6 +414,7 @@ class LMTask:
     return init_model(self.cfg, key, self.vocab_size)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None):
+    check_batch_ids(self, batch)
     return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], gates=gates,
                           capture=capture, key=key)
 
@@ -509,6 +516,7 @@ def _sum_metrics(task, params, split, batch_size, gates=None) -> dict[str, float
               lambda p, b, w, g: task.loss(p, b, example_weight=w, gates=g)[1])
   totals = None                      # summed on the device; one transfer at the end
   for batch, weight in task.eval_batches(split, batch_size):
+    check_batch_ids(task, batch, f"{split} batch")
     m = fn(params, batch, jnp.asarray(weight), gates)
     totals = m if totals is None else jax.tree.map(jnp.add, totals, m)
   return {k: float(v) for k, v in jax.device_get(totals or {}).items()}

@@ -320,3 +320,97 @@ def test_sigterm_during_a_checkpoint_save_saves_each_step_once_and_exits_0(tmp_p
   out = capsys.readouterr().out
   assert json.loads(out.strip().splitlines()[-1])["status"] == "preempted"
   assert saves == [4] and ckpt_lib.step_dirs(wd) == [4]
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.ENOSPC, "No space left on device"),
+    ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device")])
+def test_a_full_disk_during_training_is_one_line_naming_the_last_good_checkpoint(
+    tmp_path, monkeypatch, capsys, error):
+  import orbax.checkpoint as ocp
+  real = ocp.CheckpointManager.save
+  wd = str(tmp_path / "run")
+
+  def fill_up(self, step, *a, **k):
+    if step < 8:
+      return real(self, step, *a, **k)
+    part = os.path.join(wd, "checkpoints", f"{step}.orbax-checkpoint-tmp-1", "params")
+    os.makedirs(part)                         # what a save cut short leaves behind
+    open(os.path.join(part, "d"), "wb").write(b"half")
+    raise error
+  monkeypatch.setattr(ocp.CheckpointManager, "save", fill_up)
+  assert cli_mod.main(["train", "--config", mc.REPO_ROOT + "/configs/induction.py",
+                       "--workdir", wd, *TINY_INDUCTION, "--config.train.steps=12",
+                       "--config.train.checkpoint_every=4", "--config.train.eval_every=100",
+                       "--config.train.log_every=4"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1, err
+  assert "checkpoint 8: cannot write" in err and "the disk is full" in err
+  assert f"Last good checkpoint: step 4 in {wd}/checkpoints" in err
+  assert os.listdir(os.path.join(wd, "checkpoints")) == ["4"]       # partial files removed
+  assert not os.path.exists(os.path.join(wd, "train.lock"))
+  monkeypatch.setattr(ocp.CheckpointManager, "save", real)
+  assert mha_jax.load(wd, **QUIET).step == 4
+
+
+# ------------------------------------------------------------------ ids, contexts, imports
+
+def test_token_ids_beyond_the_vocabulary_are_refused_where_they_enter(run8):
+  run = mha_jax.load(run8, **QUIET)
+  v = run.model.vocab_size
+  tokens = np.zeros((2, 9), np.int32)
+  assert np.isfinite(np.asarray(run.model.apply(run.params, {"tokens": tokens}))).all()
+  tokens[1, 3] = v + 5
+  with pytest.raises(UserError, match=rf"token id {v + 5} is not in the vocabulary of {v} "
+                                      rf"tokens \(ids 0..{v - 1}\)"):
+    run.model.apply(run.params, {"tokens": tokens})
+  tokens[1, 3] = -1
+  with pytest.raises(UserError, match=r"token id -1 is negative"):
+    run.model.loss(run.params, {"tokens": tokens})
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+  """A tiny LLaMA GGUF (context 128, vocabulary 256) and its imported workdir."""
+  from mha_jax.pretrained import importer
+  from test_pretrained import _tiny_llama_hf, _write_tiny_gguf
+  base = tmp_path_factory.mktemp("tiny_llama")
+  w, cfg = _tiny_llama_hf(np.random.default_rng(0))
+  path = base / "tiny.gguf"
+  _write_tiny_gguf(path, w, cfg)
+  wd = str(base / "wd")
+  importer.import_model(wd, file=str(path))
+  return str(path), wd
+
+
+def test_generate_beyond_the_context_is_refused_naming_both_numbers(tiny_llama, capsys):
+  _, wd = tiny_llama
+  assert cli_mod.main(["generate", "--workdir", wd, "--prompt", "abc",
+                       "--max-new-tokens", "9000"]) == 2
+  err = capsys.readouterr().err
+  assert "the prompt's 3 tokens plus --max-new-tokens 9000 make 9003, more than the " \
+         "model's context of 128 tokens" in err, err
+  assert cli_mod.main(["generate", "--workdir", wd, "--prompt", "abc",
+                       "--max-new-tokens", "2"]) == 0
+  run = mha_jax.load(wd, **QUIET)
+  with pytest.raises(UserError, match=r"token id 300 is not in the vocabulary of 256"):
+    run.model.logits(run.params, np.full((1, 4), 300, np.int32))
+
+
+def test_a_full_disk_during_import_is_one_line_and_leaves_nothing(tiny_llama, tmp_path,
+                                                                  monkeypatch, capsys):
+  import orbax.checkpoint as ocp
+  path, _ = tiny_llama
+  real = ocp.CheckpointManager.save
+
+  def fill_up(self, step, *a, **k):
+    os.makedirs(os.path.join(str(self.directory), f"{step}.orbax-checkpoint-tmp-7", "params"))
+    raise ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device")
+  monkeypatch.setattr(ocp.CheckpointManager, "save", fill_up)
+  out = tmp_path / "imports"
+  out.mkdir()
+  assert cli_mod.main(["import", "--file", path, "--workdir", str(out / "wd")]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "the disk is full" in err, err
+  assert os.listdir(out) == []                        # no .import-* folder left behind
+  monkeypatch.setattr(ocp.CheckpointManager, "save", real)

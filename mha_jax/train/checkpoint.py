@@ -27,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from mha_jax import storage
-from mha_jax.errors import BadCheckpoint, UserError
+from mha_jax.errors import BadCheckpoint, StorageFault, UserError
 
 ITEMS = ("params", "opt_state", "meta")
 
@@ -135,10 +135,40 @@ class Checkpoints:
   def step_dir(self, step: int) -> str:
     return storage.join(self.directory, str(step))
 
+  def partial_dirs(self, step: int) -> list[str]:
+    """What a save of `step` that did not finish may have left: its folder and orbax's
+    temporary folders for it."""
+    if not storage.isdir(self.directory):
+      return []
+    return [storage.join(self.directory, n) for n in storage.listdir(self.directory)
+            if n == str(step) or (n.startswith(f"{step}.") and "tmp" in n)]
+
+  @contextlib.contextmanager
+  def _faults(self, step: int):
+    """A full disk or a read-only place during the save of `step`: the partial
+    checkpoint is removed and a StorageFault names the place."""
+    try:
+      yield
+    except Exception as e:
+      kind = storage.fault_kind(e)
+      if kind is None:
+        raise
+      for p in self.partial_dirs(step):
+        storage.rmtree(p, ignore_errors=True)
+      try:
+        self.manager.reload()
+      except Exception:  # noqa: BLE001 - the fault is what the user must see
+        pass
+      fault = StorageFault(storage.fault_message(kind, self.step_dir(step),
+                                                 f"checkpoint {step}") +
+                           "; the partial checkpoint was removed")
+      fault.kind, fault.where = kind, self.step_dir(step)
+      raise fault from e
+
   def save(self, step: int, params, opt_state, meta: dict[str, Any]) -> None:
     meta = {**meta, "checksums": {"params": checksums(params),
                                   "opt_state": checksums(opt_state)}}
-    with _orbax_drains():
+    with self._faults(step), _orbax_drains():
       self.manager.save(step, args=ocp.args.Composite(
           params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
           meta=ocp.args.JsonSave(meta)), force=True)
@@ -159,7 +189,7 @@ class Checkpoints:
       return x
 
     params = jax.tree_util.tree_map_with_path(fill, params)
-    with _orbax_drains():
+    with self._faults(step), _orbax_drains():
       self.manager.save(step, args=ocp.args.Composite(
           params=ocp.args.StandardSave(params),
           meta=ocp.args.JsonSave({**meta, "empty": empty,

@@ -9,6 +9,7 @@ over a leading seed axis: N runs of one config in one program (train/seeds.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
@@ -27,7 +28,7 @@ from mha_jax import config as mc
 from mha_jax import storage
 from mha_jax import tasks
 from mha_jax.data import packing
-from mha_jax.errors import UserError
+from mha_jax.errors import StorageFault, UserError
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import lock as lock_lib
 from mha_jax.train import seeds as seeds_lib
@@ -128,6 +129,22 @@ def _finished(cfg, workdir: str) -> int | None:
   finally:
     ckpts.close()
   return step if step >= cfg.train.steps else None
+
+
+@contextlib.contextmanager
+def _last_good_named(all_ckpts):
+  """A StorageFault (full disk, read-only place) in the loop, with the run's last good
+  checkpoint added to its one line."""
+  try:
+    yield
+  except StorageFault as e:
+    good = [(c.latest_step(), c.directory) for c in all_ckpts]
+    where = "; ".join(f"step {s} in {d}" for s, d in good if s is not None)
+    fault = StorageFault(f"train: {e}. Last good checkpoint: {where or 'none yet'}; free "
+                         f"space (or make the place writable) and run the same command "
+                         f"to resume")
+    fault.kind, fault.where = getattr(e, "kind", None), getattr(e, "where", None)
+    raise fault from None
 
 
 class _Preemption:
@@ -348,7 +365,7 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
     factor = t.get("max_loss_factor", 0.0)
     status, step, last, window = "done", start, None, []
     t_last, valid = time.perf_counter(), None
-    with _Preemption() as pre:
+    with _Preemption() as pre, _last_good_named(all_ckpts):
       while step < t.steps:
         if pre.requested:
           save(step, last)
