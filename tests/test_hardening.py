@@ -414,3 +414,23 @@ def test_a_full_disk_during_import_is_one_line_and_leaves_nothing(tiny_llama, tm
   assert err.count("\n") == 1 and "the disk is full" in err, err
   assert os.listdir(out) == []                        # no .import-* folder left behind
   monkeypatch.setattr(ocp.CheckpointManager, "save", real)
+
+
+def test_a_config_json_edited_after_training_is_refused_naming_the_field(run8, tmp_path,
+                                                                         capsys):
+  wd = _copy(run8, tmp_path)
+  path = os.path.join(wd, "config.json")
+  cfg = json.load(open(path))
+  assert cfg["model"]["pos"] == "qk"
+  cfg["model"]["pos"] = "learned"                    # qk -> learned, by hand
+  json.dump(cfg, open(path, "w"))
+  assert cli_mod.main(["eval", "--workdir", wd, "--split", "valid"]) == 2
+  err = capsys.readouterr().err
+  assert "does not describe the model of" in err and "checkpoints/8" in err
+  assert "model.pos: 'qk' in the checkpoint, 'learned' in config.json" in err, err
+  with pytest.raises(UserError, match=r"model.pos: 'qk' in the checkpoint"):
+    loop.train(induction_cfg("--config.train.steps=12", "--config.model.pos=learned"), wd,
+               **QUIET)
+  cfg["model"]["pos"], cfg["model"]["impl"] = "qk", "reference"   # the kernel may change
+  json.dump(cfg, open(path, "w"))
+  assert mha_jax.load(wd, **QUIET).step == 8

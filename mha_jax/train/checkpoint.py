@@ -117,6 +117,7 @@ class Checkpoints:
         max_to_keep=None if read_only else max_to_keep, create=not read_only,
         enable_async_checkpointing=False, cleanup_tmp_directories=not read_only)
     self.bad_steps: list[int] = []   # what the last restore without a step skipped
+    self.meta: dict = {}             # the meta item restore_params last read
     if read_only and not storage.isdir(self.directory):
       raise UserError(f"workdir {storage.dirname(self.directory)!r} has no trained "
                        f"checkpoint (no {self.directory})")
@@ -283,7 +284,8 @@ class Checkpoints:
       return dict(params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
 
     r, step = self._newest_good(step, make_args, log)
-    empty = (r["meta"] or {}).get("empty", {})
+    self.meta = r["meta"] or {}
+    empty = self.meta.get("empty", {})
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: (jax.numpy.zeros(empty[jax.tree_util.keystr(path)][0],
                                          empty[jax.tree_util.keystr(path)][1])
@@ -306,6 +308,32 @@ class Checkpoints:
   def close(self) -> None:
     with _orbax_drains():
       self.manager.close()
+
+
+# Model fields that do not change what the params compute (the kernel; dropout is off
+# outside training).
+FREE_MODEL_FIELDS = ("impl", "dropout")
+
+
+def check_model_config(meta: dict, cfg_dict: dict, where: str, config_path: str) -> None:
+  """The model config saved with a checkpoint (meta["model"], meta["task"]) against the
+  workdir's config.json: a difference means the params would be run as another model,
+  so it is refused naming the field. Checkpoints from before the model was saved with
+  them are not checked."""
+  if not isinstance(meta.get("model"), dict):
+    return
+  saved = {"task": meta.get("task"), **{f"model.{k}": v for k, v in meta["model"].items()
+                                        if k not in FREE_MODEL_FIELDS}}
+  now = {"task": cfg_dict.get("task"),
+         **{f"model.{k}": v for k, v in (cfg_dict.get("model") or {}).items()
+            if k not in FREE_MODEL_FIELDS}}
+  bad = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+  if bad:
+    diffs = ", ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {now.get(k)!r} in "
+                      f"config.json" for k in bad[:4])
+    raise UserError(f"{config_path} does not describe the model of {where} ({diffs}); "
+                    f"the checkpoint was trained as the model it records. Restore "
+                    f"config.json, or train a new run")
 
 
 def tree_equal(a, b) -> bool:

@@ -296,6 +296,8 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
       params, opt_state, metas, start = _restore(all_ckpts, runs, params, opt_state,
                                                  state_shardings, slices)
       for i, ((c, w), meta) in enumerate(zip(runs, metas)):
+        ckpt_lib.check_model_config(meta, mc.to_dict(c), f"checkpoint {start} in {w!r}",
+                                    storage.join(w, "config.json"))
         if meta.get("data_position") != start * t.batch_size:
           raise UserError(f"checkpoint {start} in {w!r} was written with another "
                           f"batch size (data position {meta.get('data_position')})")
@@ -329,7 +331,8 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
           continue
         ckpts.save(step, _seed_slice(params, slices[i]), _seed_slice(opt_state, slices[i]),
                    {"step": step, "seed": c.seed, "data_position": step * t.batch_size,
-                    "initial_loss": initial_loss[i]})
+                    "initial_loss": initial_loss[i], "task": c.task,
+                    "model": mc.to_dict(c)["model"]})
 
     def evaluate(step, split="valid"):
       out = []
