@@ -520,3 +520,27 @@ def test_a_model_without_heads_runs_through_analyze_and_circuits(run8, tmp_path,
   assert res["heads"] == {} and res["induction_heads"] == []
   assert res["previous_token_head"] is None
   assert "no attention heads in this model" in capsys.readouterr().out
+
+
+def test_reference_scores_that_cannot_fit_are_explained_before_any_allocation(monkeypatch):
+  import jax
+  import jax.numpy as jnp
+  from mha_jax import attention
+  from mha_jax.kernels import dispatch
+  monkeypatch.setattr(dispatch, "memory_limit",
+                      lambda: (8 * 2**30, "the process's address-space limit (RLIMIT_AS)"),
+                      raising=False)
+  params = attention.init_attention_params(jax.random.PRNGKey(0), 16, 8)
+  x = jax.ShapeDtypeStruct((1, 16384, 16), jnp.float32)       # never allocated
+  call = lambda impl, **k: jax.eval_shape(
+      lambda x: attention.multi_head_attention(params, x, causal=True, impl=impl, **k), x)
+  with pytest.raises(ValueError, match=r"impl='reference' holds the \(B, H, T, S\) = "
+                                       r"\(1, 8, 16384, 16384\) attention scores whole: "
+                                       r"16.0 GiB .* more than the process's address-space "
+                                       r"limit \(RLIMIT_AS\) \(8.0 GiB\)\. Use impl='blocked' "
+                                       r"\(or 'auto', which picks it at this size\)"):
+    call("reference")
+  with pytest.raises(ValueError, match=r"Attention weights \(return_weights=True\) are this tensor"):
+    call("auto", return_weights=True)
+  assert call("blocked").shape == (1, 16384, 16)
+  assert call("auto").shape == (1, 16384, 16)
