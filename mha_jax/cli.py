@@ -117,15 +117,18 @@ def _cmd_eval(args) -> int:
   return 0
 
 
-def _out_dir(args) -> str:
+def _out_dir(args, default: str = "analysis") -> str:
   """--out, by default WORKDIR/analysis; checked writable before any work is done."""
-  return writable_out(args.out or storage.join(args.workdir, "analysis"))
+  return writable_out(args.out or storage.join(args.workdir, default), args.workdir)
 
 
-def writable_out(out: str, flag: str = "--out") -> str:
+def writable_out(out: str, workdir: str | None = None, flag: str = "--out") -> str:
   """Creates folder `out` (a command's output) and checks that it takes files, before any
-  work is done."""
+  work is done; never the source workdir itself or inside its managed folders."""
   from mha_jax.errors import StorageFault
+  from mha_jax.train import lock as lock_lib
+  if workdir is not None:
+    lock_lib.check_out(out, workdir, flag)
   if storage.exists(out) and not storage.isdir(out):
     raise UserError(f"{flag} {out!r} is a file, not a folder")
   try:
@@ -291,6 +294,8 @@ def _cmd_prune_curve_seeds(args, seeds, out: str) -> int:
 def _cmd_prune_curve(args) -> int:
   from mha_jax.pruning import curve
   out = args.out or args.workdir.rstrip("/") + "/pruning_curve"
+  if storage.exists(out) and not storage.isdir(out):      # refused now, not after the work
+    raise UserError(f"--out {out!r} is a file, not a folder")
   seeds = _multi_seed(args.workdir)
   if seeds:
     return _cmd_prune_curve_seeds(args, seeds, out)
@@ -310,10 +315,10 @@ def _cmd_export_pruned(args) -> int:
 
 def _cmd_circuits(args) -> int:
   from mha_jax.circuits import report as circuits_report
-  res = circuits_report.circuits(args.workdir, track=not args.no_track)
+  out = _out_dir(args, "circuits")
+  res = circuits_report.circuits(args.workdir, out, track=not args.no_track)
   print(circuits_report.format_summary(res))
-  print(f"wrote {args.workdir}/circuits/ (circuits.json, composition.png, positivity.png, "
-        f"icl.png)")
+  print(f"wrote {out}/ (circuits.json, composition.png, positivity.png, icl.png)")
   return 0
 
 
@@ -478,6 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
   ci = sub.add_parser("circuits", help="induction heads, composition, positivity, paths")
   ci.add_argument("--workdir", required=True)
   ci.add_argument("--no-track", action="store_true", help="skip the pass over checkpoints")
+  ci.add_argument("--out", default=None,
+                  help="output folder (default: WORKDIR/circuits; a read-only workdir "
+                       "needs one elsewhere)")
   ci.set_defaults(func=_cmd_circuits)
 
   cl = sub.add_parser("claims", help="measure the seed documents' claims; report + primer")

@@ -41,6 +41,20 @@ def abspath(p) -> str:
   return os.fspath(p) if is_uri(p) else os.path.abspath(p)
 
 
+def normpath(p) -> str:
+  """p absolute and normalised (local: symlinks resolved; URIs: no trailing /), to
+  compare two paths."""
+  if is_uri(p):
+    return os.fspath(p).rstrip("/")
+  return os.path.realpath(os.path.abspath(p))
+
+
+def is_within(p, folder) -> bool:
+  """Whether p is folder or lies inside it."""
+  a, b = normpath(p), normpath(folder)
+  return a == b or a.startswith(b.rstrip("/") + "/")
+
+
 def dirname(p) -> str:
   return str(epath.Path(p).parent) if is_uri(p) else os.path.dirname(p)
 

@@ -255,8 +255,8 @@ def test_edited_data_is_refused_before_any_data_file_changes(tmp_path):
 def _read_only_under(monkeypatch, folder):
   """Every new file or folder under `folder` fails as on a read-only mount."""
   from mha_jax import storage
-  from etils import epath
-  real_open, real_mkdir = os.open, epath.Path.mkdir
+  gpath = type(storage.path(str(folder)))
+  real_open, real_mkdir = os.open, gpath.mkdir
 
   def ro_open(p, flags, *a, **k):
     if str(p).startswith(str(folder)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
@@ -268,7 +268,7 @@ def _read_only_under(monkeypatch, folder):
       raise OSError(errno.EROFS, "Read-only file system", str(self))
     return real_mkdir(self, *a, **k)
   monkeypatch.setattr(storage.os, "open", ro_open)
-  monkeypatch.setattr(epath.Path, "mkdir", ro_mkdir)
+  monkeypatch.setattr(gpath, "mkdir", ro_mkdir)
 
 
 def test_train_into_read_only_places_files_and_paths_under_files(run8, tmp_path,
@@ -434,3 +434,113 @@ def test_a_config_json_edited_after_training_is_refused_naming_the_field(run8, t
   cfg["model"]["pos"], cfg["model"]["impl"] = "qk", "reference"   # the kernel may change
   json.dump(cfg, open(path, "w"))
   assert mha_jax.load(wd, **QUIET).step == 8
+
+
+# ------------------------------------------------------------------ studies' outputs
+
+def test_out_inside_a_managed_folder_or_equal_to_the_source_is_refused(run8, tmp_path,
+                                                                       capsys, monkeypatch):
+  from mha_jax import loader
+  wd = _copy(run8, tmp_path)
+  before = _tree(wd)
+  for argv, msg in (
+      (["prune", "--method", "random", "--keep", "2", "--stacks", "lm",
+        "--out", os.path.join(wd, "checkpoints", "999")], "lies inside checkpoints/"),
+      (["export-pruned", "--out", os.path.join(wd, "data", "x")], "lies inside data/"),
+      (["export-pruned", "--out", wd + "/"], "is the source workdir"),
+      (["ablate", "--heads", "lm.0.0", "--out", os.path.join(wd, "checkpoints.bad")],
+       "lies inside checkpoints.bad/")):
+    assert cli_mod.main([argv[0], "--workdir", wd, *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and msg in err, err
+  assert _tree(wd) == before and ckpt_lib.step_dirs(wd) == [4, 8]
+  a_file = tmp_path / "curve_out"
+  a_file.write_text("")
+  monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("worked before checking"))
+  assert cli_mod.main(["prune-curve", "--workdir", wd, "--out", str(a_file),
+                       "--stacks", "lm", "--counts", "2"]) == 2
+  assert f"--out '{a_file}' is a file, not a folder" in capsys.readouterr().err
+
+
+def test_circuits_writes_to_out_and_a_read_only_workdir_needs_it(run8, tmp_path, capsys,
+                                                                 monkeypatch):
+  before = _tree(run8)
+  out = str(tmp_path / "c")
+  assert cli_mod.main(["circuits", "--workdir", run8, "--out", out, "--no-track"]) == 0
+  assert {"circuits.json", "composition.png"} <= set(os.listdir(out))
+  assert _tree(run8) == before
+  _read_only_under(monkeypatch, run8)
+  assert cli_mod.main(["circuits", "--workdir", run8, "--no-track"]) == 2
+  err = capsys.readouterr().err
+  assert "--out" in err and "read-only workdir needs --out elsewhere" in err, err
+
+
+def test_a_full_disk_under_analyze_out_is_one_line_and_leaves_no_partial_file(
+    run8, tmp_path, monkeypatch, capsys):
+  from mha_jax import storage
+  out = tmp_path / "out"
+  gpath = type(storage.path(str(out)))
+  real_open = gpath.open
+
+  def full_open(self, mode="r", *a, **k):
+    f = real_open(self, mode, *a, **k)
+    if "w" in mode and str(self).startswith(str(out)) and self.name == "heads.csv":
+      f.write(b"half a line")                    # some bytes got to disk, then none fit
+      f.close()
+      raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    return f
+  monkeypatch.setattr(gpath, "open", full_open)
+  assert cli_mod.main(["analyze", "--workdir", run8, "--split", "valid", "--no-ablations",
+                       "--out", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert err.strip() == (f"mha-jax: error: cannot write '{out / 'heads.csv'}': the disk is "
+                         f"full (no space left on device)"), err
+  assert "heads.csv" not in os.listdir(out)
+
+
+def test_a_model_without_heads_runs_through_analyze_and_circuits(run8, tmp_path, capsys):
+  pruned, exported = str(tmp_path / "p0"), str(tmp_path / "e0")
+  assert cli_mod.main(["prune", "--workdir", run8, "--out", pruned, "--method", "random",
+                       "--keep", "0", "--stacks", "lm"]) == 0
+  assert cli_mod.main(["export-pruned", "--workdir", pruned, "--out", exported]) == 0
+  run = mha_jax.load(exported, **QUIET)
+  assert run.head_names == []
+  tokens = np.asarray(next(run.model.eval_batches("test", 4))[0]["tokens"])
+  want = run.params["embed"][tokens[:, :-1]] @ run.params["unembed"]   # no heads: the
+  np.testing.assert_allclose(run.model.apply(run.params, {"tokens": tokens}), want,
+                             atol=1e-5)                                 # direct path only
+  capsys.readouterr()
+  out = str(tmp_path / "a")
+  assert cli_mod.main(["analyze", "--workdir", exported, "--split", "valid",
+                       "--out", out]) == 0
+  assert json.load(open(os.path.join(out, "heads.json"))) == []
+  assert {"roles.png", "explorer.html"} <= set(os.listdir(out))
+  assert cli_mod.main(["circuits", "--workdir", exported, "--out", str(tmp_path / "c")]) == 0
+  res = json.load(open(os.path.join(str(tmp_path / "c"), "circuits.json")))
+  assert res["heads"] == {} and res["induction_heads"] == []
+  assert res["previous_token_head"] is None
+  assert "no attention heads in this model" in capsys.readouterr().out
+
+
+def test_reference_scores_that_cannot_fit_are_explained_before_any_allocation(monkeypatch):
+  import jax
+  import jax.numpy as jnp
+  from mha_jax import attention
+  from mha_jax.kernels import dispatch
+  monkeypatch.setattr(dispatch, "memory_limit",
+                      lambda: (8 * 2**30, "the process's address-space limit (RLIMIT_AS)"),
+                      raising=False)
+  params = attention.init_attention_params(jax.random.PRNGKey(0), 16, 8)
+  x = jax.ShapeDtypeStruct((1, 16384, 16), jnp.float32)       # never allocated
+  call = lambda impl, **k: jax.eval_shape(
+      lambda x: attention.multi_head_attention(params, x, causal=True, impl=impl, **k), x)
+  with pytest.raises(ValueError, match=r"impl='reference' holds the \(B, H, T, S\) = "
+                                       r"\(1, 8, 16384, 16384\) attention scores whole: "
+                                       r"16.0 GiB .* more than the process's address-space "
+                                       r"limit \(RLIMIT_AS\) \(8.0 GiB\)\. Use impl='blocked' "
+                                       r"\(or 'auto', which picks it at this size\)"):
+    call("reference")
+  with pytest.raises(ValueError, match=r"Attention weights \(return_weights=True\) are this tensor"):
+    call("auto", return_weights=True)
+  assert call("blocked").shape == (1, 16384, 16)
+  assert call("auto").shape == (1, 16384, 16)

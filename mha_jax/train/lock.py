@@ -86,6 +86,23 @@ def write_marker(workdir: str) -> None:
                        atomic=True)
 
 
+# Folders of a workdir that mha-jax manages: a command's --out may not lie in them (a
+# folder in checkpoints/ breaks the checkpoint listing).
+MANAGED = ("checkpoints", "checkpoints.bad", "data", "tb")
+
+
+def check_out(out: str, workdir: str, flag: str = "--out") -> None:
+  """Refuses an output folder that is the source workdir itself or lies inside one of
+  its managed folders (MANAGED)."""
+  if storage.normpath(out) == storage.normpath(workdir):
+    raise UserError(f"{flag} {out!r} is the source workdir {workdir!r} itself; give a new "
+                    f"folder")
+  for name in MANAGED:
+    if storage.is_within(out, storage.join(workdir, name)):
+      raise UserError(f"{flag} {out!r} lies inside {name}/ of the workdir {workdir!r}, "
+                      f"which mha-jax manages; give a folder outside it")
+
+
 # ------------------------------------------------------------------ the lock
 
 def _now() -> str:
