@@ -378,7 +378,8 @@ def _cmd_generate(args) -> int:
 def _cmd_patch(args) -> int:
   from mha_jax.loader import load
   from mha_jax.patching import run as patch_run
-  summary = patch_run.study(load(args.workdir), args.out, task=args.task,
+  out = writable_out(args.out, args.workdir)
+  summary = patch_run.study(load(args.workdir), out, task=args.task,
                             pairs_file=args.pairs, methods=args.method,
                             n_pairs=args.n_pairs, seed=args.seed,
                             per_position=args.per_position, receivers=args.receivers)

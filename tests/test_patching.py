@@ -124,6 +124,15 @@ def test_batched_sweep_equals_one_at_a_time(setup):
           one = s.patch_one(site, l, h)
           np.testing.assert_allclose(res["recovery"][l, h], one["recovery"], atol=1e-5)
           np.testing.assert_allclose(res["prob"][l, h], one["prob"], rtol=1e-5)
+  part = s.patch("z", layers=[1])
+  assert np.isnan(part["recovery"][0]).all()
+  np.testing.assert_allclose(part["recovery"][1], s.patch("z")["recovery"][1], atol=1e-6)
+  src = s.values("clean", ["lm.1.attn.z"])["lm.1.attn.z"]
+  from mha_jax import interventions as I
+  out = s.edited("corrupt", {"lm.1.attn.z": I.replace(src, heads=2)})
+  np.testing.assert_allclose(out["ld"], part["ld"][1, 2], atol=1e-5)
+  with pytest.raises(UserError, match="layers"):
+    s.patch("z", layers=[5])
   z = s.patch("z", per_position=True, direction="noise")
   one = s.patch_one("z", 1, 2, position=6, direction="noise")
   np.testing.assert_allclose(z["logit_diff"][1, 2, 6], one["logit_diff"], atol=1e-5)
