@@ -20,7 +20,7 @@ import optax
 from mha_jax.errors import UserError
 from mha_jax import storage
 from mha_jax.data import text as text_data
-from mha_jax.models import bert, llama
+from mha_jax.models import bert, decoder
 from mha_jax.pretrained.tokenizer import PretrainedTokenizer
 
 SPLITS = ("train", "valid", "test")
@@ -51,12 +51,13 @@ class _NotTrainable:
 
 
 class PretrainedLMTask(_NotTrainable):
-  """A LLaMA-family LM imported from GGUF or safetensors."""
+  """A decoder LM (any family of mha_jax.pretrained.adapters) imported from GGUF or
+  safetensors; its forward is mha_jax.models.decoder's."""
 
   def __init__(self, cfg, workdir: str | None):
     self.cfg = cfg
     m = cfg.model
-    self.spec = llama.LlamaSpec(norm_eps=m.norm_eps, rope_base=m.rope_base, impl=m.impl)
+    self.spec = decoder.spec_from_config(m, impl=m.impl)
     self.tokenizer = _tokenizer(workdir, add_special_tokens=False)
     self.vocab_size = m.vocab_size
     self._streams = None
@@ -67,7 +68,7 @@ class PretrainedLMTask(_NotTrainable):
     batch["mask"] (B, T), if given, is True for real tokens (padding masked as keys)."""
     del key
     mask = batch.get("mask")
-    return llama.apply(params, self.spec, batch["tokens"][:, :-1],
+    return decoder.apply(params, self.spec, batch["tokens"][:, :-1],
                        mask_BT=None if mask is None else mask[:, :-1], gates=gates,
                        capture=capture)
 
@@ -75,7 +76,7 @@ class PretrainedLMTask(_NotTrainable):
     """Logits (B, T, V) for every position (the next token after each); compiled once
     per shape."""
     from mha_jax.tasks import jitted
-    fn = jitted(self, "logits", lambda p, t, m, g: llama.apply(p, self.spec, t, mask_BT=m,
+    fn = jitted(self, "logits", lambda p, t, m, g: decoder.apply(p, self.spec, t, mask_BT=m,
                                                                gates=g))
     return fn(params, jnp.asarray(tokens_BT), None if mask_BT is None else
               jnp.asarray(mask_BT), gates)
@@ -190,7 +191,7 @@ class PretrainedLMTask(_NotTrainable):
       raise UserError("--prompt is empty: nothing to continue")
     eos = [int(self.cfg.tokenizer.eos_id)] if stop_at_eos and self.cfg.tokenizer.eos_id >= 0 \
         else []
-    new = llama.generate(params, self.spec, ids[None], max_new_tokens,
+    new = decoder.generate(params, self.spec, ids[None], max_new_tokens,
                          eos_id=eos[0] if eos else None)[0]
     keep = list(new)
     if eos and eos[0] in keep:
