@@ -36,8 +36,10 @@ class Task(Protocol):
 
   vocab_size: int
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None):
-    """Logits (B, T, V); with capture=True, (logits, {stack: {layer: captured}})."""
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    """Logits (B, T, V); with capture=True, (logits, {stack: {layer: captured}}).
+    hook: an interventions.Hook (named sites of the model's one forward). An LM's
+    batch may hold "logits_at" (B,) int positions: logits only there, (B, 1, V)."""
 
   def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
            example_weight=None):
@@ -254,13 +256,13 @@ class TranslationTask:
   def init_params(self, key):
     return init_model(self.cfg, key, self.vocab_size)
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     packed = None
     if "src_seg" in batch:     # a packed batch (data/packing.py)
       packed = {"src_seg": batch["src_seg"], "src_pos": batch["src_pos"],
                 "tgt_seg": batch["tgt_seg"][:, :-1], "tgt_pos": batch["tgt_pos"][:, :-1]}
     return seq2seq.apply(params, self.spec, batch["src"], batch["tgt"][:, :-1], gates=gates,
-                         capture=capture, key=key, packed=packed)
+                         capture=capture, key=key, packed=packed, hook=hook)
 
   # ---------------------------------------------------------------- data
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1):
@@ -393,9 +395,10 @@ class LMTask:
   def init_params(self, key):
     return init_model(self.cfg, key, self.vocab_size)
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], gates=gates,
-                          capture=capture, key=key)
+                          capture=capture, key=key, hook=hook,
+                          logits_at=batch.get("logits_at"))
 
   def _batch(self, split: str, index: int, batch: int) -> np.ndarray:
     d = self.cfg.data

@@ -386,12 +386,17 @@ def test_bf16_folder_and_dtype_bfloat16(tmp_path):
   """A bf16 checkpoint imports exactly (to float32 by default); --dtype bfloat16 keeps
   the weights in bf16 (logits then within bf16 rounding)."""
   import jax.numpy as jnp
-  model = build_hf("llama", seed=4).to(torch.bfloat16)
-  folder = save_folder(model, tmp_path / "hf")
+  import copy
+  model = build_hf("llama", seed=4)
+  half = copy.deepcopy(model).to(torch.bfloat16)
+  folder = save_folder(half, tmp_path / "hf")
   cfg = importer.import_model(str(tmp_path / "w"), file=folder)
-  assert cfg["source"]["tensor_dtypes"] == {"bfloat16": len(model.state_dict())}
+  assert cfg["source"]["tensor_dtypes"] == {"bfloat16": len(half.state_dict())}
   run = mha_jax.load(str(tmp_path / "w"))
-  ref = hf_logits(model.float(), TOKENS)
+  # The reference: the bf16-rounded weights in a float32 model (model.to(bfloat16) would
+  # also round transformers' own RoPE frequency buffer).
+  model.load_state_dict({k: v.float() for k, v in half.state_dict().items()})
+  ref = hf_logits(model, TOKENS)
   assert rel_err(run.model.logits(run.params, TOKENS), ref) < RTOL
   importer.import_model(str(tmp_path / "wb"), file=folder, dtype="bfloat16")
   runb = mha_jax.load(str(tmp_path / "wb"))

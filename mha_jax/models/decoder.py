@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import attention
+from mha_jax import interventions as I
 from mha_jax.errors import UserError
 from mha_jax.models import common as C
 from mha_jax.models import rope_scaling
@@ -81,6 +82,12 @@ class DecoderSpec:
       raise ValueError(f"DecoderSpec.impl must be one of {attention.IMPLS}; got "
                        f"{self.impl!r}")
 
+  @property
+  def rope_base(self) -> float:
+    """The RoPE base of layer 0 (LlamaSpec's field, for code written against it)."""
+    r = self.layer("rope", 0)
+    return 0.0 if r is None else float(r.base)
+
   def layer(self, field: str, i: int):
     """The setting `field` of layer i (a per-layer tuple, or one value for all)."""
     v = getattr(self, field)
@@ -125,18 +132,22 @@ def spec_from_config(m, impl: str = "auto") -> DecoderSpec:
 # --------------------------------------------------------------------------
 
 
-def rms_norm(p, x, eps):
-  """x / sqrt(mean(x^2) + eps) * scale, in float32."""
+def rms_norm(p, x, eps, *, hook=None, site=None):
+  """x / sqrt(mean(x^2) + eps) * scale, in float32; the factor 1 / sqrt(...) (..., 1) is
+  the intervention site `site` when named (lm.ln_final.scale)."""
   x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  inv = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  if site is not None:
+    inv = I.at(hook, site, inv)
+  y = x32 * inv
   return (y * p["scale"]).astype(x.dtype)
 
 
-def norm(p, x, spec: DecoderSpec):
+def norm(p, x, spec: DecoderSpec, *, hook=None, site=None):
   if spec.norm == "layer":
     x32 = x.astype(jnp.float32)
-    return C.layer_norm(p, x32, spec.norm_eps).astype(x.dtype)
-  return rms_norm(p, x, spec.norm_eps)
+    return C.layer_norm(p, x32, spec.norm_eps, hook=hook, site=site).astype(x.dtype)
+  return rms_norm(p, x, spec.norm_eps, hook=hook, site=site)
 
 
 def activation(name: str, x):
@@ -188,45 +199,52 @@ def _embed(params, spec, tokens_BT, positions_BT):
   return x
 
 
-def _block(p, x, spec: DecoderSpec, i: int, *, gate=None, key_mask=None, positions_BT=None,
-           cache=None, capture=False):
-  """One decoder layer. Returns (x, extra): extra is the new KV cache with `cache`, the
-  AttentionOutput with capture=True, else None."""
+def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
+           cache=None, hook=None):
+  """One decoder layer with its intervention sites (lm.{i}.resid_pre, .attn.*, .attn_out,
+  .resid_mid, .mlp_out, .resid_post; attn_out and mlp_out after the post-norms). Returns
+  (x, the new KV cache with `cache`, else None)."""
+  name = f"lm.{i}"
+  x = I.at(hook, f"{name}.resid_pre", x)
   h = norm(p["ln1"], x, spec) if "ln1" in p else x
   rope = spec.layer("rope", i)
-  kw = dict(causal=True, mask=key_mask, head_gates=gate, rope=rope,
+  kw = dict(causal=True, mask=key_mask, rope=rope, impl=spec.impl,
             window=spec.layer("window", i), scale=spec.layer("attn_scale", i),
-            softcap=spec.attn_softcap, qk_norm_eps=spec.norm_eps)
+            softcap=spec.attn_softcap, qk_norm_eps=spec.norm_eps,
+            site=I.scope(hook, f"{name}.attn"))
   if positions_BT is not None and rope is not None:
     kw["positions"] = positions_BT
-  extra = None
+  new_cache = None
   if cache is not None:
-    a, extra = attention.multi_head_attention(p["attn"], h, cache=cache, impl=spec.impl, **kw)
-  elif capture:
-    extra = attention.multi_head_attention(p["attn"], h, return_weights=True, **kw)
-    a = extra.out
+    a, new_cache = attention.multi_head_attention(p["attn"], h, cache=cache, **kw)
   else:
-    a = attention.multi_head_attention(p["attn"], h, impl=spec.impl, **kw)
+    a = attention.multi_head_attention(p["attn"], h, **kw)
   if "ln1_post" in p:
     a = norm(p["ln1_post"], a, spec)
-  if spec.parallel:
+  a = I.at(hook, f"{name}.attn_out", a)
+  if spec.parallel:     # GPT-NeoX: the MLP reads the layer's input, not resid_mid
     m = mlp(p["mlp"], norm(p["ln2"], x, spec) if "ln2" in p else x, spec.act)
+    mid = I.at(hook, f"{name}.resid_mid", x + a)
     if "ln2_post" in p:
       m = norm(p["ln2_post"], m, spec)
-    return m + a + x, extra
-  x = x + a
+    m = I.at(hook, f"{name}.mlp_out", m)
+    return I.at(hook, f"{name}.resid_post", mid + m), new_cache
+  x = I.at(hook, f"{name}.resid_mid", x + a)
   m = mlp(p["mlp"], norm(p["ln2"], x, spec) if "ln2" in p else x, spec.act)
   if "ln2_post" in p:
     m = norm(p["ln2_post"], m, spec)
-  return x + m, extra
+  m = I.at(hook, f"{name}.mlp_out", m)
+  return I.at(hook, f"{name}.resid_post", x + m), new_cache
 
 
-def _final(params, spec, x):
-  return _softcap(unembed(params, norm(params["lm"]["ln_final"], x, spec)), spec.final_softcap)
+def _final(params, spec, x, hook=None):
+  h = norm(params["lm"]["ln_final"], x, spec, hook=hook, site="lm.ln_final.scale")
+  return _softcap(unembed(params, h), spec.final_softcap)
 
 
 def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=None,
-          gates=None, capture=False, cache=None, last_only: bool = False):
+          gates=None, capture=False, cache=None, last_only: bool = False, hook=None,
+          logits_at=None):
   """Logits (B, T, V) for every position of tokens_BT.
 
   mask_BT: True for real tokens, False for padding (keys that no query may read); with
@@ -237,9 +255,13 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
     the cache's length and (logits, new_cache) is returned. With a cache, mask_BT covers
     the whole cache (B, S_max): True where a key is real.
   last_only: logits of the last position only, (B, 1, V) (a prompt's prefill).
+  hook: an interventions.Hook (sites lm.{i}.*, lm.ln_final.scale; see interventions.py).
+  logits_at: (B,) int positions: logits only there, (B, 1, V) (patching metrics).
+  Gates and capture are uses of the interventions (a scale of lm.{i}.attn.z; reads).
   """
   if capture and cache is not None:
     raise UserError("capture=True cannot be combined with a KV cache")
+  hook = I.model_hook(hook, gates, capture)
   tokens_BT = jnp.asarray(tokens_BT)
   b, t = tokens_BT.shape
   key_mask = None if mask_BT is None else jnp.asarray(mask_BT, bool)[:, None, None, :]
@@ -250,15 +272,20 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
       start = 0 if cache is None else next(iter(cache.values()))["length"]
       positions_BT = jnp.broadcast_to(start + jnp.arange(t)[None], (b, t))
   x = _embed(params, spec, tokens_BT, positions_BT)
-  extras = {}
-  for i, name in enumerate(C.layers_of(params["lm"])):
-    x, extras[name] = _block(params["lm"][name], x, spec, i, gate=C.gate_for(gates, "lm", i),
-                             key_mask=key_mask, positions_BT=positions_BT,
-                             cache=None if cache is None else cache[name], capture=capture)
-  logits = _final(params, spec, x[:, -1:] if last_only else x)
+  layers = C.layers_of(params["lm"])
+  new_cache = {}
+  for i, name in enumerate(layers):
+    x, new_cache[name] = _block(params["lm"][name], x, spec, i, key_mask=key_mask,
+                                positions_BT=positions_BT, hook=hook,
+                                cache=None if cache is None else cache[name])
+  if logits_at is not None:
+    x = jnp.take_along_axis(x, jnp.asarray(logits_at)[:, None, None], axis=1)
+  logits = _final(params, spec, x[:, -1:] if last_only else x, hook)
   if cache is not None:
-    return logits, extras
-  return (logits, {"lm": list(extras.values())}) if capture else logits
+    return logits, new_cache
+  if capture:
+    return logits, {"lm": I.captured(hook, "lm", len(layers), attention.AttentionOutput)}
+  return logits
 
 
 def init_cache(params, batch: int, max_len: int, dtype=jnp.float32) -> dict:

@@ -63,14 +63,16 @@ class PretrainedLMTask(_NotTrainable):
     self._streams = None
 
   # ---------------------------------------------------------------- model
-  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     """Logits (B, T-1, V) predicting tokens[:, 1:] (like the LM task of runs trained here).
-    batch["mask"] (B, T), if given, is True for real tokens (padding masked as keys)."""
+    batch["mask"] (B, T), if given, is True for real tokens (padding masked as keys);
+    batch["logits_at"] (B,), if given: logits only at those positions, (B, 1, V).
+    hook: an interventions.Hook."""
     del key
     mask = batch.get("mask")
     return decoder.apply(params, self.spec, batch["tokens"][:, :-1],
                        mask_BT=None if mask is None else mask[:, :-1], gates=gates,
-                       capture=capture)
+                       capture=capture, hook=hook, logits_at=batch.get("logits_at"))
 
   def logits(self, params, tokens_BT, mask_BT=None, gates=None):
     """Logits (B, T, V) for every position (the next token after each); compiled once
@@ -210,12 +212,13 @@ class EmbeddingTask(_NotTrainable):
     self.vocab_size = cfg.model.vocab_size
     self._paragraphs = None
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     """Last hidden states (B, T, D) of batch["tokens"]; batch["mask"] (True = real token)
-    and batch["token_types"] are optional."""
+    and batch["token_types"] are optional. hook: an interventions.Hook."""
     del key
     return bert.apply(params, self.spec, batch["tokens"], mask_BT=batch.get("mask"),
-                      token_types_BT=batch.get("token_types"), gates=gates, capture=capture)
+                      token_types_BT=batch.get("token_types"), gates=gates, capture=capture,
+                      hook=hook)
 
   # ---------------------------------------------------------------- studies
   def pooled(self, params, batch, gates=None):
