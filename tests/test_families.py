@@ -517,3 +517,15 @@ def test_gguf_round_trip_of_a_qwen3_model(tmp_path):
   err = rel_err(run.model.logits(run.params, TOKENS), hf_logits(model, TOKENS))
   print(f"\nqwen3 GGUF round trip: max relative logit error {err:.1e}")
   assert err < RTOL
+
+
+def test_export_pruned_refuses_whole_projection_qk_norm(imported):
+  """OLMo 2 normalises all heads' queries together: removing a head is not exact."""
+  from mha_jax.models import common as C
+  from mha_jax.pruning import masks as M
+  _, run, _ = imported("olmo2")
+  mask = {"lm": [np.ones(4, np.float32) for _ in C.layers_of(run.params["lm"])]}
+  assert M.export_pruned(run.params, mask) is not None        # nothing removed: fine
+  mask["lm"][0][1] = 0
+  with pytest.raises(ValueError, match="q_norm"):
+    M.export_pruned(M.mask_params(run.params, mask), mask)

@@ -161,7 +161,7 @@ def read(path: str, dtype: str = "float32"):
   def get(name):
     t = by_name[name]
     try:
-      w = np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type), np.float32)
+      w = _dequantize_rows(gguf, t)
     except Exception as e:  # noqa: BLE001
       raise UserError(f"--file {path!r}: tensor {name!r} of type {t.tensor_type.name} "
                        f"cannot be dequantized: {e}") from None
@@ -218,6 +218,22 @@ def read(path: str, dtype: str = "float32"):
   info = dict(format="gguf", name=str(_field(reader, "general.name", "", path=path)),
               tensor_types=qtypes)
   return params, cfg, tok, tok_cfg, info
+
+
+def _dequantize_rows(gguf, t, rows_per_chunk: int = 8192) -> np.ndarray:
+  """A tensor dequantized to float32 a block of rows at a time into one output array: the
+  library's temporaries stay the size of a block, not of the tensor (a 262,144-row
+  embedding would otherwise peak at several copies of itself)."""
+  data = np.asarray(t.data)
+  if data.ndim < 2 or data.shape[0] <= rows_per_chunk:
+    return np.asarray(gguf.quants.dequantize(data, t.tensor_type), np.float32)
+  first = np.asarray(gguf.quants.dequantize(data[:rows_per_chunk], t.tensor_type), np.float32)
+  out = np.empty((data.shape[0],) + first.shape[1:], np.float32)
+  out[:rows_per_chunk] = first
+  for a in range(rows_per_chunk, data.shape[0], rows_per_chunk):
+    out[a:a + rows_per_chunk] = gguf.quants.dequantize(data[a:a + rows_per_chunk],
+                                                       t.tensor_type)
+  return out
 
 
 def _contiguous(tree):
