@@ -68,6 +68,9 @@ CASES = {
                      rope_parameters={"rope_theta": 300.0, "rope_type": "default"})),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
               dict(_LL, use_sliding_window=False, tie_word_embeddings=True)),
+    "qwen2_sliding": ("Qwen2Config", "Qwen2ForCausalLM",
+                      dict(_LL, use_sliding_window=True, sliding_window=WINDOW,
+                           max_window_layers=1)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
               dict(_LL, head_dim=16, attention_bias=False)),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
@@ -86,7 +89,7 @@ CASES = {
                     tie_word_embeddings=True)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(_LL)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM",
-             dict(_LL, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+             dict(_LL, pad_token_id=0, bos_token_id=1, eos_token_id=2, sliding_window=WINDOW,
                   rope_parameters={"rope_theta": 700.0, "rope_type": "default",
                                    "partial_rotary_factor": 0.5})),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel",
@@ -175,6 +178,10 @@ def test_sliding_windows_matter_and_every_kernel_serves_them(imported):
   """The windowed families really use the window (T > window), and the blocked and xla
   kernels give the reference's logits."""
   from mha_jax.models import decoder
+  for case, want in (("qwen2_sliding", (None, WINDOW)), ("phi3", (WINDOW, WINDOW)),
+                     ("gemma2", (WINDOW, None, WINDOW)), ("gemma3", (WINDOW, None, WINDOW)),
+                     ("qwen2", (None, None))):
+    assert imported(case)[1].model.spec.window == want, case
   model, run, _ = imported("mistral")
   spec = run.model.spec
   assert set(spec.window) == {WINDOW}
