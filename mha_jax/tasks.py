@@ -27,6 +27,12 @@ from mha_jax.models import seq2seq
 SPLITS = ("train", "valid", "test")
 
 
+def check_split(split) -> None:
+  """A split name every task knows, else a UserError naming the valid ones."""
+  if split not in SPLITS:
+    raise UserError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+
+
 @runtime_checkable
 class Task(Protocol):
   """What `mha_jax.load` hands to every study (analysis, ablation, pruning, circuits):
@@ -143,10 +149,15 @@ def local_rows(batch: int, process_index: int, process_count: int) -> slice:
   return slice(process_index * per, (process_index + 1) * per)
 
 
-def _check_ids(ids: np.ndarray, vocab_size: int, what: str) -> None:
-  bad = ids >= vocab_size
-  if bad.any():
-    raise UserError(f"{what}: token id {int(ids[bad].max())} >= vocab size {vocab_size}")
+def _check_ids(ids, vocab_size: int, what: str) -> None:
+  C.check_token_ids(ids, vocab_size, what)
+
+
+def check_batch_ids(task, batch: dict, what: str = "batch") -> None:
+  """Every token-id array of a batch within the task's vocabulary."""
+  for key in ("tokens", "src", "tgt"):
+    if key in batch:
+      _check_ids(batch[key], task.vocab_size, f"{what}[{key!r}]")
 
 
 def token_losses(logits_BTV, targets_BT, label_smoothing: float = 0.0):
@@ -179,6 +190,7 @@ class TranslationTask:
     d = cfg.data
     self.data_dir = storage.join(workdir, "data") if workdir else None
     self.arcs: dict[str, list] = {}
+    writes = []   # files to write, after every check
     if d.kind == "synthetic":
       gcfg = synthetic_translation.GrammarConfig(**dict(d.grammar))
       grammar, splits = synthetic_translation.build_splits(
@@ -188,7 +200,7 @@ class TranslationTask:
       self.vocab = V.Vocab(grammar.lex.source_types() + grammar.lex.target_types())
       if (self.data_dir and not read_only and
           not storage.exists(storage.join(self.data_dir, "train.src"))):
-        synthetic_translation.export(self.data_dir, grammar, splits)
+        writes.append(lambda: synthetic_translation.export(self.data_dir, grammar, splits))
     elif d.kind == "parallel":
       self.words = {}
       for s in SPLITS:
@@ -202,20 +214,11 @@ class TranslationTask:
           self.arcs[s] = parallel.read_conllu_arcs(d.conllu[s], src, f"data.conllu.{s}")
       self.vocab = V.Vocab(w for side in self.words["train"] for sent in side for w in sent)
       if self.data_dir and not read_only:
-        storage.makedirs(self.data_dir)
-        for s, arcs in self.arcs.items():
-          storage.write_text(storage.join(self.data_dir, f"{s}.arcs.jsonl"),
-                             "".join(json.dumps(a) + "\n" for a in arcs))
-        freqs: dict[str, int] = {}
-        for sent in self.words["train"][0]:
-          for w in sent:
-            freqs[w] = freqs.get(w, 0) + 1
-        storage.write_json(storage.join(self.data_dir, "train_freqs.json"), freqs,
-                           indent=None)
+        writes.append(self._write_parallel_files)
     else:
       raise UserError(f"data.kind must be 'synthetic' or 'parallel' for translation; "
                        f"got {d.kind!r}")
-    self.vocab = self._run_vocab(self.vocab, read_only)
+    self.vocab = self._run_vocab(self.vocab, read_only, writes)
     self.arrays = {}
     for s in SPLITS:
       src_w, tgt_w = self.words[s]
@@ -226,8 +229,21 @@ class TranslationTask:
       self.arrays[s] = {"src": src, "tgt": tgt}
     self.vocab_size = len(self.vocab)
     self.spec = model_spec(cfg)
+    for write in writes:      # the run's data files, once every check above has passed
+      write()
 
-  def _run_vocab(self, built: V.Vocab, read_only: bool) -> V.Vocab:
+  def _write_parallel_files(self) -> None:
+    storage.makedirs(self.data_dir)
+    for s, arcs in self.arcs.items():
+      storage.write_text(storage.join(self.data_dir, f"{s}.arcs.jsonl"),
+                         "".join(json.dumps(a) + "\n" for a in arcs))
+    freqs: dict[str, int] = {}
+    for sent in self.words["train"][0]:
+      for w in sent:
+        freqs[w] = freqs.get(w, 0) + 1
+    storage.write_json(storage.join(self.data_dir, "train_freqs.json"), freqs, indent=None)
+
+  def _run_vocab(self, built: V.Vocab, read_only: bool, writes: list) -> V.Vocab:
     """The run's vocabulary is part of the run: read from workdir/data/vocab.json when
     it exists (written once, by the first `train`), never rebuilt over it. Data whose
     vocabulary differs from it is refused."""
@@ -236,8 +252,7 @@ class TranslationTask:
     path = storage.join(self.data_dir, "vocab.json")
     if not storage.exists(path):
       if not read_only:
-        storage.makedirs(self.data_dir)
-        built.save(path)
+        writes.append(lambda: (storage.makedirs(self.data_dir), built.save(path)))
       return built
     saved = V.Vocab.load(path)
     if saved.tokens != built.tokens:
@@ -257,6 +272,7 @@ class TranslationTask:
     return init_model(self.cfg, key, self.vocab_size)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    check_batch_ids(self, batch)
     packed = None
     if "src_seg" in batch:     # a packed batch (data/packing.py)
       packed = {"src_seg": batch["src_seg"], "src_pos": batch["src_pos"],
@@ -283,6 +299,7 @@ class TranslationTask:
     return packing.pack(self.train_batch(step), rows, V.PAD_ID)
 
   def eval_batches(self, split: str, batch_size: int):
+    check_split(split)
     arr = self.arrays[split]
     n = len(arr["src"])
     for start in range(0, n, batch_size):
@@ -364,6 +381,7 @@ class LMTask:
     self.cfg = cfg
     d = cfg.data
     self.data_dir = storage.join(workdir, "data") if workdir else None
+    save_tokenizer = False
     if d.kind == "repeated":
       self.vocab_size = d.vocab_size
       self.seq_len = 1 + 2 * d.half_len
@@ -380,8 +398,7 @@ class LMTask:
       else:
         self.tokenizer = text.TextTokenizer.train(d.tokenizer, corpus, d.vocab_size)
         if self.data_dir and not read_only:
-          storage.makedirs(self.data_dir)
-          self.tokenizer.save(self.data_dir)
+          save_tokenizer = True
       self.streams = text.split_stream(self.tokenizer.encode(corpus))
       self.vocab_size = self.tokenizer.vocab_size
       self.seq_len = cfg.model.max_len
@@ -391,11 +408,15 @@ class LMTask:
       raise UserError(f"data.half_len={d.half_len} gives sequences of {self.seq_len} tokens, "
                        f"more than model.max_len={cfg.model.max_len}")
     self.spec = model_spec(cfg)
+    if save_tokenizer:         # once every check above has passed
+      storage.makedirs(self.data_dir)
+      self.tokenizer.save(self.data_dir)
 
   def init_params(self, key):
     return init_model(self.cfg, key, self.vocab_size)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    check_batch_ids(self, batch)
     return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], gates=gates,
                           capture=capture, key=key, hook=hook,
                           logits_at=batch.get("logits_at"))
@@ -426,6 +447,7 @@ class LMTask:
     return {"tokens": tokens, "mask_first": masks["first"], "mask_repeat": masks["repeat"]}
 
   def eval_batches(self, split: str, batch_size: int):
+    check_split(split)
     for i in range(max(1, self.cfg.eval.lm_batches)):
       yield self._make(*self._batch(split, i, batch_size)), np.ones(batch_size, np.float32)
 
@@ -492,10 +514,12 @@ def jitted(task, name: str, fn):
 
 def _sum_metrics(task, params, split, batch_size, gates=None) -> dict[str, float]:
   """Sums of the loss metrics over a split's evaluation batches (one compile per task)."""
+  check_split(split)
   fn = jitted(task, "eval_metrics",
               lambda p, b, w, g: task.loss(p, b, example_weight=w, gates=g)[1])
   totals = None                      # summed on the device; one transfer at the end
   for batch, weight in task.eval_batches(split, batch_size):
+    check_batch_ids(task, batch, f"{split} batch")
     m = fn(params, batch, jnp.asarray(weight), gates)
     totals = m if totals is None else jax.tree.map(jnp.add, totals, m)
   return {k: float(v) for k, v in jax.device_get(totals or {}).items()}

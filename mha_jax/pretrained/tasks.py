@@ -21,6 +21,7 @@ from mha_jax.errors import UserError
 from mha_jax import storage
 from mha_jax.data import text as text_data
 from mha_jax.models import bert, decoder
+from mha_jax.models import common as C
 from mha_jax.pretrained.tokenizer import PretrainedTokenizer
 
 SPLITS = ("train", "valid", "test")
@@ -69,6 +70,7 @@ class PretrainedLMTask(_NotTrainable):
     batch["logits_at"] (B,), if given: logits only at those positions, (B, 1, V).
     hook: an interventions.Hook."""
     del key
+    C.check_token_ids(batch["tokens"], self.vocab_size, "batch['tokens']")
     mask = batch.get("mask")
     return decoder.apply(params, self.spec, batch["tokens"][:, :-1],
                        mask_BT=None if mask is None else mask[:, :-1], gates=gates,
@@ -78,6 +80,7 @@ class PretrainedLMTask(_NotTrainable):
     """Logits (B, T, V) for every position (the next token after each); compiled once
     per shape."""
     from mha_jax.tasks import jitted
+    C.check_token_ids(tokens_BT, self.vocab_size, "tokens_BT")
     fn = jitted(self, "logits", lambda p, t, m, g: decoder.apply(p, self.spec, t, mask_BT=m,
                                                                gates=g))
     return fn(params, jnp.asarray(tokens_BT), None if mask_BT is None else
@@ -143,7 +146,9 @@ class PretrainedLMTask(_NotTrainable):
       if self.tokenizer is None:
         raise UserError("this task was built without a workdir: no tokenizer")
       corpus = text_data.read_corpus(list(self.cfg.data.text_files))
-      self._streams = text_data.split_stream(self.tokenizer.encode(corpus))
+      ids = self.tokenizer.encode(corpus)
+      C.check_token_ids(ids, self.vocab_size, "the workdir's tokenizer.json")
+      self._streams = text_data.split_stream(ids)
     return self._streams[split]
 
   def windows(self, split: str) -> np.ndarray:
@@ -191,6 +196,12 @@ class PretrainedLMTask(_NotTrainable):
       ids = np.concatenate([[self.cfg.tokenizer.bos_id], ids]).astype(np.int32)
     if len(ids) == 0:
       raise UserError("--prompt is empty: nothing to continue")
+    C.check_token_ids(ids, self.vocab_size, "the prompt (tokenizer.json)")
+    context = int(self.cfg.model.get("max_len", 0) or 0)
+    if context and len(ids) + max_new_tokens > context:
+      raise UserError(f"the prompt's {len(ids)} tokens plus --max-new-tokens "
+                      f"{max_new_tokens} make {len(ids) + max_new_tokens}, more than the "
+                      f"model's context of {context} tokens (model.max_len)")
     eos = [int(self.cfg.tokenizer.eos_id)] if stop_at_eos and self.cfg.tokenizer.eos_id >= 0 \
         else []
     new = decoder.generate(params, self.spec, ids[None], max_new_tokens,
@@ -216,6 +227,7 @@ class EmbeddingTask(_NotTrainable):
     """Last hidden states (B, T, D) of batch["tokens"]; batch["mask"] (True = real token)
     and batch["token_types"] are optional. hook: an interventions.Hook."""
     del key
+    C.check_token_ids(batch["tokens"], self.vocab_size, "batch['tokens']")
     return bert.apply(params, self.spec, batch["tokens"], mask_BT=batch.get("mask"),
                       token_types_BT=batch.get("token_types"), gates=gates, capture=capture,
                       hook=hook)
@@ -297,6 +309,8 @@ class EmbeddingTask(_NotTrainable):
     if isinstance(texts, str):
       raise UserError("texts must be a list of strings; got one string")
     ids = self.tokenizer.encode_batch(texts)
+    for i in ids:
+      C.check_token_ids(i, self.vocab_size, "the workdir's tokenizer.json")
     if max_len:
       ids = [i[:max_len] for i in ids]
     t = max_len if pad and max_len else max(len(i) for i in ids)
