@@ -180,7 +180,7 @@ def main(argv=None):
   if args.cores:                     # before JAX starts its thread pool
     cores = cores[:args.cores]
     os.sched_setaffinity(0, set(cores))
-  import jax
+  import jax  # noqa: F401 - JAX starts after the cores are pinned
   import mha_jax
   from mha_jax.pretrained import importer
   shapes = [(int(b), int(t)) for b in args.batches.split(",") for t in args.seq_lens.split(",")]

@@ -16,8 +16,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from mha_jax import attention
 from mha_jax.loader import load

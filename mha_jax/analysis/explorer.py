@@ -141,7 +141,7 @@ draw();
 
 
 def page_data(run, rows, split: str = "test", sentences: int = 20) -> dict:
-  """The explorer's JSON: sentences, weights[sentence][stack][layer][head][query][key]."""
+  """The explorer's JSON: sentences, `weights[sentence][stack][layer][head][query][key]`."""
   roles = {r["head"]: r.get("role", "other") for r in rows}
   is_tr = run.config.task == "translation"
   sents, weights = [], []
@@ -180,7 +180,7 @@ def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_token
   model = run.model
   roles = {r["head"]: r.get("role", "other") for r in rows}
   batches = []
-  for batch, weight in model.eval_batches(split, max(sentences, 1)):
+  for batch, _weight in model.eval_batches(split, max(sentences, 1)):
     cut = {k: np.asarray(v)[:sentences, :max_tokens + 1] for k, v in batch.items()}
     batches.append(cut)
     break

@@ -66,7 +66,7 @@ def lm_roles(run, split: str, limit: int = 256, threshold: float = 0.4) -> list[
   if hasattr(run.model, "repeated_tokens"):   # a model of a real tokenizer (imported)
     return real_lm_roles(run, split, threshold=threshold)
   sums, n = {}, 0
-  for batch, cap, weight in capture_lib.iter_captures(run, split, stacks=("lm",), limit=limit):
+  for batch, cap, _weight in capture_lib.iter_captures(run, split, stacks=("lm",), limit=limit):
     tokens = np.asarray(batch["tokens"])[:, :-1]
     for layer, r in cap["lm"].items():
       s = roles.lm_scores(np.asarray(r.weights), tokens)

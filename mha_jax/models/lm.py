@@ -11,7 +11,6 @@ With layer_norm=False there are no ln* entries; with attn_only=True no "mlp".
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from mha_jax.errors import UserError
 from mha_jax import attention

@@ -219,7 +219,7 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
     if any(c.all_steps() for c in all_ckpts):
       params, opt_state, metas, start = _restore(all_ckpts, runs, params, opt_state,
                                                  state_shardings, slices)
-      for i, ((c, w), meta) in enumerate(zip(runs, metas)):
+      for i, ((_c, w), meta) in enumerate(zip(runs, metas)):
         if meta.get("data_position") != start * t.batch_size:
           raise UserError(f"checkpoint {start} in {w!r} was written with another "
                           f"batch size (data position {meta.get('data_position')})")
