@@ -41,7 +41,7 @@ def iter_captures(run, split: str = "valid", *, stacks: Sequence[str] | None = N
   (B, T, H, K) as NumPy arrays. example_weight is 0 for rows that only pad the last batch.
   `limit` > 0 stops after that many examples.
   """
-  model, params = run.model, run.params
+  model, params = run.task, run.params
   seen = 0
   for batch, weight in model.eval_batches(split, batch_size):
     cap = captured(model, params, batch, gates)

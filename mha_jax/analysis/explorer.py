@@ -143,7 +143,7 @@ draw();
 def page_data(run, rows, split: str = "test", sentences: int = 20) -> dict:
   """The explorer's JSON: sentences, `weights[sentence][stack][layer][head][query][key]`."""
   roles = {r["head"]: r.get("role", "other") for r in rows}
-  is_tr = run.config.task == "translation"
+  is_tr = run.task.reports_bleu     # source and target words (TranslationData)
   sents, weights = [], []
   for batch, cap, weight in capture_lib.iter_captures(run, split, limit=sentences):
     n = int(weight.sum())
@@ -152,7 +152,7 @@ def page_data(run, rows, split: str = "test", sentences: int = 20) -> dict:
         src = np.asarray(batch["src"][b])
         tgt = np.asarray(batch["tgt"][b])[:-1]
         s_len, t_len = int((src != V.PAD_ID).sum()), int((tgt != V.PAD_ID).sum())
-        vocab = run.model.vocab
+        vocab = run.task.vocab
         sents.append({"src": [vocab.tokens[i] for i in src[:s_len]],
                       "tgt": [vocab.tokens[i] for i in tgt[:t_len]]})
         lens = {"encoder": (s_len, s_len), "decoder_self": (t_len, t_len),
@@ -177,14 +177,14 @@ def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_token
   repeated random tokens), tokens shown as the tokenizer's strings, weights to 2 places
   (SmolLM2's 270 heads stay well under 5 MB)."""
   from mha_jax.pruning import masks as M
-  model = run.model
+  model = run.task
   roles = {r["head"]: r.get("role", "other") for r in rows}
   batches = []
   for batch, _weight in model.eval_batches(split, max(sentences, 1)):
     cut = {k: np.asarray(v)[:sentences, :max_tokens + 1] for k, v in batch.items()}
     batches.append(cut)
     break
-  if hasattr(model, "repeated_tokens"):
+  if model.decoder_only:
     tokens, _ = model.repeated_tokens(7_000_003, 1, half_len)
     batches.append({"tokens": tokens})
   sents, weights = [], []
@@ -208,7 +208,7 @@ def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_token
 
 
 def write(run, rows, path: str, split: str = "test", sentences: int = 20) -> dict:
-  if run.config.task in ("pretrained_lm", "embedding"):
+  if not run.task.trainable:       # an imported model: its tokenizer's strings
     data = real_page_data(run, rows, split, min(sentences, 2))
   else:
     data = page_data(run, rows, split, sentences)
