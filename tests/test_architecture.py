@@ -159,3 +159,30 @@ def test_relative_and_function_level_imports_are_seen(tmp_path):
   (pkg / "sub" / "c.py").write_text("")
   known = {"mha_jax", "mha_jax.a", "mha_jax.sub", "mha_jax.sub.b", "mha_jax.sub.c"}
   assert imports("mha_jax.sub.b", pkg / "sub" / "b.py", known) == {"mha_jax.a", "mha_jax.sub.c"}
+
+
+def _module_names(tree):
+  """Module-level CONSTANTS and _private functions, classes and assignments."""
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+      names = [node.name]
+    elif isinstance(node, ast.Assign):
+      names = [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    else:
+      continue
+    for n in names:
+      if (n.isupper() or n.startswith("_")) and not n.startswith("__"):
+        yield n
+
+
+def test_no_dead_module_names():
+  # A constant or private helper that nothing reads (mha_jax, tests, scripts, configs,
+  # tutorials) is stale: it says something the code no longer does.
+  import re
+  sources = [p for d in ("mha_jax", "tests", "scripts", "configs", "docs/tutorials")
+             for p in (ROOT / d).rglob("*.py")]
+  text = "\n".join(p.read_text() for p in sources)
+  dead = [f"{p.relative_to(ROOT)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
+          for n in _module_names(ast.parse(p.read_text()))
+          if len(re.findall(rf"\b{re.escape(n)}\b", text)) <= 1]
+  assert dead == []

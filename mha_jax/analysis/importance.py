@@ -120,11 +120,20 @@ def induction_vs_random(run, scores: dict[str, float], *, top: int = 5, draws: i
                         mode: str = "zero", split: str = "test", seed: int = 0,
                         means=None, log=print) -> dict:
   """Ablate the `top` heads with the largest induction score together, against `draws`
-  sets of random heads drawn from the same layers (one per top head, never a top head).
+  sets of random heads (one per top head, never a top head, no head twice), each drawn
+  from its top head's layer, or from the other layers when that layer has no head left.
   Returns the metrics of both, their deltas from the unablated model, and each draw."""
   if mode == "mean" and means is None:
     means = mean_head_outputs(run, "valid")
   names = sorted(scores, key=lambda n: -scores[n])[:top]
+  counts = C.head_counts(run.params)
+  others = [f"{s}.{l}.{h}" for s, per in counts.items() for l, n in enumerate(per)
+            for h in range(n) if f"{s}.{l}.{h}" not in names]
+  if len(others) < len(names):
+    total = len(others) + len(names)
+    raise UserError(f"--top {top}: the model has {len(others)} heads besides the top "
+                    f"{len(names)}, too few to draw as many random ones; with {total} heads "
+                    f"use --top {total // 2} or less")
   base = run.task.evaluate(run.params, split)
   if run.task.decoder_only and not run.task.trainable:
     base.update(repeated_loss(run))
@@ -133,17 +142,17 @@ def induction_vs_random(run, scores: dict[str, float], *, top: int = 5, draws: i
   top_res = ablate(run, parse_heads(run.params, names), mode=mode, split=split, means=means)
   log(f"  top {top} {names}: " + " ".join(f"{k} {v:+.3f}" for k, v in delta(top_res).items()))
   rng = np.random.default_rng(seed)
-  counts = C.head_counts(run.params)
   rand = []
   for i in range(draws):
     pick = []
     for n in names:
-      stack, layer, _ = n.split(".")
-      pool = [f"{stack}.{layer}.{h}" for h in range(counts[stack][int(layer)])
-              if f"{stack}.{layer}.{h}" not in names and f"{stack}.{layer}.{h}" not in pick]
+      layer = n.rsplit(".", 1)[0] + "."
+      free = [o for o in others if o not in pick]
+      pool = [o for o in free if o.startswith(layer)] or free   # same layer when it can
       pick.append(pool[rng.integers(len(pool))])
     res = ablate(run, parse_heads(run.params, pick), mode=mode, split=split, means=means)
-    rand.append({"heads": pick, **res, "delta": delta(res)})
+    same = [p.rsplit(".", 1)[0] == n.rsplit(".", 1)[0] for p, n in zip(pick, names)]
+    rand.append({"heads": pick, "same_layer": same, **res, "delta": delta(res)})
     log(f"  random draw {i}: {pick}: " +
         " ".join(f"{k} {v:+.3f}" for k, v in rand[-1]["delta"].items()))
   keys = rand[0]["delta"].keys() if rand else []

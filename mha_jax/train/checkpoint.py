@@ -27,7 +27,6 @@ import orbax.checkpoint as ocp
 from mha_jax import storage
 from mha_jax.errors import BadCheckpoint, UserError
 
-ITEMS = ("params", "opt_state", "meta")
 
 
 def warn(message: str) -> None:
