@@ -126,3 +126,12 @@ def test_load_reads_the_run_data_and_never_runs_the_grammar(tmp_path, monkeypatc
   with pytest.raises(UserError, match=r"test\.src: the data no longer matches the run's "
                                       r"vocabulary .*2 new words"):
     mha_jax.load(wd, **QUIET)
+
+
+def test_loaded_task_and_the_model_alias_that_warns(ind_run):
+  run = mha_jax.load(ind_run, **QUIET)
+  assert isinstance(run.task, tasks.LMData) and run.task.name == "lm"
+  with pytest.warns(DeprecationWarning, match="use Loaded.task"):
+    assert run.model is run.task
+  cfg, task, params = run
+  assert task is run.task and params is run.params
