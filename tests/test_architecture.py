@@ -6,6 +6,7 @@ The floors are docs/architecture.md's table; a new module must find its floor he
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -178,7 +179,6 @@ def _module_names(tree):
 def test_no_dead_module_names():
   # A constant or private helper that nothing reads (mha_jax, tests, scripts, configs,
   # tutorials) is stale: it says something the code no longer does.
-  import re
   sources = [p for d in ("mha_jax", "tests", "scripts", "configs", "docs/tutorials")
              for p in (ROOT / d).rglob("*.py")]
   text = "\n".join(p.read_text() for p in sources)
@@ -186,3 +186,11 @@ def test_no_dead_module_names():
           for n in _module_names(ast.parse(p.read_text()))
           if len(re.findall(rf"\b{re.escape(n)}\b", text)) <= 1]
   assert dead == []
+
+
+@pytest.mark.parametrize("package", ["models", "tasks"])
+def test_a_package_docstring_names_each_of_its_modules(package):
+  doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
+  for path in (PACKAGE / package).glob("*.py"):
+    if path.stem != "__init__":
+      assert re.search(rf"\b{path.stem}\b", doc), f"mha_jax/{package}/__init__.py: {path.stem}"

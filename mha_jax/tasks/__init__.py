@@ -6,6 +6,7 @@
   lm.py              the decoder-only model on repeated random tokens or plain text
   pretrained_lm.py   an imported LLaMA-family LM
   embedding.py       an imported BERT sentence encoder
+  imported.py        what the imported models' tasks share (tokenizer, gate batches)
 
 `build(cfg, workdir)` picks the task from REGISTRY by `cfg.task`.
 """
