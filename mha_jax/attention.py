@@ -415,7 +415,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                          return_weights: bool = False, rope: RoPE | None = None,
                          positions: jax.Array | None = None,
                          kv_positions: jax.Array | None = None,
-                         cache: Mapping[str, jax.Array] | None = None):
+                         cache: Mapping[str, jax.Array] | None = None,
+                         site: Any = None):
   """Multi-head attention of x over itself, or over `context` (cross-attention).
 
   Args:
@@ -453,6 +454,15 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       bias then have S = S_max (e.g. a prompt's padding). Works under jit with a
       traced length; a write past S_max raises when length is concrete and gives NaN
       outputs when it is traced.
+    site: None, or a hook (mha_jax/interventions.py; the core imports nothing for it):
+      an object with `site(name, x) -> x` and `site.wants(name) -> bool`. It is called
+      with "k", "v" (B, S, G, K) and "q" (B, T, H, K) after their biases and RoPE;
+      "k_q", "v_q" (B, S, H, K), the keys and values as each query head reads them
+      (repeat_kv order), only when wanted (the rest then runs with G = H); "pattern"
+      (B, H, T, S), only when wanted (it forces the reference kernel; an edited pattern
+      is what mixes the values); "z" (B, T, H, K) after the gates; "result"
+      (B, T, H, D), each head's output after W_O, only when wanted (the layer's output
+      is then their sum plus bo). Whatever it returns flows on.
 
   Returns:
     y_BTD (B, T, D), or AttentionOutput(out, weights (B, H, T, S), heads (B, T, H, K))
@@ -527,6 +537,10 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
 
   def zero_heads():  # Every head pruned: the layer adds only its output bias.
     out = jnp.zeros((b, t, d), x.dtype) + params.get("bo", jnp.zeros((d,), x.dtype))
+    if site is not None:
+      for name, shape in (("pattern", (b, 0, t, s)), ("z", (b, t, 0, k))):
+        if site.wants(name):
+          site(name, jnp.zeros(shape, jnp.float32 if name == "pattern" else x.dtype))
     if return_weights:
       return AttentionOutput(out, jnp.zeros((b, 0, t, s), jnp.float32),
                              jnp.zeros((b, t, 0, k), x.dtype))
@@ -539,6 +553,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   v_BSGK = project(val, params["wv"], params.get("bv"))
   if rope is not None:
     k_BSGK = apply_rope(k_BSGK, k_pos, rope)
+  if site is not None:
+    k_BSGK, v_BSGK = site("k", k_BSGK), site("v", v_BSGK)
   new_cache = None
   if cache is not None:  # write the T new keys and values, then attend over S_max slots
     at = (jnp.int32(0), length, jnp.int32(0), jnp.int32(0))
@@ -565,21 +581,38 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   q_BTHK = project(x, params["wq"], params.get("bq"))
   if rope is not None:
     q_BTHK = apply_rope(q_BTHK, q_pos, rope)
+  site_pattern = site is not None and site.wants("pattern")
+  if site is not None:
+    q_BTHK = site("q", q_BTHK)
+    if (site.wants("k_q") or site.wants("v_q")):   # per query head: run with G = H
+      k_BSGK = site("k_q", jnp.repeat(k_BSGK, h // g, axis=2))
+      v_BSGK = site("v_q", jnp.repeat(v_BSGK, h // g, axis=2))
 
   table = params.get(REL_BIAS)
-  kernel = resolve_impl(impl, q_BTHK, return_weights, bias is not None or table is not None,
-                        k_BSGK=k_BSGK, has_mask=mask is not None)
+  kernel = "reference" if site_pattern else resolve_impl(   # a read pattern: explicit
+      impl, q_BTHK, return_weights, bias is not None or table is not None,
+      k_BSGK=k_BSGK, has_mask=mask is not None)
   if table is not None and (kernel not in _dispatch.TAKES_TABLE or cache is not None):
     rel = relative_bias(table, t, s, length)    # dense (1, H, T, S)
     bias = rel if bias is None else bias + rel
     table = None
   o_BTHK, w_BHTS = _dispatch.run_kernel(kernel, q_BTHK, k_BSGK, v_BSGK, mask, causal, bias,
                                         table)
+  if site_pattern:
+    edited = site("pattern", w_BHTS)
+    if edited is not w_BHTS:
+      w_BHTS, o_BTHK = edited, mix_values(edited, v_BSGK)
 
   if gates is not None:
     o_BTHK = o_BTHK * gates.astype(o_BTHK.dtype)
-  y_BTD = (o_BTHK.reshape(b * t, h * k) @ params["wo"].reshape(h * k, d).astype(
-      o_BTHK.dtype)).reshape(b, t, d)
+  if site is not None:
+    o_BTHK = site("z", o_BTHK)
+  if site is not None and site.wants("result"):
+    r_BTHD = jnp.einsum("bthk,hkd->bthd", o_BTHK, params["wo"].astype(o_BTHK.dtype))
+    y_BTD = site("result", r_BTHD).sum(axis=2)
+  else:
+    y_BTD = (o_BTHK.reshape(b * t, h * k) @ params["wo"].reshape(h * k, d).astype(
+        o_BTHK.dtype)).reshape(b, t, d)
   if "bo" in params:
     y_BTD = y_BTD + params["bo"].astype(y_BTD.dtype)
   if new_cache is not None:  # a write past S_max (traced length) poisons the output

@@ -176,6 +176,11 @@ def _module_names(tree):
         yield n
 
 
+# Names another branch is still building on (unread today); the lead removes them from
+# here when their branch lands or reads them.
+IN_FLIGHT = {"mha_jax/interventions.py": {"LAYER_SITES", "_ONLY_WHEN_WANTED"}}
+
+
 def test_no_dead_module_names():
   # A constant or private helper that nothing reads (mha_jax, tests, scripts, configs,
   # tutorials) is stale: it says something the code no longer does.
@@ -184,7 +189,8 @@ def test_no_dead_module_names():
   text = "\n".join(p.read_text() for p in sources)
   dead = [f"{p.relative_to(ROOT)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
           for n in _module_names(ast.parse(p.read_text()))
-          if len(re.findall(rf"\b{re.escape(n)}\b", text)) <= 1]
+          if len(re.findall(rf"\b{re.escape(n)}\b", text)) <= 1
+          and n not in IN_FLIGHT.get(str(p.relative_to(ROOT)), ())]
   assert dead == []
 
 

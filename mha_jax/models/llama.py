@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from mha_jax.errors import UserError
 from mha_jax import attention
+from mha_jax import interventions as I
 from mha_jax.models import common as C
 
 
@@ -38,10 +39,14 @@ class LlamaSpec:
     return attention.RoPE(base=self.rope_base, layout=self.rope_layout)
 
 
-def rms_norm(p, x, eps):
-  """x / sqrt(mean(x^2) + eps) * scale, in float32."""
+def rms_norm(p, x, eps, *, hook=None, site=None):
+  """x / sqrt(mean(x^2) + eps) * scale, in float32; the factor 1 / sqrt(...) (..., 1) is
+  the intervention site `site` when named (lm.ln_final.scale)."""
   x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  inv = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  if site is not None:
+    inv = I.at(hook, site, inv)
+  y = x32 * inv
   return (y * p["scale"]).astype(x.dtype)
 
 
@@ -89,33 +94,34 @@ def _embed(params, tokens_BT):
   return params["embed"][tokens_BT]
 
 
-def _block(p, x, spec: LlamaSpec, *, gate=None, key_mask=None, positions_BT=None,
-           cache=None, capture=False):
-  """One decoder layer. Returns (x, extra): extra is the new KV cache with `cache`, the
-  AttentionOutput with capture=True, else None."""
+def _block(p, x, spec: LlamaSpec, *, key_mask=None, positions_BT=None, cache=None,
+           hook=None, name="lm.0"):
+  """One decoder layer, with its intervention sites (`name` = "lm.{i}"). Returns
+  (x, the new KV cache with `cache`, else None)."""
+  x = I.at(hook, f"{name}.resid_pre", x)
   h = rms_norm(p["ln1"], x, spec.norm_eps)
-  kw = dict(causal=True, mask=key_mask, head_gates=gate, rope=spec.rope)
+  kw = dict(causal=True, mask=key_mask, rope=spec.rope, impl=spec.impl,
+            site=I.scope(hook, f"{name}.attn"))
   if positions_BT is not None:
     kw["positions"] = positions_BT
-  extra = None
+  new_cache = None
   if cache is not None:
-    a, extra = attention.multi_head_attention(p["attn"], h, cache=cache, impl=spec.impl, **kw)
-  elif capture:
-    extra = attention.multi_head_attention(p["attn"], h, return_weights=True, **kw)
-    a = extra.out
+    a, new_cache = attention.multi_head_attention(p["attn"], h, cache=cache, **kw)
   else:
-    a = attention.multi_head_attention(p["attn"], h, impl=spec.impl, **kw)
-  x = x + a
-  x = x + swiglu(p["mlp"], rms_norm(p["ln2"], x, spec.norm_eps))
-  return x, extra
+    a = attention.multi_head_attention(p["attn"], h, **kw)
+  x = I.at(hook, f"{name}.resid_mid", x + I.at(hook, f"{name}.attn_out", a))
+  m = I.at(hook, f"{name}.mlp_out", swiglu(p["mlp"], rms_norm(p["ln2"], x, spec.norm_eps)))
+  return I.at(hook, f"{name}.resid_post", x + m), new_cache
 
 
-def _final(params, spec, x):
-  return unembed(params, rms_norm(params["lm"]["ln_final"], x, spec.norm_eps))
+def _final(params, spec, x, hook=None):
+  return unembed(params, rms_norm(params["lm"]["ln_final"], x, spec.norm_eps, hook=hook,
+                                  site="lm.ln_final.scale"))
 
 
 def apply(params, spec: LlamaSpec, tokens_BT, *, mask_BT=None, positions_BT=None,
-          gates=None, capture=False, cache=None, last_only: bool = False):
+          gates=None, capture=False, cache=None, last_only: bool = False, hook=None,
+          logits_at=None):
   """Logits (B, T, V) for every position of tokens_BT.
 
   mask_BT: True for real tokens, False for padding (keys that no query may read); with
@@ -126,22 +132,31 @@ def apply(params, spec: LlamaSpec, tokens_BT, *, mask_BT=None, positions_BT=None
     the cache's length and (logits, new_cache) is returned. With a cache, mask_BT covers
     the whole cache (B, S_max): True where a key is real.
   last_only: logits of the last position only, (B, 1, V) (a prompt's prefill).
+  hook: an interventions.Hook (sites lm.{i}.*, lm.ln_final.scale; see interventions.py).
+  logits_at: (B,) int positions: logits only there, (B, 1, V) (patching metrics).
+  Gates and capture are uses of the interventions (a scale of lm.{i}.attn.z; reads).
   """
   if capture and cache is not None:
     raise UserError("capture=True cannot be combined with a KV cache")
+  hook = I.model_hook(hook, gates, capture)
   x = _embed(params, tokens_BT)
   key_mask = None if mask_BT is None else jnp.asarray(mask_BT, bool)[:, None, None, :]
   if positions_BT is None and mask_BT is not None and cache is None:
     positions_BT = positions_from_mask(mask_BT)
-  extras = {}
-  for i, name in enumerate(C.layers_of(params["lm"])):
-    x, extras[name] = _block(params["lm"][name], x, spec, gate=C.gate_for(gates, "lm", i),
-                             key_mask=key_mask, positions_BT=positions_BT,
-                             cache=None if cache is None else cache[name], capture=capture)
-  logits = _final(params, spec, x[:, -1:] if last_only else x)
+  layers = C.layers_of(params["lm"])
+  new_cache = {}
+  for i, name in enumerate(layers):
+    x, new_cache[name] = _block(params["lm"][name], x, spec, key_mask=key_mask,
+                                positions_BT=positions_BT, hook=hook, name=f"lm.{i}",
+                                cache=None if cache is None else cache[name])
+  if logits_at is not None:
+    x = jnp.take_along_axis(x, jnp.asarray(logits_at)[:, None, None], axis=1)
+  logits = _final(params, spec, x[:, -1:] if last_only else x, hook)
   if cache is not None:
-    return logits, extras
-  return (logits, {"lm": list(extras.values())}) if capture else logits
+    return logits, new_cache
+  if capture:
+    return logits, {"lm": I.captured(hook, "lm", len(layers), attention.AttentionOutput)}
+  return logits
 
 
 def init_cache(params, batch: int, max_len: int, dtype=jnp.float32) -> dict:

@@ -45,8 +45,10 @@ class Task(Protocol):
   #                          set_reference first; importance from importance_outputs
   packs: bool            # training batches can be packed (packed_train_batch)
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None):
-    """Logits (B, T, V); with capture=True, (logits, {stack: {layer: captured}})."""
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    """Logits (B, T, V); with capture=True, (logits, {stack: {layer: captured}}).
+    hook: an interventions.Hook (named sites of the model's one forward). An LM's
+    batch may hold "logits_at" (B,) int positions: logits only there, (B, 1, V)."""
 
   def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
            example_weight=None):

@@ -39,12 +39,13 @@ class EmbeddingTask(Imported):
     self.vocab_size = cfg.model.vocab_size
     self._paragraphs = None
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     """Last hidden states (B, T, D) of batch["tokens"]; batch["mask"] (True = real token)
-    and batch["token_types"] are optional."""
+    and batch["token_types"] are optional. hook: an interventions.Hook."""
     del key
     return bert.apply(params, self.spec, batch["tokens"], mask_BT=batch.get("mask"),
-                      token_types_BT=batch.get("token_types"), gates=gates, capture=capture)
+                      token_types_BT=batch.get("token_types"), gates=gates, capture=capture,
+                      hook=hook)
 
   # ---------------------------------------------------------------- studies
   def pooled(self, params, batch, gates=None):

@@ -58,9 +58,10 @@ class LMTask:
   def init_params(self, key):
     return base.init_model(self.cfg, key, self.vocab_size)
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], gates=gates,
-                          capture=capture, key=key)
+                          capture=capture, key=key, hook=hook,
+                          logits_at=batch.get("logits_at"))
 
   def _batch(self, split: str, index: int, batch: int) -> np.ndarray:
     d = self.cfg.data

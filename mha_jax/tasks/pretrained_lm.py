@@ -37,14 +37,16 @@ class PretrainedLMTask(Imported):
     self._streams = None
 
   # ---------------------------------------------------------------- model
-  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     """Logits (B, T-1, V) predicting tokens[:, 1:] (like the LM task of runs trained here).
-    batch["mask"] (B, T), if given, is True for real tokens (padding masked as keys)."""
+    batch["mask"] (B, T), if given, is True for real tokens (padding masked as keys);
+    batch["logits_at"] (B,), if given: logits only at those positions, (B, 1, V).
+    hook: an interventions.Hook."""
     del key
     mask = batch.get("mask")
     return llama.apply(params, self.spec, batch["tokens"][:, :-1],
                        mask_BT=None if mask is None else mask[:, :-1], gates=gates,
-                       capture=capture)
+                       capture=capture, hook=hook, logits_at=batch.get("logits_at"))
 
   def logits(self, params, tokens_BT, mask_BT=None, gates=None):
     """Logits (B, T, V) for every position (the next token after each); compiled once

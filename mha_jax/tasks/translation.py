@@ -156,13 +156,13 @@ class TranslationTask:
   def init_params(self, key):
     return base.init_model(self.cfg, key, self.vocab_size)
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None):
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     packed = None
     if "src_seg" in batch:     # a packed batch (data/packing.py)
       packed = {"src_seg": batch["src_seg"], "src_pos": batch["src_pos"],
                 "tgt_seg": batch["tgt_seg"][:, :-1], "tgt_pos": batch["tgt_pos"][:, :-1]}
     return seq2seq.apply(params, self.spec, batch["src"], batch["tgt"][:, :-1], gates=gates,
-                         capture=capture, key=key, packed=packed)
+                         capture=capture, key=key, packed=packed, hook=hook)
 
   # ---------------------------------------------------------------- data
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1):
