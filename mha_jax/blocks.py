@@ -136,6 +136,24 @@ def masked_softmax(s_BHTS: jax.Array, mask: jax.Array | None):
   return w, live.astype(jnp.float32)
 
 
+def drop_masked_keys(k_BSGK: jax.Array, v_BSGK: jax.Array, mask: jax.Array | None):
+  """(k, v) zeroed at the key positions no query may attend to under `mask` (padding).
+
+  A masked key gets weight exactly 0, but 0 * NaN is NaN: a NaN or inf in a padded
+  key or value would otherwise reach every output through the weighted sum. mask:
+  boolean, True = may attend, broadcastable to (B, H, T, S) ((T, S) too); a key
+  position counts as masked when no query of any head of its batch row may see it.
+  """
+  if mask is None:
+    return k_BSGK, v_BSGK
+  m = jnp.asarray(mask)
+  if m.ndim == 2:
+    m = m[None, None]
+  b, s = k_BSGK.shape[0], k_BSGK.shape[1]
+  seen_BS11 = jnp.broadcast_to(jnp.any(m, axis=(1, 2)), (b, s))[:, :, None, None]
+  return jnp.where(seen_BS11, k_BSGK, 0), jnp.where(seen_BS11, v_BSGK, 0)
+
+
 def mix_values(w_BHTS: jax.Array, v_BSGK: jax.Array) -> jax.Array:
   """Each query head's output: its weights times its value head's values.
 

@@ -95,8 +95,7 @@ def _cmd_train(args, extra) -> int:
 
 def _cmd_eval(args) -> int:
   from mha_jax.loader import load
-  if args.split not in ("train", "valid", "test"):
-    raise UserError(f"--split must be train, valid or test; got {args.split!r}")
+  check_split(args.split)
   def eval_one(wd, **extra):
     run = load(wd, step=args.step)
     res = run.task.evaluate(run.params, args.split)
@@ -118,16 +117,27 @@ def _cmd_eval(args) -> int:
   return 0
 
 
-def _out_dir(args) -> str:
+def _out_dir(args, default: str = "analysis") -> str:
   """--out, by default WORKDIR/analysis; checked writable before any work is done."""
-  out = args.out or storage.join(args.workdir, "analysis")
+  return writable_out(args.out or storage.join(args.workdir, default), args.workdir)
+
+
+def writable_out(out: str, workdir: str | None = None, flag: str = "--out") -> str:
+  """Creates folder `out` (a command's output) and checks that it takes files, before any
+  work is done; never the source workdir itself or inside its managed folders."""
+  from mha_jax.errors import StorageFault
+  from mha_jax.train import lock as lock_lib
+  if workdir is not None:
+    lock_lib.check_out(out, workdir, flag)
+  if storage.exists(out) and not storage.isdir(out):
+    raise UserError(f"{flag} {out!r} is a file, not a folder")
   try:
     storage.makedirs(out)
-  except OSError as e:
-    raise UserError(f"--out {out!r} cannot be created ({e.strerror}); a read-only "
-                    f"workdir needs --out elsewhere") from None
+  except StorageFault as e:
+    raise UserError(f"{flag} {out!r} cannot be created ({storage.FAULTS[e.kind]}); a "
+                    f"read-only workdir needs {flag} elsewhere") from None
   if not storage.writable(out):
-    raise UserError(f"--out {out!r} is not writable; a read-only workdir needs --out "
+    raise UserError(f"{flag} {out!r} is not writable; a read-only workdir needs {flag} "
                     f"elsewhere")
   return out
 
@@ -174,6 +184,7 @@ def _analyze_options(args) -> dict:
 def _cmd_analyze(args) -> int:
   from mha_jax.analysis import report
   from mha_jax.loader import load
+  check_split(args.split)
   seeds = _multi_seed(args.workdir)
   if seeds:
     return _cmd_analyze_seeds(args, seeds)
@@ -192,8 +203,7 @@ def _cmd_ablate(args) -> int:
   from mha_jax.loader import load
   if args.mode not in ("zero", "mean"):
     raise UserError(f"--mode must be 'zero' or 'mean'; got {args.mode!r}")
-  if args.split not in ("train", "valid", "test"):
-    raise UserError(f"--split must be train, valid or test; got {args.split!r}")
+  check_split(args.split)
   if not args.each and not args.heads and not args.induction_vs_random:
     raise UserError("give --heads stack.layer.head[,...], --each or --induction-vs-random")
   run = load(args.workdir, step=args.step)
@@ -284,6 +294,8 @@ def _cmd_prune_curve_seeds(args, seeds, out: str) -> int:
 def _cmd_prune_curve(args) -> int:
   from mha_jax.pruning import curve
   out = args.out or args.workdir.rstrip("/") + "/pruning_curve"
+  if storage.exists(out) and not storage.isdir(out):      # refused now, not after the work
+    raise UserError(f"--out {out!r} is a file, not a folder")
   seeds = _multi_seed(args.workdir)
   if seeds:
     return _cmd_prune_curve_seeds(args, seeds, out)
@@ -303,10 +315,10 @@ def _cmd_export_pruned(args) -> int:
 
 def _cmd_circuits(args) -> int:
   from mha_jax.circuits import report as circuits_report
-  res = circuits_report.circuits(args.workdir, track=not args.no_track)
+  out = _out_dir(args, "circuits")
+  res = circuits_report.circuits(args.workdir, out, track=not args.no_track)
   print(circuits_report.format_summary(res))
-  print(f"wrote {args.workdir}/circuits/ (circuits.json, composition.png, positivity.png, "
-        f"icl.png)")
+  print(f"wrote {out}/ (circuits.json, composition.png, positivity.png, icl.png)")
   return 0
 
 
@@ -471,6 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
   ci = sub.add_parser("circuits", help="induction heads, composition, positivity, paths")
   ci.add_argument("--workdir", required=True)
   ci.add_argument("--no-track", action="store_true", help="skip the pass over checkpoints")
+  ci.add_argument("--out", default=None,
+                  help="output folder (default: WORKDIR/circuits; a read-only workdir "
+                       "needs one elsewhere)")
   ci.set_defaults(func=_cmd_circuits)
 
   cl = sub.add_parser("claims", help="measure the seed documents' claims; report + primer")
@@ -563,12 +578,64 @@ def add_bench_attention_args(p: argparse.ArgumentParser) -> None:
   p.add_argument("--out", default=_BENCH_OUT)
 
 
+# The range of every numeric flag, by its argparse dest (the same meaning in every
+# command that has it): (lo, hi, lo_open, hi_open, note), as config.RANGES.
+FLAG_RANGES = {
+    "seq_len": (1, None, False, False, ""), "batch": (1, None, False, False, ""),
+    "d_model": (1, None, False, False, ""), "step": (0, None, False, False, ""),
+    "bleu_sentences": (0, None, False, False, " (0 = all)"),
+    "top": (1, None, False, False, ""), "draws": (1, None, False, False, ""),
+    "l0_lambda": (0, None, True, False, ""), "lambdas": (0, None, True, False, ""),
+    "keep": (0, None, False, False, ""), "steps": (1, None, False, False, ""),
+    "lr": (0, None, True, False, ""), "beta": (0, None, True, False, ""),
+    "seed": (0, None, False, False, ""), "counts": (0, None, False, False, ""),
+    "random_draws": (1, None, False, False, ""),
+    "save_workdirs": (0, None, False, False, ""),
+    "max_new_tokens": (1, None, False, False, ""), "rounds": (1, None, False, False, ""),
+    "warmup": (0, None, False, False, ""), "heads": (1, None, False, False, ""),
+    "seq_lens": (1, None, False, False, ""), "max_mem_gb": (0, None, True, False, ""),
+    "matmul_size": (1, None, False, False, ""),
+}
+# Flags naming a folder or file: never empty (`--workdir ''` would be the current folder).
+PATH_FLAGS = ("workdir", "out", "file", "config", "conllu", "induction_workdir",
+              "sweep_workdir")
+
+
+def check_flags(args) -> None:
+  """Every numeric flag within its range (FLAG_RANGES) and no empty path, before any
+  work is done; errors name the flag and the value."""
+  import math
+  from mha_jax import config as mc
+  for dest, (lo, hi, lo_open, hi_open, note) in FLAG_RANGES.items():
+    value = getattr(args, dest, None)
+    flag = "--" + dest.replace("_", "-")
+    for v in (value if isinstance(value, (tuple, list)) else [value]):
+      if v is None or isinstance(v, str):   # ablate --heads names heads, bench's counts
+        continue
+      if isinstance(v, float) and not math.isfinite(v):
+        raise UserError(f"{flag} must be a finite number; got {v!r}")
+      mc.check_range(flag, v, lo, hi, lo_open=lo_open, hi_open=hi_open, note=note)
+  for dest in PATH_FLAGS:
+    v = getattr(args, dest, None)
+    if isinstance(v, str) and not v.strip():
+      raise UserError(f"--{dest.replace('_', '-')} must name a folder or file; got {v!r}")
+
+
+def check_split(split: str) -> None:
+  from mha_jax.tasks import check_split as check
+  try:
+    check(split)
+  except UserError:
+    raise UserError(f"--split must be train, valid or test; got {split!r}") from None
+
+
 def main(argv=None) -> int:
   parser = build_parser()
   args, extra = parser.parse_known_args(argv)
   if extra and not getattr(args, "extra", False):
     parser.error(f"unrecognized arguments: {' '.join(extra)}")
   try:
+    check_flags(args)
     return args.func(args, extra) if getattr(args, "extra", False) else args.func(args)
   except UserError as e:     # bad input: one line. Anything else is a bug: its traceback.
     print(f"mha-jax: error: {e}", file=sys.stderr)

@@ -206,18 +206,12 @@ def incompatible_fields(saved: dict, new: dict) -> list[str]:
   return out
 
 
-def _check_range(cfg, key: str, lo=None, hi=None, *, lo_open=False, hi_open=False,
-                 note: str = "") -> None:
-  """cfg[key] within [lo, hi] (open ends where asked), else a UserError naming the field.
-  A field the config does not have is skipped."""
-  node = cfg
-  for part in key.split("."):
-    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-      return
-    node = node[part]
-  v = node
+def check_range(name: str, v, lo=None, hi=None, *, lo_open=False, hi_open=False,
+                note: str = "") -> None:
+  """v within [lo, hi] (open ends where asked), else a UserError naming `name` (a config
+  field or a command-line flag) and the value."""
   if isinstance(v, bool) or not isinstance(v, (int, float)):
-    raise UserError(f"{key} must be a number; got {v!r}")
+    raise UserError(f"{name} must be a number; got {v!r}")
   ok = ((lo is None or (v > lo if lo_open else v >= lo)) and
         (hi is None or (v < hi if hi_open else v <= hi)))
   if not ok:
@@ -226,7 +220,26 @@ def _check_range(cfg, key: str, lo=None, hi=None, *, lo_open=False, hi_open=Fals
     want = (f"in {left}{right}" if lo is not None and hi is not None else
             f"{'>' if lo_open else '>='} {lo}" if lo is not None else
             f"{'<' if hi_open else '<='} {hi}")
-    raise UserError(f"{key} must be {want}{note}; got {v!r}")
+    raise UserError(f"{name} must be {want}{note}; got {v!r}")
+
+
+def _check_range(cfg, key: str, lo=None, hi=None, *, lo_open=False, hi_open=False,
+                 note: str = "") -> None:
+  """cfg[key] within [lo, hi] (see check_range); a field the config lacks is skipped."""
+  node = cfg
+  for part in key.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      return
+    node = node[part]
+  check_range(key, node, lo, hi, lo_open=lo_open, hi_open=hi_open, note=note)
+
+
+def check_impl(cfg) -> None:
+  """model.impl names a kernel (kernels/dispatch.py)."""
+  from mha_jax.kernels.dispatch import IMPLS
+  impl = cfg.model.get("impl", "auto") if "model" in cfg else "auto"
+  if impl not in IMPLS:
+    raise UserError(f"model.impl must be one of {', '.join(IMPLS)}; got {impl!r}")
 
 
 # Numeric fields and their ranges: (key, lo, hi, lo_open, hi_open, note).
@@ -279,6 +292,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     raise UserError(f"task must be 'translation' or 'lm'; got {cfg.get('task')!r}")
   for key, lo, hi, lo_open, hi_open, note in RANGES:
     _check_range(cfg, key, lo, hi, lo_open=lo_open, hi_open=hi_open, note=note)
+  check_impl(cfg)
   m, t = cfg.model, cfg.train
   if m.head_dim == 0 and m.d_model % m.num_heads:
     raise UserError(f"model.num_heads={m.num_heads} does not divide "
@@ -314,6 +328,7 @@ PRETRAINED_TASKS = ("pretrained_lm", "embedding")
 def validate_pretrained(cfg: ml_collections.ConfigDict) -> None:
   """Checks an imported model's config (written by mha_jax.pretrained)."""
   m = cfg.model
+  check_impl(cfg)
   for key in ("d_model", "num_heads", "head_dim", "num_layers", "d_ff", "vocab_size"):
     if m[key] < 1:
       raise UserError(f"model.{key} must be >= 1; got {m[key]}")

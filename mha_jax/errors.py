@@ -13,3 +13,9 @@ class UserError(ValueError):
 class BadCheckpoint(UserError):
   """A checkpoint that cannot be read back as it was written (missing or garbled item,
   checksum mismatch)."""
+
+
+class StorageFault(UserError):
+  """A place that cannot take what is written there: a full disk, a read-only mount or
+  folder, a path under a file. One line naming the place (and, for a run, its last good
+  checkpoint); partial files are removed first. Not a bug, so no traceback."""

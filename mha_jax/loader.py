@@ -76,6 +76,8 @@ def load(workdir: str, step: int | None = None, *,
     if step is not None and step not in steps:
       raise UserError(f"step {step} is not in {workdir!r}; saved steps: {steps}")
     params, step = ckpts.restore_params(step, log=log)
+    ckpt_lib.check_model_config(ckpts.meta, mc.to_dict(cfg), ckpts.step_dir(step),
+                                storage.join(workdir, "config.json"))
   finally:
     ckpts.close()
   return Loaded(cfg, tasks.build(cfg, workdir, read_only=True), params, step, workdir)

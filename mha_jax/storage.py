@@ -10,12 +10,16 @@ This is the one module that may touch files through os/open (tests/test_storage.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import json
 import os
 from typing import Any
 
 from etils import epath
+
+from mha_jax.errors import StorageFault
 
 
 def path(p) -> epath.Path:
@@ -37,6 +41,20 @@ def abspath(p) -> str:
   return os.fspath(p) if is_uri(p) else os.path.abspath(p)
 
 
+def normpath(p) -> str:
+  """p absolute and normalised (local: symlinks resolved; URIs: no trailing /), to
+  compare two paths."""
+  if is_uri(p):
+    return os.fspath(p).rstrip("/")
+  return os.path.realpath(os.path.abspath(p))
+
+
+def is_within(p, folder) -> bool:
+  """Whether p is folder or lies inside it."""
+  a, b = normpath(p), normpath(folder)
+  return a == b or a.startswith(b.rstrip("/") + "/")
+
+
 def dirname(p) -> str:
   return str(epath.Path(p).parent) if is_uri(p) else os.path.dirname(p)
 
@@ -49,6 +67,71 @@ def is_writer() -> bool:
   """Whether this process writes files (process 0 of a multi-process run)."""
   import jax
   return jax.process_index() == 0
+
+
+# Faults of the place written to.
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+_NOT_A_FOLDER = (errno.ENOTDIR, errno.EEXIST, errno.EISDIR)
+
+
+def fault_kind(e: BaseException) -> str | None:
+  """"full", "read-only" or "not a folder" when e (or what caused it: orbax and
+  TensorStore wrap the OS error) says the place cannot be written; else None."""
+  seen = 0
+  while e is not None and seen < 8:
+    code = getattr(e, "errno", None)
+    text = str(e)
+    if code in _FULL or "No space left on device" in text or "RESOURCE_EXHAUSTED" in text \
+        or "Disk quota exceeded" in text:
+      return "full"
+    if code in _READ_ONLY or "Read-only file system" in text or "Permission denied" in text:
+      return "read-only"
+    if code in _NOT_A_FOLDER or isinstance(e, (NotADirectoryError, FileExistsError)):
+      return "not a folder"
+    e, seen = e.__cause__ or e.__context__, seen + 1
+  return None
+
+
+FAULTS = {"full": "the disk is full (no space left on device)",
+          "read-only": "the place is read-only (not writable)",
+          "not a folder": "a part of the path is a file, not a folder"}
+
+
+def fault_message(kind: str, where, what: str = "") -> str:
+  """One line: what went wrong at `where`."""
+  return f"{what + ': ' if what else ''}cannot write {os.fspath(where)!r}: {FAULTS[kind]}"
+
+
+@contextlib.contextmanager
+def faults(where, what: str = "", *, remove=()):
+  """Turns a full disk or a read-only place, met inside, into a StorageFault naming
+  `where`, after removing the partial files and folders `remove` (and p.tmp files)."""
+  try:
+    yield
+  except StorageFault:
+    raise
+  except Exception as e:   # orbax/TensorStore wrap OSError in their own types
+    kind = fault_kind(e)
+    if kind is None:
+      raise
+    for p in remove:
+      _remove_quietly(p)
+    fault = StorageFault(fault_message(kind, where, what))
+    fault.kind, fault.where = kind, os.fspath(where)
+    raise fault from e
+
+
+def _remove_quietly(p) -> None:
+  try:
+    q = path(p)
+    if q.is_dir():
+      q.rmtree()
+    elif q.exists():
+      q.unlink()
+  except OSError:
+    pass
 
 
 # Reads (every process).
@@ -94,22 +177,58 @@ def read_json(p) -> Any:
 
 def makedirs(p) -> None:
   if is_writer():
-    path(p).mkdir(parents=True, exist_ok=True)
+    with faults(p):
+      path(p).mkdir(parents=True, exist_ok=True)
 
 
 def write_bytes(p, data: bytes, *, atomic: bool = False) -> None:
   """Writes the whole file. atomic: through p.tmp and a rename (local paths; an object
-  store's single write is atomic already)."""
+  store's single write is atomic already). A full disk or a read-only place raises
+  StorageFault naming p, and the partial file is removed (an atomic write leaves p as
+  it was)."""
   if not is_writer():
     return
   if atomic and not is_uri(p):
     tmp = os.fspath(p) + ".tmp"
-    with open(tmp, "wb") as f:
-      f.write(data)
-    os.replace(tmp, p)
+    with faults(p, remove=[tmp]):
+      with open(tmp, "wb") as f:
+        f.write(data)
+      os.replace(tmp, p)
     return
-  with path(p).open("wb") as f:
-    f.write(data)
+  existed = exists(p)
+  with faults(p, remove=[] if existed else [p]):
+    with path(p).open("wb") as f:
+      f.write(data)
+
+
+def create_exclusive(p, data: bytes) -> bool:
+  """Creates file p holding data, atomically: False (nothing written) when p exists.
+  Local: O_CREAT | O_EXCL; object stores: fsspec's exclusive mode "xb" (a conditional
+  create on GCS and S3)."""
+  with faults(p):
+    if is_uri(p):
+      from etils.epath import backend   # the file system epath itself uses for p
+      try:
+        with backend.fsspec_backend.fs(p).open(os.fspath(p), mode="xb") as f:
+          f.write(data)
+      except FileExistsError:
+        return False
+      return True
+    try:
+      fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    try:
+      os.write(fd, data)
+    finally:
+      os.close(fd)
+    return True
+
+
+def remove(p) -> None:
+  """Removes file p (nothing when it does not exist)."""
+  if is_writer():
+    path(p).unlink(missing_ok=True)
 
 
 def write_text(p, text: str, *, atomic: bool = False) -> None:
@@ -126,8 +245,9 @@ def append_text(p, text: str) -> None:
   if is_uri(p):
     raise ValueError(f"append_text: {p!r} is on an object store, which cannot append")
   if is_writer():
-    with open(p, "a", encoding="utf-8") as f:
-      f.write(text)
+    with faults(p):
+      with open(p, "a", encoding="utf-8") as f:
+        f.write(text)
 
 
 def savefig(fig, p, **kwargs) -> None:

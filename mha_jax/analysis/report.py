@@ -220,6 +220,8 @@ def plot_score_grids(rows, path, keys, title=""):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   keys = [k for k in keys if any(k in r for r in rows)]
+  if not rows or not keys:
+    return no_heads_figure(path, title)
   n_l = max(r["layer"] for r in rows) + 1
   n_h = max(r["index"] for r in rows) + 1
   fig, axes = plt.subplots(1, len(keys), figsize=(1.0 + 0.32 * n_h * len(keys) + 1.2 *
@@ -241,7 +243,24 @@ def plot_score_grids(rows, path, keys, title=""):
   plt.close(fig)
 
 
+def no_heads_figure(path, title: str = "") -> None:
+  """The figure of a model without attention heads (every head pruned: an ablation
+  baseline): a note in place of a plot."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(4, 1.6))
+  ax.axis("off")
+  ax.text(0.5, 0.5, "no attention heads in this model", ha="center", va="center")
+  if title:
+    fig.suptitle(title, fontsize=9)
+  storage.savefig(fig, path, dpi=100)
+  plt.close(fig)
+
+
 def _plot_grid(rows, path, title):
+  if not rows:
+    return no_heads_figure(path, title)
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -336,7 +355,7 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
   write_rows(rows, out_dir)
   _plot_grid([r for r in rows if r.get("role") != "n/a"], storage.join(out_dir, "roles.png"),
              f"head roles, {run.workdir}")
-  stack0 = rows[0]["stack"]
+  stack0 = rows[0]["stack"] if rows else None
   if stack0 in GRID_SCORES:
     plot_score_grids([r for r in rows if r["stack"] == stack0],
                      storage.join(out_dir, "scores.png"), GRID_SCORES[stack0],

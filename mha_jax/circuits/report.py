@@ -50,11 +50,14 @@ def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log) -> list[
       at = dataclasses.replace(run, params=params, step=step)
       icl = behaviour.icl_score(at, tokens, lengths)
       hs = behaviour.head_scores(at, tokens)
-      rows.append({"step": step, **icl,
-                   "max_prefix_matching": max(v["prefix_matching"] for v in hs.values()),
-                   "max_previous_token": max(v["previous_token"] for v in hs.values())})
+      rows.append({"step": step, **icl,   # None: a model without heads
+                   "max_prefix_matching": max((v["prefix_matching"] for v in hs.values()),
+                                              default=None),
+                   "max_previous_token": max((v["previous_token"] for v in hs.values()),
+                                             default=None)})
+      best = rows[-1]["max_prefix_matching"]
       log(f"  step {step}: ICL score {icl['icl_score']:.3f}, max prefix matching "
-          f"{rows[-1]['max_prefix_matching']:.2f}")
+          f"{'n/a' if best is None else f'{best:.2f}'}")
   finally:
     c.close()
   return rows
@@ -80,14 +83,16 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
   for name in heads:
     l, h = (int(v) for v in name.split(".")[1:])
     heads[name]["ov_positivity"] = scores.ov_positivity(run.params, "lm", l, h)
-  prev_head = max((n for n in heads if int(n.split(".")[1]) == layers[0]),
-                  key=lambda n: heads[n]["previous_token"])
-  pl, ph = (int(v) for v in prev_head.split(".")[1:])
-  for name in heads:
-    l, h = (int(v) for v in name.split(".")[1:])
-    if l > pl:
-      heads[name]["k_comp_positivity"] = scores.k_composition_positivity(
-          run.params, (pl, ph), (l, h))
+  first = [n for n in heads if layers and int(n.split(".")[1]) == layers[0]]
+  # A model without heads (every one pruned, an ablation baseline) has none to find.
+  prev_head = max(first, key=lambda n: heads[n]["previous_token"]) if first else None
+  if prev_head is not None:
+    pl, ph = (int(v) for v in prev_head.split(".")[1:])
+    for name in heads:
+      l, h = (int(v) for v in name.split(".")[1:])
+      if l > pl:
+        heads[name]["k_comp_positivity"] = scores.k_composition_positivity(
+            run.params, (pl, ph), (l, h))
   induction = find_induction_heads(heads, comp["corrected"]["k"])
   result = {"workdir": workdir, "step": run.step, "heads": heads,
             "previous_token_head": prev_head, "induction_heads": induction,
@@ -249,8 +254,10 @@ def format_summary(result) -> str:
                f"previous-token score {r['k_partner_previous_token']:.3f})")
     lines.append(f"  {r['head']}: prefix matching {r['prefix_matching']:.3f}, copying "
                  f"{r['copying']:.3f}, strongest K-composition {partner}")
-  lines.append(f"previous-token head of layer 0: {result['previous_token_head']} "
-               f"({result['heads'][result['previous_token_head']]['previous_token']:.3f})")
+  prev = result["previous_token_head"]
+  lines.append(f"previous-token head of layer 0: {prev} "
+               f"({result['heads'][prev]['previous_token']:.3f})" if prev is not None else
+               "no attention heads in this model (every head pruned)")
   k = result["composition"]["k"]
   lines.append("K-composition (score - baseline), earlier -> later:")
   for pair, v in sorted(k.items()):

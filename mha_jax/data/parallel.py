@@ -24,6 +24,21 @@ def read_lines(path: str, what: str) -> list[list[str]]:
   return lines
 
 
+def _check_tree(heads: list[int], where: str) -> None:
+  """1-based heads (0 = root) form a tree: a root, and no token its own ancestor."""
+  if 0 not in heads:
+    raise UserError(f"{where} has no root (no token with head 0)")
+  for start in range(1, len(heads) + 1):
+    path, node = [start], heads[start - 1]
+    while node != 0:
+      if node in path:
+        loop = path[path.index(node):] + [node]
+        raise UserError(f"{where}: the heads form a cycle (tokens "
+                        f"{' -> '.join(map(str, loop))}), not a tree")
+      path.append(node)
+      node = heads[node - 1]
+
+
 def read_conllu_arcs(path: str, sentences: list[list[str]] | None, what: str
                      ) -> list[dict[str, list]]:
   """Gold arcs from a CoNLL-U file whose tokens match `sentences` one to one (None: the
@@ -67,6 +82,7 @@ def read_conllu(path: str, sentences: list[list[str]] | None, what: str
         raise UserError(f"{what}: sentence {n + 1} of {path!r}, token {t['id']} "
                         f"({t['form']!r}): head {t['head']!r} is not a token of the "
                         f"sentence (0..{len(toks)})")
+    _check_tree([int(t["head"]) for t in toks], f"{what}: sentence {n + 1} of {path!r}")
     out.append({"heads": [int(t["head"]) - 1 for t in toks],
                 "rels": [str(t["deprel"]).split(":")[0] for t in toks]})
   return sentences, out

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mha_jax.blocks import relative_index
+from mha_jax.blocks import drop_masked_keys, relative_index
 
 # Default block sizes: one block up to these lengths; measured on the 2-core CPU
 # (docs/results/bench_attention_*.json): fewer, larger blocks win there because each
@@ -462,6 +462,7 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
   if mask is not None and mask.dtype != jnp.bool_:
     raise ValueError(f"mask_BHTS must be boolean (True = may attend); got dtype {mask.dtype}")
   bias = _check_extra("bias_BHTS", bias_BHTS, b, h, t, s)
+  k_BSHK, v_BSHK = drop_masked_keys(k_BSHK, v_BSHK, mask)
   if rel_bias_HR is not None:
     rel_bias_HR = jnp.asarray(rel_bias_HR)
     if rel_bias_HR.ndim != 2 or rel_bias_HR.shape[0] != h or rel_bias_HR.shape[1] % 2 != 1:

@@ -70,29 +70,61 @@ _FALLBACK_BYTES = 4 * 2**30
 
 
 @functools.cache
-def score_memory_budget() -> int:
-  """Bytes the (B, H, T, S) score tensors may take on the default device, read once per
-  process (so a kernel choice does not follow the machine's load): half the device's
-  limit, else a quarter of the host's available memory or of the process's
-  address-space limit (RLIMIT_AS), whichever is smaller."""
+def memory_limit() -> tuple[int, str]:
+  """(bytes, what they are) of the memory a computation on the default device may use,
+  read once per process: the device's limit, else the host's available memory or the
+  process's address-space limit (RLIMIT_AS), whichever is smaller."""
   try:
     stats = jax.devices()[0].memory_stats() or {}
   except Exception:  # backends without memory stats
     stats = {}
   if "bytes_limit" in stats:
-    return int(stats["bytes_limit"]) // 2
-  host = _FALLBACK_BYTES * 4
+    return int(stats["bytes_limit"]), "the device's memory"
+  host, what = _FALLBACK_BYTES * 4, "the host's memory"
   try:
     with open("/proc/meminfo") as f:
       for line in f:
         if line.startswith("MemAvailable:"):
-          host = int(line.split()[1]) * 1024
+          host, what = int(line.split()[1]) * 1024, "the host's available memory"
   except OSError:
     pass
   cap = resource.getrlimit(resource.RLIMIT_AS)[0]
-  if cap != resource.RLIM_INFINITY:
-    host = min(host, cap)
-  return host // 4
+  if cap != resource.RLIM_INFINITY and cap < host:
+    host, what = cap, "the process's address-space limit (RLIMIT_AS)"
+  return host, what
+
+
+@functools.cache
+def score_memory_budget() -> int:
+  """Bytes the (B, H, T, S) score tensors may take on the default device, read once per
+  process (so a kernel choice does not follow the machine's load): half the device's
+  limit, else a quarter of the host's memory limit (memory_limit)."""
+  limit, what = memory_limit()
+  return limit // 2 if what == "the device's memory" else limit // 4
+
+
+# float32 (B, H, T, S) tensors a forward pass of the reference kernel needs at least
+# (the scores and the weights).
+FORWARD_SCORE_COPIES = 2
+
+
+def check_scores_fit(kernel: str, b: int, h: int, t: int, s: int) -> None:
+  """A kernel that holds the (B, H, T, S) scores whole (reference; xla on CPU) is
+  refused, saying why, when even a forward pass's scores exceed the memory: otherwise
+  the run ends in an allocator's error deep inside XLA."""
+  if kernel != "reference" and not (kernel == "xla" and jax.default_backend() == "cpu"):
+    return
+  need = FORWARD_SCORE_COPIES * 4 * b * h * t * s
+  limit, what = memory_limit()
+  if need <= limit:
+    return
+  fix = ("Use impl='blocked' (or 'auto', which picks it at this size): the same "
+         "attention in memory linear in T. Attention weights (return_weights=True) are "
+         "this tensor: analyse shorter sequences, or fewer at a time")
+  raise ValueError(f"impl={kernel!r} holds the (B, H, T, S) = ({b}, {h}, {t}, {s}) "
+                   f"attention scores whole: {need / 2**30:.1f} GiB in float32 for the "
+                   f"scores and weights alone, more than {what} "
+                   f"({limit / 2**30:.1f} GiB). {fix}")
 
 
 def scores_fit(b: int, h: int, t: int, s: int, budget: int | None = None) -> bool:
@@ -178,6 +210,7 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
   t, s = q_BTHK.shape[1], k_BSGK.shape[1]
   if rel_bias_HR is not None and kernel not in TAKES_TABLE:
     raise ValueError(f"kernel {kernel!r} takes no rel_bias table; pass its dense bias")
+  check_scores_fit(kernel, q_BTHK.shape[0], q_BTHK.shape[2], t, s)
   if kernel == "reference":
     full = mask_BHTS
     if causal:

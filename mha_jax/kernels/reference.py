@@ -14,6 +14,7 @@ from mha_jax import blocks
 def reference_kernel(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
                      mask_BHTS: jax.Array | None, bias_BHTS: jax.Array | None = None):
   """(o (B, T, H, K), w (B, H, T, S) float32); G key/value heads dividing H."""
+  k_BSGK, v_BSGK = blocks.drop_masked_keys(k_BSGK, v_BSGK, mask_BHTS)
   s_BHTS = blocks.attention_scores(q_BTHK, k_BSGK)
   if bias_BHTS is not None:
     s_BHTS = s_BHTS + bias_BHTS.astype(s_BHTS.dtype)

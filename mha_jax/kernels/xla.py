@@ -7,6 +7,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from mha_jax import blocks
+
 
 def gpu_available() -> bool:
   try:
@@ -43,6 +45,7 @@ def fused_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal, implementation,
   """
   if bias_BHTS is not None:
     bias_BHTS = bias_BHTS.astype(q_BTHK.dtype)
+  k_BSGK, v_BSGK = blocks.drop_masked_keys(k_BSGK, v_BSGK, mask_BHTS)
   o_BTHK = jax.nn.dot_product_attention(
       q_BTHK, k_BSGK, v_BSGK, bias=bias_BHTS, mask=mask_BHTS, is_causal=causal,
       scale=1.0 / math.sqrt(q_BTHK.shape[-1]), implementation=implementation)

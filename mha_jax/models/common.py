@@ -23,6 +23,7 @@ import numpy as np
 from mha_jax import attention
 from mha_jax import interventions as I
 from mha_jax.data.vocab import PAD_ID
+from mha_jax.errors import UserError
 
 STACKS = {"encoder": ("encoder", "self_attn"), "decoder_self": ("decoder", "self_attn"),
           "decoder_cross": ("decoder", "cross_attn"), "lm": ("lm", "attn")}
@@ -39,6 +40,23 @@ class ModelSpec:
   pos: str = "sinusoidal"    # "sinusoidal", "learned", "qk" (LM) or "relative" (seq2seq)
   pad_id: int = PAD_ID       # <pad> of the word vocabulary (data/vocab.py)
   ln_position: str = "pre"   # "pre" (x + f(LN(x))) or "post" (LN(x + f(x)))
+
+
+def check_token_ids(ids, vocab_size: int, what: str = "tokens") -> None:
+  """Refuses ids outside 0..vocab_size-1 (JAX would clamp the embedding gather and give
+  finite, wrong logits), naming the largest id and the vocabulary size. Ids traced under
+  jit are not checked here: they are checked where they enter (batches, tokenizers)."""
+  if ids is None or isinstance(ids, jax.core.Tracer):
+    return
+  a = np.asarray(ids)
+  if a.size == 0:
+    return
+  hi, lo = int(a.max()), int(a.min())
+  if hi >= vocab_size:
+    raise UserError(f"{what}: token id {hi} is not in the vocabulary of {vocab_size} "
+                    f"tokens (ids 0..{vocab_size - 1})")
+  if lo < 0:
+    raise UserError(f"{what}: token id {lo} is negative (ids 0..{vocab_size - 1})")
 
 
 def layer_norm(p, x, eps=1e-6, *, hook=None, site=None):

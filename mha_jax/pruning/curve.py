@@ -16,6 +16,7 @@ from mha_jax.pruning import gates as G
 from mha_jax.pruning import masks as M
 from mha_jax.pruning import methods
 from mha_jax.pruning import run as run_lib
+from mha_jax.train import lock as lock_lib
 
 
 def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
@@ -27,7 +28,11 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   averaged over `random_draws` orders (seeds seed..seed+n-1; its kept heads and roles are
   the first draw's). For each K in `save_workdirs`, OUT/{method}_k{K} is written as a
   pruned workdir (as `mha-jax prune` writes it: ready for export-pruned)."""
+  lock_lib.check_out(out_dir, workdir)
+  if storage.exists(out_dir) and not storage.isdir(out_dir):   # refused now, not after
+    raise UserError(f"--out {out_dir!r} is a file, not a folder")
   run = load(workdir)
+  storage.makedirs(out_dir)
   run_lib.set_dense_reference(run)       # embeddings: compare with the dense model
   total = M.count(M.ones_mask(run.params, stacks))
   for k in counts:

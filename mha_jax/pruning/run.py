@@ -20,6 +20,7 @@ from mha_jax.pruning import gates as G
 from mha_jax.pruning import masks as M
 from mha_jax.pruning import methods
 from mha_jax.train import checkpoint as ckpt_lib
+from mha_jax.train import lock as lock_lib
 
 
 # The lambda of `prune --method l0 --keep K` without --l0-lambda (prune-curve's default).
@@ -83,6 +84,7 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
   for l in ([lam] if lam is not None else []) + list(lambdas):
     if l < 0:
       raise UserError(f"--l0-lambda must be >= 0; got {l}")
+  lock_lib.check_out(out, workdir)
   if storage.exists(out) and storage.listdir(out):
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   run = loaded if loaded is not None else load(workdir)
@@ -149,6 +151,7 @@ def _finish(run, out, params, mask, info, bleu_limit, log):
 
 def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dict:
   """Writes `out` with the masked heads of a pruned workdir physically removed."""
+  lock_lib.check_out(out, workdir)
   mask = M.read_mask(workdir)
   if mask is None:
     raise UserError(f"--workdir {workdir!r} has no pruning.json: prune it first "

@@ -18,7 +18,8 @@ import copy
 from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.tasks.base import (SPLITS, EmbeddingData, LMData, PretrainedLMData, Task,
-                                TranslationData, check_ids, check_split, epoch_indices,
+                                TranslationData, check_batch_ids, check_ids, check_split,
+                                epoch_indices,
                                 init_model, jitted, local_rows, model_spec, padded_rows,
                                 per_token, sum_metrics, token_losses, token_metrics,
                                 train_order_seed, weighted_mean)
@@ -67,7 +68,7 @@ def build_seeds(runs) -> list:
 
 __all__ = ["SPLITS", "REGISTRY", "Task", "TranslationData", "LMData", "PretrainedLMData",
            "EmbeddingData", "TranslationTask", "LMTask", "PretrainedLMTask", "EmbeddingTask",
-           "build", "build_seeds", "check_ids", "check_split", "epoch_indices",
+           "build", "build_seeds", "check_batch_ids", "check_ids", "check_split", "epoch_indices",
            "init_model", "jitted", "local_rows", "model_spec", "padded_rows", "per_token",
            "sum_metrics", "token_losses", "token_metrics", "train_order_seed",
            "weighted_mean"]

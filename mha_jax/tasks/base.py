@@ -129,10 +129,12 @@ def jitted(task, name: str, fn):
 
 def sum_metrics(task, params, split, batch_size, gates=None) -> dict[str, float]:
   """Sums of the loss metrics over a split's evaluation batches (one compile per task)."""
+  check_split(split)
   fn = jitted(task, "eval_metrics",
               lambda p, b, w, g: task.loss(p, b, example_weight=w, gates=g)[1])
   totals = None                      # summed on the device; one transfer at the end
   for batch, weight in task.eval_batches(split, batch_size):
+    check_batch_ids(task, batch, f"{split} batch")
     m = fn(params, batch, jnp.asarray(weight), gates)
     totals = m if totals is None else jax.tree.map(jnp.add, totals, m)
   return {k: float(v) for k, v in jax.device_get(totals or {}).items()}
@@ -229,10 +231,16 @@ def local_rows(batch: int, process_index: int, process_count: int) -> slice:
   return slice(process_index * per, (process_index + 1) * per)
 
 
-def check_ids(ids: np.ndarray, vocab_size: int, what: str) -> None:
-  bad = ids >= vocab_size
-  if bad.any():
-    raise UserError(f"{what}: token id {int(ids[bad].max())} >= vocab size {vocab_size}")
+def check_ids(ids, vocab_size: int, what: str) -> None:
+  """Token ids within 0..vocab_size-1 (models/common.check_token_ids)."""
+  C.check_token_ids(ids, vocab_size, what)
+
+
+def check_batch_ids(task, batch: dict, what: str = "batch") -> None:
+  """Every token-id array of a batch within the task's vocabulary."""
+  for key in ("tokens", "src", "tgt"):
+    if key in batch:
+      check_ids(batch[key], task.vocab_size, f"{what}[{key!r}]")
 
 
 def model_spec(cfg) -> C.ModelSpec:

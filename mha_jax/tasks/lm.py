@@ -27,6 +27,7 @@ class LMTask:
     self.cfg = cfg
     d = cfg.data
     self.data_dir = storage.join(workdir, "data") if workdir else None
+    save_tokenizer = False
     if d.kind == "repeated":
       self.vocab_size = d.vocab_size
       self.seq_len = 1 + 2 * d.half_len
@@ -43,8 +44,7 @@ class LMTask:
       else:
         self.tokenizer = text.TextTokenizer.train(d.tokenizer, corpus, d.vocab_size)
         if self.data_dir and not read_only:
-          storage.makedirs(self.data_dir)
-          self.tokenizer.save(self.data_dir)
+          save_tokenizer = True
       self.streams = text.split_stream(self.tokenizer.encode(corpus))
       self.vocab_size = self.tokenizer.vocab_size
       self.seq_len = cfg.model.max_len
@@ -54,11 +54,15 @@ class LMTask:
       raise UserError(f"data.half_len={d.half_len} gives sequences of {self.seq_len} tokens, "
                       f"more than model.max_len={cfg.model.max_len}")
     self.spec = base.model_spec(cfg)
+    if save_tokenizer:         # once every check above has passed
+      storage.makedirs(self.data_dir)
+      self.tokenizer.save(self.data_dir)
 
   def init_params(self, key):
     return base.init_model(self.cfg, key, self.vocab_size)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    base.check_batch_ids(self, batch)
     return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], gates=gates,
                           capture=capture, key=key, hook=hook,
                           logits_at=batch.get("logits_at"))
@@ -89,6 +93,7 @@ class LMTask:
     return {"tokens": tokens, "mask_first": masks["first"], "mask_repeat": masks["repeat"]}
 
   def eval_batches(self, split: str, batch_size: int):
+    base.check_split(split)
     for i in range(max(1, self.cfg.eval.lm_batches)):
       yield self._make(*self._batch(split, i, batch_size)), np.ones(batch_size, np.float32)
 

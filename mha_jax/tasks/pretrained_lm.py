@@ -15,6 +15,7 @@ import numpy as np
 from mha_jax.data import repeated_tokens as rt
 from mha_jax.data import text as text_data
 from mha_jax.errors import UserError
+from mha_jax.models import common as C
 from mha_jax.models import llama
 from mha_jax.tasks import base
 from mha_jax.tasks.imported import Imported, gate_batch, tokenizer_of
@@ -43,6 +44,7 @@ class PretrainedLMTask(Imported):
     batch["logits_at"] (B,), if given: logits only at those positions, (B, 1, V).
     hook: an interventions.Hook."""
     del key
+    C.check_token_ids(batch["tokens"], self.vocab_size, "batch['tokens']")
     mask = batch.get("mask")
     return llama.apply(params, self.spec, batch["tokens"][:, :-1],
                        mask_BT=None if mask is None else mask[:, :-1], gates=gates,
@@ -51,6 +53,7 @@ class PretrainedLMTask(Imported):
   def logits(self, params, tokens_BT, mask_BT=None, gates=None):
     """Logits (B, T, V) for every position (the next token after each); compiled once
     per shape."""
+    C.check_token_ids(tokens_BT, self.vocab_size, "tokens_BT")
     fn = base.jitted(self, "logits", lambda p, t, m, g: llama.apply(p, self.spec, t, mask_BT=m,
                                                                gates=g))
     return fn(params, jnp.asarray(tokens_BT), None if mask_BT is None else
@@ -110,7 +113,9 @@ class PretrainedLMTask(Imported):
       if self.tokenizer is None:
         raise UserError("this task was built without a workdir: no tokenizer")
       corpus = text_data.read_corpus(list(self.cfg.data.text_files))
-      self._streams = text_data.split_stream(self.tokenizer.encode(corpus))
+      ids = self.tokenizer.encode(corpus)
+      C.check_token_ids(ids, self.vocab_size, "the workdir's tokenizer.json")
+      self._streams = text_data.split_stream(ids)
     return self._streams[split]
 
   def windows(self, split: str) -> np.ndarray:
@@ -154,6 +159,12 @@ class PretrainedLMTask(Imported):
       ids = np.concatenate([[self.cfg.tokenizer.bos_id], ids]).astype(np.int32)
     if len(ids) == 0:
       raise UserError("--prompt is empty: nothing to continue")
+    C.check_token_ids(ids, self.vocab_size, "the prompt (tokenizer.json)")
+    context = int(self.cfg.model.get("max_len", 0) or 0)
+    if context and len(ids) + max_new_tokens > context:
+      raise UserError(f"the prompt's {len(ids)} tokens plus --max-new-tokens "
+                      f"{max_new_tokens} make {len(ids) + max_new_tokens}, more than the "
+                      f"model's context of {context} tokens (model.max_len)")
     eos = [int(self.cfg.tokenizer.eos_id)] if stop_at_eos and self.cfg.tokenizer.eos_id >= 0 \
         else []
     new = llama.generate(params, self.spec, ids[None], max_new_tokens,

@@ -54,6 +54,7 @@ class TranslationTask:
     d = cfg.data
     self.data_dir = storage.join(workdir, "data") if workdir else None
     self.arcs: dict[str, list] = {}
+    writes = []   # files to write, after every check
     saved = None
     if (read_only and d.kind == "synthetic" and self.data_dir
         and storage.exists(storage.join(self.data_dir, "vocab.json"))):
@@ -71,7 +72,7 @@ class TranslationTask:
       self.vocab = V.Vocab(grammar.lex.source_types() + grammar.lex.target_types())
       if (self.data_dir and not read_only and
           not storage.exists(storage.join(self.data_dir, "train.src"))):
-        synthetic_translation.export(self.data_dir, grammar, splits)
+        writes.append(lambda: synthetic_translation.export(self.data_dir, grammar, splits))
     elif d.kind == "parallel":
       self.words = {}
       for s in SPLITS:
@@ -85,12 +86,12 @@ class TranslationTask:
           self.arcs[s] = parallel.read_conllu_arcs(d.conllu[s], src, f"data.conllu.{s}")
       self.vocab = V.Vocab(w for side in self.words["train"] for sent in side for w in sent)
       if self.data_dir and not read_only:
-        self._export_parallel()
+        writes.append(self._write_parallel_files)
     else:
       raise UserError(f"data.kind must be 'synthetic' or 'parallel' for translation; "
                       f"got {d.kind!r}")
     if saved is None:
-      self.vocab = self._run_vocab(self.vocab, read_only)
+      self.vocab = self._run_vocab(self.vocab, read_only, writes)
     self.arrays = {}
     for s in SPLITS:
       src_w, tgt_w = self.words[s]
@@ -101,8 +102,10 @@ class TranslationTask:
       self.arrays[s] = {"src": src, "tgt": tgt}
     self.vocab_size = len(self.vocab)
     self.spec = base.model_spec(cfg)
+    for write in writes:      # the run's data files, once every check above has passed
+      write()
 
-  def _export_parallel(self):
+  def _write_parallel_files(self):
     """The user's parallel text stays where the config names it (and its vocabulary is
     checked against the run's at every load); the run keeps its arcs and frequencies."""
     storage.makedirs(self.data_dir)
@@ -127,7 +130,7 @@ class TranslationTask:
               f"run's vocabulary {storage.join(self.data_dir, 'vocab.json')} ({len(new)} new "
               f"words, e.g. {new[:5]}). The data changed after training; restore it")
 
-  def _run_vocab(self, built: V.Vocab, read_only: bool) -> V.Vocab:
+  def _run_vocab(self, built: V.Vocab, read_only: bool, writes: list) -> V.Vocab:
     """The run's vocabulary is part of the run: read from workdir/data/vocab.json when
     it exists (written once, by the first `train`), never rebuilt over it. Data whose
     vocabulary differs from it is refused."""
@@ -136,8 +139,7 @@ class TranslationTask:
     path = storage.join(self.data_dir, "vocab.json")
     if not storage.exists(path):
       if not read_only:
-        storage.makedirs(self.data_dir)
-        built.save(path)
+        writes.append(lambda: (storage.makedirs(self.data_dir), built.save(path)))
       return built
     saved = V.Vocab.load(path)
     if saved.tokens != built.tokens:
@@ -157,6 +159,7 @@ class TranslationTask:
     return base.init_model(self.cfg, key, self.vocab_size)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    base.check_batch_ids(self, batch)
     packed = None
     if "src_seg" in batch:     # a packed batch (data/packing.py)
       packed = {"src_seg": batch["src_seg"], "src_pos": batch["src_pos"],

@@ -16,6 +16,8 @@ restored: every step's key is derived from config.seed and the step number.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import sys
 from typing import Any, Callable
@@ -25,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from mha_jax import storage
-from mha_jax.errors import BadCheckpoint, UserError
+from mha_jax.errors import BadCheckpoint, StorageFault, UserError
 
 
 
@@ -50,6 +52,39 @@ def checksums(tree) -> dict[str, str]:
   """{path: SHA-256} of every array in a pytree."""
   return {jax.tree_util.keystr(p): _digest(x)
           for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _run_draining(coro):
+  """orbax's run-in-a-fresh-event-loop, except that the loop is closed only once every
+  task it started has finished. When one array of a checkpoint cannot be read, orbax's
+  gather fails at once while the other reads are still in TensorStore; closing the loop
+  then makes each of them print "Event loop is closed" (and "Task exception was never
+  retrieved") long after the error was handled."""
+  loop = asyncio.new_event_loop()
+  try:
+    asyncio.set_event_loop(loop)
+    return loop.run_until_complete(coro)
+  finally:
+    pending = asyncio.all_tasks(loop)
+    if pending:
+      loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+@contextlib.contextmanager
+def _orbax_drains():
+  """Every orbax call inside runs its event loops through _run_draining."""
+  from orbax.checkpoint._src import asyncio_utils
+  real = getattr(asyncio_utils, "_run_sync_via_new_loop", None)
+  if real is None:        # another orbax layout: nothing to replace
+    yield
+    return
+  asyncio_utils._run_sync_via_new_loop = _run_draining
+  try:
+    yield
+  finally:
+    asyncio_utils._run_sync_via_new_loop = real
 
 
 def _short(e: BaseException) -> str:
@@ -81,6 +116,7 @@ class Checkpoints:
         max_to_keep=None if read_only else max_to_keep, create=not read_only,
         enable_async_checkpointing=False, cleanup_tmp_directories=not read_only)
     self.bad_steps: list[int] = []   # what the last restore without a step skipped
+    self.meta: dict = {}             # the meta item restore_params last read
     if read_only and not storage.isdir(self.directory):
       raise UserError(f"workdir {storage.dirname(self.directory)!r} has no trained "
                        f"checkpoint (no {self.directory})")
@@ -99,13 +135,44 @@ class Checkpoints:
   def step_dir(self, step: int) -> str:
     return storage.join(self.directory, str(step))
 
+  def partial_dirs(self, step: int) -> list[str]:
+    """What a save of `step` that did not finish may have left: its folder and orbax's
+    temporary folders for it."""
+    if not storage.isdir(self.directory):
+      return []
+    return [storage.join(self.directory, n) for n in storage.listdir(self.directory)
+            if n == str(step) or (n.startswith(f"{step}.") and "tmp" in n)]
+
+  @contextlib.contextmanager
+  def _faults(self, step: int):
+    """A full disk or a read-only place during the save of `step`: the partial
+    checkpoint is removed and a StorageFault names the place."""
+    try:
+      yield
+    except Exception as e:
+      kind = storage.fault_kind(e)
+      if kind is None:
+        raise
+      for p in self.partial_dirs(step):
+        storage.rmtree(p, ignore_errors=True)
+      try:
+        self.manager.reload()
+      except Exception:  # noqa: BLE001 - the fault is what the user must see
+        pass
+      fault = StorageFault(storage.fault_message(kind, self.step_dir(step),
+                                                 f"checkpoint {step}") +
+                           "; the partial checkpoint was removed")
+      fault.kind, fault.where = kind, self.step_dir(step)
+      raise fault from e
+
   def save(self, step: int, params, opt_state, meta: dict[str, Any]) -> None:
     meta = {**meta, "checksums": {"params": checksums(params),
                                   "opt_state": checksums(opt_state)}}
-    self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-        meta=ocp.args.JsonSave(meta)), force=True)
-    self.manager.wait_until_finished()
+    with self._faults(step), _orbax_drains():
+      self.manager.save(step, args=ocp.args.Composite(
+          params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+          meta=ocp.args.JsonSave(meta)), force=True)
+      self.manager.wait_until_finished()
 
   def save_params(self, step: int, params, meta: dict[str, Any]) -> None:
     """A checkpoint of params only (pruned or exported models: nothing to resume).
@@ -122,11 +189,12 @@ class Checkpoints:
       return x
 
     params = jax.tree_util.tree_map_with_path(fill, params)
-    self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params),
-        meta=ocp.args.JsonSave({**meta, "empty": empty,
-                                "checksums": {"params": checksums(params)}})), force=True)
-    self.manager.wait_until_finished()
+    with self._faults(step), _orbax_drains():
+      self.manager.save(step, args=ocp.args.Composite(
+          params=ocp.args.StandardSave(params),
+          meta=ocp.args.JsonSave({**meta, "empty": empty,
+                                  "checksums": {"params": checksums(params)}})), force=True)
+      self.manager.wait_until_finished()
 
   def _verify(self, step: int, restored: dict) -> None:
     meta = restored.get("meta")
@@ -149,8 +217,9 @@ class Checkpoints:
   def _restore_checked(self, step: int, make_args: Callable[[int], dict]) -> dict:
     """One checkpoint restored and verified; BadCheckpoint names it and says why."""
     try:   # make_args may read metadata, which fails on a damaged checkpoint too
-      args = make_args(step)
-      restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+      with _orbax_drains():
+        args = make_args(step)
+        restored = self.manager.restore(step, args=ocp.args.Composite(**args))
       restored = {k: restored[k] for k in args}
     except BadCheckpoint:
       raise
@@ -214,7 +283,8 @@ class Checkpoints:
       return dict(params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
 
     r, step = self._newest_good(step, make_args, log)
-    empty = (r["meta"] or {}).get("empty", {})
+    self.meta = r["meta"] or {}
+    empty = self.meta.get("empty", {})
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: (jax.numpy.zeros(empty[jax.tree_util.keystr(path)][0],
                                          empty[jax.tree_util.keystr(path)][1])
@@ -235,7 +305,34 @@ class Checkpoints:
     return dest
 
   def close(self) -> None:
-    self.manager.close()
+    with _orbax_drains():
+      self.manager.close()
+
+
+# Model fields that do not change what the params compute (the kernel; dropout is off
+# outside training).
+FREE_MODEL_FIELDS = ("impl", "dropout")
+
+
+def check_model_config(meta: dict, cfg_dict: dict, where: str, config_path: str) -> None:
+  """The model config saved with a checkpoint (meta["model"], meta["task"]) against the
+  workdir's config.json: a difference means the params would be run as another model,
+  so it is refused naming the field. Checkpoints from before the model was saved with
+  them are not checked."""
+  if not isinstance(meta.get("model"), dict):
+    return
+  saved = {"task": meta.get("task"), **{f"model.{k}": v for k, v in meta["model"].items()
+                                        if k not in FREE_MODEL_FIELDS}}
+  now = {"task": cfg_dict.get("task"),
+         **{f"model.{k}": v for k, v in (cfg_dict.get("model") or {}).items()
+            if k not in FREE_MODEL_FIELDS}}
+  bad = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+  if bad:
+    diffs = ", ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {now.get(k)!r} in "
+                      f"config.json" for k in bad[:4])
+    raise UserError(f"{config_path} does not describe the model of {where} ({diffs}); "
+                    f"the checkpoint was trained as the model it records. Restore "
+                    f"config.json, or train a new run")
 
 
 def tree_equal(a, b) -> bool:

@@ -9,6 +9,7 @@ over a leading seed axis: N runs of one config in one program (train/seeds.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
@@ -27,8 +28,9 @@ from mha_jax import config as mc
 from mha_jax import storage
 from mha_jax import tasks
 from mha_jax.data import packing
-from mha_jax.errors import UserError
+from mha_jax.errors import StorageFault, UserError
 from mha_jax.train import checkpoint as ckpt_lib
+from mha_jax.train import lock as lock_lib
 from mha_jax.train import seeds as seeds_lib
 from mha_jax.train import sharding
 from mha_jax.train.metrics import MetricsWriter
@@ -60,12 +62,12 @@ def make_optimizer(t) -> optax.GradientTransformation:
                                  weight_decay=t.weight_decay))
 
 
-def prepare_workdir(cfg, workdir: str) -> None:
-  """Writes config.json, or checks it against an existing one. Never overwrites a run of
-  an incompatible config, nor a pruned model's workdir. A config.json without any
-  checkpoint beside it (a run that failed before its first save) holds no run: it is
-  replaced."""
-  storage.makedirs(workdir)
+def check_workdir(cfg, workdir: str) -> dict:
+  """Checks `workdir` for a run of `cfg` and returns the config dict to write; writes
+  nothing. Refuses a user's folder (train/lock.py), a run of an incompatible config, and
+  a pruned model's workdir. A config.json without any checkpoint beside it (a run that
+  failed before its first save) holds no run: it may be replaced."""
+  lock_lib.check_workdir(workdir)
   path = storage.join(workdir, "config.json")
   new = mc.to_dict(cfg)
   steps = ckpt_lib.step_dirs(workdir)
@@ -88,7 +90,61 @@ def prepare_workdir(cfg, workdir: str) -> None:
   elif steps:
     raise UserError(f"workdir {workdir!r} has checkpoints but no config.json; refusing "
                      f"to touch it")
-  storage.write_json(path, new, atomic=True)   # process 0 only
+  return new
+
+
+def write_workdir(workdir: str, new: dict) -> None:
+  """config.json and the run marker (process 0 only), once every check has passed."""
+  storage.makedirs(workdir)
+  storage.write_json(storage.join(workdir, "config.json"), new, atomic=True)
+  lock_lib.write_marker(workdir)
+
+
+def prepare_workdir(cfg, workdir: str) -> None:
+  """check_workdir, then write_workdir."""
+  write_workdir(workdir, check_workdir(cfg, workdir))
+
+
+def _finished(cfg, workdir: str) -> int | None:
+  """The step of a finished run of a compatible config in `workdir` (its newest good
+  checkpoint reached train.steps): there is nothing to do, and nothing is written (a
+  finished run on a read-only mount). None otherwise."""
+  steps = ckpt_lib.step_dirs(workdir)
+  path = storage.join(workdir, "config.json")
+  if not steps or max(steps) < cfg.train.steps or not storage.isfile(path):
+    return None
+  try:
+    if mc.incompatible_fields(mc.upgrade(storage.read_json(path)), mc.to_dict(cfg)):
+      return None
+  except (OSError, ValueError):
+    return None
+  tasks.build(cfg, workdir, read_only=True)    # the data still matches the run's
+  ckpts = ckpt_lib.Checkpoints(workdir, read_only=True)
+  try:
+    _, step = ckpts.restore_params(None, log=lambda m: None)
+    if ckpts.bad_steps:
+      return None        # a resume sets the bad ones aside: that writes
+  except UserError:
+    return None
+  finally:
+    ckpts.close()
+  return step if step >= cfg.train.steps else None
+
+
+@contextlib.contextmanager
+def _last_good_named(all_ckpts):
+  """A StorageFault (full disk, read-only place) in the loop, with the run's last good
+  checkpoint added to its one line."""
+  try:
+    yield
+  except StorageFault as e:
+    good = [(c.latest_step(), c.directory) for c in all_ckpts]
+    where = "; ".join(f"step {s} in {d}" for s, d in good if s is not None)
+    fault = StorageFault(f"train: {e}. Last good checkpoint: {where or 'none yet'}; free "
+                         f"space (or make the place writable) and run the same command "
+                         f"to resume")
+    fault.kind, fault.where = getattr(e, "kind", None), getattr(e, "where", None)
+    raise fault from None
 
 
 class _Preemption:
@@ -188,13 +244,33 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
     raise UserError(f"train.batch_size={t.batch_size} must be divisible by the mesh's "
                     f"data axis ({n_data} devices)")
   if multi:
-    runs = seeds_lib.prepare(cfg, workdir)
+    runs = seeds_lib.plan(cfg, workdir)        # checks only; written below
   else:
     seeds_lib.refuse_single(workdir)
     runs = [(cfg, workdir)]
-  for c, w in runs:
-    prepare_workdir(c, w)
-  run_tasks = tasks.build_seeds(runs)   # each seed's data files and batch order
+  lock_lib.check_workdir(workdir)
+  news = [check_workdir(c, w) for c, w in runs]
+  if not multi:
+    done = _finished(cfg, workdir)
+    if done is not None:
+      log(f"nothing to do: {workdir} holds step {done} of train.steps={t.steps}")
+      return {"status": "done", "step": done, "workdir": workdir, "valid": None}
+  with lock_lib.hold(workdir):
+    news = [check_workdir(c, w) for c, w in runs]   # again, under the lock
+    run_tasks = tasks.build_seeds(runs)   # each seed's data files, after the data's checks
+    if multi:
+      seeds_lib.write_manifest(cfg, workdir)
+      lock_lib.write_marker(workdir)
+    for (_c, w), new in zip(runs, news):
+      write_workdir(w, new)
+    return _train(cfg, workdir, runs, run_tasks, mesh, n_data, log)
+
+
+def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
+  """train's loop, once the workdir is checked, locked and written."""
+  t = cfg.train
+  seeds = mc.seed_list(cfg)
+  multi = len(seeds) > 1
   task = run_tasks[0]   # seeds differ only in their batches' order: one task computes
   slices = list(range(len(runs))) if multi else [None]   # seed i of the stacked state
   replicated = NamedSharding(mesh, P())
@@ -219,7 +295,9 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
     if any(c.all_steps() for c in all_ckpts):
       params, opt_state, metas, start = _restore(all_ckpts, runs, params, opt_state,
                                                  state_shardings, slices)
-      for i, ((_c, w), meta) in enumerate(zip(runs, metas)):
+      for i, ((c, w), meta) in enumerate(zip(runs, metas)):
+        ckpt_lib.check_model_config(meta, mc.to_dict(c), f"checkpoint {start} in {w!r}",
+                                    storage.join(w, "config.json"))
         if meta.get("data_position") != start * t.batch_size:
           raise UserError(f"checkpoint {start} in {w!r} was written with another "
                           f"batch size (data position {meta.get('data_position')})")
@@ -241,14 +319,20 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
       from tqdm import tqdm
       bar = tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True)
 
+    saved = [None]   # the step of the last save: one save per step
+
     def save(step, last_metrics):
+      if saved[0] == step:
+        return
+      saved[0] = step
       for i, ((c, _), ckpts) in enumerate(zip(runs, all_ckpts)):
         m = _seed_slice(last_metrics, slices[i]) if last_metrics is not None else None
         if m is not None and not (_finite(m["objective"]) and _finite(m["grad_norm"])):
           continue
         ckpts.save(step, _seed_slice(params, slices[i]), _seed_slice(opt_state, slices[i]),
                    {"step": step, "seed": c.seed, "data_position": step * t.batch_size,
-                    "initial_loss": initial_loss[i]})
+                    "initial_loss": initial_loss[i], "task": c.task,
+                    "model": mc.to_dict(c)["model"]})
 
     def evaluate(step, split="valid"):
       out = []
@@ -283,7 +367,7 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
     factor = t.get("max_loss_factor", 0.0)
     status, step, last, window = "done", start, None, []
     t_last, valid = time.perf_counter(), None
-    with _Preemption() as pre:
+    with _Preemption() as pre, _last_good_named(all_ckpts):
       while step < t.steps:
         if pre.requested:
           save(step, last)

@@ -61,8 +61,9 @@ def seed_workdirs(workdir: str) -> list[tuple[int, str]]:
   return [(int(s), storage.join(workdir, d)) for s, d in zip(man["seeds"], man["workdirs"])]
 
 
-def prepare(cfg, workdir: str) -> list[tuple[ml_collections.ConfigDict, str]]:
-  """Checks `workdir` and writes its manifest; returns [(seed config, seed workdir)].
+def plan(cfg, workdir: str) -> list[tuple[ml_collections.ConfigDict, str]]:
+  """Checks `workdir` for a multi-seed run of cfg; returns [(seed config, seed workdir)].
+  Writes nothing (write_manifest does, once every check has passed).
 
   Refuses (UserError, nothing touched) a workdir that holds a single run, or a
   multi-seed run of other seeds or of another config."""
@@ -80,11 +81,16 @@ def prepare(cfg, workdir: str) -> list[tuple[ml_collections.ConfigDict, str]]:
     if bad:
       raise UserError(f"workdir {workdir!r} holds a multi-seed run of another config "
                       f"(fields {bad[:6]}); refusing to touch it. Use a new --workdir")
-  storage.makedirs(workdir)     # process 0 writes; the others skip
-  storage.write_json(storage.join(workdir, MANIFEST),
-                     {"seeds": seeds, "workdirs": [f"seed_{s}" for s in seeds], "config": new},
-                     atomic=True)
   return [(seed_config(cfg, s), seed_dir(workdir, s)) for s in seeds]
+
+
+def write_manifest(cfg, workdir: str) -> None:
+  """DIR/seeds.json (process 0 writes; the others skip)."""
+  seeds = mc.seed_list(cfg)
+  storage.makedirs(workdir)
+  storage.write_json(storage.join(workdir, MANIFEST),
+                     {"seeds": seeds, "workdirs": [f"seed_{s}" for s in seeds],
+                      "config": mc.to_dict(cfg)}, atomic=True)
 
 
 def refuse_single(workdir: str) -> None:
