@@ -34,7 +34,6 @@ Rotary position embeddings (RoPE) rotate q and k inside the function; a KV cache
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping, NamedTuple
 
 import chex
@@ -46,7 +45,6 @@ from mha_jax.blocks import (_check_rank, _group, _shape_error, attention_scores,
                              attention_weights, masked_softmax, merge_heads, mix_values,
                              relative_bias, relative_index, split_heads)
 from mha_jax.kernels import dispatch as _dispatch
-from mha_jax.kernels import xla as _xla
 
 Params = Mapping[str, jax.Array]
 
@@ -389,7 +387,6 @@ def _check_cache(cache: Any, b: int, g: int, k: int, t: int) -> tuple[int, jax.A
 # --------------------------------------------------------------------------
 
 resolve_impl = _dispatch.resolve_impl
-_gpu_available = _xla.gpu_available
 
 
 # --------------------------------------------------------------------------
