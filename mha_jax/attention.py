@@ -34,6 +34,7 @@ Rotary position embeddings (RoPE) rotate q and k inside the function; a KV cache
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping, NamedTuple
 
 import chex

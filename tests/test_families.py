@@ -119,7 +119,7 @@ def build_hf(case: str, seed: int = 0):
   model = getattr(transformers, model_cls)(cfg).eval()
   g = torch.Generator().manual_seed(seed + 1)
   with torch.no_grad():
-    for name, p in model.named_parameters():
+    for p in model.parameters():
       if p.ndim == 1:
         p.add_(0.3 * torch.randn(p.shape, generator=g))
       else:
@@ -486,7 +486,6 @@ def test_gguf_round_trip_of_a_qwen3_model(tmp_path):
   w.add_token_list(alphabet)
   w.add_token_types([1] * V)
   w.add_token_merges([])
-  stored = {}
 
   def put(name, x, qt):
     t = getattr(gguf.GGMLQuantizationType, qt)

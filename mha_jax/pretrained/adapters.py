@@ -31,7 +31,6 @@ Every tensor of the file must be taken (or be a known buffer); leftovers are ref
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import numpy as np
@@ -521,7 +520,7 @@ def read_config(cfg: dict, family: Family, where: str) -> dict:
   s = family.parse(c)
   if s["h"] % s["g"]:
     c.refuse("num_key_value_heads", s["g"], f"must divide num_attention_heads={s['h']}")
-  for t, w in ((t, s["window"]) for t in s["layer_types"] if t == "sliding_attention"):
+  for w in (s["window"] for t in s["layer_types"] if t == "sliding_attention"):
     if not w:
       c.refuse("sliding_window", w, "sliding layers need a window")
   return s
