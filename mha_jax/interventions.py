@@ -277,7 +277,7 @@ def captured(hook: Hook, stack: str, num_layers: int, out_type) -> list:
 def site_names(params: Mapping) -> list[str]:
   """Every site of a decoder-only model (`lm` stack) or encoder: names in forward order."""
   out = []
-  for stack, top, attn in (("lm", "lm", "attn"), ("encoder", "encoder", "self_attn")):
+  for stack, top, _attn in (("lm", "lm", "attn"), ("encoder", "encoder", "self_attn")):
     if top not in params or stack == "encoder" and "decoder" in params:
       continue
     layers = sorted((k for k in params[top] if k.startswith("layer_")),

@@ -5,7 +5,6 @@ Every test here failed before the fix it guards."""
 import errno
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
