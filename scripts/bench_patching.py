@@ -115,9 +115,9 @@ def main(argv=None):
     workdir = os.path.join(tmp.name, "smollm2")
     importer.import_model(workdir, name="smollm2-135m")
   run = mha_jax.load(workdir)
-  pairs = pairs_lib.ioi_pairs(run.model, args.pairs, seed=0)
+  pairs = pairs_lib.ioi_pairs(run.task, args.pairs, seed=0)
   t0 = time.perf_counter()
-  s = core.Study(run.model, run.params, pairs)
+  s = core.Study(run.task, run.params, pairs)
   setup = time.perf_counter() - t0
   ours, ours_first, ours_med, ours_all = _times(lambda: s.patch("z"), args.rounds)
   print(f"mha-jax batched sweep: {ours_med:.2f} s (first call {ours_first:.1f} s)", flush=True)
@@ -154,7 +154,7 @@ def main(argv=None):
     rec = (theirs.mean(-1) - s.ld_corrupt.mean()) / denom
     diff = float(np.nanmax(np.abs(rec - ours["recovery"])))
     print(f"torch hooks loop: {t_med:.2f} s; max |recovery difference| {diff:.2e}", flush=True)
-    s_full = core.Study(run.model, run.params, pairs, share_prefix=False)
+    s_full = core.Study(run.task, run.params, pairs, share_prefix=False)
     _, f_first, f_med, f_all = _times(lambda: s_full.patch("z"), args.rounds)
     print(f"mha-jax batched sweep without the shared prefix: {f_med:.2f} s", flush=True)
     result["mha_jax_no_shared_prefix"] = {"median_s": f_med, "first_call_s": f_first,

@@ -1,1 +1,6 @@
-"""Causal head studies: activation, path and attribution patching, DLA, the logit lens."""
+"""Causal head studies: activation, path and attribution patching, DLA, the logit lens.
+
+core (the Study: every method one compiled program over the model's own forward and its
+intervention sites), pairs (IOI, induction and JSONL prompt pairs), run (`mha-jax patch`:
+JSON and heatmaps).
+"""

@@ -33,11 +33,11 @@ def make_pairs(run, task: str | None, pairs_file: str | None, n: int, seed: int)
   if (task is None) == (pairs_file is None):
     raise UserError("give exactly one of --task (ioi, induction) and --pairs FILE.jsonl")
   if pairs_file is not None:
-    return pairs_lib.read_pairs(run.model, pairs_file)
+    return pairs_lib.read_pairs(run.task, pairs_file)
   if task == "ioi":
-    return pairs_lib.ioi_pairs(run.model, n, seed)
+    return pairs_lib.ioi_pairs(run.task, n, seed)
   if task == "induction":
-    return pairs_lib.induction_pairs(run.model, n, seed=seed)
+    return pairs_lib.induction_pairs(run.task, n, seed=seed)
   raise UserError(f"--task must be one of {TASKS}; got {task!r}")
 
 
@@ -78,7 +78,7 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
     raise UserError(f"--method must be a comma-separated subset of {METHODS}; got "
                     f"{','.join(methods)!r}")
   pairs = make_pairs(run, task, pairs_file, n_pairs, seed)
-  s = core.Study(run.model, run.params, pairs)
+  s = core.Study(run.task, run.params, pairs)
   storage.makedirs(out)
   heads = s.heads
   label = task or "pairs"
