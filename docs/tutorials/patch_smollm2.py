@@ -14,7 +14,6 @@
 # %%
 import tempfile
 
-import numpy as np
 
 import mha_jax
 from mha_jax import interventions as I

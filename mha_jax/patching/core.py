@@ -27,7 +27,6 @@ logit(answer) - logit(wrong), the normalised recovery (LD - LD_corrupt) /
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Sequence
 
