@@ -135,7 +135,10 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
                           "clean run",
              "heads": core.head_table(d["heads"], heads),
              "mlp": {f"lm.{i}": round(float(v), 6) for i, v in enumerate(d["mlp"])},
-             "embed": d["embed"], "ld": d["ld"], "sum_of_parts": d["ld_frozen_sum"]}
+             "embed": d["embed"], "ld": d["ld"], "sum_of_parts": d["ld_frozen_sum"],
+             # heads + MLPs + embeddings = LD holds when each head's result enters the
+             # residual as it is; a post-attention norm (Gemma's) rescales it: not exact
+             "sums_to_ld": bool(abs(d["ld_frozen_sum"] - d["ld"]) <= 1e-3 * max(1.0, abs(d["ld"])))}
   dla_doc["top"] = core.top(dla_doc["heads"], top, by_abs=True)
   summary["top_dla"] = dla_doc["top"]
   storage.write_json(storage.join(out, "dla.json"), dla_doc)
