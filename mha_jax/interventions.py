@@ -23,6 +23,7 @@ Site names (stable; `{i}` is the layer index, the stack is `lm`, `encoder`,
   lm.{i}.resid_post         (B, T, D)     after the MLP's residual add (= lm.{i+1}.resid_pre)
   lm.ln_final.scale         (B, T, 1)     the final norm's 1 / rms (or 1 / std): replace it
                                           with a clean run's value to freeze the norm
+  lm.{i}.ln1_post.scale     (B, T, 1)     the post-attention norm's 1 / rms (Gemma 2/3 only)
 (BERT's layers use `encoder.{i}.{resid_pre,resid_mid,mlp_out,resid_post}` as well, after
 its post-norms.) The head axis is per query head; k and v have the key/value-head axis.
 

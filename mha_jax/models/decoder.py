@@ -219,8 +219,8 @@ def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
     a, new_cache = attention.multi_head_attention(p["attn"], h, cache=cache, **kw)
   else:
     a = attention.multi_head_attention(p["attn"], h, **kw)
-  if "ln1_post" in p:
-    a = norm(p["ln1_post"], a, spec)
+  if "ln1_post" in p:      # its 1/rms is a site: DLA freezes it (attention then linear)
+    a = norm(p["ln1_post"], a, spec, hook=hook, site=f"{name}.ln1_post.scale")
   a = I.at(hook, f"{name}.attn_out", a)
   if spec.parallel:     # GPT-NeoX: the MLP reads the layer's input, not resid_mid
     m = mlp(p["mlp"], norm(p["ln2"], x, spec) if "ln2" in p else x, spec.act)

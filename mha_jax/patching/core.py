@@ -419,7 +419,9 @@ class Study:
   def dla(self, run: str = "clean") -> dict:
     """Direct logit attribution on `run`: each head's result and each MLP's output at
     the last position, dotted with the direction of d LD / d (final residual) with the
-    final norm's scale frozen at this run's value (LD is then affine in the residual).
+    final norm's scale frozen at this run's value (LD is then affine in the residual);
+    a head's result first through its layer's post-attention norm where there is one
+    (Gemma), its scale frozen too.
 
     Returns {"heads": (L, H_max), "mlp": (L,), "embed": float, "ld": mean LD,
     "ld_frozen_sum": heads + MLPs + embeddings (+ biases: the rest)} as pair means.
@@ -427,7 +429,10 @@ class Study:
     last = f"lm.{self.layers - 1}.resid_post"
     rn = tuple(_site(i, "result") for i in range(self.layers))
     mn = tuple(_site(i, "mlp_out") for i in range(self.layers))
-    read = rn + mn + ("lm.0.resid_pre", "lm.ln_final.scale", last)
+    pre = tuple(_site(i, "resid_pre") for i in range(self.layers))
+    an = tuple(_site(i, "attn_out") for i in range(self.layers))
+    post = tuple(f"lm.{i}.ln1_post.scale" for i in range(self.layers))  # Gemma's
+    read = rn + mn + pre + post + ("lm.ln_final.scale", last)
 
     def build():
       def fn(params, tok):
@@ -440,7 +445,20 @@ class Study:
           return self._score(logits)[0].sum()
 
         g = jax.grad(ld_of)(jnp.zeros_like(vals[last]))      # (N, T, D)
-        heads = [jnp.einsum("nthd,ntd->nh", vals[n], g) for n in rn]
+        # Each head's result through its layer's output map (a post-attention norm with
+        # its scale frozen; the identity elsewhere): the gradient of g . attn_out with
+        # every layer's input replaced by its own value without gradient (no path
+        # through later layers).
+        frozen = {n: I.replace(jax.lax.stop_gradient(vals[n])) for n in pre + post
+                  if n in vals}
+
+        def direct(deltas):
+          _, out = self._forward(params, tok, {**frozen, **{n: I.add(d) for n, d in
+                                                            deltas.items()}}, read=an)
+          return sum(jnp.sum(out[n] * g) for n in an)
+
+        gr = jax.grad(direct)({n: jnp.zeros_like(vals[n]) for n in rn})
+        heads = [jnp.einsum("nthd,nthd->nh", vals[n], gr[n]) for n in rn]
         mlp = jnp.stack([jnp.einsum("ntd,ntd->n", vals[n], g) if n in vals   # attn-only
                          else jnp.zeros(g.shape[:1]) for n in mn])
         embed = jnp.einsum("ntd,ntd->n", vals["lm.0.resid_pre"], g)
