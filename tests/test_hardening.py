@@ -20,7 +20,7 @@ from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from conftest import numpy_mha
-from test_faults import QUIET, _copy, _tree, induction_cfg
+from test_faults import QUIET, _copy, _tree, induction_cfg, parallel_run  # noqa: F401
 from test_train import TINY_INDUCTION, TINY_TRANSLATION, tiny
 
 pytestmark = pytest.mark.xdist_group('faults')
@@ -233,22 +233,24 @@ def test_a_run_is_marked_and_a_marked_or_older_run_resumes(run8, tmp_path):
   assert marker["mha_jax"] == "run" and ckpt_lib.step_dirs(wd)[-1] == 12
 
 
-def test_edited_data_is_refused_before_any_data_file_changes(tmp_path):
-  from test_faults import _parallel_files
-  paths = _parallel_files(str(tmp_path))
-  cfg = lambda: tiny("configs/translation.py", TINY_TRANSLATION, "--config.data.kind=parallel",
-                     "--config.train.steps=1", "--config.eval.bleu_examples=2",
-                     "--config.data.max_len=8",
-                     *[f"--config.data.{k}={v}" for k, v in paths.items()])
-  wd = str(tmp_path / "run")
-  loop.train(cfg(), wd, **QUIET)
+def test_edited_data_is_refused_before_any_data_file_changes(parallel_run, tmp_path):
+  wd, paths = parallel_run
+  wd = _copy(wd, tmp_path)
+  data = _copy(os.path.dirname(paths["train_src"]), tmp_path, "data")
+  cfg = json.load(open(os.path.join(wd, "config.json")))
+  for k in paths:
+    cfg["data"][k] = os.path.join(data, os.path.basename(paths[k]))
+  json.dump(cfg, open(os.path.join(wd, "config.json"), "w"))
   before = _tree(wd)
-  with open(paths["train_src"], "a") as f:
+  with open(cfg["data"]["train_src"], "a") as f:
     f.write("brand new words\n")
-  with open(paths["train_tgt"], "a") as f:
+  with open(cfg["data"]["train_tgt"], "a") as f:
     f.write("words new brand\n")
+  resume = mc.from_dict(cfg)
+  with resume.unlocked():
+    resume.train.steps = 2
   with pytest.raises(UserError, match="no longer matches the run's vocabulary"):
-    loop.train(cfg(), wd, **QUIET)
+    loop.train(resume, wd, **QUIET)
   assert _tree(wd) == before                      # data/train_freqs.json too
 
 
