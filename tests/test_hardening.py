@@ -5,7 +5,6 @@ Every test here failed before the fix it guards."""
 import errno
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,8 +19,8 @@ from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from conftest import numpy_mha
-from test_faults import QUIET, _copy, _tree, induction_cfg, parallel_run  # noqa: F401
-from test_train import TINY_INDUCTION, TINY_TRANSLATION, tiny
+from test_faults import QUIET, _copy, _tree, induction_cfg, parallel_run  # noqa: F401,F811
+from test_train import TINY_INDUCTION
 
 pytestmark = pytest.mark.xdist_group('faults')
 
@@ -233,7 +232,7 @@ def test_a_run_is_marked_and_a_marked_or_older_run_resumes(run8, tmp_path):
   assert marker["mha_jax"] == "run" and ckpt_lib.step_dirs(wd)[-1] == 12
 
 
-def test_edited_data_is_refused_before_any_data_file_changes(parallel_run, tmp_path):
+def test_edited_data_is_refused_before_any_data_file_changes(parallel_run, tmp_path):  # noqa: F811
   wd, paths = parallel_run
   wd = _copy(wd, tmp_path)
   data = _copy(os.path.dirname(paths["train_src"]), tmp_path, "data")
