@@ -72,6 +72,16 @@ def test_a_nan_or_inf_in_a_masked_key_or_value_does_not_reach_real_queries(impl,
 
 # ------------------------------------------------------------------ silent nonsense
 
+@pytest.fixture
+def no_load(monkeypatch):
+  """mha_jax.load fails the test: nothing may be loaded before the checks."""
+  from mha_jax import loader
+  from mha_jax.pruning import curve, run as prune_run
+  fail = lambda *a, **k: pytest.fail("worked before checking")
+  for module in (loader, curve, prune_run):   # the studies bind load at their import
+    monkeypatch.setattr(module, "load", fail)
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["ablate", "--induction-vs-random", "--top", "0"], r"--top must be >= 1; got 0"),
     (["ablate", "--induction-vs-random", "--draws", "-1"], r"--draws must be >= 1; got -1"),
@@ -84,9 +94,7 @@ def test_a_nan_or_inf_in_a_masked_key_or_value_does_not_reach_real_queries(impl,
      r"--max-new-tokens must be >= 1; got 0"),
 ])
 def test_every_numeric_flag_is_range_checked_before_any_work(run8, tmp_path, argv, msg,
-                                                             capsys, monkeypatch):
-  from mha_jax import loader
-  monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded before checking"))
+                                                             capsys, no_load):
   out = str(tmp_path / "out")
   assert cli_mod.main([argv[0], "--workdir", run8, *argv[1:]] +
                       (["--out", out] if argv[0] in ("prune", "prune-curve") else [])) == 2
@@ -321,6 +329,12 @@ def test_sigterm_during_a_checkpoint_save_saves_each_step_once_and_exits_0(tmp_p
   out = capsys.readouterr().out
   assert json.loads(out.strip().splitlines()[-1])["status"] == "preempted"
   assert saves == [4] and ckpt_lib.step_dirs(wd) == [4]
+  # Preempted again at once after resuming: step 4 is on disk already.
+  enter = loop._Preemption.__enter__
+  monkeypatch.setattr(loop._Preemption, "__enter__",
+                      lambda self: (enter(self), setattr(self, "requested", True))[0])
+  res = loop.train(induction_cfg("--config.train.steps=12"), wd, **QUIET)
+  assert res["status"] == "preempted" and res["step"] == 4 and saves == [4]
 
 
 @pytest.mark.parametrize("error", [
@@ -440,8 +454,7 @@ def test_a_config_json_edited_after_training_is_refused_naming_the_field(run8, t
 # ------------------------------------------------------------------ studies' outputs
 
 def test_out_inside_a_managed_folder_or_equal_to_the_source_is_refused(run8, tmp_path,
-                                                                       capsys, monkeypatch):
-  from mha_jax import loader
+                                                                       capsys, request):
   wd = _copy(run8, tmp_path)
   before = _tree(wd)
   for argv, msg in (
@@ -457,7 +470,7 @@ def test_out_inside_a_managed_folder_or_equal_to_the_source_is_refused(run8, tmp
   assert _tree(wd) == before and ckpt_lib.step_dirs(wd) == [4, 8]
   a_file = tmp_path / "curve_out"
   a_file.write_text("")
-  monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("worked before checking"))
+  request.getfixturevalue("no_load")
   assert cli_mod.main(["prune-curve", "--workdir", wd, "--out", str(a_file),
                        "--stacks", "lm", "--counts", "2"]) == 2
   assert f"--out '{a_file}' is a file, not a folder" in capsys.readouterr().err
