@@ -10,7 +10,7 @@ copies m tokens, m drawn from [half_len / 2, half_len]: the repeat distance vari
 head can find the earlier copy by position alone. With random_start (default) the first
 copy starts after p random tokens, p in 0..2 (half_len - m), so the previous-token head is
 needed at more positions than 1..m (it then attends to t-1 up to position 35 of 47, not
-23; README "Circuits"). lr 1e-2: at 3e-3 the heads stayed soft.
+23; docs/guide/circuits.md). lr 1e-2: at 3e-3 the heads stayed soft.
 """
 
 import ml_collections

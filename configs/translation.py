@@ -18,8 +18,7 @@ Positions: model.pos="relative" (default; a learned score bias per head and offs
 clipped at +-max_rel, Shaw et al. 2018) or "sinusoidal" (added to the embeddings, as in
 Vaswani et al. and Voita et al.). Measured at the quickstart size: sinusoidal models
 formed no positional encoder head (the best reached 45-64 % at any offset), relative
-ones form them by step 500-600 at a peak lr of 6e-3 to 1e-2 (README, "Models and param
-paths").
+ones form them by step 500-600 at a peak lr of 6e-3 to 1e-2 (docs/guide/models.md).
 """
 
 import ml_collections

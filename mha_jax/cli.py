@@ -98,7 +98,7 @@ def _cmd_eval(args) -> int:
   check_split(args.split)
   def eval_one(wd, **extra):
     run = load(wd, step=args.step)
-    res = run.model.evaluate(run.params, args.split, bleu=run.config.task == "translation")
+    res = run.task.evaluate(run.params, args.split)
     print(json.dumps({"workdir": wd, **extra, "step": run.step, "split": args.split, **res}),
           flush=True)
     return res
@@ -211,8 +211,8 @@ def _cmd_ablate(args) -> int:
   if args.induction_vs_random:
     return _ablate_induction(run, args, out_dir)
   heads = None if args.each else importance.parse_heads(run.params, args.heads)
-  is_tr = run.config.task == "translation"       # names checked above, before this pass
-  base = run.model.evaluate(run.params, args.split, bleu=is_tr, bleu_limit=0)
+  is_tr = run.task.reports_bleu                 # names checked above, before this pass
+  base = run.task.evaluate(run.params, args.split, bleu=is_tr, bleu_limit=0)
   if args.each:
     rows = importance.leave_one_out(run, split=args.split, mode=args.mode, bleu_limit=0,
                                     base=base)
@@ -236,7 +236,7 @@ def _cmd_ablate(args) -> int:
 
 def _ablate_induction(run, args, out_dir: str) -> int:
   from mha_jax.analysis import importance, report
-  if run.config.task not in ("lm", "pretrained_lm"):
+  if not run.task.decoder_only:
     raise UserError(f"--induction-vs-random needs a language model; {args.workdir!r} has "
                      f"task {run.config.task!r}")
   rows = report.saved_or_head_roles(run, args.split)
@@ -354,7 +354,7 @@ def _cmd_quickstart(args, extra) -> int:
 
 def _cmd_import(args) -> int:
   from mha_jax.pretrained import importer
-  cfg = importer.import_model(args.workdir, name=args.name, file=args.file)
+  cfg = importer.import_model(args.workdir, name=args.name, file=args.file, dtype=args.dtype)
   m = cfg["model"]
   print(json.dumps({"workdir": args.workdir, "task": cfg["task"], "family": m["family"],
                     "layers": m["num_layers"], "heads": m["num_heads"],
@@ -366,10 +366,10 @@ def _cmd_import(args) -> int:
 def _cmd_generate(args) -> int:
   from mha_jax.loader import load
   run = load(args.workdir)
-  if run.config.task != "pretrained_lm":
+  if not (run.task.decoder_only and not run.task.trainable):   # an imported LM
     raise UserError(f"--workdir {args.workdir!r} holds task {run.config.task!r}; generate "
                      f"needs a language model (pretrained_lm)")
-  out = run.model.generate(run.params, args.prompt, args.max_new_tokens, chat=args.chat)
+  out = run.task.generate(run.params, args.prompt, args.max_new_tokens, chat=args.chat)
   print(json.dumps({"prompt": args.prompt, "chat": args.chat, "continuation": out["text"],
                     "tokens": out["tokens"]}))
   return 0
@@ -510,9 +510,14 @@ def build_parser() -> argparse.ArgumentParser:
   q.set_defaults(func=_cmd_quickstart, extra=True)
 
   im = sub.add_parser("import", help="a pretrained model as a new workdir (offline)")
-  im.add_argument("name", nargs="?", default=None, help="smollm2-135m or minilm-l6")
+  im.add_argument("name", nargs="?", default=None,
+                  help="smollm2-135m, minilm-l6 or gemma3-270m")
   im.add_argument("--file", default=None,
-                  help="a llama GGUF file, or a folder with config.json + model.safetensors")
+                  help="a GGUF file (llama, qwen2, qwen3, gemma3), or a Hugging Face folder "
+                       "(config.json + model.safetensors or shards) of a family in "
+                       "docs/guide/model-families.md")
+  im.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                  help="the params' dtype (bfloat16 keeps bf16 weights as they are)")
   im.add_argument("--workdir", required=True)
   im.set_defaults(func=_cmd_import)
 

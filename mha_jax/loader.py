@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from typing import Any, Callable
 
 import ml_collections
@@ -22,23 +23,30 @@ class Loaded:
   """What a workdir holds.
 
   config: the resolved, locked config of the run.
-  model: the task, typed by `tasks.Task` (apply, loss, evaluate, train_batch,
-    eval_batches, vocab_size; translation adds `tasks.TranslationData`): what the
-    studies may use of it.
+  task: the run's task, typed by `tasks.Task` (apply, loss, evaluate, train_batch,
+    eval_batches, vocab_size, and the capability members the studies ask): what the
+    studies may use of the model and its data.
   params: the params pytree at `step` (on one device, in their saved shapes).
   """
   config: ml_collections.ConfigDict
-  model: tasks.Task
+  task: tasks.Task
   params: Any
   step: int
   workdir: str
 
   @property
+  def model(self) -> tasks.Task:
+    """Deprecated alias of `task` (it always held the task, not a model)."""
+    warnings.warn("Loaded.model is deprecated: use Loaded.task", DeprecationWarning,
+                  stacklevel=2)
+    return self.task
+
+  @property
   def head_names(self) -> list[str]:
     return C.head_names(self.params)
 
-  def __iter__(self):  # config, model, params = mha_jax.load(workdir)
-    return iter((self.config, self.model, self.params))
+  def __iter__(self):  # config, task, params = mha_jax.load(workdir)
+    return iter((self.config, self.task, self.params))
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:

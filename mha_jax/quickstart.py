@@ -31,12 +31,12 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
   if summary["status"] != "done":
     return summary
   run_ = load(workdir)
-  test = run_.model.evaluate(run_.params, "test", bleu=True)
+  test = run_.task.evaluate(run_.params, "test", bleu=True)
   result = {
       "workdir": workdir, "step": run_.step,
       "model": {"d_model": m.d_model, "heads": m.num_heads, "enc_layers": m.enc_layers,
                 "dec_layers": m.dec_layers},
-      "test": test, "copy_baseline_bleu": run_.model.copy_baseline_bleu("test"),
+      "test": test, "copy_baseline_bleu": run_.task.copy_baseline_bleu("test"),
   }
   log(f"\ntest BLEU {test['bleu']:.1f}  (copy-the-source baseline "
       f"{result['copy_baseline_bleu']:.1f}), test loss {test['loss']:.3f}, "

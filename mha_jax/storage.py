@@ -1,6 +1,6 @@
 """Workdir I/O. Every file a run, a study or an export reads or writes in a workdir (or
 in an --out folder) goes through this module, so a workdir may be a local folder or a
-cloud URI such as gs://bucket/run (etils.epath; gs:// needs gcsfs, see the README).
+cloud URI such as gs://bucket/run (etils.epath; gs:// needs gcsfs: docs/guide/training.md).
 
 Paths stay strings in the rest of the code (error messages quote them as given).
 Writes happen on process 0 only: in a multi-process run every process may read, and

@@ -40,7 +40,7 @@ def _median_time(fn, rounds: int) -> float:
 def bench_mha_jax(run, b, t, new_tokens, rounds):
   import jax
   from mha_jax.models import llama
-  model, params = run.model, run.params
+  model, params = run.task, run.params
   fwd = jax.jit(lambda p, t: llama.apply(p, model.spec, t))
   rng = np.random.default_rng(0)
   rows = []
@@ -122,8 +122,8 @@ def _row(impl, b, t, n, t_fwd, t_1, t_n):
 def logit_agreement(run, hf_model, text="The capital of France is Paris, and"):
   """max |mha-jax - transformers| / max |transformers| of the logits on one prompt."""
   import torch
-  ids = run.model.tokenizer.encode(text)
-  ours = np.asarray(run.model.logits(run.params, ids[None]))[0]
+  ids = run.task.tokenizer.encode(text)
+  ours = np.asarray(run.task.logits(run.params, ids[None]))[0]
   with torch.inference_mode():
     theirs = hf_model(torch.from_numpy(ids[None].astype(np.int64))).logits[0].numpy()
   return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
@@ -180,7 +180,7 @@ def main(argv=None):
   if args.cores:                     # before JAX starts its thread pool
     cores = cores[:args.cores]
     os.sched_setaffinity(0, set(cores))
-  import jax
+  import jax  # noqa: F401 - JAX starts after the cores are pinned
   import mha_jax
   from mha_jax.pretrained import importer
   shapes = [(int(b), int(t)) for b in args.batches.split(",") for t in args.seq_lens.split(",")]

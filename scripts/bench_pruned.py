@@ -16,8 +16,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from mha_jax import attention
 from mha_jax.loader import load
@@ -50,12 +48,12 @@ def main(argv=None):
     bl = blocks(params, stacks)
     return jax.jit(lambda x: sum(attention.multi_head_attention(p, x) for p in bl))
 
-  batch = next(dense.model.eval_batches("test", a.batch))[0]
+  batch = next(dense.task.eval_batches("test", a.batch))[0]
   fns = {
       ("attention", "dense"): (attn_fn(dense.params), (x,)),
       ("attention", "pruned"): (attn_fn(pruned.params), (x,)),
-      ("model", "dense"): (jax.jit(lambda b: dense.model.apply(dense.params, b)), (batch,)),
-      ("model", "pruned"): (jax.jit(lambda b: pruned.model.apply(pruned.params, b)), (batch,)),
+      ("model", "dense"): (jax.jit(lambda b: dense.task.apply(dense.params, b)), (batch,)),
+      ("model", "pruned"): (jax.jit(lambda b: pruned.task.apply(pruned.params, b)), (batch,)),
   }
   for f, args in fns.values():
     jax.block_until_ready(f(*args))

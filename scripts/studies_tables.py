@@ -1,4 +1,5 @@
-"""Markdown tables of the issue-13 studies from docs/results/real_models/ (for the README).
+"""Markdown tables of the issue-13 studies from docs/results/real_models/ (the site's results
+pages are made by scripts/docs_results.py; this prints the tables to a terminal).
 
 python scripts/studies_tables.py [DIR]
 """

@@ -84,7 +84,6 @@ def test_michel_importance_matches_a_finite_difference(run):
   imp = importance.michel_importance(run, "valid", limit=1, batch_size=1)
   assert imp["examples"] == 1
   batch = jax.tree.map(lambda a: a[:1], next(run.model.eval_batches("valid", 1))[0])
-  gates = C.ones_gates(run.params)
   loss = lambda g: float(run.model.loss(run.params, batch, gates=g)[0])
   eps = 1e-2
   up, down = C.ones_gates(run.params), C.ones_gates(run.params)

@@ -7,8 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import mha_jax
-from mha_jax.circuits import behaviour, paths, report, scores
+from mha_jax.circuits import paths, report, scores
 from mha_jax.data import repeated_tokens
 from mha_jax.models import common as C
 from mha_jax.models import lm

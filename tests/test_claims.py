@@ -192,7 +192,8 @@ def test_primer_in_a_real_browser(report):
   path = os.path.join(out, "primer.html")
   html = open(path).read()
   assert "http" not in html and "<link" not in html and "src=" not in html
-  data = json.loads(html.split("const D = ", 1)[1].split(";\nconst $", 1)[0])
+  data = json.loads(html.split('<script id="data" type="application/json">', 1)[1]
+                    .split("</script>", 1)[0])
   assert data["sentence"] == list(E.SENTENCE)
   assert data["cost"]["params"] == [4 * 768 * 768] * len(E.COST_HEADS)
   playwright = pytest.importorskip("playwright.sync_api")

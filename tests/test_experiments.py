@@ -13,7 +13,7 @@ import mha_jax
 from mha_jax import cli, sweep, tasks
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
-from test_train import ROOT, TINY_INDUCTION, TINY_TRANSLATION, tiny
+from test_train import ROOT, TINY_TRANSLATION, tiny
 
 
 def test_sweep_print_commands(capsys):
@@ -90,7 +90,7 @@ def test_launch_tpu_vm_dry_run_prints_gcloud_commands():
 
 def test_token_ids_beyond_the_vocabulary_are_refused():
   with pytest.raises(ValueError, match="training batch: token id 50 >= vocab size 50"):
-    tasks._check_ids(np.array([[1, 50]]), 50, "training batch")
+    tasks.check_ids(np.array([[1, 50]]), 50, "training batch")
 
 
 @pytest.mark.slow

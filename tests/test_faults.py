@@ -375,7 +375,7 @@ def test_conllu_heads_that_are_not_tokens_are_refused(tmp_path, head, msg):
 # ------------------------------------------------------------------ review defects
 
 def _task_members(proto):
-  return {n for c in proto.__mro__ if c.__module__ == "mha_jax.tasks"
+  return {n for c in proto.__mro__ if c.__module__.startswith("mha_jax.tasks")
           for n in list(vars(c)) + list(getattr(c, "__annotations__", {}))
           if not n.startswith("_")}
 
@@ -387,27 +387,28 @@ def test_studies_use_only_the_typed_task_interface(ind_run, parallel_run):
   allowed = (_task_members(tasks.TranslationData) | _task_members(tasks.PretrainedLMData)
              | _task_members(tasks.EmbeddingData))
   assert {"apply", "loss", "evaluate", "eval_batches", "train_batch", "vocab_size",
-          "vocab", "words", "arcs"} <= allowed
+          "vocab", "words", "arcs", "trainable", "decoder_only", "reports_bleu",
+          "role_family", "compares_to_dense", "repeated_eval_tokens"} <= allowed
   used = {}
   root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "mha_jax")
   for path in sorted(glob.glob(os.path.join(root, "analysis", "*.py")) +
                      glob.glob(os.path.join(root, "pruning", "*.py")) +
                      glob.glob(os.path.join(root, "circuits", "*.py"))):
     tree = ast.parse(open(path).read())
-    task_names = {"task"} | {  # names bound to run.model (task = run.model, model, ...)
+    task_names = {"task"} | {  # names bound to run.task (task = run.task, model, ...)
         t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
         for t, v in ([(node.targets[0], node.value)] if not isinstance(node.targets[0], ast.Tuple)
                      else zip(node.targets[0].elts, getattr(node.value, "elts", [])))
-        if isinstance(t, ast.Name) and ast.unparse(v) == "run.model"}
+        if isinstance(t, ast.Name) and ast.unparse(v) in ("run.task", "run.model")}
     for node in ast.walk(tree):
       if isinstance(node, ast.Attribute):
         base = ast.unparse(node.value)
-        if base == "run.model" or base in task_names:
+        if base in ("run.task", "run.model") or base in task_names:
           used.setdefault(node.attr, set()).add(os.path.basename(path))
   assert used and set(used) <= allowed, {k: v for k, v in used.items() if k not in allowed}
-  assert isinstance(mha_jax.load(ind_run, **QUIET).model, tasks.Task)
-  assert isinstance(mha_jax.load(parallel_run[0]).model, tasks.TranslationData)
-  assert mha_jax.Loaded.__annotations__["model"] in ("tasks.Task", tasks.Task)
+  assert isinstance(mha_jax.load(ind_run, **QUIET).task, tasks.LMData)
+  assert isinstance(mha_jax.load(parallel_run[0]).task, tasks.TranslationData)
+  assert mha_jax.Loaded.__annotations__["task"] in ("tasks.Task", tasks.Task)
 
 
 def test_circuits_over_checkpoints_builds_the_task_once(ind_run, monkeypatch):
@@ -530,10 +531,13 @@ def test_ci_installs_the_browser_and_no_test_installs_anything():
 
 
 def test_the_results_the_readme_cites_are_in_the_repository():
+  import glob
   import re
   import subprocess
   root = os.path.dirname(os.path.dirname(__file__))
-  readme = open(os.path.join(root, "README.md")).read()
+  pages = [os.path.join(root, "README.md")] + glob.glob(os.path.join(root, "docs", "guide",
+                                                                     "*.md"))
+  readme = "\n".join(open(p).read() for p in pages)    # the README and the guide pages
   cited = set(re.findall(r"docs/results/[\w.\-{},*/]+", readme))
   assert cited
   tracked = subprocess.run(["git", "ls-files", "docs/results"], cwd=root, text=True,

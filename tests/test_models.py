@@ -80,7 +80,7 @@ def test_attention_only_lm_without_layernorm_has_only_attention():
   logits, cap = lm.apply(p, spec, x, capture=True)
   # Attention-only, no LN: logits are exactly embed + sum of the heads' writes, unembedded.
   resid = p["embed"][x] + p["pos_embed"][:10]
-  for layer_cap, name in zip(cap["lm"], ("layer_0", "layer_1")):
+  for layer_cap in cap["lm"]:
     resid = resid + layer_cap.out
   np.testing.assert_allclose(logits, resid @ p["unembed"], atol=1e-5)
   with pytest.raises(ValueError, match="sequence length 13 exceeds model.max_len=12"):

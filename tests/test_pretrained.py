@@ -20,7 +20,6 @@ import math
 import os
 import shutil
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -372,7 +371,7 @@ def test_perplexity_on_builtin_text(smol_run):
   cfg, model, params = smol_run
   small = ml_collections.ConfigDict(cfg.to_dict())
   small.eval.update(dict(windows=2, seq_len=64, batch_size=2))
-  from mha_jax.pretrained.tasks import PretrainedLMTask
+  from mha_jax.tasks import PretrainedLMTask
   task = PretrainedLMTask(small, smol_run.workdir)
   res = task.evaluate(params, "test")
   assert res["tokens"] == 128 and res["windows"] == 2

@@ -2,7 +2,6 @@
 all-MiniLM-L6-v2), through the same commands and modules as models trained here."""
 
 import json
-import os
 import shutil
 
 import jax

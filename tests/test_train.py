@@ -155,7 +155,7 @@ def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path):
   assert cli(*args, "--workdir", ref).returncode == 0
   wd = str(tmp_path / "killed")
   rng = random.Random(0)
-  for attempt in range(1):      # kill at a random moment, then let it finish
+  for _attempt in range(1):     # kill at a random moment, then let it finish
     seen = max(ckpt_lib.step_dirs(wd), default=0)
     p = subprocess.Popen([sys.executable, "-m", "mha_jax.cli", *args, "--workdir", wd],
                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -37,11 +37,11 @@ def iter_captures(run, split: str = "valid", *, stacks: Sequence[str] | None = N
                   limit: int = 0, gates=None) -> Iterator[tuple[dict, dict, np.ndarray]]:
   """Yields (batch, captured, example_weight) per batch of `split`.
 
-  captured[stack][layer] = AttentionOutput with .weights (B, H, T, S) and .heads
+  `captured[stack][layer]` = AttentionOutput with .weights (B, H, T, S) and .heads
   (B, T, H, K) as NumPy arrays. example_weight is 0 for rows that only pad the last batch.
   `limit` > 0 stops after that many examples.
   """
-  model, params = run.model, run.params
+  model, params = run.task, run.params
   seen = 0
   for batch, weight in model.eval_batches(split, batch_size):
     cap = captured(model, params, batch, gates)

@@ -94,10 +94,9 @@ def ablate(run, heads, *, mode: str = "zero", split: str = "test", means=None,
     means = means if means is not None else mean_head_outputs(run, "valid")
     params = mean_ablated_params(params, heads, means)
   gates = gates_without(run.params, heads)
-  out = run.model.evaluate(params, split, bleu=run.config.task == "translation",
-                           gates=gates, bleu_limit=bleu_limit)
-  if hasattr(run.model, "repeated_tokens"):   # an imported LM: also on repeated tokens
-    out.update(repeated_loss(run, params, gates))
+  out = run.task.evaluate(params, split, gates=gates, bleu_limit=bleu_limit)
+  if run.task.decoder_only and not run.task.trainable:   # an imported LM: its eval split is
+    out.update(repeated_loss(run, params, gates))        # text; also on repeated tokens
   return out
 
 
@@ -108,7 +107,7 @@ def repeated_loss(run, params=None, gates=None, *, batch: int = 8, half_len: int
   what induction heads make predictable)."""
   from mha_jax.data import repeated_tokens as rt
   from mha_jax.tasks import jitted
-  task = run.model
+  task = run.task
   tokens, m = task.repeated_tokens(seed, batch, half_len)
   masks = rt.position_masks(m, tokens.shape[1] - 1)
   b = {"tokens": tokens, "mask_first": masks["first"], "mask_repeat": masks["repeat"]}
@@ -121,30 +120,39 @@ def induction_vs_random(run, scores: dict[str, float], *, top: int = 5, draws: i
                         mode: str = "zero", split: str = "test", seed: int = 0,
                         means=None, log=print) -> dict:
   """Ablate the `top` heads with the largest induction score together, against `draws`
-  sets of random heads drawn from the same layers (one per top head, never a top head).
+  sets of random heads (one per top head, never a top head, no head twice), each drawn
+  from its top head's layer, or from the other layers when that layer has no head left.
   Returns the metrics of both, their deltas from the unablated model, and each draw."""
   if mode == "mean" and means is None:
     means = mean_head_outputs(run, "valid")
   names = sorted(scores, key=lambda n: -scores[n])[:top]
-  base = run.model.evaluate(run.params, split)
-  if hasattr(run.model, "repeated_tokens"):
+  counts = C.head_counts(run.params)
+  others = [f"{s}.{l}.{h}" for s, per in counts.items() for l, n in enumerate(per)
+            for h in range(n) if f"{s}.{l}.{h}" not in names]
+  if len(others) < len(names):
+    total = len(others) + len(names)
+    raise UserError(f"--top {top}: the model has {len(others)} heads besides the top "
+                    f"{len(names)}, too few to draw as many random ones; with {total} heads "
+                    f"use --top {total // 2} or less")
+  base = run.task.evaluate(run.params, split)
+  if run.task.decoder_only and not run.task.trainable:
     base.update(repeated_loss(run))
   def delta(res):
     return {k: res[k] - base[k] for k in res if k in base and isinstance(res[k], float)}
   top_res = ablate(run, parse_heads(run.params, names), mode=mode, split=split, means=means)
   log(f"  top {top} {names}: " + " ".join(f"{k} {v:+.3f}" for k, v in delta(top_res).items()))
   rng = np.random.default_rng(seed)
-  counts = C.head_counts(run.params)
   rand = []
   for i in range(draws):
     pick = []
     for n in names:
-      stack, layer, _ = n.split(".")
-      pool = [f"{stack}.{layer}.{h}" for h in range(counts[stack][int(layer)])
-              if f"{stack}.{layer}.{h}" not in names and f"{stack}.{layer}.{h}" not in pick]
+      layer = n.rsplit(".", 1)[0] + "."
+      free = [o for o in others if o not in pick]
+      pool = [o for o in free if o.startswith(layer)] or free   # same layer when it can
       pick.append(pool[rng.integers(len(pool))])
     res = ablate(run, parse_heads(run.params, pick), mode=mode, split=split, means=means)
-    rand.append({"heads": pick, **res, "delta": delta(res)})
+    same = [p.rsplit(".", 1)[0] == n.rsplit(".", 1)[0] for p, n in zip(pick, names)]
+    rand.append({"heads": pick, "same_layer": same, **res, "delta": delta(res)})
     log(f"  random draw {i}: {pick}: " +
         " ".join(f"{k} {v:+.3f}" for k, v in rand[-1]["delta"].items()))
   keys = rand[0]["delta"].keys() if rand else []
@@ -159,10 +167,10 @@ def michel_importance(run, split: str = "valid", *, limit: int = 512,
   """{"raw": {head name: I_h}, "normalized": {head name: I_h / ||I_layer||},
   "examples": n}, from per-example gate gradients taken at `gates` (default: all 1)."""
   from mha_jax.tasks import jitted
-  model = run.model
+  model = run.task
   params = run.params if params is None else params
   ones = C.ones_gates(params) if gates is None else gates
-  if run.config.task in ("pretrained_lm", "embedding"):   # real models: memory-bound
+  if not run.task.trainable:   # imported real models: memory-bound
     batch_size = min(batch_size, int(run.config.eval.batch_size))
 
   def example_loss(gates, params, ex):
@@ -175,7 +183,7 @@ def michel_importance(run, split: str = "valid", *, limit: int = 512,
 
   # One compile per model: Michel's iterative pruning calls this after every removal.
   # |dL/dxi| per example; or sum_k |d out_k / dxi| where the task gives importance_outputs.
-  vector = hasattr(model, "importance_outputs")
+  vector = model.compares_to_dense   # its loss is flat at the dense model
   grad = (lambda g, p, ex: jax.tree.map(lambda j: jnp.abs(j).sum(0), jax.jacrev(
       example_outputs)(g, p, ex))) if vector else jax.grad(example_loss)
   per_example = jitted(model, "gate_grads", jax.vmap(grad, in_axes=(None, None, 0)))
@@ -204,9 +212,8 @@ def leave_one_out(run, *, split: str = "test", mode: str = "zero",
                   bleu_limit: int = 100, heads=None, base: dict | None = None) -> list[dict]:
   """For each head (all by default): the metrics' change when only it is ablated.
   `base` (the unablated metrics at the same split and bleu_limit) saves an evaluation."""
-  is_tr = run.config.task == "translation"
   if base is None:
-    base = run.model.evaluate(run.params, split, bleu=is_tr, bleu_limit=bleu_limit)
+    base = run.task.evaluate(run.params, split, bleu_limit=bleu_limit)
   means = mean_head_outputs(run, "valid") if mode == "mean" else None
   names = heads or C.head_names(run.params)
   rows = []

@@ -26,7 +26,7 @@ def _rarest(words: list[str], freqs: dict[str, int]) -> int:
 def translation_roles(run, split: str, limit: int = 0,
                       th: roles.Thresholds = roles.Thresholds()) -> list[dict]:
   """Role statistics of the encoder's and the decoder's self-attention heads."""
-  task = run.model
+  task = run.task
   freqs_path = storage.join(run.workdir, "data", "train_freqs.json")
   freqs = storage.read_json(freqs_path)
   max_len = run.config.data.max_len + 1
@@ -63,10 +63,8 @@ def translation_roles(run, split: str, limit: int = 0,
 
 
 def lm_roles(run, split: str, limit: int = 256, threshold: float = 0.4) -> list[dict]:
-  if hasattr(run.model, "repeated_tokens"):   # a model of a real tokenizer (imported)
-    return real_lm_roles(run, split, threshold=threshold)
   sums, n = {}, 0
-  for batch, cap, weight in capture_lib.iter_captures(run, split, stacks=("lm",), limit=limit):
+  for batch, cap, _weight in capture_lib.iter_captures(run, split, stacks=("lm",), limit=limit):
     tokens = np.asarray(batch["tokens"])[:, :-1]
     for layer, r in cap["lm"].items():
       s = roles.lm_scores(np.asarray(r.weights), tokens)
@@ -97,8 +95,8 @@ def real_lm_roles(run, split: str = "test", *, batches: int = 2, batch_size: int
   "attention_sink" if the sink share >= sink, else "other"."""
   sums, n = {}, 0
   for i in range(batches):
-    tokens, _ = run.model.repeated_tokens(seed + i, batch_size, half_len)
-    cap = capture_lib.captured(run.model, run.params, {"tokens": tokens})
+    tokens, _ = run.task.repeated_tokens(seed + i, batch_size, half_len)
+    cap = capture_lib.captured(run.task, run.params, {"tokens": tokens})
     for layer, r in enumerate(cap["lm"]):
       acc = sums.setdefault(layer, {})
       for k, v in roles.lm_scores(np.asarray(r.weights), tokens[:, :-1]).items():
@@ -142,7 +140,7 @@ def embedding_roles(run, split: str = "test", limit: int = 0,
   aligned to wordpieces (analysis.syntax), and a head is syntactic by the translation
   models' rule; without it no head is syntactic."""
   syn = syntax.conllu_syntax(run, conllu, th) if conllu else {}
-  task = run.model
+  task = run.task
   freqs = np.zeros(task.vocab_size, np.int64)
   for ids in task.tokenizer.encode_batch(task.paragraphs()["train"]):
     np.add.at(freqs, ids, 1)
@@ -190,11 +188,13 @@ GRID_SCORES = {"lm": ("previous_token", "duplicate_token", "induction", "sink_sh
 def head_roles(run, split: str = "test", limit: int = 0, *, conllu: str | None = None
                ) -> list[dict]:
   """Every head's role statistics and role, by the run's task (the one dispatch)."""
-  task = run.config.task
-  if task == "translation":
+  family = run.task.role_family
+  if family == "translation":
     return translation_roles(run, split, limit)
-  if task == "embedding":
+  if family == "embedding":
     return embedding_roles(run, split, limit, conllu=conllu)
+  if family == "real_lm":
+    return real_lm_roles(run, split)
   return lm_roles(run, split)
 
 
@@ -316,20 +316,19 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
   """Roles, importance and single-head ablations for a loaded run; writes the report.
   `conllu`: a CoNLL-U file of input sentences for the syntactic roles of an encoder
   without its own arcs (an imported BERT; translation runs take data.conllu)."""
-  if conllu and run.config.task != "embedding":
+  if conllu and run.task.role_family != "embedding":
     raise UserError(f"--conllu is for imported encoders (task embedding); this run has "
-                    f"task {run.config.task!r} (translation runs read data.conllu.<split> "
+                    f"task {run.task.name!r} (translation runs read data.conllu.<split> "
                     f"from their config)")
   out_dir = out_dir or storage.join(run.workdir, "analysis")
   storage.makedirs(out_dir)
-  is_tr = run.config.task == "translation"
-  task = run.config.task
-  if task == "embedding":      # the loss: cosine distance to the dense model's embedding
+  is_tr = run.task.reports_bleu
+  if run.task.compares_to_dense:   # the loss: a distance to the dense model's outputs
     from mha_jax.pruning import run as prune_run
     prune_run.set_dense_reference(run)
-  if task in ("pretrained_lm", "embedding"):   # imported models: 270 / 72 heads
+  if not run.task.trainable:       # imported models: 270 / 72 heads
     importance_limit = min(importance_limit, run.config.eval.batch_size * 2)
-    if task == "pretrained_lm" and loo:
+    if run.task.decoder_only and loo:
       log("leave-one-out skipped for an imported LM (270 evaluations); run "
           "`mha-jax ablate --each` for it")
       loo = False

@@ -230,7 +230,7 @@ def entropy(weights_BHTT: np.ndarray, valid_BT: np.ndarray | None = None) -> np.
 def special_token_shares(weights_BHTT: np.ndarray, lengths_B: np.ndarray
                          ) -> dict[str, np.ndarray]:
   """(H,) mean attention of real queries on the first token ([CLS]) and on the last real
-  token ([SEP]) of each sequence (BERT inputs: [CLS] ... [SEP] [PAD]...)."""
+  token ([SEP]) of each sequence (BERT inputs: `[CLS] ... [SEP] [PAD]...`)."""
   w = np.asarray(weights_BHTT, np.float64)
   b, h, t, _ = w.shape
   ln = np.asarray(lengths_B)

@@ -101,7 +101,7 @@ def conllu_syntax(run, path: str, th: roles.Thresholds = roles.Thresholds(),
   """score_sentences on the sentences of the CoNLL-U file at `path`, attention from the
   encoder's own forward (capture); accuracy is reported for every relation the file
   uses, the role judged on roles.SYNTAX_RELATIONS."""
-  task = run.model
+  task = run.task
   sentences, arcs = parallel.read_conllu(path, None, "--conllu")
   encoded = [encode_words(task.tokenizer, s, "--conllu") for s in sentences]
   relations = sorted({roles.relation(r) for a in arcs for r, h in zip(a["rels"], a["heads"])

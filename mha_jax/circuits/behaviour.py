@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from mha_jax.analysis import capture, roles
 from mha_jax.circuits import scores
-from mha_jax.data import repeated_tokens
+from mha_jax.errors import UserError
 from mha_jax.tasks import jitted
 
 
@@ -25,22 +25,15 @@ def eval_tokens(run, batch: int = 64, seed_offset: int = 7_000_003):
   """(tokens (B, 1 + 2n), copy lengths m (B,)): repeated random tokens held out from
   training. A model trained on text gets them over its own vocabulary (BOS is id 0 in
   both), with n as long as its context allows, as the papers evaluate text models."""
-  if hasattr(run.model, "repeated_tokens"):    # an imported model: its own vocab and BOS
-    return run.model.repeated_tokens(seed_offset, batch, 32)
-  d = run.config.data
-  if d.kind == "repeated":
-    return repeated_tokens.repeated_tokens(d.seed + seed_offset, 0, batch, d.half_len,
-                                           d.vocab_size, d.get("min_half_len", 0),
-                                           return_lengths=True)
-  n = (run.config.model.max_len - 1) // 2
-  return repeated_tokens.repeated_tokens(d.seed + seed_offset, 0, batch, n,
-                                         run.model.vocab_size, max(1, n // 2),
-                                         return_lengths=True)
+  if not run.task.decoder_only:
+    raise UserError(f"repeated-token scores need a decoder-only model; this run has task "
+                    f"{run.task.name!r}")
+  return run.task.repeated_eval_tokens(batch, seed_offset)
 
 
 def head_scores(run, tokens: np.ndarray) -> dict[str, dict[str, float]]:
   """{"lm.layer.head": {prefix_matching, previous_token, duplicate_token, copying}}."""
-  cap = capture.captured(run.model, run.params, {"tokens": tokens})
+  cap = capture.captured(run.task, run.params, {"tokens": tokens})
   x = tokens[:, :-1]
   u = scores.unembed_matrix(run.params)                             # (D, V)
   u_mean = u.mean(1)
@@ -67,7 +60,7 @@ def icl_score(run, tokens: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
   """Loss at a late position minus loss at an early one (negative = in-context learning):
   the prediction of the 2nd token of the first copy against that of the last token of
   the second copy (row by row, as copy lengths vary)."""
-  fwd = jitted(run.model, "logits", lambda p, b: run.model.apply(p, b))
+  fwd = jitted(run.task, "logits", lambda p, b: run.task.apply(p, b))
   logits = np.asarray(fwd(run.params, {"tokens": tokens}))
   nll = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
       jnp.asarray(logits), jnp.asarray(tokens[:, 1:])))               # (B, T-1)

@@ -66,12 +66,12 @@ def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log) -> list[
 def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
              track: bool = True, log: Callable[[str], None] = print) -> dict:
   run = load(workdir)
-  if run.config.task == "pretrained_lm":
+  if not run.task.decoder_only:
+    raise UserError(f"circuits needs a decoder-only model (task lm or pretrained_lm); "
+                    f"{workdir!r} has task {run.task.name!r}")
+  if not run.task.trainable:        # an imported LM: GQA, RMSNorm, MLPs
     return real_lm_circuits(run, out_dir or storage.join(workdir, "circuits"),
                             samples=samples, log=log)
-  if run.config.task != "lm":
-    raise UserError(f"circuits needs a decoder-only model (task lm); {workdir!r} has "
-                     f"task {run.config.task!r}")
   out_dir = out_dir or storage.join(workdir, "circuits")
   storage.makedirs(out_dir)
   tokens, lengths = behaviour.eval_tokens(run)
@@ -104,11 +104,11 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
   m = run.config.model
   if m.attn_only and not m.layer_norm and not m.use_bias:
     log("path expansion and term importance ...")
-    _, cap = run.model.apply(run.params, {"tokens": tokens}, capture=True)
+    _, cap = run.task.apply(run.params, {"tokens": tokens}, capture=True)
     pats = [np.asarray(r.weights) for r in cap["lm"]]
     x = tokens[:, :-1]
     terms = paths.expand(run.params, x, pats, pos_in_residual=m.pos != "qk")
-    full = np.asarray(run.model.apply(run.params, {"tokens": tokens}))
+    full = np.asarray(run.task.apply(run.params, {"tokens": tokens}))
     result["path_expansion_max_error"] = float(np.abs(sum(terms.values()) - full).max())
     result["term_importance"] = paths.term_importance(run.params, x, pats,
                                                       pos_in_residual=m.pos != "qk")

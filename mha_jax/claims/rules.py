@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
-VERDICTS = (HOLDS, FAILS, INCONCLUSIVE)
 
 
 def rule(text: str) -> Callable:

@@ -41,7 +41,7 @@ def claim_pruning(ctx: Context, keep: int = 10, last: int = 3) -> dict:
   from mha_jax.pruning import run as prune_run
   wd = quickstart_workdir(ctx)
   run = load(wd)
-  if run.config.task != "translation":
+  if run.task.role_family != "translation":
     raise UserError(f"--workdir {wd!r} is not a translation (quickstart) run")
   from mha_jax.analysis import report
   roles = report.role_of(report.saved_or_head_roles(run, "test", log=lambda m: None))
@@ -129,7 +129,7 @@ def claim_induction_k_composition(ctx: Context) -> dict:
   run = ctx.cache["circuits_run"]
   tokens, _ = behaviour.eval_tokens(run)
   pl, ph = (int(v) for v in prev.split(".")[1:])
-  w = np.asarray(capture.captured(run.model, run.params, {"tokens": tokens})["lm"][pl]
+  w = np.asarray(capture.captured(run.task, run.params, {"tokens": tokens})["lm"][pl]
                  .weights)[:, ph]
   by_pos = [float(w[:, t, t - 1].mean()) for t in range(1, w.shape[1])]
   sharp = next((t for t, v in enumerate(by_pos, 1) if v < 0.9), len(by_pos) + 1) - 1
@@ -194,7 +194,7 @@ def claim_rests_on_first_token(ctx: Context) -> dict:
   ind = best_induction_head(res)
   layer, head = (int(v) for v in ind.split(".")[1:])
   tokens, _ = behaviour.eval_tokens(run)
-  w = np.asarray(capture.captured(run.model, run.params, {"tokens": tokens})["lm"][layer]
+  w = np.asarray(capture.captured(run.task, run.params, {"tokens": tokens})["lm"][layer]
                  .weights)[:, head]                                  # (B, T, T)
   x = tokens[:, :-1]
   on_bos, elsewhere = [], []

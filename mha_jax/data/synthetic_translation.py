@@ -26,9 +26,6 @@ import numpy as np
 from mha_jax.errors import UserError
 from mha_jax import storage
 
-PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
-SPECIALS = (PAD, BOS, EOS, UNK)
-RELATIONS = ("nsubj", "dobj", "amod", "advmod", "det", "cc", "conj")
 
 _SRC_SYL = ("ba be bi bo bu da de di do du fa fe fi fo ga ge gi go ka ke ki ko la le li "
             "lo lu ma me mi mo mu na ne ni no pa pe pi po ra re ri ro sa se si so ta te "

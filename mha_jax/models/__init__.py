@@ -1,5 +1,11 @@
-"""Models built on the one attention function: seq2seq (encoder-decoder) and lm."""
+"""Models built on the one attention function: seq2seq (encoder-decoder), lm
+(decoder-only, trained here), llama and bert (real models); common holds the stacks,
+gates and head names. (llama and bert are imported by their users, not here: they are
+only needed for imported runs.)"""
 
 from mha_jax.models import common, lm, seq2seq
 from mha_jax.models.common import (STACKS, ModelSpec, attention_blocks, head_counts,
                                    head_names, ones_gates)
+
+__all__ = ["common", "lm", "seq2seq", "STACKS", "ModelSpec", "attention_blocks",
+           "head_counts", "head_names", "ones_gates"]

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from mha_jax.errors import UserError
 from mha_jax import attention
+from mha_jax import interventions as I
 from mha_jax.models import common as C
 
 
@@ -51,8 +52,12 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, num_layers: int,
 
 
 def apply(params, spec: BertSpec, tokens_BT, *, mask_BT=None, token_types_BT=None,
-          gates=None, capture=False):
+          gates=None, capture=False, hook=None):
   """Last hidden states (B, T, D); with capture=True also {"encoder": [AttentionOutput]}.
+
+  hook: an interventions.Hook (sites encoder.{i}.attn.*, encoder.{i}.{resid_pre,
+  attn_out, resid_mid, mlp_out, resid_post}, the latter two after the post-norms);
+  gates and capture are uses of it.
 
   mask_BT: True for real tokens (default: all); padding keys get zero weight.
   token_types_BT: segment ids (default 0).
@@ -66,21 +71,21 @@ def apply(params, spec: BertSpec, tokens_BT, *, mask_BT=None, token_types_BT=Non
   x = params["embed"][tokens_BT] + params["pos_embed"][:t][None] + params["type_embed"][types]
   x = C.layer_norm(params["ln_embed"], x, spec.norm_eps)
   key_mask = None if mask_BT is None else jnp.asarray(mask_BT, bool)[:, None, None, :]
-  cap = {} if capture else None
-  for i, name in enumerate(C.layers_of(params["encoder"])):
+  hook = I.model_hook(hook, gates, capture, stacks=("encoder",))
+  layers = C.layers_of(params["encoder"])
+  for i, name in enumerate(layers):
     p = params["encoder"][name]
-    gate = C.gate_for(gates, "encoder", i)
-    if cap is None:
-      a = attention.multi_head_attention(p["self_attn"], x, mask=key_mask, head_gates=gate,
-                                         impl=spec.impl)
-    else:
-      r = attention.multi_head_attention(p["self_attn"], x, mask=key_mask, head_gates=gate,
-                                         return_weights=True)
-      cap.setdefault("encoder", []).append(r)
-      a = r.out
-    x = C.layer_norm(p["ln1"], x + a, spec.norm_eps)
-    x = C.layer_norm(p["ln2"], x + mlp(p["mlp"], x), spec.norm_eps)
-  return (x, cap) if capture else x
+    s = f"encoder.{i}"
+    x = I.at(hook, f"{s}.resid_pre", x)
+    a = attention.multi_head_attention(p["self_attn"], x, mask=key_mask, impl=spec.impl,
+                                       site=I.scope(hook, f"{s}.attn"))
+    a = I.at(hook, f"{s}.attn_out", a)
+    x = I.at(hook, f"{s}.resid_mid", C.layer_norm(p["ln1"], x + a, spec.norm_eps))
+    m = I.at(hook, f"{s}.mlp_out", mlp(p["mlp"], x))
+    x = I.at(hook, f"{s}.resid_post", C.layer_norm(p["ln2"], x + m, spec.norm_eps))
+  if capture:
+    return x, {"encoder": I.captured(hook, "encoder", len(layers), attention.AttentionOutput)}
+  return x
 
 
 def mean_pool(hidden_BTD, mask_BT=None, *, normalize: bool = False):

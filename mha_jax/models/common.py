@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import attention
+from mha_jax import interventions as I
 from mha_jax.data.vocab import PAD_ID
 from mha_jax.errors import UserError
 
@@ -58,10 +59,15 @@ def check_token_ids(ids, vocab_size: int, what: str = "tokens") -> None:
     raise UserError(f"{what}: token id {lo} is negative (ids 0..{vocab_size - 1})")
 
 
-def layer_norm(p, x, eps=1e-6):
+def layer_norm(p, x, eps=1e-6, *, hook=None, site=None):
+  """(x - mean) / sqrt(var + eps) * scale + bias; the factor 1 / sqrt(var + eps) (..., 1)
+  is the intervention site `site` when named (lm.ln_final.scale)."""
   mean = x.mean(-1, keepdims=True)
   var = ((x - mean) ** 2).mean(-1, keepdims=True)
-  return (x - mean) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
+  inv = jax.lax.rsqrt(var + eps)
+  if site is not None:
+    inv = I.at(hook, site, inv)
+  return (x - mean) * inv * p["scale"] + p["bias"]
 
 
 def init_layer_norm(d):

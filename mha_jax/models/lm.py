@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from mha_jax.errors import UserError
 from mha_jax import attention
+from mha_jax import interventions as I
 from mha_jax.models import common as C
 
 
@@ -47,8 +48,14 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 
   return params
 
 
-def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, key=None):
-  """Next-token logits (B, T, V); with capture=True also {"lm": [AttentionOutput ...]}."""
+def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, key=None,
+          hook=None, logits_at=None):
+  """Next-token logits (B, T, V); with capture=True also {"lm": [AttentionOutput ...]}.
+
+  hook: an interventions.Hook (sites lm.{i}.*, lm.ln_final.scale); gates and capture are
+  uses of it. logits_at: (B,) int positions: logits only there, (B, 1, V).
+  """
+  hook = I.model_hook(hook, gates, capture)
   t = tokens_BT.shape[1]
   d = params["embed"].shape[1]
   x = params["embed"][tokens_BT]
@@ -63,25 +70,27 @@ def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, ke
   if not qk_only:
     x = x + pos
   keys = C.key_stream(key)
-  cap = {} if capture else None
-  for i, name in enumerate(C.layers_of(params["lm"])):
+  layers = C.layers_of(params["lm"])
+  for i, name in enumerate(layers):
     p = params["lm"][name]
+    s = f"lm.{i}"
+    x = I.at(hook, f"{s}.resid_pre", x)
     h = C.layer_norm(p["ln1"], x) if "ln1" in p else x
-    gate = C.gate_for(gates, "lm", i)
     hq, hv = (h + pos, h) if qk_only else (h, None)
-    if cap is None:
-      a = attention.multi_head_attention(p["attn"], hq, value_input=hv, causal=True,
-                                         head_gates=gate, impl=spec.impl)
-    else:
-      r = attention.multi_head_attention(p["attn"], hq, value_input=hv, causal=True,
-                                         head_gates=gate, return_weights=True)
-      cap.setdefault("lm", []).append(r)
-      a = r.out
-    x = x + C.dropout(next(keys), spec.dropout, a)
+    a = attention.multi_head_attention(p["attn"], hq, value_input=hv, causal=True,
+                                       impl=spec.impl, site=I.scope(hook, f"{s}.attn"))
+    a = I.at(hook, f"{s}.attn_out", a)
+    x = I.at(hook, f"{s}.resid_mid", x + C.dropout(next(keys), spec.dropout, a))
     if "mlp" in p:
       h = C.layer_norm(p["ln2"], x) if "ln2" in p else x
-      x = x + C.dropout(next(keys), spec.dropout, C.mlp(p["mlp"], h))
+      m = I.at(hook, f"{s}.mlp_out", C.mlp(p["mlp"], h))
+      x = x + C.dropout(next(keys), spec.dropout, m)
+    x = I.at(hook, f"{s}.resid_post", x)
+  if logits_at is not None:
+    x = jnp.take_along_axis(x, jnp.asarray(logits_at)[:, None, None], axis=1)
   if "ln_final" in params["lm"]:
-    x = C.layer_norm(params["lm"]["ln_final"], x)
+    x = C.layer_norm(params["lm"]["ln_final"], x, hook=hook, site="lm.ln_final.scale")
   logits = x @ params["unembed"]
-  return (logits, cap) if capture else logits
+  if capture:
+    return logits, {"lm": I.captured(hook, "lm", len(layers), attention.AttentionOutput)}
+  return logits

@@ -20,7 +20,10 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax import attention
+from mha_jax import interventions as I
 from mha_jax.models import common as C
+
+STACKS = ("encoder", "decoder_self", "decoder_cross")
 
 
 def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 0,
@@ -86,10 +89,12 @@ def _segment_mask(q_seg_BT, k_seg_BS):
           & (k_seg_BS != 0)[:, None, None, :])
 
 
-def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, capture=None, key=None,
+def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, hook=None, key=None,
            src_seg_BS=None, src_pos_BS=None):
-  """Encoder states (B, S, D). `capture` (a dict) receives per-layer AttentionOutputs.
+  """Encoder states (B, S, D). hook: an interventions.Hook (sites encoder.{i}.attn.*,
+  encoder.{i}.attn_out); gates are scale edits of it.
   src_seg_BS, src_pos_BS: segment ids and positions of a packed batch (data/packing.py)."""
+  hook = I.model_hook(hook, gates, stacks=STACKS)
   keys = C.key_stream(key)
   x = _embed(params, spec, src_BS, keys, src_pos_BS)
   if src_seg_BS is None:
@@ -98,9 +103,8 @@ def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, capture=None, key=N
     pad_mask = _segment_mask(src_seg_BS, src_seg_BS)
   for i, name in enumerate(C.layers_of(params["encoder"])):
     p = params["encoder"][name]
-    gate = C.gate_for(gates, "encoder", i)
     x = _sublayer(x, p, "ln1", lambda h: _attend(p["self_attn"], h, None, pad_mask, False,
-                                                 gate, spec, capture, "encoder"),
+                                                 spec, hook, f"encoder.{i}"),
                   spec, next(keys))
     if "mlp" in p:
       x = _sublayer(x, p, "ln2", lambda h: C.mlp(p["mlp"], h), spec, next(keys))
@@ -108,9 +112,11 @@ def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, capture=None, key=N
 
 
 def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
-           capture=None, key=None, src_seg_BS=None, tgt_seg_BT=None, tgt_pos_BT=None):
+           hook=None, key=None, src_seg_BS=None, tgt_seg_BT=None, tgt_pos_BT=None):
   """Logits (B, T, V) for the next target token at every position. The *_seg and
-  tgt_pos_BT arrays describe a packed batch (data/packing.py)."""
+  tgt_pos_BT arrays describe a packed batch (data/packing.py). hook: sites
+  decoder_self.{i}.attn.*, decoder_cross.{i}.attn.* and their .attn_out."""
+  hook = I.model_hook(hook, gates, stacks=STACKS)
   keys = C.key_stream(key)
   x = _embed(params, spec, tgt_in_BT, keys, tgt_pos_BT)
   self_mask = None
@@ -121,14 +127,12 @@ def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
     self_mask = _segment_mask(tgt_seg_BT, tgt_seg_BT)
   for i, name in enumerate(C.layers_of(params["decoder"])):
     p = params["decoder"][name]
-    g_self = C.gate_for(gates, "decoder_self", i)
-    g_cross = C.gate_for(gates, "decoder_cross", i)
     x = _sublayer(x, p, "ln1", lambda h: _attend(p["self_attn"], h, None, self_mask, True,
-                                                 g_self, spec, capture, "decoder_self"),
+                                                 spec, hook, f"decoder_self.{i}"),
                   spec, next(keys))
     x = _sublayer(x, p, "ln2", lambda h: _attend(p["cross_attn"], h, enc_BSD, src_mask,
-                                                 False, g_cross, spec, capture,
-                                                 "decoder_cross"), spec, next(keys))
+                                                 False, spec, hook, f"decoder_cross.{i}"),
+                  spec, next(keys))
     if "mlp" in p:
       x = _sublayer(x, p, "ln3", lambda h: C.mlp(p["mlp"], h), spec, next(keys))
   x = _norm(params["decoder"], "ln_final", x)
@@ -136,29 +140,30 @@ def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
 
 
 def apply(params, spec: C.ModelSpec, src_BS, tgt_in_BT, *, gates=None, capture=False,
-          key=None, packed=None):
+          key=None, packed=None, hook=None):
   """Logits (B, T, V); with capture=True also {stack: [AttentionOutput per layer]}.
   packed: {"src_seg", "src_pos" (B, S), "tgt_seg", "tgt_pos" (B, T)} of a packed batch
-  (data/packing.py), already cut to tgt_in_BT's positions."""
-  cap = {} if capture else None
+  (data/packing.py), already cut to tgt_in_BT's positions.
+  hook: an interventions.Hook over both stacks' sites; gates and capture are uses of it."""
+  hook = I.model_hook(hook, gates, capture, stacks=STACKS)
   ke, kd = jax.random.split(key) if key is not None else (None, None)
   pk = packed or {}
-  enc = encode(params, spec, src_BS, gates=gates, capture=cap, key=ke,
+  enc = encode(params, spec, src_BS, hook=hook, key=ke,
                src_seg_BS=pk.get("src_seg"), src_pos_BS=pk.get("src_pos"))
-  logits = decode(params, spec, enc, src_BS, tgt_in_BT, gates=gates, capture=cap, key=kd,
+  logits = decode(params, spec, enc, src_BS, tgt_in_BT, hook=hook, key=kd,
                   src_seg_BS=pk.get("src_seg"), tgt_seg_BT=pk.get("tgt_seg"),
                   tgt_pos_BT=pk.get("tgt_pos"))
-  return (logits, cap) if capture else logits
+  if not capture:
+    return logits
+  counts = C.head_counts(params)
+  return logits, {s: I.captured(hook, s, len(counts[s]), attention.AttentionOutput)
+                  for s in STACKS if s in counts}
 
 
-def _attend(p, x, ctx, mask, causal, gate, spec, capture, stack):
-  if capture is None:
-    return attention.multi_head_attention(p, x, ctx, mask=mask, causal=causal,
-                                          head_gates=gate, impl=spec.impl)
-  r = attention.multi_head_attention(p, x, ctx, mask=mask, causal=causal, head_gates=gate,
-                                     return_weights=True)
-  capture.setdefault(stack, []).append(r)
-  return r.out
+def _attend(p, x, ctx, mask, causal, spec, hook, name):
+  a = attention.multi_head_attention(p, x, ctx, mask=mask, causal=causal, impl=spec.impl,
+                                     site=I.scope(hook, f"{name}.attn"))
+  return I.at(hook, f"{name}.attn_out", a)
 
 
 def greedy_decode(params, spec: C.ModelSpec, src_BS, max_len: int, bos_id: int,

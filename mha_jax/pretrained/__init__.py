@@ -8,3 +8,5 @@ a small registry of known models, and the tasks `mha_jax.load` builds for them.
 
 from mha_jax.pretrained.registry import KNOWN, find_model
 from mha_jax.pretrained.importer import import_model, read_model
+
+__all__ = ["KNOWN", "find_model", "import_model", "read_model"]

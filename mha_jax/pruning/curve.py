@@ -50,7 +50,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
         raise UserError(f"--save-workdirs: {d!r} exists and is not empty; refusing to "
                         f"overwrite it")
   roles = report.role_of(report.saved_or_head_roles(run, "test", log))
-  is_tr = run.config.task == "translation"
+  is_tr = run.task.reports_bleu
   seconds = {}
   t0 = time.perf_counter()
   draws = [methods.random_masks(run, stacks=stacks, counts=list(counts), seed=seed + d)
@@ -65,7 +65,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
                                        hc=hc, log=log)
   seconds["l0_gate_training"] = time.perf_counter() - t0
   masks["l0"] = {k: methods.top_k_mask(la, k) for k in counts}
-  gate_batch = {k: np.shape(v) for k, v in run.model.train_batch(0).items()
+  gate_batch = {k: np.shape(v) for k, v in run.task.train_batch(0).items()
                 if k in ("tokens", "src")}
   rows = []
   t0 = time.perf_counter()
@@ -105,7 +105,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
 
 
 def _evaluate(run, mask, is_tr, bleu_limit) -> dict:
-  return run.model.evaluate(run.params, "test", bleu=is_tr, bleu_limit=bleu_limit,
+  return run.task.evaluate(run.params, "test", bleu=is_tr, bleu_limit=bleu_limit,
                             gates=M.full_gates(run.params, mask))
 
 

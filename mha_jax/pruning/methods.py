@@ -35,7 +35,7 @@ def train_gates(run, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
   if steps < 1:
     raise UserError(f"--steps must be >= 1; got {steps}")
   hc.validate()
-  task = run.model
+  task = run.task
   counts = M.ones_mask(run.params, stacks)
   log_alpha = G.init_log_alpha({s: [len(m) for m in c] for s, c in counts.items()}, hc)
   # Heads removed by an earlier prune stay closed; a mask argument, not a constant.

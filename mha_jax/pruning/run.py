@@ -34,8 +34,7 @@ def _fresh_dir(path: str, what: str) -> None:
 
 
 def _evaluate(run, params, bleu_limit):
-  return run.model.evaluate(params, "test", bleu=run.config.task == "translation",
-                            bleu_limit=bleu_limit)
+  return run.task.evaluate(params, "test", bleu_limit=bleu_limit)
 
 
 def write_workdir(run, out: str, params, info: dict) -> None:
@@ -161,8 +160,8 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   run = load(workdir)
   pruned = M.export_pruned(run.params, mask)
-  batch = next(run.model.eval_batches("test", 16))[0]
-  speed, (masked_out, exported_out) = forward_speedup(run.model, run.params, pruned, batch)
+  batch = next(run.task.eval_batches("test", 16))[0]
+  speed, (masked_out, exported_out) = forward_speedup(run.task, run.params, pruned, batch)
   diff = float(np.max(np.abs(masked_out - exported_out)))
   scale = float(np.max(np.abs(masked_out)))
   info = storage.read_json(storage.join(workdir, "pruning.json"))
@@ -213,7 +212,7 @@ def forward_speedup(model, dense, pruned, batch, rounds: int = 9) -> tuple[dict,
 def set_dense_reference(run) -> None:
   """Embedding models: the loss and the metrics compare with the dense model's
   embeddings (the source run of a pruned workdir, else these params)."""
-  if not hasattr(run.model, "set_reference"):
+  if not run.task.compares_to_dense:
     return
   path = storage.join(run.workdir, "pruning.json")
   params = run.params
@@ -221,4 +220,4 @@ def set_dense_reference(run) -> None:
     src = storage.read_json(path).get("source")
     if src and storage.exists(storage.join(src, "config.json")):
       params = load(src).params
-  run.model.set_reference(params)
+  run.task.set_reference(params)

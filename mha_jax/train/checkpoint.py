@@ -29,7 +29,6 @@ import orbax.checkpoint as ocp
 from mha_jax import storage
 from mha_jax.errors import BadCheckpoint, StorageFault, UserError
 
-ITEMS = ("params", "opt_state", "meta")
 
 
 def warn(message: str) -> None:

@@ -261,7 +261,7 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
     if multi:
       seeds_lib.write_manifest(cfg, workdir)
       lock_lib.write_marker(workdir)
-    for (c, w), new in zip(runs, news):
+    for (_c, w), new in zip(runs, news):
       write_workdir(w, new)
     return _train(cfg, workdir, runs, run_tasks, mesh, n_data, log)
 
@@ -337,8 +337,7 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
     def evaluate(step, split="valid"):
       out = []
       for i, ((c, _), writer) in enumerate(zip(runs, writers)):
-        res = task.evaluate(_seed_slice(params, slices[i]), split,
-                            bleu=cfg.task == "translation")
+        res = task.evaluate(_seed_slice(params, slices[i]), split)
         writer.write(step, split, res)
         who = f"seed {c.seed} " if multi else ""
         log(f"step {step}: {who}{split} " + " ".join(f"{k} {v:.4g}" for k, v in res.items()))
@@ -346,7 +345,7 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
       return out if multi else out[0]
 
     ladder = None
-    if cfg.task == "translation" and t.get("pack", False):   # data/packing.py
+    if task.packs and t.get("pack", False):   # data/packing.py
       ladder, sample = packing_ladder(run_tasks, t, math.lcm(n_data, jax.process_count()))
       log(f"packing {t.batch_size} sentence pairs per step into {ladder[0]} rows "
           f"(the first {len(sample) // len(run_tasks)} batches needed {min(sample)}-"

@@ -1,0 +1,1 @@
+"""Data: the synthetic language pair, repeated tokens, text, parallel text, packing."""

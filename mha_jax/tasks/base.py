@@ -1,0 +1,266 @@
+"""The Task protocol and what every task shares: losses, accuracy, padded evaluation.
+
+A task is data + model + loss + evaluation for one config. `mha_jax.load` hands one to
+every study, which uses the protocol's members and nothing else: the capability
+members (`trainable`, `decoder_only`, `reports_bleu`, `role_family`, ...) say what a
+task can do, so a study asks the task instead of testing which task it holds.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mha_jax.errors import UserError
+from mha_jax.data import vocab as V
+from mha_jax.models import common as C
+
+SPLITS = ("train", "valid", "test")
+
+
+def check_split(split: str, what: str = "split") -> str:
+  """`split` if it is one of SPLITS, else a UserError naming it."""
+  if split not in SPLITS:
+    raise UserError(f"{what} must be one of {', '.join(SPLITS)}; got {split!r}")
+  return split
+
+
+@runtime_checkable
+class Task(Protocol):
+  """What `mha_jax.load` hands to every study (analysis, ablation, pruning, circuits):
+  the studies use these members and nothing else of a task. Batches are dicts of int32
+  arrays ("src"/"tgt" for translation, "tokens" for an LM); gates are
+  {stack: [(H_l,) per layer]}; metrics are sums to divide by metrics["tokens"]."""
+
+  name: str              # the registry's key, the config's `task`
+  vocab_size: int
+  trainable: bool        # trained here; False: imported, params only from its checkpoint
+  decoder_only: bool     # one causal stack "lm": LM head scores, circuits, induction
+  reports_bleu: bool     # evaluate gives BLEU; words, arcs and vocab (TranslationData)
+  role_family: str       # the role detectors that apply: translation, lm, real_lm, embedding
+  compares_to_dense: bool  # the loss is a distance to the dense model's outputs: call
+  #                          set_reference first; importance from importance_outputs
+  packs: bool            # training batches can be packed (packed_train_batch)
+
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    """Logits (B, T, V); with capture=True, (logits, {stack: {layer: captured}}).
+    hook: an interventions.Hook (named sites of the model's one forward). An LM's
+    batch may hold "logits_at" (B,) int positions: logits only there, (B, 1, V)."""
+
+  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+           example_weight=None):
+    """(objective, metric sums) for one batch."""
+
+  def evaluate(self, params, split: str, *, bleu: bool | None = None, gates=None,
+               bleu_limit: int | None = None) -> dict[str, float]:
+    """Loss and accuracy (and BLEU where reports_bleu, unless bleu=False) over a split."""
+
+  def train_batch(self, step: int, process_index: int = 0, process_count: int = 1
+                  ) -> dict[str, np.ndarray]:
+    """Training batch number `step` (deterministic)."""
+
+  def eval_batches(self, split: str, batch_size: int
+                   ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """(batch, example weights (B,)) over a split; padding rows have weight 0."""
+
+
+@runtime_checkable
+class TranslationData(Task, Protocol):
+  """A translation task's extra members, used by the role analysis and the explorer."""
+
+  vocab: V.Vocab                                   # word vocabulary of the run
+  words: dict[str, tuple[list[list[str]], list[list[str]]]]   # split -> (src, tgt) words
+  arcs: dict[str, list[dict]]                      # split -> gold arcs (when known)
+
+  def copy_baseline_bleu(self, split: str) -> float:
+    """BLEU of the source sentence taken as its own translation."""
+
+
+@runtime_checkable
+class LMData(Task, Protocol):
+  """A decoder-only task's extra members (trained here or imported)."""
+
+  def repeated_eval_tokens(self, batch: int, seed_offset: int = 7_000_003):
+    """(tokens (B, 1 + 2n), copy lengths (B,)): held-out [BOS] r r sequences over the
+    task's own vocabulary, for induction scores and circuits."""
+
+
+@runtime_checkable
+class PretrainedLMData(LMData, Protocol):
+  """An imported language model's extra members, used by its studies."""
+
+  tokenizer: object                                # the model's own tokenizer
+
+  def repeated_tokens(self, seed: int, batch: int, half_len: int, min_half_len: int = 0):
+    """(tokens (B, 1 + 2n), copy lengths (B,)): [BOS] r r, r over ordinary tokens."""
+
+
+@runtime_checkable
+class EmbeddingData(Task, Protocol):
+  """An imported sentence encoder's extra members: a loss against the dense model's
+  embeddings (set_reference), and outputs for Michel importance."""
+
+  tokenizer: object
+
+  def paragraphs(self) -> dict:
+    """{split: paragraphs of the built-in text}."""
+
+  def set_reference(self, params) -> None:
+    """Dense params whose embeddings the loss compares against."""
+
+  def importance_outputs(self, params, batch, gates=None):
+    """(B, n) outputs whose gate gradients give Michel importance."""
+
+
+# ------------------------------------------------------------------ shared helpers
+
+def jitted(task, name: str, fn):
+  """`fn` jitted once per task and cached on it, so repeated evaluations, captures and
+  gradient passes compile once per shape instead of once per call. Params, gates and
+  batches must be arguments of `fn`, never constants it closes over."""
+  cache = task.__dict__.setdefault("_jit_cache", {})
+  if name not in cache:
+    cache[name] = jax.jit(fn)
+  return cache[name]
+
+
+def sum_metrics(task, params, split, batch_size, gates=None) -> dict[str, float]:
+  """Sums of the loss metrics over a split's evaluation batches (one compile per task)."""
+  check_split(split)
+  fn = jitted(task, "eval_metrics",
+              lambda p, b, w, g: task.loss(p, b, example_weight=w, gates=g)[1])
+  totals = None                      # summed on the device; one transfer at the end
+  for batch, weight in task.eval_batches(split, batch_size):
+    check_batch_ids(task, batch, f"{split} batch")
+    m = fn(params, batch, jnp.asarray(weight), gates)
+    totals = m if totals is None else jax.tree.map(jnp.add, totals, m)
+  return {k: float(v) for k, v in jax.device_get(totals or {}).items()}
+
+
+def per_token(totals: dict[str, float]) -> dict[str, float]:
+  """Loss and accuracy per token from summed metrics, and loss_first / loss_repeat per
+  token of each kind where the batches had them. A split without a token is an error."""
+  if not totals.get("tokens"):
+    raise UserError("the split has no target token to evaluate")
+  out = {"loss": totals["loss"] / totals["tokens"]}
+  if "accuracy" in totals:
+    out["accuracy"] = totals["accuracy"] / totals["tokens"]
+  for name in ("first", "repeat"):
+    if totals.get(f"tokens_{name}"):
+      out[f"loss_{name}"] = totals[f"loss_{name}"] / totals[f"tokens_{name}"]
+  return out
+
+
+def weighted_mean(x, w):
+  """sum(x w) / sum(w), 0 when every weight is 0 (a batch of padding), never NaN."""
+  return (x * w).sum() / jnp.maximum(w.sum(), 1.0)
+
+
+def token_losses(logits_BTV, targets_BT, label_smoothing: float = 0.0):
+  """Per-token (nll, objective, correct) from one float32 log-sum-exp over the vocabulary.
+
+  The objective is the cross-entropy against labels smoothed as optax.smooth_labels does
+  ((1 - e) one-hot + e / V), written as (1 - e) nll - e mean_v log p_v, so neither a
+  one-hot nor a log-probability tensor is built. `correct` is 1 where the target is the
+  row's argmax (the first maximum, as jnp.argmax: a tie counts for one token only); this
+  is the one definition of accuracy of every task.
+  """
+  logits = logits_BTV.astype(jnp.float32)
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  shifted = logits - jax.lax.stop_gradient(top)
+  lse = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+  target_shifted = jnp.take_along_axis(shifted, targets_BT[..., None], axis=-1)[..., 0]
+  nll = lse - target_shifted
+  obj = nll
+  if label_smoothing:
+    obj = (1.0 - label_smoothing) * nll - label_smoothing * (shifted.mean(-1) - lse)
+  correct = (jnp.argmax(logits, axis=-1) == targets_BT).astype(jnp.float32)
+  return nll, obj, correct
+
+
+def token_metrics(nll, correct, w, batch) -> dict:
+  """Metric sums of next-token prediction: loss, accuracy and tokens under weights w
+  (B, T), and loss_/tokens_first and _repeat where the batch has those position masks
+  (repeated tokens, data/repeated_tokens.py)."""
+  metrics = {"loss": (nll * w).sum(), "accuracy": (correct * w).sum(), "tokens": w.sum()}
+  for name in ("first", "repeat"):
+    if f"mask_{name}" in batch:
+      m = batch[f"mask_{name}"]
+      metrics[f"loss_{name}"] = (nll * w * m).sum()
+      metrics[f"tokens_{name}"] = (w * m).sum()
+  return metrics
+
+
+def padded_rows(n: int, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """(row indices (batch_size,), weights (batch_size,)) covering rows 0..n-1 in order;
+  the last batch is filled up with copies of row n-1 at weight 0, so every batch has
+  one shape (one compile)."""
+  if n < 1:
+    raise UserError("nothing to evaluate: the split is empty")
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, start + batch_size)
+    yield np.minimum(idx, n - 1), (idx < n).astype(np.float32)
+
+
+def epoch_indices(seed: int, n: int, start: int, count: int) -> np.ndarray:
+  """Examples start..start+count of the stream of shuffled epochs over n examples."""
+  out = np.empty(count, np.int64)
+  pos = 0
+  while pos < count:
+    epoch, offset = divmod(start + pos, n)
+    perm = np.random.default_rng([seed, 1000 + epoch]).permutation(n)
+    take = min(count - pos, n - offset)
+    out[pos:pos + take] = perm[offset:offset + take]
+    pos += take
+  return out
+
+
+def train_order_seed(cfg) -> int:
+  """The seed of the training batches' order: train.shuffle_seed, or data.seed when it
+  is -1 (the default; a multi-seed run gives each seed its own, train/seeds.py)."""
+  shuffle = cfg.train.get("shuffle_seed", -1)
+  return cfg.data.seed if shuffle < 0 else shuffle
+
+
+def local_rows(batch: int, process_index: int, process_count: int) -> slice:
+  """This process's share of a batch's B rows."""
+  per = batch // process_count
+  return slice(process_index * per, (process_index + 1) * per)
+
+
+def check_ids(ids, vocab_size: int, what: str) -> None:
+  """Token ids within 0..vocab_size-1 (models/common.check_token_ids)."""
+  C.check_token_ids(ids, vocab_size, what)
+
+
+def check_batch_ids(task, batch: dict, what: str = "batch") -> None:
+  """Every token-id array of a batch within the task's vocabulary."""
+  for key in ("tokens", "src", "tgt"):
+    if key in batch:
+      check_ids(batch[key], task.vocab_size, f"{what}[{key!r}]")
+
+
+def model_spec(cfg) -> C.ModelSpec:
+  """The ModelSpec of a run trained here (translation: seq2seq; lm: lm)."""
+  m = cfg.model
+  return C.ModelSpec(kind="seq2seq" if cfg.task == "translation" else "lm",
+                     layer_norm=m.layer_norm, attn_only=m.attn_only, dropout=m.dropout,
+                     impl=m.impl, pos=m.pos,
+                     ln_position=m.get("ln_position", "pre"))
+
+
+def init_model(cfg, key, vocab_size: int) -> dict:
+  """Fresh params of cfg.model: the one place a config becomes a model's init."""
+  from mha_jax.models import lm as lm_model
+  from mha_jax.models import seq2seq
+  m = cfg.model
+  common = dict(vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads,
+                head_dim=m.head_dim, d_ff=m.d_ff, layer_norm=m.layer_norm,
+                attn_only=m.attn_only, use_bias=m.use_bias)
+  if cfg.task == "translation":
+    return seq2seq.init(key, enc_layers=m.enc_layers, dec_layers=m.dec_layers,
+                        ln_position=m.ln_position, pos=m.pos, max_rel=m.max_rel, **common)
+  return lm_model.init(key, num_layers=m.num_layers, max_len=m.max_len, pos=m.pos, **common)

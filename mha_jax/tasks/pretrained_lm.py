@@ -1,0 +1,180 @@
+"""A decoder LM of any family imported from GGUF or safetensors (`mha-jax import`).
+
+`apply(params, {"tokens": ids_BT})` returns next-token logits for ids[:, :-1]
+(B, T-1, V), exactly like runs trained here (the last token is only a target);
+`logits(params, ids_BT)` gives all T positions; `generate` decodes greedily with the KV
+cache; `evaluate` is perplexity on the built-in text (Python's bundled docs), tokenized
+with the model's own tokenizer.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from mha_jax.data import repeated_tokens as rt
+from mha_jax.data import text as text_data
+from mha_jax.errors import UserError
+from mha_jax.models import common as C
+from mha_jax.models import decoder
+from mha_jax.tasks import base
+from mha_jax.tasks.imported import Imported, gate_batch, tokenizer_of
+
+
+class PretrainedLMTask(Imported):
+  """A decoder LM (any family of mha_jax.pretrained.adapters) imported from GGUF or
+  safetensors; its forward is mha_jax.models.decoder's."""
+
+  name = "pretrained_lm"
+  decoder_only = True
+  role_family = "real_lm"
+  compares_to_dense = False
+
+  def __init__(self, cfg, workdir: str | None):
+    self.cfg = cfg
+    m = cfg.model
+    self.spec = decoder.spec_from_config(m, impl=m.impl)
+    self.tokenizer = tokenizer_of(workdir, add_special_tokens=False)
+    self.vocab_size = m.vocab_size
+    self._streams = None
+
+  # ---------------------------------------------------------------- model
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    """Logits (B, T-1, V) predicting tokens[:, 1:] (like the LM task of runs trained here).
+    batch["mask"] (B, T), if given, is True for real tokens (padding masked as keys);
+    batch["logits_at"] (B,), if given: logits only at those positions, (B, 1, V).
+    hook: an interventions.Hook."""
+    del key
+    C.check_token_ids(batch["tokens"], self.vocab_size, "batch['tokens']")
+    mask = batch.get("mask")
+    return decoder.apply(params, self.spec, batch["tokens"][:, :-1],
+                       mask_BT=None if mask is None else mask[:, :-1], gates=gates,
+                       capture=capture, hook=hook, logits_at=batch.get("logits_at"))
+
+  def logits(self, params, tokens_BT, mask_BT=None, gates=None):
+    """Logits (B, T, V) for every position (the next token after each); compiled once
+    per shape."""
+    C.check_token_ids(tokens_BT, self.vocab_size, "tokens_BT")
+    fn = base.jitted(self, "logits", lambda p, t, m, g: decoder.apply(p, self.spec, t,
+                                                                      mask_BT=m, gates=g))
+    return fn(params, jnp.asarray(tokens_BT), None if mask_BT is None else
+              jnp.asarray(mask_BT), gates)
+
+  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+           example_weight=None):
+    del label_smoothing
+    logits = self.apply(params, batch, gates=gates, key=key)
+    nll, _, correct = base.token_losses(logits, batch["tokens"][:, 1:])
+    w = jnp.ones_like(nll)
+    if "mask" in batch:
+      w = w * batch["mask"][:, 1:].astype(w.dtype)
+    if example_weight is not None:
+      w = w * example_weight[:, None]
+    return base.weighted_mean(nll, w), base.token_metrics(nll, correct, w, batch)
+
+  # ---------------------------------------------------------------- studies
+  def train_batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict:
+    """Batch `step` of random windows (batch_size x seq_len + 1 tokens; the config's
+    "prune" section, else its "eval" one) of the built-in text's train split: what
+    head-gate training (pruning) fits on; the model's own weights are never trained here."""
+    del process_index, process_count
+    e = gate_batch(self.cfg)
+    s = self.stream("train")
+    rng = np.random.default_rng([int(self.cfg.get("seed", 0)), 17, step])
+    starts = rng.integers(0, len(s) - e.seq_len - 1, size=e.batch_size)
+    return {"tokens": np.stack([s[a:a + e.seq_len + 1] for a in starts]).astype(np.int32)}
+
+  def special_ids(self) -> np.ndarray:
+    """Ids of the tokenizer's special (added) tokens."""
+    if self.tokenizer is None:
+      return np.asarray([self.cfg.tokenizer.bos_id, self.cfg.tokenizer.eos_id])
+    return np.asarray(sorted(self.tokenizer.tok.get_added_tokens_decoder()), np.int64)
+
+  def repeated_tokens(self, seed: int, batch: int, half_len: int, min_half_len: int = 0):
+    """(tokens (B, 1 + 2n), copy lengths m (B,)): [BOS] r_1..r_m r_1..r_m [fresh tail], the
+    random tokens uniform over the vocabulary's ordinary (non-special) tokens, BOS the
+    model's own (as data.repeated_tokens, over this tokenizer)."""
+    ordinary = np.setdiff1d(np.arange(self.vocab_size), self.special_ids())
+    idx, m = rt.repeated_tokens(seed, 0, batch, half_len, len(ordinary) + 1, min_half_len,
+                                return_lengths=True)
+    tokens = ordinary[np.maximum(idx - 1, 0)].astype(np.int32)  # 1..n -> ordinary ids
+    bos = self.cfg.tokenizer.bos_id
+    tokens[:, 0] = bos if bos >= 0 else ordinary[0]
+    return tokens, m
+
+  def repeated_eval_tokens(self, batch: int, seed_offset: int = 7_000_003):
+    """Held-out repeated tokens over the model's own ordinary tokens (2 x 32 + BOS)."""
+    return self.repeated_tokens(seed_offset, batch, 32)
+
+  # ---------------------------------------------------------------- data
+  def stream(self, split: str) -> np.ndarray:
+    """The built-in text (Python's bundled docs) in the model's tokens, split 90/5/5."""
+    base.check_split(split)
+    if self._streams is None:
+      if self.tokenizer is None:
+        raise UserError("this task was built without a workdir: no tokenizer")
+      corpus = text_data.read_corpus(list(self.cfg.data.text_files))
+      ids = self.tokenizer.encode(corpus)
+      C.check_token_ids(ids, self.vocab_size, "the workdir's tokenizer.json")
+      self._streams = text_data.split_stream(ids)
+    return self._streams[split]
+
+  def windows(self, split: str) -> np.ndarray:
+    """(N, seq_len + 1) consecutive windows; the N * seq_len targets do not overlap."""
+    e = self.cfg.eval
+    s = self.stream(split)
+    n = min(e.windows, (len(s) - 1) // e.seq_len)
+    if n < 1:
+      raise UserError(f"the {split} split has {len(s)} tokens, fewer than eval.seq_len + 1 = "
+                       f"{e.seq_len + 1}")
+    return np.stack([s[i * e.seq_len: i * e.seq_len + e.seq_len + 1] for i in range(n)])
+
+  def eval_batches(self, split: str, batch_size: int):
+    w = self.windows(split)
+    for idx, weight in base.padded_rows(len(w), batch_size):
+      yield {"tokens": w[idx]}, weight
+
+  def evaluate(self, params, split: str = "test", *, bleu: bool | None = None, gates=None,
+               bleu_limit: int | None = None) -> dict:
+    """Loss, accuracy and perplexity on eval.windows windows of eval.seq_len + 1 tokens."""
+    del bleu, bleu_limit
+    t = base.sum_metrics(self, params, split, self.cfg.eval.batch_size, gates)
+    out = base.per_token(t)
+    return {**out, "perplexity": float(np.exp(out["loss"])), "tokens": int(t["tokens"]),
+            "windows": len(self.windows(split)), "seq_len": int(self.cfg.eval.seq_len)}
+
+  # ---------------------------------------------------------------- generation
+  def chat_prompt(self, user: str) -> str:
+    """The user turn the model was tuned on, ending where its reply starts: Gemma's
+    <start_of_turn> format for the Gemma families, else ChatML (SmolLM2-Instruct's GGUF
+    chat template, no system turn)."""
+    if str(self.cfg.model.get("family", "")).startswith("gemma"):
+      return f"<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+  def generate(self, params, prompt: str, max_new_tokens: int = 16, *, chat: bool = False,
+               stop_at_eos: bool = True) -> dict:
+    """Greedy continuation of `prompt` with the KV cache: {"text", "tokens", "prompt_tokens"}."""
+    if self.tokenizer is None:
+      raise UserError("this task was built without a workdir: no tokenizer")
+    text = self.chat_prompt(prompt) if chat else prompt
+    ids = self.tokenizer.encode(text)
+    if self.cfg.tokenizer.add_bos and self.cfg.tokenizer.bos_id >= 0:
+      ids = np.concatenate([[self.cfg.tokenizer.bos_id], ids]).astype(np.int32)
+    if len(ids) == 0:
+      raise UserError("--prompt is empty: nothing to continue")
+    C.check_token_ids(ids, self.vocab_size, "the prompt (tokenizer.json)")
+    context = int(self.cfg.model.get("max_len", 0) or 0)
+    if context and len(ids) + max_new_tokens > context:
+      raise UserError(f"the prompt's {len(ids)} tokens plus --max-new-tokens "
+                      f"{max_new_tokens} make {len(ids) + max_new_tokens}, more than the "
+                      f"model's context of {context} tokens (model.max_len)")
+    eos = [int(self.cfg.tokenizer.eos_id)] if stop_at_eos and self.cfg.tokenizer.eos_id >= 0 \
+        else []
+    new = decoder.generate(params, self.spec, ids[None], max_new_tokens,
+                         eos_id=eos[0] if eos else None)[0]
+    keep = list(new)
+    if eos and eos[0] in keep:
+      keep = keep[:keep.index(eos[0])]
+    return {"text": self.tokenizer.decode(keep, skip_special_tokens=True),
+            "tokens": [int(i) for i in new], "prompt_tokens": [int(i) for i in ids]}
