@@ -34,6 +34,7 @@ Rotary position embeddings (RoPE) rotate q and k inside the function; a KV cache
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping, NamedTuple
 
 import chex
@@ -52,6 +53,10 @@ IMPLS = _dispatch.IMPLS
 _WEIGHT_KEYS = ("wq", "wk", "wv", "wo")
 _BIAS_KEYS = ("bq", "bk", "bv", "bo")
 REL_BIAS = "rel_bias"
+# QK-norm scales (RMSNorm of queries and keys after their projections, before RoPE):
+# (K,) shared by every head (Qwen3, Gemma 3) or (H, K) / (G, K) over the whole
+# projection at once (OLMo 2).
+_QK_NORM_KEYS = ("q_norm", "k_norm")
 
 
 class AttentionOutput(NamedTuple):
@@ -154,10 +159,11 @@ def check_attention_params(params: Params) -> tuple[int, int, int]:
   missing = [k for k in _WEIGHT_KEYS if k not in params]
   if missing:
     raise ValueError(f"params is missing {missing}; it has keys {sorted(params)}")
-  unknown = sorted(set(params) - set(_WEIGHT_KEYS) - set(_BIAS_KEYS) - {REL_BIAS})
+  unknown = sorted(set(params) - set(_WEIGHT_KEYS) - set(_BIAS_KEYS) - {REL_BIAS}
+                   - set(_QK_NORM_KEYS))
   if unknown:
     raise ValueError(f"params has unknown keys {unknown}; allowed: "
-                     f"{_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS,)}")
+                     f"{_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS,) + _QK_NORM_KEYS}")
   wq = params["wq"]
   _check_rank("params['wq']", wq, 3, "D, H, K")
   d, h, k = wq.shape
@@ -175,6 +181,11 @@ def check_attention_params(params: Params) -> tuple[int, int, int]:
                        f"{tuple(wk.shape)} (D, G, K); got {tuple(params[name].shape)}")
   if k < 1:
     raise ValueError(f"head width K read from params['wq'] must be >= 1; got shape {wq.shape}")
+  for name, heads in (("q_norm", h), ("k_norm", g)):
+    if name in params and tuple(params[name].shape) not in ((k,), (heads, k)):
+      raise ValueError(f"params['{name}'] must have shape (K,) = ({k},) (per head) or "
+                       f"({heads}, {k}) (over the whole projection); got "
+                       f"{tuple(params[name].shape)}")
   if REL_BIAS in params:
     rb = params[REL_BIAS]
     if rb.ndim != 2 or rb.shape[0] != h or rb.shape[1] % 2 != 1:
@@ -215,10 +226,16 @@ class RoPE:
       with 2i + 1 (the paper, GPT-J, Meta's original LLaMA code).
     dim: how many leading features of each head rotate (even); None = all K. The
       rest pass through (partial rotary, as in GPT-NeoX and Phi).
+    inv_freq: the dim / 2 frequencies theta_i when they are not base ** (-2 i / dim)
+      (scaled RoPE: linear, llama3, yarn; see mha_jax/models/rope_scaling.py); a tuple
+      of floats, so the RoPE stays hashable.
+    attention_factor: multiplies cos and sin (YaRN's attention scaling); 1 otherwise.
   """
   base: float = 10000.0
   layout: str = "half"
   dim: int | None = None
+  inv_freq: tuple | None = None
+  attention_factor: float = 1.0
 
   def __post_init__(self):
     if self.layout not in ROPE_LAYOUTS:
@@ -231,6 +248,13 @@ class RoPE:
         or self.dim < 2 or self.dim % 2):
       raise ValueError(f"RoPE dim (rotated features per head) must be an even integer "
                        f">= 2 or None; got {self.dim!r}")
+    if self.inv_freq is not None and not isinstance(self.inv_freq, tuple):
+      raise ValueError(f"RoPE inv_freq must be a tuple of floats (hashable) or None; got "
+                       f"{type(self.inv_freq).__name__}")
+    if not (isinstance(self.attention_factor, (int, float, np.number))
+            and self.attention_factor > 0):
+      raise ValueError(f"RoPE attention_factor must be a positive number; got "
+                       f"{self.attention_factor!r}")
 
   def rotated_dim(self, head_dim: int) -> int:
     """The number of rotated features for heads of width head_dim (checks dim <= K)."""
@@ -275,10 +299,18 @@ def apply_rope(x_BTHK: jax.Array, positions_BT: jax.Array, rope: RoPE) -> jax.Ar
   pos_BT = _check_positions("positions", positions_BT, b, t)
   dim = rope.rotated_dim(k)
   half = dim // 2
-  # theta_i = base^(-2i/dim), exact in float64, then float32 like the angles.
-  inv_freq = (1.0 / float(rope.base) ** (np.arange(half, dtype=np.float64) * 2.0 / dim))
+  if rope.inv_freq is not None:
+    if len(rope.inv_freq) != half:
+      raise ValueError(f"RoPE inv_freq has {len(rope.inv_freq)} frequencies; rotating "
+                       f"{dim} features needs {half}")
+    inv_freq = np.asarray(rope.inv_freq, np.float64)
+  else:  # theta_i = base^(-2i/dim), exact in float64, then float32 like the angles.
+    inv_freq = (1.0 / float(rope.base) ** (np.arange(half, dtype=np.float64) * 2.0 / dim))
   ang_BTF = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
   cos, sin = jnp.cos(ang_BTF)[:, :, None], jnp.sin(ang_BTF)[:, :, None]   # (B, T, 1, F)
+  if rope.attention_factor != 1.0:
+    cos = cos * jnp.float32(rope.attention_factor)
+    sin = sin * jnp.float32(rope.attention_factor)
   ct = jnp.promote_types(x_BTHK.dtype, jnp.float32)
   x = x_BTHK.astype(ct)
   if rope.layout == "half":
@@ -363,6 +395,15 @@ resolve_impl = _dispatch.resolve_impl
 # --------------------------------------------------------------------------
 
 
+def qk_rms_norm(x_BTHK: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm of queries or keys (B, T, H, K) in float32: per head with a (K,) scale, or
+  over all H * K features of a token at once with an (H, K) scale (OLMo 2)."""
+  x = x_BTHK.astype(jnp.promote_types(x_BTHK.dtype, jnp.float32))
+  axes = (-1,) if scale.ndim == 1 else (-2, -1)
+  y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=axes, keepdims=True) + eps)
+  return (y * scale.astype(y.dtype)).astype(x_BTHK.dtype)
+
+
 def _check_4d(name: str, arr: jax.Array, b: int, h: int, t: int, s: int) -> jax.Array:
   """(T, S) -> (1, 1, T, S); refuses what does not broadcast to (B, H, T, S)."""
   if arr.ndim == 2:
@@ -416,6 +457,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                          positions: jax.Array | None = None,
                          kv_positions: jax.Array | None = None,
                          cache: Mapping[str, jax.Array] | None = None,
+                         window: int | None = None, scale: float | None = None,
+                         softcap: float | None = None, qk_norm_eps: float = 1e-6,
                          site: Any = None):
   """Multi-head attention of x over itself, or over `context` (cross-attention).
 
@@ -454,6 +497,17 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       bias then have S = S_max (e.g. a prompt's padding). Works under jit with a
       traced length; a write past S_max raises when length is concrete and gives NaN
       outputs when it is traced.
+    window: a sliding window (Mistral, Gemma 2/3): query i may read key j only when
+      i - j < window (in slots: with a cache, the query's slot is length + i), on top
+      of mask and causal. It is a boolean mask, so every kernel serves it.
+    scale: multiplies the dot products q . k; None means 1 / sqrt(K) (Gemma's
+      query_pre_attn_scalar ** -0.5, GPT-2's 1 / (sqrt(K) * (layer + 1)) differ).
+    softcap: attention-logit soft-capping (Gemma 2): the scaled scores become
+      softcap * tanh(scores / softcap) before bias and mask. Served by the reference
+      kernel (auto picks it).
+    qk_norm_eps: epsilon of the QK-norm when params hold "q_norm" / "k_norm" (RMSNorm of
+      each head's query and key, scale (K,), or of the whole projection, scale (H, K)
+      and (G, K)), applied after the projections' biases and before RoPE.
     site: None, or a hook (mha_jax/interventions.py; the core imports nothing for it):
       an object with `site(name, x) -> x` and `site.wants(name) -> bool`. It is called
       with "k", "v" (B, S, G, K) and "q" (B, T, H, K) after their biases and RoPE;
@@ -508,6 +562,13 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     bias = _check_bias(bias, b, h, t, s)
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
+  if window is not None and (isinstance(window, bool) or not isinstance(
+      window, (int, np.integer)) or window < 1):
+    raise ValueError(f"window must be a positive integer or None; got {window!r}")
+  for name, num in (("scale", scale), ("softcap", softcap)):
+    if num is not None and (isinstance(num, bool) or not isinstance(
+        num, (int, float, np.number)) or not num > 0):
+      raise ValueError(f"{name} must be a positive number or None; got {num!r}")
   if rope is not None and not isinstance(rope, RoPE):
     raise ValueError(f"rope must be an attention.RoPE or None; got {rope!r}")
   if rope is None and (positions is not None or kv_positions is not None):
@@ -551,6 +612,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
 
   k_BSGK = project(ctx, params["wk"], params.get("bk"))
   v_BSGK = project(val, params["wv"], params.get("bv"))
+  if "k_norm" in params:
+    k_BSGK = qk_rms_norm(k_BSGK, params["k_norm"], qk_norm_eps)
   if rope is not None:
     k_BSGK = apply_rope(k_BSGK, k_pos, rope)
   if site is not None:
@@ -569,8 +632,13 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       valid = (slot_S[None, :] <= length + jnp.arange(t)[:, None])[None, None]
     else:
       valid = (slot_S < length + t)[None, None, None]
+    if window is not None:   # slots within the window of the query's slot
+      valid = valid & (length + jnp.arange(t)[:, None] - slot_S[None, :] < window)[None, None]
     mask = valid if mask is None else mask & valid
     causal = False
+  elif window is not None:
+    band = (jnp.arange(t)[:, None] - jnp.arange(s)[None, :] < window)[None, None]
+    mask = band if mask is None else mask & band
 
   def finish(result):
     return result if new_cache is None else (result, new_cache)
@@ -579,6 +647,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     return finish(zero_heads())
 
   q_BTHK = project(x, params["wq"], params.get("bq"))
+  if "q_norm" in params:
+    q_BTHK = qk_rms_norm(q_BTHK, params["q_norm"], qk_norm_eps)
   if rope is not None:
     q_BTHK = apply_rope(q_BTHK, q_pos, rope)
   site_pattern = site is not None and site.wants("pattern")
@@ -587,9 +657,13 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     if (site.wants("k_q") or site.wants("v_q")):   # per query head: run with G = H
       k_BSGK = site("k_q", jnp.repeat(k_BSGK, h // g, axis=2))
       v_BSGK = site("v_q", jnp.repeat(v_BSGK, h // g, axis=2))
+  if scale is not None:   # the kernels divide by sqrt(K): q carries the rest
+    q_BTHK = q_BTHK * jnp.asarray(scale * math.sqrt(k), q_BTHK.dtype)
 
   table = params.get(REL_BIAS)
-  kernel = "reference" if site_pattern else resolve_impl(   # a read pattern: explicit
+  if softcap is not None and impl not in ("auto", "reference"):
+    raise ValueError(f"softcap is served by impl='reference' (or 'auto'); got impl={impl!r}")
+  kernel = "reference" if site_pattern or softcap is not None else resolve_impl(
       impl, q_BTHK, return_weights, bias is not None or table is not None,
       k_BSGK=k_BSGK, has_mask=mask is not None)
   if table is not None and (kernel not in _dispatch.TAKES_TABLE or cache is not None):
@@ -597,7 +671,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     bias = rel if bias is None else bias + rel
     table = None
   o_BTHK, w_BHTS = _dispatch.run_kernel(kernel, q_BTHK, k_BSGK, v_BSGK, mask, causal, bias,
-                                        table)
+                                        table, softcap=softcap)
   if site_pattern:
     edited = site("pattern", w_BHTS)
     if edited is not w_BHTS:

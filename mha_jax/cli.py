@@ -354,7 +354,7 @@ def _cmd_quickstart(args, extra) -> int:
 
 def _cmd_import(args) -> int:
   from mha_jax.pretrained import importer
-  cfg = importer.import_model(args.workdir, name=args.name, file=args.file)
+  cfg = importer.import_model(args.workdir, name=args.name, file=args.file, dtype=args.dtype)
   m = cfg["model"]
   print(json.dumps({"workdir": args.workdir, "task": cfg["task"], "family": m["family"],
                     "layers": m["num_layers"], "heads": m["num_heads"],
@@ -510,9 +510,14 @@ def build_parser() -> argparse.ArgumentParser:
   q.set_defaults(func=_cmd_quickstart, extra=True)
 
   im = sub.add_parser("import", help="a pretrained model as a new workdir (offline)")
-  im.add_argument("name", nargs="?", default=None, help="smollm2-135m or minilm-l6")
+  im.add_argument("name", nargs="?", default=None,
+                  help="smollm2-135m, minilm-l6 or gemma3-270m")
   im.add_argument("--file", default=None,
-                  help="a llama GGUF file, or a folder with config.json + model.safetensors")
+                  help="a GGUF file (llama, qwen2, qwen3, gemma3), or a Hugging Face folder "
+                       "(config.json + model.safetensors or shards) of a family in "
+                       "docs/guide/model-families.md")
+  im.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                  help="the params' dtype (bfloat16 keeps bf16 weights as they are)")
   im.add_argument("--workdir", required=True)
   im.set_defaults(func=_cmd_import)
 

@@ -147,3 +147,10 @@ def smollm2_workdir(tmp_path_factory) -> str:
 def minilm_workdir(tmp_path_factory) -> str:
   """`mha-jax import minilm-l6` into a fresh workdir (read it, or copy it first)."""
   return _imported_workdir(tmp_path_factory, "minilm-l6")
+
+
+@pytest.fixture(scope="session")
+def gemma3_workdir(tmp_path_factory) -> str:
+  """`mha-jax import gemma3-270m` (GGUF Q4_K_M from its chunk packages) into a fresh
+  workdir (read it, or copy it first)."""
+  return _imported_workdir(tmp_path_factory, "gemma3-270m")

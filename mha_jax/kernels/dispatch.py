@@ -200,13 +200,16 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: b
 
 def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bias_BHTS,
                rel_bias_HR=None, *, block_q: int | None = None, block_k: int | None = None,
-               block_heads: int | None = None):
+               block_heads: int | None = None, softcap: float | None = None):
   """(o (B, T, H, K), w (B, H, T, S) or None) from the named kernel.
 
   mask_BHTS and bias_BHTS broadcast to (B, H, T, S); rel_bias_HR (H, 2R + 1) is a
   relative-position table with query 0 at position 0, taken by the kernels in
-  TAKES_TABLE (the caller turns it into a dense bias for the others).
+  TAKES_TABLE (the caller turns it into a dense bias for the others). softcap (Gemma 2's
+  attention-logit soft-capping) is served by the reference kernel only.
   """
+  if softcap is not None and kernel != "reference":
+    raise ValueError(f"softcap is served by the reference kernel only; got {kernel!r}")
   t, s = q_BTHK.shape[1], k_BSGK.shape[1]
   if rel_bias_HR is not None and kernel not in TAKES_TABLE:
     raise ValueError(f"kernel {kernel!r} takes no rel_bias table; pass its dense bias")
@@ -216,7 +219,8 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
     if causal:
       cm = xla_lib.causal_mask(t, s)
       full = cm if full is None else full & cm
-    return reference_lib.reference_kernel(q_BTHK, k_BSGK, v_BSGK, full, bias_BHTS)
+    return reference_lib.reference_kernel(q_BTHK, k_BSGK, v_BSGK, full, bias_BHTS,
+                                          softcap=softcap)
   if kernel in ("xla", "cudnn"):
     return xla_lib.fused_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal, kernel,
                                 bias_BHTS), None

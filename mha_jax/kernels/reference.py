@@ -12,10 +12,14 @@ from mha_jax import blocks
 
 
 def reference_kernel(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
-                     mask_BHTS: jax.Array | None, bias_BHTS: jax.Array | None = None):
-  """(o (B, T, H, K), w (B, H, T, S) float32); G key/value heads dividing H."""
+                     mask_BHTS: jax.Array | None, bias_BHTS: jax.Array | None = None,
+                     softcap: float | None = None):
+  """(o (B, T, H, K), w (B, H, T, S) float32); G key/value heads dividing H. softcap:
+  the scores become softcap * tanh(scores / softcap) before the bias (Gemma 2)."""
   k_BSGK, v_BSGK = blocks.drop_masked_keys(k_BSGK, v_BSGK, mask_BHTS)
   s_BHTS = blocks.attention_scores(q_BTHK, k_BSGK)
+  if softcap is not None:
+    s_BHTS = jnp.tanh(s_BHTS / softcap) * softcap
   if bias_BHTS is not None:
     s_BHTS = s_BHTS + bias_BHTS.astype(s_BHTS.dtype)
   w_BHTS, live = blocks.masked_softmax(s_BHTS, mask_BHTS)

@@ -1,5 +1,6 @@
-"""A Hugging Face folder (config.json + model.safetensors + tokenizer.json) of the llama or
-bert architecture -> mha-jax params, config and tokenizer.
+"""A Hugging Face folder (config.json + model.safetensors or shards with
+model.safetensors.index.json + tokenizer.json) of a decoder family
+(mha_jax/pretrained/adapters.py) or bert -> mha-jax params, config and tokenizer.
 
 HF linear weights are (out, in); the attention params here are (D, H, K) / (H, K, D).
 HF LLaMA checkpoints keep RoPE in the half-split layout: no permutation to undo.
@@ -13,6 +14,7 @@ import os
 import numpy as np
 
 from mha_jax.errors import UserError
+from mha_jax.pretrained import adapters
 
 
 def _load_config(folder: str) -> dict:
@@ -41,45 +43,142 @@ def load_safetensors(path: str) -> dict[str, np.ndarray]:
 def architecture(cfg: dict) -> str:
   mt = cfg.get("model_type", "")
   archs = cfg.get("architectures") or []
-  if mt == "llama" or any(a.startswith("Llama") for a in archs):
+  fam = adapters.family_of(cfg)
+  if fam is not None:
+    return fam.name
+  if not mt and any(a.startswith("Llama") for a in archs):
     return "llama"
   if mt == "bert" or any(a.startswith("Bert") for a in archs):
     return "bert"
   return mt or (archs[0] if archs else "unknown")
 
 
-def read(folder: str):
+INDEX = "model.safetensors.index.json"
+
+
+def weight_files(folder: str) -> list[str]:
+  """The safetensors files of a folder: model.safetensors, or the shards its
+  model.safetensors.index.json names (in order)."""
+  index = os.path.join(folder, INDEX)
+  if os.path.isfile(index):
+    try:
+      with open(index) as f:
+        wm = json.load(f)["weight_map"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+      raise UserError(f"--file {folder!r}: {INDEX} cannot be read: {e}") from None
+    files = sorted(set(wm.values()))
+    missing = [f for f in files if not os.path.isfile(os.path.join(folder, f))]
+    if missing:
+      raise UserError(f"--file {folder!r}: {INDEX} names shards that are not there: "
+                       f"{missing[:3]}")
+    return [os.path.join(folder, f) for f in files]
+  path = os.path.join(folder, "model.safetensors")
+  if not os.path.isfile(path):
+    raise UserError(f"--file {folder!r}: no model.safetensors (nor {INDEX})")
+  return [path]
+
+
+class Weights:
+  """Tensors of one or more safetensors files, read one at a time (streaming: a tensor
+  is in memory only while it is converted). bf16 tensors come as ml_dtypes bfloat16."""
+
+  def __init__(self, files: list[str]):
+    from safetensors import safe_open
+    self.where = {}
+    self.handles = []
+    for path in files:
+      try:
+        h = safe_open(path, framework="numpy")
+        names = list(h.keys())
+      except Exception as e:  # noqa: BLE001 - SafetensorError and friends
+        raise UserError(f"--file {path!r} is not a readable safetensors file (corrupt or "
+                         f"truncated?): {type(e).__name__}: {e}") from None
+      self.handles.append((path, h))
+      for n in names:
+        self.where[n] = (path, h)
+    self.dtypes = {}
+
+  def names(self):
+    return list(self.where)
+
+  def __call__(self, name):
+    path, h = self.where[name]
+    try:
+      if h.get_slice(name).get_dtype() in ("BF16", "bfloat16"):
+        from safetensors import safe_open
+        with safe_open(path, framework="flax") as hf:
+          x = np.asarray(hf.get_tensor(name))
+      else:
+        x = h.get_tensor(name)
+    except Exception as e:  # noqa: BLE001
+      raise UserError(f"--file {path!r}: tensor {name!r} cannot be read (corrupt or "
+                       f"truncated?): {type(e).__name__}: {e}") from None
+    self.dtypes[str(x.dtype)] = self.dtypes.get(str(x.dtype), 0) + 1
+    return x
+
+
+def read(folder: str, dtype: str = "float32"):
   """(params, model config, tokenizers.Tokenizer, tokenizer config, info)."""
   from mha_jax.pretrained import tokenizer as tk
   cfg = _load_config(folder)
   arch = architecture(cfg)
-  if arch not in ("llama", "bert"):
+  if arch not in adapters.FAMILIES and arch != "bert":
     raise UserError(f"--file {folder!r}: config.json says model_type={cfg.get('model_type')!r}"
-                     f" / architectures={cfg.get('architectures')}; only llama and bert are "
-                     f"supported")
+                     f" / architectures={cfg.get('architectures')}; supported: "
+                     f"{sorted(adapters.FAMILIES) + ['bert']}")
+  tok_path = os.path.join(folder, "tokenizer.json")
+  where = os.path.join(folder, "config.json")
+  if arch in adapters.FAMILIES:
+    fam = adapters.FAMILIES[arch]
+    if not cfg.get("model_type"):
+      cfg = dict(cfg, model_type=fam.model_types[0])
+    settings = adapters.read_config(cfg, fam, where)   # refusals before any tensor
+    files = weight_files(folder)
+    weights = Weights(files)
+    if not os.path.isfile(tok_path):
+      raise UserError(f"--file {folder!r}: no tokenizer.json")
+    t = adapters.Tensors(weights, weights.names(), os.path.join(folder, os.path.basename(
+        files[0]) if len(files) == 1 else INDEX), fam.prefixes, _np_dtype(dtype))
+    params = adapters.build_params(fam, settings, t, _np_dtype(dtype))
+    mcfg = adapters.model_config(settings, fam)
+    tok = tk.from_tokenizer_json(tok_path)
+    tok_cfg = dict(bos_id=_int_or(cfg.get("bos_token_id"), -1),
+                   eos_id=_int_or(_first(cfg.get("eos_token_id"), -1), -1),
+                   pad_id=_int_or(cfg.get("pad_token_id"), -1), add_bos=False,
+                   chat_template="")
+    return params, mcfg, tok, tok_cfg, dict(format="safetensors", files=[
+        os.path.basename(f) for f in files], tensor_dtypes=weights.dtypes)
   weights = load_safetensors(os.path.join(folder, "model.safetensors"))
   where = os.path.join(folder, "model.safetensors")
-  tok_path = os.path.join(folder, "tokenizer.json")
   if not os.path.isfile(tok_path):
     raise UserError(f"--file {folder!r}: no tokenizer.json")
-  if arch == "llama":
-    params, mcfg = _llama(cfg, weights, where)
-    tok = tk.from_tokenizer_json(tok_path)
-    tok_cfg = dict(bos_id=int(cfg.get("bos_token_id") or -1),
-                   eos_id=int(_first(cfg.get("eos_token_id"), -1)),
-                   pad_id=int(cfg.get("pad_token_id") or -1), add_bos=False, chat_template="")
-  else:
-    params, mcfg = _bert(cfg, weights, where)
-    max_seq = mcfg["max_len"]
-    st = os.path.join(folder, "sentence_bert_config.json")
-    if os.path.isfile(st):
-      with open(st) as f:
-        max_seq = int(json.load(f).get("max_seq_length", max_seq))
-    tok = tk.from_tokenizer_json(tok_path, max_len=max_seq)
-    tok_cfg = dict(pad_id=int(cfg.get("pad_token_id") or 0), max_seq_len=max_seq,
-                   normalize=os.path.isdir(os.path.join(folder, "2_Normalize")) or
-                   _lists_normalize(folder))
-  return params, mcfg, tok, tok_cfg, dict(format="safetensors")
+  params, mcfg = _bert(cfg, weights, where)
+  max_seq = mcfg["max_len"]
+  st = os.path.join(folder, "sentence_bert_config.json")
+  if os.path.isfile(st):
+    with open(st) as f:
+      max_seq = int(json.load(f).get("max_seq_length", max_seq))
+  tok = tk.from_tokenizer_json(tok_path, max_len=max_seq)
+  tok_cfg = dict(pad_id=int(cfg.get("pad_token_id") or 0), max_seq_len=max_seq,
+                 normalize=os.path.isdir(os.path.join(folder, "2_Normalize")) or
+                 _lists_normalize(folder))
+  return params, mcfg, tok, tok_cfg, dict(format="safetensors", files=["model.safetensors"])
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _np_dtype(name: str):
+  if name not in DTYPES:
+    raise UserError(f"--dtype must be one of {DTYPES}; got {name!r}")
+  if name == "bfloat16":
+    import ml_dtypes
+    return ml_dtypes.bfloat16
+  return np.dtype(name)
+
+
+def _int_or(x, default):
+  return default if x is None else int(x)
 
 
 def _first(x, default):
@@ -110,50 +209,6 @@ class _Take:
                            f"expected {tuple(shape)}")
         return np.ascontiguousarray(x)
     raise UserError(f"{self.where}: tensor {name!r} is missing")
-
-
-def _llama(cfg, weights, where):
-  d, h = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-  h_kv = int(cfg.get("num_key_value_heads") or h)
-  k = int(cfg.get("head_dim") or d // h)
-  f, n = int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])
-  if cfg.get("rope_scaling"):
-    raise UserError(f"{where}: rope_scaling={cfg['rope_scaling']} is not supported")
-  if cfg.get("hidden_act", "silu") != "silu":
-    raise UserError(f"{where}: hidden_act={cfg['hidden_act']!r}; llama needs 'silu'")
-  if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-    raise UserError(f"{where}: attention/MLP biases are not supported")
-  take = _Take(weights, where, ("model.", ""))
-  v = int(cfg["vocab_size"])
-  layers = {}
-  for i in range(n):
-    b = f"layers.{i}."
-    layers[f"layer_{i}"] = {
-        "ln1": {"scale": take(b + "input_layernorm.weight", (d,))},
-        "attn": {"wq": take(b + "self_attn.q_proj.weight", (h * k, d)).T.reshape(d, h, k),
-                 "wk": take(b + "self_attn.k_proj.weight", (h_kv * k, d)).T.reshape(d, h_kv, k),
-                 "wv": take(b + "self_attn.v_proj.weight", (h_kv * k, d)).T.reshape(d, h_kv, k),
-                 "wo": take(b + "self_attn.o_proj.weight", (d, h * k)).T.reshape(h, k, d)},
-        "ln2": {"scale": take(b + "post_attention_layernorm.weight", (d,))},
-        "mlp": {"w_gate": take(b + "mlp.gate_proj.weight", (f, d)).T,
-                "w_up": take(b + "mlp.up_proj.weight", (f, d)).T,
-                "w_down": take(b + "mlp.down_proj.weight", (d, f)).T}}
-  layers["ln_final"] = {"scale": take("norm.weight", (d,))}
-  params = {"embed": take("embed_tokens.weight", (v, d)), "lm": layers}
-  tied = bool(cfg.get("tie_word_embeddings", False))
-  if "lm_head.weight" in take.w:
-    head = take("lm_head.weight", (v, d))
-    if not tied:
-      params["unembed"] = np.ascontiguousarray(head.T)
-  elif not tied:
-    raise UserError(f"{where}: tie_word_embeddings is false but lm_head.weight is missing")
-  _no_leftovers(take, where, ignore=("rotary_emb.inv_freq",))
-  mcfg = dict(family="llama", d_model=d, num_heads=h, num_kv_heads=h_kv, head_dim=k,
-              num_layers=n, d_ff=f, vocab_size=v, norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-              rope_base=float(cfg.get("rope_theta", 10000.0)),
-              max_len=int(cfg.get("max_position_embeddings", 2048)),
-              tie_embeddings="unembed" not in params)
-  return _f32(params), mcfg
 
 
 def _bert(cfg, weights, where):

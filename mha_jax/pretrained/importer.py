@@ -8,44 +8,59 @@ import uuid
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.pretrained import gguf_llama, hf_folder, registry
+from mha_jax.pretrained import adapters, gguf_llama, hf_folder, registry
 
-TASK_OF_FAMILY = {"llama": "pretrained_lm", "bert": "embedding"}
+TASK_OF_FAMILY = {"bert": "embedding", **{f: "pretrained_lm" for f in adapters.FAMILIES}}
 # Evaluation defaults written into config.json (eval = perplexity on the built-in text).
 EVAL_DEFAULTS = {"pretrained_lm": dict(batch_size=4, seq_len=256, windows=16),
                  "embedding": dict(batch_size=16, seq_len=128, windows=64)}
 
 
-def _sha256(path: str) -> str:
+def _sha256(*paths: str) -> str:
+  """sha256 of the files' bytes, one after the other."""
   h = hashlib.sha256()
-  with storage.path(path).open("rb") as f:
-    for chunk in iter(lambda: f.read(1 << 22), b""):
-      h.update(chunk)
+  for path in paths:
+    with storage.path(path).open("rb") as f:
+      for chunk in iter(lambda: f.read(1 << 22), b""):
+        h.update(chunk)
   return h.hexdigest()
 
 
-def read_model(name: str | None = None, file: str | None = None):
-  """(params, config dict, tokenizers.Tokenizer) of a known model or a file/folder."""
+def read_model(name: str | None = None, file: str | None = None, dtype: str = "float32",
+               scratch: str | None = None):
+  """(params, config dict, tokenizers.Tokenizer) of a known model or a file/folder.
+  dtype: the params' dtype (float32, or bfloat16 / float16 to keep half-precision weights
+  as they are). scratch: a folder where a model stored in chunks is assembled (inside
+  the import's own temporary folder)."""
   if (name is None) == (file is None):
     raise UserError(f"give a known model name ({sorted(registry.KNOWN)}) or --file PATH, "
                      f"not both or neither; got name={name!r}, file={file!r}")
-  path = registry.find_model(name) if name else file
+  if name in registry.KNOWN and registry.KNOWN[name].chunks and scratch is None:
+    raise UserError(f"model {name!r} is stored in chunks: read_model needs a scratch folder "
+                     f"to assemble them in (import_model gives its own)")
+  path = registry.find_model(name, scratch=scratch) if name else file
+  if name and registry.KNOWN[name].chunks:   # the file was assembled from its chunks
+    src_path = ", ".join(registry.chunk_paths(name))
+  else:
+    src_path = None
   if not storage.exists(path):
     raise UserError(f"--file {path!r}: no such file or folder")
   if storage.isdir(path):
-    params, mcfg, tok, tok_cfg, info = hf_folder.read(path)
-    digest = _sha256(storage.join(path, "model.safetensors"))
+    params, mcfg, tok, tok_cfg, info = hf_folder.read(path, dtype)
+    digest = _sha256(*[storage.join(path, f) for f in info["files"]])
   else:
     with storage.path(path).open("rb") as f:
       magic = f.read(4)
     if magic != b"GGUF":
       raise UserError(f"--file {path!r} is neither a GGUF file (its first bytes are "
                        f"{magic!r}, not b'GGUF') nor a Hugging Face folder")
-    params, mcfg, tok, tok_cfg, info = gguf_llama.read(path)
+    params, mcfg, tok, tok_cfg, info = gguf_llama.read(path, dtype)
     digest = _sha256(path)
   task = TASK_OF_FAMILY[mcfg["family"]]
-  cfg = {"task": task, "model": {**mcfg, "impl": "auto"}, "tokenizer": tok_cfg,
-         "source": {"name": name or "", "path": storage.abspath(path), "sha256": digest,
+  cfg = {"task": task, "model": {**mcfg, "impl": "auto", "dtype": dtype},
+         "tokenizer": tok_cfg,
+         "source": {"name": name or "", "path": src_path or storage.abspath(path),
+                    "sha256": digest,
                     **info},
          "data": {"kind": "text", "text_files": []},
          "eval": dict(EVAL_DEFAULTS[task])}
@@ -54,19 +69,25 @@ def read_model(name: str | None = None, file: str | None = None):
   return params, cfg, tok
 
 
-def import_model(workdir: str, name: str | None = None, file: str | None = None) -> dict:
+def import_model(workdir: str, name: str | None = None, file: str | None = None,
+                 dtype: str = "float32") -> dict:
   """Writes the workdir; refuses one that exists and is not empty. Returns config dict."""
   from mha_jax.train import checkpoint as ckpt_lib
   if storage.exists(workdir) and (not storage.isdir(workdir) or storage.listdir(workdir)):
     raise UserError(f"--workdir {workdir!r} exists and is not empty; import writes a new "
                      f"run and overwrites nothing")
-  params, cfg, tok = read_model(name, file)
+  if name is not None:
+    registry.find_model(name)          # a missing package is named before anything is made
   parent = storage.dirname(storage.abspath(workdir))
   storage.makedirs(parent)
   # Written next to the target and renamed at the end: a failed import leaves nothing.
   tmp = storage.join(parent, f".import-{uuid.uuid4().hex[:8]}")
   storage.makedirs(tmp)
   try:
+    scratch = storage.join(tmp, ".source")      # a chunked model is assembled here
+    params, cfg, tok = read_model(name, file, dtype, scratch=scratch)
+    if storage.exists(scratch):
+      storage.rmtree(scratch)
     storage.write_json(storage.join(tmp, "config.json"), cfg)
     storage.write_text(storage.join(tmp, "tokenizer.json"), tok.to_str(pretty=True))
     ckpts = ckpt_lib.Checkpoints(tmp, max_to_keep=1)

@@ -57,6 +57,53 @@ def from_gguf_vocab(tokens, merges, token_types, pre: str, where: str):
   return tok
 
 
+def sentencepiece_merges(tokens, order) -> list[tuple[str, str]]:
+  """BPE merges implied by a SentencePiece vocabulary: every split of a token into two
+  tokens, best (highest `order`) first; ties by the pieces' lengths, then ids (the rule
+  of transformers' generate_merges, which its GGUF reader uses)."""
+  vocab = {t: i for i, t in enumerate(tokens)}
+  merges = []
+  for merge, score in zip(tokens, order):
+    local = []
+    for i in range(1, len(merge)):
+      a, b = merge[:i], merge[i:]
+      if a in vocab and b in vocab:
+        local.append((a, b, score))
+    local.sort(key=lambda x: (vocab[x[0]], vocab[x[1]]))
+    merges.extend(local)
+  merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+  return [(a, b) for a, b, _ in merges]
+
+
+def from_gguf_gemma(tokens, token_types, where: str):
+  """Gemma's SentencePiece BPE (tokenizer.ggml.model 'llama' in a Gemma GGUF) as a
+  `tokenizers.Tokenizer`: spaces become U+2581, byte fallback, no prefix space. The file
+  has no merges: they are rebuilt from the vocabulary, in the order the tokens appear
+  (Gemma's scores do not follow its merge order). Tokens of two or more spaces, stored as
+  real spaces, are spelled with U+2581 like the rest."""
+  from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+  tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+  if len(set(tokens)) != len(tokens):
+    raise UserError(f"{where}: tokenizer.ggml.tokens lists a token twice")
+  vocab = {t: i for i, t in enumerate(tokens)}
+  merges = sentencepiece_merges(tokens, [-i for i in range(len(tokens))])
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, unk_token="<unk>",
+                             byte_fallback=True))
+  tok.normalizer = normalizers.Replace(" ", "\u2581")
+  tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous",
+                                           invert=False)
+  tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                   decoders.Fuse()])
+  types = list(token_types) if token_types is not None else [1] * len(tokens)
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                          for t, ty in zip(tokens, types) if ty == CONTROL])
+  user = [AddedToken(t, special=False, normalized=False)
+          for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+  if user:
+    tok.add_tokens(user)
+  return tok
+
+
 def from_tokenizer_json(path: str, max_len: int | None = None):
   """An HF tokenizer.json, without its fixed padding; truncation at max_len if given."""
   from tokenizers import Tokenizer

@@ -89,6 +89,13 @@ def export_pruned(params, mask: dict):
     for i, m in enumerate(layers):
       blk = _block(params, stack, i)
       h, g = int(blk["wq"].shape[1]), int(blk["wk"].shape[1])
+      whole = [n for n in ("q_norm", "k_norm") if n in blk and np.ndim(blk[n]) == 2]
+      if whole and not (np.asarray(m) > 0).all():
+        from mha_jax.errors import UserError
+        raise UserError(f"export-pruned: layer {i} of {stack!r} normalises its queries and "
+                        f"keys over all heads at once ({whole}, OLMo 2): removing heads "
+                        f"would change the kept heads' queries; keep the masked model "
+                        f"(gates / mask_params) instead")
       if g == h:
         q = kv = np.flatnonzero(np.asarray(m) > 0)
         real = np.ones(len(q), np.float32)

@@ -1,4 +1,4 @@
-"""A LLaMA-family LM imported from GGUF or safetensors (`mha-jax import`).
+"""A decoder LM of any family imported from GGUF or safetensors (`mha-jax import`).
 
 `apply(params, {"tokens": ids_BT})` returns next-token logits for ids[:, :-1]
 (B, T-1, V), exactly like runs trained here (the last token is only a target);
@@ -16,13 +16,14 @@ from mha_jax.data import repeated_tokens as rt
 from mha_jax.data import text as text_data
 from mha_jax.errors import UserError
 from mha_jax.models import common as C
-from mha_jax.models import llama
+from mha_jax.models import decoder
 from mha_jax.tasks import base
 from mha_jax.tasks.imported import Imported, gate_batch, tokenizer_of
 
 
 class PretrainedLMTask(Imported):
-  """A LLaMA-family LM imported from GGUF or safetensors."""
+  """A decoder LM (any family of mha_jax.pretrained.adapters) imported from GGUF or
+  safetensors; its forward is mha_jax.models.decoder's."""
 
   name = "pretrained_lm"
   decoder_only = True
@@ -32,7 +33,7 @@ class PretrainedLMTask(Imported):
   def __init__(self, cfg, workdir: str | None):
     self.cfg = cfg
     m = cfg.model
-    self.spec = llama.LlamaSpec(norm_eps=m.norm_eps, rope_base=m.rope_base, impl=m.impl)
+    self.spec = decoder.spec_from_config(m, impl=m.impl)
     self.tokenizer = tokenizer_of(workdir, add_special_tokens=False)
     self.vocab_size = m.vocab_size
     self._streams = None
@@ -46,7 +47,7 @@ class PretrainedLMTask(Imported):
     del key
     C.check_token_ids(batch["tokens"], self.vocab_size, "batch['tokens']")
     mask = batch.get("mask")
-    return llama.apply(params, self.spec, batch["tokens"][:, :-1],
+    return decoder.apply(params, self.spec, batch["tokens"][:, :-1],
                        mask_BT=None if mask is None else mask[:, :-1], gates=gates,
                        capture=capture, hook=hook, logits_at=batch.get("logits_at"))
 
@@ -54,8 +55,8 @@ class PretrainedLMTask(Imported):
     """Logits (B, T, V) for every position (the next token after each); compiled once
     per shape."""
     C.check_token_ids(tokens_BT, self.vocab_size, "tokens_BT")
-    fn = base.jitted(self, "logits", lambda p, t, m, g: llama.apply(p, self.spec, t, mask_BT=m,
-                                                               gates=g))
+    fn = base.jitted(self, "logits", lambda p, t, m, g: decoder.apply(p, self.spec, t,
+                                                                      mask_BT=m, gates=g))
     return fn(params, jnp.asarray(tokens_BT), None if mask_BT is None else
               jnp.asarray(mask_BT), gates)
 
@@ -144,8 +145,11 @@ class PretrainedLMTask(Imported):
 
   # ---------------------------------------------------------------- generation
   def chat_prompt(self, user: str) -> str:
-    """The ChatML turn SmolLM2-Instruct was tuned on (its GGUF chat template, no system
-    turn), ending where the assistant's reply starts."""
+    """The user turn the model was tuned on, ending where its reply starts: Gemma's
+    <start_of_turn> format for the Gemma families, else ChatML (SmolLM2-Instruct's GGUF
+    chat template, no system turn)."""
+    if str(self.cfg.model.get("family", "")).startswith("gemma"):
+      return f"<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
     return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
   def generate(self, params, prompt: str, max_new_tokens: int = 16, *, chat: bool = False,
@@ -167,7 +171,7 @@ class PretrainedLMTask(Imported):
                       f"model's context of {context} tokens (model.max_len)")
     eos = [int(self.cfg.tokenizer.eos_id)] if stop_at_eos and self.cfg.tokenizer.eos_id >= 0 \
         else []
-    new = llama.generate(params, self.spec, ids[None], max_new_tokens,
+    new = decoder.generate(params, self.spec, ids[None], max_new_tokens,
                          eos_id=eos[0] if eos else None)[0]
     keep = list(new)
     if eos and eos[0] in keep:

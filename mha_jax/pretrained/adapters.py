@@ -1,0 +1,669 @@
+"""One declarative adapter per decoder family: which config keys it reads, ignores or
+refuses, which tensors it takes (Hugging Face names, shapes, how a fused tensor splits),
+and the switches of the one decoder forward (mha_jax/models/decoder.py) they set.
+
+Config keys. Every key of a family's config.json is in its table (`keys`) or in COMMON:
+  USE         read, and implemented exactly;
+  IGNORE      no effect on the logits (dropout rates, initialisation, token ids, caching);
+  (v1, v2..)  only these values are implemented; any other is refused naming the key.
+A key in neither table is refused by name (never a silent approximation). RoPE settings
+are read from `rope_parameters` (transformers 5), `rope_scaling` (4.x) or the top-level
+`rope_theta` / `partial_rotary_factor` / `rotary_pct` / `rotary_emb_base` /
+`rope_local_base_freq`, flat or nested per layer type, and each key inside is checked
+the same way (ROPE_KEYS); `dynamic` and `longrope` are refused by name.
+
+Tensors. `layer` lists (HF name under the layer prefix, kind, target) rows, `top` the
+model-level ones; a row with a condition is taken only when the config enables it. Kinds:
+  vec           a (D,) or (F,) vector as stored (norms: + 1 where the family scales by
+                (1 + w), Gemma)
+  lin           nn.Linear (out, in) -> (in, out)          conv  GPT-2 Conv1D (in, out) as is
+  q / kv / o    nn.Linear rows -> (D, H, K) / (D, G, K) / (H, K, D)
+  bq / bkv      biases -> (H, K) / (G, K)
+  qkv           Phi-3's fused rows [q (H K); k (G K); v (G K)]
+  neox_qkv      GPT-NeoX's rows interleaved per head [h][q, k, v][K] (weights and bias)
+  gpt2_qkv      GPT-2's Conv1D c_attn (D, 3 D) columns [q; k; v] (weights and bias)
+  gpt2_o        GPT-2's Conv1D c_proj (H K, D) -> (H, K, D)
+  gate_up       Phi-3's fused rows [gate (F); up (F)]
+  head_norm     QK-norm (K,) shared by the heads     whole_q / whole_k  OLMo 2's (H K,) / (G K,)
+Every tensor of the file must be taken (or be a known buffer); leftovers are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from mha_jax.errors import UserError
+
+USE, IGNORE = "use", "ignore"
+
+# Keys every transformers config may carry, with no effect on a decoder's logits (or
+# refused unless harmless).
+COMMON = {
+    "_name_or_path": IGNORE, "architectures": USE, "model_type": USE,
+    "transformers_version": IGNORE, "dtype": IGNORE, "torch_dtype": IGNORE,
+    "id2label": IGNORE, "label2id": IGNORE, "problem_type": IGNORE, "return_dict": IGNORE,
+    "output_attentions": IGNORE, "output_hidden_states": IGNORE,
+    "chunk_size_feed_forward": (0,), "is_encoder_decoder": (False,),
+    "add_cross_attention": (False,), "is_decoder": IGNORE, "use_cache": IGNORE,
+    "initializer_range": IGNORE, "bos_token_id": IGNORE, "eos_token_id": IGNORE,
+    "pad_token_id": IGNORE, "tie_word_embeddings": USE, "attention_dropout": IGNORE,
+    "pruned_heads": ({},), "tokenizer_class": IGNORE, "task_specific_params": IGNORE,
+    "cache_implementation": IGNORE, "max_position_embeddings": USE,
+    "tf_legacy_loss": IGNORE, "use_bfloat16": IGNORE, "torchscript": IGNORE,
+    "sep_token_id": IGNORE, "decoder_start_token_id": IGNORE,
+    "_attn_implementation_autoset": IGNORE, "num_labels": IGNORE,
+    # RoPE, wherever it is stored (checked key by key in ROPE_KEYS)
+    "rope_parameters": USE, "rope_scaling": USE, "rope_theta": USE,
+}
+
+# Keys inside a RoPE settings dict, per rope_type; anything else is refused by name.
+ROPE_TYPES_REFUSED = {
+    "dynamic": "dynamic NTK scaling changes the frequencies with the longest sequence "
+               "seen so far (state kept between calls in transformers)",
+    "longrope": "LongRoPE switches between two frequency tables by sequence length",
+}
+ROPE_KEYS = {
+    "default": ("rope_theta", "partial_rotary_factor"),
+    "linear": ("rope_theta", "partial_rotary_factor", "factor"),
+    "llama3": ("rope_theta", "partial_rotary_factor", "factor", "low_freq_factor",
+               "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("rope_theta", "partial_rotary_factor", "factor",
+             "original_max_position_embeddings", "beta_fast", "beta_slow",
+             "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+}
+
+ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+        "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": None, "relu": "relu"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A decoder family's adapter (see the module docstring)."""
+  name: str
+  model_types: tuple[str, ...]
+  keys: dict                       # config key -> USE | IGNORE | allowed values
+  top: tuple                       # (hf name, kind, target, condition)
+  layer: tuple                     # the same, under layer_prefix
+  prefixes: tuple = ("model.", "")
+  layer_prefix: str = "layers.{i}."
+  norm: str = "rms"
+  plus_one: bool = False           # norms scale by (1 + w) (Gemma)
+  ignore_tensors: tuple = ("rotary_emb.inv_freq",)
+  parse: Callable | None = None    # config -> the family's settings (see _settings)
+
+
+# ---------------------------------------------------------------------------------------
+# Config reading.
+# ---------------------------------------------------------------------------------------
+
+
+class Config:
+  """A config.json being read: every key is checked against the family's table."""
+
+  def __init__(self, cfg: dict, family: Family, where: str):
+    self.cfg, self.family, self.where = dict(cfg), family, where
+
+  def refuse(self, key, value, why=""):
+    raise UserError(f"{self.where}: config key {key}={value!r} is not implemented for "
+                     f"{self.family.name}{': ' + why if why else ''} (refused, not "
+                     f"approximated)")
+
+  def check_keys(self):
+    table = {**COMMON, **self.family.keys}
+    for key, value in self.cfg.items():
+      rule = table.get(key)
+      if rule is None:
+        raise UserError(f"{self.where}: config key {key!r} (= {value!r}) is not known to "
+                         f"the {self.family.name} adapter; refused rather than ignored")
+      if isinstance(rule, tuple) and value not in rule:
+        self.refuse(key, value, f"only {list(rule)} is supported")
+
+  def get(self, key, default=None):
+    v = self.cfg.get(key)
+    return default if v is None else v
+
+  def need(self, key):
+    if self.cfg.get(key) is None:
+      raise UserError(f"{self.where}: config.json has no {key!r}")
+    return self.cfg[key]
+
+
+def _rope_settings(c: Config, head_dim: int, layer_types: list[str], *,
+                   default_theta: float = 10000.0, default_partial: float = 1.0,
+                   legacy_theta_key: str | None = None,
+                   legacy_partial_key: str | None = None,
+                   local_theta_key: str | None = None) -> dict:
+  """{layer type: RoPE setting dict (models/rope_scaling)} from wherever the config
+  keeps them; refuses unknown keys and unimplemented rope types by name."""
+  rp = c.cfg.get("rope_parameters")
+  rs = c.cfg.get("rope_scaling")
+  theta = c.cfg.get("rope_theta")
+  if legacy_theta_key and c.cfg.get(legacy_theta_key) is not None:
+    theta = c.cfg[legacy_theta_key] if theta is None else theta
+  partial = c.cfg.get("partial_rotary_factor")
+  if legacy_partial_key and c.cfg.get(legacy_partial_key) is not None and partial is None:
+    partial = c.cfg[legacy_partial_key]
+  types = sorted(set(layer_types))
+  nested = isinstance(rp, dict) and any(k in ("full_attention", "sliding_attention")
+                                        for k in rp)
+  if rp is not None and not isinstance(rp, dict):
+    c.refuse("rope_parameters", rp, "expected a dict")
+  if rs is not None and not isinstance(rs, dict):
+    c.refuse("rope_scaling", rs, "expected a dict")
+  per_type: dict[str, dict] = {}
+  if nested:
+    for k in rp:
+      if k not in ("full_attention", "sliding_attention"):
+        c.refuse(f"rope_parameters.{k}", rp[k], "unknown layer type")
+    for t in types:
+      per_type[t] = dict(rp.get(t) or {})
+    if rs:          # 4.x scaling of a nested family applies to the global layers
+      per_type.setdefault("full_attention", {}).update(rs)
+  else:
+    flat = dict(rs or rp or {})     # transformers 5: rope_scaling wins over rope_parameters
+    for t in types:
+      per_type[t] = dict(flat)
+    if local_theta_key:   # Gemma 3 (4.x): local layers' base at the top level
+      per_type.setdefault("full_attention", dict(flat))
+      per_type["sliding_attention"] = {"rope_type": "default"}
+  out = {}
+  for t in types:
+    d = per_type.get(t, {})
+    where = "rope_parameters" + (f".{t}" if nested else "")
+    kind = d.pop("rope_type", None) or d.pop("type", None) or "default"
+    d.pop("type", None)
+    if kind in ROPE_TYPES_REFUSED:
+      c.refuse(f"{where}.rope_type", kind, ROPE_TYPES_REFUSED[kind])
+    if kind not in ROPE_KEYS:
+      c.refuse(f"{where}.rope_type", kind, f"implemented: {sorted(ROPE_KEYS)}")
+    for k in d:
+      if k not in ROPE_KEYS[kind]:
+        c.refuse(f"{where}.{k}", d[k], f"not a setting of rope_type {kind!r}")
+    if t == "sliding_attention" and local_theta_key and not nested:
+      base = c.get(local_theta_key, 10000.0)
+    else:
+      base = d.get("rope_theta", theta if theta is not None else default_theta)
+    frac = d.get("partial_rotary_factor", partial if partial is not None else default_partial)
+    dim = int(head_dim * float(frac))
+    if dim < 2 or dim % 2:
+      c.refuse(f"{where}.partial_rotary_factor", frac,
+               f"rotates {dim} of {head_dim} features (must be even, >= 2)")
+    s = {"type": kind, "base": float(base), "dim": dim}
+    if kind in ("llama3", "yarn"):
+      d.setdefault("original_max_position_embeddings",
+                   c.get("original_max_position_embeddings",
+                         c.get("max_position_embeddings")))
+    for k in ROPE_KEYS[kind][2:]:
+      if d.get(k) is not None:
+        s[k] = d[k] if isinstance(d[k], bool) else float(d[k])
+    if kind != "default" and "factor" not in s:
+      c.refuse(f"{where}.factor", None, f"rope_type {kind!r} needs a factor")
+    if kind == "llama3":
+      for k in ("low_freq_factor", "high_freq_factor"):
+        if k not in s:
+          c.refuse(f"{where}.{k}", None, "rope_type 'llama3' needs it")
+    out[t] = s
+  return out
+
+
+def _act(c: Config, key: str, default: str) -> str:
+  name = c.get(key, default)
+  if ACTS.get(name) is None:
+    c.refuse(key, name, f"implemented: {sorted(k for k, v in ACTS.items() if v)}")
+  return ACTS[name]
+
+
+def _layer_types(c: Config, n: int, window) -> list[str]:
+  lt = c.cfg.get("layer_types")
+  if lt is not None:
+    if len(lt) != n or any(t not in ("full_attention", "sliding_attention") for t in lt):
+      c.refuse("layer_types", lt, f"expected {n} entries of 'full_attention' / "
+               f"'sliding_attention'")
+    return list(lt)
+  return ["sliding_attention" if window else "full_attention"] * n
+
+
+def _settings(c: Config) -> dict:
+  """The settings shared by the llama-like families (each family's parse adds its own)."""
+  d, h = int(c.need("hidden_size")), int(c.need("num_attention_heads"))
+  k = int(c.get("head_dim", d // h))
+  return dict(d=d, h=h, g=int(c.get("num_key_value_heads", h)), k=k,
+              f=int(c.need("intermediate_size")), n=int(c.need("num_hidden_layers")),
+              v=int(c.need("vocab_size")), max_len=int(c.get("max_position_embeddings", 2048)),
+              eps=float(c.get("rms_norm_eps", 1e-6)), tied=bool(c.get("tie_word_embeddings",
+                                                                       False)))
+
+
+def _finish(c, s, layer_types, window, **rope_kw):
+  s["layer_types"] = layer_types
+  s["window"] = None if window is None else int(window)
+  s["rope"] = _rope_settings(c, s["k"], layer_types, **rope_kw)
+  return s
+
+
+def _parse_llama(c: Config) -> dict:
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  s["mlp_bias"] = bool(c.get("mlp_bias", False))
+  window = c.get("sliding_window") if c.family.name == "mistral" else None
+  return _finish(c, s, _layer_types(c, s["n"], window), window)
+
+
+def _parse_qwen(c: Config) -> dict:
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = c.family.name == "qwen2" or bool(c.get("attention_bias", False))
+  s["o_bias"] = c.family.name == "qwen3" and bool(c.get("attention_bias", False))
+  s["mlp_bias"] = False
+  window = c.get("sliding_window") if c.get("use_sliding_window", False) else None
+  lt = c.cfg.get("layer_types")
+  if lt is None:
+    mwl = int(c.get("max_window_layers", s["n"]))
+    lt = ["sliding_attention" if window is not None and i >= mwl else "full_attention"
+          for i in range(s["n"])]
+  lt = list(lt)
+  if window is None and "sliding_attention" in lt:   # transformers: no window set
+    lt = ["full_attention"] * s["n"]
+  if len(lt) != s["n"]:
+    c.refuse("layer_types", lt, f"expected {s['n']} entries")
+  return _finish(c, s, lt, window)
+
+
+def _parse_gemma(c: Config) -> dict:
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_activation", "gelu_pytorch_tanh")
+  if c.cfg.get("hidden_act") is not None and c.cfg.get("hidden_activation") is None:
+    s["act"] = _act(c, "hidden_act", "gelu_pytorch_tanh")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  s["mlp_bias"] = False
+  s["scale"] = float(c.get("query_pre_attn_scalar", s["k"])) ** -0.5
+  s["attn_softcap"] = c.get("attn_logit_softcapping")
+  s["final_softcap"] = c.get("final_logit_softcapping")
+  s["embed_scale"] = float(np.float32(s["d"] ** 0.5))
+  window = c.get("sliding_window")
+  lt = c.cfg.get("layer_types")
+  if lt is None:
+    if c.family.name == "gemma2":
+      lt = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(s["n"])]
+    else:
+      pat = int(c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6)))
+      lt = ["sliding_attention" if (i + 1) % pat else "full_attention" for i in range(s["n"])]
+  if c.cfg.get("layer_types") is not None:
+    lt = _layer_types(c, s["n"], window)
+  kw = {}
+  if c.family.name == "gemma3":
+    kw = dict(local_theta_key="rope_local_base_freq", default_theta=1e6)
+  return _finish(c, s, lt, window, **kw)
+
+
+def _parse_olmo2(c: Config) -> dict:
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  s["mlp_bias"] = False
+  return _finish(c, s, ["full_attention"] * s["n"], None)
+
+
+def _parse_phi3(c: Config) -> dict:
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = s["mlp_bias"] = False
+  window = c.get("sliding_window")
+  return _finish(c, s, ["sliding_attention" if window else "full_attention"] * s["n"], window)
+
+
+def _parse_gpt2(c: Config) -> dict:
+  d, h = int(c.get("n_embd", 768)), int(c.get("n_head", 12))
+  n = int(c.get("n_layer", 12))
+  s = dict(d=d, h=h, g=h, k=d // h, f=int(c.get("n_inner") or 4 * d), n=n,
+           v=int(c.get("vocab_size", 50257)), max_len=int(c.get("n_positions", 1024)),
+           eps=float(c.get("layer_norm_epsilon", 1e-5)),
+           tied=bool(c.get("tie_word_embeddings", True)))
+  s["act"] = _act(c, "activation_function", "gelu_new")
+  base = (s["k"] ** -0.5) if c.get("scale_attn_weights", True) else 1.0
+  inv = bool(c.get("scale_attn_by_inverse_layer_idx", False))
+  s["scale"] = [base / (i + 1) if inv else base for i in range(n)]
+  s["layer_types"], s["window"], s["rope"] = ["full_attention"] * n, None, None
+  return s
+
+
+def _parse_neox(c: Config) -> dict:
+  s = _settings(c)
+  s["g"] = s["h"]
+  s["k"] = s["d"] // s["h"]
+  s["eps"] = float(c.get("layer_norm_eps", 1e-5))
+  s["act"] = _act(c, "hidden_act", "gelu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", True))
+  s["parallel"] = bool(c.get("use_parallel_residual", True))
+  return _finish(c, s, ["full_attention"] * s["n"], None, legacy_theta_key="rotary_emb_base",
+                 legacy_partial_key="rotary_pct", default_partial=0.25)
+
+
+# ---------------------------------------------------------------------------------------
+# The families.
+# ---------------------------------------------------------------------------------------
+
+_ATTN = (("self_attn.q_proj.weight", "q", "attn.wq", None),
+         ("self_attn.k_proj.weight", "kv", "attn.wk", None),
+         ("self_attn.v_proj.weight", "kv", "attn.wv", None),
+         ("self_attn.o_proj.weight", "o", "attn.wo", None),
+         ("self_attn.q_proj.bias", "bq", "attn.bq", "attn_bias"),
+         ("self_attn.k_proj.bias", "bkv", "attn.bk", "attn_bias"),
+         ("self_attn.v_proj.bias", "bkv", "attn.bv", "attn_bias"),
+         ("self_attn.o_proj.bias", "vec", "attn.bo", "o_bias"))
+_MLP = (("mlp.gate_proj.weight", "lin", "mlp.w_gate", None),
+        ("mlp.up_proj.weight", "lin", "mlp.w_up", None),
+        ("mlp.down_proj.weight", "lin", "mlp.w_down", None),
+        ("mlp.gate_proj.bias", "vec", "mlp.b_gate", "mlp_bias"),
+        ("mlp.up_proj.bias", "vec", "mlp.b_up", "mlp_bias"),
+        ("mlp.down_proj.bias", "vec", "mlp.b_down", "mlp_bias"))
+_LLAMA_NORMS = (("input_layernorm.weight", "vec", "ln1.scale", None),
+                ("post_attention_layernorm.weight", "vec", "ln2.scale", None))
+_TOP = (("embed_tokens.weight", "vec", "embed", None),
+        ("norm.weight", "vec", "lm.ln_final.scale", None),
+        ("lm_head.weight", "lin", "unembed", "untied"))
+
+_LLAMA_KEYS = {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+               "num_hidden_layers": USE, "num_attention_heads": USE,
+               "num_key_value_heads": USE, "head_dim": USE, "hidden_act": USE,
+               "rms_norm_eps": USE, "pretraining_tp": (1,), "attention_bias": USE,
+               "mlp_bias": USE}
+
+FAMILIES = {f.name: f for f in (
+    Family("llama", ("llama",), _LLAMA_KEYS, _TOP, _LLAMA_NORMS + _ATTN + _MLP,
+           parse=_parse_llama),
+    Family("mistral", ("mistral",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp",
+                                                                   "attention_bias",
+                                                                   "mlp_bias")},
+            "sliding_window": USE},
+           _TOP, _LLAMA_NORMS + _ATTN[:4] + _MLP[:3], parse=_parse_llama),
+    Family("qwen2", ("qwen2",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp",
+                                                                   "attention_bias",
+                                                                   "mlp_bias", "head_dim")},
+            "use_sliding_window": USE, "sliding_window": USE, "max_window_layers": USE,
+            "layer_types": USE, "use_mrope": (False,)},
+           _TOP, _LLAMA_NORMS + _ATTN[:7] + _MLP[:3], parse=_parse_qwen),
+    Family("qwen3", ("qwen3",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp",
+                                                                   "mlp_bias")},
+            "use_sliding_window": USE, "sliding_window": USE, "max_window_layers": USE,
+            "layer_types": USE},
+           _TOP, _LLAMA_NORMS + _ATTN + _MLP[:3] + (
+               ("self_attn.q_norm.weight", "head_norm", "attn.q_norm", None),
+               ("self_attn.k_norm.weight", "head_norm", "attn.k_norm", None)),
+           parse=_parse_qwen),
+    Family("gemma2", ("gemma2",),
+           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+            "head_dim": USE, "hidden_activation": USE, "hidden_act": USE,
+            "rms_norm_eps": USE, "attention_bias": USE, "query_pre_attn_scalar": USE,
+            "sliding_window": USE, "layer_types": USE, "final_logit_softcapping": USE,
+            "attn_logit_softcapping": USE, "use_bidirectional_attention": (None, False),
+            "sliding_window_size": IGNORE},
+           _TOP, (("input_layernorm.weight", "vec", "ln1.scale", None),
+                  ("post_attention_layernorm.weight", "vec", "ln1_post.scale", None),
+                  ("pre_feedforward_layernorm.weight", "vec", "ln2.scale", None),
+                  ("post_feedforward_layernorm.weight", "vec", "ln2_post.scale", None))
+           + _ATTN + _MLP[:3], plus_one=True, parse=_parse_gemma),
+    Family("gemma3", ("gemma3_text",),
+           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+            "head_dim": USE, "hidden_activation": USE, "hidden_act": USE,
+            "rms_norm_eps": USE, "attention_bias": USE, "query_pre_attn_scalar": USE,
+            "sliding_window": USE, "layer_types": USE, "final_logit_softcapping": USE,
+            "attn_logit_softcapping": USE, "use_bidirectional_attention": (None, False),
+            "_sliding_window_pattern": USE, "sliding_window_pattern": USE,
+            "rope_local_base_freq": USE},
+           _TOP, (("input_layernorm.weight", "vec", "ln1.scale", None),
+                  ("post_attention_layernorm.weight", "vec", "ln1_post.scale", None),
+                  ("pre_feedforward_layernorm.weight", "vec", "ln2.scale", None),
+                  ("post_feedforward_layernorm.weight", "vec", "ln2_post.scale", None),
+                  ("self_attn.q_norm.weight", "head_norm", "attn.q_norm", None),
+                  ("self_attn.k_norm.weight", "head_norm", "attn.k_norm", None))
+           + _ATTN + _MLP[:3], plus_one=True, parse=_parse_gemma),
+    Family("olmo2", ("olmo2",),
+           {k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp", "mlp_bias",
+                                                               "head_dim")},
+           _TOP, (("post_attention_layernorm.weight", "vec", "ln1_post.scale", None),
+                  ("post_feedforward_layernorm.weight", "vec", "ln2_post.scale", None),
+                  ("self_attn.q_norm.weight", "whole_q", "attn.q_norm", None),
+                  ("self_attn.k_norm.weight", "whole_k", "attn.k_norm", None))
+           + _ATTN + _MLP[:3], parse=_parse_olmo2),
+    Family("phi3", ("phi3",),
+           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+            "resid_pdrop": IGNORE, "embd_pdrop": IGNORE, "hidden_act": USE,
+            "original_max_position_embeddings": USE, "rms_norm_eps": USE,
+            "sliding_window": USE, "partial_rotary_factor": USE, "head_dim": USE},
+           _TOP, _LLAMA_NORMS + (
+               ("self_attn.qkv_proj.weight", "qkv", "attn", None),
+               ("self_attn.o_proj.weight", "o", "attn.wo", None),
+               ("mlp.gate_up_proj.weight", "gate_up", "mlp", None),
+               ("mlp.down_proj.weight", "lin", "mlp.w_down", None)),
+           parse=_parse_phi3),
+    Family("gpt2", ("gpt2",),
+           {"vocab_size": USE, "n_positions": USE, "n_embd": USE, "n_layer": USE,
+            "n_head": USE, "n_inner": USE, "activation_function": USE,
+            "resid_pdrop": IGNORE, "embd_pdrop": IGNORE, "attn_pdrop": IGNORE,
+            "layer_norm_epsilon": USE, "summary_type": IGNORE, "summary_use_proj": IGNORE,
+            "summary_activation": IGNORE, "summary_proj_to_labels": IGNORE,
+            "summary_first_dropout": IGNORE, "scale_attn_weights": USE,
+            "scale_attn_by_inverse_layer_idx": USE, "reorder_and_upcast_attn": IGNORE,
+            "n_ctx": IGNORE},
+           (("wte.weight", "vec", "embed", None), ("wpe.weight", "vec", "pos_embed", None),
+            ("ln_f.weight", "vec", "lm.ln_final.scale", None),
+            ("ln_f.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied")),
+           (("ln_1.weight", "vec", "ln1.scale", None), ("ln_1.bias", "vec", "ln1.bias", None),
+            ("attn.c_attn.weight", "gpt2_qkv", "attn", None),
+            ("attn.c_attn.bias", "gpt2_qkv", "attn.b", None),
+            ("attn.c_proj.weight", "gpt2_o", "attn.wo", None),
+            ("attn.c_proj.bias", "vec", "attn.bo", None),
+            ("ln_2.weight", "vec", "ln2.scale", None), ("ln_2.bias", "vec", "ln2.bias", None),
+            ("mlp.c_fc.weight", "conv", "mlp.w_up", None),
+            ("mlp.c_fc.bias", "vec", "mlp.b_up", None),
+            ("mlp.c_proj.weight", "conv", "mlp.w_down", None),
+            ("mlp.c_proj.bias", "vec", "mlp.b_down", None)),
+           prefixes=("transformer.", ""), layer_prefix="h.{i}.", norm="layer",
+           ignore_tensors=("attn.bias", "attn.masked_bias"), parse=_parse_gpt2),
+    Family("gpt_neox", ("gpt_neox",),
+           {"vocab_size": USE, "hidden_size": USE, "num_hidden_layers": USE,
+            "num_attention_heads": USE, "intermediate_size": USE, "hidden_act": USE,
+            "hidden_dropout": IGNORE, "classifier_dropout": IGNORE, "layer_norm_eps": USE,
+            "use_parallel_residual": USE, "attention_bias": USE, "rotary_pct": USE,
+            "rotary_emb_base": USE, "partial_rotary_factor": USE},
+           (("embed_in.weight", "vec", "embed", None),
+            ("final_layer_norm.weight", "vec", "lm.ln_final.scale", None),
+            ("final_layer_norm.bias", "vec", "lm.ln_final.bias", None),
+            ("embed_out.weight", "lin", "unembed", "untied")),
+           (("input_layernorm.weight", "vec", "ln1.scale", None),
+            ("input_layernorm.bias", "vec", "ln1.bias", None),
+            ("post_attention_layernorm.weight", "vec", "ln2.scale", None),
+            ("post_attention_layernorm.bias", "vec", "ln2.bias", None),
+            ("attention.query_key_value.weight", "neox_qkv", "attn", None),
+            ("attention.query_key_value.bias", "neox_qkv", "attn.b", "attn_bias"),
+            ("attention.dense.weight", "o", "attn.wo", None),
+            ("attention.dense.bias", "vec", "attn.bo", "o_bias"),
+            ("mlp.dense_h_to_4h.weight", "lin", "mlp.w_up", None),
+            ("mlp.dense_h_to_4h.bias", "vec", "mlp.b_up", None),
+            ("mlp.dense_4h_to_h.weight", "lin", "mlp.w_down", None),
+            ("mlp.dense_4h_to_h.bias", "vec", "mlp.b_down", None)),
+           prefixes=("gpt_neox.", ""), norm="layer",
+           ignore_tensors=("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"),
+           parse=_parse_neox),
+)}
+
+
+def family_of(cfg: dict) -> Family | None:
+  mt = cfg.get("model_type", "")
+  for f in FAMILIES.values():
+    if mt in f.model_types:
+      return f
+  return None
+
+
+# ---------------------------------------------------------------------------------------
+# Config -> the model section of an imported workdir's config.json.
+# ---------------------------------------------------------------------------------------
+
+
+def read_config(cfg: dict, family: Family, where: str) -> dict:
+  """The family's settings (checked key by key) from a Hugging Face config dict."""
+  c = Config(cfg, family, where)
+  c.check_keys()
+  s = family.parse(c)
+  if s["h"] % s["g"]:
+    c.refuse("num_key_value_heads", s["g"], f"must divide num_attention_heads={s['h']}")
+  for w in (s["window"] for t in s["layer_types"] if t == "sliding_attention"):
+    if not w:
+      c.refuse("sliding_window", w, "sliding layers need a window")
+  return s
+
+
+def model_config(s: dict, family: Family) -> dict:
+  """config.json's "model" section: sizes, and model.decoder (decoder.spec_from_config)."""
+  layers = []
+  scale = s.get("scale")
+  for i, t in enumerate(s["layer_types"]):
+    rope = None if s["rope"] is None else s["rope"][t]
+    sc = scale[i] if isinstance(scale, list) else scale
+    layers.append({"type": t, "rope": rope,
+                   "window": s["window"] if t == "sliding_attention" else None,
+                   "scale": sc})
+  dec = {"norm": family.norm, "norm_eps": s["eps"], "act": s["act"],
+         "parallel": bool(s.get("parallel", False)), "layers": layers,
+         "attn_softcap": s.get("attn_softcap"), "final_softcap": s.get("final_softcap"),
+         "embed_scale": s.get("embed_scale")}
+  rope0 = next((l["rope"] for l in layers if l["rope"] is not None), None)
+  return dict(family=family.name, d_model=s["d"], num_heads=s["h"], num_kv_heads=s["g"],
+              head_dim=s["k"], num_layers=s["n"], d_ff=s["f"], vocab_size=s["v"],
+              norm_eps=s["eps"], rope_base=float(rope0["base"]) if rope0 else 0.0,
+              max_len=s["max_len"], tie_embeddings=s["tied"], decoder=dec)
+
+
+# ---------------------------------------------------------------------------------------
+# Tensors.
+# ---------------------------------------------------------------------------------------
+
+
+class Tensors:
+  """The file's tensors by HF name: each is taken once, as float32 (or the --dtype)."""
+
+  def __init__(self, get: Callable[[str], np.ndarray], names, where, prefixes, dtype):
+    self.get, self.left, self.where = get, set(names), where
+    self.prefixes, self.dtype = prefixes, dtype
+
+  def has(self, name):
+    return any(p + name in self.left for p in self.prefixes)
+
+  def take(self, name, shape=None):
+    for p in self.prefixes:
+      if p + name in self.left:
+        x = np.asarray(self.get(p + name))
+        self.left.discard(p + name)
+        if shape is not None and x.shape != tuple(shape):
+          raise UserError(f"{self.where}: tensor {p + name!r} has shape {x.shape}, "
+                           f"expected {tuple(shape)}")
+        return x
+    raise UserError(f"{self.where}: tensor {name!r} is missing")
+
+
+def _set(tree, path, value):
+  parts = path.split(".")
+  for p in parts[:-1]:
+    tree = tree.setdefault(p, {})
+  tree[parts[-1]] = value
+
+
+def _convert(t: Tensors, name, kind, s, family, dt):
+  """{relative target: array} for one row of the table."""
+  d, h, g, k, f = s["d"], s["h"], s["g"], s["k"], s["f"]
+  cast = lambda x: np.ascontiguousarray(x.astype(dt, copy=False))  # noqa: E731
+  if kind == "vec":
+    x = t.take(name).astype(np.float32)
+    if family.plus_one and name.endswith("norm.weight"):
+      x = x + np.float32(1.0)
+    return {"": cast(x)}
+  if kind == "head_norm":
+    x = t.take(name, (k,)).astype(np.float32)
+    return {"": cast(x + np.float32(1.0) if family.plus_one else x)}
+  if kind == "whole_q":
+    return {"": cast(t.take(name, (h * k,)).reshape(h, k))}
+  if kind == "whole_k":
+    return {"": cast(t.take(name, (g * k,)).reshape(g, k))}
+  if kind == "lin":
+    return {"": cast(t.take(name).T)}
+  if kind == "conv":
+    return {"": cast(t.take(name))}
+  if kind == "q":
+    return {"": cast(t.take(name, (h * k, d)).T.reshape(d, h, k))}
+  if kind == "kv":
+    return {"": cast(t.take(name, (g * k, d)).T.reshape(d, g, k))}
+  if kind == "o":
+    return {"": cast(t.take(name, (d, h * k)).T.reshape(h, k, d))}
+  if kind == "bq":
+    return {"": cast(t.take(name, (h * k,)).reshape(h, k))}
+  if kind == "bkv":
+    return {"": cast(t.take(name, (g * k,)).reshape(g, k))}
+  if kind == "gpt2_o":
+    return {"": cast(t.take(name, (h * k, d)).reshape(h, k, d))}
+  if kind == "qkv":
+    w = t.take(name, (h * k + 2 * g * k, d))
+    q, kk, v = w[:h * k], w[h * k:h * k + g * k], w[h * k + g * k:]
+    return {"wq": cast(q.T.reshape(d, h, k)), "wk": cast(kk.T.reshape(d, g, k)),
+            "wv": cast(v.T.reshape(d, g, k))}
+  if kind == "gate_up":
+    w = t.take(name, (2 * f, d))
+    return {"w_gate": cast(w[:f].T), "w_up": cast(w[f:].T)}
+  if kind == "neox_qkv":
+    if name.endswith(".bias"):
+      b = t.take(name, (3 * h * k,)).reshape(h, 3, k)
+      return {"q": cast(b[:, 0]), "k": cast(b[:, 1]), "v": cast(b[:, 2])}
+    w = t.take(name, (3 * h * k, d)).reshape(h, 3, k, d)
+    return {"wq": cast(w[:, 0].transpose(2, 0, 1)), "wk": cast(w[:, 1].transpose(2, 0, 1)),
+            "wv": cast(w[:, 2].transpose(2, 0, 1))}
+  if kind == "gpt2_qkv":
+    if name.endswith(".bias"):
+      b = t.take(name, (3 * d,)).reshape(3, h, k)
+      return {"q": cast(b[0]), "k": cast(b[1]), "v": cast(b[2])}
+    w = t.take(name, (d, 3 * d)).reshape(d, 3, h, k)
+    return {"wq": cast(w[:, 0]), "wk": cast(w[:, 1]), "wv": cast(w[:, 2])}
+  raise ValueError(f"unknown tensor kind {kind!r}")
+
+
+def _rows(family, s, rows, t, dt, out, prefix=""):
+  flags = dict(attn_bias=s.get("attn_bias", False), o_bias=s.get("o_bias", False),
+               mlp_bias=s.get("mlp_bias", False), untied=not s["tied"])
+  for name, kind, target, cond in rows:
+    if cond is not None and not flags[cond]:
+      continue
+    if cond == "untied" and not t.has(prefix + name):
+      raise UserError(f"{t.where}: tie_word_embeddings is false but {name!r} is missing")
+    for sub, arr in _convert(t, prefix + name, kind, s, family, dt).items():
+      _set(out, target + (sub if target.endswith(".b") else ("." + sub if sub else "")),
+           arr)
+
+
+def build_params(family: Family, s: dict, t: Tensors, dtype=np.float32) -> dict:
+  """mha-jax params from the tensors (each taken once); refuses leftovers by name."""
+  params: dict = {}
+  _rows(family, s, family.top, t, dtype, params)
+  if s["tied"] and t.has("lm_head.weight"):   # a saved copy of the tied embedding
+    t.take("lm_head.weight")
+  lm = params.setdefault("lm", {})
+  for i in range(s["n"]):
+    layer: dict = {}
+    _rows(family, s, family.layer, t, dtype, layer, family.layer_prefix.format(i=i))
+    lm[f"layer_{i}"] = layer
+  lm["ln_final"] = lm.pop("ln_final")
+  left = sorted(n for n in t.left if not any(n.endswith(x) for x in family.ignore_tensors))
+  if left:
+    raise UserError(f"{t.where}: tensors the {family.name} adapter does not know: "
+                     f"{left[:5]}")
+  return params
