@@ -29,7 +29,7 @@ import numpy as np
 
 from mha_jax import attention
 
-TYPES = ("default", "linear", "llama3", "yarn")
+TYPES = ("default", "linear", "llama3", "yarn")   # the numbers each reads: the docstring
 
 
 def _base_inv_freq(base: float, dim: int) -> np.ndarray:
