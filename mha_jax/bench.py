@@ -316,7 +316,8 @@ def run_scale_t(*, d_model: int = 512, num_heads: int = 8, batch: int = 1,
         row["status"] = "ok"
       else:
         oom = code is not None and ("RESOURCE_EXHAUSTED" in err or "MemoryError" in err
-                                    or "bad_alloc" in err or code < 0)
+                                    or "bad_alloc" in err or code < 0
+                                    or "attention scores whole" in err)  # refused up front
         status = "timeout" if code is None else ("over cap" if oom else "error")
         row = {"impl": name, "seq_len": t, "status": status,
                "error": err.strip().splitlines()[-1][:300] if err.strip() else ""}

@@ -621,8 +621,8 @@ FLAG_RANGES = {
     "d_model": (1, None, False, False, ""), "step": (0, None, False, False, ""),
     "bleu_sentences": (0, None, False, False, " (0 = all)"),
     "top": (1, None, False, False, ""), "draws": (1, None, False, False, ""),
-    "l0_lambda": (0, None, True, False, ""), "lambdas": (0, None, True, False, ""),
-    "keep": (0, None, False, False, ""), "steps": (1, None, False, False, ""),
+    "l0_lambda": (0, None, False, False, ""), "lambdas": (0, None, False, False, ""),
+    "steps": (1, None, False, False, ""),   # prune --keep: checked against the heads
     "lr": (0, None, True, False, ""), "beta": (0, None, True, False, ""),
     "seed": (0, None, False, False, ""), "counts": (0, None, False, False, ""),
     "random_draws": (1, None, False, False, ""),

@@ -89,7 +89,8 @@ def test_launch_tpu_vm_dry_run_prints_gcloud_commands():
 
 
 def test_token_ids_beyond_the_vocabulary_are_refused():
-  with pytest.raises(ValueError, match="training batch: token id 50 >= vocab size 50"):
+  with pytest.raises(ValueError, match=r"training batch: token id 50 is not in the vocabulary "
+                                       r"of 50 tokens \(ids 0\.\.49\)"):
     tasks.check_ids(np.array([[1, 50]]), 50, "training batch")
 
 

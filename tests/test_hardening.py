@@ -19,8 +19,8 @@ from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from conftest import numpy_mha
-from test_faults import QUIET, _copy, _tree, induction_cfg
-from test_train import TINY_INDUCTION, TINY_TRANSLATION, tiny
+from test_faults import QUIET, _copy, _tree, induction_cfg, parallel_run  # noqa: F401,F811
+from test_train import TINY_INDUCTION
 
 pytestmark = pytest.mark.xdist_group('faults')
 
@@ -72,6 +72,16 @@ def test_a_nan_or_inf_in_a_masked_key_or_value_does_not_reach_real_queries(impl,
 
 # ------------------------------------------------------------------ silent nonsense
 
+@pytest.fixture
+def no_load(monkeypatch):
+  """mha_jax.load fails the test: nothing may be loaded before the checks."""
+  from mha_jax import loader
+  from mha_jax.pruning import curve, run as prune_run
+  fail = lambda *a, **k: pytest.fail("worked before checking")
+  for module in (loader, curve, prune_run):   # the studies bind load at their import
+    monkeypatch.setattr(module, "load", fail)
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["ablate", "--induction-vs-random", "--top", "0"], r"--top must be >= 1; got 0"),
     (["ablate", "--induction-vs-random", "--draws", "-1"], r"--draws must be >= 1; got -1"),
@@ -84,9 +94,7 @@ def test_a_nan_or_inf_in_a_masked_key_or_value_does_not_reach_real_queries(impl,
      r"--max-new-tokens must be >= 1; got 0"),
 ])
 def test_every_numeric_flag_is_range_checked_before_any_work(run8, tmp_path, argv, msg,
-                                                             capsys, monkeypatch):
-  from mha_jax import loader
-  monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded before checking"))
+                                                             capsys, no_load):
   out = str(tmp_path / "out")
   assert cli_mod.main([argv[0], "--workdir", run8, *argv[1:]] +
                       (["--out", out] if argv[0] in ("prune", "prune-curve") else [])) == 2
@@ -112,9 +120,9 @@ def test_a_bogus_split_is_refused_naming_the_valid_ones(run8, capsys):
   assert "--split must be train, valid or test; got 'bogus'" in capsys.readouterr().err
   run = mha_jax.load(run8, **QUIET)
   with pytest.raises(UserError, match=r"split must be one of train, valid, test; got 'bogus'"):
-    run.model.evaluate(run.params, "bogus")
+    run.task.evaluate(run.params, "bogus")
   with pytest.raises(UserError, match=r"split must be one of train, valid, test"):
-    next(run.model.eval_batches("bogus", 4))
+    next(run.task.eval_batches("bogus", 4))
 
 
 def test_an_unknown_impl_is_refused_with_the_other_config_fields(tmp_path):
@@ -232,22 +240,24 @@ def test_a_run_is_marked_and_a_marked_or_older_run_resumes(run8, tmp_path):
   assert marker["mha_jax"] == "run" and ckpt_lib.step_dirs(wd)[-1] == 12
 
 
-def test_edited_data_is_refused_before_any_data_file_changes(tmp_path):
-  from test_faults import _parallel_files
-  paths = _parallel_files(str(tmp_path))
-  cfg = lambda: tiny("configs/translation.py", TINY_TRANSLATION, "--config.data.kind=parallel",
-                     "--config.train.steps=1", "--config.eval.bleu_examples=2",
-                     "--config.data.max_len=8",
-                     *[f"--config.data.{k}={v}" for k, v in paths.items()])
-  wd = str(tmp_path / "run")
-  loop.train(cfg(), wd, **QUIET)
+def test_edited_data_is_refused_before_any_data_file_changes(parallel_run, tmp_path):  # noqa: F811
+  wd, paths = parallel_run
+  wd = _copy(wd, tmp_path)
+  data = _copy(os.path.dirname(paths["train_src"]), tmp_path, "data")
+  cfg = json.load(open(os.path.join(wd, "config.json")))
+  for k in paths:
+    cfg["data"][k] = os.path.join(data, os.path.basename(paths[k]))
+  json.dump(cfg, open(os.path.join(wd, "config.json"), "w"))
   before = _tree(wd)
-  with open(paths["train_src"], "a") as f:
+  with open(cfg["data"]["train_src"], "a") as f:
     f.write("brand new words\n")
-  with open(paths["train_tgt"], "a") as f:
+  with open(cfg["data"]["train_tgt"], "a") as f:
     f.write("words new brand\n")
+  resume = mc.from_dict(cfg)
+  with resume.unlocked():
+    resume.train.steps = 2
   with pytest.raises(UserError, match="no longer matches the run's vocabulary"):
-    loop.train(cfg(), wd, **QUIET)
+    loop.train(resume, wd, **QUIET)
   assert _tree(wd) == before                      # data/train_freqs.json too
 
 
@@ -319,6 +329,12 @@ def test_sigterm_during_a_checkpoint_save_saves_each_step_once_and_exits_0(tmp_p
   out = capsys.readouterr().out
   assert json.loads(out.strip().splitlines()[-1])["status"] == "preempted"
   assert saves == [4] and ckpt_lib.step_dirs(wd) == [4]
+  # Preempted again at once after resuming: step 4 is on disk already.
+  enter = loop._Preemption.__enter__
+  monkeypatch.setattr(loop._Preemption, "__enter__",
+                      lambda self: (enter(self), setattr(self, "requested", True))[0])
+  res = loop.train(induction_cfg("--config.train.steps=12"), wd, **QUIET)
+  assert res["status"] == "preempted" and res["step"] == 4 and saves == [4]
 
 
 @pytest.mark.parametrize("error", [
@@ -356,16 +372,16 @@ def test_a_full_disk_during_training_is_one_line_naming_the_last_good_checkpoint
 
 def test_token_ids_beyond_the_vocabulary_are_refused_where_they_enter(run8):
   run = mha_jax.load(run8, **QUIET)
-  v = run.model.vocab_size
+  v = run.task.vocab_size
   tokens = np.zeros((2, 9), np.int32)
-  assert np.isfinite(np.asarray(run.model.apply(run.params, {"tokens": tokens}))).all()
+  assert np.isfinite(np.asarray(run.task.apply(run.params, {"tokens": tokens}))).all()
   tokens[1, 3] = v + 5
   with pytest.raises(UserError, match=rf"token id {v + 5} is not in the vocabulary of {v} "
                                       rf"tokens \(ids 0..{v - 1}\)"):
-    run.model.apply(run.params, {"tokens": tokens})
+    run.task.apply(run.params, {"tokens": tokens})
   tokens[1, 3] = -1
   with pytest.raises(UserError, match=r"token id -1 is negative"):
-    run.model.loss(run.params, {"tokens": tokens})
+    run.task.loss(run.params, {"tokens": tokens})
 
 
 @pytest.fixture(scope="module")
@@ -393,7 +409,7 @@ def test_generate_beyond_the_context_is_refused_naming_both_numbers(tiny_llama, 
                        "--max-new-tokens", "2"]) == 0
   run = mha_jax.load(wd, **QUIET)
   with pytest.raises(UserError, match=r"token id 300 is not in the vocabulary of 256"):
-    run.model.logits(run.params, np.full((1, 4), 300, np.int32))
+    run.task.logits(run.params, np.full((1, 4), 300, np.int32))
 
 
 def test_a_full_disk_during_import_is_one_line_and_leaves_nothing(tiny_llama, tmp_path,
@@ -438,8 +454,7 @@ def test_a_config_json_edited_after_training_is_refused_naming_the_field(run8, t
 # ------------------------------------------------------------------ studies' outputs
 
 def test_out_inside_a_managed_folder_or_equal_to_the_source_is_refused(run8, tmp_path,
-                                                                       capsys, monkeypatch):
-  from mha_jax import loader
+                                                                       capsys, request):
   wd = _copy(run8, tmp_path)
   before = _tree(wd)
   for argv, msg in (
@@ -455,7 +470,7 @@ def test_out_inside_a_managed_folder_or_equal_to_the_source_is_refused(run8, tmp
   assert _tree(wd) == before and ckpt_lib.step_dirs(wd) == [4, 8]
   a_file = tmp_path / "curve_out"
   a_file.write_text("")
-  monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("worked before checking"))
+  request.getfixturevalue("no_load")
   assert cli_mod.main(["prune-curve", "--workdir", wd, "--out", str(a_file),
                        "--stacks", "lm", "--counts", "2"]) == 2
   assert f"--out '{a_file}' is a file, not a folder" in capsys.readouterr().err
@@ -504,9 +519,9 @@ def test_a_model_without_heads_runs_through_analyze_and_circuits(run8, tmp_path,
   assert cli_mod.main(["export-pruned", "--workdir", pruned, "--out", exported]) == 0
   run = mha_jax.load(exported, **QUIET)
   assert run.head_names == []
-  tokens = np.asarray(next(run.model.eval_batches("test", 4))[0]["tokens"])
+  tokens = np.asarray(next(run.task.eval_batches("test", 4))[0]["tokens"])
   want = run.params["embed"][tokens[:, :-1]] @ run.params["unembed"]   # no heads: the
-  np.testing.assert_allclose(run.model.apply(run.params, {"tokens": tokens}), want,
+  np.testing.assert_allclose(run.task.apply(run.params, {"tokens": tokens}), want,
                              atol=1e-5)                                 # direct path only
   capsys.readouterr()
   out = str(tmp_path / "a")

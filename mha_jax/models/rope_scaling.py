@@ -29,13 +29,7 @@ import numpy as np
 
 from mha_jax import attention
 
-TYPES = ("default", "linear", "llama3", "yarn")
-# The numbers each type reads (besides type, base, dim).
-KEYS = {"default": (), "linear": ("factor",),
-        "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                   "original_max_position_embeddings"),
-        "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-                 "attention_factor", "mscale", "mscale_all_dim", "truncate")}
+TYPES = ("default", "linear", "llama3", "yarn")   # the numbers each reads: the docstring
 
 
 def _base_inv_freq(base: float, dim: int) -> np.ndarray:

@@ -60,7 +60,10 @@ def _written_by_mha_jax(workdir: str) -> bool:
 
 def check_workdir(workdir: str) -> str:
   """"new", "empty" or "run"; a file, or a folder holding anything but a mha-jax run,
-  is refused (UserError naming what is there). Reads only."""
+  is refused (UserError naming what is there). Reads only. Process 0 decides for a
+  multi-process run (the others would see its first files appear)."""
+  if not storage.is_writer():
+    return "run"
   if not storage.exists(workdir):
     return "new"
   if not storage.isdir(workdir):

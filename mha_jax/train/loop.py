@@ -319,7 +319,7 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
       from tqdm import tqdm
       bar = tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True)
 
-    saved = [None]   # the step of the last save: one save per step
+    saved = [start or None]   # the step of the last save (a resume's is on disk already)
 
     def save(step, last_metrics):
       if saved[0] == step:
