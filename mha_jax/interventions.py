@@ -51,9 +51,8 @@ import jax.numpy as jnp
 import numpy as np
 
 ATTN_SITES = ("q", "k", "v", "k_q", "v_q", "pattern", "z", "result")
-LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+LAYER_SITES = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")   # forward order
 OPS = ("replace", "add", "scale")
-_ONLY_WHEN_WANTED = ("k_q", "v_q", "pattern", "result")
 
 # The axes a selection picks on each kind of site.
 _HEAD_AXES = {"rows": 0, "positions": 1, "heads": 2}
@@ -284,9 +283,9 @@ def site_names(params: Mapping) -> list[str]:
     layers = sorted((k for k in params[top] if k.startswith("layer_")),
                     key=lambda k: int(k.split("_")[1]))
     for i, _ in enumerate(layers):
-      out.append(f"{stack}.{i}.resid_pre")
+      out.append(f"{stack}.{i}.{LAYER_SITES[0]}")
       out += [f"{stack}.{i}.attn.{s}" for s in ATTN_SITES]
-      out += [f"{stack}.{i}.{s}" for s in ("attn_out", "resid_mid", "mlp_out", "resid_post")]
+      out += [f"{stack}.{i}.{s}" for s in LAYER_SITES[1:]]
     if stack == "lm":
       out.append("lm.ln_final.scale")
   return out

@@ -8,7 +8,6 @@ Jupytext percent script docs/tutorials/NAME.py becomes docs/tutorials/NAME.md
 
 from __future__ import annotations
 
-import logging
 import pathlib
 import sys
 
@@ -17,12 +16,6 @@ import jupytext
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import docs_results  # noqa: E402
-
-log = logging.getLogger("mkdocs.hooks")
-
-# Pages other branches are writing: left out of the nav until their file exists.
-# Every other nav entry must exist (`mkdocs build --strict` fails otherwise).
-PENDING = {"guide/faults.md", "guide/model-families.md"}
 
 
 def write_tutorials(docs):
@@ -55,23 +48,8 @@ def write_index(docs):
   return dst
 
 
-def _prune(nav, docs):
-  out = []
-  for item in nav:
-    (title, value), = item.items() if isinstance(item, dict) else ((None, item),)
-    if isinstance(value, list):
-      out.append({title: _prune(value, docs)})
-    elif value in PENDING and not (docs / value).exists() and not (
-        docs / value).with_suffix(".py").exists():
-      log.info("nav: %s is not written yet (another branch); left out", value)
-    else:
-      out.append(item)
-  return out
-
-
 def on_config(config):
   docs = pathlib.Path(config["docs_dir"])
-  config["nav"] = _prune(config["nav"], docs)
   docs_results.write_pages(docs)
   write_index(docs)
   write_tutorials(docs)

@@ -61,8 +61,13 @@ def test_incompatible_fields_ignore_resumable_ones():
 
 def test_every_shipped_config_loads_and_validates():
   for spec in ("configs/translation.py", "configs/translation.py:quickstart", "configs/lm.py",
-               "configs/lm.py:attn_only,layers=2", "configs/induction.py"):
+               "configs/lm.py:attn_only,layers=2", "configs/induction.py",
+               "configs/attn_only_text.py"):
     mc.validate(mc.load_config(spec))
+  text = mc.load_config("configs/attn_only_text.py")    # the papers' two-layer shape
+  assert (text.model.num_heads, text.model.num_layers, text.model.attn_only,
+          text.model.layer_norm, text.model.pos) == (12, 2, True, False, "qk")
+  assert len(text.data.text_files) > 100 and all(f.endswith(".py") for f in text.data.text_files)
   sweep = mc.load_config("configs/sweep_heads.py")
   assert [r["overrides"]["model.num_heads"] for r in sweep.runs] == [1, 2, 4, 8, 16, 32, 64]
 

@@ -548,8 +548,9 @@ def test_the_results_the_readme_cites_are_in_the_repository():
     stem, _, exts = c.partition("{")
     names = ([stem + e for e in exts.rstrip("}").split(",")] if exts else [c.rstrip(".")])
     for n in names:
-      if n.endswith("/"):         # a folder: something in it is tracked
-        assert any(t.startswith(n) for t in tracked), (n, tracked)
+      folder = n if n.endswith("/") else n + "/"
+      if n.endswith("/") or any(t.startswith(folder) for t in tracked):
+        assert any(t.startswith(folder) for t in tracked), (n, tracked)   # a folder
         continue
       pat = re.escape(n).replace(r"\*", ".*")
       assert any(re.fullmatch(pat, t) for t in tracked), (n, tracked)
