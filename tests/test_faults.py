@@ -545,8 +545,8 @@ def test_the_results_the_readme_cites_are_in_the_repository():
   ignored = subprocess.run(["git", "check-ignore", "docs/results/x.json"], cwd=root).returncode
   assert ignored == 1                                   # .gitignore no longer hides them
   for c in cited:
-    stem, _, exts = c.partition("{")
-    names = ([stem + e for e in exts.rstrip("}").split(",")] if exts else [c.rstrip(".")])
+    m = re.fullmatch(r"(.*?)\{(.*?)\}(.*)", c)     # stem{a,b}tail
+    names = ([m[1] + e + m[3] for e in m[2].split(",")] if m else [c.rstrip(".")])
     for n in names:
       folder = n if n.endswith("/") else n + "/"
       if n.endswith("/") or any(t.startswith(folder) for t in tracked):

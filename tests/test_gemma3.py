@@ -35,7 +35,7 @@ def gemma(gemma3_workdir):
 
 @pytest.fixture(scope="session")
 def hf_gemma(tmp_path_factory):
-  """(transformers' Gemma3ForCausalLM, its tokenizer), both read from the same GGUF."""
+  """(transformers' Gemma3ForCausalLM read from the same GGUF, the GGUF's path)."""
   from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
   path = registry.assemble("gemma3-270m", str(tmp_path_factory.mktemp("gemma_gguf")))
   meta = load_gguf_checkpoint(path, return_tensors=False)["config"]
@@ -48,9 +48,15 @@ def hf_gemma(tmp_path_factory):
                                   strict=False).missing_keys
   assert missing == ["lm_head.weight"]          # tied to the embedding
   model.tie_weights()
-  tok = transformers.AutoTokenizer.from_pretrained(str(path.rsplit("/", 1)[0]),
-                                                   gguf_file=path.rsplit("/", 1)[1])
-  return model, tok
+  return model, path
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(hf_gemma):
+  """transformers' tokenizer converted from the same GGUF's metadata."""
+  path = hf_gemma[1]
+  return transformers.AutoTokenizer.from_pretrained(str(path.rsplit("/", 1)[0]),
+                                                    gguf_file=path.rsplit("/", 1)[1])
 
 
 def test_gemma3_workdir_is_an_ordinary_run(gemma):
@@ -111,15 +117,22 @@ STRINGS = [
 ]
 
 
-def test_gemma3_tokenizer_matches_transformers(gemma, hf_gemma):
+@pytest.mark.slow    # transformers parses the 262,144-token vocabulary once more (~15 s)
+def test_gemma3_tokenizer_matches_transformers(gemma, hf_tokenizer):
   _, model, _ = gemma
-  _, tok = hf_gemma
+  tok = hf_tokenizer
   agree = [list(model.tokenizer.encode(s)) == tok(s, add_special_tokens=False).input_ids
            for s in STRINGS]
   print(f"\nGemma 3 tokenizer agreement with transformers: {sum(agree)}/{len(agree)}")
   assert all(agree), [s for s, a in zip(STRINGS, agree) if not a]
+
+
+def test_gemma3_tokenizer_round_trips_and_keeps_turn_markers(gemma):
+  _, model, _ = gemma
   for s in STRINGS[:-1]:
     assert model.tokenizer.decode(model.tokenizer.encode(s)) == s
+  ids = list(model.tokenizer.encode(STRINGS[-1]))
+  assert len(ids) == 5 and model.tokenizer.decode(ids[:1]) == "<start_of_turn>"
 
 
 def test_gemma3_studies_roles_and_mqa_export(gemma):
