@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from mha_jax import cli
 
 
@@ -26,6 +28,7 @@ def test_console_script_entry_point_runs():
   assert "LLaMA 13B" in r.stdout
 
 
+@pytest.mark.slow    # a benchmark run end to end (~11 s); `pytest -m slow`
 def test_bench_attention_writes_json_and_table(tmp_path, capsys):
   out = tmp_path / "b.json"
   assert cli.main(["bench", "attention", "--d-model", "32", "--seq-len", "8", "--batch", "1",

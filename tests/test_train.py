@@ -238,6 +238,7 @@ def test_token_losses_match_optax_with_and_without_label_smoothing():
                        - tasks.token_losses(logits, targets, 0.0)[1]).max()) > 1e-3
 
 
+@pytest.mark.slow    # a benchmark run end to end (~11 s); `pytest -m slow`
 def test_bench_train_times_ours_and_flax_linen_and_writes_json(tmp_path):
   out = tmp_path / "bt.json"
   r = cli("bench", "train", "--config", "configs/translation.py:quickstart", "--rounds", "1",
