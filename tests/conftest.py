@@ -36,6 +36,12 @@ def pytest_unconfigure(config):
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+def rel_err(a, ref) -> float:
+  """max |a - ref| / max |ref| over the compared entries, in float64."""
+  a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
+  return float(np.max(np.abs(a - ref)) / np.max(np.abs(ref)))
+
+
 def numpy_rope(x_TK, pos_T, base=10000.0, layout="half", dim=None):
   """Rotary embedding of one head's (T, K) rows, from the formula (Su et al. 2021).
 

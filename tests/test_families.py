@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import rel_err
 
 import mha_jax
 from mha_jax.pretrained import adapters, importer
@@ -28,11 +29,6 @@ pytestmark = pytest.mark.xdist_group("families")
 
 RTOL = 1e-4
 V, T, B, WINDOW = 96, 24, 2, 8
-
-
-def rel_err(a, ref) -> float:
-  a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
-  return float(np.max(np.abs(a - ref)) / np.max(np.abs(ref)))
 
 
 def _tokenizer_json() -> str:

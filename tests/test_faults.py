@@ -43,6 +43,18 @@ def _copy(src, tmp_path, name="run"):
   return dst
 
 
+def copy_with_own_data(wd, paths, tmp_path):
+  """(a copy of the run, its config) whose data files are copies too, so a test may edit
+  them; config.json points at the copies."""
+  wd = _copy(wd, tmp_path)
+  data = _copy(os.path.dirname(paths["train_src"]), tmp_path, "data")
+  cfg = json.load(open(os.path.join(wd, "config.json")))
+  for k in paths:
+    cfg["data"][k] = os.path.join(data, os.path.basename(paths[k]))
+  json.dump(cfg, open(os.path.join(wd, "config.json"), "w"))
+  return wd, cfg
+
+
 def _largest(folder):
   """The params' data files (orbax keeps the same bytes under d/ and ocdbt.process_0/d/)."""
   files = [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs]
@@ -220,12 +232,7 @@ def test_loading_and_evaluating_never_write_to_the_workdir(parallel_run, ind_run
 def test_data_edited_after_training_is_refused_and_the_vocabulary_kept(parallel_run,
                                                                        tmp_path):
   wd, paths = parallel_run
-  wd = _copy(wd, tmp_path)
-  data = _copy(os.path.dirname(paths["train_src"]), tmp_path, "data")
-  cfg = json.load(open(os.path.join(wd, "config.json")))
-  for k in paths:
-    cfg["data"][k] = os.path.join(data, os.path.basename(paths[k]))
-  json.dump(cfg, open(os.path.join(wd, "config.json"), "w"))
+  wd, cfg = copy_with_own_data(wd, paths, tmp_path)
   vocab = open(os.path.join(wd, "data", "vocab.json")).read()
   assert mha_jax.load(wd).model.vocab_size == len(json.loads(vocab))
   with open(cfg["data"]["train_src"], "a") as f:

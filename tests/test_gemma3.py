@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import rel_err
 
 import mha_jax
 from mha_jax.models import decoder
@@ -21,11 +22,6 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.xdist_group("gemma3")
 RTOL = 1e-4
 PROMPT = "The capital of France is"
-
-
-def rel_err(a, ref) -> float:
-  a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
-  return float(np.max(np.abs(a - ref)) / np.max(np.abs(ref)))
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,8 @@ from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from conftest import numpy_mha
-from test_faults import QUIET, _copy, _tree, induction_cfg, parallel_run  # noqa: F401,F811
+from test_faults import (QUIET, _copy, _tree, copy_with_own_data, induction_cfg,  # noqa: F401
+                         parallel_run)  # noqa: F811
 from test_train import TINY_INDUCTION
 
 pytestmark = pytest.mark.xdist_group('faults')
@@ -242,12 +243,7 @@ def test_a_run_is_marked_and_a_marked_or_older_run_resumes(run8, tmp_path):
 
 def test_edited_data_is_refused_before_any_data_file_changes(parallel_run, tmp_path):  # noqa: F811
   wd, paths = parallel_run
-  wd = _copy(wd, tmp_path)
-  data = _copy(os.path.dirname(paths["train_src"]), tmp_path, "data")
-  cfg = json.load(open(os.path.join(wd, "config.json")))
-  for k in paths:
-    cfg["data"][k] = os.path.join(data, os.path.basename(paths[k]))
-  json.dump(cfg, open(os.path.join(wd, "config.json"), "w"))
+  wd, cfg = copy_with_own_data(wd, paths, tmp_path)
   before = _tree(wd)
   with open(cfg["data"]["train_src"], "a") as f:
     f.write("brand new words\n")

@@ -23,6 +23,7 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import rel_err
 
 import mha_jax
 from mha_jax import cli
@@ -38,12 +39,6 @@ def _model_path(name: str) -> str:
     return registry.find_model(name)
   except ValueError as e:      # fail loudly: CI installs these packages
     pytest.fail(f"real-model tests need the model packages: {e}")
-
-
-def rel_err(a, ref) -> float:
-  """max |a - ref| / max |ref| over the compared entries."""
-  a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
-  return float(np.max(np.abs(a - ref)) / np.max(np.abs(ref)))
 
 
 # --------------------------------------------------------------------------
