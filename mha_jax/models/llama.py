@@ -35,10 +35,6 @@ def LlamaSpec(norm_eps: float = 1e-5, rope_base: float = 10000.0, rope_layout: s
                      rope=attention.RoPE(base=rope_base, layout=rope_layout), impl=impl)
 
 
-def swiglu(p, x):
-  return (jax.nn.silu(x @ p["w_gate"]) * (x @ p["w_up"])) @ p["w_down"]
-
-
 def init(key, *, vocab_size: int, d_model: int, num_heads: int, num_kv_heads: int,
          head_dim: int, num_layers: int, d_ff: int, tie_embeddings: bool = True) -> dict:
   """Fresh params (random; the real ones come from mha_jax.pretrained)."""

@@ -50,37 +50,24 @@ def open_reader(path: str):
 # llama.cpp's tensor names per architecture -> (param path, kind) of the decoder layout.
 # kinds: as adapters.py ("vec", "lin", "q", "kv", "o", "bq", "bkv", "head_norm"); "q*"
 # and "kv*" are Q and K rows that llama.cpp's converter permuted (llama only).
+_NORMS = (("attn_norm.weight", "vec", "ln1.scale"), ("ffn_norm.weight", "vec", "ln2.scale"))
+_QKVO = (("attn_q.weight", "q", "attn.wq"), ("attn_k.weight", "kv", "attn.wk"),
+         ("attn_v.weight", "kv", "attn.wv"), ("attn_output.weight", "o", "attn.wo"))
+_QK_NORM = (("attn_q_norm.weight", "head_norm", "attn.q_norm"),
+            ("attn_k_norm.weight", "head_norm", "attn.k_norm"))
+_MLP = (("ffn_gate.weight", "lin", "mlp.w_gate"), ("ffn_up.weight", "lin", "mlp.w_up"),
+        ("ffn_down.weight", "lin", "mlp.w_down"))
 _GGUF_LAYER = {
-    "llama": (("attn_norm.weight", "vec", "ln1.scale"), ("ffn_norm.weight", "vec", "ln2.scale"),
-              ("attn_q.weight", "q*", "attn.wq"), ("attn_k.weight", "kv*", "attn.wk"),
-              ("attn_v.weight", "kv", "attn.wv"), ("attn_output.weight", "o", "attn.wo"),
-              ("ffn_gate.weight", "lin", "mlp.w_gate"), ("ffn_up.weight", "lin", "mlp.w_up"),
-              ("ffn_down.weight", "lin", "mlp.w_down")),
-    "qwen2": (("attn_norm.weight", "vec", "ln1.scale"), ("ffn_norm.weight", "vec", "ln2.scale"),
-              ("attn_q.weight", "q", "attn.wq"), ("attn_k.weight", "kv", "attn.wk"),
-              ("attn_v.weight", "kv", "attn.wv"), ("attn_output.weight", "o", "attn.wo"),
-              ("attn_q.bias", "bq", "attn.bq"), ("attn_k.bias", "bkv", "attn.bk"),
-              ("attn_v.bias", "bkv", "attn.bv"),
-              ("ffn_gate.weight", "lin", "mlp.w_gate"), ("ffn_up.weight", "lin", "mlp.w_up"),
-              ("ffn_down.weight", "lin", "mlp.w_down")),
-    "qwen3": (("attn_norm.weight", "vec", "ln1.scale"), ("ffn_norm.weight", "vec", "ln2.scale"),
-              ("attn_q.weight", "q", "attn.wq"), ("attn_k.weight", "kv", "attn.wk"),
-              ("attn_v.weight", "kv", "attn.wv"), ("attn_output.weight", "o", "attn.wo"),
-              ("attn_q_norm.weight", "head_norm", "attn.q_norm"),
-              ("attn_k_norm.weight", "head_norm", "attn.k_norm"),
-              ("ffn_gate.weight", "lin", "mlp.w_gate"), ("ffn_up.weight", "lin", "mlp.w_up"),
-              ("ffn_down.weight", "lin", "mlp.w_down")),
+    "llama": _NORMS + (("attn_q.weight", "q*", "attn.wq"), ("attn_k.weight", "kv*", "attn.wk"))
+             + _QKVO[2:] + _MLP,
+    "qwen2": _NORMS + _QKVO + (("attn_q.bias", "bq", "attn.bq"), ("attn_k.bias", "bkv", "attn.bk"),
+                               ("attn_v.bias", "bkv", "attn.bv")) + _MLP,
+    "qwen3": _NORMS + _QKVO + _QK_NORM + _MLP,
     # Gemma 3: llama.cpp stores the norms as 1 + w already; no Q/K permutation.
     "gemma3": (("attn_norm.weight", "vec", "ln1.scale"),
                ("post_attention_norm.weight", "vec", "ln1_post.scale"),
                ("ffn_norm.weight", "vec", "ln2.scale"),
-               ("post_ffw_norm.weight", "vec", "ln2_post.scale"),
-               ("attn_q.weight", "q", "attn.wq"), ("attn_k.weight", "kv", "attn.wk"),
-               ("attn_v.weight", "kv", "attn.wv"), ("attn_output.weight", "o", "attn.wo"),
-               ("attn_q_norm.weight", "head_norm", "attn.q_norm"),
-               ("attn_k_norm.weight", "head_norm", "attn.k_norm"),
-               ("ffn_gate.weight", "lin", "mlp.w_gate"), ("ffn_up.weight", "lin", "mlp.w_up"),
-               ("ffn_down.weight", "lin", "mlp.w_down")),
+               ("post_ffw_norm.weight", "vec", "ln2_post.scale")) + _QKVO + _QK_NORM + _MLP,
 }
 SUPPORTED_ARCH = tuple(_GGUF_LAYER)
 # Metadata keys read per architecture (besides general.* and tokenizer.*); any other
