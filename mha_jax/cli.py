@@ -384,7 +384,7 @@ def _cmd_patch(args) -> int:
                             n_pairs=args.n_pairs, seed=args.seed,
                             per_position=args.per_position, receivers=args.receivers)
   print(patch_run.format_summary(summary))
-  print(f"wrote {out}/ (patching.json, dla.json, the methods' JSON, *.png)")
+  print(f"wrote {out}/ (patching.json, dla.json, the methods' JSON, *.png, explorer.html)")
   return 0
 
 
