@@ -194,7 +194,7 @@ function drawPrune(){
 function drawText(){
   const T = D.text_circuit;
   if (!T) { $("textnote").textContent = "Not in this page: no natural-text model was given (train configs/attn_only_text.py, then python -m mha_jax.claims.primer --text-workdir W)."; return; }
-  const n = T.tokens.length, cell = Math.min(18, Math.floor(360 / n)), lab = T.tokens.map(t => t === "" ? "<bos>" : t);
+  const n = T.tokens.length, cell = Math.min(18, Math.floor(360 / n)), lab = T.tokens;
   let s = "";
   [T.previous_token_head, T.induction_head].forEach((name, k) => {
     const x0 = 60 + k * 410, y0 = 40, w = T.patterns[name];

@@ -215,11 +215,12 @@ def pruning_grid(workdir: str, pruned: str, *, stack: str = "encoder", method: s
       raise UserError(f"curve.json has no {method} row keeping {keep} heads; counts: "
                       f"{[r['kept'] for r in rows]}")
     kept = [n for n in at[0]["kept_heads"] if n.startswith(stack + ".")]
-    prev = set(names)
-    for step, r in enumerate(rows, 1):
+    prev, step = set(names), 0
+    for r in (r for r in rows if r["kept"] >= keep):
       now = set(r["kept_heads"])
-      for n in sorted(prev - now):
-        rank.setdefault(n, step)
+      step += bool(prev - now)
+      for n in prev - now:
+        rank[n] = step
       prev = now
     how = method
     bleu = (None, at[0].get("bleu"))
@@ -272,7 +273,7 @@ def text_circuit(workdir: str, *, half_len: int = 8, batch: int = 16, samples: i
   cap = capture.captured(run.task, run.params, {"tokens": seq})
   ids = seq[0, :-1]
   tok = getattr(run.task, "tokenizer", None)
-  labels = [tok.decode([int(i)]) if tok is not None else str(int(i)) for i in ids]
+  labels = [(tok.decode([int(i)]) if tok is not None else "") or f"<{int(i)}>" for i in ids]
   pattern = lambda n: np.asarray(cap["lm"][layer(n)].weights)[0, int(n.split(".")[2])]  # noqa: E731
   vals = sorted(row.values())
   return {"workdir": workdir, "step": int(run.step), "previous_token_head": prev,
