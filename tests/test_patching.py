@@ -411,6 +411,7 @@ def test_the_explorer_shows_what_patch_wrote(patched):
       page.select_option("#ptable", table)
       assert _cells(page) == values, table
     page.select_option("#ptable", "patch.head_out")
+    assert not page.is_visible("#ppos")         # no --per-position: no position table
     head_out = doc["scores"]["head_out"]
     name = max(head_out, key=lambda n: abs(head_out[n]))
     page.hover(f"#pgrid td.cell[data-name='{name}']")
@@ -445,8 +446,15 @@ def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tm
   for f in ("patching.json", "dla.json", "attribution.json", "path.json"):
     with open(os.path.join(src, f)) as a, open(os.path.join(out, f), "w") as b:
       b.write(a.read())
-  path = explorer.write(out)
+  # --per-position's table, planted (the committed run has none): one value per position.
   doc = json.load(open(os.path.join(out, "patching.json")))
+  rng = np.random.default_rng(0)
+  doc["head_out_per_position"] = {n: [round(float(v), 6) for v in rng.normal(size=15)]
+                                  for n in doc["scores"]["head_out"]}
+  doc["scores"]["q"]["lm.0.0"] = float("nan")       # a NaN the JSON may hold: a blank cell
+  with open(os.path.join(out, "patching.json"), "w") as f:
+    json.dump(doc, f)
+  path = explorer.write(out)
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:
     browser, page, errors, requests = open_page(p, path)
@@ -454,6 +462,13 @@ def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tm
     for k in ("k_kv", "v_kv"):
       page.select_option("#ptable", f"patch.{k}")
       assert _cells(page) == doc["scores"][k] and len(doc["scores"][k]) == 30 * 3
+    page.select_option("#ptable", "patch.q")
+    q = {n: v for n, v in doc["scores"]["q"].items() if n != "lm.0.0"}
+    assert _cells(page) == q and page.locator("#pgrid td.none").count() == 1
+    page.select_option("#ptable", "patch.head_out_per_position")
+    for j in (0, 14):
+      page.select_option("#ppos", str(j))
+      assert _cells(page) == {n: v[j] for n, v in doc["head_out_per_position"].items()}
     page.select_option("#ptable", "dla.mlp")
     assert _cells(page) == json.load(open(os.path.join(out, "dla.json")))["mlp"]
     assert errors == [] and requests == []
