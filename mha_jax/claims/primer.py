@@ -83,6 +83,9 @@ def page_data(ctx: E.Context, *, pruning_workdir: str | None = None,
   data["seven_lines"] = {"code": seven_lines_code(), "rows": ctx.cache["seven_lines_zoo"]}
   wd = pruning_workdir or ctx.workdir
   found = find_pruned(ctx, wd, pruned) if wd else None
+  if pruning_workdir and not found:
+    raise UserError(f"--pruning-workdir {pruning_workdir!r} has no prune result (its "
+                    f"pruned_l0/, or give --pruned DIR)")
   if found:
     data["pruning"] = _r_tree(pruning_grid(wd, found))
   if text_workdir:
