@@ -189,6 +189,7 @@ function drawPrune(){
   const fmt = o => Object.entries(o).filter(([, v]) => v).map(([k, v]) => `${v} ${k}`).join(", ");
   $("prnote").textContent = `${P.method} pruning of ${P.workdir}: kept ${P.kept.length} of ${order.length + P.kept.length} heads (${fmt(P.roles_kept)}); all heads: ${fmt(P.roles_all)}. ` +
     `Specialised (positional, syntactic, rare): ${(100*P.specialised_share_kept).toFixed(0)} % of the kept against ${(100*P.specialised_share_all).toFixed(0)} % of all; the first ${P.kept.length} removed: ${fmt(P.first_removed_roles)}.` +
+    ` Kept${P.method === "l0" ? ", strongest gate first" : ""}: ` + P.kept.map(h => `${h} (${P.roles[h] || "other"})`).join(", ") + "." +
     (P.bleu_kept !== null ? ` BLEU ${P.bleu_all === null ? "" : P.bleu_all.toFixed(1) + " with all heads, "}${P.bleu_kept.toFixed(1)} with the kept.` : "");
 }
 function drawText(){

@@ -186,7 +186,8 @@ def pruning_grid(workdir: str, pruned: str, *, stack: str = "encoder", method: s
                  keep: int = 10) -> dict:
   """Voita's figure from a translation run: each head of `stack` with its role (the
   run's analysis/heads.json, as `analyze` wrote it, or computed now), whether it was
-  kept, and when it was removed (1 = first).
+  kept (with L0 gates, the kept listed strongest gate first), and when it was removed
+  (1 = first).
 
   pruned: a `mha-jax prune` folder (pruning.json: its kept heads; with L0 gates the
   removal order is the gates' log_alpha, lowest first, as the top-K mask keeps the
@@ -204,9 +205,10 @@ def pruning_grid(workdir: str, pruned: str, *, stack: str = "encoder", method: s
     kept = [n for n in info["kept_heads"] if n.startswith(stack + ".")]
     la = info.get("log_alpha", {}).get(stack)
     if la is not None:
-      gone = sorted((v, f"{stack}.{l}.{h}") for l, row in enumerate(la)
-                    for h, v in enumerate(row) if f"{stack}.{l}.{h}" not in kept)
+      gates = {f"{stack}.{l}.{h}": v for l, row in enumerate(la) for h, v in enumerate(row)}
+      gone = sorted((v, n) for n, v in gates.items() if n not in kept)
       rank = {n: i + 1 for i, (_, n) in enumerate(gone)}
+      kept = sorted(kept, key=lambda n: -gates[n])         # the strongest gate first
     how = info.get("method", "?")
     bleu = (info.get("base", {}).get("bleu"), info.get("after", {}).get("bleu"))
   else:
@@ -235,7 +237,7 @@ def pruning_grid(workdir: str, pruned: str, *, stack: str = "encoder", method: s
   from mha_jax.analysis import roles as roles_lib
   return {"workdir": workdir, "pruned": pruned, "method": how, "stack": stack,
           "layers": layers, "heads": heads, "roles": {n: roles[n] for n in names},
-          "kept": sorted(kept), "removed_rank": {n: rank[n] for n in order},
+          "kept": kept, "removed_rank": {n: rank[n] for n in order},
           "colors": roles_lib.ROLE_COLORS, "roles_all": counts(names),
           "roles_kept": counts(kept), "specialised_share_all": share(names),
           "specialised_share_kept": share(kept),
