@@ -437,6 +437,29 @@ def test_the_explorer_shows_what_patch_wrote(patched):
     browser.close()
 
 
+def test_a_written_result_gets_its_attention_view_from_the_same_run_only(patched, tmp_path):
+  import shutil
+  from mha_jax.patching import explorer
+  wd, out, _ = patched
+  copy = str(tmp_path / "copy")
+  shutil.copytree(out, copy)
+  os.remove(os.path.join(copy, "explorer.html"))
+  assert explorer.main([copy, "--workdir", wd, "--attention-pairs", "1"]) == 0
+  def page_json(d):
+    text = open(os.path.join(d, "explorer.html")).read()
+    return json.loads(text.split('<script id="data" type="application/json">', 1)[1]
+                      .split("</script>", 1)[0])
+  again, first = page_json(copy), page_json(out)
+  assert again["weights"] == first["weights"][:2]     # pair 0's clean and corrupt prompts
+  assert again["patching"] == first["patching"]
+  doc = json.load(open(os.path.join(copy, "patching.json")))
+  doc["pairs"][1]["ld_clean"] += 5.0                  # another model would give another LD
+  with open(os.path.join(copy, "patching.json"), "w") as f:
+    json.dump(doc, f)
+  with pytest.raises(UserError, match="other logit differences"):
+    explorer.main([copy, "--workdir", wd])
+
+
 def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tmp_path):
   from mha_jax.patching import explorer
   from test_analysis import open_page

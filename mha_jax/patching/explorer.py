@@ -12,11 +12,14 @@ from __future__ import annotations
 import html
 import json
 import os
+import tempfile
 
 import numpy as np
 
 from mha_jax import assets, storage
 from mha_jax.analysis import roles as roles_lib
+from mha_jax.errors import UserError
+from mha_jax.patching import core, pairs as pairs_lib
 
 FILES = ("patching", "dla", "attribution", "path")
 
@@ -76,6 +79,36 @@ def attention_data(study, task, pairs: int = 2, digits: int = 2) -> dict:
           "stacks": ["lm"], "roles": {}, "colors": roles_lib.ROLE_COLORS}
 
 
+def rebuilt_study(out: str, run):
+  """The Study of a written result's pairs on `run` (a `mha_jax.load`): IOI and
+  induction pairs made again as `patch` made them (seed 0), a pairs file's pairs from
+  their text; refused unless their token ids, lengths and clean logit differences are
+  the ones patching.json recorded (another model or other pairs)."""
+  doc = _read(out, "patching")
+  if doc is None or not doc.get("pairs"):
+    raise UserError(f"{out!r} has no patching.json with pairs")
+  rec = doc["pairs"]
+  if doc.get("task") == "ioi":
+    pairs = pairs_lib.ioi_pairs(run.task, len(rec), 0)
+  elif doc.get("task") == "induction":
+    pairs = pairs_lib.induction_pairs(run.task, len(rec), seed=0)
+  else:
+    with tempfile.TemporaryDirectory() as tmp:       # the pairs file again, from its text
+      path = os.path.join(tmp, "pairs.jsonl")
+      storage.write_text(path, "".join(json.dumps(
+          {f: p[f] for f in ("clean", "corrupt", "answer", "wrong")}) + "\n" for p in rec))
+      pairs = pairs_lib.read_pairs(run.task, path)
+  got = [(p["answer_id"], p["wrong_id"], p["length"]) for p in pairs.to_json()]
+  if got != [(p["answer_id"], p["wrong_id"], p["length"]) for p in rec]:
+    raise UserError(f"the pairs made again on {run.workdir!r} are not those of {out!r}")
+  study = core.Study(run.task, run.params, pairs)
+  want = np.asarray([p["ld_clean"] for p in rec])
+  if not np.allclose(study.ld_clean, want, atol=1e-2 * max(1.0, float(np.abs(want).max()))):
+    raise UserError(f"{run.workdir!r} gives other logit differences than {out!r} recorded "
+                    f"(another model?)")
+  return study
+
+
 def write(out: str, attention: dict | None = None, title: str | None = None) -> str:
   """Writes out/explorer.html from the patching files in `out` (and the attention
   view's data when given); returns its path."""
@@ -88,11 +121,22 @@ def write(out: str, attention: dict | None = None, title: str | None = None) -> 
 
 
 def main(argv=None) -> int:
-  """python -m mha_jax.patching.explorer DIR...: (re)writes DIR/explorer.html from the
-  JSON files alone (no model: the page has no attention view)."""
-  import sys
-  for out in (argv if argv is not None else sys.argv[1:]):
-    print(write(os.path.normpath(out)))
+  """python -m mha_jax.patching.explorer DIR [--workdir W] [--attention-pairs N]:
+  (re)writes DIR/explorer.html from the JSON files; with the run's workdir, the
+  attention view of its first pairs too (checked to be the same pairs and model)."""
+  import argparse
+  p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+  p.add_argument("out")
+  p.add_argument("--workdir", default=None)
+  p.add_argument("--attention-pairs", type=int, default=2)
+  a = p.parse_args(argv)
+  out = os.path.normpath(a.out)
+  attention = None
+  if a.workdir:
+    from mha_jax.loader import load
+    run = load(a.workdir)
+    attention = attention_data(rebuilt_study(out, run), run.task, a.attention_pairs)
+  print(write(out, attention))
   return 0
 
 
