@@ -164,7 +164,7 @@ function drawGrid(){
       td.onmouseenter=()=>{ $('phover').textContent = c.name+' '+t.short+' = '+fmt(c.v)+
         (t.perPos ? ' at position '+pst.pos : ''); };
       if(clickable) td.onclick=()=>{ st.layer=c.layer; st.head=c.col; layers();
-        $('layer').value=c.layer; show('attention'); draw(); };
+        $('layer').value=c.layer; show('attention'); draw(); $('info').scrollIntoView(); };
       tr.appendChild(td); });
     g.appendChild(tr); });
   drawTop(t, M);
