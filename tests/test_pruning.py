@@ -149,7 +149,7 @@ def test_prune_cli_and_bad_input(run, tmp_path, capsys):
   bad = [(["--l0-lambda", "-1"], "--l0-lambda must be >= 0; got -1"),
          (["--method", "random", "--keep", "-1"], "--keep must be between 0 and the 8"),
          (["--method", "random", "--keep", "9"], "--keep must be between 0 and the 8"),
-         (["--method", "magic", "--keep", "1"], "--method must be l0, michel or random"),
+         (["--method", "magic", "--keep", "1"], "argument --method: invalid choice: 'magic'"),
          (["--method", "random"], "--method random needs --keep K"),
          (["--stacks", "lm", "--method", "random", "--keep", "1"], "--stacks: 'lm' is not")]
   for args, msg in bad:
