@@ -676,9 +676,9 @@ def _add_verb(sub, name: str, verb: Verb, methods: Sequence[str] | None):
     epilog = f"The flags of --method {','.join(methods)}; other methods take others."
   if verb.study:
     epilog = ((epilog + " ") if epilog else "") + (
-        "--config FILE.py[:ARG] gives these flags from a config file (its keys: the "
-        "flags' names, --bleu-sentences as bleu_sentences); --config.KEY=VALUE overrides "
-        "a key; a flag given here overrides both. See docs/guide/cli.md.")
+        "--config FILE.py[:ARG]: these flags from a config file (keys: the flags' names, "
+        "'-' written '_'); --config.KEY=VALUE overrides a key; a flag given here "
+        "overrides both (docs/guide/cli.md).")
   p = sub.add_parser(name, help=verb.help, description=verb.help, epilog=epilog,
                      allow_abbrev=False)
   seen: set = set()
