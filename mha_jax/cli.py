@@ -450,6 +450,7 @@ def _bleu(default: int, what: str) -> tuple:
 
 
 def _claims_args(cl: argparse.ArgumentParser) -> None:
+  """The flags of `claims`, as add_argument calls (the verb grows them with the claims)."""
   cl.add_argument("--only", type=_items(_claim_names, "claim names"), default=None,
                   help="comma-separated claim names (default: all)")
   cl.add_argument("--out", default="claims")
