@@ -435,7 +435,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 WORKDIR = _arg("--workdir", required=True, help="the run's folder")
 SPLIT = _arg("--split", default="test", choices=SPLITS, help="the data split (default: test)")
 STEP = _arg("--step", type=int, default=None, help="the checkpoint (default: the latest)")
-SEED = _arg("--seed", type=int, default=0)
+SEED = _arg("--seed", type=int, default=0, help="the random seed (default: 0)")
 STACKS = _arg("--stacks", type=_items(tuple(C.STACKS), "stacks"), default=("encoder",),
               metavar="STACK[,STACK...]",
               help=f"attention stacks, of {', '.join(C.STACKS)} (default: encoder)")
@@ -591,7 +591,7 @@ VERBS = {
              default=("activation", "attribution"), metavar="METHOD[,METHOD...]",
              help=f"of {', '.join(patch_run.METHODS)} (default: activation,attribution)"),
         _arg("--n-pairs", type=int, default=8, help="built-in tasks: pairs drawn"), SEED,
-        _arg("--out", required=True)), methods=(
+        _arg("--out", required=True, help="output folder")), methods=(
             ("activation", (_arg("--per-position", action="store_true",
                                  help="also patch every head at every position"),)),
             ("path", (_arg("--receivers", type=int, default=2,

@@ -108,7 +108,9 @@ def test_a_bad_choice_is_the_parsers_error_naming_flag_and_value(argv, flag, val
 
 
 def _study_config(tmp_path, **keys) -> str:
-  path = tmp_path / "study.py"
+  """A study config file holding `keys`; a new name each time (Python's bytecode cache
+  could take a rewrite of the same size in the same second for the old file)."""
+  path = tmp_path / f"study_{len(list(tmp_path.glob('study_*.py')))}.py"
   path.write_text("import ml_collections\n\ndef get_config(arg=None):\n"
                   f"  return ml_collections.ConfigDict({keys!r})\n")
   return str(path)
