@@ -817,7 +817,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, l
   return args, []
 
 
-
 # The range of every numeric flag, by its argparse dest (the same meaning in every
 # command that has it): (lo, hi, lo_open, hi_open, note), as config.RANGES.
 FLAG_RANGES = {
