@@ -87,6 +87,9 @@ def init_mlp(key, d, f):
           "b2": jnp.zeros((d,))}
 
 
+QK_POS = ("qk", "qk_sinusoidal")   # LM positions that enter Q and K only (Shortformer)
+
+
 def sinusoidal(length: int, d: int) -> jax.Array:
   """(length, d) sinusoidal positions (Vaswani et al. 2017)."""
   pos = np.arange(length)[:, None]

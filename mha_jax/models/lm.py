@@ -22,8 +22,9 @@ from mha_jax.models import common as C
 def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 0,
          num_layers: int, d_ff: int, max_len: int, layer_norm: bool = True,
          attn_only: bool = False, use_bias: bool = False, pos: str = "learned") -> dict:
-  """pos: "learned" (added to the residual), "sinusoidal", or "qk" (learned, added to
-  the inputs of Q and K only: Shortformer)."""
+  """pos: "learned" (added to the residual), "sinusoidal", "qk" (learned, added to the
+  inputs of Q and K only) or "qk_sinusoidal" (sinusoidal, Q and K only: Shortformer's
+  position-infused attention, Press et al. 2021)."""
   keys = iter(jax.random.split(key, 4 + 2 * num_layers))
   layers = {}
   for i in range(num_layers):
@@ -66,7 +67,7 @@ def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, ke
     pos = params["pos_embed"][:t]
   else:
     pos = C.sinusoidal(t, d)
-  qk_only = spec.pos == "qk"      # Shortformer: positions enter Q and K, not the residual
+  qk_only = spec.pos in C.QK_POS   # Shortformer: positions enter Q and K, not the residual
   if not qk_only:
     x = x + pos
   keys = C.key_stream(key)
