@@ -136,6 +136,12 @@ function matrix(t, pos){
   return {M, L, ncol, stack: parsed[0].stack};
 }
 function tokenAt(j){ return D.sentences && D.sentences[0] ? D.sentences[0].tokens[j] : undefined; }
+function kvNote(t, g){   // which query heads read each key/value head (GQA order)
+  const q=PT.find(x=>x.id==='patch.head_out');
+  if(!t.kv || !q) return '';
+  const h=matrix(q, 0).ncol, r=h/g;
+  return ' Key/value head j is read by query heads '+r+'j .. '+r+'j+'+(r-1)+' ('+h+' query heads over '+g+').';
+}
 function drawGrid(){
   const t=PT.find(x=>x.id===$('ptable').value); pst.table=t;
   $('pposbox').style.display = t.perPos ? '' : 'none';
@@ -146,7 +152,7 @@ function drawGrid(){
   const clickable = D.weights && t.kind==='head' && !t.kv && stack==='lm';
   $('pnote').textContent = t.label+'. Rows: layers; columns: '+(axis||'the layer\'s MLP')+
     '. Colour: blue negative, red positive, scaled to the largest |value| ('+lim.toFixed(3)+').'+
-    (clickable ? ' Click a head for its attention pattern on the pairs.' : '');
+    (clickable ? ' Click a head for its attention pattern on the pairs.' : '')+kvNote(t, ncol);
   $('pscale').innerHTML=''; $('pscale').appendChild(el('span', {style:'width:auto'}, fmt(-lim)+' '));
   for(let i=-5;i<=5;i++){ const s=el('span'); s.style.background=color(i/5); $('pscale').appendChild(s); }
   $('pscale').appendChild(el('span', {style:'width:auto'}, ' '+fmt(lim)));
