@@ -191,7 +191,11 @@ def test_the_new_figures_in_a_real_browser(tmp_path, text_lm):
                                       "rs => rs.map(r => +r.dataset.v)")
     assert shown == [v for row in t["patterns"][t["induction_head"]] for v in row]
     bars = page.eval_on_selector_all("#s-text rect.bar", "rs => rs.map(r => +r.dataset.v)")
-    assert bars == pytest.approx(list(t["k_composition"].values()), abs=1e-5)
+    heads = len(t["k_composition"])
+    assert bars[:heads] == pytest.approx(list(t["k_composition"].values()), abs=1e-5)
+    assert bars[heads:] == pytest.approx(
+        [t["previous_token_all"][f"lm.0.{h}"] for h in range(heads)]
+        + [t["prefix_matching_all"][f"lm.1.{h}"] for h in range(heads)], abs=1e-5)
     assert errors == [] and requests == []
     browser.close()
   html = open(path).read()

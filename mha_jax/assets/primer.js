@@ -205,8 +205,13 @@ function drawText(){
   });
   const names = Object.keys(T.k_composition), vals = names.map(h => T.k_composition[h]);
   const y1 = 60 + n * cell;
-  s += bars(10, y1 + 34, 800, 90, vals, names.map(h => h.split(".").slice(1).join(".")), C[0], `K-composition into ${T.induction_head}, minus the random baseline ${T.k_composition_baseline.toFixed(3)} (the previous-token head darker)`, names.indexOf(T.previous_token_head));
-  $("s-text").setAttribute("height", y1 + 154);
+  s += `<text x="10" y="${y1 + 14}">K-composition into ${esc(T.induction_head)}, minus the random baseline ${T.k_composition_baseline.toFixed(3)} (the previous-token head darker)</text>`
+    + bars(10, y1 + 34, 800, 90, vals, names.map(h => h.split(".").slice(1).join(".")), C[0], "", names.indexOf(T.previous_token_head));
+  const lay = n => n.split(".")[1], per = (all, l) => Object.keys(all).filter(h => lay(h) === l);
+  const p0 = per(T.previous_token_all, lay(T.previous_token_head)), p1 = per(T.prefix_matching_all, lay(T.induction_head));
+  s += bars(10, y1 + 184, 390, 70, p0.map(h => T.previous_token_all[h]), p0.map(h => h.split(".")[2]), C[1], `attention to t-1, layer ${lay(T.previous_token_head)}'s heads`, p0.indexOf(T.previous_token_head))
+    + bars(420, y1 + 184, 390, 70, p1.map(h => T.prefix_matching_all[h]), p1.map(h => h.split(".")[2]), C[4], `prefix matching, layer ${lay(T.induction_head)}'s heads`, p1.indexOf(T.induction_head));
+  $("s-text").setAttribute("height", y1 + 284);
   $("s-text").innerHTML = s;
   const best = T.strongest_partner;
   $("textnote").textContent = `${T.workdir} at step ${T.step}, on [BOS] r r (${n/2} random tokens repeated). The strongest K-composition partner is ${best} (${T.k_composition[best].toFixed(3)}, the row's median ${T.k_composition_median.toFixed(3)})` +
