@@ -141,4 +141,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  import sys
+  try:
+    raise SystemExit(main())
+  except UserError as e:           # one line, as the CLI prints it
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
