@@ -341,17 +341,10 @@ def test_good_pairs_file(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def patched(tmp_path_factory):
+def patched(tiny_attn_lm, tmp_path_factory):
   """(workdir, out, config): `mha-jax patch` (all methods) on a 2-step attention-only LM."""
-  from mha_jax.train import loop
-  from test_train import tiny
+  wd, cfg = tiny_attn_lm
   tmp = tmp_path_factory.mktemp("patched")
-  wd = str(tmp / "text")
-  cfg = tiny("configs/lm.py:attn_only,layers=2", [
-      "--config.train.progress=false", "--config.train.steps=2", "--config.data.tokenizer=bytes",
-      "--config.model.d_model=16", "--config.model.max_len=32", "--config.train.batch_size=4",
-      "--config.eval.batch_size=4", "--config.eval.lm_batches=1"])
-  loop.train(cfg, wd, log=lambda s: None)
   out = str(tmp / "patch")
   assert cli.main(["patch", "--workdir", wd, "--task", "induction", "--n-pairs", "3",
                    "--method", "activation,path,attribution", "--out", out]) == 0

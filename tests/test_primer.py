@@ -111,17 +111,9 @@ def test_the_pruning_grid_is_the_prune_result(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def text_lm(tmp_path_factory):
+def text_lm(tiny_attn_lm):
   """A 2-step two-layer attention-only LM (the natural-text model's shape, tiny)."""
-  from mha_jax.train import loop
-  from test_train import tiny
-  wd = str(tmp_path_factory.mktemp("text_lm") / "run")
-  cfg = tiny("configs/lm.py:attn_only,layers=2", [
-      "--config.train.progress=false", "--config.train.steps=2", "--config.data.tokenizer=bytes",
-      "--config.model.d_model=16", "--config.model.max_len=32", "--config.train.batch_size=4",
-      "--config.eval.batch_size=4", "--config.eval.lm_batches=1"])
-  loop.train(cfg, wd, log=lambda s: None)
-  return wd
+  return tiny_attn_lm[0]
 
 
 def test_the_text_circuit_against_numpy(text_lm):
