@@ -108,11 +108,11 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
     _, cap = run.task.apply(run.params, {"tokens": tokens}, capture=True)
     pats = [np.asarray(r.weights) for r in cap["lm"]]
     x = tokens[:, :-1]
-    terms = paths.expand(run.params, x, pats, pos_in_residual=m.pos not in C.QK_POS)
+    terms = paths.expand(run.params, x, pats, pos_in_residual=m.pos not in C.SCORE_POS)
     full = np.asarray(run.task.apply(run.params, {"tokens": tokens}))
     result["path_expansion_max_error"] = float(np.abs(sum(terms.values()) - full).max())
     result["term_importance"] = paths.term_importance(run.params, x, pats,
-                                                      pos_in_residual=m.pos not in C.QK_POS)
+                                                      pos_in_residual=m.pos not in C.SCORE_POS)
   if track:
     log("ICL score over checkpoints ...")
     result["over_steps"] = over_checkpoints(run, tokens, lengths, log)

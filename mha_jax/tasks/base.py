@@ -263,4 +263,5 @@ def init_model(cfg, key, vocab_size: int) -> dict:
   if cfg.task == "translation":
     return seq2seq.init(key, enc_layers=m.enc_layers, dec_layers=m.dec_layers,
                         ln_position=m.ln_position, pos=m.pos, max_rel=m.max_rel, **common)
-  return lm_model.init(key, num_layers=m.num_layers, max_len=m.max_len, pos=m.pos, **common)
+  return lm_model.init(key, num_layers=m.num_layers, max_len=m.max_len, pos=m.pos,
+                       max_rel=m.get("max_rel", 16), **common)
