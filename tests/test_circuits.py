@@ -9,6 +9,7 @@ import pytest
 
 from mha_jax.circuits import paths, report, scores
 from mha_jax.data import repeated_tokens
+from mha_jax.loader import load
 from mha_jax.models import common as C
 from mha_jax.models import lm
 from mha_jax.train import loop
@@ -138,4 +139,15 @@ def test_circuits_runs_on_a_text_model_with_layernorm(tmp_path):
   loop.train(cfg, wd, log=lambda s: None)
   res = report.circuits(wd, log=lambda s: None, samples=20)
   assert len(res["heads"]) == 16 and "term_importance" not in res    # LayerNorm: no paths
+  # Olsson et al.'s ICL score on the run's own text: token 32 (the context) minus token 6.
+  run = load(wd)
+  w = run.task.text_windows("valid", 128)
+  logits = np.asarray(run.task.apply(run.params, {"tokens": w}), np.float64)
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(logp, w[:, 1:, None], -1)[..., 0]
+  last = res["over_steps"][-1]
+  assert (last["text_early_token"], last["text_late_token"]) == (6, 32)
+  assert last["text_icl_score"] == pytest.approx(nll[:, 31].mean() - nll[:, 5].mean(),
+                                                 abs=1e-4)
   assert len(res["composition"]["k"]) == 64 and res["over_steps"][0]["step"] == 3

@@ -87,6 +87,10 @@ class LMData(Task, Protocol):
     """(tokens (B, 1 + 2n), copy lengths (B,)): held-out [BOS] r r sequences over the
     task's own vocabulary, for induction scores and circuits."""
 
+  def text_windows(self, split: str, batch: int):
+    """(B, T + 1) windows of the task's own natural text, or None (trained on repeated
+    random tokens): for Olsson et al.'s in-context learning score."""
+
 
 @runtime_checkable
 class PretrainedLMData(LMData, Protocol):
