@@ -66,7 +66,7 @@ def test_every_shipped_config_loads_and_validates():
     mc.validate(mc.load_config(spec))
   text = mc.load_config("configs/attn_only_text.py")    # the papers' two-layer shape
   assert (text.model.num_heads, text.model.num_layers, text.model.attn_only,
-          text.model.layer_norm, text.model.pos) == (12, 2, True, False, "qk")
+          text.model.layer_norm, text.model.pos) == (12, 2, True, False, "qk_sinusoidal")
   assert len(text.data.text_files) > 100 and all(f.endswith(".py") for f in text.data.text_files)
   sweep = mc.load_config("configs/sweep_heads.py")
   assert [r["overrides"]["model.num_heads"] for r in sweep.runs] == [1, 2, 4, 8, 16, 32, 64]
