@@ -60,7 +60,8 @@ def test_incompatible_fields_ignore_resumable_ones():
 
 
 def test_every_shipped_config_loads_and_validates():
-  for spec in ("configs/translation.py", "configs/translation.py:quickstart", "configs/lm.py",
+  for spec in ("configs/translation.py", "configs/translation.py:quickstart",
+               "configs/translation.py:voita", "configs/lm.py",
                "configs/lm.py:attn_only,layers=2", "configs/induction.py",
                "configs/attn_only_text.py"):
     mc.validate(mc.load_config(spec))
