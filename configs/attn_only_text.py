@@ -31,7 +31,7 @@ from mha_jax import config as mc
 def get_config(arg=None):
   a = mc.parse_arg(arg, heads=12, d_model=256, head_dim=32, layers=2, vocab=2048,
                    max_len=256, steps=3000, batch=32, lr=3e-3, seed=0, corpus="stdlib",
-                   pos="qk_sinusoidal", max_rel=32)
+                   pos="qk_sinusoidal", max_rel=16)
   cfg = ml_collections.ConfigDict()
   cfg.task = "lm"
   cfg.seed = a.seed
