@@ -322,3 +322,61 @@ def test_toy_claims_train_and_hold(tmp_path):
   assert 0.5 < by["wo_mixes"]["numbers"]["mean_share_outside_slot"] < 1.0
   html = open(tmp_path / "primer.html").read()
   assert '"compromise"' in html and '"dk1"' in html and '"trained_layer"' in html
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tmp_path_factory):
+  """A tiny random Gemma 3 from transformers (3 layers, 4 query heads over 1 key/value
+  head, q/k norms, post-attention norms, MLPs), imported through the one importer."""
+  from test_families import build_hf, save_folder
+  from mha_jax.pretrained import importer
+  base = tmp_path_factory.mktemp("tiny_gemma")
+  model = build_hf("gemma3")
+  importer.import_model(str(base / "w"), file=save_folder(model, base / "hf"))
+  return model, str(base / "w")
+
+
+def test_real_lm_circuit_claims_on_a_tiny_gemma(tiny_gemma, tmp_path):
+  from mha_jax.claims import studies as S
+  model, wd = tiny_gemma
+  ctx = E.Context(out=str(tmp_path), log=lambda s: None)
+  n = S.claim_induction_k_composition(ctx, "gemma3", None, wd)["numbers"]
+  assert n["weight_scores"].startswith("approximate")
+  # The row recomputed from transformers' weights, Gemma's (1 + w) norm scales applied
+  # by hand (input norm on Q, K, V; q/k norms on each head's K columns; the
+  # post-attention norm on W_O's outputs), as |QK OV^T| / (|QK| |OV|) on D x D matrices
+  # (row convention: keys read x_j OV, so the score is x_i QK (x_j OV)^T).
+  sd = {k: v.double().numpy() for k, v in model.state_dict().items()}
+  cfg = model.config
+  k = cfg.head_dim
+
+  def head(layer, h):
+    a = f"model.layers.{layer}.self_attn."
+    g = 1 + sd[f"model.layers.{layer}.input_layernorm.weight"][:, None]
+    wq = g * sd[a + "q_proj.weight"].T[:, h * k:(h + 1) * k] * (1 + sd[a + "q_norm.weight"])
+    wk = g * sd[a + "k_proj.weight"].T[:, :k] * (1 + sd[a + "k_norm.weight"])  # 1 kv head
+    wv = g * sd[a + "v_proj.weight"].T[:, :k]
+    wo = sd[a + "o_proj.weight"].T[h * k:(h + 1) * k] * (
+        1 + sd[f"model.layers.{layer}.post_attention_layernorm.weight"])
+    return wq @ wk.T, wv @ wo
+
+  ll, lh = (int(v) for v in n["induction_head"].split(".")[1:])
+  qk, _ = head(ll, lh)
+  assert n["k_row_size"] == 4 * ll
+  for early, got in n["k_row"].items():
+    _, ov = head(*(int(v) for v in early.split(".")[1:]))
+    want = np.linalg.norm(qk @ ov.T) / (np.linalg.norm(qk) * np.linalg.norm(ov))
+    assert got == pytest.approx(want - n["baseline"], abs=1e-5), early
+  assert n["k_partner"] == max(n["k_row"], key=n["k_row"].get)
+  assert n["k_row_median"] == pytest.approx(np.median(list(n["k_row"].values())))
+  sp = S.claim_composition_sparse(ctx, "gemma3", None, wd)["numbers"]
+  assert sp["pairs"] == 3 * 16 * 3                        # 3 kinds x pairs of layers
+  pc = S.claim_positivity_corner(ctx, "gemma3", None, wd)["numbers"]
+  prev_layer = int(n["previous_token_head"].split(".")[1])
+  assert pc["heads_scored"] == 4 * (3 - 1 - prev_layer)
+  assert set(pc["corner_heads"]) <= set(pc["positivity"])
+  b = S.claim_rests_on_first_token(ctx, "gemma3", None, wd)["numbers"]
+  assert 0.0 <= b["weight_on_bos"] <= 1.0 and b["positions"] > 0
+  for name, fn in (("induction_k_composition", n), ("composition_sparse", sp),
+                   ("positivity_corner", pc), ("rests_on_first_token", b)):
+    assert claims_run.CLAIMS[name][2](fn) in (H, F, I)

@@ -196,6 +196,9 @@ def claim_induction_k_composition(ctx: Context, setting: str, seed, wd: str) -> 
   sharp = next((t for t, v in enumerate(by_pos, 1) if v < 0.9), len(by_pos) + 1) - 1
   top = sorted((n for n in heads if _layer(n) > 0),
                key=lambda n: -heads[n]["prefix_matching"])[:5]
+  ranked = sorted(row, key=lambda e: -row[e])
+  prev_partner = next((e for e in ranked if heads[e]["previous_token"] >= 0.4), None)
+  med = float(np.median(list(row.values())))
   n = {"workdir": res["workdir"], "induction_head": ind,
        "top_induction_heads": {h: round(heads[h]["prefix_matching"], 4) for h in top},
        "previous_token_by_position": by_pos, "previous_token_sharp_up_to": sharp,
@@ -204,9 +207,15 @@ def claim_induction_k_composition(ctx: Context, setting: str, seed, wd: str) -> 
        "previous_token_head": prev, "previous_token_score": heads[prev]["previous_token"],
        "k_partner": partner, "k_partner_score": row[partner],
        "k_partner_previous_token": heads[partner]["previous_token"],
-       "k_row_median": float(np.median(list(row.values()))),
-       "k_partner_over_median": (row[partner] / float(np.median(list(row.values())))
-                                 if np.median(list(row.values())) > 0 else None),
+       "k_row_median": med,
+       "k_partner_over_median": row[partner] / med if med > 0 else None,
+       # the strongest partner among the previous-token heads (>= 0.4 on t-1)
+       "k_previous_token_partner": prev_partner,
+       "k_previous_token_partner_rank": ranked.index(prev_partner) + 1
+       if prev_partner else None,
+       "k_previous_token_partner_score": row[prev_partner] if prev_partner else None,
+       "k_previous_token_partner_previous_token": heads[prev_partner]["previous_token"]
+       if prev_partner else None,
        "k_row": row if len(row) <= 64 else
        dict(sorted(row.items(), key=lambda kv: -kv[1])[:16]),
        "k_row_size": len(row),
