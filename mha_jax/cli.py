@@ -513,8 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
   cl.add_argument("--sweep-workdir", default=None,
                   help="a `mha-jax sweep` workdir: its loss at d_k = 1")
   cl.add_argument("--settings", default=None,
-                  help="comma-separated settings (default: all): toy, text, smollm2, "
-                       "gemma3, voita, minilm")
+                  help="comma-separated: toy, text, smollm2, gemma3, voita, minilm "
+                       "(default: toy, and text / voita when their workdir is given)")
   cl.add_argument("--text-workdir", default=None,
                   help="a trained configs/attn_only_text.py workdir (one run or seed_<s>/)")
   cl.add_argument("--voita-workdir", default=None,

@@ -146,9 +146,12 @@ def parse_only(only: str | Sequence[str] | None) -> list[str]:
   return names
 
 
-def parse_settings(settings: str | Sequence[str] | None) -> list[str]:
+def parse_settings(settings: str | Sequence[str] | None, given: Sequence[str] = ()
+                   ) -> list[str]:
+  """The settings asked for; by default the toy setting and those whose workdir is
+  given (`given`): the real LMs (minutes each on 2 cores) only when named."""
   if not settings:
-    return list(SETTINGS)
+    return [n for n in SETTINGS if n == "toy" or n in given]
   names = [n.strip() for n in (settings.split(",") if isinstance(settings, str)
                                else settings) if n.strip()]
   bad = [n for n in names if n not in SETTINGS]
@@ -199,7 +202,8 @@ def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None
                toy_seeds=E.TOY_SEEDS, primer: bool = True,
                log: Callable[[str], None] = print) -> dict:
   names = parse_only(only)
-  chosen = parse_settings(settings)
+  chosen = parse_settings(settings, [s for s, wd in (("text", text_workdir),
+                                                      ("voita", voita_workdir)) if wd])
   seeds = parse_seeds(toy_seeds)
   for flag, wd in (("--workdir", workdir), ("--induction-workdir", induction_workdir),
                    ("--sweep-workdir", sweep_workdir), ("--text-workdir", text_workdir),
