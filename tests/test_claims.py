@@ -251,6 +251,7 @@ def test_settings_columns_in_a_run(tmp_path):
   assert by["induction_k_composition"]["text"]["verdict"] == "not run"
   with open(os.path.join(out, "claims.json")) as f:
     assert list(json.load(f)["settings"]) == ["text", "voita", "minilm"]
+  assert claims_run.parse_settings(None, ["voita"]) == ["toy", "voita"]
   with pytest.raises(ValueError, match="--settings: unknown setting 'tpu'"):
     claims_run.run_claims(str(tmp_path / "y"), settings="toy,tpu")
   with pytest.raises(ValueError, match="--toy-seeds"):
