@@ -43,7 +43,8 @@ def test_cheap_claims_end_to_end(report):
   assert m["argmin_mix"] == 0.5
   assert rep["whole_token"]["numbers"]["min_share_of_features_read"] == {
       "1": 1.0, "2": 1.0, "4": 1.0, "8": 1.0}
-  assert all(r["verdict"] == H for r in rep.values())
+  assert all(r["settings"]["toy"]["verdict"] == H == r["settings"]["toy"]["per_seed"][0][
+      "verdict"] for r in rep.values())
   md = open(os.path.join(out, "REPORT.md")).read()
   assert sum(l.startswith("| **") for l in md.splitlines()) == 3 and "**holds**" in md and R.mixture_dip.text in md
   assert os.path.getsize(os.path.join(out, "mixture_dip.png")) > 1000
