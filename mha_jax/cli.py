@@ -341,11 +341,14 @@ def _cmd_circuits(args) -> int:
 
 def _cmd_claims(args) -> int:
   from mha_jax.claims import run as claims_run
-  rep = claims_run.run_claims(args.out, only=args.only, workdir=args.workdir,
+  rep = claims_run.run_claims(args.out, only=args.only, settings=args.settings,
+                              workdir=args.workdir,
                               induction_workdir=args.induction_workdir,
-                              sweep_workdir=args.sweep_workdir)
+                              sweep_workdir=args.sweep_workdir,
+                              text_workdir=args.text_workdir,
+                              voita_workdir=args.voita_workdir, toy_seeds=args.toy_seeds)
   for r in rep["claims"]:
-    print(f"{r['verdict']:>14}  {r['name']}")
+    print(f"{r['name']}: {r['verdict']}")
   print(f"wrote {args.out}/REPORT.md, claims.json, primer.html in {rep['seconds']:.0f} s")
   return 0
 
@@ -431,6 +434,11 @@ def _claim_names() -> tuple:
   return tuple(claims_run.CLAIMS)
 
 
+def _setting_names() -> tuple:
+  from mha_jax.claims import run as claims_run
+  return tuple(claims_run.SETTINGS)
+
+
 DTYPES = ("float32", "bfloat16", "float16")
 WORKDIR = _arg("--workdir", required=True, help="the run's folder")
 SPLIT = _arg("--split", default="test", choices=SPLITS, help="the data split (default: test)")
@@ -459,6 +467,16 @@ def _claims_args(cl: argparse.ArgumentParser) -> None:
                   help="a trained configs/induction.py workdir to reuse")
   cl.add_argument("--sweep-workdir", default=None,
                   help="a `mha-jax sweep` workdir: its loss at d_k = 1")
+  cl.add_argument("--settings", type=_items(_setting_names, "settings"), default=None,
+                  help="comma-separated: toy, text, smollm2, gemma3, voita, minilm "
+                       "(default: toy, and text / voita when their workdir is given)")
+  cl.add_argument("--text-workdir", default=None,
+                  help="a trained configs/attn_only_text.py workdir (one run or seed_<s>/)")
+  cl.add_argument("--voita-workdir", default=None,
+                  help="a translation workdir with sinusoidal positions (one run or "
+                       "seed_<s>/)")
+  cl.add_argument("--toy-seeds", default="0,1,2",
+                  help="the seeds the toy setting trains (default: 0,1,2)")
 
 
 @dataclasses.dataclass(frozen=True)
