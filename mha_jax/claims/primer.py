@@ -156,7 +156,8 @@ def seven_lines_zoo(seq_len: int = 4, entries=accounting.ZOO) -> list[dict]:
 
 def find_pruned(ctx: E.Context, workdir: str, pruned: str | None = None) -> str | None:
   """The prune result for `workdir`: `pruned` when given (it must hold pruning.json or
-  curve.json), else the claims run's (work/pruned_keep10) when it pruned this workdir,
+  curve.json), else the claims run's (work/pruned/toy[/seed_0]_keep10) when it pruned
+  this workdir,
   else the quickstart's own (workdir/pruned_l0); None when there is none."""
   if pruned is not None:
     if not any(storage.exists(storage.join(pruned, f)) for f in ("pruning.json",
@@ -164,7 +165,8 @@ def find_pruned(ctx: E.Context, workdir: str, pruned: str | None = None) -> str 
       raise UserError(f"--pruned {pruned!r} has no pruning.json or curve.json (write one "
                       f"with mha-jax prune or prune-curve)")
     return pruned
-  for cand in (storage.join(ctx.work, "pruned_keep10"), storage.join(workdir, "pruned_l0")):
+  ours = [storage.join(ctx.work, "pruned", f"toy{s}_keep10") for s in ("", "/seed_0")]
+  for cand in (*ours, storage.join(workdir, "pruned_l0")):
     f = storage.join(cand, "pruning.json")
     if storage.exists(f) and storage.abspath(storage.read_json(f).get("source", "")) == \
         storage.abspath(workdir):

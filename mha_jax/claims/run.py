@@ -196,6 +196,21 @@ def aggregate(units: list[dict], keys: Sequence[str], seeded: bool) -> dict:
           "per_seed": units, "key_numbers": list(keys)}
 
 
+def primer_inputs(ctx) -> dict:
+  """The primer's Voita figure from the voita setting's first run and the pruning this
+  claims run made of it; its circuit from the text setting's first run."""
+  inputs = {}
+  if ctx.voita_workdir:
+    seed, wd = S.runs_of(ctx.voita_workdir)[0]
+    inputs["pruning_workdir"] = wd
+    done = storage.join(ctx.work, "pruned", f"{S.label('voita', seed)}_keep10")
+    if storage.exists(storage.join(done, "pruning.json")):
+      inputs["pruned"] = done
+  if ctx.text_workdir:
+    inputs["text_workdir"] = S.runs_of(ctx.text_workdir)[0][1]
+  return inputs
+
+
 def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None,
                induction_workdir: str | None = None, sweep_workdir: str | None = None,
                text_workdir: str | None = None, voita_workdir: str | None = None,
@@ -261,7 +276,7 @@ def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None
                          "text": ctx.text_workdir, "voita": ctx.voita_workdir}}
   if primer:
     from mha_jax.claims import primer as P
-    P.write(ctx, storage.join(out, "primer.html"))
+    P.write(ctx, storage.join(out, "primer.html"), **primer_inputs(ctx))
     report["primer"] = "primer.html"
   report["seconds"] = round(time.time() - t0, 1)
   storage.write_json(storage.join(out, "claims.json"), report)

@@ -75,7 +75,7 @@ def decoder_runs(ctx: Context, setting: str) -> list[tuple[int | None, str]]:
   return _train_toy(ctx, "configs/induction.py", "induction")
 
 
-def _label(setting: str, seed) -> str:
+def label(setting: str, seed) -> str:
   return setting if seed is None else f"{setting}/seed_{seed}"
 
 
@@ -92,7 +92,7 @@ def claim_pruning(ctx: Context, setting: str, seed, wd: str, keep: int = 10,
                     f"setting)")
   from mha_jax.analysis import report
   roles = report.role_of(report.saved_or_head_roles(run, "test", log=lambda m: None))
-  out = storage.join(ctx.work, "pruned", f"{_label(setting, seed)}_keep{keep}")
+  out = storage.join(ctx.work, "pruned", f"{label(setting, seed)}_keep{keep}")
   info = None
   if storage.exists(storage.join(out, "pruning.json")):       # reuse, never overwrite
     info = storage.read_json(storage.join(out, "pruning.json"))
@@ -146,7 +146,7 @@ def circuit_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
                       f"circuit claims need a decoder-only model")
     ctx.log(f"  circuit scores of {wd} ...")
     if run.task.trainable:
-      res = report.circuits(wd, storage.join(ctx.out, "circuits", _label(setting, seed)),
+      res = report.circuits(wd, storage.join(ctx.out, "circuits", label(setting, seed)),
                             track=False, log=lambda s: None)
       tokens, _ = behaviour.eval_tokens(run)
     else:
@@ -159,7 +159,7 @@ def circuit_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
     ctx.cache[key] = {"res": res, "run": run, "tokens": tokens,
                       "weight_scores": "approximate: norm scales folded, 1/rms and MLPs "
                       "left out" if approx else "exact: attention-only, no norms",
-                      "figures": [f"circuits/{_label(setting, seed)}/{f}"
+                      "figures": [f"circuits/{label(setting, seed)}/{f}"
                                   for f in ("composition.png", "positivity.png")
                                   if run.task.trainable and seed in (None, 0)]}
   return ctx.cache[key]
