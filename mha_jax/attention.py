@@ -229,13 +229,25 @@ class RoPE:
     inv_freq: the dim / 2 frequencies theta_i when they are not base ** (-2 i / dim)
       (scaled RoPE: linear, llama3, yarn; see mha_jax/models/rope_scaling.py); a tuple
       of floats, so the RoPE stays hashable.
-    attention_factor: multiplies cos and sin (YaRN's attention scaling); 1 otherwise.
+    attention_factor: multiplies cos and sin (YaRN's and LongRoPE's attention
+      scaling); 1 otherwise.
+    max_positions: the length L0 past which the two length-dependent kinds below
+      change the frequencies. The length L of a call is max(positions) + 1 (over the
+      batch; with a KV cache, the cache's length plus T), as transformers takes it.
+    dynamic_factor: NTK-aware dynamic scaling (transformers' "dynamic"): the base
+      becomes base * (factor * L' / L0 - (factor - 1)) ** (dim / (dim - 2)) with
+      L' = max(L, L0), computed in float32 per call.
+    long_inv_freq: LongRoPE (Phi-3): these frequencies when L > L0, inv_freq (the
+      short ones) otherwise.
   """
   base: float = 10000.0
   layout: str = "half"
   dim: int | None = None
   inv_freq: tuple | None = None
   attention_factor: float = 1.0
+  max_positions: int | None = None
+  dynamic_factor: float | None = None
+  long_inv_freq: tuple | None = None
 
   def __post_init__(self):
     if self.layout not in ROPE_LAYOUTS:
@@ -255,6 +267,26 @@ class RoPE:
             and self.attention_factor > 0):
       raise ValueError(f"RoPE attention_factor must be a positive number; got "
                        f"{self.attention_factor!r}")
+    if self.long_inv_freq is not None and not (isinstance(self.long_inv_freq, tuple)
+                                                and self.inv_freq is not None):
+      raise ValueError(f"RoPE long_inv_freq must be a tuple of floats, with inv_freq (the "
+                       f"short ones); got {type(self.long_inv_freq).__name__}")
+    if self.dynamic_factor is not None and self.long_inv_freq is not None:
+      raise ValueError("RoPE takes dynamic_factor or long_inv_freq, not both")
+    if self.dynamic_factor is not None and not (
+        isinstance(self.dynamic_factor, (int, float, np.number)) and self.dynamic_factor > 0):
+      raise ValueError(f"RoPE dynamic_factor must be a positive number; got "
+                       f"{self.dynamic_factor!r}")
+    by_length = self.dynamic_factor is not None or self.long_inv_freq is not None
+    if by_length != (self.max_positions is not None):
+      raise ValueError(f"RoPE max_positions (the switch length) goes with dynamic_factor "
+                       f"or long_inv_freq, and they need it; got max_positions="
+                       f"{self.max_positions!r}")
+    if self.max_positions is not None and (isinstance(self.max_positions, bool) or not
+                                           isinstance(self.max_positions, (int, np.integer))
+                                           or self.max_positions < 1):
+      raise ValueError(f"RoPE max_positions must be a positive integer; got "
+                       f"{self.max_positions!r}")
 
   def rotated_dim(self, head_dim: int) -> int:
     """The number of rotated features for heads of width head_dim (checks dim <= K)."""
@@ -280,6 +312,33 @@ def _check_positions(name: str, positions: Any, b: int, t: int, letter: str = "T
   return pos
 
 
+def rope_frequencies(rope: RoPE, dim: int, positions_BT: jax.Array) -> jax.Array:
+  """The dim / 2 float32 frequencies theta_i that rotate at `positions_BT` (B, T): fixed,
+  or (dynamic_factor, long_inv_freq) chosen by the call's length max(positions) + 1."""
+  half = dim // 2
+  for name in ("inv_freq", "long_inv_freq"):
+    got = getattr(rope, name)
+    if got is not None and len(got) != half:
+      raise ValueError(f"RoPE {name} has {len(got)} frequencies; rotating {dim} features "
+                       f"needs {half}")
+  if rope.dynamic_factor is not None:   # float32 throughout, as transformers computes it
+    f32 = jnp.float32
+    old = jnp.asarray(rope.max_positions, jnp.int32)
+    length = jnp.maximum(jnp.max(positions_BT).astype(jnp.int32) + 1, old).astype(f32)
+    f = f32(rope.dynamic_factor)
+    base = f32(rope.base) * ((f * length / old.astype(f32)) - (f - 1)) ** f32(dim / (dim - 2))
+    return 1.0 / base ** (jnp.arange(0, dim, 2).astype(f32) / f32(dim))
+  if rope.inv_freq is not None:
+    short = jnp.asarray(np.asarray(rope.inv_freq, np.float64), jnp.float32)
+    if rope.long_inv_freq is None:
+      return short
+    long = jnp.asarray(np.asarray(rope.long_inv_freq, np.float64), jnp.float32)
+    return jnp.where(jnp.max(positions_BT) + 1 > rope.max_positions, long, short)
+  # theta_i = base^(-2i/dim), exact in float64, then float32 like the angles.
+  return jnp.asarray(1.0 / float(rope.base) ** (np.arange(half, dtype=np.float64) * 2.0 / dim),
+                     jnp.float32)
+
+
 def apply_rope(x_BTHK: jax.Array, positions_BT: jax.Array, rope: RoPE) -> jax.Array:
   """Rotates each head's feature pairs by position: RoPE on queries or keys.
 
@@ -299,14 +358,7 @@ def apply_rope(x_BTHK: jax.Array, positions_BT: jax.Array, rope: RoPE) -> jax.Ar
   pos_BT = _check_positions("positions", positions_BT, b, t)
   dim = rope.rotated_dim(k)
   half = dim // 2
-  if rope.inv_freq is not None:
-    if len(rope.inv_freq) != half:
-      raise ValueError(f"RoPE inv_freq has {len(rope.inv_freq)} frequencies; rotating "
-                       f"{dim} features needs {half}")
-    inv_freq = np.asarray(rope.inv_freq, np.float64)
-  else:  # theta_i = base^(-2i/dim), exact in float64, then float32 like the angles.
-    inv_freq = (1.0 / float(rope.base) ** (np.arange(half, dtype=np.float64) * 2.0 / dim))
-  ang_BTF = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+  ang_BTF = pos_BT.astype(jnp.float32)[..., None] * rope_frequencies(rope, dim, pos_BT)
   cos, sin = jnp.cos(ang_BTF)[:, :, None], jnp.sin(ang_BTF)[:, :, None]   # (B, T, 1, F)
   if rope.attention_factor != 1.0:
     cos = cos * jnp.float32(rope.attention_factor)

@@ -12,6 +12,7 @@ torch and transformers are test-only references (setup.cfg's test extra).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -59,6 +60,18 @@ CASES = {
                   dict(_LL, rope_parameters={"rope_theta": 1000.0, "rope_type": "yarn",
                                              "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
                                              "original_max_position_embeddings": 16})),
+    # switch length 16: TOKENS (T = 24) are past it; test_rope_by_length goes under too
+    "dynamic_rope": ("LlamaConfig", "LlamaForCausalLM",
+                     dict(_LL, max_position_embeddings=16,
+                          rope_parameters={"rope_theta": 1000.0, "rope_type": "dynamic",
+                                           "factor": 3.0})),
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM",
+                      dict(_LL, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                           max_position_embeddings=64, original_max_position_embeddings=16,
+                           rope_parameters={"rope_theta": 700.0, "rope_type": "longrope",
+                                            "partial_rotary_factor": 0.5,
+                                            "short_factor": [1.0, 1.3, 1.7, 2.2],
+                                            "long_factor": [1.5, 3.0, 6.0, 11.0]})),
     "mistral": ("MistralConfig", "MistralForCausalLM",
                 dict(_LL, head_dim=16, sliding_window=WINDOW,
                      rope_parameters={"rope_theta": 300.0, "rope_type": "default"})),
@@ -181,7 +194,6 @@ def test_sliding_windows_matter_and_every_kernel_serves_them(imported):
   model, run, _ = imported("mistral")
   spec = run.model.spec
   assert set(spec.window) == {WINDOW}
-  import dataclasses
   ref = np.asarray(decoder.apply(run.params, dataclasses.replace(spec, impl="reference"),
                                  TOKENS))
   no_window = np.asarray(decoder.apply(run.params, dataclasses.replace(
@@ -206,6 +218,37 @@ def test_kv_cache_decoding_across_the_window_matches_transformers(imported):
   full = np.concatenate([prompt, new], 1)
   ref = hf_logits(model, full)[0, 5:-1]
   assert rel_err(logits[0], ref) < RTOL
+
+
+@pytest.mark.parametrize("case", ["dynamic_rope", "phi3_longrope"])
+def test_rope_by_length_under_and_over_the_switch_and_in_generate(imported, case):
+  """Dynamic NTK and LongRoPE change the frequencies with the call's length: logits
+  match transformers under the switch length (16) and over it, and greedy decoding with
+  the KV cache across it gives transformers' generate tokens and logits (LongRoPE: the
+  cache rebuilt at the switch, as Phi-3 does)."""
+  from mha_jax.models import decoder
+  model, run, _ = imported(case)
+  spec = run.model.spec
+  assert 16 == spec.layer("rope", 0).max_positions
+  errs = {}
+  for t in (12, T):   # the short call first: it resets transformers' dynamic state
+    ref = hf_logits(model, TOKENS[:, :t])
+    errs[t] = rel_err(np.asarray(run.model.logits(run.params, TOKENS[:, :t])), ref)
+  fixed = dataclasses.replace(spec, rope=tuple(
+      dataclasses.replace(r, dynamic_factor=None, long_inv_freq=None, max_positions=None)
+      for r in spec.rope))     # the short frequencies at every length: differs past 16
+  assert rel_err(np.asarray(decoder.apply(run.params, fixed, TOKENS)),
+                 hf_logits(model, TOKENS)) > 1e-3
+  prompt = TOKENS[:1, :10]
+  new, logits = decoder.generate(run.params, spec, prompt, 12, return_logits=True)
+  model.generation_config.eos_token_id = None    # no stop, no eos suppression
+  with torch.no_grad():
+    out = model.generate(torch.as_tensor(prompt, dtype=torch.long), max_new_tokens=12,
+                         do_sample=False, return_dict_in_generate=True, output_logits=True)
+  np.testing.assert_array_equal(new[0], out.sequences[0, 10:].numpy())
+  errs["generate"] = rel_err(logits[0], torch.stack(out.logits, 1)[0].double().numpy())
+  print(f"\n{case}: max relative logit error vs transformers {errs}")
+  assert max(errs.values()) < RTOL, errs
 
 
 # --------------------------------------------------------------------------
@@ -283,9 +326,10 @@ def test_keys_with_unimplemented_values_are_refused_by_name(family, key, value, 
 
 
 ROPE_REFUSALS = [
-    ({"rope_type": "dynamic", "factor": 2.0}, "rope_type.*dynamic"),
+    ({"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8},
+     "original_max_position_embeddings"),
     ({"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8},
-     "rope_type.*longrope"),
+     "rope_type.*longrope.*Phi-3"),
     ({"rope_type": "default", "mrope_section": [2, 2]}, "mrope_section"),
     ({"rope_type": "linear"}, "factor"),
     ({"rope_type": "llama3", "factor": 8.0}, "low_freq_factor"),
