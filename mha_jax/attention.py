@@ -551,12 +551,14 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       outputs when it is traced.
     window: a sliding window (Mistral, Gemma 2/3): query i may read key j only when
       i - j < window (in slots: with a cache, the query's slot is length + i), on top
-      of mask and causal. It is a boolean mask, so every kernel serves it.
+      of mask and causal. Every kernel serves it: blocked skips the key blocks wholly
+      outside it (cost ~ T * window), the others read it as a boolean band mask.
     scale: multiplies the dot products q . k; None means 1 / sqrt(K) (Gemma's
       query_pre_attn_scalar ** -0.5, GPT-2's 1 / (sqrt(K) * (layer + 1)) differ).
     softcap: attention-logit soft-capping (Gemma 2): the scaled scores become
-      softcap * tanh(scores / softcap) before bias and mask. Served by the reference
-      kernel (auto picks it).
+      softcap * tanh(scores / softcap) before bias and mask. Served by reference,
+      blocked and xla (which then runs the building blocks: jax.nn's fused attention
+      takes no cap), pallas through TPU splash only; cudnn refuses it.
     qk_norm_eps: epsilon of the QK-norm when params hold "q_norm" / "k_norm" (RMSNorm of
       each head's query and key, scale (K,), or of the whole projection, scale (H, K)
       and (G, K)), applied after the projections' biases and before RoPE.
@@ -688,9 +690,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       valid = valid & (length + jnp.arange(t)[:, None] - slot_S[None, :] < window)[None, None]
     mask = valid if mask is None else mask & valid
     causal = False
-  elif window is not None:
-    band = (jnp.arange(t)[:, None] - jnp.arange(s)[None, :] < window)[None, None]
-    mask = band if mask is None else mask & band
+  # Without a cache, a window goes to the kernels that skip the blocks outside it
+  # (TAKES_WINDOW); the others get it as a band mask once the kernel is known.
 
   def finish(result):
     return result if new_cache is None else (result, new_cache)
@@ -713,17 +714,23 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     q_BTHK = q_BTHK * jnp.asarray(scale * math.sqrt(k), q_BTHK.dtype)
 
   table = params.get(REL_BIAS)
-  if softcap is not None and impl not in ("auto", "reference"):
-    raise ValueError(f"softcap is served by impl='reference' (or 'auto'); got impl={impl!r}")
-  kernel = "reference" if site_pattern or softcap is not None else resolve_impl(
+  window_left = window is not None and new_cache is None
+  kernel = "reference" if site_pattern else resolve_impl(
       impl, q_BTHK, return_weights, bias is not None or table is not None,
-      k_BSGK=k_BSGK, has_mask=mask is not None)
+      k_BSGK=k_BSGK, has_mask=mask is not None or window_left,
+      has_softcap=softcap is not None)
+  kernel_window = None
+  if window_left and kernel in _dispatch.TAKES_WINDOW:
+    kernel_window = window
+  elif window_left:
+    band = (jnp.arange(t)[:, None] - jnp.arange(s)[None, :] < window)[None, None]
+    mask = band if mask is None else mask & band
   if table is not None and (kernel not in _dispatch.TAKES_TABLE or cache is not None):
     rel = relative_bias(table, t, s, length)    # dense (1, H, T, S)
     bias = rel if bias is None else bias + rel
     table = None
   o_BTHK, w_BHTS = _dispatch.run_kernel(kernel, q_BTHK, k_BSGK, v_BSGK, mask, causal, bias,
-                                        table, softcap=softcap)
+                                        table, softcap=softcap, window=kernel_window)
   if site_pattern:
     edited = site("pattern", w_BHTS)
     if edited is not w_BHTS:
