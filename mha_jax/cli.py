@@ -354,7 +354,8 @@ def _cmd_quickstart(args, extra) -> int:
 
 def _cmd_import(args) -> int:
   from mha_jax.pretrained import importer
-  cfg = importer.import_model(args.workdir, name=args.name, file=args.file, dtype=args.dtype)
+  cfg = importer.import_model(args.workdir, name=args.name, file=args.file, dtype=args.dtype,
+                              mesh=args.mesh)
   m = cfg["model"]
   print(json.dumps({"workdir": args.workdir, "task": cfg["task"], "family": m["family"],
                     "layers": m["num_layers"], "heads": m["num_heads"],
@@ -531,6 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "docs/guide/model-families.md")
   im.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                   help="the params' dtype (bfloat16 keeps bf16 weights as they are)")
+  im.add_argument("--mesh", default=None,
+                  help="place the params sharded as they load: model=4 or data=2,model=4 "
+                       "(heads over model; docs/guide/model-families.md)")
   im.add_argument("--workdir", required=True)
   im.set_defaults(func=_cmd_import)
 

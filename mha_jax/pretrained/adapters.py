@@ -649,7 +649,7 @@ def _convert(t: Tensors, name, kind, s, family, dt):
   raise ValueError(f"unknown tensor kind {kind!r}")
 
 
-def _rows(family, s, rows, t, dt, out, prefix=""):
+def _rows(family, s, rows, t, dt, out, prefix="", place=None, where=""):
   flags = dict(attn_bias=s.get("attn_bias", False), o_bias=s.get("o_bias", False),
                mlp_bias=s.get("mlp_bias", False), untied=not s["tied"])
   for name, kind, target, cond in rows:
@@ -658,20 +658,26 @@ def _rows(family, s, rows, t, dt, out, prefix=""):
     if cond == "untied" and not t.has(prefix + name):
       raise UserError(f"{t.where}: tie_word_embeddings is false but {name!r} is missing")
     for sub, arr in _convert(t, prefix + name, kind, s, family, dt).items():
-      _set(out, target + (sub if target.endswith(".b") else ("." + sub if sub else "")),
-           arr)
+      path = target + (sub if target.endswith(".b") else ("." + sub if sub else ""))
+      _set(out, path, arr if place is None else place(where + path, arr))
 
 
-def build_params(family: Family, s: dict, t: Tensors, dtype=np.float32) -> dict:
-  """mha-jax params from the tensors (each taken once); refuses leftovers by name."""
+def build_params(family: Family, s: dict, t: Tensors, dtype=np.float32,
+                 place: Callable | None = None) -> dict:
+  """mha-jax params from the tensors (each taken once); refuses leftovers by name.
+
+  place: None, or f(dotted param path such as "lm.layer_0.attn.wq", NumPy array) -> the
+  array to keep, called as each tensor is converted (the importer puts it on its
+  devices, sharded: the host then holds one converted tensor at a time)."""
   params: dict = {}
-  _rows(family, s, family.top, t, dtype, params)
+  _rows(family, s, family.top, t, dtype, params, place=place)
   if s["tied"] and t.has("lm_head.weight"):   # a saved copy of the tied embedding
     t.take("lm_head.weight")
   lm = params.setdefault("lm", {})
   for i in range(s["n"]):
     layer: dict = {}
-    _rows(family, s, family.layer, t, dtype, layer, family.layer_prefix.format(i=i))
+    _rows(family, s, family.layer, t, dtype, layer, family.layer_prefix.format(i=i),
+          place=place, where=f"lm.layer_{i}.")
     lm[f"layer_{i}"] = layer
   lm["ln_final"] = lm.pop("ln_final")
   left = sorted(n for n in t.left if not any(n.endswith(x) for x in family.ignore_tensors))
