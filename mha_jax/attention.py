@@ -57,6 +57,12 @@ REL_BIAS = "rel_bias"
 # (K,) shared by every head (Qwen3, Gemma 3) or (H, K) / (G, K) over the whole
 # projection at once (OLMo 2).
 _QK_NORM_KEYS = ("q_norm", "k_norm")
+# Removed heads' projections kept only for a whole-projection QK-norm's statistics (an
+# exported OLMo 2 model, pruning/masks.export_pruned): "wq_rest" (D, H_r, K) and
+# optional "bq_rest" (H_r, K) for queries, "wk_rest" (D, G_r, K), "bk_rest" (G_r, K) for
+# keys. Their squares join the mean of the kept heads' over (H + H_r) * K features; they
+# are not attention heads (nothing reads or attends with them).
+_NORM_REST_KEYS = ("wq_rest", "bq_rest", "wk_rest", "bk_rest")
 
 
 class AttentionOutput(NamedTuple):
@@ -160,10 +166,10 @@ def check_attention_params(params: Params) -> tuple[int, int, int]:
   if missing:
     raise ValueError(f"params is missing {missing}; it has keys {sorted(params)}")
   unknown = sorted(set(params) - set(_WEIGHT_KEYS) - set(_BIAS_KEYS) - {REL_BIAS}
-                   - set(_QK_NORM_KEYS))
+                   - set(_QK_NORM_KEYS) - set(_NORM_REST_KEYS))
   if unknown:
     raise ValueError(f"params has unknown keys {unknown}; allowed: "
-                     f"{_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS,) + _QK_NORM_KEYS}")
+                     f"{_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS,) + _QK_NORM_KEYS + _NORM_REST_KEYS}")
   wq = params["wq"]
   _check_rank("params['wq']", wq, 3, "D, H, K")
   d, h, k = wq.shape
@@ -186,6 +192,21 @@ def check_attention_params(params: Params) -> tuple[int, int, int]:
       raise ValueError(f"params['{name}'] must have shape (K,) = ({k},) (per head) or "
                        f"({heads}, {k}) (over the whole projection); got "
                        f"{tuple(params[name].shape)}")
+  for w, b, norm, heads in (("wq_rest", "bq_rest", "q_norm", h),
+                            ("wk_rest", "bk_rest", "k_norm", g)):
+    if w not in params and b not in params:
+      continue
+    rest = params.get(w)
+    if (rest is None or norm not in params or tuple(params[norm].shape) != (heads, k)
+        or rest.ndim != 3 or rest.shape[0] != d or rest.shape[2] != k):
+      raise ValueError(f"params['{w}'] (removed heads' projections for the statistics of "
+                       f"a whole-projection QK-norm) must be (D, n, K) = ({d}, n, {k}) with "
+                       f"params['{norm}'] of shape ({heads}, {k}); got {w} "
+                       f"{None if rest is None else tuple(rest.shape)}, {norm} "
+                       f"{tuple(params[norm].shape) if norm in params else None}")
+    if b in params and tuple(params[b].shape) != tuple(rest.shape[1:]):
+      raise ValueError(f"params['{b}'] must have shape {tuple(rest.shape[1:])}; got "
+                       f"{tuple(params[b].shape)}")
   if REL_BIAS in params:
     rb = params[REL_BIAS]
     if rb.ndim != 2 or rb.shape[0] != h or rb.shape[1] % 2 != 1:
@@ -447,12 +468,23 @@ resolve_impl = _dispatch.resolve_impl
 # --------------------------------------------------------------------------
 
 
-def qk_rms_norm(x_BTHK: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+def qk_rms_norm(x_BTHK: jax.Array, scale: jax.Array, eps: float,
+                rest_BTRK: jax.Array | None = None) -> jax.Array:
   """RMSNorm of queries or keys (B, T, H, K) in float32: per head with a (K,) scale, or
-  over all H * K features of a token at once with an (H, K) scale (OLMo 2)."""
-  x = x_BTHK.astype(jnp.promote_types(x_BTHK.dtype, jnp.float32))
+  over all H * K features of a token at once with an (H, K) scale (OLMo 2). rest_BTRK:
+  removed heads' projections (B, T, R, K) whose squares count in that whole-projection
+  mean (over (H + R) * K features); they are not returned."""
+  ct = jnp.promote_types(x_BTHK.dtype, jnp.float32)
+  x = x_BTHK.astype(ct)
   axes = (-1,) if scale.ndim == 1 else (-2, -1)
-  y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=axes, keepdims=True) + eps)
+  if rest_BTRK is None:
+    ms = jnp.mean(x * x, axis=axes, keepdims=True)
+  else:
+    r = rest_BTRK.astype(ct)
+    n = (x.shape[-2] + r.shape[-2]) * x.shape[-1]
+    ms = (jnp.sum(x * x, axis=axes, keepdims=True)
+          + jnp.sum(r * r, axis=axes, keepdims=True)) / n
+  y = x * jax.lax.rsqrt(ms + eps)
   return (y * scale.astype(y.dtype)).astype(x_BTHK.dtype)
 
 
@@ -667,7 +699,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   k_BSGK = project(ctx, params["wk"], params.get("bk"))
   v_BSGK = project(val, params["wv"], params.get("bv"))
   if "k_norm" in params:
-    k_BSGK = qk_rms_norm(k_BSGK, params["k_norm"], qk_norm_eps)
+    k_BSGK = qk_rms_norm(k_BSGK, params["k_norm"], qk_norm_eps, None if "wk_rest" not in
+                         params else project(ctx, params["wk_rest"], params.get("bk_rest")))
   if rope is not None:
     k_BSGK = apply_rope(k_BSGK, k_pos, rope)
   if site is not None:
@@ -701,7 +734,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
 
   q_BTHK = project(x, params["wq"], params.get("bq"))
   if "q_norm" in params:
-    q_BTHK = qk_rms_norm(q_BTHK, params["q_norm"], qk_norm_eps)
+    q_BTHK = qk_rms_norm(q_BTHK, params["q_norm"], qk_norm_eps, None if "wq_rest" not in
+                         params else project(x, params["wq_rest"], params.get("bq_rest")))
   if rope is not None:
     q_BTHK = apply_rope(q_BTHK, q_pos, rope)
   site_pattern = site is not None and site.wants("pattern")

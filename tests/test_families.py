@@ -629,13 +629,33 @@ def test_gguf_round_trip_of_a_qwen3_model(tmp_path):
   assert err < RTOL
 
 
-def test_export_pruned_refuses_whole_projection_qk_norm(imported):
-  """OLMo 2 normalises all heads' queries together: removing a head is not exact."""
+def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
+  """OLMo 2 normalises all heads' queries (keys) together: the removed heads' Q (K)
+  columns stay as wq_rest / wk_rest for the norm's statistics, and the export's logits
+  equal the masked model's (a whole kv head removed in layer 0, GQA padding in layer 1;
+  exported twice over)."""
   from mha_jax.models import common as C
   from mha_jax.pruning import masks as M
-  _, run, _ = imported("olmo2")
+  _, run, _ = imported("olmo2")                     # H = 4, G = 2
   mask = {"lm": [np.ones(4, np.float32) for _ in C.layers_of(run.params["lm"])]}
-  assert M.export_pruned(run.params, mask) is not None        # nothing removed: fine
-  mask["lm"][0][1] = 0
-  with pytest.raises(ValueError, match="q_norm"):
-    M.export_pruned(M.mask_params(run.params, mask), mask)
+  mask["lm"][0][[0, 1]] = 0
+  mask["lm"][1][2] = 0
+  masked = M.mask_params(run.params, mask)
+  pruned = M.export_pruned(masked, mask)
+  a0, a1 = pruned["lm"]["layer_0"]["attn"], pruned["lm"]["layer_1"]["attn"]
+  assert a0["wq"].shape[1] == 2 and a0["wk"].shape[1] == 1 and a0["q_norm"].shape == (2, 16)
+  assert a0["wq_rest"].shape[1] == 2 and a0["wk_rest"].shape[1] == 1
+  assert a1["wq"].shape[1] == 4 and "wq_rest" not in a1      # padding: nothing removed
+  want = np.asarray(run.model.logits(masked, TOKENS))
+  err = rel_err(np.asarray(run.model.logits(pruned, TOKENS)), want)
+  print(f"\nOLMo 2 export-pruned vs the masked model: max rel logit error {err:.1e}")
+  assert err < RTOL
+  without = {**pruned, "lm": {**pruned["lm"], "layer_0": {**pruned["lm"]["layer_0"], "attn": {
+      k: v for k, v in a0.items() if not k.endswith("_rest")}}}}
+  assert rel_err(np.asarray(run.model.logits(without, TOKENS)), want) > 1e-3
+  mask2 = {"lm": [np.array([1.0, 0.0], np.float32), np.ones(4, np.float32)]}
+  twice = M.export_pruned(M.mask_params(pruned, mask2), mask2)
+  assert twice["lm"]["layer_0"]["attn"]["wq_rest"].shape[1] == 3
+  mask["lm"][0][3] = 0
+  assert rel_err(np.asarray(run.model.logits(twice, TOKENS)),
+                 np.asarray(run.model.logits(M.mask_params(run.params, mask), TOKENS))) < RTOL
