@@ -15,7 +15,10 @@ attention; G = H is ordinary multi-head attention).
 
 Everything about the call's masks follows mha_jax.attention: boolean masks,
 True = may attend; causal is top-left aligned (key j <= query i); a query row with
-no key to attend to gives a zero output, never NaN.
+no key to attend to gives a zero output, never NaN. Key blocks that no query of a
+block may see are never visited: above the diagonal (causal) and outside a sliding
+window (window: i - j < window), so a windowed call costs O(T * window), not O(T * S).
+Soft-capping (softcap * tanh(s / softcap), Gemma 2) is applied to each block's scores.
 """
 
 from __future__ import annotations

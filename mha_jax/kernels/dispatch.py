@@ -21,6 +21,7 @@ impl names:
   3. Never a kernel that materialises the (B, H, T, S) scores when they would not fit:
      reference and xla need about SCORE_COPIES float32 copies of them in
      forward+backward; when that exceeds score_memory_budget(), blocked.
+  Soft-capping (has_softcap) rules out cudnn and every Pallas kernel but TPU splash.
   4. Otherwise the faster of reference and blocked on this backend, by the
      measurements in CPU_MEASURED_MS: blocked once B * H * T * S reaches
      BLOCKED_FROM_SCORES, reference below (small problems: one block, the custom VJP's
