@@ -228,12 +228,12 @@ def test_rope_by_length_under_and_over_the_switch_and_in_generate(imported, case
   cache rebuilt at the switch, as Phi-3 does)."""
   from mha_jax.models import decoder
   model, run, _ = imported(case)
-  spec = run.model.spec
+  spec = run.task.spec
   assert 16 == spec.layer("rope", 0).max_positions
   errs = {}
   for t in (12, T):   # the short call first: it resets transformers' dynamic state
     ref = hf_logits(model, TOKENS[:, :t])
-    errs[t] = rel_err(np.asarray(run.model.logits(run.params, TOKENS[:, :t])), ref)
+    errs[t] = rel_err(np.asarray(run.task.logits(run.params, TOKENS[:, :t])), ref)
   fixed = dataclasses.replace(spec, rope=tuple(
       dataclasses.replace(r, dynamic_factor=None, long_inv_freq=None, max_positions=None)
       for r in spec.rope))     # the short frequencies at every length: differs past 16
@@ -503,12 +503,12 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
       "None", "model"]
   assert res["shards"]["wq"] == [[64, 2, 24]] and res["shards"]["wk"] == [[64, 1, 24]]
   assert res["shards"]["wo"] == [[2, 24, 64]]
-  plain = np.asarray(run.model.logits(run.params, TOKENS))
+  plain = np.asarray(run.task.logits(run.params, TOKENS))
   err = rel_err(np.asarray(res["logits"]), plain)
   print(f"\nsharded import (4 devices, model=2) vs plain import: max rel logit error {err:.1e}")
   assert err < 1e-5
   run_w = mha_jax.load(str(tmp_path / "w"))
-  assert rel_err(np.asarray(run_w.model.logits(run_w.params, TOKENS)), plain) < 1e-6
+  assert rel_err(np.asarray(run_w.task.logits(run_w.params, TOKENS)), plain) < 1e-6
   for bad in ("model=x", "heads=2", "model=0", "4"):
     with pytest.raises(ValueError, match="--mesh"):
       sharding.parse_mesh(bad)
@@ -646,16 +646,16 @@ def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
   assert a0["wq"].shape[1] == 2 and a0["wk"].shape[1] == 1 and a0["q_norm"].shape == (2, 16)
   assert a0["wq_rest"].shape[1] == 2 and a0["wk_rest"].shape[1] == 1
   assert a1["wq"].shape[1] == 4 and "wq_rest" not in a1      # padding: nothing removed
-  want = np.asarray(run.model.logits(masked, TOKENS))
-  err = rel_err(np.asarray(run.model.logits(pruned, TOKENS)), want)
+  want = np.asarray(run.task.logits(masked, TOKENS))
+  err = rel_err(np.asarray(run.task.logits(pruned, TOKENS)), want)
   print(f"\nOLMo 2 export-pruned vs the masked model: max rel logit error {err:.1e}")
   assert err < RTOL
   without = {**pruned, "lm": {**pruned["lm"], "layer_0": {**pruned["lm"]["layer_0"], "attn": {
       k: v for k, v in a0.items() if not k.endswith("_rest")}}}}
-  assert rel_err(np.asarray(run.model.logits(without, TOKENS)), want) > 1e-3
+  assert rel_err(np.asarray(run.task.logits(without, TOKENS)), want) > 1e-3
   mask2 = {"lm": [np.array([1.0, 0.0], np.float32), np.ones(4, np.float32)]}
   twice = M.export_pruned(M.mask_params(pruned, mask2), mask2)
   assert twice["lm"]["layer_0"]["attn"]["wq_rest"].shape[1] == 3
   mask["lm"][0][3] = 0
-  assert rel_err(np.asarray(run.model.logits(twice, TOKENS)),
-                 np.asarray(run.model.logits(M.mask_params(run.params, mask), TOKENS))) < RTOL
+  assert rel_err(np.asarray(run.task.logits(twice, TOKENS)),
+                 np.asarray(run.task.logits(M.mask_params(run.params, mask), TOKENS))) < RTOL
