@@ -22,7 +22,8 @@ from mha_jax import config as mc
 
 def get_config(arg=None):
   a = mc.parse_arg(arg, heads=12, d_model=256, head_dim=32, layers=2, vocab=2048,
-                   max_len=256, steps=6000, batch=32, lr=1e-3, seed=0, corpus="stdlib")
+                   max_len=256, steps=6000, batch=32, lr=1e-3, seed=0, corpus="stdlib",
+                   pos="qk", max_rel=32)
   cfg = ml_collections.ConfigDict()
   cfg.task = "lm"
   cfg.seed = a.seed
@@ -34,7 +35,7 @@ def get_config(arg=None):
   cfg.model = dict(
       d_model=a.d_model, num_heads=a.heads, head_dim=a.head_dim, num_layers=a.layers,
       d_ff=0, max_len=a.max_len, dropout=0.0, layer_norm=False, attn_only=True,
-      use_bias=False, pos="qk", impl="auto")
+      use_bias=False, pos=a.pos, max_rel=a.max_rel, impl="auto")
   cfg.train = mc.train_defaults(steps=a.steps, batch_size=a.batch, lr=a.lr, warmup=200,
                                 schedule="cosine", weight_decay=0.0, eval_every=250,
                                 checkpoint_every=250, log_every=50, keep=100)

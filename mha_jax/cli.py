@@ -1,13 +1,38 @@
-"""The `mha-jax` command."""
+"""mha-jax: train, study and benchmark multi-head attention (one verb per job).
+
+One style for every verb: a flag with a fixed set of values is checked by the parser
+(`choices`, and per item for comma-separated lists), a numeric flag by its range
+(FLAG_RANGES). The study verbs also read their flags from a config file, loaded as
+`train` loads its own:
+
+    mha-jax prune --workdir W --config configs/studies/prune_michel.py --config.keep=6
+
+A config's keys are the flags' names (`--keep-one-per-layer` is `keep_one_per_layer`);
+`--config.KEY=VALUE` overrides a key and a flag on the command line overrides both. A verb
+with methods (`prune --method`, `patch --method`) takes, and lists in --help, only the
+flags of the methods asked for. The verbs are the table VERBS; each calls one function.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import json
 import sys
+from typing import Callable, Sequence
 
+import ml_collections
+
+from mha_jax import config as mc
 from mha_jax import storage
+from mha_jax.analysis import importance
 from mha_jax.errors import UserError
+from mha_jax.models import common as C
+from mha_jax.patching import run as patch_run
+from mha_jax.pretrained import registry
+from mha_jax.pruning import gates, run as prune_run
+from mha_jax.tasks.base import SPLITS
 
 
 def _list_of(cast, what):
@@ -75,7 +100,6 @@ def _cmd_bench_train(args, extra) -> int:
 
 
 def _cmd_train(args, extra) -> int:
-  from mha_jax import config as mc
   from mha_jax.train import loop
   from mha_jax.train import distributed
   distributed.initialize(args.coordinator, args.num_processes, args.process_id,
@@ -95,7 +119,6 @@ def _cmd_train(args, extra) -> int:
 
 def _cmd_eval(args) -> int:
   from mha_jax.loader import load
-  check_split(args.split)
   def eval_one(wd, **extra):
     run = load(wd, step=args.step)
     res = run.task.evaluate(run.params, args.split)
@@ -184,7 +207,6 @@ def _analyze_options(args) -> dict:
 def _cmd_analyze(args) -> int:
   from mha_jax.analysis import report
   from mha_jax.loader import load
-  check_split(args.split)
   seeds = _multi_seed(args.workdir)
   if seeds:
     return _cmd_analyze_seeds(args, seeds)
@@ -199,11 +221,8 @@ def _cmd_analyze(args) -> int:
 
 
 def _cmd_ablate(args) -> int:
-  from mha_jax.analysis import importance, report
+  from mha_jax.analysis import report
   from mha_jax.loader import load
-  if args.mode not in ("zero", "mean"):
-    raise UserError(f"--mode must be 'zero' or 'mean'; got {args.mode!r}")
-  check_split(args.split)
   if not args.each and not args.heads and not args.induction_vs_random:
     raise UserError("give --heads stack.layer.head[,...], --each or --induction-vs-random")
   run = load(args.workdir, step=args.step)
@@ -235,7 +254,7 @@ def _cmd_ablate(args) -> int:
 
 
 def _ablate_induction(run, args, out_dir: str) -> int:
-  from mha_jax.analysis import importance, report
+  from mha_jax.analysis import report
   if not run.task.decoder_only:
     raise UserError(f"--induction-vs-random needs a language model; {args.workdir!r} has "
                      f"task {run.config.task!r}")
@@ -250,13 +269,12 @@ def _ablate_induction(run, args, out_dir: str) -> int:
 
 
 def _cmd_prune(args) -> int:
-  from mha_jax.pruning import gates, run as prune_run
   hc = gates.HardConcrete(beta=args.beta, init_log_alpha=args.init_log_alpha,
                           per_layer_mean=args.per_layer_mean, binarize=args.binarize)
   out = args.out or args.workdir.rstrip("/") + f"_pruned_{args.method}"
   res = prune_run.prune(args.workdir, out, method=args.method, lam=args.l0_lambda,
                         lambdas=args.lambdas, keep=args.keep,
-                        stacks=[s for s in args.stacks.split(",") if s], steps=args.steps,
+                        stacks=list(args.stacks), steps=args.steps,
                         lr=args.lr, finetune=args.finetune,
                         keep_one_per_layer=args.keep_one_per_layer, seed=args.seed, hc=hc,
                         bleu_limit=args.bleu_sentences)
@@ -267,7 +285,7 @@ def _cmd_prune(args) -> int:
 
 def _curve_options(args) -> dict:
   """The options of `prune-curve`, the same for one run and for each seed of many."""
-  return dict(counts=args.counts, stacks=[s for s in args.stacks.split(",") if s],
+  return dict(counts=args.counts, stacks=list(args.stacks),
               lam=args.l0_lambda, steps=args.steps, bleu_limit=args.bleu_sentences,
               random_draws=args.random_draws, save_workdirs=args.save_workdirs)
 
@@ -306,7 +324,6 @@ def _cmd_prune_curve(args) -> int:
 
 
 def _cmd_export_pruned(args) -> int:
-  from mha_jax.pruning import run as prune_run
   info = prune_run.export(args.workdir, args.out)
   print(json.dumps({k: info[k] for k in ("head_counts", "max_abs_diff_vs_masked",
                                           "relative_diff_vs_masked", "forward_speed")}))
@@ -336,7 +353,6 @@ def _cmd_claims(args) -> int:
 def _cmd_sweep(args, extra) -> int:
   from mha_jax import sweep
   from mha_jax.train import loop
-  from mha_jax import config as mc
   spec = mc.resolve(args.config)
   runs = sweep.plan(spec, args.workdir, extra)
   if args.print_commands:
@@ -378,7 +394,6 @@ def _cmd_generate(args) -> int:
 
 def _cmd_patch(args) -> int:
   from mha_jax.loader import load
-  from mha_jax.patching import run as patch_run
   out = writable_out(args.out, args.workdir)
   summary = patch_run.study(load(args.workdir), out, task=args.task,
                             pairs_file=args.pairs, methods=args.method,
@@ -389,198 +404,214 @@ def _cmd_patch(args) -> int:
   return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="mha-jax", description=__doc__, allow_abbrev=False)
-  sub = p.add_subparsers(dest="command", required=True)
+# ------------------------------------------------------------------ the flags, as data
 
-  z = sub.add_parser("zoo", help="params, FLOPs and score memory of the model zoo")
-  z.add_argument("--seq-len", type=int, default=2048)
-  z.add_argument("--batch", type=int, default=1)
-  z.add_argument("--d-model", type=int, default=None,
-                 help="instead of the zoo, every h dividing this width")
-  z.set_defaults(func=_cmd_zoo)
+def _arg(*names: str, **kw) -> tuple:
+  """One flag: add_argument's arguments, kept as data so the verb table can list it."""
+  return names, kw
 
-  t = sub.add_parser("train", help="train (or resume) a run from a config file")
-  t.add_argument("--config", required=True, help="configs/FILE.py[:arg]")
-  t.add_argument("--workdir", required=True)
-  t.add_argument("--multihost", action="store_true",
-                 help="call jax.distributed.initialize() and let JAX find the cluster "
-                      "(Cloud TPU VM slices)")
-  t.add_argument("--coordinator", default=None,
-                 help="HOST:PORT of process 0, for a multi-process run (or "
-                      "MHA_JAX_COORDINATOR)")
-  t.add_argument("--num-processes", default=None,
-                 help="number of processes (or MHA_JAX_NUM_PROCESSES)")
-  t.add_argument("--process-id", default=None,
-                 help="this process's id, 0..N-1 (or MHA_JAX_PROCESS_ID)")
-  t.set_defaults(func=_cmd_train, extra=True)
 
-  e = sub.add_parser("eval", help="evaluate a run's checkpoint; prints one JSON object")
-  e.add_argument("--workdir", required=True)
-  e.add_argument("--split", default="test")
-  e.add_argument("--step", type=int, default=None)
-  e.set_defaults(func=_cmd_eval)
+def _items(choices, what: str = "names") -> Callable[[str], tuple]:
+  """An argparse type for comma-separated names, each one of `choices` (a tuple, or a
+  function that returns one, called when a value is read): "a,b" -> ("a", "b")."""
+  def parse(text: str) -> tuple:
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    known = tuple(choices() if callable(choices) else choices)
+    if not names:
+      raise argparse.ArgumentTypeError(f"expected comma-separated {what}; got {text!r}")
+    for v in names:
+      if v not in known:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {v!r} (choose from {', '.join(map(repr, known))})")
+    return names
+  return parse
 
-  a = sub.add_parser("analyze", help="head roles, importance, ablations, plots, explorer")
-  a.add_argument("--workdir", required=True)
-  a.add_argument("--split", default="test")
-  a.add_argument("--step", type=int, default=None)
-  a.add_argument("--no-ablations", action="store_true", help="skip the leave-one-out pass")
-  a.add_argument("--roles-only", action="store_true",
-                 help="multi-seed workdir: each seed's head roles only (roles_only.json), "
-                      "then their stability; no importance, ablations or explorer")
-  a.add_argument("--out", default=None, help="output folder (default: WORKDIR/analysis)")
-  a.add_argument("--bleu-sentences", type=int, default=64,
-                 help="sentences for BLEU in the leave-one-out pass (0 = all)")
-  a.add_argument("--conllu", default=None,
-                 help="imported encoders: a CoNLL-U file of sentences for syntactic roles")
-  a.set_defaults(func=_cmd_analyze)
 
-  ab = sub.add_parser("ablate", help="evaluate a checkpoint with heads ablated")
-  ab.add_argument("--workdir", required=True)
-  ab.add_argument("--heads", default="", help="e.g. encoder.2.5,decoder_cross.0.1")
-  ab.add_argument("--mode", default="zero", help="zero or mean")
-  ab.add_argument("--each", action="store_true", help="every single-head ablation")
-  ab.add_argument("--induction-vs-random", action="store_true",
-                  help="LM: the top --top induction heads together vs --draws sets of "
-                       "random heads from the same layers")
-  ab.add_argument("--top", type=int, default=5)
-  ab.add_argument("--draws", type=int, default=5)
-  ab.add_argument("--split", default="test")
-  ab.add_argument("--step", type=int, default=None)
-  ab.add_argument("--out", default=None, help="output folder (default: WORKDIR/analysis)")
-  ab.set_defaults(func=_cmd_ablate)
+def _mesh(text: str) -> str:
+  """An argparse type for import --mesh: checked by train.sharding.parse_mesh."""
+  from mha_jax.train import sharding
+  try:
+    sharding.parse_mesh(text)
+  except UserError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+  return text
 
-  pr = sub.add_parser("prune", help="prune heads: L0 gates, Michel et al., or random")
-  pr.add_argument("--workdir", required=True)
-  pr.add_argument("--out", default=None, help="new workdir (default: WORKDIR_pruned_METHOD)")
-  pr.add_argument("--method", default="l0", help="l0, michel or random")
-  pr.add_argument("--l0-lambda", type=float, default=None,
-                  help="L0 penalty (with --keep K: default 0.05, it only ranks the heads)")
-  pr.add_argument("--lambdas", type=_float_list, default=(),
-                  help="sweep lambda: one sub-workdir per value")
-  pr.add_argument("--keep", type=int, default=None, help="end with exactly K heads")
-  pr.add_argument("--stacks", default="encoder",
-                  help="comma-separated: encoder, decoder_self, decoder_cross, lm")
-  pr.add_argument("--steps", type=int, default=300, help="gate training steps (l0)")
-  pr.add_argument("--lr", type=float, default=0.05, help="gate learning rate (l0)")
-  pr.add_argument("--finetune", action="store_true", help="also train the model (l0)")
-  pr.add_argument("--beta", type=float, default=1 / 3)
-  pr.add_argument("--init-log-alpha", type=float, default=2.0)
-  pr.add_argument("--per-layer-mean", action="store_true")
-  pr.add_argument("--binarize", default="nonzero", help="nonzero or threshold")
-  pr.add_argument("--keep-one-per-layer", action="store_true", help="michel: never empty a layer")
-  pr.add_argument("--seed", type=int, default=0)
-  pr.add_argument("--bleu-sentences", type=int, default=0, help="test BLEU sentences (0 = all)")
-  pr.set_defaults(func=_cmd_prune)
 
-  pc = sub.add_parser("prune-curve", help="BLEU vs heads kept for l0, michel and random")
-  pc.add_argument("--workdir", required=True)
-  pc.add_argument("--out", default=None, help="default: WORKDIR/pruning_curve")
-  pc.add_argument("--counts", type=_int_list, default=(48, 36, 24, 12, 6, 3, 0))
-  pc.add_argument("--stacks", default="encoder")
-  pc.add_argument("--l0-lambda", type=float, default=0.05)
-  pc.add_argument("--steps", type=int, default=200)
-  pc.add_argument("--bleu-sentences", type=int, default=0)
-  pc.add_argument("--random-draws", type=int, default=1,
-                  help="random pruning: the mean over this many random orders")
-  pc.add_argument("--save-workdirs", type=_int_list, default=(),
-                  help="head counts (of --counts) at which each method's pruned model is "
-                       "written as OUT/{method}_k{K}, ready for export-pruned")
-  pc.set_defaults(func=_cmd_prune_curve)
+def _claim_names() -> tuple:
+  from mha_jax.claims import run as claims_run
+  return tuple(claims_run.CLAIMS)
 
-  ex = sub.add_parser("export-pruned", help="remove pruned heads from the weights for real")
-  ex.add_argument("--workdir", required=True)
-  ex.add_argument("--out", required=True)
-  ex.set_defaults(func=_cmd_export_pruned)
 
-  ci = sub.add_parser("circuits", help="induction heads, composition, positivity, paths")
-  ci.add_argument("--workdir", required=True)
-  ci.add_argument("--no-track", action="store_true", help="skip the pass over checkpoints")
-  ci.add_argument("--out", default=None,
-                  help="output folder (default: WORKDIR/circuits; a read-only workdir "
-                       "needs one elsewhere)")
-  ci.set_defaults(func=_cmd_circuits)
+DTYPES = ("float32", "bfloat16", "float16")
+WORKDIR = _arg("--workdir", required=True, help="the run's folder")
+SPLIT = _arg("--split", default="test", choices=SPLITS, help="the data split (default: test)")
+STEP = _arg("--step", type=int, default=None, help="the checkpoint (default: the latest)")
+SEED = _arg("--seed", type=int, default=0, help="the random seed (default: 0)")
+STACKS = _arg("--stacks", type=_items(tuple(C.STACKS), "stacks"), default=("encoder",),
+              metavar="STACK[,STACK...]",
+              help=f"attention stacks, of {', '.join(C.STACKS)} (default: encoder)")
 
-  cl = sub.add_parser("claims", help="measure the seed documents' claims; report + primer")
-  cl.add_argument("--only", default=None, help="comma-separated claim names")
+
+def _out(default: str) -> tuple:
+  return _arg("--out", default=None, help=f"output folder (default: {default})")
+
+
+def _bleu(default: int, what: str) -> tuple:
+  return _arg("--bleu-sentences", type=int, default=default, help=f"{what} (0 = all)")
+
+
+def _claims_args(cl: argparse.ArgumentParser) -> None:
+  """The flags of `claims`, as add_argument calls (the verb grows them with the claims)."""
+  cl.add_argument("--only", type=_items(_claim_names, "claim names"), default=None,
+                  help="comma-separated claim names (default: all)")
   cl.add_argument("--out", default="claims")
   cl.add_argument("--workdir", default=None, help="a quickstart workdir to reuse")
   cl.add_argument("--induction-workdir", default=None,
                   help="a trained configs/induction.py workdir to reuse")
   cl.add_argument("--sweep-workdir", default=None,
                   help="a `mha-jax sweep` workdir: its loss at d_k = 1")
-  cl.set_defaults(func=_cmd_claims)
-
-  sw = sub.add_parser("sweep", help="run the runs a sweep config lists")
-  sw.add_argument("--config", required=True)
-  sw.add_argument("--workdir", required=True)
-  sw.add_argument("--print-commands", action="store_true",
-                  help="print one `mha-jax train` command per run instead")
-  sw.set_defaults(func=_cmd_sweep, extra=True)
-
-  q = sub.add_parser("quickstart", help="train, evaluate and summarize the default model")
-  q.add_argument("--workdir", default="workdirs/quickstart")
-  q.set_defaults(func=_cmd_quickstart, extra=True)
-
-  im = sub.add_parser("import", help="a pretrained model as a new workdir (offline)")
-  im.add_argument("name", nargs="?", default=None,
-                  help="smollm2-135m, minilm-l6 or gemma3-270m")
-  im.add_argument("--file", default=None,
-                  help="a GGUF file (llama, qwen2, qwen3, gemma3), or a Hugging Face folder "
-                       "(config.json + model.safetensors or shards) of a family in "
-                       "docs/guide/model-families.md")
-  im.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                  help="the params' dtype (bfloat16 keeps bf16 weights as they are)")
-  im.add_argument("--mesh", default=None,
-                  help="place the params sharded as they load: model=4 or data=2,model=4 "
-                       "(heads over model; docs/guide/model-families.md)")
-  im.add_argument("--workdir", required=True)
-  im.set_defaults(func=_cmd_import)
-
-  g = sub.add_parser("generate", help="greedy continuation with the KV cache (imported LMs)")
-  g.add_argument("--workdir", required=True)
-  g.add_argument("--prompt", required=True)
-  g.add_argument("--max-new-tokens", type=int, default=16)
-  g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-  g.set_defaults(func=_cmd_generate)
-
-  pa = sub.add_parser("patch", help="activation, path and attribution patching; DLA")
-  pa.add_argument("--workdir", required=True)
-  pa.add_argument("--task", choices=("ioi", "induction"), default=None)
-  pa.add_argument("--pairs", default=None, help="a JSONL file, one {clean, corrupt, "
-                  "answer, wrong} a line")
-  pa.add_argument("--method", type=_list_of(str, "method names"),
-                  default=("activation", "attribution"),
-                  help="comma-separated: activation, path, attribution (default: "
-                       "activation,attribution)")
-  pa.add_argument("--n-pairs", type=int, default=8, help="built-in tasks: pairs drawn")
-  pa.add_argument("--seed", type=int, default=0)
-  pa.add_argument("--per-position", action="store_true",
-                  help="also patch every head at every position")
-  pa.add_argument("--receivers", type=int, default=2,
-                  help="path patching: the top heads whose q, k, v receive")
-  pa.add_argument("--out", required=True)
-  pa.set_defaults(func=_cmd_patch)
-
-  b = sub.add_parser("bench", help="benchmarks")
-  bsub = b.add_subparsers(dest="bench", required=True)
-  ba = bsub.add_parser("attention", help="this layer vs flax.linen, flax.nnx, jax.nn")
-  add_bench_attention_args(ba)
-  ba.set_defaults(func=_cmd_bench_attention)
-  bt = bsub.add_parser("train", help="the quickstart model's training step, ours vs flax.linen")
-  bt.add_argument("--config", default="configs/translation.py:quickstart")
-  bt.add_argument("--rounds", type=int, default=10)
-  bt.add_argument("--warmup", type=int, default=2)
-  bt.add_argument("--workdir", default="workdirs/bench_train",
-                  help="where the task writes its generated data")
-  bt.add_argument("--matmul-size", type=int, default=2048,
-                  help="n of the n x n matmul that measures the machine's rate")
-  bt.add_argument("--out", default="results/bench_train.json")
-  bt.set_defaults(func=_cmd_bench_train, extra=True)
-  return p
 
 
+@dataclasses.dataclass(frozen=True)
+class Verb:
+  """A verb of `mha-jax`: what it does, the function it calls, its flags."""
+  help: str
+  func: Callable
+  flags: tuple = ()            # _arg specs, in --help's order
+  groups: tuple = ()           # (title, flags): a section of --help each
+  methods: tuple = ()          # (method, flags only it takes), every method; --method picks
+  study: bool = True           # --config FILE holds the verb's own flags
+  extra: bool = False          # hands --config.KEY=VALUE to a training config (train)
+  add: Callable | None = None  # flags written as add_argument calls (claims, bench)
+
+
+VERBS = {
+    "zoo": Verb("params, FLOPs and score memory of the model zoo", _cmd_zoo, (
+        _arg("--seq-len", type=int, default=2048), _arg("--batch", type=int, default=1),
+        _arg("--d-model", type=int, default=None,
+             help="instead of the zoo, every h dividing this width")), study=False),
+    "train": Verb("train (or resume) a run from a config file", _cmd_train, (
+        _arg("--config", required=True, help="configs/FILE.py[:arg]"), WORKDIR), groups=((
+            "processes", (
+                _arg("--multihost", action="store_true",
+                     help="call jax.distributed.initialize() and let JAX find the cluster "
+                          "(Cloud TPU VM slices)"),
+                _arg("--coordinator", default=None,
+                     help="HOST:PORT of process 0, for a multi-process run (or "
+                          "MHA_JAX_COORDINATOR)"),
+                _arg("--num-processes", default=None,
+                     help="number of processes (or MHA_JAX_NUM_PROCESSES)"),
+                _arg("--process-id", default=None,
+                     help="this process's id, 0..N-1 (or MHA_JAX_PROCESS_ID)"))),),
+        study=False, extra=True),
+    "eval": Verb("evaluate a run's checkpoint; prints one JSON object", _cmd_eval,
+                 (WORKDIR, SPLIT, STEP)),
+    "analyze": Verb("head roles, importance, ablations, plots, explorer", _cmd_analyze, (
+        WORKDIR, SPLIT, STEP, _out("WORKDIR/analysis"),
+        _arg("--no-ablations", action="store_true", help="skip the leave-one-out pass"),
+        _arg("--roles-only", action="store_true",
+             help="multi-seed workdir: each seed's head roles only (roles_only.json), "
+                  "then their stability; no importance, ablations or explorer"),
+        _bleu(64, "sentences for BLEU in the leave-one-out pass"),
+        _arg("--conllu", default=None,
+             help="imported encoders: a CoNLL-U file of sentences for syntactic roles"))),
+    "ablate": Verb("evaluate a checkpoint with heads ablated", _cmd_ablate, (
+        WORKDIR, _arg("--heads", default="", help="e.g. encoder.2.5,decoder_cross.0.1"),
+        _arg("--each", action="store_true", help="every single-head ablation"),
+        _arg("--mode", default="zero", choices=importance.MODES,
+             help="an ablated head's output: 0 or its mean (default: zero)"),
+        SPLIT, STEP, _out("WORKDIR/analysis")), groups=((
+            "induction heads against random ones (language models)", (
+                _arg("--induction-vs-random", action="store_true",
+                     help="the top --top induction heads together vs --draws sets of "
+                          "random heads from the same layers"),
+                _arg("--top", type=int, default=5), _arg("--draws", type=int, default=5))),)),
+    "prune": Verb("prune heads: L0 gates, Michel et al., or random", _cmd_prune, (
+        WORKDIR, _out("WORKDIR_pruned_METHOD, a new workdir"),
+        _arg("--method", default="l0", choices=prune_run.METHODS,
+             help="l0: train Hard Concrete gates (Voita et al.); michel: drop the heads "
+                  "of least gradient importance (Michel et al.); random (default: l0)"),
+        _arg("--keep", type=int, default=None, help="end with exactly K heads"),
+        STACKS, _bleu(0, "test BLEU sentences")), methods=(
+            ("l0", (
+                _arg("--l0-lambda", type=float, default=None,
+                     help="L0 penalty (with --keep K: default 0.05, it only ranks the "
+                          "heads)"),
+                _arg("--lambdas", type=_float_list, default=(),
+                     help="sweep lambda: one sub-workdir per value"),
+                _arg("--steps", type=int, default=300, help="gate training steps"),
+                _arg("--lr", type=float, default=0.05, help="gate learning rate"),
+                _arg("--finetune", action="store_true", help="also train the model"),
+                _arg("--beta", type=float, default=1 / 3,
+                     help="the Hard Concrete temperature"),
+                _arg("--init-log-alpha", type=float, default=2.0),
+                _arg("--per-layer-mean", action="store_true"),
+                _arg("--binarize", default="nonzero", choices=gates.BINARIZE,
+                     help="a head is kept when its gate is nonzero, or above 0.5"),
+                SEED)),
+            ("michel", (_arg("--keep-one-per-layer", action="store_true",
+                             help="never empty a layer"),)),
+            ("random", (SEED,)))),
+    "prune-curve": Verb("BLEU vs heads kept for l0, michel and random", _cmd_prune_curve, (
+        WORKDIR, _out("WORKDIR/pruning_curve"),
+        _arg("--counts", type=_int_list, default=(48, 36, 24, 12, 6, 3, 0)),
+        STACKS, _bleu(0, "test BLEU sentences"),
+        _arg("--random-draws", type=int, default=1,
+             help="random pruning: the mean over this many random orders"),
+        _arg("--save-workdirs", type=_int_list, default=(),
+             help="head counts (of --counts) at which each method's pruned model is "
+                  "written as OUT/{method}_k{K}, ready for export-pruned")), groups=((
+            "l0 gates", (_arg("--l0-lambda", type=float, default=0.05),
+                         _arg("--steps", type=int, default=200))),)),
+    "export-pruned": Verb("remove pruned heads from the weights for real",
+                          _cmd_export_pruned,
+                          (WORKDIR, _arg("--out", required=True, help="the new workdir"))),
+    "circuits": Verb("induction heads, composition, positivity, paths", _cmd_circuits, (
+        WORKDIR, _arg("--no-track", action="store_true",
+                      help="skip the pass over checkpoints"),
+        _out("WORKDIR/circuits; a read-only workdir needs one elsewhere"))),
+    "claims": Verb("measure the seed documents' claims; report + primer", _cmd_claims,
+                   add=_claims_args),
+    "sweep": Verb("run the runs a sweep config lists", _cmd_sweep, (
+        _arg("--config", required=True), WORKDIR,
+        _arg("--print-commands", action="store_true",
+             help="print one `mha-jax train` command per run instead")),
+        study=False, extra=True),
+    "quickstart": Verb("train, evaluate and summarize the default model", _cmd_quickstart,
+                       (_arg("--workdir", default="workdirs/quickstart"),),
+                       study=False, extra=True),
+    "import": Verb("a pretrained model as a new workdir (offline)", _cmd_import, (
+        _arg("name", nargs="?", default=None, choices=tuple(registry.KNOWN),
+             help="a packaged model (or give --file)"),
+        _arg("--file", default=None,
+             help="a GGUF file (llama, qwen2, qwen3, gemma3), or a Hugging Face folder "
+                  "(config.json + model.safetensors or shards) of a family in "
+                  "docs/guide/model-families.md"),
+        _arg("--dtype", default="float32", choices=DTYPES,
+             help="the params' dtype (bfloat16 keeps bf16 weights as they are)"),
+        _arg("--mesh", default=None, type=_mesh,
+             help="place the params sharded as they load: model=4 or data=2,model=4 "
+                  "(heads over model; docs/guide/model-families.md)"),
+        WORKDIR)),
+    "generate": Verb("greedy continuation with the KV cache (imported LMs)", _cmd_generate, (
+        WORKDIR, _arg("--prompt", required=True),
+        _arg("--max-new-tokens", type=int, default=16),
+        _arg("--chat", action="store_true", help="wrap the prompt in the chat template"))),
+    "patch": Verb("activation, path and attribution patching; DLA", _cmd_patch, (
+        WORKDIR, _arg("--task", choices=patch_run.TASKS, default=None),
+        _arg("--pairs", default=None,
+             help="a JSONL file, one {clean, corrupt, answer, wrong} a line"),
+        _arg("--method", type=_items(patch_run.METHODS, "method names"),
+             default=("activation", "attribution"), metavar="METHOD[,METHOD...]",
+             help=f"of {', '.join(patch_run.METHODS)} (default: activation,attribution)"),
+        _arg("--n-pairs", type=int, default=8, help="built-in tasks: pairs drawn"), SEED,
+        _arg("--out", required=True, help="output folder")), methods=(
+            ("activation", (_arg("--per-position", action="store_true",
+                                 help="also patch every head at every position"),)),
+            ("path", (_arg("--receivers", type=int, default=2,
+                           help="the top heads whose q, k, v receive"),)),
+            ("attribution", ()))),
+}
 _BENCH_OUT = "results/bench_attention.json"
 
 
@@ -593,29 +624,211 @@ class _Given(argparse.Action):
 
 
 def add_bench_attention_args(p: argparse.ArgumentParser) -> None:
-  from mha_jax.bench import DEFAULT_HEADS
+  from mha_jax import bench
   p.add_argument("--d-model", type=int, default=768, action=_Given,
                  help="default 768 (512 with --scale-t)")
   p.add_argument("--seq-len", type=int, default=512)
   p.add_argument("--batch", type=int, default=4, action=_Given,
                  help="default 4 (1 with --scale-t)")
-  p.add_argument("--heads", type=_int_list, default=DEFAULT_HEADS, action=_Given,
+  p.add_argument("--heads", type=_int_list, default=bench.DEFAULT_HEADS, action=_Given,
                  help="comma-separated head counts (default: %(default)s; 8 with --scale-t)")
   p.add_argument("--scale-t", action="store_true",
                  help="time and peak memory against T (512 .. 32768), one capped "
                       "subprocess per implementation and T")
   p.add_argument("--seq-lens", type=_int_list, default=None,
                  help="with --scale-t: comma-separated T values")
-  p.add_argument("--impls", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
-                 default=None, help="comma-separated implementation names (default: all; "
-                 "without --scale-t the peers always run)")
+  p.add_argument("--impls", type=_items(bench.impl_names(with_cudnn=True),
+                                        "implementation names"),
+                 default=None, metavar="IMPL[,IMPL...]",
+                 help=f"of {', '.join(bench.impl_names(with_cudnn=True))} (default: all; "
+                      f"without --scale-t the peers always run)")
   p.add_argument("--max-mem-gb", type=float, default=6.0,
                  help="with --scale-t: address-space cap per subprocess (default 6)")
   p.set_defaults(d_model_given=False, batch_given=False, heads_given=False)
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--warmup", type=int, default=1)
-  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+  p.add_argument("--dtype", default="float32", choices=DTYPES)
   p.add_argument("--out", default=_BENCH_OUT)
+
+
+BENCH = {
+    "attention": Verb("this layer vs flax.linen, flax.nnx, jax.nn", _cmd_bench_attention,
+                      add=add_bench_attention_args, study=False),
+    "train": Verb("the quickstart model's training step, ours vs flax.linen",
+                  _cmd_bench_train, (
+                      _arg("--config", default="configs/translation.py:quickstart"),
+                      _arg("--rounds", type=int, default=10),
+                      _arg("--warmup", type=int, default=2),
+                      _arg("--workdir", default="workdirs/bench_train",
+                           help="where the task writes its generated data"),
+                      _arg("--matmul-size", type=int, default=2048,
+                           help="n of the n x n matmul that measures the machine's rate"),
+                      _arg("--out", default="results/bench_train.json")),
+                  study=False, extra=True),
+}
+
+
+# ------------------------------------------------------------------ the parser
+
+def _add_flags(p, flags, seen: set) -> None:
+  for names, kw in flags:
+    if names not in seen:       # a flag two asked methods share (--seed) is added once
+      seen.add(names)
+      p.add_argument(*names, **kw)
+
+
+def _add_verb(sub, name: str, verb: Verb, methods: Sequence[str] | None):
+  """The sub-parser of `verb`, with the flags of `methods` (None: the verb's defaults;
+  () with --help: none, and the help says how to see them)."""
+  all_methods = dict(verb.methods)
+  if methods is None:
+    methods = _default_methods(verb)
+  epilog = None
+  if verb.methods and not methods:
+    epilog = (f"Each method has its own flags: mha-jax {name} --method "
+              f"{{{','.join(all_methods)}}} --help.")
+  elif verb.methods:
+    epilog = f"The flags of --method {','.join(methods)}; other methods take others."
+  if verb.study:
+    epilog = ((epilog + " ") if epilog else "") + (
+        "--config FILE.py[:ARG]: these flags from a config file (keys: the flags' names, "
+        "'-' written '_'); --config.KEY=VALUE overrides a key; a flag given here "
+        "overrides both (docs/guide/cli.md).")
+  p = sub.add_parser(name, help=verb.help, description=verb.help, epilog=epilog,
+                     allow_abbrev=False)
+  seen: set = set()
+  _add_flags(p, verb.flags, seen)
+  if verb.add:
+    verb.add(p)
+  for title, flags in verb.groups:
+    _add_flags(p.add_argument_group(title), flags, seen)
+  for m in methods:
+    if all_methods[m]:
+      _add_flags(p.add_argument_group(f"--method {m}"), all_methods[m], seen)
+  for _, flags in verb.methods:   # the other methods' settings keep their defaults
+    for names, kw in flags:
+      if names not in seen:
+        default = False if kw.get("action") == "store_true" else kw.get("default")
+        p.set_defaults(**{names[0].lstrip("-").replace("-", "_"): default})
+  if verb.study:
+    p.add_argument("--config", default=None, metavar="FILE.py[:ARG]",
+                   help="this verb's flags from a config file (configs/studies/)")
+  p.set_defaults(func=verb.func, extra=verb.extra)
+  return p
+
+
+def _default_methods(verb: Verb) -> tuple:
+  for names, kw in verb.flags:
+    if names == ("--method",):
+      d = kw["default"]
+      return tuple(d) if isinstance(d, (tuple, list)) else (d,)
+  return ()
+
+
+def build_parser(methods: dict[str, Sequence[str]] | None = None) -> argparse.ArgumentParser:
+  """The `mha-jax` parser; `methods` names the methods whose flags a verb takes (the
+  verb's --method default when not named). `parser.verbs` maps each verb to its parser."""
+  p = argparse.ArgumentParser(prog="mha-jax", description=__doc__.split("\n\n")[0],
+                              allow_abbrev=False)
+  sub = p.add_subparsers(dest="command", required=True)
+  p.verbs = {name: _add_verb(sub, name, verb, (methods or {}).get(name))
+             for name, verb in VERBS.items()}
+  b = sub.add_parser("bench", help="benchmarks")
+  bsub = b.add_subparsers(dest="bench", required=True)
+  for name, verb in BENCH.items():
+    _add_verb(bsub, name, verb, None)
+  return p
+
+
+# ------------------------------------------------------------------ config files
+
+def _methods_asked(verb: Verb, cfg, rest: Sequence[str]) -> tuple | None:
+  """The methods whose flags the verb takes: the last --method on the command line, else
+  the config's `method`, else the default (None); () for --help without one."""
+  if not verb.methods:
+    return None
+  pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+  pre.add_argument("--method", default=None)
+  pre.add_argument("-h", "--help", action="store_true")
+  known, _ = pre.parse_known_args(list(rest))
+  value = known.method
+  if value is None and cfg is not None and cfg.get("method") is not None:
+    value = cfg.method
+  if value is None:
+    return () if known.help else None
+  names = value.split(",") if isinstance(value, str) else list(value)
+  return tuple(m.strip() for m in names if m.strip() in dict(verb.methods))
+
+
+def _config_argv(cfg, parser: argparse.ArgumentParser, spec: str, where: str) -> list[str]:
+  """The config's settings as the flags they stand for (so the parser checks each);
+  an unknown key is refused by its name."""
+  actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
+  argv, positional = [], []
+  for key, value in cfg.items():
+    if key not in actions:
+      close = difflib.get_close_matches(key, list(actions), n=3)
+      hint = f"; did you mean {', '.join(close)}?" if close else ""
+      raise UserError(f"--config {spec}: key {key!r} is not a flag of {where}{hint} (its "
+                      f"keys: {', '.join(sorted(actions))})")
+    a = actions[key]
+    if value is None:
+      continue
+    if isinstance(value, ml_collections.ConfigDict):
+      raise UserError(f"--config {spec}: key {key!r} is a group; a study config is flat")
+    if a.nargs == 0:     # store_true
+      if not isinstance(value, bool):
+        raise UserError(f"--config {spec}: key {key!r} must be true or false; got {value!r}")
+      argv += [a.option_strings[0]] if value else []
+      continue
+    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    if a.option_strings:
+      argv.append(f"{a.option_strings[0]}={text}")   # "=": a value may start with "-"
+    else:
+      positional.append((a, text))
+  for a, text in positional:    # used when the command line gives none
+    parser.set_defaults(**{a.dest: text})
+  return argv
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+  """argv -> (args, the --config.KEY=VALUE a training verb hands on). A study verb reads
+  --config FILE (the loader `train` uses) and its --config.KEY=VALUE overrides first, then
+  the command line's flags over them."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  name = argv[0] if argv else None
+  verb = VERBS.get(name)
+  if verb is None or not verb.study:    # train, sweep, ... read --config as a training config
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not args.extra:
+      parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args, extra
+  rest = argv[1:]
+  pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+  pre.add_argument("--config", default=None)
+  spec = pre.parse_known_args(rest)[0].config
+  cfg = None
+  if spec:
+    cfg = mc.load_config(spec, training=False)
+    rest = mc.apply_overrides(cfg, rest)
+  else:
+    given = [a for a in rest if a.startswith("--config.")]
+    if given:
+      raise UserError(f"{given[0]} overrides a key of --config FILE; none given")
+  methods = _methods_asked(verb, cfg, rest)
+  parser = build_parser({name: methods} if methods is not None else None)
+  file_argv = []
+  if cfg is not None:
+    where = f"`mha-jax {name}" + (f" --method {','.join(methods)}`" if methods else "`")
+    file_argv = _config_argv(cfg, parser.verbs[name], spec, where)
+  args, unknown = parser.parse_known_args([name, *file_argv, *rest])
+  if unknown:
+    flags = {u.split("=")[0] for u in unknown}
+    owners = sorted({m for m, fl in verb.methods for names, _ in fl if flags & set(names)})
+    hint = f" (flags of --method {' or '.join(owners)})" if owners else ""
+    parser.verbs[name].error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+  return args, []
 
 
 # The range of every numeric flag, by its argparse dest (the same meaning in every
@@ -645,7 +858,6 @@ def check_flags(args) -> None:
   """Every numeric flag within its range (FLAG_RANGES) and no empty path, before any
   work is done; errors name the flag and the value."""
   import math
-  from mha_jax import config as mc
   for dest, (lo, hi, lo_open, hi_open, note) in FLAG_RANGES.items():
     value = getattr(args, dest, None)
     flag = "--" + dest.replace("_", "-")
@@ -661,22 +873,18 @@ def check_flags(args) -> None:
       raise UserError(f"--{dest.replace('_', '-')} must name a folder or file; got {v!r}")
 
 
-def check_split(split: str) -> None:
-  from mha_jax.tasks import check_split as check
-  try:
-    check(split)
-  except UserError:
-    raise UserError(f"--split must be train, valid or test; got {split!r}") from None
-
-
 def main(argv=None) -> int:
-  parser = build_parser()
-  args, extra = parser.parse_known_args(argv)
-  if extra and not getattr(args, "extra", False):
-    parser.error(f"unrecognized arguments: {' '.join(extra)}")
+  """Runs one verb; returns the exit status (2: bad input, said in one line)."""
+  try:
+    args, extra = parse_args(argv)
+  except SystemExit as e:    # argparse: --help (0) or a usage error (2), printed already
+    return e.code if isinstance(e.code, int) else 0
+  except UserError as e:
+    print(f"mha-jax: error: {e}", file=sys.stderr)
+    return 2
   try:
     check_flags(args)
-    return args.func(args, extra) if getattr(args, "extra", False) else args.func(args)
+    return args.func(args, extra) if args.extra else args.func(args)
   except UserError as e:     # bad input: one line. Anything else is a bug: its traceback.
     print(f"mha-jax: error: {e}", file=sys.stderr)
     return 2

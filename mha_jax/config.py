@@ -81,8 +81,11 @@ def resolve(spec: str, *near: str) -> str:
   return spec
 
 
-def load_config(spec: str) -> ml_collections.ConfigDict:
-  """Loads "path/to/config.py[:arg]" and locks it (see `resolve` for where it looks)."""
+def load_config(spec: str, *, training: bool = True) -> ml_collections.ConfigDict:
+  """Loads "path/to/config.py[:arg]" and locks it (see `resolve` for where it looks).
+
+  training=False: a study's config (the flags of a verb, `mha-jax prune --config`), taken
+  as written; a training config gets the default `mesh` group when it has none."""
   path, _, arg = resolve(spec).partition(":")
   if not os.path.isfile(path):
     raise UserError(f"--config: no such file {path!r}")
@@ -96,7 +99,7 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
   if not hasattr(module, "get_config"):
     raise UserError(f"--config: {path!r} has no get_config(arg)")
   cfg = module.get_config(arg or None)
-  if "mesh" not in cfg:   # a config need not say how it is laid out on devices
+  if training and "mesh" not in cfg:   # a config need not say how it is laid out on devices
     cfg.mesh = mesh_defaults()
   cfg.lock()
   return cfg
@@ -304,8 +307,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                     f"{t.max_loss_factor}")
   if m.get("ln_position", "pre") not in ("pre", "post"):
     raise UserError(f"model.ln_position must be 'pre' or 'post'; got {m.ln_position!r}")
-  if cfg.task == "lm" and m.pos not in ("learned", "sinusoidal", "qk"):
-    raise UserError(f"model.pos must be learned, sinusoidal or qk; got {m.pos!r}")
+  if cfg.task == "lm" and m.pos not in ("learned", "sinusoidal", "qk", "qk_sinusoidal",
+                                        "relative"):
+    raise UserError(f"model.pos must be learned, sinusoidal, qk, qk_sinusoidal or relative; "
+                    f"got {m.pos!r}")
+  if cfg.task == "lm" and m.pos == "relative" and m.get("max_rel", 16) < 1:
+    raise UserError(f"model.max_rel (relative offsets are clipped to max_rel) must be >= 1; "
+                    f"got {m.max_rel}")
   if cfg.task == "translation":
     if not isinstance(t.get("pack", False), bool):
       raise UserError(f"train.pack must be true or false; got {t.pack!r}")

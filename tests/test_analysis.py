@@ -36,8 +36,8 @@ def test_capture_streams_weights_from_the_unchanged_model(run):
   w = cap["decoder_cross"][0].weights
   assert w.shape == (8, 2, batch["tgt"].shape[1] - 1, batch["src"].shape[1])
   # The captured forward is the model's own: its output equals the plain apply.
-  logits = run.model.apply(run.params, batch)
-  logits2, _ = run.model.apply(run.params, batch, capture=True)
+  logits = run.task.apply(run.params, batch)
+  logits2, _ = run.task.apply(run.params, batch, capture=True)
   np.testing.assert_allclose(logits, logits2, atol=1e-5)
   with pytest.raises(ValueError, match=r"stacks: 'lm' is not in this model"):
     next(capture.iter_captures(run, "valid", stacks=("lm",)))
@@ -59,7 +59,7 @@ def test_zero_ablation_of_all_heads_equals_physically_removing_them(run):
   blk = p["encoder"]["layer_0"]["self_attn"]
   p["encoder"]["layer_0"]["self_attn"] = {k: (v[:, :0] if k in ("wq", "wk", "wv") else v[:0])
                                           for k, v in blk.items()}
-  removed = run.model.evaluate(p, "valid", bleu_limit=0)
+  removed = run.task.evaluate(p, "valid", bleu_limit=0)
   for k in ("loss", "accuracy", "bleu"):
     assert abs(zeroed[k] - removed[k]) < 1e-4, k
 
@@ -69,9 +69,9 @@ def test_mean_ablation_replaces_the_output_by_its_mean(run):
   heads = [("decoder_cross", 0, 1)]
   p = importance.mean_ablated_params(run.params, heads, means)
   gates = importance.gates_without(run.params, heads)
-  batch = next(run.model.eval_batches("valid", 4))[0]
-  _, cap = run.model.apply(p, batch, gates=gates, capture=True)
-  _, cap0 = run.model.apply(run.params, batch, capture=True)
+  batch = next(run.task.eval_batches("valid", 4))[0]
+  _, cap = run.task.apply(p, batch, gates=gates, capture=True)
+  _, cap0 = run.task.apply(run.params, batch, capture=True)
   blk = run.params["decoder"]["layer_0"]["cross_attn"]
   # Output of the block = (other heads through W_O) + mean of head 1 through its W_O.
   heads0 = np.asarray(cap0["decoder_cross"][0].heads).copy()
@@ -83,8 +83,8 @@ def test_mean_ablation_replaces_the_output_by_its_mean(run):
 def test_michel_importance_matches_a_finite_difference(run):
   imp = importance.michel_importance(run, "valid", limit=1, batch_size=1)
   assert imp["examples"] == 1
-  batch = jax.tree.map(lambda a: a[:1], next(run.model.eval_batches("valid", 1))[0])
-  loss = lambda g: float(run.model.loss(run.params, batch, gates=g)[0])
+  batch = jax.tree.map(lambda a: a[:1], next(run.task.eval_batches("valid", 1))[0])
+  loss = lambda g: float(run.task.loss(run.params, batch, gates=g)[0])
   eps = 1e-2
   up, down = C.ones_gates(run.params), C.ones_gates(run.params)
   up["encoder"][0] = up["encoder"][0].at[1].add(eps)
@@ -261,7 +261,7 @@ class _PlantedModel:
 
 
 def test_planted_model_heads_are_classified_exactly(run):
-  planted = mha_jax.Loaded(run.config, _PlantedModel(run.model, run.workdir, "valid"),
+  planted = mha_jax.Loaded(run.config, _PlantedModel(run.task, run.workdir, "valid"),
                            {}, run.step, run.workdir)
   rows = [r for r in report.translation_roles(planted, "valid") if r["stack"] == "encoder"]
   assert [r["role"] for r in rows] == ["positional", "rare", "syntactic", "other"]

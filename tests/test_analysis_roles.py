@@ -99,12 +99,12 @@ def test_planted_model_through_the_report_pipeline(tmp_path_factory):
   run = trained_translation(tmp_path_factory, "planted", "--config.model.num_heads=4",
                             "--config.model.layer_norm=false", "--config.model.max_rel=8",
                             "--config.train.steps=2", "--config.train.eval_every=2")
-  cfg = run.model.cfg
+  cfg = run.task.cfg
   lex = st.Grammar(st.GrammarConfig(**dict(cfg.data.grammar)), cfg.data.seed).lex
   nouns = {lex.src_noun(n, p) for n in lex.nouns for p in (0, 1)}
   with open(os.path.join(run.workdir, "data", "train_freqs.json")) as f:
     freqs = json.load(f)
-  tokens = run.model.vocab.tokens
+  tokens = run.task.vocab.tokens
   d = cfg.model.d_model
   feats = np.zeros((len(tokens), d), np.float32)
   feats[:, 0] = 1.0                                                  # constant

@@ -176,7 +176,7 @@ PARITY = {}   # case -> max relative error (printed as the parity table)
 def test_logits_match_transformers(imported, case):
   model, run, _ = imported(case)
   ref = hf_logits(model, TOKENS)
-  got = np.asarray(run.model.logits(run.params, TOKENS))
+  got = np.asarray(run.task.logits(run.params, TOKENS))
   err = rel_err(got, ref)
   PARITY[case] = err
   print(f"\n{case}: max relative logit error vs transformers = {err:.1e}")
@@ -190,9 +190,9 @@ def test_sliding_windows_matter_and_every_kernel_serves_them(imported):
   for case, want in (("qwen2_sliding", (None, WINDOW)), ("phi3", (WINDOW, WINDOW)),
                      ("gemma2", (WINDOW, None, WINDOW)), ("gemma3", (WINDOW, None, WINDOW)),
                      ("qwen2", (None, None))):
-    assert imported(case)[1].model.spec.window == want, case
+    assert imported(case)[1].task.spec.window == want, case
   model, run, _ = imported("mistral")
-  spec = run.model.spec
+  spec = run.task.spec
   assert set(spec.window) == {WINDOW}
   ref = np.asarray(decoder.apply(run.params, dataclasses.replace(spec, impl="reference"),
                                  TOKENS))
@@ -210,7 +210,7 @@ def test_kv_cache_decoding_across_the_window_matches_transformers(imported):
   from mha_jax.models import decoder
   model, run, _ = imported("gemma3")
   prompt = TOKENS[:1, :6]
-  new, logits = decoder.generate(run.params, run.model.spec, prompt, 12, return_logits=True)
+  new, logits = decoder.generate(run.params, run.task.spec, prompt, 12, return_logits=True)
   with torch.no_grad():
     want = model.generate(torch.as_tensor(prompt, dtype=torch.long), max_new_tokens=12,
                           do_sample=False, min_new_tokens=12)[0, 6:].numpy()
@@ -408,8 +408,8 @@ def test_transformers4_spellings_give_the_same_model(imported, case, tmp_path):
   (old / "config.json").write_text(json.dumps(cfg4))
   importer.import_model(str(tmp_path / "w"), file=str(old))
   run4 = mha_jax.load(str(tmp_path / "w"))
-  assert run4.model.spec == run.model.spec
-  got = np.asarray(run4.model.logits(run4.params, TOKENS))
+  assert run4.task.spec == run.task.spec
+  got = np.asarray(run4.task.logits(run4.params, TOKENS))
   assert rel_err(got, hf_logits(model, TOKENS)) < RTOL
 
 
@@ -426,7 +426,7 @@ def test_sharded_folder_with_an_index(tmp_path):
   cfg = importer.import_model(str(tmp_path / "w"), file=folder)
   assert len(cfg["source"]["files"]) > 2
   run = mha_jax.load(str(tmp_path / "w"))
-  assert rel_err(run.model.logits(run.params, TOKENS), hf_logits(model, TOKENS)) < RTOL
+  assert rel_err(run.task.logits(run.params, TOKENS), hf_logits(model, TOKENS)) < RTOL
 
 
 def test_bf16_folder_and_dtype_bfloat16(tmp_path):
@@ -444,11 +444,11 @@ def test_bf16_folder_and_dtype_bfloat16(tmp_path):
   # also round transformers' own RoPE frequency buffer).
   model.load_state_dict({k: v.float() for k, v in half.state_dict().items()})
   ref = hf_logits(model, TOKENS)
-  assert rel_err(run.model.logits(run.params, TOKENS), ref) < RTOL
+  assert rel_err(run.task.logits(run.params, TOKENS), ref) < RTOL
   importer.import_model(str(tmp_path / "wb"), file=folder, dtype="bfloat16")
   runb = mha_jax.load(str(tmp_path / "wb"))
   assert runb.params["lm"]["layer_0"]["attn"]["wq"].dtype == jnp.bfloat16
-  assert rel_err(runb.model.logits(runb.params, TOKENS), ref) < 5e-2
+  assert rel_err(runb.task.logits(runb.params, TOKENS), ref) < 5e-2
 
 
 # --------------------------------------------------------------------------
@@ -538,8 +538,8 @@ def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   pruned = M.export_pruned(masked, mask)
   kv = [int(p["wk"].shape[1]) for _, _, p in C.attention_blocks(pruned)]
   assert kv[1] == 0 and kv[0] == (1 if g == 2 else 1)
-  a = np.asarray(run.model.logits(masked, TOKENS))
-  b = np.asarray(run.model.logits(pruned, TOKENS))
+  a = np.asarray(run.task.logits(masked, TOKENS))
+  b = np.asarray(run.task.logits(pruned, TOKENS))
   assert rel_err(b, a) < RTOL
 
 
@@ -624,7 +624,7 @@ def test_gguf_round_trip_of_a_qwen3_model(tmp_path):
   importer.import_model(str(tmp_path / "w"), file=str(path))
   run = mha_jax.load(str(tmp_path / "w"))
   assert run.config.model.family == "qwen3"
-  err = rel_err(run.model.logits(run.params, TOKENS), hf_logits(model, TOKENS))
+  err = rel_err(run.task.logits(run.params, TOKENS), hf_logits(model, TOKENS))
   print(f"\nqwen3 GGUF round trip: max relative logit error {err:.1e}")
   assert err < RTOL
 

@@ -225,7 +225,7 @@ def test_loading_and_evaluating_never_write_to_the_workdir(parallel_run, ind_run
   for wd in (parallel_run[0], ind_run):
     before = _tree(wd)
     run = mha_jax.load(wd)
-    run.model.evaluate(run.params, "valid", bleu=False)
+    run.task.evaluate(run.params, "valid", bleu=False)
     assert _tree(wd) == before
 
 
@@ -234,7 +234,7 @@ def test_data_edited_after_training_is_refused_and_the_vocabulary_kept(parallel_
   wd, paths = parallel_run
   wd, cfg = copy_with_own_data(wd, paths, tmp_path)
   vocab = open(os.path.join(wd, "data", "vocab.json")).read()
-  assert mha_jax.load(wd).model.vocab_size == len(json.loads(vocab))
+  assert mha_jax.load(wd).task.vocab_size == len(json.loads(vocab))
   with open(cfg["data"]["train_src"], "a") as f:
     f.write("brand new words\n")
   with open(cfg["data"]["train_tgt"], "a") as f:

@@ -118,7 +118,7 @@ def test_an_empty_workdir_is_refused_and_the_current_folder_untouched(tmp_path, 
 
 def test_a_bogus_split_is_refused_naming_the_valid_ones(run8, capsys):
   assert cli_mod.main(["analyze", "--workdir", run8, "--split", "bogus"]) == 2
-  assert "--split must be train, valid or test; got 'bogus'" in capsys.readouterr().err
+  assert "argument --split: invalid choice: 'bogus' (choose from" in capsys.readouterr().err
   run = mha_jax.load(run8, **QUIET)
   with pytest.raises(UserError, match=r"split must be one of train, valid, test; got 'bogus'"):
     run.task.evaluate(run.params, "bogus")

@@ -558,7 +558,7 @@ def test_file_import_of_a_quantized_gguf_and_an_hf_folder(tmp_path):
           "llama.attention.layer_norm_rms_epsilon": 1e-5}
   tokens = np.random.default_rng(1).integers(0, 256, (2, 24)).astype(np.int32)
   ref = numpy_llama_gguf(raw, meta, tokens)
-  assert rel_err(run_g.model.logits(run_g.params, tokens), ref) < RTOL
+  assert rel_err(run_g.task.logits(run_g.params, tokens), ref) < RTOL
   assert "unembed" in run_g.params                  # untied: output.weight
 
   folder = tmp_path / "hf"
@@ -581,4 +581,4 @@ def test_file_import_of_a_quantized_gguf_and_an_hf_folder(tmp_path):
           _converter_permute(x, 2) if kind == "attn_k" else x)
       raw_hf[f"blk.{i}.{kind}.weight"] = x.astype(np.float64)
   ref_h = numpy_llama_gguf(raw_hf, meta, tokens)
-  assert rel_err(run_h.model.logits(run_h.params, tokens), ref_h) < RTOL
+  assert rel_err(run_h.task.logits(run_h.params, tokens), ref_h) < RTOL

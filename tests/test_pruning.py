@@ -98,26 +98,26 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
                            log=lambda s: None)
   assert info["kept"] == 3 and info["kept_heads"] == ["encoder.0.0", "encoder.0.1",
                                                       "encoder.0.3"]
-  gated = run.model.evaluate(run.params, "valid", bleu=False,
+  gated = run.task.evaluate(run.params, "valid", bleu=False,
                              gates=M.full_gates(run.params, mask))
   masked = mha_jax.load(out)
-  assert abs(masked.model.evaluate(masked.params, "valid", bleu=False)["loss"]
+  assert abs(masked.task.evaluate(masked.params, "valid", bleu=False)["loss"]
              - gated["loss"]) < 1e-5
   prune_run.export(out, exp, log=lambda s: None)
   ex = mha_jax.load(exp)
   assert C.head_counts(ex.params)["encoder"] == [3, 0]
   assert ex.params["encoder"]["layer_1"]["self_attn"]["wq"].shape == (16, 0, 4)
-  batch = next(run.model.eval_batches("valid", 8))[0]
-  np.testing.assert_allclose(ex.model.apply(ex.params, batch),
-                             run.model.apply(run.params, batch,
+  batch = next(run.task.eval_batches("valid", 8))[0]
+  np.testing.assert_allclose(ex.task.apply(ex.params, batch),
+                             run.task.apply(run.params, batch,
                                              gates=M.full_gates(run.params, mask)), atol=1e-5)
   # The exported model works everywhere: eval, analysis, ablation, further pruning.
   # Exported and masked are one model: the same loss and the same greedy translations.
-  ev = json.loads(json.dumps(ex.model.evaluate(ex.params, "valid")))
-  ev_masked = masked.model.evaluate(masked.params, "valid")
+  ev = json.loads(json.dumps(ex.task.evaluate(ex.params, "valid")))
+  ev_masked = masked.task.evaluate(masked.params, "valid")
   assert ev["loss"] == pytest.approx(ev_masked["loss"], abs=1e-5)
   assert ev["bleu"] == pytest.approx(ev_masked["bleu"], abs=1e-6)
-  assert ex.model.translate(ex.params, "valid") == masked.model.translate(masked.params,
+  assert ex.task.translate(ex.params, "valid") == masked.task.translate(masked.params,
                                                                           "valid")
   rows = report.translation_roles(ex, "valid")
   assert len([r for r in rows if r["stack"] == "encoder"]) == 3
@@ -126,7 +126,7 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
   # Ablating exported head 0 of layer 0 = also closing that head in the source model.
   abl = importance.ablate(ex, [("encoder", 0, 0)], split="valid", bleu_limit=4)
   closed = {"encoder": [np.array([0, 1, 0, 1], np.float32), np.zeros(4, np.float32)]}
-  want = run.model.evaluate(run.params, "valid", bleu=False,
+  want = run.task.evaluate(run.params, "valid", bleu=False,
                             gates=M.full_gates(run.params, closed))
   assert abl["loss"] == pytest.approx(want["loss"], abs=1e-5)
   again = prune_run.prune(exp, str(tmp_path / "again"), method="l0", lam=0.1, keep=2,
@@ -149,7 +149,7 @@ def test_prune_cli_and_bad_input(run, tmp_path, capsys):
   bad = [(["--l0-lambda", "-1"], "--l0-lambda must be >= 0; got -1"),
          (["--method", "random", "--keep", "-1"], "--keep must be between 0 and the 8"),
          (["--method", "random", "--keep", "9"], "--keep must be between 0 and the 8"),
-         (["--method", "magic", "--keep", "1"], "--method must be l0, michel or random"),
+         (["--method", "magic", "--keep", "1"], "argument --method: invalid choice: 'magic'"),
          (["--method", "random"], "--method random needs --keep K"),
          (["--stacks", "lm", "--method", "random", "--keep", "1"], "--stacks: 'lm' is not")]
   for args, msg in bad:
@@ -195,7 +195,7 @@ def test_pruning_curve_joins_roles_and_writes_outputs(run, tmp_path):
     info = json.load(open(os.path.join(saved, "pruning.json")))
     assert info["kept_heads"] == by[(m, 4)]["kept_heads"] and info["method"] == m
     again = mha_jax.load(saved)
-    res = again.model.evaluate(again.params, "test", bleu=False)
+    res = again.task.evaluate(again.params, "test", bleu=False)
     want = by[(m, 4)]["draws"][0] if m == "random" else by[(m, 4)]   # random: 1st draw
     assert res["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-6)
     assert info["after"]["loss"] == pytest.approx(want["loss"], rel=1e-6)

@@ -120,11 +120,11 @@ def test_gqa_export_removes_kv_heads_and_matches_the_masked_model(smol):
   # layer 1 keeps groups {1, 2}, {3, 5}, {6, 7, 8}: heads 0 and 4 stay as padding
   assert [list(x) for x in M.exported_mask(masked, mask)["lm"][:2]] == [
       [1] * 6, [1, 1, 0, 1, 1, 0, 1, 1, 1]]
-  batch = {"tokens": smol.model.windows("test")[:2]}
-  a = np.asarray(smol.model.apply(masked, batch))
-  b = np.asarray(smol.model.apply(pruned, batch))
+  batch = {"tokens": smol.task.windows("test")[:2]}
+  a = np.asarray(smol.task.apply(masked, batch))
+  b = np.asarray(smol.task.apply(pruned, batch))
   np.testing.assert_allclose(a, b, atol=2e-3, rtol=1e-4)
-  gated = np.asarray(smol.model.apply(smol.params, batch, gates=M.full_gates(
+  gated = np.asarray(smol.task.apply(smol.params, batch, gates=M.full_gates(
       smol.params, mask)))
   np.testing.assert_allclose(a, gated, atol=2e-3, rtol=1e-4)
 
@@ -156,11 +156,11 @@ def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
       assert r["sep_share"] >= 0.5
   roles = {r["role"] for r in rows}
   assert "positional" in roles and roles & {"cls", "sep"}
-  minilm.model.set_reference(minilm.params)
+  minilm.task.set_reference(minilm.params)
   imp = importance.michel_importance(minilm, "valid", limit=8)
   assert len(imp["raw"]) == 72 and min(imp["raw"].values()) >= 0
   assert np.mean(list(imp["raw"].values())) > 0     # the cosine loss alone would give 0s
-  full = minilm.model.evaluate(minilm.params, "test")
+  full = minilm.task.evaluate(minilm.params, "test")
   assert full["cosine_to_full"] == pytest.approx(1.0, abs=1e-5)
   info = prune_run.prune(minilm.workdir, str(tmp_path / "p"), method="random", keep=24,
                          stacks=["encoder"], log=lambda s: None, loaded=minilm)
@@ -236,12 +236,12 @@ def test_conllu_words_align_to_wordpieces_and_a_head_along_the_arcs_scores_1(
   path.write_text(CONLLU)
   sentences, arcs = parallel.read_conllu(str(path), None, "--conllu")
   assert sentences[1][1] == "unbelievably" and arcs[1]["rels"][4] == "obj"
-  encoded = [syntax.encode_words(minilm.model.tokenizer, s, "--conllu") for s in sentences]
+  encoded = [syntax.encode_words(minilm.task.tokenizer, s, "--conllu") for s in sentences]
   ids, word_ids = encoded[1]
   groups, unit_of = syntax.word_groups(word_ids)
   assert len(groups) == 6 + 2 and groups[0] == [0] and groups[-1] == [len(ids) - 1]
   assert groups[unit_of[1]] == [2, 3, 4, 5, 6]                   # un ##bel ##ie ##va ##bly
-  assert minilm.model.tokenizer.decode(ids[groups[unit_of[1]]]).replace(" ", "").replace(
+  assert minilm.task.tokenizer.decode(ids[groups[unit_of[1]]]).replace(" ", "").replace(
       "##", "") == "unbelievably"
   assert len(groups[unit_of[4]]) == 4                             # em ##bed ##ding ##s
   # received attention summed over a word's pieces, paid attention averaged over them
@@ -308,20 +308,20 @@ def _shapes_in(jaxpr) -> set:
 
 def test_frozen_gate_step_forms_no_weight_gradient_and_cosine_loss_needs_a_cut(minilm):
   # the cosine-distance loss: 0 with every head, > 0 once heads are gone
-  minilm.model.set_reference(minilm.params)
-  batch = jax.tree.map(jnp.asarray, minilm.model.train_batch(0))
+  minilm.task.set_reference(minilm.params)
+  batch = jax.tree.map(jnp.asarray, minilm.task.train_batch(0))
   ones = M.ones_mask(minilm.params, ["encoder"])
-  full, _ = minilm.model.loss(minilm.params, batch, gates=M.full_gates(minilm.params, ones))
+  full, _ = minilm.task.loss(minilm.params, batch, gates=M.full_gates(minilm.params, ones))
   cut = {"encoder": [m.copy() for m in ones["encoder"]]}
   cut["encoder"][0][:6] = 0.0
-  less, _ = minilm.model.loss(minilm.params, batch, gates=M.full_gates(minilm.params, cut))
+  less, _ = minilm.task.loss(minilm.params, batch, gates=M.full_gates(minilm.params, cut))
   assert abs(float(full)) < 1e-5 and float(less) > 1e-3
   # L0 gate training with the model frozen: the step differentiates log_alpha alone, so
   # no value shaped like a weight matrix (the embedding, W_Q, the MLP) is ever computed
   la, params, hist = methods.train_gates(minilm, 0.01, stacks=["encoder"], steps=2,
                                          log=lambda s: None)
   assert params is minilm.params and np.isfinite(hist[-1]["loss_mean"])
-  step = next(v for k, v in minilm.model._jit_cache.items() if k.startswith("gate_step/"))
+  step = next(v for k, v in minilm.task._jit_cache.items() if k.startswith("gate_step/"))
   import optax
   fixed = {"encoder": [jnp.ones(12) for _ in range(6)]}
   jaxpr = jax.make_jaxpr(step)(la, optax.adam(0.05).init(la), minilm.params, batch,

@@ -22,6 +22,8 @@ from mha_jax.errors import UserError
 from mha_jax.data import vocab as V
 from mha_jax.models import common as C
 
+MODES = ("zero", "mean")   # an ablated head's output: 0, or its mean over valid
+
 
 def parse_heads(params, names: str | Sequence[str]) -> list[tuple[str, int, int]]:
   """"encoder.2.5,decoder_cross.0.1" -> [(stack, layer, head)], checked against params."""
@@ -87,8 +89,8 @@ def mean_ablated_params(params, heads, means):
 def ablate(run, heads, *, mode: str = "zero", split: str = "test", means=None,
            bleu_limit: int | None = None) -> dict:
   """Metrics with `heads` ablated ("zero": output 0; "mean": output = its mean)."""
-  if mode not in ("zero", "mean"):
-    raise UserError(f"--mode must be 'zero' or 'mean'; got {mode!r}")
+  if mode not in MODES:
+    raise UserError(f"--mode must be one of {', '.join(MODES)}; got {mode!r}")
   params = run.params
   if mode == "mean":
     means = means if means is not None else mean_head_outputs(run, "valid")

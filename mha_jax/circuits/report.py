@@ -14,6 +14,7 @@ from mha_jax import storage
 from mha_jax.circuits import behaviour, paths, scores
 from mha_jax.errors import BadCheckpoint, UserError
 from mha_jax.loader import load
+from mha_jax.models import common as C
 from mha_jax.train import checkpoint as ckpt_lib
 
 
@@ -34,10 +35,11 @@ def find_induction_heads(heads: dict, comp_k: dict, prefix: float = 0.3,
   return sorted(out, key=lambda r: -r["prefix_matching"])
 
 
-def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log) -> list[dict]:
-  """Scores at every checkpoint of `run`'s workdir. Only the params are restored: the
-  task (and its compiled functions) is `run`'s, so no step recompiles. Bad checkpoints
-  are skipped with a warning."""
+def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log,
+                     windows: np.ndarray | None = None) -> list[dict]:
+  """Scores at every checkpoint of `run`'s workdir (with text `windows`, also the ICL
+  score on text). Only the params are restored: the task (and its compiled functions) is
+  `run`'s, so no step recompiles. Bad checkpoints are skipped with a warning."""
   c = ckpt_lib.Checkpoints(run.workdir, read_only=True)
   rows = []
   try:
@@ -49,6 +51,8 @@ def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log) -> list[
         continue
       at = dataclasses.replace(run, params=params, step=step)
       icl = behaviour.icl_score(at, tokens, lengths)
+      if windows is not None:
+        icl.update(behaviour.text_icl_score(at, windows))
       hs = behaviour.head_scores(at, tokens)
       rows.append({"step": step, **icl,   # None: a model without heads
                    "max_prefix_matching": max((v["prefix_matching"] for v in hs.values()),
@@ -56,7 +60,8 @@ def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log) -> list[
                    "max_previous_token": max((v["previous_token"] for v in hs.values()),
                                              default=None)})
       best = rows[-1]["max_prefix_matching"]
-      log(f"  step {step}: ICL score {icl['icl_score']:.3f}, max prefix matching "
+      text = (f", on text {icl['text_icl_score']:.3f}" if windows is not None else "")
+      log(f"  step {step}: ICL score {icl['icl_score']:.3f}{text}, max prefix matching "
           f"{'n/a' if best is None else f'{best:.2f}'}")
   finally:
     c.close()
@@ -107,14 +112,15 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
     _, cap = run.task.apply(run.params, {"tokens": tokens}, capture=True)
     pats = [np.asarray(r.weights) for r in cap["lm"]]
     x = tokens[:, :-1]
-    terms = paths.expand(run.params, x, pats, pos_in_residual=m.pos != "qk")
+    terms = paths.expand(run.params, x, pats, pos_in_residual=m.pos not in C.SCORE_POS)
     full = np.asarray(run.task.apply(run.params, {"tokens": tokens}))
     result["path_expansion_max_error"] = float(np.abs(sum(terms.values()) - full).max())
     result["term_importance"] = paths.term_importance(run.params, x, pats,
-                                                      pos_in_residual=m.pos != "qk")
+                                                      pos_in_residual=m.pos not in C.SCORE_POS)
   if track:
     log("ICL score over checkpoints ...")
-    result["over_steps"] = over_checkpoints(run, tokens, lengths, log)
+    result["over_steps"] = over_checkpoints(run, tokens, lengths, log,
+                                            run.task.text_windows("valid", 128))
   storage.write_json(storage.join(out_dir, "circuits.json"), result)
   _plots(result, out_dir)
   return result
@@ -233,12 +239,27 @@ def _plots(result, out_dir):
   fig.tight_layout()
   storage.savefig(fig, storage.join(out_dir, "positivity.png"), dpi=120)
   plt.close(fig)
-  if result.get("over_steps"):
+  if result.get("over_steps"):    # the phase change: ICL score and the best heads
     rows = result["over_steps"]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([r["step"] for r in rows], [r["icl_score"] for r in rows], "o-")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("ICL score (late - early loss)")
+    steps = [r["step"] for r in rows]
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(9, 3.2))
+    a0.plot(steps, [r["icl_score"] for r in rows], "o-", label="repeated random tokens")
+    if "text_icl_score" in rows[0]:
+      r0 = rows[0]
+      a0.plot(steps, [r["text_icl_score"] for r in rows], "s-",
+              label=f"text: token {r0['text_late_token']} - token {r0['text_early_token']}")
+    a0.axhline(0, color="k", lw=0.5)
+    a0.set_xlabel("training step")
+    a0.set_ylabel("ICL score (late - early loss, nats)")
+    a0.legend(fontsize=7)
+    for key, label in (("max_prefix_matching", "best prefix matching"),
+                       ("max_previous_token", "best previous-token")):
+      a1.plot(steps, [np.nan if r[key] is None else r[key] for r in rows], "o-",
+              label=label)
+    a1.set_ylim(0, 1)
+    a1.set_xlabel("training step")
+    a1.set_ylabel("attention share")
+    a1.legend(fontsize=7)
     fig.tight_layout()
     storage.savefig(fig, storage.join(out_dir, "icl.png"), dpi=120)
     plt.close(fig)

@@ -22,6 +22,9 @@ import jax.numpy as jnp
 from mha_jax.errors import UserError
 
 
+BINARIZE = ("nonzero", "threshold")   # HardConcrete.binarize
+
+
 @dataclasses.dataclass(frozen=True)
 class HardConcrete:
   beta: float = 1.0 / 3.0
@@ -38,8 +41,8 @@ class HardConcrete:
     if not (self.low < 0 < 1 < self.high):
       raise UserError(f"stretch limits must satisfy low < 0 and high > 1; got "
                        f"({self.low}, {self.high})")
-    if self.binarize not in ("nonzero", "threshold"):
-      raise UserError(f"binarize must be 'nonzero' or 'threshold'; got {self.binarize!r}")
+    if self.binarize not in BINARIZE:
+      raise UserError(f"binarize must be one of {', '.join(BINARIZE)}; got {self.binarize!r}")
 
 
 def init_log_alpha(counts: dict[str, list[int]], hc: HardConcrete) -> dict:

@@ -23,6 +23,7 @@ from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import lock as lock_lib
 
 
+METHODS = ("l0", "michel", "random")   # Voita et al.'s gates, Michel et al.'s scores
 # The lambda of `prune --method l0 --keep K` without --l0-lambda (prune-curve's default).
 DEFAULT_KEEP_LAMBDA = 0.05
 
@@ -79,8 +80,8 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
 
   `loaded` (the workdir's `mha_jax.load`) and `base` (its test metrics at bleu_limit)
   save a reload and an evaluation when the caller has them already."""
-  if method not in ("l0", "michel", "random"):
-    raise UserError(f"--method must be l0, michel or random; got {method!r}")
+  if method not in METHODS:
+    raise UserError(f"--method must be one of {', '.join(METHODS)}; got {method!r}")
   for l in ([lam] if lam is not None else []) + list(lambdas):
     if l < 0:
       raise UserError(f"--l0-lambda must be >= 0; got {l}")
