@@ -166,7 +166,7 @@ ADDED_FIELDS = {"translation": {"model.pos": "sinusoidal", "model.max_rel": 16,
                                 "train.seeds": "1", "train.shuffle_seed": -1,
                                 "train.pack": False},
                 "lm": {"mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0,
-                       "train.seeds": "1", "train.shuffle_seed": -1}}
+                       "train.seeds": "1", "train.shuffle_seed": -1, "model.max_rel": 16}}
 
 
 def upgrade(d: dict) -> dict:
