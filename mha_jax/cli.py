@@ -373,7 +373,8 @@ def _cmd_quickstart(args, extra) -> int:
 
 def _cmd_import(args) -> int:
   from mha_jax.pretrained import importer
-  cfg = importer.import_model(args.workdir, name=args.name, file=args.file, dtype=args.dtype)
+  cfg = importer.import_model(args.workdir, name=args.name, file=args.file, dtype=args.dtype,
+                              mesh=args.mesh)
   m = cfg["model"]
   print(json.dumps({"workdir": args.workdir, "task": cfg["task"], "family": m["family"],
                     "layers": m["num_layers"], "heads": m["num_heads"],
@@ -427,6 +428,16 @@ def _items(choices, what: str = "names") -> Callable[[str], tuple]:
             f"invalid choice: {v!r} (choose from {', '.join(map(repr, known))})")
     return names
   return parse
+
+
+def _mesh(text: str) -> str:
+  """An argparse type for import --mesh: checked by train.sharding.parse_mesh."""
+  from mha_jax.train import sharding
+  try:
+    sharding.parse_mesh(text)
+  except UserError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+  return text
 
 
 def _claim_names() -> tuple:
@@ -596,6 +607,9 @@ VERBS = {
                   "docs/guide/model-families.md"),
         _arg("--dtype", default="float32", choices=DTYPES,
              help="the params' dtype (bfloat16 keeps bf16 weights as they are)"),
+        _arg("--mesh", default=None, type=_mesh,
+             help="place the params sharded as they load: model=4 or data=2,model=4 "
+                  "(heads over model; docs/guide/model-families.md)"),
         WORKDIR)),
     "generate": Verb("greedy continuation with the KV cache (imported LMs)", _cmd_generate, (
         WORKDIR, _arg("--prompt", required=True),
