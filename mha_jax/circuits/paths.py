@@ -57,7 +57,9 @@ def expand(params, tokens_BT, patterns: list[np.ndarray], *, pos_in_residual: bo
     ov = np.einsum("dhk,hke->hde", attn["wv"], attn["wo"])      # (H, D, D)
     new = [o.copy() for o in orders] + [np.zeros_like(x0)]
     for n, r in enumerate(orders):                              # order n -> n + 1
-      new[n + 1] += np.einsum("bhts,bsd,hde->bte", a, r, ov)
+      # pairwise, through BLAS (one 3-operand einsum loops over all six indices)
+      mixed = np.einsum("bhts,bsd->bhtd", a, r, optimize=True)
+      new[n + 1] += np.einsum("bhtd,hde->bte", mixed, ov, optimize=True)
     orders = new
   u = np.asarray(params["unembed"], np.float64)
   return {f"order_{n}": r @ u for n, r in enumerate(orders)}
