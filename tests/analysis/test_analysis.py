@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +12,7 @@ import mha_jax
 from mha_jax import cli
 from mha_jax.analysis import capture, explorer, importance, report
 from mha_jax.models import common as C
-from test_train import trained_translation
+from helpers import launch_chromium, trained_translation
 
 
 # One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).
@@ -131,36 +130,6 @@ def test_analyze_writes_the_report(run):
   assert [(h, pytest.approx(v)) for v, h in want] == [tuple(t) for t in
                                                       summary["top_importance"]]
   assert want[0][0] > want[-1][0] > 0
-
-
-def _browser():
-  """Chromium from the system (CI installs it in .ci/run; tests install nothing)."""
-  return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def launch_chromium(playwright):
-  """Headless system Chromium with no background networking; skips when it is missing."""
-  exe = _browser()
-  if exe is None:
-    pytest.skip("Chromium is not on PATH (CI installs it in .ci/run; locally, install "
-                "Debian's chromium package)")
-  return playwright.chromium.launch(executable_path=exe, args=[
-      "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-      "--disable-component-update", "--disable-sync", "--no-first-run"])
-
-
-def open_page(playwright, path):
-  """(browser, page, errors, requests): `path` opened in launch_chromium, with console
-  and page errors and every request but the page's own recorded."""
-  browser = launch_chromium(playwright)
-  page = browser.new_page()
-  errors, requests = [], []
-  page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-  page.on("pageerror", lambda e: errors.append(str(e)))
-  url = "file://" + path
-  page.on("request", lambda r: None if r.url == url else requests.append(r.url))
-  page.goto(url)
-  return browser, page, errors, requests
 
 
 def test_explorer_renders_the_json_rows_in_a_real_browser(run, tmp_path):

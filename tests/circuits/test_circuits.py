@@ -12,7 +12,7 @@ from mha_jax.data import repeated_tokens
 from mha_jax.models import common as C
 from mha_jax.models import lm
 from mha_jax.train import loop
-from test_train import tiny
+from helpers import tiny
 
 
 def _one_head(wq, wk, wv, wo):

@@ -16,7 +16,7 @@ from mha_jax.claims import experiments as E
 from mha_jax.claims import rules as R
 from mha_jax.claims import run as claims_run
 from mha_jax.claims import toy
-from test_analysis import open_page
+from helpers import open_page
 
 H, F, I = R.HOLDS, R.FAILS, R.INCONCLUSIVE
 

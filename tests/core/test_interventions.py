@@ -5,17 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import numpy_rope
 from mha_jax import attention
 from mha_jax import interventions as I
 from mha_jax.models import bert, llama
 from mha_jax.models import common as C
 from mha_jax.models import lm as lm_model
 from mha_jax.models import seq2seq
-
-SPEC = llama.LlamaSpec(rope_base=10000.0)
-H, G, K, D, L = 4, 2, 4, 16, 2
-
+from helpers import D, G, H, K, L, SPEC, numpy_llama
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -29,61 +25,6 @@ def tiny():
 
 def fwd(params, tokens, edits=None, read=()):
   return I.run(lambda hook: llama.apply(params, SPEC, tokens, hook=hook), edits, read)
-
-
-def numpy_llama(params, tokens, patch=None):
-  """Float64 LLaMA forward written from the formulas, with explicit substitution:
-  patch {(layer, site): fn(value) -> value} at "q", "z" (B, T, H, K), "k", "v"
-  (B, T, G, K), "k_q", "v_q" (B, T, H, K), "resid_pre", "mlp_out", "resid_post"
-  (B, T, D). Returns (logits, {(layer, site): value}; "final_scale": 1/rms)."""
-  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
-  patch = patch or {}
-  seen = {}
-
-  def site(i, name, v):
-    v = patch[(i, name)](v) if (i, name) in patch else v
-    seen[(i, name)] = v
-    return v
-
-  def rms(s, x):
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + SPEC.norm_eps) * s
-
-  x = p["embed"][np.asarray(tokens)]
-  b, t, _ = x.shape
-  for i in range(L):
-    lp = p["lm"][f"layer_{i}"]
-    x = site(i, "resid_pre", x)
-    h = rms(lp["ln1"]["scale"], x)
-    a = lp["attn"]
-    q = np.einsum("btd,dhk->bthk", h, a["wq"])
-    k = np.einsum("btd,dgk->btgk", h, a["wk"])
-    v = np.einsum("btd,dgk->btgk", h, a["wv"])
-    for bb in range(b):
-      for hh in range(H):
-        q[bb, :, hh] = numpy_rope(q[bb, :, hh], np.arange(t), SPEC.rope_base)
-      for g in range(G):
-        k[bb, :, g] = numpy_rope(k[bb, :, g], np.arange(t), SPEC.rope_base)
-    k, v, q = site(i, "k", k), site(i, "v", v), site(i, "q", q)
-    kq = site(i, "k_q", np.repeat(k, H // G, axis=2))    # as each query head reads them
-    vq = site(i, "v_q", np.repeat(v, H // G, axis=2))
-    z = np.zeros((b, t, H, K))
-    for bb in range(b):
-      for hh in range(H):
-        s = q[bb, :, hh] @ kq[bb, :, hh].T / np.sqrt(K)
-        s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
-        w = np.exp(s - s.max(-1, keepdims=True))
-        w /= w.sum(-1, keepdims=True)
-        z[bb, :, hh] = w @ vq[bb, :, hh]
-    z = site(i, "z", z)
-    x = x + np.einsum("bthk,hkd->btd", z, a["wo"])
-    m = lp["mlp"]
-    h2 = rms(lp["ln2"]["scale"], x)
-    g1 = h2 @ m["w_gate"]
-    mo = site(i, "mlp_out", ((g1 / (1 + np.exp(-g1))) * (h2 @ m["w_up"])) @ m["w_down"])
-    x = site(i, "resid_post", x + mo)
-  seen["final_scale"] = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + SPEC.norm_eps)
-  x = rms(p["lm"]["ln_final"]["scale"], x)
-  return x @ p["embed"].T, seen
 
 
 def test_sites_match_the_numpy_oracle_and_patching_a_head_matches_substitution(tiny):

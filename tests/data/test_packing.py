@@ -16,7 +16,7 @@ from mha_jax.errors import UserError
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["--config.data.train_size=400", "--config.data.valid_size=20",
          "--config.data.test_size=20", "--config.data.grammar.num_nouns=30",
          "--config.data.grammar.num_verbs=12", "--config.data.grammar.num_adjectives=10",
@@ -135,7 +135,7 @@ def test_processes_share_one_packed_batch(tmp_path):
 _MESH_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1] + "/tests")
-from test_train import TINY_TRANSLATION, tiny
+from helpers import TINY_TRANSLATION, tiny
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
 out = {}

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "mha_jax"
 
 # Floor of each module, by the longest matching name prefix.

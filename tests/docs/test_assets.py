@@ -11,7 +11,7 @@ import pytest
 
 from mha_jax import assets
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", assets.PAGES)

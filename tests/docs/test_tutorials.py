@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "docs" / "tutorials").glob("*.py"))
 LIMIT_S = 300
 

@@ -15,7 +15,7 @@ from mha_jax.models import llama
 from mha_jax.models import lm as lm_model
 from mha_jax.patching import core, pairs as pairs_lib
 from mha_jax.patching.pairs import Pairs
-from test_interventions import D, G, H, K, L, SPEC, numpy_llama
+from helpers import D, G, H, K, L, SPEC, numpy_llama
 
 
 class LlamaTask:
@@ -342,7 +342,7 @@ def test_good_pairs_file(tmp_path):
 
 def test_patch_command_on_a_trained_lm(tmp_path):
   from mha_jax.train import loop
-  from test_train import tiny
+  from helpers import tiny
   wd = str(tmp_path / "text")
   cfg = tiny("configs/lm.py:attn_only,layers=2", [
       "--config.train.progress=false", "--config.train.steps=2", "--config.data.tokenizer=bytes",

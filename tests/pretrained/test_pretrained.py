@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import rel_err
+from helpers import _converter_permute, _tiny_llama_hf, _write_tiny_gguf
 
 import mha_jax
 from mha_jax import cli
@@ -450,92 +451,6 @@ def test_unpermute_inverts_the_converters_permutation():
 
 
 # ------------------------------------------------------------------ --file: tiny models
-
-
-def _tiny_llama_hf(rng, d=64, h=4, h_kv=2, k=16, f=96, layers=2, v=256):
-  """Random weights in Hugging Face's names and layout (half-split RoPE)."""
-  w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (v, d)),
-       "model.norm.weight": 1 + 0.1 * rng.normal(size=d),
-       "lm_head.weight": rng.normal(0, 0.2, (v, d))}
-  for i in range(layers):
-    p = f"model.layers.{i}."
-    w.update({p + "input_layernorm.weight": 1 + 0.1 * rng.normal(size=d),
-              p + "post_attention_layernorm.weight": 1 + 0.1 * rng.normal(size=d),
-              p + "self_attn.q_proj.weight": rng.normal(0, 0.3, (h * k, d)),
-              p + "self_attn.k_proj.weight": rng.normal(0, 0.3, (h_kv * k, d)),
-              p + "self_attn.v_proj.weight": rng.normal(0, 0.3, (h_kv * k, d)),
-              p + "self_attn.o_proj.weight": rng.normal(0, 0.3, (d, h * k)),
-              p + "mlp.gate_proj.weight": rng.normal(0, 0.3, (f, d)),
-              p + "mlp.up_proj.weight": rng.normal(0, 0.3, (f, d)),
-              p + "mlp.down_proj.weight": rng.normal(0, 0.3, (d, f))})
-  cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": d,
-         "num_attention_heads": h, "num_key_value_heads": h_kv, "intermediate_size": f,
-         "num_hidden_layers": layers, "vocab_size": v, "rms_norm_eps": 1e-5,
-         "rope_theta": 500.0, "max_position_embeddings": 128, "tie_word_embeddings": False,
-         "hidden_act": "silu"}
-  return {n: x.astype(np.float32) for n, x in w.items()}, cfg
-
-
-def _converter_permute(w_OI, n_head):
-  """llama.cpp's converter: each head's rows (half, j) stored as (j, half)."""
-  return w_OI.reshape(n_head, 2, w_OI.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(
-      w_OI.shape)
-
-
-GGUF_TYPES = {"token_embd": "Q8_0", "output": "F16", "attn_q": "Q4_0", "attn_k": "Q4_1",
-              "attn_v": "F16", "attn_output": "Q8_0", "ffn_gate": "Q4_1", "ffn_up": "Q4_0",
-              "ffn_down": "F32"}
-
-
-def _write_tiny_gguf(path, w, cfg):
-  """The HF weights as a llama.cpp converter would store them, in mixed quantizations."""
-  import gguf
-  from tokenizers import pre_tokenizers
-  h, h_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-  g = gguf.GGUFWriter(str(path), "llama")
-  g.add_context_length(cfg["max_position_embeddings"])
-  g.add_embedding_length(cfg["hidden_size"])
-  g.add_block_count(cfg["num_hidden_layers"])
-  g.add_feed_forward_length(cfg["intermediate_size"])
-  g.add_head_count(h)
-  g.add_head_count_kv(h_kv)
-  g.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-  g.add_rope_freq_base(cfg["rope_theta"])
-  g.add_tokenizer_model("gpt2")
-  g.add_tokenizer_pre("smollm")
-  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-  g.add_token_list(alphabet)
-  g.add_token_types([1] * len(alphabet))
-  g.add_token_merges([])
-
-  def put(name, x, kind):
-    qt = getattr(gguf.GGMLQuantizationType, GGUF_TYPES.get(kind, "F32"))
-    if qt == gguf.GGMLQuantizationType.F32:
-      g.add_tensor(name, x.astype(np.float32))
-    elif qt == gguf.GGMLQuantizationType.F16:
-      g.add_tensor(name, x.astype(np.float16))
-    else:
-      g.add_tensor(name, gguf.quants.quantize(x.astype(np.float32), qt), raw_dtype=qt)
-
-  put("token_embd.weight", w["model.embed_tokens.weight"], "token_embd")
-  put("output.weight", w["lm_head.weight"], "output")
-  put("output_norm.weight", w["model.norm.weight"], "norm")
-  hf = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-        "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-        "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-        "ffn_norm": "post_attention_layernorm"}
-  for i in range(cfg["num_hidden_layers"]):
-    for kind, name in hf.items():
-      x = w[f"model.layers.{i}.{name}.weight"]
-      if kind == "attn_q":
-        x = _converter_permute(x, h)
-      elif kind == "attn_k":
-        x = _converter_permute(x, h_kv)
-      put(f"blk.{i}.{kind}.weight", x, kind)
-  g.write_header_to_file()
-  g.write_kv_data_to_file()
-  g.write_tensors_to_file()
-  g.close()
 
 
 def test_file_import_of_a_quantized_gguf_and_an_hf_folder(tmp_path):

@@ -15,8 +15,7 @@ from mha_jax import tasks
 from mha_jax.errors import UserError
 from mha_jax.tasks import base, embedding
 from mha_jax.train import loop
-from test_faults import ind_run  # noqa: F401 - a session fixture: one tiny trained run
-from test_train import TINY_TRANSLATION, tiny
+from helpers import TINY_TRANSLATION, tiny
 
 QUIET = dict(log=lambda s: None)
 

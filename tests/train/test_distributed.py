@@ -16,7 +16,7 @@ from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import distributed
 from mha_jax.train.metrics import read_metrics
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--config", "configs/induction.py", "--config.model.d_model=16",
         "--config.data.vocab_size=12", "--config.data.half_len=6",
         "--config.data.min_half_len=3", "--config.model.max_len=13",

@@ -14,53 +14,11 @@ from mha_jax import config as mc
 from mha_jax.errors import BadCheckpoint, UserError
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
-from test_train import TINY_INDUCTION, TINY_TRANSLATION, tiny
+from helpers import QUIET, ROOT, _copy, _largest, _tree, copy_with_own_data, induction_cfg
 
 
 # One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group('faults')
-
-QUIET = dict(log=lambda s: None)
-
-
-def induction_cfg(*extra):
-  return tiny("configs/induction.py", TINY_INDUCTION, "--config.train.checkpoint_every=4",
-              "--config.train.eval_every=100", "--config.train.log_every=4",
-              "--config.train.keep=10", *extra)
-
-
-@pytest.fixture(scope="session")
-def ind_run(tmp_path_factory):
-  """A tiny induction run with checkpoints at steps 4 and 8 (copy it before changing it)."""
-  wd = str(tmp_path_factory.mktemp("faults") / "ind")
-  loop.train(induction_cfg("--config.train.steps=8"), wd, **QUIET)
-  return wd
-
-
-def _copy(src, tmp_path, name="run"):
-  dst = str(tmp_path / name)
-  shutil.copytree(src, dst)
-  return dst
-
-
-def copy_with_own_data(wd, paths, tmp_path):
-  """(a copy of the run, its config) whose data files are copies too, so a test may edit
-  them; config.json points at the copies."""
-  wd = _copy(wd, tmp_path)
-  data = _copy(os.path.dirname(paths["train_src"]), tmp_path, "data")
-  cfg = json.load(open(os.path.join(wd, "config.json")))
-  for k in paths:
-    cfg["data"][k] = os.path.join(data, os.path.basename(paths[k]))
-  json.dump(cfg, open(os.path.join(wd, "config.json"), "w"))
-  return wd, cfg
-
-
-def _largest(folder):
-  """The params' data files (orbax keeps the same bytes under d/ and ocdbt.process_0/d/)."""
-  files = [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs]
-  size = max(map(os.path.getsize, files))
-  return [f for f in files if os.path.getsize(f) == size]
-
 
 def _flip(path, n=64):
   data = bytearray(open(path, "rb").read())
@@ -88,13 +46,6 @@ def _damage(wd, how):
     open(os.path.join(step, "meta", "metadata"), "w").write("{not json")
   elif how == "params_removed":
     shutil.rmtree(os.path.join(step, "params"))
-
-
-def _tree(wd):
-  """Every file under wd with its size and mtime (to show nothing was written)."""
-  return {os.path.relpath(os.path.join(d, f), wd): (os.path.getsize(os.path.join(d, f)),
-                                                     os.stat(os.path.join(d, f)).st_mtime_ns)
-          for d, _, fs in os.walk(wd) for f in fs}
 
 
 # ------------------------------------------------------------------ data loss
@@ -193,33 +144,6 @@ def test_train_refuses_a_pruned_workdir_and_leaves_config_json_untouched(ind_run
 
 
 # ------------------------------------------------------------------ the run's data
-
-def _parallel_files(d, n=40, seed=0):
-  rng = np.random.default_rng(seed)
-  words = [f"w{i}" for i in range(12)]
-  paths = {}
-  for split, count in (("train", n), ("valid", 6), ("test", 6)):
-    src = [" ".join(rng.choice(words, rng.integers(2, 6))) for _ in range(count)]
-    tgt = [" ".join(reversed(s.split())) for s in src]
-    for side, lines in (("src", src), ("tgt", tgt)):
-      p = os.path.join(d, f"{split}.{side}")
-      open(p, "w").write("\n".join(lines) + "\n")
-      paths[f"{split}_{side}"] = p
-  return paths
-
-
-@pytest.fixture(scope="session")
-def parallel_run(tmp_path_factory):
-  base = tmp_path_factory.mktemp("parallel")
-  paths = _parallel_files(str(base))
-  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.data.kind=parallel",
-             "--config.train.steps=1", "--config.eval.bleu_examples=2",
-             "--config.data.max_len=8",
-             *[f"--config.data.{k}={v}" for k, v in paths.items()])
-  wd = str(base / "run")
-  loop.train(cfg, wd, **QUIET)
-  return wd, paths
-
 
 def test_loading_and_evaluating_never_write_to_the_workdir(parallel_run, ind_run):
   for wd in (parallel_run[0], ind_run):
@@ -397,7 +321,7 @@ def test_studies_use_only_the_typed_task_interface(ind_run, parallel_run):
           "vocab", "words", "arcs", "trainable", "decoder_only", "reports_bleu",
           "role_family", "compares_to_dense", "repeated_eval_tokens"} <= allowed
   used = {}
-  root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "mha_jax")
+  root = os.path.join(ROOT, "mha_jax")
   for path in sorted(glob.glob(os.path.join(root, "analysis", "*.py")) +
                      glob.glob(os.path.join(root, "pruning", "*.py")) +
                      glob.glob(os.path.join(root, "circuits", "*.py"))):
@@ -479,7 +403,7 @@ def test_special_ids_have_one_definition_per_vocabulary():
   from mha_jax.models import common as C
   assert text.BOS_ID is V.LM_BOS_ID and repeated_tokens.BOS_ID is V.LM_BOS_ID
   assert C.ModelSpec("seq2seq").pad_id == V.PAD_ID
-  root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "mha_jax")
+  root = os.path.join(ROOT, "mha_jax")
   literal = []
   for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True):
     if path.endswith(os.path.join("data", "vocab.py")):
@@ -514,19 +438,21 @@ def test_misleading_names_and_dead_code_are_gone():
   assert "RNG is not restored" in " ".join(ckpt_lib.__doc__.split())
   cfg = mc.load_config("configs/lm.py")
   assert cfg.data.text_files == ()
-  src = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "lm.py")).read()
+  src = open(os.path.join(ROOT, "configs", "lm.py")).read()
   assert src.count("text_files =") + src.count("text_files=") == 1
 
 
 def test_ci_installs_the_browser_and_no_test_installs_anything():
-  root = os.path.dirname(os.path.dirname(__file__))
+  root = ROOT
   ci = open(os.path.join(root, ".ci", "run")).read()
   assert "apt-get install -y -qq chromium" in ci and "command -v chromium" in ci
   import ast
   runners = {"run", "Popen", "call", "check_call", "check_output", "system", "popen"}
-  for name in os.listdir(os.path.join(root, "tests")):
-    if name.endswith(".py") and name != os.path.basename(__file__):
-      tree = ast.parse(open(os.path.join(root, "tests", name)).read())
+  import glob
+  for path in glob.glob(os.path.join(root, "tests", "**", "*.py"), recursive=True):
+    name = os.path.relpath(path, root)
+    if os.path.abspath(path) != os.path.abspath(__file__):
+      tree = ast.parse(open(path).read())
       for node in ast.walk(tree):    # a command a test runs: subprocess.* / os.system
         func = getattr(node, "func", None)
         if isinstance(node, ast.Call) and getattr(func, "attr", getattr(func, "id", "")) in runners:
@@ -541,7 +467,7 @@ def test_the_results_the_readme_cites_are_in_the_repository():
   import glob
   import re
   import subprocess
-  root = os.path.dirname(os.path.dirname(__file__))
+  root = ROOT
   pages = [os.path.join(root, "README.md")] + glob.glob(os.path.join(root, "docs", "guide",
                                                                      "*.md"))
   readme = "\n".join(open(p).read() for p in pages)    # the README and the guide pages

@@ -19,9 +19,7 @@ from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from conftest import numpy_mha
-from test_faults import (QUIET, _copy, _tree, copy_with_own_data, induction_cfg,  # noqa: F401
-                         parallel_run)  # noqa: F811
-from test_train import TINY_INDUCTION
+from helpers import QUIET, TINY_INDUCTION, _copy, _tree, copy_with_own_data, induction_cfg
 
 pytestmark = pytest.mark.xdist_group('faults')
 
@@ -154,14 +152,14 @@ def test_conllu_heads_that_form_no_tree_are_refused(tmp_path, heads, msg):
 
 def _cli(*argv, timeout=240, env=None):
   """`python -m mha_jax.cli ARGV` in a subprocess: (returncode, stdout, stderr)."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   p = subprocess.run([sys.executable, "-m", "mha_jax.cli", *argv], cwd=root, text=True,
                      capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
   return p.returncode, p.stdout, p.stderr
 
 
 def _truncate_params(wd, step):
-  from test_faults import _largest
+  from helpers import _largest
   for f in _largest(os.path.join(wd, "checkpoints", str(step), "params")):
     open(f, "r+b").truncate(100)
 
@@ -384,7 +382,7 @@ def test_token_ids_beyond_the_vocabulary_are_refused_where_they_enter(run8):
 def tiny_llama(tmp_path_factory):
   """A tiny LLaMA GGUF (context 128, vocabulary 256) and its imported workdir."""
   from mha_jax.pretrained import importer
-  from test_pretrained import _tiny_llama_hf, _write_tiny_gguf
+  from helpers import _tiny_llama_hf, _write_tiny_gguf
   base = tmp_path_factory.mktemp("tiny_llama")
   w, cfg = _tiny_llama_hf(np.random.default_rng(0))
   path = base / "tiny.gguf"

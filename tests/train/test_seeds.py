@@ -17,8 +17,7 @@ from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_train import TINY_INDUCTION, TINY_TRANSLATION, tiny  # noqa: E402
+from helpers import TINY_INDUCTION, TINY_TRANSLATION, tiny
 
 pytestmark = pytest.mark.xdist_group("seeds")   # one worker builds the shared 3-seed run
 
@@ -249,8 +248,8 @@ def test_full_analyze_over_a_multi_seed_workdir_reports_each_seed(three):
 _MESH_SCRIPT = r"""
 import json, sys
 import jax, numpy as np
-sys.path.insert(0, sys.argv[1])
-from tests.test_train import TINY_INDUCTION, tiny
+sys.path.insert(0, sys.argv[1] + "/tests")
+from helpers import TINY_INDUCTION, tiny
 from mha_jax.train import loop, checkpoint as C
 base = sys.argv[2]
 def run(name, data):
@@ -272,7 +271,7 @@ print("RESULT" + json.dumps({"devices": len(jax.devices()), "diff": max(
 @pytest.mark.slow
 def test_multi_seed_batches_split_over_two_devices_match_one(tmp_path):
   import subprocess
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
          "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
   r = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, root, str(tmp_path)], env=env,

@@ -12,9 +12,8 @@ from jax.sharding import PartitionSpec as P
 from mha_jax import tasks
 from mha_jax.train import sharding
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_train import TINY_TRANSLATION, tiny  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers import TINY_TRANSLATION, tiny  # noqa: E402
 
 
 def test_param_specs_split_heads_and_mlp_units_over_model():
@@ -48,7 +47,7 @@ _SCRIPT = r"""
 import json, sys
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1] + "/tests")
-from test_train import TINY_INDUCTION, tiny
+from helpers import TINY_INDUCTION, tiny
 from mha_jax.train import loop, checkpoint as C
 from mha_jax.train.metrics import read_metrics
 out, base = {}, sys.argv[2]

@@ -24,8 +24,7 @@ from mha_jax import tasks
 from mha_jax.loader import load_config
 from mha_jax.models import common as C
 from mha_jax.train import loop
-from test_faults import ind_run  # noqa: F401 - a session fixture: one tiny trained run
-from test_train import ROOT, TINY_INDUCTION, tiny
+from helpers import ROOT, TINY_INDUCTION, tiny
 
 QUIET = dict(log=lambda s: None)
 

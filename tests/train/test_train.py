@@ -13,44 +13,11 @@ import numpy as np
 import pytest
 
 import mha_jax
-from mha_jax import config as mc
 from mha_jax import tasks
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-TINY_TRANSLATION = [
-    "--config.data.train_size=300", "--config.data.valid_size=20", "--config.data.test_size=20",
-    "--config.data.grammar.num_nouns=30", "--config.data.grammar.num_verbs=12",
-    "--config.data.grammar.num_adjectives=10", "--config.data.grammar.num_adverbs=6",
-    "--config.data.grammar.num_names=10", "--config.model.d_model=16", "--config.model.d_ff=32",
-    "--config.model.enc_layers=1", "--config.model.dec_layers=1", "--config.train.batch_size=8",
-    "--config.eval.bleu_examples=10", "--config.train.warmup=2", "--config.train.progress=false"]
-TINY_INDUCTION = [
-    "--config.model.d_model=16", "--config.data.vocab_size=12", "--config.data.half_len=6",
-    "--config.data.min_half_len=3",
-    "--config.model.max_len=13", "--config.train.batch_size=8", "--config.eval.lm_batches=1",
-    "--config.eval.batch_size=8", "--config.train.warmup=2", "--config.train.progress=false"]
-
-
-def tiny(spec, base, *extra):
-  cfg = mc.load_config(os.path.join(ROOT, spec))
-  mc.apply_overrides(cfg, list(base) + list(extra))
-  return cfg
-
-
-def trained_translation(tmp_path_factory, name, *extra):
-  """A tiny translation run trained for 30 steps, loaded (shared by the analysis and
-  pruning tests)."""
-  wd = str(tmp_path_factory.mktemp(name) / "run")
-  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.train.steps=30",
-             "--config.train.eval_every=30", "--config.train.log_every=30",
-             "--config.train.schedule=constant", "--config.train.lr=5e-3", *extra)
-  loop.train(cfg, wd, log=lambda s: None)
-  return mha_jax.load(wd)
-
+from helpers import ROOT, TINY_INDUCTION, TINY_TRANSLATION, tiny
 
 def cli(*args, env=None, **kw):
   return subprocess.run([sys.executable, "-m", "mha_jax.cli", *args], cwd=ROOT, text=True,
