@@ -77,7 +77,7 @@ def floor(name: str) -> int:
   best = max((p for p in FLOORS if name == p or name.startswith(p + ".")), key=len,
              default=None)
   if best is None:
-    raise AssertionError(f"module {name} has no floor in tests/test_architecture.py FLOORS")
+    raise AssertionError(f"module {name} has no floor in tests/docs/test_architecture.py FLOORS")
   return FLOORS[best]
 
 

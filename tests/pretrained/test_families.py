@@ -455,7 +455,7 @@ def test_gguf_round_trip_of_a_qwen3_model(tmp_path):
   import gguf
   from tokenizers import pre_tokenizers
   kw = dict(CASES["qwen3"][2], intermediate_size=256)   # (gguf quantizes no K-quant; the
-  # K-quants Q4_K / Q6_K are dequantized in the real Gemma 3 file, tests/test_gemma3.py)
+  # K-quants Q4_K / Q6_K are dequantized in the real Gemma 3 file, tests/pretrained/test_gemma3.py)
   torch.manual_seed(0)
   cfg = transformers.Qwen3Config(**kw)
   cfg._attn_implementation = "eager"
