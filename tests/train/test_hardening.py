@@ -25,11 +25,10 @@ pytestmark = pytest.mark.xdist_group('faults')
 
 
 @pytest.fixture(scope="module")
-def run8(tmp_path_factory):
-  """A tiny induction run with checkpoints at steps 4 and 8 (copy it before changing it)."""
-  wd = str(tmp_path_factory.mktemp("hardening") / "ind")
-  loop.train(induction_cfg("--config.train.steps=8"), wd, **QUIET)
-  return wd
+def run8(ind_run):
+  """A tiny induction run with checkpoints at steps 4 and 8 (copy it before changing it):
+  conftest's ind_run, trained once per worker for this module, test_faults and the rest."""
+  return ind_run
 
 
 # ------------------------------------------------------------------ masked NaN / inf
