@@ -83,3 +83,11 @@ def test_every_nav_page_exists_or_is_made_before_the_build():
     assert f"tutorials/{p.stem}.md" in pages
   for page in (docs / "reference").glob("*.md"):      # and every reference page
     assert f"reference/{page.name}" in pages
+
+
+def test_every_test_file_the_docs_name_exists():
+  """The docs name test files by their path in the package-shaped tests/ tree."""
+  pages = [ROOT / "README.md", ROOT / ".ci" / "run", *(ROOT / "docs").rglob("*.md")]
+  named = {m for p in pages for m in re.findall(r"tests/[\w/]+\.py", p.read_text())}
+  assert "tests/conftest.py" in named and "tests/docs/test_docs.py" in named
+  assert sorted(n for n in named if not (ROOT / n).exists()) == []
