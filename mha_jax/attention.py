@@ -57,6 +57,12 @@ REL_BIAS = "rel_bias"
 # (K,) shared by every head (Qwen3, Gemma 3) or (H, K) / (G, K) over the whole
 # projection at once (OLMo 2).
 _QK_NORM_KEYS = ("q_norm", "k_norm")
+# Removed heads' projections kept only for a whole-projection QK-norm's statistics (an
+# exported OLMo 2 model, pruning/masks.export_pruned): "wq_rest" (D, H_r, K) and
+# optional "bq_rest" (H_r, K) for queries, "wk_rest" (D, G_r, K), "bk_rest" (G_r, K) for
+# keys. Their squares join the mean of the kept heads' over (H + H_r) * K features; they
+# are not attention heads (nothing reads or attends with them).
+_NORM_REST_KEYS = ("wq_rest", "bq_rest", "wk_rest", "bk_rest")
 
 
 class AttentionOutput(NamedTuple):
@@ -160,10 +166,10 @@ def check_attention_params(params: Params) -> tuple[int, int, int]:
   if missing:
     raise ValueError(f"params is missing {missing}; it has keys {sorted(params)}")
   unknown = sorted(set(params) - set(_WEIGHT_KEYS) - set(_BIAS_KEYS) - {REL_BIAS}
-                   - set(_QK_NORM_KEYS))
+                   - set(_QK_NORM_KEYS) - set(_NORM_REST_KEYS))
   if unknown:
     raise ValueError(f"params has unknown keys {unknown}; allowed: "
-                     f"{_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS,) + _QK_NORM_KEYS}")
+                     f"{_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS,) + _QK_NORM_KEYS + _NORM_REST_KEYS}")
   wq = params["wq"]
   _check_rank("params['wq']", wq, 3, "D, H, K")
   d, h, k = wq.shape
@@ -186,6 +192,21 @@ def check_attention_params(params: Params) -> tuple[int, int, int]:
       raise ValueError(f"params['{name}'] must have shape (K,) = ({k},) (per head) or "
                        f"({heads}, {k}) (over the whole projection); got "
                        f"{tuple(params[name].shape)}")
+  for w, b, norm, heads in (("wq_rest", "bq_rest", "q_norm", h),
+                            ("wk_rest", "bk_rest", "k_norm", g)):
+    if w not in params and b not in params:
+      continue
+    rest = params.get(w)
+    if (rest is None or norm not in params or tuple(params[norm].shape) != (heads, k)
+        or rest.ndim != 3 or rest.shape[0] != d or rest.shape[2] != k):
+      raise ValueError(f"params['{w}'] (removed heads' projections for the statistics of "
+                       f"a whole-projection QK-norm) must be (D, n, K) = ({d}, n, {k}) with "
+                       f"params['{norm}'] of shape ({heads}, {k}); got {w} "
+                       f"{None if rest is None else tuple(rest.shape)}, {norm} "
+                       f"{tuple(params[norm].shape) if norm in params else None}")
+    if b in params and tuple(params[b].shape) != tuple(rest.shape[1:]):
+      raise ValueError(f"params['{b}'] must have shape {tuple(rest.shape[1:])}; got "
+                       f"{tuple(params[b].shape)}")
   if REL_BIAS in params:
     rb = params[REL_BIAS]
     if rb.ndim != 2 or rb.shape[0] != h or rb.shape[1] % 2 != 1:
@@ -229,13 +250,25 @@ class RoPE:
     inv_freq: the dim / 2 frequencies theta_i when they are not base ** (-2 i / dim)
       (scaled RoPE: linear, llama3, yarn; see mha_jax/models/rope_scaling.py); a tuple
       of floats, so the RoPE stays hashable.
-    attention_factor: multiplies cos and sin (YaRN's attention scaling); 1 otherwise.
+    attention_factor: multiplies cos and sin (YaRN's and LongRoPE's attention
+      scaling); 1 otherwise.
+    max_positions: the length L0 past which the two length-dependent kinds below
+      change the frequencies. The length L of a call is max(positions) + 1 (over the
+      batch; with a KV cache, the cache's length plus T), as transformers takes it.
+    dynamic_factor: NTK-aware dynamic scaling (transformers' "dynamic"): the base
+      becomes base * (factor * L' / L0 - (factor - 1)) ** (dim / (dim - 2)) with
+      L' = max(L, L0), computed in float32 per call.
+    long_inv_freq: LongRoPE (Phi-3): these frequencies when L > L0, inv_freq (the
+      short ones) otherwise.
   """
   base: float = 10000.0
   layout: str = "half"
   dim: int | None = None
   inv_freq: tuple | None = None
   attention_factor: float = 1.0
+  max_positions: int | None = None
+  dynamic_factor: float | None = None
+  long_inv_freq: tuple | None = None
 
   def __post_init__(self):
     if self.layout not in ROPE_LAYOUTS:
@@ -255,6 +288,26 @@ class RoPE:
             and self.attention_factor > 0):
       raise ValueError(f"RoPE attention_factor must be a positive number; got "
                        f"{self.attention_factor!r}")
+    if self.long_inv_freq is not None and not (isinstance(self.long_inv_freq, tuple)
+                                                and self.inv_freq is not None):
+      raise ValueError(f"RoPE long_inv_freq must be a tuple of floats, with inv_freq (the "
+                       f"short ones); got {type(self.long_inv_freq).__name__}")
+    if self.dynamic_factor is not None and self.long_inv_freq is not None:
+      raise ValueError("RoPE takes dynamic_factor or long_inv_freq, not both")
+    if self.dynamic_factor is not None and not (
+        isinstance(self.dynamic_factor, (int, float, np.number)) and self.dynamic_factor > 0):
+      raise ValueError(f"RoPE dynamic_factor must be a positive number; got "
+                       f"{self.dynamic_factor!r}")
+    by_length = self.dynamic_factor is not None or self.long_inv_freq is not None
+    if by_length != (self.max_positions is not None):
+      raise ValueError(f"RoPE max_positions (the switch length) goes with dynamic_factor "
+                       f"or long_inv_freq, and they need it; got max_positions="
+                       f"{self.max_positions!r}")
+    if self.max_positions is not None and (isinstance(self.max_positions, bool) or not
+                                           isinstance(self.max_positions, (int, np.integer))
+                                           or self.max_positions < 1):
+      raise ValueError(f"RoPE max_positions must be a positive integer; got "
+                       f"{self.max_positions!r}")
 
   def rotated_dim(self, head_dim: int) -> int:
     """The number of rotated features for heads of width head_dim (checks dim <= K)."""
@@ -280,6 +333,33 @@ def _check_positions(name: str, positions: Any, b: int, t: int, letter: str = "T
   return pos
 
 
+def rope_frequencies(rope: RoPE, dim: int, positions_BT: jax.Array) -> jax.Array:
+  """The dim / 2 float32 frequencies theta_i that rotate at `positions_BT` (B, T): fixed,
+  or (dynamic_factor, long_inv_freq) chosen by the call's length max(positions) + 1."""
+  half = dim // 2
+  for name in ("inv_freq", "long_inv_freq"):
+    got = getattr(rope, name)
+    if got is not None and len(got) != half:
+      raise ValueError(f"RoPE {name} has {len(got)} frequencies; rotating {dim} features "
+                       f"needs {half}")
+  if rope.dynamic_factor is not None:   # float32 throughout, as transformers computes it
+    f32 = jnp.float32
+    old = jnp.asarray(rope.max_positions, jnp.int32)
+    length = jnp.maximum(jnp.max(positions_BT).astype(jnp.int32) + 1, old).astype(f32)
+    f = f32(rope.dynamic_factor)
+    base = f32(rope.base) * ((f * length / old.astype(f32)) - (f - 1)) ** f32(dim / (dim - 2))
+    return 1.0 / base ** (jnp.arange(0, dim, 2).astype(f32) / f32(dim))
+  if rope.inv_freq is not None:
+    short = jnp.asarray(np.asarray(rope.inv_freq, np.float64), jnp.float32)
+    if rope.long_inv_freq is None:
+      return short
+    long = jnp.asarray(np.asarray(rope.long_inv_freq, np.float64), jnp.float32)
+    return jnp.where(jnp.max(positions_BT) + 1 > rope.max_positions, long, short)
+  # theta_i = base^(-2i/dim), exact in float64, then float32 like the angles.
+  return jnp.asarray(1.0 / float(rope.base) ** (np.arange(half, dtype=np.float64) * 2.0 / dim),
+                     jnp.float32)
+
+
 def apply_rope(x_BTHK: jax.Array, positions_BT: jax.Array, rope: RoPE) -> jax.Array:
   """Rotates each head's feature pairs by position: RoPE on queries or keys.
 
@@ -299,14 +379,7 @@ def apply_rope(x_BTHK: jax.Array, positions_BT: jax.Array, rope: RoPE) -> jax.Ar
   pos_BT = _check_positions("positions", positions_BT, b, t)
   dim = rope.rotated_dim(k)
   half = dim // 2
-  if rope.inv_freq is not None:
-    if len(rope.inv_freq) != half:
-      raise ValueError(f"RoPE inv_freq has {len(rope.inv_freq)} frequencies; rotating "
-                       f"{dim} features needs {half}")
-    inv_freq = np.asarray(rope.inv_freq, np.float64)
-  else:  # theta_i = base^(-2i/dim), exact in float64, then float32 like the angles.
-    inv_freq = (1.0 / float(rope.base) ** (np.arange(half, dtype=np.float64) * 2.0 / dim))
-  ang_BTF = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+  ang_BTF = pos_BT.astype(jnp.float32)[..., None] * rope_frequencies(rope, dim, pos_BT)
   cos, sin = jnp.cos(ang_BTF)[:, :, None], jnp.sin(ang_BTF)[:, :, None]   # (B, T, 1, F)
   if rope.attention_factor != 1.0:
     cos = cos * jnp.float32(rope.attention_factor)
@@ -395,12 +468,23 @@ resolve_impl = _dispatch.resolve_impl
 # --------------------------------------------------------------------------
 
 
-def qk_rms_norm(x_BTHK: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+def qk_rms_norm(x_BTHK: jax.Array, scale: jax.Array, eps: float,
+                rest_BTRK: jax.Array | None = None) -> jax.Array:
   """RMSNorm of queries or keys (B, T, H, K) in float32: per head with a (K,) scale, or
-  over all H * K features of a token at once with an (H, K) scale (OLMo 2)."""
-  x = x_BTHK.astype(jnp.promote_types(x_BTHK.dtype, jnp.float32))
+  over all H * K features of a token at once with an (H, K) scale (OLMo 2). rest_BTRK:
+  removed heads' projections (B, T, R, K) whose squares count in that whole-projection
+  mean (over (H + R) * K features); they are not returned."""
+  ct = jnp.promote_types(x_BTHK.dtype, jnp.float32)
+  x = x_BTHK.astype(ct)
   axes = (-1,) if scale.ndim == 1 else (-2, -1)
-  y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=axes, keepdims=True) + eps)
+  if rest_BTRK is None:
+    ms = jnp.mean(x * x, axis=axes, keepdims=True)
+  else:
+    r = rest_BTRK.astype(ct)
+    n = (x.shape[-2] + r.shape[-2]) * x.shape[-1]
+    ms = (jnp.sum(x * x, axis=axes, keepdims=True)
+          + jnp.sum(r * r, axis=axes, keepdims=True)) / n
+  y = x * jax.lax.rsqrt(ms + eps)
   return (y * scale.astype(y.dtype)).astype(x_BTHK.dtype)
 
 
@@ -499,12 +583,14 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       outputs when it is traced.
     window: a sliding window (Mistral, Gemma 2/3): query i may read key j only when
       i - j < window (in slots: with a cache, the query's slot is length + i), on top
-      of mask and causal. It is a boolean mask, so every kernel serves it.
+      of mask and causal. Every kernel serves it: blocked skips the key blocks wholly
+      outside it (cost ~ T * window), the others read it as a boolean band mask.
     scale: multiplies the dot products q . k; None means 1 / sqrt(K) (Gemma's
       query_pre_attn_scalar ** -0.5, GPT-2's 1 / (sqrt(K) * (layer + 1)) differ).
     softcap: attention-logit soft-capping (Gemma 2): the scaled scores become
-      softcap * tanh(scores / softcap) before bias and mask. Served by the reference
-      kernel (auto picks it).
+      softcap * tanh(scores / softcap) before bias and mask. Served by reference,
+      blocked and xla (which then runs the building blocks: jax.nn's fused attention
+      takes no cap), pallas through TPU splash only; cudnn refuses it.
     qk_norm_eps: epsilon of the QK-norm when params hold "q_norm" / "k_norm" (RMSNorm of
       each head's query and key, scale (K,), or of the whole projection, scale (H, K)
       and (G, K)), applied after the projections' biases and before RoPE.
@@ -613,7 +699,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   k_BSGK = project(ctx, params["wk"], params.get("bk"))
   v_BSGK = project(val, params["wv"], params.get("bv"))
   if "k_norm" in params:
-    k_BSGK = qk_rms_norm(k_BSGK, params["k_norm"], qk_norm_eps)
+    k_BSGK = qk_rms_norm(k_BSGK, params["k_norm"], qk_norm_eps, None if "wk_rest" not in
+                         params else project(ctx, params["wk_rest"], params.get("bk_rest")))
   if rope is not None:
     k_BSGK = apply_rope(k_BSGK, k_pos, rope)
   if site is not None:
@@ -636,9 +723,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       valid = valid & (length + jnp.arange(t)[:, None] - slot_S[None, :] < window)[None, None]
     mask = valid if mask is None else mask & valid
     causal = False
-  elif window is not None:
-    band = (jnp.arange(t)[:, None] - jnp.arange(s)[None, :] < window)[None, None]
-    mask = band if mask is None else mask & band
+  # Without a cache, a window goes to the kernels that skip the blocks outside it
+  # (TAKES_WINDOW); the others get it as a band mask once the kernel is known.
 
   def finish(result):
     return result if new_cache is None else (result, new_cache)
@@ -648,7 +734,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
 
   q_BTHK = project(x, params["wq"], params.get("bq"))
   if "q_norm" in params:
-    q_BTHK = qk_rms_norm(q_BTHK, params["q_norm"], qk_norm_eps)
+    q_BTHK = qk_rms_norm(q_BTHK, params["q_norm"], qk_norm_eps, None if "wq_rest" not in
+                         params else project(x, params["wq_rest"], params.get("bq_rest")))
   if rope is not None:
     q_BTHK = apply_rope(q_BTHK, q_pos, rope)
   site_pattern = site is not None and site.wants("pattern")
@@ -661,17 +748,23 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     q_BTHK = q_BTHK * jnp.asarray(scale * math.sqrt(k), q_BTHK.dtype)
 
   table = params.get(REL_BIAS)
-  if softcap is not None and impl not in ("auto", "reference"):
-    raise ValueError(f"softcap is served by impl='reference' (or 'auto'); got impl={impl!r}")
-  kernel = "reference" if site_pattern or softcap is not None else resolve_impl(
+  window_left = window is not None and new_cache is None
+  kernel = "reference" if site_pattern else resolve_impl(
       impl, q_BTHK, return_weights, bias is not None or table is not None,
-      k_BSGK=k_BSGK, has_mask=mask is not None)
+      k_BSGK=k_BSGK, has_mask=mask is not None or window_left,
+      has_softcap=softcap is not None)
+  kernel_window = None
+  if window_left and kernel in _dispatch.TAKES_WINDOW:
+    kernel_window = window
+  elif window_left:
+    band = (jnp.arange(t)[:, None] - jnp.arange(s)[None, :] < window)[None, None]
+    mask = band if mask is None else mask & band
   if table is not None and (kernel not in _dispatch.TAKES_TABLE or cache is not None):
     rel = relative_bias(table, t, s, length)    # dense (1, H, T, S)
     bias = rel if bias is None else bias + rel
     table = None
   o_BTHK, w_BHTS = _dispatch.run_kernel(kernel, q_BTHK, k_BSGK, v_BSGK, mask, causal, bias,
-                                        table, softcap=softcap)
+                                        table, softcap=softcap, window=kernel_window)
   if site_pattern:
     edited = site("pattern", w_BHTS)
     if edited is not w_BHTS:

@@ -94,6 +94,11 @@ def attention_scores(q_BTHK: jax.Array, k_BSGK: jax.Array,
   return s_BGRTS.reshape(bq, hq, t, s)
 
 
+def soft_cap(s_BHTS: jax.Array, cap: float) -> jax.Array:
+  """Attention-logit soft-capping (Gemma 2): cap * tanh(s / cap), in s's dtype."""
+  return jnp.tanh(s_BHTS / cap) * cap
+
+
 def attention_weights(s_BHTS: jax.Array, mask: jax.Array | None = None) -> jax.Array:
   """Softmax over keys in float32, whatever the input dtype.
 

@@ -341,11 +341,14 @@ def _cmd_circuits(args) -> int:
 
 def _cmd_claims(args) -> int:
   from mha_jax.claims import run as claims_run
-  rep = claims_run.run_claims(args.out, only=args.only, workdir=args.workdir,
+  rep = claims_run.run_claims(args.out, only=args.only, settings=args.settings,
+                              workdir=args.workdir,
                               induction_workdir=args.induction_workdir,
-                              sweep_workdir=args.sweep_workdir)
+                              sweep_workdir=args.sweep_workdir,
+                              text_workdir=args.text_workdir,
+                              voita_workdir=args.voita_workdir, toy_seeds=args.toy_seeds)
   for r in rep["claims"]:
-    print(f"{r['verdict']:>14}  {r['name']}")
+    print(f"{r['name']}: {r['verdict']}")
   print(f"wrote {args.out}/REPORT.md, claims.json, primer.html in {rep['seconds']:.0f} s")
   return 0
 
@@ -370,7 +373,8 @@ def _cmd_quickstart(args, extra) -> int:
 
 def _cmd_import(args) -> int:
   from mha_jax.pretrained import importer
-  cfg = importer.import_model(args.workdir, name=args.name, file=args.file, dtype=args.dtype)
+  cfg = importer.import_model(args.workdir, name=args.name, file=args.file, dtype=args.dtype,
+                              mesh=args.mesh)
   m = cfg["model"]
   print(json.dumps({"workdir": args.workdir, "task": cfg["task"], "family": m["family"],
                     "layers": m["num_layers"], "heads": m["num_heads"],
@@ -399,7 +403,7 @@ def _cmd_patch(args) -> int:
                             n_pairs=args.n_pairs, seed=args.seed,
                             per_position=args.per_position, receivers=args.receivers)
   print(patch_run.format_summary(summary))
-  print(f"wrote {out}/ (patching.json, dla.json, the methods' JSON, *.png)")
+  print(f"wrote {out}/ (patching.json, dla.json, the methods' JSON, *.png, explorer.html)")
   return 0
 
 
@@ -426,9 +430,24 @@ def _items(choices, what: str = "names") -> Callable[[str], tuple]:
   return parse
 
 
+def _mesh(text: str) -> str:
+  """An argparse type for import --mesh: checked by train.sharding.parse_mesh."""
+  from mha_jax.train import sharding
+  try:
+    sharding.parse_mesh(text)
+  except UserError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+  return text
+
+
 def _claim_names() -> tuple:
   from mha_jax.claims import run as claims_run
   return tuple(claims_run.CLAIMS)
+
+
+def _setting_names() -> tuple:
+  from mha_jax.claims import run as claims_run
+  return tuple(claims_run.SETTINGS)
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -459,6 +478,16 @@ def _claims_args(cl: argparse.ArgumentParser) -> None:
                   help="a trained configs/induction.py workdir to reuse")
   cl.add_argument("--sweep-workdir", default=None,
                   help="a `mha-jax sweep` workdir: its loss at d_k = 1")
+  cl.add_argument("--settings", type=_items(_setting_names, "settings"), default=None,
+                  help="comma-separated: toy, text, smollm2, gemma3, voita, minilm "
+                       "(default: toy, and text / voita when their workdir is given)")
+  cl.add_argument("--text-workdir", default=None,
+                  help="a trained configs/attn_only_text.py workdir (one run or seed_<s>/)")
+  cl.add_argument("--voita-workdir", default=None,
+                  help="a translation workdir with sinusoidal positions (one run or "
+                       "seed_<s>/)")
+  cl.add_argument("--toy-seeds", default="0,1,2",
+                  help="the seeds the toy setting trains (default: 0,1,2)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -578,6 +607,9 @@ VERBS = {
                   "docs/guide/model-families.md"),
         _arg("--dtype", default="float32", choices=DTYPES,
              help="the params' dtype (bfloat16 keeps bf16 weights as they are)"),
+        _arg("--mesh", default=None, type=_mesh,
+             help="place the params sharded as they load: model=4 or data=2,model=4 "
+                  "(heads over model; docs/guide/model-families.md)"),
         WORKDIR)),
     "generate": Verb("greedy continuation with the KV cache (imported LMs)", _cmd_generate, (
         WORKDIR, _arg("--prompt", required=True),

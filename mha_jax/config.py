@@ -166,7 +166,7 @@ ADDED_FIELDS = {"translation": {"model.pos": "sinusoidal", "model.max_rel": 16,
                                 "train.seeds": "1", "train.shuffle_seed": -1,
                                 "train.pack": False},
                 "lm": {"mesh.data": 0, "mesh.model": 1, "train.max_loss_factor": 4.0,
-                       "train.seeds": "1", "train.shuffle_seed": -1}}
+                       "train.seeds": "1", "train.shuffle_seed": -1, "model.max_rel": 16}}
 
 
 def upgrade(d: dict) -> dict:
@@ -307,9 +307,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                     f"{t.max_loss_factor}")
   if m.get("ln_position", "pre") not in ("pre", "post"):
     raise UserError(f"model.ln_position must be 'pre' or 'post'; got {m.ln_position!r}")
-  if cfg.task == "lm" and m.pos not in ("learned", "sinusoidal", "qk", "qk_sinusoidal"):
-    raise UserError(f"model.pos must be learned, sinusoidal, qk or qk_sinusoidal; got "
-                    f"{m.pos!r}")
+  if cfg.task == "lm" and m.pos not in ("learned", "sinusoidal", "qk", "qk_sinusoidal",
+                                        "relative"):
+    raise UserError(f"model.pos must be learned, sinusoidal, qk, qk_sinusoidal or relative; "
+                    f"got {m.pos!r}")
+  if cfg.task == "lm" and m.pos == "relative" and m.get("max_rel", 16) < 1:
+    raise UserError(f"model.max_rel (relative offsets are clipped to max_rel) must be >= 1; "
+                    f"got {m.max_rel}")
   if cfg.task == "translation":
     if not isinstance(t.get("pack", False), bool):
       raise UserError(f"train.pack must be true or false; got {t.pack!r}")

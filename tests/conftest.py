@@ -191,3 +191,18 @@ def parallel_run(tmp_path_factory):
   wd = str(base / "run")
   loop.train(cfg, wd, **QUIET)
   return wd, paths
+
+
+@pytest.fixture(scope="session")
+def tiny_attn_lm(tmp_path_factory):
+  """(workdir, config): a two-layer attention-only LM over bytes, trained 2 steps (read
+  it, or copy it first); shared by the patching and primer tests."""
+  from mha_jax.train import loop
+  from helpers import tiny
+  wd = str(tmp_path_factory.mktemp("tiny_attn_lm") / "run")
+  cfg = tiny("configs/lm.py:attn_only,layers=2", [
+      "--config.train.progress=false", "--config.train.steps=2", "--config.data.tokenizer=bytes",
+      "--config.model.d_model=16", "--config.model.max_len=32", "--config.train.batch_size=4",
+      "--config.eval.batch_size=4", "--config.eval.lm_batches=1"])
+  loop.train(cfg, wd, log=lambda s: None)
+  return wd, cfg

@@ -1,5 +1,5 @@
 const D = JSON.parse(document.getElementById('data').textContent);
-const st = {sent: 0, stack: D.stacks[0], layer: 0, head: 0};
+const st = {sent: 0, stack: (D.stacks || [])[0], layer: 0, head: 0};
 const $ = id => document.getElementById(id);
 function opts(sel, items, labels){ sel.innerHTML=''; items.forEach((v,i)=>{
   const o=document.createElement('option'); o.value=v; o.textContent=labels?labels[i]:v; sel.appendChild(o);}); }
@@ -73,13 +73,226 @@ function draw(){
       td.style.color = v>0.5?'#fff':'#222'; tr.appendChild(td);});
     t.appendChild(tr);});
 }
-opts($('sent'), D.sentences.map((_,i)=>i), D.sentences.map(s=>(s.src||s.tokens).join(' ').slice(0,60)));
-opts($('stack'), D.stacks);
+function attentionView(){
+  opts($('sent'), D.sentences.map((_,i)=>i), D.sentences.map(s=>(s.label ? s.label+': ' : '')+
+    (s.src||s.tokens).join(' ').slice(0,60)));
+  opts($('stack'), D.stacks);
+  layers();
+  $('sent').onchange=e=>{st.sent=+e.target.value; draw();};
+  $('stack').onchange=e=>{st.stack=e.target.value; st.layer=0; layers(); draw();};
+  $('layer').onchange=e=>{st.layer=+e.target.value; draw();};
+  $('legend').innerHTML = Object.entries(D.colors).filter(([r])=>Object.values(D.roles).includes(r))
+    .map(([r,c])=>'<span style="background:'+c+'">'+r+'</span>').join('');
+  draw();
+}
 function layers(){ opts($('layer'), D.weights[st.sent][st.stack].map((_,i)=>i)); }
-layers();
-$('sent').onchange=e=>{st.sent=+e.target.value; draw();};
-$('stack').onchange=e=>{st.stack=e.target.value; st.layer=0; layers(); draw();};
-$('layer').onchange=e=>{st.layer=+e.target.value; draw();};
-$('legend').innerHTML = Object.entries(D.colors).filter(([r])=>Object.values(D.roles).includes(r))
-  .map(([r,c])=>'<span style="background:'+c+'">'+r+'</span>').join('');
-draw();
+
+// ---------------------------------------------------------------- the patching view
+const P = D.patching;
+const pst = {table: null, pos: 0};
+function el(tag, attrs, text){ const e=document.createElement(tag);
+  Object.entries(attrs||{}).forEach(([a,v])=>e.setAttribute(a,v));
+  if(text!==undefined) e.textContent=text; return e; }
+function fmt(v){ return v===null ? 'n/a' : (v>=0?'+':'')+v.toFixed(3); }
+function color(x){   // x in [-1, 1]: blue - white - red, as the PNGs' RdBu_r
+  const a=Math.min(1, Math.abs(x)), c = x>=0 ? [178,24,43] : [33,102,172];
+  return 'rgb('+c.map(v=>Math.round(255+(v-255)*a)).join(',')+')'; }
+function parseName(n){ const p=n.split('.'), k=p.length;
+  return k>=3 ? {stack: p.slice(0,k-2).join('.'), layer: +p[k-2], col: +p[k-1]}
+              : {stack: p.slice(0,k-1).join('.'), layer: +p[k-1], col: null}; }
+function patchTables(){
+  const T=[], pj=P.patching||{};
+  const add=(id, short, label, data, o)=>{ if(data && Object.keys(data).length)
+    T.push(Object.assign({id, short, label, data, kind:'head', kv:false, perPos:false}, o||{})); };
+  Object.entries(pj.scores||{}).forEach(([k,v])=>add('patch.'+k, k,
+    'activation patching of '+k+(k.endsWith('_kv')?' (per key/value head)':'')+': recovery', v,
+    {kv: k.endsWith('_kv')}));
+  add('patch.head_out_per_position', 'head_out@pos', 'activation patching of head_out at one '+
+    'position: recovery', pj.head_out_per_position, {perPos: true});
+  add('patch.resid', 'resid_pre', 'activation patching of resid_pre per layer and position: '+
+    'recovery', pj.resid, {kind: 'layerpos'});
+  if(P.dla){
+    add('dla.heads', 'DLA', 'direct logit attribution of each head (clean runs)', P.dla.heads);
+    add('dla.mlp', 'DLA mlp', 'direct logit attribution of each MLP (clean runs)', P.dla.mlp,
+        {kind: 'layer'});
+  }
+  Object.entries((P.attribution||{}).scores||{}).forEach(([k,v])=>add('atp.'+k, 'AtP',
+    'attribution patching (AtP) estimate of the '+k+' recovery', v));
+  if(P.path) add('path.to_logits', 'path → logits', 'path patching, sender → logits: recovery',
+                 P.path.to_logits);
+  return T;
+}
+const PT = P ? patchTables() : [];
+function matrix(t, pos){
+  const names=Object.keys(t.data), parsed=names.map(parseName);
+  const L=Math.max(...parsed.map(p=>p.layer))+1;
+  const ncol = t.kind==='head' ? Math.max(...parsed.map(p=>p.col))+1 :
+               t.kind==='layerpos' ? Math.max(...names.map(n=>t.data[n].length)) : 1;
+  const M=[...Array(L)].map(()=>Array(ncol).fill(null));
+  names.forEach((n,i)=>{ const p=parsed[i], v=t.data[n];
+    if(t.kind==='head') M[p.layer][p.col]={name: n, v: t.perPos ? v[pos] : v, layer: p.layer, col: p.col};
+    else if(t.kind==='layerpos') v.forEach((x,j)=>{ M[p.layer][j]={name: n+' position '+j, v: x, layer: p.layer, col: j}; });
+    else M[p.layer][0]={name: n, v: v, layer: p.layer, col: 0}; });
+  return {M, L, ncol, stack: parsed[0].stack};
+}
+function tokenAt(j){ return D.sentences && D.sentences[0] ? D.sentences[0].tokens[j] : undefined; }
+function kvNote(t, g){   // which query heads read each key/value head (GQA order)
+  const q=PT.find(x=>x.id==='patch.head_out');
+  if(!t.kv || !q) return '';
+  const h=matrix(q, 0).ncol, r=h/g;
+  return ' Key/value head j is read by query heads '+r+'j .. '+r+'j+'+(r-1)+' ('+h+' query heads over '+g+').';
+}
+function drawGrid(){
+  const t=PT.find(x=>x.id===$('ptable').value); pst.table=t;
+  $('pposbox').style.display = t.perPos ? '' : 'none';
+  const {M, ncol, stack}=matrix(t, pst.pos);
+  const cells=M.flat().filter(c=>c && c.v!==null);
+  const lim=Math.max(1e-12, ...cells.map(c=>Math.abs(c.v)));
+  const axis = t.kind==='head' ? (t.kv ? 'key/value head' : 'head') : t.kind==='layerpos' ? 'position' : '';
+  const clickable = D.weights && t.kind==='head' && !t.kv && stack==='lm';
+  $('pnote').textContent = t.label+'. Rows: layers; columns: '+(axis||'the layer\'s MLP')+
+    '. Colour: blue negative, red positive, scaled to the largest |value| ('+lim.toFixed(3)+').'+
+    (clickable ? ' Click a head for its attention pattern on the pairs.' : '')+kvNote(t, ncol);
+  $('pscale').innerHTML=''; $('pscale').appendChild(el('span', {style:'width:auto'}, fmt(-lim)+' '));
+  for(let i=-5;i<=5;i++){ const s=el('span'); s.style.background=color(i/5); $('pscale').appendChild(s); }
+  $('pscale').appendChild(el('span', {style:'width:auto'}, ' '+fmt(lim)));
+  const g=$('pgrid'); g.innerHTML='';
+  const hr=el('tr'); hr.appendChild(el('th', {}, axis ? 'layer \\ '+axis : 'layer'));
+  for(let j=0;j<ncol;j++){ const th=el('th', {}, t.kind==='layer' ? 'MLP' : String(j));
+    if(t.kind==='layerpos' && tokenAt(j)!==undefined) th.title=JSON.stringify(tokenAt(j));
+    hr.appendChild(th); }
+  g.appendChild(hr);
+  M.forEach((row,l)=>{ const tr=el('tr'); tr.appendChild(el('th', {}, stack+'.'+l));
+    row.forEach(c=>{ if(!c || c.v===null){ tr.appendChild(el('td', {'class':'none'})); return; }
+      const td=el('td', {'class':'cell', 'data-name': c.name, 'data-value': String(c.v),
+                         title: c.name+': '+fmt(c.v)});
+      td.style.background=color(c.v/lim);
+      td.onmouseenter=()=>{ $('phover').textContent = c.name+' '+t.short+' = '+fmt(c.v)+
+        (t.perPos ? ' at position '+pst.pos : ''); };
+      if(clickable) td.onclick=()=>{ st.layer=c.layer; st.head=c.col; layers();
+        $('layer').value=c.layer; show('attention'); draw(); $('info').scrollIntoView(); };
+      tr.appendChild(td); });
+    g.appendChild(tr); });
+  drawTop(t, M);
+}
+function drawTop(t, M){
+  const top=M.flat().filter(c=>c && c.v!==null).sort((a,b)=>Math.abs(b.v)-Math.abs(a.v)).slice(0,10);
+  const others = (t.kind==='head' && !t.kv) ? PT.filter(x=>x!==t && x.kind==='head' && !x.kv && !x.perPos) : [];
+  $('ptopof').textContent = '('+t.label+(t.perPos ? ' at position '+pst.pos : '')+
+    (others.length ? '; the same heads in the other tables' : '')+')';
+  const tb=$('ptop'); tb.innerHTML='';
+  const hr=el('tr'); ['#', 'name', t.short].concat(others.map(x=>x.short)).forEach(h=>hr.appendChild(el('th', {}, h)));
+  tb.appendChild(hr);
+  top.forEach((c,i)=>{ const tr=el('tr', {'class':'top', 'data-name': c.name});
+    tr.appendChild(el('td', {}, String(i+1))); tr.appendChild(el('td', {}, c.name));
+    tr.appendChild(el('td', {'class':'num', 'data-value': String(c.v)}, fmt(c.v)));
+    others.forEach(x=>{ const v=x.data[c.name];
+      tr.appendChild(el('td', {'class':'num'}, v===undefined||v===null ? '' : fmt(v))); });
+    tb.appendChild(tr); });
+}
+function drawAtp(){
+  const a=P.attribution, ex=((P.patching||{}).scores||{}).head_out;
+  if(!a){ $('patpbox').style.display='none'; return; }
+  const box=$('patp'); box.innerHTML='';
+  Object.entries(a.agreement||{}).forEach(([k,g])=>box.appendChild(el('div', {'class':'agree'},
+    k+': Pearson '+g.pearson.toFixed(3)+', Spearman '+g.spearman.toFixed(3)+', top-10 overlap '+
+    g.top10_overlap.toFixed(1)+' (over '+g.n+' heads)')));
+  if(a.seconds) box.appendChild(el('div', {}, 'seconds: '+Object.entries(a.seconds).map(([k,v])=>k+' '+v).join(', ')));
+  const est=(a.scores||{}).head_out, svg=$('pscatter');
+  if(!ex || !est){ svg.style.display='none'; return; }
+  const ns=svg.namespaceURI, W=300, m=36;
+  const mk=(tag, attrs, text)=>{ const e=document.createElementNS(ns, tag);
+    Object.entries(attrs).forEach(([k,v])=>e.setAttribute(k,v)); if(text!==undefined) e.textContent=text; return e; };
+  const names=Object.keys(est).filter(n=>ex[n]!==undefined && ex[n]!==null && est[n]!==null);
+  const all=names.flatMap(n=>[ex[n], est[n]]);
+  const lo=Math.min(0, ...all), hi=Math.max(1e-12, ...all), sc=v=>m+(v-lo)/(hi-lo)*(W-2*m);
+  svg.innerHTML='';
+  svg.appendChild(mk('line', {x1:sc(lo), y1:W-sc(lo), x2:sc(hi), y2:W-sc(hi), stroke:'#aaa', 'stroke-dasharray':'4 3'}));
+  svg.appendChild(mk('line', {x1:m, y1:W-m, x2:W-m, y2:W-m, stroke:'#555'}));
+  svg.appendChild(mk('line', {x1:m, y1:W-m, x2:m, y2:m, stroke:'#555'}));
+  svg.appendChild(mk('text', {x:W/2, y:W-8, 'text-anchor':'middle'}, 'exact recovery (head_out)'));
+  svg.appendChild(mk('text', {x:10, y:W/2, transform:'rotate(-90 10 '+W/2+')', 'text-anchor':'middle'}, 'AtP estimate'));
+  svg.appendChild(mk('text', {x:m, y:W-m+12}, lo.toFixed(2)));
+  svg.appendChild(mk('text', {x:W-m, y:W-m+12, 'text-anchor':'end'}, hi.toFixed(2)));
+  names.forEach(n=>{ const c=mk('circle', {cx:sc(ex[n]), cy:W-sc(est[n]), r:3, 'data-name':n});
+    c.appendChild(mk('title', {}, n+': exact '+fmt(ex[n])+', AtP '+fmt(est[n]))); svg.appendChild(c); });
+}
+function drawEdges(){
+  const p=P.path;
+  if(!p || !p.edges){ $('pedgebox').style.display='none'; return; }
+  $('precv').textContent='receivers: '+((p.receivers||[]).join(', ')||'none')+
+    ' (through their q, k, v input); "logits": the sender straight to the logits. '+(p.method||'');
+  const tb=$('pedges'); tb.innerHTML='';
+  const hr=el('tr'); ['sender', 'receiver', 'channel', 'recovery'].forEach(h=>hr.appendChild(el('th', {}, h)));
+  tb.appendChild(hr);
+  p.edges.forEach(e=>{ const tr=el('tr', {'class':'edge'});
+    [e.sender, e.receiver, e.channel].forEach(x=>tr.appendChild(el('td', {}, x)));
+    tr.appendChild(el('td', {'class':'num'}, fmt(e.recovery))); tb.appendChild(tr); });
+}
+function bar(v, lim){ const b=el('span', {'class':'bar'});
+  b.style.width=Math.round(80*Math.abs(v)/lim)+'px'; b.style.background=color(v>=0?0.8:-0.8); return b; }
+function drawLens(){
+  const z=(P.patching||{}).logit_lens;
+  if(!z){ $('plensbox').style.display='none'; return; }
+  const tb=$('plens'); tb.innerHTML='';
+  const hr=el('tr'); ['read after', 'logit difference', '', 'p(answer)'].forEach(h=>hr.appendChild(el('th', {}, h)));
+  tb.appendChild(hr);
+  const lim=Math.max(1e-12, ...z.logit_diff.map(Math.abs));
+  z.layers.forEach((name,i)=>{ const tr=el('tr', {'class':'lens'});
+    tr.appendChild(el('td', {}, name)); tr.appendChild(el('td', {'class':'num'}, fmt(z.logit_diff[i])));
+    const td=el('td'); td.appendChild(bar(z.logit_diff[i], lim)); tr.appendChild(td);
+    tr.appendChild(el('td', {'class':'num'}, z.prob[i].toFixed(3))); tb.appendChild(tr); });
+}
+function marked(text, other){   // text with the words that differ from `other` marked
+  const a=text.split(/(\s+)/), b=other.split(/(\s+)/), td=el('td');
+  a.forEach((w,i)=>{ if(a.length===b.length && w!==b[i]) td.appendChild(el('mark', {}, w));
+                     else td.appendChild(document.createTextNode(w)); });
+  return td;
+}
+function drawPairs(){
+  const ps=(P.patching||{}).pairs;
+  if(!ps){ $('ppairbox').style.display='none'; return; }
+  const tb=$('ppairs'); tb.innerHTML='';
+  const hr=el('tr'); ['#', 'clean', 'corrupt', 'answer', 'wrong', 'LD clean', 'LD corrupt']
+    .forEach(h=>hr.appendChild(el('th', {}, h)));
+  tb.appendChild(hr);
+  ps.forEach((p,i)=>{ const tr=el('tr', {'class':'pair'}); tr.appendChild(el('td', {}, String(i)));
+    const c=String(p.clean===undefined ? '' : p.clean), x=String(p.corrupt===undefined ? '' : p.corrupt);
+    tr.appendChild(marked(c, x)); tr.appendChild(marked(x, c));
+    [p.answer, p.wrong].forEach(w=>tr.appendChild(el('td', {}, JSON.stringify(w===undefined ? p.answer_id : w))));
+    [p.ld_clean, p.ld_corrupt].forEach(v=>tr.appendChild(el('td', {'class':'num'}, fmt(v))));
+    tb.appendChild(tr); });
+}
+function drawSummary(){
+  const pj=P.patching || P.dla, box=$('psummary'); box.innerHTML='';
+  const line=t=>box.appendChild(el('div', {}, t));
+  line('task: '+pj.task+' · workdir: '+pj.workdir+(pj.pairs ? ' · '+pj.pairs.length+' pairs' : ''));
+  if(P.patching){
+    line('direction: '+P.patching.direction+' · '+P.patching.metric);
+    line('mean logit difference: clean '+fmt(P.patching.ld_clean)+', corrupt '+fmt(P.patching.ld_corrupt));
+  }
+  if(P.dla) line('direct logit attribution: '+P.dla.direction+'; heads + MLPs + embeddings = '+
+    fmt(P.dla.sum_of_parts)+' against LD '+fmt(P.dla.ld)+(P.dla.sums_to_ld===false ? ' (not exact on this model)' : ''));
+}
+function patchingView(){
+  opts($('ptable'), PT.map(t=>t.id), PT.map(t=>t.label));
+  const perPos=PT.find(t=>t.perPos);
+  if(perPos){ const n=Math.max(...Object.values(perPos.data).map(a=>a.length));
+    opts($('ppos'), [...Array(n).keys()], [...Array(n).keys()].map(j=>tokenAt(j)===undefined ? String(j) : j+' '+JSON.stringify(tokenAt(j)))); }
+  $('ptable').onchange=drawGrid;
+  $('ppos').onchange=e=>{ pst.pos=+e.target.value; drawGrid(); };
+  drawSummary(); drawGrid(); drawAtp(); drawEdges(); drawLens(); drawPairs();
+}
+
+// ---------------------------------------------------------------- the views
+function show(v){
+  $('attn-view').style.display = v==='attention' ? '' : 'none';
+  $('patch-view').style.display = v==='patching' ? '' : 'none';
+  [...$('views').children].forEach(b=>b.classList.toggle('on', b.dataset.view===v));
+}
+const views=(P ? ['patching'] : []).concat(D.weights ? ['attention'] : []);
+if(views.length>1) views.forEach(v=>{ const b=el('button', {'data-view': v},
+  v==='patching' ? 'patching results' : 'attention patterns'); b.onclick=()=>show(v); $('views').appendChild(b); });
+if(D.weights) attentionView();
+if(P) patchingView();
+show(views[0]);

@@ -120,6 +120,104 @@ function drawDk1(){
   $("dk1note").textContent = `Trained model with h = d_model = ${e.d_model}: ${(100*e.share).toFixed(2)} % of rows put their argmax on an extreme key. Loss by h: ` +
     Object.entries(e.loss_by_h).map(([h, l]) => `h=${h}: ${l.toFixed(3)}`).join(", ");
 }
-const draws = {q: drawQuery, mix: drawMix, qt: drawTrained, h: drawCut, reads: drawCut, dk: drawDiv, q4: drawTypes, wo: drawWO, hc: drawCost, q1: drawDk1};
+function div(v, lim){   // blue - white - red
+  const a = Math.min(1, Math.abs(v) / (lim || 1)), c = v >= 0 ? [178, 24, 43] : [33, 102, 172];
+  return "rgb(" + c.map(x => Math.round(255 + (x - 255) * a)).join(",") + ")";
+}
+function drawMats(){
+  const m = D.matrices, cuts = Object.keys(m.cuts), h = cuts[+$("hm").value], dk = m.cuts[h], d = m.d_model;
+  $("hm").max = cuts.length - 1;
+  const lim = Math.max(...Object.values(m.matrices).flat(2).map(Math.abs));
+  $("hmval").textContent = `h = ${h}, d_k = ${dk}: the same ${4*d*d} numbers; stored as wq ${JSON.stringify([d, +h, dk])}, wo ${JSON.stringify([+h, dk, d])}`;
+  const cell = 20;
+  let s = "";
+  Object.entries(m.matrices).forEach(([nm, mat], n) => {
+    const x0 = 14 + n * 200, y0 = 40, rows = nm === "W_O";
+    s += `<text x="${x0}" y="14">${nm} (${d} x ${d}), heads: ${rows ? "row" : "column"} blocks</text>`;
+    mat.forEach((row, i) => row.forEach((v, j) => {
+      s += `<rect class="mcell" data-m="${nm}" data-i="${i}" data-j="${j}" data-v="${v}" x="${x0+j*cell}" y="${y0+i*cell}" width="${cell-1}" height="${cell-1}" fill="${div(v, lim)}"><title>${nm}[${i},${j}] = ${v}</title></rect>`;
+    }));
+    for (let b = 0; b <= +h; b++) {
+      const at = b * dk;
+      s += rows ? `<line class="block" data-m="${nm}" data-at="${at}" x1="${x0-3}" y1="${y0+at*cell-0.5}" x2="${x0+d*cell+2}" y2="${y0+at*cell-0.5}" stroke="#000" stroke-width="2"/>`
+                : `<line class="block" data-m="${nm}" data-at="${at}" x1="${x0+at*cell-0.5}" y1="${y0-3}" x2="${x0+at*cell-0.5}" y2="${y0+d*cell+2}" stroke="#000" stroke-width="2"/>`;
+      if (b < +h) s += rows ? `<text x="${x0+d*cell+4}" y="${y0+(at+dk/2)*cell+4}">${b}</text>`
+                            : `<text x="${x0+(at+dk/2)*cell}" y="${y0-6}" text-anchor="middle">${b}</text>`;
+    }
+  });
+  $("s-mats").innerHTML = s;
+  $("matsnote").textContent = `Numbers of the layer's four matrices (blue negative, red positive). Lines: the ${h} head blocks of width d_k = ${dk}; the layer's stored shapes are ` +
+    Object.entries(m.stored).map(([k, v]) => `${k} ${JSON.stringify(v)}`).join(", ") + " (h = " + m.heads + ").";
+}
+function drawZoo(){
+  const z = D.seven_lines;
+  $("code").textContent = z.code.join("\n");
+  const cols = ["model", "d_model", "h", "h_kv", "d_k", "wq stored", "input", "output", "params (formula)", "XLA FLOPs (matmul formula)"];
+  let t = "<tr>" + cols.map(c => `<th>${esc(c)}</th>`).join("") + "</tr>";
+  z.rows.forEach(r => {
+    t += `<tr class="zrow" data-model="${esc(r.model)}"><td>${esc(r.model)}</td><td>${r.d_model}</td><td>${r.heads}</td><td>${r.kv_heads}</td><td>${r.d_k}</td>` +
+      `<td>${JSON.stringify(r.stored.wq)}</td><td>${JSON.stringify(r.input_shape)}</td><td class="out">${JSON.stringify(r.output_shape)}</td>` +
+      `<td class="params" data-v="${r.params}">${r.params.toLocaleString()} (${r.params_formula.toLocaleString()})</td>` +
+      `<td class="flops" data-v="${r.flops}">${(r.flops/1e6).toFixed(1)} M (${(r.flops_formula/1e6).toFixed(1)} M)</td></tr>`;
+  });
+  $("zoo").innerHTML = t;
+  $("zoonote").textContent = "Measured by running: the output's shape, the parameters the layer holds and XLA's FLOP count of the compiled program (its softmax and scaling on top of the matmuls); weights are zeros, the input random. Parameters and FLOPs follow d_model, not h; d_k stays at 64-128 while h grows.";
+}
+function drawPrune(){
+  const P = D.pruning;
+  if (!P) { $("prnote").textContent = "Not in this page: no pruned translation run was given (the pruning claim of `mha-jax claims` makes one; or python -m mha_jax.claims.primer --pruning-workdir W)."; $("s-prune").setAttribute("height", 0); $("f-prune").querySelector(".ctl").style.display = "none"; return; }
+  const order = Object.keys(P.removed_rank), cell = 44;
+  if ($("pr").max !== String(order.length)) { $("pr").max = order.length; $("pr").value = order.length; }
+  const n = +$("pr").value;
+  const gone = new Set(order.filter(h => P.removed_rank[h] <= (n ? P.removed_rank[order[n-1]] : 0)));
+  $("prval").textContent = `${gone.size} of ${order.length} removed (${P.layers * P.heads - gone.size} left; ${P.kept.length} kept at the end)`;
+  const used = [...new Set(Object.values(P.roles))];
+  $("prlegend").innerHTML = used.map(r => `<span style="background:${P.colors[r] || "#999"}">${esc(r)}</span>`).join("") + " black border: kept; number: order of removal (1 = first)";
+  let s = "";
+  for (let l = 0; l < P.layers; l++) {
+    s += `<text x="4" y="${30+l*cell+cell/2}">${esc(P.stack)} ${l}</text>`;
+    for (let h = 0; h < P.heads; h++) {
+      const name = `${P.stack}.${l}.${h}`, role = P.roles[name] || "other", kept = P.kept.includes(name), r = P.removed_rank[name];
+      const x = 80 + h * cell, y = 20 + l * cell;
+      s += `<rect class="phead${kept ? " kept" : ""}" data-head="${name}" data-role="${role}" data-rank="${r === undefined ? "" : r}" x="${x}" y="${y}" width="${cell-6}" height="${cell-6}" fill="${P.colors[role] || "#999"}" opacity="${gone.has(name) ? 0.18 : 1}" stroke="${kept ? "#000" : "none"}" stroke-width="3"><title>${name}: ${role}${kept ? ", kept" : `, removed ${r}`}</title></rect>`;
+      if (r !== undefined) s += `<text x="${x+(cell-6)/2}" y="${y+(cell-6)/2+4}" text-anchor="middle">${r}</text>`;
+    }
+  }
+  for (let h = 0; h < P.heads; h++) s += `<text x="${80+h*cell+(cell-6)/2}" y="14" text-anchor="middle">head ${h}</text>`;
+  $("s-prune").setAttribute("height", 30 + P.layers * cell);
+  $("s-prune").innerHTML = s;
+  const fmt = o => Object.entries(o).filter(([, v]) => v).map(([k, v]) => `${v} ${k}`).join(", ");
+  $("prnote").textContent = `${P.method} pruning of ${P.workdir}: kept ${P.kept.length} of ${order.length + P.kept.length} heads (${fmt(P.roles_kept)}); all heads: ${fmt(P.roles_all)}. ` +
+    `Specialised (positional, syntactic, rare): ${(100*P.specialised_share_kept).toFixed(0)} % of the kept against ${(100*P.specialised_share_all).toFixed(0)} % of all; the first ${P.kept.length} removed: ${fmt(P.first_removed_roles)}.` +
+    ` Kept${P.method === "l0" ? ", strongest gate first" : ""}: ` + P.kept.map(h => `${h} (${P.roles[h] || "other"})`).join(", ") + "." +
+    (P.bleu_kept !== null ? ` BLEU ${P.bleu_all === null ? "" : P.bleu_all.toFixed(1) + " with all heads, "}${P.bleu_kept.toFixed(1)} with the kept.` : "");
+}
+function drawText(){
+  const T = D.text_circuit;
+  if (!T) { $("textnote").textContent = "Not in this page: no natural-text model was given (train configs/attn_only_text.py, then python -m mha_jax.claims.primer --text-workdir W)."; return; }
+  const n = T.tokens.length, cell = Math.min(18, Math.floor(360 / n)), lab = T.tokens;
+  let s = "";
+  [T.previous_token_head, T.induction_head].forEach((name, k) => {
+    const x0 = 60 + k * 410, y0 = 40, w = T.patterns[name];
+    s += `<text x="${x0}" y="14">${k ? "induction head" : "previous-token head"} ${name}: ${k ? "prefix matching " + T.scores[name].prefix_matching.toFixed(3) : "attention to t-1 " + T.scores[name].previous_token.toFixed(3)}</text>`;
+    w.forEach((row, i) => { s += `<text x="${x0-4}" y="${y0+i*cell+cell-4}" text-anchor="end">${esc(lab[i])}</text>`;
+      row.forEach((v, j) => { s += `<rect class="tcell" data-head="${name}" data-i="${i}" data-j="${j}" data-v="${v}" x="${x0+j*cell}" y="${y0+i*cell}" width="${cell-1}" height="${cell-1}" fill="rgba(31,119,180,${v})"/>`; }); });
+  });
+  const names = Object.keys(T.k_composition), vals = names.map(h => T.k_composition[h]);
+  const y1 = 60 + n * cell;
+  s += `<text x="10" y="${y1 + 14}">K-composition into ${esc(T.induction_head)}, minus the random baseline ${T.k_composition_baseline.toFixed(3)} (the previous-token head darker)</text>`
+    + bars(10, y1 + 34, 800, 90, vals, names.map(h => h.split(".").slice(1).join(".")), C[0], "", names.indexOf(T.previous_token_head));
+  const lay = n => n.split(".")[1], per = (all, l) => Object.keys(all).filter(h => lay(h) === l);
+  const p0 = per(T.previous_token_all, lay(T.previous_token_head)), p1 = per(T.prefix_matching_all, lay(T.induction_head));
+  s += bars(10, y1 + 184, 390, 70, p0.map(h => T.previous_token_all[h]), p0.map(h => h.split(".")[2]), C[1], `attention to t-1, layer ${lay(T.previous_token_head)}'s heads`, p0.indexOf(T.previous_token_head))
+    + bars(420, y1 + 184, 390, 70, p1.map(h => T.prefix_matching_all[h]), p1.map(h => h.split(".")[2]), C[4], `prefix matching, layer ${lay(T.induction_head)}'s heads`, p1.indexOf(T.induction_head));
+  $("s-text").setAttribute("height", y1 + 284);
+  $("s-text").innerHTML = s;
+  const best = T.strongest_partner;
+  $("textnote").textContent = `${T.workdir} at step ${T.step}, on [BOS] r r (${n/2} random tokens repeated). The strongest K-composition partner is ${best} (${T.k_composition[best].toFixed(3)}, the row's median ${T.k_composition_median.toFixed(3)})` +
+    (best === T.previous_token_head ? ": the previous-token head." : `; the previous-token head ${T.previous_token_head} has ${T.k_composition[T.previous_token_head].toFixed(3)}.`);
+}
+drawZoo(); drawText();
+const draws = {q: drawQuery, mix: drawMix, qt: drawTrained, h: drawCut, reads: drawCut, dk: drawDiv, q4: drawTypes, wo: drawWO, hc: drawCost, q1: drawDk1, hm: drawMats, pr: drawPrune};
 for (const [id, fn] of Object.entries(draws)) { $(id).addEventListener("input", fn); $(id).addEventListener("change", fn); }
 Object.values(draws).forEach(fn => fn());

@@ -6,7 +6,9 @@
   copying          the head's direct effect on the logit of the token it attends to,
                    minus its mean effect over the vocabulary (row convention:
                    head output @ Wo_h @ U; exact for models without a final LayerNorm)
-  ICL score        loss at a late position minus loss at an early one (Olsson et al.)
+  ICL score        loss at a late position minus loss at an early one (Olsson et al.):
+                   on repeated tokens (icl_score) and on the run's own text
+                   (text_icl_score: token 500, or the last the context holds, minus 50)
 """
 
 from __future__ import annotations
@@ -69,3 +71,23 @@ def icl_score(run, tokens: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
   late = nll[rows, 2 * np.asarray(lengths) - 1]
   return {"loss_early": float(early.mean()), "loss_late": float(late.mean()),
           "icl_score": float(late.mean() - early.mean())}
+
+
+def text_icl_score(run, windows: np.ndarray, early: int = 50, late: int = 500
+                   ) -> dict[str, float]:
+  """Olsson et al.'s in-context learning score on natural text: the mean loss of token
+  `late` (capped at the last one the windows hold) minus that of token `early` (capped
+  at a fifth of `late`, for short contexts), over windows (B, T + 1) of [BOS] + text.
+  Token n is the n-th after BOS."""
+  t = windows.shape[1] - 1
+  if t < 2:
+    raise UserError(f"text_icl_score needs windows of at least 2 tokens after BOS; got {t}")
+  late = min(late, t)
+  early = min(early, max(1, late // 5))
+  fwd = jitted(run.task, "logits", lambda p, b: run.task.apply(p, b))
+  logits = np.asarray(fwd(run.params, {"tokens": windows}))
+  nll = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
+      jnp.asarray(logits), jnp.asarray(windows[:, 1:])))               # (B, T)
+  e, l = float(nll[:, early - 1].mean()), float(nll[:, late - 1].mean())
+  return {"text_loss_early": e, "text_loss_late": l, "text_icl_score": l - e,
+          "text_early_token": early, "text_late_token": late}

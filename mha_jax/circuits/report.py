@@ -35,10 +35,11 @@ def find_induction_heads(heads: dict, comp_k: dict, prefix: float = 0.3,
   return sorted(out, key=lambda r: -r["prefix_matching"])
 
 
-def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log) -> list[dict]:
-  """Scores at every checkpoint of `run`'s workdir. Only the params are restored: the
-  task (and its compiled functions) is `run`'s, so no step recompiles. Bad checkpoints
-  are skipped with a warning."""
+def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log,
+                     windows: np.ndarray | None = None) -> list[dict]:
+  """Scores at every checkpoint of `run`'s workdir (with text `windows`, also the ICL
+  score on text). Only the params are restored: the task (and its compiled functions) is
+  `run`'s, so no step recompiles. Bad checkpoints are skipped with a warning."""
   c = ckpt_lib.Checkpoints(run.workdir, read_only=True)
   rows = []
   try:
@@ -50,6 +51,8 @@ def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log) -> list[
         continue
       at = dataclasses.replace(run, params=params, step=step)
       icl = behaviour.icl_score(at, tokens, lengths)
+      if windows is not None:
+        icl.update(behaviour.text_icl_score(at, windows))
       hs = behaviour.head_scores(at, tokens)
       rows.append({"step": step, **icl,   # None: a model without heads
                    "max_prefix_matching": max((v["prefix_matching"] for v in hs.values()),
@@ -57,11 +60,55 @@ def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log) -> list[
                    "max_previous_token": max((v["previous_token"] for v in hs.values()),
                                              default=None)})
       best = rows[-1]["max_prefix_matching"]
-      log(f"  step {step}: ICL score {icl['icl_score']:.3f}, max prefix matching "
+      text = (f", on text {icl['text_icl_score']:.3f}" if windows is not None else "")
+      log(f"  step {step}: ICL score {icl['icl_score']:.3f}{text}, max prefix matching "
           f"{'n/a' if best is None else f'{best:.2f}'}")
   finally:
     c.close()
   return rows
+
+
+def _layer_head(name: str) -> tuple[int, int]:
+  return tuple(int(v) for v in name.split(".")[1:])
+
+
+def circuit_scores(run, tokens: np.ndarray, *, samples: int = 200, dtype=np.float64,
+                   log: Callable[[str], None] = print) -> dict:
+  """The scores of every head of a decoder, own or imported, on `tokens` (repeated
+  random tokens, behaviour.eval_tokens) and from its weights with the norm scales
+  folded in (scores.fold_norms: for real LMs an attention-only approximation, MLPs and
+  1/rms left out). Returns {"heads": {name: behavioural scores, ov_positivity and, for
+  the heads above the previous-token head, k_comp_positivity}, "previous_token_head":
+  the best previous-token head below the best induction head (the best prefix matching
+  of layers >= 1; layer 0 in a two-layer model), "induction_heads" (prefix matching
+  >= 0.3, copying > 0), "composition" / "composition_raw": {kind: {"early->late":
+  score}} (baseline subtracted / raw), "composition_baseline": {kind: value}}."""
+  log("behavioural scores ...")
+  heads = behaviour.head_scores(run, tokens)
+  folded = scores.fold_norms(run.params)
+  log("composition scores ...")
+  comp = scores.composition_scores(folded, samples=samples, dtype=dtype)
+  grams = scores.token_grams(folded)
+  for name in heads:
+    heads[name]["ov_positivity"] = scores.ov_positivity(folded, "lm", *_layer_head(name),
+                                                        grams=grams)
+  later = [n for n in heads if _layer_head(n)[0] > 0]
+  prev_head = None
+  if later:         # a model without heads (every one pruned) has none to find
+    top = max(later, key=lambda n: heads[n]["prefix_matching"])
+    below = [n for n in heads if _layer_head(n)[0] < _layer_head(top)[0]]
+    prev_head = max(below, key=lambda n: heads[n]["previous_token"])
+    for name in heads:
+      if _layer_head(name)[0] > _layer_head(prev_head)[0]:
+        heads[name]["k_comp_positivity"] = scores.k_composition_positivity(
+            folded, _layer_head(prev_head), _layer_head(name), grams=grams)
+  return {"heads": heads, "previous_token_head": prev_head,
+          "induction_heads": find_induction_heads(heads, comp["corrected"]["k"]),
+          "composition": {kind: {f"{e}->{l}": v for (e, l), v in m.items()}
+                          for kind, m in comp["corrected"].items()},
+          "composition_raw": {kind: {f"{e}->{l}": v for (e, l), v in m.items()}
+                              for kind, m in comp["raw"].items()},
+          "composition_baseline": comp["baseline"]}
 
 
 def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
@@ -76,46 +123,23 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
   out_dir = out_dir or storage.join(workdir, "circuits")
   storage.makedirs(out_dir)
   tokens, lengths = behaviour.eval_tokens(run)
-  log("behavioural scores ...")
-  heads = behaviour.head_scores(run, tokens)
-  log("composition scores ...")
-  comp = scores.composition_scores(run.params, samples=samples)
-  layers = sorted({int(n.split(".")[1]) for n in heads})
-  for name in heads:
-    l, h = (int(v) for v in name.split(".")[1:])
-    heads[name]["ov_positivity"] = scores.ov_positivity(run.params, "lm", l, h)
-  first = [n for n in heads if layers and int(n.split(".")[1]) == layers[0]]
-  # A model without heads (every one pruned, an ablation baseline) has none to find.
-  prev_head = max(first, key=lambda n: heads[n]["previous_token"]) if first else None
-  if prev_head is not None:
-    pl, ph = (int(v) for v in prev_head.split(".")[1:])
-    for name in heads:
-      l, h = (int(v) for v in name.split(".")[1:])
-      if l > pl:
-        heads[name]["k_comp_positivity"] = scores.k_composition_positivity(
-            run.params, (pl, ph), (l, h))
-  induction = find_induction_heads(heads, comp["corrected"]["k"])
-  result = {"workdir": workdir, "step": run.step, "heads": heads,
-            "previous_token_head": prev_head, "induction_heads": induction,
-            "composition": {kind: {f"{e}->{l}": v for (e, l), v in m.items()}
-                            for kind, m in comp["corrected"].items()},
-            "composition_raw": {kind: {f"{e}->{l}": v for (e, l), v in m.items()}
-                                for kind, m in comp["raw"].items()},
-            "composition_baseline": comp["baseline"]}
+  result = {"workdir": workdir, "step": run.step,
+            **circuit_scores(run, tokens, samples=samples, log=log)}
   m = run.config.model
   if m.attn_only and not m.layer_norm and not m.use_bias:
     log("path expansion and term importance ...")
     _, cap = run.task.apply(run.params, {"tokens": tokens}, capture=True)
     pats = [np.asarray(r.weights) for r in cap["lm"]]
     x = tokens[:, :-1]
-    terms = paths.expand(run.params, x, pats, pos_in_residual=m.pos not in C.QK_POS)
+    terms = paths.expand(run.params, x, pats, pos_in_residual=m.pos not in C.SCORE_POS)
     full = np.asarray(run.task.apply(run.params, {"tokens": tokens}))
     result["path_expansion_max_error"] = float(np.abs(sum(terms.values()) - full).max())
     result["term_importance"] = paths.term_importance(run.params, x, pats,
-                                                      pos_in_residual=m.pos not in C.QK_POS)
+                                                      pos_in_residual=m.pos not in C.SCORE_POS)
   if track:
     log("ICL score over checkpoints ...")
-    result["over_steps"] = over_checkpoints(run, tokens, lengths, log)
+    result["over_steps"] = over_checkpoints(run, tokens, lengths, log,
+                                            run.task.text_windows("valid", 128))
   storage.write_json(storage.join(out_dir, "circuits.json"), result)
   _plots(result, out_dir)
   return result
@@ -129,8 +153,10 @@ def real_lm_circuits(run, out_dir: str, *, top: int = 10, batch: int = 8,
   model's vocabulary; for the `top` heads by prefix matching, OV eigenvalue positivity
   through embedding and unembedding (its K x K factor), the earlier heads they K-compose
   with most (random baseline subtracted; factored; a query head reads its kv head's
-  W_K) and whether those are previous-token heads. Norms and MLPs are left out of the
-  weight-based scores, as in Elhage et al.'s attention-only analysis."""
+  W_K) and whether those are previous-token heads. The weight-based scores read the
+  params with the norm scales folded in (scores.fold_norms); the per-token 1/rms and
+  the MLPs are left out, as in Elhage et al.'s attention-only analysis: for a real LM
+  they describe the attention-only path through the residual stream, an approximation."""
   storage.makedirs(out_dir)
   tokens, lengths = behaviour.eval_tokens(run, batch)
   log("behavioural scores ...")
@@ -138,16 +164,18 @@ def real_lm_circuits(run, out_dir: str, *, top: int = 10, batch: int = 8,
   icl = behaviour.icl_score(run, tokens, lengths)
   prev_rank = sorted(heads, key=lambda n: -heads[n]["previous_token"])
   prev_set = {n for n in prev_rank if heads[n]["previous_token"] >= 0.4}
+  folded = scores.fold_norms(run.params)
+  grams = scores.token_grams(folded)
   d, k = (int(x) for x in run.params["lm"]["layer_0"]["attn"]["wq"].shape[::2])
   base = scores.random_baseline("k", d, k, k, samples)
   log(f"K-composition of the top {top} induction heads (baseline {base:.4f}) ...")
   rows = []
   for name in sorted(heads, key=lambda n: -heads[n]["prefix_matching"])[:top]:
     l, h = (int(v) for v in name.split(".")[1:])
-    comp = scores.k_composition_partners(run.params, (l, h), baseline=base)
+    comp = scores.k_composition_partners(folded, (l, h), baseline=base)
     best = sorted(comp, key=lambda n: -comp[n])[:partners]
     rows.append({"head": name, **heads[name],
-                 "ov_positivity": scores.ov_positivity(run.params, "lm", l, h),
+                 "ov_positivity": scores.ov_positivity(folded, "lm", l, h, grams=grams),
                  "k_partners": [{"head": b, "k_composition": comp[b],
                                  "previous_token": heads[b]["previous_token"],
                                  "is_previous_token_head": b in prev_set} for b in best]})
@@ -234,12 +262,27 @@ def _plots(result, out_dir):
   fig.tight_layout()
   storage.savefig(fig, storage.join(out_dir, "positivity.png"), dpi=120)
   plt.close(fig)
-  if result.get("over_steps"):
+  if result.get("over_steps"):    # the phase change: ICL score and the best heads
     rows = result["over_steps"]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([r["step"] for r in rows], [r["icl_score"] for r in rows], "o-")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("ICL score (late - early loss)")
+    steps = [r["step"] for r in rows]
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(9, 3.2))
+    a0.plot(steps, [r["icl_score"] for r in rows], "o-", label="repeated random tokens")
+    if "text_icl_score" in rows[0]:
+      r0 = rows[0]
+      a0.plot(steps, [r["text_icl_score"] for r in rows], "s-",
+              label=f"text: token {r0['text_late_token']} - token {r0['text_early_token']}")
+    a0.axhline(0, color="k", lw=0.5)
+    a0.set_xlabel("training step")
+    a0.set_ylabel("ICL score (late - early loss, nats)")
+    a0.legend(fontsize=7)
+    for key, label in (("max_prefix_matching", "best prefix matching"),
+                       ("max_previous_token", "best previous-token")):
+      a1.plot(steps, [np.nan if r[key] is None else r[key] for r in rows], "o-",
+              label=label)
+    a1.set_ylim(0, 1)
+    a1.set_xlabel("training step")
+    a1.set_ylabel("attention share")
+    a1.legend(fontsize=7)
     fig.tight_layout()
     storage.savefig(fig, storage.join(out_dir, "icl.png"), dpi=120)
     plt.close(fig)

@@ -30,13 +30,20 @@ SIGNAL = 4.0                  # score of a head's target key (others 0)
 TOY = dict(d_model=32, vocab=16, length=12, steps=250)
 
 
+TOY_SEEDS = (0, 1, 2)
+
+
 @dataclasses.dataclass
 class Context:
-  """Where a `claims` run writes, what it may reuse, and what its claims share."""
+  """Where a `claims` run writes, what it may reuse, and what its claims share. A
+  workdir may hold one run or a multi-seed run (seeds.json, seed_<s>/)."""
   out: str
-  workdir: str | None = None            # a quickstart workdir (translation)
+  workdir: str | None = None            # a quickstart workdir (translation, toy setting)
   induction_workdir: str | None = None  # a trained configs/induction.py workdir
   sweep_workdir: str | None = None      # a `mha-jax sweep` workdir (sweep.json)
+  text_workdir: str | None = None       # configs/attn_only_text.py (text setting)
+  voita_workdir: str | None = None      # translation, sinusoidal positions (voita)
+  toy_seeds: tuple = TOY_SEEDS          # the seeds of what the toy setting trains
   log: Callable[[str], None] = print
   cache: dict = dataclasses.field(default_factory=dict)
 
@@ -102,24 +109,24 @@ def mixture_curve(query: int = 4, ratios=None) -> dict:
 # ---------------------------------------------------------------- toy models
 
 
-def toy_model(ctx: Context, heads: int) -> dict:
-  key = ("toy", heads)
+def toy_model(ctx: Context, heads: int, seed: int = 0) -> dict:
+  key = ("toy", heads, seed)
   if key not in ctx.cache:
-    ctx.log(f"  training the two-target toy model, h={heads} ...")
-    ctx.cache[key] = toy.train(heads=heads, **TOY)
+    ctx.log(f"  training the two-target toy model, h={heads}, seed {seed} ...")
+    ctx.cache[key] = toy.train(heads=heads, seed=seed, **TOY)
   return ctx.cache[key]
 
 
-def claim_one_head_compromises(ctx: Context) -> dict:
-  runs = {h: toy_model(ctx, h) for h in (1, 2, 4)}
+def _first_seed(ctx: Context, seed: int) -> bool:
+  """The primer's figures and the PNGs show the first seed's models."""
+  return seed == ctx.toy_seeds[0]
+
+
+def claim_one_head_compromises(ctx: Context, seed: int = 0) -> dict:
+  runs = {h: toy_model(ctx, h, seed) for h in (1, 2, 4)}
   test = toy.held_out(TOY["vocab"], TOY["length"])
   tw = {h: toy.target_weights(toy.weights(r["params"], test["tokens"]), test["partner"])
         for h, r in runs.items()}
-  ctx.cache["compromise_example"] = {
-      "tokens": test["tokens"][0].tolist(), "partner": test["partner"][0].tolist(),
-      "h1": toy.weights(runs[1]["params"], test["tokens"][:1])[0].tolist(),
-      "h2": toy.weights(runs[2]["params"], test["tokens"][:1])[0].tolist(),
-      "loss": {str(h): r["loss"] for h, r in runs.items()}}
   n = {f"loss_h{h}": r["loss"] for h, r in runs.items()}
   n.update(chance_loss=2 * math.log(TOY["vocab"]),
            h1_weight_previous=float(tw[1]["previous"][0]),
@@ -132,7 +139,14 @@ def claim_one_head_compromises(ctx: Context) -> dict:
            attention_params=[int(sum(x.size for x in jax.tree.leaves(r["params"]["lm"])))
                              for r in runs.values()],
            setup=f"1 attention-only layer, d_model {TOY['d_model']}, V {TOY['vocab']}, "
-                 f"T {TOY['length']}, {TOY['steps']} steps")
+                 f"T {TOY['length']}, {TOY['steps']} steps, seed {seed}")
+  if not _first_seed(ctx, seed):
+    return {"numbers": n, "figures": []}
+  ctx.cache["compromise_example"] = {
+      "tokens": test["tokens"][0].tolist(), "partner": test["partner"][0].tolist(),
+      "h1": toy.weights(runs[1]["params"], test["tokens"][:1])[0].tolist(),
+      "h2": toy.weights(runs[2]["params"], test["tokens"][:1])[0].tolist(),
+      "loss": {str(h): r["loss"] for h, r in runs.items()}}
   plt = _plt()
   fig, ax = plt.subplots(1, 2, figsize=(8, 3))
   ax[0].bar([f"h={h}" for h in runs], [n[f"loss_h{h}"] for h in runs], color="C0")
@@ -364,13 +378,14 @@ def dk1_example(params, tokens_1T, share, loss_by_h, head: int = 0) -> dict:
           "d_model": int(attn["wq"].shape[0])}
 
 
-def claim_dk1(ctx: Context) -> dict:
-  runs = {h: toy_model(ctx, h) for h in SWEEP_HEADS}
+def claim_dk1(ctx: Context, seed: int = 0) -> dict:
+  runs = {h: toy_model(ctx, h, seed) for h in SWEEP_HEADS}
   test = toy.held_out(TOY["vocab"], TOY["length"])
   d = TOY["d_model"]
   share = dk1_argmax_share(runs[d]["params"], test["tokens"])
-  ctx.cache["dk1_example"] = dk1_example(runs[d]["params"], test["tokens"][:1], share,
-                                         {str(h): r["loss"] for h, r in runs.items()})
+  if _first_seed(ctx, seed):
+    ctx.cache["dk1_example"] = dk1_example(runs[d]["params"], test["tokens"][:1], share,
+                                           {str(h): r["loss"] for h, r in runs.items()})
   n = {"d_model": d, "argmax_at_extreme_share": share,
        "sweep": "the two-target toy task (one layer, equal params), h = " +
                 ",".join(map(str, SWEEP_HEADS)),
@@ -385,6 +400,8 @@ def claim_dk1(ctx: Context) -> dict:
       n["sweep"] = f"`mha-jax sweep` in {ctx.sweep_workdir}"
       n["loss_dk1"] = next(r["valid_loss"] for r in done if r["d_k"] == 1)
       n["best_loss"] = min(r["valid_loss"] for r in done)
+  if not _first_seed(ctx, seed):
+    return {"numbers": n, "figures": []}
   plt = _plt()
   fig, ax = plt.subplots(figsize=(4.5, 3))
   ax.plot(list(runs), [r["loss"] for r in runs.values()], "o-")
@@ -432,8 +449,8 @@ def wo_slider(heads_TK: np.ndarray, wo_HKD: np.ndarray, head: int = 0,
           "head": head, "d_k": k}
 
 
-def claim_wo_mixes(ctx: Context) -> dict:
-  r = toy_model(ctx, 4)
+def claim_wo_mixes(ctx: Context, seed: int = 0) -> dict:
+  r = toy_model(ctx, 4, seed)
   test = toy.held_out(TOY["vocab"], TOY["length"])
   from mha_jax.models import lm as lm_model
   _, cap = lm_model.apply(r["params"], toy.spec(), jnp.asarray(test["tokens"]),
@@ -442,12 +459,14 @@ def claim_wo_mixes(ctx: Context) -> dict:
   wo = np.asarray(r["params"]["lm"]["layer_0"]["attn"]["wo"])
   share = wo_outside_share(heads, wo)
   s = wo_slider(heads[0, -1], wo)
-  ctx.cache["wo_slider"] = s
   n = {"model": f"the trained two-target toy layer (h=4, d_model {TOY['d_model']})",
        "share_outside_slot": share.tolist(), "mean_share_outside_slot": float(share.mean()),
        "block_diagonal_would_give": 0.0,
        "slider_other_share": dict(zip([f"{a:.1f}" for a in s["alphas"]],
                                       s["other_share"]))}
+  if not _first_seed(ctx, seed):
+    return {"numbers": n, "figures": []}
+  ctx.cache["wo_slider"] = s
   plt = _plt()
   fig, ax = plt.subplots(figsize=(4.5, 3))
   ax.plot(s["alphas"], s["other_share"], "o-")

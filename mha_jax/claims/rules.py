@@ -19,6 +19,17 @@ def rule(text: str) -> Callable:
   return wrap
 
 
+def why(rule_fn: Callable, n: Mapping) -> str:
+  """What in `n` keeps `rule_fn` from holding, as the rule's own conditions with the
+  numbers (WHY[rule name]); "" when the rule has no such sentence."""
+  fn = WHY.get(rule_fn.__name__)
+  return fn(n) if fn else ""
+
+
+def _f(x) -> str:
+  return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
 @rule("inconclusive if the best multi-head model's loss is above half the chance loss "
       "(nothing learned); holds if the h=1 loss exceeds the best of h=2, 4 by >= 0.1 nats "
       "and the single head puts >= 0.15 of its weight on each target (it splits); "
@@ -120,17 +131,18 @@ def worked_example(n: Mapping) -> str:
   return HOLDS if ok else FAILS
 
 
-@rule("holds if a layer-0 head puts >= 0.9 of its attention on t-1, a layer-1 head "
-      "has prefix matching >= 0.8, and that head's largest K-composition (minus the "
-      "random baseline) is with the previous-token head and >= 3x the median of its "
-      "row; does not hold if the largest K-composition is with another head; else "
-      "inconclusive (the circuit is there but soft)")
+@rule("the induction head is the head of layers >= 1 with the best prefix matching; "
+      "its K-composition row (minus the random baseline) spans every head of the layers "
+      "below it. Does not hold if its strongest partner is no previous-token head "
+      "(< 0.4 of its attention on t-1); holds if that partner puts >= 0.9 on t-1, the "
+      "induction head's prefix matching is >= 0.8 and the partner's score is >= 3x "
+      "the median of the row; else inconclusive (the circuit is there but soft)")
 def induction_k_composition(n: Mapping) -> str:
-  if n["k_partner"] != n["previous_token_head"]:
+  if n["k_partner_previous_token"] < 0.4:
     return FAILS
   med = n["k_row_median"]
   ratio_ok = n["k_partner_score"] >= 3 * med if med > 0 else n["k_partner_score"] > 0
-  if n["previous_token_score"] >= 0.9 and n["prefix_matching"] >= 0.8 and ratio_ok:
+  if n["k_partner_previous_token"] >= 0.9 and n["prefix_matching"] >= 0.8 and ratio_ok:
     return HOLDS
   return INCONCLUSIVE
 
@@ -169,3 +181,91 @@ def term_importance(n: Mapping) -> str:
 def rests_on_first_token(n: Mapping) -> str:
   return HOLDS if n["weight_on_bos"] >= 0.5 and n["weight_on_bos"] > \
       n["max_weight_elsewhere"] else FAILS
+
+
+@rule("heads removed one at a time in Michel et al.'s importance order (I_h on the "
+      "valid split, all heads on); holds if >= 20 % of the heads go with the mean "
+      "cosine similarity of the embeddings to the full model's still >= 0.99 (Michel "
+      "et al. removed 20-40 % of BERT's heads at a small cost); does not hold if fewer "
+      "than 20 % go before it drops below 0.95; else inconclusive")
+def michel(n: Mapping) -> str:
+  if n["share_at_0.99"] >= 0.2:
+    return HOLDS
+  return FAILS if n["share_at_0.95"] < 0.2 else INCONCLUSIVE
+
+
+def _why_induction(n):
+  out = []
+  if n["k_partner_previous_token"] < 0.9:
+    out.append(f"the strongest K-composition partner of {n['induction_head']} is "
+               f"{n['k_partner']}, with {_f(n['k_partner_previous_token'])} of its "
+               f"attention on t-1 (rule: >= 0.9; the best previous-token head below is "
+               f"{n['previous_token_head']} at {_f(n['previous_token_score'])})")
+  if n["prefix_matching"] < 0.8:
+    out.append(f"prefix matching of {n['induction_head']} is "
+               f"{_f(n['prefix_matching'])} (rule: >= 0.8)")
+  if n["k_row_median"] > 0 and n["k_partner_score"] < 3 * n["k_row_median"]:
+    out.append(f"its partner's K-composition {_f(n['k_partner_score'])} is "
+               f"{_f(n['k_partner_score'] / n['k_row_median'])}x the row's median "
+               f"{_f(n['k_row_median'])} (rule: >= 3x)")
+  return "; ".join(out)
+
+
+def _why_corner(n):
+  ind, corner = set(n["induction_heads"]), set(n["corner_heads"])
+  if not ind:
+    return "no head has prefix matching >= 0.3 and positive copying"
+  extra, missing = sorted(corner - ind), sorted(ind - corner)
+  out = []
+  if extra:
+    out.append(f"{len(extra)} non-induction heads in the corner "
+               f"({', '.join(extra[:6])}{', ...' if len(extra) > 6 else ''})")
+  if missing:
+    out.append(f"{len(missing)} of {len(ind)} induction heads outside it "
+               f"({', '.join(missing[:6])}{', ...' if len(missing) > 6 else ''})")
+  return "; ".join(out)
+
+
+def _why_sparse(n):
+  out = []
+  if n["share_near_baseline"] < 0.6:
+    out.append(f"{_f(n['share_near_baseline'])} of {n['pairs']} scores lie within 0.05 "
+               f"of the baseline (rule: >= 0.6)")
+  if n["max_over_baseline"] < 0.1:
+    out.append(f"the largest is {_f(n['max_over_baseline'])} over it (rule: >= 0.1)")
+  return "; ".join(out)
+
+
+def _why_pruning(n):
+  out = []
+  if n["specialised_share_kept"] < n["specialised_share_all"]:
+    out.append(f"{_f(n['specialised_share_kept'])} of the kept heads are specialised "
+               f"against {_f(n['specialised_share_all'])} of all heads")
+  if not any(r in ("positional", "syntactic", "rare") for r in n["last_heads_roles"]):
+    out.append(f"the last 3 heads are {', '.join(n['last_heads_roles'])}")
+  if n["bleu_all"] - n["bleu_kept"] > 3.0:
+    out.append(f"BLEU {_f(n['bleu_all'])} -> {_f(n['bleu_kept'])} (rule: <= 3 lost)")
+  return "; ".join(out)
+
+
+def _why_bos(n):
+  return (f"{n['induction_head']} puts {_f(n['weight_on_bos'])} on the first token at "
+          f"unseen tokens (rule: >= 0.5), {_f(n['max_weight_elsewhere'])} at most "
+          f"elsewhere")
+
+
+def _why_michel(n):
+  return (f"{_f(n['share_at_0.99'])} of the {n['heads']} heads go before the cosine "
+          f"drops below 0.99, {_f(n['share_at_0.95'])} before 0.95 (rule: >= 0.2)")
+
+
+def _why_terms(n):
+  total = n["loss_direct"] - n["loss_full"]
+  return (f"removing the virtual-head terms costs {_f(n['loss_direct_single'] - n['loss_full'])}"
+          f" nats of the {_f(total)} that removing every head term costs (rule: <= 25 %)")
+
+
+WHY = {"induction_k_composition": _why_induction, "positivity_corner": _why_corner,
+       "composition_sparse": _why_sparse, "pruning": _why_pruning,
+       "rests_on_first_token": _why_bos, "michel": _why_michel,
+       "term_importance": _why_terms}

@@ -12,77 +12,128 @@ from mha_jax.claims import experiments as E
 from mha_jax.claims import rules as R
 from mha_jax.claims import studies as S
 
+SETTINGS = {
+    "toy": "the built-in toys: one-layer two-target models (d_model 32), the quickstart "
+           "translation model (learned relative position biases), configs/induction.py "
+           "(2 attention-only layers x 4 heads, repeated random tokens)",
+    "text": "the two-layer attention-only model of natural text (configs/attn_only_text.py"
+            ", 12 heads per layer; --text-workdir)",
+    "smollm2": "SmolLM2-135M (30 layers, 9 query heads over 3 key/value heads, RMSNorm, "
+               "MLPs), imported offline",
+    "gemma3": "Gemma 3 270M (18 layers, 4 query heads over 1 key/value head, q/k norms, "
+              "MLPs), imported offline",
+    "voita": "a translation model with sinusoidal positions, Voita et al.'s setting "
+             "(--voita-workdir)",
+    "minilm": "all-MiniLM-L6-v2 (6 layers x 12 heads, sentence embeddings), imported "
+              "offline",
+}
+DECODERS = ("toy", "text", "smollm2", "gemma3")
+
+
+def _at(fn):
+  """An experiment of one fixed setup (no seed, no workdir)."""
+  return lambda ctx, setting, seed, handle: fn(ctx)
+
+
+def _seeded(fn):
+  """An experiment on the toy setting's trained two-target models, one seed."""
+  return lambda ctx, setting, seed, handle: fn(ctx, seed)
+
+
 # name: (the claim as the seeds state it, experiment, rule, the numbers shown in the
-# report's table; the rest are in claims.json)
+# report's table (the rest are in claims.json), the settings where it applies, where its
+# runs come from: None (one fixed setup), "toy_seeds" (the two-target models, one per
+# seed), or a function (ctx, setting) -> [(seed, workdir)], and the papers' setting)
 CLAIMS = {
     "one_head_compromises": (
         "One head asked for two tokens at once compromises: h=1 loses to h=2, 4 at equal "
         "params, and its weight splits between the targets",
-        E.claim_one_head_compromises, R.one_head_compromises,
-        ("loss_h1", "loss_h2", "loss_h4", "h1_weight_previous", "h1_weight_partner",
-         "h2_best_weight_previous", "h2_best_weight_partner")),
+        _seeded(E.claim_one_head_compromises), R.one_head_compromises,
+        ("loss_h1", "loss_h2", "h1_weight_previous", "h1_weight_partner"), ("toy",),
+        "toy_seeds", "the primer's thought experiment"),
     "mixture_dip": (
         "Mixing a positional and a syntactic score pattern in one head: the peak weight "
-        "dips lowest near the 50/50 mix", E.claim_mixture_dip, R.mixture_dip,
-        ("peak_at_0", "peak_at_half", "peak_at_1", "argmin_mix")),
+        "dips lowest near the 50/50 mix", _at(E.claim_mixture_dip), R.mixture_dip,
+        ("peak_at_0", "peak_at_half", "peak_at_1", "argmin_mix"), ("toy",), None, ""),
     "whole_token": (
         "Every head reads the whole token: its projection uses all d_model inputs",
-        E.claim_whole_token, R.whole_token,
-        ("min_share_of_features_read",)),
+        _at(E.claim_whole_token), R.whole_token,
+        ("min_share_of_features_read",), ("toy",), None, ""),
     "divisor": (
         "Each head divides by its own sqrt(d_k): flat with the right divisor, flattening "
-        "as d_k shrinks with sqrt(d_model)", E.claim_divisor, R.divisor,
-        ("d_k", "peak")),
+        "as d_k shrinks with sqrt(d_model)", _at(E.claim_divisor), R.divisor,
+        ("d_k", "peak"), ("toy",), None, ""),
     "divisor_real_widths": (
         "The same at real widths (d_model 768, h = 8..96) at initialisation",
-        E.claim_divisor_real_widths, R.divisor_real_widths,
-        ("heads", "entropy")),
+        _at(E.claim_divisor_real_widths), R.divisor_real_widths,
+        ("heads", "entropy"), ("toy",), None, ""),
     "cost": (
         "Params and FLOPs do not depend on h; the score memory does (d_model 768 = "
-        "GPT-2 small)", E.claim_cost, R.cost,
-        ("heads", "params", "flops_xla", "flops_formula", "score_bytes",
-         "gpt2_small_params", "gpt2_small_published")),
+        "GPT-2 small)", _at(E.claim_cost), R.cost,
+        ("params", "score_bytes", "gpt2_small_params"), ("toy",), None, ""),
     "dk1": (
         "At d_k = 1 only two directions remain: each query's argmax is the largest or "
-        "smallest scalar key; the loss suffers", E.claim_dk1, R.dk1,
-        ("argmax_at_extreme_share", "loss_by_h", "loss_dk1", "best_loss")),
+        "smallest scalar key; the loss suffers", _seeded(E.claim_dk1), R.dk1,
+        ("argmax_at_extreme_share", "loss_dk1", "best_loss"), ("toy",), "toy_seeds", ""),
     "wo_mixes": (
         "W_O mixes the heads: it is not block-diagonal in a trained layer",
-        E.claim_wo_mixes, R.wo_mixes,
-        ("share_outside_slot", "mean_share_outside_slot", "slider_other_share")),
+        _seeded(E.claim_wo_mixes), R.wo_mixes,
+        ("mean_share_outside_slot",), ("toy",), "toy_seeds", ""),
     "pruning": (
         "Specialised heads survive pruning: keeping 10 of 48 encoder heads costs little "
         "and keeps positional/syntactic/rare heads", S.claim_pruning, R.pruning,
-        ("bleu_all", "bleu_kept", "kept", "kept_roles", "specialised_share_all",
-         "specialised_share_kept", "last_heads", "last_heads_roles")),
+        ("bleu_all", "bleu_kept", "specialised_share_all", "specialised_share_kept",
+         "last_heads_roles"), ("toy", "voita"), S.translation_runs,
+        "Voita et al. 2019: a 6-layer Transformer-base encoder (48 heads) with sinusoidal "
+        "positions on WMT EN-RU; positional, syntactic and rare-token heads are the last "
+        "to go"),
     "worked_example": (
         "The QKV document's worked example: scores (4, 0, 3), weights (4/7, 0, 3/7), "
-        "output (20/7, 20/7, 10/7)", E.claim_worked_example, R.worked_example,
-        ("scores", "weights", "output", "seed_prints", "softmax_weights", "d_k_of_widths")),
+        "output (20/7, 20/7, 10/7)", _at(E.claim_worked_example), R.worked_example,
+        ("scores", "weights", "output"), ("toy",), None, ""),
     "induction_k_composition": (
         "Induction heads form by K-composition with a previous-token head",
         S.claim_induction_k_composition, R.induction_k_composition,
-        ("previous_token_head", "previous_token_score", "previous_token_sharp_up_to",
-         "positions", "induction_head", "prefix_matching", "k_partner",
-         "k_partner_score", "k_row", "k_row_median")),
+        ("induction_head", "prefix_matching", "k_partner", "k_partner_previous_token",
+         "k_partner_score", "k_row_median"), DECODERS, S.decoder_runs,
+        "Elhage et al. 2021, Olsson et al. 2022: two-layer attention-only models with 12 "
+        "heads per layer trained on natural text; a previous-token head (>= 0.9 on t-1), "
+        "an induction head (prefix matching >= 0.8) K-composing with it"),
     "positivity_corner": (
         "Induction heads sit alone where OV (copying) and K-composition (matching) "
         "eigenvalue positivity are both positive", S.claim_positivity_corner,
-        R.positivity_corner,
-        ("induction_heads", "corner_heads", "positivity")),
+        R.positivity_corner, ("induction_heads", "corner_heads", "heads_scored"),
+        DECODERS, S.decoder_runs,
+        "Elhage et al. 2021: the two-layer attention-only model of natural text, whose "
+        "layer-1 heads other than the induction heads do not copy"),
     "composition_sparse": (
         "Composition is sparse: most composition scores sit near the random baseline",
         S.claim_composition_sparse, R.composition_sparse,
-        ("pairs", "share_near_baseline", "max_over_baseline", "median_abs_over_baseline")),
+        ("pairs", "share_near_baseline", "max_over_baseline"), DECODERS, S.decoder_runs,
+        "Elhage et al. 2021: the two-layer attention-only model of natural text"),
     "term_importance": (
         "Most of the effect is in single-head terms, little in virtual heads",
         S.claim_term_importance, R.term_importance,
-        ("loss_direct", "loss_direct_single", "loss_full")),
+        ("loss_direct", "loss_direct_single", "loss_full"), ("toy", "text"),
+        S.decoder_runs, "Elhage et al. 2021: the two-layer attention-only model of "
+        "natural text (path expansion is exact only without norms and MLPs)"),
     "rests_on_first_token": (
         "An induction head rests on the first token when the current token has not "
         "appeared before", S.claim_rests_on_first_token, R.rests_on_first_token,
-        ("induction_head", "weight_on_bos", "max_weight_elsewhere")),
+        ("induction_head", "weight_on_bos", "max_weight_elsewhere"), DECODERS,
+        S.decoder_runs, "Elhage et al. 2021, Olsson et al. 2022"),
+    "michel": (
+        "Many heads can go: a large share of a trained model's heads can be removed "
+        "(Michel's importance order) at little cost", S.claim_michel, R.michel,
+        ("share_at_0.99", "share_at_0.95"), ("minilm",),
+        lambda ctx, setting: [(None, S.imported_workdir(ctx, setting))],
+        "Michel et al. 2019: BERT fine-tuned on MNLI and WMT Transformer-large; 20-40 % "
+        "of the heads pruned with a small drop in accuracy / BLEU"),
 }
+
+NEEDS = {"text": ("text_workdir", "--text-workdir"),
+         "voita": ("voita_workdir", "--voita-workdir")}
+
 
 def parse_only(only: str | Sequence[str] | None) -> list[str]:
   if not only:
@@ -95,36 +146,137 @@ def parse_only(only: str | Sequence[str] | None) -> list[str]:
   return names
 
 
-def run_claims(out: str, *, only=None, workdir: str | None = None,
+def parse_settings(settings: str | Sequence[str] | None, given: Sequence[str] = ()
+                   ) -> list[str]:
+  """The settings asked for; by default the toy setting and those whose workdir is
+  given (`given`): the real LMs (minutes each on 2 cores) only when named."""
+  if not settings:
+    return [n for n in SETTINGS if n == "toy" or n in given]
+  names = [n.strip() for n in (settings.split(",") if isinstance(settings, str)
+                               else settings) if n.strip()]
+  bad = [n for n in names if n not in SETTINGS]
+  if bad or not names:
+    raise UserError(f"--settings: unknown setting {(bad or [''])[0]!r}; known: "
+                    f"{', '.join(SETTINGS)}")
+  return [n for n in SETTINGS if n in names]
+
+
+def parse_seeds(seeds: str | Sequence[int]) -> tuple[int, ...]:
+  try:
+    out = tuple(int(s) for s in (seeds.split(",") if isinstance(seeds, str) else seeds))
+  except ValueError:
+    out = ()
+  if not out or min(out) < 0 or len(set(out)) != len(out):
+    raise UserError(f"--toy-seeds must list distinct seeds >= 0 (0,1,2); got {seeds!r}")
+  return out
+
+
+def aggregate(units: list[dict], keys: Sequence[str], seeded: bool) -> dict:
+  """One setting's cell from its runs' numbers and verdicts: the verdict (with "k of n
+  seeds" for trained runs), each verdict's count, and the spread [min, max] of every
+  number that is a scalar in every run."""
+  verdicts = [u["verdict"] for u in units]
+  counts = {v: verdicts.count(v) for v in (R.HOLDS, R.FAILS, R.INCONCLUSIVE)
+            if v in verdicts}
+  n = len(units)
+  if not seeded:
+    verdict = verdicts[0] if n == 1 else f"holds in {counts.get(R.HOLDS, 0)} of {n} runs"
+  elif len(counts) == 1:
+    verdict = f"{verdicts[0]} in {n} of {n} seed{'s' if n > 1 else ''}"
+  else:
+    rest = ", ".join(f"{v} in {c}" for v, c in counts.items() if v != R.HOLDS)
+    verdict = f"holds in {counts.get(R.HOLDS, 0)} of {n} seeds ({rest})"
+  spread = {}
+  for k in units[0]["numbers"]:
+    vals = [u["numbers"].get(k) for u in units]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+      spread[k] = [min(vals), max(vals)]
+  return {"verdict": verdict, "counts": counts, "runs": n, "spread": spread,
+          "seeds": [u["seed"] for u in units], "numbers": units[0]["numbers"],
+          "per_seed": units, "key_numbers": list(keys)}
+
+
+def primer_inputs(ctx) -> dict:
+  """The primer's Voita figure from the voita setting's first run and the pruning this
+  claims run made of it; its circuit from the text setting's first run."""
+  inputs = {}
+  if ctx.voita_workdir:
+    seed, wd = S.runs_of(ctx.voita_workdir)[0]
+    inputs["pruning_workdir"] = wd
+    done = storage.join(ctx.work, "pruned", f"{S.label('voita', seed)}_keep10")
+    if storage.exists(storage.join(done, "pruning.json")):
+      inputs["pruned"] = done
+  if ctx.text_workdir:
+    inputs["text_workdir"] = S.runs_of(ctx.text_workdir)[0][1]
+  return inputs
+
+
+def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None,
                induction_workdir: str | None = None, sweep_workdir: str | None = None,
-               primer: bool = True, log: Callable[[str], None] = print) -> dict:
+               text_workdir: str | None = None, voita_workdir: str | None = None,
+               toy_seeds=E.TOY_SEEDS, primer: bool = True,
+               log: Callable[[str], None] = print) -> dict:
   names = parse_only(only)
+  chosen = parse_settings(settings, [s for s, wd in (("text", text_workdir),
+                                                      ("voita", voita_workdir)) if wd])
+  seeds = parse_seeds(toy_seeds)
   for flag, wd in (("--workdir", workdir), ("--induction-workdir", induction_workdir),
-                   ("--sweep-workdir", sweep_workdir)):
+                   ("--sweep-workdir", sweep_workdir), ("--text-workdir", text_workdir),
+                   ("--voita-workdir", voita_workdir)):
     if wd is not None and not storage.isdir(wd):
       raise UserError(f"{flag} {wd!r} is not a directory")
   if storage.exists(out) and not storage.isdir(out):
     raise UserError(f"--out {out!r} exists and is not a directory")
   storage.makedirs(out)
   ctx = E.Context(out=out, workdir=workdir, induction_workdir=induction_workdir,
-                  sweep_workdir=sweep_workdir, log=log)
+                  sweep_workdir=sweep_workdir, text_workdir=text_workdir,
+                  voita_workdir=voita_workdir, toy_seeds=seeds, log=log)
   t0 = time.time()
   results = []
   for name in names:
-    text, fn, rule, _ = CLAIMS[name]
+    text, fn, rule, keys, where, source, paper = CLAIMS[name]
     log(f"[{name}]")
-    t = time.time()
-    r = fn(ctx)
-    verdict = rule(r["numbers"])
-    results.append({"name": name, "claim": text, "numbers": _jsonable(r["numbers"]),
-                    "rule": rule.text, "verdict": verdict, "figures": r["figures"],
-                    "seconds": round(time.time() - t, 1)})
-    log(f"  {verdict}  ({results[-1]['seconds']} s)")
+    cells = {}
+    for setting in chosen:
+      if setting not in where:
+        cells[setting] = {"verdict": "n/a"}
+        continue
+      attr, flag = NEEDS.get(setting, (None, None))
+      if attr and getattr(ctx, attr) is None:
+        cells[setting] = {"verdict": "not run", "reason": f"no {flag} given"}
+        continue
+      t = time.time()
+      if source is None:
+        runs = [(None, None)]
+      elif source == "toy_seeds":
+        runs = [(s, None) for s in ctx.toy_seeds]
+      else:
+        runs = source(ctx, setting)
+      units = []
+      for seed, handle in runs:
+        r = fn(ctx, setting, seed, handle)
+        units.append({"seed": seed, "numbers": _jsonable(r["numbers"]),
+                      "verdict": rule(r["numbers"]), "figures": r["figures"]})
+      cells[setting] = aggregate(units, keys, seeded=source is not None and (
+          setting in ("toy", "text", "voita")))
+      cells[setting]["seconds"] = round(time.time() - t, 1)
+      log(f"  {setting}: {cells[setting]['verdict']}  ({cells[setting]['seconds']} s)")
+    ran = [c for c in cells.values() if "per_seed" in c]
+    summary = "; ".join(f"{s}: {c['verdict']}" for s, c in cells.items()
+                        if "per_seed" in c)
+    results.append({"name": name, "claim": text, "rule": rule.text, "paper": paper,
+                    "settings": cells, "verdict": summary or "not run",
+                    "numbers": ran[0]["numbers"] if ran else {},
+                    "figures": [f for c in ran for u in c["per_seed"] for f in u["figures"]],
+                    "seconds": round(sum(c.get("seconds", 0) for c in cells.values()), 1)})
   report = {"claims": results, "seconds": round(time.time() - t0, 1),
-            "workdir": ctx.workdir, "induction_workdir": ctx.induction_workdir}
+            "settings": {s: SETTINGS[s] for s in chosen}, "toy_seeds": list(seeds),
+            "workdirs": {"toy_translation": ctx.workdir,
+                         "toy_induction": ctx.induction_workdir,
+                         "text": ctx.text_workdir, "voita": ctx.voita_workdir}}
   if primer:
     from mha_jax.claims import primer as P
-    P.write(ctx, storage.join(out, "primer.html"))
+    P.write(ctx, storage.join(out, "primer.html"), **primer_inputs(ctx))
     report["primer"] = "primer.html"
   report["seconds"] = round(time.time() - t0, 1)
   storage.write_json(storage.join(out, "claims.json"), report)
@@ -158,17 +310,60 @@ def _fmt(v) -> str:
   return str(v)
 
 
+def _cell(c: dict, keys) -> str:
+  if "per_seed" not in c:
+    return c["verdict"] + (f" ({c['reason']})" if c.get("reason") else "")
+  parts = []
+  for k in keys:
+    if k in c["spread"] and c["runs"] > 1:
+      lo, hi = c["spread"][k]
+      parts.append(f"{k} {_fmt(lo)}" if lo == hi else f"{k} {_fmt(lo)}..{_fmt(hi)}")
+    elif k in c["numbers"]:
+      parts.append(f"{k} {_fmt(c['numbers'][k])}")
+  return f"**{c['verdict']}**<br>" + "; ".join(parts).replace("|", "/")
+
+
 def format_report(report: dict) -> str:
+  settings = list(report["settings"])
   lines = ["# The seeds' claims, measured", "",
-           f"`mha-jax claims`, {report['seconds']:.0f} s. Verdicts are computed from the "
-           "numbers by the rule shown; every number is in claims.json.", "",
-           "| claim | numbers | rule | verdict |", "|---|---|---|---|"]
+           f"`mha-jax claims`, {report['seconds']:.0f} s. Each claim is judged in every "
+           "setting where it applies by the same rule (below the table); a trained "
+           f"setting is judged per seed (toy seeds {report['toy_seeds']}) and reported "
+           "as \"holds in k of n seeds\" with the spread min..max of its numbers. Every "
+           "number, per setting and per seed, is in claims.json.", "",
+           "Settings: " + "; ".join(f"**{s}**: {d}" for s, d in report["settings"].items())
+           + ".", "",
+           "| claim | " + " | ".join(settings) + " |",
+           "|---|" + "---|" * len(settings)]
   for r in report["claims"]:
-    keys = CLAIMS[r["name"]][3] if r["name"] in CLAIMS else tuple(r["numbers"])[:6]
-    nums = "; ".join(f"{k} = {_fmt(r['numbers'][k])}" for k in keys if k in r["numbers"])
-    nums = nums.replace("|", "/")
-    lines.append(f"| **{r['name']}**: {r['claim']} | {nums} | {r['rule']} | "
-                 f"**{r['verdict']}** |")
+    keys = CLAIMS[r["name"]][3] if r["name"] in CLAIMS else ()
+    lines.append(f"| **{r['name']}**: {r['claim']} | " +
+                 " | ".join(_cell(r["settings"].get(s, {"verdict": "n/a"}), keys)
+                            for s in settings) + " |")
+  lines += ["", "## Rules", ""]
+  lines += [f"- **{r['name']}**: {r['rule']}" for r in report["claims"]]
+  short = []
+  for r in report["claims"]:
+    bad = [(s, c) for s, c in r["settings"].items() if "per_seed" in c and
+           c["counts"].get(R.HOLDS, 0) < c["runs"]]
+    if not bad:
+      continue
+    rule_fn = CLAIMS[r["name"]][2] if r["name"] in CLAIMS else None
+    text = [f"**{r['name']}**" + (f" (the papers: {r['paper']})" if r.get("paper") else "")
+            + "."]
+    for s, c in bad:
+      whys = []
+      for u in c["per_seed"]:
+        if u["verdict"] == R.HOLDS:
+          continue
+        w = R.why(rule_fn, u["numbers"]) if rule_fn else ""
+        who = "" if u["seed"] is None else f"seed {u['seed']}: "
+        whys.append(who + (w or u["verdict"]))
+      text.append(f"In **{s}** ({c['verdict']}): " + "; ".join(whys) + ".")
+    short.append(" ".join(text))
+  if short:
+    lines += ["", "## Where a claim does not hold", ""]
+    lines += [p + "\n" for p in short]
   figs = [(r["name"], f) for r in report["claims"] for f in r["figures"]]
   if figs:
     lines += ["", "## Figures", ""]

@@ -15,7 +15,10 @@ attention; G = H is ordinary multi-head attention).
 
 Everything about the call's masks follows mha_jax.attention: boolean masks,
 True = may attend; causal is top-left aligned (key j <= query i); a query row with
-no key to attend to gives a zero output, never NaN.
+no key to attend to gives a zero output, never NaN. Key blocks that no query of a
+block may see are never visited: above the diagonal (causal) and outside a sliding
+window (window: i - j < window), so a windowed call costs O(T * window), not O(T * S).
+Soft-capping (softcap * tanh(s / softcap), Gemma 2) is applied to each block's scores.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mha_jax.blocks import drop_masked_keys, relative_index
+from mha_jax.blocks import drop_masked_keys, relative_index, soft_cap
 
 # Default block sizes: one block up to these lengths; measured on the 2-core CPU
 # (docs/results/bench_attention_*.json): fewer, larger blocks win there because each
@@ -136,6 +139,8 @@ class _Static(NamedTuple):
   causal: bool
   nbc: int = 1  # steps along B
   ngc: int = 1  # steps along G
+  softcap: float | None = None   # scores -> softcap * tanh(scores / softcap)
+  window: int | None = None      # query i reads key j only when i - j < window
 
 
 def _step_start(st, c) -> tuple:
@@ -169,11 +174,16 @@ def _step_add(full, part, st, c, axis_b, axis_g):
 def _block_logits(st, q_i, k_j, i, j, mask_bl, bias_bl, table_GRO):
   """Scores of query block i against key block j, and where they may attend.
 
-  Returns s (B, G, R, bq, bk) float32 (bias added) and ok (bool, broadcastable).
+  Returns s (B, G, R, bq, bk) float32 (soft-capped, then bias added), ok (bool,
+  broadcastable) and the soft-cap's derivative 1 - tanh^2 (None without a cap).
   """
   r = st.h // st.g
   s_ = jnp.einsum("bgmk,bgsk->bgms", q_i, k_j, preferred_element_type=jnp.float32)
   s_ = s_.reshape(st.b, st.g, r, st.bq, st.bk)
+  dcap = None
+  if st.softcap is not None:
+    s_ = soft_cap(s_, st.softcap)
+    dcap = 1.0 - jnp.square(s_ / st.softcap)
   qpos = i * st.bq + jnp.arange(st.bq)[:, None]
   kpos = j * st.bk + jnp.arange(st.bk)[None, :]
   ok = None
@@ -182,6 +192,9 @@ def _block_logits(st, q_i, k_j, i, j, mask_bl, bias_bl, table_GRO):
   if st.causal:
     c = kpos <= qpos
     ok = c if ok is None else ok & c
+  if st.window is not None:
+    w = qpos - kpos < st.window
+    ok = w if ok is None else ok & w
   if ok is not None:
     ok = jnp.broadcast_to(ok, (st.bq, st.bk))
   if mask_bl is not None:
@@ -192,7 +205,7 @@ def _block_logits(st, q_i, k_j, i, j, mask_bl, bias_bl, table_GRO):
   if table_GRO is not None:
     off = relative_index(qpos, kpos, (table_GRO.shape[-1] - 1) // 2)      # (bq, bk)
     s_ = s_ + table_GRO[:, :, off].astype(jnp.float32)[None]
-  return s_, ok
+  return s_, ok, dcap
 
 
 def _live_k(st, i):
@@ -202,11 +215,27 @@ def _live_k(st, i):
   return jnp.minimum(st.nk, ((i + 1) * st.bq - 1) // st.bk + 1)
 
 
+def _first_k(st, i):
+  """First key block query block i can see: 0, or the window's first (keys j >
+  i * bq - window)."""
+  if st.window is None:
+    return 0
+  return jnp.maximum(0, i * st.bq - st.window + 1) // st.bk
+
+
 def _first_q(st, j):
   """First query block that sees key block j (0 unless causal)."""
   if not st.causal:
     return 0
   return jnp.minimum(st.nq, (j * st.bk) // st.bq)
+
+
+def _end_q(st, j):
+  """One past the last query block that sees key block j: nq, or the window's end
+  (queries i < (j + 1) * bk - 1 + window)."""
+  if st.window is None:
+    return st.nq
+  return jnp.minimum(st.nq, ((j + 1) * st.bk + st.window - 2) // st.bq + 1)
 
 
 def _forward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO):
@@ -220,7 +249,7 @@ def _forward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO):
 
     def body(j, carry):
       m, l, acc = carry
-      s_, ok = _block_logits(st, q_i, kb[j], i, j, mask_bl, bias_bl, table_GRO)
+      s_, ok, _ = _block_logits(st, q_i, kb[j], i, j, mask_bl, bias_bl, table_GRO)
       if ok is not None:
         s_ = jnp.where(ok, s_, -jnp.inf)
       s_ = s_.reshape(st.b, st.g, m_rows, st.bk)
@@ -236,7 +265,7 @@ def _forward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO):
     init = (jnp.full((st.b, st.g, m_rows), -jnp.inf, jnp.float32),
             jnp.zeros((st.b, st.g, m_rows), jnp.float32),
             jnp.zeros((st.b, st.g, m_rows, dv), jnp.float32))
-    m, l, acc = jax.lax.fori_loop(0, _live_k(st, i), body, init)
+    m, l, acc = jax.lax.fori_loop(_first_k(st, i), _live_k(st, i), body, init)
     live = l > 0
     o = acc / jnp.where(live, l, 1.0)[..., None]
     lse = jnp.where(live, m + jnp.log(jnp.where(live, l, 1.0)), jnp.inf)
@@ -266,7 +295,7 @@ def _backward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO, delta, lse, dob):
     def body(i, inner):
       dkT_j, dvT_j, dq, dbias, dtab = inner
       q_i, do_i = qb[i], dob[i]
-      s_, ok = _block_logits(st, q_i, k_j, i, j, mask_bl, bias_bl, table_GRO)
+      s_, ok, dcap = _block_logits(st, q_i, k_j, i, j, mask_bl, bias_bl, table_GRO)
       s_ = s_.reshape(st.b, st.g, m_rows, st.bk)
       p = jnp.exp(s_ - lse[i][..., None])
       if ok is not None:
@@ -275,10 +304,11 @@ def _backward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO, delta, lse, dob):
       dvT_j = dvT_j + jnp.einsum("bgvm,bgms->bgvs", doT[i], p.astype(do_i.dtype),
                                  preferred_element_type=jnp.float32)
       dp = jnp.einsum("bgmv,bgsv->bgms", do_i, v_j, preferred_element_type=jnp.float32)
-      ds = p * (dp - delta[i][..., None])
-      dq = dq.at[i].add(jnp.einsum("bgms,bgsk->bgmk", ds.astype(k_j.dtype), k_j,
+      ds = p * (dp - delta[i][..., None])          # d(capped scores + bias)
+      dsq = ds if dcap is None else ds * dcap.reshape(ds.shape)   # d(q . k)
+      dq = dq.at[i].add(jnp.einsum("bgms,bgsk->bgmk", dsq.astype(k_j.dtype), k_j,
                                    preferred_element_type=jnp.float32))
-      dkT_j = dkT_j + jnp.einsum("bgkm,bgms->bgks", qT[i], ds.astype(q_i.dtype),
+      dkT_j = dkT_j + jnp.einsum("bgkm,bgms->bgks", qT[i], dsq.astype(q_i.dtype),
                                  preferred_element_type=jnp.float32)
       ds5 = ds.reshape(st.b, st.g, r, st.bq, st.bk)
       if dbias is not None:
@@ -298,7 +328,8 @@ def _backward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO, delta, lse, dob):
 
     init = (jnp.zeros(jnp.swapaxes(k_j, -1, -2).shape, jnp.float32),
             jnp.zeros(jnp.swapaxes(v_j, -1, -2).shape, jnp.float32), dq, dbias, dtab)
-    dkT_j, dvT_j, dq, dbias, dtab = jax.lax.fori_loop(_first_q(st, j), st.nq, body, init)
+    dkT_j, dvT_j, dq, dbias, dtab = jax.lax.fori_loop(_first_q(st, j), _end_q(st, j), body,
+                                                      init)
     return (dq, dbias, dtab), (jnp.swapaxes(dkT_j, -1, -2), jnp.swapaxes(dvT_j, -1, -2))
 
   dq0 = jnp.zeros(qb.shape, jnp.float32)
@@ -422,7 +453,8 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
                       bias_BHTS: jax.Array | None = None, *, causal: bool = False,
                       rel_bias_HR: jax.Array | None = None, scale: float | None = None,
                       block_q: int | None = None, block_k: int | None = None,
-                      block_heads: int | None = None) -> jax.Array:
+                      block_heads: int | None = None, softcap: float | None = None,
+                      window: int | None = None) -> jax.Array:
   """Attention output without the (T, S) weights, in O(T + S) memory.
 
   Args:
@@ -439,6 +471,11 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
     scale: multiplies q . k; None means 1 / sqrt(K).
     block_q, block_k: block sizes; None chooses them from the shapes (choose_blocks).
     block_heads: (batch row, kv head) pairs per step; None chooses (choose_blocks).
+    softcap: attention-logit soft-capping (Gemma 2): the scaled scores become
+      softcap * tanh(scores / softcap) before the bias.
+    window: a sliding window: query i reads key j only when i - j < window; key
+      blocks wholly outside it are skipped (forward and backward), so the cost grows
+      with T * window rather than T * S.
 
   Returns:
     o_BTHK: (B, T, H, V) in v's dtype. Differentiable in q, k, v, bias and the table.
@@ -474,7 +511,15 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
   nbc, ngc = b // cb, g // cg
   if scale is None:
     scale = 1.0 / math.sqrt(dk)
-  st = _Static(b, t, s, h, g, bq, bk, nq, nk, float(scale), bool(causal), nbc, ngc)
+  for name, num in (("softcap", softcap), ("window", window)):
+    if num is not None and (isinstance(num, bool) or not isinstance(
+        num, (int, float, np.number)) or not num > 0):
+      raise ValueError(f"{name} must be a positive number or None; got {num!r}")
+  if window is not None and int(window) != window:
+    raise ValueError(f"window must be a positive integer or None; got {window!r}")
+  st = _Static(b, t, s, h, g, bq, bk, nq, nk, float(scale), bool(causal), nbc, ngc,
+               None if softcap is None else float(softcap),
+               None if window is None else int(window))
 
   # Steps C = nbc * ngc, each over cb batch rows and cg kv heads, slice q, k, v where
   # they lie and cut their slices into blocks (M = R * bq rows of queries per kv head).

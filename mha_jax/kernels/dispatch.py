@@ -21,6 +21,7 @@ impl names:
   3. Never a kernel that materialises the (B, H, T, S) scores when they would not fit:
      reference and xla need about SCORE_COPIES float32 copies of them in
      forward+backward; when that exceeds score_memory_budget(), blocked.
+  Soft-capping (has_softcap) rules out cudnn and every Pallas kernel but TPU splash.
   4. Otherwise the faster of reference and blocked on this backend, by the
      measurements in CPU_MEASURED_MS: blocked once B * H * T * S reaches
      BLOCKED_FROM_SCORES, reference below (small problems: one block, the custom VJP's
@@ -43,6 +44,11 @@ from mha_jax.kernels import xla as xla_lib
 IMPLS = ("auto", "reference", "xla", "cudnn", "blocked", "pallas")
 NO_WEIGHTS = ("xla", "cudnn", "blocked", "pallas")
 TAKES_TABLE = ("blocked",)   # builds the relative-position bias per block
+TAKES_WINDOW = ("blocked",)  # skips the key blocks outside a sliding window
+# Attention-logit soft-capping: reference and blocked apply it to their scores; xla
+# runs the building blocks (jax.nn.dot_product_attention takes no cap); pallas only
+# through TPU splash; cudnn refuses it.
+TAKES_SOFTCAP = ("reference", "xla", "blocked", "pallas")
 
 # Forward+backward ms of the attention layer, d_model 768, T = S = 512, batch 4,
 # float32, on the 2-core CPU (docs/results/bench_attention_cpu.json, median of 7
@@ -133,8 +139,8 @@ def scores_fit(b: int, h: int, t: int, s: int, budget: int | None = None) -> boo
   return SCORE_COPIES * 4 * b * h * t * s <= budget
 
 
-def _cudnn_ok(q_BTHK, has_bias) -> bool:
-  if has_bias:
+def _cudnn_ok(q_BTHK, has_bias, has_softcap=False) -> bool:
+  if has_bias or has_softcap:
     return False
   try:
     xla_lib.check_cudnn_supported(q_BTHK)
@@ -143,7 +149,7 @@ def _cudnn_ok(q_BTHK, has_bias) -> bool:
     return False
 
 
-def _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias) -> bool:
+def _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias, has_softcap=False) -> bool:
   backend = jax.default_backend()
   if backend == "gpu":
     kernel = "gpu"
@@ -154,7 +160,8 @@ def _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias) -> bool:
   try:
     pallas_lib.check_supported(kernel, q_BTHK, k_BSGK, k_BSGK,
                                mask_BHTS=np.zeros(()) if has_mask else None,
-                               bias_BHTS=np.zeros(()) if has_bias else None)
+                               bias_BHTS=np.zeros(()) if has_bias else None,
+                               softcap=1.0 if has_softcap else None)
     return True
   except ValueError:
     return False
@@ -162,7 +169,7 @@ def _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias) -> bool:
 
 def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: bool = False,
                  *, k_BSGK: jax.Array | None = None, has_mask: bool = False,
-                 budget: int | None = None) -> str:
+                 budget: int | None = None, has_softcap: bool = False) -> str:
   """The kernel `impl` means for this call: one of IMPLS other than 'auto'.
 
   Args:
@@ -173,6 +180,8 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: b
     k_BSGK: the keys; None means the queries' shape (self-attention).
     has_mask: a boolean mask (beyond causal) is present.
     budget: bytes for score tensors; None asks the device (score_memory_budget).
+    has_softcap: attention-logit soft-capping is asked for (not cudnn; pallas only
+      through TPU splash).
   """
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
@@ -189,9 +198,10 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: b
   b, t, h, _ = q_BTHK.shape
   s = k_BSGK.shape[1]
   backend = jax.default_backend()
-  if backend == "gpu" and _cudnn_ok(q_BTHK, has_bias):
+  if backend == "gpu" and _cudnn_ok(q_BTHK, has_bias, has_softcap):
     return "cudnn"
-  if backend in ("gpu", "tpu") and _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias):
+  if backend in ("gpu", "tpu") and _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias,
+                                              has_softcap):
     return "pallas"
   if not scores_fit(b, h, t, s, budget):
     return "blocked"
@@ -200,16 +210,23 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: b
 
 def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bias_BHTS,
                rel_bias_HR=None, *, block_q: int | None = None, block_k: int | None = None,
-               block_heads: int | None = None, softcap: float | None = None):
+               block_heads: int | None = None, softcap: float | None = None,
+               window: int | None = None):
   """(o (B, T, H, K), w (B, H, T, S) or None) from the named kernel.
 
   mask_BHTS and bias_BHTS broadcast to (B, H, T, S); rel_bias_HR (H, 2R + 1) is a
   relative-position table with query 0 at position 0, taken by the kernels in
   TAKES_TABLE (the caller turns it into a dense bias for the others). softcap (Gemma 2's
-  attention-logit soft-capping) is served by the reference kernel only.
+  attention-logit soft-capping) is served by the kernels in TAKES_SOFTCAP. window (a
+  sliding window, i - j < window) is taken by the kernels in TAKES_WINDOW, which skip
+  the blocks outside it; the caller makes it a mask for the others.
   """
-  if softcap is not None and kernel != "reference":
-    raise ValueError(f"softcap is served by the reference kernel only; got {kernel!r}")
+  if softcap is not None and kernel not in TAKES_SOFTCAP:
+    raise ValueError(f"softcap (attention-logit soft-capping) is not served by kernel "
+                     f"{kernel!r}: cuDNN's attention through jax.nn takes no cap. Use one "
+                     f"of {TAKES_SOFTCAP} or 'auto'")
+  if window is not None and kernel not in TAKES_WINDOW:
+    raise ValueError(f"kernel {kernel!r} takes no window; pass it as a mask")
   t, s = q_BTHK.shape[1], k_BSGK.shape[1]
   if rel_bias_HR is not None and kernel not in TAKES_TABLE:
     raise ValueError(f"kernel {kernel!r} takes no rel_bias table; pass its dense bias")
@@ -221,6 +238,14 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
       full = cm if full is None else full & cm
     return reference_lib.reference_kernel(q_BTHK, k_BSGK, v_BSGK, full, bias_BHTS,
                                           softcap=softcap)
+  if kernel == "xla" and softcap is not None:   # the same XLA ops, without the weights
+    check_scores_fit("reference", q_BTHK.shape[0], q_BTHK.shape[2], t, s)
+    full = mask_BHTS
+    if causal:
+      cm = xla_lib.causal_mask(t, s)
+      full = cm if full is None else full & cm
+    return reference_lib.reference_kernel(q_BTHK, k_BSGK, v_BSGK, full, bias_BHTS,
+                                          softcap=softcap)[0], None
   if kernel in ("xla", "cudnn"):
     return xla_lib.fused_kernel(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal, kernel,
                                 bias_BHTS), None
@@ -228,8 +253,9 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
     return blocked_lib.blocked_attention(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS,
                                          causal=causal, rel_bias_HR=rel_bias_HR,
                                          block_q=block_q, block_k=block_k,
-                                         block_heads=block_heads), None
+                                         block_heads=block_heads, softcap=softcap,
+                                         window=window), None
   if kernel == "pallas":
     return pallas_lib.pallas_attention(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS,
-                                       causal=causal), None
+                                       causal=causal, softcap=softcap), None
   raise ValueError(f"kernel must be one of {IMPLS[1:]}; got {kernel!r}")

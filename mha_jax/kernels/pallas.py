@@ -5,7 +5,8 @@
 - TPU: ``jax.experimental.pallas.ops.tpu.flash_attention`` (takes a dense score bias,
   so ``bias`` and ``rel_bias``, as attention.relative_bias's dense form, are served, at
   O(T * S) memory for the bias) and the
-  splash kernel ``...tpu.splash_attention`` (causal or full, no bias).
+  splash kernel ``...tpu.splash_attention`` (causal or full, no bias; the only one of
+  the three that takes attention-logit soft-capping, ``attn_logits_soft_cap``).
 
 Each wrapper takes the project's layout, q (B, T, H, K), k and v (B, S, G, K) with G
 dividing H (grouped-query attention: key/value heads are repeated to H here), and
@@ -40,7 +41,7 @@ def _backend() -> str:
 
 
 def check_supported(kernel: str, q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None,
-                    interpret: bool = False) -> None:
+                    interpret: bool = False, softcap: float | None = None) -> None:
   """Raises ValueError naming what `kernel` cannot serve in this call."""
   if kernel not in KERNELS:
     raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
@@ -62,6 +63,9 @@ def check_supported(kernel: str, q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BH
   if mask_BHTS is not None:
     raise ValueError(f"Pallas kernel {kernel!r} takes no boolean mask (only causal); got a "
                      f"mask of shape {tuple(mask_BHTS.shape)}. Use impl='blocked'")
+  if softcap is not None and kernel != "tpu_splash":
+    raise ValueError(f"Pallas kernel {kernel!r} takes no attention-logit soft-capping "
+                     f"(softcap={softcap}); only 'tpu_splash' does. Use impl='blocked'")
   if kernel in ("gpu", "tpu_splash") and bias_BHTS is not None:
     raise ValueError(f"Pallas kernel {kernel!r} takes no score bias (bias or rel_bias). "
                      f"Use impl='blocked' (or 'tpu_flash' on TPU)")
@@ -93,7 +97,8 @@ def _dense_bias(bias_BHTS, b, h, t, s, dtype):
 
 def pallas_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None, *,
                      causal: bool = False, scale: float | None = None,
-                     kernel: str | None = None, interpret: bool = False):
+                     kernel: str | None = None, interpret: bool = False,
+                     softcap: float | None = None):
   """Attention output (B, T, H, K) through a Pallas kernel.
 
   Args:
@@ -106,6 +111,8 @@ def pallas_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None, *,
     kernel: 'gpu', 'tpu_flash' or 'tpu_splash'; None picks by backend ('tpu_flash' on
       TPU when there is a bias, else 'tpu_splash').
     interpret: run in Pallas interpret mode (CPU, slow; tests).
+    softcap: the scaled scores become softcap * tanh(scores / softcap) ('tpu_splash'
+      only).
   """
   if kernel is None:
     if _backend() == "gpu":
@@ -115,7 +122,7 @@ def pallas_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None, *,
     else:
       raise ValueError(f"impl='pallas' needs a GPU or TPU; this process has backend "
                        f"{_backend()!r}. Use impl='blocked' or 'reference'")
-  check_supported(kernel, q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS, interpret)
+  check_supported(kernel, q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS, interpret, softcap)
   b, t, h, dk = q_BTHK.shape
   s = k_BSHK.shape[1]
   if scale is None:
@@ -140,7 +147,8 @@ def pallas_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BHTS=None, *,
   from jax.experimental.pallas.ops.tpu.splash_attention import (
       splash_attention_kernel as splash, splash_attention_mask as splash_mask)
   one = splash_mask.CausalMask((t, s)) if causal else splash_mask.FullMask((t, s))
-  kern = splash.make_splash_mha_single_device(splash_mask.MultiHeadMask([one] * h),
-                                              interpret=interpret)
+  kern = splash.make_splash_mha_single_device(
+      splash_mask.MultiHeadMask([one] * h), interpret=interpret,
+      attn_logits_soft_cap=None if softcap is None else float(softcap))
   o = jax.vmap(kern)(q * jnp.asarray(scale, q.dtype), k, v)
   return to_bhtk(o)

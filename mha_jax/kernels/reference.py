@@ -19,7 +19,7 @@ def reference_kernel(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
   k_BSGK, v_BSGK = blocks.drop_masked_keys(k_BSGK, v_BSGK, mask_BHTS)
   s_BHTS = blocks.attention_scores(q_BTHK, k_BSGK)
   if softcap is not None:
-    s_BHTS = jnp.tanh(s_BHTS / softcap) * softcap
+    s_BHTS = blocks.soft_cap(s_BHTS, softcap)
   if bias_BHTS is not None:
     s_BHTS = s_BHTS + bias_BHTS.astype(s_BHTS.dtype)
   w_BHTS, live = blocks.masked_softmax(s_BHTS, mask_BHTS)

@@ -311,6 +311,16 @@ _prefill_jit = jax.jit(_prefill, static_argnames="spec", donate_argnames="cache"
 _step_jit = jax.jit(_step, static_argnames="spec", donate_argnames="cache")
 
 
+def _longrope_switch(spec: DecoderSpec, n_layers: int) -> int | None:
+  """The switch length of the model's LongRoPE layers (None: none); one for all."""
+  got = {r.max_positions for r in (spec.layer("rope", i) for i in range(n_layers))
+         if r is not None and r.long_inv_freq is not None}
+  if len(got) > 1:
+    raise UserError(f"LongRoPE layers with different switch lengths {sorted(got)}: "
+                    f"generate recomputes the cache at one length")
+  return got.pop() if got else None
+
+
 def generate(params, spec: DecoderSpec, prompt_BT, max_new_tokens: int, *,
              eos_id: int | None = None, return_logits: bool = False):
   """Greedy decoding with a KV cache: the prompt in one compiled call, then one compiled
@@ -321,6 +331,11 @@ def generate(params, spec: DecoderSpec, prompt_BT, max_new_tokens: int, *,
   float32 logits (B, N, V) that chose them. The layers stay unrolled in the compiled
   programs: a scan over stacked layers compiles ~4x faster but, measured on CPU, decodes
   ~2.5x slower (78 vs 30 ms per token for SmolLM2).
+
+  LongRoPE (a RoPE with long_inv_freq): when the tokens so far first number
+  max_positions + 1 (the prompt being shorter), the cache is rebuilt from all of them
+  with the long frequencies, as transformers' Phi-3 generate does; dynamic NTK needs
+  nothing (each step's keys keep the frequencies of their step, as in transformers).
   """
   prompt_BT = jnp.asarray(prompt_BT, jnp.int32)
   if prompt_BT.ndim != 2 or prompt_BT.shape[1] < 1:
@@ -333,6 +348,7 @@ def generate(params, spec: DecoderSpec, prompt_BT, max_new_tokens: int, *,
                     f"the model's {params['pos_embed'].shape[0]} learned positions")
   cache = init_cache(params, b, t + max_new_tokens)
   logits, cache = _prefill_jit(params, spec, prompt_BT, cache)
+  switch = _longrope_switch(spec, len(cache))
   out, kept = [], []
   done = np.zeros((b,), bool)
   for _ in range(max_new_tokens):
@@ -346,7 +362,12 @@ def generate(params, spec: DecoderSpec, prompt_BT, max_new_tokens: int, *,
       kept.append(np.asarray(logits))
     if eos_id is not None and done.all():
       break
-    if len(out) < max_new_tokens:
+    if len(out) < max_new_tokens and switch is not None and t <= switch \
+        and t + len(out) == switch + 1:    # LongRoPE: recompute with the long factors
+      so_far = jnp.concatenate([prompt_BT, jnp.asarray(np.stack(out, 1), jnp.int32)], 1)
+      logits, cache = _prefill_jit(params, spec, so_far, init_cache(
+          params, b, t + max_new_tokens))
+    elif len(out) < max_new_tokens:
       logits, cache = _step_jit(params, spec, jnp.asarray(tok_np), cache)
   tokens = np.stack(out, axis=1)
   return (tokens, np.stack(kept, axis=1)) if return_logits else tokens

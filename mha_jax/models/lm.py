@@ -21,15 +21,19 @@ from mha_jax.models import common as C
 
 def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 0,
          num_layers: int, d_ff: int, max_len: int, layer_norm: bool = True,
-         attn_only: bool = False, use_bias: bool = False, pos: str = "learned") -> dict:
+         attn_only: bool = False, use_bias: bool = False, pos: str = "learned",
+         max_rel: int = 16) -> dict:
   """pos: "learned" (added to the residual), "sinusoidal", "qk" (learned, added to the
-  inputs of Q and K only) or "qk_sinusoidal" (sinusoidal, Q and K only: Shortformer's
-  position-infused attention, Press et al. 2021)."""
+  inputs of Q and K only), "qk_sinusoidal" (sinusoidal, Q and K only: Shortformer's
+  position-infused attention, Press et al. 2021) or "relative" (no positions in the
+  stream; each attention has a learned "rel_bias" (H, 2 max_rel + 1) added to its
+  scores by offset, clipped at max_rel: Shaw et al. 2018, T5)."""
   keys = iter(jax.random.split(key, 4 + 2 * num_layers))
   layers = {}
   for i in range(num_layers):
-    b = {"attn": attention.init_attention_params(next(keys), d_model, num_heads,
-                                                 head_dim=head_dim or None, use_bias=use_bias)}
+    b = {"attn": attention.init_attention_params(
+        next(keys), d_model, num_heads, head_dim=head_dim or None, use_bias=use_bias,
+        max_rel=max_rel if pos == "relative" else 0)}
     if not attn_only:
       b["mlp"] = C.init_mlp(next(keys), d_model, d_ff)
     if layer_norm:
@@ -65,10 +69,10 @@ def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, ke
       raise UserError(f"sequence length {t} exceeds model.max_len="
                        f"{params['pos_embed'].shape[0]}")
     pos = params["pos_embed"][:t]
-  else:
+  elif spec.pos != "relative":     # relative: rel_bias in each attention's scores
     pos = C.sinusoidal(t, d)
   qk_only = spec.pos in C.QK_POS   # Shortformer: positions enter Q and K, not the residual
-  if not qk_only:
+  if spec.pos not in C.SCORE_POS:
     x = x + pos
   keys = C.key_stream(key)
   layers = C.layers_of(params["lm"])

@@ -2,8 +2,8 @@
 
 A RoPE setting is a plain dict (what an imported model's config.json stores per layer):
 
-  {"type": "default" | "linear" | "llama3" | "yarn", "base": float, "dim": int (rotated
-   features per head), and the type's own numbers}
+  {"type": "default" | "linear" | "llama3" | "yarn" | "dynamic" | "longrope",
+   "base": float, "dim": int (rotated features per head), and the type's own numbers}
 
   linear  theta_i / factor (position interpolation; Chen et al. 2023).
   llama3  Llama 3.1: low frequencies divided by factor, high ones kept, a smooth ramp
@@ -13,12 +13,18 @@ A RoPE setting is a plain dict (what an imported model's config.json stores per 
           theta_i, and cos/sin scaled by attention_factor (factor, beta_fast, beta_slow,
           original_max_position_embeddings, attention_factor or mscale/mscale_all_dim,
           truncate).
+  dynamic NTK-aware dynamic scaling: the base grows with the call's length L past
+          max_position_embeddings L0 (factor, max_position_embeddings); computed per
+          call inside attention.apply_rope (RoPE.dynamic_factor).
+  longrope LongRoPE (Phi-3): theta_i / short_factor_i while L <= L0, theta_i /
+          long_factor_i past it, cos/sin scaled by attention_factor (short_factor,
+          long_factor, original_max_position_embeddings L0, factor, attention_factor).
 
 The formulas follow transformers' modeling_rope_utils (the reference the parity tests
-compare against); they are computed in float64 and rounded to float32 once.
-`dynamic` (NTK scaling that changes with the longest sequence seen so far, state kept
-between calls) and `longrope` (two frequency tables switched by length) are not here:
-the importers refuse them by name.
+compare against); the static ones are computed in float64 and rounded to float32 once.
+transformers keeps a dynamic model's longest length seen between calls (its state);
+here a call's frequencies depend on that call's positions only, which is what
+transformers gives on a fresh model and in one generate (lengths only grow there).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import numpy as np
 
 from mha_jax import attention
 
-TYPES = ("default", "linear", "llama3", "yarn")   # the numbers each reads: the docstring
+TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")   # the numbers each reads: the docstring
 
 
 def _base_inv_freq(base: float, dim: int) -> np.ndarray:
@@ -43,9 +49,15 @@ def inv_freq_and_factor(setting: dict) -> tuple[np.ndarray, float]:
     raise ValueError(f"RoPE type must be one of {TYPES}; got {kind!r}")
   base, dim = float(setting["base"]), int(setting["dim"])
   inv = _base_inv_freq(base, dim)
-  if kind == "default":
+  if kind in ("default", "dynamic"):   # dynamic: the base frequencies up to L0
     return inv, 1.0
   factor = float(setting["factor"])
+  if kind == "longrope":
+    old = float(setting["original_max_position_embeddings"])
+    att = setting.get("attention_factor")
+    if att is None:
+      att = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old))
+    return inv / np.asarray(setting["short_factor"], np.float64), float(att)
   if kind == "linear":
     return inv / factor, 1.0
   if kind == "llama3":
@@ -95,7 +107,17 @@ def make_rope(setting: dict | None, layout: str = "half") -> attention.RoPE | No
   dim = int(setting["dim"])
   if kind == "default":
     return attention.RoPE(base=float(setting["base"]), layout=layout, dim=dim)
+  if kind == "dynamic":
+    return attention.RoPE(base=float(setting["base"]), layout=layout, dim=dim,
+                          dynamic_factor=float(setting["factor"]),
+                          max_positions=int(setting["max_position_embeddings"]))
   inv, att = inv_freq_and_factor(setting)
+  as_f32 = lambda a: tuple(float(x) for x in np.float32(a))   # noqa: E731
+  extra = {}
+  if kind == "longrope":
+    long = _base_inv_freq(float(setting["base"]), dim) / np.asarray(setting["long_factor"],
+                                                                    np.float64)
+    extra = dict(long_inv_freq=as_f32(long),
+                 max_positions=int(setting["original_max_position_embeddings"]))
   return attention.RoPE(base=float(setting["base"]), layout=layout, dim=dim,
-                        inv_freq=tuple(float(x) for x in np.float32(inv)),
-                        attention_factor=float(att))
+                        inv_freq=as_f32(inv), attention_factor=float(att), **extra)

@@ -2,5 +2,5 @@
 
 core (the Study: every method one compiled program over the model's own forward and its
 intervention sites), pairs (IOI, induction and JSONL prompt pairs), run (`mha-jax patch`:
-JSON and heatmaps).
+JSON and heatmaps), explorer (the explorer's patching view of those files).
 """

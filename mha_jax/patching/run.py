@@ -12,6 +12,8 @@
   DIR/path.json         path patching: every sender to the logits, and to the top
                         heads' q, k, v; the strongest edges
   DIR/*.png             layer x head heatmaps
+  DIR/explorer.html     the explorer's patching view of these files, with the attention
+                        view of the first pairs (patching/explorer.py)
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.patching import core, pairs as pairs_lib
+from mha_jax.patching import core, explorer, pairs as pairs_lib
 
 METHODS = ("activation", "path", "attribution")
 TASKS = ("ioi", "induction")
@@ -200,6 +202,7 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
     summary["top_edges"] = edges[:top]
     storage.write_json(storage.join(out, "path.json"), p_doc)
   storage.write_json(storage.join(out, "summary.json"), summary)
+  explorer.write(out, explorer.attention_data(s, run.task))
   return summary
 
 

@@ -10,7 +10,7 @@ A key in neither table is refused by name (never a silent approximation). RoPE s
 are read from `rope_parameters` (transformers 5), `rope_scaling` (4.x) or the top-level
 `rope_theta` / `partial_rotary_factor` / `rotary_pct` / `rotary_emb_base` /
 `rope_local_base_freq`, flat or nested per layer type, and each key inside is checked
-the same way (ROPE_KEYS); `dynamic` and `longrope` are refused by name.
+the same way (ROPE_KEYS); `longrope` is Phi-3's only (LONGROPE_FAMILIES).
 
 Tensors. `layer` lists (HF name under the layer prefix, kind, target) rows, `top` the
 model-level ones; a row with a condition is taken only when the config enables it. Kinds:
@@ -60,11 +60,6 @@ COMMON = {
 }
 
 # Keys inside a RoPE settings dict, per rope_type; anything else is refused by name.
-ROPE_TYPES_REFUSED = {
-    "dynamic": "dynamic NTK scaling changes the frequencies with the longest sequence "
-               "seen so far (state kept between calls in transformers)",
-    "longrope": "LongRoPE switches between two frequency tables by sequence length",
-}
 ROPE_KEYS = {
     "default": ("rope_theta", "partial_rotary_factor"),
     "linear": ("rope_theta", "partial_rotary_factor", "factor"),
@@ -73,7 +68,15 @@ ROPE_KEYS = {
     "yarn": ("rope_theta", "partial_rotary_factor", "factor",
              "original_max_position_embeddings", "beta_fast", "beta_slow",
              "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+    "dynamic": ("rope_theta", "partial_rotary_factor", "factor"),
+    "longrope": ("rope_theta", "partial_rotary_factor", "short_factor", "long_factor",
+                 "factor", "attention_factor", "original_max_position_embeddings"),
 }
+# LongRoPE is implemented as Phi-3 runs it: generate recomputes the prompt's keys with
+# the long factors when the length first passes original_max_position_embeddings
+# (decoder.generate does too). transformers' other families keep the short-factor keys
+# in their cache, which a model here would not reproduce: refused there.
+LONGROPE_FAMILIES = ("phi3",)
 
 ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
         "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": None, "relu": "relu"}
@@ -175,8 +178,10 @@ def _rope_settings(c: Config, head_dim: int, layer_types: list[str], *,
     where = "rope_parameters" + (f".{t}" if nested else "")
     kind = d.pop("rope_type", None) or d.pop("type", None) or "default"
     d.pop("type", None)
-    if kind in ROPE_TYPES_REFUSED:
-      c.refuse(f"{where}.rope_type", kind, ROPE_TYPES_REFUSED[kind])
+    if kind == "longrope" and c.family.name not in LONGROPE_FAMILIES:
+      c.refuse(f"{where}.rope_type", kind, "LongRoPE is implemented as Phi-3's generate "
+               "runs it (the prompt recomputed at the switch length); transformers' "
+               f"{c.family.name} keeps short-factor keys in its cache")
     if kind not in ROPE_KEYS:
       c.refuse(f"{where}.rope_type", kind, f"implemented: {sorted(ROPE_KEYS)}")
     for k in d:
@@ -192,10 +197,24 @@ def _rope_settings(c: Config, head_dim: int, layer_types: list[str], *,
       c.refuse(f"{where}.partial_rotary_factor", frac,
                f"rotates {dim} of {head_dim} features (must be even, >= 2)")
     s = {"type": kind, "base": float(base), "dim": dim}
-    if kind in ("llama3", "yarn"):
+    if kind in ("llama3", "yarn", "longrope"):
       d.setdefault("original_max_position_embeddings",
                    c.get("original_max_position_embeddings",
                          c.get("max_position_embeddings")))
+    if kind == "longrope":   # Phi-3's top-level key wins, as in transformers
+      if c.cfg.get("original_max_position_embeddings") is not None:
+        d["original_max_position_embeddings"] = c.cfg["original_max_position_embeddings"]
+      for k in ("short_factor", "long_factor"):
+        got = d.pop(k, None)
+        if not isinstance(got, (list, tuple)) or len(got) != dim // 2:
+          c.refuse(f"{where}.{k}", got, f"expected {dim // 2} numbers (one per rotated "
+                   f"feature pair)")
+        s[k] = [float(x) for x in got]
+      if d.get("factor") is None:   # transformers: max_position_embeddings / original
+        d["factor"] = float(c.need("max_position_embeddings")) / float(
+            d["original_max_position_embeddings"])
+    if kind == "dynamic":       # transformers reads the top-level length for dynamic
+      s["max_position_embeddings"] = int(c.need("max_position_embeddings"))
     for k in ROPE_KEYS[kind][2:]:
       if d.get(k) is not None:
         s[k] = d[k] if isinstance(d[k], bool) else float(d[k])
@@ -630,7 +649,7 @@ def _convert(t: Tensors, name, kind, s, family, dt):
   raise ValueError(f"unknown tensor kind {kind!r}")
 
 
-def _rows(family, s, rows, t, dt, out, prefix=""):
+def _rows(family, s, rows, t, dt, out, prefix="", place=None, where=""):
   flags = dict(attn_bias=s.get("attn_bias", False), o_bias=s.get("o_bias", False),
                mlp_bias=s.get("mlp_bias", False), untied=not s["tied"])
   for name, kind, target, cond in rows:
@@ -639,20 +658,26 @@ def _rows(family, s, rows, t, dt, out, prefix=""):
     if cond == "untied" and not t.has(prefix + name):
       raise UserError(f"{t.where}: tie_word_embeddings is false but {name!r} is missing")
     for sub, arr in _convert(t, prefix + name, kind, s, family, dt).items():
-      _set(out, target + (sub if target.endswith(".b") else ("." + sub if sub else "")),
-           arr)
+      path = target + (sub if target.endswith(".b") else ("." + sub if sub else ""))
+      _set(out, path, arr if place is None else place(where + path, arr))
 
 
-def build_params(family: Family, s: dict, t: Tensors, dtype=np.float32) -> dict:
-  """mha-jax params from the tensors (each taken once); refuses leftovers by name."""
+def build_params(family: Family, s: dict, t: Tensors, dtype=np.float32,
+                 place: Callable | None = None) -> dict:
+  """mha-jax params from the tensors (each taken once); refuses leftovers by name.
+
+  place: None, or f(dotted param path such as "lm.layer_0.attn.wq", NumPy array) -> the
+  array to keep, called as each tensor is converted (the importer puts it on its
+  devices, sharded: the host then holds one converted tensor at a time)."""
   params: dict = {}
-  _rows(family, s, family.top, t, dtype, params)
+  _rows(family, s, family.top, t, dtype, params, place=place)
   if s["tied"] and t.has("lm_head.weight"):   # a saved copy of the tied embedding
     t.take("lm_head.weight")
   lm = params.setdefault("lm", {})
   for i in range(s["n"]):
     layer: dict = {}
-    _rows(family, s, family.layer, t, dtype, layer, family.layer_prefix.format(i=i))
+    _rows(family, s, family.layer, t, dtype, layer, family.layer_prefix.format(i=i),
+          place=place, where=f"lm.layer_{i}.")
     lm[f"layer_{i}"] = layer
   lm["ln_final"] = lm.pop("ln_final")
   left = sorted(n for n in t.left if not any(n.endswith(x) for x in family.ignore_tensors))

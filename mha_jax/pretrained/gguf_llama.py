@@ -80,8 +80,9 @@ _GGUF_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward
               "rope.scaling.original_context_length", "rope.scaling.finetuned")
 
 
-def read(path: str, dtype: str = "float32"):
+def read(path: str, dtype: str = "float32", place=None):
   """(params as NumPy, model config dict, tokenizers.Tokenizer, tokenizer config, info).
+  place: adapters.build_params's (each tensor placed as it is converted).
 
   Architectures: llama (SmolLM2, Llama 3, Mistral's GGUFs), qwen2, qwen3, gemma3."""
   import gguf
@@ -174,7 +175,7 @@ def read(path: str, dtype: str = "float32"):
                                        ("output.weight", "lin", "unembed", "untied")),
                         layer_rows, prefixes=("",), layer_prefix="blk.{i}.", ignore_tensors=())
   t = adapters.Tensors(get, list(by_name), f"--file {path!r}", ("",), np_dtype)
-  params = adapters.build_params(fam, s, t, np_dtype)
+  params = adapters.build_params(fam, s, t, np_dtype, place=place)
   family = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}[arch]
   cfg = adapters.model_config(s, dataclasses.replace(fam, name=family))
 

@@ -117,8 +117,9 @@ class Weights:
     return x
 
 
-def read(folder: str, dtype: str = "float32"):
-  """(params, model config, tokenizers.Tokenizer, tokenizer config, info)."""
+def read(folder: str, dtype: str = "float32", place=None):
+  """(params, model config, tokenizers.Tokenizer, tokenizer config, info). place:
+  adapters.build_params's (decoder families; each tensor placed as it is converted)."""
   from mha_jax.pretrained import tokenizer as tk
   cfg = _load_config(folder)
   arch = architecture(cfg)
@@ -139,7 +140,7 @@ def read(folder: str, dtype: str = "float32"):
       raise UserError(f"--file {folder!r}: no tokenizer.json")
     t = adapters.Tensors(weights, weights.names(), os.path.join(folder, os.path.basename(
         files[0]) if len(files) == 1 else INDEX), fam.prefixes, _np_dtype(dtype))
-    params = adapters.build_params(fam, settings, t, _np_dtype(dtype))
+    params = adapters.build_params(fam, settings, t, _np_dtype(dtype), place=place)
     mcfg = adapters.model_config(settings, fam)
     tok = tk.from_tokenizer_json(tok_path)
     tok_cfg = dict(bos_id=_int_or(cfg.get("bos_token_id"), -1),
@@ -148,6 +149,9 @@ def read(folder: str, dtype: str = "float32"):
                    chat_template="")
     return params, mcfg, tok, tok_cfg, dict(format="safetensors", files=[
         os.path.basename(f) for f in files], tensor_dtypes=weights.dtypes)
+  if place is not None:
+    raise UserError(f"--file {folder!r}: a BERT model is read whole; --mesh places the "
+                     f"decoder families' tensors as they stream (import it without --mesh)")
   weights = load_safetensors(os.path.join(folder, "model.safetensors"))
   where = os.path.join(folder, "model.safetensors")
   if not os.path.isfile(tok_path):

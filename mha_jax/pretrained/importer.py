@@ -26,12 +26,30 @@ def _sha256(*paths: str) -> str:
   return h.hexdigest()
 
 
+def placer(mesh):
+  """f(dotted param path, NumPy array) -> the array on `mesh`'s devices, heads (and MLP
+  hidden units) split over its "model" axis where it divides them, else replicated
+  (train/sharding.py's rules, the ones training uses)."""
+  import jax
+  from jax.sharding import NamedSharding
+  from mha_jax.train import sharding
+  m = mesh.shape["model"]
+
+  def place(path: str, arr):
+    spec = sharding.spec_of_names(path.split("."), arr.shape, m)
+    return jax.device_put(arr, NamedSharding(mesh, spec))
+  return place
+
+
 def read_model(name: str | None = None, file: str | None = None, dtype: str = "float32",
-               scratch: str | None = None):
+               scratch: str | None = None, mesh=None):
   """(params, config dict, tokenizers.Tokenizer) of a known model or a file/folder.
   dtype: the params' dtype (float32, or bfloat16 / float16 to keep half-precision weights
   as they are). scratch: a folder where a model stored in chunks is assembled (inside
-  the import's own temporary folder)."""
+  the import's own temporary folder). mesh: a jax.sharding.Mesh with a "model" axis:
+  each tensor is placed on it, sharded (placer), as it is converted, so the whole model
+  is never on one device (nor, converted, on the host)."""
+  place = None if mesh is None else placer(mesh)
   if (name is None) == (file is None):
     raise UserError(f"give a known model name ({sorted(registry.KNOWN)}) or --file PATH, "
                      f"not both or neither; got name={name!r}, file={file!r}")
@@ -46,7 +64,7 @@ def read_model(name: str | None = None, file: str | None = None, dtype: str = "f
   if not storage.exists(path):
     raise UserError(f"--file {path!r}: no such file or folder")
   if storage.isdir(path):
-    params, mcfg, tok, tok_cfg, info = hf_folder.read(path, dtype)
+    params, mcfg, tok, tok_cfg, info = hf_folder.read(path, dtype, place=place)
     digest = _sha256(*[storage.join(path, f) for f in info["files"]])
   else:
     with storage.path(path).open("rb") as f:
@@ -54,7 +72,7 @@ def read_model(name: str | None = None, file: str | None = None, dtype: str = "f
     if magic != b"GGUF":
       raise UserError(f"--file {path!r} is neither a GGUF file (its first bytes are "
                        f"{magic!r}, not b'GGUF') nor a Hugging Face folder")
-    params, mcfg, tok, tok_cfg, info = gguf_llama.read(path, dtype)
+    params, mcfg, tok, tok_cfg, info = gguf_llama.read(path, dtype, place=place)
     digest = _sha256(path)
   task = TASK_OF_FAMILY[mcfg["family"]]
   cfg = {"task": task, "model": {**mcfg, "impl": "auto", "dtype": dtype},
@@ -70,9 +88,15 @@ def read_model(name: str | None = None, file: str | None = None, dtype: str = "f
 
 
 def import_model(workdir: str, name: str | None = None, file: str | None = None,
-                 dtype: str = "float32") -> dict:
-  """Writes the workdir; refuses one that exists and is not empty. Returns config dict."""
+                 dtype: str = "float32", mesh: str | None = None) -> dict:
+  """Writes the workdir; refuses one that exists and is not empty. Returns config dict.
+  mesh: None, or "model=4" / "data=2,model=4": the params are placed sharded over that
+  device mesh as they load (read_model) and the checkpoint is written from the shards."""
   from mha_jax.train import checkpoint as ckpt_lib
+  from mha_jax.train import sharding
+  device_mesh = None
+  if mesh is not None:
+    device_mesh = sharding.make_mesh(*sharding.parse_mesh(mesh))
   if storage.exists(workdir) and (not storage.isdir(workdir) or storage.listdir(workdir)):
     raise UserError(f"--workdir {workdir!r} exists and is not empty; import writes a new "
                      f"run and overwrites nothing")
@@ -85,7 +109,7 @@ def import_model(workdir: str, name: str | None = None, file: str | None = None,
   storage.makedirs(tmp)
   try:
     scratch = storage.join(tmp, ".source")      # a chunked model is assembled here
-    params, cfg, tok = read_model(name, file, dtype, scratch=scratch)
+    params, cfg, tok = read_model(name, file, dtype, scratch=scratch, mesh=device_mesh)
     if storage.exists(scratch):
       storage.rmtree(scratch)
     storage.write_json(storage.join(tmp, "config.json"), cfg)

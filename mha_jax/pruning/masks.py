@@ -84,31 +84,46 @@ def gqa_layout(m, num_heads: int, num_kv_heads: int):
 
 def export_pruned(params, mask: dict):
   """Params with the masked heads physically removed. With grouped-query attention a
-  key/value head is removed once all its query heads are (see gqa_layout)."""
+  key/value head is removed once all its query heads are (see gqa_layout).
+
+  A QK-norm over the whole projection (OLMo 2: q_norm (H, K), k_norm (G, K)) takes its
+  mean over every head's features, so a removed head's query (key) still scales the kept
+  heads'. Its projection columns then move to wq_rest / bq_rest (wk_rest / bk_rest):
+  computed for the norm's statistics only (attention.qk_rms_norm), never attended with.
+  The export stays exact; it saves the removed heads' attention and W_O rows, not their
+  Q (K) columns."""
   for stack, layers in mask.items():
     for i, m in enumerate(layers):
       blk = _block(params, stack, i)
       h, g = int(blk["wq"].shape[1]), int(blk["wk"].shape[1])
-      whole = [n for n in ("q_norm", "k_norm") if n in blk and np.ndim(blk[n]) == 2]
-      if whole and not (np.asarray(m) > 0).all():
-        from mha_jax.errors import UserError
-        raise UserError(f"export-pruned: layer {i} of {stack!r} normalises its queries and "
-                        f"keys over all heads at once ({whole}, OLMo 2): removing heads "
-                        f"would change the kept heads' queries; keep the masked model "
-                        f"(gates / mask_params) instead")
       if g == h:
         q = kv = np.flatnonzero(np.asarray(m) > 0)
         real = np.ones(len(q), np.float32)
       else:
         q, kv, real = gqa_layout(m, h, g)
       new = {}
+      gone_q = np.setdiff1d(np.arange(h), q)
+      gone_kv = np.setdiff1d(np.arange(g), kv)
+      for norm, w, b, gone in (("q_norm", "wq", "bq", gone_q), ("k_norm", "wk", "bk", gone_kv)):
+        if norm in blk and np.ndim(blk[norm]) == 2 and len(gone):
+          for src, axis in ((w, 1), (b, 0)):
+            if src in blk:
+              cut = jnp.take(blk[src], gone, axis=axis)
+              old = blk.get(src + "_rest")
+              new[src + "_rest"] = cut if old is None else jnp.concatenate([old, cut], axis)
       for k, v in blk.items():
+        if k in new:
+          continue
         if k == "wq":
           new[k] = v[:, q]
         elif k in ("wk", "wv"):
           new[k] = v[:, kv]
         elif k in ("bk", "bv"):
           new[k] = v[kv]
+        elif k == "k_norm" and np.ndim(v) == 2:
+          new[k] = v[kv]
+        elif k == "q_norm" and np.ndim(v) == 2:
+          new[k] = v[q]
         elif k == "wo":
           new[k] = v[q] * jnp.asarray(real, v.dtype)[:, None, None]
         elif k in ("bq", "rel_bias"):

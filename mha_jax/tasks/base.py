@@ -87,6 +87,10 @@ class LMData(Task, Protocol):
     """(tokens (B, 1 + 2n), copy lengths (B,)): held-out [BOS] r r sequences over the
     task's own vocabulary, for induction scores and circuits."""
 
+  def text_windows(self, split: str, batch: int):
+    """(B, T + 1) windows of the task's own natural text, or None (trained on repeated
+    random tokens): for Olsson et al.'s in-context learning score."""
+
 
 @runtime_checkable
 class PretrainedLMData(LMData, Protocol):
@@ -263,4 +267,5 @@ def init_model(cfg, key, vocab_size: int) -> dict:
   if cfg.task == "translation":
     return seq2seq.init(key, enc_layers=m.enc_layers, dec_layers=m.dec_layers,
                         ln_position=m.ln_position, pos=m.pos, max_rel=m.max_rel, **common)
-  return lm_model.init(key, num_layers=m.num_layers, max_len=m.max_len, pos=m.pos, **common)
+  return lm_model.init(key, num_layers=m.num_layers, max_len=m.max_len, pos=m.pos,
+                       max_rel=m.get("max_rel", 16), **common)

@@ -97,6 +97,12 @@ class LMTask:
     for i in range(max(1, self.cfg.eval.lm_batches)):
       yield self._make(*self._batch(split, i, batch_size)), np.ones(batch_size, np.float32)
 
+  def text_windows(self, split: str, batch: int):
+    """(batch, max_len + 1) [BOS] + text windows of `split`; None for repeated tokens."""
+    if self.cfg.data.kind != "text":
+      return None
+    return self._batch(split, 0, batch)[0]
+
   def repeated_eval_tokens(self, batch: int, seed_offset: int = 7_000_003):
     """Repeated random tokens held out from training. A model trained on text gets them
     over its own vocabulary (BOS is id 0 in both), with n as long as its context allows,

@@ -139,6 +139,10 @@ class PretrainedLMTask(Imported):
                        f"{e.seq_len + 1}")
     return np.stack([s[i * e.seq_len: i * e.seq_len + e.seq_len + 1] for i in range(n)])
 
+  def text_windows(self, split: str, batch: int):
+    """The first `batch` evaluation windows of the built-in text (eval.seq_len + 1)."""
+    return self.windows(split)[:batch]
+
   def eval_batches(self, split: str, batch_size: int):
     w = self.windows(split)
     for idx, weight in base.padded_rows(len(w), batch_size):

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from mha_jax import config as mc
 from mha_jax import storage
 from mha_jax.errors import BadCheckpoint, StorageFault, UserError
 
@@ -321,8 +322,11 @@ def check_model_config(meta: dict, cfg_dict: dict, where: str, config_path: str)
   them are not checked."""
   if not isinstance(meta.get("model"), dict):
     return
-  saved = {"task": meta.get("task"), **{f"model.{k}": v for k, v in meta["model"].items()
-                                        if k not in FREE_MODEL_FIELDS}}
+  added = {k: v for k, v in mc.ADDED_FIELDS.get(meta.get("task"), {}).items()
+           if k.startswith("model.") and k[6:] not in meta["model"]}
+  saved = {"task": meta.get("task"), **added,
+           **{f"model.{k}": v for k, v in meta["model"].items()
+              if k not in FREE_MODEL_FIELDS}}
   now = {"task": cfg_dict.get("task"),
          **{f"model.{k}": v for k, v in (cfg_dict.get("model") or {}).items()
             if k not in FREE_MODEL_FIELDS}}

@@ -16,9 +16,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from mha_jax.errors import UserError
 
-# Param name -> the axis that holds heads (attention) or hidden units (MLP).
+# Param name -> the axis that holds heads (attention) or hidden units (MLP: own models'
+# w1 / w2, the decoder families' w_gate / w_up / w_down).
 _HEAD_AXIS = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "bq": 0, "bk": 0, "bv": 0, "rel_bias": 0}
-_MLP_AXIS = {"w1": 1, "b1": 0, "w2": 0}
+_MLP_AXIS = {"w1": 1, "b1": 0, "w2": 0, "w_gate": 1, "w_up": 1, "b_gate": 0, "b_up": 0,
+             "w_down": 0}
 
 
 def make_mesh(data: int = 0, model: int = 1, devices=None) -> Mesh:
@@ -45,7 +47,12 @@ def _names(path) -> list[str]:
 
 def param_spec(path, shape, model_size: int) -> P:
   """The PartitionSpec of one param (or optimizer moment of it) from its path."""
-  names = _names(path)
+  return spec_of_names(_names(path), shape, model_size)
+
+
+def spec_of_names(names: list[str], shape, model_size: int) -> P:
+  """The PartitionSpec of a param named by its path's keys (["lm", "layer_0", "attn",
+  "wq"]): heads / hidden units over "model" where model_size divides them."""
   if not names:
     return P()
   axis = _HEAD_AXIS.get(names[-1])
@@ -56,6 +63,20 @@ def param_spec(path, shape, model_size: int) -> P:
   spec = [None] * len(shape)
   spec[axis] = "model"
   return P(*spec)
+
+
+def parse_mesh(text: str, flag: str = "--mesh") -> tuple[int, int]:
+  """(data, model) from "model=4" or "data=2,model=4" (data=0: every device left)."""
+  out = {"data": 0, "model": 1}
+  for part in str(text).split(","):
+    key, eq, val = part.strip().partition("=")
+    if not eq or key not in out or not val.strip().isdigit():
+      raise UserError(f"{flag} must look like model=4 or data=2,model=4 (axes data and "
+                       f"model, whole numbers); got {text!r}")
+    out[key] = int(val)
+  if out["model"] < 1:
+    raise UserError(f"{flag}: model must be >= 1; got {text!r}")
+  return out["data"], out["model"]
 
 
 def shardings(tree, mesh: Mesh):

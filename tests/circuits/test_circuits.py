@@ -9,6 +9,7 @@ import pytest
 
 from mha_jax.circuits import paths, report, scores
 from mha_jax.data import repeated_tokens
+from mha_jax.loader import load
 from mha_jax.models import common as C
 from mha_jax.models import lm
 from mha_jax.train import loop
@@ -67,7 +68,7 @@ def test_composition_hand_values_and_random_baseline():
             want - comp["baseline"][kind], rel=1e-9)
 
 
-@pytest.mark.parametrize("pos", ["learned", "qk", "qk_sinusoidal"])
+@pytest.mark.parametrize("pos", ["learned", "qk", "qk_sinusoidal", "relative"])
 def test_path_expansion_sums_to_the_logits(pos):
   p = lm.init(jax.random.PRNGKey(0), vocab_size=30, d_model=16, num_heads=2, num_layers=2,
               d_ff=0, max_len=12, attn_only=True, layer_norm=False, pos=pos)
@@ -75,12 +76,12 @@ def test_path_expansion_sums_to_the_logits(pos):
   tok = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 30)
   logits, cap = lm.apply(p, spec, tok, capture=True)
   pats = [np.asarray(r.weights) for r in cap["lm"]]
-  terms = paths.expand(p, tok, pats, pos_in_residual=pos not in C.QK_POS)
+  terms = paths.expand(p, tok, pats, pos_in_residual=pos not in C.SCORE_POS)
   assert sorted(terms) == ["order_0", "order_1", "order_2"]
   np.testing.assert_allclose(sum(terms.values()), logits, atol=1e-4)
-  single = paths.single_head_terms(p, tok, pats, pos_in_residual=pos not in C.QK_POS)
+  single = paths.single_head_terms(p, tok, pats, pos_in_residual=pos not in C.SCORE_POS)
   np.testing.assert_allclose(sum(single.values()), terms["order_1"], atol=1e-6)
-  rows = paths.term_importance(p, tok, pats, pos_in_residual=pos not in C.QK_POS)
+  rows = paths.term_importance(p, tok, pats, pos_in_residual=pos not in C.SCORE_POS)
   assert rows[-1]["removed"] == "nothing" and rows[-1]["loss_change_vs_full"] == 0.0
   with pytest.raises(ValueError, match="attention-only model without LayerNorm"):
     paths.expand(lm.init(jax.random.PRNGKey(0), vocab_size=30, d_model=16, num_heads=2,
@@ -138,4 +139,15 @@ def test_circuits_runs_on_a_text_model_with_layernorm(tmp_path):
   loop.train(cfg, wd, log=lambda s: None)
   res = report.circuits(wd, log=lambda s: None, samples=20)
   assert len(res["heads"]) == 16 and "term_importance" not in res    # LayerNorm: no paths
+  # Olsson et al.'s ICL score on the run's own text: token 32 (the context) minus token 6.
+  run = load(wd)
+  w = run.task.text_windows("valid", 128)
+  logits = np.asarray(run.task.apply(run.params, {"tokens": w}), np.float64)
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(logp, w[:, 1:, None], -1)[..., 0]
+  last = res["over_steps"][-1]
+  assert (last["text_early_token"], last["text_late_token"]) == (6, 32)
+  assert last["text_icl_score"] == pytest.approx(nll[:, 31].mean() - nll[:, 5].mean(),
+                                                 abs=1e-4)
   assert len(res["composition"]["k"]) == 64 and res["over_steps"][0]["step"] == 3

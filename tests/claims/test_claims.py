@@ -43,7 +43,8 @@ def test_cheap_claims_end_to_end(report):
   assert m["argmin_mix"] == 0.5
   assert rep["whole_token"]["numbers"]["min_share_of_features_read"] == {
       "1": 1.0, "2": 1.0, "4": 1.0, "8": 1.0}
-  assert all(r["verdict"] == H for r in rep.values())
+  assert all(r["settings"]["toy"]["verdict"] == H == r["settings"]["toy"]["per_seed"][0][
+      "verdict"] for r in rep.values())
   md = open(os.path.join(out, "REPORT.md")).read()
   assert sum(l.startswith("| **") for l in md.splitlines()) == 3 and "**holds**" in md and R.mixture_dip.text in md
   assert os.path.getsize(os.path.join(out, "mixture_dip.png")) > 1000
@@ -155,11 +156,17 @@ def test_study_rules_flip():
   assert R.pruning({**n, "bleu_kept": 80.0}) == F
   assert R.pruning({**n, "specialised_share_kept": 0.2}) == F
   k = {"k_partner": "lm.0.1", "previous_token_head": "lm.0.1", "k_row_median": 0.01,
-       "k_partner_score": 0.15, "previous_token_score": 0.95, "prefix_matching": 0.85}
-  assert R.induction_k_composition(k) == H
-  assert R.induction_k_composition({**k, "previous_token_score": 0.5}) == I
+       "k_partner_score": 0.15, "previous_token_score": 0.95, "prefix_matching": 0.85,
+       "k_partner_previous_token": 0.95, "induction_head": "lm.1.0"}
+  assert R.induction_k_composition(k) == H and R.why(R.induction_k_composition, k) == ""
+  assert R.induction_k_composition({**k, "k_partner_previous_token": 0.5}) == I
   assert R.induction_k_composition({**k, "k_row_median": 0.1}) == I
-  assert R.induction_k_composition({**k, "k_partner": "lm.0.0"}) == F
+  assert "3x" in R.why(R.induction_k_composition, {**k, "k_row_median": 0.1})
+  assert R.induction_k_composition({**k, "k_partner_previous_token": 0.2}) == F
+  m = {"share_at_0.99": 0.25, "share_at_0.95": 0.4, "heads": 72}
+  assert R.michel(m) == H
+  assert R.michel({**m, "share_at_0.99": 0.1}) == I
+  assert R.michel({**m, "share_at_0.99": 0.05, "share_at_0.95": 0.1}) == F
   c = {"corner_heads": ["lm.1.1"], "induction_heads": ["lm.1.1"]}
   assert R.positivity_corner(c) == H
   assert R.positivity_corner({**c, "corner_heads": ["lm.1.1", "lm.1.2"]}) == F
@@ -182,9 +189,74 @@ def test_study_rules_flip():
 
 
 def test_every_claim_has_a_rule_with_text():
-  for name, (text, fn, rule, headline) in claims_run.CLAIMS.items():
+  for name, (text, fn, rule, headline, where, source, _) in claims_run.CLAIMS.items():
     assert text and callable(fn) and len(rule.text) > 40, name
     assert headline and all(isinstance(k, str) and k for k in headline), name
+    assert where and set(where) <= set(claims_run.SETTINGS), name
+    assert source in (None, "toy_seeds") or callable(source), name
+
+
+def _unit(seed, verdict, **numbers):
+  return {"seed": seed, "verdict": verdict, "numbers": numbers, "figures": []}
+
+
+def test_seed_aggregation_counts_and_spreads():
+  units = [_unit(0, H, a=0.5, b="x"), _unit(1, F, a=0.2, b="y"), _unit(2, H, a=0.9, b="z")]
+  c = claims_run.aggregate(units, ("a",), seeded=True)
+  assert c["verdict"] == "holds in 2 of 3 seeds (does not hold in 1)"
+  assert c["counts"] == {H: 2, F: 1} and c["spread"] == {"a": [0.2, 0.9]}
+  assert c["seeds"] == [0, 1, 2] and c["numbers"] == units[0]["numbers"]
+  same = claims_run.aggregate([_unit(s, I, a=s) for s in range(3)], ("a",), seeded=True)
+  assert same["verdict"] == "inconclusive in 3 of 3 seeds"
+  one = claims_run.aggregate([_unit(None, F, a=1.0)], ("a",), seeded=True)
+  assert one["verdict"] == "does not hold in 1 of 1 seed"
+  assert claims_run.aggregate([_unit(None, F, a=1.0)], ("a",), seeded=False)[
+      "verdict"] == F
+  assert "2 of 3" in claims_run._cell(c, ("a",)) and "0.2..0.9" in claims_run._cell(c, ("a",))
+
+
+def test_report_has_one_column_per_setting_and_says_why(tmp_path):
+  good = {"k_partner": "lm.0.1", "previous_token_head": "lm.0.1", "k_row_median": 0.01,
+          "k_partner_score": 0.15, "previous_token_score": 0.95, "prefix_matching": 0.85,
+          "k_partner_previous_token": 0.95, "induction_head": "lm.1.0"}
+  soft = {**good, "induction_head": "lm.17.1", "prefix_matching": 0.6}
+  cells = {"toy": claims_run.aggregate([_unit(s, H, **good) for s in range(3)],
+                                       ("prefix_matching",), True),
+           "text": {"verdict": "not run", "reason": "no --text-workdir given"},
+           "smollm2": claims_run.aggregate([_unit(None, R.induction_k_composition(soft),
+                                                  **soft)], ("prefix_matching",), False),
+           "voita": {"verdict": "n/a"}}
+  rep = {"seconds": 1.0, "toy_seeds": [0, 1, 2], "settings": {s: s for s in cells},
+         "claims": [{"name": "induction_k_composition", "claim": "c", "rule": "r",
+                     "paper": "two layers", "settings": cells, "figures": []}]}
+  md = claims_run.format_report(rep).splitlines()
+  head = next(i for i, l in enumerate(md) if l.startswith("| claim |"))
+  assert md[head] == "| claim | toy | text | smollm2 | voita |"
+  row = md[head + 2].split(" | ")
+  assert "holds in 3 of 3 seeds" in row[1] and "not run" in row[2] and row[4] == "n/a |"
+  assert "**inconclusive**" in row[3] and "prefix_matching 0.6" in row[3]
+  why = [l for l in md if l.startswith("**induction_k_composition**")]
+  assert len(why) == 1 and "smollm2" in why[0] and "0.6 (rule: >= 0.8)" in why[0]
+  assert "toy" not in why[0].split("(the papers")[0]
+
+
+def test_settings_columns_in_a_run(tmp_path):
+  out = str(tmp_path / "c")
+  rep = claims_run.run_claims(out, only="pruning,induction_k_composition",
+                              settings="voita,text,minilm", primer=False,
+                              log=lambda s: None)        # nothing given: nothing runs
+  by = {r["name"]: r["settings"] for r in rep["claims"]}
+  assert by["pruning"] == {"text": {"verdict": "n/a"}, "minilm": {"verdict": "n/a"},
+                           "voita": {"verdict": "not run",
+                                     "reason": "no --voita-workdir given"}}
+  assert by["induction_k_composition"]["text"]["verdict"] == "not run"
+  with open(os.path.join(out, "claims.json")) as f:
+    assert list(json.load(f)["settings"]) == ["text", "voita", "minilm"]
+  assert claims_run.parse_settings(None, ["voita"]) == ["toy", "voita"]
+  with pytest.raises(ValueError, match="--settings: unknown setting 'tpu'"):
+    claims_run.run_claims(str(tmp_path / "y"), settings="toy,tpu")
+  with pytest.raises(ValueError, match="--toy-seeds"):
+    claims_run.run_claims(str(tmp_path / "y"), toy_seeds="0,0")
 
 
 def test_primer_in_a_real_browser(report):
@@ -245,9 +317,68 @@ def test_toy_claims_train_and_hold(tmp_path):
   rep = claims_run.run_claims(str(tmp_path), only="one_head_compromises,dk1,wo_mixes",
                               log=lambda s: None)
   by = {r["name"]: r for r in rep["claims"]}
+  assert by["dk1"]["settings"]["toy"]["seeds"] == [0, 1, 2]
   n = by["one_head_compromises"]["numbers"]
   assert n["loss_h1"] > n["loss_h4"] and len(set(n["attention_params"])) == 1
   assert by["dk1"]["numbers"]["argmax_at_extreme_share"] >= 0.99
   assert 0.5 < by["wo_mixes"]["numbers"]["mean_share_outside_slot"] < 1.0
   html = open(tmp_path / "primer.html").read()
   assert '"compromise"' in html and '"dk1"' in html and '"trained_layer"' in html
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tmp_path_factory):
+  """A tiny random Gemma 3 from transformers (3 layers, 4 query heads over 1 key/value
+  head, q/k norms, post-attention norms, MLPs), imported through the one importer."""
+  from test_families import build_hf, save_folder
+  from mha_jax.pretrained import importer
+  base = tmp_path_factory.mktemp("tiny_gemma")
+  model = build_hf("gemma3")
+  importer.import_model(str(base / "w"), file=save_folder(model, base / "hf"))
+  return model, str(base / "w")
+
+
+def test_real_lm_circuit_claims_on_a_tiny_gemma(tiny_gemma, tmp_path):
+  from mha_jax.claims import studies as S
+  model, wd = tiny_gemma
+  ctx = E.Context(out=str(tmp_path), log=lambda s: None)
+  n = S.claim_induction_k_composition(ctx, "gemma3", None, wd)["numbers"]
+  assert n["weight_scores"].startswith("approximate")
+  # The row recomputed from transformers' weights, Gemma's (1 + w) norm scales applied
+  # by hand (input norm on Q, K, V; q/k norms on each head's K columns; the
+  # post-attention norm on W_O's outputs), as |QK OV^T| / (|QK| |OV|) on D x D matrices
+  # (row convention: keys read x_j OV, so the score is x_i QK (x_j OV)^T).
+  sd = {k: v.double().numpy() for k, v in model.state_dict().items()}
+  cfg = model.config
+  k = cfg.head_dim
+
+  def head(layer, h):
+    a = f"model.layers.{layer}.self_attn."
+    g = 1 + sd[f"model.layers.{layer}.input_layernorm.weight"][:, None]
+    wq = g * sd[a + "q_proj.weight"].T[:, h * k:(h + 1) * k] * (1 + sd[a + "q_norm.weight"])
+    wk = g * sd[a + "k_proj.weight"].T[:, :k] * (1 + sd[a + "k_norm.weight"])  # 1 kv head
+    wv = g * sd[a + "v_proj.weight"].T[:, :k]
+    wo = sd[a + "o_proj.weight"].T[h * k:(h + 1) * k] * (
+        1 + sd[f"model.layers.{layer}.post_attention_layernorm.weight"])
+    return wq @ wk.T, wv @ wo
+
+  ll, lh = (int(v) for v in n["induction_head"].split(".")[1:])
+  qk, _ = head(ll, lh)
+  assert n["k_row_size"] == 4 * ll
+  for early, got in n["k_row"].items():
+    _, ov = head(*(int(v) for v in early.split(".")[1:]))
+    want = np.linalg.norm(qk @ ov.T) / (np.linalg.norm(qk) * np.linalg.norm(ov))
+    assert got == pytest.approx(want - n["baseline"], abs=1e-5), early
+  assert n["k_partner"] == max(n["k_row"], key=n["k_row"].get)
+  assert n["k_row_median"] == pytest.approx(np.median(list(n["k_row"].values())))
+  sp = S.claim_composition_sparse(ctx, "gemma3", None, wd)["numbers"]
+  assert sp["pairs"] == 3 * 16 * 3                        # 3 kinds x pairs of layers
+  pc = S.claim_positivity_corner(ctx, "gemma3", None, wd)["numbers"]
+  prev_layer = int(n["previous_token_head"].split(".")[1])
+  assert pc["heads_scored"] == 4 * (3 - 1 - prev_layer)
+  assert set(pc["corner_heads"]) <= set(pc["positivity"])
+  b = S.claim_rests_on_first_token(ctx, "gemma3", None, wd)["numbers"]
+  assert 0.0 <= b["weight_on_bos"] <= 1.0 and b["positions"] > 0
+  for name, fn in (("induction_k_composition", n), ("composition_sparse", sp),
+                   ("positivity_corner", pc), ("rests_on_first_token", b)):
+    assert claims_run.CLAIMS[name][2](fn) in (H, F, I)

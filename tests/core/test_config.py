@@ -60,13 +60,14 @@ def test_incompatible_fields_ignore_resumable_ones():
 
 
 def test_every_shipped_config_loads_and_validates():
-  for spec in ("configs/translation.py", "configs/translation.py:quickstart", "configs/lm.py",
+  for spec in ("configs/translation.py", "configs/translation.py:quickstart",
+               "configs/translation.py:voita", "configs/lm.py",
                "configs/lm.py:attn_only,layers=2", "configs/induction.py",
                "configs/attn_only_text.py"):
     mc.validate(mc.load_config(spec))
   text = mc.load_config("configs/attn_only_text.py")    # the papers' two-layer shape
   assert (text.model.num_heads, text.model.num_layers, text.model.attn_only,
-          text.model.layer_norm, text.model.pos) == (12, 2, True, False, "qk")
+          text.model.layer_norm, text.model.pos) == (12, 2, True, False, "qk_sinusoidal")
   assert len(text.data.text_files) > 100 and all(f.endswith(".py") for f in text.data.text_files)
   sweep = mc.load_config("configs/sweep_heads.py")
   assert [r["overrides"]["model.num_heads"] for r in sweep.runs] == [1, 2, 4, 8, 16, 32, 64]
@@ -89,3 +90,15 @@ def test_configs_saved_before_a_field_existed_load_with_the_value_they_ran_with(
   loop.prepare_workdir(resumed, str(wd))                    # same model: may resume
   with pytest.raises(ValueError, match=r"model.pos: 'sinusoidal' -> 'relative'"):
     loop.prepare_workdir(mc.load_config("configs/translation.py"), str(wd))
+
+
+def test_a_checkpoint_from_before_a_model_field_existed_is_checked_with_its_old_value():
+  from mha_jax.errors import UserError
+  from mha_jax.train import checkpoint as ckpt_lib
+  meta = {"task": "lm", "model": {"d_model": 8, "pos": "qk_sinusoidal"}}   # no max_rel
+  cfg = {"task": "lm", "model": {"d_model": 8, "pos": "qk_sinusoidal",
+                                 "max_rel": mc.ADDED_FIELDS["lm"]["model.max_rel"]}}
+  ckpt_lib.check_model_config(meta, cfg, "checkpoint 5", "config.json")   # the same model
+  cfg["model"]["max_rel"] += 1
+  with pytest.raises(UserError, match=r"model.max_rel: 16 in the checkpoint, 17 in"):
+    ckpt_lib.check_model_config(meta, cfg, "checkpoint 5", "config.json")

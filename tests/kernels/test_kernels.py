@@ -13,11 +13,18 @@ from mha_jax import attention as A
 from mha_jax.kernels import blocked, pallas
 
 
-def reference(q, k, v, mask=None, bias=None, causal=False, table=None):
-  """Explicit weights from attention.py's building blocks; GQA by repeating k, v."""
+def reference(q, k, v, mask=None, bias=None, causal=False, table=None, softcap=None,
+              window=None):
+  """Explicit weights from attention.py's building blocks; GQA by repeating k, v;
+  soft-capping written out (cap * tanh(s / cap)) and the window as a band mask."""
   t, h, s, g = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
   k, v = jnp.repeat(k, h // g, axis=2), jnp.repeat(v, h // g, axis=2)
   sc = A.attention_scores(q, k)
+  if softcap is not None:
+    sc = softcap * jnp.tanh(sc / softcap)
+  if window is not None:
+    band = (jnp.arange(t)[:, None] - jnp.arange(s)[None, :] < window)[None, None]
+    mask = band if mask is None else mask & band
   if bias is not None:
     sc = sc + bias
   if table is not None:
@@ -95,6 +102,62 @@ def test_blocked_matches_reference(b, t, s, h, g, dk, causal, kind, bq, bk, bh):
     assert bool(jnp.any(dead))
     np.testing.assert_array_equal(jnp.where(dead.transpose(0, 2, 1)[..., None], out, 0.0),
                                   jnp.zeros_like(out))
+
+
+# (b, t, s, h, g, causal, extras, block_q, block_k, softcap, window): windows smaller
+# than, equal to and larger than the blocks; ragged T (blocks that do not divide);
+# soft-capping with and without; masks and biases; GQA.
+WINDOW_GRID = [
+    (2, 13, 13, 4, 2, True, "pad", 4, 4, 2.0, 3),         # window < block, ragged T
+    pytest.param(1, 16, 16, 2, 2, True, "rand bias", 4, 4, None, 4,   # window = block
+                 marks=pytest.mark.slow),
+    (2, 11, 11, 4, 1, True, "", 3, 4, 1.5, 9),            # window > block, MQA
+    pytest.param(1, 10, 14, 2, 2, False, "pad", 4, 3, 3.0, 5,   # not causal, T != S
+                 marks=pytest.mark.slow),
+    pytest.param(2, 9, 9, 4, 4, True, "rand", 4, 4, 2.5, None,  # soft-cap alone
+                 marks=pytest.mark.slow),
+    pytest.param(1, 12, 12, 2, 1, False, "bias", 5, 5, 2.0, None, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("b,t,s,h,g,causal,kind,bq,bk,cap,window", WINDOW_GRID)
+def test_blocked_window_and_softcap_match_reference(b, t, s, h, g, causal, kind, bq, bk,
+                                                    cap, window):
+  """Forward and gradients (q, k, v, bias) against the reference with the cap written
+  out and the window as a dense band mask."""
+  q, k, v = _inputs(b, t, s, h, g, 8)
+  q = 3.0 * q          # scores well past the cap
+  mask, bias, _ = _extras(kind, b, h, t, s)
+  f = lambda q, k, v, bias: blocked.blocked_attention(
+      q, k, v, mask, bias, causal=causal, block_q=bq, block_k=bk, softcap=cap,
+      window=window)
+  r = lambda q, k, v, bias: reference(q, k, v, mask, bias, causal, softcap=cap,
+                                      window=window)
+  _check(f, r, (q, k, v, bias), (0, 1, 2) + ((3,) if bias is not None else ()))
+  if cap is not None:   # the cap changes the answer (the test can fail)
+    plain = reference(q, k, v, mask, bias, causal, window=window)
+    assert float(jnp.max(jnp.abs(plain - r(q, k, v, bias)))) > 1e-2
+
+
+def test_blocked_window_skips_the_blocks_outside_it():
+  """Key blocks wholly outside every query's window are never read: NaN values there
+  reach only the queries whose window covers them (a dense band mask would read them,
+  and 0 * NaN is NaN), forward and backward."""
+  t, bq, window = 16, 4, 4
+  q, k, v = _inputs(1, t, t, 2, 2, 8)
+  v = v.at[:, :4].set(jnp.nan)          # key block 0: seen by queries 0..6 only
+  f = lambda q, k, v: blocked.blocked_attention(q, k, v, causal=True, block_q=bq,
+                                                block_k=bq, window=window)
+  o = jax.jit(f)(q, k, v)
+  assert bool(jnp.all(jnp.isnan(o[:, :4])))
+  assert bool(jnp.all(jnp.isfinite(o[:, 8:])))
+  ct = jnp.zeros_like(o).at[:, 8:].set(1.0)
+  dq = jax.grad(lambda q: jnp.sum(jnp.nan_to_num(f(q, k, v)) * ct))(q)
+  assert bool(jnp.all(jnp.isfinite(dq[:, 8:])))
+  dense = jnp.tril(jnp.ones((t, t), bool)) & (
+      jnp.arange(t)[:, None] - jnp.arange(t)[None, :] < window)
+  o_dense = blocked.blocked_attention(q, k, v, dense[None, None], block_q=bq, block_k=bq)
+  assert bool(jnp.any(jnp.isnan(o_dense[:, 8:])))    # what skipping avoids
 
 
 def test_blocked_value_width_may_differ_and_bfloat16_runs():
@@ -180,8 +243,22 @@ def test_pallas_tpu_kernels_interpret_match_reference(kernel):
       _check(f, r, (q, k, v), (0, 1, 2))
 
 
+@pytest.mark.slow
+def test_pallas_tpu_splash_softcap_interpret_matches_reference():
+  q, k, v = _inputs(1, 128, 128, 2, 2, 32)
+  q = 3.0 * q
+  f = lambda q, k, v: pallas.pallas_attention(q, k, v, causal=True, kernel="tpu_splash",
+                                              interpret=True, softcap=2.0)
+  with pallas.pallas_tpu_interpret():
+    _check(f, lambda q, k, v: reference(q, k, v, causal=True, softcap=2.0), (q, k, v),
+           (0, 1, 2))
+
+
 def test_pallas_refuses_what_it_cannot_serve():
   q, k, v = _inputs(1, 32, 32, 2, 2, 16)
+  for kernel in ("gpu", "tpu_flash"):
+    with pytest.raises(ValueError, match="no attention-logit soft-capping.*tpu_splash"):
+      pallas.pallas_attention(q, k, v, kernel=kernel, interpret=True, softcap=2.0)
   with pytest.raises(ValueError, match="needs a GPU"):
     pallas.pallas_attention(q, k, v, kernel="gpu")
   with pytest.raises(ValueError, match="needs a GPU or TPU"):
@@ -246,6 +323,35 @@ def test_every_impl_agrees_with_reference_through_the_layer(h, g, t, s, kind):
     got = loss(impl)(p, x, ctx)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4),
                  got, gwant)
+
+
+@pytest.mark.parametrize("kind", ["mask causal", pytest.param("mask gates",
+                                                             marks=pytest.mark.slow)])
+def test_softcap_and_window_through_the_layer_in_every_kernel(kind):
+  """softcap with a window, causal or not, with a mask: xla, blocked and auto give the
+  reference's outputs and gradients; cudnn refuses the cap by name."""
+  from mha_jax.kernels import dispatch
+  p, x, ctx, kw = _layer_case(4, 2, 11, 11, kind)
+  p = dict(p, wq=3.0 * p["wq"])
+  kw = dict(kw, softcap=1.5, window=4)
+
+  def f(impl):
+    return jax.jit(lambda p, x: A.multi_head_attention(p, x, impl=impl, **kw))
+
+  def loss(impl):
+    return jax.jit(jax.grad(lambda p, x: jnp.sum(jnp.sin(
+        A.multi_head_attention(p, x, impl=impl, **kw))), argnums=(0, 1)))
+
+  want, gwant = f("reference")(p, x), loss("reference")(p, x)
+  no_cap = A.multi_head_attention(p, x, impl="reference", **dict(kw, softcap=None))
+  assert float(jnp.max(jnp.abs(no_cap - want))) > 1e-2
+  for impl in ("xla", "blocked", "auto"):
+    np.testing.assert_allclose(f(impl)(p, x), want, atol=1e-5, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4),
+                 loss(impl)(p, x), gwant)
+  q = jnp.zeros((1, 4, 2, 8))
+  with pytest.raises(ValueError, match="softcap.*cudnn"):
+    dispatch.run_kernel("cudnn", q, q, q, None, True, None, softcap=2.0)
 
 
 def test_auto_picks_by_memory_and_weights():

@@ -87,6 +87,38 @@ def test_attention_only_lm_without_layernorm_has_only_attention():
     lm.apply(p, spec, jnp.zeros((1, 13), jnp.int32))
 
 
+@pytest.mark.parametrize("pos", ["qk_sinusoidal", "relative"])
+def test_lm_positions_that_reach_only_the_scores(pos):
+  kw = dict(vocab_size=20, d_model=16, num_heads=2, num_layers=2, d_ff=0, max_len=12,
+            attn_only=True, layer_norm=False, pos=pos, max_rel=3)
+  p = lm.init(jax.random.PRNGKey(0), **kw)
+  assert "pos_embed" not in p
+  assert ("rel_bias" in p["lm"]["layer_1"]["attn"]) == (pos == "relative")
+  spec = C.ModelSpec("lm", layer_norm=False, attn_only=True, pos=pos)
+  x = (jnp.arange(10)[None] * 7) % 20
+  logits, cap = lm.apply(p, spec, x, capture=True)
+  resid = p["embed"][x]                  # no positions in the residual stream
+  for layer_cap in cap["lm"]:
+    resid = resid + layer_cap.out
+  np.testing.assert_allclose(logits, resid @ p["unembed"], atol=1e-5)
+  if pos == "qk_sinusoidal":             # the sinusoids do move the attention patterns
+    q = p["lm"]["layer_0"]["attn"]
+    k_in = p["embed"][x][0] + C.sinusoidal(10, 16)
+    qs = np.einsum("td,dhk->htk", np.asarray(k_in), np.asarray(q["wq"]).reshape(16, 2, 8))
+    ks = np.einsum("td,dhk->htk", np.asarray(k_in), np.asarray(q["wk"]).reshape(16, 2, 8))
+    sc = np.einsum("htk,hsk->hts", qs, ks) / np.sqrt(8)
+    sc = np.where(np.tril(np.ones((10, 10), bool)), sc, -np.inf)
+    want = np.exp(sc - sc.max(-1, keepdims=True))
+    np.testing.assert_allclose(cap["lm"][0].weights[0], want / want.sum(-1, keepdims=True),
+                               atol=1e-5)
+  else:                                  # a bias on offset -1: head 0 attends to t-1
+    blk = p["lm"]["layer_0"]["attn"]
+    blk["rel_bias"] = blk["rel_bias"].at[0, 2].set(30.0)
+    _, cap = lm.apply(p, spec, x, capture=True)
+    w = np.asarray(cap["lm"][0].weights)[0, 0]
+    np.testing.assert_array_equal(w[1:].argmax(-1), np.arange(9))
+
+
 def test_model_with_a_layer_of_zero_heads_runs(s2s):
   p, src, tgt = s2s
   blk = p["encoder"]["layer_0"]["self_attn"]

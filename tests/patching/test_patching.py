@@ -340,18 +340,19 @@ def test_good_pairs_file(tmp_path):
 # ---------------------------------------------------------------------- the command
 
 
-def test_patch_command_on_a_trained_lm(tmp_path):
-  from mha_jax.train import loop
-  from helpers import tiny
-  wd = str(tmp_path / "text")
-  cfg = tiny("configs/lm.py:attn_only,layers=2", [
-      "--config.train.progress=false", "--config.train.steps=2", "--config.data.tokenizer=bytes",
-      "--config.model.d_model=16", "--config.model.max_len=32", "--config.train.batch_size=4",
-      "--config.eval.batch_size=4", "--config.eval.lm_batches=1"])
-  loop.train(cfg, wd, log=lambda s: None)
-  out = str(tmp_path / "patch")
+@pytest.fixture(scope="module")
+def patched(tiny_attn_lm, tmp_path_factory):
+  """(workdir, out, config): `mha-jax patch` (all methods) on a 2-step attention-only LM."""
+  wd, cfg = tiny_attn_lm
+  tmp = tmp_path_factory.mktemp("patched")
+  out = str(tmp / "patch")
   assert cli.main(["patch", "--workdir", wd, "--task", "induction", "--n-pairs", "3",
                    "--method", "activation,path,attribution", "--out", out]) == 0
+  return wd, out, cfg
+
+
+def test_patch_command_on_a_trained_lm(patched, tmp_path):
+  wd, out, cfg = patched
   doc = json.load(open(os.path.join(out, "patching.json")))
   heads = cfg.model.num_heads
   assert set(doc["scores"]) == {"head_out", "q", "k", "v"}         # MHA: no kv tables
@@ -371,3 +372,122 @@ def test_patch_command_on_a_trained_lm(tmp_path):
   bad.write_text('{"clean": "ab", "corrupt": "abc", "answer": "d", "wrong": "e"}\n')
   assert cli.main(["patch", "--workdir", wd, "--pairs", str(bad), "--out", out]) == 2
   assert cli.main(["patch", "--workdir", wd, "--task", "ioi", "--out", out]) == 2
+
+
+# ---------------------------------------------------------------------- the explorer page
+
+
+def _cells(page):
+  """{name: value} of the heatmap's cells as the page holds them."""
+  got = page.eval_on_selector_all("#pgrid td.cell",
+                                  "ts => ts.map(t => [t.dataset.name, +t.dataset.value])")
+  return dict(got)
+
+
+def test_the_explorer_shows_what_patch_wrote(patched):
+  from helpers import open_page
+  _, out, cfg = patched
+  path = os.path.join(out, "explorer.html")
+  assert "http" not in open(path).read().replace("http-equiv", "")
+  doc = json.load(open(os.path.join(out, "patching.json")))
+  dla = json.load(open(os.path.join(out, "dla.json")))
+  atp = json.load(open(os.path.join(out, "attribution.json")))
+  paths = json.load(open(os.path.join(out, "path.json")))
+  want = {**{f"patch.{k}": v for k, v in doc["scores"].items()}, "dla.heads": dla["heads"],
+          "atp.head_out": atp["scores"]["head_out"], "path.to_logits": paths["to_logits"],
+          "patch.resid": {f"{n} position {j}": v for n, row in doc["resid"].items()
+                          for j, v in enumerate(row)}}
+  playwright = pytest.importorskip("playwright.sync_api")
+  with playwright.sync_playwright() as p:
+    browser, page, errors, requests = open_page(p, path)
+    for table, values in want.items():
+      page.select_option("#ptable", table)
+      assert _cells(page) == values, table
+    page.select_option("#ptable", "patch.head_out")
+    assert not page.is_visible("#ppos")         # no --per-position: no position table
+    head_out = doc["scores"]["head_out"]
+    name = max(head_out, key=lambda n: abs(head_out[n]))
+    page.hover(f"#pgrid td.cell[data-name='{name}']")
+    assert page.inner_text("#phover") == f"{name} head_out = {head_out[name]:+.3f}"
+    top = page.eval_on_selector_all("#ptop tr.top", "rs => rs.map(r => r.dataset.name)")
+    assert top == sorted(head_out, key=lambda n: -abs(head_out[n]))[:10]
+    assert page.locator("#pscatter circle").count() == 2 * cfg.model.num_heads
+    assert page.locator("#pedges tr.edge").count() == len(paths["edges"])
+    assert page.locator("#ppairs tr.pair").count() == len(doc["pairs"]) == 3
+    assert page.locator("#plens tr.lens").count() == len(doc["logit_lens"]["layers"])
+    # A head's cell opens its attention pattern on the first pair's clean prompt: causal
+    # rows that sum to 1 (to the page's 2 decimals), one row per token of the prompt.
+    page.click("#pgrid td.cell[data-name='lm.1.0']")
+    assert page.is_visible("#attn-view") and not page.is_visible("#patch-view")
+    assert page.inner_text("#info").startswith("lm.1.0 role: ")
+    rows = page.eval_on_selector_all("#att tr.row", "rs => rs.map(r => [...r.querySelectorAll("
+                                     "'td.w')].map(td => +td.dataset.w))")
+    w = np.asarray(rows)
+    assert w.shape == (doc["pairs"][0]["length"],) * 2
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=0.03)
+    assert np.triu(w, 1).max() == 0.0
+    assert errors == [] and requests == []
+    browser.close()
+
+
+def test_a_written_result_gets_its_attention_view_from_the_same_run_only(patched, tmp_path):
+  import shutil
+  from mha_jax.patching import explorer
+  wd, out, _ = patched
+  copy = str(tmp_path / "copy")
+  shutil.copytree(out, copy)
+  os.remove(os.path.join(copy, "explorer.html"))
+  assert explorer.main([copy, "--workdir", wd, "--attention-pairs", "1"]) == 0
+  def page_json(d):
+    text = open(os.path.join(d, "explorer.html")).read()
+    return json.loads(text.split('<script id="data" type="application/json">', 1)[1]
+                      .split("</script>", 1)[0])
+  again, first = page_json(copy), page_json(out)
+  assert again["weights"] == first["weights"][:2]     # pair 0's clean and corrupt prompts
+  assert again["patching"] == first["patching"]
+  doc = json.load(open(os.path.join(copy, "patching.json")))
+  doc["pairs"][1]["ld_clean"] += 5.0                  # another model would give another LD
+  with open(os.path.join(copy, "patching.json"), "w") as f:
+    json.dump(doc, f)
+  with pytest.raises(UserError, match="other logit differences"):
+    explorer.main([copy, "--workdir", wd])
+
+
+def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tmp_path):
+  from mha_jax.patching import explorer
+  from helpers import open_page
+  src = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "patching", "ioi")
+  out = str(tmp_path / "ioi")
+  os.makedirs(out)
+  for f in ("patching.json", "dla.json", "attribution.json", "path.json"):
+    with open(os.path.join(src, f)) as a, open(os.path.join(out, f), "w") as b:
+      b.write(a.read())
+  # --per-position's table, planted (the committed run has none): one value per position.
+  doc = json.load(open(os.path.join(out, "patching.json")))
+  rng = np.random.default_rng(0)
+  doc["head_out_per_position"] = {n: [round(float(v), 6) for v in rng.normal(size=15)]
+                                  for n in doc["scores"]["head_out"]}
+  doc["scores"]["q"]["lm.0.0"] = float("nan")       # a NaN the JSON may hold: a blank cell
+  with open(os.path.join(out, "patching.json"), "w") as f:
+    json.dump(doc, f)
+  path = explorer.write(out)
+  playwright = pytest.importorskip("playwright.sync_api")
+  with playwright.sync_playwright() as p:
+    browser, page, errors, requests = open_page(p, path)
+    assert page.locator("#views button").count() == 0        # no model: no attention view
+    for k in ("k_kv", "v_kv"):
+      page.select_option("#ptable", f"patch.{k}")
+      assert _cells(page) == doc["scores"][k] and len(doc["scores"][k]) == 30 * 3
+    page.select_option("#ptable", "patch.q")
+    q = {n: v for n, v in doc["scores"]["q"].items() if n != "lm.0.0"}
+    assert _cells(page) == q and page.locator("#pgrid td.none").count() == 1
+    page.select_option("#ptable", "patch.head_out_per_position")
+    for j in (0, 14):
+      page.select_option("#ppos", str(j))
+      assert _cells(page) == {n: v[j] for n, v in doc["head_out_per_position"].items()}
+    page.select_option("#ptable", "dla.mlp")
+    assert _cells(page) == json.load(open(os.path.join(out, "dla.json")))["mlp"]
+    assert errors == [] and requests == []
+    browser.close()
+  with pytest.raises(ValueError, match="out must be a folder"):
+    explorer.write(str(tmp_path))

@@ -12,6 +12,7 @@ torch and transformers are test-only references (setup.cfg's test extra).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -59,6 +60,18 @@ CASES = {
                   dict(_LL, rope_parameters={"rope_theta": 1000.0, "rope_type": "yarn",
                                              "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
                                              "original_max_position_embeddings": 16})),
+    # switch length 16: TOKENS (T = 24) are past it; test_rope_by_length goes under too
+    "dynamic_rope": ("LlamaConfig", "LlamaForCausalLM",
+                     dict(_LL, max_position_embeddings=16,
+                          rope_parameters={"rope_theta": 1000.0, "rope_type": "dynamic",
+                                           "factor": 3.0})),
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM",
+                      dict(_LL, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                           max_position_embeddings=64, original_max_position_embeddings=16,
+                           rope_parameters={"rope_theta": 700.0, "rope_type": "longrope",
+                                            "partial_rotary_factor": 0.5,
+                                            "short_factor": [1.0, 1.3, 1.7, 2.2],
+                                            "long_factor": [1.5, 3.0, 6.0, 11.0]})),
     "mistral": ("MistralConfig", "MistralForCausalLM",
                 dict(_LL, head_dim=16, sliding_window=WINDOW,
                      rope_parameters={"rope_theta": 300.0, "rope_type": "default"})),
@@ -181,7 +194,6 @@ def test_sliding_windows_matter_and_every_kernel_serves_them(imported):
   model, run, _ = imported("mistral")
   spec = run.task.spec
   assert set(spec.window) == {WINDOW}
-  import dataclasses
   ref = np.asarray(decoder.apply(run.params, dataclasses.replace(spec, impl="reference"),
                                  TOKENS))
   no_window = np.asarray(decoder.apply(run.params, dataclasses.replace(
@@ -206,6 +218,37 @@ def test_kv_cache_decoding_across_the_window_matches_transformers(imported):
   full = np.concatenate([prompt, new], 1)
   ref = hf_logits(model, full)[0, 5:-1]
   assert rel_err(logits[0], ref) < RTOL
+
+
+@pytest.mark.parametrize("case", ["dynamic_rope", "phi3_longrope"])
+def test_rope_by_length_under_and_over_the_switch_and_in_generate(imported, case):
+  """Dynamic NTK and LongRoPE change the frequencies with the call's length: logits
+  match transformers under the switch length (16) and over it, and greedy decoding with
+  the KV cache across it gives transformers' generate tokens and logits (LongRoPE: the
+  cache rebuilt at the switch, as Phi-3 does)."""
+  from mha_jax.models import decoder
+  model, run, _ = imported(case)
+  spec = run.task.spec
+  assert 16 == spec.layer("rope", 0).max_positions
+  errs = {}
+  for t in (12, T):   # the short call first: it resets transformers' dynamic state
+    ref = hf_logits(model, TOKENS[:, :t])
+    errs[t] = rel_err(np.asarray(run.task.logits(run.params, TOKENS[:, :t])), ref)
+  fixed = dataclasses.replace(spec, rope=tuple(
+      dataclasses.replace(r, dynamic_factor=None, long_inv_freq=None, max_positions=None)
+      for r in spec.rope))     # the short frequencies at every length: differs past 16
+  assert rel_err(np.asarray(decoder.apply(run.params, fixed, TOKENS)),
+                 hf_logits(model, TOKENS)) > 1e-3
+  prompt = TOKENS[:1, :10]
+  new, logits = decoder.generate(run.params, spec, prompt, 12, return_logits=True)
+  model.generation_config.eos_token_id = None    # no stop, no eos suppression
+  with torch.no_grad():
+    out = model.generate(torch.as_tensor(prompt, dtype=torch.long), max_new_tokens=12,
+                         do_sample=False, return_dict_in_generate=True, output_logits=True)
+  np.testing.assert_array_equal(new[0], out.sequences[0, 10:].numpy())
+  errs["generate"] = rel_err(logits[0], torch.stack(out.logits, 1)[0].double().numpy())
+  print(f"\n{case}: max relative logit error vs transformers {errs}")
+  assert max(errs.values()) < RTOL, errs
 
 
 # --------------------------------------------------------------------------
@@ -283,9 +326,10 @@ def test_keys_with_unimplemented_values_are_refused_by_name(family, key, value, 
 
 
 ROPE_REFUSALS = [
-    ({"rope_type": "dynamic", "factor": 2.0}, "rope_type.*dynamic"),
+    ({"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8},
+     "original_max_position_embeddings"),
     ({"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8},
-     "rope_type.*longrope"),
+     "rope_type.*longrope.*Phi-3"),
     ({"rope_type": "default", "mrope_section": [2, 2]}, "mrope_section"),
     ({"rope_type": "linear"}, "factor"),
     ({"rope_type": "llama3", "factor": 8.0}, "low_freq_factor"),
@@ -408,6 +452,69 @@ def test_bf16_folder_and_dtype_bfloat16(tmp_path):
 
 
 # --------------------------------------------------------------------------
+# Import onto a device mesh: each tensor placed sharded as it streams.
+# --------------------------------------------------------------------------
+
+_MESH_SCRIPT = r"""
+import json, sys
+import jax, numpy as np
+from mha_jax import cli
+from mha_jax.models import decoder
+from mha_jax.pretrained import importer
+from mha_jax.train import sharding
+folder, workdir, tokens = sys.argv[1], sys.argv[2], np.asarray(json.loads(sys.argv[3]))
+mesh = sharding.make_mesh(*sharding.parse_mesh("model=2"))
+params, cfg, _ = importer.read_model(file=folder, mesh=mesh)
+specs, shards = {}, {}
+for name, a in params["lm"]["layer_0"]["attn"].items():
+  specs[name] = [str(x) for x in a.sharding.spec]
+  shards[name] = sorted({tuple(s.data.shape) for s in a.addressable_shards})
+specs["mlp.w_up"] = [str(x) for x in params["lm"]["layer_0"]["mlp"]["w_up"].sharding.spec]
+spec = decoder.spec_from_config(cfg["model"])
+logits = jax.jit(decoder.apply, static_argnums=1)(params, spec, tokens)
+cli.main(["import", "--file", folder, "--mesh", "model=2", "--workdir", workdir])
+print("RESULT" + json.dumps({"devices": len(jax.devices()), "mesh": dict(mesh.shape),
+                             "specs": specs, "shards": shards,
+                             "logits": np.asarray(logits).tolist()}))
+"""
+
+
+def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
+  """4 CPU devices, --mesh model=2 (data 2): q/k/v heads and W_O's rows split over
+  "model" as each tensor loads; the sharded params' logits equal the plain import's, and
+  `mha-jax import --mesh` writes a workdir with the same logits."""
+  import subprocess
+  import sys
+  from mha_jax.train import sharding
+  model, run, folder = imported("llama")          # H = 4 query heads, G = 2 kv heads
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+         "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+  r = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, folder, str(tmp_path / "w"),
+                      json.dumps(TOKENS.tolist())], env=env, cwd=root, capture_output=True,
+                     text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+  res = json.loads(r.stdout.split("RESULT")[1])
+  assert res["devices"] == 4 and res["mesh"] == {"data": 2, "model": 2}
+  heads = ["None", "model", "None"]
+  assert res["specs"]["wq"] == res["specs"]["wk"] == res["specs"]["wv"] == heads
+  assert res["specs"]["wo"] == ["model", "None", "None"]
+  assert res["specs"]["bq"] == ["model", "None"] and res["specs"]["mlp.w_up"] == [
+      "None", "model"]
+  assert res["shards"]["wq"] == [[64, 2, 24]] and res["shards"]["wk"] == [[64, 1, 24]]
+  assert res["shards"]["wo"] == [[2, 24, 64]]
+  plain = np.asarray(run.task.logits(run.params, TOKENS))
+  err = rel_err(np.asarray(res["logits"]), plain)
+  print(f"\nsharded import (4 devices, model=2) vs plain import: max rel logit error {err:.1e}")
+  assert err < 1e-5
+  run_w = mha_jax.load(str(tmp_path / "w"))
+  assert rel_err(np.asarray(run_w.task.logits(run_w.params, TOKENS)), plain) < 1e-6
+  for bad in ("model=x", "heads=2", "model=0", "4"):
+    with pytest.raises(ValueError, match="--mesh"):
+      sharding.parse_mesh(bad)
+
+
+# --------------------------------------------------------------------------
 # Studies on a GQA and an MQA family.
 # --------------------------------------------------------------------------
 
@@ -522,13 +629,33 @@ def test_gguf_round_trip_of_a_qwen3_model(tmp_path):
   assert err < RTOL
 
 
-def test_export_pruned_refuses_whole_projection_qk_norm(imported):
-  """OLMo 2 normalises all heads' queries together: removing a head is not exact."""
+def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
+  """OLMo 2 normalises all heads' queries (keys) together: the removed heads' Q (K)
+  columns stay as wq_rest / wk_rest for the norm's statistics, and the export's logits
+  equal the masked model's (a whole kv head removed in layer 0, GQA padding in layer 1;
+  exported twice over)."""
   from mha_jax.models import common as C
   from mha_jax.pruning import masks as M
-  _, run, _ = imported("olmo2")
+  _, run, _ = imported("olmo2")                     # H = 4, G = 2
   mask = {"lm": [np.ones(4, np.float32) for _ in C.layers_of(run.params["lm"])]}
-  assert M.export_pruned(run.params, mask) is not None        # nothing removed: fine
-  mask["lm"][0][1] = 0
-  with pytest.raises(ValueError, match="q_norm"):
-    M.export_pruned(M.mask_params(run.params, mask), mask)
+  mask["lm"][0][[0, 1]] = 0
+  mask["lm"][1][2] = 0
+  masked = M.mask_params(run.params, mask)
+  pruned = M.export_pruned(masked, mask)
+  a0, a1 = pruned["lm"]["layer_0"]["attn"], pruned["lm"]["layer_1"]["attn"]
+  assert a0["wq"].shape[1] == 2 and a0["wk"].shape[1] == 1 and a0["q_norm"].shape == (2, 16)
+  assert a0["wq_rest"].shape[1] == 2 and a0["wk_rest"].shape[1] == 1
+  assert a1["wq"].shape[1] == 4 and "wq_rest" not in a1      # padding: nothing removed
+  want = np.asarray(run.task.logits(masked, TOKENS))
+  err = rel_err(np.asarray(run.task.logits(pruned, TOKENS)), want)
+  print(f"\nOLMo 2 export-pruned vs the masked model: max rel logit error {err:.1e}")
+  assert err < RTOL
+  without = {**pruned, "lm": {**pruned["lm"], "layer_0": {**pruned["lm"]["layer_0"], "attn": {
+      k: v for k, v in a0.items() if not k.endswith("_rest")}}}}
+  assert rel_err(np.asarray(run.task.logits(without, TOKENS)), want) > 1e-3
+  mask2 = {"lm": [np.array([1.0, 0.0], np.float32), np.ones(4, np.float32)]}
+  twice = M.export_pruned(M.mask_params(pruned, mask2), mask2)
+  assert twice["lm"]["layer_0"]["attn"]["wq_rest"].shape[1] == 3
+  mask["lm"][0][3] = 0
+  assert rel_err(np.asarray(run.task.logits(twice, TOKENS)),
+                 np.asarray(run.task.logits(M.mask_params(run.params, mask), TOKENS))) < RTOL

@@ -1,0 +1,149 @@
+"""The explorer's patching view: the JSON that `mha-jax patch` wrote, in one page.
+
+The page is the one explorer (mha_jax/assets/explorer.{html,css,js}): it shows a
+patching view when the data has "patching", the attention view when it has "weights"
+(here: the patterns of the first pairs' clean and corrupt prompts, from the study's own
+forward), and both with a switch between them. The patching data is read back from the
+files in the output folder, so a committed result gets its page without the model.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from mha_jax import assets, storage
+from mha_jax.analysis import roles as roles_lib
+from mha_jax.errors import UserError
+from mha_jax.patching import core, pairs as pairs_lib
+
+FILES = ("patching", "dla", "attribution", "path")
+
+
+def _finite(x):
+  """NaN and infinities as None (JSON.parse refuses them)."""
+  if isinstance(x, float):
+    return x if np.isfinite(x) else None
+  if isinstance(x, dict):
+    return {k: _finite(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return [_finite(v) for v in x]
+  return x
+
+
+def _read(out: str, name: str):
+  path = storage.join(out, f"{name}.json")
+  if not storage.exists(path):
+    return None
+  return _finite(json.loads(storage.read_text(path)))
+
+
+def patching_data(out: str) -> dict:
+  """{"patching": ..., "dla": ..., "attribution": ..., "path": ...}: the files of a
+  `mha-jax patch` folder as they are (those present)."""
+  found = {name: _read(out, name) for name in FILES}
+  if found["patching"] is None and found["dla"] is None:
+    raise ValueError(f"out must be a folder `mha-jax patch` wrote (patching.json or "
+                     f"dla.json); got {out!r}")
+  return {k: v for k, v in found.items() if v is not None}
+
+
+def _token_strings(task, ids) -> list[str]:
+  tok = getattr(task, "tokenizer", None)
+  if tok is None:
+    return [str(int(i)) for i in ids]
+  return [tok.decode([int(i)]) or f"<{int(i)}>" for i in ids]
+
+
+def attention_data(study, task, pairs: int = 2, digits: int = 2) -> dict:
+  """The attention view's JSON for the first `pairs` pairs, clean and corrupt prompts:
+  `weights[sentence]["lm"][layer][head][query][key]` from the study's own forward
+  (the `lm.{i}.attn.pattern` sites)."""
+  n = min(pairs, study.n)
+  read = [f"lm.{i}.attn.pattern" for i in range(study.layers)]
+  sents, weights = [], []
+  for run in ("clean", "corrupt"):
+    vals = study.values(run, read)
+    ids = np.asarray(study.pairs.clean if run == "clean" else study.pairs.corrupt)
+    for b in range(n):
+      t = int(study.pairs.length[b])
+      sents.append({"tokens": _token_strings(task, ids[b, :t]), "label": f"pair {b} {run}"})
+      weights.append({"lm": [np.round(np.asarray(vals[s][b], np.float64)[:, :t, :t],
+                                      digits).tolist() for s in read]})
+  order = [i for b in range(n) for i in (b, n + b)]     # pair 0 clean, pair 0 corrupt, ...
+  return {"sentences": [sents[i] for i in order], "weights": [weights[i] for i in order],
+          "stacks": ["lm"], "roles": {}, "colors": roles_lib.ROLE_COLORS}
+
+
+def rebuilt_study(out: str, run):
+  """The Study of a written result's pairs on `run` (a `mha_jax.load`): IOI and
+  induction pairs made again as `patch` made them (seed 0), a pairs file's pairs from
+  their text; refused unless their token ids, lengths and clean logit differences are
+  the ones patching.json recorded (another model or other pairs)."""
+  doc = _read(out, "patching")
+  if doc is None or not doc.get("pairs"):
+    raise UserError(f"{out!r} has no patching.json with pairs")
+  rec = doc["pairs"]
+  if doc.get("task") == "ioi":
+    pairs = pairs_lib.ioi_pairs(run.task, len(rec), 0)
+  elif doc.get("task") == "induction":
+    pairs = pairs_lib.induction_pairs(run.task, len(rec), seed=0)
+  else:
+    with tempfile.TemporaryDirectory() as tmp:       # the pairs file again, from its text
+      path = os.path.join(tmp, "pairs.jsonl")
+      storage.write_text(path, "".join(json.dumps(
+          {f: p[f] for f in ("clean", "corrupt", "answer", "wrong")}) + "\n" for p in rec))
+      pairs = pairs_lib.read_pairs(run.task, path)
+  got = [(p["answer_id"], p["wrong_id"], p["length"]) for p in pairs.to_json()]
+  if got != [(p["answer_id"], p["wrong_id"], p["length"]) for p in rec]:
+    raise UserError(f"the pairs made again on {run.workdir!r} are not those of {out!r}")
+  study = core.Study(run.task, run.params, pairs)
+  want = np.asarray([p["ld_clean"] for p in rec])
+  if not np.allclose(study.ld_clean, want, atol=1e-2 * max(1.0, float(np.abs(want).max()))):
+    raise UserError(f"{run.workdir!r} gives other logit differences than {out!r} recorded "
+                    f"(another model?)")
+  return study
+
+
+def write(out: str, attention: dict | None = None, title: str | None = None) -> str:
+  """Writes out/explorer.html from the patching files in `out` (and the attention
+  view's data when given); returns its path."""
+  data = {**(attention or {}), "patching": patching_data(out)}
+  path = storage.join(out, "explorer.html")
+  doc = data["patching"].get("patching") or data["patching"]["dla"]
+  name = title or f"{doc.get('task', '')} on {doc.get('workdir', '')}"
+  storage.write_text(path, assets.page("explorer", data, title=html.escape(name)))
+  return path
+
+
+def main(argv=None) -> int:
+  """python -m mha_jax.patching.explorer DIR [--workdir W] [--attention-pairs N]:
+  (re)writes DIR/explorer.html from the JSON files; with the run's workdir, the
+  attention view of its first pairs too (checked to be the same pairs and model)."""
+  import argparse
+  p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+  p.add_argument("out")
+  p.add_argument("--workdir", default=None)
+  p.add_argument("--attention-pairs", type=int, default=2)
+  a = p.parse_args(argv)
+  out = os.path.normpath(a.out)
+  attention = None
+  if a.workdir:
+    from mha_jax.loader import load
+    run = load(a.workdir)
+    attention = attention_data(rebuilt_study(out, run), run.task, a.attention_pairs)
+  print(write(out, attention))
+  return 0
+
+
+if __name__ == "__main__":
+  import sys
+  try:
+    raise SystemExit(main())
+  except UserError as e:           # one line, as the CLI prints it
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
