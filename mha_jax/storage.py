@@ -5,7 +5,7 @@ cloud URI such as gs://bucket/run (etils.epath; gs:// needs gcsfs: docs/guide/tr
 Paths stay strings in the rest of the code (error messages quote them as given).
 Writes happen on process 0 only: in a multi-process run every process may read, and
 the other processes' writes are skipped here (orbax coordinates its own checkpoints).
-This is the one module that may touch files through os/open (tests/test_storage.py).
+This is the one module that may touch files through os/open (tests/train/test_storage.py).
 """
 
 from __future__ import annotations

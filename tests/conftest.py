@@ -125,8 +125,8 @@ def numpy_mha(params, x, context=None, mask=None, causal=False, gates=None, bias
 
 
 # --------------------------------------------------------------------------
-# Real models: one import per model per worker, shared by test_pretrained and
-# test_studies_real (both in xdist group "pretrained", so on one worker).
+# Real models: one import per model per worker, shared by pretrained/test_pretrained and
+# pretrained/test_studies_real (both in xdist group "pretrained", so on one worker).
 # --------------------------------------------------------------------------
 
 
@@ -162,12 +162,43 @@ def gemma3_workdir(tmp_path_factory) -> str:
   return _imported_workdir(tmp_path_factory, "gemma3-270m")
 
 
+# --------------------------------------------------------------------------
+# Tiny trained runs shared by several modules (one per worker that needs them).
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def ind_run(tmp_path_factory):
+  """A tiny induction run with checkpoints at steps 4 and 8 (copy it before changing it)."""
+  from helpers import QUIET, induction_cfg
+  from mha_jax.train import loop
+  wd = str(tmp_path_factory.mktemp("faults") / "ind")
+  loop.train(induction_cfg("--config.train.steps=8"), wd, **QUIET)
+  return wd
+
+
+@pytest.fixture(scope="session")
+def parallel_run(tmp_path_factory):
+  """A 1-step translation run on parallel text files: (workdir, {split_side: path})."""
+  from helpers import QUIET, TINY_TRANSLATION, _parallel_files, tiny
+  from mha_jax.train import loop
+  base = tmp_path_factory.mktemp("parallel")
+  paths = _parallel_files(str(base))
+  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.data.kind=parallel",
+             "--config.train.steps=1", "--config.eval.bleu_examples=2",
+             "--config.data.max_len=8",
+             *[f"--config.data.{k}={v}" for k, v in paths.items()])
+  wd = str(base / "run")
+  loop.train(cfg, wd, **QUIET)
+  return wd, paths
+
+
 @pytest.fixture(scope="session")
 def tiny_attn_lm(tmp_path_factory):
   """(workdir, config): a two-layer attention-only LM over bytes, trained 2 steps (read
   it, or copy it first); shared by the patching and primer tests."""
   from mha_jax.train import loop
-  from test_train import tiny
+  from helpers import tiny
   wd = str(tmp_path_factory.mktemp("tiny_attn_lm") / "run")
   cfg = tiny("configs/lm.py:attn_only,layers=2", [
       "--config.train.progress=false", "--config.train.steps=2", "--config.data.tokenizer=bytes",

@@ -169,7 +169,7 @@ def composition_scores(params, stack: str = "lm", samples: int = 200,
 
   Returns {"raw": {kind: {(early, late): score}}, "baseline": {kind: value},
   "corrected": {...}} with heads named "stack.layer.head". Computed by
-  composition_batched (equal to the D x D formula; tests/test_circuits.py).
+  composition_batched (equal to the D x D formula; tests/circuits/test_circuits.py).
   """
   blocks = [(i, p) for s, i, p in C.attention_blocks(params) if s == stack]
   raw = {kind: composition_batched(params, kind, stack, dtype) for kind in ("q", "k", "v")}

@@ -5,7 +5,7 @@ positions (the quickstart's sources average 8 of 24). Packing places whole pairs
 by side in R <= B rows; segment ids (1, 2, ... per row, 0 = padding) keep them apart:
 attention only within a pair (encoder, decoder, cross), positions restart per pair, and
 the loss skips the position where one pair's target ends and the next begins. Same
-pairs, same maths as the padded batch, fewer positions (tests/test_packing.py checks the
+pairs, same maths as the padded batch, fewer positions (tests/data/test_packing.py checks the
 loss and gradients against the padded batch).
 
 Shapes stay static under jit: R comes from a short ladder chosen before training

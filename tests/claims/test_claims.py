@@ -1,0 +1,384 @@
+"""`mha-jax claims`: every verdict rule flips on small inputs, the cheap claims end to end
+with their values, and the primer page in a real browser."""
+
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha_jax import attention as A
+from mha_jax import cli
+from mha_jax.claims import experiments as E
+from mha_jax.claims import rules as R
+from mha_jax.claims import run as claims_run
+from mha_jax.claims import toy
+from helpers import open_page
+
+H, F, I = R.HOLDS, R.FAILS, R.INCONCLUSIVE
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("claims"))
+  assert cli.main(["claims", "--only", "worked_example,mixture_dip,whole_token",
+                   "--out", out]) == 0
+  with open(os.path.join(out, "claims.json")) as f:
+    return out, {r["name"]: r for r in json.load(f)["claims"]}
+
+
+def test_cheap_claims_end_to_end(report):
+  out, rep = report
+  w = rep["worked_example"]["numbers"]
+  np.testing.assert_allclose(w["scores"], [4, 0, 3], atol=1e-6)
+  np.testing.assert_allclose(w["output"], [20 / 7, 20 / 7, 10 / 7], atol=1e-5)
+  e = np.exp([4.0, 0.0, 3.0])
+  np.testing.assert_allclose(w["softmax_weights"], e / e.sum(), atol=1e-6)
+  m = rep["mixture_dip"]["numbers"]
+  assert m["peak_at_half"] == pytest.approx(math.exp(2) / (2 * math.exp(2) + 4), abs=1e-5)
+  assert m["peak_at_0"] == pytest.approx(math.exp(4) / (math.exp(4) + 5), abs=1e-5)
+  assert m["argmin_mix"] == 0.5
+  assert rep["whole_token"]["numbers"]["min_share_of_features_read"] == {
+      "1": 1.0, "2": 1.0, "4": 1.0, "8": 1.0}
+  assert all(r["settings"]["toy"]["verdict"] == H == r["settings"]["toy"]["per_seed"][0][
+      "verdict"] for r in rep.values())
+  md = open(os.path.join(out, "REPORT.md")).read()
+  assert sum(l.startswith("| **") for l in md.splitlines()) == 3 and "**holds**" in md and R.mixture_dip.text in md
+  assert os.path.getsize(os.path.join(out, "mixture_dip.png")) > 1000
+
+
+def test_only_rejects_unknown_names(tmp_path):
+  with pytest.raises(ValueError, match="--only: unknown claim 'nope'"):
+    claims_run.run_claims(str(tmp_path / "x"), only="nope")
+  assert not (tmp_path / "x").exists()
+
+
+def test_whole_token_flips_when_heads_read_slices():
+  p = dict(A.init_attention_params(jax.random.PRNGKey(0), 8, 4))
+  x = jax.random.normal(jax.random.PRNGKey(1), (8,))
+  g = E.q_jacobian(p, x)
+  assert (g > 0).all()
+  sliced = np.zeros((8, 4, 2), np.float32)          # head h reads only its own 2 inputs
+  for h in range(4):
+    sliced[2 * h:2 * h + 2, h] = np.asarray(p["wq"])[2 * h:2 * h + 2, h]
+  g2 = E.q_jacobian({**p, "wq": jnp.asarray(sliced)}, x)
+  share = ((g2 > 1e-9 * g2.max()).sum(0) / 8).min()
+  assert share == 0.25
+  assert R.whole_token({"min_share_of_features_read": {"4": 1.0}}) == H
+  assert R.whole_token({"min_share_of_features_read": {"4": float(share)}}) == F
+
+
+def test_mixture_rule_flips():
+  c = E.mixture_curve()
+  n = {"peak_at_0": c["peak"][0], "peak_at_half": c["peak"][10], "peak_at_1": c["peak"][-1],
+       "argmin_mix": c["ratios"][int(np.argmin(c["peak"]))]}
+  assert R.mixture_dip(n) == H
+  assert R.mixture_dip({**n, "peak_at_half": n["peak_at_0"]}) == F
+  assert R.mixture_dip({**n, "argmin_mix": 0.9}) == F
+
+
+def test_divisor_rule_flips_when_the_divisors_swap():
+  c = E.divisor_curves(queries=256, keys=8, dk_grid=(1, 8, 64))
+  assert R.divisor(c) == H
+  swapped = {"peak": {"1/sqrt(d_k)": c["peak"]["1/sqrt(d_model)"],
+                      "1/sqrt(d_model)": c["peak"]["1/sqrt(d_k)"]},
+             "entropy": {"1/sqrt(d_k)": c["entropy"]["1/sqrt(d_model)"],
+                         "1/sqrt(d_model)": c["entropy"]["1/sqrt(d_k)"]}}
+  assert R.divisor(swapped) == F
+  n = {"entropy": {"1/sqrt(d_k)": [4.0, 4.1], "1/sqrt(d_model)": [4.4, 4.5]}}
+  assert R.divisor_real_widths(n) == H
+  assert R.divisor_real_widths({"entropy": {"1/sqrt(d_k)": [3.0, 4.1],
+                                            "1/sqrt(d_model)": [4.4, 4.5]}}) == F
+
+
+def test_cost_rule_on_real_pytrees_and_a_broken_count():
+  n = E.cost_table(d_model=128, seq_len=16, heads=(1, 4, 16))
+  n["gpt2_small_params"] = 2_359_296
+  assert R.cost(n) == H
+  assert n["score_bytes"] == [h * 16 * 16 * 4 for h in (1, 4, 16)]
+  assert R.cost({**n, "params": [n["params"][0], n["params"][1] + 4, n["params"][2]]}) == F
+  assert R.cost({**n, "score_bytes": [1, 2, 3]}) == F
+
+
+def test_dk1_rule_and_argmax_on_a_rank_one_layer():
+  params = toy.init(jax.random.PRNGKey(0), vocab=8, d_model=4, heads=4, length=6)
+  tokens = toy.two_target_batch(0, 8, 6, 8)["tokens"]
+  assert E.dk1_argmax_share(params, tokens) == 1.0       # any d_k=1 layer, trained or not
+  n = {"argmax_at_extreme_share": 1.0, "loss_dk1": 1.2, "best_loss": 1.0}
+  assert R.dk1(n) == H
+  assert R.dk1({**n, "loss_dk1": 1.01}) == I
+  assert R.dk1({**n, "argmax_at_extreme_share": 0.7}) == F
+
+
+def test_wo_share_is_zero_for_block_diagonal_and_the_rule_flips():
+  rng = np.random.default_rng(0)
+  heads = rng.normal(size=(2, 3, 4, 2))
+  wo = rng.normal(size=(4, 2, 8))
+  block = np.zeros_like(wo)
+  for h in range(4):
+    block[h, :, 2 * h:2 * h + 2] = wo[h, :, 2 * h:2 * h + 2]
+  assert np.allclose(E.wo_outside_share(heads, block), 0.0)
+  full = E.wo_outside_share(heads, wo)
+  assert R.wo_mixes({"mean_share_outside_slot": float(full.mean())}) == H
+  assert R.wo_mixes({"mean_share_outside_slot": 0.0}) == F
+  s = E.wo_slider(heads[0, 0], wo, alphas=[0.0, 1.0])
+  assert s["other_share"][0] == 0.0 and s["other_share"][1] > 0.3
+
+
+def test_compromise_rule_flips():
+  n = {"loss_h1": 1.6, "loss_h2": 1.2, "loss_h4": 0.8, "chance_loss": 5.5,
+       "h1_weight_previous": 0.35, "h1_weight_partner": 0.2}
+  assert R.one_head_compromises(n) == H
+  assert R.one_head_compromises({**n, "loss_h1": 0.85}) == F
+  assert R.one_head_compromises({**n, "h1_weight_partner": 0.01}) == F
+  assert R.one_head_compromises({**n, "loss_h2": 5.0, "loss_h4": 5.0}) == I
+
+
+def test_two_target_data():
+  b = toy.two_target_batch(0, 4, 10, 8)
+  x, p = b["tokens"], b["partner"]
+  assert (b["a"][:, 1:] == x[:, :-1]).all() and (b["mask_a"][:, 0] == 0).all()
+  for r in range(4):
+    for t in range(10):
+      nouns = [j for j in range(t - 1) if x[r, j] >= 4]
+      assert p[r, t] == (nouns[-1] if nouns else -1)
+      if nouns:
+        assert b["b"][r, t] == x[r, nouns[-1]]
+
+
+def test_study_rules_flip():
+  n = {"specialised_share_all": 0.4, "specialised_share_kept": 0.6,
+       "last_heads_roles": ["positional", "other"], "bleu_all": 95.0, "bleu_kept": 93.0}
+  assert R.pruning(n) == H
+  assert R.pruning({**n, "bleu_kept": 80.0}) == F
+  assert R.pruning({**n, "specialised_share_kept": 0.2}) == F
+  k = {"k_partner": "lm.0.1", "previous_token_head": "lm.0.1", "k_row_median": 0.01,
+       "k_partner_score": 0.15, "previous_token_score": 0.95, "prefix_matching": 0.85,
+       "k_partner_previous_token": 0.95, "induction_head": "lm.1.0"}
+  assert R.induction_k_composition(k) == H and R.why(R.induction_k_composition, k) == ""
+  assert R.induction_k_composition({**k, "k_partner_previous_token": 0.5}) == I
+  assert R.induction_k_composition({**k, "k_row_median": 0.1}) == I
+  assert "3x" in R.why(R.induction_k_composition, {**k, "k_row_median": 0.1})
+  assert R.induction_k_composition({**k, "k_partner_previous_token": 0.2}) == F
+  m = {"share_at_0.99": 0.25, "share_at_0.95": 0.4, "heads": 72}
+  assert R.michel(m) == H
+  assert R.michel({**m, "share_at_0.99": 0.1}) == I
+  assert R.michel({**m, "share_at_0.99": 0.05, "share_at_0.95": 0.1}) == F
+  c = {"corner_heads": ["lm.1.1"], "induction_heads": ["lm.1.1"]}
+  assert R.positivity_corner(c) == H
+  assert R.positivity_corner({**c, "corner_heads": ["lm.1.1", "lm.1.2"]}) == F
+  assert R.positivity_corner({"corner_heads": [], "induction_heads": []}) == F
+  s = {"share_near_baseline": 0.8, "max_over_baseline": 0.2}
+  assert R.composition_sparse(s) == H and R.composition_sparse(
+      {**s, "share_near_baseline": 0.3}) == F
+  t = {"loss_direct": 4.1, "loss_direct_single": 2.9, "loss_full": 2.8}
+  assert R.term_importance(t) == H
+  assert R.term_importance({**t, "loss_direct_single": 3.9}) == F
+  assert R.term_importance({**t, "loss_direct": 2.82}) == I
+  b = {"weight_on_bos": 0.7, "max_weight_elsewhere": 0.2}
+  assert R.rests_on_first_token(b) == H
+  assert R.rests_on_first_token({**b, "weight_on_bos": 0.3}) == F
+  w = {"scores": [4, 0, 3], "scores_expected": [4, 0, 3], "weights": [4 / 7, 0, 3 / 7],
+       "weights_expected": [4 / 7, 0, 3 / 7], "output": [2.86, 2.85, 1.43],
+       "output_expected": [20 / 7, 20 / 7, 10 / 7]}
+  assert R.worked_example(w) == F                       # the seed's printed rounding
+  assert R.worked_example({**w, "output": w["output_expected"]}) == H
+
+
+def test_every_claim_has_a_rule_with_text():
+  for name, (text, fn, rule, headline, where, source, _) in claims_run.CLAIMS.items():
+    assert text and callable(fn) and len(rule.text) > 40, name
+    assert headline and all(isinstance(k, str) and k for k in headline), name
+    assert where and set(where) <= set(claims_run.SETTINGS), name
+    assert source in (None, "toy_seeds") or callable(source), name
+
+
+def _unit(seed, verdict, **numbers):
+  return {"seed": seed, "verdict": verdict, "numbers": numbers, "figures": []}
+
+
+def test_seed_aggregation_counts_and_spreads():
+  units = [_unit(0, H, a=0.5, b="x"), _unit(1, F, a=0.2, b="y"), _unit(2, H, a=0.9, b="z")]
+  c = claims_run.aggregate(units, ("a",), seeded=True)
+  assert c["verdict"] == "holds in 2 of 3 seeds (does not hold in 1)"
+  assert c["counts"] == {H: 2, F: 1} and c["spread"] == {"a": [0.2, 0.9]}
+  assert c["seeds"] == [0, 1, 2] and c["numbers"] == units[0]["numbers"]
+  same = claims_run.aggregate([_unit(s, I, a=s) for s in range(3)], ("a",), seeded=True)
+  assert same["verdict"] == "inconclusive in 3 of 3 seeds"
+  one = claims_run.aggregate([_unit(None, F, a=1.0)], ("a",), seeded=True)
+  assert one["verdict"] == "does not hold in 1 of 1 seed"
+  assert claims_run.aggregate([_unit(None, F, a=1.0)], ("a",), seeded=False)[
+      "verdict"] == F
+  assert "2 of 3" in claims_run._cell(c, ("a",)) and "0.2..0.9" in claims_run._cell(c, ("a",))
+
+
+def test_report_has_one_column_per_setting_and_says_why(tmp_path):
+  good = {"k_partner": "lm.0.1", "previous_token_head": "lm.0.1", "k_row_median": 0.01,
+          "k_partner_score": 0.15, "previous_token_score": 0.95, "prefix_matching": 0.85,
+          "k_partner_previous_token": 0.95, "induction_head": "lm.1.0"}
+  soft = {**good, "induction_head": "lm.17.1", "prefix_matching": 0.6}
+  cells = {"toy": claims_run.aggregate([_unit(s, H, **good) for s in range(3)],
+                                       ("prefix_matching",), True),
+           "text": {"verdict": "not run", "reason": "no --text-workdir given"},
+           "smollm2": claims_run.aggregate([_unit(None, R.induction_k_composition(soft),
+                                                  **soft)], ("prefix_matching",), False),
+           "voita": {"verdict": "n/a"}}
+  rep = {"seconds": 1.0, "toy_seeds": [0, 1, 2], "settings": {s: s for s in cells},
+         "claims": [{"name": "induction_k_composition", "claim": "c", "rule": "r",
+                     "paper": "two layers", "settings": cells, "figures": []}]}
+  md = claims_run.format_report(rep).splitlines()
+  head = next(i for i, l in enumerate(md) if l.startswith("| claim |"))
+  assert md[head] == "| claim | toy | text | smollm2 | voita |"
+  row = md[head + 2].split(" | ")
+  assert "holds in 3 of 3 seeds" in row[1] and "not run" in row[2] and row[4] == "n/a |"
+  assert "**inconclusive**" in row[3] and "prefix_matching 0.6" in row[3]
+  why = [l for l in md if l.startswith("**induction_k_composition**")]
+  assert len(why) == 1 and "smollm2" in why[0] and "0.6 (rule: >= 0.8)" in why[0]
+  assert "toy" not in why[0].split("(the papers")[0]
+
+
+def test_settings_columns_in_a_run(tmp_path):
+  out = str(tmp_path / "c")
+  rep = claims_run.run_claims(out, only="pruning,induction_k_composition",
+                              settings="voita,text,minilm", primer=False,
+                              log=lambda s: None)        # nothing given: nothing runs
+  by = {r["name"]: r["settings"] for r in rep["claims"]}
+  assert by["pruning"] == {"text": {"verdict": "n/a"}, "minilm": {"verdict": "n/a"},
+                           "voita": {"verdict": "not run",
+                                     "reason": "no --voita-workdir given"}}
+  assert by["induction_k_composition"]["text"]["verdict"] == "not run"
+  with open(os.path.join(out, "claims.json")) as f:
+    assert list(json.load(f)["settings"]) == ["text", "voita", "minilm"]
+  assert claims_run.parse_settings(None, ["voita"]) == ["toy", "voita"]
+  with pytest.raises(ValueError, match="--settings: unknown setting 'tpu'"):
+    claims_run.run_claims(str(tmp_path / "y"), settings="toy,tpu")
+  with pytest.raises(ValueError, match="--toy-seeds"):
+    claims_run.run_claims(str(tmp_path / "y"), toy_seeds="0,0")
+
+
+def test_primer_in_a_real_browser(report):
+  out, _ = report
+  path = os.path.join(out, "primer.html")
+  html = open(path).read()
+  assert "http" not in html and "<link" not in html and "src=" not in html
+  data = json.loads(html.split('<script id="data" type="application/json">', 1)[1]
+                    .split("</script>", 1)[0])
+  assert data["sentence"] == list(E.SENTENCE)
+  assert data["cost"]["params"] == [4 * 768 * 768] * len(E.COST_HEADS)
+  playwright = pytest.importorskip("playwright.sync_api")
+  with playwright.sync_playwright() as p:
+    browser, page, errors, requests = open_page(p, path)
+
+    def bar_values(svg):
+      return page.eval_on_selector_all(f"#{svg} rect.bar", "rs => rs.map(r => +r.dataset.v)")
+
+    def set_range(sel, v):
+      page.eval_on_selector(sel, f"e => {{ e.value = '{v}'; e.dispatchEvent(new Event('input')); }}")
+
+    before = bar_values("s-query")
+    assert before[:6] == pytest.approx(data["weights"][0][4], abs=1e-4)
+    set_range("#q", 2)
+    after = bar_values("s-query")
+    assert after != before and after[:6] == pytest.approx(data["weights"][0][2], abs=1e-4)
+    set_range("#mix", 10)
+    row = bar_values("s-mix")
+    assert max(row) == pytest.approx(data["mixture"]["peak"][10], abs=1e-4)
+    text0 = page.inner_text("#dkval")
+    set_range("#dk", 7)
+    assert page.inner_text("#dkval") != text0
+    cut0 = page.inner_html("#s-cut")
+    set_range("#h", 0)
+    assert page.inner_html("#s-cut") != cut0 and "d_k = 8" in page.inner_text("#hval")
+    browser.close()
+  assert errors == []
+  assert requests == []
+
+
+def test_random_start_places_both_copies_and_masks_follow():
+  from mha_jax.data import repeated_tokens as RT
+  plain = RT.repeated_tokens(5, 2, 16, 8, 30, 4, return_lengths=True)
+  np.testing.assert_array_equal(plain[0], RT.repeated_tokens(5, 2, 16, 8, 30, 4))
+  x, m, p = RT.repeated_tokens(5, 2, 16, 8, 30, 4, return_lengths=True, random_start=True)
+  assert (p >= 0).all() and (p + 2 * m <= 16).all() and p.max() > 0
+  masks = RT.position_masks(m, 16, p)
+  for r in range(16):
+    s = 1 + p[r]
+    np.testing.assert_array_equal(x[r, s:s + m[r]], x[r, s + m[r]:s + 2 * m[r]])
+    assert np.nonzero(masks["repeat"][r])[0].tolist() == list(range(s + m[r], s + 2 * m[r] - 1))
+    assert np.nonzero(masks["first"][r])[0].tolist() == list(range(s, s + m[r] - 1))
+
+
+@pytest.mark.slow
+def test_toy_claims_train_and_hold(tmp_path):
+  """The claims that train the two-target toy models (about 1 minute on 2 cores)."""
+  rep = claims_run.run_claims(str(tmp_path), only="one_head_compromises,dk1,wo_mixes",
+                              log=lambda s: None)
+  by = {r["name"]: r for r in rep["claims"]}
+  assert by["dk1"]["settings"]["toy"]["seeds"] == [0, 1, 2]
+  n = by["one_head_compromises"]["numbers"]
+  assert n["loss_h1"] > n["loss_h4"] and len(set(n["attention_params"])) == 1
+  assert by["dk1"]["numbers"]["argmax_at_extreme_share"] >= 0.99
+  assert 0.5 < by["wo_mixes"]["numbers"]["mean_share_outside_slot"] < 1.0
+  html = open(tmp_path / "primer.html").read()
+  assert '"compromise"' in html and '"dk1"' in html and '"trained_layer"' in html
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tmp_path_factory):
+  """A tiny random Gemma 3 from transformers (3 layers, 4 query heads over 1 key/value
+  head, q/k norms, post-attention norms, MLPs), imported through the one importer."""
+  from test_families import build_hf, save_folder
+  from mha_jax.pretrained import importer
+  base = tmp_path_factory.mktemp("tiny_gemma")
+  model = build_hf("gemma3")
+  importer.import_model(str(base / "w"), file=save_folder(model, base / "hf"))
+  return model, str(base / "w")
+
+
+def test_real_lm_circuit_claims_on_a_tiny_gemma(tiny_gemma, tmp_path):
+  from mha_jax.claims import studies as S
+  model, wd = tiny_gemma
+  ctx = E.Context(out=str(tmp_path), log=lambda s: None)
+  n = S.claim_induction_k_composition(ctx, "gemma3", None, wd)["numbers"]
+  assert n["weight_scores"].startswith("approximate")
+  # The row recomputed from transformers' weights, Gemma's (1 + w) norm scales applied
+  # by hand (input norm on Q, K, V; q/k norms on each head's K columns; the
+  # post-attention norm on W_O's outputs), as |QK OV^T| / (|QK| |OV|) on D x D matrices
+  # (row convention: keys read x_j OV, so the score is x_i QK (x_j OV)^T).
+  sd = {k: v.double().numpy() for k, v in model.state_dict().items()}
+  cfg = model.config
+  k = cfg.head_dim
+
+  def head(layer, h):
+    a = f"model.layers.{layer}.self_attn."
+    g = 1 + sd[f"model.layers.{layer}.input_layernorm.weight"][:, None]
+    wq = g * sd[a + "q_proj.weight"].T[:, h * k:(h + 1) * k] * (1 + sd[a + "q_norm.weight"])
+    wk = g * sd[a + "k_proj.weight"].T[:, :k] * (1 + sd[a + "k_norm.weight"])  # 1 kv head
+    wv = g * sd[a + "v_proj.weight"].T[:, :k]
+    wo = sd[a + "o_proj.weight"].T[h * k:(h + 1) * k] * (
+        1 + sd[f"model.layers.{layer}.post_attention_layernorm.weight"])
+    return wq @ wk.T, wv @ wo
+
+  ll, lh = (int(v) for v in n["induction_head"].split(".")[1:])
+  qk, _ = head(ll, lh)
+  assert n["k_row_size"] == 4 * ll
+  for early, got in n["k_row"].items():
+    _, ov = head(*(int(v) for v in early.split(".")[1:]))
+    want = np.linalg.norm(qk @ ov.T) / (np.linalg.norm(qk) * np.linalg.norm(ov))
+    assert got == pytest.approx(want - n["baseline"], abs=1e-5), early
+  assert n["k_partner"] == max(n["k_row"], key=n["k_row"].get)
+  assert n["k_row_median"] == pytest.approx(np.median(list(n["k_row"].values())))
+  sp = S.claim_composition_sparse(ctx, "gemma3", None, wd)["numbers"]
+  assert sp["pairs"] == 3 * 16 * 3                        # 3 kinds x pairs of layers
+  pc = S.claim_positivity_corner(ctx, "gemma3", None, wd)["numbers"]
+  prev_layer = int(n["previous_token_head"].split(".")[1])
+  assert pc["heads_scored"] == 4 * (3 - 1 - prev_layer)
+  assert set(pc["corner_heads"]) <= set(pc["positivity"])
+  b = S.claim_rests_on_first_token(ctx, "gemma3", None, wd)["numbers"]
+  assert 0.0 <= b["weight_on_bos"] <= 1.0 and b["positions"] > 0
+  for name, fn in (("induction_k_composition", n), ("composition_sparse", sp),
+                   ("positivity_corner", pc), ("rests_on_first_token", b)):
+    assert claims_run.CLAIMS[name][2](fn) in (H, F, I)

@@ -1,0 +1,290 @@
+"""Helpers shared by test modules (no test module imports another): tiny configs and
+runs, workdir copies, the browser, a float64 LLaMA oracle, a tiny GGUF writer.
+
+Fixtures live in conftest.py; these are plain functions and constants
+(`from helpers import tiny, TINY_INDUCTION`).
+"""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+import mha_jax
+from conftest import numpy_rope
+from mha_jax import config as mc
+from mha_jax.models import llama
+from mha_jax.train import loop
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+
+TINY_TRANSLATION = [
+    "--config.data.train_size=300", "--config.data.valid_size=20", "--config.data.test_size=20",
+    "--config.data.grammar.num_nouns=30", "--config.data.grammar.num_verbs=12",
+    "--config.data.grammar.num_adjectives=10", "--config.data.grammar.num_adverbs=6",
+    "--config.data.grammar.num_names=10", "--config.model.d_model=16", "--config.model.d_ff=32",
+    "--config.model.enc_layers=1", "--config.model.dec_layers=1", "--config.train.batch_size=8",
+    "--config.eval.bleu_examples=10", "--config.train.warmup=2", "--config.train.progress=false"]
+TINY_INDUCTION = [
+    "--config.model.d_model=16", "--config.data.vocab_size=12", "--config.data.half_len=6",
+    "--config.data.min_half_len=3",
+    "--config.model.max_len=13", "--config.train.batch_size=8", "--config.eval.lm_batches=1",
+    "--config.eval.batch_size=8", "--config.train.warmup=2", "--config.train.progress=false"]
+
+
+def tiny(spec, base, *extra):
+  cfg = mc.load_config(os.path.join(ROOT, spec))
+  mc.apply_overrides(cfg, list(base) + list(extra))
+  return cfg
+
+
+def trained_translation(tmp_path_factory, name, *extra):
+  """A tiny translation run trained for 30 steps, loaded (shared by the analysis and
+  pruning tests)."""
+  wd = str(tmp_path_factory.mktemp(name) / "run")
+  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.train.steps=30",
+             "--config.train.eval_every=30", "--config.train.log_every=30",
+             "--config.train.schedule=constant", "--config.train.lr=5e-3", *extra)
+  loop.train(cfg, wd, log=lambda s: None)
+  return mha_jax.load(wd)
+
+
+# ------------------------------------------------------------------ workdirs: copies, trees, data files
+
+QUIET = dict(log=lambda s: None)
+
+
+def induction_cfg(*extra):
+  return tiny("configs/induction.py", TINY_INDUCTION, "--config.train.checkpoint_every=4",
+              "--config.train.eval_every=100", "--config.train.log_every=4",
+              "--config.train.keep=10", *extra)
+
+
+def _copy(src, tmp_path, name="run"):
+  dst = str(tmp_path / name)
+  shutil.copytree(src, dst)
+  return dst
+
+
+def copy_with_own_data(wd, paths, tmp_path):
+  """(a copy of the run, its config) whose data files are copies too, so a test may edit
+  them; config.json points at the copies."""
+  wd = _copy(wd, tmp_path)
+  data = _copy(os.path.dirname(paths["train_src"]), tmp_path, "data")
+  cfg = json.load(open(os.path.join(wd, "config.json")))
+  for k in paths:
+    cfg["data"][k] = os.path.join(data, os.path.basename(paths[k]))
+  json.dump(cfg, open(os.path.join(wd, "config.json"), "w"))
+  return wd, cfg
+
+
+def _largest(folder):
+  """The params' data files (orbax keeps the same bytes under d/ and ocdbt.process_0/d/)."""
+  files = [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs]
+  size = max(map(os.path.getsize, files))
+  return [f for f in files if os.path.getsize(f) == size]
+
+
+def _tree(wd):
+  """Every file under wd with its size and mtime (to show nothing was written)."""
+  return {os.path.relpath(os.path.join(d, f), wd): (os.path.getsize(os.path.join(d, f)),
+                                                     os.stat(os.path.join(d, f)).st_mtime_ns)
+          for d, _, fs in os.walk(wd) for f in fs}
+
+
+def _parallel_files(d, n=40, seed=0):
+  rng = np.random.default_rng(seed)
+  words = [f"w{i}" for i in range(12)]
+  paths = {}
+  for split, count in (("train", n), ("valid", 6), ("test", 6)):
+    src = [" ".join(rng.choice(words, rng.integers(2, 6))) for _ in range(count)]
+    tgt = [" ".join(reversed(s.split())) for s in src]
+    for side, lines in (("src", src), ("tgt", tgt)):
+      p = os.path.join(d, f"{split}.{side}")
+      open(p, "w").write("\n".join(lines) + "\n")
+      paths[f"{split}_{side}"] = p
+  return paths
+
+
+# ------------------------------------------------------------------ the browser (system Chromium)
+
+def _browser():
+  """Chromium from the system (CI installs it in .ci/run; tests install nothing)."""
+  return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def launch_chromium(playwright):
+  """Headless system Chromium with no background networking; skips when it is missing."""
+  exe = _browser()
+  if exe is None:
+    pytest.skip("Chromium is not on PATH (CI installs it in .ci/run; locally, install "
+                "Debian's chromium package)")
+  return playwright.chromium.launch(executable_path=exe, args=[
+      "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync", "--no-first-run"])
+
+
+def open_page(playwright, path):
+  """(browser, page, errors, requests): `path` opened in launch_chromium, with console
+  and page errors and every request but the page's own recorded."""
+  browser = launch_chromium(playwright)
+  page = browser.new_page()
+  errors, requests = [], []
+  page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+  page.on("pageerror", lambda e: errors.append(str(e)))
+  url = "file://" + path
+  page.on("request", lambda r: None if r.url == url else requests.append(r.url))
+  page.goto(url)
+  return browser, page, errors, requests
+
+
+# ------------------------------------------------------------------ a float64 LLaMA forward with explicit substitution
+
+SPEC = llama.LlamaSpec(rope_base=10000.0)
+H, G, K, D, L = 4, 2, 4, 16, 2
+
+
+def numpy_llama(params, tokens, patch=None):
+  """Float64 LLaMA forward written from the formulas, with explicit substitution:
+  patch {(layer, site): fn(value) -> value} at "q", "z" (B, T, H, K), "k", "v"
+  (B, T, G, K), "k_q", "v_q" (B, T, H, K), "resid_pre", "mlp_out", "resid_post"
+  (B, T, D). Returns (logits, {(layer, site): value}; "final_scale": 1/rms)."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  patch = patch or {}
+  seen = {}
+
+  def site(i, name, v):
+    v = patch[(i, name)](v) if (i, name) in patch else v
+    seen[(i, name)] = v
+    return v
+
+  def rms(s, x):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + SPEC.norm_eps) * s
+
+  x = p["embed"][np.asarray(tokens)]
+  b, t, _ = x.shape
+  for i in range(L):
+    lp = p["lm"][f"layer_{i}"]
+    x = site(i, "resid_pre", x)
+    h = rms(lp["ln1"]["scale"], x)
+    a = lp["attn"]
+    q = np.einsum("btd,dhk->bthk", h, a["wq"])
+    k = np.einsum("btd,dgk->btgk", h, a["wk"])
+    v = np.einsum("btd,dgk->btgk", h, a["wv"])
+    for bb in range(b):
+      for hh in range(H):
+        q[bb, :, hh] = numpy_rope(q[bb, :, hh], np.arange(t), SPEC.rope_base)
+      for g in range(G):
+        k[bb, :, g] = numpy_rope(k[bb, :, g], np.arange(t), SPEC.rope_base)
+    k, v, q = site(i, "k", k), site(i, "v", v), site(i, "q", q)
+    kq = site(i, "k_q", np.repeat(k, H // G, axis=2))    # as each query head reads them
+    vq = site(i, "v_q", np.repeat(v, H // G, axis=2))
+    z = np.zeros((b, t, H, K))
+    for bb in range(b):
+      for hh in range(H):
+        s = q[bb, :, hh] @ kq[bb, :, hh].T / np.sqrt(K)
+        s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
+        z[bb, :, hh] = w @ vq[bb, :, hh]
+    z = site(i, "z", z)
+    x = x + np.einsum("bthk,hkd->btd", z, a["wo"])
+    m = lp["mlp"]
+    h2 = rms(lp["ln2"]["scale"], x)
+    g1 = h2 @ m["w_gate"]
+    mo = site(i, "mlp_out", ((g1 / (1 + np.exp(-g1))) * (h2 @ m["w_up"])) @ m["w_down"])
+    x = site(i, "resid_post", x + mo)
+  seen["final_scale"] = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + SPEC.norm_eps)
+  x = rms(p["lm"]["ln_final"]["scale"], x)
+  return x @ p["embed"].T, seen
+
+
+# ------------------------------------------------------------------ a tiny LLaMA in HF names and as a llama.cpp GGUF
+
+def _tiny_llama_hf(rng, d=64, h=4, h_kv=2, k=16, f=96, layers=2, v=256):
+  """Random weights in Hugging Face's names and layout (half-split RoPE)."""
+  w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (v, d)),
+       "model.norm.weight": 1 + 0.1 * rng.normal(size=d),
+       "lm_head.weight": rng.normal(0, 0.2, (v, d))}
+  for i in range(layers):
+    p = f"model.layers.{i}."
+    w.update({p + "input_layernorm.weight": 1 + 0.1 * rng.normal(size=d),
+              p + "post_attention_layernorm.weight": 1 + 0.1 * rng.normal(size=d),
+              p + "self_attn.q_proj.weight": rng.normal(0, 0.3, (h * k, d)),
+              p + "self_attn.k_proj.weight": rng.normal(0, 0.3, (h_kv * k, d)),
+              p + "self_attn.v_proj.weight": rng.normal(0, 0.3, (h_kv * k, d)),
+              p + "self_attn.o_proj.weight": rng.normal(0, 0.3, (d, h * k)),
+              p + "mlp.gate_proj.weight": rng.normal(0, 0.3, (f, d)),
+              p + "mlp.up_proj.weight": rng.normal(0, 0.3, (f, d)),
+              p + "mlp.down_proj.weight": rng.normal(0, 0.3, (d, f))})
+  cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": d,
+         "num_attention_heads": h, "num_key_value_heads": h_kv, "intermediate_size": f,
+         "num_hidden_layers": layers, "vocab_size": v, "rms_norm_eps": 1e-5,
+         "rope_theta": 500.0, "max_position_embeddings": 128, "tie_word_embeddings": False,
+         "hidden_act": "silu"}
+  return {n: x.astype(np.float32) for n, x in w.items()}, cfg
+
+
+def _converter_permute(w_OI, n_head):
+  """llama.cpp's converter: each head's rows (half, j) stored as (j, half)."""
+  return w_OI.reshape(n_head, 2, w_OI.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(
+      w_OI.shape)
+
+
+GGUF_TYPES = {"token_embd": "Q8_0", "output": "F16", "attn_q": "Q4_0", "attn_k": "Q4_1",
+              "attn_v": "F16", "attn_output": "Q8_0", "ffn_gate": "Q4_1", "ffn_up": "Q4_0",
+              "ffn_down": "F32"}
+
+
+def _write_tiny_gguf(path, w, cfg):
+  """The HF weights as a llama.cpp converter would store them, in mixed quantizations."""
+  import gguf
+  from tokenizers import pre_tokenizers
+  h, h_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+  g = gguf.GGUFWriter(str(path), "llama")
+  g.add_context_length(cfg["max_position_embeddings"])
+  g.add_embedding_length(cfg["hidden_size"])
+  g.add_block_count(cfg["num_hidden_layers"])
+  g.add_feed_forward_length(cfg["intermediate_size"])
+  g.add_head_count(h)
+  g.add_head_count_kv(h_kv)
+  g.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+  g.add_rope_freq_base(cfg["rope_theta"])
+  g.add_tokenizer_model("gpt2")
+  g.add_tokenizer_pre("smollm")
+  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+  g.add_token_list(alphabet)
+  g.add_token_types([1] * len(alphabet))
+  g.add_token_merges([])
+
+  def put(name, x, kind):
+    qt = getattr(gguf.GGMLQuantizationType, GGUF_TYPES.get(kind, "F32"))
+    if qt == gguf.GGMLQuantizationType.F32:
+      g.add_tensor(name, x.astype(np.float32))
+    elif qt == gguf.GGMLQuantizationType.F16:
+      g.add_tensor(name, x.astype(np.float16))
+    else:
+      g.add_tensor(name, gguf.quants.quantize(x.astype(np.float32), qt), raw_dtype=qt)
+
+  put("token_embd.weight", w["model.embed_tokens.weight"], "token_embd")
+  put("output.weight", w["lm_head.weight"], "output")
+  put("output_norm.weight", w["model.norm.weight"], "norm")
+  hf = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm"}
+  for i in range(cfg["num_hidden_layers"]):
+    for kind, name in hf.items():
+      x = w[f"model.layers.{i}.{name}.weight"]
+      if kind == "attn_q":
+        x = _converter_permute(x, h)
+      elif kind == "attn_k":
+        x = _converter_permute(x, h_kv)
+      put(f"blk.{i}.{kind}.weight", x, kind)
+  g.write_header_to_file()
+  g.write_kv_data_to_file()
+  g.write_tensors_to_file()
+  g.close()
