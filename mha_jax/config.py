@@ -199,8 +199,9 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def incompatible_fields(saved: dict, new: dict) -> list[str]:
-  """Fields that differ between two configs and may not change on resume."""
-  a, b = flatten(saved), flatten(new)
+  """Fields that differ between two configs and may not change on resume (a field one
+  of them predates counts with the value it had: ADDED_FIELDS)."""
+  a, b = flatten(upgrade(saved)), flatten(upgrade(new))
   out = []
   for k in sorted(set(a) | set(b)):
     if a.get(k) != b.get(k) and not any(k == f or k.startswith(f + ".")

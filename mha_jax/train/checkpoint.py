@@ -323,11 +323,11 @@ def check_model_config(meta: dict, cfg_dict: dict, where: str, config_path: str)
   if not isinstance(meta.get("model"), dict):
     return
   added = {k: v for k, v in mc.ADDED_FIELDS.get(meta.get("task"), {}).items()
-           if k.startswith("model.") and k[6:] not in meta["model"]}
+           if k.startswith("model.")}     # fields added since, with their old value
   saved = {"task": meta.get("task"), **added,
            **{f"model.{k}": v for k, v in meta["model"].items()
               if k not in FREE_MODEL_FIELDS}}
-  now = {"task": cfg_dict.get("task"),
+  now = {"task": cfg_dict.get("task"), **added,
          **{f"model.{k}": v for k, v in (cfg_dict.get("model") or {}).items()
             if k not in FREE_MODEL_FIELDS}}
   bad = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))

@@ -102,3 +102,11 @@ def test_a_checkpoint_from_before_a_model_field_existed_is_checked_with_its_old_
   cfg["model"]["max_rel"] += 1
   with pytest.raises(UserError, match=r"model.max_rel: 16 in the checkpoint, 17 in"):
     ckpt_lib.check_model_config(meta, cfg, "checkpoint 5", "config.json")
+  del cfg["model"]["max_rel"]            # a config that predates it too: the same model
+  ckpt_lib.check_model_config(meta, cfg, "checkpoint 5", "config.json")
+  old = {"task": "lm", "model": {"d_model": 8}}
+  assert mc.incompatible_fields(old, {"task": "lm", "model": {"d_model": 8}}) == []
+  assert mc.incompatible_fields(old, {"task": "lm", "model": {"d_model": 8,
+                                                             "max_rel": 16}}) == []
+  assert mc.incompatible_fields(old, {"task": "lm", "model": {"d_model": 8,
+                                                             "max_rel": 4}}) == ["model.max_rel"]
