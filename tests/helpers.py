@@ -288,3 +288,122 @@ def _write_tiny_gguf(path, w, cfg):
   g.write_kv_data_to_file()
   g.write_tensors_to_file()
   g.close()
+
+
+# ------------------------------------------------ tiny transformers models per family
+
+V, T, B, WINDOW = 96, 24, 2, 8
+
+
+def _tokenizer_json() -> str:
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(V)}, unk_token="t0"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  return tok.to_str()
+
+
+# family -> (config class, model class, config kwargs). Every switch the family has is
+# set away from its default where the forward depends on it.
+_LL = dict(vocab_size=V, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+           rms_norm_eps=1e-5, tie_word_embeddings=False)
+CASES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM",
+              dict(_LL, head_dim=24, attention_bias=True, mlp_bias=True,
+                   rope_parameters={"rope_theta": 500000.0, "rope_type": "default"})),
+    "llama3_rope": ("LlamaConfig", "LlamaForCausalLM",
+                    dict(_LL, rope_parameters={"rope_theta": 5000.0, "rope_type": "llama3",
+                                               "factor": 8.0, "low_freq_factor": 1.0,
+                                               "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 16})),
+    "linear_rope": ("LlamaConfig", "LlamaForCausalLM",
+                    dict(_LL, rope_parameters={"rope_theta": 1000.0, "rope_type": "linear",
+                                               "factor": 4.0})),
+    "yarn_rope": ("LlamaConfig", "LlamaForCausalLM",
+                  dict(_LL, rope_parameters={"rope_theta": 1000.0, "rope_type": "yarn",
+                                             "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
+                                             "original_max_position_embeddings": 16})),
+    # switch length 16: TOKENS (T = 24) are past it; test_rope_by_length goes under too
+    "dynamic_rope": ("LlamaConfig", "LlamaForCausalLM",
+                     dict(_LL, max_position_embeddings=16,
+                          rope_parameters={"rope_theta": 1000.0, "rope_type": "dynamic",
+                                           "factor": 3.0})),
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM",
+                      dict(_LL, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                           max_position_embeddings=64, original_max_position_embeddings=16,
+                           rope_parameters={"rope_theta": 700.0, "rope_type": "longrope",
+                                            "partial_rotary_factor": 0.5,
+                                            "short_factor": [1.0, 1.3, 1.7, 2.2],
+                                            "long_factor": [1.5, 3.0, 6.0, 11.0]})),
+    "mistral": ("MistralConfig", "MistralForCausalLM",
+                dict(_LL, head_dim=16, sliding_window=WINDOW,
+                     rope_parameters={"rope_theta": 300.0, "rope_type": "default"})),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
+              dict(_LL, use_sliding_window=False, tie_word_embeddings=True)),
+    "qwen2_sliding": ("Qwen2Config", "Qwen2ForCausalLM",
+                      dict(_LL, use_sliding_window=True, sliding_window=WINDOW,
+                           max_window_layers=1)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+              dict(_LL, head_dim=16, attention_bias=False)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(_LL, num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24,
+                    sliding_window=WINDOW, attn_logit_softcapping=5.0,
+                    final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh",
+                    tie_word_embeddings=True)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(_LL, num_hidden_layers=3, num_key_value_heads=1, head_dim=16,
+                    query_pre_attn_scalar=20, sliding_window=WINDOW,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    rope_parameters={"sliding_attention": {"rope_type": "default",
+                                                           "rope_theta": 100.0},
+                                     "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                        "rope_theta": 3000.0}},
+                    tie_word_embeddings=True)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(_LL)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(_LL, pad_token_id=0, bos_token_id=1, eos_token_id=2, sliding_window=WINDOW,
+                  rope_parameters={"rope_theta": 700.0, "rope_type": "default",
+                                   "partial_rotary_factor": 0.5})),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
+             dict(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=64,
+                  layer_norm_epsilon=1e-4, scale_attn_by_inverse_layer_idx=True,
+                  activation_function="gelu_new")),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                 dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=96, max_position_embeddings=128, layer_norm_eps=1e-4,
+                      hidden_act="gelu", use_parallel_residual=True,
+                      rope_parameters={"rope_theta": 900.0, "rope_type": "default",
+                                       "partial_rotary_factor": 0.5})),
+    "gpt_neox_sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                            dict(vocab_size=V, hidden_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, intermediate_size=96,
+                                 max_position_embeddings=128, use_parallel_residual=False,
+                                 attention_bias=False)),
+}
+
+
+def build_hf(case: str, seed: int = 0):
+  """A tiny random transformers model of `case` (every parameter perturbed)."""
+  import torch
+  import transformers
+  cfg_cls, model_cls, kw = CASES[case]
+  torch.manual_seed(seed)
+  cfg = getattr(transformers, cfg_cls)(**kw)
+  cfg._attn_implementation = "eager"
+  model = getattr(transformers, model_cls)(cfg).eval()
+  g = torch.Generator().manual_seed(seed + 1)
+  with torch.no_grad():
+    for p in model.parameters():
+      if p.ndim == 1:
+        p.add_(0.3 * torch.randn(p.shape, generator=g))
+      else:
+        p.add_(0.08 * torch.randn(p.shape, generator=g))
+  return model
+
+
+def save_folder(model, folder, **save_kw) -> str:
+  os.makedirs(folder, exist_ok=True)
+  model.save_pretrained(folder, **save_kw)
+  with open(os.path.join(folder, "tokenizer.json"), "w") as f:
+    f.write(_tokenizer_json())
+  return str(folder)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
-import tempfile
 
 import numpy as np
 
@@ -93,11 +91,9 @@ def rebuilt_study(out: str, run):
   elif doc.get("task") == "induction":
     pairs = pairs_lib.induction_pairs(run.task, len(rec), seed=0)
   else:
-    with tempfile.TemporaryDirectory() as tmp:       # the pairs file again, from its text
-      path = os.path.join(tmp, "pairs.jsonl")
-      storage.write_text(path, "".join(json.dumps(
-          {f: p[f] for f in ("clean", "corrupt", "answer", "wrong")}) + "\n" for p in rec))
-      pairs = pairs_lib.read_pairs(run.task, path)
+    pairs = pairs_lib.parse_pairs(run.task, [json.dumps(
+        {f: p[f] for f in ("clean", "corrupt", "answer", "wrong")}) for p in rec],
+        f"{out}/patching.json pairs")
   got = [(p["answer_id"], p["wrong_id"], p["length"]) for p in pairs.to_json()]
   if got != [(p["answer_id"], p["wrong_id"], p["length"]) for p in rec]:
     raise UserError(f"the pairs made again on {run.workdir!r} are not those of {out!r}")
@@ -130,7 +126,7 @@ def main(argv=None) -> int:
   p.add_argument("--workdir", default=None)
   p.add_argument("--attention-pairs", type=int, default=2)
   a = p.parse_args(argv)
-  out = os.path.normpath(a.out)
+  out = storage.normpath(a.out)
   attention = None
   if a.workdir:
     from mha_jax.loader import load

@@ -173,11 +173,16 @@ def read_pairs(task, path: str) -> Pairs:
   one token."""
   if not storage.exists(path):
     raise UserError(f"--pairs {path!r} does not exist")
+  return parse_pairs(task, storage.read_text(path).splitlines(), f"--pairs {path}")
+
+
+def parse_pairs(task, lines, source: str) -> Pairs:
+  """read_pairs' work on the lines themselves; errors name `source` and the line."""
   rows = []
-  for no, line in enumerate(storage.read_text(path).splitlines(), 1):
+  for no, line in enumerate(lines, 1):
     if not line.strip():
       continue
-    where = f"--pairs {path}, line {no}"
+    where = f"{source}, line {no}"
     try:
       obj = json.loads(line)
     except json.JSONDecodeError as e:
@@ -204,5 +209,5 @@ def read_pairs(task, path: str) -> Pairs:
                         f"vocabulary; it is {got} tokens")
     rows.append((ci, xi, ids["answer"], ids["wrong"], {f: obj[f] for f in _FIELDS}))
   if not rows:
-    raise UserError(f"--pairs {path!r} holds no pairs")
+    raise UserError(f"{source} holds no pairs")
   return _pack(rows)

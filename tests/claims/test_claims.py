@@ -330,7 +330,8 @@ def test_toy_claims_train_and_hold(tmp_path):
 def tiny_gemma(tmp_path_factory):
   """A tiny random Gemma 3 from transformers (3 layers, 4 query heads over 1 key/value
   head, q/k norms, post-attention norms, MLPs), imported through the one importer."""
-  from test_families import build_hf, save_folder
+  pytest.importorskip("transformers")
+  from helpers import build_hf, save_folder
   from mha_jax.pretrained import importer
   base = tmp_path_factory.mktemp("tiny_gemma")
   model = build_hf("gemma3")
