@@ -315,8 +315,10 @@ def write(ctx: E.Context, path: str, **inputs) -> dict:
 
 
 def main(argv=None) -> int:
-  """python -m mha_jax.claims.primer --out DIR [--pruning-workdir W [--pruned P]]
-  [--text-workdir T]: the page alone (the claims run writes it with its claims)."""
+  """The primer page alone (the claims run writes it with its claims).
+
+  `python -m mha_jax.claims.primer --out DIR [--pruning-workdir W [--pruned P]]
+  [--text-workdir T]`"""
   p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
   p.add_argument("--out", required=True)
   p.add_argument("--pruning-workdir", default=None,

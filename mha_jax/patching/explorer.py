@@ -117,9 +117,11 @@ def write(out: str, attention: dict | None = None, title: str | None = None) -> 
 
 
 def main(argv=None) -> int:
-  """python -m mha_jax.patching.explorer DIR [--workdir W] [--attention-pairs N]:
-  (re)writes DIR/explorer.html from the JSON files; with the run's workdir, the
-  attention view of its first pairs too (checked to be the same pairs and model)."""
+  """(Re)writes DIR/explorer.html from a patching result's JSON files.
+
+  `python -m mha_jax.patching.explorer DIR [--workdir W] [--attention-pairs N]`: with
+  the run's workdir, the attention view of its first pairs too (checked to be the same
+  pairs and model)."""
   import argparse
   p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
   p.add_argument("out")
