@@ -122,7 +122,8 @@ def _stacked(blocks, dtype):
   out = []
   for _, p in blocks:
     n_h, n_kv = int(p["wq"].shape[1]), int(p["wk"].shape[1])
-    rep = lambda w: np.repeat(np.moveaxis(np.asarray(w, dtype), 1, 0), n_h // n_kv, 0)
+    per = n_h // n_kv if n_kv else 0     # a layer with every head pruned has none
+    rep = lambda w: np.repeat(np.moveaxis(np.asarray(w, dtype), 1, 0), per, 0)
     out.append({"Wq": np.moveaxis(np.asarray(p["wq"], dtype), 1, 0), "Wk": rep(p["wk"]),
                 "Wv": rep(p["wv"]), "Wo": np.asarray(p["wo"], dtype)})
   return out
