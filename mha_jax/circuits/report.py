@@ -128,11 +128,14 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
   m = run.config.model
   if m.attn_only and not m.layer_norm and not m.use_bias:
     log("path expansion and term importance ...")
-    _, cap = run.task.apply(run.params, {"tokens": tokens}, capture=True)
+    windows = run.task.text_windows("valid", 16)     # a text model: on its own text
+    seqs = tokens if windows is None else windows
+    result["term_importance_on"] = "repeated random tokens" if windows is None else "text"
+    _, cap = run.task.apply(run.params, {"tokens": seqs}, capture=True)
     pats = [np.asarray(r.weights) for r in cap["lm"]]
-    x = tokens[:, :-1]
+    x = seqs[:, :-1]
     terms = paths.expand(run.params, x, pats, pos_in_residual=m.pos not in C.SCORE_POS)
-    full = np.asarray(run.task.apply(run.params, {"tokens": tokens}))
+    full = np.asarray(run.task.apply(run.params, {"tokens": seqs}))
     result["path_expansion_max_error"] = float(np.abs(sum(terms.values()) - full).max())
     result["term_importance"] = paths.term_importance(run.params, x, pats,
                                                       pos_in_residual=m.pos not in C.SCORE_POS)

@@ -151,3 +151,22 @@ def test_circuits_runs_on_a_text_model_with_layernorm(tmp_path):
   assert last["text_icl_score"] == pytest.approx(nll[:, 31].mean() - nll[:, 5].mean(),
                                                  abs=1e-4)
   assert len(res["composition"]["k"]) == 64 and res["over_steps"][0]["step"] == 3
+
+
+def test_a_text_model_without_layernorm_has_its_terms_measured_on_its_own_text(tmp_path):
+  wd = str(tmp_path / "text")
+  cfg = tiny("configs/lm.py:attn_only,layers=2", [
+      "--config.train.progress=false", "--config.train.steps=3", "--config.data.tokenizer=bytes",
+      "--config.model.d_model=16", "--config.model.max_len=32", "--config.train.batch_size=4",
+      "--config.eval.batch_size=4", "--config.eval.lm_batches=1",
+      "--config.model.pos=qk_sinusoidal", "--config.model.layer_norm=false"])
+  loop.train(cfg, wd, log=lambda s: None)
+  res = report.circuits(wd, log=lambda s: None, samples=20, track=False)
+  assert res["term_importance_on"] == "text" and res["path_expansion_max_error"] < 1e-4
+  run = load(wd)
+  w = run.task.text_windows("valid", 16)        # the full model's loss on those windows
+  logits = np.asarray(run.task.apply(run.params, {"tokens": w}), np.float64)[:, :-1]
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(logp, w[:, 1:-1, None], -1)[..., 0]
+  assert res["term_importance"][-1]["loss"] == pytest.approx(nll.mean(), abs=1e-4)
