@@ -3,7 +3,9 @@
 Before every build: docs/index.md is the README with its links made relative,
 scripts/docs_results.py writes docs/results/*.md, and each
 Jupytext percent script docs/tutorials/NAME.py becomes docs/tutorials/NAME.md
-(code and prose; the scripts themselves run in the tests). Both are build outputs.
+(code and prose; the scripts themselves run in the tests), and each committed patching
+result docs/results/patching/NAME/ gets its explorer.html from mha_jax/assets. All are
+build outputs.
 """
 
 from __future__ import annotations
@@ -48,8 +50,16 @@ def write_index(docs):
   return dst
 
 
+def write_patching_pages(docs):
+  """docs/results/patching/*/explorer.html from their JSON (patching.explorer.write)."""
+  from mha_jax.patching import explorer
+  return [explorer.write(str(d)) for d in sorted((docs / "results" / "patching").glob("*/"))
+          if (d / "patching.json").exists() or (d / "dla.json").exists()]
+
+
 def on_config(config):
   docs = pathlib.Path(config["docs_dir"])
+  write_patching_pages(docs)
   docs_results.write_pages(docs)
   write_index(docs)
   write_tutorials(docs)

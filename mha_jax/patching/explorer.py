@@ -106,8 +106,14 @@ def rebuilt_study(out: str, run):
 
 
 def write(out: str, attention: dict | None = None, title: str | None = None) -> str:
-  """Writes out/explorer.html from the patching files in `out` (and the attention
-  view's data when given); returns its path."""
+  """Writes out/explorer.html from the patching files in `out` and the attention view's
+  data: `attention` when given (then kept as out/attention_view.json, so the page can be
+  written again without the model), else that file's when present. Returns its path."""
+  view = storage.join(out, "attention_view.json")
+  if attention is not None:
+    storage.write_json(view, attention)
+  elif storage.exists(view):
+    attention = storage.read_json(view)
   data = {**(attention or {}), "patching": patching_data(out)}
   path = storage.join(out, "explorer.html")
   doc = data["patching"].get("patching") or data["patching"]["dla"]

@@ -445,6 +445,9 @@ def test_a_written_result_gets_its_attention_view_from_the_same_run_only(patched
   again, first = page_json(copy), page_json(out)
   assert again["weights"] == first["weights"][:2]     # pair 0's clean and corrupt prompts
   assert again["patching"] == first["patching"]
+  os.remove(os.path.join(copy, "explorer.html"))     # written again without the model:
+  assert explorer.main([copy]) == 0                   # the kept attention_view.json
+  assert page_json(copy) == again
   doc = json.load(open(os.path.join(copy, "patching.json")))
   doc["pairs"][1]["ld_clean"] += 5.0                  # another model would give another LD
   with open(os.path.join(copy, "patching.json"), "w") as f:
