@@ -8,7 +8,7 @@ import uuid
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.pretrained import adapters, gguf_llama, hf_folder, registry
+from mha_jax.pretrained import adapters, gguf_file, hf_folder, registry
 
 TASK_OF_FAMILY = {"bert": "embedding", **{f: "pretrained_lm" for f in adapters.FAMILIES}}
 # Evaluation defaults written into config.json (eval = perplexity on the built-in text).
@@ -72,7 +72,7 @@ def read_model(name: str | None = None, file: str | None = None, dtype: str = "f
     if magic != b"GGUF":
       raise UserError(f"--file {path!r} is neither a GGUF file (its first bytes are "
                        f"{magic!r}, not b'GGUF') nor a Hugging Face folder")
-    params, mcfg, tok, tok_cfg, info = gguf_llama.read(path, dtype, place=place)
+    params, mcfg, tok, tok_cfg, info = gguf_file.read(path, dtype, place=place)
     digest = _sha256(path)
   task = TASK_OF_FAMILY[mcfg["family"]]
   cfg = {"task": task, "model": {**mcfg, "impl": "auto", "dtype": dtype},

@@ -28,7 +28,7 @@ from helpers import _converter_permute, _tiny_llama_hf, _write_tiny_gguf
 
 import mha_jax
 from mha_jax import cli
-from mha_jax.pretrained import gguf_llama, importer, registry
+from mha_jax.pretrained import gguf_file, importer, registry
 
 pytestmark = pytest.mark.xdist_group("pretrained")
 
@@ -447,7 +447,7 @@ def test_unpermute_inverts_the_converters_permutation():
   h, k, d = 3, 8, 5
   hf = np.arange(h * k * d, dtype=np.float32).reshape(h * k, d)
   stored = hf.reshape(h, 2, k // 2, d).swapaxes(1, 2).reshape(h * k, d)
-  np.testing.assert_array_equal(gguf_llama.unpermute_rope_rows(stored, h), hf)
+  np.testing.assert_array_equal(gguf_file.unpermute_rope_rows(stored, h), hf)
 
 
 # ------------------------------------------------------------------ --file: tiny models

@@ -45,7 +45,7 @@ ALLOWED = {   # (module, what it calls): why it is not workdir I/O
     ("mha_jax/pretrained/hf_folder.py", "os.path"):
         "the user's --file folder, read by safetensors (a local file)",
     ("mha_jax/pretrained/hf_folder.py", "open"): "the user's --file folder's JSON files",
-    ("mha_jax/pretrained/gguf_llama.py", "os.path"):
+    ("mha_jax/pretrained/gguf_file.py", "os.path"):
         "the user's --file GGUF, memory-mapped by gguf (a local file)",
 }
 
