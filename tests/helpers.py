@@ -6,6 +6,7 @@ Fixtures live in conftest.py; these are plain functions and constants
 """
 
 import json
+import math
 import os
 import shutil
 
@@ -407,3 +408,218 @@ def save_folder(model, folder, **save_kw) -> str:
   with open(os.path.join(folder, "tokenizer.json"), "w") as f:
     f.write(_tokenizer_json())
   return str(folder)
+
+
+# ------------------------------------------------ HF models as llama.cpp's converter writes GGUF
+
+# The tensor types a GGUF test file mixes (everything gguf.quants can quantize at 32-wide
+# blocks); 2-D tensors cycle through them, 1-D ones stay F32 as the converter keeps them.
+GGUF_CYCLE = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32")
+
+# llama.cpp architecture -> (CASES entry, overrides): the tiny model a GGUF test writes.
+# The overrides keep only what the converter carries (GPT-2: n_inner = 4 D, no per-layer
+# scale; NeoX: base 10000, which it does not write; Gemma 2: query_pre_attn_scalar = K,
+# which llama.cpp assumes below 27B) and make the MLP width a multiple of the 32 wide
+# quantization blocks.
+GGUF_CASES = {
+    "gpt2": ("gpt2", dict(n_inner=None, scale_attn_by_inverse_layer_idx=False)),
+    "gptneox": ("gpt_neox", dict(rope_parameters={"rope_theta": 10000.0, "rope_type": "default",
+                                                  "partial_rotary_factor": 0.5})),
+    "phi3": ("phi3_longrope", dict(intermediate_size=96, sliding_window=WINDOW)),
+    "gemma2": ("gemma2", dict(intermediate_size=96, query_pre_attn_scalar=16)),
+    "olmo2": ("olmo2", dict(intermediate_size=96)),
+    "qwen3": ("qwen3", dict(intermediate_size=256)),
+}
+
+
+def build_hf_for_gguf(arch: str, seed: int = 0):
+  case, kw = GGUF_CASES[arch]
+  cfg_cls, model_cls, base = CASES[case]
+  CASES[f"_gguf_{arch}"] = (cfg_cls, model_cls, dict(base, **kw))
+  try:
+    return build_hf(f"_gguf_{arch}", seed)
+  finally:
+    del CASES[f"_gguf_{arch}"]
+
+
+def _neox_to_gguf(x, h):
+  """GPT-NeoX's query_key_value rows [h][q, k, v][K] -> llama.cpp's [q; k; v]."""
+  return x.reshape(h, 3, -1, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+
+
+def _neox_from_gguf(x, h):
+  return x.reshape(3, h, -1, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+
+
+def _gguf_layout(model):
+  """(arch, metadata [(GGUFWriter method, value)], tensors [(GGUF name, HF name, array as
+  stored, stored -> HF)]) of a transformers model, following llama.cpp's
+  convert_hf_to_gguf.py for its class."""
+  c = model.config
+  sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+  same = lambda x: x  # noqa: E731
+  out = []
+
+  def put(gname, hname, to=same, back=same):
+    out.append((gname, hname, np.ascontiguousarray(to(sd[hname])), back))
+
+  mt = c.model_type
+  rp = getattr(c, "rope_parameters", None) or {}
+  if mt == "gpt2":
+    arch = "gpt2"
+    meta = [("add_block_count", c.n_layer), ("add_context_length", c.n_positions),
+            ("add_embedding_length", c.n_embd), ("add_feed_forward_length", 4 * c.n_embd),
+            ("add_head_count", c.n_head), ("add_layer_norm_eps", c.layer_norm_epsilon)]
+    p = "transformer."
+    put("token_embd.weight", p + "wte.weight")
+    put("position_embd.weight", p + "wpe.weight")
+    put("output_norm.weight", p + "ln_f.weight")
+    put("output_norm.bias", p + "ln_f.bias")
+    names = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+             "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+    for i in range(c.n_layer):
+      for hf, g in names.items():
+        conv = not hf.startswith("ln")   # Conv1D (in, out) -> (out, in)
+        put(f"blk.{i}.{g}.weight", f"{p}h.{i}.{hf}.weight", np.transpose if conv else same,
+            np.transpose if conv else same)
+        put(f"blk.{i}.{g}.bias", f"{p}h.{i}.{hf}.bias")
+  elif mt == "gpt_neox":
+    arch, h = "gptneox", c.num_attention_heads
+    rot = int(rp.get("partial_rotary_factor", 1.0) * (c.hidden_size // h))
+    meta = [("add_context_length", c.max_position_embeddings),
+            ("add_embedding_length", c.hidden_size), ("add_block_count", c.num_hidden_layers),
+            ("add_feed_forward_length", c.intermediate_size), ("add_rope_dimension_count", rot),
+            ("add_head_count", h), ("add_parallel_residual", c.use_parallel_residual),
+            ("add_layer_norm_eps", c.layer_norm_eps)]
+    p = "gpt_neox."
+    put("token_embd.weight", p + "embed_in.weight")
+    put("output_norm.weight", p + "final_layer_norm.weight")
+    put("output_norm.bias", p + "final_layer_norm.bias")
+    put("output.weight", "lm_head.weight")
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
+             "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
+    for i in range(c.num_hidden_layers):
+      for hf, g in names.items():
+        for part in ("weight", "bias"):
+          qkv = g == "attn_qkv"
+          put(f"blk.{i}.{g}.{part}", f"{p}layers.{i}.{hf}.{part}",
+              (lambda x: _neox_to_gguf(x, h)) if qkv else same,
+              (lambda x: _neox_from_gguf(x, h)) if qkv else same)
+  else:
+    arch = {"phi3": "phi3", "gemma2": "gemma2", "olmo2": "olmo2", "qwen3": "qwen3"}[mt]
+    d, h, g = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
+    meta = [("add_context_length", c.max_position_embeddings), ("add_embedding_length", d),
+            ("add_block_count", c.num_hidden_layers),
+            ("add_feed_forward_length", c.intermediate_size), ("add_head_count", h),
+            ("add_head_count_kv", g), ("add_layer_norm_rms_eps", c.rms_norm_eps)]
+    plus = (lambda x: x + np.float32(1), lambda x: x - np.float32(1)) if arch == "gemma2" \
+        else (same, same)
+    put("token_embd.weight", "model.embed_tokens.weight")
+    put("output_norm.weight", "model.norm.weight", *plus)
+    if not c.tie_word_embeddings:
+      put("output.weight", "lm_head.weight")
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
+             "input_layernorm": "attn_norm"}
+    names.update({"gemma2": {"post_attention_layernorm": "post_attention_norm",
+                             "pre_feedforward_layernorm": "ffn_norm",
+                             "post_feedforward_layernorm": "post_ffw_norm"},
+                  "olmo2": {"post_attention_layernorm": "post_attention_norm",
+                            "post_feedforward_layernorm": "post_ffw_norm"}}.get(
+                                arch, {"post_attention_layernorm": "ffn_norm"}))
+    for i in range(c.num_hidden_layers):
+      for hf, gname in names.items():
+        if f"model.layers.{i}.{hf}.weight" in sd:
+          put(f"blk.{i}.{gname}.weight", f"model.layers.{i}.{hf}.weight",
+              *(plus if hf.endswith("layernorm") else (same, same)))
+    if arch == "phi3":
+      rot = int(rp.get("partial_rotary_factor", 1.0) * d) // h
+      orig = c.original_max_position_embeddings
+      meta += [("add_rope_scaling_orig_ctx_len", orig), ("add_rope_dimension_count", rot),
+               ("add_rope_freq_base", rp["rope_theta"]),
+               ("add_sliding_window", c.sliding_window or 0)]
+      if rp.get("long_factor"):
+        scale = c.max_position_embeddings / orig
+        meta.append(("add_rope_scaling_attn_factors",
+                     math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0))
+        for kind in ("long", "short"):
+          out.append((f"rope_factors_{kind}.weight", None,
+                      np.asarray(rp[f"{kind}_factor"], np.float32), None))
+    elif arch == "gemma2":
+      meta += [("add_key_length", c.head_dim), ("add_value_length", c.head_dim),
+               ("add_attn_logit_softcapping", c.attn_logit_softcapping),
+               ("add_final_logit_softcapping", c.final_logit_softcapping),
+               ("add_sliding_window", c.sliding_window)]
+    else:
+      meta.append(("add_rope_freq_base", rp["rope_theta"]))
+      if getattr(c, "head_dim", None):
+        meta += [("add_key_length", c.head_dim), ("add_value_length", c.head_dim)]
+  return arch, meta, out
+
+
+def _put_tensor(writer, name, x, qtype):
+  import gguf
+  t = getattr(gguf.GGMLQuantizationType, qtype)
+  if qtype == "F32":
+    writer.add_tensor(name, x.astype(np.float32))
+  elif qtype == "F16":
+    writer.add_tensor(name, x.astype(np.float16))
+  else:
+    writer.add_tensor(name, gguf.quants.quantize(x.astype(np.float32), t), raw_dtype=t)
+
+
+def _add_byte_level_vocab(writer, n):
+  """A byte-level BPE vocabulary of n single-character tokens (tokenizer.ggml.*)."""
+  from tokenizers import pre_tokenizers
+  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())[:n]
+  writer.add_tokenizer_model("gpt2")
+  writer.add_tokenizer_pre("gpt2")
+  writer.add_token_list(alphabet)
+  writer.add_token_types([1] * len(alphabet))
+  writer.add_token_merges([])
+
+
+def write_gguf(model, path, types: dict | None = None, extra_meta=()):
+  """`model` (transformers) written as llama.cpp's converter would, in mixed tensor types
+  (types: GGUF name -> type; default: 2-D tensors cycle through GGUF_CYCLE, 1-D stay F32).
+  Returns (architecture, {HF name: the values the file holds, read back and mapped to the
+  HF layout}): load those into the model for the reference."""
+  import gguf
+  arch, meta, tensors = _gguf_layout(model)
+  w = gguf.GGUFWriter(str(path), arch)
+  for method, value in list(meta) + list(extra_meta):
+    getattr(w, method)(value)
+  _add_byte_level_vocab(w, model.get_input_embeddings().weight.shape[0])
+  n2 = 0
+  for gname, _, x, _ in tensors:
+    qt = (types or {}).get(gname)
+    if qt is None:
+      qt = GGUF_CYCLE[n2 % len(GGUF_CYCLE)] if x.ndim == 2 else "F32"
+      n2 += x.ndim == 2
+    _put_tensor(w, gname, x, qt)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  back = {t.name: np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type),
+                             np.float32) for t in gguf.GGUFReader(str(path)).tensors}
+  held = {hname: np.ascontiguousarray(to_hf(back[gname]))
+          for gname, hname, _, to_hf in tensors if hname is not None}
+  return arch, held
+
+
+def load_held(model, held):
+  """The model with its weights replaced by `held` (write_gguf's); tied copies follow."""
+  import torch
+  sd = model.state_dict()
+  missing = [k for k in sd if k not in held and not k.endswith((".attn.bias",
+                                                               ".attn.masked_bias"))]
+  tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+  assert set(missing) <= tied | {k for k in missing if "rotary_emb" in k}, missing
+  model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in held.items()},
+                        strict=False)
+  return model

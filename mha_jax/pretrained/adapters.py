@@ -19,7 +19,8 @@ model-level ones; a row with a condition is taken only when the config enables i
   lin           nn.Linear (out, in) -> (in, out)          conv  GPT-2 Conv1D (in, out) as is
   q / kv / o    nn.Linear rows -> (D, H, K) / (D, G, K) / (H, K, D)
   bq / bkv      biases -> (H, K) / (G, K)
-  qkv           Phi-3's fused rows [q (H K); k (G K); v (G K)]
+  qkv           fused rows [q (H K); k (G K); v (G K)] (Phi-3; GGUF's attn_qkv, weights
+                and bias)
   neox_qkv      GPT-NeoX's rows interleaved per head [h][q, k, v][K] (weights and bias)
   gpt2_qkv      GPT-2's Conv1D c_attn (D, 3 D) columns [q; k; v] (weights and bias)
   gpt2_o        GPT-2's Conv1D c_proj (H K, D) -> (H, K, D)
@@ -626,6 +627,10 @@ def _convert(t: Tensors, name, kind, s, family, dt):
   if kind == "gpt2_o":
     return {"": cast(t.take(name, (h * k, d)).reshape(h, k, d))}
   if kind == "qkv":
+    if name.endswith(".bias"):
+      b = t.take(name, (h * k + 2 * g * k,))
+      return {"q": cast(b[:h * k].reshape(h, k)), "k": cast(b[h * k:h * k + g * k].reshape(g, k)),
+              "v": cast(b[h * k + g * k:].reshape(g, k))}
     w = t.take(name, (h * k + 2 * g * k, d))
     q, kk, v = w[:h * k], w[h * k:h * k + g * k], w[h * k + g * k:]
     return {"wq": cast(q.T.reshape(d, h, k)), "wk": cast(kk.T.reshape(d, g, k)),

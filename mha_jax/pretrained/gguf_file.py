@@ -1,23 +1,37 @@
-"""A GGUF file (llama, qwen2, qwen3, gemma3 architectures) -> mha-jax decoder params,
-config and tokenizer.
+"""A GGUF file -> mha-jax decoder params, config and tokenizer, for llama.cpp's
+architectures llama, qwen2, qwen3, gemma2, gemma3, olmo2, phi3, gpt2 and gptneox (mapped
+onto the Hugging Face families llama, qwen2, qwen3, gemma2, gemma3, olmo2, phi3, gpt2,
+gpt_neox: the same adapter tables and the one decoder forward).
 
-Tensors are dequantized with `gguf` (F32, F16, BF16, Q4_0, Q4_1, Q8_0, ... whatever
-gguf.quants can dequantize). GGUF stores a linear layer as (out, in), like torch.
-llama.cpp's converter permutes the rows of Q and K within each head, turning Hugging
-Face's half-split RoPE layout (pairs (j, j + K/2)) into its own interleaved one (pairs
-(2j, 2j + 1)): rows (h, half, j) are stored as (h, j, half). `unpermute_rope_rows` undoes
-that, so the model applies RoPE in the half-split layout.
+Tensors are dequantized with `gguf` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the
+K-quants: whatever gguf.quants can dequantize). GGUF stores a linear layer as (out, in),
+like torch. The conventions of llama.cpp's converter (convert_hf_to_gguf.py) undone here:
+
+  llama     Q and K rows permuted within each head, turning Hugging Face's half-split
+            RoPE layout (pairs (j, j + K/2)) into the interleaved one llama.cpp's llama
+            runs (pairs (2j, 2j + 1)): rows (h, half, j) are stored as (h, j, half);
+            `unpermute_rope_rows` undoes it. Every other architecture here runs
+            llama.cpp's NeoX (half-split) RoPE and is stored unpermuted.
+  gemma2/3  norm weights stored as 1 + w (Gemma's RMSNorm scales by 1 + w).
+  gpt2      Conv1D weights transposed to (out, in); c_attn is attn_qkv [q; k; v] (weights
+            and bias), wpe is position_embd.
+  gptneox   query_key_value's rows, interleaved per head [h][q, k, v][K], reordered to
+            [q; k; v] (weights and bias); partial rotary as rope.dimension_count.
+  phi3      qkv_proj kept fused as attn_qkv (or split as attn_q / attn_k / attn_v),
+            gate_up_proj as ffn_up [gate (F); up (F)]; LongRoPE as the tensors
+            rope_factors_long / rope_factors_short and rope.scaling.attn_factor.
+
+Metadata: every `{arch}.*` key is in the architecture's table (_GGUF_KEYS) or refused by
+name; a value that cannot be run exactly is refused naming the file, key and value.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import numpy as np
 
 from mha_jax.errors import UserError
-
 
 
 def unpermute_rope_rows(w_OI: np.ndarray, num_heads: int) -> np.ndarray:
@@ -47,44 +61,95 @@ def open_reader(path: str):
                      f"{type(e).__name__}: {e}") from None
 
 
-# llama.cpp's tensor names per architecture -> (param path, kind) of the decoder layout.
-# kinds: as adapters.py ("vec", "lin", "q", "kv", "o", "bq", "bkv", "head_norm"); "q*"
-# and "kv*" are Q and K rows that llama.cpp's converter permuted (llama only).
-_NORMS = (("attn_norm.weight", "vec", "ln1.scale"), ("ffn_norm.weight", "vec", "ln2.scale"))
-_QKVO = (("attn_q.weight", "q", "attn.wq"), ("attn_k.weight", "kv", "attn.wk"),
-         ("attn_v.weight", "kv", "attn.wv"), ("attn_output.weight", "o", "attn.wo"))
-_QK_NORM = (("attn_q_norm.weight", "head_norm", "attn.q_norm"),
-            ("attn_k_norm.weight", "head_norm", "attn.k_norm"))
-_MLP = (("ffn_gate.weight", "lin", "mlp.w_gate"), ("ffn_up.weight", "lin", "mlp.w_up"),
-        ("ffn_down.weight", "lin", "mlp.w_down"))
+# llama.cpp's tensor names per architecture -> (name under blk.{i}., kind, param target,
+# optional). kinds: as adapters.py; "q*" / "kv*" are Q / K rows the converter permuted
+# (llama only). An optional row is taken when layer 0 has the tensor (biases, Phi-3's
+# fused or split QKV); every tensor of the file must still be taken.
+_NORMS = (("attn_norm.weight", "vec", "ln1.scale", False),
+          ("ffn_norm.weight", "vec", "ln2.scale", False))
+_QKVO = (("attn_q.weight", "q", "attn.wq", False), ("attn_k.weight", "kv", "attn.wk", False),
+         ("attn_v.weight", "kv", "attn.wv", False), ("attn_output.weight", "o", "attn.wo", False))
+_QK_NORM = (("attn_q_norm.weight", "head_norm", "attn.q_norm", False),
+            ("attn_k_norm.weight", "head_norm", "attn.k_norm", False))
+_MLP = (("ffn_gate.weight", "lin", "mlp.w_gate", False), ("ffn_up.weight", "lin", "mlp.w_up", False),
+        ("ffn_down.weight", "lin", "mlp.w_down", False))
+_GEMMA_NORMS = (("attn_norm.weight", "vec", "ln1.scale", False),
+                ("post_attention_norm.weight", "vec", "ln1_post.scale", False),
+                ("ffn_norm.weight", "vec", "ln2.scale", False),
+                ("post_ffw_norm.weight", "vec", "ln2_post.scale", False))
+# GPT-2 and GPT-NeoX: LayerNorm with bias, fused [q; k; v] with bias, biased MLP.
+_LN_BIASED = (("attn_norm.weight", "vec", "ln1.scale", False),
+              ("attn_norm.bias", "vec", "ln1.bias", False),
+              ("attn_qkv.weight", "qkv", "attn", False), ("attn_qkv.bias", "qkv", "attn.b", True),
+              ("attn_output.weight", "o", "attn.wo", False),
+              ("attn_output.bias", "vec", "attn.bo", True),
+              ("ffn_norm.weight", "vec", "ln2.scale", False),
+              ("ffn_norm.bias", "vec", "ln2.bias", False),
+              ("ffn_up.weight", "lin", "mlp.w_up", False), ("ffn_up.bias", "vec", "mlp.b_up", True),
+              ("ffn_down.weight", "lin", "mlp.w_down", False),
+              ("ffn_down.bias", "vec", "mlp.b_down", True))
 _GGUF_LAYER = {
-    "llama": _NORMS + (("attn_q.weight", "q*", "attn.wq"), ("attn_k.weight", "kv*", "attn.wk"))
-             + _QKVO[2:] + _MLP,
-    "qwen2": _NORMS + _QKVO + (("attn_q.bias", "bq", "attn.bq"), ("attn_k.bias", "bkv", "attn.bk"),
-                               ("attn_v.bias", "bkv", "attn.bv")) + _MLP,
+    "llama": _NORMS + (("attn_q.weight", "q*", "attn.wq", False),
+                       ("attn_k.weight", "kv*", "attn.wk", False)) + _QKVO[2:] + _MLP,
+    "qwen2": _NORMS + _QKVO + (("attn_q.bias", "bq", "attn.bq", False),
+                               ("attn_k.bias", "bkv", "attn.bk", False),
+                               ("attn_v.bias", "bkv", "attn.bv", False)) + _MLP,
     "qwen3": _NORMS + _QKVO + _QK_NORM + _MLP,
-    # Gemma 3: llama.cpp stores the norms as 1 + w already; no Q/K permutation.
-    "gemma3": (("attn_norm.weight", "vec", "ln1.scale"),
-               ("post_attention_norm.weight", "vec", "ln1_post.scale"),
-               ("ffn_norm.weight", "vec", "ln2.scale"),
-               ("post_ffw_norm.weight", "vec", "ln2_post.scale")) + _QKVO + _QK_NORM + _MLP,
+    "gemma2": _GEMMA_NORMS + _QKVO + _MLP,
+    "gemma3": _GEMMA_NORMS + _QKVO + _QK_NORM + _MLP,
+    # OLMo 2: no pre-norms; RMSNorm over the whole Q (H K) and K (G K) projections.
+    "olmo2": (("post_attention_norm.weight", "vec", "ln1_post.scale", False),
+              ("post_ffw_norm.weight", "vec", "ln2_post.scale", False),
+              ("attn_q_norm.weight", "whole_q", "attn.q_norm", False),
+              ("attn_k_norm.weight", "whole_k", "attn.k_norm", False)) + _QKVO + _MLP,
+    "phi3": _NORMS + (("attn_qkv.weight", "qkv", "attn", True),
+                      ("attn_q.weight", "q", "attn.wq", True),
+                      ("attn_k.weight", "kv", "attn.wk", True),
+                      ("attn_v.weight", "kv", "attn.wv", True),
+                      ("attn_output.weight", "o", "attn.wo", False),
+                      ("ffn_up.weight", "gate_up", "mlp", False),
+                      ("ffn_down.weight", "lin", "mlp.w_down", False)),
+    "gpt2": _LN_BIASED,
+    "gptneox": _LN_BIASED,
 }
 SUPPORTED_ARCH = tuple(_GGUF_LAYER)
+# llama.cpp's architecture -> the Hugging Face family it maps onto (adapters.FAMILIES)
+_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+           "gemma3": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2",
+           "gptneox": "gpt_neox"}
+_LAYER_NORM_ARCH = ("gpt2", "gptneox")   # LayerNorm (with bias), not RMSNorm
+
 # Metadata keys read per architecture (besides general.* and tokenizer.*); any other
 # "{arch}.*" key is refused by name.
-_GGUF_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length",
-              "attention.head_count", "attention.head_count_kv", "attention.key_length",
-              "attention.value_length", "attention.layer_norm_rms_epsilon",
-              "rope.freq_base", "rope.dimension_count", "rope.scaling.type",
-              "rope.scaling.factor", "attention.sliding_window", "vocab_size",
-              "rope.scaling.original_context_length", "rope.scaling.finetuned")
+_SIZES = ("context_length", "embedding_length", "block_count", "feed_forward_length",
+          "attention.head_count", "attention.head_count_kv", "attention.key_length",
+          "attention.value_length", "vocab_size")
+_ROPE = ("rope.freq_base", "rope.dimension_count", "rope.scaling.type",
+         "rope.scaling.factor", "rope.scaling.original_context_length",
+         "rope.scaling.finetuned")
+_RMS = ("attention.layer_norm_rms_epsilon",)
+_WINDOW = ("attention.sliding_window",)
+_GGUF_KEYS = {
+    "llama": _SIZES + _ROPE + _RMS + _WINDOW, "qwen2": _SIZES + _ROPE + _RMS + _WINDOW,
+    "qwen3": _SIZES + _ROPE + _RMS + _WINDOW, "gemma3": _SIZES + _ROPE + _RMS + _WINDOW,
+    "gemma2": _SIZES + _ROPE + _RMS + _WINDOW + ("attn_logit_softcapping",
+                                                 "final_logit_softcapping"),
+    "olmo2": _SIZES + _ROPE + _RMS,
+    "phi3": _SIZES + _ROPE + _RMS + _WINDOW + ("rope.scaling.attn_factor",),
+    "gpt2": _SIZES + ("attention.layer_norm_epsilon",),
+    "gptneox": _SIZES + _ROPE + ("attention.layer_norm_epsilon", "use_parallel_residual"),
+}
+# llama.cpp's Gemma 2 / 3 27B (46 / 62 layers) scale queries by 1 / sqrt(D / H), the other
+# sizes by 1 / sqrt(K) (llama-model.cpp, load_hparams): the files carry no scale key.
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 def read(path: str, dtype: str = "float32", place=None):
   """(params as NumPy, model config dict, tokenizers.Tokenizer, tokenizer config, info).
   place: adapters.build_params's (each tensor placed as it is converted).
 
-  Architectures: llama (SmolLM2, Llama 3, Mistral's GGUFs), qwen2, qwen3, gemma3."""
+  Architectures: llama (SmolLM2, Llama 3, Mistral's GGUFs), qwen2, qwen3, gemma2, gemma3,
+  olmo2, phi3, gpt2, gptneox."""
   import gguf
   from mha_jax.pretrained import adapters, hf_folder
   from mha_jax.pretrained import tokenizer as tk
@@ -94,7 +159,7 @@ def read(path: str, dtype: str = "float32", place=None):
     raise UserError(f"--file {path!r}: general.architecture is {arch!r}; only "
                      f"{SUPPORTED_ARCH} GGUF files are supported")
   for key in reader.fields:
-    if key.startswith(arch + ".") and key[len(arch) + 1:] not in _GGUF_KEYS:
+    if key.startswith(arch + ".") and key[len(arch) + 1:] not in _GGUF_KEYS[arch]:
       raise UserError(f"--file {path!r}: GGUF metadata key {key!r} "
                        f"(= {_field(reader, key, path=path)!r}) is not implemented for "
                        f"{arch}; refused rather than ignored")
@@ -103,48 +168,81 @@ def read(path: str, dtype: str = "float32", place=None):
     return _field(reader, f"{arch}.{key}", default, path=path,
                   required=required and default is None)
 
+  def refuse(key, value, why):
+    raise UserError(f"--file {path!r}: {arch}.{key}={value!r} {why} (refused, not "
+                     f"approximated)")
+
+  by_name = {t.name: t for t in reader.tensors}
   d = int(meta("embedding_length"))
   h = int(meta("attention.head_count"))
   h_kv = int(meta("attention.head_count_kv", h))
   k = int(meta("attention.key_length", d // h))
   if int(meta("attention.value_length", k)) != k:
-    raise UserError(f"--file {path!r}: attention.value_length differs from key_length {k}")
-  rot = int(meta("rope.dimension_count", k))
-  scaling = _field(reader, f"{arch}.rope.scaling.type", None, path=path)
+    refuse("attention.value_length", meta("attention.value_length"),
+           f"differs from the key length {k}")
+  if h_kv < 1 or h % h_kv:
+    refuse("attention.head_count_kv", h_kv, f"must divide attention.head_count={h}")
+  if arch in _LAYER_NORM_ARCH:
+    # llama.cpp's GPT-2 and GPT-NeoX graphs take Q, K, V as views of one (3 D) projection.
+    if h_kv != h:
+      refuse("attention.head_count_kv", h_kv, f"(grouped heads) with {arch}'s fused QKV")
+    if k * h != d:
+      refuse("attention.key_length", k, f"with {h} heads of embedding_length {d}")
   n_layers = int(meta("block_count"))
-  base = float(meta("rope.freq_base", 1e6 if arch == "gemma3" else 10000.0))
-  rope = {"type": "default", "base": base, "dim": rot}
-  if scaling == "linear":
-    rope = dict(rope, type="linear", factor=float(meta("rope.scaling.factor")))
-  elif scaling not in (None, "none"):
-    raise UserError(f"--file {path!r}: {arch}.rope.scaling.type={scaling!r} is not "
-                     f"implemented (linear is)")
-  if rot % 2 or rot > k:
-    raise UserError(f"--file {path!r}: rope.dimension_count={rot} with head width {k}")
   s = dict(d=d, h=h, g=h_kv, k=k, n=n_layers, f=int(meta("feed_forward_length")),
-           eps=float(meta("attention.layer_norm_rms_epsilon")),
-           max_len=int(meta("context_length", 2048)), act="silu", tied=True)
-  window = meta("attention.sliding_window", 0)
-  if arch == "gemma3":
-    # llama.cpp's Gemma 3: every 6th layer global (base rope.freq_base, scaling), the
-    # others local with a sliding window and base 10000; scores scaled by 1 / sqrt(K);
-    # embeddings by sqrt(D); GELU (tanh).
-    s["layer_types"] = ["sliding_attention" if (i + 1) % 6 else "full_attention"
-                        for i in range(n_layers)]
-    s["window"] = int(window)
-    s["rope"] = {"full_attention": rope,
-                 "sliding_attention": {"type": "default", "base": 10000.0, "dim": rot}}
-    s.update(act="gelu_tanh", scale=k ** -0.5, embed_scale=float(np.float32(d ** 0.5)))
+           max_len=int(meta("context_length", 2048)), tied="output.weight" not in by_name)
+  if arch in _LAYER_NORM_ARCH:
+    s["eps"] = float(meta("attention.layer_norm_epsilon"))
   else:
-    if window:
-      raise UserError(f"--file {path!r}: {arch}.attention.sliding_window={window} is not "
-                       f"implemented for {arch} GGUF files")
-    s["layer_types"], s["window"] = ["full_attention"] * n_layers, None
-    s["rope"] = {"full_attention": rope}
+    s["eps"] = float(meta("attention.layer_norm_rms_epsilon"))
+  s["act"] = {"gemma2": "gelu_tanh", "gemma3": "gelu_tanh", "gpt2": "gelu_tanh",
+              "gptneox": "gelu"}.get(arch, "silu")
+  s["layer_types"], s["window"] = ["full_attention"] * n_layers, None
+  rope = None
+  if arch != "gpt2":   # GPT-2: learned positions, no RoPE
+    rope = _rope(meta, refuse, arch, k, by_name, reader, path)
+  s["rope"] = None if rope is None else {"full_attention": rope}
+  window = meta("attention.sliding_window", 0)
+  if arch in ("gemma2", "gemma3"):
+    # llama.cpp's Gemma 2: even layers local (pattern 2), Gemma 3: every 6th layer global
+    # (pattern 6), base 10000 without scaling on the local ones; a window of 4096 when
+    # Gemma 2's file has none; queries scaled (see _GEMMA_27B_LAYERS); embeddings by
+    # sqrt(D); GELU (tanh); Gemma 2 soft-caps scores and logits (50 / 30 by default).
+    pattern = 2 if arch == "gemma2" else 6
+    s["layer_types"] = ["sliding_attention" if i % pattern < pattern - 1 else "full_attention"
+                        for i in range(n_layers)]
+    if arch == "gemma2":
+      window = meta("attention.sliding_window", 4096)
+      s["attn_softcap"] = float(meta("attn_logit_softcapping", 50.0))
+      s["final_softcap"] = float(meta("final_logit_softcapping", 30.0))
+      s["rope"]["sliding_attention"] = rope
+    else:
+      window = meta("attention.sliding_window")
+      s["rope"]["sliding_attention"] = {"type": "default", "base": 10000.0,
+                                        "dim": rope["dim"]}
+    s["window"] = int(window)
+    big = n_layers == _GEMMA_27B_LAYERS[arch]
+    s.update(scale=(d // h if big else k) ** -0.5, embed_scale=float(np.float32(d ** 0.5)))
+  elif arch == "phi3":
+    # Phi-3: one window for every layer (0: none, Phi-4). llama.cpp currently runs Phi-3
+    # without its window (llama_model_phi3::load_arch_hparams); transformers' Phi-3,
+    # which the file was converted from, slides: that is what is run here.
+    if int(window) > 0:
+      s["layer_types"] = ["sliding_attention"] * n_layers
+      s["window"] = int(window)
+      s["rope"] = {"sliding_attention": rope}
+  elif window:
+    refuse("attention.sliding_window", window, f"is not implemented for {arch}")
+  if arch == "gptneox":
+    s["parallel"] = bool(meta("use_parallel_residual"))
+  if arch == "gpt2":
+    s["scale"] = k ** -0.5
   np_dtype = hf_folder._np_dtype(dtype)
 
   qtypes: dict[str, int] = {}
-  by_name = {t.name: t for t in reader.tensors}
+  lin_shapes = {"ffn_gate.weight": (s["f"], d), "ffn_down.weight": (d, s["f"])}
+  if arch != "phi3":
+    lin_shapes["ffn_up.weight"] = (s["f"], d)
 
   def get(name):
     t = by_name[name]
@@ -157,6 +255,11 @@ def read(path: str, dtype: str = "float32", place=None):
     if w.shape != expect:
       raise UserError(f"--file {path!r}: tensor {name!r} has {w.shape} values, header "
                        f"says {expect} (truncated file?)")
+    want = lin_shapes.get(name.split(".", 2)[-1]) if name.startswith("blk.") else None
+    if want is not None and w.shape != want:
+      raise UserError(f"--file {path!r}: tensor {name!r} has shape {w.shape}; "
+                       f"{arch}.feed_forward_length={s['f']} and embedding_length={d} "
+                       f"say {want}")
     qtypes[t.tensor_type.name] = qtypes.get(t.tensor_type.name, 0) + 1
     if name.endswith("attn_q.weight") and arch == "llama":
       w = unpermute_rope_rows(w, h)
@@ -168,16 +271,30 @@ def read(path: str, dtype: str = "float32", place=None):
   if embed_t is None:
     raise UserError(f"--file {path!r}: tensor 'token_embd.weight' is missing")
   s["v"] = int(embed_t.shape[1])
-  s["tied"] = "output.weight" not in by_name
-  layer_rows = tuple((n, kind.rstrip("*"), target, None) for n, kind, target in _GGUF_LAYER[arch])
-  fam = adapters.Family(arch, (), {}, (("token_embd.weight", "vec", "embed", None),
-                                       ("output_norm.weight", "vec", "lm.ln_final.scale", None),
-                                       ("output.weight", "lin", "unembed", "untied")),
-                        layer_rows, prefixes=("",), layer_prefix="blk.{i}.", ignore_tensors=())
-  t = adapters.Tensors(get, list(by_name), f"--file {path!r}", ("",), np_dtype)
+  layer_rows = tuple((n, kind.rstrip("*"), target, None)
+                     for n, kind, target, optional in _GGUF_LAYER[arch]
+                     if not optional or f"blk.0.{n}" in by_name)
+  if arch == "phi3" and ("blk.0.attn_qkv.weight" in by_name) == ("blk.0.attn_q.weight"
+                                                                  in by_name):
+    raise UserError(f"--file {path!r}: a phi3 layer needs attn_qkv.weight or attn_q / "
+                     f"attn_k / attn_v weights (exactly one of the two)")
+  top = [("token_embd.weight", "vec", "embed", None)]
+  if arch == "gpt2":
+    top.append(("position_embd.weight", "vec", "pos_embed", None))
+  top.append(("output_norm.weight", "vec", "lm.ln_final.scale", None))
+  if arch in _LAYER_NORM_ARCH:
+    top.append(("output_norm.bias", "vec", "lm.ln_final.bias", None))
+  top.append(("output.weight", "lin", "unembed", "untied"))
+  fam = adapters.Family(_FAMILY[arch], (), {}, tuple(top), layer_rows, prefixes=("",),
+                        layer_prefix="blk.{i}.", ignore_tensors=(),
+                        norm="layer" if arch in _LAYER_NORM_ARCH else "rms")
+  names = [n for n in by_name if n not in _ROPE_FACTOR_TENSORS]
+  t = adapters.Tensors(get, names, f"--file {path!r}", ("",), np_dtype)
   params = adapters.build_params(fam, s, t, np_dtype, place=place)
-  family = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}[arch]
-  cfg = adapters.model_config(s, dataclasses.replace(fam, name=family))
+  if arch == "gpt2" and params["pos_embed"].shape[0] != s["max_len"]:
+    raise UserError(f"--file {path!r}: position_embd has {params['pos_embed'].shape[0]} "
+                     f"rows, {arch}.context_length={s['max_len']}")
+  cfg = adapters.model_config(s, fam)
 
   tokens = _field(reader, "tokenizer.ggml.tokens", path=path, required=True)
   model = _field(reader, "tokenizer.ggml.model", path=path, required=True)
@@ -186,11 +303,12 @@ def read(path: str, dtype: str = "float32", place=None):
     tok = tk.from_gguf_vocab(tokens, _field(reader, "tokenizer.ggml.merges", [], path=path),
                              types, _field(reader, "tokenizer.ggml.pre", "default", path=path),
                              f"--file {path!r}")
-  elif model == "llama" and arch == "gemma3":
+  elif model == "llama" and arch in ("gemma2", "gemma3"):
     tok = tk.from_gguf_gemma(tokens, types, f"--file {path!r}")
   else:
     raise UserError(f"--file {path!r}: tokenizer.ggml.model={model!r} is not supported for "
-                     f"{arch} (byte-level BPE 'gpt2', or Gemma's SentencePiece 'llama')")
+                     f"{arch} (byte-level BPE 'gpt2', or Gemma's SentencePiece 'llama'; "
+                     f"Llama 2 style SentencePiece with a prefix space is not implemented)")
   if len(tokens) != s["v"]:
     raise UserError(f"--file {path!r}: {len(tokens)} tokens but the embedding has "
                      f"{s['v']} rows")
@@ -208,6 +326,55 @@ def read(path: str, dtype: str = "float32", place=None):
   return params, cfg, tok, tok_cfg, info
 
 
+_ROPE_FACTOR_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def _rope(meta, refuse, arch, k, by_name, reader, path) -> dict:
+  """The RoPE setting dict (models/rope_scaling) of the file's global layers."""
+  import gguf
+  rot = int(meta("rope.dimension_count", k))
+  if rot % 2 or rot < 2 or rot > k:
+    refuse("rope.dimension_count", rot, f"with head width {k} (must be even, 2..{k})")
+  if arch == "olmo2" and rot != k:
+    refuse("rope.dimension_count", rot, f"(partial rotary) for olmo2: llama.cpp's OLMo 2 "
+           f"rotates all {k} features")
+  default_base = 1e6 if arch == "gemma3" else 10000.0
+  rope = {"type": "default", "base": float(meta("rope.freq_base", default_base)), "dim": rot}
+  scaling = meta("rope.scaling.type", "none")
+  has_factors = [n in by_name for n in _ROPE_FACTOR_TENSORS]
+  if arch == "phi3" and any(has_factors):
+    # LongRoPE as transformers' Phi-3 runs it: theta_i / short_i up to the original
+    # context length, theta_i / long_i past it, cos / sin scaled by the attention factor.
+    if not all(has_factors):
+      raise UserError(f"--file {path!r}: LongRoPE needs both {_ROPE_FACTOR_TENSORS}")
+    if scaling not in ("none", "longrope"):
+      refuse("rope.scaling.type", scaling, "with LongRoPE factor tensors")
+    ctx = int(meta("context_length"))
+    orig = int(meta("rope.scaling.original_context_length"))
+    factors = {}
+    for n in _ROPE_FACTOR_TENSORS:
+      t = by_name[n]
+      x = np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type), np.float64)
+      if x.shape != (rot // 2,):
+        raise UserError(f"--file {path!r}: tensor {n!r} has shape {x.shape}; "
+                         f"rope.dimension_count={rot} needs ({rot // 2},)")
+      factors[n.split("_")[2].split(".")[0]] = [float(v) for v in x]
+    rope.update(type="longrope", short_factor=factors["short"], long_factor=factors["long"],
+                original_max_position_embeddings=orig, factor=ctx / orig)
+    att = meta("rope.scaling.attn_factor", None, required=False)
+    if att is not None:
+      rope["attention_factor"] = float(att)
+    return rope
+  if scaling == "linear" and meta("rope.scaling.factor", None, required=False) is not None:
+    rope = dict(rope, type="linear", factor=float(meta("rope.scaling.factor")))
+  elif scaling not in ("none", "linear"):
+    refuse("rope.scaling.type", scaling, "is not implemented (linear is)")
+  att = meta("rope.scaling.attn_factor", None, required=False)
+  if att is not None and float(att) != 1.0:
+    refuse("rope.scaling.attn_factor", att, "without LongRoPE factor tensors")
+  return rope
+
+
 def _dequantize_rows(gguf, t, rows_per_chunk: int = 8192) -> np.ndarray:
   """A tensor dequantized to float32 a block of rows at a time into one output array: the
   library's temporaries stay the size of a block, not of the tensor (a 262,144-row
@@ -222,11 +389,4 @@ def _dequantize_rows(gguf, t, rows_per_chunk: int = 8192) -> np.ndarray:
     out[a:a + rows_per_chunk] = gguf.quants.dequantize(data[a:a + rows_per_chunk],
                                                        t.tensor_type)
   return out
-
-
-def _contiguous(tree):
-  if isinstance(tree, dict):
-    return {k: _contiguous(v) for k, v in tree.items()}
-  return np.ascontiguousarray(tree, np.float32)
-
 

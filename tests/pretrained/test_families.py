@@ -430,89 +430,87 @@ def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
 
 
 # --------------------------------------------------------------------------
-# GGUF round trip (llama.cpp's names, written with gguf's GGUFWriter).
+# GGUF round trips: tiny models written as llama.cpp's converter writes them (names,
+# layouts, metadata; tests/helpers.py), in mixed tensor types, imported with --file.
 # --------------------------------------------------------------------------
 
-_QWEN3_GGUF = {"self_attn.q_proj": ("attn_q", "Q8_0"), "self_attn.k_proj": ("attn_k", "F16"),
-               "self_attn.v_proj": ("attn_v", "Q4_1"), "self_attn.o_proj": ("attn_output", "F32"),
-               "self_attn.q_norm": ("attn_q_norm", "F32"),
-               "self_attn.k_norm": ("attn_k_norm", "F32"),
-               "mlp.gate_proj": ("ffn_gate", "Q4_0"), "mlp.up_proj": ("ffn_up", "Q8_0"),
-               "mlp.down_proj": ("ffn_down", "Q5_0"), "input_layernorm": ("attn_norm", "F32"),
-               "post_attention_layernorm": ("ffn_norm", "F32")}
+# The architectures transformers' own GGUF reader loads (an independent reading of the
+# file's tensor names and layouts), and the settings the file carries that its reader
+# leaves at config defaults (context_length goes to GPT-2's unused n_ctx; Phi-3's
+# rope.dimension_count, LongRoPE and window, Gemma 2's softcaps are not read; llama.cpp's
+# Gemma 2 scale is 1 / sqrt(K)): copied from the written model's config.
+TRANSFORMERS_READS = {
+    "gpt2": ("n_positions",),
+    "phi3": ("sliding_window", "rope_parameters", "original_max_position_embeddings",
+             "pad_token_id"),
+    "gemma2": ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")}
+GGUF_PARITY = {}   # arch -> (tensor types, references and their max relative errors)
 
 
-def test_gguf_round_trip_of_a_qwen3_model(tmp_path):
-  """A Qwen3 model written as llama.cpp names its tensors, in Q8_0 / Q4_0 / Q4_1 / Q5_0 /
-  F16 / F32: the import matches transformers running the dequantized weights."""
-  import gguf
-  from tokenizers import pre_tokenizers
-  kw = dict(CASES["qwen3"][2], intermediate_size=256)   # (gguf quantizes no K-quant; the
-  # K-quants Q4_K / Q6_K are dequantized in the real Gemma 3 file, tests/pretrained/test_gemma3.py)
-  torch.manual_seed(0)
-  cfg = transformers.Qwen3Config(**kw)
+def transformers_from_gguf(path, overrides):
+  """transformers' model as its own GGUF reader builds it from the file (config, tensors
+  and their conventions), with `overrides` set on the config."""
+  from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+  meta = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+  kw = {k: v for k, v in meta.items() if k not in ("model_type", "architectures")}
+  cfg = transformers.AutoConfig.for_model(meta["model_type"], **{**kw, **overrides})
   cfg._attn_implementation = "eager"
-  model = transformers.Qwen3ForCausalLM(cfg).eval()
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_((0.3 if p.ndim == 1 else 0.08) * torch.randn(p.shape))
-  sd = {k: v.numpy().astype(np.float32) for k, v in model.state_dict().items()}
-  path = tmp_path / "qwen3.gguf"
-  w = gguf.GGUFWriter(str(path), "qwen3")
-  w.add_context_length(128)
-  w.add_embedding_length(64)
-  w.add_block_count(2)
-  w.add_feed_forward_length(256)
-  w.add_head_count(4)
-  w.add_head_count_kv(2)
-  w.add_key_length(16)
-  w.add_value_length(16)
-  w.add_layer_norm_rms_eps(kw["rms_norm_eps"])
-  w.add_rope_freq_base(10000.0)
-  w.add_tokenizer_model("gpt2")
-  w.add_tokenizer_pre("gpt2")
-  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())[:V]
-  w.add_token_list(alphabet)
-  w.add_token_types([1] * V)
-  w.add_token_merges([])
+  model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+  tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+  missing = model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in tensors.items()},
+                                  strict=False).missing_keys
+  assert set(missing) <= {"lm_head.weight"}, missing     # tied to the embedding
+  model.tie_weights()
+  return model
 
-  def put(name, x, qt):
-    t = getattr(gguf.GGMLQuantizationType, qt)
-    if qt == "F32":
-      w.add_tensor(name, x)
-    elif qt == "F16":
-      w.add_tensor(name, x.astype(np.float16))
-    else:
-      w.add_tensor(name, gguf.quants.quantize(x, t), raw_dtype=t)
 
-  put("token_embd.weight", sd["model.embed_tokens.weight"], "Q8_0")
-  put("output.weight", sd["lm_head.weight"], "F16")
-  put("output_norm.weight", sd["model.norm.weight"], "F32")
-  for i in range(2):
-    for hf, (name, qt) in _QWEN3_GGUF.items():
-      put(f"blk.{i}.{name}.weight", sd[f"model.layers.{i}.{hf}.weight"], qt)
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
-  # The reference: transformers with what the file holds (dequantized).
-  r = gguf.GGUFReader(str(path))
-  deq = {t.name: np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type),
-                            np.float32) for t in r.tensors}
-  assert {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "F16", "F32"} <= {t.tensor_type.name
-                                                            for t in r.tensors}
-  back = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight",
-          "model.norm.weight": "output_norm.weight"}
-  for i in range(2):
-    for hf, (name, _) in _QWEN3_GGUF.items():
-      back[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{name}.weight"
-  model.load_state_dict({k: torch.as_tensor(np.array(deq[v])) for k, v in back.items()})
-  importer.import_model(str(tmp_path / "w"), file=str(path))
-  run = mha_jax.load(str(tmp_path / "w"))
-  assert run.config.model.family == "qwen3"
-  err = rel_err(run.task.logits(run.params, TOKENS), hf_logits(model, TOKENS))
-  print(f"\nqwen3 GGUF round trip: max relative logit error {err:.1e}")
-  assert err < RTOL
+@pytest.fixture(scope="module")
+def gguf_imported(tmp_path_factory):
+  """arch -> (transformers model holding the file's dequantized weights, the import, the
+  file); built once per architecture."""
+  from helpers import build_hf_for_gguf, load_held, write_gguf
+  cache = {}
+
+  def get(arch):
+    if arch not in cache:
+      base = tmp_path_factory.mktemp(f"gguf_{arch}")
+      model = build_hf_for_gguf(arch)
+      path = base / "model" / f"{arch}.gguf"
+      path.parent.mkdir()
+      got_arch, held = write_gguf(model, path)
+      assert got_arch == arch
+      importer.import_model(str(base / "w"), file=str(path))
+      run = mha_jax.load(str(base / "w"))
+      cache[arch] = (load_held(model, held), run, path)
+    return cache[arch]
+
+  return get
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gpt2", "gptneox", "olmo2", "phi3", "qwen3"])
+def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
+  """The import of the GGUF file matches transformers running the weights the file holds
+  (dequantized); where transformers reads that architecture's GGUF itself, it matches
+  that too."""
+  from helpers import GGUF_CASES
+  model, run, path = gguf_imported(arch)
+  assert run.config.model.family == adapters.family_of(
+      {"model_type": model.config.model_type}).name
+  import gguf
+  types = sorted({t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors})
+  assert {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"} <= set(types)
+  got = np.asarray(run.task.logits(run.params, TOKENS))
+  err = rel_err(got, hf_logits(model, TOKENS))
+  refs = [f"transformers ({GGUF_CASES[arch][0]}) on the dequantized weights {err:.1e}"]
+  assert err < RTOL, err
+  if arch in TRANSFORMERS_READS:
+    theirs = transformers_from_gguf(
+        path, {k: getattr(model.config, k) for k in TRANSFORMERS_READS[arch]})
+    err2 = rel_err(got, hf_logits(theirs, TOKENS))
+    refs.append(f"transformers' GGUF reader {err2:.1e}")
+    assert err2 < RTOL, err2
+  GGUF_PARITY[arch] = (types, refs)
+  print(f"\n{arch} GGUF round trip: {'; '.join(refs)}")
 
 
 def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
