@@ -418,15 +418,15 @@ GGUF_CYCLE = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32")
 
 # llama.cpp architecture -> (CASES entry, overrides): the tiny model a GGUF test writes.
 # The overrides keep only what the converter carries (GPT-2: n_inner = 4 D, no per-layer
-# scale; NeoX: base 10000, which it does not write; Gemma 2: query_pre_attn_scalar = K,
-# which llama.cpp assumes below 27B) and make the MLP width a multiple of the 32 wide
-# quantization blocks.
+# scale; NeoX: base 10000, which it does not write; Gemma 2: K = 24 = query_pre_attn_scalar,
+# the scale llama.cpp assumes below 27B, while D / H = 16) and make the MLP width a
+# multiple of the 32-wide quantization blocks.
 GGUF_CASES = {
     "gpt2": ("gpt2", dict(n_inner=None, scale_attn_by_inverse_layer_idx=False)),
     "gptneox": ("gpt_neox", dict(rope_parameters={"rope_theta": 10000.0, "rope_type": "default",
                                                   "partial_rotary_factor": 0.5})),
     "phi3": ("phi3_longrope", dict(intermediate_size=96, sliding_window=WINDOW)),
-    "gemma2": ("gemma2", dict(intermediate_size=96, query_pre_attn_scalar=16)),
+    "gemma2": ("gemma2", dict(intermediate_size=96, head_dim=24)),
     "olmo2": ("olmo2", dict(intermediate_size=96)),
     "qwen3": ("qwen3", dict(intermediate_size=256)),
 }
