@@ -243,7 +243,6 @@ GGUF_TYPES = {"token_embd": "Q8_0", "output": "F16", "attn_q": "Q4_0", "attn_k":
 def _write_tiny_gguf(path, w, cfg):
   """The HF weights as a llama.cpp converter would store them, in mixed quantizations."""
   import gguf
-  from tokenizers import pre_tokenizers
   h, h_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
   g = gguf.GGUFWriter(str(path), "llama")
   g.add_context_length(cfg["max_position_embeddings"])
@@ -254,21 +253,10 @@ def _write_tiny_gguf(path, w, cfg):
   g.add_head_count_kv(h_kv)
   g.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
   g.add_rope_freq_base(cfg["rope_theta"])
-  g.add_tokenizer_model("gpt2")
-  g.add_tokenizer_pre("smollm")
-  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-  g.add_token_list(alphabet)
-  g.add_token_types([1] * len(alphabet))
-  g.add_token_merges([])
+  _add_byte_level_vocab(g, None, pre="smollm")
 
   def put(name, x, kind):
-    qt = getattr(gguf.GGMLQuantizationType, GGUF_TYPES.get(kind, "F32"))
-    if qt == gguf.GGMLQuantizationType.F32:
-      g.add_tensor(name, x.astype(np.float32))
-    elif qt == gguf.GGMLQuantizationType.F16:
-      g.add_tensor(name, x.astype(np.float16))
-    else:
-      g.add_tensor(name, gguf.quants.quantize(x.astype(np.float32), qt), raw_dtype=qt)
+    _put_tensor(g, name, x, GGUF_TYPES.get(kind, "F32"))
 
   put("token_embd.weight", w["model.embed_tokens.weight"], "token_embd")
   put("output.weight", w["lm_head.weight"], "output")
@@ -572,12 +560,13 @@ def _put_tensor(writer, name, x, qtype):
     writer.add_tensor(name, gguf.quants.quantize(x.astype(np.float32), t), raw_dtype=t)
 
 
-def _add_byte_level_vocab(writer, n):
-  """A byte-level BPE vocabulary of n single-character tokens (tokenizer.ggml.*)."""
+def _add_byte_level_vocab(writer, n, pre="gpt2"):
+  """A byte-level BPE vocabulary of the first n (None: all 256) single-character tokens
+  (tokenizer.ggml.*)."""
   from tokenizers import pre_tokenizers
   alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())[:n]
   writer.add_tokenizer_model("gpt2")
-  writer.add_tokenizer_pre("gpt2")
+  writer.add_tokenizer_pre(pre)
   writer.add_token_list(alphabet)
   writer.add_token_types([1] * len(alphabet))
   writer.add_token_merges([])
@@ -623,3 +612,18 @@ def load_held(model, held):
   model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in held.items()},
                         strict=False)
   return model
+
+
+def write_gguf_header(path, arch, meta):
+  """A GGUF file with metadata only (and a 4-token embedding): enough for the reader to
+  check the keys and settings it refuses before it reads tensors."""
+  import gguf
+  w = gguf.GGUFWriter(str(path), arch)
+  for method, value in meta:
+    getattr(w, method)(value)
+  w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return str(path)

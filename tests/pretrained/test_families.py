@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 
+import gguf
 import numpy as np
 import pytest
 from conftest import rel_err
@@ -496,7 +497,6 @@ def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
   model, run, path = gguf_imported(arch)
   assert run.config.model.family == adapters.family_of(
       {"model_type": model.config.model_type}).name
-  import gguf
   types = sorted({t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors})
   assert {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"} <= set(types)
   got = np.asarray(run.task.logits(run.params, TOKENS))
@@ -511,6 +511,35 @@ def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
     assert err2 < RTOL, err2
   GGUF_PARITY[arch] = (types, refs)
   print(f"\n{arch} GGUF round trip: {'; '.join(refs)}")
+
+
+_SIZES = [("add_embedding_length", 64), ("add_head_count", 4), ("add_block_count", 2),
+          ("add_feed_forward_length", 96)]
+
+
+@pytest.mark.parametrize("arch,meta,match", [
+    # keys llama.cpp reads for these architectures that the reader does not implement
+    ("olmo2", [("add_sliding_window", 8)], r"'olmo2\.attention\.sliding_window' \(= 8\) is "
+     r"not implemented for olmo2"),
+    ("gpt2", [("add_rope_freq_base", 500.0)], r"'gpt2\.rope\.freq_base' \(= 500\.0\)"),
+    ("gptneox", [("add_sliding_window", 8)], r"'gptneox\.attention\.sliding_window'"),
+    ("gemma2", [("add_rope_scaling_attn_factors", 1.5)], r"'gemma2\.rope\.scaling\.attn_factor'"),
+    # settings that cannot be run exactly
+    ("gptneox", [("add_head_count_kv", 2), ("add_layer_norm_eps", 1e-5)],
+     r"gptneox\.attention\.head_count_kv=2 \(grouped heads\)"),
+    ("phi3", [("add_layer_norm_rms_eps", 1e-5),
+              ("add_rope_scaling_type", gguf.RopeScalingType.YARN)],
+     r"phi3\.rope\.scaling\.type='yarn' is not implemented"),
+    ("olmo2", [("add_layer_norm_rms_eps", 1e-5), ("add_rope_dimension_count", 8)],
+     r"olmo2\.rope\.dimension_count=8 \(partial rotary\)"),
+])
+def test_gguf_refuses_unimplemented_keys_and_settings_by_name(tmp_path, arch, meta, match):
+  from helpers import write_gguf_header
+  from mha_jax.errors import UserError
+  path = write_gguf_header(tmp_path / f"{arch}.gguf", arch, _SIZES + meta)
+  with pytest.raises(UserError, match=rf"{arch}\.gguf.*{match}"):
+    importer.import_model(str(tmp_path / "w"), file=path)
+  assert not (tmp_path / "w").exists()
 
 
 def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):

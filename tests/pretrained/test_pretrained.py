@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import rel_err
-from helpers import _converter_permute, _tiny_llama_hf, _write_tiny_gguf
+from helpers import _converter_permute, _tiny_llama_hf, _write_tiny_gguf, write_gguf_header
 
 import mha_jax
 from mha_jax import cli
@@ -416,17 +416,9 @@ def test_corrupt_and_truncated_files_are_refused(tmp_path):
 
 
 def test_wrong_architecture_is_refused(tmp_path):
-  import gguf
-  path = tmp_path / "gpt2.gguf"
-  w = gguf.GGUFWriter(str(path), "gpt2")
-  w.add_block_count(1)
-  w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
-  with pytest.raises(ValueError, match=r"gpt2.gguf.*architecture is 'gpt2'"):
-    importer.import_model(str(tmp_path / "w"), file=str(path))
+  path = write_gguf_header(tmp_path / "bloom.gguf", "bloom", [("add_block_count", 1)])
+  with pytest.raises(ValueError, match=r"bloom.gguf.*architecture is 'bloom'"):
+    importer.import_model(str(tmp_path / "w"), file=path)
   folder = tmp_path / "t5"
   folder.mkdir()
   (folder / "config.json").write_text(json.dumps({"model_type": "t5"}))
