@@ -458,7 +458,8 @@ def transformers_from_gguf(path, overrides):
   cfg._attn_implementation = "eager"
   model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
   tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-  missing = model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in tensors.items()},
+  as_t = lambda v: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v))  # noqa: E731
+  missing = model.load_state_dict({k: as_t(v) for k, v in tensors.items()},
                                   strict=False).missing_keys
   assert set(missing) <= {"lm_head.weight"}, missing     # tied to the embedding
   model.tie_weights()
