@@ -309,8 +309,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   if m.get("ln_position", "pre") not in ("pre", "post"):
     raise UserError(f"model.ln_position must be 'pre' or 'post'; got {m.ln_position!r}")
   if cfg.task == "lm" and m.pos not in ("learned", "sinusoidal", "qk", "qk_sinusoidal",
-                                        "relative"):
-    raise UserError(f"model.pos must be learned, sinusoidal, qk, qk_sinusoidal or relative; "
+                                        "relative", "rope"):
+    raise UserError(f"model.pos must be learned, sinusoidal, qk, qk_sinusoidal, relative or "
+                    f"rope; "
                     f"got {m.pos!r}")
   if cfg.task == "lm" and m.pos == "relative" and m.get("max_rel", 16) < 1:
     raise UserError(f"model.max_rel (relative offsets are clipped to max_rel) must be >= 1; "

@@ -37,7 +37,7 @@ class ModelSpec:
   attn_only: bool = False
   dropout: float = 0.0
   impl: str = "auto"
-  pos: str = "sinusoidal"    # "sinusoidal", "relative"; LM also "learned", "qk", "qk_sinusoidal"
+  pos: str = "sinusoidal"    # "sinusoidal", "relative"; LM also "learned", "qk", "qk_sinusoidal", "rope"
   pad_id: int = PAD_ID       # <pad> of the word vocabulary (data/vocab.py)
   ln_position: str = "pre"   # "pre" (x + f(LN(x))) or "post" (LN(x + f(x)))
 
@@ -88,7 +88,7 @@ def init_mlp(key, d, f):
 
 
 QK_POS = ("qk", "qk_sinusoidal")   # LM positions that enter Q and K only (Shortformer)
-SCORE_POS = (*QK_POS, "relative")  # positions that reach only the attention scores
+SCORE_POS = (*QK_POS, "relative", "rope")  # positions that reach only the attention scores
 
 
 def sinusoidal(length: int, d: int) -> jax.Array:

@@ -27,7 +27,9 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 
   inputs of Q and K only), "qk_sinusoidal" (sinusoidal, Q and K only: Shortformer's
   position-infused attention, Press et al. 2021) or "relative" (no positions in the
   stream; each attention has a learned "rel_bias" (H, 2 max_rel + 1) added to its
-  scores by offset, clipped at max_rel: Shaw et al. 2018, T5)."""
+  scores by offset, clipped at max_rel: Shaw et al. 2018, T5) or "rope" (rotary
+  embedding of each head's queries and keys, base 10000, every feature pair: Su et al.
+  2021; nothing enters the stream)."""
   keys = iter(jax.random.split(key, 4 + 2 * num_layers))
   layers = {}
   for i in range(num_layers):
@@ -69,11 +71,12 @@ def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, ke
       raise UserError(f"sequence length {t} exceeds model.max_len="
                        f"{params['pos_embed'].shape[0]}")
     pos = params["pos_embed"][:t]
-  elif spec.pos != "relative":     # relative: rel_bias in each attention's scores
+  elif spec.pos not in ("relative", "rope"):   # those act on each attention's scores
     pos = C.sinusoidal(t, d)
   qk_only = spec.pos in C.QK_POS   # Shortformer: positions enter Q and K, not the residual
   if spec.pos not in C.SCORE_POS:
     x = x + pos
+  rope = attention.RoPE() if spec.pos == "rope" else None
   keys = C.key_stream(key)
   layers = C.layers_of(params["lm"])
   for i, name in enumerate(layers):
@@ -82,7 +85,7 @@ def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, ke
     x = I.at(hook, f"{s}.resid_pre", x)
     h = C.layer_norm(p["ln1"], x) if "ln1" in p else x
     hq, hv = (h + pos, h) if qk_only else (h, None)
-    a = attention.multi_head_attention(p["attn"], hq, value_input=hv, causal=True,
+    a = attention.multi_head_attention(p["attn"], hq, value_input=hv, causal=True, rope=rope,
                                        impl=spec.impl, site=I.scope(hook, f"{s}.attn"))
     a = I.at(hook, f"{s}.attn_out", a)
     x = I.at(hook, f"{s}.resid_mid", x + C.dropout(next(keys), spec.dropout, a))

@@ -87,7 +87,16 @@ def test_attention_only_lm_without_layernorm_has_only_attention():
     lm.apply(p, spec, jnp.zeros((1, 13), jnp.int32))
 
 
-@pytest.mark.parametrize("pos", ["qk_sinusoidal", "relative"])
+def _rotate_half(x_HTK, base=10000.0):
+  """Rotary embedding written out (pairs (j, j + K/2), angle t * base ** (-2j / K))."""
+  k = x_HTK.shape[-1]
+  ang = np.arange(x_HTK.shape[1])[:, None] * base ** (-np.arange(0, k, 2) / k)[None]
+  cos, sin = np.cos(ang), np.sin(ang)
+  a, b = x_HTK[..., : k // 2], x_HTK[..., k // 2:]
+  return np.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
+
+
+@pytest.mark.parametrize("pos", ["qk_sinusoidal", "relative", "rope"])
 def test_lm_positions_that_reach_only_the_scores(pos):
   kw = dict(vocab_size=20, d_model=16, num_heads=2, num_layers=2, d_ff=0, max_len=12,
             attn_only=True, layer_norm=False, pos=pos, max_rel=3)
@@ -101,11 +110,13 @@ def test_lm_positions_that_reach_only_the_scores(pos):
   for layer_cap in cap["lm"]:
     resid = resid + layer_cap.out
   np.testing.assert_allclose(logits, resid @ p["unembed"], atol=1e-5)
-  if pos == "qk_sinusoidal":             # the sinusoids do move the attention patterns
+  if pos in ("qk_sinusoidal", "rope"):   # the positions do move the attention patterns
     q = p["lm"]["layer_0"]["attn"]
-    k_in = p["embed"][x][0] + C.sinusoidal(10, 16)
+    k_in = p["embed"][x][0] + (C.sinusoidal(10, 16) if pos == "qk_sinusoidal" else 0)
     qs = np.einsum("td,dhk->htk", np.asarray(k_in), np.asarray(q["wq"]).reshape(16, 2, 8))
     ks = np.einsum("td,dhk->htk", np.asarray(k_in), np.asarray(q["wk"]).reshape(16, 2, 8))
+    if pos == "rope":
+      qs, ks = _rotate_half(qs), _rotate_half(ks)
     sc = np.einsum("htk,hsk->hts", qs, ks) / np.sqrt(8)
     sc = np.where(np.tril(np.ones((10, 10), bool)), sc, -np.inf)
     want = np.exp(sc - sc.max(-1, keepdims=True))
