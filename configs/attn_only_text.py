@@ -1,22 +1,21 @@
 """Two-layer attention-only LM of natural text, in the papers' shape (Elhage et al. 2021,
 Olsson et al. 2022): 12 heads per layer, no MLP, no LayerNorm, positions entering Q and K
-only, BPE over text that every Python installation has: the standard library's
-top-level modules (about 4.7 MB of code and docstrings; Python's bundled documentation
-alone, 0.5 MB, is memorised by 12 heads within 500 steps), or your own files with
+only, BPE over text that every Python installation has: every .py file of the standard
+library (corpus=stdlib_all, the default: 31.5 MB, about 10 M tokens, so 2,000 steps of
+32 x 256 are 1.6 epochs), its 168 top-level modules only (corpus=stdlib, 4.7 MB: 3,000
+steps are 16 epochs and the valid loss rises after step 2,000), or your own files with
 corpus=FILE,FILE.
 
   mha-jax train --config configs/attn_only_text.py --workdir runs/attn_only_text
+  mha-jax train --config configs/attn_only_text.py --workdir runs/text3 --config.train.seeds=3
 
 Positions: pos=qk_sinusoidal (default; Shortformer's position-infused attention:
-sinusoids added to the inputs of Q and K only), qk (a learned table there), or relative
-(a learned per-head offset bias). Measured on 2 cores (docs/guide/circuits.md): with
-learned qk positions at lr 1e-3 the best previous-token head reached 0.20 after 1,434
-steps and no head matched prefixes; sinusoids at lr 3e-3 give 0.37 and a rising
-induction head by step 1,000; at lr 1e-2, 10 of the 12 layer-0 heads died onto BOS by
-step 500; a relative bias moves only about lr per Adam step, too slowly at 3e-3. A
-constant learning rate after 100 warmup steps, so a run resumes to more steps with the
-same schedule. A checkpoint every 100 steps, so `mha-jax circuits` can follow the
-induction phase change.
+sinusoids added to the inputs of Q and K only), qk (a learned table there), rope (rotary
+queries and keys) or relative (a learned per-head offset bias); bias=true adds biases to
+the projections. What each gave on 2 cores is in docs/guide/circuits.md. A constant
+learning rate after 100 warmup steps, so a run resumes to more steps with the same
+schedule. A checkpoint every 100 steps, so `mha-jax circuits` can follow the induction
+phase change.
 """
 
 import glob
@@ -51,7 +50,7 @@ def stdlib_files(corpus: str) -> list[str]:
 
 def get_config(arg=None):
   a = mc.parse_arg(arg, heads=12, d_model=256, head_dim=32, layers=2, vocab=2048,
-                   max_len=256, steps=3000, batch=32, lr=3e-3, seed=0, corpus="stdlib",
+                   max_len=256, steps=2000, batch=32, lr=3e-3, seed=0, corpus="stdlib_all",
                    pos="qk_sinusoidal", max_rel=16, bias=False)
   cfg = ml_collections.ConfigDict()
   cfg.task = "lm"

@@ -1,6 +1,7 @@
 """Configs are data: loading, arguments, overrides, locking and validation."""
 
 import json
+import os
 
 import pytest
 
@@ -68,7 +69,11 @@ def test_every_shipped_config_loads_and_validates():
   text = mc.load_config("configs/attn_only_text.py")    # the papers' two-layer shape
   assert (text.model.num_heads, text.model.num_layers, text.model.attn_only,
           text.model.layer_norm, text.model.pos) == (12, 2, True, False, "qk_sinusoidal")
-  assert len(text.data.text_files) > 100 and all(f.endswith(".py") for f in text.data.text_files)
+  assert len(text.data.text_files) > 1000 and all(f.endswith(".py") for f in text.data.text_files)
+  assert any("/test/" in f for f in text.data.text_files)         # stdlib_all: subpackages too
+  top = mc.load_config("configs/attn_only_text.py:corpus=stdlib").data.text_files
+  assert 100 < len(top) < len(text.data.text_files)
+  assert {os.path.dirname(f) for f in top} == {os.path.dirname(top[0])}
   sweep = mc.load_config("configs/sweep_heads.py")
   assert [r["overrides"]["model.num_heads"] for r in sweep.runs] == [1, 2, 4, 8, 16, 32, 64]
 
