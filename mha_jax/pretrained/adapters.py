@@ -21,7 +21,7 @@ model-level ones; a row with a condition is taken only when the config enables i
   bq / bkv      biases -> (H, K) / (G, K)
   qkv           fused rows [q (H K); k (G K); v (G K)] (Phi-3; GGUF's attn_qkv, weights
                 and bias)
-  neox_qkv      GPT-NeoX's rows interleaved per head [h][q, k, v][K] (weights and bias)
+  neox_qkv      GPT-NeoX's rows interleaved per head `[h][q, k, v][K]` (weights and bias)
   gpt2_qkv      GPT-2's Conv1D c_attn (D, 3 D) columns [q; k; v] (weights and bias)
   gpt2_o        GPT-2's Conv1D c_proj (H K, D) -> (H, K, D)
   gate_up       Phi-3's fused rows [gate (F); up (F)]

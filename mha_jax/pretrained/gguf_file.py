@@ -13,12 +13,12 @@ like torch. The conventions of llama.cpp's converter (convert_hf_to_gguf.py) und
             `unpermute_rope_rows` undoes it. Every other architecture here runs
             llama.cpp's NeoX (half-split) RoPE and is stored unpermuted.
   gemma2/3  norm weights stored as 1 + w (Gemma's RMSNorm scales by 1 + w).
-  gpt2      Conv1D weights transposed to (out, in); c_attn is attn_qkv [q; k; v] (weights
+  gpt2      Conv1D weights transposed to (out, in); c_attn is attn_qkv `[q; k; v]` (weights
             and bias), wpe is position_embd.
-  gptneox   query_key_value's rows, interleaved per head [h][q, k, v][K], reordered to
-            [q; k; v] (weights and bias); partial rotary as rope.dimension_count.
+  gptneox   query_key_value's rows, interleaved per head `[h][q, k, v][K]`, reordered
+            to `[q; k; v]` (weights and bias); partial rotary as rope.dimension_count.
   phi3      qkv_proj kept fused as attn_qkv (or split as attn_q / attn_k / attn_v),
-            gate_up_proj as ffn_up [gate (F); up (F)]; LongRoPE as the tensors
+            gate_up_proj as ffn_up `[gate (F); up (F)]`; LongRoPE as the tensors
             rope_factors_long / rope_factors_short and rope.scaling.attn_factor.
 
 Metadata: every `{arch}.*` key is in the architecture's table (_GGUF_KEYS) or refused by
