@@ -627,3 +627,15 @@ def write_gguf_header(path, arch, meta):
   w.write_tensors_to_file()
   w.close()
   return str(path)
+
+
+# Strings every tokenizer comparison runs (accents, digits, code, emoji, whitespace).
+TOKENIZER_SAMPLES = [
+    "The capital of France is Paris.",
+    "Hello, world! It's a test: don't panic; we'll see.",
+    "numbers 12345 and 3.14159, dates 2024-01-31",
+    "Unicode: café, naïve, Zürich, 日本語のテキスト, Привет мир, emoji 🙂👍🏽",
+    "def f(x):\n    return x ** 2  # square\n\nprint(f(3))",
+    "   leading spaces, and\ttabs\t\tand trailing   ",
+    "a\n\n\n\nb    c\r\n  d",
+]

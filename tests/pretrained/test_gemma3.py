@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import rel_err
+from helpers import TOKENIZER_SAMPLES
 
 import mha_jax
 from mha_jax.models import decoder
@@ -102,14 +103,7 @@ def test_gemma3_generate_matches_transformers(gemma, hf_gemma):
   assert out["prompt_tokens"][0] == 2          # <bos> (tokenizer.ggml.add_bos_token)
 
 
-STRINGS = [
-    "The capital of France is Paris.",
-    "Hello, world! It's a test: don't panic; we'll see.",
-    "numbers 12345 and 3.14159, dates 2024-01-31",
-    "Unicode: café, naïve, Zürich, 日本語のテキスト, Привет мир, emoji 🙂👍🏽",
-    "def f(x):\n    return x ** 2  # square\n\nprint(f(3))",
-    "   leading spaces, and\ttabs\t\tand trailing   ",
-    "a\n\n\n\nb    c\r\n  d",
+STRINGS = TOKENIZER_SAMPLES + [
     "<start_of_turn>user\nHi<end_of_turn>",
 ]
 

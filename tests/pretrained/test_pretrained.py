@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import rel_err
-from helpers import _converter_permute, _tiny_llama_hf, _write_tiny_gguf, write_gguf_header
+from helpers import TOKENIZER_SAMPLES, _converter_permute, _tiny_llama_hf, _write_tiny_gguf, write_gguf_header
 
 import mha_jax
 from mha_jax import cli
@@ -203,14 +203,7 @@ def reference_bpe(tokens, merges):
   return encode
 
 
-TOKENIZER_STRINGS = [
-    "The capital of France is Paris.",
-    "Hello, world! It's a test: don't panic; we'll see.",
-    "numbers 12345 and 3.14159, dates 2024-01-31",
-    "Unicode: café, naïve, Zürich, 日本語のテキスト, Привет мир, emoji 🙂👍🏽",
-    "def f(x):\n    return x ** 2  # square\n\nprint(f(3))",
-    "   leading spaces, and\ttabs\t\tand trailing   ",
-    "a\n\n\n\nb    c\r\n  d",
+TOKENIZER_STRINGS = TOKENIZER_SAMPLES + [
     "",
     "UPPER lower MiXeD CamelCaseWords snake_case_words",
     "<html><body class=\"x\">&amp; {json: [1, 2]}</body></html>",
