@@ -15,6 +15,7 @@ from mha_jax.data import vocab as V
 from mha_jax.errors import UserError
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
+from conftest import with_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["--config.data.train_size=400", "--config.data.valid_size=20",
@@ -152,7 +153,7 @@ print("RESULT" + json.dumps(out))
 
 @pytest.mark.slow
 def test_packed_batches_split_over_a_mesh_give_the_one_device_curve(tmp_path):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+  env = {**with_devices(8),
          "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
   r = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, ROOT, str(tmp_path)], env=env,
                      cwd=ROOT, capture_output=True, text=True, timeout=600)

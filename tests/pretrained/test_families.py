@@ -19,7 +19,7 @@ import os
 import gguf
 import numpy as np
 import pytest
-from conftest import rel_err
+from conftest import rel_err, with_devices
 from helpers import B, CASES, T, V, WINDOW, _LL, _tokenizer_json, build_hf, save_folder  # noqa: F401
 
 import mha_jax
@@ -375,7 +375,7 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
   from mha_jax.train import sharding
   model, run, folder = imported("llama")          # H = 4 query heads, G = 2 kv heads
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+  env = {**with_devices(4),
          "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
   r = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, folder, str(tmp_path / "w"),
                       json.dumps(TOKENS.tolist())], env=env, cwd=root, capture_output=True,

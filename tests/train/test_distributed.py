@@ -15,6 +15,7 @@ import mha_jax
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import distributed
 from mha_jax.train.metrics import read_metrics
+from conftest import with_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--config", "configs/induction.py", "--config.model.d_model=16",
@@ -32,7 +33,7 @@ def _free_port() -> int:
 
 
 def _env(devices: int) -> dict:
-  return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+  return {**with_devices(devices),
           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
 
 

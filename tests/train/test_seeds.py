@@ -18,6 +18,7 @@ from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
 
 from helpers import TINY_INDUCTION, TINY_TRANSLATION, tiny
+from conftest import with_devices
 
 pytestmark = pytest.mark.xdist_group("seeds")   # one worker builds the shared 3-seed run
 
@@ -272,7 +273,7 @@ print("RESULT" + json.dumps({"devices": len(jax.devices()), "diff": max(
 def test_multi_seed_batches_split_over_two_devices_match_one(tmp_path):
   import subprocess
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+  env = {**with_devices(2),
          "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
   r = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, root, str(tmp_path)], env=env,
                      capture_output=True, text=True, timeout=600)

@@ -13,6 +13,7 @@ from mha_jax import tasks
 from mha_jax.train import sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import with_devices  # noqa: E402
 from helpers import TINY_TRANSLATION, tiny  # noqa: E402
 
 
@@ -80,7 +81,7 @@ print("RESULT" + json.dumps(out))
 
 
 def _run_meshes(tmp_path, meshes):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+  env = {**with_devices(8),
          "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
   r = subprocess.run([sys.executable, "-c", _SCRIPT, ROOT, str(tmp_path), json.dumps(meshes)],
                      env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -18,6 +18,7 @@ from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
 from helpers import ROOT, TINY_INDUCTION, TINY_TRANSLATION, tiny
+from conftest import with_devices
 
 def cli(*args, env=None, **kw):
   return subprocess.run([sys.executable, "-m", "mha_jax.cli", *args], cwd=ROOT, text=True,
@@ -163,7 +164,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
 
 @pytest.mark.slow   # three 8-device/1-device runs in subprocesses (~27 s)
 def test_checkpoints_move_between_8_devices_and_1(tmp_path):
-  eight = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  eight = {"XLA_FLAGS": with_devices(8)["XLA_FLAGS"]}
   args = ["train", "--config", "configs/induction.py", *TINY_INDUCTION,
           "--config.train.checkpoint_every=2", "--config.train.eval_every=100"]
   # 8 devices write step 4; 1 device resumes to 6. And the other way round.
