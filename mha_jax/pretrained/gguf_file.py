@@ -50,12 +50,28 @@ def _field(reader, key, default=None, *, path, required=False):
   return f.contents()
 
 
-def open_reader(path: str):
+def _reader_class():
   import gguf
+
+  class Reader(gguf.GGUFReader):
+    """gguf's reader over a plain ndarray view of its memory map: a slice of an np.memmap
+    costs a memmap object each, and the reader slices once per vocabulary entry (15 of
+    the 31 s of importing Gemma 3's 262,144 tokens; 1 s this way). Same bytes, same
+    fields."""
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+      if type(self.data) is not np.ndarray:
+        self.data = self.data.view(np.ndarray)
+      return super()._get(offset, dtype, count, override_order)
+
+  return Reader
+
+
+def open_reader(path: str):
   if not os.path.isfile(path):
     raise UserError(f"--file {path!r}: no such file")
   try:
-    return gguf.GGUFReader(path, "r")
+    return _reader_class()(path, "r")
   except Exception as e:  # noqa: BLE001 - gguf raises ValueError, IndexError, struct errors...
     raise UserError(f"--file {path!r} is not a readable GGUF file (corrupt or truncated?): "
                      f"{type(e).__name__}: {e}") from None
