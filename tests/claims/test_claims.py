@@ -23,6 +23,8 @@ H, F, I = R.HOLDS, R.FAILS, R.INCONCLUSIVE
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
+  """The cheap claims and the primer page (~10 s): its two tests share xdist group
+  "claims_report", so one worker computes it once."""
   out = str(tmp_path_factory.mktemp("claims"))
   assert cli.main(["claims", "--only", "worked_example,mixture_dip,whole_token",
                    "--out", out]) == 0
@@ -30,6 +32,7 @@ def report(tmp_path_factory):
     return out, {r["name"]: r for r in json.load(f)["claims"]}
 
 
+@pytest.mark.xdist_group("claims_report")
 def test_cheap_claims_end_to_end(report):
   out, rep = report
   w = rep["worked_example"]["numbers"]
@@ -259,6 +262,7 @@ def test_settings_columns_in_a_run(tmp_path):
     claims_run.run_claims(str(tmp_path / "y"), toy_seeds="0,0")
 
 
+@pytest.mark.xdist_group("claims_report")
 def test_primer_in_a_real_browser(report):
   out, _ = report
   path = os.path.join(out, "primer.html")
