@@ -14,8 +14,8 @@ sinusoids added to the inputs of Q and K only), qk (a learned table there), rope
 queries and keys) or relative (a learned per-head offset bias); bias=true adds biases to
 the projections. What each gave on 2 cores is in docs/guide/circuits.md. A constant
 learning rate after 100 warmup steps, so a run resumes to more steps with the same
-schedule. A checkpoint every 100 steps, so `mha-jax circuits` can follow the induction
-phase change.
+schedule; decay=N makes the last N steps decay linearly to 0 (schedule wsd). A
+checkpoint every 100 steps, so `mha-jax circuits` can follow the induction phase change.
 """
 
 import glob
@@ -51,7 +51,7 @@ def stdlib_files(corpus: str) -> list[str]:
 def get_config(arg=None):
   a = mc.parse_arg(arg, heads=12, d_model=256, head_dim=32, layers=2, vocab=2048,
                    max_len=256, steps=2000, batch=32, lr=3e-3, seed=0, corpus="stdlib_all",
-                   pos="qk_sinusoidal", max_rel=16, bias=False)
+                   pos="qk_sinusoidal", max_rel=16, bias=False, decay=0)
   cfg = ml_collections.ConfigDict()
   cfg.task = "lm"
   cfg.seed = a.seed
@@ -66,5 +66,7 @@ def get_config(arg=None):
   cfg.train = mc.train_defaults(steps=a.steps, batch_size=a.batch, lr=a.lr, warmup=100,
                                 schedule="constant", weight_decay=0.0, eval_every=500,
                                 checkpoint_every=100, log_every=50, keep=100)
+  if a.decay:    # the last `decay` steps decay linearly to 0 (schedule wsd)
+    cfg.train.schedule, cfg.train.decay_steps = "wsd", a.decay
   cfg.eval = mc.eval_defaults(batch_size=32, lm_batches=4)
   return cfg

@@ -326,9 +326,15 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       raise UserError(f"model.max_rel (relative offsets are clipped to +-max_rel) must "
                       f"be >= 1; got {m.max_rel}")
   seed_list(cfg)   # train.seeds must parse
-  if t.schedule not in ("inverse_sqrt", "cosine", "constant"):
-    raise UserError(f"train.schedule must be inverse_sqrt, cosine or constant; got "
+  if t.schedule not in ("inverse_sqrt", "cosine", "constant", "wsd"):
+    raise UserError(f"train.schedule must be inverse_sqrt, cosine, constant or wsd; got "
                     f"{t.schedule!r}")
+  if t.schedule == "wsd":
+    d = t.get("decay_steps")
+    if not isinstance(d, int) or not max(1, t.warmup) <= t.steps - d < t.steps:
+      raise UserError(f"train.decay_steps (schedule wsd: the last steps, decaying to 0) must "
+                      f"be between 1 and train.steps - train.warmup = "
+                      f"{t.steps - max(1, t.warmup)}; got {d!r}")
 
 
 # Tasks of imported models (mha-jax import): no training fields.

@@ -46,6 +46,15 @@ def make_schedule(t) -> optax.Schedule:
   if t.schedule == "constant":
     return optax.join_schedules([optax.linear_schedule(0.0, t.lr, warm),
                                  optax.constant_schedule(t.lr)], [warm])
+  if t.schedule == "wsd":
+    # warmup, stable, decay (Hu et al. 2024, MiniCPM): constant, then linear to 0 over the
+    # last train.decay_steps steps. Until the decay starts it is the constant schedule,
+    # so a decay can branch from any checkpoint of a constant run of the same rate.
+    start = t.steps - t.decay_steps
+    return optax.join_schedules([optax.linear_schedule(0.0, t.lr, warm),
+                                 optax.constant_schedule(t.lr),
+                                 optax.linear_schedule(t.lr, 0.0, t.decay_steps)],
+                                [warm, start])
   if t.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(0.0, t.lr, warm, max(t.steps, warm + 1),
                                               end_value=t.lr * 0.1)

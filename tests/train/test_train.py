@@ -63,6 +63,28 @@ def test_loss_falls_when_training(tmp_path):
   assert train[-1] < train[0] - 1.0
 
 
+def test_wsd_schedule_is_the_constant_one_until_its_linear_decay_to_zero():
+  import ml_collections
+  from mha_jax import config as mc
+  t = ml_collections.ConfigDict(dict(lr=3e-3, warmup=10, steps=100, schedule="wsd",
+                                     decay_steps=40))
+  wsd = loop.make_schedule(t)
+  const = loop.make_schedule(ml_collections.ConfigDict(dict(t, schedule="constant")))
+  for step in (0, 5, 10, 37, 60):
+    assert float(wsd(step)) == float(const(step))
+  for step in (61, 80, 99, 100):                  # lr * (100 - step) / 40
+    assert float(wsd(step)) == pytest.approx(3e-3 * (100 - step) / 40, abs=1e-9)
+  cfg = mc.load_config(os.path.join(ROOT, "configs/attn_only_text.py:steps=300,decay=100"))
+  assert (cfg.train.schedule, cfg.train.decay_steps) == ("wsd", 100)
+  mc.validate(cfg)
+  assert "decay_steps" not in mc.load_config(os.path.join(ROOT, "configs/attn_only_text.py")).train
+  for bad in (300, 0):
+    cfg.train.decay_steps = bad
+    with pytest.raises(ValueError, match=rf"train.decay_steps .* between 1 and train.steps - "
+                                         rf"train.warmup = 200; got {bad}"):
+      mc.validate(cfg)
+
+
 def test_incompatible_workdir_is_refused_and_left_untouched(tmp_path):
   wd = str(tmp_path / "run")
   cfg = tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=2")
