@@ -17,10 +17,15 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def with_devices(n: int) -> dict:
-  """os.environ for a subprocess with n host devices (and the tests' XLA flags)."""
+  """os.environ for a subprocess with n host devices, the tests' XLA flags and the
+  repository on its PYTHONPATH."""
   return {**os.environ,
-          "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={n}"}
+          "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={n}",
+          "PYTHONPATH": os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")])}
 
 
 def _share_compilations() -> None:

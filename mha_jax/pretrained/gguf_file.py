@@ -27,6 +27,7 @@ name; a value that cannot be run exactly is refused naming the file, key and val
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -50,6 +51,7 @@ def _field(reader, key, default=None, *, path, required=False):
   return f.contents()
 
 
+@functools.cache
 def _reader_class():
   import gguf
 

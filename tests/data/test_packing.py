@@ -153,8 +153,7 @@ print("RESULT" + json.dumps(out))
 
 @pytest.mark.slow
 def test_packed_batches_split_over_a_mesh_give_the_one_device_curve(tmp_path):
-  env = {**with_devices(8),
-         "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+  env = with_devices(8)
   r = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, ROOT, str(tmp_path)], env=env,
                      cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

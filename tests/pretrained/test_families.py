@@ -375,8 +375,7 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
   from mha_jax.train import sharding
   model, run, folder = imported("llama")          # H = 4 query heads, G = 2 kv heads
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = {**with_devices(4),
-         "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+  env = with_devices(4)
   r = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, folder, str(tmp_path / "w"),
                       json.dumps(TOKENS.tolist())], env=env, cwd=root, capture_output=True,
                      text=True, timeout=600)

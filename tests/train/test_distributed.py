@@ -33,8 +33,7 @@ def _free_port() -> int:
 
 
 def _env(devices: int) -> dict:
-  return {**with_devices(devices),
-          "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+  return with_devices(devices)
 
 
 def _start(wd, steps, procs=2, *extra, env_flags=False):

@@ -273,8 +273,7 @@ print("RESULT" + json.dumps({"devices": len(jax.devices()), "diff": max(
 def test_multi_seed_batches_split_over_two_devices_match_one(tmp_path):
   import subprocess
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env = {**with_devices(2),
-         "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  env = with_devices(2)
   r = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, root, str(tmp_path)], env=env,
                      capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]

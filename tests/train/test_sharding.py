@@ -81,8 +81,7 @@ print("RESULT" + json.dumps(out))
 
 
 def _run_meshes(tmp_path, meshes):
-  env = {**with_devices(8),
-         "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+  env = with_devices(8)
   r = subprocess.run([sys.executable, "-c", _SCRIPT, ROOT, str(tmp_path), json.dumps(meshes)],
                      env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
