@@ -22,8 +22,10 @@ Faults (docs/guide/faults.md):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -151,13 +153,57 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     if s is None:
       jax.distributed.initialize(**kw)
     else:
-      jax.distributed.initialize(s["coordinator"], num_processes=s["num_processes"],
-                                 process_id=s["process_id"], **kw)
+      with _service_apart(s, kw, tm):
+        jax.distributed.initialize(s["coordinator"], num_processes=s["num_processes"],
+                                   process_id=s["process_id"], **kw)
+  except UserError:
+    raise
   except Exception as e:  # noqa: BLE001 - XlaRuntimeError and friends: one line
     raise _start_error(e, s, tm["startup_timeout"]) from None
   if jax.process_count() > 1:
     _state["watchdog"] = Watchdog(tm["process_timeout"]).start()
   return True
+
+
+@contextlib.contextmanager
+def _service_apart(s: dict, kw: dict, tm: dict):
+  """On process 0: the coordination service started in a process of its own
+  (train/coordinator.py), and jax.distributed.initialize told not to start one."""
+  if s["process_id"] != 0 or s["num_processes"] < 2:
+    yield
+    return
+  from jax._src import distributed as jd
+  port = s["coordinator"].rpartition(":")[2]
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "mha_jax.train.coordinator", port, str(s["num_processes"]),
+       str(kw["heartbeat_timeout_seconds"]), str(kw["shutdown_timeout_seconds"]),
+       str(tm["process_timeout"] + 15)],
+      stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+  line = proc.stdout.readline().strip()
+  if line != "ready":
+    proc.kill()
+    raise UserError(f"multi-process start-up failed: process 0 cannot serve the "
+                    f"coordinator on port {port} of --coordinator {s['coordinator']} "
+                    f"({line or 'it exited'})")
+  _state["service"] = proc
+  real = jd._jax
+
+  class NoService:    # jax.distributed.initialize's _jax, without a service of its own
+    def __getattr__(self, name):
+      return getattr(real, name)
+
+    @staticmethod
+    def get_distributed_runtime_service(*args, **kwargs):
+      return None
+
+  jd._jax = NoService()
+  try:
+    yield
+  except BaseException:
+    proc.kill()
+    raise
+  finally:
+    jd._jax = real
 
 
 def multi() -> bool:
@@ -302,6 +348,12 @@ def finish(error: str | None = None) -> None:
   except Exception:  # noqa: BLE001 - the coordinator is gone already
     pass
   _state["watchdog"] = None
+  if error is None:   # every process meets at JAX's shutdown barrier, then the service ends
+    jax.distributed.shutdown()
+    proc = _state.pop("service", None)
+    if proc is not None:
+      proc.terminate()
+      proc.wait(timeout=10)
 
 
 def failed(e: BaseException) -> None:
