@@ -1,6 +1,6 @@
 """JAX's coordination service in a process of its own, started by process 0.
 
-`python -m mha_jax.train.coordinator PORT NUM_PROCESSES HEARTBEAT_S SHUTDOWN_S LINGER_S`
+`python -m mha_jax.train.coordinator PORT NUM_PROCESSES HEARTBEAT_S SHUTDOWN_S REGISTER_S LINGER_S`
 
 JAX runs the service inside process 0 by default; when that process dies, every other
 process's runtime sees the socket close and aborts at once with a C++ fatal log and a
@@ -20,14 +20,15 @@ import time
 
 
 def main(argv: list[str]) -> int:
-  port, n, heartbeat, shutdown, linger = (int(argv[0]), int(argv[1]), int(argv[2]),
-                                          int(argv[3]), float(argv[4]))
+  port, n, heartbeat, shutdown, register = (int(a) for a in argv[:5])
+  linger = float(argv[5])
   from jax._src.lib import _jax
   parent = os.getppid()
   signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
   try:
     service = _jax.get_distributed_runtime_service(
-        f"[::]:{port}", n, heartbeat_timeout=heartbeat, shutdown_timeout=shutdown)
+        f"[::]:{port}", n, heartbeat_timeout=heartbeat, shutdown_timeout=shutdown,
+        cluster_register_timeout=register)
   except Exception as e:  # noqa: BLE001 - the port is taken, ...: process 0 says it
     print(f"error: {' '.join(str(e).split())[:300]}", flush=True)
     return 1

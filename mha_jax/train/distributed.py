@@ -115,7 +115,8 @@ def _start_error(e: BaseException, s: dict | None, startup: float) -> UserError:
   if "DEADLINE_EXCEEDED" in text or "timed out" in text.lower() or "Barrier" in text:
     why = (f"not every process connected within --startup-timeout={startup:g} s: the "
            f"coordinator is unreachable (wrong host or port, process 0 not started, a "
-           f"firewall), or --num-processes is more than the processes started")
+           f"firewall), --num-processes is more than the processes started, or two "
+           f"processes have the same --process-id")
   elif "ALREADY_EXISTS" in text or "duplicate" in text.lower() or "restart" in text.lower():
     why = "another process registered with the same --process-id"
   else:
@@ -144,11 +145,13 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     return False
   # CPU devices of different processes talk through gloo (no effect on TPU/GPU devices).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  kw = dict(initialization_timeout=int(tm["startup_timeout"]),
+  # JAX's own start-up timeout ends in a C++ abort: ours (_startup_guard) comes first
+  kw = dict(initialization_timeout=int(tm["startup_timeout"]) + 30,
             # longer than the watchdog's, so that one speaks first (JAX's own ends in a
             # C++ abort and a stack dump)
             heartbeat_timeout_seconds=int(2 * tm["process_timeout"] + 30),
             shutdown_timeout_seconds=int(tm["process_timeout"]))
+  guard = _startup_guard(s, tm["startup_timeout"])
   try:
     if s is None:
       jax.distributed.initialize(**kw)
@@ -160,9 +163,27 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     raise
   except Exception as e:  # noqa: BLE001 - XlaRuntimeError and friends: one line
     raise _start_error(e, s, tm["startup_timeout"]) from None
+  finally:
+    guard.set()
   if jax.process_count() > 1:
     _state["watchdog"] = Watchdog(tm["process_timeout"]).start()
   return True
+
+
+def _startup_guard(s: dict | None, startup: float) -> threading.Event:
+  """A thread that ends this process with one line unless the returned event is set
+  within `startup` seconds (a connect or a registration barrier that never completes
+  would otherwise end in JAX's C++ abort)."""
+  done = threading.Event()
+
+  def guard():
+    if not done.wait(startup):
+      print(f"mha-jax: error: {_start_error(TimeoutError('timed out'), s, startup)}",
+            file=sys.stderr, flush=True)
+      os._exit(2)
+
+  threading.Thread(target=guard, daemon=True, name="mha-jax start-up guard").start()
+  return done
 
 
 @contextlib.contextmanager
@@ -177,7 +198,7 @@ def _service_apart(s: dict, kw: dict, tm: dict):
   proc = subprocess.Popen(
       [sys.executable, "-m", "mha_jax.train.coordinator", port, str(s["num_processes"]),
        str(kw["heartbeat_timeout_seconds"]), str(kw["shutdown_timeout_seconds"]),
-       str(tm["process_timeout"] + 15)],
+       str(kw["initialization_timeout"]), str(tm["process_timeout"] + 15)],
       stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
   line = proc.stdout.readline().strip()
   if line != "ready":
