@@ -199,7 +199,8 @@ def _service_apart(s: dict, kw: dict, tm: dict):
       [sys.executable, "-m", "mha_jax.train.coordinator", port, str(s["num_processes"]),
        str(kw["heartbeat_timeout_seconds"]), str(kw["shutdown_timeout_seconds"]),
        str(kw["initialization_timeout"]), str(tm["process_timeout"] + 15)],
-      stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+      stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+      start_new_session=True)
   line = proc.stdout.readline().strip()
   if line != "ready":
     proc.kill()

@@ -126,7 +126,7 @@ def test_a_lost_process_stops_the_others_in_one_line_and_a_relaunch_resumes(
   assert rc != 0 and len(line) == 1 and f"process {victim} of 2 was lost" in line[0]
   assert "run the same command on every process to resume" in line[0].lower()
   _no_dump(out)
-  assert seconds < TIMEOUT + 10
+  assert seconds < TIMEOUT + 20      # a bound, not a timing: it would hang for ever
   _wait(procs[victim:victim + 1])
   logs = _ok(_start(wd, 40))
   assert "resumed from step" in logs[0]
