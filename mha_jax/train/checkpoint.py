@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import sys
 from typing import Any, Callable
 
@@ -88,6 +89,26 @@ def _orbax_drains():
     asyncio_utils._run_sync_via_new_loop = real
 
 
+class _QuietStorageFaults(logging.Filter):
+  """Drops orbax's background-thread reports ("_SignalingThread.run() raised an
+  exception", with a traceback) of a full disk or a read-only place: the same exception
+  reaches the caller, which says it in one line (storage.faults, Checkpoints._faults)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return exc is None or storage.fault_kind(exc) is None
+
+
+_QUIET = _QuietStorageFaults()
+
+
+def _quiet_storage_faults() -> None:
+  """Installs _QuietStorageFaults on absl's logger (the one orbax logs through), once."""
+  log = logging.getLogger("absl")
+  if _QUIET not in log.filters:
+    log.addFilter(_QUIET)
+
+
 def _short(e: BaseException) -> str:
   text = " ".join(str(e).split())
   return f"{type(e).__name__}: {text[:200]}" + ("..." if len(text) > 200 else "")
@@ -115,6 +136,7 @@ class Checkpoints:
     """this_process_only: a read-only manager that process 0 of a multi-process run
     uses alone (its restores wait for no other process), to decide what every process
     then does (train/loop.py)."""
+    _quiet_storage_faults()
     self.directory = storage.abspath(storage.join(workdir, "checkpoints"))
     # "read_only" here means: never create, delete or clean anything up.
     mp = ocp.options.MultiprocessingOptions()

@@ -185,3 +185,50 @@ def test_start_up_faults_end_in_one_line_within_the_start_up_timeout(tmp_path, c
       continue
     assert len(line) == 1 and "start-up failed" in line[0], out[-3000:]
     _no_dump(out)
+
+
+# ---------------------------------------------------------------------------
+# Background tracebacks: orbax's threads report a full disk themselves (absl logging,
+# with a traceback) before the caller says it in one line; those reports are dropped.
+
+def test_orbax_background_reports_of_storage_faults_are_dropped():
+  import logging
+  from mha_jax.train import checkpoint as ckpt_lib
+  ckpt_lib._quiet_storage_faults()
+  ckpt_lib._quiet_storage_faults()           # once, however often it is asked
+  log = logging.getLogger("absl")
+  assert log.filters.count(ckpt_lib._QUIET) == 1
+
+  def record(exc):
+    return logging.LogRecord("absl", logging.ERROR, __file__, 1, "raised: %s", (exc,),
+                             (type(exc), exc, None))
+  full = ValueError('RESOURCE_EXHAUSTED: Error writing "wv/0.0.0" in OCDBT database: '
+                    'No space left on device')
+  assert not ckpt_lib._QUIET.filter(record(full))
+  assert not ckpt_lib._QUIET.filter(record(OSError(30, "Read-only file system")))
+  assert ckpt_lib._QUIET.filter(record(KeyError("a bug")))     # a bug keeps its traceback
+  assert ckpt_lib._QUIET.filter(logging.LogRecord("absl", logging.ERROR, __file__, 1,
+                                                  "no exception", (), None))
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+  """A 3 MB tmpfs (root only; skipped elsewhere)."""
+  mnt = tmp_path / "full"
+  mnt.mkdir()
+  r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mnt)],
+                     capture_output=True, timeout=30)
+  if r.returncode:
+    pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.decode().strip()})")
+  yield str(mnt)
+  subprocess.run(["umount", str(mnt)], timeout=30)
+
+
+def test_import_onto_a_full_disk_says_one_line_and_leaves_nothing(full_disk):
+  r = subprocess.run([sys.executable, "-m", "mha_jax.cli", "import", "minilm-l6",
+                      "--workdir", os.path.join(full_disk, "m")], cwd=ROOT,
+                     env=with_devices(1), capture_output=True, text=True, timeout=300)
+  print(f"\nimport onto a full disk, exit {r.returncode}, stderr:\n{r.stderr}")
+  assert r.returncode == 2
+  assert r.stderr.count("\n") == 1 and "the disk is full" in r.stderr, r.stderr[-3000:]
+  assert os.listdir(full_disk) == []
