@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+from typing import Callable
+
 import pytest
 
 from test_distributed import EVERY, ROOT, TINY, _free_port, _max_diff, _params
@@ -232,3 +234,136 @@ def test_import_onto_a_full_disk_says_one_line_and_leaves_nothing(full_disk):
   assert r.returncode == 2
   assert r.stderr.count("\n") == 1 and "the disk is full" in r.stderr, r.stderr[-3000:]
   assert os.listdir(full_disk) == []
+
+
+# ---------------------------------------------------------------------------
+# A flaky object store: the fake bucket of test_storage.py with injected faults.
+
+from test_storage import fake_gcs  # noqa: E402,F401 - the fixture
+from helpers import TINY_INDUCTION, tiny  # noqa: E402
+
+
+class HttpError(OSError):
+  """What gcsfs raises for an HTTP error status."""
+
+  def __init__(self, code: int, message: str):
+    super().__init__(message)
+    self.code = code
+
+
+def _flaky(monkeypatch, fails: Callable[[str, str], int | None]):
+  """Every call of the fake bucket's open/exists/isdir/info/ls/makedirs/rm goes through
+  fails(method, path): an HTTP code to fail with, or None. Returns the failures seen."""
+  import fsspec
+  cls = fsspec.get_filesystem_class("gcs")
+  seen = []
+  for name in ("open", "exists", "isdir", "info", "ls", "makedirs", "rm"):
+    real = getattr(cls, name)
+
+    def method(self, path, *a, _real=real, _name=name, **k):
+      code = fails(_name, str(path))
+      if code is not None:
+        seen.append((_name, str(path), code))
+        raise HttpError(code, f"{code} {'Service Unavailable' if code == 503 else 'Forbidden'}"
+                              f": {path}")
+      return _real(self, path, *a, **k)
+    monkeypatch.setattr(cls, name, method)
+  return seen
+
+
+GS = ("--config.train.steps=8", "--config.train.checkpoint_every=4",
+      "--config.train.eval_every=100", "--config.train.log_every=4",
+      "--config.train.progress=false")
+
+
+def test_transient_bucket_errors_are_retried_with_backoff_and_logged(fake_gcs, monkeypatch,
+                                                                    capsys):
+  from mha_jax import storage
+  from mha_jax.train import loop
+  calls = [0]
+
+  def fails(method, path):
+    """Every 7th call on the run's own files fails with 503, 6 failures in all (orbax's
+    checkpoint I/O has gcsfs's and TensorStore's own retries on a real bucket)."""
+    if "/checkpoints" in path:
+      return None
+    calls[0] += 1
+    return 503 if calls[0] % 7 == 0 and calls[0] <= 42 else None
+  seen = _flaky(monkeypatch, fails)
+  monkeypatch.setattr(storage, "RETRIES", {})
+  monkeypatch.setenv(storage.RETRY_ENV, "30")
+  res = loop.train(tiny("configs/induction.py", TINY_INDUCTION, *GS), "gs://bucket/run",
+                   log=lambda s: None)
+  err = capsys.readouterr().err
+  warnings = [l for l in err.splitlines() if "retry" in l]
+  print(f"\nflaky bucket: {len(seen)} injected 503s, retries {storage.RETRIES}; e.g. "
+        f"{warnings[:1]}")
+  assert res["status"] == "done" and res["step"] == 8
+  assert len(seen) == 6 and sum(storage.RETRIES.values()) == 6 and len(warnings) == 6
+  assert all("503 Service Unavailable" in w and "retry 1 in 0.5 s" in w for w in warnings)
+
+
+def test_a_bucket_that_keeps_failing_or_forbids_is_one_line_naming_the_object(
+    fake_gcs, monkeypatch, capsys):
+  from mha_jax import cli as cli_mod
+  from mha_jax import storage
+  monkeypatch.setenv(storage.RETRY_ENV, "2")     # 0.5 + 1 s of waiting, then give up
+  args = ["train", "--config", os.path.join(ROOT, "configs/induction.py"), *TINY_INDUCTION,
+          *GS]
+  rule = [lambda m, p: 503 if p.endswith("config.json") else None]
+  _flaky(monkeypatch, lambda m, p: rule[0](m, p))
+  assert cli_mod.main([*args, "--workdir", "gs://bucket/a"]) == 2
+  err = capsys.readouterr().err
+  line = err.strip().splitlines()[-1]
+  print(f"\nstill failing: {line}")
+  assert err.count("; retry ") == 2 and line.startswith("mha-jax: error:")
+  assert "gs://bucket/a/config.json" in line and "after 3 tries" in line
+  # A 403 on the second checkpoint: one line naming it, that checkpoint not listed.
+  rule[0] = lambda m, p: 403 if "/checkpoints/8" in p and m == "open" else None
+  assert cli_mod.main([*args, "--workdir", "gs://bucket/b"]) == 2
+  err = capsys.readouterr().err
+  print(f"forbidden: {err.strip()}")
+  assert err.count("\n") == 1 and "access is denied" in err and "checkpoints/8" in err, err
+  assert sorted(os.listdir(fake_gcs / "bucket" / "b" / "checkpoints")) == ["4"]
+
+
+def test_the_lock_on_a_bucket_is_taken_by_one_of_two_racing_processes(tmp_path):
+  """Two processes create the same lock on the fake bucket at the same instant, 20
+  times: each time exactly one gets it."""
+  code = f"""
+import sys, time, types
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import fsspec
+from fsspec.implementations.dirfs import DirFileSystem
+from fsspec.implementations.local import LocalFileSystem
+from etils.epath import backend
+root = {str(tmp_path)!r}
+class FakeGCS(DirFileSystem):
+  protocol = ("gs", "gcs")
+  def __init__(self, *a, **k):
+    super().__init__(path=root, fs=LocalFileSystem())
+  @classmethod
+  def _strip_protocol(cls, path):
+    return str(path).replace("gs://", "").rstrip("/")
+fsspec.register_implementation("gcs", FakeGCS, clobber=True)
+backend.fsspec_backend._get_filesystem.cache_clear()
+from mha_jax import storage
+start = float(sys.argv[1])
+won = []
+for i in range(20):
+  while time.time() < start + 0.2 * i:
+    pass
+  won.append(storage.create_exclusive(f"gs://bucket/lock{{i}}", sys.argv[2].encode()))
+print("".join("1" if w else "0" for w in won))
+"""
+  (tmp_path / "bucket").mkdir()
+  start = time.time() + 8
+  procs = [subprocess.Popen([sys.executable, "-c", code, str(start), name], cwd=ROOT,
+                            env=with_devices(1), stdout=subprocess.PIPE, text=True)
+           for name in ("a", "b")]
+  outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+  assert all(len(o) == 20 for o in outs), outs
+  for i in range(20):
+    assert outs[0][i] != outs[1][i]           # one winner
+    holder = (tmp_path / "bucket" / f"lock{i}").read_text()
+    assert holder == ("a" if outs[0][i] == "1" else "b")
