@@ -340,7 +340,7 @@ class Watchdog:
           self._seen[i] = (beat, now)
         elif now - last[1] > self.timeout:
           self._lost(i, f"was lost: no heartbeat for {now - last[1]:.0f} s (it died, was "
-                        f"killed or hangs; --process-timeout={self.timeout:g})")
+                        f"killed or froze; --process-timeout={self.timeout:g})")
           return
 
   def _lost(self, i: int, why: str) -> None:

@@ -138,6 +138,19 @@ def test_a_lost_process_stops_the_others_in_one_line_and_a_relaunch_resumes(
   assert diff <= 1e-6
 
 
+def test_an_error_on_one_process_stops_the_others_naming_it(tmp_path):
+  wd, port = str(tmp_path / "run"), _free_port()
+  good = _start(wd, 20, ids=[0], num=2, port=port)
+  bad = _start(wd, 20, ids=[1], num=2, port=port, extra=["--config.train.lr=-1"])
+  (rc0, out0), (rc1, out1) = _wait(good + bad, timeout=120)
+  print(f"\nan error on process 1: {out1.strip().splitlines()[-1]}\nprocess 0: "
+        f"{out0.strip().splitlines()[-1]}")
+  assert rc1 == 2 and "mha-jax: error: train.lr must be > 0" in out1
+  assert rc0 == 1 and "process 1 of 2 failed: train.lr must be > 0" in out0
+  _no_dump(out0)
+  _no_dump(out1)
+
+
 @pytest.mark.parametrize("who", ["all", "one"])
 def test_sigterm_to_all_or_one_process_saves_one_step_and_resumes(tmp_path, ref40, who):
   wd = str(tmp_path / "run")
