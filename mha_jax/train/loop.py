@@ -447,17 +447,26 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
           save(step, last)
         if step % t.eval_every == 0 or step == t.steps:
           valid = evaluate(step)
-  finally:   # also on divergence or an error: flush metrics, close the bar and orbax
-    if bar is not None:
-      bar.close()
-    for writer in writers:
-      writer.close()
-    for ckpts in all_ckpts:
-      ckpts.close()
+  except BaseException:   # divergence or an error: that is what the user must see
+    _close(bar, writers, all_ckpts, quiet=True)
+    raise
+  _close(bar, writers, all_ckpts)
   if multi:
     return {"status": status, "step": step, "workdir": workdir, "seeds": seeds,
             "workdirs": [w for _, w in runs], "valid": valid}
   return {"status": status, "step": step, "workdir": workdir, "valid": valid}
+
+
+def _close(bar, writers, all_ckpts, quiet: bool = False) -> None:
+  """Flushes the metrics, closes the bar and orbax. quiet: after an error, whatever
+  fails here (the metrics' last flush onto the same full disk) is not said."""
+  for close in ([bar.close] if bar is not None else []) + [w.close for w in writers] + \
+      [c.close for c in all_ckpts]:
+    try:
+      close()
+    except Exception:  # noqa: BLE001
+      if not quiet:
+        raise
 
 
 def _newest_common(all_ckpts, fresh: Callable[[int], tuple], sharding=None):

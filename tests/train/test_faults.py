@@ -227,16 +227,33 @@ def test_orbax_background_reports_of_storage_faults_are_dropped():
 
 
 @pytest.fixture
-def full_disk(tmp_path):
-  """A 3 MB tmpfs (root only; skipped elsewhere)."""
+def full_disk(tmp_path, request):
+  """A small tmpfs, 3 MB or the size the test's parameter names (root only; skipped
+  elsewhere)."""
   mnt = tmp_path / "full"
   mnt.mkdir()
-  r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mnt)],
+  size = getattr(request, "param", "3M")
+  r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
                      capture_output=True, timeout=30)
   if r.returncode:
     pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.decode().strip()})")
   yield str(mnt)
   subprocess.run(["umount", str(mnt)], timeout=30)
+
+
+@pytest.mark.parametrize("full_disk", ["600k"], indirect=True)
+def test_train_onto_a_full_disk_says_one_line(full_disk):
+  wd = os.path.join(full_disk, "run")
+  r = subprocess.run([sys.executable, "-m", "mha_jax.cli", "train", "--config",
+                      "configs/induction.py", "--config.model.d_model=64",
+                      "--config.train.steps=40", "--config.train.checkpoint_every=10",
+                      "--config.train.progress=false", "--config.train.eval_every=1000",
+                      "--workdir", wd], cwd=ROOT, env=with_devices(1), capture_output=True,
+                     text=True, timeout=300)
+  print(f"\ntrain onto a full disk, exit {r.returncode}, stderr:\n{r.stderr}")
+  assert r.returncode == 2
+  assert r.stderr.count("\n") == 1 and "the disk is full" in r.stderr, r.stderr[-3000:]
+  assert not [d for d in os.listdir(os.path.join(wd, "checkpoints")) if "tmp" in d]
 
 
 def test_import_onto_a_full_disk_says_one_line_and_leaves_nothing(full_disk):
