@@ -383,3 +383,18 @@ def test_variant_param_shapes_are_documented_and_slice_with_heads():
   gates = jnp.zeros(H).at[keep].set(1.0)
   _close(A.multi_head_attention(sl, x, variant="gated"),
          A.multi_head_attention(p, x, variant="gated", head_gates=gates), what="sliced")
+
+
+@pytest.mark.slow
+def test_bench_variants_times_every_variant_against_softmax(tmp_path):
+  from mha_jax import bench
+  r = bench.run_variants(d_model=16, seq_len=8, batch=1, heads=(2,), rounds=1,
+                         variants=("gated", "sink"), log=lambda s: None)
+  got = {(row["variant"], row["mode"]): row for row in r["rows"]}
+  assert set(got) == {(v, m) for v in ("softmax", "gated", "sink")
+                      for m in ("forward", "forward+backward")}
+  assert got[("softmax", "forward")]["ratio_to_softmax"] == 1.0
+  assert got[("sink", "forward")]["kernel"] in ("reference", "blocked")
+  assert "| 2 | sink |" in bench.format_variants(r)
+  with pytest.raises(Exception, match="unknown"):
+    bench.run_variants(variants=("nope",))
