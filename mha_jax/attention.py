@@ -29,6 +29,9 @@ returned heads) is per query head.
 
 Rotary position embeddings (RoPE) rotate q and k inside the function; a KV cache
 (init_kv_cache) lets a decoder attend one step at a time over earlier keys and values.
+The attention variants (VARIANTS: gated, gated_head, differential, sigmoid, sink,
+qk_norm) are options of the same function (variant=...), their params made by
+init_attention_params(..., variant=...).
 """
 
 from __future__ import annotations
@@ -149,7 +152,8 @@ class AttentionOutput(NamedTuple):
 
   out: (B, T, D) the layer's output.
   weights: (B, H, T, S) float32 attention weights (rows sum to 1, or 0 when fully
-    masked).
+    masked; by variant: sigmoid weights, the keys' share beside the sink, or
+    differential attention's first map).
   heads: (B, T, H, K) each head's output after its gate, the input of W_O.
   """
   out: jax.Array
