@@ -79,6 +79,15 @@ def _cmd_bench_attention(args) -> int:
     bench.write_json(result, out)
     print(f"\nwrote {out}")
     return 0
+  if args.variants:
+    result = bench.run_variants(d_model=args.d_model, seq_len=args.seq_len,
+                                batch=args.batch, heads=args.heads if args.heads_given else (8,),
+                                rounds=args.rounds, warmup=args.warmup, dtype=args.dtype)
+    print(bench.format_variants(result))
+    out = args.out if args.out != _BENCH_OUT else "results/bench_attention_variants.json"
+    bench.write_json(result, out)
+    print(f"\nwrote {out}")
+    return 0
   result = bench.run(d_model=args.d_model, seq_len=args.seq_len, batch=args.batch,
                      heads=args.heads, rounds=args.rounds, warmup=args.warmup,
                      dtype=args.dtype, impls=tuple(args.impls) if args.impls else None)
@@ -684,6 +693,9 @@ def add_bench_attention_args(p: argparse.ArgumentParser) -> None:
                  default=None, metavar="IMPL[,IMPL...]",
                  help=f"of {', '.join(bench.impl_names(with_cudnn=True))} (default: all; "
                       f"without --scale-t the peers always run)")
+  p.add_argument("--variants", action="store_true",
+                 help="each attention variant's forward and forward+backward against "
+                      "softmax (h = 8 unless --heads)")
   p.add_argument("--max-mem-gb", type=float, default=6.0,
                  help="with --scale-t: address-space cap per subprocess (default 6)")
   p.set_defaults(d_model_given=False, batch_given=False, heads_given=False)
