@@ -731,6 +731,9 @@ def _add_verb(sub, name: str, verb: Verb, methods: Sequence[str] | None):
   if verb.study:
     p.add_argument("--config", default=None, metavar="FILE.py[:ARG]",
                    help="this verb's flags from a config file (configs/studies/)")
+  p.add_argument("--compile-cache", default=None, metavar="DIR|off",
+                 help="JAX's compilation cache (default: $MHA_JAX_COMPILE_CACHE, else "
+                      "~/.cache/mha-jax/xla; docs/guide/performance.md)")
   p.set_defaults(func=verb.func, extra=verb.extra)
   return p
 
@@ -902,6 +905,8 @@ def main(argv=None) -> int:
     return 2
   try:
     check_flags(args)
+    from mha_jax import compile_cache
+    compile_cache.enable(args.compile_cache)
     return args.func(args, extra) if args.extra else args.func(args)
   except UserError as e:     # bad input: one line. Anything else is a bug: its traceback.
     print(f"mha-jax: error: {e}", file=sys.stderr)
