@@ -107,10 +107,8 @@ class Study:
     p0 = min(int(np.argmax(differ)) if differ.any() else t, int(pairs.length.min()) - 1)
     self.prefix = p0 if share_prefix and hasattr(task, "prefix_cache") and p0 >= 1 else 0
     self._jit: dict = {}
-    shapes = jax.eval_shape(
-        lambda p: self._forward(p, self.tokens["clean"], read=("lm.*.attn.z", "lm.*.attn.k")),
-        params)
-    logits, vals = shapes
+    logits, vals = jax.eval_shape(lambda p: self._forward(
+        p, self.tokens["clean"], read=("lm.*.attn.z", "lm.*.attn.k", "lm.0.resid_pre")), params)
     self.vocab = logits.shape[-1]
     self.layers = sum(1 for k in vals if k.endswith(".attn.z"))
     if self.layers == 0:
@@ -119,9 +117,7 @@ class Study:
     self.heads = [vals[f"lm.{i}.attn.z"].shape[2] for i in range(self.layers)]
     self.kv_heads = [vals[f"lm.{i}.attn.k"].shape[2] for i in range(self.layers)]
     self.head_dim = [vals[f"lm.{i}.attn.z"].shape[3] for i in range(self.layers)]
-    self.d_model = jax.eval_shape(
-        lambda p: self._forward(p, self.tokens["clean"], read=("lm.0.resid_pre",)),
-        params)[1]["lm.0.resid_pre"].shape[-1]
+    self.d_model = vals["lm.0.resid_pre"].shape[-1]
     base = self.baseline()
     self.ld_clean, self.ld_corrupt = base["clean"]["ld"], base["corrupt"]["ld"]
 

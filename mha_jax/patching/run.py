@@ -197,14 +197,13 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
 
   if "attribution" in methods:
     atp, sec = _timed(lambda: s.attribution(("z",)))
-    fb = s.forward_backward_seconds()
     summary["seconds"]["attribution"] = round(sec, 2)
     a_doc = {"workdir": run.workdir, "task": label, "direction": "denoise",
              "method": "AtP: (z_clean - z_corrupt) . d mean LD / dz at the corrupt run, "
                        "over (LD_clean - LD_corrupt)",
              "scores": {"head_out": core.head_table(atp["z"]["heads"], heads)},
-             "seconds": {"attribution_first_call": round(sec, 3),
-                         "forward_backward": round(fb, 3)}}
+             # its cost in forward+backward passes: scripts/bench_patching.py
+             "seconds": {"attribution_first_call": round(sec, 3)}}
     t0 = time.perf_counter()
     s.attribution(("z",))
     a_doc["seconds"]["attribution"] = round(time.perf_counter() - t0, 3)
