@@ -53,7 +53,7 @@ def _times(fn, rounds: int):
     t0 = time.perf_counter()
     out = fn()
     times.append(time.perf_counter() - t0)
-  return out, first, statistics.median(times), times
+  return out, first, statistics.median(times or [first]), times
 
 
 def torch_sweep(hf, pairs):
@@ -261,7 +261,7 @@ def main(argv=None):
   p.add_argument("--torch-rounds", type=int, default=0,
                  help="rounds of the (slow) torch-hooks loop after its warm-up (0: skip)")
   p.add_argument("--peer-rounds", type=int, default=1,
-                 help="rounds of each peer's sweep after its first (timed) call")
+                 help="rounds of each peer's sweep after its first call (0: the first is the median)")
   p.add_argument("--command", action="store_true",
                  help="also time `mha-jax patch --sites head_out` as fresh processes")
   p.add_argument("--no-prefix", action="store_true",
