@@ -166,7 +166,7 @@ def nnsight_sweep(lm, hf, pairs, heads_per_trace: int | None = None):
 def load_peers(gguf_path: str | None = None, hf=None, tokenizer=None):
   """transformers' model (read from the GGUF file with its own reader, or `hf`), then
   TransformerLens' TransformerBridge and nnsight's LanguageModel over it, offline:
-  {"hf", "tl", "nnsight", "seconds": {"hf", "tl", "nnsight"}}."""
+  {"hf", "tl", "nnsight", "seconds": {"hf", "tl", "nnsight"}, "state": hf's state dict}."""
   import warnings
   import torch
   import transformers
@@ -180,6 +180,7 @@ def load_peers(gguf_path: str | None = None, hf=None, tokenizer=None):
         folder, gguf_file=name, dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
   sec["hf"] = time.perf_counter() - t0
+  state = dict(hf.state_dict())       # before the bridge wraps the modules (and renames)
   t0 = time.perf_counter()
   tl = TransformerBridge.boot_transformers("HuggingFaceTB/SmolLM2-135M", hf_model=hf,
                                            tokenizer=tokenizer, device="cpu")
@@ -189,7 +190,7 @@ def load_peers(gguf_path: str | None = None, hf=None, tokenizer=None):
     warnings.simplefilter("ignore")       # "LanguageModel is deprecated" (0.8)
     lm = LanguageModel(hf, tokenizer=tokenizer)
   sec["nnsight"] = time.perf_counter() - t0
-  return {"hf": hf, "tl": tl, "nnsight": lm, "seconds": sec}
+  return {"hf": hf, "tl": tl, "nnsight": lm, "seconds": sec, "state": state}
 
 
 def to_transformers_sd(run) -> dict:
@@ -326,7 +327,7 @@ def main(argv=None):
     print("transformer-lens / nnsight not installed (pip install .[bench]): no peers")
   if torch is not None and nnsight is not None:
     P = load_peers(run.config["source"]["path"])
-    hf_same = max(float((P["hf"].state_dict()[k] - v).abs().max())
+    hf_same = max(float((P["state"][k] - v).abs().max())
                   for k, v in to_transformers_sd(run).items())
     print(f"peers loaded: {P['seconds']}; max |weight difference| to mha-jax's {hf_same:.1e}",
           flush=True)
