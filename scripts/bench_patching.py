@@ -30,6 +30,7 @@ AtP for all heads against one forward+backward. float32, CPU.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -229,7 +230,8 @@ def table_of(result: dict, heads: int, pairs: int, cores: int) -> str:
   best = min([p["median_s"] for p in result["peers"].values()] or [float("nan")])
   best_cmd = min([p["command_s"] for p in result["peers"].values()] or [float("nan")])
   rows = [f"| head-output sweep, {heads} heads x {pairs} IOI pairs, {cores} core(s) | sweep, "
-          "median s | first call s | command s (load + first sweep) | |max diff| to mha-jax |",
+          "median s | first call s | command s (peers: load + first sweep) | max abs "
+          "difference to mha-jax |",
           "|---|---|---|---|---|"]
   c = " / ".join(f"{cmd[k]['wall_s']:.1f}" for k in ("no_cache", "first", "second") if k in cmd)
   rows.append(f"| mha-jax (one compiled program) | {ours['median_s']:.2f} | "
@@ -321,7 +323,7 @@ def main(argv=None):
   result["peers"] = {}
   try:
     import nnsight
-    import transformer_lens
+    import transformer_lens  # noqa: F401
   except ImportError:
     nnsight = None
     print("transformer-lens / nnsight not installed (pip install .[bench]): no peers")
@@ -340,7 +342,7 @@ def main(argv=None):
       result["peers"][name] = {
           "median_s": p_med, "first_s": p_first, "runs_s": p_all, "load_s": load,
           "command_s": load + p_first, "max_abs_recovery_difference": diff,
-          "version": (transformer_lens if name == "transformer_lens" else nnsight).__version__}
+          "version": importlib.metadata.version(name.replace("_", "-"))}
       print(f"{name}: sweep {p_med:.2f} s (first {p_first:.1f} s), load {load:.1f} s; max "
             f"|recovery difference| to mha-jax {diff:.2e}", flush=True)
     result["peers_weights_max_abs_difference"] = hf_same
