@@ -51,3 +51,7 @@ def test_the_peers_tables_equal_ours(tmp_path):
   assert tl.shape == nn.shape == ours.shape
   np.testing.assert_allclose(tl, ours, atol=1e-4)
   np.testing.assert_allclose(nn, ours, atol=1e-4)
+  for part in (bench.tl_sweep(peers["tl"], pairs, layers=1),
+               bench.nnsight_sweep(peers["nnsight"], hf, pairs, layers=1)):
+    np.testing.assert_allclose(part[:1], ours[:1], atol=1e-4)   # the first layer's heads
+    assert np.isnan(part[1:]).all()
