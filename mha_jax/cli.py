@@ -427,7 +427,8 @@ def _cmd_patch(args) -> int:
   summary = patch_run.study(load(args.workdir), out, task=args.task,
                             pairs_file=args.pairs, methods=args.method,
                             n_pairs=args.n_pairs, seed=args.seed,
-                            per_position=args.per_position, receivers=args.receivers)
+                            per_position=args.per_position, receivers=args.receivers,
+                            sites=args.sites, keep_failing=args.keep_failing)
   print(patch_run.format_summary(summary))
   print(f"wrote {out}/ (patching.json, dla.json, the methods' JSON, *.png, explorer.html)")
   return 0
@@ -656,9 +657,17 @@ VERBS = {
              default=("activation", "attribution"), metavar="METHOD[,METHOD...]",
              help=f"of {', '.join(patch_run.METHODS)} (default: activation,attribution)"),
         _arg("--n-pairs", type=int, default=8, help="built-in tasks: pairs drawn"), SEED,
+        _arg("--keep-failing", action="store_true",
+             help="keep the pairs whose clean prompt the model gets wrong (clean logit "
+                  "difference < 0; left out by default)"),
         _arg("--out", required=True, help="output folder")), methods=(
-            ("activation", (_arg("--per-position", action="store_true",
-                                 help="also patch every head at every position"),)),
+            ("activation", (
+                _arg("--sites", type=_items(patch_run.SITES, "site names"),
+                     default=("head_out",), metavar="SITE[,SITE...]",
+                     help=f"the sweeps, of {', '.join(patch_run.SITES)} (default: "
+                          f"head_out; kv: k and v per key/value head)"),
+                _arg("--per-position", action="store_true",
+                     help="also patch every head at every position"))),
             ("path", (_arg("--receivers", type=int, default=2,
                            help="the top heads whose q, k, v receive"),)),
             ("attribution", ()))),
@@ -767,6 +776,9 @@ def _add_verb(sub, name: str, verb: Verb, methods: Sequence[str] | None):
   if verb.study:
     p.add_argument("--config", default=None, metavar="FILE.py[:ARG]",
                    help="this verb's flags from a config file (configs/studies/)")
+  p.add_argument("--compile-cache", default=None, metavar="DIR|off",
+                 help="JAX's compilation cache (default: $MHA_JAX_COMPILE_CACHE, else "
+                      "~/.cache/mha-jax/xla; docs/guide/performance.md)")
   p.set_defaults(func=verb.func, extra=verb.extra)
   return p
 
@@ -938,6 +950,8 @@ def main(argv=None) -> int:
     return 2
   try:
     check_flags(args)
+    from mha_jax import compile_cache
+    compile_cache.enable(args.compile_cache)
     return args.func(args, extra) if args.extra else args.func(args)
   except UserError as e:     # bad input: one line. Anything else is a bug: its traceback.
     print(f"mha-jax: error: {e}", file=sys.stderr)

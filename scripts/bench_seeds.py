@@ -110,6 +110,77 @@ def interleaved_steps(seeds: int, rounds: int, overrides) -> dict:
           "ratio": b / a, "load_after": _load()}
 
 
+def profile_steps(seeds: int, rounds: int, overrides) -> dict:
+  """Where an N-seed step's time goes, against one seed: the same jitted step
+  (loop.make_train_step) for 1 seed at batch B, N seeds vmapped at batch B each, and 1
+  seed at batch N*B (the N seeds' work without the seed axis). For each: compile
+  seconds, XLA's FLOPs and bytes per step, median ms (interleaved rounds), GFLOP/s; and
+  the host's seconds to build the N batches of a step."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from mha_jax import config as mc, tasks
+  from mha_jax.train import loop
+  cfg = mc.load_config(CONFIG)
+  mc.apply_overrides(cfg, list(overrides))
+  task = tasks.build(cfg, None)
+  opt = loop.make_optimizer(cfg.train)
+  step = loop.make_train_step(task, opt, cfg)
+
+  def init(key):
+    p = task.init_params(key)
+    return p, opt.init(p)
+
+  keys = jnp.stack([jax.random.PRNGKey(i) for i in range(seeds)])
+  t0 = time.perf_counter()
+  batches = [task.train_batch(i) for i in range(seeds)]
+  stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+  host_s = time.perf_counter() - t0
+  wide = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+  cases = {"1 seed, batch B": (jax.jit(step), jax.jit(init)(keys[0]), batches[0], keys[0]),
+           f"{seeds} seeds vmapped, batch B each": (
+               jax.jit(jax.vmap(step, in_axes=(0, 0, 0, None, 0))), jax.jit(jax.vmap(init))(keys),
+               stacked, keys),
+           f"1 seed, batch {seeds}B": (jax.jit(step), jax.jit(init)(keys[0]), wide, keys[0])}
+  out = {}
+  for name, (fn, state, batch, key) in cases.items():
+    t0 = time.perf_counter()
+    compiled = fn.lower(*state, batch, jnp.int32(0), key).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    out[name] = {"compile_s": time.perf_counter() - t0, "gflop": cost.get("flops", 0) / 1e9,
+                 "gbytes": cost.get("bytes accessed", 0) / 1e9, "times_ms": [],
+                 "fn": compiled, "state": state, "batch": batch, "key": key}
+  for r in range(rounds + 1):          # round 0 warms up
+    for c in out.values():
+      t0 = time.perf_counter()
+      m = c["fn"](*c["state"], c["batch"], jnp.int32(r), c["key"])[2]
+      jax.block_until_ready(m)
+      if r:
+        c["times_ms"].append((time.perf_counter() - t0) * 1e3)
+  rows = {}
+  for name, c in out.items():
+    ms = statistics.median(c["times_ms"])
+    rows[name] = {"compile_s": round(c["compile_s"], 2), "gflop": round(c["gflop"], 3),
+                  "gbytes": round(c["gbytes"], 3), "step_ms": round(ms, 1),
+                  "gflop_per_s": round(c["gflop"] / ms * 1e3, 1)}
+  return {"seeds": seeds, "rounds": rounds, "batch_size": cfg.train.batch_size,
+          "host_batches_s": round(host_s, 4), "cases": rows, "load_after": _load()}
+
+
+def format_profile(res: dict) -> str:
+  base = res["cases"]["1 seed, batch B"]
+  lines = ["| step | compile s | GFLOP (XLA) | GB accessed | ms | vs 1 seed | GFLOP/s |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+  for name, r in res["cases"].items():
+    lines.append(f"| {name} | {r['compile_s']:.1f} | {r['gflop']:.2f} | {r['gbytes']:.2f} | "
+                 f"{r['step_ms']:.0f} | {r['step_ms'] / base['step_ms']:.2f}x | "
+                 f"{r['gflop_per_s']:.1f} |")
+  lines.append(f"\nhost: {res['seeds']} batches of {res['batch_size']} built in "
+               f"{res['host_batches_s'] * 1e3:.1f} ms")
+  return "\n".join(lines)
+
+
 def format_table(res: dict) -> str:
   one = res["rows"][0]
   lines = [f"{res['config']}: {one['steps']} steps, batch {res['batch_size']} per seed; "
@@ -136,7 +207,23 @@ def main(argv=None) -> int:
                  help="only time the step, 1 vs N seeds interleaved, this many rounds; "
                       "adds the result to --out if it exists. Not a fair ratio: the 1-seed "
                       "step runs slower right after the N-seed one (README)")
+  p.add_argument("--profile", type=int, default=0,
+                 help="only profile the step (1 seed, N seeds, 1 seed at N times the batch) "
+                      "over this many interleaved rounds; adds it to --out as \"profile\"")
   args, overrides = p.parse_known_args(argv)
+  if args.profile:
+    res = profile_steps(args.seeds, args.profile, overrides)
+    res["table"] = format_profile(res)
+    print(res["table"])
+    full = {}
+    if os.path.exists(args.out):
+      with open(args.out) as f:
+        full = json.load(f)
+    full["profile"] = res
+    with open(args.out, "w") as f:
+      json.dump(full, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
   if args.step_rounds:
     res = {"load_before": _load(), **interleaved_steps(args.seeds, args.step_rounds,
                                                        overrides)}

@@ -107,10 +107,8 @@ class Study:
     p0 = min(int(np.argmax(differ)) if differ.any() else t, int(pairs.length.min()) - 1)
     self.prefix = p0 if share_prefix and hasattr(task, "prefix_cache") and p0 >= 1 else 0
     self._jit: dict = {}
-    shapes = jax.eval_shape(
-        lambda p: self._forward(p, self.tokens["clean"], read=("lm.*.attn.z", "lm.*.attn.k")),
-        params)
-    logits, vals = shapes
+    logits, vals = jax.eval_shape(lambda p: self._forward(
+        p, self.tokens["clean"], read=("lm.*.attn.z", "lm.*.attn.k", "lm.0.resid_pre")), params)
     self.vocab = logits.shape[-1]
     self.layers = sum(1 for k in vals if k.endswith(".attn.z"))
     if self.layers == 0:
@@ -119,9 +117,7 @@ class Study:
     self.heads = [vals[f"lm.{i}.attn.z"].shape[2] for i in range(self.layers)]
     self.kv_heads = [vals[f"lm.{i}.attn.k"].shape[2] for i in range(self.layers)]
     self.head_dim = [vals[f"lm.{i}.attn.z"].shape[3] for i in range(self.layers)]
-    self.d_model = jax.eval_shape(
-        lambda p: self._forward(p, self.tokens["clean"], read=("lm.0.resid_pre",)),
-        params)[1]["lm.0.resid_pre"].shape[-1]
+    self.d_model = vals["lm.0.resid_pre"].shape[-1]
     base = self.baseline()
     self.ld_clean, self.ld_corrupt = base["clean"]["ld"], base["corrupt"]["ld"]
 
@@ -208,46 +204,68 @@ class Study:
     Returns metrics(...) arrays of shape (L, H_max[, T]) (or (L[, T]) for stream
     sites), NaN where a layer has fewer heads, plus "ld" (…, N) per pair.
     """
+    return self.patch_many(((site, per_position),), direction=direction, layers=layers,
+                           chunk=chunk)[site]
+
+  def patch_many(self, sweeps: Sequence[tuple[str, bool]], *, direction: str = "denoise",
+                 layers: Sequence[int] | None = None, chunk: int | None = None) -> dict:
+    """Several activation-patching sweeps, each (site, per_position) as in `patch`, in
+    one compiled program: the interventions of every sweep are one batch over a site
+    axis (each intervention edits one site of one layer and head, the other edits are
+    the identity). Returns {site: what `patch(site, per_position=...)` returns}."""
     base_run, src_run = self._runs(direction)
-    _site(0, site)
-    per_head = site in HEAD_SITES or site in KV_SITES
-    counts = (self.kv_heads if site in KV_SITES else self.heads) if per_head else [1] * self.layers
-    hmax = max(counts)
+    sweeps = tuple((s, bool(pp)) for s, pp in sweeps)
+    sites = [s for s, _ in sweeps]
+    if not sweeps or len(set(sites)) != len(sites):
+      raise UserError(f"sweeps must name each site once; got {sites}")
+    for s in sites:
+      _site(0, s)
     pre = self.prefix      # positions before it are the same in every run: no effect
     chosen = range(self.layers) if layers is None else sorted({int(l) for l in layers})
     bad = [l for l in chosen if not 0 <= l < self.layers]
     if bad:
       raise UserError(f"layers: {bad} are not layers of this model (0..{self.layers - 1})")
-    idx = [(l, h, p) for l in chosen for h in range(counts[l])
-           for p in (range(pre, self.t) if per_position else (-1,))]
-    ls, hs, ps = (jnp.asarray(np.asarray(c, np.int32)) for c in zip(*idx))
-    names = tuple(_site(i, site) for i in range(self.layers))
+    per_head = [s in HEAD_SITES or s in KV_SITES for s in sites]
+    counts = [(self.kv_heads if s in KV_SITES else self.heads) if ph else [1] * self.layers
+              for s, ph in zip(sites, per_head)]
+    idx = [(k, l, h, p) for k, (_, pp) in enumerate(sweeps) for l in chosen
+           for h in range(counts[k][l]) for p in (range(pre, self.t) if pp else (-1,))]
+    ks, ls, hs, ps = (jnp.asarray(np.asarray(c, np.int32)) for c in zip(*idx))
+    names = {s: tuple(_site(i, s) for i in range(self.layers)) for s in sites}
+    flat = tuple(n for s in sites for n in names[s])
     chunk = chunk or self._chunk(len(idx))
 
     def build():
-      def fn(params, base_tok, src_tok, ls, hs, ps):
+      def fn(params, base_tok, src_tok, ks, ls, hs, ps):
         cache = self._prefix_cache(params)
-        src = self._forward(params, src_tok, read=names, cache=cache)[1]
-        # k_q, v_q (after the cache) span the whole cache; every other site the rest
-        ar_t = jnp.arange(0 if site in ("k_q", "v_q") else pre, self.t)
+        src = self._forward(params, src_tok, read=flat, cache=cache)[1]
 
         def one(ix):
-          l, h, p = ix
+          k, l, h, p = ix
           edits = {}
-          for i, name in enumerate(names):
-            sel = {"positions": ((ar_t == p) | (p < 0)) & (i == l)}
-            if per_head:
-              sel["heads"] = jnp.arange(counts[i]) == h
-            edits[name] = I.replace(src[name], **sel)
+          for j, s in enumerate(sites):
+            # k_q, v_q (after the cache) span the whole cache; every other site the rest
+            ar_t = jnp.arange(0 if s in ("k_q", "v_q") else pre, self.t)
+            for i, name in enumerate(names[s]):
+              sel = {"positions": ((ar_t == p) | (p < 0)) & (i == l) & (k == j)}
+              if per_head[j]:
+                sel["heads"] = jnp.arange(counts[j][i]) == h
+              edits[name] = I.replace(src[name], **sel)
           return self._score(self._forward(params, base_tok, edits, cache=cache)[0])
 
-        return jax.lax.map(one, (ls, hs, ps), batch_size=chunk)
+        return jax.lax.map(one, (ks, ls, hs, ps), batch_size=chunk)
       return fn
 
-    fn = self._cached(("patch", site, per_position, direction, chunk, len(idx)), build)
-    ld, logp = fn(self.params, self.tokens[base_run], self.tokens[src_run], ls, hs, ps)
-    return self._table(idx, np.asarray(ld), np.asarray(logp), hmax, per_head, per_position,
-                       base_run)
+    key = ("patch", sweeps, direction, chunk, len(idx))
+    ld, logp = self._cached(key, build)(self.params, self.tokens[base_run],
+                                        self.tokens[src_run], ks, ls, hs, ps)
+    ld, logp = np.asarray(ld), np.asarray(logp)
+    out = {}
+    for j, (s, pp) in enumerate(sweeps):
+      rows = [r for r, ix in enumerate(idx) if ix[0] == j]
+      out[s] = self._table([idx[r][1:] for r in rows], ld[rows], logp[rows],
+                           max(counts[j]), per_head[j], pp, base_run)
+    return out
 
   def _table(self, idx, ld, logp, hmax, per_head, per_position, base_run):
     shape = (self.layers,) + ((hmax,) if per_head else ()) + ((self.t,) if per_position else ())

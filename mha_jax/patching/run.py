@@ -1,11 +1,13 @@
 """`mha-jax patch`: a causal head study of one workdir, written as JSON and heatmaps.
 
-  DIR/patching.json     the pairs (clean and corrupt logit differences); under "scores"
-                        one table per patched site keyed by head name, the recovery
-                        (LD - LD_corrupt) / (LD_clean - LD_corrupt) of the pair means:
-                        head_out, q, k, v (per query head) and k_kv, v_kv (per key/value
-                        head, "lm.{layer}.{kv head}"); "resid" per layer and position;
-                        the logit lens; the top heads
+  DIR/patching.json     the pairs (clean and corrupt logit differences; "left_out": the
+                        pairs whose clean logit difference is < 0, unless kept); under
+                        "scores" one table per sweep of --sites keyed by head name, the
+                        recovery (LD - LD_corrupt) / (LD_clean - LD_corrupt) of the pair
+                        means: head_out, q, k, v (per query head) and k_kv, v_kv (kv:
+                        per key/value head, "lm.{layer}.{kv head}", GQA models);
+                        "resid" per layer and position; the logit lens; the top heads.
+                        The asked sweeps run as one compiled program.
   DIR/dla.json          "heads": mean direct logit attribution on the clean runs, "mlp"
   DIR/attribution.json  AtP scores of head outputs and their agreement with exact
                         patching (Pearson, Spearman, top-10 overlap), with the seconds
@@ -29,6 +31,21 @@ from mha_jax.patching import core, explorer, pairs as pairs_lib
 
 METHODS = ("activation", "path", "attribution")
 TASKS = ("ioi", "induction")
+# --sites: the activation-patching sweeps; kv is k and v per key/value head (GQA models)
+SITES = ("head_out", "q", "k", "v", "kv", "resid")
+_SWEEPS = {"head_out": (("head_out", "z", False),), "q": (("q", "q", False),),
+           "k": (("k", "k_q", False),), "v": (("v", "v_q", False),),
+           "kv": (("k_kv", "k", False), ("v_kv", "v", False)),
+           "resid": (("resid", "resid_pre", True),)}
+
+
+def _sweeps(sites: Sequence[str], gqa: bool) -> list[tuple[str, str, bool]]:
+  """(table name, core site, per position) of each asked sweep, in SITES' order."""
+  bad = [x for x in sites if x not in SITES]
+  if bad or not sites:
+    raise UserError(f"--sites must be a comma-separated subset of {SITES}; got "
+                    f"{','.join(sites)!r}")
+  return [sw for x in SITES if x in sites and (x != "kv" or gqa) for sw in _SWEEPS[x]]
 
 
 def make_pairs(run, task: str | None, pairs_file: str | None, n: int, seed: int):
@@ -70,17 +87,43 @@ def _timed(fn):
   return out, time.perf_counter() - t0
 
 
+def _failing(s, pairs) -> list[dict]:
+  """The pairs whose clean logit difference is negative (the model fails the clean
+  prompt), each {"index", "ld_clean", "ld_corrupt", **its text}; refused when all fail."""
+  bad = [{"index": i, "ld_clean": round(float(s.ld_clean[i]), 6),
+          "ld_corrupt": round(float(s.ld_corrupt[i]), 6), **pairs.text[i]}
+         for i in range(len(pairs)) if s.ld_clean[i] < 0]
+  if len(bad) == len(pairs):
+    raise UserError(f"the model gets every clean prompt wrong (clean logit differences "
+                    f"{[b['ld_clean'] for b in bad]}): nothing to patch; --keep-failing "
+                    f"keeps them")
+  return bad
+
+
 def study(run, out: str, *, task: str | None = None, pairs_file: str | None = None,
           methods: Sequence[str] = ("activation", "attribution"), n_pairs: int = 8,
           seed: int = 0, per_position: bool = False, receivers: int = 2, top: int = 10,
+          sites: Sequence[str] = ("head_out",), keep_failing: bool = False,
           log=print) -> dict:
-  """Runs the asked methods on the pairs; writes the files in `out`; returns a summary."""
+  """Runs the asked methods on the pairs (activation patching: the sweeps of `sites`,
+  in one program); writes the files in `out`; returns a summary."""
   bad = [m for m in methods if m not in METHODS]
   if bad or not methods:
     raise UserError(f"--method must be a comma-separated subset of {METHODS}; got "
                     f"{','.join(methods)!r}")
+  _sweeps(sites, False)
   pairs = make_pairs(run, task, pairs_file, n_pairs, seed)
   s = core.Study(run.task, run.params, pairs)
+  failing = [] if keep_failing else _failing(s, pairs)
+  if failing:
+    keep = np.asarray([i for i in range(len(pairs)) if i not in {f["index"] for f in failing}])
+    log(f"left out {len(failing)} pair(s) whose clean prompt the model gets wrong (clean "
+        f"logit difference < 0; --keep-failing keeps them): " + "; ".join(
+            f"#{f['index']} {f['ld_clean']:+.3f}" for f in failing))
+    pairs = pairs_lib.Pairs(*(getattr(pairs, k)[keep] for k in ("clean", "corrupt", "answer",
+                                                                 "wrong", "length")),
+                            [pairs.text[i] for i in keep])
+    s = core.Study(run.task, run.params, pairs)
   storage.makedirs(out)
   heads = s.heads
   label = task or "pairs"
@@ -97,26 +140,30 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
          "ld_clean": summary["ld_clean"], "ld_corrupt": summary["ld_corrupt"],
          "pairs": [{**p, "ld_clean": round(float(c), 6), "ld_corrupt": round(float(x), 6)}
                    for p, c, x in zip(pairs.to_json(), s.ld_clean, s.ld_corrupt)],
-         "scores": {}}
+         "left_out": failing, "scores": {}}
+  summary["left_out"] = len(failing)
   if "activation" in methods:
-    sites = [("head_out", "z"), ("q", "q"), ("k", "k_q"), ("v", "v_q")]
-    if gqa:
-      sites += [("k_kv", "k"), ("v_kv", "v")]
-    for name, site in sites:
-      res, sec = _timed(lambda: s.patch(site))
-      summary["seconds"][f"patch_{name}"] = round(sec, 2)
+    sweeps = _sweeps(sites, gqa)
+    if "kv" in sites and not gqa:
+      log("--sites kv: this model has as many key/value heads as query heads (k and v "
+          "are those tables)")
+    if sweeps:
+      res, sec = _timed(lambda: s.patch_many([(site, pp) for _, site, pp in sweeps]))
+      summary["seconds"]["patch_" + "+".join(n for n, _, _ in sweeps)] = round(sec, 2)
+    for name, site, _ in sweeps:
+      rec = res[site]["recovery"]
+      if name == "resid":
+        doc["resid"] = _per_layer_positions(rec)
+        _heatmap(rec, f"{label}: recovery, patching resid_pre", storage.join(
+            out, "patching_resid_pre.png"), "position")
+        continue
       counts = s.kv_heads if site in core.KV_SITES else heads
-      doc["scores"][name] = core.head_table(res["recovery"], counts)
+      doc["scores"][name] = core.head_table(rec, counts)
       if name == "head_out":
-        exact_heads = res["recovery"]
-      _heatmap(res["recovery"], f"{label}: recovery, patching {name} (clean into corrupt)",
+        exact_heads = rec
+      _heatmap(rec, f"{label}: recovery, patching {name} (clean into corrupt)",
                storage.join(out, f"patching_{name}.png"),
                "kv head" if site in core.KV_SITES else "head")
-    res, sec = _timed(lambda: s.patch("resid_pre", per_position=True))
-    summary["seconds"]["patch_resid_pre"] = round(sec, 2)
-    doc["resid"] = _per_layer_positions(res["recovery"])
-    _heatmap(res["recovery"], f"{label}: recovery, patching resid_pre", storage.join(
-        out, "patching_resid_pre.png"), "position")
     if per_position:
       res, sec = _timed(lambda: s.patch("z", per_position=True))
       summary["seconds"]["patch_head_out_per_position"] = round(sec, 2)
@@ -127,8 +174,9 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
     doc["logit_lens"] = {"logit_diff": [round(float(v), 6) for v in lens["logit_diff"]],
                          "prob": [round(float(v), 6) for v in lens["prob"]],
                          "layers": ["embed"] + [f"lm.{i}" for i in range(s.layers)]}
-    doc["top"] = {"head_out": core.top(doc["scores"]["head_out"], top, by_abs=True)}
-    summary["top_head_out"] = doc["top"]["head_out"]
+    if "head_out" in doc["scores"]:
+      doc["top"] = {"head_out": core.top(doc["scores"]["head_out"], top, by_abs=True)}
+      summary["top_head_out"] = doc["top"]["head_out"]
   storage.write_json(storage.join(out, "patching.json"), doc)
 
   d = s.dla()
@@ -149,21 +197,23 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
 
   if "attribution" in methods:
     atp, sec = _timed(lambda: s.attribution(("z",)))
-    fb = s.forward_backward_seconds()
     summary["seconds"]["attribution"] = round(sec, 2)
     a_doc = {"workdir": run.workdir, "task": label, "direction": "denoise",
              "method": "AtP: (z_clean - z_corrupt) . d mean LD / dz at the corrupt run, "
                        "over (LD_clean - LD_corrupt)",
              "scores": {"head_out": core.head_table(atp["z"]["heads"], heads)},
-             "seconds": {"attribution_first_call": round(sec, 3),
-                         "forward_backward": round(fb, 3)}}
+             # its cost in forward+backward passes: scripts/bench_patching.py
+             "seconds": {"attribution_first_call": round(sec, 3)}}
     t0 = time.perf_counter()
     s.attribution(("z",))
     a_doc["seconds"]["attribution"] = round(time.perf_counter() - t0, 3)
-    if exact_heads is None:
+    if exact_heads is None and "activation" not in methods:   # AtP's own reference
       exact_heads = s.patch("z")["recovery"]
-    a_doc["agreement"] = {"head_out": core.agreement(atp["z"]["heads"], exact_heads, top)}
-    summary["attribution_agreement"] = a_doc["agreement"]["head_out"]
+    if exact_heads is not None:
+      a_doc["agreement"] = {"head_out": core.agreement(atp["z"]["heads"], exact_heads, top)}
+      summary["attribution_agreement"] = a_doc["agreement"]["head_out"]
+    else:
+      log("attribution: no agreement with exact patching (--sites has no head_out)")
     summary["attribution_seconds"] = a_doc["seconds"]
     storage.write_json(storage.join(out, "attribution.json"), a_doc)
     _heatmap(atp["z"]["heads"], f"{label}: AtP estimate of head_out recovery",

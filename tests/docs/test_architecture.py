@@ -20,6 +20,7 @@ FLOORS = {
     "mha_jax.blocks": 1, "mha_jax.kernels": 1, "mha_jax.attention": 1,
     "mha_jax.interventions": 1, "mha_jax.layers": 1, "mha_jax.accounting": 1,
     "mha_jax.errors": 1, "mha_jax.storage": 1, "mha_jax.config": 1, "mha_jax.assets": 1,
+    "mha_jax.compile_cache": 1,
     # 2 models and the data they eat; the readers of real models' files
     "mha_jax.models": 2, "mha_jax.data": 2, "mha_jax.pretrained": 2,
     # 3 tasks; making, training and loading runs

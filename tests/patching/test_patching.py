@@ -347,7 +347,8 @@ def patched(tiny_attn_lm, tmp_path_factory):
   tmp = tmp_path_factory.mktemp("patched")
   out = str(tmp / "patch")
   assert cli.main(["patch", "--workdir", wd, "--task", "induction", "--n-pairs", "3",
-                   "--method", "activation,path,attribution", "--out", out]) == 0
+                   "--method", "activation,path,attribution", "--keep-failing",
+                   "--sites", "head_out,q,k,v,kv,resid", "--out", out]) == 0
   return wd, out, cfg
 
 
@@ -372,6 +373,77 @@ def test_patch_command_on_a_trained_lm(patched, tmp_path):
   bad.write_text('{"clean": "ab", "corrupt": "abc", "answer": "d", "wrong": "e"}\n')
   assert cli.main(["patch", "--workdir", wd, "--pairs", str(bad), "--out", out]) == 2
   assert cli.main(["patch", "--workdir", wd, "--task", "ioi", "--out", out]) == 2
+
+
+@pytest.mark.parametrize("sites", ["q", "resid,v", "kv"])
+def test_patch_sites_write_exactly_their_tables(patched, tmp_path, sites):
+  wd, full_out, _ = patched
+  out = str(tmp_path / "p")
+  assert cli.main(["patch", "--workdir", wd, "--task", "induction", "--n-pairs", "3",
+                   "--method", "activation", "--keep-failing", "--sites", sites,
+                   "--out", out]) == 0
+  doc = json.load(open(os.path.join(out, "patching.json")))
+  full = json.load(open(os.path.join(full_out, "patching.json")))
+  asked = set(sites.split(","))
+  assert set(doc["scores"]) == asked - {"resid", "kv"}       # MHA: kv has no tables
+  assert ("resid" in doc) == ("resid" in asked)
+  pngs = {f for f in os.listdir(out) if f.startswith("patching_")}
+  assert pngs == {f"patching_{'resid_pre' if a == 'resid' else a}.png" for a in asked - {"kv"}}
+  for name, table in doc["scores"].items():
+    assert table.keys() == full["scores"][name].keys()
+    np.testing.assert_allclose(list(table.values()), list(full["scores"][name].values()),
+                               atol=2e-6)
+  if "resid" in doc:
+    for layer, row in doc["resid"].items():
+      np.testing.assert_allclose(row, full["resid"][layer], atol=2e-6)
+
+
+def test_patch_many_equals_each_sweep_alone(setup):
+  s, _, _ = setup
+  sweeps = [("z", False), ("q", False), ("k_q", False), ("v_q", False), ("k", False),
+            ("v", False), ("resid_pre", True)]
+  many = s.patch_many(sweeps)
+  assert set(many) == {x for x, _ in sweeps}
+  for site, pp in sweeps:
+    one = s.patch(site, per_position=pp)
+    assert many[site]["ld"].shape == one["ld"].shape
+    np.testing.assert_allclose(many[site]["ld"], one["ld"], atol=1e-5, equal_nan=True)
+  assert s.patch_many([("k", False)])["k"]["ld"].shape[1] == G      # per key/value head
+  with pytest.raises(UserError, match="each site once"):
+    s.patch_many([("z", False), ("z", True)])
+
+
+def test_pairs_the_model_fails_are_left_out_unless_kept(patched, tmp_path):
+  wd, full_out, _ = patched
+  kept = json.load(open(os.path.join(full_out, "patching.json")))["pairs"]
+  failing = [i for i, p in enumerate(kept) if p["ld_clean"] < 0]
+  out = str(tmp_path / "p")
+  rc = cli.main(["patch", "--workdir", wd, "--task", "induction", "--n-pairs", "3",
+                 "--method", "attribution", "--out", out])
+  if len(failing) == len(kept):
+    assert rc == 2
+    return
+  assert rc == 0
+  doc = json.load(open(os.path.join(out, "patching.json")))
+  assert [f["index"] for f in doc["left_out"]] == failing
+  assert [f["ld_clean"] for f in doc["left_out"]] == [kept[i]["ld_clean"] for i in failing]
+  rest = [p for i, p in enumerate(kept) if i not in failing]
+  assert [p["clean"] for p in doc["pairs"]] == [p["clean"] for p in rest]
+  np.testing.assert_allclose([p["ld_clean"] for p in doc["pairs"]],
+                             [p["ld_clean"] for p in rest], atol=1e-5)
+
+
+def test_failing_pairs_are_named_and_all_failing_is_refused():
+  from mha_jax.patching import run as patch_run
+
+  class S:
+    ld_clean, ld_corrupt = np.asarray([1.0, -2.0, 0.5]), np.asarray([0.0, 0.1, 0.2])
+  pairs = Pairs(*([np.zeros(3)] * 5), [{"clean": c} for c in "abc"])
+  bad = patch_run._failing(S(), pairs)
+  assert bad == [{"index": 1, "ld_clean": -2.0, "ld_corrupt": 0.1, "clean": "b"}]
+  S.ld_clean = -np.abs(S.ld_clean)
+  with pytest.raises(UserError, match="every clean prompt wrong.*--keep-failing"):
+    patch_run._failing(S(), pairs)
 
 
 # ---------------------------------------------------------------------- the explorer page

@@ -1,0 +1,108 @@
+"""First and second runs of `mha-jax` commands with the persistent compilation cache.
+
+    python scripts/bench_compile_cache.py [--workdir smollm2] [--commands quickstart,analyze,patch]
+                                          [--out docs/results/compile_cache.json]
+
+Each command runs three times as a fresh process: without the cache (--compile-cache
+off), into an empty cache folder (first run), then again on the same folder (second
+run); outputs go to fresh folders each time. Reported: the wall times, the programs each
+run compiled and loaded (JAX_LOG_COMPILES + JAX_EXPLAIN_CACHE_MISSES count them), the
+cache's size. `quickstart` trains its own model; the others read --workdir (an imported
+SmolLM2-135M: `mha-jax import smollm2-135m --workdir W`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def commands(workdir: str, tmp: str, i: str) -> dict:
+  """The command lines, their outputs under tmp (fresh for each run `i`)."""
+  return {
+      "quickstart": ["quickstart", "--workdir", f"{tmp}/qs{i}"],
+      "analyze": ["analyze", "--workdir", workdir, "--out", f"{tmp}/an{i}"],
+      "patch": ["patch", "--workdir", workdir, "--task", "ioi", "--n-pairs", "4",
+                "--out", f"{tmp}/pa{i}"],
+      "patch_all_sites": ["patch", "--workdir", workdir, "--task", "ioi", "--n-pairs", "4",
+                          "--sites", "head_out,q,k,v,kv,resid", "--out", f"{tmp}/ps{i}"],
+      "circuit": ["circuit", "--workdir", workdir, "--task", "ioi", "--out", f"{tmp}/ci{i}"],
+  }
+
+
+def run_once(argv, cache: str) -> dict:
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+         "JAX_LOG_COMPILES": "1", "JAX_EXPLAIN_CACHE_MISSES": "1"}
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  t0 = time.perf_counter()
+  p = subprocess.run([sys.executable, "-m", "mha_jax.cli", *argv, "--compile-cache", cache],
+                     capture_output=True, text=True, env=env, cwd=ROOT)
+  sec = time.perf_counter() - t0
+  if p.returncode != 0:
+    raise SystemExit(f"{' '.join(argv)} failed:\n{p.stderr[-3000:]}")
+  return {"seconds": round(sec, 2),
+          "compiled": p.stderr.count("PERSISTENT COMPILATION CACHE MISS"),
+          "loaded": p.stderr.count("Persistent compilation cache hit")}
+
+
+def _size(root: str) -> int:
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--workdir", required=True, help="an imported smollm2-135m")
+  p.add_argument("--commands", default="quickstart,analyze,patch")
+  p.add_argument("--out", default="docs/results/compile_cache.json")
+  args = p.parse_args(argv)
+  names = [c for c in args.commands.split(",") if c]
+  sys.path.insert(0, ROOT)
+  from mha_jax import cli
+  result = {"workdir": args.workdir, "commands": {}}
+  if os.path.exists(args.out):             # keep the commands measured before
+    with open(args.out) as f:
+      result["commands"] = json.load(f).get("commands", {})
+  with tempfile.TemporaryDirectory() as tmp:
+    for name in names:
+      argv_of = lambda i: commands(args.workdir, tmp, i)[name]  # noqa: E731
+      if argv_of("0")[0] not in cli.VERBS:
+        print(f"{name}: no such verb here, skipped", flush=True)
+        continue
+      cache = os.path.join(tmp, f"xla_{name}")
+      off = run_once(argv_of("off"), "off")
+      first = run_once(argv_of("1"), cache)
+      second = run_once(argv_of("2"), cache)
+      result["commands"][name] = {"argv": argv_of("N"), "no_cache": off, "first": first,
+                                  "second": second, "cache_bytes": _size(cache)}
+      print(f"{name}: no cache {off['seconds']} s, first {first['seconds']} s "
+            f"({first['compiled']} compiled), second {second['seconds']} s "
+            f"({second['compiled']} compiled, {second['loaded']} loaded)", flush=True)
+  import jax
+  result.update({"jax": jax.__version__, "cpu_count": os.cpu_count(),
+                 "machine": platform.machine(), "processor": platform.processor(),
+                 "date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg()})
+  rows = ["| command | no cache (s) | first run (s) | second run (s) | programs compiled "
+          "first / second | cache (MB) |", "|---|---|---|---|---|---|"]
+  for name, r in result["commands"].items():
+    rows.append(f"| `{' '.join(r['argv'][:1])}` ({name}) | {r['no_cache']['seconds']:.1f} | "
+                f"{r['first']['seconds']:.1f} | {r['second']['seconds']:.1f} | "
+                f"{r['first']['compiled']} / {r['second']['compiled']} | "
+                f"{r['cache_bytes'] / 1e6:.1f} |")
+  result["table"] = "\n".join(rows)
+  print(result["table"])
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()
