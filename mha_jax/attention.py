@@ -532,6 +532,17 @@ def _check_gates(head_gates: Any, b: int, h: int) -> jax.Array:
                    f"got {g.shape}")
 
 
+def _check_head_inputs(inputs, q_shape, kv_shape, context, cache, params) -> None:
+  if context is not None or cache is not None or "wq_rest" in params or "wk_rest" in params:
+    raise ValueError("head_inputs are for self-attention without a cache or removed "
+                     "heads' QK-norm statistics")
+  if not isinstance(inputs, (tuple, list)) or len(inputs) != 3:
+    raise ValueError("head_inputs must be (q (B, T, H, D), k (B, S, G, D), v (B, S, G, D))")
+  for name, arr, shape in zip("qkv", inputs, (q_shape, kv_shape, kv_shape)):
+    if tuple(arr.shape) != shape:
+      raise ValueError(f"head_inputs {name} must have shape {shape}; got {tuple(arr.shape)}")
+
+
 def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None = None, *,
                          value_input: jax.Array | None = None,
                          mask: jax.Array | None = None, causal: bool = False,
@@ -543,7 +554,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                          cache: Mapping[str, jax.Array] | None = None,
                          window: int | None = None, scale: float | None = None,
                          softcap: float | None = None, qk_norm_eps: float = 1e-6,
-                         site: Any = None):
+                         site: Any = None, head_inputs: Any = None):
   """Multi-head attention of x over itself, or over `context` (cross-attention).
 
   Args:
@@ -603,6 +614,9 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       is what mixes the values); "z" (B, T, H, K) after the gates; "result"
       (B, T, H, D), each head's output after W_O, only when wanted (the layer's output
       is then their sum plus bo). Whatever it returns flows on.
+    head_inputs: None, or (q (B, T, H, D), k (B, S, G, D), v (B, S, G, D)): each head's
+      own input to its projection in place of x / context / value_input (edge patching:
+      every head reads its own residual); self-attention without a cache.
 
   Returns:
     y_BTD (B, T, D), or AttentionOutput(out, weights (B, H, T, S), heads (B, T, H, K))
@@ -677,6 +691,9 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   # its output. (2-D matmuls: XLA:CPU then needs no transposes of the residual stream's
   # gradient, which it was fusing, recomputed, into every consumer: measured 1.1x.)
   def project(inp, w, bias):
+    if inp.ndim == 4:    # head_inputs: head n projects its own input
+      y_BTHK = jnp.einsum("btnd,dnk->btnk", inp, w.astype(inp.dtype))
+      return y_BTHK if bias is None else y_BTHK + bias.astype(inp.dtype)
     bb, tt, dd = inp.shape
     w2 = w.reshape(dd, w.shape[1] * w.shape[2]).astype(inp.dtype)
     y_BTHK = (inp.reshape(bb * tt, dd) @ w2).reshape(bb, tt, *w.shape[1:])
@@ -696,6 +713,9 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   if h == 0 and cache is None:
     return zero_heads()
 
+  if head_inputs is not None:
+    _check_head_inputs(head_inputs, (b, t, h, d), (b, s, g, d), context, cache, params)
+    x, ctx, val = head_inputs
   k_BSGK = project(ctx, params["wk"], params.get("bk"))
   v_BSGK = project(val, params["wv"], params.get("bv"))
   if "k_norm" in params:
