@@ -98,7 +98,11 @@ class EdgeStudy:
     return (np.asarray(m, np.float64) - self.m_empty) / (self.m_full - self.m_empty)
 
   def _chunk(self, m: int) -> int:
-    return self.s._chunk(m, factor=3.0)
+    """Forwards per chunk: each holds its node outputs and one layer's upstream
+    differences, (B, T, N, D) floats about three times over."""
+    b, t, n, d = self.clean_out.shape
+    per = 4 * b * t * d * (3 * n + 8 * max(self.s.heads))
+    return int(max(1, min(m, self.s.memory_budget // per)))
 
   def curve(self, keeps) -> np.ndarray:
     """(S,) the pair-mean metric of S circuits keeps (S, N_nodes, N_ends), in one

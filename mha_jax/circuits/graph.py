@@ -184,31 +184,47 @@ def node_outputs(graph: Graph, params, vals, n_up: int | None = None) -> jax.Arr
 def edge_edits(graph: Graph, params, keep_NE, ablated_BTND, base_BTND=None) -> dict:
   """{site: Edit}: every end's input with its edges' `1 - keep` share of the ablated
   values (see the module docstring). ablated (B, T, N, D); base: fixed a_u (B, T, N, D)
-  or None (this run's)."""
+  or None (this run's). Each layer's upstream differences (B, T, n, D) are formed once,
+  at its first end, for all of its ends (what a backward keeps: one per layer)."""
   off = graph.node_offsets()
   groups = graph.end_groups()
   drop = 1.0 - jnp.asarray(keep_NE, ablated_BTND.dtype)
+  cache: dict = {}
 
-  def delta(n_up, lo, hi):
+  def diff(vals, lo, hi):
+    cur = (node_outputs(graph, params, vals, hi)[:, :, lo:] if base_BTND is None
+           else base_BTND[:, :, lo:hi])
+    return ablated_BTND[:, :, lo:hi] - cur
+
+  def layer_delta(i, vals):
+    """(B, T, E_i, D) for every end of layer i from the nodes of earlier layers."""
+    if i not in cache:
+      lo, hi = groups[i]["q"][0], groups[i]["mlp"][1]
+      cache[i] = jnp.einsum("btnd,ne->bted", diff(vals, 0, off[i]), drop[:off[i], lo:hi])
+    return cache[i]
+
+  def attn_end(i, kind):
+    base, (lo, hi) = groups[i]["q"][0], groups[i][kind]
+    return lambda vals: layer_delta(i, vals)[:, :, lo - base:hi - base]
+
+  def mlp_end(i):
+    base, (lo, _) = groups[i]["q"][0], groups[i]["mlp"]
+
     def fn(vals):
-      if base_BTND is None:
-        cur = node_outputs(graph, params, vals, n_up)   # the nodes computed so far
-      else:
-        cur = base_BTND[:, :, :n_up]
-      d = ablated_BTND[:, :, :n_up] - cur
-      return jnp.einsum("btnd,ne->bted", d, drop[:n_up, lo:hi])
+      d = layer_delta(i, vals)[:, :, lo - base]
+      n_up = graph.upstream_count(i, "mlp")
+      if n_up > off[i]:      # its own layer's heads
+        d = d + jnp.einsum("btnd,n->btd", diff(vals, off[i], n_up), drop[off[i]:n_up, lo])
+      return d
     return fn
 
   edits = {}
-  for i, g in enumerate(groups):
+  for i in range(graph.layers):
     for kind in ("q", "k", "v"):
-      lo, hi = g[kind]
-      edits[f"lm.{i}.attn.in_{kind}"] = I.add(delta(off[i], lo, hi))
+      edits[f"lm.{i}.attn.in_{kind}"] = I.add(attn_end(i, kind))
     if graph.mlp[i]:
-      lo, _ = g["mlp"]
-      f = delta(graph.upstream_count(i, "mlp"), lo, lo + 1)
-      edits[f"lm.{i}.mlp_in"] = I.add(lambda vals, f=f: f(vals)[:, :, 0])
-  n_end = len(graph.ends)
-  f = delta(off[-1], n_end - 1, n_end)
-  edits[f"lm.{graph.layers - 1}.resid_post"] = I.add(lambda vals: f(vals)[:, :, 0])
+      edits[f"lm.{i}.mlp_in"] = I.add(mlp_end(i))
+  n = off[-1]
+  edits[f"lm.{graph.layers - 1}.resid_post"] = I.add(lambda vals: jnp.einsum(
+      "btnd,n->btd", diff(vals, 0, n), drop[:n, -1]))
   return edits
