@@ -81,6 +81,7 @@ def study(run, out: str, *, task=None, pairs_file=None, method: str = "eap-ig",
     t = time.perf_counter()
     v = fn()
     seconds[name] = round(time.perf_counter() - t, 3)
+    log(f"{name}: {seconds[name]:.1f} s")
     return v
 
   eap = timed("eap", es.eap)

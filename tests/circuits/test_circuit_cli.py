@@ -21,7 +21,7 @@ def made(tiny_attn_lm, tmp_path_factory):
   wd, cfg = tiny_attn_lm
   out = str(tmp_path_factory.mktemp("circuit") / "c")
   assert cli.main(["circuit", "--workdir", wd, "--task", "induction", "--n-pairs", "4",
-                   "--method", "eap", "--keep-failing", "--sample", "30", "--steps", "2",
+                   "--method", "eap", "--keep-failing", "--sample", "12", "--steps", "1",
                    "--out", out]) == 0
   return wd, out, cfg
 
@@ -41,7 +41,7 @@ def test_the_circuit_command_writes_its_files(made):
   last = doc["curve"][-1]
   assert last["kept"] == n_edges and abs(last["faithfulness"] - 1) < 1e-4
   assert doc["cmd"] >= 0 and set(doc["agreement"]) == {"eap", "eap-ig"}
-  assert doc["agreement"]["eap"]["n"] == 30
+  assert doc["agreement"]["eap"]["n"] == 12
   assert set(doc["nodes"]) >= {"heads", "mlps", "faithfulness_nodes", "edges"}
   assert all(n.startswith("lm.") for n in doc["nodes"]["heads"])
   for f in ("faithfulness.png", "circuit.png"):

@@ -214,6 +214,7 @@ def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_edge():
   np.testing.assert_allclose(-iga.sum(), es.m_full - es.m_empty, rtol=1e-2)
 
 
+@pytest.mark.slow
 def test_eap_ig_on_inputs_is_the_averaged_gradient(setup):
   s, params, pairs = setup
   es = E.EdgeStudy(s)
