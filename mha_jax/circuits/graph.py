@@ -16,7 +16,7 @@ Edges: every upstream node -> every end it feeds (embed and the nodes of earlier
 layers; an MLP also reads its own layer's heads, except with a parallel block), named
 "lm.3.2 -> lm.5.1.k".
 
-An edge intervention: end e's input is sum_u [keep_ue a_u + (1 - keep_ue) A_u] + biases,
+An edge intervention: end e's input is `sum_u (keep_ue a_u + (1 - keep_ue) A_u) + biases`,
 a_u this run's output of u, A_u its ablated value (toolkit.ablations). In the forward
 that is an `add` at the end's site (lm.{i}.attn.in_q / in_k / in_v, lm.{i}.mlp_in, the
 last layer's resid_post) of sum_u (1 - keep_ue) (A_u - a_u), a value computed from this
