@@ -179,6 +179,7 @@ class EdgeStudy:
     """core.agreement of estimate (E,) with exact patching on a sample of edges: the
     `top` largest by |estimate| plus random others, `sample` in all."""
     n = len(self.edges)
+    top = min(top, sample)
     order = np.argsort(-np.abs(estimate))
     rng = np.random.default_rng(seed)
     rest = rng.permutation(order[top:])[:max(0, sample - top)]

@@ -51,6 +51,12 @@ def setup():
   return s, params, pairs
 
 
+@pytest.fixture(scope="module")
+def es(setup):
+  """The EdgeStudy of the tiny LLaMA's pairs (corrupt ablation), built once."""
+  return E.EdgeStudy(setup[0])
+
+
 # ------------------------------------------------------------------ the NumPy reference
 
 
@@ -108,9 +114,8 @@ def ld_np(logits, pairs):
   return last[rows, pairs.answer] - last[rows, pairs.wrong]
 
 
-def test_the_graph_names_and_counts_its_nodes_and_edges(setup):
+def test_the_graph_names_and_counts_its_nodes_and_edges(setup, es):
   s, _, _ = setup
-  es = E.EdgeStudy(s)
   g = es.graph
   assert g.nodes[:6] == ["embed", "lm.0.0", "lm.0.1", "lm.0.2", "lm.0.3", "lm.0.mlp"]
   # layer 1: 4 query ends, 2 key and 2 value ends (kv heads), one MLP end; then logits
@@ -127,9 +132,8 @@ def test_the_graph_names_and_counts_its_nodes_and_edges(setup):
                                                   g.nodes.index("lm.1.3")]
 
 
-def test_exact_edge_patching_equals_numpy_substitution(setup):
+def test_exact_edge_patching_equals_numpy_substitution(setup, es):
   s, params, pairs = setup
-  es = E.EdgeStudy(s)
   names = es.graph.edge_names()
   _, clean_out = numpy_edges(params, pairs.clean)
   _, corrupt_out = numpy_edges(params, pairs.corrupt)
@@ -147,17 +151,27 @@ def test_exact_edge_patching_equals_numpy_substitution(setup):
   keep = es.keep_of([i for i, n in enumerate(names) if n not in cut])
   lg, _ = numpy_edges(params, pairs.clean, cut, corrupt_out)
   np.testing.assert_allclose(es.curve(keep[None])[0], ld_np(lg, pairs).mean(), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_mean_and_zero_ablated_circuits_equal_numpy(setup):
+  s, params, pairs = setup
+  names = E.EdgeStudy(s).graph.edge_names()
+  _, clean_out = numpy_edges(params, pairs.clean)
+  rng = np.random.default_rng(1)
+  cut = [n for n in names if rng.random() < 0.5]
   for kind, abl in (("zero", {u: 0 * v for u, v in clean_out.items()}),
                     ("mean", {u: np.broadcast_to(v.mean(0), v.shape) for u, v in
-                              clean_out.items()})):
+                              clean_out.items()}),
+                    ("resample", {u: v[[1, 2, 0]] for u, v in clean_out.items()})):
     ek = E.EdgeStudy(s, ablation=kind)
+    keep = ek.keep_of([i for i, n in enumerate(names) if n not in cut])
     lg, _ = numpy_edges(params, pairs.clean, cut, abl)
     np.testing.assert_allclose(ek.metric(keep), ld_np(lg, pairs).mean(), atol=1e-4)
 
 
-def test_every_edge_kept_is_the_model_and_none_the_ablated_model(setup):
+def test_every_edge_kept_is_the_model_and_none_the_ablated_model(setup, es):
   s, params, pairs = setup
-  es = E.EdgeStudy(s)
   np.testing.assert_allclose(es.m_full, s.ld_clean.mean(), atol=1e-5)
   np.testing.assert_allclose(es.m_empty, s.ld_corrupt.mean(), atol=1e-4)
   ez = E.EdgeStudy(s, ablation="zero")
@@ -169,16 +183,16 @@ def test_every_edge_kept_is_the_model_and_none_the_ablated_model(setup):
   assert es.faithfulness([es.m_full, es.m_empty]).tolist() == [1.0, 0.0]
 
 
-def test_a_kv_edge_changes_exactly_the_query_heads_that_read_it(setup):
+def test_a_kv_edge_changes_exactly_the_query_heads_that_read_it(setup, es):
   s, params, pairs = setup
-  es = E.EdgeStudy(s)
   names = es.graph.edge_names()
+  z_of = jax.jit(lambda keep: s._forward(params, s.tokens["clean"], E.G.edge_edits(
+      es.graph, params, keep, es.ablated), read=es.sites + ("lm.1.attn.z",))[1]["lm.1.attn.z"])
+  base = {"lm.1.attn.z": z_of(np.ones(es.mask.shape, np.float32))}
   for end, heads in (("lm.1.1.k", {2, 3}), ("lm.1.0.v", {0, 1})):
     r = names.index(f"lm.0.1 -> {end}")
     keep = es.keep_of([i for i in range(len(names)) if i != r])
-    edits = E.G.edge_edits(es.graph, params, keep, es.ablated)
-    _, vals = s._forward(params, s.tokens["clean"], edits, read=es.sites + ("lm.1.attn.z",))
-    _, base = s._forward(params, s.tokens["clean"], read=("lm.1.attn.z",))
+    vals = {"lm.1.attn.z": z_of(keep)}
     moved = np.abs(np.asarray(vals["lm.1.attn.z"] - base["lm.1.attn.z"])).max(axis=(0, 1, 3))
     assert {h for h in range(H) if moved[h] > 1e-3} == heads, (end, moved)  # float noise ~1e-5
 
@@ -205,7 +219,15 @@ def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_edge():
   assert np.abs(eap[nonlinear] - ex[nonlinear]).max() > 1e-3
   ig1 = es.eap_ig(1, on="inputs")     # one step at alpha 1/2: not EAP
   assert np.abs(ig1 - eap).max() > 1e-3
+
+
+@pytest.mark.slow
+def test_eap_ig_on_the_edge_mask_is_complete():
   # EAP-IG on the edge mask sums to m(M) - m(empty) (completeness; a gentle model)
+  rng = np.random.default_rng(1)
+  pairs = Pairs(rng.integers(1, 20, (4, 6)).astype(np.int32),
+                rng.integers(1, 20, (4, 6)).astype(np.int32), np.asarray([1, 2, 3, 4]),
+                np.asarray([5, 6, 7, 8]), np.full(4, 6), [{}] * 4)
   params = lm_model.init(jax.random.PRNGKey(2), vocab_size=20, d_model=12, num_heads=3,
                          num_layers=2, d_ff=8, max_len=8, layer_norm=False, attn_only=True)
   params["embed"] = params["embed"] * 30.0
@@ -215,9 +237,8 @@ def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_edge():
 
 
 @pytest.mark.slow
-def test_eap_ig_on_inputs_is_the_averaged_gradient(setup):
+def test_eap_ig_on_inputs_is_the_averaged_gradient(setup, es):
   s, params, pairs = setup
-  es = E.EdgeStudy(s)
   ig = es.eap_ig(2, on="inputs")
   # by hand: at alpha in (1/4, 3/4), the embedding between corrupt and clean, the edge
   # deltas (A_u - a_u(clean)) fixed; minus the mean gradient of the metric
@@ -262,9 +283,8 @@ def test_ablation_kinds_equal_their_definitions():
     ablations.values("shuffle", x)
 
 
-def test_top_n_prunes_edges_that_no_longer_connect(setup):
+def test_top_n_prunes_edges_that_no_longer_connect(setup, es):
   s, _, _ = setup
-  es = E.EdgeStudy(s)
   g, names = es.graph, es.graph.edge_names()
   want = ["embed -> lm.0.0.v", "lm.0.1 -> lm.1.0.q", "lm.1.0 -> logits",
           "lm.0.3 -> lm.1.mlp"]          # the last: lm.0.3 is never reached from embed
@@ -280,9 +300,8 @@ def test_top_n_prunes_edges_that_no_longer_connect(setup):
   assert search.touched(g, keep)["heads"] == ["lm.0.1", "lm.1.0"]
 
 
-def test_curve_areas_and_greedy(setup):
+def test_curve_areas_and_greedy(setup, es):
   s, _, _ = setup
-  es = E.EdgeStudy(s)
   ex = es.exact()
   pts, keeps = search.curve(es, ex, [1, 5, 20, len(es.edges)])
   assert pts[-1]["kept"] == len(es.edges) and abs(pts[-1]["faithfulness"] - 1) < 1e-5
