@@ -7,9 +7,10 @@ of the forward with graph.edge_edits:
 
   metric(keep)   the pair-mean metric with the edges where keep = 0 ablated
   exact(edges)   m(M without e) - m(M) for each chosen edge, batched (the ground truth)
-  eap()          (A_u - a_u) . dm/d(input_e) at the clean run, every edge: minus the
-                 gradient of metric(keep) at keep = 1 (one clean forward for the node
-                 outputs, one ablation forward, one forward + backward; Syed et al. 2023)
+  eap()          (A_u - a_u) . dm/d(input_e) at the clean run, every edge (one clean
+                 forward for the node outputs, one ablation forward, one backward to a
+                 zero `add` at every end's site, then one product; Syed et al. 2023).
+                 It is minus the gradient of metric(keep) at keep = 1 (tested)
   eap_ig(m, on)  the gradient averaged over m points between the ablated and clean runs
                  (Hanna et al. 2024): on="inputs" interpolates the input embedding, the
                  scores keeping (A_u - a_u(clean)) fixed; on="activations" moves every
@@ -141,10 +142,51 @@ class EdgeStudy:
       return self._pairs_metric(params, k, ablated, base, embed).mean()
     return jax.grad(f)(keep)
 
+  def _end_grads(self, params, embed=None):
+    """(B, T, N_ends, D) dm/d(input_e) at the clean run (embed (B, T, D) replacing the
+    input embedding): one backward through zero `add`s at every end's site."""
+    g = self.graph
+    L = g.layers
+    shapes = self._end_shapes()
+    zeros = {n: jnp.zeros(sh, jnp.float32) for n, sh in shapes.items()}
+
+    def f(deltas):
+      edits = {n: I.add(d) for n, d in deltas.items()}
+      if embed is not None:
+        edits["lm.0.resid_pre"] = I.replace(embed)
+      logits, _ = self.s._forward(params, self.s.tokens["clean"], edits)
+      return self._metric(logits).mean()
+
+    gr = jax.grad(f)(zeros)
+    cols = []
+    for i in range(L):
+      cols += [gr[f"lm.{i}.attn.in_{c}"] for c in "qkv"]
+      if g.mlp[i]:
+        cols.append(gr[f"lm.{i}.mlp_in"][:, :, None])
+    cols.append(gr[f"lm.{L - 1}.resid_post"][:, :, None])
+    return jnp.concatenate(cols, axis=2)
+
+  def _end_shapes(self) -> dict:
+    b, t, _, d = self.clean_out.shape
+    g = self.graph
+    out = {}
+    for i in range(g.layers):
+      out[f"lm.{i}.attn.in_q"] = (b, t, g.heads[i], d)
+      out[f"lm.{i}.attn.in_k"] = out[f"lm.{i}.attn.in_v"] = (b, t, g.kv_heads[i], d)
+      if g.mlp[i]:
+        out[f"lm.{i}.mlp_in"] = (b, t, d)
+    out[f"lm.{g.layers - 1}.resid_post"] = (b, t, d)
+    return out
+
   def eap(self) -> np.ndarray:
-    """(E,) EAP's estimate of exact(): (A_u - a_u) . dm/d(input_e) at the clean run."""
-    fn = self._cached("eap", lambda: lambda p, k, a: -self._grad_keep(p, k, a))
-    g = fn(self.params, jnp.ones(self.mask.shape, jnp.float32), self.ablated)
+    """(E,) EAP's estimate of exact(): (A_u - a_u) . dm/d(input_e) at the clean run, from
+    one backward to every end (the node outputs and ablated values are the study's)."""
+    def build():
+      def fn(p, abl, clean):
+        grads = self._end_grads(p)
+        return jnp.einsum("btnd,bted->ne", abl - clean, grads)
+      return fn
+    g = self._cached("eap", build)(self.params, self.ablated, self.clean_out)
     return np.asarray(g, np.float64)[self.edges[:, 0], self.edges[:, 1]]
 
   def eap_ig(self, steps: int = 5, on: str = "inputs") -> np.ndarray:
@@ -161,13 +203,15 @@ class EdgeStudy:
     def build():
       def fn(p, alphas, abl, clean):
         clean_e, abl_e = clean[:, :, 0], abl[:, :, 0]
+        if on == "inputs":    # the end gradients averaged, then one product
+          def one(carry, a):
+            return carry + self._end_grads(p, abl_e + a * (clean_e - abl_e)), None
+          b, t, _, d = clean.shape
+          total, _ = jax.lax.scan(one, jnp.zeros((b, t, len(self.graph.ends), d)), alphas)
+          return jnp.einsum("btnd,bted->ne", abl - clean, total / steps)
 
         def one(carry, a):
-          if on == "inputs":
-            g = self._grad_keep(p, ones, abl, base=clean, embed=abl_e + a * (clean_e - abl_e))
-          else:
-            g = self._grad_keep(p, ones * a, abl)
-          return carry - g, None
+          return carry - self._grad_keep(p, ones * a, abl), None
         total, _ = jax.lax.scan(one, jnp.zeros_like(ones), alphas)
         return total / steps
       return fn

@@ -217,6 +217,11 @@ def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_edge():
   assert np.abs(ex[linear]).max() > 1e-3
   nonlinear = [i for i, e in enumerate(ends) if e.endswith(".k") and e.startswith("lm.1.")]
   assert np.abs(eap[nonlinear] - ex[nonlinear]).max() > 1e-3
+  # EAP from one backward to the ends = minus the gradient of the edge mask at 1
+  g = jax.grad(lambda k: es._pairs_metric(params, k, es.ablated).mean())(
+      np.ones(es.mask.shape, np.float32))
+  np.testing.assert_allclose(eap, -np.asarray(g)[es.edges[:, 0], es.edges[:, 1]],
+                             rtol=1e-3, atol=1e-3)     # float32 sums in another order
   ig1 = es.eap_ig(1, on="inputs")     # one step at alpha 1/2: not EAP
   assert np.abs(ig1 - eap).max() > 1e-3
 
