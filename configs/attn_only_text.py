@@ -12,7 +12,8 @@ corpus=FILE,FILE.
 Positions: pos=qk_sinusoidal (default; Shortformer's position-infused attention:
 sinusoids added to the inputs of Q and K only), qk (a learned table there), rope (rotary
 queries and keys) or relative (a learned per-head offset bias); bias=true adds biases to
-the projections. What each gave on 2 cores is in docs/guide/circuits.md. A constant
+the projections; attention=gated (or another variant of mha_jax.attention.VARIANTS)
+changes every attention layer. What each gave on 2 cores is in docs/guide/circuits.md. A constant
 learning rate after 100 warmup steps, so a run resumes to more steps with the same
 schedule; decay=N makes the last N steps decay linearly to 0 (schedule wsd). A
 checkpoint every 100 steps, so `mha-jax circuits` can follow the induction phase change.
@@ -51,7 +52,8 @@ def stdlib_files(corpus: str) -> list[str]:
 def get_config(arg=None):
   a = mc.parse_arg(arg, heads=12, d_model=256, head_dim=32, layers=2, vocab=2048,
                    max_len=256, steps=2000, batch=32, lr=3e-3, seed=0, corpus="stdlib_all",
-                   pos="qk_sinusoidal", max_rel=16, bias=False, decay=0)
+                   pos="qk_sinusoidal", max_rel=16, bias=False, decay=0,
+                   attention="softmax")
   cfg = ml_collections.ConfigDict()
   cfg.task = "lm"
   cfg.seed = a.seed
@@ -62,7 +64,8 @@ def get_config(arg=None):
   cfg.model = dict(
       d_model=a.d_model, num_heads=a.heads, head_dim=a.head_dim, num_layers=a.layers,
       d_ff=0, max_len=a.max_len, dropout=0.0, layer_norm=False, attn_only=True,
-      use_bias=a.bias, pos=a.pos, max_rel=a.max_rel, impl="auto")
+      use_bias=a.bias, pos=a.pos, max_rel=a.max_rel, impl="auto",
+      attention=a.attention)
   cfg.train = mc.train_defaults(steps=a.steps, batch_size=a.batch, lr=a.lr, warmup=100,
                                 schedule="constant", weight_decay=0.0, eval_every=500,
                                 checkpoint_every=100, log_every=50, keep=100)

@@ -7,7 +7,8 @@
 Arguments: heads, d_model (default 128; 64 with quickstart), layers (encoder and decoder
 each), pos (relative or sinusoidal), steps, lr, seed, quickstart, voita (Voita et al.'s
 setting for the pruning claim: sinusoidal positions, 48 encoder heads, 4000 steps at
-lr 3e-3; about 33 minutes on 2 busy cores) (a smaller, shorter run that takes about 90 s on a 2-core CPU, at a
+lr 3e-3; about 33 minutes on 2 busy cores), attention (the attention variant: softmax,
+gated, gated_head, differential, sigmoid, sink, qk_norm; docs/guide/attention.md) (a smaller, shorter run that takes about 90 s on a 2-core CPU, at a
 higher peak learning rate). Data: the built-in synthetic language pair, or
 data.kind=parallel with data.{train,valid,test}_{src,tgt} files and optional
 data.conllu.{train,valid,test} parses of the source side.
@@ -30,7 +31,7 @@ from mha_jax import config as mc
 
 def get_config(arg=None):
   a = mc.parse_arg(arg, heads=8, d_model=0, layers=6, quickstart=False, pos="",
-                   steps=0, lr=0.0, seed=0, voita=False)
+                   steps=0, lr=0.0, seed=0, voita=False, attention="softmax")
   d_model = a.d_model or (64 if a.quickstart else 128)
   cfg = ml_collections.ConfigDict()
   cfg.task = "translation"
@@ -44,7 +45,7 @@ def get_config(arg=None):
   cfg.model = dict(
       d_model=d_model, num_heads=a.heads, head_dim=0, enc_layers=a.layers,
       dec_layers=a.layers, d_ff=4 * d_model, dropout=0.0, layer_norm=True, ln_position="pre",
-      attn_only=False, use_bias=False, impl="auto",
+      attn_only=False, use_bias=False, impl="auto", attention=a.attention,
       pos=a.pos or ("sinusoidal" if a.voita else "relative"), max_rel=16)
   cfg.train = mc.train_defaults(steps=3000, batch_size=64, lr=2e-3, warmup=300,
                                 label_smoothing=0.1)

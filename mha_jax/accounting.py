@@ -11,6 +11,18 @@ With grouped-query attention (h_kv key/value heads shared by h query heads) W_K 
 W_V shrink to D x h_kv d_k: params 2 D^2 + 2 D h_kv d_k, the K and V projections
 shrink alike, scores and mixing stay per query head, and the KV cache a decoder keeps
 (2 L T h_kv d_k numbers per sequence) shrinks by h / h_kv.
+
+The attention variants (mha_jax.attention.VARIANTS) add (variant_extra_params,
+attention_flops(variant=...), score_memory_bytes(variant=...)):
+  gated         params + D^2 + D (wg, bg)       FLOPs + 2 T D^2 (the gate's projection)
+  gated_head    params + D h + h                FLOPs + 2 T D h
+  differential  params + 2 D + d_k (lambdas of (h, d_k / 2), diff_norm (d_k,))
+                FLOPs: scores the same (two maps over half-width heads), mixing x 2;
+                scores memory x 2 (two maps)
+  sigmoid       nothing added
+  sink          params + h (one logit per head)
+  qk_norm       params + 2 d_k (q_norm, k_norm)
+Elementwise work (sigmoids, norms) is not counted, as for the softmax.
 """
 
 from __future__ import annotations
@@ -75,31 +87,55 @@ def _kv_width(d_model: int, num_heads: int | None, num_kv_heads: int | None) -> 
   return num_kv_heads * (d_model // num_heads)
 
 
+_VARIANTS = ("softmax", "gated", "gated_head", "differential", "sigmoid", "sink", "qk_norm")
+
+
+def _check_variant(variant):
+  if variant not in _VARIANTS:
+    raise UserError(f"variant must be one of {_VARIANTS}; got {variant!r}")
+
+
+def variant_extra_params(variant: str, d_model: int, num_heads: int) -> int:
+  """Params a variant adds to one layer (see the module docstring)."""
+  _check_variant(variant)
+  d, h = d_model, num_heads
+  k = d // h
+  return {"softmax": 0, "sigmoid": 0, "gated": d * h * k + h * k, "gated_head": d * h + h,
+          "differential": 4 * h * (k // 2) + k, "sink": h, "qk_norm": 2 * k}[variant]
+
+
 def attention_params(d_model: int, num_heads: int, *, use_bias: bool = False,
-                     num_kv_heads: int | None = None) -> int:
+                     num_kv_heads: int | None = None, variant: str = "softmax") -> int:
   """Parameter count of one attention layer.
 
   4 D^2 (+ 4 D) for every h dividing D; with h_kv key/value heads (GQA)
-  2 D^2 + 2 D h_kv d_k (+ 2 D + 2 h_kv d_k).
+  2 D^2 + 2 D h_kv d_k (+ 2 D + 2 h_kv d_k); plus variant_extra_params.
   """
   _positive("d_model", d_model)
   _positive("num_heads", num_heads)
   if d_model % num_heads:
     raise UserError(f"num_heads={num_heads} does not divide d_model={d_model}")
   kv = _kv_width(d_model, num_heads, num_kv_heads)
-  return 2 * d_model * d_model + 2 * d_model * kv + (2 * d_model + 2 * kv if use_bias else 0)
+  return (2 * d_model * d_model + 2 * d_model * kv + (2 * d_model + 2 * kv if use_bias else 0)
+          + variant_extra_params(variant, d_model, num_heads))
 
 
 def attention_flops(d_model: int, seq_len: int, *, kv_len: int | None = None,
                     batch: int = 1, num_heads: int | None = None,
-                    num_kv_heads: int | None = None) -> dict[str, int]:
+                    num_kv_heads: int | None = None,
+                    variant: str = "softmax") -> dict[str, int]:
   """Matmul FLOPs of one forward pass (2 per multiply-add).
 
   Returns a dict with "projections" (Q and output: 2 T D^2 each; K and V: 2 S D^2
   each, or 2 S D h_kv d_k each with num_kv_heads), "scores" (2 T S D), "mixing"
   (2 T S D) and "total". Without GQA none depends on h; scores and mixing are per
-  query head, so GQA changes only the K and V projections.
+  query head, so GQA changes only the K and V projections. variant: gated adds its
+  gate's projection (2 T D^2), gated_head 2 T D h (needs num_heads); differential
+  mixes values with two maps (mixing 4 T S D).
   """
+  _check_variant(variant)
+  if variant == "gated_head" and num_heads is None:
+    raise UserError("variant='gated_head' needs num_heads (its gate is D x h)")
   _positive("d_model", d_model)
   _positive("seq_len", seq_len)
   _positive("batch", batch)
@@ -108,19 +144,27 @@ def attention_flops(d_model: int, seq_len: int, *, kv_len: int | None = None,
   t, d = seq_len, d_model
   kv = _kv_width(d, num_heads, num_kv_heads)
   proj = batch * (4 * t * d * d + 4 * s * d * kv)
+  if variant == "gated":
+    proj += batch * 2 * t * d * d
+  elif variant == "gated_head":
+    proj += batch * 2 * t * d * num_heads
   scores = batch * 2 * t * s * d
-  mixing = batch * 2 * t * s * d
+  mixing = batch * 2 * t * s * d * (2 if variant == "differential" else 1)
   return {"projections": proj, "scores": scores, "mixing": mixing,
           "total": proj + scores + mixing}
 
 
 def score_memory_bytes(batch: int, num_heads: int, seq_len: int, *,
-                       kv_len: int | None = None, dtype=jnp.float32) -> int:
-  """Bytes of the (B, h, T, S) score (or weight) tensor: B h T S bytes-per-element."""
+                       kv_len: int | None = None, dtype=jnp.float32,
+                       variant: str = "softmax") -> int:
+  """Bytes of the (B, h, T, S) score (or weight) tensor: B h T S bytes-per-element;
+  twice that for variant="differential" (two maps per head)."""
   for name, val in (("batch", batch), ("num_heads", num_heads), ("seq_len", seq_len)):
     _positive(name, val)
+  _check_variant(variant)
   s = seq_len if kv_len is None else kv_len
-  return batch * num_heads * seq_len * s * jnp.dtype(dtype).itemsize
+  maps = 2 if variant == "differential" else 1
+  return maps * batch * num_heads * seq_len * s * jnp.dtype(dtype).itemsize
 
 
 def kv_cache_bytes(seq_len: int, num_kv_heads: int, head_dim: int, *, num_layers: int = 1,

@@ -29,6 +29,9 @@ returned heads) is per query head.
 
 Rotary position embeddings (RoPE) rotate q and k inside the function; a KV cache
 (init_kv_cache) lets a decoder attend one step at a time over earlier keys and values.
+The attention variants (VARIANTS: gated, gated_head, differential, sigmoid, sink,
+qk_norm) are options of the same function (variant=...), their params made by
+init_attention_params(..., variant=...).
 """
 
 from __future__ import annotations
@@ -64,13 +67,93 @@ _QK_NORM_KEYS = ("q_norm", "k_norm")
 # are not attention heads (nothing reads or attends with them).
 _NORM_REST_KEYS = ("wq_rest", "bq_rest", "wk_rest", "bk_rest")
 
+# Variants of the one attention (multi_head_attention(..., variant=...)) and the params
+# each adds to wq, wk, wv, wo (shapes in variant_param_shapes):
+#   softmax       softmax(q k^T / sqrt(K)) v: the default.
+#   gated         the head's output times sigmoid(x wg[:, h, :] + bg[h]), elementwise,
+#                 after attention and before W_O (Qiu et al. 2025): wg (D, H, K), bg (H, K).
+#   gated_head    the same with one scalar gate per head: wg (D, H), bg (H,).
+#   differential  (softmax(q1 k1^T / sqrt(K/2)) - lambda_h softmax(q2 k2^T / sqrt(K/2))) v
+#                 over the two halves of each head's query and key, then a per-head RMS
+#                 norm and the (1 - lambda_init) scale (Ye et al. 2025): lambda_q1,
+#                 lambda_k1, lambda_q2, lambda_k2 (H, K/2) and diff_norm (K,).
+#   sigmoid       sigmoid(q k^T / sqrt(K) + b) v, b = -log S by default, no
+#                 normalisation over the keys (Ramapuram et al. 2025): no params.
+#   sink          softmax over the keys and one learned logit per head whose weight
+#                 mixes nothing (gpt-oss): sink_logit (H,).
+#   qk_norm       RMS-normalised queries and keys per head before RoPE: q_norm, k_norm (K,).
+VARIANTS = ("softmax", "gated", "gated_head", "differential", "sigmoid", "sink", "qk_norm")
+_VARIANT_KEYS = {"gated": ("wg", "bg"), "gated_head": ("wg", "bg"),
+                 "differential": ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2",
+                                  "diff_norm"),
+                 "sink": ("sink_logit",), "qk_norm": ("q_norm", "k_norm")}
+# Keys only a variant owns (q_norm / k_norm also come with imported families' softmax).
+_VARIANT_ONLY_KEYS = ("wg", "bg", "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2",
+                      "diff_norm", "sink_logit")
+# Differential attention's per-head RMS norm epsilon (the paper's code: 1e-5).
+DIFF_NORM_EPS = 1e-5
+
+
+def check_variant(variant: Any) -> str:
+  """The variant's name; refuses an unknown one by name."""
+  if not isinstance(variant, str) or variant not in VARIANTS:
+    raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
+  return variant
+
+
+def diff_lambda_init(layer: int) -> float:
+  """Differential attention's lambda_init for a layer (0-based index l - 1 of the
+  paper's l = 1..L): 0.8 - 0.6 exp(-0.3 (l - 1))."""
+  if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or layer < 0:
+    raise ValueError(f"layer must be an integer >= 0; got {layer!r}")
+  return 0.8 - 0.6 * math.exp(-0.3 * int(layer))
+
+
+def variant_param_shapes(variant: str, d_model: int, num_heads: int,
+                         head_dim: int) -> dict[str, tuple[int, ...]]:
+  """Shapes of the params `variant` adds, for (D, H, K)."""
+  d, h, k = d_model, num_heads, head_dim
+  return {"softmax": {}, "sigmoid": {},
+          "gated": {"wg": (d, h, k), "bg": (h, k)},
+          "gated_head": {"wg": (d, h), "bg": (h,)},
+          "differential": {**{n: (h, k // 2) for n in _VARIANT_KEYS["differential"][:4]},
+                           "diff_norm": (k,)},
+          "sink": {"sink_logit": (h,)},
+          "qk_norm": {"q_norm": (k,), "k_norm": (k,)}}[check_variant(variant)]
+
+
+def _init_variant_params(key: jax.Array, variant: str, d: int, h: int, k: int,
+                         dtype: Any) -> dict[str, jax.Array]:
+  """Fresh params of a variant: gate weights LeCun normal over D with zero biases;
+  differential lambdas normal(0, 0.1) and a unit norm scale (the paper's code); a zero
+  sink logit; unit QK-norm scales."""
+  if variant == "differential" and k % 2:
+    raise ValueError(f"variant='differential' splits each head's query and key in two "
+                     f"halves: the head width K={k} must be even")
+  shapes = variant_param_shapes(variant, d, h, k)
+  out = {}
+  for name, key_n in zip(shapes, jax.random.split(key, max(len(shapes), 1))):
+    shape = shapes[name]
+    if name == "wg":
+      init = jax.nn.initializers.variance_scaling(
+          1.0, "fan_in", "truncated_normal", in_axis=0, out_axis=tuple(range(1, len(shape))))
+      out[name] = init(key_n, shape, dtype)
+    elif name.startswith("lambda_"):
+      out[name] = 0.1 * jax.random.normal(key_n, shape, dtype)
+    elif name in ("diff_norm", "q_norm", "k_norm"):
+      out[name] = jnp.ones(shape, dtype)
+    else:
+      out[name] = jnp.zeros(shape, dtype)
+  return out
+
 
 class AttentionOutput(NamedTuple):
   """What ``multi_head_attention(..., return_weights=True)`` returns.
 
   out: (B, T, D) the layer's output.
   weights: (B, H, T, S) float32 attention weights (rows sum to 1, or 0 when fully
-    masked).
+    masked; by variant: sigmoid weights, the keys' share beside the sink, or
+    differential attention's first map).
   heads: (B, T, H, K) each head's output after its gate, the input of W_O.
   """
   out: jax.Array
@@ -86,7 +169,8 @@ class AttentionOutput(NamedTuple):
 def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
                           head_dim: int | None = None, use_bias: bool = False,
                           max_rel: int = 0, dtype: Any = jnp.float32,
-                          num_kv_heads: int | None = None) -> dict[str, jax.Array]:
+                          num_kv_heads: int | None = None,
+                          variant: str = "softmax") -> dict[str, jax.Array]:
   """Fresh parameters for one attention layer.
 
   Weights are LeCun-normal (truncated) over their input features, as Flax's
@@ -103,11 +187,16 @@ def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
     dtype: parameter dtype.
     num_kv_heads: G, the key/value heads (grouped-query attention); must divide
       num_heads. None means num_heads (multi-head); 1 is multi-query.
+    variant: one of VARIANTS; adds that variant's params (variant_param_shapes): gated
+      wg (D, H, K), bg (H, K); gated_head wg (D, H), bg (H,); differential lambda_q1,
+      lambda_k1, lambda_q2, lambda_k2 (H, K/2), diff_norm (K,); sink sink_logit (H,);
+      qk_norm q_norm, k_norm (K,). The weights wq, wk, wv, wo are drawn as for softmax.
 
   Returns:
     {"wq": (D, H, K), "wk", "wv": (D, G, K), "wo": (H, K, D)} plus biases if asked
-    (bq (H, K), bk, bv (G, K), bo (D,)).
+    (bq (H, K), bk, bv (G, K), bo (D,)) and the variant's params.
   """
+  check_variant(variant)
   for name, val in (("d_model", d_model), ("num_heads", num_heads)):
     if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < 1:
       raise ValueError(f"{name} must be a positive integer; got {val!r}")
@@ -133,6 +222,9 @@ def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
   out = {n: PARAM_INITS[n](kn, shapes[n], dtype) for n, kn in zip(names, keys)}
   if max_rel:
     out[REL_BIAS] = jnp.zeros((h, 2 * int(max_rel) + 1), dtype)
+  if variant != "softmax":   # a key of its own, so the weights above stay as they were
+    out.update(_init_variant_params(jax.random.fold_in(key, 1 + VARIANTS.index(variant)),
+                                    variant, d, h, k, dtype))
   return out
 
 
@@ -155,21 +247,24 @@ PARAM_INITS = {"wq": _in_init, "wk": _in_init, "wv": _in_init, "wo": _out_init,
                "bv": jax.nn.initializers.zeros, "bo": jax.nn.initializers.zeros}
 
 
-def check_attention_params(params: Params) -> tuple[int, int, int]:
+def check_attention_params(params: Params, variant: str | None = None
+                           ) -> tuple[int, int, int]:
   """Validates the param dict's keys and shapes; returns (D, H, K).
 
   G (key/value heads) is read from params['wk'] and must divide H; see num_kv_heads_of.
+  variant: also check that params hold exactly that variant's params (None: check the
+  shapes of whichever are present).
   """
   if not isinstance(params, Mapping):
     raise ValueError(f"params must be a dict with keys {_WEIGHT_KEYS}; got {type(params).__name__}")
   missing = [k for k in _WEIGHT_KEYS if k not in params]
   if missing:
     raise ValueError(f"params is missing {missing}; it has keys {sorted(params)}")
-  unknown = sorted(set(params) - set(_WEIGHT_KEYS) - set(_BIAS_KEYS) - {REL_BIAS}
-                   - set(_QK_NORM_KEYS) - set(_NORM_REST_KEYS))
+  allowed = (_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS,) + _QK_NORM_KEYS + _NORM_REST_KEYS
+             + _VARIANT_ONLY_KEYS)
+  unknown = sorted(set(params) - set(allowed))
   if unknown:
-    raise ValueError(f"params has unknown keys {unknown}; allowed: "
-                     f"{_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS,) + _QK_NORM_KEYS + _NORM_REST_KEYS}")
+    raise ValueError(f"params has unknown keys {unknown}; allowed: {allowed}")
   wq = params["wq"]
   _check_rank("params['wq']", wq, 3, "D, H, K")
   d, h, k = wq.shape
@@ -212,7 +307,38 @@ def check_attention_params(params: Params) -> tuple[int, int, int]:
     if rb.ndim != 2 or rb.shape[0] != h or rb.shape[1] % 2 != 1:
       raise ValueError(f"params['rel_bias'] must have shape (H, 2R + 1) = ({h}, odd); got "
                        f"{tuple(rb.shape)}")
+  _check_variant_params(params, variant, d, h, k)
   return d, h, k
+
+
+def _check_variant_params(params: Params, variant: str | None, d: int, h: int, k: int):
+  """The variant's params are present with their shapes; no other variant's are."""
+  present = [n for n in _VARIANT_ONLY_KEYS if n in params]
+  if variant is None:    # shapes only; gated and gated_head told apart by wg's rank
+    guess = ("gated" if "wg" in params and params["wg"].ndim == 3 else "gated_head")
+    for v in (guess, "differential", "sink"):
+      for n, shape in variant_param_shapes(v, d, h, k).items():
+        if n in params and tuple(params[n].shape) != shape:
+          raise ValueError(f"params['{n}'] must have shape {shape} ({v}); got "
+                           f"{tuple(params[n].shape)}")
+    return
+  check_variant(variant)
+  shapes = variant_param_shapes(variant, d, h, k)
+  stray = [n for n in present if n not in shapes]
+  if stray:
+    raise ValueError(f"params has {stray}, which variant={variant!r} does not use; pass "
+                     f"the variant the params were made for")
+  if variant == "differential" and k % 2:
+    raise ValueError(f"variant='differential' splits each head's query and key in two "
+                     f"halves: the head width K={k} must be even")
+  for n, shape in shapes.items():
+    if n not in params:
+      raise ValueError(f"variant={variant!r} needs params['{n}'] of shape {shape} "
+                       f"(init_attention_params(..., variant={variant!r})); params has "
+                       f"keys {sorted(params)}")
+    if n in _VARIANT_ONLY_KEYS and tuple(params[n].shape) != shape:
+      raise ValueError(f"params['{n}'] must have shape {shape} for variant={variant!r}; "
+                       f"got {tuple(params[n].shape)}")
 
 
 def num_heads_of(params: Params) -> int:
@@ -532,6 +658,356 @@ def _check_gates(head_gates: Any, b: int, h: int) -> jax.Array:
                    f"got {g.shape}")
 
 
+def _project(inp_BTD: jax.Array, w_DHK: jax.Array, b_HK: jax.Array | None = None
+             ) -> jax.Array:
+  """(B, T, D) x (D, H, K) (+ (H, K)) -> (B, T, H, K) as one full-width (B*T, D) x
+  (D, H*K) matmul; the heads are a reshape of its output. (2-D matmuls: XLA:CPU then
+  needs no transposes of the residual stream's gradient, which it was fusing,
+  recomputed, into every consumer: measured 1.1x.)"""
+  if inp_BTD.ndim == 4:    # head_inputs: head n projects its own input (B, T, N, D)
+    y = jnp.einsum("btnd,dnk->btnk", inp_BTD, w_DHK.astype(inp_BTD.dtype))
+    return y if b_HK is None else y + b_HK.astype(inp_BTD.dtype)
+  bb, tt, dd = inp_BTD.shape
+  w2 = w_DHK.reshape(dd, w_DHK.shape[1] * w_DHK.shape[2]).astype(inp_BTD.dtype)
+  y_BTHK = (inp_BTD.reshape(bb * tt, dd) @ w2).reshape(bb, tt, *w_DHK.shape[1:])
+  return y_BTHK if b_HK is None else y_BTHK + b_HK.astype(inp_BTD.dtype)
+
+
+def _project_shared(jobs) -> dict[str, jax.Array]:
+  """{name: (B, T, N, K)} of jobs [(name, input (B, T, D), w (D, N, K), b (N, K) or
+  None)], each after its bias.
+
+  Jobs that read the same input array with the same K (self-attention: q, k, v and
+  the gated variant's gate; cross-attention: k and v) are one matmul of their weights
+  concatenated along the head axis, (D, H + 2G, K), split after: one pass over the
+  input instead of three, and one larger matmul in forward and backward. The params
+  keep their names.
+  """
+  groups: list[list] = []
+  for job in jobs:
+    for grp in groups:
+      if grp[0][1] is job[1] and grp[0][2].shape[2] == job[2].shape[2]:
+        grp.append(job)
+        break
+    else:
+      groups.append([job])
+  out = {}
+  for grp in groups:
+    ws = [w for _, _, w, _ in grp]
+    y = _project(grp[0][1], ws[0] if len(ws) == 1 else jnp.concatenate(ws, axis=1))
+    starts = np.cumsum([0] + [w.shape[1] for w in ws])
+    for (name, _, _, bias), a, z in zip(grp, starts[:-1], starts[1:]):
+      part = y if len(ws) == 1 else y[:, :, a:z]
+      out[name] = part if bias is None else part + bias.astype(part.dtype)
+  return out
+
+
+class _Call(NamedTuple):
+  """A checked call of multi_head_attention: sizes and normalised arguments."""
+  d: int
+  h: int
+  k: int
+  g: int
+  b: int
+  t: int
+  s: int
+  ctx: jax.Array          # keys' input (B, S, D)
+  val: jax.Array          # values' input (B, S, D)
+  length: Any             # the cache's length (0 without one)
+  mask: Any
+  bias: Any
+  gates: Any              # head_gates as (B|1, 1, H, 1)
+  q_pos: Any
+  k_pos: Any
+  variant: str
+  sigmoid_bias: float | None
+  lambda_init: float
+
+
+def _check_inputs(x, context, value_input, d: int):
+  """(keys' input, values' input) after checking x, context and value_input."""
+  _check_rank("x", x, 3, "B, T, D")
+  _check_float("x", x)
+  if context is not None:
+    _check_rank("context", context, 3, "B, S, D")
+    _check_float("context", context)
+  ctx = x if context is None else context
+  if x.shape[-1] != d:
+    raise ValueError(f"x has d_model={x.shape[-1]} (shape {x.shape}) but params['wq'] "
+                     f"expects D={d}")
+  if ctx.shape[-1] != d:
+    raise ValueError(f"context has d_model={ctx.shape[-1]} (shape {ctx.shape}) but "
+                     f"params['wk'] expects D={d}")
+  if ctx.shape[0] != x.shape[0]:
+    raise ValueError(f"context batch {ctx.shape[0]} differs from x batch {x.shape[0]}")
+  val = ctx if value_input is None else value_input
+  if value_input is not None and (not hasattr(val, "shape") or val.shape != ctx.shape):
+    raise ValueError(f"value_input must have the keys' input shape {tuple(ctx.shape)}; "
+                     f"got {getattr(val, 'shape', val)}")
+  if value_input is not None:
+    _check_float("value_input", value_input)
+  return ctx, val
+
+
+def _check_options(impl, window, scale, softcap, rope, positions, kv_positions, context,
+                   variant, sigmoid_bias) -> None:
+  if impl not in IMPLS:
+    raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
+  if window is not None and (isinstance(window, bool) or not isinstance(
+      window, (int, np.integer)) or window < 1):
+    raise ValueError(f"window must be a positive integer or None; got {window!r}")
+  for name, num in (("scale", scale), ("softcap", softcap)):
+    if num is not None and (isinstance(num, bool) or not isinstance(
+        num, (int, float, np.number)) or not num > 0):
+      raise ValueError(f"{name} must be a positive number or None; got {num!r}")
+  if rope is not None and not isinstance(rope, RoPE):
+    raise ValueError(f"rope must be an attention.RoPE or None; got {rope!r}")
+  if rope is None and (positions is not None or kv_positions is not None):
+    raise ValueError("positions and kv_positions only place the rotary embedding; pass "
+                     "rope=attention.RoPE(...) with them")
+  if kv_positions is not None and context is None:
+    raise ValueError("kv_positions are for cross-attention (with context); in "
+                     "self-attention the keys use the queries' positions")
+  if sigmoid_bias is not None and variant != "sigmoid":
+    raise ValueError(f"sigmoid_bias is the bias of variant='sigmoid'; got it with "
+                     f"variant={variant!r}")
+  if sigmoid_bias is not None and (isinstance(sigmoid_bias, bool) or not isinstance(
+      sigmoid_bias, (int, float, np.number)) or not math.isfinite(sigmoid_bias)):
+    raise ValueError(f"sigmoid_bias must be a finite number or None; got {sigmoid_bias!r}")
+
+
+def _check_call(params, x, context, value_input, mask, causal, bias, head_gates, impl,
+                rope, positions, kv_positions, cache, window, scale, softcap, variant,
+                sigmoid_bias, layer) -> _Call:
+  """Every argument of multi_head_attention checked, bad ones refused by name."""
+  d, h, k = check_attention_params(params, check_variant(variant))
+  ctx, val = _check_inputs(x, context, value_input, d)
+  if not isinstance(causal, (bool, np.bool_)):
+    raise ValueError(f"causal must be a bool; got {causal!r}")
+  b, t, _ = x.shape
+  s = ctx.shape[1]
+  g = num_kv_heads_of(params)
+  length = 0
+  if cache is not None:
+    if context is not None or value_input is not None:
+      raise ValueError("cache is for self-attention (decoding); got it together with "
+                       "context or value_input")
+    s, length = _check_cache(cache, b, g, k, t)
+  if mask is not None:
+    mask = _check_mask(mask, b, h, t, s)
+  gates = None if head_gates is None else _check_gates(head_gates, b, h)
+  if bias is not None:
+    bias = _check_bias(bias, b, h, t, s)
+  _check_options(impl, window, scale, softcap, rope, positions, kv_positions, context,
+                 variant, sigmoid_bias)
+  lambda_init = diff_lambda_init(layer)
+  q_pos = k_pos = None
+  if rope is not None:
+    rope.rotated_dim(k // 2 if variant == "differential" else k)
+    q_pos = (length + jnp.arange(t)[None] if positions is None
+             else _check_positions("positions", positions, b, t))
+    if context is None:
+      k_pos = q_pos
+    else:
+      k_pos = (jnp.arange(s)[None] if kv_positions is None
+               else _check_positions("kv_positions", kv_positions, b, s, "S"))
+  if variant == "sigmoid" and sigmoid_bias is None:
+    sigmoid_bias = -math.log(s) if s else 0.0
+  return _Call(d, h, k, g, b, t, s, ctx, val, length, mask, bias, gates, q_pos, k_pos,
+               variant, None if sigmoid_bias is None else float(sigmoid_bias), lambda_init)
+
+
+def _rope_heads(x_BTHK: jax.Array, pos, rope: RoPE, halves: bool) -> jax.Array:
+  """RoPE of each head, or of each half-head (differential: the halves are the heads)."""
+  if not halves:
+    return apply_rope(x_BTHK, pos, rope)
+  b, t, n, k = x_BTHK.shape
+  return apply_rope(x_BTHK.reshape(b, t, 2 * n, k // 2), pos, rope).reshape(b, t, n, k)
+
+
+def _prepare_qkv(params: Params, x: jax.Array, c: _Call, rope, qk_norm_eps: float, site):
+  """(q (B, T, H, K) or None when H = 0, k, v (B, S, G, K), the gated variant's gate
+  logits (B, T, H, K) or None): projected, QK-normed, rotated and through their sites."""
+  jobs = ([("q", x, params["wq"], params.get("bq"))] if c.h else []) + [
+      ("k", c.ctx, params["wk"], params.get("bk")), ("v", c.val, params["wv"], params.get("bv"))]
+  if c.variant == "gated" and c.h:
+    jobs.append(("g", x, params["wg"], params["bg"]))
+  proj = _project_shared(jobs)
+  halves = c.variant == "differential"
+  k_BSGK, v_BSGK = proj["k"], proj["v"]
+  if "k_norm" in params:
+    k_BSGK = qk_rms_norm(k_BSGK, params["k_norm"], qk_norm_eps, None if "wk_rest" not in
+                         params else _project(c.ctx, params["wk_rest"], params.get("bk_rest")))
+  if rope is not None:
+    k_BSGK = _rope_heads(k_BSGK, c.k_pos, rope, halves)
+  if site is not None:
+    k_BSGK, v_BSGK = site("k", k_BSGK), site("v", v_BSGK)
+  if not c.h:
+    return None, k_BSGK, v_BSGK, None
+  q_BTHK = proj["q"]
+  if "q_norm" in params:
+    q_BTHK = qk_rms_norm(q_BTHK, params["q_norm"], qk_norm_eps, None if "wq_rest" not in
+                         params else _project(x, params["wq_rest"], params.get("bq_rest")))
+  if rope is not None:
+    q_BTHK = _rope_heads(q_BTHK, c.q_pos, rope, halves)
+  if site is not None:
+    q_BTHK = site("q", q_BTHK)
+  return q_BTHK, k_BSGK, v_BSGK, proj.get("g")
+
+
+def _write_cache(cache, k_BSGK, v_BSGK, c: _Call, causal: bool, window):
+  """(k, v over the cache's S_max slots, mask, causal=False, new cache): the T new keys
+  and values written at [length, length + T), the slots each query may read as a mask."""
+  length, t, s = c.length, c.t, c.s
+  at = (jnp.int32(0), length, jnp.int32(0), jnp.int32(0))
+  new_cache = {
+      "k": jax.lax.dynamic_update_slice(cache["k"], k_BSGK.astype(cache["k"].dtype), at),
+      "v": jax.lax.dynamic_update_slice(cache["v"], v_BSGK.astype(cache["v"].dtype), at),
+      "length": length + t}
+  slot_S = jnp.arange(s)
+  if causal:  # key slot j <= the query's slot length + i
+    valid = (slot_S[None, :] <= length + jnp.arange(t)[:, None])[None, None]
+  else:
+    valid = (slot_S < length + t)[None, None, None]
+  if window is not None:   # slots within the window of the query's slot
+    valid = valid & (length + jnp.arange(t)[:, None] - slot_S[None, :] < window)[None, None]
+  mask = valid if c.mask is None else c.mask & valid
+  dtype = k_BSGK.dtype
+  return new_cache["k"].astype(dtype), new_cache["v"].astype(dtype), mask, False, new_cache
+
+
+def _zero_heads(params: Params, x: jax.Array, c: _Call, site, return_weights: bool):
+  """Every head pruned: the layer adds only its output bias."""
+  b, t, s, d, k = c.b, c.t, c.s, c.d, c.k
+  out = jnp.zeros((b, t, d), x.dtype) + params.get("bo", jnp.zeros((d,), x.dtype))
+  if site is not None:
+    for name, shape in (("pattern", (b, 0, t, s)), ("z", (b, t, 0, k))):
+      if site.wants(name):
+        site(name, jnp.zeros(shape, jnp.float32 if name == "pattern" else x.dtype))
+  if return_weights:
+    return AttentionOutput(out, jnp.zeros((b, 0, t, s), jnp.float32),
+                           jnp.zeros((b, t, 0, k), x.dtype))
+  return out
+
+
+_PATTERN_SITES = ("pattern", "pattern2", "sink_weight")
+
+
+def _edit_patterns(site, outs: list, v_BSGK: jax.Array, variant: str) -> list:
+  """The reference kernel's [(o, w)] (two for differential) after the pattern sites:
+  sink_weight (B, H, T) = 1 - the pattern's row sum, then pattern, then pattern2; an
+  edited map is what mixes the values."""
+  o, w = outs[0]
+  if variant == "sink" and site.wants("sink_weight"):
+    sw_BHT = 1.0 - jnp.sum(w, axis=-1)
+    edited = site("sink_weight", sw_BHT)
+    if edited is not sw_BHT:   # the keys share what the sink leaves
+      left = 1.0 - sw_BHT
+      ratio = jnp.where(left > 0, (1.0 - edited) / jnp.where(left > 0, left, 1.0), 0.0)
+      w = w * ratio[..., None]
+      o = mix_values(w, v_BSGK)
+  if site.wants("pattern"):
+    edited = site("pattern", w)
+    if edited is not w:
+      w, o = edited, mix_values(edited, v_BSGK)
+  outs = [(o, w)] + outs[1:]
+  if variant == "differential" and site.wants("pattern2"):
+    o2, w2 = outs[1]
+    edited = site("pattern2", w2)
+    if edited is not w2:
+      outs[1] = (mix_values(edited, v_BSGK), edited)
+  return outs
+
+
+def _differential_heads(params: Params, o1_BTHK, o2_BTHK, lambda_init: float):
+  """(o1 - lambda_h o2), RMS-normed per head with scale diff_norm (K,), times
+  (1 - lambda_init); lambda_h = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2)
+  + lambda_init (Ye et al. 2025, eq. 2-3), in float32."""
+  f32 = jnp.float32
+  dot = lambda a, b: jnp.sum(params[a].astype(f32) * params[b].astype(f32), axis=-1)
+  lam_H = (jnp.exp(dot("lambda_q1", "lambda_k1")) - jnp.exp(dot("lambda_q2", "lambda_k2"))
+           + lambda_init)
+  o = o1_BTHK.astype(f32) - lam_H[:, None] * o2_BTHK.astype(f32)
+  o = o * jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + DIFF_NORM_EPS)
+  o = o * params["diff_norm"].astype(f32) * (1.0 - lambda_init)
+  return o.astype(o1_BTHK.dtype)
+
+
+def _attend(params: Params, q_BTHK, k_BSGK, v_BSGK, c: _Call, mask, causal: bool, impl: str,
+            return_weights: bool, window, scale, softcap, site, cached: bool):
+  """(o (B, T, H, K), w (B, H, T, S) or None): the kernel's call (two for differential)."""
+  h, g, t, s = c.h, c.g, c.t, c.s
+  bias = c.bias
+  site_pattern = site is not None and any(site.wants(n) for n in _PATTERN_SITES)
+  if site is not None and (site.wants("k_q") or site.wants("v_q")):   # G = H from here
+    k_BSGK = site("k_q", jnp.repeat(k_BSGK, h // g, axis=2))
+    v_BSGK = site("v_q", jnp.repeat(v_BSGK, h // g, axis=2))
+  if c.variant == "differential":   # two maps over the halves of each query and key
+    half = c.k // 2
+    pairs = [(q_BTHK[..., :half], k_BSGK[..., :half]), (q_BTHK[..., half:], k_BSGK[..., half:])]
+  else:
+    pairs = [(q_BTHK, k_BSGK)]
+  if scale is not None:   # the kernels divide by sqrt(width): q carries the rest
+    width = pairs[0][0].shape[-1]
+    pairs = [(qi * jnp.asarray(scale * math.sqrt(width), qi.dtype), ki) for qi, ki in pairs]
+  table = params.get(REL_BIAS)
+  window_left = window is not None and not cached
+  kernel = "reference" if site_pattern else resolve_impl(
+      impl, pairs[0][0], return_weights, bias is not None or table is not None,
+      k_BSGK=pairs[0][1], has_mask=mask is not None or window_left,
+      has_softcap=softcap is not None, variant=c.variant)
+  kernel_window = None
+  if window_left and kernel in _dispatch.TAKES_WINDOW:
+    kernel_window = window
+  elif window_left:
+    band = (jnp.arange(t)[:, None] - jnp.arange(s)[None, :] < window)[None, None]
+    mask = band if mask is None else mask & band
+  if table is not None and (kernel not in _dispatch.TAKES_TABLE or cached):
+    rel = relative_bias(table, t, s, c.length)    # dense (1, H, T, S)
+    bias = rel if bias is None else bias + rel
+    table = None
+  extra = {"softcap": softcap, "window": kernel_window}
+  if c.variant == "sigmoid":
+    extra["sigmoid_bias"] = c.sigmoid_bias
+  if c.variant == "sink":
+    extra["sink_H"] = params["sink_logit"]
+  outs = [_dispatch.run_kernel(kernel, qi, ki, v_BSGK, mask, causal, bias, table, **extra)
+          for qi, ki in pairs]
+  if site_pattern:
+    outs = _edit_patterns(site, outs, v_BSGK, c.variant)
+  o_BTHK, w_BHTS = outs[0]
+  if c.variant == "differential":
+    o_BTHK = _differential_heads(params, o_BTHK, outs[1][0], c.lambda_init)
+  return o_BTHK, w_BHTS
+
+
+def _output(params: Params, x: jax.Array, o_BTHK, gate_BTHK, c: _Call, site):
+  """(y (B, T, D), the heads (B, T, H, K) that W_O reads): the variant's gate, head
+  gates, the z and result sites, W_O and bo."""
+  b, t, h, k, d = c.b, c.t, c.h, c.k, c.d
+  if c.variant == "gated_head":
+    gate_BTHK = (x.reshape(b * t, d) @ params["wg"].astype(x.dtype)).reshape(b, t, h)
+    gate_BTHK = gate_BTHK + params["bg"].astype(x.dtype)
+  if c.variant in ("gated", "gated_head"):
+    gate = jax.nn.sigmoid(gate_BTHK)
+    if site is not None:
+      gate = site("gate", gate)
+    o_BTHK = o_BTHK * (gate if c.variant == "gated" else gate[..., None]).astype(o_BTHK.dtype)
+  if c.gates is not None:
+    o_BTHK = o_BTHK * c.gates.astype(o_BTHK.dtype)
+  if site is not None:
+    o_BTHK = site("z", o_BTHK)
+  if site is not None and site.wants("result"):
+    r_BTHD = jnp.einsum("bthk,hkd->bthd", o_BTHK, params["wo"].astype(o_BTHK.dtype))
+    y_BTD = site("result", r_BTHD).sum(axis=2)
+  else:
+    y_BTD = (o_BTHK.reshape(b * t, h * k) @ params["wo"].reshape(h * k, d).astype(
+        o_BTHK.dtype)).reshape(b, t, d)
+  if "bo" in params:
+    y_BTD = y_BTD + params["bo"].astype(y_BTD.dtype)
+  return y_BTD, o_BTHK
+
+
 def _check_head_inputs(inputs, q_shape, kv_shape, context, cache, params) -> None:
   if context is not None or cache is not None or "wq_rest" in params or "wk_rest" in params:
     raise ValueError("head_inputs are for self-attention without a cache or removed "
@@ -554,7 +1030,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                          cache: Mapping[str, jax.Array] | None = None,
                          window: int | None = None, scale: float | None = None,
                          softcap: float | None = None, qk_norm_eps: float = 1e-6,
-                         site: Any = None, head_inputs: Any = None):
+                         variant: str = "softmax", sigmoid_bias: float | None = None,
+                         layer: int = 0, site: Any = None, head_inputs: Any = None):
   """Multi-head attention of x over itself, or over `context` (cross-attention).
 
   Args:
@@ -605,13 +1082,30 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     qk_norm_eps: epsilon of the QK-norm when params hold "q_norm" / "k_norm" (RMSNorm of
       each head's query and key, scale (K,), or of the whole projection, scale (H, K)
       and (G, K)), applied after the projections' biases and before RoPE.
+    variant: one of VARIANTS (the constant's comment gives each one's equation):
+      "softmax" (the default), "gated", "gated_head", "differential", "sigmoid",
+      "sink", "qk_norm"; params must hold that variant's params
+      (init_attention_params(..., variant=...)). differential, sigmoid and sink run in
+      the reference and blocked kernels only (auto picks among those; the others
+      refuse them by name); the rest in every kernel. With return_weights, weights are
+      the sigmoid weights (sigmoid), the keys' softmax weights summing to 1 minus the
+      sink's (sink), the first map (differential).
+    sigmoid_bias: b of variant="sigmoid"; None means -log(S), S the number of key
+      positions of the call (with a cache, S_max: pass b to decode as the model was
+      trained).
+    layer: the layer's index from 0, read by variant="differential" only:
+      lambda_init = 0.8 - 0.6 exp(-0.3 layer) (diff_lambda_init).
     site: None, or a hook (mha_jax/interventions.py; the core imports nothing for it):
       an object with `site(name, x) -> x` and `site.wants(name) -> bool`. It is called
       with "k", "v" (B, S, G, K) and "q" (B, T, H, K) after their biases and RoPE;
       "k_q", "v_q" (B, S, H, K), the keys and values as each query head reads them
       (repeat_kv order), only when wanted (the rest then runs with G = H); "pattern"
       (B, H, T, S), only when wanted (it forces the reference kernel; an edited pattern
-      is what mixes the values); "z" (B, T, H, K) after the gates; "result"
+      is what mixes the values); by variant, also only when wanted: "pattern2"
+      (B, H, T, S) differential's second map, "sink_weight" (B, H, T) the sink's
+      weight (an edit rescales the pattern's row to 1 minus it), both forcing the
+      reference kernel, and "gate" (B, T, H, K) (gated) or (B, T, H) (gated_head) the
+      sigmoid gate; "z" (B, T, H, K) after the gates; "result"
       (B, T, H, D), each head's output after W_O, only when wanted (the layer's output
       is then their sum plus bo). Whatever it returns flows on.
     head_inputs: None, or (q (B, T, H, D), k (B, S, G, D), v (B, S, G, D)): each head's
@@ -623,189 +1117,37 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
     when return_weights is True. With a cache: (that, new_cache), new_cache's length
     being length + T, and S = S_max.
   """
-  d, h, k = check_attention_params(params)
-  _check_rank("x", x, 3, "B, T, D")
-  _check_float("x", x)
-  if context is not None:
-    _check_rank("context", context, 3, "B, S, D")
-    _check_float("context", context)
-  ctx = x if context is None else context
-  if x.shape[-1] != d:
-    raise ValueError(f"x has d_model={x.shape[-1]} (shape {x.shape}) but params['wq'] "
-                     f"expects D={d}")
-  if ctx.shape[-1] != d:
-    raise ValueError(f"context has d_model={ctx.shape[-1]} (shape {ctx.shape}) but "
-                     f"params['wk'] expects D={d}")
-  if ctx.shape[0] != x.shape[0]:
-    raise ValueError(f"context batch {ctx.shape[0]} differs from x batch {x.shape[0]}")
-  val = ctx if value_input is None else value_input
-  if value_input is not None and (not hasattr(val, "shape") or val.shape != ctx.shape):
-    raise ValueError(f"value_input must have the keys' input shape {tuple(ctx.shape)}; "
-                     f"got {getattr(val, 'shape', val)}")
-  if value_input is not None:
-    _check_float("value_input", value_input)
-  if not isinstance(causal, (bool, np.bool_)):
-    raise ValueError(f"causal must be a bool; got {causal!r}")
-  b, t, _ = x.shape
-  s = ctx.shape[1]
-  g = num_kv_heads_of(params)
-  length = 0
+  c = _check_call(params, x, context, value_input, mask, causal, bias, head_gates, impl,
+                  rope, positions, kv_positions, cache, window, scale, softcap, variant,
+                  sigmoid_bias, layer)
+  if c.h == 0 and cache is None:
+    return _zero_heads(params, x, c, site, return_weights)
+  if head_inputs is not None:    # edge patching: each head reads its own input
+    _check_head_inputs(head_inputs, (c.b, c.t, c.h, c.d), (c.b, c.s, c.g, c.d), context,
+                       cache, params)
+    x = head_inputs[0]
+    c = c._replace(ctx=head_inputs[1], val=head_inputs[2])
+  q_BTHK, k_BSGK, v_BSGK, gate_BTHK = _prepare_qkv(params, x, c, rope, qk_norm_eps, site)
+  mask, new_cache = c.mask, None
   if cache is not None:
-    if context is not None or value_input is not None:
-      raise ValueError("cache is for self-attention (decoding); got it together with "
-                       "context or value_input")
-    s, length = _check_cache(cache, b, g, k, t)
-  if mask is not None:
-    mask = _check_mask(mask, b, h, t, s)
-  gates = None if head_gates is None else _check_gates(head_gates, b, h)
-  if bias is not None:
-    bias = _check_bias(bias, b, h, t, s)
-  if impl not in IMPLS:
-    raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
-  if window is not None and (isinstance(window, bool) or not isinstance(
-      window, (int, np.integer)) or window < 1):
-    raise ValueError(f"window must be a positive integer or None; got {window!r}")
-  for name, num in (("scale", scale), ("softcap", softcap)):
-    if num is not None and (isinstance(num, bool) or not isinstance(
-        num, (int, float, np.number)) or not num > 0):
-      raise ValueError(f"{name} must be a positive number or None; got {num!r}")
-  if rope is not None and not isinstance(rope, RoPE):
-    raise ValueError(f"rope must be an attention.RoPE or None; got {rope!r}")
-  if rope is None and (positions is not None or kv_positions is not None):
-    raise ValueError("positions and kv_positions only place the rotary embedding; pass "
-                     "rope=attention.RoPE(...) with them")
-  if kv_positions is not None and context is None:
-    raise ValueError("kv_positions are for cross-attention (with context); in "
-                     "self-attention the keys use the queries' positions")
-  if rope is not None:
-    rope.rotated_dim(k)
-    q_pos = (length + jnp.arange(t)[None] if positions is None
-             else _check_positions("positions", positions, b, t))
-    if context is None:
-      k_pos = q_pos
-    else:
-      k_pos = (jnp.arange(s)[None] if kv_positions is None
-               else _check_positions("kv_positions", kv_positions, b, s, "S"))
-
-  # Projections: one full-width (B*T, D) x (D, H*K) matmul; the heads are a reshape of
-  # its output. (2-D matmuls: XLA:CPU then needs no transposes of the residual stream's
-  # gradient, which it was fusing, recomputed, into every consumer: measured 1.1x.)
-  def project(inp, w, bias):
-    if inp.ndim == 4:    # head_inputs: head n projects its own input
-      y_BTHK = jnp.einsum("btnd,dnk->btnk", inp, w.astype(inp.dtype))
-      return y_BTHK if bias is None else y_BTHK + bias.astype(inp.dtype)
-    bb, tt, dd = inp.shape
-    w2 = w.reshape(dd, w.shape[1] * w.shape[2]).astype(inp.dtype)
-    y_BTHK = (inp.reshape(bb * tt, dd) @ w2).reshape(bb, tt, *w.shape[1:])
-    return y_BTHK if bias is None else y_BTHK + bias.astype(inp.dtype)
-
-  def zero_heads():  # Every head pruned: the layer adds only its output bias.
-    out = jnp.zeros((b, t, d), x.dtype) + params.get("bo", jnp.zeros((d,), x.dtype))
-    if site is not None:
-      for name, shape in (("pattern", (b, 0, t, s)), ("z", (b, t, 0, k))):
-        if site.wants(name):
-          site(name, jnp.zeros(shape, jnp.float32 if name == "pattern" else x.dtype))
-    if return_weights:
-      return AttentionOutput(out, jnp.zeros((b, 0, t, s), jnp.float32),
-                             jnp.zeros((b, t, 0, k), x.dtype))
-    return out
-
-  if h == 0 and cache is None:
-    return zero_heads()
-
-  if head_inputs is not None:
-    _check_head_inputs(head_inputs, (b, t, h, d), (b, s, g, d), context, cache, params)
-    x, ctx, val = head_inputs
-  k_BSGK = project(ctx, params["wk"], params.get("bk"))
-  v_BSGK = project(val, params["wv"], params.get("bv"))
-  if "k_norm" in params:
-    k_BSGK = qk_rms_norm(k_BSGK, params["k_norm"], qk_norm_eps, None if "wk_rest" not in
-                         params else project(ctx, params["wk_rest"], params.get("bk_rest")))
-  if rope is not None:
-    k_BSGK = apply_rope(k_BSGK, k_pos, rope)
-  if site is not None:
-    k_BSGK, v_BSGK = site("k", k_BSGK), site("v", v_BSGK)
-  new_cache = None
-  if cache is not None:  # write the T new keys and values, then attend over S_max slots
-    at = (jnp.int32(0), length, jnp.int32(0), jnp.int32(0))
-    new_cache = {
-        "k": jax.lax.dynamic_update_slice(cache["k"], k_BSGK.astype(cache["k"].dtype), at),
-        "v": jax.lax.dynamic_update_slice(cache["v"], v_BSGK.astype(cache["v"].dtype), at),
-        "length": length + t}
-    k_BSGK = new_cache["k"].astype(x.dtype)
-    v_BSGK = new_cache["v"].astype(x.dtype)
-    slot_S = jnp.arange(s)
-    if causal:  # key slot j <= the query's slot length + i
-      valid = (slot_S[None, :] <= length + jnp.arange(t)[:, None])[None, None]
-    else:
-      valid = (slot_S < length + t)[None, None, None]
-    if window is not None:   # slots within the window of the query's slot
-      valid = valid & (length + jnp.arange(t)[:, None] - slot_S[None, :] < window)[None, None]
-    mask = valid if mask is None else mask & valid
-    causal = False
+    k_BSGK, v_BSGK, mask, causal, new_cache = _write_cache(cache, k_BSGK, v_BSGK, c, causal,
+                                                           window)
   # Without a cache, a window goes to the kernels that skip the blocks outside it
   # (TAKES_WINDOW); the others get it as a band mask once the kernel is known.
 
   def finish(result):
     return result if new_cache is None else (result, new_cache)
 
-  if h == 0:  # still keeps the cache up to date (the keys are the kv heads')
-    return finish(zero_heads())
-
-  q_BTHK = project(x, params["wq"], params.get("bq"))
-  if "q_norm" in params:
-    q_BTHK = qk_rms_norm(q_BTHK, params["q_norm"], qk_norm_eps, None if "wq_rest" not in
-                         params else project(x, params["wq_rest"], params.get("bq_rest")))
-  if rope is not None:
-    q_BTHK = apply_rope(q_BTHK, q_pos, rope)
-  site_pattern = site is not None and site.wants("pattern")
-  if site is not None:
-    q_BTHK = site("q", q_BTHK)
-    if (site.wants("k_q") or site.wants("v_q")):   # per query head: run with G = H
-      k_BSGK = site("k_q", jnp.repeat(k_BSGK, h // g, axis=2))
-      v_BSGK = site("v_q", jnp.repeat(v_BSGK, h // g, axis=2))
-  if scale is not None:   # the kernels divide by sqrt(K): q carries the rest
-    q_BTHK = q_BTHK * jnp.asarray(scale * math.sqrt(k), q_BTHK.dtype)
-
-  table = params.get(REL_BIAS)
-  window_left = window is not None and new_cache is None
-  kernel = "reference" if site_pattern else resolve_impl(
-      impl, q_BTHK, return_weights, bias is not None or table is not None,
-      k_BSGK=k_BSGK, has_mask=mask is not None or window_left,
-      has_softcap=softcap is not None)
-  kernel_window = None
-  if window_left and kernel in _dispatch.TAKES_WINDOW:
-    kernel_window = window
-  elif window_left:
-    band = (jnp.arange(t)[:, None] - jnp.arange(s)[None, :] < window)[None, None]
-    mask = band if mask is None else mask & band
-  if table is not None and (kernel not in _dispatch.TAKES_TABLE or cache is not None):
-    rel = relative_bias(table, t, s, length)    # dense (1, H, T, S)
-    bias = rel if bias is None else bias + rel
-    table = None
-  o_BTHK, w_BHTS = _dispatch.run_kernel(kernel, q_BTHK, k_BSGK, v_BSGK, mask, causal, bias,
-                                        table, softcap=softcap, window=kernel_window)
-  if site_pattern:
-    edited = site("pattern", w_BHTS)
-    if edited is not w_BHTS:
-      w_BHTS, o_BTHK = edited, mix_values(edited, v_BSGK)
-
-  if gates is not None:
-    o_BTHK = o_BTHK * gates.astype(o_BTHK.dtype)
-  if site is not None:
-    o_BTHK = site("z", o_BTHK)
-  if site is not None and site.wants("result"):
-    r_BTHD = jnp.einsum("bthk,hkd->bthd", o_BTHK, params["wo"].astype(o_BTHK.dtype))
-    y_BTD = site("result", r_BTHD).sum(axis=2)
-  else:
-    y_BTD = (o_BTHK.reshape(b * t, h * k) @ params["wo"].reshape(h * k, d).astype(
-        o_BTHK.dtype)).reshape(b, t, d)
-  if "bo" in params:
-    y_BTD = y_BTD + params["bo"].astype(y_BTD.dtype)
+  if c.h == 0:  # still keeps the cache up to date (the keys are the kv heads')
+    return finish(_zero_heads(params, x, c, site, return_weights))
+  o_BTHK, w_BHTS = _attend(params, q_BTHK, k_BSGK, v_BSGK, c, mask, causal, impl,
+                           return_weights, window, scale, softcap, site,
+                           cached=new_cache is not None)
+  y_BTD, o_BTHK = _output(params, x, o_BTHK, gate_BTHK, c, site)
   if new_cache is not None:  # a write past S_max (traced length) poisons the output
-    y_BTD = jnp.where(length + t <= s, y_BTD, jnp.nan)
-  chex.assert_shape(y_BTD, (b, t, d))
-  chex.assert_shape(o_BTHK, (b, t, h, k))
+    y_BTD = jnp.where(c.length + c.t <= c.s, y_BTD, jnp.nan)
+  chex.assert_shape(y_BTD, (c.b, c.t, c.d))
+  chex.assert_shape(o_BTHK, (c.b, c.t, c.h, c.k))
   if return_weights:
     return finish(AttentionOutput(y_BTD, w_BHTS, o_BTHK))
   return finish(y_BTD)

@@ -219,6 +219,96 @@ def format_table(result: dict) -> str:
   return "\n".join(out)
 
 
+# --------------------------------------------------------------------------
+# --variants: each attention variant against softmax, in one run.
+# --------------------------------------------------------------------------
+
+
+def run_variants(*, d_model: int = 768, seq_len: int = 512, batch: int = 4, heads=(8,),
+                 rounds: int = 5, warmup: int = 1, dtype: str = "float32",
+                 variants: tuple[str, ...] | None = None,
+                 log: Callable[[str], None] = print) -> dict:
+  """Forward and forward+backward of the layer (impl="auto", causal self-attention) for
+  each variant and h, rounds interleaved over the variants; ratios against softmax."""
+  variants = attention.VARIANTS if variants is None else tuple(variants)
+  unknown = [v for v in variants if v not in attention.VARIANTS]
+  if unknown:
+    raise UserError(f"variants: unknown {unknown}; known: {attention.VARIANTS}")
+  if "softmax" not in variants:
+    variants = ("softmax",) + variants
+  if rounds < 1:
+    raise UserError(f"rounds must be >= 1; got {rounds}")
+  for h in heads:
+    if h < 1 or d_model % h:
+      raise UserError(f"heads: h={h} does not divide d_model={d_model}")
+  dt = jnp.dtype(dtype)
+  gflops = matmul_gflops(dtype=dt)
+  log(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
+      f"{dtype} matmul rate {gflops:.1f} GFLOP/s")
+  x = jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model), dt)
+  rows = []
+  for h in heads:
+    compiled, kernels = {}, {}
+    for v in variants:
+      p = attention.init_attention_params(jax.random.PRNGKey(0), d_model, h, use_bias=True,
+                                          dtype=dt, variant=v)
+      f = lambda p, x, v=v: attention.multi_head_attention(p, x, causal=True, variant=v)
+      fwd = jax.jit(f)
+      grad = jax.jit(jax.grad(lambda p, x, f=f: jnp.sum(f(p, x).astype(jnp.float32)),
+                              argnums=(0, 1)))
+      compiled[v] = {"forward": (lambda fwd=fwd, p=p: fwd(p, x)),
+                     "forward+backward": (lambda grad=grad, p=p: grad(p, x))}
+      for fn in compiled[v].values():
+        for _ in range(warmup):
+          jax.block_until_ready(fn())
+      width = d_model // h // (2 if v == "differential" else 1)
+      kernels[v] = attention.resolve_impl(
+          "auto", jax.ShapeDtypeStruct((batch, seq_len, h, width), dt), False, variant=v)
+    times = {(v, m): [] for v in compiled for m in ("forward", "forward+backward")}
+    for _ in range(rounds):  # interleaved
+      for key in times:
+        times[key] += _round_seconds(compiled[key[0]][key[1]], 1)
+    for mode in ("forward", "forward+backward"):
+      base = statistics.median(times[("softmax", mode)])
+      for v in compiled:
+        med = statistics.median(times[(v, mode)])
+        rows.append({"heads": h, "variant": v, "kernel": kernels[v], "mode": mode,
+                     "median_ms": med * 1e3, "ratio_to_softmax": med / base,
+                     "times_ms": [t * 1e3 for t in times[(v, mode)]]})
+    log(f"h={h}: done")
+  return {"config": {"d_model": d_model, "seq_len": seq_len, "batch": batch,
+                     "heads": list(heads), "rounds": rounds, "warmup": warmup,
+                     "dtype": dtype, "variants": list(variants), "causal": True,
+                     "impl": "auto"},
+          "note": "rounds interleaved over the variants on a shared machine; ratios are "
+                  "each variant's median over softmax's in the same run",
+          "machine": {"backend": jax.default_backend(),
+                      "device_kind": jax.devices()[0].device_kind,
+                      "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                      "jax": jax.__version__, "matmul_gflops": gflops,
+                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+          "rows": rows}
+
+
+def format_variants(result: dict) -> str:
+  """Markdown table: one row per (h, variant), forward and forward+backward."""
+  c = result["config"]
+  by = {(r["heads"], r["variant"], r["mode"]): r for r in result["rows"]}
+  out = [f"d_model={c['d_model']}, T={c['seq_len']}, batch={c['batch']}, {c['dtype']}, "
+         f"causal self-attention, impl=auto, median of {c['rounds']} interleaved rounds; "
+         f"{result['machine']['device_kind']}, matmul "
+         f"{result['machine']['matmul_gflops']:.1f} GFLOP/s", "",
+         "| h | variant | kernel | fwd ms | fwd / softmax | fwd+bwd ms | fwd+bwd / softmax |",
+         "|---:|---|---|---:|---:|---:|---:|"]
+  for h in c["heads"]:
+    for v in c["variants"]:
+      f, b = by[(h, v, "forward")], by[(h, v, "forward+backward")]
+      out.append(f"| {h} | {v} | {f['kernel']} | {f['median_ms']:.1f} | "
+                 f"{f['ratio_to_softmax']:.2f} | {b['median_ms']:.1f} | "
+                 f"{b['ratio_to_softmax']:.2f} |")
+  return "\n".join(out)
+
+
 def write_json(result: dict, path: str) -> None:
   storage.makedirs(storage.dirname(storage.abspath(path)))
   storage.write_json(path, result, atomic=True)

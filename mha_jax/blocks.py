@@ -141,6 +141,26 @@ def masked_softmax(s_BHTS: jax.Array, mask: jax.Array | None):
   return w, live.astype(jnp.float32)
 
 
+def sigmoid_weights(s_BHTS: jax.Array, mask: jax.Array | None, bias: float) -> jax.Array:
+  """sigmoid(s + bias) in float32, 0 where masked: sigmoid attention's weights (Ramapuram
+  et al. 2025), not normalised over the keys."""
+  w = jax.nn.sigmoid(jnp.asarray(s_BHTS).astype(jnp.float32) + jnp.float32(bias))
+  return w if mask is None else jnp.where(mask, w, 0.0)
+
+
+def sink_softmax(s_BHTS: jax.Array, mask: jax.Array | None, sink_H: jax.Array) -> jax.Array:
+  """exp(s_j) / (exp(sink_h) + sum_k exp(s_k)) over allowed keys, float32 (B, H, T, S):
+  a softmax with one more logit per head whose weight mixes nothing (gpt-oss). A row
+  with no allowed key gives its whole weight to the sink (zero weights here)."""
+  s = jnp.asarray(s_BHTS).astype(jnp.float32)
+  c = jnp.asarray(sink_H).astype(jnp.float32)[None, :, None, None]
+  if mask is not None:
+    s = jnp.where(mask, s, -jnp.inf)
+  m = jax.lax.stop_gradient(jnp.maximum(jnp.max(s, axis=-1, keepdims=True), c))
+  e = jnp.exp(s - m)                       # exp(-inf) = 0 where masked
+  return e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(c - m))
+
+
 def drop_masked_keys(k_BSGK: jax.Array, v_BSGK: jax.Array, mask: jax.Array | None):
   """(k, v) zeroed at the key positions no query may attend to under `mask` (padding).
 

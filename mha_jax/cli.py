@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -80,6 +81,15 @@ def _cmd_bench_attention(args) -> int:
     bench.write_json(result, out)
     print(f"\nwrote {out}")
     return 0
+  if args.variants:
+    result = bench.run_variants(d_model=args.d_model, seq_len=args.seq_len,
+                                batch=args.batch, heads=args.heads if args.heads_given else (8,),
+                                rounds=args.rounds, warmup=args.warmup, dtype=args.dtype)
+    print(bench.format_variants(result))
+    out = args.out if args.out != _BENCH_OUT else "results/bench_attention_variants.json"
+    bench.write_json(result, out)
+    print(f"\nwrote {out}")
+    return 0
   result = bench.run(d_model=args.d_model, seq_len=args.seq_len, batch=args.batch,
                      heads=args.heads, rounds=args.rounds, warmup=args.warmup,
                      dtype=args.dtype, impls=tuple(args.impls) if args.impls else None)
@@ -104,17 +114,33 @@ def _cmd_bench_train(args, extra) -> int:
 def _cmd_train(args, extra) -> int:
   from mha_jax.train import loop
   from mha_jax.train import distributed
-  distributed.initialize(args.coordinator, args.num_processes, args.process_id,
-                         auto=args.multihost)
-  cfg = mc.load_config(args.config)
-  rest = mc.apply_overrides(cfg, extra)
-  if rest:
-    raise UserError(f"unrecognized arguments: {' '.join(rest)}")
+  many = distributed.initialize(args.coordinator, args.num_processes, args.process_id,
+                                auto=args.multihost, process_timeout=args.process_timeout,
+                                startup_timeout=args.startup_timeout)
   try:
+    cfg = mc.load_config(args.config)
+    rest = mc.apply_overrides(cfg, extra)
+    if rest:
+      raise UserError(f"unrecognized arguments: {' '.join(rest)}")
     summary = loop.train(cfg, args.workdir)
-  except loop.TrainingDiverged as e:
-    print(f"mha-jax: {e}", file=sys.stderr)
-    return 1
+  except (UserError, loop.TrainingDiverged) as e:
+    if not many:
+      if isinstance(e, UserError):
+        raise
+      print(f"mha-jax: {e}", file=sys.stderr)
+      return 1
+    # Several processes: say it, tell the others (their watchdogs stop them), and end
+    # without JAX's shutdown barrier, which would wait for them.
+    print(f"mha-jax: {'error: ' if isinstance(e, UserError) else ''}{e}", file=sys.stderr,
+          flush=True)
+    distributed.finish(str(e))
+    sys.stdout.flush()
+    os._exit(2 if isinstance(e, UserError) else 1)
+  except Exception as e:   # noqa: BLE001 - several processes: see distributed.failed
+    if not many:
+      raise
+    distributed.failed(e)
+  distributed.finish()
   print(json.dumps(summary))
   return 0
 
@@ -536,7 +562,14 @@ VERBS = {
                 _arg("--num-processes", default=None,
                      help="number of processes (or MHA_JAX_NUM_PROCESSES)"),
                 _arg("--process-id", default=None,
-                     help="this process's id, 0..N-1 (or MHA_JAX_PROCESS_ID)"))),),
+                     help="this process's id, 0..N-1 (or MHA_JAX_PROCESS_ID)"),
+                _arg("--process-timeout", default=None,
+                     help="seconds without a heartbeat after which a process counts as "
+                          "lost and every other one stops (or MHA_JAX_PROCESS_TIMEOUT; "
+                          "default 60)"),
+                _arg("--startup-timeout", default=None,
+                     help="seconds to wait for the coordinator and every process at "
+                          "start-up (or MHA_JAX_STARTUP_TIMEOUT; default 300)"))),),
         study=False, extra=True),
     "eval": Verb("evaluate a run's checkpoint; prints one JSON object", _cmd_eval,
                  (WORKDIR, SPLIT, STEP)),
@@ -702,6 +735,9 @@ def add_bench_attention_args(p: argparse.ArgumentParser) -> None:
                  default=None, metavar="IMPL[,IMPL...]",
                  help=f"of {', '.join(bench.impl_names(with_cudnn=True))} (default: all; "
                       f"without --scale-t the peers always run)")
+  p.add_argument("--variants", action="store_true",
+                 help="each attention variant's forward and forward+backward against "
+                      "softmax (h = 8 unless --heads)")
   p.add_argument("--max-mem-gb", type=float, default=6.0,
                  help="with --scale-t: address-space cap per subprocess (default 6)")
   p.set_defaults(d_model_given=False, batch_given=False, heads_given=False)

@@ -244,6 +244,14 @@ def check_impl(cfg) -> None:
   impl = cfg.model.get("impl", "auto") if "model" in cfg else "auto"
   if impl not in IMPLS:
     raise UserError(f"model.impl must be one of {', '.join(IMPLS)}; got {impl!r}")
+  from mha_jax.kernels.dispatch import VARIANT_KERNELS
+  variant = cfg.model.get("attention", "softmax") if "model" in cfg else "softmax"
+  if variant not in VARIANT_KERNELS:
+    raise UserError(f"model.attention must be one of {', '.join(VARIANT_KERNELS)}; got "
+                    f"{variant!r}")
+  if impl != "auto" and impl not in VARIANT_KERNELS[variant]:
+    raise UserError(f"model.impl={impl!r} does not serve model.attention={variant!r}; use "
+                    f"one of {', '.join(VARIANT_KERNELS[variant])} or auto")
 
 
 # Numeric fields and their ranges: (key, lo, hi, lo_open, hi_open, note).

@@ -16,6 +16,10 @@ Site names (stable; `{i}` is the layer index, the stack is `lm`, `encoder`,
   {stack}.{i}.attn.pattern  (B, H, T, S)  attention weights (float32; reference kernel)
   {stack}.{i}.attn.z        (B, T, H, K)  each head's output before W_O, after gates
   {stack}.{i}.attn.result   (B, T, H, D)  each head's output after W_O
+  {stack}.{i}.attn.gate     (B, T, H, K)  the gated variant's sigmoid gate ((B, T, H):
+                                          gated_head)
+  {stack}.{i}.attn.pattern2 (B, H, T, S)  differential attention's second map
+  {stack}.{i}.attn.sink_weight (B, H, T)  the sink variant's weight on its logit
   {stack}.{i}.attn_out      (B, T, D)     the attention block's output (all heads + bo)
   lm.{i}.resid_pre          (B, T, D)     the residual stream entering layer i
   lm.{i}.resid_mid          (B, T, D)     after the attention block's residual add
@@ -62,8 +66,13 @@ OPS = ("replace", "add", "scale")
 
 # The axes a selection picks on each kind of site.
 _HEAD_AXES = {"rows": 0, "positions": 1, "heads": 2}
-_AXES = {**{s: _HEAD_AXES for s in ("q", "k", "v", "k_q", "v_q", "z", "result")},
-         "pattern": {"rows": 0, "heads": 1, "positions": 2, "key_positions": 3}}
+# Sites of the attention variants (multi_head_attention(..., variant=...)): "gate"
+# (B, T, H, K) gated or (B, T, H) gated_head; "pattern2" (B, H, T, S) differential's
+# second map; "sink_weight" (B, H, T) the sink's weight (sink).
+_AXES = {**{s: _HEAD_AXES for s in ("q", "k", "v", "k_q", "v_q", "z", "result", "gate")},
+         "pattern": {"rows": 0, "heads": 1, "positions": 2, "key_positions": 3},
+         "pattern2": {"rows": 0, "heads": 1, "positions": 2, "key_positions": 3},
+         "sink_weight": {"rows": 0, "heads": 1, "positions": 2}}
 _STREAM_AXES = {"rows": 0, "positions": 1}
 
 

@@ -77,7 +77,8 @@ _NOT_A_FOLDER = (errno.ENOTDIR, errno.EEXIST, errno.EISDIR)
 
 
 def fault_kind(e: BaseException) -> str | None:
-  """"full", "read-only" or "not a folder" when e (or what caused it: orbax and
+  """"full", "read-only", "not a folder", "forbidden" (HTTP 401/403) or "unavailable"
+  (transient errors past the retry budget) when e (or what caused it: orbax and
   TensorStore wrap the OS error) says the place cannot be written; else None."""
   seen = 0
   while e is not None and seen < 8:
@@ -90,13 +91,21 @@ def fault_kind(e: BaseException) -> str | None:
       return "read-only"
     if code in _NOT_A_FOLDER or isinstance(e, (NotADirectoryError, FileExistsError)):
       return "not a folder"
+    if getattr(e, "code", None) in (401, 403) or getattr(e, "status", None) in (401, 403):
+      return "forbidden"
+    if getattr(e, "kind", None) == "unavailable":
+      return "unavailable"
     e, seen = e.__cause__ or e.__context__, seen + 1
   return None
 
 
 FAULTS = {"full": "the disk is full (no space left on device)",
           "read-only": "the place is read-only (not writable)",
-          "not a folder": "a part of the path is a file, not a folder"}
+          "not a folder": "a part of the path is a file, not a folder",
+          "forbidden": "access is denied (HTTP 401/403: check the credentials and the "
+                       "bucket's permissions)",
+          "unavailable": "the object store kept failing (transient errors past the "
+                         "retry budget)"}
 
 
 def fault_message(kind: str, where, what: str = "") -> str:
@@ -134,20 +143,78 @@ def _remove_quietly(p) -> None:
     pass
 
 
+# Transient errors of an object store (503, 429, a reset connection): retried.
+
+TRANSIENT_CODES = (408, 429, 500, 502, 503, 504)
+RETRY_ENV = "MHA_JAX_STORAGE_RETRY_S"
+RETRY_S = 60.0        # the default bound on the waits of one operation
+RETRIES: dict[str, int] = {}    # operation -> retries so far (this process)
+
+
+def transient(e: BaseException) -> bool:
+  """Whether e is worth retrying: an HTTP 408/429/5xx (gcsfs's HttpError, fsspec's
+  errors carry .code or .status), a reset or refused connection, a timeout."""
+  code = getattr(e, "code", None) or getattr(e, "status", None)
+  return isinstance(e, (ConnectionError, TimeoutError)) or code in TRANSIENT_CODES
+
+
+def _retrying(what: str):
+  """Runs the decorated operation on path p, retrying transient errors with exponential
+  backoff (0.5 s, 1 s, 2 s, ... at most 8 s apart) for at most MHA_JAX_STORAGE_RETRY_S
+  seconds of waiting (default RETRY_S), each retry logged as a warning. Past that, a
+  StorageFault names the object."""
+  import functools
+  import sys
+  import time
+
+  def wrap(fn):
+    @functools.wraps(fn)
+    def run(p, *args, **kwargs):
+      budget = float(os.environ.get(RETRY_ENV) or RETRY_S)
+      waited, delay, tries = 0.0, 0.5, 0
+      while True:
+        try:
+          return fn(p, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - only transient ones are retried
+          if not transient(e):
+            raise
+          tries += 1
+          if waited + delay > budget:
+            fault = StorageFault(f"cannot {what} {os.fspath(p)!r}: {type(e).__name__}: "
+                                 f"{' '.join(str(e).split())[:200]} (still failing after "
+                                 f"{tries} tries over {waited:.0f} s; {RETRY_ENV} sets "
+                                 f"how long to retry)")
+            fault.kind, fault.where = "unavailable", os.fspath(p)
+            raise fault from e
+          RETRIES[what] = RETRIES.get(what, 0) + 1
+          print(f"mha-jax: warning: {what} {os.fspath(p)!r}: {type(e).__name__}: "
+                f"{' '.join(str(e).split())[:120]}; retry {tries} in {delay:g} s",
+                file=sys.stderr, flush=True)
+          time.sleep(delay)
+          waited += delay
+          delay = min(2 * delay, 8.0)
+    return run
+  return wrap
+
+
 # Reads (every process).
 
+@_retrying("check")
 def exists(p) -> bool:
   return path(p).exists()
 
 
+@_retrying("check")
 def isdir(p) -> bool:
   return path(p).is_dir()
 
 
+@_retrying("check")
 def isfile(p) -> bool:
   return path(p).is_file()
 
 
+@_retrying("list")
 def listdir(p) -> list[str]:
   """Names in folder p (sorted)."""
   return sorted(c.name for c in path(p).iterdir())
@@ -159,11 +226,13 @@ def writable(p) -> bool:
   return is_uri(p) or not is_writer() or os.access(p, os.W_OK)
 
 
+@_retrying("read")
 def read_text(p) -> str:
   with path(p).open("rb") as f:   # bytes, then decode: UnicodeDecodeError as with open()
     return f.read().decode("utf-8")
 
 
+@_retrying("read")
 def read_bytes(p) -> bytes:
   with path(p).open("rb") as f:
     return f.read()
@@ -175,12 +244,14 @@ def read_json(p) -> Any:
 
 # Writes (process 0 only).
 
+@_retrying("create")
 def makedirs(p) -> None:
   if is_writer():
     with faults(p):
       path(p).mkdir(parents=True, exist_ok=True)
 
 
+@_retrying("write")
 def write_bytes(p, data: bytes, *, atomic: bool = False) -> None:
   """Writes the whole file. atomic: through p.tmp and a rename (local paths; an object
   store's single write is atomic already). A full disk or a read-only place raises
@@ -201,6 +272,7 @@ def write_bytes(p, data: bytes, *, atomic: bool = False) -> None:
       f.write(data)
 
 
+@_retrying("create")
 def create_exclusive(p, data: bytes) -> bool:
   """Creates file p holding data, atomically: False (nothing written) when p exists.
   Local: O_CREAT | O_EXCL; object stores: fsspec's exclusive mode "xb" (a conditional
@@ -225,6 +297,7 @@ def create_exclusive(p, data: bytes) -> bool:
     return True
 
 
+@_retrying("remove")
 def remove(p) -> None:
   """Removes file p (nothing when it does not exist)."""
   if is_writer():

@@ -141,6 +141,8 @@ class _Static(NamedTuple):
   ngc: int = 1  # steps along G
   softcap: float | None = None   # scores -> softcap * tanh(scores / softcap)
   window: int | None = None      # query i reads key j only when i - j < window
+  sigmoid_bias: float | None = None   # weights sigmoid(scores + b), no normalisation
+  sink: bool = False             # one more logit per head in the softmax's denominator
 
 
 def _step_start(st, c) -> tuple:
@@ -238,11 +240,36 @@ def _end_q(st, j):
   return jnp.minimum(st.nq, ((j + 1) * st.bk + st.window - 2) // st.bq + 1)
 
 
-def _forward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO):
-  """Online softmax over key blocks. Returns o (nq, B, G, M, V), lse (nq, B, G, M)."""
+def _sink_rows(st, sink_GR):
+  """(1, G, M) float32: each query row's sink logit (rows are R heads x bq queries)."""
+  r = st.h // st.g
+  rows = jnp.broadcast_to(sink_GR.astype(jnp.float32)[:, :, None], (st.g, r, st.bq))
+  return rows.reshape(1, st.g, r * st.bq)
+
+
+def _forward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO, sink_GR=None):
+  """Online softmax over key blocks (with the sink's logit as the running maximum's
+  start), or the plain sum of sigmoid weights. Returns o (nq, B, G, M, V) and
+  lse (nq, B, G, M) (zeros for sigmoid)."""
   r = st.h // st.g
   m_rows = r * st.bq
   dv = vb.shape[-1]
+
+  def one_sigmoid_block(args):
+    i, q_i = args
+
+    def body(j, acc):
+      s_, ok, _ = _block_logits(st, q_i, kb[j], i, j, mask_bl, bias_bl, table_GRO)
+      p = jax.nn.sigmoid(s_ + st.sigmoid_bias)
+      if ok is not None:
+        p = jnp.where(ok, p, 0.0)
+      p = p.reshape(st.b, st.g, m_rows, st.bk)
+      return acc + jnp.einsum("bgms,bgsv->bgmv", p.astype(vb.dtype), vb[j],
+                              preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(_first_k(st, i), _live_k(st, i), body,
+                            jnp.zeros((st.b, st.g, m_rows, dv), jnp.float32))
+    return acc, jnp.zeros((st.b, st.g, m_rows), jnp.float32)
 
   def one_q_block(args):
     i, q_i = args
@@ -262,19 +289,24 @@ def _forward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO):
           "bgms,bgsv->bgmv", p.astype(vb.dtype), vb[j], preferred_element_type=jnp.float32)
       return m_new, l, acc
 
-    init = (jnp.full((st.b, st.g, m_rows), -jnp.inf, jnp.float32),
-            jnp.zeros((st.b, st.g, m_rows), jnp.float32),
-            jnp.zeros((st.b, st.g, m_rows, dv), jnp.float32))
+    if st.sink:   # the sink as a key of weight exp(c - m) and value 0
+      init = (jnp.broadcast_to(_sink_rows(st, sink_GR), (st.b, st.g, m_rows)),
+              jnp.ones((st.b, st.g, m_rows), jnp.float32))
+    else:
+      init = (jnp.full((st.b, st.g, m_rows), -jnp.inf, jnp.float32),
+              jnp.zeros((st.b, st.g, m_rows), jnp.float32))
+    init = init + (jnp.zeros((st.b, st.g, m_rows, dv), jnp.float32),)
     m, l, acc = jax.lax.fori_loop(_first_k(st, i), _live_k(st, i), body, init)
     live = l > 0
     o = acc / jnp.where(live, l, 1.0)[..., None]
     lse = jnp.where(live, m + jnp.log(jnp.where(live, l, 1.0)), jnp.inf)
     return o, lse
 
+  one = one_q_block if st.sigmoid_bias is None else one_sigmoid_block
   if st.nq == 1:
-    o, lse = one_q_block((0, qb[0]))
+    o, lse = one((0, qb[0]))
     return o[None], lse[None]
-  return jax.lax.map(one_q_block, (jnp.arange(st.nq), qb))
+  return jax.lax.map(one, (jnp.arange(st.nq), qb))
 
 
 def _backward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO, delta, lse, dob):
@@ -297,14 +329,20 @@ def _backward(st, qb, kb, vb, mask_bl, bias_bl, table_GRO, delta, lse, dob):
       q_i, do_i = qb[i], dob[i]
       s_, ok, dcap = _block_logits(st, q_i, k_j, i, j, mask_bl, bias_bl, table_GRO)
       s_ = s_.reshape(st.b, st.g, m_rows, st.bk)
-      p = jnp.exp(s_ - lse[i][..., None])
+      if st.sigmoid_bias is None:
+        p = jnp.exp(s_ - lse[i][..., None])
+      else:
+        p = jax.nn.sigmoid(s_ + st.sigmoid_bias)
       if ok is not None:
         okm = jnp.broadcast_to(ok, (st.b, st.g, r, st.bq, st.bk)).reshape(p.shape)
         p = jnp.where(okm, p, 0.0)
       dvT_j = dvT_j + jnp.einsum("bgvm,bgms->bgvs", doT[i], p.astype(do_i.dtype),
                                  preferred_element_type=jnp.float32)
       dp = jnp.einsum("bgmv,bgsv->bgms", do_i, v_j, preferred_element_type=jnp.float32)
-      ds = p * (dp - delta[i][..., None])          # d(capped scores + bias)
+      if st.sigmoid_bias is None:
+        ds = p * (dp - delta[i][..., None])        # d(capped scores + bias)
+      else:
+        ds = dp * p * (1.0 - p)
       dsq = ds if dcap is None else ds * dcap.reshape(ds.shape)   # d(q . k)
       dq = dq.at[i].add(jnp.einsum("bgms,bgsk->bgmk", dsq.astype(k_j.dtype), k_j,
                                    preferred_element_type=jnp.float32))
@@ -379,7 +417,7 @@ def _steps(fn, init, n_steps):
   return jax.lax.scan(fn, init, jnp.arange(n_steps))
 
 
-def _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO):
+def _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO, sink_GR):
   """_forward over the steps: o (B, T, H, V) in v's dtype, lse (C, nq, b, g, M)."""
   sc = _step_static(st)
   r = st.h // st.g
@@ -388,24 +426,35 @@ def _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO):
     ob, lse = _forward(sc, _rows_in(st, c, q, st.nq, st.bq, r),
                        _rows_in(st, c, k, st.nk, st.bk, 1), _rows_in(st, c, v, st.nk, st.bk, 1),
                        _step_extra(mask_bl, st, c, 2, 3), _step_extra(bias_bl, st, c, 2, 3),
-                       _step_extra(table_GRO, st, c, None, 0))
+                       _step_extra(table_GRO, st, c, None, 0),
+                       _step_extra(sink_GR, st, c, None, 0))
     return _rows_out(st, c, o, ob, st.bq, r), lse
 
   return _steps(one, jnp.zeros(q.shape[:3] + v.shape[3:], v.dtype), st.nbc * st.ngc)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(st, q, k, v, mask_bl, bias_bl, table_GRO):
-  return _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO)[0]
+def _core(st, q, k, v, mask_bl, bias_bl, table_GRO, sink_GR):
+  return _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO, sink_GR)[0]
 
 
-def _core_fwd(st, q, k, v, mask_bl, bias_bl, table_GRO):
-  o, lse = _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO)
-  return o, (q, k, v, mask_bl, bias_bl, table_GRO, o, lse)
+def _core_fwd(st, q, k, v, mask_bl, bias_bl, table_GRO, sink_GR):
+  o, lse = _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO, sink_GR)
+  return o, (q, k, v, mask_bl, bias_bl, table_GRO, sink_GR, o, lse)
+
+
+def _sink_grad(st, sink_GR, lse, delta_rows):
+  """d loss / d sink (g, R) of one step: -sum over rows of the sink's weight
+  exp(c - lse) times delta (its value is 0, so only the normaliser moves)."""
+  sc = _step_static(st)
+  r = st.h // st.g
+  w = jnp.exp(_sink_rows(sc, sink_GR)[None] - lse)          # (nq, b, g, M)
+  per = -jnp.sum(w * delta_rows, axis=(0, 1)).reshape(sc.g, r, sc.bq)
+  return jnp.sum(per, axis=-1)
 
 
 def _core_bwd(st, res, do):
-  q, k, v, mask_bl, bias_bl, table_GRO, o, lse = res
+  q, k, v, mask_bl, bias_bl, table_GRO, sink_GR, o, lse = res
   sc = _step_static(st)
   r = st.h // st.g
   # rowsum(do * o) (B, T, H) for every step at once, as a matrix-vector product:
@@ -415,22 +464,27 @@ def _core_bwd(st, res, do):
                      jnp.ones(do.shape[-1], jnp.float32))
 
   def one(carry, c):
-    dq, dk, dv, dbias, dtab = carry
+    dq, dk, dv, dbias, dtab, dsink = carry
+    delta_c = _rows_in(st, c, delta, st.nq, st.bq, r)
     dq_c, dk_c, dv_c, db, dt = _backward(
         sc, _rows_in(st, c, q, st.nq, st.bq, r), _rows_in(st, c, k, st.nk, st.bk, 1),
         _rows_in(st, c, v, st.nk, st.bk, 1), _step_extra(mask_bl, st, c, 2, 3),
         _step_extra(bias_bl, st, c, 2, 3), _step_extra(table_GRO, st, c, None, 0),
-        _rows_in(st, c, delta, st.nq, st.bq, r), lse[c], _rows_in(st, c, do, st.nq, st.bq, r))
+        delta_c, lse[c], _rows_in(st, c, do, st.nq, st.bq, r))
+    if dsink is not None:
+      dsink = _step_add(dsink, _sink_grad(st, _step_extra(sink_GR, st, c, None, 0), lse[c],
+                                          delta_c), st, c, None, 0)
     return (_rows_out(st, c, dq, dq_c, st.bq, r), _rows_out(st, c, dk, dk_c, st.bk, 1),
             _rows_out(st, c, dv, dv_c, st.bk, 1), _step_add(dbias, db, st, c, 2, 3),
-            _step_add(dtab, dt, st, c, None, 0)), None
+            _step_add(dtab, dt, st, c, None, 0), dsink), None
 
   init = tuple(None if a is None else jnp.zeros(a.shape, jnp.float32 if i > 2 else a.dtype)
-               for i, a in enumerate((q, k, v, bias_bl, table_GRO)))
-  (dq, dk, dv, dbias, dtab), _ = _steps(one, init, st.nbc * st.ngc)
+               for i, a in enumerate((q, k, v, bias_bl, table_GRO, sink_GR)))
+  (dq, dk, dv, dbias, dtab, dsink), _ = _steps(one, init, st.nbc * st.ngc)
   # q was scaled before the kernel; the chain rule through the scale happens outside.
   return (dq, dk, dv, None, None if dbias is None else dbias.astype(bias_bl.dtype),
-          None if dtab is None else dtab.astype(table_GRO.dtype))
+          None if dtab is None else dtab.astype(table_GRO.dtype),
+          None if dsink is None else dsink.astype(sink_GR.dtype))
 
 
 _core.defvjp(_core_fwd, _core_bwd)
@@ -454,7 +508,8 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
                       rel_bias_HR: jax.Array | None = None, scale: float | None = None,
                       block_q: int | None = None, block_k: int | None = None,
                       block_heads: int | None = None, softcap: float | None = None,
-                      window: int | None = None) -> jax.Array:
+                      window: int | None = None, sigmoid_bias: float | None = None,
+                      sink_H: jax.Array | None = None) -> jax.Array:
   """Attention output without the (T, S) weights, in O(T + S) memory.
 
   Args:
@@ -476,9 +531,14 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
     window: a sliding window: query i reads key j only when i - j < window; key
       blocks wholly outside it are skipped (forward and backward), so the cost grows
       with T * window rather than T * S.
+    sigmoid_bias: sigmoid attention: the weights are sigmoid(scores + sigmoid_bias),
+      not normalised over the keys (a plain blocked sum; no log-sum-exp).
+    sink_H: (H,) one logit per head in the softmax's denominator, mixing no value (the
+      running maximum starts at it); not with sigmoid_bias.
 
   Returns:
-    o_BTHK: (B, T, H, V) in v's dtype. Differentiable in q, k, v, bias and the table.
+    o_BTHK: (B, T, H, V) in v's dtype. Differentiable in q, k, v, bias, the table and
+    the sink logits.
   """
   for name, x in (("q_BTHK", q_BTHK), ("k_BSHK", k_BSHK), ("v_BSHK", v_BSHK)):
     if not hasattr(x, "ndim") or x.ndim != 4:
@@ -517,9 +577,15 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
       raise ValueError(f"{name} must be a positive number or None; got {num!r}")
   if window is not None and int(window) != window:
     raise ValueError(f"window must be a positive integer or None; got {window!r}")
+  if sigmoid_bias is not None and sink_H is not None:
+    raise ValueError("sigmoid_bias (sigmoid attention) and sink_H (a softmax's sink "
+                     "logit) exclude each other")
+  if sink_H is not None and tuple(jnp.shape(sink_H)) != (h,):
+    raise ValueError(f"sink_H must have shape (H,) = ({h},); got {jnp.shape(sink_H)}")
   st = _Static(b, t, s, h, g, bq, bk, nq, nk, float(scale), bool(causal), nbc, ngc,
                None if softcap is None else float(softcap),
-               None if window is None else int(window))
+               None if window is None else int(window),
+               None if sigmoid_bias is None else float(sigmoid_bias), sink_H is not None)
 
   # Steps C = nbc * ngc, each over cb batch rows and cg kv heads, slice q, k, v where
   # they lie and cut their slices into blocks (M = R * bq rows of queries per kv head).
@@ -527,4 +593,5 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
   mask_bl = _block_extra(mask, b, g, r, t, s, nq, nk, bq, bk)
   bias_bl = _block_extra(bias, b, g, r, t, s, nq, nk, bq, bk)
   table = None if rel_bias_HR is None else rel_bias_HR.reshape(g, r, -1)
-  return _core(st, qs, k_BSHK, v_BSHK, mask_bl, bias_bl, table)
+  sink_GR = None if sink_H is None else jnp.asarray(sink_H).reshape(g, r)
+  return _core(st, qs, k_BSHK, v_BSHK, mask_bl, bias_bl, table, sink_GR)

@@ -49,6 +49,25 @@ TAKES_WINDOW = ("blocked",)  # skips the key blocks outside a sliding window
 # runs the building blocks (jax.nn.dot_product_attention takes no cap); pallas only
 # through TPU splash; cudnn refuses it.
 TAKES_SOFTCAP = ("reference", "xla", "blocked", "pallas")
+# The kernels that serve each attention variant (mha_jax.attention.VARIANTS). Gates and
+# QK-norm act outside the kernel, so every kernel serves them; sigmoid weights and the
+# sink logit change the kernel's own sums, and differential attention calls the kernel
+# twice with query/key halves narrower than the values: reference and blocked only.
+TAKES_SIGMOID = ("reference", "blocked")
+TAKES_SINK = ("reference", "blocked")
+VARIANT_KERNELS = {"softmax": IMPLS[1:], "gated": IMPLS[1:], "gated_head": IMPLS[1:],
+                   "qk_norm": IMPLS[1:], "differential": ("reference", "blocked"),
+                   "sigmoid": TAKES_SIGMOID, "sink": TAKES_SINK}
+
+
+def check_variant_kernel(kernel: str, variant: str) -> None:
+  """Refuses, by name, a kernel that does not serve the variant."""
+  served = VARIANT_KERNELS.get(variant)
+  if served is None:
+    raise ValueError(f"variant must be one of {tuple(VARIANT_KERNELS)}; got {variant!r}")
+  if kernel not in served:
+    raise ValueError(f"impl={kernel!r} does not serve variant={variant!r}; the kernels "
+                     f"that do: {served} (or impl='auto', which picks among them)")
 
 # Forward+backward ms of the attention layer, d_model 768, T = S = 512, batch 4,
 # float32, on the 2-core CPU (docs/results/bench_attention_cpu.json, median of 7
@@ -169,7 +188,8 @@ def _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias, has_softcap=False) -> bool:
 
 def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: bool = False,
                  *, k_BSGK: jax.Array | None = None, has_mask: bool = False,
-                 budget: int | None = None, has_softcap: bool = False) -> str:
+                 budget: int | None = None, has_softcap: bool = False,
+                 variant: str = "softmax") -> str:
   """The kernel `impl` means for this call: one of IMPLS other than 'auto'.
 
   Args:
@@ -182,9 +202,14 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: b
     budget: bytes for score tensors; None asks the device (score_memory_budget).
     has_softcap: attention-logit soft-capping is asked for (not cudnn; pallas only
       through TPU splash).
+    variant: the attention variant; auto picks only kernels in VARIANT_KERNELS[variant]
+      and a named kernel outside them is refused by name.
   """
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
+  if impl != "auto":
+    check_variant_kernel(impl, variant)
+  served = VARIANT_KERNELS.get(variant, ())
   if return_weights:
     if impl in NO_WEIGHTS:
       raise ValueError(f"impl={impl!r} does not expose attention weights; use "
@@ -198,10 +223,10 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: b
   b, t, h, _ = q_BTHK.shape
   s = k_BSGK.shape[1]
   backend = jax.default_backend()
-  if backend == "gpu" and _cudnn_ok(q_BTHK, has_bias, has_softcap):
+  if backend == "gpu" and "cudnn" in served and _cudnn_ok(q_BTHK, has_bias, has_softcap):
     return "cudnn"
-  if backend in ("gpu", "tpu") and _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias,
-                                              has_softcap):
+  if backend in ("gpu", "tpu") and "pallas" in served and _pallas_ok(
+      q_BTHK, k_BSGK, has_mask, has_bias, has_softcap):
     return "pallas"
   if not scores_fit(b, h, t, s, budget):
     return "blocked"
@@ -211,7 +236,8 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: b
 def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bias_BHTS,
                rel_bias_HR=None, *, block_q: int | None = None, block_k: int | None = None,
                block_heads: int | None = None, softcap: float | None = None,
-               window: int | None = None):
+               window: int | None = None, sigmoid_bias: float | None = None,
+               sink_H=None):
   """(o (B, T, H, K), w (B, H, T, S) or None) from the named kernel.
 
   mask_BHTS and bias_BHTS broadcast to (B, H, T, S); rel_bias_HR (H, 2R + 1) is a
@@ -219,8 +245,15 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
   TAKES_TABLE (the caller turns it into a dense bias for the others). softcap (Gemma 2's
   attention-logit soft-capping) is served by the kernels in TAKES_SOFTCAP. window (a
   sliding window, i - j < window) is taken by the kernels in TAKES_WINDOW, which skip
-  the blocks outside it; the caller makes it a mask for the others.
+  the blocks outside it; the caller makes it a mask for the others. sigmoid_bias: the
+  weights are sigmoid(scores + sigmoid_bias), unnormalised (variant sigmoid; kernels in
+  TAKES_SIGMOID). sink_H (H,): one logit per head in the softmax's denominator (variant
+  sink; TAKES_SINK).
   """
+  if sigmoid_bias is not None and kernel not in TAKES_SIGMOID:
+    check_variant_kernel(kernel, "sigmoid")
+  if sink_H is not None and kernel not in TAKES_SINK:
+    check_variant_kernel(kernel, "sink")
   if softcap is not None and kernel not in TAKES_SOFTCAP:
     raise ValueError(f"softcap (attention-logit soft-capping) is not served by kernel "
                      f"{kernel!r}: cuDNN's attention through jax.nn takes no cap. Use one "
@@ -237,7 +270,8 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
       cm = xla_lib.causal_mask(t, s)
       full = cm if full is None else full & cm
     return reference_lib.reference_kernel(q_BTHK, k_BSGK, v_BSGK, full, bias_BHTS,
-                                          softcap=softcap)
+                                          softcap=softcap, sigmoid_bias=sigmoid_bias,
+                                          sink_H=sink_H)
   if kernel == "xla" and softcap is not None:   # the same XLA ops, without the weights
     check_scores_fit("reference", q_BTHK.shape[0], q_BTHK.shape[2], t, s)
     full = mask_BHTS
@@ -254,7 +288,8 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
                                          causal=causal, rel_bias_HR=rel_bias_HR,
                                          block_q=block_q, block_k=block_k,
                                          block_heads=block_heads, softcap=softcap,
-                                         window=window), None
+                                         window=window, sigmoid_bias=sigmoid_bias,
+                                         sink_H=sink_H), None
   if kernel == "pallas":
     return pallas_lib.pallas_attention(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS,
                                        causal=causal, softcap=softcap), None

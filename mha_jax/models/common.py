@@ -40,6 +40,7 @@ class ModelSpec:
   pos: str = "sinusoidal"    # "sinusoidal", "relative"; LM also "learned", "qk", "qk_sinusoidal", "rope"
   pad_id: int = PAD_ID       # <pad> of the word vocabulary (data/vocab.py)
   ln_position: str = "pre"   # "pre" (x + f(LN(x))) or "post" (LN(x + f(x)))
+  attention: str = "softmax"  # the attention variant (mha_jax.attention.VARIANTS)
 
 
 def check_token_ids(ids, vocab_size: int, what: str = "tokens") -> None:

@@ -23,20 +23,21 @@ from mha_jax.models import decoder
 def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 0,
          num_layers: int, d_ff: int, max_len: int, layer_norm: bool = True,
          attn_only: bool = False, use_bias: bool = False, pos: str = "learned",
-         max_rel: int = 16) -> dict:
+         max_rel: int = 16, variant: str = "softmax") -> dict:
   """pos: "learned" (added to the residual), "sinusoidal", "qk" (learned, added to the
   inputs of Q and K only), "qk_sinusoidal" (sinusoidal, Q and K only: Shortformer's
   position-infused attention, Press et al. 2021) or "relative" (no positions in the
   stream; each attention has a learned "rel_bias" (H, 2 max_rel + 1) added to its
   scores by offset, clipped at max_rel: Shaw et al. 2018, T5) or "rope" (rotary
   embedding of each head's queries and keys, base 10000, every feature pair: Su et al.
-  2021; nothing enters the stream)."""
+  2021; nothing enters the stream). variant: the attention variant of every layer
+  (mha_jax.attention.VARIANTS)."""
   keys = iter(jax.random.split(key, 4 + 2 * num_layers))
   layers = {}
   for i in range(num_layers):
     b = {"attn": attention.init_attention_params(
         next(keys), d_model, num_heads, head_dim=head_dim or None, use_bias=use_bias,
-        max_rel=max_rel if pos == "relative" else 0)}
+        max_rel=max_rel if pos == "relative" else 0, variant=variant)}
     if not attn_only:
       b["mlp"] = C.init_mlp(next(keys), d_model, d_ff)
     if layer_norm:
@@ -91,8 +92,8 @@ def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, ke
     if per is not None and qk_only:
       per = (per[0] + pos[:, None], per[1] + pos[:, None], per[2])
     a = attention.multi_head_attention(p["attn"], hq, value_input=hv, causal=True, rope=rope,
-                                       impl=spec.impl, site=I.scope(hook, f"{s}.attn"),
-                                       head_inputs=per)
+                                       impl=spec.impl, variant=spec.attention, layer=i,
+                                       site=I.scope(hook, f"{s}.attn"), head_inputs=per)
     a = I.at(hook, f"{s}.attn_out", a)
     x = I.at(hook, f"{s}.resid_mid", x + C.dropout(next(keys), spec.dropout, a))
     if "mlp" in p:

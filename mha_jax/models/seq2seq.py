@@ -29,9 +29,10 @@ STACKS = ("encoder", "decoder_self", "decoder_cross")
 def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 0,
          enc_layers: int, dec_layers: int, d_ff: int, layer_norm: bool = True,
          attn_only: bool = False, use_bias: bool = False, ln_position: str = "pre",
-         pos: str = "sinusoidal", max_rel: int = 16) -> dict:
+         pos: str = "sinusoidal", max_rel: int = 16, variant: str = "softmax") -> dict:
   """Fresh params. head_dim 0 means d_model // num_heads. Post-LN has no final LN.
-  pos="relative" adds a zero (H, 2 max_rel + 1) "rel_bias" to every self-attention."""
+  pos="relative" adds a zero (H, 2 max_rel + 1) "rel_bias" to every self-attention.
+  variant: the attention variant of every attention (mha_jax.attention.VARIANTS)."""
   k = head_dim or None
   keys = iter(jax.random.split(key, 1 + 4 * (enc_layers + dec_layers)))
 
@@ -39,10 +40,11 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 
     rel = max_rel if pos == "relative" else 0
     b = {"self_attn": attention.init_attention_params(next(keys), d_model, num_heads,
                                                       head_dim=k, use_bias=use_bias,
-                                                      max_rel=rel)}
+                                                      max_rel=rel, variant=variant)}
     if cross:
       b["cross_attn"] = attention.init_attention_params(next(keys), d_model, num_heads,
-                                                        head_dim=k, use_bias=use_bias)
+                                                        head_dim=k, use_bias=use_bias,
+                                                        variant=variant)
     if not attn_only:
       b["mlp"] = C.init_mlp(next(keys), d_model, d_ff)
     if layer_norm:
@@ -162,6 +164,7 @@ def apply(params, spec: C.ModelSpec, src_BS, tgt_in_BT, *, gates=None, capture=F
 
 def _attend(p, x, ctx, mask, causal, spec, hook, name):
   a = attention.multi_head_attention(p, x, ctx, mask=mask, causal=causal, impl=spec.impl,
+                                     variant=spec.attention, layer=int(name.split(".")[1]),
                                      site=I.scope(hook, f"{name}.attn"))
   return I.at(hook, f"{name}.attn_out", a)
 

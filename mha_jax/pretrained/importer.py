@@ -7,7 +7,7 @@ import hashlib
 import uuid
 
 from mha_jax import storage
-from mha_jax.errors import UserError
+from mha_jax.errors import StorageFault, UserError
 from mha_jax.pretrained import adapters, gguf_file, hf_folder, registry
 
 TASK_OF_FAMILY = {"bert": "embedding", **{f: "pretrained_lm" for f in adapters.FAMILIES}}
@@ -122,6 +122,12 @@ def import_model(workdir: str, name: str | None = None, file: str | None = None,
     if storage.isdir(workdir):
       storage.rmdir(workdir)         # empty (checked above)
     storage.rename(tmp, workdir)
+  except StorageFault as e:    # named as the target, not the hidden folder it was
+    storage.rmtree(tmp, ignore_errors=True)
+    fault = StorageFault(f"import: {str(e).replace(tmp, storage.abspath(workdir))}; "
+                         f"nothing was left behind")
+    fault.kind, fault.where = getattr(e, "kind", None), workdir
+    raise fault from None
   except BaseException:
     storage.rmtree(tmp, ignore_errors=True)
     raise

@@ -82,6 +82,10 @@ def gqa_layout(m, num_heads: int, num_kv_heads: int):
   return np.asarray(q, np.int64), np.asarray(kv, np.int64), np.asarray(real, np.float32)
 
 
+# Attention variants' per-query-head params, head on axis 0 (mha_jax.attention).
+_PER_QUERY_HEAD = ("bg", "sink_logit", "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+
+
 def export_pruned(params, mask: dict):
   """Params with the masked heads physically removed. With grouped-query attention a
   key/value head is removed once all its query heads are (see gqa_layout).
@@ -126,7 +130,9 @@ def export_pruned(params, mask: dict):
           new[k] = v[q]
         elif k == "wo":
           new[k] = v[q] * jnp.asarray(real, v.dtype)[:, None, None]
-        elif k in ("bq", "rel_bias"):
+        elif k == "wg":      # the gated variants' gate weights (D, H, ...)
+          new[k] = v[:, q]
+        elif k in ("bq", "rel_bias") + _PER_QUERY_HEAD:
           new[k] = v[q]
         else:
           new[k] = v

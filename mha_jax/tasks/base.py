@@ -253,7 +253,8 @@ def model_spec(cfg) -> C.ModelSpec:
   return C.ModelSpec(kind="seq2seq" if cfg.task == "translation" else "lm",
                      layer_norm=m.layer_norm, attn_only=m.attn_only, dropout=m.dropout,
                      impl=m.impl, pos=m.pos,
-                     ln_position=m.get("ln_position", "pre"))
+                     ln_position=m.get("ln_position", "pre"),
+                     attention=m.get("attention", "softmax"))
 
 
 def init_model(cfg, key, vocab_size: int) -> dict:
@@ -263,7 +264,8 @@ def init_model(cfg, key, vocab_size: int) -> dict:
   m = cfg.model
   common = dict(vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads,
                 head_dim=m.head_dim, d_ff=m.d_ff, layer_norm=m.layer_norm,
-                attn_only=m.attn_only, use_bias=m.use_bias)
+                attn_only=m.attn_only, use_bias=m.use_bias,
+                variant=m.get("attention", "softmax"))
   if cfg.task == "translation":
     return seq2seq.init(key, enc_layers=m.enc_layers, dec_layers=m.dec_layers,
                         ln_position=m.ln_position, pos=m.pos, max_rel=m.max_rel, **common)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import sys
 from typing import Any, Callable
 
@@ -88,6 +89,26 @@ def _orbax_drains():
     asyncio_utils._run_sync_via_new_loop = real
 
 
+class _QuietStorageFaults(logging.Filter):
+  """Drops orbax's background-thread reports ("_SignalingThread.run() raised an
+  exception", with a traceback) of a full disk or a read-only place: the same exception
+  reaches the caller, which says it in one line (storage.faults, Checkpoints._faults)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return exc is None or storage.fault_kind(exc) is None
+
+
+_QUIET = _QuietStorageFaults()
+
+
+def _quiet_storage_faults() -> None:
+  """Installs _QuietStorageFaults on absl's logger (the one orbax logs through), once."""
+  log = logging.getLogger("absl")
+  if _QUIET not in log.filters:
+    log.addFilter(_QUIET)
+
+
 def _short(e: BaseException) -> str:
   text = " ".join(str(e).split())
   return f"{type(e).__name__}: {text[:200]}" + ("..." if len(text) > 200 else "")
@@ -110,12 +131,25 @@ def has_train_state(workdir: str, step: int) -> bool:
 class Checkpoints:
   """A thin wrapper over `orbax.checkpoint.CheckpointManager` (synchronous saves)."""
 
-  def __init__(self, workdir: str, *, max_to_keep: int = 3, read_only: bool = False):
+  def __init__(self, workdir: str, *, max_to_keep: int = 3, read_only: bool = False,
+               this_process_only: bool = False):
+    """this_process_only: a read-only manager that process 0 of a multi-process run
+    uses alone (its restores wait for no other process), to decide what every process
+    then does (train/loop.py)."""
+    _quiet_storage_faults()
     self.directory = storage.abspath(storage.join(workdir, "checkpoints"))
     # "read_only" here means: never create, delete or clean anything up.
+    mp = ocp.options.MultiprocessingOptions()
+    if this_process_only and jax.process_count() > 1:
+      if not read_only:
+        raise ValueError("Checkpoints: this_process_only=True needs read_only=True")
+      me = jax.process_index()
+      mp = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me},
+                                              barrier_sync_key_prefix=f"mha-jax-p{me}")
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else max_to_keep, create=not read_only,
-        enable_async_checkpointing=False, cleanup_tmp_directories=not read_only)
+        enable_async_checkpointing=False, cleanup_tmp_directories=not read_only,
+        multiprocessing_options=mp)
     self.bad_steps: list[int] = []   # what the last restore without a step skipped
     self.meta: dict = {}             # the meta item restore_params last read
     if read_only and not storage.isdir(self.directory):
@@ -253,13 +287,13 @@ class Checkpoints:
                         f"nothing was deleted")
 
   def restore(self, step: int | None, params_like, opt_state_like, *,
-              log: Callable[[str], None] = warn):
+              log: Callable[[str], None] = warn, sharding=None):
     """(params, opt_state, meta, step) in the shapes, dtypes and shardings of the given
-    abstract trees, so a checkpoint written on N devices restores on M. step None: the
-    newest good checkpoint."""
+    abstract trees (or all on `sharding`), so a checkpoint written on N devices restores
+    on M. step None: the newest good checkpoint."""
     def abstract(tree):
-      return jax.tree.map(
-          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+      return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+          x.shape, x.dtype, sharding=sharding or x.sharding), tree)
     def make_args(s):
       if not has_train_state(storage.dirname(self.directory), s):
         raise BadCheckpoint(f"checkpoint {self.step_dir(s)} has no optimizer state "
@@ -272,8 +306,9 @@ class Checkpoints:
 
   def restore_params(self, step: int | None = None, *, log: Callable[[str], None] = warn):
     """(params, step): params as saved (their own shapes: a pruned checkpoint keeps its
-    head counts), on the default device. step None: the newest good checkpoint."""
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    head counts), on this process's first device. step None: the newest good
+    checkpoint."""
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
     def make_args(s):
       meta = self.manager.item_metadata(s)["params"]

@@ -1,15 +1,35 @@
-"""Multi-process start-up: one call to `jax.distributed.initialize`, from flags or env.
+"""Multi-process start-up, shared decisions, and a watchdog for lost processes.
 
 On a TPU VM slice `initialize(auto=True)` lets JAX find the coordinator itself. Anywhere
 else (several processes on one machine, GPU hosts) the coordinator address, the number
 of processes and this process's id are given, as flags or as the environment variables
 MHA_JAX_COORDINATOR, MHA_JAX_NUM_PROCESSES and MHA_JAX_PROCESS_ID. CPU processes
 exchange collectives over gloo.
+
+Faults (docs/guide/faults.md):
+- Start-up: JAX's `initialization_timeout` (--startup-timeout, MHA_JAX_STARTUP_TIMEOUT)
+  bounds the wait for the coordinator and the other processes; a failure is one line.
+- A lost process: each process publishes a heartbeat in the coordination service's
+  key-value store and a watchdog thread reads everyone's. A process silent for
+  --process-timeout seconds (MHA_JAX_PROCESS_TIMEOUT, default 60), or one that failed
+  and said so, makes every other process print one line naming it and exit
+  (EXIT_LOST), without waiting in a collective or JAX's shutdown barrier. JAX's own
+  heartbeat timeout is set longer, so its C++ abort never comes first.
+- Decisions (resume from which step, nothing to do): process 0 takes them and `share`s
+  them, so every process takes the same path even when their views of the workdir
+  differ (a stale bucket listing).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
 
 import jax
 
@@ -17,6 +37,11 @@ from mha_jax.errors import UserError
 
 ENV = {"coordinator": "MHA_JAX_COORDINATOR", "num_processes": "MHA_JAX_NUM_PROCESSES",
        "process_id": "MHA_JAX_PROCESS_ID"}
+TIMEOUT_ENV = {"process_timeout": "MHA_JAX_PROCESS_TIMEOUT",
+               "startup_timeout": "MHA_JAX_STARTUP_TIMEOUT"}
+DEFAULT_TIMEOUTS = {"process_timeout": 60.0, "startup_timeout": 300.0}
+EXIT_LOST = 1
+PREFIX = "mha-jax/"
 
 
 def settings(coordinator: str | None = None, num_processes: int | None = None,
@@ -57,21 +82,321 @@ def settings(coordinator: str | None = None, num_processes: int | None = None,
   return out
 
 
+def timeouts(process_timeout: float | None = None, startup_timeout: float | None = None,
+             environ=os.environ) -> dict[str, float]:
+  """{"process_timeout", "startup_timeout"} in seconds: the arguments, else the
+  environment, else DEFAULT_TIMEOUTS. Each must be a number >= 1."""
+  given = {"process_timeout": process_timeout, "startup_timeout": startup_timeout}
+  out = {}
+  for name, var in TIMEOUT_ENV.items():
+    v = given[name]
+    if v is None:
+      v = environ.get(var) or DEFAULT_TIMEOUTS[name]
+    try:
+      out[name] = float(v)
+    except (TypeError, ValueError):
+      out[name] = float("nan")
+    if not out[name] >= 1:
+      raise UserError(f"--{name.replace('_', '-')} (or {var}) must be a number of "
+                      f"seconds >= 1; got {v!r}")
+  return out
+
+
+def _client():
+  from jax._src import distributed as jd   # the client JAX's own multihost utils use
+  return jd.global_state.client
+
+
+def _start_error(e: BaseException, s: dict | None, startup: float) -> UserError:
+  """One line for a start-up that failed: which setting to check."""
+  text = " ".join(str(e).split())
+  where = (f"--coordinator {s['coordinator']}, --num-processes {s['num_processes']}, "
+           f"--process-id {s['process_id']}" if s else "the cluster JAX detected")
+  if "DEADLINE_EXCEEDED" in text or "timed out" in text.lower() or "Barrier" in text:
+    why = (f"not every process connected within --startup-timeout={startup:g} s: the "
+           f"coordinator is unreachable (wrong host or port, process 0 not started, a "
+           f"firewall), --num-processes is more than the processes started, or two "
+           f"processes have the same --process-id")
+  elif "ALREADY_EXISTS" in text or "duplicate" in text.lower() or "restart" in text.lower():
+    why = "another process registered with the same --process-id"
+  else:
+    why = "the coordination service refused this process"
+  return UserError(f"multi-process start-up failed ({where}): {why}. JAX said: "
+                   f"{text[:300]}")
+
+
+_state: dict[str, Any] = {"watchdog": None, "context": "", "counter": {}}
+
+
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, *, auto: bool = False) -> bool:
-  """Starts JAX's multi-process runtime if asked to; returns whether it did.
+               process_id: int | None = None, *, auto: bool = False,
+               process_timeout: float | None = None,
+               startup_timeout: float | None = None) -> bool:
+  """Starts JAX's multi-process runtime if asked to, and the lost-process watchdog;
+  returns whether it did.
 
   Must run before anything touches a JAX backend. `auto` (the --multihost flag) lets
-  JAX discover the cluster (Cloud TPU VMs, SLURM).
+  JAX discover the cluster (Cloud TPU VMs, SLURM). A start-up that fails raises
+  UserError within startup_timeout.
   """
   s = settings(coordinator, num_processes, process_id)
+  tm = timeouts(process_timeout, startup_timeout)
   if s is None and not auto:
     return False
   # CPU devices of different processes talk through gloo (no effect on TPU/GPU devices).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  if s is None:
-    jax.distributed.initialize()
-  else:
-    jax.distributed.initialize(s["coordinator"], num_processes=s["num_processes"],
-                               process_id=s["process_id"])
+  # JAX's own start-up timeout ends in a C++ abort: ours (_startup_guard) comes first
+  kw = dict(initialization_timeout=int(tm["startup_timeout"]) + 30,
+            # longer than the watchdog's, so that one speaks first (JAX's own ends in a
+            # C++ abort and a stack dump)
+            heartbeat_timeout_seconds=int(2 * tm["process_timeout"] + 30),
+            shutdown_timeout_seconds=int(tm["process_timeout"]))
+  guard = _startup_guard(s, tm["startup_timeout"])
+  try:
+    if s is None:
+      jax.distributed.initialize(**kw)
+    else:
+      with _service_apart(s, kw, tm):
+        jax.distributed.initialize(s["coordinator"], num_processes=s["num_processes"],
+                                   process_id=s["process_id"], **kw)
+  except UserError:
+    raise
+  except Exception as e:  # noqa: BLE001 - XlaRuntimeError and friends: one line
+    raise _start_error(e, s, tm["startup_timeout"]) from None
+  finally:
+    guard.set()
+  if jax.process_count() > 1:
+    _state["watchdog"] = Watchdog(tm["process_timeout"]).start()
   return True
+
+
+def _startup_guard(s: dict | None, startup: float) -> threading.Event:
+  """A thread that ends this process with one line unless the returned event is set
+  within `startup` seconds (a connect or a registration barrier that never completes
+  would otherwise end in JAX's C++ abort)."""
+  done = threading.Event()
+
+  def guard():
+    if not done.wait(startup):
+      print(f"mha-jax: error: {_start_error(TimeoutError('timed out'), s, startup)}",
+            file=sys.stderr, flush=True)
+      os._exit(2)
+
+  threading.Thread(target=guard, daemon=True, name="mha-jax start-up guard").start()
+  return done
+
+
+@contextlib.contextmanager
+def _service_apart(s: dict, kw: dict, tm: dict):
+  """On process 0: the coordination service started in a process of its own
+  (train/coordinator.py), and jax.distributed.initialize told not to start one."""
+  if s["process_id"] != 0 or s["num_processes"] < 2:
+    yield
+    return
+  from jax._src import distributed as jd
+  port = s["coordinator"].rpartition(":")[2]
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "mha_jax.train.coordinator", port, str(s["num_processes"]),
+       str(kw["heartbeat_timeout_seconds"]), str(kw["shutdown_timeout_seconds"]),
+       str(kw["initialization_timeout"]), str(tm["process_timeout"] + 15)],
+      stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+      start_new_session=True)
+  line = proc.stdout.readline().strip()
+  if line != "ready":
+    proc.kill()
+    raise UserError(f"multi-process start-up failed: process 0 cannot serve the "
+                    f"coordinator on port {port} of --coordinator {s['coordinator']} "
+                    f"({line or 'it exited'})")
+  _state["service"] = proc
+  real = jd._jax
+
+  class NoService:    # jax.distributed.initialize's _jax, without a service of its own
+    def __getattr__(self, name):
+      return getattr(real, name)
+
+    @staticmethod
+    def get_distributed_runtime_service(*args, **kwargs):
+      return None
+
+  jd._jax = NoService()
+  try:
+    yield
+  except BaseException:
+    proc.kill()
+    raise
+  finally:
+    jd._jax = real
+
+
+def multi() -> bool:
+  return jax.process_count() > 1
+
+
+def set_context(text: str) -> None:
+  """What the lost-process line says about resuming (e.g. the workdir)."""
+  _state["context"] = text
+
+
+def _key(name: str) -> str:
+  n = _state["counter"][name] = _state["counter"].get(name, 0) + 1
+  return f"{PREFIX}{name}/{n}"
+
+
+def _wait_ms() -> int:
+  w = _state["watchdog"]
+  return int(1000 * (w.timeout if w else DEFAULT_TIMEOUTS["process_timeout"])) * 10
+
+
+def share(name: str, fn: Callable[[], Any]) -> Any:
+  """fn() computed on process 0 only; its (JSON) value returned on every process.
+
+  A UserError raised by fn is raised on every process, with the same message. Every
+  process must call share with the same names in the same order. On one process this
+  is just fn().
+  """
+  if not multi():
+    return fn()
+  key = _key(f"share/{name}")
+  if jax.process_index() == 0:
+    try:
+      value = fn()
+    except UserError as e:
+      _client().key_value_set(key, json.dumps({"error": str(e)}))
+      raise
+    except BaseException as e:
+      _client().key_value_set(key, json.dumps({"bug": f"{type(e).__name__}: {e}"}))
+      raise
+    _client().key_value_set(key, json.dumps({"value": value}))
+    return value
+  got = json.loads(_client().blocking_key_value_get(key, _wait_ms()))
+  if "error" in got:
+    raise UserError(got["error"])
+  if "bug" in got:
+    raise RuntimeError(f"process 0 failed deciding {name}: {got['bug']}")
+  return got["value"]
+
+
+def gather(name: str, value: Any) -> list:
+  """Every process's (JSON) value, in process order. [value] on one process."""
+  if not multi():
+    return [value]
+  key = _key(f"gather/{name}")
+  c = _client()
+  c.key_value_set(f"{key}/{jax.process_index()}", json.dumps(value))
+  return [json.loads(c.blocking_key_value_get(f"{key}/{i}", _wait_ms()))
+          for i in range(jax.process_count())]
+
+
+class Watchdog:
+  """Heartbeats of every process through the coordination service's key-value store.
+
+  Every `timeout / 10` seconds this process increments its beat and reads everyone's.
+  A process whose beat has not moved for `timeout` seconds is lost; a process that
+  published a failure (`fail`) has failed; a coordinator that stops answering is lost
+  too. On any of them this process prints one line and exits EXIT_LOST at once
+  (os._exit: a collective or JAX's shutdown barrier would wait for the lost process).
+  """
+
+  def __init__(self, timeout: float):
+    self.timeout = float(timeout)
+    self.interval = max(0.2, self.timeout / 10)
+    self.me, self.n = jax.process_index(), jax.process_count()
+    self._stop = threading.Event()
+    self._beats = 0
+    self._seen: dict[int, tuple[str, float]] = {}
+    self._thread = threading.Thread(target=self._run, daemon=True, name="mha-jax watchdog")
+
+  def start(self) -> "Watchdog":
+    self._beat()
+    self._thread.start()
+    return self
+
+  def _beat(self) -> None:
+    self._beats += 1
+    _client().key_value_set(f"{PREFIX}beat/{self.me}", str(self._beats), allow_overwrite=True)
+
+  def _run(self) -> None:
+    while not self._stop.wait(self.interval):
+      try:
+        self._beat()
+        entries = dict(_client().key_value_dir_get(PREFIX))
+      except Exception as e:  # noqa: BLE001 - the coordination service is gone
+        if self._stop.is_set():
+          return
+        self._lost(0, f"(the coordinator) was lost: it stopped answering "
+                      f"({' '.join(str(e).split())[:120]})")
+        return
+      now = time.monotonic()
+      for i in range(self.n):
+        if i == self.me or f"{PREFIX}done/{i}" in entries:
+          continue
+        failed = entries.get(f"{PREFIX}failed/{i}")
+        if failed is not None:
+          self._lost(i, f"failed: {failed}")
+          return
+        beat = entries.get(f"{PREFIX}beat/{i}")
+        last = self._seen.get(i)
+        if last is None or last[0] != beat:
+          self._seen[i] = (beat, now)
+        elif now - last[1] > self.timeout:
+          self._lost(i, f"was lost: no heartbeat for {now - last[1]:.0f} s (it died, was "
+                        f"killed or froze; --process-timeout={self.timeout:g})")
+          return
+
+  def _lost(self, i: int, why: str) -> None:
+    if self._stop.is_set():
+      return
+    ctx = _state["context"]
+    print(f"mha-jax: error: process {i} of {self.n} {why}; process {self.me} stops too. "
+          f"Run the same command on every process to resume from the last complete "
+          f"checkpoint{' in ' + ctx if ctx else ''}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_LOST)
+
+  def stop(self) -> None:
+    self._stop.set()
+
+
+def finish(error: str | None = None) -> None:
+  """Tells the other processes that this one ends: normally (error None), or failing
+  with `error` (their watchdogs then stop too, naming it). Stops the watchdog."""
+  w = _state["watchdog"]
+  if w is None:
+    return
+  w.stop()
+  key = f"{PREFIX}done/{w.me}" if error is None else f"{PREFIX}failed/{w.me}"
+  try:
+    _client().key_value_set(key, error or "ok", allow_overwrite=True)
+  except Exception:  # noqa: BLE001 - the coordinator is gone already
+    pass
+  _state["watchdog"] = None
+  if error is None:   # every process meets at JAX's shutdown barrier, then the service ends
+    jax.distributed.shutdown()
+    proc = _state.pop("service", None)
+    if proc is not None:
+      proc.terminate()
+      proc.wait(timeout=10)
+
+
+def failed(e: BaseException) -> None:
+  """Ends this process after an unexpected error `e` in a multi-process run, never
+  returning. A runtime error (a collective or a barrier whose peer is gone: gloo says
+  "Connection closed by peer") waits for the watchdog to name the lost process, at most
+  the process timeout; anything else is a bug: its traceback, then the other processes
+  are told."""
+  import traceback
+  w = _state["watchdog"]
+  if w is not None and isinstance(e, jax.errors.JaxRuntimeError):
+    w._thread.join(w.timeout + 3 * w.interval)   # it exits the process if a peer is lost
+  traceback.print_exception(e, file=sys.stderr)
+  finish(f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+  sys.stderr.flush()
+  sys.stdout.flush()
+  os._exit(EXIT_LOST)
+
+
+def preempted(step: int) -> bool:
+  """Whether the processes agreed to stop at `step` for a preemption (SIGTERM to any of
+  them: JAX's preemption sync manager picks one step for all)."""
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.reached_preemption_sync_point(step))

@@ -189,6 +189,13 @@ class Lock:
       holder = _read(self.path)
       if holder is None:       # released meanwhile
         continue
+      if holder.get("token") == self.token:   # ours: a retried create that had succeeded
+        created = True
+      if created:
+        self._thread = threading.Thread(target=self._beat, daemon=True,
+                                        name=f"mha-jax lock {self.path}")
+        self._thread.start()
+        return self
       reason = stale_reason(holder)
       if reason is None:
         raise UserError(f"workdir {self.workdir!r} is in use by another run: "

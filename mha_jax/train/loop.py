@@ -30,6 +30,7 @@ from mha_jax import tasks
 from mha_jax.data import packing
 from mha_jax.errors import StorageFault, UserError
 from mha_jax.train import checkpoint as ckpt_lib
+from mha_jax.train import distributed
 from mha_jax.train import lock as lock_lib
 from mha_jax.train import seeds as seeds_lib
 from mha_jax.train import sharding
@@ -128,7 +129,7 @@ def _finished(cfg, workdir: str) -> int | None:
   except (OSError, ValueError):
     return None
   tasks.build(cfg, workdir, read_only=True)    # the data still matches the run's
-  ckpts = ckpt_lib.Checkpoints(workdir, read_only=True)
+  ckpts = ckpt_lib.Checkpoints(workdir, read_only=True, this_process_only=True)
   try:
     _, step = ckpts.restore_params(None, log=lambda m: None)
     if ckpts.bad_steps:
@@ -164,7 +165,8 @@ class _Preemption:
     self._old = None
 
   def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
+    # Several processes: JAX's own SIGTERM handler (its preemption notifier) stays.
+    if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
       self._old = signal.signal(signal.SIGTERM, self._handle)
     return self
 
@@ -252,20 +254,26 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
   if t.batch_size % n_data:
     raise UserError(f"train.batch_size={t.batch_size} must be divisible by the mesh's "
                     f"data axis ({n_data} devices)")
-  if multi:
-    runs = seeds_lib.plan(cfg, workdir)        # checks only; written below
-  else:
-    seeds_lib.refuse_single(workdir)
-    runs = [(cfg, workdir)]
-  lock_lib.check_workdir(workdir)
-  news = [check_workdir(c, w) for c, w in runs]
-  if not multi:
-    done = _finished(cfg, workdir)
-    if done is not None:
-      log(f"nothing to do: {workdir} holds step {done} of train.steps={t.steps}")
-      return {"status": "done", "step": done, "workdir": workdir, "valid": None}
+  runs = seeds_lib.runs(cfg, workdir) if multi else [(cfg, workdir)]
+  distributed.set_context(f"--workdir {workdir}")
+
+  def plan():   # reads the workdir: process 0 alone, for every process (distributed.share)
+    if multi:
+      seeds_lib.plan(cfg, workdir)        # checks only; written below
+    else:
+      seeds_lib.refuse_single(workdir)
+    lock_lib.check_workdir(workdir)
+    for c, w in runs:
+      check_workdir(c, w)
+    return None if multi else _finished(cfg, workdir)
+
+  done = distributed.share("train:plan", plan)
+  if done is not None:
+    log(f"nothing to do: {workdir} holds step {done} of train.steps={t.steps}")
+    return {"status": "done", "step": done, "workdir": workdir, "valid": None}
   with lock_lib.hold(workdir):
-    news = [check_workdir(c, w) for c, w in runs]   # again, under the lock
+    news = distributed.share(   # again, under the lock
+        "train:check", lambda: [check_workdir(c, w) for c, w in runs])
     run_tasks = tasks.build_seeds(runs)   # each seed's data files, after the data's checks
     if multi:
       seeds_lib.write_manifest(cfg, workdir)
@@ -301,7 +309,7 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
   writers, bar = [], None
   try:
     start, initial_loss = 0, [None] * len(runs)
-    if any(c.all_steps() for c in all_ckpts):
+    if distributed.multi() or any(c.all_steps() for c in all_ckpts):
       params, opt_state, metas, start = _restore(all_ckpts, runs, params, opt_state,
                                                  state_shardings, slices)
       for i, ((c, w), meta) in enumerate(zip(runs, metas)):
@@ -378,7 +386,9 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
     t_last, valid = time.perf_counter(), None
     with _Preemption() as pre, _last_good_named(all_ckpts):
       while step < t.steps:
-        if pre.requested:
+        # several processes: JAX's preemption sync manager (SIGTERM to any of them)
+        # picks the step every process stops at
+        if distributed.preempted(step) if distributed.multi() else pre.requested:
           save(step, last)
           log(f"SIGTERM: saved checkpoint at step {step}; run the same command to resume")
           status = "preempted"
@@ -437,37 +447,45 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
           save(step, last)
         if step % t.eval_every == 0 or step == t.steps:
           valid = evaluate(step)
-  finally:   # also on divergence or an error: flush metrics, close the bar and orbax
-    if bar is not None:
-      bar.close()
-    for writer in writers:
-      writer.close()
-    for ckpts in all_ckpts:
-      ckpts.close()
+  except BaseException:   # divergence or an error: that is what the user must see
+    _close(bar, writers, all_ckpts, quiet=True)
+    raise
+  _close(bar, writers, all_ckpts)
   if multi:
     return {"status": status, "step": step, "workdir": workdir, "seeds": seeds,
             "workdirs": [w for _, w in runs], "valid": valid}
   return {"status": status, "step": step, "workdir": workdir, "valid": valid}
 
 
-def _restore(all_ckpts, runs, params, opt_state, state_shardings, slices):
+def _close(bar, writers, all_ckpts, quiet: bool = False) -> None:
+  """Flushes the metrics, closes the bar and orbax. quiet: after an error, whatever
+  fails here (the metrics' last flush onto the same full disk) is not said."""
+  for close in ([bar.close] if bar is not None else []) + [w.close for w in writers] + \
+      [c.close for c in all_ckpts]:
+    try:
+      close()
+    except Exception:  # noqa: BLE001
+      if not quiet:
+        raise
+
+
+def _newest_common(all_ckpts, fresh: Callable[[int], tuple], sharding=None):
   """Every seed's newest good checkpoint at one step: the oldest of the seeds' newest
   (a run interrupted between the seeds' saves), step 0 (the fresh state given) when a
   seed has none. Checkpoints newer than that step are set aside, never deleted.
-  Returns (params, opt_state, metas, step), stacked like the state given."""
+  fresh(i): seed i's (params, opt_state), the restore's target. Returns (found, step),
+  found[i] = [params, opt_state, meta, step]."""
   found = []
   for i, ckpts in enumerate(all_ckpts):
-    fresh = (_seed_slice(params, slices[i]), _seed_slice(opt_state, slices[i]))
     if ckpts.all_steps():
-      found.append(list(ckpts.restore(None, *fresh)))
+      found.append(list(ckpts.restore(None, *fresh(i), sharding=sharding)))
     else:
-      found.append([*fresh, {"data_position": 0, "initial_loss": None}, 0])
+      found.append([*fresh(i), {"data_position": 0, "initial_loss": None}, 0])
   start = min(f[3] for f in found)
   for i, ckpts in enumerate(all_ckpts):
     if found[i][3] != start:     # this seed ran ahead of another
-      fresh = (_seed_slice(params, slices[i]), _seed_slice(opt_state, slices[i]))
-      found[i] = (list(ckpts.restore(start, *fresh)) if start else
-                  [*fresh, {"data_position": 0, "initial_loss": None}, 0])
+      found[i] = (list(ckpts.restore(start, *fresh(i), sharding=sharding)) if start else
+                  [*fresh(i), {"data_position": 0, "initial_loss": None}, 0])
     bad = sorted(b for b in set(ckpts.bad_steps) if b > start)
     ahead = sorted(b for b in ckpts.all_steps() if b > start and b not in bad)
     for which, what in ((bad, "bad checkpoint(s)"), (ahead, "checkpoint(s)")):
@@ -477,6 +495,47 @@ def _restore(all_ckpts, runs, params, opt_state, state_shardings, slices):
         ckpt_lib.warn(f"moved {what} {which} to {dest} (kept, not deleted)" +
                       (f": the other seeds resume from step {start}" if what[0] == "c"
                        else ""))
+  return found, start
+
+
+def _decide_start(runs, shapes: Callable[[int], tuple]) -> dict:
+  """Process 0 of a multi-process run, alone: the step every process resumes from and
+  each seed's meta, read and verified through managers of its own (restored onto its
+  first device), bad and ahead checkpoints set aside as on one process."""
+  local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  probes = [ckpt_lib.Checkpoints(w, read_only=True, this_process_only=True)
+            for _, w in runs]
+  try:
+    found, start = _newest_common(probes, shapes, local)
+  finally:
+    for c in probes:
+      c.close()
+  return {"start": start, "metas": [f[2] for f in found]}
+
+
+def _restore(all_ckpts, runs, params, opt_state, state_shardings, slices):
+  """The state to train from: _newest_common's step, decided by process 0 and shared in
+  a multi-process run (every process then restores that step, without a fallback of
+  its own). Returns (params, opt_state, metas, step), stacked like the state given."""
+  fresh = lambda i: (_seed_slice(params, slices[i]), _seed_slice(opt_state, slices[i]))
+  if not distributed.multi():
+    found, start = _newest_common(all_ckpts, fresh)
+  else:
+    shapes = lambda i: jax.eval_shape(lambda: fresh(i))
+    plan = distributed.share("train:resume", lambda: _decide_start(runs, shapes))
+    start, metas = plan["start"], plan["metas"]
+    for c in all_ckpts:
+      c.manager.reload()    # process 0 may have set checkpoints aside
+    if start:
+      seen = distributed.gather("train:sees", all(
+          ckpt_lib.has_train_state(w, start) for _, w in runs))
+      blind = [i for i, ok in enumerate(seen) if not ok]
+      if blind:
+        raise UserError(f"process(es) {blind} do not see checkpoint {start} that process "
+                        f"0 resumes from in {runs[0][1]!r}: every process must see the "
+                        f"same workdir (a shared disk or a bucket)")
+    found = [[*(c.restore(start, *fresh(i))[:2] if start else fresh(i)), metas[i], start]
+             for i, c in enumerate(all_ckpts)]
   if slices[0] is None:
     p, o, meta, _ = found[0]
     return p, o, [meta], start

@@ -40,8 +40,12 @@ class MetricsWriter:
       self._tb.add_scalar(f"{split}/{k}", float(v), int(step))
 
   def close(self) -> None:
+    """Flushes the TensorBoard events; a full disk or a read-only place is a
+    StorageFault naming the folder."""
     if self._tb is not None:
-      self._tb.close()
+      tb, self._tb = self._tb, None
+      with storage.faults(storage.join(storage.dirname(self.path), "tb"), "metrics"):
+        tb.close()
 
 
 def read_metrics(workdir: str) -> list[dict]:

@@ -81,7 +81,12 @@ def plan(cfg, workdir: str) -> list[tuple[ml_collections.ConfigDict, str]]:
     if bad:
       raise UserError(f"workdir {workdir!r} holds a multi-seed run of another config "
                       f"(fields {bad[:6]}); refusing to touch it. Use a new --workdir")
-  return [(seed_config(cfg, s), seed_dir(workdir, s)) for s in seeds]
+  return runs(cfg, workdir)
+
+
+def runs(cfg, workdir: str) -> list[tuple[ml_collections.ConfigDict, str]]:
+  """[(seed config, seed workdir)] of a multi-seed run of cfg (reads nothing)."""
+  return [(seed_config(cfg, s), seed_dir(workdir, s)) for s in mc.seed_list(cfg)]
 
 
 def write_manifest(cfg, workdir: str) -> None:

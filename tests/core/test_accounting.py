@@ -110,3 +110,29 @@ def test_zoo_rows_and_bad_input():
     accounting.attention_params(64, 5)
   with pytest.raises(ValueError, match="seq_len must be a positive integer; got 0"):
     accounting.attention_flops(64, 0)
+
+
+@pytest.mark.parametrize("variant", ["softmax", "gated", "gated_head", "differential",
+                                     "sigmoid", "sink", "qk_norm"])
+def test_variant_params_match_init_and_flops_match_xla(variant):
+  """Counted params equal init_attention_params' leaves; counted FLOPs equal XLA's
+  matmul count of the reference forward (elementwise work aside, within 10%)."""
+  import jax
+  from mha_jax import attention as A
+  d, h, t = 64, 4, 16
+  shapes = jax.eval_shape(lambda k: A.init_attention_params(k, d, h, variant=variant,
+                                                            use_bias=True),
+                          jax.random.PRNGKey(0))
+  assert sum(int(np.prod(a.shape)) for a in jax.tree.leaves(shapes)) == \
+      accounting.attention_params(d, h, use_bias=True, variant=variant)
+  p = A.init_attention_params(jax.random.PRNGKey(0), d, h, variant=variant)
+  x = jax.numpy.ones((1, t, d))
+  cost = jax.jit(lambda p, x: A.multi_head_attention(p, x, variant=variant,
+                                                     impl="reference")).lower(
+      p, x).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  want = accounting.attention_flops(d, t, num_heads=h, variant=variant)["total"]
+  assert want <= cost["flops"] <= 1.1 * want, (cost["flops"], want)
+  base = accounting.score_memory_bytes(1, h, t)
+  assert accounting.score_memory_bytes(1, h, t, variant=variant) == (
+      2 * base if variant == "differential" else base)

@@ -145,3 +145,18 @@ def test_multi_process_settings_from_flags_or_environment():
                                                "num_processes": 4, "process_id": 3}
   # A flag wins over its variable.
   assert distributed.settings(process_id=1, environ=env)["process_id"] == 1
+
+
+def test_fault_timeouts_from_flags_or_environment():
+  assert distributed.timeouts(environ={}) == {"process_timeout": 60.0,
+                                              "startup_timeout": 300.0}
+  env = {"MHA_JAX_PROCESS_TIMEOUT": "15", "MHA_JAX_STARTUP_TIMEOUT": "20"}
+  assert distributed.timeouts(environ=env) == {"process_timeout": 15.0,
+                                               "startup_timeout": 20.0}
+  assert distributed.timeouts(process_timeout="7", environ=env)["process_timeout"] == 7.0
+  for bad in ("soon", "0", "nan", "-3"):
+    with pytest.raises(ValueError, match=r"--process-timeout \(or MHA_JAX_PROCESS_TIMEOUT\) "
+                                         r"must be a number of seconds >= 1"):
+      distributed.timeouts(process_timeout=bad, environ={})
+  with pytest.raises(ValueError, match="--startup-timeout"):
+    distributed.timeouts(environ={"MHA_JAX_STARTUP_TIMEOUT": "x"})

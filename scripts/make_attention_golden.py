@@ -1,0 +1,24 @@
+"""Writes tests/core/data/attention_softmax_golden.npz: outputs and gradients of
+multi_head_attention (softmax) on small fixed inputs, so that a test can check the
+default variant stays the same to the bit. Run with the tests' XLA flags (conftest):
+
+  XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true" \
+    PYTHONPATH=. python scripts/make_attention_golden.py
+
+The cases live in tests/core/golden_cases.py; the test recomputes them and compares.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "core"))
+import golden_cases  # noqa: E402
+
+if __name__ == "__main__":
+  out = os.path.join(os.path.dirname(__file__), "..", "tests", "core", "data",
+                     "attention_softmax_golden.npz")
+  arrays = golden_cases.compute_all()
+  np.savez_compressed(out, **arrays)
+  print(f"wrote {len(arrays)} arrays to {out}")
