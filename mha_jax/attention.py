@@ -664,6 +664,9 @@ def _project(inp_BTD: jax.Array, w_DHK: jax.Array, b_HK: jax.Array | None = None
   (D, H*K) matmul; the heads are a reshape of its output. (2-D matmuls: XLA:CPU then
   needs no transposes of the residual stream's gradient, which it was fusing,
   recomputed, into every consumer: measured 1.1x.)"""
+  if inp_BTD.ndim == 4:    # head_inputs: head n projects its own input (B, T, N, D)
+    y = jnp.einsum("btnd,dnk->btnk", inp_BTD, w_DHK.astype(inp_BTD.dtype))
+    return y if b_HK is None else y + b_HK.astype(inp_BTD.dtype)
   bb, tt, dd = inp_BTD.shape
   w2 = w_DHK.reshape(dd, w_DHK.shape[1] * w_DHK.shape[2]).astype(inp_BTD.dtype)
   y_BTHK = (inp_BTD.reshape(bb * tt, dd) @ w2).reshape(bb, tt, *w_DHK.shape[1:])
@@ -1005,6 +1008,17 @@ def _output(params: Params, x: jax.Array, o_BTHK, gate_BTHK, c: _Call, site):
   return y_BTD, o_BTHK
 
 
+def _check_head_inputs(inputs, q_shape, kv_shape, context, cache, params) -> None:
+  if context is not None or cache is not None or "wq_rest" in params or "wk_rest" in params:
+    raise ValueError("head_inputs are for self-attention without a cache or removed "
+                     "heads' QK-norm statistics")
+  if not isinstance(inputs, (tuple, list)) or len(inputs) != 3:
+    raise ValueError("head_inputs must be (q (B, T, H, D), k (B, S, G, D), v (B, S, G, D))")
+  for name, arr, shape in zip("qkv", inputs, (q_shape, kv_shape, kv_shape)):
+    if tuple(arr.shape) != shape:
+      raise ValueError(f"head_inputs {name} must have shape {shape}; got {tuple(arr.shape)}")
+
+
 def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None = None, *,
                          value_input: jax.Array | None = None,
                          mask: jax.Array | None = None, causal: bool = False,
@@ -1017,7 +1031,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                          window: int | None = None, scale: float | None = None,
                          softcap: float | None = None, qk_norm_eps: float = 1e-6,
                          variant: str = "softmax", sigmoid_bias: float | None = None,
-                         layer: int = 0, site: Any = None):
+                         layer: int = 0, site: Any = None, head_inputs: Any = None):
   """Multi-head attention of x over itself, or over `context` (cross-attention).
 
   Args:
@@ -1094,6 +1108,9 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       sigmoid gate; "z" (B, T, H, K) after the gates; "result"
       (B, T, H, D), each head's output after W_O, only when wanted (the layer's output
       is then their sum plus bo). Whatever it returns flows on.
+    head_inputs: None, or (q (B, T, H, D), k (B, S, G, D), v (B, S, G, D)): each head's
+      own input to its projection in place of x / context / value_input (edge patching:
+      every head reads its own residual); self-attention without a cache.
 
   Returns:
     y_BTD (B, T, D), or AttentionOutput(out, weights (B, H, T, S), heads (B, T, H, K))
@@ -1105,6 +1122,11 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                   sigmoid_bias, layer)
   if c.h == 0 and cache is None:
     return _zero_heads(params, x, c, site, return_weights)
+  if head_inputs is not None:    # edge patching: each head reads its own input
+    _check_head_inputs(head_inputs, (c.b, c.t, c.h, c.d), (c.b, c.s, c.g, c.d), context,
+                       cache, params)
+    x = head_inputs[0]
+    c = c._replace(ctx=head_inputs[1], val=head_inputs[2])
   q_BTHK, k_BSGK, v_BSGK, gate_BTHK = _prepare_qkv(params, x, c, rope, qk_norm_eps, site)
   mask, new_cache = c.mask, None
   if cache is not None:

@@ -31,6 +31,8 @@ from mha_jax.analysis import importance
 from mha_jax.errors import UserError
 from mha_jax.models import common as C
 from mha_jax.patching import run as patch_run
+from mha_jax.circuits import circuit as circuit_run, tasks as circuit_tasks
+from mha_jax.toolkit import ablations
 from mha_jax.pretrained import registry
 from mha_jax.pruning import gates, run as prune_run
 from mha_jax.tasks.base import SPLITS
@@ -434,6 +436,20 @@ def _cmd_patch(args) -> int:
   return 0
 
 
+def _cmd_circuit(args) -> int:
+  from mha_jax.loader import load
+  circuit_run.check(args.method, args.ablation, args.target, args.steps)
+  out = writable_out(args.out, args.workdir)
+  doc = circuit_run.study(load(args.workdir), out, task=args.task, pairs_file=args.pairs,
+                          method=args.method, ablation=args.ablation, target=args.target,
+                          n_pairs=args.n_pairs, seed=args.seed, steps=args.steps,
+                          ig_on=args.ig_on, keep_failing=args.keep_failing,
+                          sample=args.sample, threshold=args.threshold)
+  print(circuit_run.format_summary(doc))
+  print(f"wrote {out}/ (circuit.json, faithfulness.png, circuit.png)")
+  return 0
+
+
 # ------------------------------------------------------------------ the flags, as data
 
 def _arg(*names: str, **kw) -> tuple:
@@ -671,6 +687,32 @@ VERBS = {
             ("path", (_arg("--receivers", type=int, default=2,
                            help="the top heads whose q, k, v receive"),)),
             ("attribution", ()))),
+    "circuit": Verb("the circuit of a behaviour: edge scores, faithfulness curve, CPR/CMD",
+                    _cmd_circuit, (
+        WORKDIR, _arg("--task", choices=circuit_tasks.TASKS, default=None),
+        _arg("--pairs", default=None, help="a JSONL file, one {clean, corrupt, answer, "
+             "wrong[, metric]} a line (metric: logit_diff or prob_diff)"),
+        _arg("--method", choices=circuit_run.METHODS, default="eap-ig",
+             help="edge scores: eap, eap-ig (default), exact patching, or greedy "
+                  "(ACDC-style pruning with exact patching; small graphs)"),
+        _arg("--ablation", choices=ablations.KINDS, default="corrupt",
+             help="what an edge outside the circuit carries"),
+        _arg("--target", type=float, default=0.8, help="faithfulness of the node view's "
+             "circuit, in (0, 1]"),
+        _arg("--steps", type=int, default=5, help="EAP-IG's interpolation steps (EAP-IG "
+             "is also run for the agreement report)"),
+        _arg("--ig-on", choices=circuit_run.E.IG_ON, default="inputs",
+             help="EAP-IG interpolates the input embedding or every edge together"),
+        _arg("--sample", type=int, default=200,
+             help="edges exact patching checks EAP and EAP-IG on"),
+        _arg("--keep-failing", action="store_true",
+             help="keep pairs whose clean prompt the model gets wrong"),
+        _arg("--n-pairs", type=int, default=8, help="built-in tasks: pairs drawn"), SEED,
+        _arg("--out", required=True, help="output folder")), methods=(
+            ("eap", ()), ("eap-ig", ()), ("exact", ()),
+            ("greedy", (_arg("--threshold", type=float, default=0.01,
+                             help="an edge goes when the metric moves by less than this "
+                                  "share of m(full) - m(empty)"),)))),
 }
 _BENCH_OUT = "results/bench_attention.json"
 

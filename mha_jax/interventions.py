@@ -25,6 +25,12 @@ Site names (stable; `{i}` is the layer index, the stack is `lm`, `encoder`,
   lm.{i}.resid_mid          (B, T, D)     after the attention block's residual add
   lm.{i}.mlp_out            (B, T, D)     the MLP's output
   lm.{i}.resid_post         (B, T, D)     after the MLP's residual add (= lm.{i+1}.resid_pre)
+  lm.{i}.attn.in_q          (B, T, H, D)  the residual stream as query head h reads it, before
+                                          the layer's norm (edge ends; computed only when
+                                          asked: the heads' inputs then run per head)
+  lm.{i}.attn.in_k, .in_v   (B, S, G, D)  the same for each key/value head's k and v inputs
+  lm.{i}.mlp_in             (B, T, D)     the residual as the MLP reads it, before its norm
+                                          (what flows on in the stream is not changed)
   lm.ln_final.scale         (B, T, 1)     the final norm's 1 / rms (or 1 / std): replace it
                                           with a clean run's value to freeze the norm
   lm.{i}.ln1_post.scale     (B, T, 1)     the post-attention norm's 1 / rms (Gemma 2/3 only)
@@ -192,6 +198,8 @@ class Hook:
   def at(self, name: str, x: jax.Array) -> jax.Array:
     self.visited.add(name)
     for e in self.edits.get(name, ()):
+      if callable(e.value):     # a value computed from the sites read so far
+        e = dataclasses.replace(e, value=e.value(self.values))
       x = apply_edit(e, name, x)
     if self.reads(name):
       self.values[name] = x
@@ -261,10 +269,13 @@ def model_hook(hook: Hook | None, gates: Mapping | None = None, capture: bool = 
                stacks: Sequence[str] = ("lm",)) -> Hook | None:
   """The hook a model's forward runs with: the user's, plus gates {stack: [(H,)|(B, H)
   per layer]} as scale edits of `{stack}.{i}.attn.z` (applied first), plus the capture
-  reads. None when there is nothing to do (the plain forward)."""
+  reads. gates may also carry "edits": {site: Edit} (an ablation that travels wherever
+  gates do: losses, evaluation). None when there is nothing to do (the plain forward)."""
   if hook is None and gates is None and not capture:
     return None
   hook = Hook() if hook is None else hook
+  for name, e in ((gates or {}).get("edits") or {}).items():
+    hook.edits.setdefault(name, []).extend(e if isinstance(e, (list, tuple)) else [e])
   for stack in stacks:
     for i, g in enumerate((gates or {}).get(stack) or ()):
       if g is not None:

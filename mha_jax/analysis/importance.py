@@ -21,6 +21,7 @@ import numpy as np
 from mha_jax.errors import UserError
 from mha_jax.data import vocab as V
 from mha_jax.models import common as C
+from mha_jax.toolkit import ablations
 
 MODES = ("zero", "mean")   # an ablated head's output: 0, or its mean over valid
 
@@ -74,28 +75,16 @@ def _query_mask(run, batch, stack, t):
   return np.ones((len(batch["tokens"]), t))
 
 
-def mean_ablated_params(params, heads, means):
-  """Params in which each listed head's output is replaced by its mean (with gates 0)."""
-  new = jax.tree.map(lambda x: x, params)
-  for stack, layer, head in heads:
-    top, attn = C.STACKS[stack]
-    blk = dict(new[top][f"layer_{layer}"][attn])
-    shift = jnp.asarray(means[stack][layer][head], blk["wo"].dtype) @ blk["wo"][head]
-    blk["bo"] = blk.get("bo", jnp.zeros(blk["wo"].shape[-1], blk["wo"].dtype)) + shift
-    new[top][f"layer_{layer}"] = dict(new[top][f"layer_{layer}"], **{attn: blk})
-  return new
-
-
 def ablate(run, heads, *, mode: str = "zero", split: str = "test", means=None,
            bleu_limit: int | None = None) -> dict:
   """Metrics with `heads` ablated ("zero": output 0; "mean": output = its mean)."""
   if mode not in MODES:
     raise UserError(f"--mode must be one of {', '.join(MODES)}; got {mode!r}")
   params = run.params
-  if mode == "mean":
-    means = means if means is not None else mean_head_outputs(run, "valid")
-    params = mean_ablated_params(params, heads, means)
   gates = gates_without(run.params, heads)
+  if mode == "mean":    # the heads' z replaced by their means: an interventions edit
+    means = means if means is not None else mean_head_outputs(run, "valid")
+    gates = {**gates, "edits": ablations.mean_edits(heads, means)}
   out = run.task.evaluate(params, split, gates=gates, bleu_limit=bleu_limit)
   if run.task.decoder_only and not run.task.trainable:   # an imported LM: its eval split is
     out.update(repeated_loss(run, params, gates))        # text; also on repeated tokens

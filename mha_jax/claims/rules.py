@@ -147,6 +147,20 @@ def induction_k_composition(n: Mapping) -> str:
   return INCONCLUSIVE
 
 
+@rule("path patching (clean into corrupt induction pairs) from each head of the "
+      "previous-token head's layer to the induction head's key input: holds if the "
+      "previous-token head's recovery is the largest of its layer, >= 0.05 and >= 2x the "
+      "next head's; does not hold if another head of that layer recovers more; else "
+      "inconclusive")
+def induction_k_causal(n: Mapping) -> str:
+  prev, other = n["path_k_recovery"], n["best_other_recovery"]
+  if other > prev:
+    return FAILS
+  if prev >= 0.05 and prev >= 2 * max(other, 0.0):
+    return HOLDS
+  return INCONCLUSIVE
+
+
 @rule("holds if the later-layer heads with OV positivity > 0.5 and K-composition "
       "positivity > 0.5 are exactly the induction heads (prefix matching >= 0.3, "
       "copying > 0) and there is at least one; else does not hold")
@@ -265,7 +279,14 @@ def _why_terms(n):
           f" nats of the {_f(total)} that removing every head term costs (rule: <= 25 %)")
 
 
-WHY = {"induction_k_composition": _why_induction, "positivity_corner": _why_corner,
+def _why_causal(n):
+  return (f"path patching into {n['induction_head']}'s keys recovers "
+          f"{_f(n['path_k_recovery'])} from the previous-token head "
+          f"{n['previous_token_head']}, {_f(n['best_other_recovery'])} from "
+          f"{n['best_other']} of the same layer (rule: the largest, >= 0.05 and >= 2x)")
+
+
+WHY = {"induction_k_causal": _why_causal, "induction_k_composition": _why_induction, "positivity_corner": _why_corner,
        "composition_sparse": _why_sparse, "pruning": _why_pruning,
        "rests_on_first_token": _why_bos, "michel": _why_michel,
        "term_importance": _why_terms}

@@ -99,6 +99,13 @@ CLAIMS = {
         "Elhage et al. 2021, Olsson et al. 2022: two-layer attention-only models with 12 "
         "heads per layer trained on natural text; a previous-token head (>= 0.9 on t-1), "
         "an induction head (prefix matching >= 0.8) K-composing with it"),
+    "induction_k_causal": (
+        "Causally, the previous-token head moves the induction head's keys more than "
+        "the other heads of its layer do", S.claim_induction_k_causal, R.induction_k_causal,
+        ("induction_head", "previous_token_head", "path_k_recovery", "best_other",
+         "best_other_recovery"), DECODERS, S.decoder_runs,
+        "Olsson et al. 2022: the K-composition circuit, judged here by path patching into "
+        "the induction head's key input instead of the weights"),
     "positivity_corner": (
         "Induction heads sit alone where OV (copying) and K-composition (matching) "
         "eigenvalue positivity are both positive", S.claim_positivity_corner,

@@ -20,6 +20,9 @@ params = {
 A norm is {"scale": (D,)} (RMSNorm) or {"scale", "bias": (D,)} (LayerNorm, spec.norm).
 Gemma's (1 + w) scales are stored as 1 + w (the importers add the 1, as llama.cpp does).
 
+Edge ends (sites lm.{i}.attn.in_q, in_k, in_v, lm.{i}.mlp_in; see interventions.py):
+edited, each head's q, k and v read their own copy of the residual, normed by ln1.
+
 A layer: h = x + post1(attn(ln1(x))); out = h + post2(mlp(ln2(h))); with spec.parallel
 (GPT-NeoX): out = x + attn(ln1(x)) + mlp(ln2(x)). Everything per layer that the shapes
 do not say (RoPE, sliding window, score scale) is in the spec, one entry per layer or
@@ -199,6 +202,19 @@ def _embed(params, spec, tokens_BT, positions_BT):
   return x
 
 
+def head_inputs(hook, prefix: str, x_BTD, attn, norm_fn):
+  """Each head's own input (q (B, T, H, D), k and v (B, T, G, D)) from the edge-end
+  sites `{prefix}.in_q`, `.in_k`, `.in_v` (the residual before the norm, broadcast per
+  head, then edited), each through norm_fn; None when no such site is edited or read
+  (the plain forward)."""
+  if hook is None or not any(hook.wants(f"{prefix}.in_{c}") for c in "qkv"):
+    return None
+  b, t, d = x_BTD.shape
+  counts = {"q": attn["wq"].shape[1], "k": attn["wk"].shape[1], "v": attn["wk"].shape[1]}
+  return tuple(norm_fn(I.at(hook, f"{prefix}.in_{c}", jnp.broadcast_to(
+      x_BTD[:, :, None], (b, t, counts[c], d)))) for c in "qkv")
+
+
 def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
            cache=None, hook=None):
   """One decoder layer with its intervention sites (lm.{i}.resid_pre, .attn.*, .attn_out,
@@ -214,6 +230,9 @@ def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
             site=I.scope(hook, f"{name}.attn"))
   if positions_BT is not None and rope is not None:
     kw["positions"] = positions_BT
+  if cache is None:    # edge ends: every head reads its own residual
+    kw["head_inputs"] = head_inputs(hook, f"{name}.attn", x, p["attn"], lambda r: norm(
+        p["ln1"], r, spec) if "ln1" in p else r)
   new_cache = None
   if cache is not None:
     a, new_cache = attention.multi_head_attention(p["attn"], h, cache=cache, **kw)
@@ -223,14 +242,16 @@ def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
     a = norm(p["ln1_post"], a, spec, hook=hook, site=f"{name}.ln1_post.scale")
   a = I.at(hook, f"{name}.attn_out", a)
   if spec.parallel:     # GPT-NeoX: the MLP reads the layer's input, not resid_mid
-    m = mlp(p["mlp"], norm(p["ln2"], x, spec) if "ln2" in p else x, spec.act)
+    m_in = I.at(hook, f"{name}.mlp_in", x)
+    m = mlp(p["mlp"], norm(p["ln2"], m_in, spec) if "ln2" in p else m_in, spec.act)
     mid = I.at(hook, f"{name}.resid_mid", x + a)
     if "ln2_post" in p:
       m = norm(p["ln2_post"], m, spec)
     m = I.at(hook, f"{name}.mlp_out", m)
     return I.at(hook, f"{name}.resid_post", mid + m), new_cache
   x = I.at(hook, f"{name}.resid_mid", x + a)
-  m = mlp(p["mlp"], norm(p["ln2"], x, spec) if "ln2" in p else x, spec.act)
+  m_in = I.at(hook, f"{name}.mlp_in", x)     # what the MLP reads; the stream goes on as x
+  m = mlp(p["mlp"], norm(p["ln2"], m_in, spec) if "ln2" in p else m_in, spec.act)
   if "ln2_post" in p:
     m = norm(p["ln2_post"], m, spec)
   m = I.at(hook, f"{name}.mlp_out", m)

@@ -17,6 +17,7 @@ from mha_jax.errors import UserError
 from mha_jax import attention
 from mha_jax import interventions as I
 from mha_jax.models import common as C
+from mha_jax.models import decoder
 
 
 def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 0,
@@ -86,13 +87,18 @@ def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, ke
     x = I.at(hook, f"{s}.resid_pre", x)
     h = C.layer_norm(p["ln1"], x) if "ln1" in p else x
     hq, hv = (h + pos, h) if qk_only else (h, None)
+    ln = (lambda r: C.layer_norm(p["ln1"], r)) if "ln1" in p else (lambda r: r)  # noqa: E731
+    per = decoder.head_inputs(hook, f"{s}.attn", x, p["attn"], ln)   # edge ends
+    if per is not None and qk_only:
+      per = (per[0] + pos[:, None], per[1] + pos[:, None], per[2])
     a = attention.multi_head_attention(p["attn"], hq, value_input=hv, causal=True, rope=rope,
                                        impl=spec.impl, variant=spec.attention, layer=i,
-                                       site=I.scope(hook, f"{s}.attn"))
+                                       site=I.scope(hook, f"{s}.attn"), head_inputs=per)
     a = I.at(hook, f"{s}.attn_out", a)
     x = I.at(hook, f"{s}.resid_mid", x + C.dropout(next(keys), spec.dropout, a))
     if "mlp" in p:
-      h = C.layer_norm(p["ln2"], x) if "ln2" in p else x
+      m_in = I.at(hook, f"{s}.mlp_in", x)    # what the MLP reads; the stream goes on as x
+      h = C.layer_norm(p["ln2"], m_in) if "ln2" in p else m_in
       m = I.at(hook, f"{s}.mlp_out", C.mlp(p["mlp"], h))
       x = x + C.dropout(next(keys), spec.dropout, m)
     x = I.at(hook, f"{s}.resid_post", x)

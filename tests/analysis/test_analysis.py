@@ -10,6 +10,7 @@ import pytest
 
 import mha_jax
 from mha_jax import cli
+from mha_jax.toolkit import ablations
 from mha_jax.analysis import capture, explorer, importance, report
 from mha_jax.models import common as C
 from helpers import launch_chromium, trained_translation
@@ -66,10 +67,10 @@ def test_zero_ablation_of_all_heads_equals_physically_removing_them(run):
 def test_mean_ablation_replaces_the_output_by_its_mean(run):
   means = importance.mean_head_outputs(run, "valid")
   heads = [("decoder_cross", 0, 1)]
-  p = importance.mean_ablated_params(run.params, heads, means)
-  gates = importance.gates_without(run.params, heads)
+  gates = {**importance.gates_without(run.params, heads),
+           "edits": ablations.mean_edits(heads, means)}
   batch = next(run.task.eval_batches("valid", 4))[0]
-  _, cap = run.task.apply(p, batch, gates=gates, capture=True)
+  logits, cap = run.task.apply(run.params, batch, gates=gates, capture=True)
   _, cap0 = run.task.apply(run.params, batch, capture=True)
   blk = run.params["decoder"]["layer_0"]["cross_attn"]
   # Output of the block = (other heads through W_O) + mean of head 1 through its W_O.
@@ -77,6 +78,18 @@ def test_mean_ablation_replaces_the_output_by_its_mean(run):
   heads0[:, :, 1] = means["decoder_cross"][0][1]
   want = np.einsum("bthk,hkd->btd", heads0, np.asarray(blk["wo"]))
   np.testing.assert_allclose(cap["decoder_cross"][0].out, want, atol=1e-4)
+  # the same numbers as the earlier way: the output bias shifted by mean(z) W_O, gate 0
+  p = jax.tree.map(lambda x: x, run.params)
+  shift = np.asarray(means["decoder_cross"][0][1]) @ np.asarray(blk["wo"][1])
+  p["decoder"]["layer_0"]["cross_attn"] = dict(blk, bo=np.asarray(blk.get(
+      "bo", np.zeros(shift.shape))) + shift)
+  shifted = run.task.apply(p, batch, gates=importance.gates_without(run.params, heads))
+  np.testing.assert_allclose(logits, shifted, atol=1e-4)
+  assert np.abs(np.asarray(logits) - np.asarray(run.task.apply(run.params, batch))).max() > 1e-3
+  m = importance.ablate(run, heads, mode="mean", split="valid", means=means, bleu_limit=0)
+  m_shift = run.task.evaluate(p, "valid", gates=importance.gates_without(run.params, heads),
+                              bleu_limit=0)
+  assert abs(m["loss"] - m_shift["loss"]) < 1e-4
 
 
 def test_michel_importance_matches_a_finite_difference(run):

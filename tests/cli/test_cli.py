@@ -220,6 +220,7 @@ STUDY_SETTINGS = {   # verb: (a setting that is not its default, the flags it st
     "circuits": (dict(no_track=True), ["--workdir", "w"]),
     "claims": (dict(out="c2"), []),
     "patch": (dict(n_pairs=3, receivers=4, method="path"), ["--workdir", "w", "--out", "o"]),
+    "circuit": (dict(n_pairs=3, ablation="mean", target=0.5), ["--workdir", "w", "--out", "o"]),
     "generate": (dict(max_new_tokens=4, chat=True), ["--workdir", "w", "--prompt", "p"]),
     "import": (dict(name="minilm-l6", dtype="bfloat16"), ["--workdir", "w"]),
 }

@@ -26,7 +26,7 @@ FLOORS = {
     # 3 tasks; making, training and loading runs
     "mha_jax.tasks": 3, "mha_jax.pretrained.importer": 3,
     "mha_jax.train": 3, "mha_jax.loader": 3, "mha_jax.sweep": 3, "mha_jax.bench": 3,
-    "mha_jax.bench_train": 3,
+    "mha_jax.bench_train": 3, "mha_jax.toolkit": 3,
     # 4 studies
     "mha_jax.analysis": 4, "mha_jax.pruning": 4, "mha_jax.circuits": 4,
     "mha_jax.patching": 4, "mha_jax.claims": 4, "mha_jax.quickstart": 4,

@@ -1,0 +1,241 @@
+"""Edge scores and circuit faithfulness on prompt pairs: exact edge patching, EAP, EAP-IG.
+
+An `EdgeStudy` holds a patching Study (the pairs, the model's one forward), its Graph and
+the chosen ablation's value of every node (toolkit.ablations: the corrupt run's output,
+the mean over the clean prompts, another row's, or 0). Everything is a compiled program
+of the forward with graph.edge_edits:
+
+  metric(keep)   the pair-mean metric with the edges where keep = 0 ablated
+  exact(edges)   m(M without e) - m(M) for each chosen edge, batched (the ground truth)
+  eap()          (A_u - a_u) . dm/d(input_e) at the clean run, every edge (one clean
+                 forward for the node outputs, one ablation forward, one backward to a
+                 zero `add` at every end's site, then one product; Syed et al. 2023).
+                 It is minus the gradient of metric(keep) at keep = 1 (tested)
+  eap_ig(m, on)  the gradient averaged over m points between the ablated and clean runs
+                 (Hanna et al. 2024): on="inputs" interpolates the input embedding, the
+                 scores keeping (A_u - a_u(clean)) fixed; on="activations" moves every
+                 edge's keep from 0 to 1 together (integrated gradients of the edge mask:
+                 the scores sum to m(M) - m(empty))
+  curve(keeps)   the metric of many circuits (S, N, E) as one batched program
+
+Scores are in the metric's units: the change of the pair-mean metric when the edge is
+ablated (negative where the edge carries the behaviour). The metric is a function of the
+logits at each prompt's answer position, (N, V) -> (N,); the default is the logit
+difference of the Study.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mha_jax import interventions as I
+from mha_jax.circuits import graph as G
+from mha_jax.errors import UserError
+from mha_jax.patching import core
+from mha_jax.toolkit import ablations
+
+IG_ON = ("inputs", "activations")
+
+
+class EdgeStudy:
+  """Edge interventions on a patching Study's pairs.
+
+  study: patching.core.Study; metric: (N, V) logits -> (N,) per pair (default: the
+  Study's logit difference); ablation: toolkit.ablations KINDS; mean_per_position: the
+  mean ablation's mean per position (else over positions).
+  """
+
+  def __init__(self, study: core.Study, *, metric: Callable | None = None,
+               ablation: str = "corrupt", mean_per_position: bool = True):
+    ablations.check_kind(ablation)
+    self.s, self.params = study, study.params
+    self.graph = G.graph_of(study, study.params)
+    self.sites = G.output_sites(self.graph, study.params)
+    self.mask = self.graph.mask()
+    self.edges = np.argwhere(self.mask)                      # (E, 2) node, end
+    self.ablation = ablation
+    self._metric = metric or (lambda logits: study._score(logits)[0])
+    self._jit: dict = {}
+    outs = self._cached("outputs", lambda: lambda p, tok: G.node_outputs(
+        self.graph, p, self.s._forward(p, tok, read=self.sites)[1]))
+    self.clean_out = outs(self.params, study.tokens["clean"])
+    corrupt = outs(self.params, study.tokens["corrupt"]) if ablation == "corrupt" else None
+    self.ablated = ablations.values(ablation, self.clean_out, corrupt=corrupt,
+                                    per_position=mean_per_position)
+    ones = jnp.ones(self.mask.shape, jnp.float32)
+    self.m_full = self.metric(ones)
+    self.m_empty = self.metric(jnp.zeros_like(ones))
+
+  def _cached(self, key, build):
+    if key not in self._jit:
+      self._jit[key] = jax.jit(build())
+    return self._jit[key]
+
+  # ------------------------------------------------------------------ the forward
+  def _pairs_metric(self, params, keep, ablated, base=None, embed=None):
+    """(N,) the metric of each pair with the edges' keep; embed (N, T, D) replaces the
+    input embedding."""
+    edits = G.edge_edits(self.graph, params, keep, ablated, base)
+    if embed is not None:
+      edits["lm.0.resid_pre"] = I.replace(embed)
+    logits, _ = self.s._forward(params, self.s.tokens["clean"], edits, read=self.sites)
+    return self._metric(logits)
+
+  def metric(self, keep) -> float:
+    """The pair-mean metric with the edges where keep (N_nodes, N_ends) is 0 ablated."""
+    fn = self._cached("metric", lambda: lambda p, k, a: self._pairs_metric(p, k, a).mean())
+    return float(fn(self.params, jnp.asarray(keep, jnp.float32), self.ablated))
+
+  def pairs_metric(self, keep) -> np.ndarray:
+    fn = self._cached("pairs", lambda: lambda p, k, a: self._pairs_metric(p, k, a))
+    return np.asarray(fn(self.params, jnp.asarray(keep, jnp.float32), self.ablated))
+
+  def faithfulness(self, m) -> np.ndarray:
+    """(m - m(empty)) / (m(full) - m(empty))."""
+    return (np.asarray(m, np.float64) - self.m_empty) / (self.m_full - self.m_empty)
+
+  def _chunk(self, m: int) -> int:
+    """Forwards per chunk: each holds its node outputs and one layer's upstream
+    differences, (B, T, N, D) floats about three times over."""
+    b, t, n, d = self.clean_out.shape
+    per = 4 * b * t * d * (3 * n + 8 * max(self.s.heads))
+    return int(max(1, min(m, self.s.memory_budget // per)))
+
+  def curve(self, keeps) -> np.ndarray:
+    """(S,) the pair-mean metric of S circuits keeps (S, N_nodes, N_ends), in one
+    program (chunked to the study's memory budget)."""
+    keeps = jnp.asarray(keeps, jnp.float32)
+    chunk = self._chunk(keeps.shape[0])
+
+    def build():
+      def fn(p, ks, a):
+        return jax.lax.map(lambda k: self._pairs_metric(p, k, a).mean(), ks,
+                           batch_size=chunk)
+      return fn
+    return np.asarray(self._cached(("curve", keeps.shape[0], chunk), build)(
+        self.params, keeps, self.ablated), np.float64)
+
+  # ------------------------------------------------------------------ scores
+  def exact(self, edge_rows=None) -> np.ndarray:
+    """(len,) m(M without e) - m(M) for the edges self.edges[edge_rows] (default all),
+    one batched program."""
+    rows = np.arange(len(self.edges)) if edge_rows is None else np.asarray(edge_rows)
+    sel = jnp.asarray(self.edges[rows], jnp.int32)
+    chunk = self._chunk(len(rows))
+
+    def build():
+      def fn(p, sel, a):
+        def one(ue):
+          keep = jnp.ones(self.mask.shape, jnp.float32).at[ue[0], ue[1]].set(0.0)
+          return self._pairs_metric(p, keep, a).mean()
+        return jax.lax.map(one, sel, batch_size=chunk)
+      return fn
+    got = self._cached(("exact", len(rows), chunk), build)(self.params, sel, self.ablated)
+    return np.asarray(got, np.float64) - self.m_full
+
+  def _grad_keep(self, params, keep, ablated, base=None, embed=None):
+    def f(k):
+      return self._pairs_metric(params, k, ablated, base, embed).mean()
+    return jax.grad(f)(keep)
+
+  def _end_grads(self, params, embed=None):
+    """(B, T, N_ends, D) dm/d(input_e) at the clean run (embed (B, T, D) replacing the
+    input embedding): one backward through zero `add`s at every end's site."""
+    g = self.graph
+    L = g.layers
+    shapes = self._end_shapes()
+    zeros = {n: jnp.zeros(sh, jnp.float32) for n, sh in shapes.items()}
+
+    def f(deltas):
+      edits = {n: I.add(d) for n, d in deltas.items()}
+      if embed is not None:
+        edits["lm.0.resid_pre"] = I.replace(embed)
+      logits, _ = self.s._forward(params, self.s.tokens["clean"], edits)
+      return self._metric(logits).mean()
+
+    gr = jax.grad(f)(zeros)
+    cols = []
+    for i in range(L):
+      cols += [gr[f"lm.{i}.attn.in_{c}"] for c in "qkv"]
+      if g.mlp[i]:
+        cols.append(gr[f"lm.{i}.mlp_in"][:, :, None])
+    cols.append(gr[f"lm.{L - 1}.resid_post"][:, :, None])
+    return jnp.concatenate(cols, axis=2)
+
+  def _end_shapes(self) -> dict:
+    b, t, _, d = self.clean_out.shape
+    g = self.graph
+    out = {}
+    for i in range(g.layers):
+      out[f"lm.{i}.attn.in_q"] = (b, t, g.heads[i], d)
+      out[f"lm.{i}.attn.in_k"] = out[f"lm.{i}.attn.in_v"] = (b, t, g.kv_heads[i], d)
+      if g.mlp[i]:
+        out[f"lm.{i}.mlp_in"] = (b, t, d)
+    out[f"lm.{g.layers - 1}.resid_post"] = (b, t, d)
+    return out
+
+  def eap(self) -> np.ndarray:
+    """(E,) EAP's estimate of exact(): (A_u - a_u) . dm/d(input_e) at the clean run, from
+    one backward to every end (the node outputs and ablated values are the study's)."""
+    def build():
+      def fn(p, abl, clean):
+        grads = self._end_grads(p)
+        return jnp.einsum("btnd,bted->ne", abl - clean, grads)
+      return fn
+    g = self._cached("eap", build)(self.params, self.ablated, self.clean_out)
+    return np.asarray(g, np.float64)[self.edges[:, 0], self.edges[:, 1]]
+
+  def eap_ig(self, steps: int = 5, on: str = "inputs") -> np.ndarray:
+    """(E,) EAP-IG's estimate: the gradient averaged over `steps` midpoints alpha between
+    the ablated run (alpha 0) and the clean run (alpha 1); on "inputs" or
+    "activations" (see the module docstring)."""
+    if on not in IG_ON:
+      raise UserError(f"--ig-on must be one of {IG_ON}; got {on!r}")
+    if steps < 1:
+      raise UserError(f"--steps must be >= 1; got {steps}")
+    alphas = (jnp.arange(steps, dtype=jnp.float32) + 0.5) / steps
+    ones = jnp.ones(self.mask.shape, jnp.float32)
+
+    def build():
+      def fn(p, alphas, abl, clean):
+        clean_e, abl_e = clean[:, :, 0], abl[:, :, 0]
+        if on == "inputs":    # the end gradients averaged, then one product
+          def one(carry, a):
+            return carry + self._end_grads(p, abl_e + a * (clean_e - abl_e)), None
+          b, t, _, d = clean.shape
+          total, _ = jax.lax.scan(one, jnp.zeros((b, t, len(self.graph.ends), d)), alphas)
+          return jnp.einsum("btnd,bted->ne", abl - clean, total / steps)
+
+        def one(carry, a):
+          return carry - self._grad_keep(p, ones * a, abl), None
+        total, _ = jax.lax.scan(one, jnp.zeros_like(ones), alphas)
+        return total / steps
+      return fn
+    g = self._cached(("ig", on, steps), build)(self.params, alphas, self.ablated,
+                                               self.clean_out)
+    return np.asarray(g, np.float64)[self.edges[:, 0], self.edges[:, 1]]
+
+  def agreement(self, estimate, *, sample: int = 200, top: int = 20, seed: int = 0) -> dict:
+    """core.agreement of estimate (E,) with exact patching on a sample of edges: the
+    `top` largest by |estimate| plus random others, `sample` in all."""
+    n = len(self.edges)
+    top = min(top, sample)
+    order = np.argsort(-np.abs(estimate))
+    rng = np.random.default_rng(seed)
+    rest = rng.permutation(order[top:])[:max(0, sample - top)]
+    rows = np.concatenate([order[:top], rest])
+    ex = self.exact(rows)
+    out = core.agreement(estimate[rows], ex, top=min(top, len(rows)))
+    out["sampled_of"] = n
+    return out
+
+  def keep_of(self, edge_rows) -> np.ndarray:
+    """(N_nodes, N_ends) float keep with only self.edges[edge_rows] kept."""
+    k = np.zeros(self.mask.shape, np.float32)
+    e = self.edges[np.asarray(edge_rows, np.int64)]
+    k[e[:, 0], e[:, 1]] = 1.0
+    return k

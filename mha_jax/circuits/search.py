@@ -1,0 +1,154 @@
+"""Circuit search and faithfulness over circuit sizes.
+
+  prune(graph, keep)       the kept edges that still connect the input to the logits: an
+                           edge u -> e stays when u is reached from the embedding by kept
+                           edges and e's node reaches the logits by kept edges
+  top_n(graph, edges, scores, n)   the n edges of largest |score|, then pruned
+  sizes(total)             ~20 circuit sizes from 0.1 % of the edges to all of them
+  curve(es, scores)        faithfulness (m(C) - m(empty)) / (m(M) - m(empty)) of the top-n
+                           circuit at every size, one batched program
+  areas(fractions, faith)  MIB's CPR (area under faithfulness over the fraction of edges
+                           kept, 0..1; higher is better) and CMD (area under |1 - f|;
+                           lower is better), trapezoids, with f(0) = 0 and f(1) = 1
+  greedy(es, threshold)    ACDC-style: edges visited from the logits backwards, each
+                           removed when the metric moves by less than threshold *
+                           |m(M) - m(empty)| (exact patching, one forward per edge)
+  node_view(...)           the heads a circuit touches and faithfulness_nodes: the clean
+                           run with every other head's z (every position) from the paired
+                           corrupt run, MLPs and embeddings recomputing, as
+                           (LD_set - LD_none) / (LD_clean - LD_none), LD_none with every
+                           head patched
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mha_jax import interventions as I
+from mha_jax.errors import UserError
+
+
+def prune(graph, keep) -> np.ndarray:
+  """keep (N_nodes, N_ends) bool with the edges that do not connect input to logits
+  dropped."""
+  keep = np.asarray(keep, bool) & graph.mask()
+  n_nodes, n_ends = keep.shape
+  feeds = [graph.end_node(e) for e in range(n_ends)]
+  node_ends: list[list[int]] = [[] for _ in range(n_nodes)]
+  for e, ns in enumerate(feeds):
+    for n in ns:
+      node_ends[n].append(e)
+  reached = np.zeros(n_nodes, bool)
+  reached[0] = True
+  for v in range(1, n_nodes):          # node order is topological
+    reached[v] = any(keep[reached, e].any() for e in node_ends[v])
+  keep &= reached[:, None]
+  useful = np.zeros(n_nodes, bool)
+  end_useful = np.zeros(n_ends, bool)
+  end_useful[-1] = True                # logits
+  for v in range(n_nodes - 1, -1, -1):
+    useful[v] = bool((keep[v] & end_useful).any())
+    if useful[v]:
+      end_useful[node_ends[v]] = True
+  return keep & end_useful[None, :]
+
+
+def top_n(graph, edges, scores, n: int) -> np.ndarray:
+  """(N_nodes, N_ends) bool: the n edges (rows of `edges`) of largest |score|, pruned."""
+  order = np.argsort(-np.abs(np.asarray(scores, np.float64)), kind="stable")[:int(n)]
+  keep = np.zeros(graph.mask().shape, bool)
+  keep[edges[order, 0], edges[order, 1]] = True
+  return prune(graph, keep)
+
+
+def sizes(total: int, count: int = 20) -> list[int]:
+  """~count edge counts, log-spaced from 0.1 % of total to total (distinct, >= 1)."""
+  got = np.unique(np.round(np.geomspace(max(1, total / 1000), total, count)).astype(int))
+  return [int(v) for v in got]
+
+
+def curve(es, scores, counts=None) -> tuple[list[dict], np.ndarray]:
+  """([{"edges": requested n, "kept": edges left after pruning, "fraction",
+  "faithfulness", "metric", "nodes": nodes touched}], keeps (S, N_nodes, N_ends)) of the
+  top-n circuits by |scores|."""
+  counts = sizes(len(es.edges)) if counts is None else list(counts)
+  keeps = np.stack([top_n(es.graph, es.edges, scores, n) for n in counts])
+  m = es.curve(keeps.astype(np.float32))
+  f = es.faithfulness(m)
+  total = len(es.edges)
+  return [{"edges": int(n), "kept": int(k.sum()), "fraction": float(k.sum() / total),
+           "faithfulness": float(fi), "metric": float(mi),
+           "nodes": len(touched(es.graph, k)["nodes"])}
+          for n, k, fi, mi in zip(counts, keeps, f, m)], keeps
+
+
+def areas(fractions, faith) -> dict[str, float]:
+  """{"cpr", "cmd"}: trapezoid areas of f and |1 - f| over the kept fraction in [0, 1]."""
+  x = np.concatenate([[0.0], np.asarray(fractions, np.float64), [1.0]])
+  y = np.concatenate([[0.0], np.asarray(faith, np.float64), [1.0]])
+  order = np.argsort(x, kind="stable")
+  x, y = x[order], y[order]
+  return {"cpr": float(np.trapezoid(y, x)), "cmd": float(np.trapezoid(np.abs(1 - y), x))}
+
+
+def smallest_reaching(points: list[dict], target: float) -> int | None:
+  """The index of the first curve point whose faithfulness reaches target (None)."""
+  for i, p in enumerate(points):
+    if p["faithfulness"] >= target:
+      return i
+  return None
+
+
+def touched(graph, keep) -> dict:
+  """{"nodes": names, "heads": [...], "mlps": [...]} that a circuit's edges touch (as
+  sender or receiver; the embedding and the logits left out)."""
+  keep = np.asarray(keep, bool)
+  names = graph.nodes
+  used = set(np.nonzero(keep.any(1))[0].tolist())        # senders
+  for e in np.nonzero(keep.any(0))[0]:
+    fed = graph.end_node(int(e))
+    if len(fed) == 1:          # a query or MLP end (a kv end counts its senders only)
+      used.update(fed)
+  used.discard(0)
+  nodes = [names[i] for i in sorted(used)]
+  return {"nodes": nodes, "heads": [n for n in nodes if not n.endswith(".mlp")],
+          "mlps": [n for n in nodes if n.endswith(".mlp")]}
+
+
+def greedy(es, threshold: float = 0.01, max_edges: int = 5000, log=None) -> np.ndarray:
+  """ACDC-style pruning with exact patching: (N_nodes, N_ends) bool circuit."""
+  if not 0 < threshold < 1:
+    raise UserError(f"--threshold must be in (0, 1); got {threshold}")
+  if len(es.edges) > max_edges:
+    raise UserError(f"greedy pruning runs one forward per edge: this graph has "
+                    f"{len(es.edges)} edges (> {max_edges}); use --method eap or eap-ig")
+  keep = es.mask.astype(np.float32)
+  scale = abs(es.m_full - es.m_empty)
+  current = es.m_full
+  order = sorted(range(len(es.edges)), key=lambda r: (-es.edges[r][1], -es.edges[r][0]))
+  for r in order:          # from the logits' inputs back to the first layer's
+    u, e = es.edges[r]
+    trial = keep.copy()
+    trial[u, e] = 0.0
+    m = es.metric(trial)
+    if abs(m - current) < threshold * scale:
+      keep, current = trial, m
+  if log:
+    log(f"greedy: {int(keep.sum())} of {len(es.edges)} edges kept")
+  return prune(es.graph, keep > 0)
+
+
+def node_view(study, heads: list[str]) -> dict:
+  """faithfulness_nodes of a head set (names lm.l.h), through the patching Study."""
+  keep = {(int(a), int(b)) for a, b in (n.split(".")[1:] for n in heads)}
+  zc = study.values("corrupt", tuple(f"lm.{i}.attn.z" for i in range(study.layers)))
+
+  def edits(kept):
+    return {f"lm.{i}.attn.z": I.replace(zc[f"lm.{i}.attn.z"], heads=np.asarray(
+        [(i, h) not in kept for h in range(study.heads[i])])) for i in range(study.layers)}
+
+  ld_set = float(np.mean(study.edited("clean", edits(keep))["ld"]))
+  ld_none = float(np.mean(study.edited("clean", edits(set()))["ld"]))
+  ld_clean = float(np.mean(study.ld_clean))
+  return {"ld_set": ld_set, "ld_none": ld_none, "ld_clean": ld_clean,
+          "faithfulness_nodes": (ld_set - ld_none) / (ld_clean - ld_none)}

@@ -1,0 +1,1 @@
+"""What the studies share: ablations (zero, mean, resample, corrupt) as interventions."""

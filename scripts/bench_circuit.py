@@ -1,0 +1,126 @@
+"""Speed of edge attribution on a decoder LM (default SmolLM2-135M's IOI pairs).
+
+    python scripts/bench_circuit.py [--workdir DIR] [--pairs 8] [--steps 5] [--rounds 2]
+                                    [--out results/bench_circuit.json]
+
+  forward+backward   one forward and backward of the mean logit difference
+                     (patching.core.Study.forward_backward_seconds): the unit
+  EAP                every edge's score (circuits.edges.EdgeStudy.eap): one forward and
+                     backward of the edge-masked forward (the node outputs and ablated
+                     values are computed once when the study is built; their two
+                     forwards are timed apart)
+  EAP-IG             --steps steps on the inputs, against (steps + 2) x the unit
+  curve              20 circuit sizes as one batched program (circuits.search.curve)
+  one edge forward   the edge-masked forward alone (what each exact patch costs)
+
+Medians over --rounds after a warm-up (compilation excluded and reported). float32, CPU.
+Prints a table and writes JSON with the machine's matmul rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _times(fn, rounds: int):
+  t0 = time.perf_counter()
+  out = fn()
+  first = time.perf_counter() - t0
+  times = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    out = fn()
+    times.append(time.perf_counter() - t0)
+  return out, first, statistics.median(times)
+
+
+def matmul_gflops() -> float:
+  import jax
+  import jax.numpy as jnp
+  a = jnp.ones((2048, 2048))
+  f = jax.jit(lambda a: a @ a)
+  f(a).block_until_ready()
+  t = []
+  for _ in range(10):
+    s = time.perf_counter()
+    f(a).block_until_ready()
+    t.append(time.perf_counter() - s)
+  return 2 * 2048 ** 3 / statistics.median(t) / 1e9
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--workdir", default="workdirs/smollm2")
+  p.add_argument("--pairs", type=int, default=8)
+  p.add_argument("--steps", type=int, default=5)
+  p.add_argument("--rounds", type=int, default=2)
+  p.add_argument("--no-curve", action="store_true", help="leave the curve out")
+  p.add_argument("--out", default="results/bench_circuit.json")
+  args = p.parse_args(argv)
+  import jax
+  import jax.numpy as jnp
+  from mha_jax import load
+  from mha_jax.circuits import edges as E, search
+  from mha_jax.patching import core, pairs as P
+  run = load(args.workdir)
+  pairs = P.ioi_pairs(run.task, args.pairs)
+  s = core.Study(run.task, run.params, pairs, share_prefix=False)
+  t0 = time.perf_counter()
+  es = E.EdgeStudy(s)
+  setup = time.perf_counter() - t0
+  fb = s.forward_backward_seconds(args.rounds)
+  ones = jnp.ones(es.mask.shape, jnp.float32)
+  _, fwd_first, fwd = _times(lambda: es.metric(ones), args.rounds)
+  _, eap_first, eap = _times(es.eap, args.rounds)
+  _, ig_first, ig = _times(lambda: es.eap_ig(args.steps), args.rounds)
+  scores = es.eap()
+  counts = search.sizes(len(es.edges))
+  curve = curve_first = float("nan")
+  if not args.no_curve:
+    keeps = np.stack([search.top_n(es.graph, es.edges, scores, n) for n in counts]).astype(
+        np.float32)
+    _, curve_first, curve = _times(lambda: jax.block_until_ready(es.curve(keeps)),
+                                   args.rounds)
+  rate = matmul_gflops()
+  result = {"workdir": args.workdir, "pairs": len(pairs), "tokens": int(pairs.clean.shape[1]),
+            "graph": es.graph.size(), "steps": args.steps, "study_setup_s": setup,
+            "forward_backward_s": fb, "edge_forward_s": fwd,
+            "eap_s": eap, "eap_ratio": eap / fb, "eap_first_s": eap_first,
+            "eap_ig_s": ig, "eap_ig_ratio": ig / fb, "eap_ig_bound": args.steps + 2,
+            "eap_ig_first_s": ig_first, "curve_sizes": len(counts), "curve_s": curve,
+            "curve_first_s": curve_first, "curve_ratio_to_edge_forward": curve / fwd,
+            "edge_forward_first_s": fwd_first,
+            "matmul_gflops": rate, "jax": jax.__version__, "backend": jax.default_backend(),
+            "cpu_count": os.cpu_count(), "machine": platform.machine(),
+            "load_average": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+  rows = [f"| {es.graph.size()['edges']} edges, {len(pairs)} IOI pairs | median s | "
+          f"ratio |", "|---|---|---|",
+          f"| forward+backward (plain) | {fb:.3f} | 1.00x |",
+          f"| EAP, every edge | {eap:.3f} | {eap / fb:.2f}x (issue: <= 3x) |",
+          f"| EAP-IG, {args.steps} steps | {ig:.3f} | {ig / fb:.2f}x (issue: <= "
+          f"{args.steps + 2}x) |",
+          f"| one edge-masked forward | {fwd:.3f} | {fwd / fb:.2f}x |",
+          f"| curve, {len(counts)} sizes, one program | {curve:.3f} | "
+          f"{curve / fwd:.1f}x one edge forward |"]
+  result["table"] = "\n".join(rows)
+  print(result["table"])
+  print(f"matmul rate {rate:.0f} GFLOP/s (load average {os.getloadavg()[0]:.1f})")
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,130 @@
+"""`mha-jax circuit` on a tiny trained LM: its files, its numbers, its refusals."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from mha_jax import cli
+from mha_jax import interventions as I
+from mha_jax.circuits import circuit, edges as E, tasks
+from mha_jax.errors import UserError
+from mha_jax.loader import load
+from mha_jax.patching import core
+from mha_jax.patching.pairs import Pairs
+
+
+@pytest.fixture(scope="module")
+def made(tiny_attn_lm, tmp_path_factory):
+  wd, cfg = tiny_attn_lm
+  out = str(tmp_path_factory.mktemp("circuit") / "c")
+  assert cli.main(["circuit", "--workdir", wd, "--task", "induction", "--n-pairs", "4",
+                   "--method", "eap", "--keep-failing", "--sample", "12", "--steps", "1",
+                   "--out", out]) == 0
+  return wd, out, cfg
+
+
+def test_the_circuit_command_writes_its_files(made):
+  wd, out, cfg = made
+  doc = json.load(open(os.path.join(out, "circuit.json")))
+  h = cfg.model.num_heads
+  assert {"graph", "edges", "curve", "cpr", "cmd", "agreement", "nodes", "seconds"} <= set(doc)
+  # two attention-only layers: ends h q, h k, h v per layer and the logits
+  n_edges = 3 * h * 1 + 3 * h * (1 + h) + (1 + 2 * h)
+  assert doc["graph"] == {"nodes": 2 + 2 * h, "heads": 2 * h, "mlps": 0, "ends": 6 * h + 1,
+                          "edges": n_edges}
+  assert len(doc["edges"]) == n_edges
+  s = [abs(e["score"]) for e in doc["edges"]]
+  assert s == sorted(s, reverse=True) and {"from", "to", "score"} == set(doc["edges"][0])
+  last = doc["curve"][-1]
+  assert last["kept"] == n_edges and abs(last["faithfulness"] - 1) < 1e-4
+  assert doc["cmd"] >= 0 and set(doc["agreement"]) == {"eap", "eap-ig"}
+  assert doc["agreement"]["eap"]["n"] == 12
+  assert set(doc["nodes"]) >= {"heads", "mlps", "faithfulness_nodes", "edges"}
+  assert all(n.startswith("lm.") for n in doc["nodes"]["heads"])
+  for f in ("faithfulness.png", "circuit.png"):
+    assert os.path.getsize(os.path.join(out, f)) > 1000
+
+
+def test_the_written_numbers_are_the_library_s(made):
+  wd, out, _ = made
+  doc = json.load(open(os.path.join(out, "circuit.json")))
+  run = load(wd)
+  s, metric, _, failing = circuit.prepare(run, "induction", None, 4, 0, True, log=lambda m: 0)
+  es = E.EdgeStudy(s, metric=metric)
+  assert abs(es.m_full - doc["metric_full"]) < 1e-5
+  assert len(failing) == int((s.ld_clean <= 0).sum())
+  eap = es.eap()
+  names = es.graph.edge_names()
+  got = {f"{e['from']} -> {e['to']}": e["score"] for e in doc["edges"]}
+  for i in np.argsort(-np.abs(eap))[:5]:
+    assert abs(got[names[i]] - eap[i]) < 1e-5
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--method", "acdc"], "--method: invalid choice"),
+    (["--ablation", "shuffle"], "--ablation: invalid choice"),
+])
+def test_unknown_method_or_ablation_is_named(tiny_attn_lm, tmp_path, capsys, argv, msg):
+  wd, _ = tiny_attn_lm
+  assert cli.main(["circuit", "--workdir", wd, "--task", "induction", "--out",
+                   str(tmp_path / "o"), *argv]) == 2
+  assert msg in capsys.readouterr().err
+
+
+def test_bad_target_and_pairs_are_refused_by_name(tiny_attn_lm, tmp_path, capsys):
+  wd, _ = tiny_attn_lm
+  for t in ("0", "1.5"):
+    assert cli.main(["circuit", "--workdir", wd, "--task", "induction", "--target", t,
+                     "--out", str(tmp_path / "o")]) == 2
+    assert f"--target must be in (0, 1]; got {float(t)}" in capsys.readouterr().err
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"clean": "ab", "corrupt": "ab", "answer": "d", "wrong": "e"}\n'
+                 '{"clean": "ab", "corrupt": "abc", "answer": "d", "wrong": "e"}\n')
+  assert cli.main(["circuit", "--workdir", wd, "--pairs", str(bad), "--out",
+                   str(tmp_path / "o")]) == 2
+  assert "line 2: clean and corrupt prompts must tokenize to the same length" in \
+      capsys.readouterr().err
+  bad.write_text('{"clean": "ab", "corrupt": "ac", "answer": "d", "wrong": "e", '
+                 '"metric": "kl"}\n')
+  with pytest.raises(UserError, match="line 1: metric must be one of"):
+    tasks.file_metric(str(bad))
+
+
+def test_greater_than_pairs_and_metric(tiny_attn_lm):
+  run = load(tiny_attn_lm[0])             # bytes: every digit is one token
+  pairs, spec = tasks.greater_than(run.task, 3, seed=1)
+  assert pairs.text[0]["clean"].startswith("The war lasted from the year 17")
+  assert pairs.text[0]["corrupt"] == "The war lasted from the year 1701 to the year 17"
+  yy = [int(t["clean"].split(" to ")[0][-2:]) for t in pairs.text]
+  digits = [run.task.tokenizer.encode(str(d))[0] for d in range(10)]
+  assert list(spec["ids"]) == digits
+  logits = np.random.default_rng(0).normal(size=(3, run.task.vocab_size)).astype(np.float32)
+  got = np.asarray(tasks.metric_of(pairs, spec)(logits))
+  p = np.exp(logits - logits.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  for n, y in enumerate(yy):
+    want = sum(p[n, digits[d]] for d in range(10) if d > y // 10) - \
+        sum(p[n, digits[d]] for d in range(10) if d < y // 10)
+    assert abs(got[n] - want) < 1e-5
+
+
+def test_a_model_without_the_edge_sites_is_refused():
+  class Bare:
+    """A forward with head sites but no edge ends (no lm.{i}.attn.in_q)."""
+    vocab_size = 5
+
+    def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+      x = jax.numpy.ones(batch["tokens"][:, :-1].shape + (4,))
+      x = I.at(hook, "lm.0.resid_pre", x)
+      I.at(hook, "lm.0.attn.z", x[:, :, None])
+      I.at(hook, "lm.0.attn.k", x[:, :, None])
+      return jax.numpy.take_along_axis(x, batch["logits_at"][:, None, None], 1) + 0 * params
+
+  tok = np.ones((2, 3), np.int32)
+  pairs = Pairs(tok, tok, np.asarray([1, 1]), np.asarray([2, 2]), np.full(2, 3), [{}] * 2)
+  s = core.Study(Bare(), jax.numpy.zeros(()), pairs)
+  with pytest.raises(UserError, match="no edge-end sites"):
+    E.EdgeStudy(s)
