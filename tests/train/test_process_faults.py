@@ -399,3 +399,74 @@ print("".join("1" if w else "0" for w in won))
     assert outs[0][i] != outs[1][i]           # one winner
     holder = (tmp_path / "bucket" / f"lock{i}").read_text()
     assert holder == ("a" if outs[0][i] == "1" else "b")
+
+
+def _cut(monkeypatch, where: str):
+  """The first write to a fake-bucket object whose path ends with `where` is cut off
+  halfway: half its bytes reach the bucket, then the connection resets. Returns the
+  cut objects."""
+  import fsspec
+  cls = fsspec.get_filesystem_class("gcs")
+  real, cut = cls.open, []
+
+  class Cut:
+    def __init__(self, f, text):
+      self.f, self.data = f, "" if text else b""
+
+    def write(self, b):
+      self.data += b
+      return len(b)
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      self.close()
+
+    def close(self):
+      self.f.write(self.data[:len(self.data) // 2])
+      self.f.close()
+      raise ConnectionResetError(f"connection reset: the write of {cut[-1]} was cut off "
+                                 f"after {len(self.data) // 2} of {len(self.data)} bytes")
+
+  def open_(self, path, mode="rb", *a, **k):
+    f = real(self, path, mode, *a, **k)
+    if ("w" in mode or "x" in mode) and str(path).endswith(where) and not cut:
+      cut.append(str(path))
+      return Cut(f, "b" not in mode)
+    return f
+  monkeypatch.setattr(cls, "open", open_)
+  return cut
+
+
+@pytest.mark.parametrize("where", ["checkpoints/8/meta/metadata",
+                                   "checkpoints/8/params/_METADATA",
+                                   "checkpoints/8/commit_success.txt"])
+def test_a_write_cut_off_halfway_never_lists_the_checkpoint_and_a_resume_takes_the_last(
+    fake_gcs, monkeypatch, capsys, caplog, where):
+  from mha_jax import cli as cli_mod
+  from mha_jax.train import checkpoint as ckpt_lib
+  args = ["train", "--config", os.path.join(ROOT, "configs/induction.py"), *TINY_INDUCTION,
+          *GS[1:]]
+  assert cli_mod.main([*args, "--config.train.steps=12", "--workdir", "gs://bucket/ref"]) == 0
+  ref = _params("gs://bucket/ref", 12)
+  capsys.readouterr()
+  cut = _cut(monkeypatch, where)
+  rc = cli_mod.main([*args, "--config.train.steps=12", "--workdir", "gs://bucket/run"])
+  err = capsys.readouterr().err
+  print(f"\ncut off {cut}: exit {rc}, stderr: {err.strip()}")
+  assert cut and rc == 2 and err.count("\n") == 1 and err.startswith("mha-jax: error:")
+  assert "checkpoint 8" in err and "gs://bucket/run/checkpoints/8" in err, err
+  loud = [r.getMessage() for r in caplog.records if r.exc_info and r.levelno >= 40 and
+          ckpt_lib._QUIET.filter(r)]      # what would print after the line
+  assert not loud, loud
+  c = ckpt_lib.Checkpoints("gs://bucket/run", read_only=True)
+  try:
+    assert c.all_steps() == [4]              # the cut checkpoint is not listed
+  finally:
+    c.close()
+  assert cli_mod.main([*args, "--config.train.steps=12", "--workdir", "gs://bucket/run"]) == 0
+  assert "resumed from step 4" in "".join(capsys.readouterr())
+  diff = _max_diff(_params("gs://bucket/run", 12), ref)
+  print(f"resumed after the cut: max |param diff| vs uninterrupted: {diff:.3g}")
+  assert diff <= 1e-6
