@@ -140,6 +140,35 @@ def test_a_lost_process_stops_the_others_in_one_line_and_a_relaunch_resumes(
   assert diff <= 1e-6
 
 
+def test_a_lost_process_of_four_stops_the_other_three_and_a_relaunch_resumes(tmp_path,
+                                                                             ref40):
+  wd, victim = str(tmp_path / "run"), 2
+  procs = _start(wd, 40, procs=4, extra=["--config.train.checkpoint_every=5"])
+  _wait_for_checkpoint(wd, 10, procs)
+  procs[victim].send_signal(signal.SIGKILL)
+  killed = time.time()
+  others = [p for i, p in enumerate(procs) if i != victim]
+  res, ended = [], []
+  for p in others:                  # when each one ended, as measured from here
+    res += _wait([p], timeout=120)
+    ended.append(time.time() - killed)
+  _wait(procs[victim:victim + 1])
+  for k, ((rc, out), seconds) in zip([0, 1, 3], zip(res, ended)):
+    line = [l for l in out.splitlines() if l.startswith("mha-jax:")]
+    print(f"\nSIGKILL of process {victim} of 4: process {k} exited {rc} after "
+          f"{seconds:.1f} s (--process-timeout={TIMEOUT}): {line}")
+    assert rc != 0 and len(line) == 1 and f"process {victim} of 4 was lost" in line[0], \
+        out[-3000:]
+    _no_dump(out)
+  assert max(ended) < TIMEOUT + 20    # a bound, not a timing: it would hang for ever
+  logs = _ok(_start(wd, 40, procs=4))
+  assert "resumed from step" in logs[0]
+  diff = _max_diff(_params(wd, 40), ref40)
+  print(f"relaunch of 4 after the loss of process {victim}: max |param diff| vs an "
+        f"uninterrupted 2-process run: {diff:.3g}")
+  assert diff <= 1e-6
+
+
 def test_an_error_on_one_process_stops_the_others_naming_it(tmp_path):
   wd, port = str(tmp_path / "run"), _free_port()
   good = _start(wd, 20, ids=[0], num=2, port=port)
