@@ -8,7 +8,7 @@ stack dump, before anything of ours can speak. Served from here, the service out
 lost process 0 by LINGER_S seconds, long enough for the other processes' watchdogs
 (train/distributed.py) to notice, say so in one line and exit. It prints "ready" once
 it listens, and exits when its parent (process 0) has ended and LINGER_S have passed,
-or at once on SIGTERM (process 0's normal end).
+or GRACE_S seconds after a SIGTERM (process 0's normal end).
 
 It also serves the process-id claims on PORT + 1: a process sends its --process-id (one
 line) before it registers with JAX, and gets "ok" or "taken" (id 0 is process 0's).
@@ -24,6 +24,9 @@ import socket
 import sys
 import threading
 import time
+
+
+GRACE_S = 3.0
 
 
 def serve_claims(port: int) -> None:
@@ -55,7 +58,8 @@ def main(argv: list[str]) -> int:
   linger = float(argv[5])
   from jax._src.lib import _jax
   parent = os.getppid()
-  signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+  ending = []
+  signal.signal(signal.SIGTERM, lambda *a: ending.append(1))
   try:
     service = _jax.get_distributed_runtime_service(
         f"[::]:{port}", n, heartbeat_timeout=heartbeat, shutdown_timeout=shutdown,
@@ -65,9 +69,11 @@ def main(argv: list[str]) -> int:
     print(f"error: {' '.join(str(e).split())[:300]}", flush=True)
     return 1
   print("ready", flush=True)
-  while os.getppid() == parent:
+  while os.getppid() == parent and not ending:
     time.sleep(0.5)
-  time.sleep(linger)
+  # SIGTERM (process 0 passed JAX's shutdown barrier): the other processes' own
+  # disconnects still need the service for a moment (else their runtimes abort)
+  time.sleep(GRACE_S if ending else linger)
   del service
   os._exit(0)
 

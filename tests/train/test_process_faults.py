@@ -482,7 +482,6 @@ def test_a_write_cut_off_halfway_never_lists_the_checkpoint_and_a_resume_takes_t
   cut = _cut(monkeypatch, where)
   rc = cli_mod.main([*args, "--config.train.steps=12", "--workdir", "gs://bucket/run"])
   err = capsys.readouterr().err
-  print(f"\ncut off {cut}: exit {rc}, stderr: {err.strip()}")
   assert cut and rc == 2 and err.count("\n") == 1 and err.startswith("mha-jax: error:")
   assert "checkpoint 8" in err and "gs://bucket/run/checkpoints/8" in err, err
   loud = [r.getMessage() for r in caplog.records if r.exc_info and r.levelno >= 40 and
@@ -496,5 +495,6 @@ def test_a_write_cut_off_halfway_never_lists_the_checkpoint_and_a_resume_takes_t
   assert cli_mod.main([*args, "--config.train.steps=12", "--workdir", "gs://bucket/run"]) == 0
   assert "resumed from step 4" in "".join(capsys.readouterr())
   diff = _max_diff(_params("gs://bucket/run", 12), ref)
-  print(f"resumed after the cut: max |param diff| vs uninterrupted: {diff:.3g}")
+  print(f"\ncut off {cut}: exit {rc}, stderr: {err.strip()}\nresumed after the cut: "
+        f"max |param diff| vs uninterrupted: {diff:.3g}")   # after capsys's last read
   assert diff <= 1e-6
