@@ -105,7 +105,9 @@ FAULTS = {"full": "the disk is full (no space left on device)",
           "forbidden": "access is denied (HTTP 401/403: check the credentials and the "
                        "bucket's permissions)",
           "unavailable": "the object store kept failing (transient errors past the "
-                         "retry budget)"}
+                         "retry budget)",
+          "cut off": "a write to the object store was cut off (a reset connection or an "
+                     "HTTP 5xx in the middle of a checkpoint, which orbax does not retry)"}
 
 
 def fault_message(kind: str, where, what: str = "") -> str:
@@ -156,6 +158,17 @@ def transient(e: BaseException) -> bool:
   errors carry .code or .status), a reset or refused connection, a timeout."""
   code = getattr(e, "code", None) or getattr(e, "status", None)
   return isinstance(e, (ConnectionError, TimeoutError)) or code in TRANSIENT_CODES
+
+
+def transient_cause(e: BaseException) -> BaseException | None:
+  """The transient error (see transient) that e is or was caused by, if any: orbax
+  wraps the object store's errors in its own."""
+  seen = 0
+  while e is not None and seen < 8:
+    if transient(e):
+      return e
+    e, seen = e.__cause__ or e.__context__, seen + 1
+  return None
 
 
 def _retrying(what: str):

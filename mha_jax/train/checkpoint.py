@@ -91,12 +91,20 @@ def _orbax_drains():
 
 class _QuietStorageFaults(logging.Filter):
   """Drops orbax's background-thread reports ("_SignalingThread.run() raised an
-  exception", with a traceback) of a full disk or a read-only place: the same exception
-  reaches the caller, which says it in one line (storage.faults, Checkpoints._faults)."""
+  exception", with a traceback) of a full disk, a read-only place or a write cut off on
+  an object store: the same exception reaches the caller, which says it in one line
+  (storage.faults, Checkpoints._faults)."""
+
+  removed: set[str] = set()    # partial checkpoints removed (bucket paths, no scheme)
 
   def filter(self, record: logging.LogRecord) -> bool:
     exc = record.exc_info[1] if record.exc_info else None
-    return exc is None or storage.fault_kind(exc) is None
+    if exc is None:
+      return True
+    # orbax's other threads still writing into a partial checkpoint that was removed
+    if any(p in str(exc) for p in self.removed):
+      return False
+    return storage.fault_kind(exc) is None and storage.transient_cause(exc) is None
 
 
 _QUIET = _QuietStorageFaults()
@@ -180,14 +188,18 @@ class Checkpoints:
 
   @contextlib.contextmanager
   def _faults(self, step: int):
-    """A full disk or a read-only place during the save of `step`: the partial
-    checkpoint is removed and a StorageFault names the place."""
+    """A full disk, a read-only place or a write cut off (a transient object-store
+    error: orbax's own writes are not retried) during the save of `step`: the partial
+    checkpoint is removed, so it is never listed, and a StorageFault names the place."""
     try:
       yield
     except Exception as e:
       kind = storage.fault_kind(e)
-      if kind is None:
+      cause = storage.transient_cause(e) if kind is None else None
+      if kind is None and cause is None:
         raise
+      kind = kind or "cut off"
+      _QUIET.removed.add(self.step_dir(step).split("://")[-1].rstrip("/") + "/")
       for p in self.partial_dirs(step):
         storage.rmtree(p, ignore_errors=True)
       try:
@@ -196,6 +208,7 @@ class Checkpoints:
         pass
       fault = StorageFault(storage.fault_message(kind, self.step_dir(step),
                                                  f"checkpoint {step}") +
+                           (f" ({_short(cause)})" if cause is not None else "") +
                            "; the partial checkpoint was removed")
       fault.kind, fault.where = kind, self.step_dir(step)
       raise fault from e

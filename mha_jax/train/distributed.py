@@ -15,6 +15,9 @@ Faults (docs/guide/faults.md):
   and said so, makes every other process print one line naming it and exit
   (EXIT_LOST), without waiting in a collective or JAX's shutdown barrier. JAX's own
   heartbeat timeout is set longer, so its C++ abort never comes first.
+- A duplicate --process-id: every process but 0 claims its id from process 0's
+  coordinator process (on the port after --coordinator's) before JAX registers it; the
+  second claim of an id is one line.
 - Decisions (resume from which step, nothing to do): process 0 takes them and `share`s
   them, so every process takes the same path even when their views of the workdir
   differ (a stale bucket listing).
@@ -153,6 +156,8 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
             shutdown_timeout_seconds=int(tm["process_timeout"]))
   guard = _startup_guard(s, tm["startup_timeout"])
   try:
+    if s is not None and s["process_id"] != 0:
+      _claim(s)
     if s is None:
       jax.distributed.initialize(**kw)
     else:
@@ -168,6 +173,29 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   if jax.process_count() > 1:
     _state["watchdog"] = Watchdog(tm["process_timeout"]).start()
   return True
+
+
+def _claim(s: dict) -> None:
+  """Claims --process-id from process 0's coordinator process (train/coordinator.py, on
+  the port after --coordinator's) before JAX registers it: a duplicate id is one line
+  here, where JAX's runtime would abort the process that held it first. An unreachable
+  coordinator is retried until the start-up guard ends the wait."""
+  import socket
+  host, _, port = s["coordinator"].rpartition(":")
+  while True:
+    try:
+      with socket.create_connection((host.strip("[]"), int(port) + 1), timeout=5) as c:
+        c.sendall(f"{s['process_id']}\n".encode())
+        reply = c.makefile().readline().strip()
+      break
+    except OSError:
+      time.sleep(0.2)
+  if reply != "ok":
+    raise UserError(
+        f"multi-process start-up failed (--coordinator {s['coordinator']}, "
+        f"--num-processes {s['num_processes']}, --process-id {s['process_id']}): "
+        f"another process took --process-id {s['process_id']} first; give every "
+        f"process its own id, 0 to {s['num_processes'] - 1}")
 
 
 def _startup_guard(s: dict | None, startup: float) -> threading.Event:

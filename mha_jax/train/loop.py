@@ -150,9 +150,10 @@ def _last_good_named(all_ckpts):
   except StorageFault as e:
     good = [(c.latest_step(), c.directory) for c in all_ckpts]
     where = "; ".join(f"step {s} in {d}" for s, d in good if s is not None)
-    fault = StorageFault(f"train: {e}. Last good checkpoint: {where or 'none yet'}; free "
-                         f"space (or make the place writable) and run the same command "
-                         f"to resume")
+    fix = ("" if getattr(e, "kind", None) in ("cut off", "unavailable") else
+           "free space (or make the place writable) and ")
+    fault = StorageFault(f"train: {e}. Last good checkpoint: {where or 'none yet'}; "
+                         f"{fix}run the same command to resume")
     fault.kind, fault.where = getattr(e, "kind", None), getattr(e, "where", None)
     raise fault from None
 
