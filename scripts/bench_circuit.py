@@ -20,7 +20,6 @@ Prints a table and writes JSON with the machine's matmul rate.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -69,7 +68,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   import jax
   import jax.numpy as jnp
-  from mha_jax import load
+  from mha_jax import bench, load
   from mha_jax.circuits import edges as E, search
   from mha_jax.patching import core, pairs as P
   run = load(args.workdir)
@@ -116,9 +115,7 @@ def main(argv=None):
   result["table"] = "\n".join(rows)
   print(result["table"])
   print(f"matmul rate {rate:.0f} GFLOP/s (load average {os.getloadavg()[0]:.1f})")
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
+  bench.write_json(result, args.out)
   print(f"wrote {args.out}")
 
 

@@ -65,7 +65,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   names = [c for c in args.commands.split(",") if c]
   sys.path.insert(0, ROOT)
-  from mha_jax import cli
+  from mha_jax import bench, cli
   result = {"workdir": args.workdir, "commands": {}}
   if os.path.exists(args.out):             # keep the commands measured before
     with open(args.out) as f:
@@ -98,9 +98,7 @@ def main(argv=None):
                 f"{r['cache_bytes'] / 1e6:.1f} |")
   result["table"] = "\n".join(rows)
   print(result["table"])
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
+  bench.write_json(result, args.out)
   print(f"wrote {args.out}")
 
 

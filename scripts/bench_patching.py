@@ -297,6 +297,7 @@ def main(argv=None):
     os.sched_setaffinity(0, set(cores))
   import jax
   import mha_jax
+  from mha_jax import bench
   from mha_jax.patching import core, pairs as pairs_lib
   from mha_jax.pretrained import importer
   workdir, tmp = args.workdir, None
@@ -391,9 +392,7 @@ def main(argv=None):
                                           "runs_s": f_all}
   result["table"] = table_of(result, s.layers * max(s.heads), len(pairs), len(cores))
   print(result["table"])
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
+  bench.write_json(result, args.out)
   print(f"wrote {args.out}")
 
 
