@@ -15,15 +15,7 @@ from mha_jax.patching import core
 from mha_jax.patching.pairs import Pairs
 from mha_jax.toolkit import ablations
 from conftest import numpy_rope
-from helpers import D, G, H, K, L, SPEC
-
-
-class LlamaTask:
-  vocab_size = 37
-
-  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
-    return llama.apply(params, SPEC, batch["tokens"][:, :-1], hook=hook,
-                       logits_at=batch.get("logits_at"))
+from helpers import D, G, H, K, L, SPEC, LlamaTask
 
 
 class LinearTask:

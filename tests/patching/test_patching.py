@@ -15,16 +15,7 @@ from mha_jax.models import llama
 from mha_jax.models import lm as lm_model
 from mha_jax.patching import core, pairs as pairs_lib
 from mha_jax.patching.pairs import Pairs
-from helpers import D, G, H, K, L, SPEC, numpy_llama
-
-
-class LlamaTask:
-  """The slice of the Task protocol the studies use, over the tiny LLaMA."""
-  vocab_size = 37
-
-  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
-    return llama.apply(params, SPEC, batch["tokens"][:, :-1], hook=hook,
-                       logits_at=batch.get("logits_at"))
+from helpers import D, G, H, K, L, SPEC, LlamaTask, numpy_llama
 
 
 @pytest.fixture(scope="module")
