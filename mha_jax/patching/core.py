@@ -58,7 +58,7 @@ def metrics(ld_MN, logp_MN, ld_clean_N, ld_corrupt_N) -> dict[str, np.ndarray]:
   """Pair means of (…, N) logit differences and answer log-probs: logit_diff, recovery,
   prob, loss, each of shape (…)."""
   ld, lp = np.asarray(ld_MN, np.float64), np.asarray(logp_MN, np.float64)
-  c, x = float(np.mean(ld_clean_N)), float(np.mean(ld_corrupt_N))
+  c, x = float(np.mean(ld_clean_N, dtype=np.float64)), float(np.mean(ld_corrupt_N, dtype=np.float64))
   denom = c - x if abs(c - x) > 1e-12 else np.nan
   return {"logit_diff": ld.mean(-1), "recovery": (ld.mean(-1) - x) / denom,
           "prob": np.exp(lp).mean(-1), "loss": -lp.mean(-1)}

@@ -78,9 +78,8 @@ def test_activation_patching_equals_numpy_substitution(setup, site, n):
       want, _ = numpy_llama(params, pairs.corrupt, {(l, site): _sub(seen[(l, site)], h)})
       np.testing.assert_allclose(res["ld"][l, h], ld_np(want, pairs), atol=1e-4,
                                  err_msg=f"{site} {l} {h}")
-  denom = s.ld_clean.mean() - s.ld_corrupt.mean()
-  np.testing.assert_allclose(res["recovery"], (res["ld"].mean(-1) - s.ld_corrupt.mean()) / denom,
-                             rtol=1e-9)
+  c, x = np.mean(s.ld_clean, dtype=np.float64), np.mean(s.ld_corrupt, dtype=np.float64)
+  np.testing.assert_allclose(res["recovery"], (res["ld"].mean(-1) - x) / (c - x), rtol=1e-9)
 
 
 def test_per_position_and_residual_patching_equal_numpy(setup):
