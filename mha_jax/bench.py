@@ -53,6 +53,20 @@ def settle(max_s: float = 1.0, quiet_s: float = 0.002, poll_s: float = 0.02) -> 
     last = now
 
 
+def first_and_rounds(fn: Callable[[], object], rounds: int):
+  """(fn's output, seconds of the first call (compiling), median seconds of the next
+  `rounds` calls (the first's when rounds is 0), those seconds)."""
+  t0 = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  first = time.perf_counter() - t0
+  times = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return out, first, statistics.median(times or [first]), times
+
+
 def _round_seconds(fn: Callable[[], object], rounds: int) -> list[float]:
   """Wall seconds of each of `rounds` calls (the caller takes the median), each
   started on a settled process (settle)."""

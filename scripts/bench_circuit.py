@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import time
 
@@ -30,31 +29,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def _times(fn, rounds: int):
-  t0 = time.perf_counter()
-  out = fn()
-  first = time.perf_counter() - t0
-  times = []
-  for _ in range(rounds):
-    t0 = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - t0)
-  return out, first, statistics.median(times)
-
-
-def matmul_gflops() -> float:
-  import jax
-  import jax.numpy as jnp
-  a = jnp.ones((2048, 2048))
-  f = jax.jit(lambda a: a @ a)
-  f(a).block_until_ready()
-  t = []
-  for _ in range(10):
-    s = time.perf_counter()
-    f(a).block_until_ready()
-    t.append(time.perf_counter() - s)
-  return 2 * 2048 ** 3 / statistics.median(t) / 1e9
 
 
 def main(argv=None):
@@ -79,18 +53,18 @@ def main(argv=None):
   setup = time.perf_counter() - t0
   fb = s.forward_backward_seconds(args.rounds)
   ones = jnp.ones(es.mask.shape, jnp.float32)
-  _, fwd_first, fwd = _times(lambda: es.metric(ones), args.rounds)
-  _, eap_first, eap = _times(es.eap, args.rounds)
-  _, ig_first, ig = _times(lambda: es.eap_ig(args.steps), args.rounds)
+  _, fwd_first, fwd, _ = bench.first_and_rounds(lambda: es.metric(ones), args.rounds)
+  _, eap_first, eap, _ = bench.first_and_rounds(es.eap, args.rounds)
+  _, ig_first, ig, _ = bench.first_and_rounds(lambda: es.eap_ig(args.steps), args.rounds)
   scores = es.eap()
   counts = search.sizes(len(es.edges))
   curve = curve_first = float("nan")
   if not args.no_curve:
     keeps = np.stack([search.top_n(es.graph, es.edges, scores, n) for n in counts]).astype(
         np.float32)
-    _, curve_first, curve = _times(lambda: jax.block_until_ready(es.curve(keeps)),
+    _, curve_first, curve, _ = bench.first_and_rounds(lambda: jax.block_until_ready(es.curve(keeps)),
                                    args.rounds)
-  rate = matmul_gflops()
+  rate = bench.matmul_gflops()
   result = {"workdir": args.workdir, "pairs": len(pairs), "tokens": int(pairs.clean.shape[1]),
             "graph": es.graph.size(), "steps": args.steps, "study_setup_s": setup,
             "forward_backward_s": fb, "edge_forward_s": fwd,

@@ -34,7 +34,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,17 +43,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def _times(fn, rounds: int):
-  t0 = time.perf_counter()
-  out = fn()                               # warm-up (compiles)
-  first = time.perf_counter() - t0
-  times = []
-  for _ in range(rounds):
-    t0 = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - t0)
-  return out, first, statistics.median(times or [first]), times
 
 
 def torch_sweep(hf, pairs):
@@ -310,9 +298,9 @@ def main(argv=None):
   t0 = time.perf_counter()
   s = core.Study(run.task, run.params, pairs)
   setup = time.perf_counter() - t0
-  ours, ours_first, ours_med, ours_all = _times(lambda: s.patch("z"), args.rounds)
+  ours, ours_first, ours_med, ours_all = bench.first_and_rounds(lambda: s.patch("z"), args.rounds)
   print(f"mha-jax batched sweep: {ours_med:.2f} s (first call {ours_first:.1f} s)", flush=True)
-  atp, atp_first, atp_med, _ = _times(lambda: s.attribution(("z",)), args.rounds)
+  atp, atp_first, atp_med, _ = bench.first_and_rounds(lambda: s.attribution(("z",)), args.rounds)
   fb = s.forward_backward_seconds(args.rounds)
   print(f"AtP all heads: {atp_med:.3f} s; one forward+backward {fb:.3f} s", flush=True)
   result = {"model": "smollm2-135m (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized to f32)",
@@ -353,7 +341,7 @@ def main(argv=None):
     n = args.peer_layers
     for name, fn in (("transformer_lens", lambda: tl_sweep(P["tl"], pairs, n)),
                      ("nnsight", lambda: nnsight_sweep(P["nnsight"], P["hf"], pairs, layers=n))):
-      table, p_first, p_med, p_all = _times(fn, args.peer_rounds)
+      table, p_first, p_med, p_all = bench.first_and_rounds(fn, args.peer_rounds)
       diff = float(np.nanmax(np.abs(table - ours["recovery"])))
       done = int(np.isfinite(table).sum())
       if done < table.size:     # a part of the heads: the time per head, times all heads
@@ -376,7 +364,7 @@ def main(argv=None):
   if torch is not None and args.torch_rounds:
     from bench_models import to_transformers
     hf = to_transformers(run)
-    theirs, t_first, t_med, t_all = _times(lambda: torch_sweep(hf, pairs), args.torch_rounds)
+    theirs, t_first, t_med, t_all = bench.first_and_rounds(lambda: torch_sweep(hf, pairs), args.torch_rounds)
     denom = s.ld_clean.mean() - s.ld_corrupt.mean()
     rec = (theirs.mean(-1) - s.ld_corrupt.mean()) / denom
     diff = float(np.nanmax(np.abs(rec - ours["recovery"])))
@@ -386,7 +374,7 @@ def main(argv=None):
                                   "max_abs_recovery_difference": diff}
   if args.no_prefix:
     s_full = core.Study(run.task, run.params, pairs, share_prefix=False)
-    _, f_first, f_med, f_all = _times(lambda: s_full.patch("z"), args.rounds)
+    _, f_first, f_med, f_all = bench.first_and_rounds(lambda: s_full.patch("z"), args.rounds)
     print(f"mha-jax batched sweep without the shared prefix: {f_med:.2f} s", flush=True)
     result["mha_jax_no_shared_prefix"] = {"median_s": f_med, "first_call_s": f_first,
                                           "runs_s": f_all}

@@ -147,6 +147,22 @@ def open_page(playwright, path):
 SPEC = llama.LlamaSpec(rope_base=10000.0)
 
 
+def tiny_llama_pairs(corrupt_cols: slice, length):
+  """A tiny LLaMA of SPEC (D, H, G, K, L; weights x3 for sharper heads) and 3 pairs of
+  7 tokens whose corrupt prompts differ in `corrupt_cols`: (params, Pairs)."""
+  from mha_jax.patching.pairs import Pairs
+  params = llama.init(jax.random.PRNGKey(3), vocab_size=37, d_model=D, num_heads=H,
+                      num_kv_heads=G, head_dim=K, num_layers=L, d_ff=24)
+  params = jax.tree.map(lambda a: a * 3.0 if a.ndim == 3 else a, params)
+  rng = np.random.default_rng(5)
+  clean = rng.integers(0, 37, (3, 7)).astype(np.int32)
+  corrupt = clean.copy()
+  width = corrupt_cols.stop - corrupt_cols.start
+  corrupt[:, corrupt_cols] = rng.integers(0, 37, (3, width))
+  return params, Pairs(clean, corrupt, np.asarray([3, 8, 11]), np.asarray([4, 9, 20]),
+                       np.asarray(length), [{}] * 3)
+
+
 class LlamaTask:
   """The slice of the Task protocol the studies use, over a tiny LLaMA of SPEC."""
   vocab_size = 37

@@ -9,13 +9,12 @@ from mha_jax.circuits import edges as E
 from mha_jax.circuits import search
 from mha_jax.errors import UserError
 from mha_jax.models import common as C
-from mha_jax.models import llama
 from mha_jax.models import lm as lm_model
 from mha_jax.patching import core
 from mha_jax.patching.pairs import Pairs
 from mha_jax.toolkit import ablations
 from conftest import numpy_rope
-from helpers import D, G, H, K, L, SPEC, LlamaTask
+from helpers import G, H, K, L, SPEC, LlamaTask, tiny_llama_pairs
 
 
 class LinearTask:
@@ -30,15 +29,7 @@ class LinearTask:
 
 @pytest.fixture(scope="module")
 def setup():
-  params = llama.init(jax.random.PRNGKey(3), vocab_size=37, d_model=D, num_heads=H,
-                      num_kv_heads=G, head_dim=K, num_layers=L, d_ff=24)
-  params = jax.tree.map(lambda a: a * 3.0 if a.ndim == 3 else a, params)  # sharper heads
-  rng = np.random.default_rng(5)
-  clean = rng.integers(0, 37, (3, 7)).astype(np.int32)
-  corrupt = clean.copy()
-  corrupt[:, 1:4] = rng.integers(0, 37, (3, 3))
-  pairs = Pairs(clean, corrupt, np.asarray([3, 8, 11]), np.asarray([4, 9, 20]),
-                np.full(3, 7), [{}] * 3)
+  params, pairs = tiny_llama_pairs(slice(1, 4), [7, 7, 7])
   s = core.Study(LlamaTask(), params, pairs)
   return s, params, pairs
 

@@ -15,20 +15,12 @@ from mha_jax.models import llama
 from mha_jax.models import lm as lm_model
 from mha_jax.patching import core, pairs as pairs_lib
 from mha_jax.patching.pairs import Pairs
-from helpers import D, G, H, K, L, SPEC, LlamaTask, numpy_llama
+from helpers import G, H, L, SPEC, LlamaTask, tiny_llama_pairs, numpy_llama
 
 
 @pytest.fixture(scope="module")
 def setup():
-  params = llama.init(jax.random.PRNGKey(3), vocab_size=37, d_model=D, num_heads=H,
-                      num_kv_heads=G, head_dim=K, num_layers=L, d_ff=24)
-  params = jax.tree.map(lambda a: a * 3.0 if a.ndim == 3 else a, params)  # sharper heads
-  rng = np.random.default_rng(5)
-  clean = rng.integers(0, 37, (3, 7)).astype(np.int32)
-  corrupt = clean.copy()
-  corrupt[:, 1:3] = rng.integers(0, 37, (3, 2))
-  pairs = Pairs(clean, corrupt, np.asarray([3, 8, 11]), np.asarray([4, 9, 20]),
-                np.asarray([7, 6, 7]), [{}] * 3)     # row 1 is right-padded
+  params, pairs = tiny_llama_pairs(slice(1, 3), [7, 6, 7])    # row 1 is right-padded
   return core.Study(LlamaTask(), params, pairs), params, pairs
 
 
