@@ -58,7 +58,7 @@ def prepare(run, task, pairs_file, n_pairs, seed, keep_failing, log=print):
     good = np.nonzero(m_clean > 0)[0]
     if not len(good):
       raise UserError("the model fails every clean prompt (metric <= 0): no circuit to find")
-    pairs, spec = tasks.subset(pairs, good), tasks.subset_metric(spec, good)
+    pairs, spec = pairs.subset(good), tasks.subset_metric(spec, good)
     s = core.Study(run.task, run.params, pairs, share_prefix=False)
     m_clean = m_clean[good]
   return s, tasks.metric_of(pairs, spec), spec, failing

@@ -140,13 +140,6 @@ def make(run, task: str | None, pairs_file: str | None, n: int, seed: int):
   raise UserError(f"--task must be one of {TASKS}; got {task!r}")
 
 
-def subset(pairs, rows):
-  """The pairs at `rows` (P.Pairs)."""
-  rows = np.asarray(rows)
-  return P.Pairs(pairs.clean[rows], pairs.corrupt[rows], pairs.answer[rows],
-                 pairs.wrong[rows], pairs.length[rows], [pairs.text[i] for i in rows])
-
-
 def subset_metric(spec, rows):
   if isinstance(spec, dict):
     return {**spec, "sign": np.asarray(spec["sign"])[np.asarray(rows)]}

@@ -50,6 +50,12 @@ class Pairs:
   def __len__(self) -> int:
     return len(self.answer)
 
+  def subset(self, rows) -> "Pairs":
+    """The pairs at `rows` (a sequence of indices), in that order."""
+    rows = np.asarray(rows, np.int64)
+    return Pairs(self.clean[rows], self.corrupt[rows], self.answer[rows], self.wrong[rows],
+                 self.length[rows], [self.text[i] for i in rows])
+
   def to_json(self) -> list[dict]:
     return [{**t, "answer_id": int(a), "wrong_id": int(w), "length": int(n)}
             for t, a, w, n in zip(self.text, self.answer, self.wrong, self.length)]

@@ -120,9 +120,7 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
     log(f"left out {len(failing)} pair(s) whose clean prompt the model gets wrong (clean "
         f"logit difference < 0; --keep-failing keeps them): " + "; ".join(
             f"#{f['index']} {f['ld_clean']:+.3f}" for f in failing))
-    pairs = pairs_lib.Pairs(*(getattr(pairs, k)[keep] for k in ("clean", "corrupt", "answer",
-                                                                 "wrong", "length")),
-                            [pairs.text[i] for i in keep])
+    pairs = pairs.subset(keep)
     s = core.Study(run.task, run.params, pairs)
   storage.makedirs(out)
   heads = s.heads
