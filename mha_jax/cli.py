@@ -27,7 +27,7 @@ import ml_collections
 
 from mha_jax import config as mc
 from mha_jax import storage
-from mha_jax.analysis import importance
+from mha_jax.toolkit import importance
 from mha_jax.errors import UserError
 from mha_jax.models import common as C
 from mha_jax.patching import run as patch_run
@@ -203,7 +203,8 @@ def _cmd_analyze_seeds(args, seeds) -> int:
   """analyze over a multi-seed workdir: each seed's report into its own workdir's
   analysis/ (or --out/seed_<s>), then the role stability across seeds into --out
   (default WORKDIR/analysis)."""
-  from mha_jax.analysis import report, stability
+  from mha_jax.analysis import report
+  from mha_jax.toolkit import stability
   from mha_jax.loader import load
   out = _out_dir(args)
   heads = {}
@@ -321,7 +322,7 @@ def _curve_options(args) -> dict:
 def _cmd_prune_curve_seeds(args, seeds, out: str) -> int:
   """prune-curve over a multi-seed workdir: each seed's curve into its own workdir's
   pruning_curve/ (or --out/seed_<s>), then their mean and spread into --out."""
-  from mha_jax.analysis import stability
+  from mha_jax.toolkit import stability
   from mha_jax.pruning import curve
   paths, metric = {}, "loss"
   for s, wd in seeds:

@@ -44,7 +44,7 @@ def main(argv=None):
   import jax.numpy as jnp
   from mha_jax import bench, load
   from mha_jax.circuits import edges as E, search
-  from mha_jax.patching import core, pairs as P
+  from mha_jax.toolkit import activation_patching as core, pairs as P
   run = load(args.workdir)
   pairs = P.ioi_pairs(run.task, args.pairs)
   s = core.Study(run.task, run.params, pairs, share_prefix=False)

@@ -286,7 +286,7 @@ def main(argv=None):
   import jax
   import mha_jax
   from mha_jax import bench
-  from mha_jax.patching import core, pairs as pairs_lib
+  from mha_jax.toolkit import activation_patching as core, pairs as pairs_lib
   from mha_jax.pretrained import importer
   workdir, tmp = args.workdir, None
   if workdir is None:

@@ -150,7 +150,7 @@ SPEC = llama.LlamaSpec(rope_base=10000.0)
 def tiny_llama_pairs(corrupt_cols: slice, length):
   """A tiny LLaMA of SPEC (D, H, G, K, L; weights x3 for sharper heads) and 3 pairs of
   7 tokens whose corrupt prompts differ in `corrupt_cols`: (params, Pairs)."""
-  from mha_jax.patching.pairs import Pairs
+  from mha_jax.toolkit.pairs import Pairs
   params = llama.init(jax.random.PRNGKey(3), vocab_size=37, d_model=D, num_heads=H,
                       num_kv_heads=G, head_dim=K, num_layers=L, d_ff=24)
   params = jax.tree.map(lambda a: a * 3.0 if a.ndim == 3 else a, params)

@@ -12,7 +12,7 @@ import tempfile
 
 import mha_jax
 from mha_jax import config as mc
-from mha_jax.analysis import importance
+from mha_jax.toolkit import importance
 from mha_jax.pruning import run as prune_run
 from mha_jax.train import loop
 

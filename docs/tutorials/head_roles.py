@@ -14,7 +14,8 @@ import numpy as np
 
 import mha_jax
 from mha_jax import config as mc
-from mha_jax.analysis import capture, report
+from mha_jax.toolkit import capture
+from mha_jax.analysis import report
 from mha_jax.train import loop
 
 workdir = tempfile.mkdtemp(prefix="head_roles_")

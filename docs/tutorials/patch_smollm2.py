@@ -17,7 +17,7 @@ import tempfile
 
 import mha_jax
 from mha_jax import interventions as I
-from mha_jax.patching import core, pairs
+from mha_jax.toolkit import activation_patching as core, pairs
 from mha_jax.pretrained import importer
 
 workdir = tempfile.mkdtemp(prefix="smollm2_") + "/smollm2"

@@ -13,8 +13,8 @@ import html
 import numpy as np
 
 from mha_jax import assets, storage
-from mha_jax.analysis import capture as capture_lib
-from mha_jax.analysis import roles as roles_lib
+from mha_jax.toolkit import capture as capture_lib
+from mha_jax.toolkit import roles as roles_lib
 from mha_jax.data import vocab as V
 from mha_jax.models import common as C
 from mha_jax.models.common import STACKS
@@ -58,7 +58,7 @@ def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_token
   pieces of the built-in text cut to max_tokens tokens (and, for an LM, one sequence of
   repeated random tokens), tokens shown as the tokenizer's strings, weights to 2 places
   (SmolLM2's 270 heads stay well under 5 MB)."""
-  from mha_jax.pruning import masks as M
+  from mha_jax.toolkit import masks as M
   model = run.task
   roles = {r["head"]: r.get("role", "other") for r in rows}
   batches = []

@@ -13,8 +13,9 @@ from typing import Callable
 import numpy as np
 
 from mha_jax import storage
-from mha_jax.analysis import capture as capture_lib
-from mha_jax.analysis import explorer, importance, roles, syntax
+from mha_jax.toolkit import capture as capture_lib
+from mha_jax.analysis import explorer, syntax
+from mha_jax.toolkit import importance, roles
 from mha_jax.data import vocab as V
 from mha_jax.errors import UserError
 

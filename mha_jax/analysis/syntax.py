@@ -15,8 +15,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from mha_jax.analysis import capture as capture_lib
-from mha_jax.analysis import roles
+from mha_jax.toolkit import capture as capture_lib
+from mha_jax.toolkit import roles
 from mha_jax.data import parallel
 from mha_jax.errors import UserError
 

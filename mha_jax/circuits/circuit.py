@@ -22,7 +22,7 @@ from mha_jax import storage
 from mha_jax.circuits import edges as E
 from mha_jax.circuits import search, tasks
 from mha_jax.errors import UserError
-from mha_jax.patching import core
+from mha_jax.toolkit import activation_patching as core
 from mha_jax.toolkit import ablations
 
 METHODS = ("eap", "eap-ig", "exact", "greedy")

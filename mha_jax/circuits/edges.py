@@ -35,7 +35,7 @@ import numpy as np
 from mha_jax import interventions as I
 from mha_jax.circuits import graph as G
 from mha_jax.errors import UserError
-from mha_jax.patching import core
+from mha_jax.toolkit import activation_patching as core
 from mha_jax.toolkit import ablations
 
 IG_ON = ("inputs", "activations")

@@ -24,7 +24,7 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.patching import pairs as P
+from mha_jax.toolkit import pairs as P
 
 TASKS = ("ioi", "induction", "greater-than")
 FILE_METRICS = ("logit_diff", "prob_diff")

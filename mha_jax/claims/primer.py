@@ -236,7 +236,7 @@ def pruning_grid(workdir: str, pruned: str, *, stack: str = "encoder", method: s
   order = sorted(rank, key=lambda n: (rank[n], n))
   counts = lambda hs: {r: sum(roles.get(n) == r for n in hs)  # noqa: E731
                        for r in sorted({roles.get(n, "other") for n in names})}
-  from mha_jax.analysis import roles as roles_lib
+  from mha_jax.toolkit import roles as roles_lib
   return {"workdir": workdir, "pruned": pruned, "method": how, "stack": stack,
           "layers": layers, "heads": heads, "roles": {n: roles[n] for n in names},
           "kept": kept, "removed_rank": {n: rank[n] for n in order},
@@ -256,7 +256,7 @@ def text_circuit(workdir: str, *, half_len: int = 8, batch: int = 16, samples: i
   held-out repeated random tokens (circuits.behaviour), their attention patterns on one
   short [BOS] r r sequence, and the K-composition row of the induction head (every
   earlier head, the random baseline subtracted)."""
-  from mha_jax.analysis import capture
+  from mha_jax.toolkit import capture
   from mha_jax.circuits import behaviour, scores
   from mha_jax.data import repeated_tokens
   from mha_jax.loader import load

@@ -176,7 +176,7 @@ def best_induction_head(res: dict) -> str:
 
 def _weights(f, layer: int, head: int) -> np.ndarray:
   """(B, T, T) attention of one head on the facts' repeated tokens."""
-  from mha_jax.analysis import capture
+  from mha_jax.toolkit import capture
   run = f["run"]
   return np.asarray(capture.captured(run.task, run.params, {"tokens": f["tokens"]})["lm"]
                     [layer].weights)[:, head]
@@ -230,7 +230,7 @@ def claim_induction_k_causal(ctx: Context, setting: str, seed, wd: str) -> dict:
   """Path patching (patching.core.Study.path_patch, channel k) from every head to the
   induction head's key input on induction pairs; the previous-token head (the best
   previous-token score below the induction head's layer) against its layer's others."""
-  from mha_jax.patching import core, pairs as P
+  from mha_jax.toolkit import activation_patching as core, pairs as P
   f = circuit_facts(ctx, setting, seed, wd)
   res, run = f["res"], f["run"]
   heads = res["heads"]
@@ -327,9 +327,9 @@ def claim_michel(ctx: Context, setting: str, seed, wd: str,
   """Heads removed in Michel et al.'s importance order (I_h, computed once on the
   valid split with all heads on) one at a time, until the mean cosine similarity of the
   test paragraphs' embeddings to the full model's drops below the lowest level."""
-  from mha_jax.analysis import importance
+  from mha_jax.toolkit import importance
   from mha_jax.loader import load
-  from mha_jax.pruning import masks as M
+  from mha_jax.toolkit import masks as M
   from mha_jax.pruning import run as prune_run
   run = load(wd)
   if not getattr(run.task, "compares_to_dense", False):

@@ -15,9 +15,9 @@ import json
 import numpy as np
 
 from mha_jax import assets, storage
-from mha_jax.analysis import roles as roles_lib
+from mha_jax.toolkit import roles as roles_lib
 from mha_jax.errors import UserError
-from mha_jax.patching import core, pairs as pairs_lib
+from mha_jax.toolkit import activation_patching as core, pairs as pairs_lib
 
 FILES = ("patching", "dla", "attribution", "path")
 

@@ -27,7 +27,8 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.patching import core, explorer, pairs as pairs_lib
+from mha_jax.toolkit import activation_patching as core, pairs as pairs_lib
+from mha_jax.patching import explorer
 
 METHODS = ("activation", "path", "attribution")
 TASKS = ("ioi", "induction")

@@ -13,7 +13,7 @@ from mha_jax.errors import UserError
 from mha_jax.analysis import report
 from mha_jax.loader import load
 from mha_jax.pruning import gates as G
-from mha_jax.pruning import masks as M
+from mha_jax.toolkit import masks as M
 from mha_jax.pruning import methods
 from mha_jax.pruning import run as run_lib
 from mha_jax.train import lock as lock_lib

@@ -18,9 +18,9 @@ import numpy as np
 import optax
 
 from mha_jax.errors import UserError
-from mha_jax.analysis import importance
+from mha_jax.toolkit import importance
 from mha_jax.pruning import gates as G
-from mha_jax.pruning import masks as M
+from mha_jax.toolkit import masks as M
 from mha_jax.tasks import jitted
 
 

@@ -11,7 +11,8 @@ import pytest
 import mha_jax
 from mha_jax import cli
 from mha_jax.toolkit import ablations
-from mha_jax.analysis import capture, explorer, importance, report
+from mha_jax.toolkit import capture, importance
+from mha_jax.analysis import explorer, report
 from mha_jax.models import common as C
 from helpers import launch_chromium, trained_translation
 

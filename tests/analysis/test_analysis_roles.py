@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import attention
-from mha_jax.analysis import roles
+from mha_jax.toolkit import roles
 
 
 def _sentences(n=40, seed=0):

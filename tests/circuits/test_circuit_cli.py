@@ -12,8 +12,8 @@ from mha_jax import interventions as I
 from mha_jax.circuits import circuit, edges as E, tasks
 from mha_jax.errors import UserError
 from mha_jax.loader import load
-from mha_jax.patching import core
-from mha_jax.patching.pairs import Pairs
+from mha_jax.toolkit import activation_patching as core
+from mha_jax.toolkit.pairs import Pairs
 
 
 @pytest.fixture(scope="module")

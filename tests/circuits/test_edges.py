@@ -10,8 +10,8 @@ from mha_jax.circuits import search
 from mha_jax.errors import UserError
 from mha_jax.models import common as C
 from mha_jax.models import lm as lm_model
-from mha_jax.patching import core
-from mha_jax.patching.pairs import Pairs
+from mha_jax.toolkit import activation_patching as core
+from mha_jax.toolkit.pairs import Pairs
 from mha_jax.toolkit import ablations
 from conftest import numpy_rope
 from helpers import G, H, K, L, SPEC, LlamaTask, tiny_llama_pairs

@@ -11,7 +11,7 @@ import pytest
 
 from mha_jax import accounting, assets
 from mha_jax import attention as A
-from mha_jax.analysis import capture
+from mha_jax.toolkit import capture
 from mha_jax.claims import experiments as E
 from mha_jax.claims import primer as P
 from mha_jax.errors import UserError

@@ -78,7 +78,7 @@ def test_sweep_variants_plans_h_times_variant(tmp_path):
 
 @pytest.mark.parametrize("variant", ["gated", "gated_head", "differential", "sink"])
 def test_export_pruned_slices_the_variant_params_with_their_heads(variant):
-  from mha_jax.pruning import masks
+  from mha_jax.toolkit import masks
   p = lm.init(jax.random.PRNGKey(1), vocab_size=11, d_model=16, num_heads=4, num_layers=2,
               d_ff=0, max_len=8, attn_only=True, variant=variant)
   spec = C.ModelSpec(kind="lm", attn_only=True, attention=variant)

@@ -13,8 +13,8 @@ from mha_jax.errors import UserError
 from mha_jax.models import common as C
 from mha_jax.models import llama
 from mha_jax.models import lm as lm_model
-from mha_jax.patching import core, pairs as pairs_lib
-from mha_jax.patching.pairs import Pairs
+from mha_jax.toolkit import activation_patching as core, pairs as pairs_lib
+from mha_jax.toolkit.pairs import Pairs
 from helpers import G, H, L, SPEC, LlamaTask, tiny_llama_pairs, numpy_llama
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mha_jax import cli, load
-from mha_jax.patching import core
-from mha_jax.patching.pairs import Pairs
+from mha_jax.toolkit import activation_patching as core
+from mha_jax.toolkit.pairs import Pairs
 from helpers import ROOT, build_hf, save_folder
 
 pytestmark = pytest.mark.slow

@@ -410,7 +410,7 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
 def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   from mha_jax.analysis import report
   from mha_jax.models import common as C
-  from mha_jax.pruning import masks as M
+  from mha_jax.toolkit import masks as M
   _, run, _ = imported(case)
   assert run.params["lm"]["layer_0"]["attn"]["wk"].shape[1] == g
   rows = report.real_lm_roles(run, "test", batches=1, batch_size=2, half_len=8,
@@ -548,7 +548,7 @@ def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
   equal the masked model's (a whole kv head removed in layer 0, GQA padding in layer 1;
   exported twice over)."""
   from mha_jax.models import common as C
-  from mha_jax.pruning import masks as M
+  from mha_jax.toolkit import masks as M
   _, run, _ = imported("olmo2")                     # H = 4, G = 2
   mask = {"lm": [np.ones(4, np.float32) for _ in C.layers_of(run.params["lm"])]}
   mask["lm"][0][[0, 1]] = 0

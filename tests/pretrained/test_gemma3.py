@@ -140,7 +140,7 @@ def test_gemma3_studies_roles_and_mqa_export(gemma):
   query heads, and it goes only with all four."""
   from mha_jax.analysis import report
   from mha_jax.models import common as C
-  from mha_jax.pruning import masks as M
+  from mha_jax.toolkit import masks as M
   _, model, params = gemma
   rows = report.real_lm_roles(gemma, "test", batches=1, batch_size=2, half_len=16,
                               text_windows=1)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 import mha_jax
-from mha_jax.analysis import explorer, importance, report
+from mha_jax.analysis import explorer, report
+from mha_jax.toolkit import importance
 from mha_jax.circuits import scores
 from mha_jax.models import common as C
-from mha_jax.pruning import masks as M
+from mha_jax.toolkit import masks as M
 from mha_jax.pruning import methods
 from mha_jax.pruning import run as prune_run
 
@@ -230,7 +231,8 @@ def _planted(word_ids, arcs):
 
 def test_conllu_words_align_to_wordpieces_and_a_head_along_the_arcs_scores_1(
     minilm, tmp_path):
-  from mha_jax.analysis import roles, syntax
+  from mha_jax.toolkit import roles
+  from mha_jax.analysis import syntax
   from mha_jax.data import parallel
   path = tmp_path / "s.conllu"
   path.write_text(CONLLU)

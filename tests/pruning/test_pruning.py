@@ -11,10 +11,11 @@ import pytest
 
 import mha_jax
 from mha_jax import cli
-from mha_jax.analysis import importance, report
+from mha_jax.toolkit import importance
+from mha_jax.analysis import report
 from mha_jax.models import common as C
 from mha_jax.pruning import gates as G
-from mha_jax.pruning import masks as M
+from mha_jax.toolkit import masks as M
 from mha_jax.pruning import methods
 from mha_jax.pruning import run as prune_run
 from mha_jax.train import checkpoint as ckpt_lib

@@ -86,7 +86,7 @@ def test_induction_vs_random_when_a_layer_has_no_other_head(ind_run):
   # Layer 1's four heads are all top heads, so their random partners must come from
   # layer 0 (it used to end in "ValueError: high <= 0"); configs/induction.py's 8 heads
   # with the default --top 5 leave too few other heads: refused, naming the limit.
-  from mha_jax.analysis import importance
+  from mha_jax.toolkit import importance
   run = mha_jax.load(ind_run, **QUIET)
   scores = {f"lm.1.{h}": 1.0 - 0.1 * h for h in range(4)} | {"lm.0.0": 0.5, "lm.0.1": 0.1,
                                                             "lm.0.2": 0.0, "lm.0.3": 0.0}

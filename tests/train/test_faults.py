@@ -358,7 +358,7 @@ def test_circuits_over_checkpoints_builds_the_task_once(ind_run, monkeypatch):
 
 
 def test_michel_and_random_masks_leave_the_callers_mask_alone(ind_run):
-  from mha_jax.pruning import masks as M
+  from mha_jax.toolkit import masks as M
   from mha_jax.pruning import methods
   run = mha_jax.load(ind_run, **QUIET)
   start = M.ones_mask(run.params, ["lm"])
@@ -426,7 +426,7 @@ def test_special_ids_have_one_definition_per_vocabulary():
 def test_misleading_names_and_dead_code_are_gone():
   import inspect
   from mha_jax import bench
-  from mha_jax.analysis import importance, roles
+  from mha_jax.toolkit import importance, roles
   from mha_jax.data import synthetic_translation
   from mha_jax.models import seq2seq
   assert hasattr(roles, "RoleStats") and not hasattr(roles, "EncoderRoleStats")

@@ -177,7 +177,7 @@ def test_a_diverging_seed_stops_the_run_naming_it(tmp_path):
 
 
 def test_role_stability_counts_seeds_per_layer():
-  from mha_jax.analysis import stability
+  from mha_jax.toolkit import stability
 
   def rows(roles_by_layer):
     return [{"head": f"encoder.{l}.{h}", "stack": "encoder", "layer": l, "index": h,
@@ -283,7 +283,7 @@ def test_multi_seed_batches_split_over_two_devices_match_one(tmp_path):
 
 
 def test_curve_stability_gives_mean_and_spread_per_method_and_count():
-  from mha_jax.analysis import stability
+  from mha_jax.toolkit import stability
 
   def curve(l0, rnd):
     return {"rows": [{"method": "l0", "kept": 4, "bleu": l0, "roles": {"positional": 1}},

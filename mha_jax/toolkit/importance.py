@@ -55,7 +55,7 @@ def gates_without(params, heads: Sequence[tuple[str, int, int]]):
 
 def mean_head_outputs(run, split: str = "valid", limit: int = 256) -> dict:
   """{stack: [(H, K) mean output of each head over the reference set's real tokens]}."""
-  from mha_jax.analysis.capture import iter_captures
+  from mha_jax.toolkit.capture import iter_captures
   sums, count = {}, {}
   for batch, cap, weight in iter_captures(run, split, limit=limit):
     for stack, layers in cap.items():

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from mha_jax import storage
-from mha_jax.analysis.roles import ROLE_COLORS, ROLE_ORDER, STACK_ROLES
+from mha_jax.toolkit.roles import ROLE_COLORS, ROLE_ORDER, STACK_ROLES
 
 
 def stats(values: Sequence[float]) -> dict:

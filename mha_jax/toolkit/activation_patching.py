@@ -36,7 +36,7 @@ import numpy as np
 
 from mha_jax import interventions as I
 from mha_jax.errors import UserError
-from mha_jax.patching.pairs import Pairs
+from mha_jax.toolkit.pairs import Pairs
 
 HEAD_SITES = ("z", "q", "k_q", "v_q", "result")     # per query head
 KV_SITES = ("k", "v")                                # per key/value head
