@@ -204,7 +204,7 @@ def _cmd_analyze_seeds(args, seeds) -> int:
   analysis/ (or --out/seed_<s>), then the role stability across seeds into --out
   (default WORKDIR/analysis)."""
   from mha_jax.analysis import report
-  from mha_jax.toolkit import stability
+  from mha_jax.toolkit import head_roles, stability
   from mha_jax.loader import load
   out = _out_dir(args)
   heads = {}
@@ -216,7 +216,7 @@ def _cmd_analyze_seeds(args, seeds) -> int:
     if args.roles_only:   # roles alone, beside (not over) a full report
       heads[s] = storage.join(seed_out, "roles_only.json")
       storage.makedirs(seed_out)
-      storage.write_json(heads[s], report.head_roles(run, args.split))
+      storage.write_json(heads[s], head_roles.head_roles(run, args.split))
       continue
     report.analyze(run, out_dir=seed_out, log=lambda m: None, **_analyze_options(args))
     heads[s] = storage.join(seed_out, "heads.json")
@@ -283,11 +283,11 @@ def _cmd_ablate(args) -> int:
 
 
 def _ablate_induction(run, args, out_dir: str) -> int:
-  from mha_jax.analysis import report
+  from mha_jax.toolkit import head_roles
   if not run.task.decoder_only:
     raise UserError(f"--induction-vs-random needs a language model; {args.workdir!r} has "
                      f"task {run.config.task!r}")
-  rows = report.saved_or_head_roles(run, args.split)
+  rows = head_roles.saved_or_head_roles(run, args.split)
   scores = {r["head"]: r["induction"] for r in rows if "induction" in r}
   res = importance.induction_vs_random(run, scores, top=args.top, draws=args.draws,
                                        mode=args.mode, split=args.split)

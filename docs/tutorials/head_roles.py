@@ -15,7 +15,7 @@ import numpy as np
 import mha_jax
 from mha_jax import config as mc
 from mha_jax.toolkit import capture
-from mha_jax.analysis import report
+from mha_jax.toolkit import head_roles
 from mha_jax.train import loop
 
 workdir = tempfile.mkdtemp(prefix="head_roles_")
@@ -54,11 +54,11 @@ print("head encoder.0.0, first sentence, argmax key per query:", w_BHTS[0, 0].ar
 # %% [markdown]
 # ## Roles
 #
-# `report.head_roles` scores every head on the test split against the gold dependency
+# `head_roles.head_roles` scores every head on the test split against the gold dependency
 # arcs that come with each synthetic sentence and assigns a role by fixed thresholds.
 
 # %%
-rows = report.head_roles(run, "test")
+rows = head_roles.head_roles(run, "test")
 enc = [r for r in rows if r["stack"] == "encoder"]
 counts = {}
 for r in enc:

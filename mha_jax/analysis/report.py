@@ -12,207 +12,17 @@ from typing import Callable
 
 import numpy as np
 
-from mha_jax import storage
-from mha_jax.toolkit import capture as capture_lib
-from mha_jax.analysis import explorer, syntax
-from mha_jax.toolkit import importance, roles
-from mha_jax.data import vocab as V
+from mha_jax import loader, storage
+from mha_jax.analysis import explorer
 from mha_jax.errors import UserError
-
-
-def _rarest(words: list[str], freqs: dict[str, int]) -> int:
-  return int(np.argmin([freqs.get(w, 0) for w in words]))
-
-
-def translation_roles(run, split: str, limit: int = 0,
-                      th: roles.Thresholds = roles.Thresholds()) -> list[dict]:
-  """Role statistics of the encoder's and the decoder's self-attention heads."""
-  task = run.task
-  freqs_path = storage.join(run.workdir, "data", "train_freqs.json")
-  freqs = storage.read_json(freqs_path)
-  max_len = run.config.data.max_len + 1
-  stats = {}
-  arcs_all = task.arcs.get(split)
-  src_words = task.words[split][0]
-  offset = 0
-  for batch, cap, weight in capture_lib.iter_captures(
-      run, split, stacks=("encoder", "decoder_self"), limit=limit):
-    n = int(weight.sum())
-    idx = range(offset, offset + n)
-    src = np.asarray(batch["src"])[:n]
-    lengths = ((src != V.PAD_ID) & (src != V.EOS_ID)).sum(1)
-    arcs = [arcs_all[i] for i in idx] if arcs_all else None
-    rarest = np.array([_rarest(src_words[i], freqs) for i in idx])
-    for stack in ("encoder", "decoder_self"):
-      if stack not in stats:   # head counts as captured (pruned layers may differ)
-        heads = [np.asarray(cap[stack][l].weights).shape[1] for l in sorted(cap[stack])]
-        stats[stack] = roles.RoleStats(len(heads), heads, max_len)
-    enc = cap["encoder"]
-    stats["encoder"].update([np.asarray(enc[l].weights)[:n] for l in sorted(enc)], lengths,
-                            arcs, rarest)
-    tgt = np.asarray(batch["tgt"])[:n, :-1]
-    t_len = ((tgt != V.PAD_ID) & (tgt != V.EOS_ID)).sum(1)
-    dec = cap["decoder_self"]
-    stats["decoder_self"].update([np.asarray(dec[l].weights)[:n] for l in sorted(dec)],
-                                 t_len, None, None)
-    offset += n
-  rows = stats["encoder"].results("encoder", th)
-  for r in stats["decoder_self"].results("decoder_self", th):
-    r["role"] = "positional" if r["positional_share"] >= th.positional else "other"
-    rows.append(r)
-  return rows
-
-
-def lm_roles(run, split: str, limit: int = 256, threshold: float = 0.4) -> list[dict]:
-  sums, n = {}, 0
-  for batch, cap, _weight in capture_lib.iter_captures(run, split, stacks=("lm",), limit=limit):
-    tokens = np.asarray(batch["tokens"])[:, :-1]
-    for layer, r in cap["lm"].items():
-      s = roles.lm_scores(np.asarray(r.weights), tokens)
-      acc = sums.setdefault(layer, {k: 0 for k in s})
-      for k, v in s.items():
-        acc[k] = acc[k] + v
-    n += 1
-  rows = []
-  for layer in sorted(sums):
-    for h in range(len(sums[layer]["induction"])):
-      row = {"head": f"lm.{layer}.{h}", "stack": "lm", "layer": layer, "index": h,
-             **{k: float(v[h] / n) for k, v in sums[layer].items()}}
-      best = max(roles.LM_ROLES, key=lambda k: row[k])
-      row["role"] = best if row[best] >= threshold else "other"
-      rows.append(row)
-  return rows
-
-
-def real_lm_roles(run, split: str = "test", *, batches: int = 2, batch_size: int = 8,
-                  half_len: int = 32, text_windows: int = 8, threshold: float = 0.4,
-                  sink: float = 0.8, seed: int = 7_000_003) -> list[dict]:
-  """Roles of every head of an LM over a real tokenizer (mha_jax.load of an imported
-  model). On `batches` x `batch_size` sequences of repeated random tokens over the model's
-  own vocabulary with its BOS ([BOS] r_1..r_n r_1..r_n, n = half_len): previous-token,
-  duplicate-token and induction scores (lm_scores). On `text_windows` windows of the
-  built-in text (split): the attention-sink share (weight on the first token) and the
-  mean entropy. Role: the largest of the three scores if >= threshold, else
-  "attention_sink" if the sink share >= sink, else "other"."""
-  sums, n = {}, 0
-  for i in range(batches):
-    tokens, _ = run.task.repeated_tokens(seed + i, batch_size, half_len)
-    cap = capture_lib.captured(run.task, run.params, {"tokens": tokens})
-    for layer, r in enumerate(cap["lm"]):
-      acc = sums.setdefault(layer, {})
-      for k, v in roles.lm_scores(np.asarray(r.weights), tokens[:, :-1]).items():
-        acc[k] = acc.get(k, 0) + v
-    n += 1
-  text = {}
-  for batch, cap, weight in capture_lib.iter_captures(
-      run, split, stacks=("lm",), batch_size=run.config.eval.batch_size, limit=text_windows):
-    valid = np.broadcast_to(weight[:, None] > 0, np.asarray(batch["tokens"])[:, :-1].shape)
-    for layer, r in cap["lm"].items():
-      acc = text.setdefault(layer, {"sink": 0, "entropy": 0, "n": 0})
-      w = np.asarray(r.weights)
-      acc["sink"] = acc["sink"] + roles.first_token_share(w, valid) * valid[:, 1:].sum()
-      acc["entropy"] = acc["entropy"] + roles.entropy(w, valid) * valid.sum()
-      acc["n"] += valid.sum()
-  rows = []
-  for layer in sorted(sums):
-    t = text[layer]
-    for h in range(len(sums[layer]["induction"])):
-      row = {"head": f"lm.{layer}.{h}", "stack": "lm", "layer": layer, "index": h,
-             **{k: float(v[h] / n) for k, v in sums[layer].items()},
-             "sink_share": float(t["sink"][h] / max(t["n"] - text_windows, 1)),
-             "entropy": float(t["entropy"][h] / max(t["n"], 1))}
-      best = max(roles.LM_ROLES, key=lambda k: row[k])
-      row["role"] = (best if row[best] >= threshold else
-                     "attention_sink" if row["sink_share"] >= sink else "other")
-      rows.append(row)
-  return rows
-
-
-def embedding_roles(run, split: str = "test", limit: int = 0,
-                    th: roles.Thresholds = roles.Thresholds(), special: float = 0.5,
-                    conllu: str | None = None) -> list[dict]:
-  """Roles of every encoder head of a BERT encoder on paragraphs of the built-in text:
-  Voita et al.'s positional (90 % rule) and rare-token statistics over the real tokens
-  ([CLS] and [SEP] included as positions; the rarest token is the least frequent
-  wordpiece of the train split, [CLS]/[SEP] excluded), and the attention on [CLS] and on
-  [SEP]. Role: positional > syntactic > cls > sep > rare > other ("cls"/"sep" when that
-  share >= `special`). Syntactic needs arcs: with `conllu` (a CoNLL-U file of input
-  sentences) each head's dependency accuracy is measured on those sentences, words
-  aligned to wordpieces (analysis.syntax), and a head is syntactic by the translation
-  models' rule; without it no head is syntactic."""
-  syn = syntax.conllu_syntax(run, conllu, th) if conllu else {}
-  task = run.task
-  freqs = np.zeros(task.vocab_size, np.int64)
-  for ids in task.tokenizer.encode_batch(task.paragraphs()["train"]):
-    np.add.at(freqs, ids, 1)
-  stats, special_sums, n_q = None, {}, 0
-  for batch, cap, weight in capture_lib.iter_captures(run, split, stacks=("encoder",),
-                                                      limit=limit):
-    n = int(weight.sum())
-    lengths = np.asarray(batch["mask"]).sum(1)[:n]
-    tok = np.asarray(batch["tokens"])[:n]
-    rarest = np.array([1 + int(np.argmin(freqs[tok[b, 1:max(lengths[b] - 1, 2)]]))
-                       for b in range(n)])
-    enc = cap["encoder"]
-    if stats is None:
-      heads = [np.asarray(enc[l].weights).shape[1] for l in sorted(enc)]
-      stats = roles.RoleStats(len(heads), heads, int(run.config.eval.seq_len))
-    ws = [np.asarray(enc[l].weights)[:n] for l in sorted(enc)]
-    stats.update(ws, lengths, None, rarest)
-    q = int(lengths.sum())
-    for l, w in enumerate(ws):
-      for k, v in roles.special_token_shares(w, lengths).items():
-        special_sums.setdefault(l, {}).setdefault(k, 0)
-        special_sums[l][k] = special_sums[l][k] + v * q
-    n_q += q
-  rows = stats.results("encoder", th)
-  for r in rows:
-    if syn:
-      r.update(syn[r["head"]])
-      r["role"] = roles.assign_role(r, th)
-    for k in ("cls_share", "sep_share"):
-      r[k] = float(special_sums[r["layer"]][k][r["index"]] / max(n_q, 1))
-    if r["role"] in ("rare", "other"):
-      if r["cls_share"] >= special:
-        r["role"] = "cls"
-      elif r["sep_share"] >= special:
-        r["role"] = "sep"
-  return rows
+from mha_jax.toolkit import importance, roles
+from mha_jax.toolkit.head_roles import head_roles
 
 
 GRID_SCORES = {"lm": ("previous_token", "duplicate_token", "induction", "sink_share",
                       "entropy", "importance"),
                "encoder": ("positional_share", "cls_share", "sep_share", "rare_share",
                            "confidence", "importance")}
-
-
-def head_roles(run, split: str = "test", limit: int = 0, *, conllu: str | None = None
-               ) -> list[dict]:
-  """Every head's role statistics and role, by the run's task (the one dispatch)."""
-  family = run.task.role_family
-  if family == "translation":
-    return translation_roles(run, split, limit)
-  if family == "embedding":
-    return embedding_roles(run, split, limit, conllu=conllu)
-  if family == "real_lm":
-    return real_lm_roles(run, split)
-  return lm_roles(run, split)
-
-
-def saved_or_head_roles(run, split: str = "test", log: Callable[[str], None] = print
-                        ) -> list[dict]:
-  """The rows of the run's analysis/heads.json when `analyze` wrote one, else
-  head_roles(run, split) computed now."""
-  path = storage.join(run.workdir, "analysis", "heads.json")
-  if storage.exists(path):
-    return storage.read_json(path)
-  log("roles: analysing the dense model first ...")
-  return head_roles(run, split)
-
-
-def role_of(rows: list[dict]) -> dict[str, str]:
-  """head name -> role ("other" where a row has none)."""
-  return {r["head"]: r.get("role", "other") for r in rows}
 
 
 def plot_score_grids(rows, path, keys, title=""):
@@ -325,8 +135,7 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
   storage.makedirs(out_dir)
   is_tr = run.task.reports_bleu
   if run.task.compares_to_dense:   # the loss: a distance to the dense model's outputs
-    from mha_jax.pruning import run as prune_run
-    prune_run.set_dense_reference(run)
+    loader.set_dense_reference(run)
   if not run.task.trainable:       # imported models: 270 / 72 heads
     importance_limit = min(importance_limit, run.config.eval.batch_size * 2)
     if run.task.decoder_only and loo:

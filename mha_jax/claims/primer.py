@@ -175,12 +175,12 @@ def find_pruned(ctx: E.Context, workdir: str, pruned: str | None = None) -> str 
 
 
 def _roles(workdir: str) -> dict:
-  from mha_jax.analysis import report
+  from mha_jax.toolkit import head_roles
   path = storage.join(workdir, "analysis", "heads.json")
   if storage.exists(path):
-    return report.role_of(storage.read_json(path))
+    return head_roles.role_of(storage.read_json(path))
   from mha_jax.loader import load
-  return report.role_of(report.saved_or_head_roles(load(workdir), "test",
+  return head_roles.role_of(head_roles.saved_or_head_roles(load(workdir), "test",
                                                    log=lambda m: None))
 
 

@@ -90,8 +90,8 @@ def claim_pruning(ctx: Context, setting: str, seed, wd: str, keep: int = 10,
   if run.task.role_family != "translation":
     raise UserError(f"{wd!r} is not a translation run (the pruning claim's {setting} "
                     f"setting)")
-  from mha_jax.analysis import report
-  roles = report.role_of(report.saved_or_head_roles(run, "test", log=lambda m: None))
+  from mha_jax.toolkit import head_roles
+  roles = head_roles.role_of(head_roles.saved_or_head_roles(run, "test", log=lambda m: None))
   out = storage.join(ctx.work, "pruned", f"{label(setting, seed)}_keep{keep}")
   info = None
   if storage.exists(storage.join(out, "pruning.json")):       # reuse, never overwrite
@@ -328,14 +328,13 @@ def claim_michel(ctx: Context, setting: str, seed, wd: str,
   valid split with all heads on) one at a time, until the mean cosine similarity of the
   test paragraphs' embeddings to the full model's drops below the lowest level."""
   from mha_jax.toolkit import importance
-  from mha_jax.loader import load
+  from mha_jax.loader import load, set_dense_reference
   from mha_jax.toolkit import masks as M
-  from mha_jax.pruning import run as prune_run
   run = load(wd)
   if not getattr(run.task, "compares_to_dense", False):
     raise UserError(f"{wd!r} holds task {run.task.name!r}; Michel's MiniLM claim needs a "
                     f"sentence-embedding model")
-  prune_run.set_dense_reference(run)
+  set_dense_reference(run)
   ctx.log("  Michel importance and cosine to the full model, head by head ...")
   imp = importance.michel_importance(run, "valid")["normalized"]
   order = sorted(imp, key=imp.get)

@@ -120,7 +120,7 @@ class Weights:
 def read(folder: str, dtype: str = "float32", place=None):
   """(params, model config, tokenizers.Tokenizer, tokenizer config, info). place:
   adapters.build_params's (decoder families; each tensor placed as it is converted)."""
-  from mha_jax.pretrained import tokenizer as tk
+  from mha_jax.data import tokenizer_json
   cfg = _load_config(folder)
   arch = architecture(cfg)
   if arch not in adapters.FAMILIES and arch != "bert":
@@ -142,7 +142,7 @@ def read(folder: str, dtype: str = "float32", place=None):
         files[0]) if len(files) == 1 else INDEX), fam.prefixes, _np_dtype(dtype))
     params = adapters.build_params(fam, settings, t, _np_dtype(dtype), place=place)
     mcfg = adapters.model_config(settings, fam)
-    tok = tk.from_tokenizer_json(tok_path)
+    tok = tokenizer_json.from_tokenizer_json(tok_path)
     tok_cfg = dict(bos_id=_int_or(cfg.get("bos_token_id"), -1),
                    eos_id=_int_or(_first(cfg.get("eos_token_id"), -1), -1),
                    pad_id=_int_or(cfg.get("pad_token_id"), -1), add_bos=False,
@@ -162,7 +162,7 @@ def read(folder: str, dtype: str = "float32", place=None):
   if os.path.isfile(st):
     with open(st) as f:
       max_seq = int(json.load(f).get("max_seq_length", max_seq))
-  tok = tk.from_tokenizer_json(tok_path, max_len=max_seq)
+  tok = tokenizer_json.from_tokenizer_json(tok_path, max_len=max_seq)
   tok_cfg = dict(pad_id=int(cfg.get("pad_token_id") or 0), max_seq_len=max_seq,
                  normalize=os.path.isdir(os.path.join(folder, "2_Normalize")) or
                  _lists_normalize(folder))

@@ -3,10 +3,7 @@ HF tokenizer.json. Either way the workdir holds one tokenizer.json."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from mha_jax.errors import UserError
-from mha_jax import storage
 
 # tokenizer.ggml.pre -> digit handling before the byte-level split (llama.cpp's
 # pre-tokenizer families for byte-level BPE).
@@ -102,46 +99,3 @@ def from_gguf_gemma(tokens, token_types, where: str):
   if user:
     tok.add_tokens(user)
   return tok
-
-
-def from_tokenizer_json(path: str, max_len: int | None = None):
-  """An HF tokenizer.json, without its fixed padding; truncation at max_len if given."""
-  from tokenizers import Tokenizer
-  try:
-    tok = Tokenizer.from_str(storage.read_text(path))
-  except Exception as e:  # noqa: BLE001 - the library raises a plain Exception
-    raise UserError(f"tokenizer file {path!r} cannot be read: {e}") from None
-  tok.no_padding()
-  if max_len:
-    tok.enable_truncation(max_length=max_len)
-  return tok
-
-
-class PretrainedTokenizer:
-  """ids = encode(text) (np.int32), text = decode(ids); wraps the workdir's tokenizer.json."""
-
-  def __init__(self, tok, add_special_tokens: bool):
-    self.tok = tok
-    self.add_special_tokens = add_special_tokens
-
-  @classmethod
-  def load(cls, path: str, add_special_tokens: bool) -> "PretrainedTokenizer":
-    return cls(from_tokenizer_json(path), add_special_tokens)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.tok.get_vocab_size()
-
-  def encode(self, text: str) -> np.ndarray:
-    return np.asarray(self.tok.encode(text, add_special_tokens=self.add_special_tokens).ids,
-                      np.int32)
-
-  def encode_batch(self, texts) -> list[np.ndarray]:
-    return [np.asarray(e.ids, np.int32) for e in
-            self.tok.encode_batch(list(texts), add_special_tokens=self.add_special_tokens)]
-
-  def decode(self, ids, skip_special_tokens: bool = False) -> str:
-    return self.tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
-
-  def token_id(self, token: str) -> int | None:
-    return self.tok.token_to_id(token)

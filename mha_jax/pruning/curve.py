@@ -10,8 +10,8 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.analysis import report
-from mha_jax.loader import load
+from mha_jax.toolkit import head_roles
+from mha_jax.loader import load, set_dense_reference
 from mha_jax.pruning import gates as G
 from mha_jax.toolkit import masks as M
 from mha_jax.pruning import methods
@@ -33,7 +33,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
     raise UserError(f"--out {out_dir!r} is a file, not a folder")
   run = load(workdir)
   storage.makedirs(out_dir)
-  run_lib.set_dense_reference(run)       # embeddings: compare with the dense model
+  set_dense_reference(run)       # embeddings: compare with the dense model
   total = M.count(M.ones_mask(run.params, stacks))
   for k in counts:
     if not 0 <= k <= total:
@@ -49,7 +49,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
       if storage.exists(d) and storage.listdir(d):
         raise UserError(f"--save-workdirs: {d!r} exists and is not empty; refusing to "
                         f"overwrite it")
-  roles = report.role_of(report.saved_or_head_roles(run, "test", log))
+  roles = head_roles.role_of(head_roles.saved_or_head_roles(run, "test", log))
   is_tr = run.task.reports_bleu
   seconds = {}
   t0 = time.perf_counter()

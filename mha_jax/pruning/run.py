@@ -14,7 +14,7 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.loader import load
+from mha_jax.loader import load, set_dense_reference
 from mha_jax.models import common as C
 from mha_jax.pruning import gates as G
 from mha_jax.toolkit import masks as M
@@ -208,17 +208,3 @@ def forward_speedup(model, dense, pruned, batch, rounds: int = 9) -> tuple[dict,
              exported_tokens_per_s=tokens / out["exported_s"],
              batch_shapes={k: list(np.shape(v)) for k, v in batch.items()})
   return out, outputs
-
-
-def set_dense_reference(run) -> None:
-  """Embedding models: the loss and the metrics compare with the dense model's
-  embeddings (the source run of a pruned workdir, else these params)."""
-  if not run.task.compares_to_dense:
-    return
-  path = storage.join(run.workdir, "pruning.json")
-  params = run.params
-  if storage.exists(path):
-    src = storage.read_json(path).get("source")
-    if src and storage.exists(storage.join(src, "config.json")):
-      params = load(src).params
-  run.task.set_reference(params)

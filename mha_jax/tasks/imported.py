@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.pretrained.tokenizer import PretrainedTokenizer
+from mha_jax.data.tokenizer_json import PretrainedTokenizer
 
 
 def tokenizer_of(workdir, add_special_tokens: bool):

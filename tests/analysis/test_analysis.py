@@ -13,6 +13,7 @@ from mha_jax import cli
 from mha_jax.toolkit import ablations
 from mha_jax.toolkit import capture, importance
 from mha_jax.analysis import explorer, report
+from mha_jax.toolkit import head_roles
 from mha_jax.models import common as C
 from helpers import launch_chromium, trained_translation
 
@@ -246,7 +247,7 @@ class _PlantedModel:
 def test_planted_model_heads_are_classified_exactly(run):
   planted = mha_jax.Loaded(run.config, _PlantedModel(run.task, run.workdir, "valid"),
                            {}, run.step, run.workdir)
-  rows = [r for r in report.translation_roles(planted, "valid") if r["stack"] == "encoder"]
+  rows = [r for r in head_roles.translation_roles(planted, "valid") if r["stack"] == "encoder"]
   assert [r["role"] for r in rows] == ["positional", "rare", "syntactic", "other"]
   assert rows[0]["positional_offset"] == -1
   assert rows[1]["rare_share"] > 0.95 > rows[3]["rare_share"]
@@ -266,7 +267,7 @@ def test_quickstart_model_has_positional_and_syntactic_encoder_heads(tmp_path, c
   quickstart.run(wd, ["--config.train.progress=false"], log=lambda s: None, analyze=False,
                  prune=False)
   run = mha_jax.load(wd)
-  enc = [r for r in report.translation_roles(run, "test") if r["stack"] == "encoder"]
+  enc = [r for r in head_roles.translation_roles(run, "test") if r["stack"] == "encoder"]
   counts = Counter(r["role"] for r in enc)
   positional = [r for r in enc if r["role"] == "positional"]
   rare = max(enc, key=lambda r: r["rare_share"])

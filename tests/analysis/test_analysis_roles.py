@@ -79,7 +79,7 @@ def test_lm_scores_on_planted_patterns_through_the_attention_function():
 
 def test_planted_model_through_the_report_pipeline(tmp_path_factory):
   """A real encoder whose layer-0 heads are set by hand, analysed from its workdir by
-  `report.translation_roles` (capture -> detectors), like any checkpoint:
+  `head_roles.translation_roles` (capture -> detectors), like any checkpoint:
     head 0: previous token (rel_bias +50 at offset -1, Q = K = 0);
     head 1: the sentence's rarest token (a constant query against a key holding
             -log(1 + training frequency));
@@ -92,7 +92,7 @@ def test_planted_model_through_the_report_pipeline(tmp_path_factory):
   import json
   import os
 
-  from mha_jax.analysis import report
+  from mha_jax.toolkit import head_roles
   from mha_jax.data import synthetic_translation as st
   from helpers import trained_translation
 
@@ -127,7 +127,7 @@ def test_planted_model_through_the_report_pipeline(tmp_path_factory):
   params["encoder"]["layer_0"]["self_attn"] = blk
   planted = dataclasses.replace(run, params=params)
 
-  rows = {r["head"]: r for r in report.translation_roles(planted, "train", limit=200)}
+  rows = {r["head"]: r for r in head_roles.translation_roles(planted, "train", limit=200)}
   got = [rows[f"encoder.0.{h}"] for h in range(4)]
   assert [r["role"] for r in got] == ["positional", "rare", "syntactic", "other"]
   assert got[0]["positional_offset"] == -1 and got[0]["positional_share"] == 1.0

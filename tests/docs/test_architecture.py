@@ -1,7 +1,9 @@
-"""The import graph: no cycle, and every import goes down the floors or stays on one.
+"""The import graph: no cycle, every import goes down the floors or stays on one, no study
+imports another, and the core keeps its internal order.
 
 Read from the source with `ast` (nothing is imported), function-level imports included.
-The floors are docs/architecture.md's table; a new module must find its floor here.
+The floors and the core's order are docs/architecture.md's table and list, parsed here:
+a new module must find its floor on that page.
 """
 
 import ast
@@ -13,29 +15,39 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "mha_jax"
+PAGE = ROOT / "docs" / "architecture.md"
+# A module named on the page followed by this sits on that floor alone (its package's
+# __init__), not with its submodules.
+INIT_ONLY = " (its `__init__` only"
 
-# Floor of each module, by the longest matching name prefix.
-FLOORS = {
-    # 1 core: attention and what everything needs
-    "mha_jax.blocks": 1, "mha_jax.kernels": 1, "mha_jax.attention": 1,
-    "mha_jax.interventions": 1, "mha_jax.layers": 1, "mha_jax.accounting": 1,
-    "mha_jax.errors": 1, "mha_jax.storage": 1, "mha_jax.config": 1, "mha_jax.assets": 1,
-    "mha_jax.compile_cache": 1,
-    # 2 models and the data they eat; the readers of real models' files
-    "mha_jax.models": 2, "mha_jax.data": 2, "mha_jax.pretrained": 2,
-    # 3 tasks; making, training and loading runs
-    "mha_jax.tasks": 3, "mha_jax.pretrained.importer": 3,
-    "mha_jax.train": 3, "mha_jax.loader": 3, "mha_jax.sweep": 3, "mha_jax.bench": 3,
-    "mha_jax.bench_train": 3, "mha_jax.toolkit": 3,
-    # 4 studies
-    "mha_jax.analysis": 4, "mha_jax.pruning": 4, "mha_jax.circuits": 4,
-    "mha_jax.patching": 4, "mha_jax.claims": 4, "mha_jax.quickstart": 4,
-    # 5 the command line and the package's facade
-    "mha_jax.cli": 5, "mha_jax": 5,
-}
-# Package facades that re-export a higher floor's names sit on that floor.
-EXACT = {"mha_jax.pretrained": 3}
-NAMES = {1: "core", 2: "models", 3: "tasks", 4: "studies", 5: "cli"}
+
+def page_floors(text: str):
+  """(floor of each name prefix, floor of each package __init__ alone, floor names) from
+  the page's table: rows `| N name | `mha_jax.x`, ... | what |`."""
+  floors, exact, names = {}, {}, {}
+  for m in re.finditer(r"^\| (\d+) (\w+) \| (.+?) \|", text, re.M):
+    n = int(m.group(1))
+    names[n] = m.group(2)
+    cell = m.group(3)
+    for mod in re.finditer(r"`(mha_jax(?:\.\w+)*)`", cell):
+      target = exact if cell[mod.end():].startswith(INIT_ONLY) else floors
+      if mod.group(1) in target:
+        raise AssertionError(f"docs/architecture.md: {mod.group(1)} is on two floors")
+      target[mod.group(1)] = n
+  return floors, exact, names
+
+
+def page_core_order(text: str) -> dict[str, int]:
+  """Level of each core module in the page's numbered list after 'Inside the core'."""
+  section = text[text.index("Inside the core"):]
+  section = section[:section.index("\n\n", section.index("\n1. "))]
+  return {mod: int(m.group(1)) for m in re.finditer(r"^(\d+)\. (.+)$", section, re.M)
+          for mod in re.findall(r"`(mha_jax(?:\.\w+)*)`", m.group(2))}
+
+
+FLOORS, EXACT, NAMES = page_floors(PAGE.read_text())
+CORE_ORDER = page_core_order(PAGE.read_text())
+STUDIES = next(n for n, name in NAMES.items() if name == "studies")
 
 
 def modules() -> dict[str, pathlib.Path]:
@@ -134,12 +146,57 @@ def test_imports_go_down_or_stay():
   assert bad == []
 
 
-def test_blocks_is_a_leaf_and_the_core_never_imports_attention_back():
+def study_of(name: str) -> str | None:
+  """The study (its floor's name prefix) a module belongs to; None off the studies floor."""
+  if floor(name) != STUDIES:
+    return None
+  return max((p for p in FLOORS if name == p or name.startswith(p + ".")), key=len)
+
+
+def sideways(g) -> list[str]:
+  return [f"{a} imports {b}" for a, deps in g.items() for b in sorted(deps)
+          if study_of(a) and study_of(b) and study_of(a) != study_of(b)]
+
+
+def test_no_study_imports_another():
+  assert sideways(graph()) == []
+
+
+def core_level(name: str) -> int:
+  best = max((p for p in CORE_ORDER if name == p or name.startswith(p + ".")), key=len,
+             default=None)
+  if best is None:
+    raise AssertionError(f"core module {name} is not in docs/architecture.md's core order")
+  return CORE_ORDER[best]
+
+
+def core_order_violations(g) -> list[str]:
+  """Core imports that do not go to an earlier line of the page's order (or inside one
+  package, e.g. kernels.dispatch -> kernels.xla)."""
+  bad = []
+  for a, deps in g.items():
+    if floor(a) != 1:
+      continue
+    for b in sorted(deps):
+      same_pkg = a.split(".")[:2] == b.split(".")[:2] and a.count(".") + b.count(".") > 2
+      if floor(b) == 1 and not same_pkg and core_level(b) >= core_level(a):
+        bad.append(f"{a} (line {core_level(a)}) imports {b} (line {core_level(b)})")
+  return bad
+
+
+def test_the_core_keeps_the_order_the_page_gives():
   g = graph()
   assert g["mha_jax.blocks"] == set()
-  for name, deps in g.items():
-    if name.startswith("mha_jax.kernels"):
-      assert "mha_jax.attention" not in deps, name
+  assert core_order_violations(g) == []
+  importers = {a for a, deps in g.items() if "mha_jax.attention" in deps and floor(a) == 1}
+  assert importers == {"mha_jax.layers"}   # the page: only layers imports attention back
+
+
+def test_the_page_names_only_modules_that_exist():
+  mods = modules()
+  named = set(FLOORS) | set(EXACT) | set(CORE_ORDER)
+  assert sorted(n for n in named if n not in mods) == []
+  assert set(NAMES) == set(range(1, len(NAMES) + 1))
 
 
 def test_the_checks_can_fail():
@@ -147,9 +204,25 @@ def test_the_checks_can_fail():
   g = graph()
   g["mha_jax.blocks"] = {"mha_jax.attention"}
   assert any("mha_jax.blocks" in c and "mha_jax.attention" in c for c in cycles(g))
-  assert floor("mha_jax.cli") > floor("mha_jax.analysis.report") > floor("mha_jax.tasks")
+  assert floor("mha_jax.cli") > floor("mha_jax.analysis.report") > floor("mha_jax.toolkit")
+  assert floor("mha_jax.toolkit") > floor("mha_jax.tasks")
   with pytest.raises(AssertionError, match="no floor"):
     floor("elsewhere.module")
+  # A study importing another study, and a core module importing a later line, are found.
+  g["mha_jax.pruning.curve"] = g["mha_jax.pruning.curve"] | {"mha_jax.analysis.report"}
+  assert sideways(g) == ["mha_jax.pruning.curve imports mha_jax.analysis.report"]
+  g["mha_jax.blocks"] = {"mha_jax.layers"}
+  assert core_order_violations(g) == ["mha_jax.blocks (line 1) imports mha_jax.layers (line 4)"]
+
+
+def test_the_page_is_parsed():
+  # A table row and the core list in the page's format give the floors the test checks.
+  text = ("| 2 upper | `mha_jax.b`, `mha_jax.p` (its `__init__` only: re-exports) | x |\n"
+          "| 1 lower | `mha_jax.a`, `mha_jax.p` | y |\n\nInside the core ...:\n\n"
+          "1. `mha_jax.a`\n2. `mha_jax.b`, `mha_jax.c`\n\nSo ...")
+  assert page_floors(text) == ({"mha_jax.b": 2, "mha_jax.a": 1, "mha_jax.p": 1},
+                               {"mha_jax.p": 2}, {2: "upper", 1: "lower"})
+  assert page_core_order(text) == {"mha_jax.a": 1, "mha_jax.b": 2, "mha_jax.c": 2}
 
 
 def test_relative_and_function_level_imports_are_seen(tmp_path):

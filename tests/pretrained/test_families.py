@@ -408,12 +408,12 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
 @pytest.mark.slow   # the default run does both on real models (SmolLM2: GQA, Gemma 3: MQA)
 @pytest.mark.parametrize("case,h,g", [("llama", 4, 2), ("gemma3", 4, 1)])
 def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
-  from mha_jax.analysis import report
+  from mha_jax.toolkit import head_roles
   from mha_jax.models import common as C
   from mha_jax.toolkit import masks as M
   _, run, _ = imported(case)
   assert run.params["lm"]["layer_0"]["attn"]["wk"].shape[1] == g
-  rows = report.real_lm_roles(run, "test", batches=1, batch_size=2, half_len=8,
+  rows = head_roles.real_lm_roles(run, "test", batches=1, batch_size=2, half_len=8,
                               text_windows=1)
   assert len(rows) == len(run.head_names) == h * len(C.layers_of(run.params["lm"]))
   n = len(C.layers_of(run.params["lm"]))

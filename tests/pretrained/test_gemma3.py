@@ -138,11 +138,11 @@ def test_gemma3_tokenizer_round_trips_and_keeps_turn_markers(gemma):
 def test_gemma3_studies_roles_and_mqa_export(gemma):
   """Roles score all 72 heads; export-pruned on MQA: one key/value head serves the four
   query heads, and it goes only with all four."""
-  from mha_jax.analysis import report
+  from mha_jax.toolkit import head_roles
   from mha_jax.models import common as C
   from mha_jax.toolkit import masks as M
   _, model, params = gemma
-  rows = report.real_lm_roles(gemma, "test", batches=1, batch_size=2, half_len=16,
+  rows = head_roles.real_lm_roles(gemma, "test", batches=1, batch_size=2, half_len=16,
                               text_windows=1)
   assert len(rows) == 72
   top = sorted(rows, key=lambda r: -r["induction"])[:5]

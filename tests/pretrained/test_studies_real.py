@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import mha_jax
-from mha_jax.analysis import explorer, report
+from mha_jax.analysis import explorer
+from mha_jax.toolkit import head_roles
 from mha_jax.toolkit import importance
 from mha_jax.circuits import scores
 from mha_jax.models import common as C
@@ -51,7 +52,7 @@ def minilm(minilm_workdir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smol_rows(smol):
-  return report.real_lm_roles(smol, "test", batches=1, batch_size=4, half_len=16,
+  return head_roles.real_lm_roles(smol, "test", batches=1, batch_size=4, half_len=16,
                               text_windows=4)
 
 
@@ -149,7 +150,7 @@ def test_prune_and_export_an_imported_lm(smol, tmp_path):
 
 
 def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
-  rows = report.embedding_roles(minilm, "test")
+  rows = head_roles.embedding_roles(minilm, "test")
   assert len(rows) == 72
   for r in rows:
     assert 0 <= r["cls_share"] <= 1 + 1e-6 and 0 <= r["sep_share"] <= 1 + 1e-6
@@ -232,7 +233,7 @@ def _planted(word_ids, arcs):
 def test_conllu_words_align_to_wordpieces_and_a_head_along_the_arcs_scores_1(
     minilm, tmp_path):
   from mha_jax.toolkit import roles
-  from mha_jax.analysis import syntax
+  from mha_jax.toolkit import syntax
   from mha_jax.data import parallel
   path = tmp_path / "s.conllu"
   path.write_text(CONLLU)
@@ -279,7 +280,7 @@ def test_bert_syntactic_roles_from_a_conllu_file(minilm, tmp_path, capsys):
   from mha_jax import cli
   path = tmp_path / "s.conllu"
   path.write_text(CONLLU)
-  rows = report.embedding_roles(minilm, "test", limit=8, conllu=str(path))
+  rows = head_roles.embedding_roles(minilm, "test", limit=8, conllu=str(path))
   assert len(rows) == 72
   for r in rows:          # every relation the file uses is scored, for every head
     for rel in ("nsubj_dh", "dobj_hd", "amod_dh", "advmod_hd", "punct_dh"):
@@ -289,7 +290,7 @@ def test_bert_syntactic_roles_from_a_conllu_file(minilm, tmp_path, capsys):
   bad = tmp_path / "bad.conllu"
   bad.write_text("1\tdog\t_\t_\t_\t_\t7\tnsubj\t_\t_\n\n")
   with pytest.raises(ValueError, match="head 7 is not a token"):
-    report.embedding_roles(minilm, "test", limit=8, conllu=str(bad))
+    head_roles.embedding_roles(minilm, "test", limit=8, conllu=str(bad))
   assert cli.main(["analyze", "--workdir", minilm.workdir, "--conllu",
                    str(tmp_path / "missing.conllu"), "--out", str(tmp_path / "a")]) == 2
   assert "no such file" in capsys.readouterr().err

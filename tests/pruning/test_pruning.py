@@ -12,7 +12,7 @@ import pytest
 import mha_jax
 from mha_jax import cli
 from mha_jax.toolkit import importance
-from mha_jax.analysis import report
+from mha_jax.toolkit import head_roles
 from mha_jax.models import common as C
 from mha_jax.pruning import gates as G
 from mha_jax.toolkit import masks as M
@@ -120,7 +120,7 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
   assert ev["bleu"] == pytest.approx(ev_masked["bleu"], abs=1e-6)
   assert ex.task.translate(ex.params, "valid") == masked.task.translate(masked.params,
                                                                           "valid")
-  rows = report.translation_roles(ex, "valid")
+  rows = head_roles.translation_roles(ex, "valid")
   assert len([r for r in rows if r["stack"] == "encoder"]) == 3
   imp = importance.michel_importance(ex, "valid", limit=8)
   assert "encoder.0.2" in imp["raw"] and "encoder.1.0" not in imp["raw"]
