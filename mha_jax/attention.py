@@ -61,7 +61,7 @@ REL_BIAS = "rel_bias"
 # projection at once (OLMo 2).
 _QK_NORM_KEYS = ("q_norm", "k_norm")
 # Removed heads' projections kept only for a whole-projection QK-norm's statistics (an
-# exported OLMo 2 model, pruning/masks.export_pruned): "wq_rest" (D, H_r, K) and
+# exported OLMo 2 model, toolkit/masks.export_pruned): "wq_rest" (D, H_r, K) and
 # optional "bq_rest" (H_r, K) for queries, "wk_rest" (D, G_r, K), "bk_rest" (G_r, K) for
 # keys. Their squares join the mean of the kept heads' over (H + H_r) * K features; they
 # are not attention heads (nothing reads or attends with them).

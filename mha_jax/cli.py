@@ -30,11 +30,11 @@ from mha_jax import storage
 from mha_jax.toolkit import importance
 from mha_jax.errors import UserError
 from mha_jax.models import common as C
-from mha_jax.patching import run as patch_run
-from mha_jax.circuits import circuit as circuit_run, tasks as circuit_tasks
+from mha_jax.patching import patch as patch_run
+from mha_jax.circuits import circuit as circuit_run, circuit_tasks
 from mha_jax.toolkit import ablations
 from mha_jax.pretrained import registry
-from mha_jax.pruning import gates, run as prune_run
+from mha_jax.pruning import gates, prune as prune_run
 from mha_jax.tasks.base import SPLITS
 
 
@@ -158,7 +158,7 @@ def _cmd_eval(args) -> int:
   if not seeds:
     eval_one(args.workdir)
     return 0
-  from mha_jax.analysis import stability   # one line per seed, then mean and std over seeds
+  from mha_jax.toolkit import stability   # one line per seed, then mean and std over seeds
   all_res = [eval_one(wd, seed=s) for s, wd in seeds]
   print(json.dumps({"workdir": args.workdir, "seeds": [s for s, _ in seeds],
                     "split": args.split, **{
@@ -203,7 +203,7 @@ def _cmd_analyze_seeds(args, seeds) -> int:
   """analyze over a multi-seed workdir: each seed's report into its own workdir's
   analysis/ (or --out/seed_<s>), then the role stability across seeds into --out
   (default WORKDIR/analysis)."""
-  from mha_jax.analysis import report
+  from mha_jax.analysis import analyze
   from mha_jax.toolkit import head_roles, stability
   from mha_jax.loader import load
   out = _out_dir(args)
@@ -218,7 +218,7 @@ def _cmd_analyze_seeds(args, seeds) -> int:
       storage.makedirs(seed_out)
       storage.write_json(heads[s], head_roles.head_roles(run, args.split))
       continue
-    report.analyze(run, out_dir=seed_out, log=lambda m: None, **_analyze_options(args))
+    analyze.analyze(run, out_dir=seed_out, log=lambda m: None, **_analyze_options(args))
     heads[s] = storage.join(seed_out, "heads.json")
   rep = stability.write_role_stability(heads, out)
   print(stability.format_roles(rep))
@@ -234,7 +234,7 @@ def _analyze_options(args) -> dict:
 
 
 def _cmd_analyze(args) -> int:
-  from mha_jax.analysis import report
+  from mha_jax.analysis import analyze
   from mha_jax.loader import load
   seeds = _multi_seed(args.workdir)
   if seeds:
@@ -243,14 +243,14 @@ def _cmd_analyze(args) -> int:
     raise UserError(f"--roles-only is for a multi-seed workdir; {args.workdir!r} is one run")
   run = load(args.workdir, step=args.step)
   out = _out_dir(args)
-  summary = report.analyze(run, out_dir=out, **_analyze_options(args))
+  summary = analyze.analyze(run, out_dir=out, **_analyze_options(args))
   print(json.dumps(summary, indent=1))
   print(f"wrote {out}/ (heads.json, heads.csv, *.png, explorer.html)")
   return 0
 
 
 def _cmd_ablate(args) -> int:
-  from mha_jax.analysis import report
+  from mha_jax.analysis import analyze
   from mha_jax.loader import load
   if not args.each and not args.heads and not args.induction_vs_random:
     raise UserError("give --heads stack.layer.head[,...], --each or --induction-vs-random")
@@ -273,7 +273,7 @@ def _cmd_ablate(args) -> int:
   name = "ablation_each" if args.each else "ablation"
   storage.write_json(storage.join(out_dir, f"{name}_{args.mode}.json"), result)
   key = "delta_bleu" if is_tr else "delta_loss"
-  report._plot_bars([r["head"] for r in rows], [r[key] for r in rows],
+  analyze._plot_bars([r["head"] for r in rows], [r[key] for r in rows],
                     storage.join(out_dir, f"{name}_{args.mode}.png"), key)
   if args.each:   # the full list is in the JSON file; print the ten largest effects
     result = {k: v for k, v in result.items() if k != "each"}
@@ -360,7 +360,7 @@ def _cmd_export_pruned(args) -> int:
 
 
 def _cmd_circuits(args) -> int:
-  from mha_jax.circuits import report as circuits_report
+  from mha_jax.circuits import circuits_report
   out = _out_dir(args, "circuits")
   res = circuits_report.circuits(args.workdir, out, track=not args.no_track)
   print(circuits_report.format_summary(res))

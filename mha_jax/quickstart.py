@@ -42,9 +42,9 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
       f"{result['copy_baseline_bleu']:.1f}), test loss {test['loss']:.3f}, "
       f"accuracy {test['accuracy']:.3f}")
   if analyze:
-    from mha_jax.analysis import report
+    from mha_jax.analysis import analyze
     log("\nanalysis: head roles and importance (ablations: `mha-jax analyze`) ...")
-    a = report.analyze(run_, split="test", loo=False, log=lambda s: None)
+    a = analyze.analyze(run_, split="test", loo=False, log=lambda s: None)
     result["analysis"] = a
     for stack, counts in a["role_counts"].items():
       log(f"  {stack:<13} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
@@ -52,7 +52,7 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
         ", ".join(f"{h} {v:.3f}" for h, v in a["top_importance"]))
     log(f"  explorer: {storage.join(workdir, 'analysis', 'explorer.html')}")
   if prune:
-    from mha_jax.pruning import run as prune_run
+    from mha_jax.pruning import prune as prune_lib
     out = storage.join(workdir, "pruned_l0")
     if storage.exists(out):
       log(f"\npruning: {out} exists already, kept as it is")
@@ -60,7 +60,7 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
       total = sum(C.head_counts(run_.params)["encoder"])
       keep = max(1, total // 4)
       log(f"\npruning: L0 gates (Voita et al.), keep {keep} of {total} encoder heads ...")
-      info = prune_run.prune(workdir, out, method="l0", lam=0.05, keep=keep, steps=60,
+      info = prune_lib.prune(workdir, out, method="l0", lam=0.05, keep=keep, steps=60,
                              log=lambda s: None, loaded=run_, base=test)
       result["pruning"] = {k: info[k] for k in ("kept", "kept_heads", "base", "after")}
       log(f"  test BLEU {info['base']['bleu']:.1f} with all heads -> "

@@ -4,7 +4,7 @@
                                     [--out results/bench_circuit.json]
 
   forward+backward   one forward and backward of the mean logit difference
-                     (patching.core.Study.forward_backward_seconds): the unit
+                     (toolkit.activation_patching.Study.forward_backward_seconds): the unit
   EAP                every edge's score (circuits.edges.EdgeStudy.eap): one forward and
                      backward of the edge-masked forward (the node outputs and ablated
                      values are computed once when the study is built; their two

@@ -8,7 +8,7 @@ on --pairs IOI pairs; the metric is the recovery (LD - LD_corrupt) / (LD_clean -
 LD_corrupt) of the pair-mean logit differences at the last position, the same function
 on every side.
 
-  mha-jax           `patching.core.Study.patch("z")`: one compiled program, a vmap over
+  mha-jax           `toolkit.activation_patching.Study.patch("z")`: one compiled program, a vmap over
                     the 270 interventions (chunked to the memory budget).
   TransformerLens   4.x: `TransformerBridge.boot_transformers(..., hf_model=hf)` over
                     transformers' model read from the same GGUF file by transformers'

@@ -13,7 +13,7 @@ import tempfile
 import mha_jax
 from mha_jax import config as mc
 from mha_jax.toolkit import importance
-from mha_jax.pruning import run as prune_run
+from mha_jax.pruning import prune as prune_lib
 from mha_jax.train import loop
 
 root = tempfile.mkdtemp(prefix="ablate_prune_")
@@ -60,7 +60,7 @@ print("most important heads:", ", ".join(f"{h} {v:.4f}" for h, v in top))
 
 # %%
 for method in ("l0", "michel", "random"):
-  info = prune_run.prune(workdir, os.path.join(root, method), method=method, keep=4,
+  info = prune_lib.prune(workdir, os.path.join(root, method), method=method, keep=4,
                          steps=40, bleu_limit=32, log=lambda s: None, loaded=run)
   print(f"{method:>6}: kept {', '.join(info['kept_heads'])}; test loss "
         f"{info['after']['loss']:.3f} (all heads {info['base']['loss']:.3f})")

@@ -13,7 +13,7 @@
 import tempfile
 
 from mha_jax import config as mc
-from mha_jax.circuits import report
+from mha_jax.circuits import circuits_report
 from mha_jax.train import loop
 
 workdir = tempfile.mkdtemp(prefix="induction_")
@@ -26,13 +26,13 @@ print(summary["status"], "at step", summary["step"])
 # %% [markdown]
 # ## Behaviour, composition and term importance
 #
-# `report.circuits` scores every head on held-out repeated tokens (prefix matching,
+# `circuits_report.circuits` scores every head on held-out repeated tokens (prefix matching,
 # copying, previous-token attention), computes Q-, K- and V-composition against a
 # random-matrix baseline, and splits the logits into direct path, single heads and
 # virtual heads.
 
 # %%
-result = report.circuits(workdir, samples=50, track=False, log=lambda s: None)
+result = circuits_report.circuits(workdir, samples=50, track=False, log=lambda s: None)
 heads = result["heads"]
 for name in sorted(heads):
   s = heads[name]

@@ -1,7 +1,7 @@
 """Behavioural scores on repeated random tokens with BOS, from the model's own forward.
 
   prefix matching  attention to the token after earlier copies of the current token
-                   (the induction score of `analysis.roles.lm_scores`)
+                   (the induction score of `toolkit.roles.lm_scores`)
   previous token   attention to the previous position
   copying          the head's direct effect on the logit of the token it attends to,
                    minus its mean effect over the vocabulary (row convention:

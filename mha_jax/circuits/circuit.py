@@ -20,7 +20,7 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.circuits import edges as E
-from mha_jax.circuits import search, tasks
+from mha_jax.circuits import search, circuit_tasks
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching as core
 from mha_jax.toolkit import ablations
@@ -46,9 +46,9 @@ def _clean_metric(s: core.Study, metric) -> np.ndarray:
 def prepare(run, task, pairs_file, n_pairs, seed, keep_failing, log=print):
   """(Study, metric fn, metric spec, pairs doc, failing doc): the pairs with those the
   model fails on the clean prompt (metric <= 0) left out unless keep_failing."""
-  pairs, spec = tasks.make(run, task, pairs_file, n_pairs, seed)
+  pairs, spec = circuit_tasks.make(run, task, pairs_file, n_pairs, seed)
   s = core.Study(run.task, run.params, pairs, share_prefix=False)
-  m_clean = _clean_metric(s, tasks.metric_of(pairs, spec))
+  m_clean = _clean_metric(s, circuit_tasks.metric_of(pairs, spec))
   bad = np.nonzero(m_clean <= 0)[0]
   failing = [{**pairs.to_json()[i], "metric_clean": float(m_clean[i])} for i in bad]
   if len(bad):
@@ -58,10 +58,10 @@ def prepare(run, task, pairs_file, n_pairs, seed, keep_failing, log=print):
     good = np.nonzero(m_clean > 0)[0]
     if not len(good):
       raise UserError("the model fails every clean prompt (metric <= 0): no circuit to find")
-    pairs, spec = pairs.subset(good), tasks.subset_metric(spec, good)
+    pairs, spec = pairs.subset(good), circuit_tasks.subset_metric(spec, good)
     s = core.Study(run.task, run.params, pairs, share_prefix=False)
     m_clean = m_clean[good]
-  return s, tasks.metric_of(pairs, spec), spec, failing
+  return s, circuit_tasks.metric_of(pairs, spec), spec, failing
 
 
 def study(run, out: str, *, task=None, pairs_file=None, method: str = "eap-ig",

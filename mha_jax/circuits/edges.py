@@ -44,7 +44,7 @@ IG_ON = ("inputs", "activations")
 class EdgeStudy:
   """Edge interventions on a patching Study's pairs.
 
-  study: patching.core.Study; metric: (N, V) logits -> (N,) per pair (default: the
+  study: toolkit.activation_patching.Study; metric: (N, V) logits -> (N,) per pair (default: the
   Study's logit difference); ablation: toolkit.ablations KINDS; mean_per_position: the
   mean ablation's mean per position (else over positions).
   """

@@ -85,7 +85,7 @@ def label(setting: str, seed) -> str:
 def claim_pruning(ctx: Context, setting: str, seed, wd: str, keep: int = 10,
                   last: int = 3) -> dict:
   from mha_jax.loader import load
-  from mha_jax.pruning import run as prune_run
+  from mha_jax.pruning import prune as prune_run
   run = load(wd)
   if run.task.role_family != "translation":
     raise UserError(f"{wd!r} is not a translation run (the pruning claim's {setting} "
@@ -132,13 +132,13 @@ def claim_pruning(ctx: Context, setting: str, seed, wd: str, keep: int = 10,
 
 
 def circuit_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
-  """The circuit scores of one run (circuits.report.circuit_scores), computed once per
+  """The circuit scores of one run (circuits.circuits_report.circuit_scores), computed once per
   run: a trained two-layer model through `circuits` (its figures and term importance in
   OUT/circuits/<setting>[/seed_<s>]), an imported LM on 8 sequences of repeated tokens,
   its composition in float32."""
   key = ("circuits", wd)
   if key not in ctx.cache:
-    from mha_jax.circuits import behaviour, report
+    from mha_jax.circuits import behaviour, circuits_report
     from mha_jax.loader import load
     run = load(wd)
     if not run.task.decoder_only:
@@ -146,13 +146,13 @@ def circuit_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
                       f"circuit claims need a decoder-only model")
     ctx.log(f"  circuit scores of {wd} ...")
     if run.task.trainable:
-      res = report.circuits(wd, storage.join(ctx.out, "circuits", label(setting, seed)),
+      res = circuits_report.circuits(wd, storage.join(ctx.out, "circuits", label(setting, seed)),
                             track=False, log=lambda s: None)
       tokens, _ = behaviour.eval_tokens(run)
     else:
       tokens, _ = behaviour.eval_tokens(run, 8)
       res = {"workdir": wd, "step": run.step,
-             **report.circuit_scores(run, tokens, samples=50, dtype=np.float32,
+             **circuits_report.circuit_scores(run, tokens, samples=50, dtype=np.float32,
                                      log=lambda s: None)}
     layers = [v for k, v in run.params["lm"].items() if k.startswith("layer_")]
     approx = any(("ln1" in l or "mlp" in l) for l in layers)
@@ -227,7 +227,7 @@ def claim_induction_k_composition(ctx: Context, setting: str, seed, wd: str) -> 
 
 
 def claim_induction_k_causal(ctx: Context, setting: str, seed, wd: str) -> dict:
-  """Path patching (patching.core.Study.path_patch, channel k) from every head to the
+  """Path patching (toolkit.activation_patching.Study.path_patch, channel k) from every head to the
   induction head's key input on induction pairs; the previous-token head (the best
   previous-token score below the induction head's layer) against its layer's others."""
   from mha_jax.toolkit import activation_patching as core, pairs as P

@@ -1,6 +1,7 @@
 """Causal head studies: activation, path and attribution patching, DLA, the logit lens.
 
-core (the Study: every method one compiled program over the model's own forward and its
-intervention sites), pairs (IOI, induction and JSONL prompt pairs), run (`mha-jax patch`:
-JSON and heatmaps), explorer (the explorer's patching view of those files).
+patch (`mha-jax patch`: JSON and heatmaps), explorer (the explorer's patching view of
+those files). The Study itself (every method one compiled program over the model's own
+forward and its intervention sites) and the prompt pairs (IOI, induction, JSONL) are
+shared with the circuits: toolkit.activation_patching and toolkit.pairs.
 """

@@ -15,7 +15,7 @@ from mha_jax.loader import load, set_dense_reference
 from mha_jax.pruning import gates as G
 from mha_jax.toolkit import masks as M
 from mha_jax.pruning import methods
-from mha_jax.pruning import run as run_lib
+from mha_jax.pruning import prune as prune_lib
 from mha_jax.train import lock as lock_lib
 
 
@@ -87,7 +87,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
       log(f"{method:>6} K={k:>3}: " + " ".join(f"{m} {v:.4g}" for m, v in res.items()
                                               if isinstance(v, float)))
       if k in save_workdirs:
-        run_lib.write_workdir(run, storage.join(out_dir, f"{method}_k{k}"),
+        prune_lib.write_workdir(run, storage.join(out_dir, f"{method}_k{k}"),
                               M.mask_params(run.params, mask),
                               {"source": storage.abspath(workdir), "stacks": list(stacks),
                                "method": method, "keep": k, "mask": M.mask_to_json(mask),

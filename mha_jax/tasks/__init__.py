@@ -3,7 +3,7 @@
   base.py            the Task protocol (with the capability members the studies ask),
                      the shared loss, accuracy and padded-evaluation helpers, SPLITS
   translation.py     the encoder-decoder on the synthetic pair or parallel text
-  lm.py              the decoder-only model on repeated random tokens or plain text
+  trained_lm.py      the decoder-only model trained here, on repeated random tokens or text
   pretrained_lm.py   an imported LLaMA-family LM
   embedding.py       an imported BERT sentence encoder
   imported.py        what the imported models' tasks share (tokenizer, gate batches)
@@ -24,7 +24,7 @@ from mha_jax.tasks.base import (SPLITS, EmbeddingData, LMData, PretrainedLMData,
                                 per_token, sum_metrics, token_losses, token_metrics,
                                 train_order_seed, weighted_mean)
 from mha_jax.tasks.embedding import EmbeddingTask
-from mha_jax.tasks.lm import LMTask
+from mha_jax.tasks.trained_lm import LMTask
 from mha_jax.tasks.pretrained_lm import PretrainedLMTask
 from mha_jax.tasks.translation import TranslationTask
 

@@ -72,7 +72,7 @@ def edit(kind: str, clean, *, heads=None, positions=None, **kw) -> I.Edit:
 
 def mean_edits(heads: Sequence[tuple[str, int, int]], means: Mapping) -> dict:
   """{site: [Edit]}: each listed (stack, layer, head)'s output z replaced by its mean
-  (means {stack: [(H, K) per layer]}, as analysis.importance.mean_head_outputs gives).
+  (means {stack: [(H, K) per layer]}, as toolkit.importance.mean_head_outputs gives).
   Pass as gates={"edits": ...} (or a Hook's edits): every forward, loss and evaluation
   then runs with the heads mean-ablated."""
   out: dict = {}

@@ -132,7 +132,7 @@ def embedding_roles(run, split: str = "test", limit: int = 0,
   [SEP]. Role: positional > syntactic > cls > sep > rare > other ("cls"/"sep" when that
   share >= `special`). Syntactic needs arcs: with `conllu` (a CoNLL-U file of input
   sentences) each head's dependency accuracy is measured on those sentences, words
-  aligned to wordpieces (analysis.syntax), and a head is syntactic by the translation
+  aligned to wordpieces (toolkit.syntax), and a head is syntactic by the translation
   models' rule; without it no head is syntactic."""
   syn = syntax.conllu_syntax(run, conllu, th) if conllu else {}
   task = run.task

@@ -12,7 +12,7 @@ import mha_jax
 from mha_jax import cli
 from mha_jax.toolkit import ablations
 from mha_jax.toolkit import capture, importance
-from mha_jax.analysis import explorer, report
+from mha_jax.analysis import attention_explorer, analyze
 from mha_jax.toolkit import head_roles
 from mha_jax.models import common as C
 from helpers import launch_chromium, trained_translation
@@ -128,7 +128,7 @@ def test_ablate_cli_writes_json_and_plot(run, capsys):
 
 
 def test_analyze_writes_the_report(run):
-  summary = report.analyze(run, split="valid", loo_bleu_limit=8, importance_limit=16,
+  summary = analyze.analyze(run, split="valid", loo_bleu_limit=8, importance_limit=16,
                            log=lambda s: None)
   d = os.path.join(run.workdir, "analysis")
   rows = json.load(open(os.path.join(d, "heads.json")))
@@ -150,8 +150,8 @@ def test_analyze_writes_the_report(run):
 def test_explorer_renders_the_json_rows_in_a_real_browser(run, tmp_path):
   rows = [{"head": n, "role": ("syntactic" if n == "encoder.0.1" else "other")}
           for n in run.head_names]
-  path = str(tmp_path / "explorer.html")
-  data = explorer.write(run, rows, path, split="valid", sentences=3)
+  path = str(tmp_path / "attention_explorer.html")
+  data = attention_explorer.write(run, rows, path, split="valid", sentences=3)
   assert "http" not in open(path).read().replace("http-equiv", "")   # no network at all
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:

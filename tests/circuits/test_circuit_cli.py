@@ -9,7 +9,7 @@ import pytest
 
 from mha_jax import cli
 from mha_jax import interventions as I
-from mha_jax.circuits import circuit, edges as E, tasks
+from mha_jax.circuits import circuit, edges as E, circuit_tasks
 from mha_jax.errors import UserError
 from mha_jax.loader import load
 from mha_jax.toolkit import activation_patching as core
@@ -90,19 +90,19 @@ def test_bad_target_and_pairs_are_refused_by_name(tiny_attn_lm, tmp_path, capsys
   bad.write_text('{"clean": "ab", "corrupt": "ac", "answer": "d", "wrong": "e", '
                  '"metric": "kl"}\n')
   with pytest.raises(UserError, match="line 1: metric must be one of"):
-    tasks.file_metric(str(bad))
+    circuit_tasks.file_metric(str(bad))
 
 
 def test_greater_than_pairs_and_metric(tiny_attn_lm):
   run = load(tiny_attn_lm[0])             # bytes: every digit is one token
-  pairs, spec = tasks.greater_than(run.task, 3, seed=1)
+  pairs, spec = circuit_tasks.greater_than(run.task, 3, seed=1)
   assert pairs.text[0]["clean"].startswith("The war lasted from the year 17")
   assert pairs.text[0]["corrupt"] == "The war lasted from the year 1701 to the year 17"
   yy = [int(t["clean"].split(" to ")[0][-2:]) for t in pairs.text]
   digits = [run.task.tokenizer.encode(str(d))[0] for d in range(10)]
   assert list(spec["ids"]) == digits
   logits = np.random.default_rng(0).normal(size=(3, run.task.vocab_size)).astype(np.float32)
-  got = np.asarray(tasks.metric_of(pairs, spec)(logits))
+  got = np.asarray(circuit_tasks.metric_of(pairs, spec)(logits))
   p = np.exp(logits - logits.max(1, keepdims=True))
   p /= p.sum(1, keepdims=True)
   for n, y in enumerate(yy):

@@ -119,9 +119,9 @@ def _study_config(tmp_path, **keys) -> str:
 @pytest.fixture
 def prune_calls(monkeypatch):
   """What `mha-jax prune` hands the pruning function (which is not run)."""
-  from mha_jax.pruning import run as prune_run
+  from mha_jax.pruning import prune as prune_lib
   calls = []
-  monkeypatch.setattr(prune_run, "prune", lambda workdir, out, **kw: calls.append(
+  monkeypatch.setattr(prune_lib, "prune", lambda workdir, out, **kw: calls.append(
       dict(workdir=workdir, out=out, **kw)) or {"kept": kw["keep"]})
   return calls
 

@@ -416,16 +416,16 @@ def test_pairs_the_model_fails_are_left_out_unless_kept(patched, tmp_path):
 
 
 def test_failing_pairs_are_named_and_all_failing_is_refused():
-  from mha_jax.patching import run as patch_run
+  from mha_jax.patching import patch as patch_lib
 
   class S:
     ld_clean, ld_corrupt = np.asarray([1.0, -2.0, 0.5]), np.asarray([0.0, 0.1, 0.2])
   pairs = Pairs(*([np.zeros(3)] * 5), [{"clean": c} for c in "abc"])
-  bad = patch_run._failing(S(), pairs)
+  bad = patch_lib._failing(S(), pairs)
   assert bad == [{"index": 1, "ld_clean": -2.0, "ld_corrupt": 0.1, "clean": "b"}]
   S.ld_clean = -np.abs(S.ld_clean)
   with pytest.raises(UserError, match="every clean prompt wrong.*--keep-failing"):
-    patch_run._failing(S(), pairs)
+    patch_lib._failing(S(), pairs)
 
 
 # ---------------------------------------------------------------------- the explorer page

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 import mha_jax
-from mha_jax.analysis import explorer
+from mha_jax.analysis import attention_explorer
 from mha_jax.toolkit import head_roles
 from mha_jax.toolkit import importance
 from mha_jax.circuits import scores
 from mha_jax.models import common as C
 from mha_jax.toolkit import masks as M
 from mha_jax.pruning import methods
-from mha_jax.pruning import run as prune_run
+from mha_jax.pruning import prune as prune_lib
 
 pytestmark = pytest.mark.xdist_group("pretrained")
 LAYERS = 30
@@ -134,10 +134,10 @@ def test_gqa_export_removes_kv_heads_and_matches_the_masked_model(smol):
 @pytest.mark.slow    # the gate step compiles a backward pass of all 30 layers (minutes)
 def test_prune_and_export_an_imported_lm(smol, tmp_path):
   out = str(tmp_path / "random")
-  info = prune_run.prune(smol.workdir, out, method="random", keep=20, stacks=["lm"],
+  info = prune_lib.prune(smol.workdir, out, method="random", keep=20, stacks=["lm"],
                          log=lambda s: None, loaded=smol)
   assert info["kept"] == 20 and info["after"]["loss"] > info["base"]["loss"]
-  ex = prune_run.export(out, str(tmp_path / "exported"), log=lambda s: None)
+  ex = prune_lib.export(out, str(tmp_path / "exported"), log=lambda s: None)
   assert ex["max_abs_diff_vs_masked"] < 2e-3
   assert sum(ex["head_counts"]["lm"]) >= 20 and ex["forward_speed"]["speedup"] > 0
   # L0 gates train on the built-in text's train split, the model frozen
@@ -164,15 +164,15 @@ def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
   assert np.mean(list(imp["raw"].values())) > 0     # the cosine loss alone would give 0s
   full = minilm.task.evaluate(minilm.params, "test")
   assert full["cosine_to_full"] == pytest.approx(1.0, abs=1e-5)
-  info = prune_run.prune(minilm.workdir, str(tmp_path / "p"), method="random", keep=24,
+  info = prune_lib.prune(minilm.workdir, str(tmp_path / "p"), method="random", keep=24,
                          stacks=["encoder"], log=lambda s: None, loaded=minilm)
   assert 0.0 < info["after"]["cosine_to_full"] < 0.999
 
 
 def test_explorer_model_and_head_view_in_a_real_browser(smol, smol_rows, tmp_path):
   from helpers import open_page
-  path = str(tmp_path / "explorer.html")
-  data = explorer.write(smol, smol_rows, path)
+  path = str(tmp_path / "attention_explorer.html")
+  data = attention_explorer.write(smol, smol_rows, path)
   text = open(path).read()
   assert "http" not in text.replace("http-equiv", "")          # no network at all
   assert len(text) < 5e6

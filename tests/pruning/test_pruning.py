@@ -17,7 +17,7 @@ from mha_jax.models import common as C
 from mha_jax.pruning import gates as G
 from mha_jax.toolkit import masks as M
 from mha_jax.pruning import methods
-from mha_jax.pruning import run as prune_run
+from mha_jax.pruning import prune as prune_lib
 from mha_jax.train import checkpoint as ckpt_lib
 from helpers import trained_translation
 
@@ -95,7 +95,7 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
   out, exp = str(tmp_path / "pruned"), str(tmp_path / "exported")
   # Keep 3 encoder heads chosen at random with a seed that empties layer 1? Force it:
   mask = {"encoder": [np.array([1, 1, 0, 1], np.float32), np.zeros(4, np.float32)]}
-  info = prune_run._finish(run, out, run.params, mask, {"method": "manual"}, 0,
+  info = prune_lib._finish(run, out, run.params, mask, {"method": "manual"}, 0,
                            log=lambda s: None)
   assert info["kept"] == 3 and info["kept_heads"] == ["encoder.0.0", "encoder.0.1",
                                                       "encoder.0.3"]
@@ -104,7 +104,7 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
   masked = mha_jax.load(out)
   assert abs(masked.task.evaluate(masked.params, "valid", bleu=False)["loss"]
              - gated["loss"]) < 1e-5
-  prune_run.export(out, exp, log=lambda s: None)
+  prune_lib.export(out, exp, log=lambda s: None)
   ex = mha_jax.load(exp)
   assert C.head_counts(ex.params)["encoder"] == [3, 0]
   assert ex.params["encoder"]["layer_1"]["self_attn"]["wq"].shape == (16, 0, 4)
@@ -130,13 +130,13 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
   want = run.task.evaluate(run.params, "valid", bleu=False,
                             gates=M.full_gates(run.params, closed))
   assert abl["loss"] == pytest.approx(want["loss"], abs=1e-5)
-  again = prune_run.prune(exp, str(tmp_path / "again"), method="l0", lam=0.1, keep=2,
+  again = prune_lib.prune(exp, str(tmp_path / "again"), method="l0", lam=0.1, keep=2,
                           steps=3, log=lambda s: None)
   assert again["kept"] == 2
   with pytest.raises(ValueError, match=r"--keep must be between 0 and the 3 heads left"):
-    prune_run.prune(exp, str(tmp_path / "more"), method="random", keep=4, log=lambda s: None)
+    prune_lib.prune(exp, str(tmp_path / "more"), method="random", keep=4, log=lambda s: None)
   with pytest.raises(ValueError, match=r"--keep must be between 0 and the 3 heads left"):
-    prune_run.prune(out, str(tmp_path / "more"), method="random", keep=5, log=lambda s: None)
+    prune_lib.prune(out, str(tmp_path / "more"), method="random", keep=5, log=lambda s: None)
 
 
 def test_prune_cli_and_bad_input(run, tmp_path, capsys):
@@ -200,7 +200,7 @@ def test_pruning_curve_joins_roles_and_writes_outputs(run, tmp_path):
     want = by[(m, 4)]["draws"][0] if m == "random" else by[(m, 4)]   # random: 1st draw
     assert res["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-6)
     assert info["after"]["loss"] == pytest.approx(want["loss"], rel=1e-6)
-  ex = prune_run.export(os.path.join(out, "l0_k4"), str(tmp_path / "ex"), log=lambda s: None)
+  ex = prune_lib.export(os.path.join(out, "l0_k4"), str(tmp_path / "ex"), log=lambda s: None)
   assert sum(ex["head_counts"]["encoder"]) == 4 and ex["max_abs_diff_vs_masked"] < 1e-4
   assert ex["forward_speed"]["interleaved"] and ex["forward_speed"]["exported_tokens_per_s"] > 0
   with pytest.raises(ValueError, match="--save-workdirs: .*l0_k4.* not empty"):
@@ -211,7 +211,7 @@ def test_pruning_curve_joins_roles_and_writes_outputs(run, tmp_path):
 
 def test_lambda_sweep_records_heads_kept_and_bleu(run, tmp_path):
   out = str(tmp_path / "sweep")
-  res = prune_run.prune(run.workdir, out, method="l0", lambdas=[0.0, 5.0], steps=30, lr=0.3,
+  res = prune_lib.prune(run.workdir, out, method="l0", lambdas=[0.0, 5.0], steps=30, lr=0.3,
                         log=lambda s: None)
   rows = json.load(open(os.path.join(out, "lambdas.json")))
   assert [r["lambda"] for r in rows] == [0.0, 5.0] == [r["lambda"] for r in res["lambdas"]]
@@ -228,5 +228,5 @@ def test_workdir_without_a_trained_checkpoint_is_refused(run, tmp_path):
   wd.mkdir()
   (wd / "config.json").write_text(open(os.path.join(run.workdir, "config.json")).read())
   with pytest.raises(ValueError, match="has no trained checkpoint"):
-    prune_run.prune(str(wd), str(tmp_path / "o"), method="random", keep=1, log=lambda s: None)
+    prune_lib.prune(str(wd), str(tmp_path / "o"), method="random", keep=1, log=lambda s: None)
   assert not (tmp_path / "o").exists()

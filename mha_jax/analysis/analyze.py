@@ -1,7 +1,7 @@
 """`mha-jax analyze`: roles, importance and ablations for a checkpoint, with plots.
 
 Writes DIR/analysis/heads.json and heads.csv (one row per head), roles.png,
-importance.png, ablation.png and explorer.html, and returns a summary.
+importance.png, ablation.png and attention_explorer.html, and returns a summary.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from mha_jax import loader, storage
-from mha_jax.analysis import explorer
+from mha_jax.analysis import attention_explorer
 from mha_jax.errors import UserError
 from mha_jax.toolkit import importance, roles
 from mha_jax.toolkit.head_roles import head_roles
@@ -177,7 +177,7 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
   if loo:
     _plot_bars(names, [r.get(key, 0.0) for r in rows], storage.join(out_dir, "ablation.png"),
                f"{key} when ablated alone")
-  explorer.write(run, rows, storage.join(out_dir, "explorer.html"), split=split)
+  attention_explorer.write(run, rows, storage.join(out_dir, "attention_explorer.html"), split=split)
   counts: dict[str, dict[str, int]] = {}
   for r in rows:
     if r.get("role") not in (None, "n/a"):

@@ -1,6 +1,6 @@
 """Tasks for circuit search: prompt pairs and the metric each is judged by.
 
-  ioi, induction  patching.pairs' pairs; the metric is the logit difference
+  ioi, induction  toolkit.pairs' pairs; the metric is the logit difference
   greater-than    Hanna et al. 2023: "The war lasted from the year 1732 to the year 17";
                   the metric is P(years after the start) - P(years before it). Where the
                   vocabulary has every two-digit number as one token (GPT-2) the years
