@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 from typing import Any, Callable
 
 import ml_collections
@@ -33,13 +32,6 @@ class Loaded:
   params: Any
   step: int
   workdir: str
-
-  @property
-  def model(self) -> tasks.Task:
-    """Deprecated alias of `task` (it always held the task, not a model)."""
-    warnings.warn("Loaded.model is deprecated: use Loaded.task", DeprecationWarning,
-                  stacklevel=2)
-    return self.task
 
   @property
   def head_names(self) -> list[str]:

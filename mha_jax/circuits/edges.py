@@ -90,10 +90,6 @@ class EdgeStudy:
     fn = self._cached("metric", lambda: lambda p, k, a: self._pairs_metric(p, k, a).mean())
     return float(fn(self.params, jnp.asarray(keep, jnp.float32), self.ablated))
 
-  def pairs_metric(self, keep) -> np.ndarray:
-    fn = self._cached("pairs", lambda: lambda p, k, a: self._pairs_metric(p, k, a))
-    return np.asarray(fn(self.params, jnp.asarray(keep, jnp.float32), self.ablated))
-
   def faithfulness(self, m) -> np.ndarray:
     """(m - m(empty)) / (m(full) - m(empty))."""
     return (np.asarray(m, np.float64) - self.m_empty) / (self.m_full - self.m_empty)

@@ -154,11 +154,5 @@ def ones_gates(params: Mapping) -> dict[str, list[jax.Array]]:
           for s, counts in head_counts(params).items()}
 
 
-def gate_for(gates, stack: str, layer: int):
-  if gates is None or stack not in gates:
-    return None
-  return gates[stack][layer]
-
-
 def embed_scale(d: int) -> float:
   return math.sqrt(d)

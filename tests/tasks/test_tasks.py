@@ -127,10 +127,9 @@ def test_load_reads_the_run_data_and_never_runs_the_grammar(tmp_path, monkeypatc
     mha_jax.load(wd, **QUIET)
 
 
-def test_loaded_task_and_the_model_alias_that_warns(ind_run):
+def test_loaded_holds_the_task(ind_run):
   run = mha_jax.load(ind_run, **QUIET)
   assert isinstance(run.task, tasks.LMData) and run.task.name == "lm"
-  with pytest.warns(DeprecationWarning, match="use Loaded.task"):
-    assert run.model is run.task
+  assert not hasattr(run, "model")   # the task is the one name for it
   cfg, task, params = run
   assert task is run.task and params is run.params
