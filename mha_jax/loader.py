@@ -75,15 +75,15 @@ def load(workdir: str, step: int | None = None, *,
   return Loaded(cfg, tasks.build(cfg, workdir, read_only=True), params, step, workdir)
 
 
-def set_dense_reference(run) -> None:
+def set_dense_reference(loaded) -> None:
   """Embedding models: the loss and the metrics compare with the dense model's
   embeddings (the source run of a pruned workdir, else these params)."""
-  if not run.task.compares_to_dense:
+  if not loaded.task.compares_to_dense:
     return
-  path = storage.join(run.workdir, "pruning.json")
-  params = run.params
+  path = storage.join(loaded.workdir, "pruning.json")
+  params = loaded.params
   if storage.exists(path):
     src = storage.read_json(path).get("source")
     if src and storage.exists(storage.join(src, "config.json")):
       params = load(src).params
-  run.task.set_reference(params)
+  loaded.task.set_reference(params)

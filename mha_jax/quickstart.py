@@ -30,21 +30,21 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
   summary = loop.train(cfg, workdir, log=log)
   if summary["status"] != "done":
     return summary
-  run_ = load(workdir)
-  test = run_.task.evaluate(run_.params, "test", bleu=True)
+  loaded = load(workdir)
+  test = loaded.task.evaluate(loaded.params, "test", bleu=True)
   result = {
-      "workdir": workdir, "step": run_.step,
+      "workdir": workdir, "step": loaded.step,
       "model": {"d_model": m.d_model, "heads": m.num_heads, "enc_layers": m.enc_layers,
                 "dec_layers": m.dec_layers},
-      "test": test, "copy_baseline_bleu": run_.task.copy_baseline_bleu("test"),
+      "test": test, "copy_baseline_bleu": loaded.task.copy_baseline_bleu("test"),
   }
   log(f"\ntest BLEU {test['bleu']:.1f}  (copy-the-source baseline "
       f"{result['copy_baseline_bleu']:.1f}), test loss {test['loss']:.3f}, "
       f"accuracy {test['accuracy']:.3f}")
   if analyze:
-    from mha_jax.analysis import analyze
+    from mha_jax.analysis import analyze as analyze_lib
     log("\nanalysis: head roles and importance (ablations: `mha-jax analyze`) ...")
-    a = analyze.analyze(run_, split="test", loo=False, log=lambda s: None)
+    a = analyze_lib.analyze(loaded, split="test", loo=False, log=lambda s: None)
     result["analysis"] = a
     for stack, counts in a["role_counts"].items():
       log(f"  {stack:<13} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
@@ -57,11 +57,11 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
     if storage.exists(out):
       log(f"\npruning: {out} exists already, kept as it is")
     else:
-      total = sum(C.head_counts(run_.params)["encoder"])
+      total = sum(C.head_counts(loaded.params)["encoder"])
       keep = max(1, total // 4)
       log(f"\npruning: L0 gates (Voita et al.), keep {keep} of {total} encoder heads ...")
       info = prune_lib.prune(workdir, out, method="l0", lam=0.05, keep=keep, steps=60,
-                             log=lambda s: None, loaded=run_, base=test)
+                             log=lambda s: None, loaded=loaded, base=test)
       result["pruning"] = {k: info[k] for k in ("kept", "kept_heads", "base", "after")}
       log(f"  test BLEU {info['base']['bleu']:.1f} with all heads -> "
           f"{info['after']['bleu']:.1f} with {info['kept']} encoder heads "

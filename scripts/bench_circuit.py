@@ -45,9 +45,9 @@ def main(argv=None):
   from mha_jax import bench, load
   from mha_jax.circuits import edges as E, search
   from mha_jax.toolkit import activation_patching as core, pairs as P
-  run = load(args.workdir)
-  pairs = P.ioi_pairs(run.task, args.pairs)
-  s = core.Study(run.task, run.params, pairs, share_prefix=False)
+  loaded = load(args.workdir)
+  pairs = P.ioi_pairs(loaded.task, args.pairs)
+  s = core.Study(loaded.task, loaded.params, pairs, share_prefix=False)
   t0 = time.perf_counter()
   es = E.EdgeStudy(s)
   setup = time.perf_counter() - t0

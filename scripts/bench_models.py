@@ -37,10 +37,10 @@ def _median_time(fn, rounds: int) -> float:
   return statistics.median(times)
 
 
-def bench_mha_jax(run, b, t, new_tokens, rounds):
+def bench_mha_jax(loaded, b, t, new_tokens, rounds):
   import jax
   from mha_jax.models import llama
-  model, params = run.task, run.params
+  model, params = loaded.task, loaded.params
   fwd = jax.jit(lambda p, t: llama.apply(p, model.spec, t))
   rng = np.random.default_rng(0)
   rows = []
@@ -54,11 +54,11 @@ def bench_mha_jax(run, b, t, new_tokens, rounds):
   return rows
 
 
-def to_transformers(run):
+def to_transformers(loaded):
   """transformers' LlamaForCausalLM holding the same float32 weights (HF layout)."""
   import torch
   from transformers import LlamaConfig, LlamaForCausalLM
-  m, p = run.config.model, run.params
+  m, p = loaded.config.model, loaded.params
   cfg = LlamaConfig(vocab_size=m.vocab_size, hidden_size=m.d_model,
                     intermediate_size=m.d_ff, num_hidden_layers=m.num_layers,
                     num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
@@ -119,11 +119,11 @@ def _row(impl, b, t, n, t_fwd, t_1, t_n):
               decode_tok_s=b * (n - 1) / max(t_n - t_1, 1e-9))
 
 
-def logit_agreement(run, hf_model, text="The capital of France is Paris, and"):
+def logit_agreement(loaded, hf_model, text="The capital of France is Paris, and"):
   """max |mha-jax - transformers| / max |transformers| of the logits on one prompt."""
   import torch
-  ids = run.task.tokenizer.encode(text)
-  ours = np.asarray(run.task.logits(run.params, ids[None]))[0]
+  ids = loaded.task.tokenizer.encode(text)
+  ours = np.asarray(loaded.task.logits(loaded.params, ids[None]))[0]
   with torch.inference_mode():
     theirs = hf_model(torch.from_numpy(ids[None].astype(np.int64))).logits[0].numpy()
   return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
@@ -190,7 +190,7 @@ def main(argv=None):
     tmp = tempfile.TemporaryDirectory()
     workdir = os.path.join(tmp.name, "smollm2")
     importer.import_model(workdir, name="smollm2-135m")
-  run = mha_jax.load(workdir)
+  loaded = mha_jax.load(workdir)
   extra, hf_model = {}, None
   if not args.no_transformers:
     try:
@@ -200,13 +200,13 @@ def main(argv=None):
       print("transformers/torch not installed: mha-jax only")
     else:
       torch.set_num_threads(len(cores))
-      hf_model = to_transformers(run)
+      hf_model = to_transformers(loaded)
       extra = {"transformers": transformers.__version__, "torch": torch.__version__,
                "torch_threads": torch.get_num_threads(),
-               "logits_rel_err_vs_transformers": logit_agreement(run, hf_model)}
+               "logits_rel_err_vs_transformers": logit_agreement(loaded, hf_model)}
   rows = []
   for b, t in shapes:          # the two libraries alternate, so both see the same load
-    rows += bench_mha_jax(run, b, t, args.new_tokens, args.rounds)
+    rows += bench_mha_jax(loaded, b, t, args.new_tokens, args.rounds)
     if hf_model is not None:
       rows += bench_transformers(hf_model, b, t, args.new_tokens, args.rounds)
     _write(args.out, rows, args, cores, extra)     # after every shape: a partial run keeps its rows

@@ -195,10 +195,10 @@ def load_peers(gguf_path: str | None = None, hf=None, tokenizer=None):
   return {"hf": hf, "tl": tl, "nnsight": lm, "seconds": sec, "state": state}
 
 
-def to_transformers_sd(run) -> dict:
+def to_transformers_sd(loaded) -> dict:
   """mha-jax's weights in transformers' layout (to check the peers hold the same)."""
   from bench_models import to_transformers
-  return to_transformers(run).state_dict()
+  return to_transformers(loaded).state_dict()
 
 
 def command_times(workdir: str, n_pairs: int) -> dict:
@@ -293,10 +293,10 @@ def main(argv=None):
     tmp = tempfile.TemporaryDirectory()
     workdir = os.path.join(tmp.name, "smollm2")
     importer.import_model(workdir, name="smollm2-135m")
-  run = mha_jax.load(workdir)
-  pairs = pairs_lib.ioi_pairs(run.task, args.pairs, seed=0)
+  loaded = mha_jax.load(workdir)
+  pairs = pairs_lib.ioi_pairs(loaded.task, args.pairs, seed=0)
   t0 = time.perf_counter()
-  s = core.Study(run.task, run.params, pairs)
+  s = core.Study(loaded.task, loaded.params, pairs)
   setup = time.perf_counter() - t0
   ours, ours_first, ours_med, ours_all = bench.first_and_rounds(lambda: s.patch("z"), args.rounds)
   print(f"mha-jax batched sweep: {ours_med:.2f} s (first call {ours_first:.1f} s)", flush=True)
@@ -333,9 +333,9 @@ def main(argv=None):
     nnsight = None
     print("transformer-lens / nnsight not installed (pip install .[bench]): no peers")
   if torch is not None and nnsight is not None:
-    P = load_peers(run.config["source"]["path"])
+    P = load_peers(loaded.config["source"]["path"])
     hf_same = max(float((P["state"][k] - v).abs().max())
-                  for k, v in to_transformers_sd(run).items())
+                  for k, v in to_transformers_sd(loaded).items())
     print(f"peers loaded: {P['seconds']}; max |weight difference| to mha-jax's {hf_same:.1e}",
           flush=True)
     n = args.peer_layers
@@ -363,7 +363,7 @@ def main(argv=None):
     result["command"] = command_times(workdir, len(pairs))
   if torch is not None and args.torch_rounds:
     from bench_models import to_transformers
-    hf = to_transformers(run)
+    hf = to_transformers(loaded)
     theirs, t_first, t_med, t_all = bench.first_and_rounds(lambda: torch_sweep(hf, pairs), args.torch_rounds)
     denom = s.ld_clean.mean() - s.ld_corrupt.mean()
     rec = (theirs.mean(-1) - s.ld_corrupt.mean()) / denom
@@ -373,7 +373,7 @@ def main(argv=None):
                                   "threads": torch.get_num_threads(),
                                   "max_abs_recovery_difference": diff}
   if args.no_prefix:
-    s_full = core.Study(run.task, run.params, pairs, share_prefix=False)
+    s_full = core.Study(loaded.task, loaded.params, pairs, share_prefix=False)
     _, f_first, f_med, f_all = bench.first_and_rounds(lambda: s_full.patch("z"), args.rounds)
     print(f"mha-jax batched sweep without the shared prefix: {f_med:.2f} s", flush=True)
     result["mha_jax_no_shared_prefix"] = {"median_s": f_med, "first_call_s": f_first,

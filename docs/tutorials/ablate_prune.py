@@ -24,8 +24,8 @@ mc.apply_overrides(cfg, ["--config.train.steps=200", "--config.train.eval_every=
                          "--config.data.valid_size=64", "--config.data.test_size=64",
                          "--config.eval.bleu_examples=32"])
 loop.train(cfg, workdir, log=lambda s: None)
-run = mha_jax.load(workdir)
-base = run.task.evaluate(run.params, "test")
+loaded = mha_jax.load(workdir)
+base = loaded.task.evaluate(loaded.params, "test")
 print(f"all heads: test loss {base['loss']:.3f}, accuracy {base['accuracy']:.3f}")
 
 # %% [markdown]
@@ -36,9 +36,9 @@ print(f"all heads: test loss {base['loss']:.3f}, accuracy {base['accuracy']:.3f}
 # the mean goes through the head's rows of W_O into the block's output bias).
 
 # %%
-heads = importance.parse_heads(run.params, "encoder.0.0,encoder.1.3")
+heads = importance.parse_heads(loaded.params, "encoder.0.0,encoder.1.3")
 for mode in ("zero", "mean"):
-  out = importance.ablate(run, heads, mode=mode, bleu_limit=32)
+  out = importance.ablate(loaded, heads, mode=mode, bleu_limit=32)
   print(f"{mode} ablation of encoder.0.0 and encoder.1.3: loss {out['loss'] - base['loss']:+.3f}")
 
 # %% [markdown]
@@ -47,7 +47,7 @@ for mode in ("zero", "mean"):
 # I_h = E_x |dL/d gate_h| at gates 1 (Michel et al. 2019), from per-example gradients.
 
 # %%
-imp = importance.michel_importance(run, "valid", limit=64)
+imp = importance.michel_importance(loaded, "valid", limit=64)
 top = sorted(imp["raw"].items(), key=lambda kv: -kv[1])[:5]
 print("most important heads:", ", ".join(f"{h} {v:.4f}" for h, v in top))
 
@@ -61,6 +61,6 @@ print("most important heads:", ", ".join(f"{h} {v:.4f}" for h, v in top))
 # %%
 for method in ("l0", "michel", "random"):
   info = prune_lib.prune(workdir, os.path.join(root, method), method=method, keep=4,
-                         steps=40, bleu_limit=32, log=lambda s: None, loaded=run)
+                         steps=40, bleu_limit=32, log=lambda s: None, loaded=loaded)
   print(f"{method:>6}: kept {', '.join(info['kept_heads'])}; test loss "
         f"{info['after']['loss']:.3f} (all heads {info['base']['loss']:.3f})")

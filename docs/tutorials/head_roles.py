@@ -34,9 +34,9 @@ print(summary["status"], "at step", summary["step"])
 # loss and evaluation. Heads are named `stack.layer.head`.
 
 # %%
-run = mha_jax.load(workdir)
-print(run.step, len(run.head_names), run.head_names[:4])
-print({k: round(v, 3) for k, v in run.task.evaluate(run.params, "test").items()
+loaded = mha_jax.load(workdir)
+print(loaded.step, len(loaded.head_names), loaded.head_names[:4])
+print({k: round(v, 3) for k, v in loaded.task.evaluate(loaded.params, "test").items()
        if k in ("loss", "accuracy")})
 
 # %% [markdown]
@@ -46,7 +46,7 @@ print({k: round(v, 3) for k, v in run.task.evaluate(run.params, "test").items()
 # yields every layer's weights (B, H, T, S), batch by batch.
 
 # %%
-batch, cap, weight = next(capture.iter_captures(run, "test", stacks=("encoder",), limit=8))
+batch, cap, weight = next(capture.iter_captures(loaded, "test", stacks=("encoder",), limit=8))
 w_BHTS = np.asarray(cap["encoder"][0].weights)
 print("encoder layer 0 weights", w_BHTS.shape)
 print("head encoder.0.0, first sentence, argmax key per query:", w_BHTS[0, 0].argmax(-1)[:10])
@@ -58,7 +58,7 @@ print("head encoder.0.0, first sentence, argmax key per query:", w_BHTS[0, 0].ar
 # arcs that come with each synthetic sentence and assigns a role by fixed thresholds.
 
 # %%
-rows = head_roles.head_roles(run, "test")
+rows = head_roles.head_roles(loaded, "test")
 enc = [r for r in rows if r["stack"] == "encoder"]
 counts = {}
 for r in enc:

@@ -22,8 +22,8 @@ from mha_jax.pretrained import importer
 
 workdir = tempfile.mkdtemp(prefix="smollm2_") + "/smollm2"
 importer.import_model(workdir, name="smollm2-135m")       # from the pip package, offline
-run = mha_jax.load(workdir)
-ioi = pairs.ioi_pairs(run.task, n=2, seed=0)
+loaded = mha_jax.load(workdir)
+ioi = pairs.ioi_pairs(loaded.task, n=2, seed=0)
 for t in ioi.text:
   print(t["clean"], "->", t["answer"], "| corrupt:", t["corrupt"])
 
@@ -36,7 +36,7 @@ for t in ioi.text:
 # from the clean run put into the corrupt run.
 
 # %%
-study = core.Study(run.task, run.params, ioi)
+study = core.Study(loaded.task, loaded.params, ioi)
 print("logit difference clean", study.ld_clean.round(2), "corrupt", study.ld_corrupt.round(2))
 
 clean_z = study.values("clean", ["lm.23.attn.z"])["lm.23.attn.z"]     # (N, T, H, K)

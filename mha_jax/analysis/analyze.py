@@ -121,32 +121,32 @@ def write_rows(rows: list[dict], directory: str) -> None:
   storage.write_text(storage.join(directory, "heads.csv"), f.getvalue())
 
 
-def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit: int = 0,
+def analyze(loaded, *, split: str = "test", out_dir: str | None = None, role_limit: int = 0,
             importance_limit: int = 512, loo: bool = True, loo_bleu_limit: int = 64,
             conllu: str | None = None, log: Callable[[str], None] = print) -> dict:
   """Roles, importance and single-head ablations for a loaded run; writes the report.
   `conllu`: a CoNLL-U file of input sentences for the syntactic roles of an encoder
   without its own arcs (an imported BERT; translation runs take data.conllu)."""
-  if conllu and run.task.role_family != "embedding":
+  if conllu and loaded.task.role_family != "embedding":
     raise UserError(f"--conllu is for imported encoders (task embedding); this run has "
-                    f"task {run.task.name!r} (translation runs read data.conllu.<split> "
+                    f"task {loaded.task.name!r} (translation runs read data.conllu.<split> "
                     f"from their config)")
-  out_dir = out_dir or storage.join(run.workdir, "analysis")
+  out_dir = out_dir or storage.join(loaded.workdir, "analysis")
   storage.makedirs(out_dir)
-  is_tr = run.task.reports_bleu
-  if run.task.compares_to_dense:   # the loss: a distance to the dense model's outputs
-    loader.set_dense_reference(run)
-  if not run.task.trainable:       # imported models: 270 / 72 heads
-    importance_limit = min(importance_limit, run.config.eval.batch_size * 2)
-    if run.task.decoder_only and loo:
+  is_tr = loaded.task.reports_bleu
+  if loaded.task.compares_to_dense:   # the loss: a distance to the dense model's outputs
+    loader.set_dense_reference(loaded)
+  if not loaded.task.trainable:       # imported models: 270 / 72 heads
+    importance_limit = min(importance_limit, loaded.config.eval.batch_size * 2)
+    if loaded.task.decoder_only and loo:
       log("leave-one-out skipped for an imported LM (270 evaluations); run "
           "`mha-jax ablate --each` for it")
       loo = False
   log("roles ...")
-  rows = head_roles(run, split, role_limit, conllu=conllu)
+  rows = head_roles(loaded, split, role_limit, conllu=conllu)
   by_name = {r["head"]: r for r in rows}
   log("importance (Michel et al.) ...")
-  imp = importance.michel_importance(run, "valid", limit=importance_limit)
+  imp = importance.michel_importance(loaded, "valid", limit=importance_limit)
   for name, v in imp["normalized"].items():
     by_name.setdefault(name, {"head": name, "stack": name.split(".")[0],
                               "layer": int(name.split(".")[1]),
@@ -156,7 +156,7 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
   loo_rows = []
   if loo:
     log(f"leave-one-out ablations of {len(by_name)} heads ...")
-    loo_rows = importance.leave_one_out(run, split=split, bleu_limit=loo_bleu_limit)
+    loo_rows = importance.leave_one_out(loaded, split=split, bleu_limit=loo_bleu_limit)
     for r in loo_rows:
       for k, v in r.items():
         if k.startswith("delta_"):
@@ -164,12 +164,12 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
   rows = list(by_name.values())
   write_rows(rows, out_dir)
   _plot_grid([r for r in rows if r.get("role") != "n/a"], storage.join(out_dir, "roles.png"),
-             f"head roles, {run.workdir}")
+             f"head roles, {loaded.workdir}")
   stack0 = rows[0]["stack"] if rows else None
   if stack0 in GRID_SCORES:
     plot_score_grids([r for r in rows if r["stack"] == stack0],
                      storage.join(out_dir, "scores.png"), GRID_SCORES[stack0],
-                     f"per-head scores, {run.workdir}")
+                     f"per-head scores, {loaded.workdir}")
   names = [r["head"] for r in rows]
   _plot_bars(names, [r.get("importance", 0.0) for r in rows],
              storage.join(out_dir, "importance.png"), "importance (normalised per layer)")
@@ -177,7 +177,7 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
   if loo:
     _plot_bars(names, [r.get(key, 0.0) for r in rows], storage.join(out_dir, "ablation.png"),
                f"{key} when ablated alone")
-  attention_explorer.write(run, rows, storage.join(out_dir, "attention_explorer.html"), split=split)
+  attention_explorer.write(loaded, rows, storage.join(out_dir, "attention_explorer.html"), split=split)
   counts: dict[str, dict[str, int]] = {}
   for r in rows:
     if r.get("role") not in (None, "n/a"):

@@ -22,19 +22,19 @@ from mha_jax.models.common import STACKS
 
 
 
-def page_data(run, rows, split: str = "test", sentences: int = 20) -> dict:
+def page_data(loaded, rows, split: str = "test", sentences: int = 20) -> dict:
   """The explorer's JSON: sentences, `weights[sentence][stack][layer][head][query][key]`."""
   roles = {r["head"]: r.get("role", "other") for r in rows}
-  is_tr = run.task.reports_bleu     # source and target words (TranslationData)
+  is_tr = loaded.task.reports_bleu     # source and target words (TranslationData)
   sents, weights = [], []
-  for batch, cap, weight in capture_lib.iter_captures(run, split, limit=sentences):
+  for batch, cap, weight in capture_lib.iter_captures(loaded, split, limit=sentences):
     n = int(weight.sum())
     for b in range(n):
       if is_tr:
         src = np.asarray(batch["src"][b])
         tgt = np.asarray(batch["tgt"][b])[:-1]
         s_len, t_len = int((src != V.PAD_ID).sum()), int((tgt != V.PAD_ID).sum())
-        vocab = run.task.vocab
+        vocab = loaded.task.vocab
         sents.append({"src": [vocab.tokens[i] for i in src[:s_len]],
                       "tgt": [vocab.tokens[i] for i in tgt[:t_len]]})
         lens = {"encoder": (s_len, s_len), "decoder_self": (t_len, t_len),
@@ -52,14 +52,14 @@ def page_data(run, rows, split: str = "test", sentences: int = 20) -> dict:
           "stacks": [s for s in STACKS if weights and s in weights[0]]}
 
 
-def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_tokens: int = 20,
+def real_page_data(loaded, rows, split: str = "test", sentences: int = 2, max_tokens: int = 20,
                    half_len: int = 10) -> dict:
   """The explorer's JSON for an imported model (LLaMA LM or BERT encoder): `sentences`
   pieces of the built-in text cut to max_tokens tokens (and, for an LM, one sequence of
   repeated random tokens), tokens shown as the tokenizer's strings, weights to 2 places
   (SmolLM2's 270 heads stay well under 5 MB)."""
   from mha_jax.toolkit import masks as M
-  model = run.task
+  model = loaded.task
   roles = {r["head"]: r.get("role", "other") for r in rows}
   batches = []
   for batch, _weight in model.eval_batches(split, max(sentences, 1)):
@@ -71,7 +71,7 @@ def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_token
     batches.append({"tokens": tokens})
   sents, weights = [], []
   for batch in batches:
-    cap = capture_lib.captured(model, run.params, batch)
+    cap = capture_lib.captured(model, loaded.params, batch)
     stack = "lm" if "lm" in cap else "encoder"
     toks = np.asarray(batch["tokens"])
     for b in range(len(toks)):
@@ -81,18 +81,18 @@ def real_page_data(run, rows, split: str = "test", sentences: int = 2, max_token
                                for i in ids]})
       weights.append({stack: [np.round(np.asarray(r.weights[b])[:, :n, :n], 2).tolist()
                               for r in cap[stack]]})
-  mask = M.read_mask(run.workdir)
-  pruned = ([n for n in C.head_names(run.params) if n not in set(M.kept_names(mask))]
+  mask = M.read_mask(loaded.workdir)
+  pruned = ([n for n in C.head_names(loaded.params) if n not in set(M.kept_names(mask))]
             if mask else [])
   return {"sentences": sents, "weights": weights, "roles": roles,
           "colors": roles_lib.ROLE_COLORS,
           "stacks": [s for s in STACKS if weights and s in weights[0]], "pruned": pruned}
 
 
-def write(run, rows, path: str, split: str = "test", sentences: int = 20) -> dict:
-  if not run.task.trainable:       # an imported model: its tokenizer's strings
-    data = real_page_data(run, rows, split, min(sentences, 2))
+def write(loaded, rows, path: str, split: str = "test", sentences: int = 20) -> dict:
+  if not loaded.task.trainable:       # an imported model: its tokenizer's strings
+    data = real_page_data(loaded, rows, split, min(sentences, 2))
   else:
-    data = page_data(run, rows, split, sentences)
-  storage.write_text(path, assets.page("explorer", data, title=html.escape(run.workdir)))
+    data = page_data(loaded, rows, split, sentences)
+  storage.write_text(path, assets.page("explorer", data, title=html.escape(loaded.workdir)))
   return data

@@ -23,27 +23,27 @@ from mha_jax.errors import UserError
 from mha_jax.tasks import jitted
 
 
-def eval_tokens(run, batch: int = 64, seed_offset: int = 7_000_003):
+def eval_tokens(loaded, batch: int = 64, seed_offset: int = 7_000_003):
   """(tokens (B, 1 + 2n), copy lengths m (B,)): repeated random tokens held out from
   training. A model trained on text gets them over its own vocabulary (BOS is id 0 in
   both), with n as long as its context allows, as the papers evaluate text models."""
-  if not run.task.decoder_only:
+  if not loaded.task.decoder_only:
     raise UserError(f"repeated-token scores need a decoder-only model; this run has task "
-                    f"{run.task.name!r}")
-  return run.task.repeated_eval_tokens(batch, seed_offset)
+                    f"{loaded.task.name!r}")
+  return loaded.task.repeated_eval_tokens(batch, seed_offset)
 
 
-def head_scores(run, tokens: np.ndarray) -> dict[str, dict[str, float]]:
+def head_scores(loaded, tokens: np.ndarray) -> dict[str, dict[str, float]]:
   """{"lm.layer.head": {prefix_matching, previous_token, duplicate_token, copying}}."""
-  cap = capture.captured(run.task, run.params, {"tokens": tokens})
+  cap = capture.captured(loaded.task, loaded.params, {"tokens": tokens})
   x = tokens[:, :-1]
-  u = scores.unembed_matrix(run.params)                             # (D, V)
+  u = scores.unembed_matrix(loaded.params)                             # (D, V)
   u_mean = u.mean(1)
   out = {}
   for layer, r in enumerate(cap["lm"]):
     w = np.asarray(r.weights)
     s = roles.lm_scores(w, x)
-    attn = run.params["lm"][f"layer_{layer}"]["attn"]
+    attn = loaded.params["lm"][f"layer_{layer}"]["attn"]
     wo = np.asarray(attn["wo"], np.float64)
     heads = np.asarray(r.heads, np.float64)                         # (B, T, H, K)
     for h in range(w.shape[1]):
@@ -58,12 +58,12 @@ def head_scores(run, tokens: np.ndarray) -> dict[str, dict[str, float]]:
   return out
 
 
-def icl_score(run, tokens: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
+def icl_score(loaded, tokens: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
   """Loss at a late position minus loss at an early one (negative = in-context learning):
   the prediction of the 2nd token of the first copy against that of the last token of
   the second copy (row by row, as copy lengths vary)."""
-  fwd = jitted(run.task, "logits", lambda p, b: run.task.apply(p, b))
-  logits = np.asarray(fwd(run.params, {"tokens": tokens}))
+  fwd = jitted(loaded.task, "logits", lambda p, b: loaded.task.apply(p, b))
+  logits = np.asarray(fwd(loaded.params, {"tokens": tokens}))
   nll = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
       jnp.asarray(logits), jnp.asarray(tokens[:, 1:])))               # (B, T-1)
   rows = np.arange(len(tokens))
@@ -73,7 +73,7 @@ def icl_score(run, tokens: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
           "icl_score": float(late.mean() - early.mean())}
 
 
-def text_icl_score(run, windows: np.ndarray, early: int = 50, late: int = 500
+def text_icl_score(loaded, windows: np.ndarray, early: int = 50, late: int = 500
                    ) -> dict[str, float]:
   """Olsson et al.'s in-context learning score on natural text: the mean loss of token
   `late` (capped at the last one the windows hold) minus that of token `early` (capped
@@ -84,8 +84,8 @@ def text_icl_score(run, windows: np.ndarray, early: int = 50, late: int = 500
     raise UserError(f"text_icl_score needs windows of at least 2 tokens after BOS; got {t}")
   late = min(late, t)
   early = min(early, max(1, late // 5))
-  fwd = jitted(run.task, "logits", lambda p, b: run.task.apply(p, b))
-  logits = np.asarray(fwd(run.params, {"tokens": windows}))
+  fwd = jitted(loaded.task, "logits", lambda p, b: loaded.task.apply(p, b))
+  logits = np.asarray(fwd(loaded.params, {"tokens": windows}))
   nll = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
       jnp.asarray(logits), jnp.asarray(windows[:, 1:])))               # (B, T)
   e, l = float(nll[:, early - 1].mean()), float(nll[:, late - 1].mean())

@@ -43,11 +43,11 @@ def _clean_metric(s: core.Study, metric) -> np.ndarray:
   return np.asarray(fn(s.params, s.tokens["clean"]), np.float64)
 
 
-def prepare(run, task, pairs_file, n_pairs, seed, keep_failing, log=print):
+def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print):
   """(Study, metric fn, metric spec, pairs doc, failing doc): the pairs with those the
   model fails on the clean prompt (metric <= 0) left out unless keep_failing."""
-  pairs, spec = circuit_tasks.make(run, task, pairs_file, n_pairs, seed)
-  s = core.Study(run.task, run.params, pairs, share_prefix=False)
+  pairs, spec = circuit_tasks.make(loaded, task, pairs_file, n_pairs, seed)
+  s = core.Study(loaded.task, loaded.params, pairs, share_prefix=False)
   m_clean = _clean_metric(s, circuit_tasks.metric_of(pairs, spec))
   bad = np.nonzero(m_clean <= 0)[0]
   failing = [{**pairs.to_json()[i], "metric_clean": float(m_clean[i])} for i in bad]
@@ -59,12 +59,12 @@ def prepare(run, task, pairs_file, n_pairs, seed, keep_failing, log=print):
     if not len(good):
       raise UserError("the model fails every clean prompt (metric <= 0): no circuit to find")
     pairs, spec = pairs.subset(good), circuit_tasks.subset_metric(spec, good)
-    s = core.Study(run.task, run.params, pairs, share_prefix=False)
+    s = core.Study(loaded.task, loaded.params, pairs, share_prefix=False)
     m_clean = m_clean[good]
   return s, circuit_tasks.metric_of(pairs, spec), spec, failing
 
 
-def study(run, out: str, *, task=None, pairs_file=None, method: str = "eap-ig",
+def study(loaded, out: str, *, task=None, pairs_file=None, method: str = "eap-ig",
           ablation: str = "corrupt", target: float = 0.8, n_pairs: int = 8, seed: int = 0,
           steps: int = 5, ig_on: str = "inputs", keep_failing: bool = False,
           sample: int = 200, threshold: float = 0.01, log=print) -> dict:
@@ -72,7 +72,7 @@ def study(run, out: str, *, task=None, pairs_file=None, method: str = "eap-ig",
   DIR/circuit.json, faithfulness.png, circuit.png and returns the document."""
   check(method, ablation, target, steps)
   t0 = time.perf_counter()
-  s, metric, spec, failing = prepare(run, task, pairs_file, n_pairs, seed, keep_failing, log)
+  s, metric, spec, failing = prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log)
   es = E.EdgeStudy(s, metric=metric, ablation=ablation)
   seconds = {}
   log(f"graph: {es.graph.size()}; metric full {es.m_full:.4f}, empty {es.m_empty:.4f}")
@@ -106,7 +106,7 @@ def study(run, out: str, *, task=None, pairs_file=None, method: str = "eap-ig",
            **timed("nodes", lambda: search.node_view(s, view["heads"]))}
   names = es.graph.nodes, es.graph.ends
   order = np.argsort(-np.abs(scores), kind="stable")
-  doc = {"workdir": run.workdir, "task": task or pairs_file, "method": method,
+  doc = {"workdir": loaded.workdir, "task": task or pairs_file, "method": method,
          "ablation": ablation, "target": target, "steps": steps, "ig_on": ig_on,
          "metric": spec["name"] if isinstance(spec, dict) else spec,
          "metric_full": es.m_full, "metric_empty": es.m_empty,

@@ -124,19 +124,19 @@ def file_metric(path: str) -> str:
   return seen or "logit_diff"
 
 
-def make(run, task: str | None, pairs_file: str | None, n: int, seed: int):
+def make(loaded, task: str | None, pairs_file: str | None, n: int, seed: int):
   """(Pairs, metric spec) of a built-in task or a pairs file."""
   if (task is None) == (pairs_file is None):
     raise UserError(f"give exactly one of --task ({', '.join(TASKS)}) and --pairs FILE.jsonl")
   if pairs_file is not None:
-    pairs = P.read_pairs(run.task, pairs_file)
+    pairs = P.read_pairs(loaded.task, pairs_file)
     return pairs, file_metric(pairs_file)
   if task == "ioi":
-    return P.ioi_pairs(run.task, n, seed), "logit_diff"
+    return P.ioi_pairs(loaded.task, n, seed), "logit_diff"
   if task == "induction":
-    return P.induction_pairs(run.task, n, seed=seed), "logit_diff"
+    return P.induction_pairs(loaded.task, n, seed=seed), "logit_diff"
   if task == "greater-than":
-    return greater_than(run.task, n, seed)
+    return greater_than(loaded.task, n, seed)
   raise UserError(f"--task must be one of {TASKS}; got {task!r}")
 
 

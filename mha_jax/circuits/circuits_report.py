@@ -35,12 +35,12 @@ def find_induction_heads(heads: dict, comp_k: dict, prefix: float = 0.3,
   return sorted(out, key=lambda r: -r["prefix_matching"])
 
 
-def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log,
+def over_checkpoints(loaded, tokens: np.ndarray, lengths: np.ndarray, log,
                      windows: np.ndarray | None = None) -> list[dict]:
   """Scores at every checkpoint of `run`'s workdir (with text `windows`, also the ICL
   score on text). Only the params are restored: the task (and its compiled functions) is
   `run`'s, so no step recompiles. Bad checkpoints are skipped with a warning."""
-  c = ckpt_lib.Checkpoints(run.workdir, read_only=True)
+  c = ckpt_lib.Checkpoints(loaded.workdir, read_only=True)
   rows = []
   try:
     for step in c.all_steps():
@@ -49,7 +49,7 @@ def over_checkpoints(run, tokens: np.ndarray, lengths: np.ndarray, log,
       except BadCheckpoint as e:
         ckpt_lib.warn(f"{e}; skipped")
         continue
-      at = dataclasses.replace(run, params=params, step=step)
+      at = dataclasses.replace(loaded, params=params, step=step)
       icl = behaviour.icl_score(at, tokens, lengths)
       if windows is not None:
         icl.update(behaviour.text_icl_score(at, windows))
@@ -72,7 +72,7 @@ def _layer_head(name: str) -> tuple[int, int]:
   return tuple(int(v) for v in name.split(".")[1:])
 
 
-def circuit_scores(run, tokens: np.ndarray, *, samples: int = 200, dtype=np.float64,
+def circuit_scores(loaded, tokens: np.ndarray, *, samples: int = 200, dtype=np.float64,
                    log: Callable[[str], None] = print) -> dict:
   """The scores of every head of a decoder, own or imported, on `tokens` (repeated
   random tokens, behaviour.eval_tokens) and from its weights with the norm scales
@@ -84,8 +84,8 @@ def circuit_scores(run, tokens: np.ndarray, *, samples: int = 200, dtype=np.floa
   >= 0.3, copying > 0), "composition" / "composition_raw": {kind: {"early->late":
   score}} (baseline subtracted / raw), "composition_baseline": {kind: value}}."""
   log("behavioural scores ...")
-  heads = behaviour.head_scores(run, tokens)
-  folded = scores.fold_norms(run.params)
+  heads = behaviour.head_scores(loaded, tokens)
+  folded = scores.fold_norms(loaded.params)
   log("composition scores ...")
   comp = scores.composition_scores(folded, samples=samples, dtype=dtype)
   grams = scores.token_grams(folded)
@@ -113,42 +113,42 @@ def circuit_scores(run, tokens: np.ndarray, *, samples: int = 200, dtype=np.floa
 
 def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
              track: bool = True, log: Callable[[str], None] = print) -> dict:
-  run = load(workdir)
-  if not run.task.decoder_only:
+  loaded = load(workdir)
+  if not loaded.task.decoder_only:
     raise UserError(f"circuits needs a decoder-only model (task lm or pretrained_lm); "
-                    f"{workdir!r} has task {run.task.name!r}")
-  if not run.task.trainable:        # an imported LM: GQA, RMSNorm, MLPs
-    return real_lm_circuits(run, out_dir or storage.join(workdir, "circuits"),
+                    f"{workdir!r} has task {loaded.task.name!r}")
+  if not loaded.task.trainable:        # an imported LM: GQA, RMSNorm, MLPs
+    return real_lm_circuits(loaded, out_dir or storage.join(workdir, "circuits"),
                             samples=samples, log=log)
   out_dir = out_dir or storage.join(workdir, "circuits")
   storage.makedirs(out_dir)
-  tokens, lengths = behaviour.eval_tokens(run)
-  result = {"workdir": workdir, "step": run.step,
-            **circuit_scores(run, tokens, samples=samples, log=log)}
-  m = run.config.model
+  tokens, lengths = behaviour.eval_tokens(loaded)
+  result = {"workdir": workdir, "step": loaded.step,
+            **circuit_scores(loaded, tokens, samples=samples, log=log)}
+  m = loaded.config.model
   if m.attn_only and not m.layer_norm and not m.use_bias:
     log("path expansion and term importance ...")
-    windows = run.task.text_windows("valid", 16)     # a text model: on its own text
+    windows = loaded.task.text_windows("valid", 16)     # a text model: on its own text
     seqs = tokens if windows is None else windows
     result["term_importance_on"] = "repeated random tokens" if windows is None else "text"
-    _, cap = run.task.apply(run.params, {"tokens": seqs}, capture=True)
+    _, cap = loaded.task.apply(loaded.params, {"tokens": seqs}, capture=True)
     pats = [np.asarray(r.weights) for r in cap["lm"]]
     x = seqs[:, :-1]
-    terms = paths.expand(run.params, x, pats, pos_in_residual=m.pos not in C.SCORE_POS)
-    full = np.asarray(run.task.apply(run.params, {"tokens": seqs}))
+    terms = paths.expand(loaded.params, x, pats, pos_in_residual=m.pos not in C.SCORE_POS)
+    full = np.asarray(loaded.task.apply(loaded.params, {"tokens": seqs}))
     result["path_expansion_max_error"] = float(np.abs(sum(terms.values()) - full).max())
-    result["term_importance"] = paths.term_importance(run.params, x, pats,
+    result["term_importance"] = paths.term_importance(loaded.params, x, pats,
                                                       pos_in_residual=m.pos not in C.SCORE_POS)
   if track:
     log("ICL score over checkpoints ...")
-    result["over_steps"] = over_checkpoints(run, tokens, lengths, log,
-                                            run.task.text_windows("valid", 128))
+    result["over_steps"] = over_checkpoints(loaded, tokens, lengths, log,
+                                            loaded.task.text_windows("valid", 128))
   storage.write_json(storage.join(out_dir, "circuits.json"), result)
   _plots(result, out_dir)
   return result
 
 
-def real_lm_circuits(run, out_dir: str, *, top: int = 10, batch: int = 8,
+def real_lm_circuits(loaded, out_dir: str, *, top: int = 10, batch: int = 8,
                      samples: int = 50, partners: int = 3,
                      log: Callable[[str], None] = print) -> dict:
   """Circuits of an imported LM (many layers, GQA, MLPs, RMSNorm): prefix matching,
@@ -161,15 +161,15 @@ def real_lm_circuits(run, out_dir: str, *, top: int = 10, batch: int = 8,
   the MLPs are left out, as in Elhage et al.'s attention-only analysis: for a real LM
   they describe the attention-only path through the residual stream, an approximation."""
   storage.makedirs(out_dir)
-  tokens, lengths = behaviour.eval_tokens(run, batch)
+  tokens, lengths = behaviour.eval_tokens(loaded, batch)
   log("behavioural scores ...")
-  heads = behaviour.head_scores(run, tokens)
-  icl = behaviour.icl_score(run, tokens, lengths)
+  heads = behaviour.head_scores(loaded, tokens)
+  icl = behaviour.icl_score(loaded, tokens, lengths)
   prev_rank = sorted(heads, key=lambda n: -heads[n]["previous_token"])
   prev_set = {n for n in prev_rank if heads[n]["previous_token"] >= 0.4}
-  folded = scores.fold_norms(run.params)
+  folded = scores.fold_norms(loaded.params)
   grams = scores.token_grams(folded)
-  d, k = (int(x) for x in run.params["lm"]["layer_0"]["attn"]["wq"].shape[::2])
+  d, k = (int(x) for x in loaded.params["lm"]["layer_0"]["attn"]["wq"].shape[::2])
   base = scores.random_baseline("k", d, k, k, samples)
   log(f"K-composition of the top {top} induction heads (baseline {base:.4f}) ...")
   rows = []
@@ -183,7 +183,7 @@ def real_lm_circuits(run, out_dir: str, *, top: int = 10, batch: int = 8,
                                  "previous_token": heads[b]["previous_token"],
                                  "is_previous_token_head": b in prev_set} for b in best]})
     heads[name]["ov_positivity"] = rows[-1]["ov_positivity"]
-  result = {"workdir": run.workdir, "step": run.step, "heads": heads, **icl,
+  result = {"workdir": loaded.workdir, "step": loaded.step, "heads": heads, **icl,
             "repeated_tokens": {"batch": int(tokens.shape[0]), "length": int(tokens.shape[1])},
             "previous_token_heads": [n for n in prev_rank if n in prev_set],
             "k_composition_baseline": base, "top_induction_heads": rows}

@@ -77,7 +77,7 @@ def attention_data(study, task, pairs: int = 2, digits: int = 2) -> dict:
           "stacks": ["lm"], "roles": {}, "colors": roles_lib.ROLE_COLORS}
 
 
-def rebuilt_study(out: str, run):
+def rebuilt_study(out: str, loaded):
   """The Study of a written result's pairs on `run` (a `mha_jax.load`): IOI and
   induction pairs made again as `patch` made them (seed 0), a pairs file's pairs from
   their text; refused unless their token ids, lengths and clean logit differences are
@@ -87,20 +87,20 @@ def rebuilt_study(out: str, run):
     raise UserError(f"{out!r} has no patching.json with pairs")
   rec = doc["pairs"]
   if doc.get("task") == "ioi":
-    pairs = pairs_lib.ioi_pairs(run.task, len(rec), 0)
+    pairs = pairs_lib.ioi_pairs(loaded.task, len(rec), 0)
   elif doc.get("task") == "induction":
-    pairs = pairs_lib.induction_pairs(run.task, len(rec), seed=0)
+    pairs = pairs_lib.induction_pairs(loaded.task, len(rec), seed=0)
   else:
-    pairs = pairs_lib.parse_pairs(run.task, [json.dumps(
+    pairs = pairs_lib.parse_pairs(loaded.task, [json.dumps(
         {f: p[f] for f in ("clean", "corrupt", "answer", "wrong")}) for p in rec],
         f"{out}/patching.json pairs")
   got = [(p["answer_id"], p["wrong_id"], p["length"]) for p in pairs.to_json()]
   if got != [(p["answer_id"], p["wrong_id"], p["length"]) for p in rec]:
-    raise UserError(f"the pairs made again on {run.workdir!r} are not those of {out!r}")
-  study = core.Study(run.task, run.params, pairs)
+    raise UserError(f"the pairs made again on {loaded.workdir!r} are not those of {out!r}")
+  study = core.Study(loaded.task, loaded.params, pairs)
   want = np.asarray([p["ld_clean"] for p in rec])
   if not np.allclose(study.ld_clean, want, atol=1e-2 * max(1.0, float(np.abs(want).max()))):
-    raise UserError(f"{run.workdir!r} gives other logit differences than {out!r} recorded "
+    raise UserError(f"{loaded.workdir!r} gives other logit differences than {out!r} recorded "
                     f"(another model?)")
   return study
 
@@ -138,8 +138,8 @@ def main(argv=None) -> int:
   attention = None
   if a.workdir:
     from mha_jax.loader import load
-    run = load(a.workdir)
-    attention = attention_data(rebuilt_study(out, run), run.task, a.attention_pairs)
+    loaded = load(a.workdir)
+    attention = attention_data(rebuilt_study(out, loaded), loaded.task, a.attention_pairs)
   print(write(out, attention))
   return 0
 

@@ -49,15 +49,15 @@ def _sweeps(sites: Sequence[str], gqa: bool) -> list[tuple[str, str, bool]]:
   return [sw for x in SITES if x in sites and (x != "kv" or gqa) for sw in _SWEEPS[x]]
 
 
-def make_pairs(run, task: str | None, pairs_file: str | None, n: int, seed: int):
+def make_pairs(loaded, task: str | None, pairs_file: str | None, n: int, seed: int):
   if (task is None) == (pairs_file is None):
     raise UserError("give exactly one of --task (ioi, induction) and --pairs FILE.jsonl")
   if pairs_file is not None:
-    return pairs_lib.read_pairs(run.task, pairs_file)
+    return pairs_lib.read_pairs(loaded.task, pairs_file)
   if task == "ioi":
-    return pairs_lib.ioi_pairs(run.task, n, seed)
+    return pairs_lib.ioi_pairs(loaded.task, n, seed)
   if task == "induction":
-    return pairs_lib.induction_pairs(run.task, n, seed=seed)
+    return pairs_lib.induction_pairs(loaded.task, n, seed=seed)
   raise UserError(f"--task must be one of {TASKS}; got {task!r}")
 
 
@@ -101,7 +101,7 @@ def _failing(s, pairs) -> list[dict]:
   return bad
 
 
-def study(run, out: str, *, task: str | None = None, pairs_file: str | None = None,
+def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None = None,
           methods: Sequence[str] = ("activation", "attribution"), n_pairs: int = 8,
           seed: int = 0, per_position: bool = False, receivers: int = 2, top: int = 10,
           sites: Sequence[str] = ("head_out",), keep_failing: bool = False,
@@ -113,8 +113,8 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
     raise UserError(f"--method must be a comma-separated subset of {METHODS}; got "
                     f"{','.join(methods)!r}")
   _sweeps(sites, False)
-  pairs = make_pairs(run, task, pairs_file, n_pairs, seed)
-  s = core.Study(run.task, run.params, pairs)
+  pairs = make_pairs(loaded, task, pairs_file, n_pairs, seed)
+  s = core.Study(loaded.task, loaded.params, pairs)
   failing = [] if keep_failing else _failing(s, pairs)
   if failing:
     keep = np.asarray([i for i in range(len(pairs)) if i not in {f["index"] for f in failing}])
@@ -122,7 +122,7 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
         f"logit difference < 0; --keep-failing keeps them): " + "; ".join(
             f"#{f['index']} {f['ld_clean']:+.3f}" for f in failing))
     pairs = pairs.subset(keep)
-    s = core.Study(run.task, run.params, pairs)
+    s = core.Study(loaded.task, loaded.params, pairs)
   storage.makedirs(out)
   heads = s.heads
   label = task or "pairs"
@@ -133,7 +133,7 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
       f"corrupt {summary['ld_corrupt']:.3f}")
   gqa = any(g != h for g, h in zip(s.kv_heads, heads))
   exact_heads = None
-  doc = {"workdir": run.workdir, "task": label, "direction": "denoise (clean into corrupt)",
+  doc = {"workdir": loaded.workdir, "task": label, "direction": "denoise (clean into corrupt)",
          "metric": "recovery = (LD_patched - LD_corrupt) / (LD_clean - LD_corrupt) of the "
                    "pair-mean logit differences LD = logit(answer) - logit(wrong)",
          "ld_clean": summary["ld_clean"], "ld_corrupt": summary["ld_corrupt"],
@@ -179,7 +179,7 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
   storage.write_json(storage.join(out, "patching.json"), doc)
 
   d = s.dla()
-  dla_doc = {"workdir": run.workdir, "task": label, "run": "clean",
+  dla_doc = {"workdir": loaded.workdir, "task": label, "run": "clean",
              "direction": "logit(answer) - logit(wrong), final norm scale frozen at the "
                           "clean run",
              "heads": core.head_table(d["heads"], heads),
@@ -197,7 +197,7 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
   if "attribution" in methods:
     atp, sec = _timed(lambda: s.attribution(("z",)))
     summary["seconds"]["attribution"] = round(sec, 2)
-    a_doc = {"workdir": run.workdir, "task": label, "direction": "denoise",
+    a_doc = {"workdir": loaded.workdir, "task": label, "direction": "denoise",
              "method": "AtP: (z_clean - z_corrupt) . d mean LD / dz at the corrupt run, "
                        "over (LD_clean - LD_corrupt)",
              "scores": {"head_out": core.head_table(atp["z"]["heads"], heads)},
@@ -219,7 +219,7 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
              storage.join(out, "attribution_head_out.png"))
 
   if "path" in methods:
-    p_doc = {"workdir": run.workdir, "task": label, "direction": "denoise",
+    p_doc = {"workdir": loaded.workdir, "task": label, "direction": "denoise",
              "method": "sender z clean, other heads frozen at corrupt (MLPs recompute), "
                        "receiver input recorded then patched"}
     res, sec = _timed(lambda: s.path_patch("logits"))
@@ -251,7 +251,7 @@ def study(run, out: str, *, task: str | None = None, pairs_file: str | None = No
     summary["top_edges"] = edges[:top]
     storage.write_json(storage.join(out, "path.json"), p_doc)
   storage.write_json(storage.join(out, "summary.json"), summary)
-  explorer.write(out, explorer.attention_data(s, run.task))
+  explorer.write(out, explorer.attention_data(s, loaded.task))
   return summary
 
 

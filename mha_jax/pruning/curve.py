@@ -31,10 +31,10 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   lock_lib.check_out(out_dir, workdir)
   if storage.exists(out_dir) and not storage.isdir(out_dir):   # refused now, not after
     raise UserError(f"--out {out_dir!r} is a file, not a folder")
-  run = load(workdir)
+  loaded = load(workdir)
   storage.makedirs(out_dir)
-  set_dense_reference(run)       # embeddings: compare with the dense model
-  total = M.count(M.ones_mask(run.params, stacks))
+  set_dense_reference(loaded)       # embeddings: compare with the dense model
+  total = M.count(M.ones_mask(loaded.params, stacks))
   for k in counts:
     if not 0 <= k <= total:
       raise UserError(f"--counts: {k} is outside 0..{total} heads in {list(stacks)}")
@@ -49,32 +49,32 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
       if storage.exists(d) and storage.listdir(d):
         raise UserError(f"--save-workdirs: {d!r} exists and is not empty; refusing to "
                         f"overwrite it")
-  roles = head_roles.role_of(head_roles.saved_or_head_roles(run, "test", log))
-  is_tr = run.task.reports_bleu
+  roles = head_roles.role_of(head_roles.saved_or_head_roles(loaded, "test", log))
+  is_tr = loaded.task.reports_bleu
   seconds = {}
   t0 = time.perf_counter()
-  draws = [methods.random_masks(run, stacks=stacks, counts=list(counts), seed=seed + d)
+  draws = [methods.random_masks(loaded, stacks=stacks, counts=list(counts), seed=seed + d)
            for d in range(random_draws)]
   masks: dict[str, dict[int, dict]] = {"random": draws[0]}
-  masks["michel"] = methods.michel_masks(run, stacks=stacks, counts=list(counts), log=log)
+  masks["michel"] = methods.michel_masks(loaded, stacks=stacks, counts=list(counts), log=log)
   seconds["michel"] = time.perf_counter() - t0
   # One gate training serves every K (same lambda and seed): keep the top-K log_alpha.
   log(f"l0: training gates ({steps} steps, lambda {lam})")
   t0 = time.perf_counter()
-  la, _, history = methods.train_gates(run, lam, stacks=stacks, steps=steps, seed=seed,
+  la, _, history = methods.train_gates(loaded, lam, stacks=stacks, steps=steps, seed=seed,
                                        hc=hc, log=log)
   seconds["l0_gate_training"] = time.perf_counter() - t0
   masks["l0"] = {k: methods.top_k_mask(la, k) for k in counts}
-  gate_batch = {k: np.shape(v) for k, v in run.task.train_batch(0).items()
+  gate_batch = {k: np.shape(v) for k, v in loaded.task.train_batch(0).items()
                 if k in ("tokens", "src")}
   rows = []
   t0 = time.perf_counter()
   for method in ("l0", "michel", "random"):
     for k in sorted(counts, reverse=True):
       mask = masks[method][k]
-      res = first = _evaluate(run, mask, is_tr, bleu_limit)
+      res = first = _evaluate(loaded, mask, is_tr, bleu_limit)
       if method == "random" and random_draws > 1:
-        each = [res] + [_evaluate(run, d[k], is_tr, bleu_limit) for d in draws[1:]]
+        each = [res] + [_evaluate(loaded, d[k], is_tr, bleu_limit) for d in draws[1:]]
         res = {m: (float(np.mean([e[m] for e in each])) if isinstance(v, float) else v)
                for m, v in res.items()}
         res["draws"] = [{m: v for m, v in e.items() if isinstance(v, float)} for e in each]
@@ -87,8 +87,8 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
       log(f"{method:>6} K={k:>3}: " + " ".join(f"{m} {v:.4g}" for m, v in res.items()
                                               if isinstance(v, float)))
       if k in save_workdirs:
-        prune_lib.write_workdir(run, storage.join(out_dir, f"{method}_k{k}"),
-                              M.mask_params(run.params, mask),
+        prune_lib.write_workdir(loaded, storage.join(out_dir, f"{method}_k{k}"),
+                              M.mask_params(loaded.params, mask),
                               {"source": storage.abspath(workdir), "stacks": list(stacks),
                                "method": method, "keep": k, "mask": M.mask_to_json(mask),
                                "kept": M.count(mask), "kept_heads": kept, "after": first,
@@ -104,9 +104,9 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   return rows
 
 
-def _evaluate(run, mask, is_tr, bleu_limit) -> dict:
-  return run.task.evaluate(run.params, "test", bleu=is_tr, bleu_limit=bleu_limit,
-                            gates=M.full_gates(run.params, mask))
+def _evaluate(loaded, mask, is_tr, bleu_limit) -> dict:
+  return loaded.task.evaluate(loaded.params, "test", bleu=is_tr, bleu_limit=bleu_limit,
+                            gates=M.full_gates(loaded.params, mask))
 
 
 def curve_metric(rows: list[dict], is_tr: bool) -> str:

@@ -24,7 +24,7 @@ from mha_jax.toolkit import masks as M
 from mha_jax.tasks import jitted
 
 
-def train_gates(run, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
+def train_gates(loaded, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
                 finetune: bool = False, param_lr: float = 1e-4, seed: int = 0,
                 hc: G.HardConcrete = G.HardConcrete(), start_mask: dict | None = None,
                 log: Callable[[str], None] = print):
@@ -35,13 +35,13 @@ def train_gates(run, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
   if steps < 1:
     raise UserError(f"--steps must be >= 1; got {steps}")
   hc.validate()
-  task = run.task
-  counts = M.ones_mask(run.params, stacks)
+  task = loaded.task
+  counts = M.ones_mask(loaded.params, stacks)
   log_alpha = G.init_log_alpha({s: [len(m) for m in c] for s, c in counts.items()}, hc)
   # Heads removed by an earlier prune stay closed; a mask argument, not a constant.
   fixed = {s: [jnp.asarray(start_mask[s][i] if start_mask and s in start_mask else m)
                for i, m in enumerate(c)] for s, c in counts.items()}
-  smoothing = run.config.get("train", {}).get("label_smoothing", 0.0)
+  smoothing = loaded.config.get("train", {}).get("label_smoothing", 0.0)
 
   def objective(params, log_alpha, batch, key, lam, fixed):
     g = G.sample(log_alpha, key, hc)
@@ -80,7 +80,7 @@ def train_gates(run, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
                                      lam, fixed)
       return dict(st, log_alpha=la), opt_state, aux
 
-  state = {"params": run.params, "log_alpha": log_alpha}
+  state = {"params": loaded.params, "log_alpha": log_alpha}
   opt_state = tx.init(state if finetune else log_alpha)
   # Committed like the step's outputs, or the second step compiles again.
   state["log_alpha"], opt_state = jax.device_put((log_alpha, opt_state),
@@ -135,17 +135,17 @@ def schedule(total: int, fraction: float = 0.1) -> list[int]:
   return list(range(total, -1, -step)) + ([0] if total % step else [])
 
 
-def michel_masks(run, *, stacks, counts: list[int], keep_one_per_layer: bool = False,
+def michel_masks(loaded, *, stacks, counts: list[int], keep_one_per_layer: bool = False,
                  start_mask=None, limit: int = 256, log: Callable[[str], None] = print
                  ) -> dict[int, dict]:
   """Masks at each requested head count, removing the least important heads by I_h
   (re-scored after every removal step)."""
-  mask = _copy(start_mask or M.ones_mask(run.params, stacks))   # never the caller's lists
+  mask = _copy(start_mask or M.ones_mask(loaded.params, stacks))   # never the caller's lists
   out = {}
   for target in sorted(counts, reverse=True):
     while M.count(mask) > target:
-      gates = M.full_gates(run.params, mask)
-      imp = importance.michel_importance(run, "valid", limit=limit, gates=gates)["normalized"]
+      gates = M.full_gates(loaded.params, mask)
+      imp = importance.michel_importance(loaded, "valid", limit=limit, gates=gates)["normalized"]
       cands = []
       for s, layers in mask.items():
         for i, m in enumerate(layers):
@@ -171,9 +171,9 @@ def _total(mask):
   return sum(len(m) for layers in mask.values() for m in layers)
 
 
-def random_masks(run, *, stacks, counts: list[int], seed: int = 0, start_mask=None
+def random_masks(loaded, *, stacks, counts: list[int], seed: int = 0, start_mask=None
                  ) -> dict[int, dict]:
-  mask = _copy(start_mask or M.ones_mask(run.params, stacks))
+  mask = _copy(start_mask or M.ones_mask(loaded.params, stacks))
   order = [(s, i, h) for s, layers in mask.items() for i, m in enumerate(layers)
            for h in np.flatnonzero(m > 0)]
   np.random.default_rng(seed).shuffle(order)

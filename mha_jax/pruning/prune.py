@@ -34,23 +34,23 @@ def _fresh_dir(path: str, what: str) -> None:
   storage.makedirs(path)
 
 
-def _evaluate(run, params, bleu_limit):
-  return run.task.evaluate(params, "test", bleu_limit=bleu_limit)
+def _evaluate(loaded, params, bleu_limit):
+  return loaded.task.evaluate(params, "test", bleu_limit=bleu_limit)
 
 
-def write_workdir(run, out: str, params, info: dict) -> None:
+def write_workdir(loaded, out: str, params, info: dict) -> None:
   """A workdir whose checkpoint holds `params` and whose pruning.json holds `info`."""
   _fresh_dir(out, "--out")
   try:
-    storage.copy(storage.join(run.workdir, "config.json"), storage.join(out, "config.json"))
-    data = storage.join(run.workdir, "data")   # the run's vocabulary/tokenizer and stats
+    storage.copy(storage.join(loaded.workdir, "config.json"), storage.join(out, "config.json"))
+    data = storage.join(loaded.workdir, "data")   # the run's vocabulary/tokenizer and stats
     if storage.isdir(data):
       storage.copytree(data, storage.join(out, "data"))
-    if storage.exists(storage.join(run.workdir, "tokenizer.json")):   # imported models
-      storage.copy(storage.join(run.workdir, "tokenizer.json"), out)
+    if storage.exists(storage.join(loaded.workdir, "tokenizer.json")):   # imported models
+      storage.copy(storage.join(loaded.workdir, "tokenizer.json"), out)
     c = ckpt_lib.Checkpoints(out)
-    c.save_params(run.step, params, {"step": run.step,
-                                     "source": storage.abspath(run.workdir)})
+    c.save_params(loaded.step, params, {"step": loaded.step,
+                                     "source": storage.abspath(loaded.workdir)})
     c.close()
     storage.write_json(storage.join(out, "pruning.json"), info)
   except BaseException:
@@ -58,8 +58,8 @@ def write_workdir(run, out: str, params, info: dict) -> None:
     raise
 
 
-def _check(run, stacks, keep, start_mask):
-  counts = C.head_counts(run.params)
+def _check(loaded, stacks, keep, start_mask):
+  counts = C.head_counts(loaded.params)
   for s in stacks:
     if s not in counts:
       raise UserError(f"--stacks: {s!r} is not in this model; it has {sorted(counts)}")
@@ -88,19 +88,19 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
   lock_lib.check_out(out, workdir)
   if storage.exists(out) and storage.listdir(out):
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
-  run = loaded if loaded is not None else load(workdir)
-  set_dense_reference(run)
+  loaded = loaded if loaded is not None else load(workdir)
+  set_dense_reference(loaded)
   start_mask = M.read_mask(workdir)
   if start_mask:
     start_mask = {s: m for s, m in start_mask.items() if s in stacks}
-  available = _check(run, stacks, keep, start_mask)
+  available = _check(loaded, stacks, keep, start_mask)
   if method == "l0" and lam is None and not lambdas:
     if keep is None:
       raise UserError("--method l0 needs --l0-lambda X, --lambdas a,b,c or --keep K")
     lam = DEFAULT_KEEP_LAMBDA    # top K of the gates: lambda only shapes the ranking
   if method != "l0" and keep is None:
     raise UserError(f"--method {method} needs --keep K")
-  base = base if base is not None else _evaluate(run, run.params, bleu_limit)
+  base = base if base is not None else _evaluate(loaded, loaded.params, bleu_limit)
   log(f"base: {available} heads in {list(stacks)}, test " +
       " ".join(f"{k} {v:.4g}" for k, v in base.items()))
   common = {"source": storage.abspath(workdir), "stacks": list(stacks), "method": method,
@@ -108,43 +108,43 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
   if method == "l0" and lambdas:
     rows = []
     for l in lambdas:
-      row = _prune_l0(run, storage.join(out, f"lambda_{l:g}"), l, keep, stacks, steps, lr,
+      row = _prune_l0(loaded, storage.join(out, f"lambda_{l:g}"), l, keep, stacks, steps, lr,
                       finetune, seed, hc, start_mask, bleu_limit, common, log)
       rows.append({"lambda": l, "kept": row["kept"], **row["after"]})
     storage.write_json(storage.join(out, "lambdas.json"), rows)
     return {"lambdas": rows, "base": base}
   if method == "l0":
-    return _prune_l0(run, out, lam, keep, stacks, steps, lr, finetune, seed, hc, start_mask,
+    return _prune_l0(loaded, out, lam, keep, stacks, steps, lr, finetune, seed, hc, start_mask,
                      bleu_limit, common, log)
   if method == "michel":
-    mask = methods.michel_masks(run, stacks=stacks, counts=[keep],
+    mask = methods.michel_masks(loaded, stacks=stacks, counts=[keep],
                                 keep_one_per_layer=keep_one_per_layer,
                                 start_mask=start_mask, log=log)[keep]
   else:
-    mask = methods.random_masks(run, stacks=stacks, counts=[keep], seed=seed,
+    mask = methods.random_masks(loaded, stacks=stacks, counts=[keep], seed=seed,
                                 start_mask=start_mask)[keep]
-  return _finish(run, out, run.params, mask, {**common, "keep": keep}, bleu_limit, log)
+  return _finish(loaded, out, loaded.params, mask, {**common, "keep": keep}, bleu_limit, log)
 
 
-def _prune_l0(run, out, lam, keep, stacks, steps, lr, finetune, seed, hc, start_mask,
+def _prune_l0(loaded, out, lam, keep, stacks, steps, lr, finetune, seed, hc, start_mask,
               bleu_limit, common, log):
   log_alpha, params, history = methods.train_gates(
-      run, lam, stacks=stacks, steps=steps, lr=lr, finetune=finetune, seed=seed, hc=hc,
+      loaded, lam, stacks=stacks, steps=steps, lr=lr, finetune=finetune, seed=seed, hc=hc,
       start_mask=start_mask, log=log)
   mask = (methods.top_k_mask(log_alpha, keep, start_mask) if keep is not None
           else methods.l0_mask(log_alpha, hc, start_mask))
   info = {**common, "lambda": lam, "keep": keep, "steps": steps, "finetune": finetune,
           "beta": hc.beta, "stretch": [hc.low, hc.high], "history": history,
           "log_alpha": M.jsonable(log_alpha), "gates": M.jsonable(G.deterministic(log_alpha, hc))}
-  return _finish(run, out, params, mask, info, bleu_limit, log)
+  return _finish(loaded, out, params, mask, info, bleu_limit, log)
 
 
-def _finish(run, out, params, mask, info, bleu_limit, log):
+def _finish(loaded, out, params, mask, info, bleu_limit, log):
   masked = M.mask_params(params, mask)
-  after = _evaluate(run, masked, bleu_limit)
+  after = _evaluate(loaded, masked, bleu_limit)
   info = {**info, "mask": M.mask_to_json(mask), "kept": M.count(mask),
           "kept_heads": M.kept_names(mask), "after": after}
-  write_workdir(run, out, masked, info)
+  write_workdir(loaded, out, masked, info)
   log(f"kept {info['kept']} heads -> {out}: test " +
       " ".join(f"{k} {v:.4g}" for k, v in after.items()))
   return info
@@ -159,10 +159,10 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
                      f"(mha-jax prune)")
   if storage.exists(out) and storage.listdir(out):
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
-  run = load(workdir)
-  pruned = M.export_pruned(run.params, mask)
-  batch = next(run.task.eval_batches("test", 16))[0]
-  speed, (masked_out, exported_out) = forward_speedup(run.task, run.params, pruned, batch)
+  loaded = load(workdir)
+  pruned = M.export_pruned(loaded.params, mask)
+  batch = next(loaded.task.eval_batches("test", 16))[0]
+  speed, (masked_out, exported_out) = forward_speedup(loaded.task, loaded.params, pruned, batch)
   diff = float(np.max(np.abs(masked_out - exported_out)))
   scale = float(np.max(np.abs(masked_out)))
   info = storage.read_json(storage.join(workdir, "pruning.json"))
@@ -171,8 +171,8 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
               head_counts=C.head_counts(pruned), source_mask=info["mask"],
               kv_head_counts={s: [int(p["wk"].shape[1]) for st, _, p in
                                   C.attention_blocks(pruned) if st == s] for s in mask},
-              mask=M.mask_to_json(M.exported_mask(run.params, mask)), forward_speed=speed)
-  write_workdir(run, out, pruned, info)
+              mask=M.mask_to_json(M.exported_mask(loaded.params, mask)), forward_speed=speed)
+  write_workdir(loaded, out, pruned, info)
   log(f"exported {M.count(mask)} heads -> {out}; head counts {C.head_counts(pruned)}; "
       f"max |output difference| vs the masked model {diff:.2e} (max |output| {scale:.3g}); "
       f"forward {speed['masked_s']:.4f} s -> {speed['exported_s']:.4f} s "

@@ -32,7 +32,7 @@ def _select(cap: dict, stacks: Sequence[str] | None, layers: Sequence[int] | Non
   return out
 
 
-def iter_captures(run, split: str = "valid", *, stacks: Sequence[str] | None = None,
+def iter_captures(loaded, split: str = "valid", *, stacks: Sequence[str] | None = None,
                   layers: Sequence[int] | None = None, batch_size: int = 64,
                   limit: int = 0, gates=None) -> Iterator[tuple[dict, dict, np.ndarray]]:
   """Yields (batch, captured, example_weight) per batch of `split`.
@@ -41,7 +41,7 @@ def iter_captures(run, split: str = "valid", *, stacks: Sequence[str] | None = N
   (B, T, H, K) as NumPy arrays. example_weight is 0 for rows that only pad the last batch.
   `limit` > 0 stops after that many examples.
   """
-  model, params = run.task, run.params
+  model, params = loaded.task, loaded.params
   seen = 0
   for batch, weight in model.eval_batches(split, batch_size):
     cap = captured(model, params, batch, gates)
@@ -59,12 +59,12 @@ def iter_captures(run, split: str = "valid", *, stacks: Sequence[str] | None = N
 
 
 
-def capture(run, split: str = "valid", *, stacks=None, layers=None, batch_size: int = 64,
+def capture(loaded, split: str = "valid", *, stacks=None, layers=None, batch_size: int = 64,
             limit: int = 0, reducers: Sequence[Callable] = (), keep_full: bool = False):
   """Runs `reducers(batch, captured, weight)` on every batch; returns the full captures
   (a list of (batch, captured, weight)) only when keep_full is True."""
   kept = []
-  for item in iter_captures(run, split, stacks=stacks, layers=layers,
+  for item in iter_captures(loaded, split, stacks=stacks, layers=layers,
                             batch_size=batch_size, limit=limit):
     for r in reducers:
       r(*item)

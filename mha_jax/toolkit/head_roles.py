@@ -18,19 +18,19 @@ def _rarest(words: list[str], freqs: dict[str, int]) -> int:
   return int(np.argmin([freqs.get(w, 0) for w in words]))
 
 
-def translation_roles(run, split: str, limit: int = 0,
+def translation_roles(loaded, split: str, limit: int = 0,
                       th: roles.Thresholds = roles.Thresholds()) -> list[dict]:
   """Role statistics of the encoder's and the decoder's self-attention heads."""
-  task = run.task
-  freqs_path = storage.join(run.workdir, "data", "train_freqs.json")
+  task = loaded.task
+  freqs_path = storage.join(loaded.workdir, "data", "train_freqs.json")
   freqs = storage.read_json(freqs_path)
-  max_len = run.config.data.max_len + 1
+  max_len = loaded.config.data.max_len + 1
   stats = {}
   arcs_all = task.arcs.get(split)
   src_words = task.words[split][0]
   offset = 0
   for batch, cap, weight in capture_lib.iter_captures(
-      run, split, stacks=("encoder", "decoder_self"), limit=limit):
+      loaded, split, stacks=("encoder", "decoder_self"), limit=limit):
     n = int(weight.sum())
     idx = range(offset, offset + n)
     src = np.asarray(batch["src"])[:n]
@@ -57,9 +57,9 @@ def translation_roles(run, split: str, limit: int = 0,
   return rows
 
 
-def lm_roles(run, split: str, limit: int = 256, threshold: float = 0.4) -> list[dict]:
+def lm_roles(loaded, split: str, limit: int = 256, threshold: float = 0.4) -> list[dict]:
   sums, n = {}, 0
-  for batch, cap, _weight in capture_lib.iter_captures(run, split, stacks=("lm",), limit=limit):
+  for batch, cap, _weight in capture_lib.iter_captures(loaded, split, stacks=("lm",), limit=limit):
     tokens = np.asarray(batch["tokens"])[:, :-1]
     for layer, r in cap["lm"].items():
       s = roles.lm_scores(np.asarray(r.weights), tokens)
@@ -78,7 +78,7 @@ def lm_roles(run, split: str, limit: int = 256, threshold: float = 0.4) -> list[
   return rows
 
 
-def real_lm_roles(run, split: str = "test", *, batches: int = 2, batch_size: int = 8,
+def real_lm_roles(loaded, split: str = "test", *, batches: int = 2, batch_size: int = 8,
                   half_len: int = 32, text_windows: int = 8, threshold: float = 0.4,
                   sink: float = 0.8, seed: int = 7_000_003) -> list[dict]:
   """Roles of every head of an LM over a real tokenizer (mha_jax.load of an imported
@@ -90,8 +90,8 @@ def real_lm_roles(run, split: str = "test", *, batches: int = 2, batch_size: int
   "attention_sink" if the sink share >= sink, else "other"."""
   sums, n = {}, 0
   for i in range(batches):
-    tokens, _ = run.task.repeated_tokens(seed + i, batch_size, half_len)
-    cap = capture_lib.captured(run.task, run.params, {"tokens": tokens})
+    tokens, _ = loaded.task.repeated_tokens(seed + i, batch_size, half_len)
+    cap = capture_lib.captured(loaded.task, loaded.params, {"tokens": tokens})
     for layer, r in enumerate(cap["lm"]):
       acc = sums.setdefault(layer, {})
       for k, v in roles.lm_scores(np.asarray(r.weights), tokens[:, :-1]).items():
@@ -99,7 +99,7 @@ def real_lm_roles(run, split: str = "test", *, batches: int = 2, batch_size: int
     n += 1
   text = {}
   for batch, cap, weight in capture_lib.iter_captures(
-      run, split, stacks=("lm",), batch_size=run.config.eval.batch_size, limit=text_windows):
+      loaded, split, stacks=("lm",), batch_size=loaded.config.eval.batch_size, limit=text_windows):
     valid = np.broadcast_to(weight[:, None] > 0, np.asarray(batch["tokens"])[:, :-1].shape)
     for layer, r in cap["lm"].items():
       acc = text.setdefault(layer, {"sink": 0, "entropy": 0, "n": 0})
@@ -122,7 +122,7 @@ def real_lm_roles(run, split: str = "test", *, batches: int = 2, batch_size: int
   return rows
 
 
-def embedding_roles(run, split: str = "test", limit: int = 0,
+def embedding_roles(loaded, split: str = "test", limit: int = 0,
                     th: roles.Thresholds = roles.Thresholds(), special: float = 0.5,
                     conllu: str | None = None) -> list[dict]:
   """Roles of every encoder head of a BERT encoder on paragraphs of the built-in text:
@@ -134,13 +134,13 @@ def embedding_roles(run, split: str = "test", limit: int = 0,
   sentences) each head's dependency accuracy is measured on those sentences, words
   aligned to wordpieces (toolkit.syntax), and a head is syntactic by the translation
   models' rule; without it no head is syntactic."""
-  syn = syntax.conllu_syntax(run, conllu, th) if conllu else {}
-  task = run.task
+  syn = syntax.conllu_syntax(loaded, conllu, th) if conllu else {}
+  task = loaded.task
   freqs = np.zeros(task.vocab_size, np.int64)
   for ids in task.tokenizer.encode_batch(task.paragraphs()["train"]):
     np.add.at(freqs, ids, 1)
   stats, special_sums, n_q = None, {}, 0
-  for batch, cap, weight in capture_lib.iter_captures(run, split, stacks=("encoder",),
+  for batch, cap, weight in capture_lib.iter_captures(loaded, split, stacks=("encoder",),
                                                       limit=limit):
     n = int(weight.sum())
     lengths = np.asarray(batch["mask"]).sum(1)[:n]
@@ -150,7 +150,7 @@ def embedding_roles(run, split: str = "test", limit: int = 0,
     enc = cap["encoder"]
     if stats is None:
       heads = [np.asarray(enc[l].weights).shape[1] for l in sorted(enc)]
-      stats = roles.RoleStats(len(heads), heads, int(run.config.eval.seq_len))
+      stats = roles.RoleStats(len(heads), heads, int(loaded.config.eval.seq_len))
     ws = [np.asarray(enc[l].weights)[:n] for l in sorted(enc)]
     stats.update(ws, lengths, None, rarest)
     q = int(lengths.sum())
@@ -174,28 +174,28 @@ def embedding_roles(run, split: str = "test", limit: int = 0,
   return rows
 
 
-def head_roles(run, split: str = "test", limit: int = 0, *, conllu: str | None = None
+def head_roles(loaded, split: str = "test", limit: int = 0, *, conllu: str | None = None
                ) -> list[dict]:
   """Every head's role statistics and role, by the run's task (the one dispatch)."""
-  family = run.task.role_family
+  family = loaded.task.role_family
   if family == "translation":
-    return translation_roles(run, split, limit)
+    return translation_roles(loaded, split, limit)
   if family == "embedding":
-    return embedding_roles(run, split, limit, conllu=conllu)
+    return embedding_roles(loaded, split, limit, conllu=conllu)
   if family == "real_lm":
-    return real_lm_roles(run, split)
-  return lm_roles(run, split)
+    return real_lm_roles(loaded, split)
+  return lm_roles(loaded, split)
 
 
-def saved_or_head_roles(run, split: str = "test", log: Callable[[str], None] = print
+def saved_or_head_roles(loaded, split: str = "test", log: Callable[[str], None] = print
                         ) -> list[dict]:
   """The rows of the run's analysis/heads.json when `analyze` wrote one, else
-  head_roles(run, split) computed now."""
-  path = storage.join(run.workdir, "analysis", "heads.json")
+  head_roles(loaded, split) computed now."""
+  path = storage.join(loaded.workdir, "analysis", "heads.json")
   if storage.exists(path):
     return storage.read_json(path)
   log("roles: analysing the dense model first ...")
-  return head_roles(run, split)
+  return head_roles(loaded, split)
 
 
 def role_of(rows: list[dict]) -> dict[str, str]:

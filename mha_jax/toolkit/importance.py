@@ -53,61 +53,61 @@ def gates_without(params, heads: Sequence[tuple[str, int, int]]):
   return gates
 
 
-def mean_head_outputs(run, split: str = "valid", limit: int = 256) -> dict:
+def mean_head_outputs(loaded, split: str = "valid", limit: int = 256) -> dict:
   """{stack: [(H, K) mean output of each head over the reference set's real tokens]}."""
   from mha_jax.toolkit.capture import iter_captures
   sums, count = {}, {}
-  for batch, cap, weight in iter_captures(run, split, limit=limit):
+  for batch, cap, weight in iter_captures(loaded, split, limit=limit):
     for stack, layers in cap.items():
       for layer, r in layers.items():
         heads = np.asarray(r.heads, np.float64)                   # (B, T, H, K)
-        mask = _query_mask(run, batch, stack, heads.shape[1]) * weight[:, None]
+        mask = _query_mask(loaded, batch, stack, heads.shape[1]) * weight[:, None]
         s = (heads * mask[:, :, None, None]).sum((0, 1))
         sums.setdefault(stack, {})[layer] = sums.get(stack, {}).get(layer, 0) + s
         count.setdefault(stack, {})[layer] = count.get(stack, {}).get(layer, 0) + mask.sum()
   return {s: [sums[s][l] / max(count[s][l], 1) for l in sorted(sums[s])] for s in sums}
 
 
-def _query_mask(run, batch, stack, t):
+def _query_mask(loaded, batch, stack, t):
   if "src" in batch:
     ids = batch["src"] if stack == "encoder" else batch["tgt"][:, :-1]
     return (np.asarray(ids)[:, :t] != V.PAD_ID).astype(np.float64)
   return np.ones((len(batch["tokens"]), t))
 
 
-def ablate(run, heads, *, mode: str = "zero", split: str = "test", means=None,
+def ablate(loaded, heads, *, mode: str = "zero", split: str = "test", means=None,
            bleu_limit: int | None = None) -> dict:
   """Metrics with `heads` ablated ("zero": output 0; "mean": output = its mean)."""
   if mode not in MODES:
     raise UserError(f"--mode must be one of {', '.join(MODES)}; got {mode!r}")
-  params = run.params
-  gates = gates_without(run.params, heads)
+  params = loaded.params
+  gates = gates_without(loaded.params, heads)
   if mode == "mean":    # the heads' z replaced by their means: an interventions edit
-    means = means if means is not None else mean_head_outputs(run, "valid")
+    means = means if means is not None else mean_head_outputs(loaded, "valid")
     gates = {**gates, "edits": ablations.mean_edits(heads, means)}
-  out = run.task.evaluate(params, split, gates=gates, bleu_limit=bleu_limit)
-  if run.task.decoder_only and not run.task.trainable:   # an imported LM: its eval split is
-    out.update(repeated_loss(run, params, gates))        # text; also on repeated tokens
+  out = loaded.task.evaluate(params, split, gates=gates, bleu_limit=bleu_limit)
+  if loaded.task.decoder_only and not loaded.task.trainable:   # an imported LM: its eval split is
+    out.update(repeated_loss(loaded, params, gates))        # text; also on repeated tokens
   return out
 
 
-def repeated_loss(run, params=None, gates=None, *, batch: int = 8, half_len: int = 32,
+def repeated_loss(loaded, params=None, gates=None, *, batch: int = 8, half_len: int = 32,
                   seed: int = 7_000_003) -> dict[str, float]:
   """The LM loss on repeated random tokens of the model's own vocabulary (with BOS):
   on the first copy (loss_first, unpredictable) and on the repeated half (loss_repeat,
   what induction heads make predictable)."""
   from mha_jax.data import repeated_tokens as rt
   from mha_jax.tasks import jitted
-  task = run.task
+  task = loaded.task
   tokens, m = task.repeated_tokens(seed, batch, half_len)
   masks = rt.position_masks(m, tokens.shape[1] - 1)
   b = {"tokens": tokens, "mask_first": masks["first"], "mask_repeat": masks["repeat"]}
   fn = jitted(task, "repeat_metrics", lambda p, bt, g: task.loss(p, bt, gates=g)[1])
-  t = jax.device_get(fn(run.params if params is None else params, b, gates))
+  t = jax.device_get(fn(loaded.params if params is None else params, b, gates))
   return {f"loss_{k}": float(t[f"loss_{k}"] / t[f"tokens_{k}"]) for k in ("first", "repeat")}
 
 
-def induction_vs_random(run, scores: dict[str, float], *, top: int = 5, draws: int = 5,
+def induction_vs_random(loaded, scores: dict[str, float], *, top: int = 5, draws: int = 5,
                         mode: str = "zero", split: str = "test", seed: int = 0,
                         means=None, log=print) -> dict:
   """Ablate the `top` heads with the largest induction score together, against `draws`
@@ -115,9 +115,9 @@ def induction_vs_random(run, scores: dict[str, float], *, top: int = 5, draws: i
   from its top head's layer, or from the other layers when that layer has no head left.
   Returns the metrics of both, their deltas from the unablated model, and each draw."""
   if mode == "mean" and means is None:
-    means = mean_head_outputs(run, "valid")
+    means = mean_head_outputs(loaded, "valid")
   names = sorted(scores, key=lambda n: -scores[n])[:top]
-  counts = C.head_counts(run.params)
+  counts = C.head_counts(loaded.params)
   others = [f"{s}.{l}.{h}" for s, per in counts.items() for l, n in enumerate(per)
             for h in range(n) if f"{s}.{l}.{h}" not in names]
   if len(others) < len(names):
@@ -125,12 +125,12 @@ def induction_vs_random(run, scores: dict[str, float], *, top: int = 5, draws: i
     raise UserError(f"--top {top}: the model has {len(others)} heads besides the top "
                     f"{len(names)}, too few to draw as many random ones; with {total} heads "
                     f"use --top {total // 2} or less")
-  base = run.task.evaluate(run.params, split)
-  if run.task.decoder_only and not run.task.trainable:
-    base.update(repeated_loss(run))
+  base = loaded.task.evaluate(loaded.params, split)
+  if loaded.task.decoder_only and not loaded.task.trainable:
+    base.update(repeated_loss(loaded))
   def delta(res):
     return {k: res[k] - base[k] for k in res if k in base and isinstance(res[k], float)}
-  top_res = ablate(run, parse_heads(run.params, names), mode=mode, split=split, means=means)
+  top_res = ablate(loaded, parse_heads(loaded.params, names), mode=mode, split=split, means=means)
   log(f"  top {top} {names}: " + " ".join(f"{k} {v:+.3f}" for k, v in delta(top_res).items()))
   rng = np.random.default_rng(seed)
   rand = []
@@ -141,7 +141,7 @@ def induction_vs_random(run, scores: dict[str, float], *, top: int = 5, draws: i
       free = [o for o in others if o not in pick]
       pool = [o for o in free if o.startswith(layer)] or free   # same layer when it can
       pick.append(pool[rng.integers(len(pool))])
-    res = ablate(run, parse_heads(run.params, pick), mode=mode, split=split, means=means)
+    res = ablate(loaded, parse_heads(loaded.params, pick), mode=mode, split=split, means=means)
     same = [p.rsplit(".", 1)[0] == n.rsplit(".", 1)[0] for p, n in zip(pick, names)]
     rand.append({"heads": pick, "same_layer": same, **res, "delta": delta(res)})
     log(f"  random draw {i}: {pick}: " +
@@ -153,16 +153,16 @@ def induction_vs_random(run, scores: dict[str, float], *, top: int = 5, draws: i
           "random_delta_mean": {k: float(np.mean([r["delta"][k] for r in rand])) for k in keys}}
 
 
-def michel_importance(run, split: str = "valid", *, limit: int = 512,
+def michel_importance(loaded, split: str = "valid", *, limit: int = 512,
                       batch_size: int = 32, gates=None, params=None) -> dict[str, Any]:
   """{"raw": {head name: I_h}, "normalized": {head name: I_h / ||I_layer||},
   "examples": n}, from per-example gate gradients taken at `gates` (default: all 1)."""
   from mha_jax.tasks import jitted
-  model = run.task
-  params = run.params if params is None else params
+  model = loaded.task
+  params = loaded.params if params is None else params
   ones = C.ones_gates(params) if gates is None else gates
-  if not run.task.trainable:   # imported real models: memory-bound
-    batch_size = min(batch_size, int(run.config.eval.batch_size))
+  if not loaded.task.trainable:   # imported real models: memory-bound
+    batch_size = min(batch_size, int(loaded.config.eval.batch_size))
 
   def example_loss(gates, params, ex):
     batch = jax.tree.map(lambda a: a[None], ex)
@@ -199,18 +199,18 @@ def michel_importance(run, split: str = "valid", *, limit: int = 512,
   return {"raw": raw, "normalized": normed, "examples": n}
 
 
-def leave_one_out(run, *, split: str = "test", mode: str = "zero",
+def leave_one_out(loaded, *, split: str = "test", mode: str = "zero",
                   bleu_limit: int = 100, heads=None, base: dict | None = None) -> list[dict]:
   """For each head (all by default): the metrics' change when only it is ablated.
   `base` (the unablated metrics at the same split and bleu_limit) saves an evaluation."""
   if base is None:
-    base = run.task.evaluate(run.params, split, bleu_limit=bleu_limit)
-  means = mean_head_outputs(run, "valid") if mode == "mean" else None
-  names = heads or C.head_names(run.params)
+    base = loaded.task.evaluate(loaded.params, split, bleu_limit=bleu_limit)
+  means = mean_head_outputs(loaded, "valid") if mode == "mean" else None
+  names = heads or C.head_names(loaded.params)
   rows = []
   for name in names:
-    h = parse_heads(run.params, [name])
-    res = ablate(run, h, mode=mode, split=split, means=means, bleu_limit=bleu_limit)
+    h = parse_heads(loaded.params, [name])
+    res = ablate(loaded, h, mode=mode, split=split, means=means, bleu_limit=bleu_limit)
     row = {"head": name, **{f"{k}": v for k, v in res.items()}}
     for k in res:
       row[f"delta_{k}"] = res[k] - base[k]

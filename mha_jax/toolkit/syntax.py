@@ -96,12 +96,12 @@ def score_sentences(sentences: Iterable[tuple[Sequence[np.ndarray], Sequence, di
           for r in stats.results(stack, th)}
 
 
-def conllu_syntax(run, path: str, th: roles.Thresholds = roles.Thresholds(),
+def conllu_syntax(loaded, path: str, th: roles.Thresholds = roles.Thresholds(),
                   batch_size: int = 16) -> dict[str, dict]:
   """score_sentences on the sentences of the CoNLL-U file at `path`, attention from the
   encoder's own forward (capture); accuracy is reported for every relation the file
   uses, the role judged on roles.SYNTAX_RELATIONS."""
-  task = run.task
+  task = loaded.task
   sentences, arcs = parallel.read_conllu(path, None, "--conllu")
   encoded = [encode_words(task.tokenizer, s, "--conllu") for s in sentences]
   relations = sorted({roles.relation(r) for a in arcs for r, h in zip(a["rels"], a["heads"])
@@ -114,11 +114,11 @@ def conllu_syntax(run, path: str, th: roles.Thresholds = roles.Thresholds(),
     for start in range(0, len(encoded), rows):
       chunk = encoded[start:start + rows]
       # Every chunk (R, T), the last padded with empty rows: one compile.
-      tokens = np.full((rows, t), run.config.tokenizer.pad_id, np.int32)
+      tokens = np.full((rows, t), loaded.config.tokenizer.pad_id, np.int32)
       mask = np.zeros((rows, t), bool)
       for b, (ids, _) in enumerate(chunk):
         tokens[b, :len(ids)], mask[b, :len(ids)] = ids, True
-      cap = capture_lib.captured(task, run.params, {"tokens": tokens, "mask": mask,
+      cap = capture_lib.captured(task, loaded.params, {"tokens": tokens, "mask": mask,
                                                     "token_types": np.zeros_like(tokens)})
       for b, (ids, word_ids) in enumerate(chunk):
         n = len(ids)

@@ -23,84 +23,84 @@ pytestmark = pytest.mark.xdist_group('analysis')
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def loaded(tmp_path_factory):
   return trained_translation(tmp_path_factory, "an", "--config.model.num_heads=2")
 
 
-def test_capture_streams_weights_from_the_unchanged_model(run):
+def test_capture_streams_weights_from_the_unchanged_model(loaded):
   seen = []
-  capture.capture(run, "valid", stacks=("encoder",), batch_size=8, limit=12,
+  capture.capture(loaded, "valid", stacks=("encoder",), batch_size=8, limit=12,
                   reducers=[lambda b, cap, w: seen.append((set(cap), w.sum()))])
   assert [s for s, _ in seen] == [{"encoder"}, {"encoder"}]
   assert sum(n for _, n in seen) == 12                   # limit honoured, padding rows weigh 0
-  full = capture.capture(run, "valid", batch_size=8, limit=8, keep_full=True)
+  full = capture.capture(loaded, "valid", batch_size=8, limit=8, keep_full=True)
   batch, cap, _ = full[0]
   w = cap["decoder_cross"][0].weights
   assert w.shape == (8, 2, batch["tgt"].shape[1] - 1, batch["src"].shape[1])
   # The captured forward is the model's own: its output equals the plain apply.
-  logits = run.task.apply(run.params, batch)
-  logits2, _ = run.task.apply(run.params, batch, capture=True)
+  logits = loaded.task.apply(loaded.params, batch)
+  logits2, _ = loaded.task.apply(loaded.params, batch, capture=True)
   np.testing.assert_allclose(logits, logits2, atol=1e-5)
   with pytest.raises(ValueError, match=r"stacks: 'lm' is not in this model"):
-    next(capture.iter_captures(run, "valid", stacks=("lm",)))
+    next(capture.iter_captures(loaded, "valid", stacks=("lm",)))
 
 
-def test_head_names_are_checked_with_the_valid_ones_listed(run):
-  assert importance.parse_heads(run.params, "encoder.0.1,decoder_cross.0.0") == [
+def test_head_names_are_checked_with_the_valid_ones_listed(loaded):
+  assert importance.parse_heads(loaded.params, "encoder.0.1,decoder_cross.0.0") == [
       ("encoder", 0, 1), ("decoder_cross", 0, 0)]
   for bad in ("encoder.0.2", "encoder.1.0", "decoderx.0.0", "encoder.0"):
     with pytest.raises(ValueError, match=r"--heads: .* is not a head of this model; valid "
                                          r"names .*encoder\.0-0\.0-1"):
-      importance.parse_heads(run.params, bad)
+      importance.parse_heads(loaded.params, bad)
 
 
-def test_zero_ablation_of_all_heads_equals_physically_removing_them(run):
+def test_zero_ablation_of_all_heads_equals_physically_removing_them(loaded):
   heads = [("encoder", 0, 0), ("encoder", 0, 1)]
-  zeroed = importance.ablate(run, heads, mode="zero", split="valid", bleu_limit=0)
-  p = jax.tree.map(lambda x: x, run.params)
+  zeroed = importance.ablate(loaded, heads, mode="zero", split="valid", bleu_limit=0)
+  p = jax.tree.map(lambda x: x, loaded.params)
   blk = p["encoder"]["layer_0"]["self_attn"]
   p["encoder"]["layer_0"]["self_attn"] = {k: (v[:, :0] if k in ("wq", "wk", "wv") else v[:0])
                                           for k, v in blk.items()}
-  removed = run.task.evaluate(p, "valid", bleu_limit=0)
+  removed = loaded.task.evaluate(p, "valid", bleu_limit=0)
   for k in ("loss", "accuracy", "bleu"):
     assert abs(zeroed[k] - removed[k]) < 1e-4, k
 
 
-def test_mean_ablation_replaces_the_output_by_its_mean(run):
-  means = importance.mean_head_outputs(run, "valid")
+def test_mean_ablation_replaces_the_output_by_its_mean(loaded):
+  means = importance.mean_head_outputs(loaded, "valid")
   heads = [("decoder_cross", 0, 1)]
-  gates = {**importance.gates_without(run.params, heads),
+  gates = {**importance.gates_without(loaded.params, heads),
            "edits": ablations.mean_edits(heads, means)}
-  batch = next(run.task.eval_batches("valid", 4))[0]
-  logits, cap = run.task.apply(run.params, batch, gates=gates, capture=True)
-  _, cap0 = run.task.apply(run.params, batch, capture=True)
-  blk = run.params["decoder"]["layer_0"]["cross_attn"]
+  batch = next(loaded.task.eval_batches("valid", 4))[0]
+  logits, cap = loaded.task.apply(loaded.params, batch, gates=gates, capture=True)
+  _, cap0 = loaded.task.apply(loaded.params, batch, capture=True)
+  blk = loaded.params["decoder"]["layer_0"]["cross_attn"]
   # Output of the block = (other heads through W_O) + mean of head 1 through its W_O.
   heads0 = np.asarray(cap0["decoder_cross"][0].heads).copy()
   heads0[:, :, 1] = means["decoder_cross"][0][1]
   want = np.einsum("bthk,hkd->btd", heads0, np.asarray(blk["wo"]))
   np.testing.assert_allclose(cap["decoder_cross"][0].out, want, atol=1e-4)
   # the same numbers as the earlier way: the output bias shifted by mean(z) W_O, gate 0
-  p = jax.tree.map(lambda x: x, run.params)
+  p = jax.tree.map(lambda x: x, loaded.params)
   shift = np.asarray(means["decoder_cross"][0][1]) @ np.asarray(blk["wo"][1])
   p["decoder"]["layer_0"]["cross_attn"] = dict(blk, bo=np.asarray(blk.get(
       "bo", np.zeros(shift.shape))) + shift)
-  shifted = run.task.apply(p, batch, gates=importance.gates_without(run.params, heads))
+  shifted = loaded.task.apply(p, batch, gates=importance.gates_without(loaded.params, heads))
   np.testing.assert_allclose(logits, shifted, atol=1e-4)
-  assert np.abs(np.asarray(logits) - np.asarray(run.task.apply(run.params, batch))).max() > 1e-3
-  m = importance.ablate(run, heads, mode="mean", split="valid", means=means, bleu_limit=0)
-  m_shift = run.task.evaluate(p, "valid", gates=importance.gates_without(run.params, heads),
+  assert np.abs(np.asarray(logits) - np.asarray(loaded.task.apply(loaded.params, batch))).max() > 1e-3
+  m = importance.ablate(loaded, heads, mode="mean", split="valid", means=means, bleu_limit=0)
+  m_shift = loaded.task.evaluate(p, "valid", gates=importance.gates_without(loaded.params, heads),
                               bleu_limit=0)
   assert abs(m["loss"] - m_shift["loss"]) < 1e-4
 
 
-def test_michel_importance_matches_a_finite_difference(run):
-  imp = importance.michel_importance(run, "valid", limit=1, batch_size=1)
+def test_michel_importance_matches_a_finite_difference(loaded):
+  imp = importance.michel_importance(loaded, "valid", limit=1, batch_size=1)
   assert imp["examples"] == 1
-  batch = jax.tree.map(lambda a: a[:1], next(run.task.eval_batches("valid", 1))[0])
-  loss = lambda g: float(run.task.loss(run.params, batch, gates=g)[0])
+  batch = jax.tree.map(lambda a: a[:1], next(loaded.task.eval_batches("valid", 1))[0])
+  loss = lambda g: float(loaded.task.loss(loaded.params, batch, gates=g)[0])
   eps = 1e-2
-  up, down = C.ones_gates(run.params), C.ones_gates(run.params)
+  up, down = C.ones_gates(loaded.params), C.ones_gates(loaded.params)
   up["encoder"][0] = up["encoder"][0].at[1].add(eps)
   down["encoder"][0] = down["encoder"][0].at[1].add(-eps)
   fd = abs(loss(up) - loss(down)) / (2 * eps)
@@ -110,29 +110,29 @@ def test_michel_importance_matches_a_finite_difference(run):
   np.testing.assert_allclose(norms, 1.0, atol=1e-6)
 
 
-def test_ablate_cli_writes_json_and_plot(run, capsys):
-  assert cli.main(["ablate", "--workdir", run.workdir, "--heads", "encoder.0.1",
+def test_ablate_cli_writes_json_and_plot(loaded, capsys):
+  assert cli.main(["ablate", "--workdir", loaded.workdir, "--heads", "encoder.0.1",
                    "--mode", "mean", "--split", "valid"]) == 0
   out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert out["mode"] == "mean" and set(out["delta"]) == {"loss", "accuracy", "bleu"}
-  d = os.path.join(run.workdir, "analysis")
+  d = os.path.join(loaded.workdir, "analysis")
   assert os.path.exists(os.path.join(d, "ablation_mean.json"))
   assert os.path.getsize(os.path.join(d, "ablation_mean.png")) > 1000
-  assert cli.main(["ablate", "--workdir", run.workdir, "--each", "--split", "valid"]) == 0
+  assert cli.main(["ablate", "--workdir", loaded.workdir, "--each", "--split", "valid"]) == 0
   each = json.load(open(os.path.join(d, "ablation_each_zero.json")))
-  assert len(each["each"]) == len(run.head_names)
-  assert cli.main(["ablate", "--workdir", run.workdir, "--heads", "encoder.3.0"]) == 2
+  assert len(each["each"]) == len(loaded.head_names)
+  assert cli.main(["ablate", "--workdir", loaded.workdir, "--heads", "encoder.3.0"]) == 2
   assert "valid names" in capsys.readouterr().err
-  assert cli.main(["ablate", "--workdir", run.workdir, "--heads", "encoder.0.0",
+  assert cli.main(["ablate", "--workdir", loaded.workdir, "--heads", "encoder.0.0",
                    "--mode", "half"]) == 2
 
 
-def test_analyze_writes_the_report(run):
-  summary = analyze.analyze(run, split="valid", loo_bleu_limit=8, importance_limit=16,
+def test_analyze_writes_the_report(loaded):
+  summary = analyze.analyze(loaded, split="valid", loo_bleu_limit=8, importance_limit=16,
                            log=lambda s: None)
-  d = os.path.join(run.workdir, "analysis")
+  d = os.path.join(loaded.workdir, "analysis")
   rows = json.load(open(os.path.join(d, "heads.json")))
-  assert len(rows) == len(run.head_names) == 6
+  assert len(rows) == len(loaded.head_names) == 6
   enc = [r for r in rows if r["stack"] == "encoder"]
   assert all({"confidence", "positional_share", "rare_share", "role", "importance",
               "delta_loss", "delta_bleu"} <= set(r) for r in enc)
@@ -147,11 +147,11 @@ def test_analyze_writes_the_report(run):
   assert want[0][0] > want[-1][0] > 0
 
 
-def test_explorer_renders_the_json_rows_in_a_real_browser(run, tmp_path):
+def test_explorer_renders_the_json_rows_in_a_real_browser(loaded, tmp_path):
   rows = [{"head": n, "role": ("syntactic" if n == "encoder.0.1" else "other")}
-          for n in run.head_names]
+          for n in loaded.head_names]
   path = str(tmp_path / "attention_explorer.html")
-  data = attention_explorer.write(run, rows, path, split="valid", sentences=3)
+  data = attention_explorer.write(loaded, rows, path, split="valid", sentences=3)
   assert "http" not in open(path).read().replace("http-equiv", "")   # no network at all
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:
@@ -244,9 +244,9 @@ class _PlantedModel:
     return (None, cap) if capture else None
 
 
-def test_planted_model_heads_are_classified_exactly(run):
-  planted = mha_jax.Loaded(run.config, _PlantedModel(run.task, run.workdir, "valid"),
-                           {}, run.step, run.workdir)
+def test_planted_model_heads_are_classified_exactly(loaded):
+  planted = mha_jax.Loaded(loaded.config, _PlantedModel(loaded.task, loaded.workdir, "valid"),
+                           {}, loaded.step, loaded.workdir)
   rows = [r for r in head_roles.translation_roles(planted, "valid") if r["stack"] == "encoder"]
   assert [r["role"] for r in rows] == ["positional", "rare", "syntactic", "other"]
   assert rows[0]["positional_offset"] == -1
@@ -266,8 +266,8 @@ def test_quickstart_model_has_positional_and_syntactic_encoder_heads(tmp_path, c
   wd = str(tmp_path / "qs")
   quickstart.run(wd, ["--config.train.progress=false"], log=lambda s: None, analyze=False,
                  prune=False)
-  run = mha_jax.load(wd)
-  enc = [r for r in head_roles.translation_roles(run, "test") if r["stack"] == "encoder"]
+  loaded = mha_jax.load(wd)
+  enc = [r for r in head_roles.translation_roles(loaded, "test") if r["stack"] == "encoder"]
   counts = Counter(r["role"] for r in enc)
   positional = [r for r in enc if r["role"] == "positional"]
   rare = max(enc, key=lambda r: r["rare_share"])

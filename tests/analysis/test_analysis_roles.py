@@ -96,22 +96,22 @@ def test_planted_model_through_the_report_pipeline(tmp_path_factory):
   from mha_jax.data import synthetic_translation as st
   from helpers import trained_translation
 
-  run = trained_translation(tmp_path_factory, "planted", "--config.model.num_heads=4",
+  loaded = trained_translation(tmp_path_factory, "planted", "--config.model.num_heads=4",
                             "--config.model.layer_norm=false", "--config.model.max_rel=8",
                             "--config.train.steps=2", "--config.train.eval_every=2")
-  cfg = run.task.cfg
+  cfg = loaded.task.cfg
   lex = st.Grammar(st.GrammarConfig(**dict(cfg.data.grammar)), cfg.data.seed).lex
   nouns = {lex.src_noun(n, p) for n in lex.nouns for p in (0, 1)}
-  with open(os.path.join(run.workdir, "data", "train_freqs.json")) as f:
+  with open(os.path.join(loaded.workdir, "data", "train_freqs.json")) as f:
     freqs = json.load(f)
-  tokens = run.task.vocab.tokens
+  tokens = loaded.task.vocab.tokens
   d = cfg.model.d_model
   feats = np.zeros((len(tokens), d), np.float32)
   feats[:, 0] = 1.0                                                  # constant
   feats[:, 1] = [-np.log1p(freqs.get(t, 0)) if i > 3 else -20.0      # rarity (specials: never)
                  for i, t in enumerate(tokens)]
   feats[:, 2] = [float(t in nouns) for t in tokens]                  # is a noun
-  params = jax.tree.map(lambda x: x, run.params)
+  params = jax.tree.map(lambda x: x, loaded.params)
   params["embed"] = jnp.asarray(feats / np.sqrt(d))                  # the model scales by sqrt(D)
   blk = {k: jnp.zeros_like(v) for k, v in params["encoder"]["layer_0"]["self_attn"].items()}
   r = (blk["rel_bias"].shape[1] - 1) // 2
@@ -125,7 +125,7 @@ def test_planted_model_through_the_report_pipeline(tmp_path_factory):
   blk.update(wq=jnp.asarray(wq, jnp.float32), wk=jnp.asarray(wk, jnp.float32),
              rel_bias=jnp.asarray(rel, jnp.float32))
   params["encoder"]["layer_0"]["self_attn"] = blk
-  planted = dataclasses.replace(run, params=params)
+  planted = dataclasses.replace(loaded, params=params)
 
   rows = {r["head"]: r for r in head_roles.translation_roles(planted, "train", limit=200)}
   got = [rows[f"encoder.0.{h}"] for h in range(4)]

@@ -51,8 +51,8 @@ def test_the_circuit_command_writes_its_files(made):
 def test_the_written_numbers_are_the_library_s(made):
   wd, out, _ = made
   doc = json.load(open(os.path.join(out, "circuit.json")))
-  run = load(wd)
-  s, metric, _, failing = circuit.prepare(run, "induction", None, 4, 0, True, log=lambda m: 0)
+  loaded = load(wd)
+  s, metric, _, failing = circuit.prepare(loaded, "induction", None, 4, 0, True, log=lambda m: 0)
   es = E.EdgeStudy(s, metric=metric)
   assert abs(es.m_full - doc["metric_full"]) < 1e-5
   assert len(failing) == int((s.ld_clean <= 0).sum())
@@ -94,14 +94,14 @@ def test_bad_target_and_pairs_are_refused_by_name(tiny_attn_lm, tmp_path, capsys
 
 
 def test_greater_than_pairs_and_metric(tiny_attn_lm):
-  run = load(tiny_attn_lm[0])             # bytes: every digit is one token
-  pairs, spec = circuit_tasks.greater_than(run.task, 3, seed=1)
+  loaded = load(tiny_attn_lm[0])             # bytes: every digit is one token
+  pairs, spec = circuit_tasks.greater_than(loaded.task, 3, seed=1)
   assert pairs.text[0]["clean"].startswith("The war lasted from the year 17")
   assert pairs.text[0]["corrupt"] == "The war lasted from the year 1701 to the year 17"
   yy = [int(t["clean"].split(" to ")[0][-2:]) for t in pairs.text]
-  digits = [run.task.tokenizer.encode(str(d))[0] for d in range(10)]
+  digits = [loaded.task.tokenizer.encode(str(d))[0] for d in range(10)]
   assert list(spec["ids"]) == digits
-  logits = np.random.default_rng(0).normal(size=(3, run.task.vocab_size)).astype(np.float32)
+  logits = np.random.default_rng(0).normal(size=(3, loaded.task.vocab_size)).astype(np.float32)
   got = np.asarray(circuit_tasks.metric_of(pairs, spec)(logits))
   p = np.exp(logits - logits.max(1, keepdims=True))
   p /= p.sum(1, keepdims=True)

@@ -144,10 +144,10 @@ def test_natural_text_model_grows_a_previous_token_head_then_an_induction_head(t
   cfg = tiny("configs/attn_only_text.py:steps=700", ["--config.train.progress=false",
                                                      "--config.train.eval_every=700"])
   loop.train(cfg, wd, log=lambda s: None)
-  run = load(wd)
-  rt, _ = behaviour.eval_tokens(run, batch=16)
+  loaded = load(wd)
+  rt, _ = behaviour.eval_tokens(loaded, batch=16)
   c = ckpt_lib.Checkpoints(wd, read_only=True)
-  first = dataclasses.replace(run, params=c.restore_params(100)[0], step=100)
+  first = dataclasses.replace(loaded, params=c.restore_params(100)[0], step=100)
   c.close()
 
   def best(at):
@@ -156,7 +156,7 @@ def test_natural_text_model_grows_a_previous_token_head_then_an_induction_head(t
             max(v["prefix_matching"] for k, v in hs.items() if k.startswith("lm.1.")))
 
   prev0, prefix0 = best(first)
-  prev, prefix = best(run)
+  prev, prefix = best(loaded)
   assert prev0 < 0.4 and prefix0 < 0.05, (prev0, prefix0)
   assert prev > 0.5 and prefix > 0.2, (prev, prefix)
 
@@ -171,9 +171,9 @@ def test_circuits_runs_on_a_text_model_with_layernorm(tmp_path):
   res = circuits_report.circuits(wd, log=lambda s: None, samples=20)
   assert len(res["heads"]) == 16 and "term_importance" not in res    # LayerNorm: no paths
   # Olsson et al.'s ICL score on the run's own text: token 32 (the context) minus token 6.
-  run = load(wd)
-  w = run.task.text_windows("valid", 128)
-  logits = np.asarray(run.task.apply(run.params, {"tokens": w}), np.float64)
+  loaded = load(wd)
+  w = loaded.task.text_windows("valid", 128)
+  logits = np.asarray(loaded.task.apply(loaded.params, {"tokens": w}), np.float64)
   logp = logits - logits.max(-1, keepdims=True)
   logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
   nll = -np.take_along_axis(logp, w[:, 1:, None], -1)[..., 0]
@@ -199,9 +199,9 @@ def test_a_text_model_without_layernorm_has_its_terms_measured_on_its_own_text(t
   loop.train(cfg, wd, log=lambda s: None)
   res = circuits_report.circuits(wd, log=lambda s: None, samples=20, track=False)
   assert res["term_importance_on"] == "text" and res["path_expansion_max_error"] < 1e-4
-  run = load(wd)
-  w = run.task.text_windows("valid", 16)        # the full model's loss on those windows
-  logits = np.asarray(run.task.apply(run.params, {"tokens": w}), np.float64)[:, :-1]
+  loaded = load(wd)
+  w = loaded.task.text_windows("valid", 16)        # the full model's loss on those windows
+  logits = np.asarray(loaded.task.apply(loaded.params, {"tokens": w}), np.float64)[:, :-1]
   logp = logits - logits.max(-1, keepdims=True)
   logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
   nll = -np.take_along_axis(logp, w[:, 1:-1, None], -1)[..., 0]

@@ -120,18 +120,18 @@ def test_the_text_circuit_against_numpy(text_lm):
   from mha_jax.loader import load
   from mha_jax.circuits import behaviour
   t = P.text_circuit(text_lm, samples=20)
-  run = load(text_lm)
+  loaded = load(text_lm)
   # The previous-token head: layer 0's largest mean weight on t-1, from the patterns.
-  tokens, _ = behaviour.eval_tokens(run, 16)
-  w0 = np.asarray(capture.captured(run.task, run.params, {"tokens": tokens})["lm"][0].weights)
+  tokens, _ = behaviour.eval_tokens(loaded, 16)
+  w0 = np.asarray(capture.captured(loaded.task, loaded.params, {"tokens": tokens})["lm"][0].weights)
   prev = w0[:, :, np.arange(1, w0.shape[2]), np.arange(w0.shape[2] - 1)].mean((0, 2))
   assert t["previous_token_head"] == f"lm.0.{int(np.argmax(prev))}"
   il, ih = (int(v) for v in t["induction_head"].split(".")[1:])
   assert il == 1
   # The K-composition row + the baseline = |Wq2 Wk2^T (Wv1 Wo1)^T|_F / (|.|_F |.|_F).
-  a2 = run.params["lm"]["layer_1"]["attn"]
+  a2 = loaded.params["lm"]["layer_1"]["attn"]
   wqk = np.asarray(a2["wq"][:, ih], np.float64) @ np.asarray(a2["wk"][:, ih], np.float64).T
-  a1 = run.params["lm"]["layer_0"]["attn"]
+  a1 = loaded.params["lm"]["layer_0"]["attn"]
   for h in range(a1["wq"].shape[1]):
     wov = np.asarray(a1["wv"][:, h], np.float64) @ np.asarray(a1["wo"][h], np.float64)
     raw = np.linalg.norm(wqk @ wov.T) / (np.linalg.norm(wqk) * np.linalg.norm(wov))

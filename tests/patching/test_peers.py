@@ -31,7 +31,7 @@ def test_the_peers_tables_equal_ours(tmp_path):
   folder = save_folder(hf, str(tmp_path / "hf"))
   wd = str(tmp_path / "wd")
   assert cli.main(["import", "--file", folder, "--workdir", wd]) == 0
-  run = load(wd)
+  loaded = load(wd)
   rng = np.random.default_rng(0)
   v = hf.config.vocab_size
   clean = rng.integers(0, v, (3, 7)).astype(np.int32)
@@ -39,7 +39,7 @@ def test_the_peers_tables_equal_ours(tmp_path):
   corrupt[:, 2:4] = rng.integers(0, v, (3, 2))
   pairs = Pairs(clean, corrupt, np.asarray([3, 8, 11]), np.asarray([4, 9, 20]),
                 np.asarray([7, 5, 7]), [{}] * 3)      # row 1 is right-padded
-  ours = core.Study(run.task, run.params, pairs).patch("z")["recovery"]
+  ours = core.Study(loaded.task, loaded.params, pairs).patch("z")["recovery"]
   assert np.isfinite(ours).all() and np.abs(ours).max() > 1e-3
 
   bench = _bench()

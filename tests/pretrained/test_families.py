@@ -61,9 +61,9 @@ PARITY = {}   # case -> max relative error (printed as the parity table)
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_logits_match_transformers(imported, case):
-  model, run, _ = imported(case)
+  model, loaded, _ = imported(case)
   ref = hf_logits(model, TOKENS)
-  got = np.asarray(run.task.logits(run.params, TOKENS))
+  got = np.asarray(loaded.task.logits(loaded.params, TOKENS))
   err = rel_err(got, ref)
   PARITY[case] = err
   print(f"\n{case}: max relative logit error vs transformers = {err:.1e}")
@@ -78,16 +78,16 @@ def test_sliding_windows_matter_and_every_kernel_serves_them(imported):
                      ("gemma2", (WINDOW, None, WINDOW)), ("gemma3", (WINDOW, None, WINDOW)),
                      ("qwen2", (None, None))):
     assert imported(case)[1].task.spec.window == want, case
-  model, run, _ = imported("mistral")
-  spec = run.task.spec
+  model, loaded, _ = imported("mistral")
+  spec = loaded.task.spec
   assert set(spec.window) == {WINDOW}
-  ref = np.asarray(decoder.apply(run.params, dataclasses.replace(spec, impl="reference"),
+  ref = np.asarray(decoder.apply(loaded.params, dataclasses.replace(spec, impl="reference"),
                                  TOKENS))
-  no_window = np.asarray(decoder.apply(run.params, dataclasses.replace(
+  no_window = np.asarray(decoder.apply(loaded.params, dataclasses.replace(
       spec, impl="reference", window=None), TOKENS))
   assert rel_err(no_window, ref) > 1e-3
   for impl in ("blocked", "xla"):
-    got = np.asarray(decoder.apply(run.params, dataclasses.replace(spec, impl=impl), TOKENS))
+    got = np.asarray(decoder.apply(loaded.params, dataclasses.replace(spec, impl=impl), TOKENS))
     assert rel_err(got, ref) < RTOL, impl
 
 
@@ -95,9 +95,9 @@ def test_kv_cache_decoding_across_the_window_matches_transformers(imported):
   """Greedy decoding with the KV cache past the sliding window (Gemma 3: MQA, QK-norm,
   local/global RoPE) gives transformers' tokens and the full recomputation's logits."""
   from mha_jax.models import decoder
-  model, run, _ = imported("gemma3")
+  model, loaded, _ = imported("gemma3")
   prompt = TOKENS[:1, :6]
-  new, logits = decoder.generate(run.params, run.task.spec, prompt, 12, return_logits=True)
+  new, logits = decoder.generate(loaded.params, loaded.task.spec, prompt, 12, return_logits=True)
   with torch.no_grad():
     want = model.generate(torch.as_tensor(prompt, dtype=torch.long), max_new_tokens=12,
                           do_sample=False, min_new_tokens=12)[0, 6:].numpy()
@@ -114,20 +114,20 @@ def test_rope_by_length_under_and_over_the_switch_and_in_generate(imported, case
   the KV cache across it gives transformers' generate tokens and logits (LongRoPE: the
   cache rebuilt at the switch, as Phi-3 does)."""
   from mha_jax.models import decoder
-  model, run, _ = imported(case)
-  spec = run.task.spec
+  model, loaded, _ = imported(case)
+  spec = loaded.task.spec
   assert 16 == spec.layer("rope", 0).max_positions
   errs = {}
   for t in (12, T):   # the short call first: it resets transformers' dynamic state
     ref = hf_logits(model, TOKENS[:, :t])
-    errs[t] = rel_err(np.asarray(run.task.logits(run.params, TOKENS[:, :t])), ref)
+    errs[t] = rel_err(np.asarray(loaded.task.logits(loaded.params, TOKENS[:, :t])), ref)
   fixed = dataclasses.replace(spec, rope=tuple(
       dataclasses.replace(r, dynamic_factor=None, long_inv_freq=None, max_positions=None)
       for r in spec.rope))     # the short frequencies at every length: differs past 16
-  assert rel_err(np.asarray(decoder.apply(run.params, fixed, TOKENS)),
+  assert rel_err(np.asarray(decoder.apply(loaded.params, fixed, TOKENS)),
                  hf_logits(model, TOKENS)) > 1e-3
   prompt = TOKENS[:1, :10]
-  new, logits = decoder.generate(run.params, spec, prompt, 12, return_logits=True)
+  new, logits = decoder.generate(loaded.params, spec, prompt, 12, return_logits=True)
   model.generation_config.eos_token_id = None    # no stop, no eos suppression
   with torch.no_grad():
     out = model.generate(torch.as_tensor(prompt, dtype=torch.long), max_new_tokens=12,
@@ -280,7 +280,7 @@ def _as_transformers4(cfg: dict) -> dict:
     pytest.param(c, marks=pytest.mark.slow) for c in ("llama", "yarn_rope", "gpt_neox", "phi3")])
 def test_transformers4_spellings_give_the_same_model(imported, case, tmp_path):
   """config.json as transformers 4.x wrote it imports to the same logits."""
-  model, run, folder = imported(case)
+  model, loaded, folder = imported(case)
   with open(os.path.join(folder, "config.json")) as f:
     cfg = json.load(f)
   old = tmp_path / "hf4"
@@ -295,7 +295,7 @@ def test_transformers4_spellings_give_the_same_model(imported, case, tmp_path):
   (old / "config.json").write_text(json.dumps(cfg4))
   importer.import_model(str(tmp_path / "w"), file=str(old))
   run4 = mha_jax.load(str(tmp_path / "w"))
-  assert run4.task.spec == run.task.spec
+  assert run4.task.spec == loaded.task.spec
   got = np.asarray(run4.task.logits(run4.params, TOKENS))
   assert rel_err(got, hf_logits(model, TOKENS)) < RTOL
 
@@ -312,8 +312,8 @@ def test_sharded_folder_with_an_index(tmp_path):
   assert len([f for f in os.listdir(folder) if f.endswith(".safetensors")]) > 2
   cfg = importer.import_model(str(tmp_path / "w"), file=folder)
   assert len(cfg["source"]["files"]) > 2
-  run = mha_jax.load(str(tmp_path / "w"))
-  assert rel_err(run.task.logits(run.params, TOKENS), hf_logits(model, TOKENS)) < RTOL
+  loaded = mha_jax.load(str(tmp_path / "w"))
+  assert rel_err(loaded.task.logits(loaded.params, TOKENS), hf_logits(model, TOKENS)) < RTOL
 
 
 def test_bf16_folder_and_dtype_bfloat16(tmp_path):
@@ -326,12 +326,12 @@ def test_bf16_folder_and_dtype_bfloat16(tmp_path):
   folder = save_folder(half, tmp_path / "hf")
   cfg = importer.import_model(str(tmp_path / "w"), file=folder)
   assert cfg["source"]["tensor_dtypes"] == {"bfloat16": len(half.state_dict())}
-  run = mha_jax.load(str(tmp_path / "w"))
+  loaded = mha_jax.load(str(tmp_path / "w"))
   # The reference: the bf16-rounded weights in a float32 model (model.to(bfloat16) would
   # also round transformers' own RoPE frequency buffer).
   model.load_state_dict({k: v.float() for k, v in half.state_dict().items()})
   ref = hf_logits(model, TOKENS)
-  assert rel_err(run.task.logits(run.params, TOKENS), ref) < RTOL
+  assert rel_err(loaded.task.logits(loaded.params, TOKENS), ref) < RTOL
   importer.import_model(str(tmp_path / "wb"), file=folder, dtype="bfloat16")
   runb = mha_jax.load(str(tmp_path / "wb"))
   assert runb.params["lm"]["layer_0"]["attn"]["wq"].dtype == jnp.bfloat16
@@ -373,7 +373,7 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
   import subprocess
   import sys
   from mha_jax.train import sharding
-  model, run, folder = imported("llama")          # H = 4 query heads, G = 2 kv heads
+  model, loaded, folder = imported("llama")          # H = 4 query heads, G = 2 kv heads
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = with_devices(4)
   r = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, folder, str(tmp_path / "w"),
@@ -389,7 +389,7 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
       "None", "model"]
   assert res["shards"]["wq"] == [[64, 2, 24]] and res["shards"]["wk"] == [[64, 1, 24]]
   assert res["shards"]["wo"] == [[2, 24, 64]]
-  plain = np.asarray(run.task.logits(run.params, TOKENS))
+  plain = np.asarray(loaded.task.logits(loaded.params, TOKENS))
   err = rel_err(np.asarray(res["logits"]), plain)
   print(f"\nsharded import (4 devices, model=2) vs plain import: max rel logit error {err:.1e}")
   assert err < 1e-5
@@ -411,21 +411,21 @@ def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   from mha_jax.toolkit import head_roles
   from mha_jax.models import common as C
   from mha_jax.toolkit import masks as M
-  _, run, _ = imported(case)
-  assert run.params["lm"]["layer_0"]["attn"]["wk"].shape[1] == g
-  rows = head_roles.real_lm_roles(run, "test", batches=1, batch_size=2, half_len=8,
+  _, loaded, _ = imported(case)
+  assert loaded.params["lm"]["layer_0"]["attn"]["wk"].shape[1] == g
+  rows = head_roles.real_lm_roles(loaded, "test", batches=1, batch_size=2, half_len=8,
                               text_windows=1)
-  assert len(rows) == len(run.head_names) == h * len(C.layers_of(run.params["lm"]))
-  n = len(C.layers_of(run.params["lm"]))
+  assert len(rows) == len(loaded.head_names) == h * len(C.layers_of(loaded.params["lm"]))
+  n = len(C.layers_of(loaded.params["lm"]))
   mask = {"lm": [np.ones(h, np.float32) for _ in range(n)]}
   mask["lm"][0][[0, 1]] = 0
   mask["lm"][1][:] = 0
-  masked = M.mask_params(run.params, mask)
+  masked = M.mask_params(loaded.params, mask)
   pruned = M.export_pruned(masked, mask)
   kv = [int(p["wk"].shape[1]) for _, _, p in C.attention_blocks(pruned)]
   assert kv[1] == 0 and kv[0] == (1 if g == 2 else 1)
-  a = np.asarray(run.task.logits(masked, TOKENS))
-  b = np.asarray(run.task.logits(pruned, TOKENS))
+  a = np.asarray(loaded.task.logits(masked, TOKENS))
+  b = np.asarray(loaded.task.logits(pruned, TOKENS))
   assert rel_err(b, a) < RTOL
 
 
@@ -481,8 +481,8 @@ def gguf_imported(tmp_path_factory):
       got_arch, held = write_gguf(model, path)
       assert got_arch == arch
       importer.import_model(str(base / "w"), file=str(path))
-      run = mha_jax.load(str(base / "w"))
-      cache[arch] = (load_held(model, held), run, path)
+      loaded = mha_jax.load(str(base / "w"))
+      cache[arch] = (load_held(model, held), loaded, path)
     return cache[arch]
 
   return get
@@ -494,12 +494,12 @@ def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
   (dequantized); where transformers reads that architecture's GGUF itself, it matches
   that too."""
   from helpers import GGUF_CASES
-  model, run, path = gguf_imported(arch)
-  assert run.config.model.family == adapters.family_of(
+  model, loaded, path = gguf_imported(arch)
+  assert loaded.config.model.family == adapters.family_of(
       {"model_type": model.config.model_type}).name
   types = sorted({t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors})
   assert {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"} <= set(types)
-  got = np.asarray(run.task.logits(run.params, TOKENS))
+  got = np.asarray(loaded.task.logits(loaded.params, TOKENS))
   err = rel_err(got, hf_logits(model, TOKENS))
   refs = [f"transformers ({GGUF_CASES[arch][0]}) on the dequantized weights {err:.1e}"]
   assert err < RTOL, err
@@ -549,26 +549,26 @@ def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
   exported twice over)."""
   from mha_jax.models import common as C
   from mha_jax.toolkit import masks as M
-  _, run, _ = imported("olmo2")                     # H = 4, G = 2
-  mask = {"lm": [np.ones(4, np.float32) for _ in C.layers_of(run.params["lm"])]}
+  _, loaded, _ = imported("olmo2")                     # H = 4, G = 2
+  mask = {"lm": [np.ones(4, np.float32) for _ in C.layers_of(loaded.params["lm"])]}
   mask["lm"][0][[0, 1]] = 0
   mask["lm"][1][2] = 0
-  masked = M.mask_params(run.params, mask)
+  masked = M.mask_params(loaded.params, mask)
   pruned = M.export_pruned(masked, mask)
   a0, a1 = pruned["lm"]["layer_0"]["attn"], pruned["lm"]["layer_1"]["attn"]
   assert a0["wq"].shape[1] == 2 and a0["wk"].shape[1] == 1 and a0["q_norm"].shape == (2, 16)
   assert a0["wq_rest"].shape[1] == 2 and a0["wk_rest"].shape[1] == 1
   assert a1["wq"].shape[1] == 4 and "wq_rest" not in a1      # padding: nothing removed
-  want = np.asarray(run.task.logits(masked, TOKENS))
-  err = rel_err(np.asarray(run.task.logits(pruned, TOKENS)), want)
+  want = np.asarray(loaded.task.logits(masked, TOKENS))
+  err = rel_err(np.asarray(loaded.task.logits(pruned, TOKENS)), want)
   print(f"\nOLMo 2 export-pruned vs the masked model: max rel logit error {err:.1e}")
   assert err < RTOL
   without = {**pruned, "lm": {**pruned["lm"], "layer_0": {**pruned["lm"]["layer_0"], "attn": {
       k: v for k, v in a0.items() if not k.endswith("_rest")}}}}
-  assert rel_err(np.asarray(run.task.logits(without, TOKENS)), want) > 1e-3
+  assert rel_err(np.asarray(loaded.task.logits(without, TOKENS)), want) > 1e-3
   mask2 = {"lm": [np.array([1.0, 0.0], np.float32), np.ones(4, np.float32)]}
   twice = M.export_pruned(M.mask_params(pruned, mask2), mask2)
   assert twice["lm"]["layer_0"]["attn"]["wq_rest"].shape[1] == 3
   mask["lm"][0][3] = 0
-  assert rel_err(np.asarray(run.task.logits(twice, TOKENS)),
-                 np.asarray(run.task.logits(M.mask_params(run.params, mask), TOKENS))) < RTOL
+  assert rel_err(np.asarray(loaded.task.logits(twice, TOKENS)),
+                 np.asarray(loaded.task.logits(M.mask_params(loaded.params, mask), TOKENS))) < RTOL

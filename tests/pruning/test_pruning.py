@@ -52,23 +52,23 @@ def test_hard_concrete_sample_gate_and_penalty_formulas():
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def loaded(tmp_path_factory):
   return trained_translation(tmp_path_factory, "pr", "--config.model.num_heads=4",
                              "--config.model.enc_layers=2")
 
 
-def test_gate_training_freezes_the_model_and_lambda_prunes(run):
-  la, params, hist = methods.train_gates(run, 0.5, stacks=["encoder"], steps=40, lr=0.2,
+def test_gate_training_freezes_the_model_and_lambda_prunes(loaded):
+  la, params, hist = methods.train_gates(loaded, 0.5, stacks=["encoder"], steps=40, lr=0.2,
                                          log=lambda s: None)
-  assert ckpt_lib.tree_equal(params, run.params)        # multi_transform froze the rest
+  assert ckpt_lib.tree_equal(params, loaded.params)        # multi_transform froze the rest
   kept_strong = M.count(methods.l0_mask(la, HC))
-  la0, _, _ = methods.train_gates(run, 0.0, stacks=["encoder"], steps=40, lr=0.2,
+  la0, _, _ = methods.train_gates(loaded, 0.0, stacks=["encoder"], steps=40, lr=0.2,
                                   log=lambda s: None)
   assert M.count(methods.l0_mask(la0, HC)) == 8 > kept_strong
   assert hist[-1]["l0"] < hist[0]["l0"]
-  _, tuned, _ = methods.train_gates(run, 0.1, stacks=["encoder"], steps=3, finetune=True,
+  _, tuned, _ = methods.train_gates(loaded, 0.1, stacks=["encoder"], steps=3, finetune=True,
                                     log=lambda s: None)
-  assert not ckpt_lib.tree_equal(tuned, run.params)
+  assert not ckpt_lib.tree_equal(tuned, loaded.params)
   top = methods.top_k_mask(la, 3)
   assert M.count(top) == 3
   best = sorted(((float(v), i, h) for i, l in enumerate(la["encoder"])
@@ -77,30 +77,30 @@ def test_gate_training_freezes_the_model_and_lambda_prunes(run):
                                           for h in np.flatnonzero(m)}
 
 
-def test_baselines_reach_exact_counts(run):
-  ms = methods.michel_masks(run, stacks=["encoder"], counts=[6, 1], limit=16,
+def test_baselines_reach_exact_counts(loaded):
+  ms = methods.michel_masks(loaded, stacks=["encoder"], counts=[6, 1], limit=16,
                             log=lambda s: None)
   assert M.count(ms[6]) == 6 and M.count(ms[1]) == 1
   kept6 = set(M.kept_names(ms[6]))
   assert set(M.kept_names(ms[1])) <= kept6                  # iterative: nested
-  one = methods.michel_masks(run, stacks=["encoder"], counts=[2], keep_one_per_layer=True,
+  one = methods.michel_masks(loaded, stacks=["encoder"], counts=[2], keep_one_per_layer=True,
                              limit=16, log=lambda s: None)[2]
   assert [int(m.sum()) for m in one["encoder"]] == [1, 1]
-  rnd = methods.random_masks(run, stacks=["encoder"], counts=[5, 0], seed=3)
+  rnd = methods.random_masks(loaded, stacks=["encoder"], counts=[5, 0], seed=3)
   assert M.count(rnd[5]) == 5 and M.count(rnd[0]) == 0
   assert methods.schedule(48) == [48, 43, 38, 33, 28, 23, 18, 13, 8, 3, 0]
 
 
-def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
+def test_prune_export_and_reuse_with_an_empty_layer(loaded, tmp_path):
   out, exp = str(tmp_path / "pruned"), str(tmp_path / "exported")
   # Keep 3 encoder heads chosen at random with a seed that empties layer 1? Force it:
   mask = {"encoder": [np.array([1, 1, 0, 1], np.float32), np.zeros(4, np.float32)]}
-  info = prune_lib._finish(run, out, run.params, mask, {"method": "manual"}, 0,
+  info = prune_lib._finish(loaded, out, loaded.params, mask, {"method": "manual"}, 0,
                            log=lambda s: None)
   assert info["kept"] == 3 and info["kept_heads"] == ["encoder.0.0", "encoder.0.1",
                                                       "encoder.0.3"]
-  gated = run.task.evaluate(run.params, "valid", bleu=False,
-                             gates=M.full_gates(run.params, mask))
+  gated = loaded.task.evaluate(loaded.params, "valid", bleu=False,
+                             gates=M.full_gates(loaded.params, mask))
   masked = mha_jax.load(out)
   assert abs(masked.task.evaluate(masked.params, "valid", bleu=False)["loss"]
              - gated["loss"]) < 1e-5
@@ -108,10 +108,10 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
   ex = mha_jax.load(exp)
   assert C.head_counts(ex.params)["encoder"] == [3, 0]
   assert ex.params["encoder"]["layer_1"]["self_attn"]["wq"].shape == (16, 0, 4)
-  batch = next(run.task.eval_batches("valid", 8))[0]
+  batch = next(loaded.task.eval_batches("valid", 8))[0]
   np.testing.assert_allclose(ex.task.apply(ex.params, batch),
-                             run.task.apply(run.params, batch,
-                                             gates=M.full_gates(run.params, mask)), atol=1e-5)
+                             loaded.task.apply(loaded.params, batch,
+                                             gates=M.full_gates(loaded.params, mask)), atol=1e-5)
   # The exported model works everywhere: eval, analysis, ablation, further pruning.
   # Exported and masked are one model: the same loss and the same greedy translations.
   ev = json.loads(json.dumps(ex.task.evaluate(ex.params, "valid")))
@@ -127,8 +127,8 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
   # Ablating exported head 0 of layer 0 = also closing that head in the source model.
   abl = importance.ablate(ex, [("encoder", 0, 0)], split="valid", bleu_limit=4)
   closed = {"encoder": [np.array([0, 1, 0, 1], np.float32), np.zeros(4, np.float32)]}
-  want = run.task.evaluate(run.params, "valid", bleu=False,
-                            gates=M.full_gates(run.params, closed))
+  want = loaded.task.evaluate(loaded.params, "valid", bleu=False,
+                            gates=M.full_gates(loaded.params, closed))
   assert abl["loss"] == pytest.approx(want["loss"], abs=1e-5)
   again = prune_lib.prune(exp, str(tmp_path / "again"), method="l0", lam=0.1, keep=2,
                           steps=3, log=lambda s: None)
@@ -139,9 +139,9 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
     prune_lib.prune(out, str(tmp_path / "more"), method="random", keep=5, log=lambda s: None)
 
 
-def test_prune_cli_and_bad_input(run, tmp_path, capsys):
+def test_prune_cli_and_bad_input(loaded, tmp_path, capsys):
   out = str(tmp_path / "l0")
-  assert cli.main(["prune", "--workdir", run.workdir, "--out", out, "--method", "l0",
+  assert cli.main(["prune", "--workdir", loaded.workdir, "--out", out, "--method", "l0",
                    "--l0-lambda", "0.05", "--keep", "2", "--steps", "4"]) == 0
   res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert res["kept"] == 2 and set(res["after"]) == {"loss", "accuracy", "bleu"}
@@ -154,26 +154,26 @@ def test_prune_cli_and_bad_input(run, tmp_path, capsys):
          (["--method", "random"], "--method random needs --keep K"),
          (["--stacks", "lm", "--method", "random", "--keep", "1"], "--stacks: 'lm' is not")]
   for args, msg in bad:
-    assert cli.main(["prune", "--workdir", run.workdir, "--out", str(tmp_path / "x"),
+    assert cli.main(["prune", "--workdir", loaded.workdir, "--out", str(tmp_path / "x"),
                      *args]) == 2, args
     assert msg in capsys.readouterr().err, args
     assert not os.path.exists(str(tmp_path / "x"))
-  assert cli.main(["prune", "--workdir", run.workdir, "--out", out, "--method", "random",
+  assert cli.main(["prune", "--workdir", loaded.workdir, "--out", out, "--method", "random",
                    "--keep", "1"]) == 2
   assert "exists and is not empty; refusing" in capsys.readouterr().err
   assert json.load(open(os.path.join(out, "pruning.json")))["kept"] == 2   # untouched
   assert cli.main(["prune", "--workdir", str(tmp_path / "nothing"), "--method", "random",
                    "--keep", "1"]) == 2
   assert "no config.json" in capsys.readouterr().err
-  assert cli.main(["export-pruned", "--workdir", run.workdir, "--out",
+  assert cli.main(["export-pruned", "--workdir", loaded.workdir, "--out",
                    str(tmp_path / "e")]) == 2
   assert "has no pruning.json" in capsys.readouterr().err
 
 
-def test_pruning_curve_joins_roles_and_writes_outputs(run, tmp_path):
+def test_pruning_curve_joins_roles_and_writes_outputs(loaded, tmp_path):
   from mha_jax.pruning import curve
   out = str(tmp_path / "curve")
-  rows = curve.pruning_curve(run.workdir, out, counts=[8, 4, 0], steps=3, random_draws=3,
+  rows = curve.pruning_curve(loaded.workdir, out, counts=[8, 4, 0], steps=3, random_draws=3,
                              save_workdirs=[4], log=lambda s: None)
   assert {(r["method"], r["kept"]) for r in rows} == {
       (m, k) for m in ("l0", "michel", "random") for k in (8, 4, 0)}
@@ -204,14 +204,14 @@ def test_pruning_curve_joins_roles_and_writes_outputs(run, tmp_path):
   assert sum(ex["head_counts"]["encoder"]) == 4 and ex["max_abs_diff_vs_masked"] < 1e-4
   assert ex["forward_speed"]["interleaved"] and ex["forward_speed"]["exported_tokens_per_s"] > 0
   with pytest.raises(ValueError, match="--save-workdirs: .*l0_k4.* not empty"):
-    curve.pruning_curve(run.workdir, out, counts=[8, 4], save_workdirs=[4], log=lambda s: None)
+    curve.pruning_curve(loaded.workdir, out, counts=[8, 4], save_workdirs=[4], log=lambda s: None)
   with pytest.raises(ValueError, match=r"--counts: 9 is outside 0..8"):
-    curve.pruning_curve(run.workdir, out, counts=[9], log=lambda s: None)
+    curve.pruning_curve(loaded.workdir, out, counts=[9], log=lambda s: None)
 
 
-def test_lambda_sweep_records_heads_kept_and_bleu(run, tmp_path):
+def test_lambda_sweep_records_heads_kept_and_bleu(loaded, tmp_path):
   out = str(tmp_path / "sweep")
-  res = prune_lib.prune(run.workdir, out, method="l0", lambdas=[0.0, 5.0], steps=30, lr=0.3,
+  res = prune_lib.prune(loaded.workdir, out, method="l0", lambdas=[0.0, 5.0], steps=30, lr=0.3,
                         log=lambda s: None)
   rows = json.load(open(os.path.join(out, "lambdas.json")))
   assert [r["lambda"] for r in rows] == [0.0, 5.0] == [r["lambda"] for r in res["lambdas"]]
@@ -219,14 +219,14 @@ def test_lambda_sweep_records_heads_kept_and_bleu(run, tmp_path):
   assert all({"bleu", "loss"} <= set(r) for r in rows)
   for l in ("0", "5"):
     info = json.load(open(os.path.join(out, f"lambda_{l}", "pruning.json")))
-    assert mha_jax.load(os.path.join(out, f"lambda_{l}")).step == run.step
+    assert mha_jax.load(os.path.join(out, f"lambda_{l}")).step == loaded.step
     assert info["kept"] == rows[int(l == "5")]["kept"]
 
 
-def test_workdir_without_a_trained_checkpoint_is_refused(run, tmp_path):
+def test_workdir_without_a_trained_checkpoint_is_refused(loaded, tmp_path):
   wd = tmp_path / "untrained"
   wd.mkdir()
-  (wd / "config.json").write_text(open(os.path.join(run.workdir, "config.json")).read())
+  (wd / "config.json").write_text(open(os.path.join(loaded.workdir, "config.json")).read())
   with pytest.raises(ValueError, match="has no trained checkpoint"):
     prune_lib.prune(str(wd), str(tmp_path / "o"), method="random", keep=1, log=lambda s: None)
   assert not (tmp_path / "o").exists()

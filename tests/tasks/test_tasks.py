@@ -48,12 +48,12 @@ def test_accuracy_has_one_definition_the_argmax():
 
 
 def test_lm_objective_with_zero_weights_is_zero_not_nan(ind_run):
-  run = mha_jax.load(ind_run, **QUIET)
-  batch, _ = next(run.task.eval_batches("valid", 4))
+  loaded = mha_jax.load(ind_run, **QUIET)
+  batch, _ = next(loaded.task.eval_batches("valid", 4))
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  obj, metrics = run.task.loss(run.params, batch, example_weight=jnp.zeros(4))
+  obj, metrics = loaded.task.loss(loaded.params, batch, example_weight=jnp.zeros(4))
   assert float(obj) == 0.0 and float(metrics["tokens"]) == 0.0
-  obj1, _ = run.task.loss(run.params, batch, example_weight=jnp.ones(4))
+  obj1, _ = loaded.task.loss(loaded.params, batch, example_weight=jnp.ones(4))
   assert np.isfinite(float(obj1)) and float(obj1) > 0
 
 
@@ -87,21 +87,21 @@ def test_induction_vs_random_when_a_layer_has_no_other_head(ind_run):
   # layer 0 (it used to end in "ValueError: high <= 0"); configs/induction.py's 8 heads
   # with the default --top 5 leave too few other heads: refused, naming the limit.
   from mha_jax.toolkit import importance
-  run = mha_jax.load(ind_run, **QUIET)
+  loaded = mha_jax.load(ind_run, **QUIET)
   scores = {f"lm.1.{h}": 1.0 - 0.1 * h for h in range(4)} | {"lm.0.0": 0.5, "lm.0.1": 0.1,
                                                             "lm.0.2": 0.0, "lm.0.3": 0.0}
-  res = importance.induction_vs_random(run, scores, top=4, draws=2, log=lambda s: None)
+  res = importance.induction_vs_random(loaded, scores, top=4, draws=2, log=lambda s: None)
   assert res["top_heads"] == ["lm.1.0", "lm.1.1", "lm.1.2", "lm.1.3"]
   for d in res["random_draws"]:
     assert len(set(d["heads"])) == 4 and {h.rsplit(".", 1)[0] for h in d["heads"]} == {"lm.0"}
     assert d["same_layer"] == [False] * 4
-  res = importance.induction_vs_random(run, scores, top=2, draws=3, log=lambda s: None)
+  res = importance.induction_vs_random(loaded, scores, top=2, draws=3, log=lambda s: None)
   assert all(d["same_layer"] == [True, True] for d in res["random_draws"])
   # 8 heads and a top 5: 3 others, too few to draw 5 random heads without repeating one.
-  assert len(run.head_names) == 8
+  assert len(loaded.head_names) == 8
   with pytest.raises(UserError, match="--top 5: the model has 3 heads besides the top 5.*"
                                       "use --top 4 or less"):
-    importance.induction_vs_random(run, scores, top=5, draws=1, log=lambda s: None)
+    importance.induction_vs_random(loaded, scores, top=5, draws=1, log=lambda s: None)
 
 
 def test_load_reads_the_run_data_and_never_runs_the_grammar(tmp_path, monkeypatch):
@@ -114,12 +114,12 @@ def test_load_reads_the_run_data_and_never_runs_the_grammar(tmp_path, monkeypatc
   def no_grammar(*a, **k):
     raise AssertionError("the grammar ran at load time")
   monkeypatch.setattr(synthetic_translation, "build_splits", no_grammar)
-  run = mha_jax.load(wd, **QUIET)
+  loaded = mha_jax.load(wd, **QUIET)
   for s in tasks.SPLITS:
     for k in ("src", "tgt"):
-      np.testing.assert_array_equal(run.task.arrays[s][k], built.arrays[s][k])
-    assert run.task.words[s] == built.words[s] and run.task.arcs[s] == built.arcs[s]
-  assert run.task.vocab.tokens == built.vocab.tokens
+      np.testing.assert_array_equal(loaded.task.arrays[s][k], built.arrays[s][k])
+    assert loaded.task.words[s] == built.words[s] and loaded.task.arcs[s] == built.arcs[s]
+  assert loaded.task.vocab.tokens == built.vocab.tokens
   with open(os.path.join(wd, "data", "test.src"), "a") as f:   # edited after training
     f.write("zzz qqq\n")
   with pytest.raises(UserError, match=r"test\.src: the data no longer matches the run's "
@@ -128,8 +128,8 @@ def test_load_reads_the_run_data_and_never_runs_the_grammar(tmp_path, monkeypatc
 
 
 def test_loaded_holds_the_task(ind_run):
-  run = mha_jax.load(ind_run, **QUIET)
-  assert isinstance(run.task, tasks.LMData) and run.task.name == "lm"
-  assert not hasattr(run, "model")   # the task is the one name for it
-  cfg, task, params = run
-  assert task is run.task and params is run.params
+  loaded = mha_jax.load(ind_run, **QUIET)
+  assert isinstance(loaded.task, tasks.LMData) and loaded.task.name == "lm"
+  assert not hasattr(loaded, "model")   # the task is the one name for it
+  cfg, task, params = loaded
+  assert task is loaded.task and params is loaded.params

@@ -96,8 +96,8 @@ def test_two_processes_train_like_one_and_write_once(tmp_path):
   assert sorted(os.listdir(os.path.join(two, "checkpoints"))) == ["10", "20"]
   assert [m["step"] for m in read_metrics(two) if m["split"] == "train"] == [10, 20]
   # ... and restored by one process on one device.
-  run = mha_jax.load(two)
-  assert run.step == 20 and _max_diff(run.params, _params(one, 20)) <= 1e-6
+  loaded = mha_jax.load(two)
+  assert loaded.step == 20 and _max_diff(loaded.params, _params(one, 20)) <= 1e-6
 
 
 @pytest.mark.slow

@@ -87,8 +87,8 @@ def test_a_bad_newest_checkpoint_falls_back_for_load_and_eval(ind_run, tmp_path,
   _damage(wd, how)
   before = _tree(wd)
   warnings = []
-  run = mha_jax.load(wd, log=warnings.append)
-  assert run.step == 4 and ckpt_lib.tree_equal(run.params, good)
+  loaded = mha_jax.load(wd, log=warnings.append)
+  assert loaded.step == 4 and ckpt_lib.tree_equal(loaded.params, good)
   assert any(os.path.join("checkpoints", "8") in w for w in warnings), warnings
   with pytest.raises(BadCheckpoint, match=r"checkpoints/8"):        # asked for by name
     mha_jax.load(wd, step=8, **QUIET)
@@ -129,12 +129,12 @@ def test_checksums_are_saved_and_every_checkpoint_bad_is_an_error(ind_run, tmp_p
 
 
 def test_train_refuses_a_pruned_workdir_and_leaves_config_json_untouched(ind_run, tmp_path):
-  run = mha_jax.load(ind_run, **QUIET)
+  loaded = mha_jax.load(ind_run, **QUIET)
   wd = str(tmp_path / "pruned")
   os.makedirs(wd)
   shutil.copy(os.path.join(ind_run, "config.json"), wd)
   c = ckpt_lib.Checkpoints(wd)
-  c.save_params(8, run.params, {"step": 8})
+  c.save_params(8, loaded.params, {"step": 8})
   c.close()
   before = open(os.path.join(wd, "config.json"), "rb").read()
   with pytest.raises(UserError, match="pruned or exported model .* no optimizer state"):
@@ -148,8 +148,8 @@ def test_train_refuses_a_pruned_workdir_and_leaves_config_json_untouched(ind_run
 def test_loading_and_evaluating_never_write_to_the_workdir(parallel_run, ind_run):
   for wd in (parallel_run[0], ind_run):
     before = _tree(wd)
-    run = mha_jax.load(wd)
-    run.task.evaluate(run.params, "valid", bleu=False)
+    loaded = mha_jax.load(wd)
+    loaded.task.evaluate(loaded.params, "valid", bleu=False)
     assert _tree(wd) == before
 
 
@@ -322,19 +322,18 @@ def test_studies_use_only_the_typed_task_interface(ind_run, parallel_run):
           "role_family", "compares_to_dense", "repeated_eval_tokens"} <= allowed
   used = {}
   root = os.path.join(ROOT, "mha_jax")
-  for path in sorted(glob.glob(os.path.join(root, "analysis", "*.py")) +
-                     glob.glob(os.path.join(root, "pruning", "*.py")) +
-                     glob.glob(os.path.join(root, "circuits", "*.py"))):
+  for path in sorted(p for d in ("toolkit", "analysis", "pruning", "patching", "circuits")
+                     for p in glob.glob(os.path.join(root, d, "*.py"))):
     tree = ast.parse(open(path).read())
-    task_names = {"task"} | {  # names bound to run.task (task = run.task, model, ...)
+    task_names = {"task"} | {  # names bound to loaded.task (task = loaded.task, ...)
         t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
         for t, v in ([(node.targets[0], node.value)] if not isinstance(node.targets[0], ast.Tuple)
                      else zip(node.targets[0].elts, getattr(node.value, "elts", [])))
-        if isinstance(t, ast.Name) and ast.unparse(v) in ("run.task", "run.model")}
+        if isinstance(t, ast.Name) and ast.unparse(v) in ("loaded.task",)}
     for node in ast.walk(tree):
       if isinstance(node, ast.Attribute):
         base = ast.unparse(node.value)
-        if base in ("run.task", "run.model") or base in task_names:
+        if base in ("loaded.task",) or base in task_names:
           used.setdefault(node.attr, set()).add(os.path.basename(path))
   assert used and set(used) <= allowed, {k: v for k, v in used.items() if k not in allowed}
   assert isinstance(mha_jax.load(ind_run, **QUIET).task, tasks.LMData)
@@ -345,14 +344,14 @@ def test_studies_use_only_the_typed_task_interface(ind_run, parallel_run):
 def test_circuits_over_checkpoints_builds_the_task_once(ind_run, monkeypatch):
   from mha_jax import tasks
   from mha_jax.circuits import behaviour, circuits_report
-  run = mha_jax.load(ind_run, **QUIET)
-  tokens, lengths = behaviour.eval_tokens(run, batch=8)
+  loaded = mha_jax.load(ind_run, **QUIET)
+  tokens, lengths = behaviour.eval_tokens(loaded, batch=8)
   built = []
   real = tasks.build
   monkeypatch.setattr(tasks, "build", lambda *a, **k: built.append(1) or real(*a, **k))
-  rows = circuits_report.over_checkpoints(run, tokens, lengths, log=lambda s: None)
+  rows = circuits_report.over_checkpoints(loaded, tokens, lengths, log=lambda s: None)
   assert [r["step"] for r in rows] == [4, 8] and built == []
-  at4 = circuits_report.over_checkpoints(run, tokens, lengths, log=lambda s: None)[0]
+  at4 = circuits_report.over_checkpoints(loaded, tokens, lengths, log=lambda s: None)[0]
   direct = behaviour.icl_score(mha_jax.load(ind_run, step=4, **QUIET), tokens, lengths)
   assert at4["icl_score"] == pytest.approx(direct["icl_score"], abs=1e-6)
 
@@ -360,12 +359,12 @@ def test_circuits_over_checkpoints_builds_the_task_once(ind_run, monkeypatch):
 def test_michel_and_random_masks_leave_the_callers_mask_alone(ind_run):
   from mha_jax.toolkit import masks as M
   from mha_jax.pruning import methods
-  run = mha_jax.load(ind_run, **QUIET)
-  start = M.ones_mask(run.params, ["lm"])
+  loaded = mha_jax.load(ind_run, **QUIET)
+  start = M.ones_mask(loaded.params, ["lm"])
   start["lm"][0][1] = 0.0
   snapshot = {s: [m.copy() for m in ls] for s, ls in start.items()}
-  rnd = methods.random_masks(run, stacks=["lm"], counts=[2], start_mask=start)
-  mic = methods.michel_masks(run, stacks=["lm"], counts=[5], start_mask=start, limit=8,
+  rnd = methods.random_masks(loaded, stacks=["lm"], counts=[2], start_mask=start)
+  mic = methods.michel_masks(loaded, stacks=["lm"], counts=[5], start_mask=start, limit=8,
                              log=lambda s: None)
   assert M.count(rnd[2]) == 2 and M.count(mic[5]) == 5 and mic[5]["lm"][0][1] == 0
   for s in start:

@@ -116,11 +116,11 @@ def test_an_empty_workdir_is_refused_and_the_current_folder_untouched(tmp_path, 
 def test_a_bogus_split_is_refused_naming_the_valid_ones(run8, capsys):
   assert cli_mod.main(["analyze", "--workdir", run8, "--split", "bogus"]) == 2
   assert "argument --split: invalid choice: 'bogus' (choose from" in capsys.readouterr().err
-  run = mha_jax.load(run8, **QUIET)
+  loaded = mha_jax.load(run8, **QUIET)
   with pytest.raises(UserError, match=r"split must be one of train, valid, test; got 'bogus'"):
-    run.task.evaluate(run.params, "bogus")
+    loaded.task.evaluate(loaded.params, "bogus")
   with pytest.raises(UserError, match=r"split must be one of train, valid, test"):
-    next(run.task.eval_batches("bogus", 4))
+    next(loaded.task.eval_batches("bogus", 4))
 
 
 def test_an_unknown_impl_is_refused_with_the_other_config_fields(tmp_path):
@@ -364,17 +364,17 @@ def test_a_full_disk_during_training_is_one_line_naming_the_last_good_checkpoint
 # ------------------------------------------------------------------ ids, contexts, imports
 
 def test_token_ids_beyond_the_vocabulary_are_refused_where_they_enter(run8):
-  run = mha_jax.load(run8, **QUIET)
-  v = run.task.vocab_size
+  loaded = mha_jax.load(run8, **QUIET)
+  v = loaded.task.vocab_size
   tokens = np.zeros((2, 9), np.int32)
-  assert np.isfinite(np.asarray(run.task.apply(run.params, {"tokens": tokens}))).all()
+  assert np.isfinite(np.asarray(loaded.task.apply(loaded.params, {"tokens": tokens}))).all()
   tokens[1, 3] = v + 5
   with pytest.raises(UserError, match=rf"token id {v + 5} is not in the vocabulary of {v} "
                                       rf"tokens \(ids 0..{v - 1}\)"):
-    run.task.apply(run.params, {"tokens": tokens})
+    loaded.task.apply(loaded.params, {"tokens": tokens})
   tokens[1, 3] = -1
   with pytest.raises(UserError, match=r"token id -1 is negative"):
-    run.task.loss(run.params, {"tokens": tokens})
+    loaded.task.loss(loaded.params, {"tokens": tokens})
 
 
 @pytest.fixture(scope="module")
@@ -400,9 +400,9 @@ def test_generate_beyond_the_context_is_refused_naming_both_numbers(tiny_llama, 
          "model's context of 128 tokens" in err, err
   assert cli_mod.main(["generate", "--workdir", wd, "--prompt", "abc",
                        "--max-new-tokens", "2"]) == 0
-  run = mha_jax.load(wd, **QUIET)
+  loaded = mha_jax.load(wd, **QUIET)
   with pytest.raises(UserError, match=r"token id 300 is not in the vocabulary of 256"):
-    run.task.logits(run.params, np.full((1, 4), 300, np.int32))
+    loaded.task.logits(loaded.params, np.full((1, 4), 300, np.int32))
 
 
 def test_a_full_disk_during_import_is_one_line_and_leaves_nothing(tiny_llama, tmp_path,
@@ -510,11 +510,11 @@ def test_a_model_without_heads_runs_through_analyze_and_circuits(run8, tmp_path,
   assert cli_mod.main(["prune", "--workdir", run8, "--out", pruned, "--method", "random",
                        "--keep", "0", "--stacks", "lm"]) == 0
   assert cli_mod.main(["export-pruned", "--workdir", pruned, "--out", exported]) == 0
-  run = mha_jax.load(exported, **QUIET)
-  assert run.head_names == []
-  tokens = np.asarray(next(run.task.eval_batches("test", 4))[0]["tokens"])
-  want = run.params["embed"][tokens[:, :-1]] @ run.params["unembed"]   # no heads: the
-  np.testing.assert_allclose(run.task.apply(run.params, {"tokens": tokens}), want,
+  loaded = mha_jax.load(exported, **QUIET)
+  assert loaded.head_names == []
+  tokens = np.asarray(next(loaded.task.eval_batches("test", 4))[0]["tokens"])
+  want = loaded.params["embed"][tokens[:, :-1]] @ loaded.params["unembed"]   # no heads: the
+  np.testing.assert_allclose(loaded.task.apply(loaded.params, {"tokens": tokens}), want,
                              atol=1e-5)                                 # direct path only
   capsys.readouterr()
   out = str(tmp_path / "a")

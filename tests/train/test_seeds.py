@@ -83,9 +83,9 @@ def test_three_seeds_write_ordinary_workdirs(three):
   assert not os.path.exists(os.path.join(wd, "config.json"))
   for s in (0, 1, 2):
     sd = os.path.join(wd, f"seed_{s}")
-    run = mha_jax.load(sd)
-    assert run.step == 4 and run.config.seed == s
-    assert run.config.train.seeds == "1" and run.config.train.shuffle_seed == s
+    loaded = mha_jax.load(sd)
+    assert loaded.step == 4 and loaded.config.seed == s
+    assert loaded.config.train.seeds == "1" and loaded.config.train.shuffle_seed == s
     assert ckpt_lib.step_dirs(sd) == [2, 4]
     assert [r["step"] for r in read_metrics(sd) if r["split"] == "train"] == [2, 4]
     assert [r["step"] for r in read_metrics(sd) if r["split"] == "valid"] == [4]

@@ -183,8 +183,8 @@ def test_gs_workdir_train_resume_load_eval_analyze(fake_gcs, capsys):
   assert any(f.startswith("tb/events.out.tfevents") for f in files)
   rows = [json.loads(l) for l in storage.read_text(wd + "/metrics.jsonl").splitlines()]
   assert [r["step"] for r in rows if r["split"] == "train"] == [2, 4]   # appended
-  run = mha_jax.load(wd)
-  assert run.step == 4 and run.workdir == wd
+  loaded = mha_jax.load(wd)
+  assert loaded.step == 4 and loaded.workdir == wd
   local = storage.read_json(str(fake_gcs / "bucket" / "run" / "config.json"))
   assert local["seed"] == cfg.seed
   # resume: the same command again finds the run and its checkpoint

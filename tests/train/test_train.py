@@ -109,9 +109,9 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   with pytest.raises(loop.TrainingDiverged, match=r"loss became (nan|inf) at step \d+; "
                                                   r"stopped. Last good checkpoint: step \d+"):
     loop.train(cfg, wd, log=lambda s: None)
-  run = mha_jax.load(wd)
-  assert run.step >= 1
-  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(run.params))
+  loaded = mha_jax.load(wd)
+  assert loaded.step >= 1
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(loaded.params))
 
 
 def test_load_returns_config_model_params_and_eval_cli(tmp_path):
