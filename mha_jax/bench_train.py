@@ -26,7 +26,7 @@ import optax
 from mha_jax.errors import UserError
 from mha_jax import bench, tasks
 from mha_jax import config as mc
-from mha_jax.data import vocab as V
+from mha_jax.data import vocab
 from mha_jax.train import loop
 
 
@@ -72,7 +72,7 @@ class LinenSeq2Seq(nn.Module):
   def __call__(self, src_BS, tgt_in_BT):
     embed = nn.Embed(self.vocab_size, self.d_model)
     scale = self.d_model ** 0.5
-    src_mask = (src_BS != V.PAD_ID)[:, None, None, :]
+    src_mask = (src_BS != vocab.PAD_ID)[:, None, None, :]
     x = embed(src_BS) * scale
     for _ in range(self.enc_layers):
       x = _LinenBlock(self.num_heads, self.d_ff, self.max_rel, False)(x, self_mask=src_mask)
@@ -87,7 +87,7 @@ class LinenSeq2Seq(nn.Module):
 
 def _smoothed_loss(logits, targets, smoothing):
   """The task's objective (tasks.token_losses) over non-pad targets."""
-  mask = (targets != V.PAD_ID).astype(jnp.float32)
+  mask = (targets != vocab.PAD_ID).astype(jnp.float32)
   obj = tasks.token_losses(logits, targets, smoothing)[1]
   return (obj * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 

@@ -702,7 +702,7 @@ VERBS = {
              "circuit, in (0, 1]"),
         _arg("--steps", type=int, default=5, help="EAP-IG's interpolation steps (EAP-IG "
              "is also run for the agreement report)"),
-        _arg("--ig-on", choices=circuit_run.E.IG_ON, default="inputs",
+        _arg("--ig-on", choices=circuit_run.edges_lib.IG_ON, default="inputs",
              help="EAP-IG interpolates the input embedding or every edge together"),
         _arg("--sample", type=int, default=200,
              help="edges exact patching checks EAP and EAP-IG on"),

@@ -12,7 +12,7 @@ from mha_jax.errors import UserError
 from mha_jax import config as mc
 from mha_jax import storage
 from mha_jax import tasks
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import seeds as seeds_lib
 
@@ -35,7 +35,7 @@ class Loaded:
 
   @property
   def head_names(self) -> list[str]:
-    return C.head_names(self.params)
+    return common.head_names(self.params)
 
   def __iter__(self):  # config, task, params = mha_jax.load(workdir)
     return iter((self.config, self.task, self.params))

@@ -10,7 +10,7 @@ from typing import Sequence
 from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax import config as mc
-from mha_jax.models import common as C
+from mha_jax.models import common
 
 CONFIG = "configs/translation.py:quickstart"
 
@@ -57,7 +57,7 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
     if storage.exists(out):
       log(f"\npruning: {out} exists already, kept as it is")
     else:
-      total = sum(C.head_counts(loaded.params)["encoder"])
+      total = sum(common.head_counts(loaded.params)["encoder"])
       keep = max(1, total // 4)
       log(f"\npruning: L0 gates (Voita et al.), keep {keep} of {total} encoder heads ...")
       info = prune_lib.prune(workdir, out, method="l0", lam=0.05, keep=keep, steps=60,

@@ -61,10 +61,10 @@ def _self_attention_params(cfg) -> int:
   from the model's own init under jax.eval_shape (no arrays are made)."""
   import jax
   from mha_jax import tasks
-  from mha_jax.models import common as C
+  from mha_jax.models import common
   shapes = jax.eval_shape(lambda k: tasks.init_model(cfg, k, vocab_size=8),
                           jax.random.PRNGKey(0))
-  _, _, block = next(C.attention_blocks(shapes))
+  _, _, block = next(common.attention_blocks(shapes))
   return sum(int(x.size) for x in jax.tree.leaves(block))
 
 

@@ -43,13 +43,13 @@ def main(argv=None):
   import jax
   import jax.numpy as jnp
   from mha_jax import bench, load
-  from mha_jax.circuits import edges as E, search
-  from mha_jax.toolkit import activation_patching as core, pairs as P
+  from mha_jax.circuits import edges as edges_lib, search
+  from mha_jax.toolkit import activation_patching, pairs as pairs_lib
   loaded = load(args.workdir)
-  pairs = P.ioi_pairs(loaded.task, args.pairs)
-  s = core.Study(loaded.task, loaded.params, pairs, share_prefix=False)
+  pairs = pairs_lib.ioi_pairs(loaded.task, args.pairs)
+  s = activation_patching.Study(loaded.task, loaded.params, pairs, share_prefix=False)
   t0 = time.perf_counter()
-  es = E.EdgeStudy(s)
+  es = edges_lib.EdgeStudy(s)
   setup = time.perf_counter() - t0
   fb = s.forward_backward_seconds(args.rounds)
   ones = jnp.ones(es.mask.shape, jnp.float32)

@@ -286,7 +286,7 @@ def main(argv=None):
   import jax
   import mha_jax
   from mha_jax import bench
-  from mha_jax.toolkit import activation_patching as core, pairs as pairs_lib
+  from mha_jax.toolkit import activation_patching, pairs as pairs_lib
   from mha_jax.pretrained import importer
   workdir, tmp = args.workdir, None
   if workdir is None:
@@ -296,7 +296,7 @@ def main(argv=None):
   loaded = mha_jax.load(workdir)
   pairs = pairs_lib.ioi_pairs(loaded.task, args.pairs, seed=0)
   t0 = time.perf_counter()
-  s = core.Study(loaded.task, loaded.params, pairs)
+  s = activation_patching.Study(loaded.task, loaded.params, pairs)
   setup = time.perf_counter() - t0
   ours, ours_first, ours_med, ours_all = bench.first_and_rounds(lambda: s.patch("z"), args.rounds)
   print(f"mha-jax batched sweep: {ours_med:.2f} s (first call {ours_first:.1f} s)", flush=True)
@@ -311,7 +311,7 @@ def main(argv=None):
                         "study_setup_s": setup},
             "atp": {"median_s": atp_med, "first_call_s": atp_first,
                     "forward_backward_s": fb, "ratio_to_forward_backward": atp_med / fb,
-                    "agreement_with_exact": core.agreement(atp["z"]["heads"],
+                    "agreement_with_exact": activation_patching.agreement(atp["z"]["heads"],
                                                            ours["recovery"])},
             "jax": jax.__version__, "backend": jax.default_backend(),
             "cpu_count": os.cpu_count(), "cores_used": len(cores),
@@ -373,7 +373,7 @@ def main(argv=None):
                                   "threads": torch.get_num_threads(),
                                   "max_abs_recovery_difference": diff}
   if args.no_prefix:
-    s_full = core.Study(loaded.task, loaded.params, pairs, share_prefix=False)
+    s_full = activation_patching.Study(loaded.task, loaded.params, pairs, share_prefix=False)
     _, f_first, f_med, f_all = bench.first_and_rounds(lambda: s_full.patch("z"), args.rounds)
     print(f"mha-jax batched sweep without the shared prefix: {f_med:.2f} s", flush=True)
     result["mha_jax_no_shared_prefix"] = {"median_s": f_med, "first_call_s": f_first,

@@ -19,11 +19,11 @@ import jax
 
 from mha_jax import attention
 from mha_jax.loader import load
-from mha_jax.models import common as C
+from mha_jax.models import common
 
 
 def blocks(params, stacks):
-  return [p for s, _, p in C.attention_blocks(params) if s in stacks]
+  return [p for s, _, p in common.attention_blocks(params) if s in stacks]
 
 
 def main(argv=None):
@@ -36,7 +36,7 @@ def main(argv=None):
   ap.add_argument("--out", default="results/bench_pruned.json")
   a = ap.parse_args(argv)
   dense, pruned = load(a.dense), load(a.pruned)
-  counts_d, counts_p = C.head_counts(dense.params), C.head_counts(pruned.params)
+  counts_d, counts_p = common.head_counts(dense.params), common.head_counts(pruned.params)
   stacks = [s for s in counts_p if counts_p[s] != counts_d[s]]
   if not stacks:
     raise SystemExit("--pruned has the same head counts as --dense: export it first "

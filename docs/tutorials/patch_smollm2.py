@@ -16,8 +16,8 @@ import tempfile
 
 
 import mha_jax
-from mha_jax import interventions as I
-from mha_jax.toolkit import activation_patching as core, pairs
+from mha_jax import interventions
+from mha_jax.toolkit import activation_patching, pairs
 from mha_jax.pretrained import importer
 
 workdir = tempfile.mkdtemp(prefix="smollm2_") + "/smollm2"
@@ -36,11 +36,11 @@ for t in ioi.text:
 # from the clean run put into the corrupt run.
 
 # %%
-study = core.Study(loaded.task, loaded.params, ioi)
+study = activation_patching.Study(loaded.task, loaded.params, ioi)
 print("logit difference clean", study.ld_clean.round(2), "corrupt", study.ld_corrupt.round(2))
 
 clean_z = study.values("clean", ["lm.23.attn.z"])["lm.23.attn.z"]     # (N, T, H, K)
-out = study.edited("corrupt", {"lm.23.attn.z": I.replace(clean_z, heads=3)})
+out = study.edited("corrupt", {"lm.23.attn.z": interventions.replace(clean_z, heads=3)})
 print("lm.23.3 patched: logit difference", out["ld"].round(2))
 
 # %% [markdown]
@@ -53,8 +53,8 @@ print("lm.23.3 patched: logit difference", out["ld"].round(2))
 
 # %%
 res = study.patch("z", layers=range(20, 30))
-table = core.head_table(res["recovery"])
-for name, v in core.top(table, 5, by_abs=True):
+table = activation_patching.head_table(res["recovery"])
+for name, v in activation_patching.top(table, 5, by_abs=True):
   print(f"{name}: recovery {v:+.3f}")
 
 # %% [markdown]
@@ -67,7 +67,7 @@ for name, v in core.top(table, 5, by_abs=True):
 
 # %%
 dla = study.dla()
-print("top DLA:", core.top(core.head_table(dla["heads"]), 3, by_abs=True))
+print("top DLA:", activation_patching.top(activation_patching.head_table(dla["heads"]), 3, by_abs=True))
 print(f"heads + MLPs + embeddings = {dla['ld_frozen_sum']:.3f} = LD {dla['ld']:.3f}")
 atp = study.attribution(("z",))["z"]["heads"]
-print("AtP vs exact (layers 20-29):", core.agreement(atp[20:], res["recovery"][20:]))
+print("AtP vs exact (layers 20-29):", activation_patching.agreement(atp[20:], res["recovery"][20:]))

@@ -19,10 +19,10 @@ import jax
 import numpy as np
 
 from mha_jax import storage
-from mha_jax.circuits import edges as E
+from mha_jax.circuits import edges as edges_lib
 from mha_jax.circuits import search, circuit_tasks
 from mha_jax.errors import UserError
-from mha_jax.toolkit import activation_patching as core
+from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit import ablations
 
 METHODS = ("eap", "eap-ig", "exact", "greedy")
@@ -38,7 +38,7 @@ def check(method: str, ablation: str, target: float, steps: int) -> None:
     raise UserError(f"--steps must be >= 1; got {steps}")
 
 
-def _clean_metric(s: core.Study, metric) -> np.ndarray:
+def _clean_metric(s: activation_patching.Study, metric) -> np.ndarray:
   fn = jax.jit(lambda p, tok: metric(s._forward(p, tok)[0]))
   return np.asarray(fn(s.params, s.tokens["clean"]), np.float64)
 
@@ -47,7 +47,7 @@ def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print):
   """(Study, metric fn, metric spec, pairs doc, failing doc): the pairs with those the
   model fails on the clean prompt (metric <= 0) left out unless keep_failing."""
   pairs, spec = circuit_tasks.make(loaded, task, pairs_file, n_pairs, seed)
-  s = core.Study(loaded.task, loaded.params, pairs, share_prefix=False)
+  s = activation_patching.Study(loaded.task, loaded.params, pairs, share_prefix=False)
   m_clean = _clean_metric(s, circuit_tasks.metric_of(pairs, spec))
   bad = np.nonzero(m_clean <= 0)[0]
   failing = [{**pairs.to_json()[i], "metric_clean": float(m_clean[i])} for i in bad]
@@ -59,7 +59,7 @@ def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print):
     if not len(good):
       raise UserError("the model fails every clean prompt (metric <= 0): no circuit to find")
     pairs, spec = pairs.subset(good), circuit_tasks.subset_metric(spec, good)
-    s = core.Study(loaded.task, loaded.params, pairs, share_prefix=False)
+    s = activation_patching.Study(loaded.task, loaded.params, pairs, share_prefix=False)
     m_clean = m_clean[good]
   return s, circuit_tasks.metric_of(pairs, spec), spec, failing
 
@@ -73,7 +73,7 @@ def study(loaded, out: str, *, task=None, pairs_file=None, method: str = "eap-ig
   check(method, ablation, target, steps)
   t0 = time.perf_counter()
   s, metric, spec, failing = prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log)
-  es = E.EdgeStudy(s, metric=metric, ablation=ablation)
+  es = edges_lib.EdgeStudy(s, metric=metric, ablation=ablation)
   seconds = {}
   log(f"graph: {es.graph.size()}; metric full {es.m_full:.4f}, empty {es.m_empty:.4f}")
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.toolkit import pairs as P
+from mha_jax.toolkit import pairs as pairs_lib
 
 TASKS = ("ioi", "induction", "greater-than")
 FILE_METRICS = ("logit_diff", "prob_diff")
@@ -55,10 +55,10 @@ def signed_prob(ids, sign_NC):
 
 def _year_tokens(task):
   """(ids (C,), width): the 100 two-digit tokens "00".."99", else the digits 0..9."""
-  two = [P.single_token(task, f"{y:02d}") for y in range(100)]
+  two = [pairs_lib.single_token(task, f"{y:02d}") for y in range(100)]
   if all(t is not None for t in two) and len(set(two)) == 100:
     return np.asarray(two), 2
-  one = [P.single_token(task, str(d)) for d in range(10)]
+  one = [pairs_lib.single_token(task, str(d)) for d in range(10)]
   if any(t is None for t in one):
     raise UserError("--task greater-than needs the digits (or every two-digit number) "
                     "as single tokens of this model's vocabulary")
@@ -78,7 +78,7 @@ def greater_than(task, n: int = 8, seed: int = 0):
     yy = int(rng.integers(12, 89))      # leaves years on both sides (and tens 1..8)
     noun = NOUNS[i % len(NOUNS)]
     clean, corrupt = tmpl.format(noun=noun, yy=yy), tmpl.format(noun=noun, yy=1)
-    ci, xi = P.encode(task, clean), P.encode(task, corrupt)
+    ci, xi = pairs_lib.encode(task, clean), pairs_lib.encode(task, corrupt)
     if len(ci) != len(xi):
       continue
     start = yy if width == 2 else yy // 10
@@ -89,7 +89,7 @@ def greater_than(task, n: int = 8, seed: int = 0):
                   "wrong": f"before 17{yy:02d}"}))
   if not rows:
     raise UserError("no greater-than pair tokenized to equal lengths for this tokenizer")
-  pairs = P._pack(rows)
+  pairs = pairs_lib._pack(rows)
   return pairs, {"name": "P(after) - P(before)", "ids": ids, "sign": np.stack(signs)}
 
 
@@ -129,12 +129,12 @@ def make(loaded, task: str | None, pairs_file: str | None, n: int, seed: int):
   if (task is None) == (pairs_file is None):
     raise UserError(f"give exactly one of --task ({', '.join(TASKS)}) and --pairs FILE.jsonl")
   if pairs_file is not None:
-    pairs = P.read_pairs(loaded.task, pairs_file)
+    pairs = pairs_lib.read_pairs(loaded.task, pairs_file)
     return pairs, file_metric(pairs_file)
   if task == "ioi":
-    return P.ioi_pairs(loaded.task, n, seed), "logit_diff"
+    return pairs_lib.ioi_pairs(loaded.task, n, seed), "logit_diff"
   if task == "induction":
-    return P.induction_pairs(loaded.task, n, seed=seed), "logit_diff"
+    return pairs_lib.induction_pairs(loaded.task, n, seed=seed), "logit_diff"
   if task == "greater-than":
     return greater_than(loaded.task, n, seed)
   raise UserError(f"--task must be one of {TASKS}; got {task!r}")

@@ -14,7 +14,7 @@ from mha_jax import storage
 from mha_jax.circuits import behaviour, paths, scores
 from mha_jax.errors import BadCheckpoint, UserError
 from mha_jax.loader import load
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.train import checkpoint as ckpt_lib
 
 
@@ -134,11 +134,11 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
     _, cap = loaded.task.apply(loaded.params, {"tokens": seqs}, capture=True)
     pats = [np.asarray(r.weights) for r in cap["lm"]]
     x = seqs[:, :-1]
-    terms = paths.expand(loaded.params, x, pats, pos_in_residual=m.pos not in C.SCORE_POS)
+    terms = paths.expand(loaded.params, x, pats, pos_in_residual=m.pos not in common.SCORE_POS)
     full = np.asarray(loaded.task.apply(loaded.params, {"tokens": seqs}))
     result["path_expansion_max_error"] = float(np.abs(sum(terms.values()) - full).max())
     result["term_importance"] = paths.term_importance(loaded.params, x, pats,
-                                                      pos_in_residual=m.pos not in C.SCORE_POS)
+                                                      pos_in_residual=m.pos not in common.SCORE_POS)
   if track:
     log("ICL score over checkpoints ...")
     result["over_steps"] = over_checkpoints(loaded, tokens, lengths, log,

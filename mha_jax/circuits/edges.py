@@ -32,10 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mha_jax import interventions as I
-from mha_jax.circuits import graph as G
+from mha_jax import interventions
+from mha_jax.circuits import graph as graph_lib
 from mha_jax.errors import UserError
-from mha_jax.toolkit import activation_patching as core
+from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit import ablations
 
 IG_ON = ("inputs", "activations")
@@ -49,18 +49,18 @@ class EdgeStudy:
   mean ablation's mean per position (else over positions).
   """
 
-  def __init__(self, study: core.Study, *, metric: Callable | None = None,
+  def __init__(self, study: activation_patching.Study, *, metric: Callable | None = None,
                ablation: str = "corrupt", mean_per_position: bool = True):
     ablations.check_kind(ablation)
     self.s, self.params = study, study.params
-    self.graph = G.graph_of(study, study.params)
-    self.sites = G.output_sites(self.graph, study.params)
+    self.graph = graph_lib.graph_of(study, study.params)
+    self.sites = graph_lib.output_sites(self.graph, study.params)
     self.mask = self.graph.mask()
     self.edges = np.argwhere(self.mask)                      # (E, 2) node, end
     self.ablation = ablation
     self._metric = metric or (lambda logits: study._score(logits)[0])
     self._jit: dict = {}
-    outs = self._cached("outputs", lambda: lambda p, tok: G.node_outputs(
+    outs = self._cached("outputs", lambda: lambda p, tok: graph_lib.node_outputs(
         self.graph, p, self.s._forward(p, tok, read=self.sites)[1]))
     self.clean_out = outs(self.params, study.tokens["clean"])
     corrupt = outs(self.params, study.tokens["corrupt"]) if ablation == "corrupt" else None
@@ -79,9 +79,9 @@ class EdgeStudy:
   def _pairs_metric(self, params, keep, ablated, base=None, embed=None):
     """(N,) the metric of each pair with the edges' keep; embed (N, T, D) replaces the
     input embedding."""
-    edits = G.edge_edits(self.graph, params, keep, ablated, base)
+    edits = graph_lib.edge_edits(self.graph, params, keep, ablated, base)
     if embed is not None:
-      edits["lm.0.resid_pre"] = I.replace(embed)
+      edits["lm.0.resid_pre"] = interventions.replace(embed)
     logits, _ = self.s._forward(params, self.s.tokens["clean"], edits, read=self.sites)
     return self._metric(logits)
 
@@ -147,9 +147,9 @@ class EdgeStudy:
     zeros = {n: jnp.zeros(sh, jnp.float32) for n, sh in shapes.items()}
 
     def f(deltas):
-      edits = {n: I.add(d) for n, d in deltas.items()}
+      edits = {n: interventions.add(d) for n, d in deltas.items()}
       if embed is not None:
-        edits["lm.0.resid_pre"] = I.replace(embed)
+        edits["lm.0.resid_pre"] = interventions.replace(embed)
       logits, _ = self.s._forward(params, self.s.tokens["clean"], edits)
       return self._metric(logits).mean()
 
@@ -216,7 +216,7 @@ class EdgeStudy:
     return np.asarray(g, np.float64)[self.edges[:, 0], self.edges[:, 1]]
 
   def agreement(self, estimate, *, sample: int = 200, top: int = 20, seed: int = 0) -> dict:
-    """core.agreement of estimate (E,) with exact patching on a sample of edges: the
+    """activation_patching.agreement of estimate (E,) with exact patching on a sample of edges: the
     `top` largest by |estimate| plus random others, `sample` in all."""
     n = len(self.edges)
     top = min(top, sample)
@@ -225,7 +225,7 @@ class EdgeStudy:
     rest = rng.permutation(order[top:])[:max(0, sample - top)]
     rows = np.concatenate([order[:top], rest])
     ex = self.exact(rows)
-    out = core.agreement(estimate[rows], ex, top=min(top, len(rows)))
+    out = activation_patching.agreement(estimate[rows], ex, top=min(top, len(rows)))
     out["sampled_of"] = n
     return out
 

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mha_jax import interventions as I
+from mha_jax import interventions
 from mha_jax.errors import UserError
 
 
@@ -221,10 +221,10 @@ def edge_edits(graph: Graph, params, keep_NE, ablated_BTND, base_BTND=None) -> d
   edits = {}
   for i in range(graph.layers):
     for kind in ("q", "k", "v"):
-      edits[f"lm.{i}.attn.in_{kind}"] = I.add(attn_end(i, kind))
+      edits[f"lm.{i}.attn.in_{kind}"] = interventions.add(attn_end(i, kind))
     if graph.mlp[i]:
-      edits[f"lm.{i}.mlp_in"] = I.add(mlp_end(i))
+      edits[f"lm.{i}.mlp_in"] = interventions.add(mlp_end(i))
   n = off[-1]
-  edits[f"lm.{graph.layers - 1}.resid_post"] = I.add(lambda vals: jnp.einsum(
+  edits[f"lm.{graph.layers - 1}.resid_post"] = interventions.add(lambda vals: jnp.einsum(
       "btnd,n->btd", diff(vals, 0, n), drop[:n, -1]))
   return edits

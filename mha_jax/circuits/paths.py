@@ -17,11 +17,11 @@ import numpy as np
 import optax
 
 from mha_jax.errors import UserError
-from mha_jax.models import common as C
+from mha_jax.models import common
 
 
 def _check_linear(params):
-  layers = [params["lm"][n] for n in C.layers_of(params["lm"])]
+  layers = [params["lm"][n] for n in common.layers_of(params["lm"])]
   if "ln_final" in params["lm"] or any(("ln1" in l or "mlp" in l) for l in layers):
     raise UserError("path expansion needs an attention-only model without LayerNorm "
                      "(model.attn_only=true, model.layer_norm=false)")
@@ -36,7 +36,7 @@ def _x0(params, tok, pos_in_residual):
     if "pos_embed" in params:
       x0 = x0 + np.asarray(params["pos_embed"], np.float64)[: tok.shape[1]]
     else:
-      x0 = x0 + np.asarray(C.sinusoidal(tok.shape[1], e.shape[1]), np.float64)
+      x0 = x0 + np.asarray(common.sinusoidal(tok.shape[1], e.shape[1]), np.float64)
   return x0
 
 
@@ -51,7 +51,7 @@ def expand(params, tokens_BT, patterns: list[np.ndarray], *, pos_in_residual: bo
   tok = np.asarray(tokens_BT)
   x0 = _x0(params, tok, pos_in_residual)
   orders = [x0]
-  for l, name in enumerate(C.layers_of(params["lm"])):
+  for l, name in enumerate(common.layers_of(params["lm"])):
     attn = {k: np.asarray(v, np.float64) for k, v in params["lm"][name]["attn"].items()}
     a = np.asarray(patterns[l], np.float64)                     # (B, H, T, T)
     ov = np.einsum("dhk,hke->hde", attn["wv"], attn["wo"])      # (H, D, D)
@@ -73,7 +73,7 @@ def single_head_terms(params, tokens_BT, patterns, *, pos_in_residual: bool = Tr
   x0 = _x0(params, tok, pos_in_residual)
   u = np.asarray(params["unembed"], np.float64)
   out = {}
-  for l, name in enumerate(C.layers_of(params["lm"])):
+  for l, name in enumerate(common.layers_of(params["lm"])):
     attn = {k: np.asarray(v, np.float64) for k, v in params["lm"][name]["attn"].items()}
     for h in range(attn["wq"].shape[1]):
       out[f"lm.{l}.{h}"] = np.einsum("bts,bsd->btd", np.asarray(patterns[l])[:, h], x0) \

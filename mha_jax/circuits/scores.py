@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from mha_jax.errors import UserError
-from mha_jax.models import common as C
+from mha_jax.models import common
 
 
 def head_matrices(attn_params, h: int) -> dict[str, np.ndarray]:
@@ -137,7 +137,7 @@ def composition_batched(params, kind: str, stack: str = "lm", dtype=np.float64
   x D x (later heads x K) product per later layer; float32 halves it."""
   if kind not in ("q", "k", "v"):
     raise UserError(f"kind must be 'q', 'k' or 'v'; got {kind!r}")
-  blocks = [(i, p) for s, i, p in C.attention_blocks(params) if s == stack]
+  blocks = [(i, p) for s, i, p in common.attention_blocks(params) if s == stack]
   fs = _stacked(blocks, dtype)
   out = {}
   for li in range(1, len(fs)):
@@ -172,9 +172,9 @@ def composition_scores(params, stack: str = "lm", samples: int = 200,
   "corrected": {...}} with heads named "stack.layer.head". Computed by
   composition_batched (equal to the D x D formula; tests/circuits/test_circuits.py).
   """
-  blocks = [(i, p) for s, i, p in C.attention_blocks(params) if s == stack]
+  blocks = [(i, p) for s, i, p in common.attention_blocks(params) if s == stack]
   raw = {kind: composition_batched(params, kind, stack, dtype) for kind in ("q", "k", "v")}
-  d = int(params[C.STACKS[stack][0]]["layer_0"][C.STACKS[stack][1]]["wq"].shape[0])
+  d = int(params[common.STACKS[stack][0]]["layer_0"][common.STACKS[stack][1]]["wq"].shape[0])
   k = int(blocks[0][1]["wq"].shape[2]) if blocks else 1
   base = {kind: random_baseline(kind, d, k, k, samples) for kind in raw}
   corrected = {kind: {pair: v - base[kind] for pair, v in raw[kind].items()} for kind in raw}
@@ -191,7 +191,7 @@ def fold_norms(params) -> dict:
   residual stream, an approximation for real LMs: the per-token 1/rms factors (of ln1,
   q_norm, k_norm, ln1_post), LayerNorm's mean and bias, and every MLP."""
   out = {**params, "lm": dict(params["lm"])}
-  for name in C.layers_of(params["lm"]):
+  for name in common.layers_of(params["lm"]):
     layer = params["lm"][name]
     a = {k: np.asarray(v, np.float64) for k, v in layer["attn"].items()}
     g1 = layer.get("ln1", {}).get("scale")
@@ -268,7 +268,7 @@ def k_composition_partners(params, late: tuple[int, int], stack: str = "lm",
                            baseline: float | None = None, samples: int = 50) -> dict:
   """{"stack.layer.head": K-composition score minus the random baseline} of every head
   in an earlier layer into `late` (factored; GQA-aware through head_matrices)."""
-  blocks = {i: p for s, i, p in C.attention_blocks(params) if s == stack}
+  blocks = {i: p for s, i, p in common.attention_blocks(params) if s == stack}
   m2 = head_matrices(blocks[late[0]], late[1])
   if baseline is None:
     d, k = m2["Wq"].shape
@@ -284,5 +284,5 @@ def k_composition_partners(params, late: tuple[int, int], stack: str = "lm",
 
 
 def _block(params, stack, layer):
-  top, attn = C.STACKS[stack]
+  top, attn = common.STACKS[stack]
   return params[top][f"layer_{layer}"][attn]

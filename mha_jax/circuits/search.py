@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mha_jax import interventions as I
+from mha_jax import interventions
 from mha_jax.errors import UserError
 
 
@@ -144,7 +144,7 @@ def node_view(study, heads: list[str]) -> dict:
   zc = study.values("corrupt", tuple(f"lm.{i}.attn.z" for i in range(study.layers)))
 
   def edits(kept):
-    return {f"lm.{i}.attn.z": I.replace(zc[f"lm.{i}.attn.z"], heads=np.asarray(
+    return {f"lm.{i}.attn.z": interventions.replace(zc[f"lm.{i}.attn.z"], heads=np.asarray(
         [(i, h) not in kept for h in range(study.heads[i])])) for i in range(study.layers)}
 
   ld_set = float(np.mean(study.edited("clean", edits(keep))["ld"]))

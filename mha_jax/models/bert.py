@@ -20,8 +20,8 @@ import jax.numpy as jnp
 
 from mha_jax.errors import UserError
 from mha_jax import attention
-from mha_jax import interventions as I
-from mha_jax.models import common as C
+from mha_jax import interventions
+from mha_jax.models import common
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +43,12 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, num_layers: int,
     layers[f"layer_{i}"] = {
         "self_attn": attention.init_attention_params(next(keys), d_model, num_heads,
                                                      use_bias=True),
-        "ln1": C.init_layer_norm(d_model), "mlp": C.init_mlp(next(keys), d_model, d_ff),
-        "ln2": C.init_layer_norm(d_model)}
+        "ln1": common.init_layer_norm(d_model), "mlp": common.init_mlp(next(keys), d_model, d_ff),
+        "ln2": common.init_layer_norm(d_model)}
   return {"embed": jax.random.normal(next(keys), (vocab_size, d_model)) * 0.02,
           "pos_embed": jax.random.normal(next(keys), (max_len, d_model)) * 0.02,
           "type_embed": jax.random.normal(next(keys), (type_vocab_size, d_model)) * 0.02,
-          "ln_embed": C.init_layer_norm(d_model), "encoder": layers}
+          "ln_embed": common.init_layer_norm(d_model), "encoder": layers}
 
 
 def apply(params, spec: BertSpec, tokens_BT, *, mask_BT=None, token_types_BT=None,
@@ -69,22 +69,22 @@ def apply(params, spec: BertSpec, tokens_BT, *, mask_BT=None, token_types_BT=Non
                      f"positions")
   types = jnp.zeros_like(tokens_BT) if token_types_BT is None else token_types_BT
   x = params["embed"][tokens_BT] + params["pos_embed"][:t][None] + params["type_embed"][types]
-  x = C.layer_norm(params["ln_embed"], x, spec.norm_eps)
+  x = common.layer_norm(params["ln_embed"], x, spec.norm_eps)
   key_mask = None if mask_BT is None else jnp.asarray(mask_BT, bool)[:, None, None, :]
-  hook = I.model_hook(hook, gates, capture, stacks=("encoder",))
-  layers = C.layers_of(params["encoder"])
+  hook = interventions.model_hook(hook, gates, capture, stacks=("encoder",))
+  layers = common.layers_of(params["encoder"])
   for i, name in enumerate(layers):
     p = params["encoder"][name]
     s = f"encoder.{i}"
-    x = I.at(hook, f"{s}.resid_pre", x)
+    x = interventions.at(hook, f"{s}.resid_pre", x)
     a = attention.multi_head_attention(p["self_attn"], x, mask=key_mask, impl=spec.impl,
-                                       site=I.scope(hook, f"{s}.attn"))
-    a = I.at(hook, f"{s}.attn_out", a)
-    x = I.at(hook, f"{s}.resid_mid", C.layer_norm(p["ln1"], x + a, spec.norm_eps))
-    m = I.at(hook, f"{s}.mlp_out", mlp(p["mlp"], x))
-    x = I.at(hook, f"{s}.resid_post", C.layer_norm(p["ln2"], x + m, spec.norm_eps))
+                                       site=interventions.scope(hook, f"{s}.attn"))
+    a = interventions.at(hook, f"{s}.attn_out", a)
+    x = interventions.at(hook, f"{s}.resid_mid", common.layer_norm(p["ln1"], x + a, spec.norm_eps))
+    m = interventions.at(hook, f"{s}.mlp_out", mlp(p["mlp"], x))
+    x = interventions.at(hook, f"{s}.resid_post", common.layer_norm(p["ln2"], x + m, spec.norm_eps))
   if capture:
-    return x, {"encoder": I.captured(hook, "encoder", len(layers), attention.AttentionOutput)}
+    return x, {"encoder": interventions.captured(hook, "encoder", len(layers), attention.AttentionOutput)}
   return x
 
 

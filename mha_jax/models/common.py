@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import attention
-from mha_jax import interventions as I
+from mha_jax import interventions
 from mha_jax.data.vocab import PAD_ID
 from mha_jax.errors import UserError
 
@@ -67,7 +67,7 @@ def layer_norm(p, x, eps=1e-6, *, hook=None, site=None):
   var = ((x - mean) ** 2).mean(-1, keepdims=True)
   inv = jax.lax.rsqrt(var + eps)
   if site is not None:
-    inv = I.at(hook, site, inv)
+    inv = interventions.at(hook, site, inv)
   return (x - mean) * inv * p["scale"] + p["bias"]
 
 

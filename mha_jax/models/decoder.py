@@ -39,9 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import attention
-from mha_jax import interventions as I
+from mha_jax import interventions
 from mha_jax.errors import UserError
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.models import rope_scaling
 
 NORMS = ("rms", "layer")
@@ -141,7 +141,7 @@ def rms_norm(p, x, eps, *, hook=None, site=None):
   x32 = x.astype(jnp.float32)
   inv = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
   if site is not None:
-    inv = I.at(hook, site, inv)
+    inv = interventions.at(hook, site, inv)
   y = x32 * inv
   return (y * p["scale"]).astype(x.dtype)
 
@@ -149,7 +149,7 @@ def rms_norm(p, x, eps, *, hook=None, site=None):
 def norm(p, x, spec: DecoderSpec, *, hook=None, site=None):
   if spec.norm == "layer":
     x32 = x.astype(jnp.float32)
-    return C.layer_norm(p, x32, spec.norm_eps, hook=hook, site=site).astype(x.dtype)
+    return common.layer_norm(p, x32, spec.norm_eps, hook=hook, site=site).astype(x.dtype)
   return rms_norm(p, x, spec.norm_eps, hook=hook, site=site)
 
 
@@ -211,7 +211,7 @@ def head_inputs(hook, prefix: str, x_BTD, attn, norm_fn):
     return None
   b, t, d = x_BTD.shape
   counts = {"q": attn["wq"].shape[1], "k": attn["wk"].shape[1], "v": attn["wk"].shape[1]}
-  return tuple(norm_fn(I.at(hook, f"{prefix}.in_{c}", jnp.broadcast_to(
+  return tuple(norm_fn(interventions.at(hook, f"{prefix}.in_{c}", jnp.broadcast_to(
       x_BTD[:, :, None], (b, t, counts[c], d)))) for c in "qkv")
 
 
@@ -221,13 +221,13 @@ def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
   .resid_mid, .mlp_out, .resid_post; attn_out and mlp_out after the post-norms). Returns
   (x, the new KV cache with `cache`, else None)."""
   name = f"lm.{i}"
-  x = I.at(hook, f"{name}.resid_pre", x)
+  x = interventions.at(hook, f"{name}.resid_pre", x)
   h = norm(p["ln1"], x, spec) if "ln1" in p else x
   rope = spec.layer("rope", i)
   kw = dict(causal=True, mask=key_mask, rope=rope, impl=spec.impl,
             window=spec.layer("window", i), scale=spec.layer("attn_scale", i),
             softcap=spec.attn_softcap, qk_norm_eps=spec.norm_eps,
-            site=I.scope(hook, f"{name}.attn"))
+            site=interventions.scope(hook, f"{name}.attn"))
   if positions_BT is not None and rope is not None:
     kw["positions"] = positions_BT
   if cache is None:    # edge ends: every head reads its own residual
@@ -240,22 +240,22 @@ def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
     a = attention.multi_head_attention(p["attn"], h, **kw)
   if "ln1_post" in p:      # its 1/rms is a site: DLA freezes it (attention then linear)
     a = norm(p["ln1_post"], a, spec, hook=hook, site=f"{name}.ln1_post.scale")
-  a = I.at(hook, f"{name}.attn_out", a)
+  a = interventions.at(hook, f"{name}.attn_out", a)
   if spec.parallel:     # GPT-NeoX: the MLP reads the layer's input, not resid_mid
-    m_in = I.at(hook, f"{name}.mlp_in", x)
+    m_in = interventions.at(hook, f"{name}.mlp_in", x)
     m = mlp(p["mlp"], norm(p["ln2"], m_in, spec) if "ln2" in p else m_in, spec.act)
-    mid = I.at(hook, f"{name}.resid_mid", x + a)
+    mid = interventions.at(hook, f"{name}.resid_mid", x + a)
     if "ln2_post" in p:
       m = norm(p["ln2_post"], m, spec)
-    m = I.at(hook, f"{name}.mlp_out", m)
-    return I.at(hook, f"{name}.resid_post", mid + m), new_cache
-  x = I.at(hook, f"{name}.resid_mid", x + a)
-  m_in = I.at(hook, f"{name}.mlp_in", x)     # what the MLP reads; the stream goes on as x
+    m = interventions.at(hook, f"{name}.mlp_out", m)
+    return interventions.at(hook, f"{name}.resid_post", mid + m), new_cache
+  x = interventions.at(hook, f"{name}.resid_mid", x + a)
+  m_in = interventions.at(hook, f"{name}.mlp_in", x)     # what the MLP reads; the stream goes on as x
   m = mlp(p["mlp"], norm(p["ln2"], m_in, spec) if "ln2" in p else m_in, spec.act)
   if "ln2_post" in p:
     m = norm(p["ln2_post"], m, spec)
-  m = I.at(hook, f"{name}.mlp_out", m)
-  return I.at(hook, f"{name}.resid_post", x + m), new_cache
+  m = interventions.at(hook, f"{name}.mlp_out", m)
+  return interventions.at(hook, f"{name}.resid_post", x + m), new_cache
 
 
 def _final(params, spec, x, hook=None):
@@ -282,7 +282,7 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
   """
   if capture and cache is not None:
     raise UserError("capture=True cannot be combined with a KV cache")
-  hook = I.model_hook(hook, gates, capture)
+  hook = interventions.model_hook(hook, gates, capture)
   tokens_BT = jnp.asarray(tokens_BT)
   b, t = tokens_BT.shape
   key_mask = None if mask_BT is None else jnp.asarray(mask_BT, bool)[:, None, None, :]
@@ -293,7 +293,7 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
       start = 0 if cache is None else next(iter(cache.values()))["length"]
       positions_BT = jnp.broadcast_to(start + jnp.arange(t)[None], (b, t))
   x = _embed(params, spec, tokens_BT, positions_BT)
-  layers = C.layers_of(params["lm"])
+  layers = common.layers_of(params["lm"])
   new_cache = {}
   for i, name in enumerate(layers):
     x, new_cache[name] = _block(params["lm"][name], x, spec, i, key_mask=key_mask,
@@ -305,14 +305,14 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
   if cache is not None:
     return logits, new_cache
   if capture:
-    return logits, {"lm": I.captured(hook, "lm", len(layers), attention.AttentionOutput)}
+    return logits, {"lm": interventions.captured(hook, "lm", len(layers), attention.AttentionOutput)}
   return logits
 
 
 def init_cache(params, batch: int, max_len: int, dtype=jnp.float32) -> dict:
   """An empty KV cache per layer: {"layer_{i}": {"k", "v": (B, S_max, H_kv, K), "length"}}."""
   out = {}
-  for name in C.layers_of(params["lm"]):
+  for name in common.layers_of(params["lm"]):
     _, h_kv, k = params["lm"][name]["attn"]["wk"].shape
     out[name] = attention.init_kv_cache(batch, max_len, h_kv, k, dtype)
   return out

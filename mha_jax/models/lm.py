@@ -15,8 +15,8 @@ import jax.numpy as jnp
 
 from mha_jax.errors import UserError
 from mha_jax import attention
-from mha_jax import interventions as I
-from mha_jax.models import common as C
+from mha_jax import interventions
+from mha_jax.models import common
 from mha_jax.models import decoder
 
 
@@ -39,14 +39,14 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 
         next(keys), d_model, num_heads, head_dim=head_dim or None, use_bias=use_bias,
         max_rel=max_rel if pos == "relative" else 0, variant=variant)}
     if not attn_only:
-      b["mlp"] = C.init_mlp(next(keys), d_model, d_ff)
+      b["mlp"] = common.init_mlp(next(keys), d_model, d_ff)
     if layer_norm:
-      b["ln1"] = C.init_layer_norm(d_model)
+      b["ln1"] = common.init_layer_norm(d_model)
       if not attn_only:
-        b["ln2"] = C.init_layer_norm(d_model)
+        b["ln2"] = common.init_layer_norm(d_model)
     layers[f"layer_{i}"] = b
   if layer_norm:
-    layers["ln_final"] = C.init_layer_norm(d_model)
+    layers["ln_final"] = common.init_layer_norm(d_model)
   params = {
       "embed": jax.random.normal(next(keys), (vocab_size, d_model)) * 0.02,
       "lm": layers,
@@ -57,14 +57,14 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 
   return params
 
 
-def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, key=None,
+def apply(params, spec: common.ModelSpec, tokens_BT, *, gates=None, capture=False, key=None,
           hook=None, logits_at=None):
   """Next-token logits (B, T, V); with capture=True also {"lm": [AttentionOutput ...]}.
 
   hook: an interventions.Hook (sites lm.{i}.*, lm.ln_final.scale); gates and capture are
   uses of it. logits_at: (B,) int positions: logits only there, (B, 1, V).
   """
-  hook = I.model_hook(hook, gates, capture)
+  hook = interventions.model_hook(hook, gates, capture)
   t = tokens_BT.shape[1]
   d = params["embed"].shape[1]
   x = params["embed"][tokens_BT]
@@ -74,39 +74,39 @@ def apply(params, spec: C.ModelSpec, tokens_BT, *, gates=None, capture=False, ke
                        f"{params['pos_embed'].shape[0]}")
     pos = params["pos_embed"][:t]
   elif spec.pos not in ("relative", "rope"):   # those act on each attention's scores
-    pos = C.sinusoidal(t, d)
-  qk_only = spec.pos in C.QK_POS   # Shortformer: positions enter Q and K, not the residual
-  if spec.pos not in C.SCORE_POS:
+    pos = common.sinusoidal(t, d)
+  qk_only = spec.pos in common.QK_POS   # Shortformer: positions enter Q and K, not the residual
+  if spec.pos not in common.SCORE_POS:
     x = x + pos
   rope = attention.RoPE() if spec.pos == "rope" else None
-  keys = C.key_stream(key)
-  layers = C.layers_of(params["lm"])
+  keys = common.key_stream(key)
+  layers = common.layers_of(params["lm"])
   for i, name in enumerate(layers):
     p = params["lm"][name]
     s = f"lm.{i}"
-    x = I.at(hook, f"{s}.resid_pre", x)
-    h = C.layer_norm(p["ln1"], x) if "ln1" in p else x
+    x = interventions.at(hook, f"{s}.resid_pre", x)
+    h = common.layer_norm(p["ln1"], x) if "ln1" in p else x
     hq, hv = (h + pos, h) if qk_only else (h, None)
-    ln = (lambda r: C.layer_norm(p["ln1"], r)) if "ln1" in p else (lambda r: r)  # noqa: E731
+    ln = (lambda r: common.layer_norm(p["ln1"], r)) if "ln1" in p else (lambda r: r)  # noqa: E731
     per = decoder.head_inputs(hook, f"{s}.attn", x, p["attn"], ln)   # edge ends
     if per is not None and qk_only:
       per = (per[0] + pos[:, None], per[1] + pos[:, None], per[2])
     a = attention.multi_head_attention(p["attn"], hq, value_input=hv, causal=True, rope=rope,
                                        impl=spec.impl, variant=spec.attention, layer=i,
-                                       site=I.scope(hook, f"{s}.attn"), head_inputs=per)
-    a = I.at(hook, f"{s}.attn_out", a)
-    x = I.at(hook, f"{s}.resid_mid", x + C.dropout(next(keys), spec.dropout, a))
+                                       site=interventions.scope(hook, f"{s}.attn"), head_inputs=per)
+    a = interventions.at(hook, f"{s}.attn_out", a)
+    x = interventions.at(hook, f"{s}.resid_mid", x + common.dropout(next(keys), spec.dropout, a))
     if "mlp" in p:
-      m_in = I.at(hook, f"{s}.mlp_in", x)    # what the MLP reads; the stream goes on as x
-      h = C.layer_norm(p["ln2"], m_in) if "ln2" in p else m_in
-      m = I.at(hook, f"{s}.mlp_out", C.mlp(p["mlp"], h))
-      x = x + C.dropout(next(keys), spec.dropout, m)
-    x = I.at(hook, f"{s}.resid_post", x)
+      m_in = interventions.at(hook, f"{s}.mlp_in", x)    # what the MLP reads; the stream goes on as x
+      h = common.layer_norm(p["ln2"], m_in) if "ln2" in p else m_in
+      m = interventions.at(hook, f"{s}.mlp_out", common.mlp(p["mlp"], h))
+      x = x + common.dropout(next(keys), spec.dropout, m)
+    x = interventions.at(hook, f"{s}.resid_post", x)
   if logits_at is not None:
     x = jnp.take_along_axis(x, jnp.asarray(logits_at)[:, None, None], axis=1)
   if "ln_final" in params["lm"]:
-    x = C.layer_norm(params["lm"]["ln_final"], x, hook=hook, site="lm.ln_final.scale")
+    x = common.layer_norm(params["lm"]["ln_final"], x, hook=hook, site="lm.ln_final.scale")
   logits = x @ params["unembed"]
   if capture:
-    return logits, {"lm": I.captured(hook, "lm", len(layers), attention.AttentionOutput)}
+    return logits, {"lm": interventions.captured(hook, "lm", len(layers), attention.AttentionOutput)}
   return logits

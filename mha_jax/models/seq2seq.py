@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax import attention
-from mha_jax import interventions as I
-from mha_jax.models import common as C
+from mha_jax import interventions
+from mha_jax.models import common
 
 STACKS = ("encoder", "decoder_self", "decoder_cross")
 
@@ -46,10 +46,10 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 
                                                         head_dim=k, use_bias=use_bias,
                                                         variant=variant)
     if not attn_only:
-      b["mlp"] = C.init_mlp(next(keys), d_model, d_ff)
+      b["mlp"] = common.init_mlp(next(keys), d_model, d_ff)
     if layer_norm:
       for ln in ("ln1", "ln2", "ln3")[: 2 + cross]:
-        b[ln] = C.init_layer_norm(d_model)
+        b[ln] = common.init_layer_norm(d_model)
     return b
 
   params = {
@@ -58,31 +58,31 @@ def init(key, *, vocab_size: int, d_model: int, num_heads: int, head_dim: int = 
       "decoder": {f"layer_{i}": block(True) for i in range(dec_layers)},
   }
   if layer_norm and ln_position == "pre":
-    params["encoder"]["ln_final"] = C.init_layer_norm(d_model)
-    params["decoder"]["ln_final"] = C.init_layer_norm(d_model)
+    params["encoder"]["ln_final"] = common.init_layer_norm(d_model)
+    params["decoder"]["ln_final"] = common.init_layer_norm(d_model)
   return params
 
 
 def _norm(p, name, x):
-  return C.layer_norm(p[name], x) if name in p else x
+  return common.layer_norm(p[name], x) if name in p else x
 
 
 def _sublayer(x, p, ln, fn, spec, key):
   """Residual block: pre-LN x + f(LN(x)), or post-LN LN(x + f(x)) (Vaswani et al.)."""
   if spec.ln_position == "post":
-    return _norm(p, ln, x + C.dropout(key, spec.dropout, fn(x)))
-  return x + C.dropout(key, spec.dropout, fn(_norm(p, ln, x)))
+    return _norm(p, ln, x + common.dropout(key, spec.dropout, fn(x)))
+  return x + common.dropout(key, spec.dropout, fn(_norm(p, ln, x)))
 
 
 def _embed(params, spec, ids_BT, keys, pos_BT=None):
   """Scaled shared embedding (plus sinusoidal positions unless pos="relative": arange(T),
   or pos_BT, each token's position in its packed pair), dropout."""
   d = params["embed"].shape[1]
-  x = params["embed"][ids_BT] * C.embed_scale(d)
+  x = params["embed"][ids_BT] * common.embed_scale(d)
   if spec.pos != "relative":
-    table = C.sinusoidal(ids_BT.shape[1], d)
+    table = common.sinusoidal(ids_BT.shape[1], d)
     x = x + (table if pos_BT is None else table[pos_BT])
-  return C.dropout(next(keys), spec.dropout, x)
+  return common.dropout(next(keys), spec.dropout, x)
 
 
 def _segment_mask(q_seg_BT, k_seg_BS):
@@ -91,35 +91,35 @@ def _segment_mask(q_seg_BT, k_seg_BS):
           & (k_seg_BS != 0)[:, None, None, :])
 
 
-def encode(params, spec: C.ModelSpec, src_BS, *, gates=None, hook=None, key=None,
+def encode(params, spec: common.ModelSpec, src_BS, *, gates=None, hook=None, key=None,
            src_seg_BS=None, src_pos_BS=None):
   """Encoder states (B, S, D). hook: an interventions.Hook (sites encoder.{i}.attn.*,
   encoder.{i}.attn_out); gates are scale edits of it.
   src_seg_BS, src_pos_BS: segment ids and positions of a packed batch (data/packing.py)."""
-  hook = I.model_hook(hook, gates, stacks=STACKS)
-  keys = C.key_stream(key)
+  hook = interventions.model_hook(hook, gates, stacks=STACKS)
+  keys = common.key_stream(key)
   x = _embed(params, spec, src_BS, keys, src_pos_BS)
   if src_seg_BS is None:
     pad_mask = (src_BS != spec.pad_id)[:, None, None, :]
   else:
     pad_mask = _segment_mask(src_seg_BS, src_seg_BS)
-  for i, name in enumerate(C.layers_of(params["encoder"])):
+  for i, name in enumerate(common.layers_of(params["encoder"])):
     p = params["encoder"][name]
     x = _sublayer(x, p, "ln1", lambda h: _attend(p["self_attn"], h, None, pad_mask, False,
                                                  spec, hook, f"encoder.{i}"),
                   spec, next(keys))
     if "mlp" in p:
-      x = _sublayer(x, p, "ln2", lambda h: C.mlp(p["mlp"], h), spec, next(keys))
+      x = _sublayer(x, p, "ln2", lambda h: common.mlp(p["mlp"], h), spec, next(keys))
   return _norm(params["encoder"], "ln_final", x)
 
 
-def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
+def decode(params, spec: common.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
            hook=None, key=None, src_seg_BS=None, tgt_seg_BT=None, tgt_pos_BT=None):
   """Logits (B, T, V) for the next target token at every position. The *_seg and
   tgt_pos_BT arrays describe a packed batch (data/packing.py). hook: sites
   decoder_self.{i}.attn.*, decoder_cross.{i}.attn.* and their .attn_out."""
-  hook = I.model_hook(hook, gates, stacks=STACKS)
-  keys = C.key_stream(key)
+  hook = interventions.model_hook(hook, gates, stacks=STACKS)
+  keys = common.key_stream(key)
   x = _embed(params, spec, tgt_in_BT, keys, tgt_pos_BT)
   self_mask = None
   if src_seg_BS is None:
@@ -127,7 +127,7 @@ def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
   else:
     src_mask = _segment_mask(tgt_seg_BT, src_seg_BS)
     self_mask = _segment_mask(tgt_seg_BT, tgt_seg_BT)
-  for i, name in enumerate(C.layers_of(params["decoder"])):
+  for i, name in enumerate(common.layers_of(params["decoder"])):
     p = params["decoder"][name]
     x = _sublayer(x, p, "ln1", lambda h: _attend(p["self_attn"], h, None, self_mask, True,
                                                  spec, hook, f"decoder_self.{i}"),
@@ -136,18 +136,18 @@ def decode(params, spec: C.ModelSpec, enc_BSD, src_BS, tgt_in_BT, *, gates=None,
                                                  False, spec, hook, f"decoder_cross.{i}"),
                   spec, next(keys))
     if "mlp" in p:
-      x = _sublayer(x, p, "ln3", lambda h: C.mlp(p["mlp"], h), spec, next(keys))
+      x = _sublayer(x, p, "ln3", lambda h: common.mlp(p["mlp"], h), spec, next(keys))
   x = _norm(params["decoder"], "ln_final", x)
   return x @ params["embed"].T
 
 
-def apply(params, spec: C.ModelSpec, src_BS, tgt_in_BT, *, gates=None, capture=False,
+def apply(params, spec: common.ModelSpec, src_BS, tgt_in_BT, *, gates=None, capture=False,
           key=None, packed=None, hook=None):
   """Logits (B, T, V); with capture=True also {stack: [AttentionOutput per layer]}.
   packed: {"src_seg", "src_pos" (B, S), "tgt_seg", "tgt_pos" (B, T)} of a packed batch
   (data/packing.py), already cut to tgt_in_BT's positions.
   hook: an interventions.Hook over both stacks' sites; gates and capture are uses of it."""
-  hook = I.model_hook(hook, gates, capture, stacks=STACKS)
+  hook = interventions.model_hook(hook, gates, capture, stacks=STACKS)
   ke, kd = jax.random.split(key) if key is not None else (None, None)
   pk = packed or {}
   enc = encode(params, spec, src_BS, hook=hook, key=ke,
@@ -157,19 +157,19 @@ def apply(params, spec: C.ModelSpec, src_BS, tgt_in_BT, *, gates=None, capture=F
                   tgt_pos_BT=pk.get("tgt_pos"))
   if not capture:
     return logits
-  counts = C.head_counts(params)
-  return logits, {s: I.captured(hook, s, len(counts[s]), attention.AttentionOutput)
+  counts = common.head_counts(params)
+  return logits, {s: interventions.captured(hook, s, len(counts[s]), attention.AttentionOutput)
                   for s in STACKS if s in counts}
 
 
 def _attend(p, x, ctx, mask, causal, spec, hook, name):
   a = attention.multi_head_attention(p, x, ctx, mask=mask, causal=causal, impl=spec.impl,
                                      variant=spec.attention, layer=int(name.split(".")[1]),
-                                     site=I.scope(hook, f"{name}.attn"))
-  return I.at(hook, f"{name}.attn_out", a)
+                                     site=interventions.scope(hook, f"{name}.attn"))
+  return interventions.at(hook, f"{name}.attn_out", a)
 
 
-def greedy_decode(params, spec: C.ModelSpec, src_BS, max_len: int, bos_id: int,
+def greedy_decode(params, spec: common.ModelSpec, src_BS, max_len: int, bos_id: int,
                   eos_id: int, gates=None):
   """Greedy translations (B, max_len): [BOS, y_1, ..., EOS, PAD...]. One compile per shape."""
   enc = encode(params, spec, src_BS, gates=gates)

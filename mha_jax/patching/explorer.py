@@ -17,7 +17,7 @@ import numpy as np
 from mha_jax import assets, storage
 from mha_jax.toolkit import roles as roles_lib
 from mha_jax.errors import UserError
-from mha_jax.toolkit import activation_patching as core, pairs as pairs_lib
+from mha_jax.toolkit import activation_patching, pairs as pairs_lib
 
 FILES = ("patching", "dla", "attribution", "path")
 
@@ -97,7 +97,7 @@ def rebuilt_study(out: str, loaded):
   got = [(p["answer_id"], p["wrong_id"], p["length"]) for p in pairs.to_json()]
   if got != [(p["answer_id"], p["wrong_id"], p["length"]) for p in rec]:
     raise UserError(f"the pairs made again on {loaded.workdir!r} are not those of {out!r}")
-  study = core.Study(loaded.task, loaded.params, pairs)
+  study = activation_patching.Study(loaded.task, loaded.params, pairs)
   want = np.asarray([p["ld_clean"] for p in rec])
   if not np.allclose(study.ld_clean, want, atol=1e-2 * max(1.0, float(np.abs(want).max()))):
     raise UserError(f"{loaded.workdir!r} gives other logit differences than {out!r} recorded "

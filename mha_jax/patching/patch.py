@@ -27,7 +27,7 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.toolkit import activation_patching as core, pairs as pairs_lib
+from mha_jax.toolkit import activation_patching, pairs as pairs_lib
 from mha_jax.patching import explorer
 
 METHODS = ("activation", "path", "attribution")
@@ -114,7 +114,7 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
                     f"{','.join(methods)!r}")
   _sweeps(sites, False)
   pairs = make_pairs(loaded, task, pairs_file, n_pairs, seed)
-  s = core.Study(loaded.task, loaded.params, pairs)
+  s = activation_patching.Study(loaded.task, loaded.params, pairs)
   failing = [] if keep_failing else _failing(s, pairs)
   if failing:
     keep = np.asarray([i for i in range(len(pairs)) if i not in {f["index"] for f in failing}])
@@ -122,7 +122,7 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
         f"logit difference < 0; --keep-failing keeps them): " + "; ".join(
             f"#{f['index']} {f['ld_clean']:+.3f}" for f in failing))
     pairs = pairs.subset(keep)
-    s = core.Study(loaded.task, loaded.params, pairs)
+    s = activation_patching.Study(loaded.task, loaded.params, pairs)
   storage.makedirs(out)
   heads = s.heads
   label = task or "pairs"
@@ -156,13 +156,13 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
         _heatmap(rec, f"{label}: recovery, patching resid_pre", storage.join(
             out, "patching_resid_pre.png"), "position")
         continue
-      counts = s.kv_heads if site in core.KV_SITES else heads
-      doc["scores"][name] = core.head_table(rec, counts)
+      counts = s.kv_heads if site in activation_patching.KV_SITES else heads
+      doc["scores"][name] = activation_patching.head_table(rec, counts)
       if name == "head_out":
         exact_heads = rec
       _heatmap(rec, f"{label}: recovery, patching {name} (clean into corrupt)",
                storage.join(out, f"patching_{name}.png"),
-               "kv head" if site in core.KV_SITES else "head")
+               "kv head" if site in activation_patching.KV_SITES else "head")
     if per_position:
       res, sec = _timed(lambda: s.patch("z", per_position=True))
       summary["seconds"]["patch_head_out_per_position"] = round(sec, 2)
@@ -174,7 +174,7 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
                          "prob": [round(float(v), 6) for v in lens["prob"]],
                          "layers": ["embed"] + [f"lm.{i}" for i in range(s.layers)]}
     if "head_out" in doc["scores"]:
-      doc["top"] = {"head_out": core.top(doc["scores"]["head_out"], top, by_abs=True)}
+      doc["top"] = {"head_out": activation_patching.top(doc["scores"]["head_out"], top, by_abs=True)}
       summary["top_head_out"] = doc["top"]["head_out"]
   storage.write_json(storage.join(out, "patching.json"), doc)
 
@@ -182,13 +182,13 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
   dla_doc = {"workdir": loaded.workdir, "task": label, "run": "clean",
              "direction": "logit(answer) - logit(wrong), final norm scale frozen at the "
                           "clean run",
-             "heads": core.head_table(d["heads"], heads),
+             "heads": activation_patching.head_table(d["heads"], heads),
              "mlp": {f"lm.{i}": round(float(v), 6) for i, v in enumerate(d["mlp"])},
              "embed": d["embed"], "ld": d["ld"], "sum_of_parts": d["ld_frozen_sum"],
              # heads + MLPs + embeddings = LD holds when each head's result enters the
              # residual as it is; a post-attention norm (Gemma's) rescales it: not exact
              "sums_to_ld": bool(abs(d["ld_frozen_sum"] - d["ld"]) <= 1e-3 * max(1.0, abs(d["ld"])))}
-  dla_doc["top"] = core.top(dla_doc["heads"], top, by_abs=True)
+  dla_doc["top"] = activation_patching.top(dla_doc["heads"], top, by_abs=True)
   summary["top_dla"] = dla_doc["top"]
   storage.write_json(storage.join(out, "dla.json"), dla_doc)
   _heatmap(d["heads"], f"{label}: direct logit attribution (clean)",
@@ -200,7 +200,7 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
     a_doc = {"workdir": loaded.workdir, "task": label, "direction": "denoise",
              "method": "AtP: (z_clean - z_corrupt) . d mean LD / dz at the corrupt run, "
                        "over (LD_clean - LD_corrupt)",
-             "scores": {"head_out": core.head_table(atp["z"]["heads"], heads)},
+             "scores": {"head_out": activation_patching.head_table(atp["z"]["heads"], heads)},
              # its cost in forward+backward passes: scripts/bench_patching.py
              "seconds": {"attribution_first_call": round(sec, 3)}}
     t0 = time.perf_counter()
@@ -209,7 +209,7 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
     if exact_heads is None and "activation" not in methods:   # AtP's own reference
       exact_heads = s.patch("z")["recovery"]
     if exact_heads is not None:
-      a_doc["agreement"] = {"head_out": core.agreement(atp["z"]["heads"], exact_heads, top)}
+      a_doc["agreement"] = {"head_out": activation_patching.agreement(atp["z"]["heads"], exact_heads, top)}
       summary["attribution_agreement"] = a_doc["agreement"]["head_out"]
     else:
       log("attribution: no agreement with exact patching (--sites has no head_out)")
@@ -224,12 +224,12 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
                        "receiver input recorded then patched"}
     res, sec = _timed(lambda: s.path_patch("logits"))
     summary["seconds"]["path_logits"] = round(sec, 2)
-    p_doc["to_logits"] = core.head_table(res["recovery"][..., 0], heads)
+    p_doc["to_logits"] = activation_patching.head_table(res["recovery"][..., 0], heads)
     _heatmap(res["recovery"][..., 0], f"{label}: path patching, sender -> logits",
              storage.join(out, "path_logits.png"))
     if exact_heads is None:
       exact_heads = s.patch("z")["recovery"]
-    ranked = core.top(core.head_table(exact_heads, heads), receivers, by_abs=True)
+    ranked = activation_patching.top(activation_patching.head_table(exact_heads, heads), receivers, by_abs=True)
     recv = [tuple(int(x) for x in n.split(".")[1:]) for n, _ in ranked]
     recv = [r for r in recv if r[0] > 0]
     edges = [{"sender": n, "receiver": "logits", "channel": "direct", "recovery": v}

@@ -12,8 +12,8 @@ from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.toolkit import head_roles
 from mha_jax.loader import load, set_dense_reference
-from mha_jax.pruning import gates as G
-from mha_jax.toolkit import masks as M
+from mha_jax.pruning import gates as gates_lib
+from mha_jax.toolkit import masks as masks_lib
 from mha_jax.pruning import methods
 from mha_jax.pruning import prune as prune_lib
 from mha_jax.train import lock as lock_lib
@@ -21,7 +21,7 @@ from mha_jax.train import lock as lock_lib
 
 def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
                   stacks: Sequence[str] = ("encoder",), lam: float = 0.05, steps: int = 200,
-                  bleu_limit: int = 0, seed: int = 0, hc: G.HardConcrete = G.HardConcrete(),
+                  bleu_limit: int = 0, seed: int = 0, hc: gates_lib.HardConcrete = gates_lib.HardConcrete(),
                   random_draws: int = 1, save_workdirs: Sequence[int] = (),
                   log: Callable[[str], None] = print) -> list[dict]:
   """Test metrics of the masks of the three methods at each head count. Random pruning is
@@ -34,7 +34,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
   loaded = load(workdir)
   storage.makedirs(out_dir)
   set_dense_reference(loaded)       # embeddings: compare with the dense model
-  total = M.count(M.ones_mask(loaded.params, stacks))
+  total = masks_lib.count(masks_lib.ones_mask(loaded.params, stacks))
   for k in counts:
     if not 0 <= k <= total:
       raise UserError(f"--counts: {k} is outside 0..{total} heads in {list(stacks)}")
@@ -78,7 +78,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
         res = {m: (float(np.mean([e[m] for e in each])) if isinstance(v, float) else v)
                for m, v in res.items()}
         res["draws"] = [{m: v for m, v in e.items() if isinstance(v, float)} for e in each]
-      kept = M.kept_names(mask)
+      kept = masks_lib.kept_names(mask)
       role_counts: dict[str, int] = {}
       for h in kept:
         role_counts[roles.get(h, "other")] = role_counts.get(roles.get(h, "other"), 0) + 1
@@ -88,10 +88,10 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
                                               if isinstance(v, float)))
       if k in save_workdirs:
         prune_lib.write_workdir(loaded, storage.join(out_dir, f"{method}_k{k}"),
-                              M.mask_params(loaded.params, mask),
+                              masks_lib.mask_params(loaded.params, mask),
                               {"source": storage.abspath(workdir), "stacks": list(stacks),
-                               "method": method, "keep": k, "mask": M.mask_to_json(mask),
-                               "kept": M.count(mask), "kept_heads": kept, "after": first,
+                               "method": method, "keep": k, "mask": masks_lib.mask_to_json(mask),
+                               "kept": masks_lib.count(mask), "kept_heads": kept, "after": first,
                                "from_curve": storage.abspath(out_dir)})
   seconds["evaluations"] = time.perf_counter() - t0
   storage.makedirs(out_dir)
@@ -106,7 +106,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
 
 def _evaluate(loaded, mask, is_tr, bleu_limit) -> dict:
   return loaded.task.evaluate(loaded.params, "test", bleu=is_tr, bleu_limit=bleu_limit,
-                            gates=M.full_gates(loaded.params, mask))
+                            gates=masks_lib.full_gates(loaded.params, mask))
 
 
 def curve_metric(rows: list[dict], is_tr: bool) -> str:

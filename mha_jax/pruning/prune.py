@@ -15,9 +15,9 @@ import numpy as np
 from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.loader import load, set_dense_reference
-from mha_jax.models import common as C
-from mha_jax.pruning import gates as G
-from mha_jax.toolkit import masks as M
+from mha_jax.models import common as common_lib
+from mha_jax.pruning import gates as gates_lib
+from mha_jax.toolkit import masks
 from mha_jax.pruning import methods
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import lock as lock_lib
@@ -59,11 +59,11 @@ def write_workdir(loaded, out: str, params, info: dict) -> None:
 
 
 def _check(loaded, stacks, keep, start_mask):
-  counts = C.head_counts(loaded.params)
+  counts = common_lib.head_counts(loaded.params)
   for s in stacks:
     if s not in counts:
       raise UserError(f"--stacks: {s!r} is not in this model; it has {sorted(counts)}")
-  available = M.count(start_mask) if start_mask else sum(sum(counts[s]) for s in stacks)
+  available = masks.count(start_mask) if start_mask else sum(sum(counts[s]) for s in stacks)
   if keep is not None and not 0 <= keep <= available:
     raise UserError(f"--keep must be between 0 and the {available} heads left in "
                      f"{list(stacks)}; got {keep}")
@@ -74,7 +74,7 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
           lambdas: Sequence[float] = (), keep: int | None = None,
           stacks: Sequence[str] = ("encoder",), steps: int = 300, lr: float = 0.05,
           finetune: bool = False, keep_one_per_layer: bool = False, seed: int = 0,
-          hc: G.HardConcrete = G.HardConcrete(), bleu_limit: int = 0,
+          hc: gates_lib.HardConcrete = gates_lib.HardConcrete(), bleu_limit: int = 0,
           log: Callable[[str], None] = print, loaded=None, base: dict | None = None) -> dict:
   """Prunes the run in `workdir` into `out` (or one sub-workdir per lambda).
 
@@ -90,7 +90,7 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   loaded = loaded if loaded is not None else load(workdir)
   set_dense_reference(loaded)
-  start_mask = M.read_mask(workdir)
+  start_mask = masks.read_mask(workdir)
   if start_mask:
     start_mask = {s: m for s, m in start_mask.items() if s in stacks}
   available = _check(loaded, stacks, keep, start_mask)
@@ -135,15 +135,15 @@ def _prune_l0(loaded, out, lam, keep, stacks, steps, lr, finetune, seed, hc, sta
           else methods.l0_mask(log_alpha, hc, start_mask))
   info = {**common, "lambda": lam, "keep": keep, "steps": steps, "finetune": finetune,
           "beta": hc.beta, "stretch": [hc.low, hc.high], "history": history,
-          "log_alpha": M.jsonable(log_alpha), "gates": M.jsonable(G.deterministic(log_alpha, hc))}
+          "log_alpha": masks.jsonable(log_alpha), "gates": masks.jsonable(gates_lib.deterministic(log_alpha, hc))}
   return _finish(loaded, out, params, mask, info, bleu_limit, log)
 
 
 def _finish(loaded, out, params, mask, info, bleu_limit, log):
-  masked = M.mask_params(params, mask)
+  masked = masks.mask_params(params, mask)
   after = _evaluate(loaded, masked, bleu_limit)
-  info = {**info, "mask": M.mask_to_json(mask), "kept": M.count(mask),
-          "kept_heads": M.kept_names(mask), "after": after}
+  info = {**info, "mask": masks.mask_to_json(mask), "kept": masks.count(mask),
+          "kept_heads": masks.kept_names(mask), "after": after}
   write_workdir(loaded, out, masked, info)
   log(f"kept {info['kept']} heads -> {out}: test " +
       " ".join(f"{k} {v:.4g}" for k, v in after.items()))
@@ -153,14 +153,14 @@ def _finish(loaded, out, params, mask, info, bleu_limit, log):
 def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dict:
   """Writes `out` with the masked heads of a pruned workdir physically removed."""
   lock_lib.check_out(out, workdir)
-  mask = M.read_mask(workdir)
+  mask = masks.read_mask(workdir)
   if mask is None:
     raise UserError(f"--workdir {workdir!r} has no pruning.json: prune it first "
                      f"(mha-jax prune)")
   if storage.exists(out) and storage.listdir(out):
     raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
   loaded = load(workdir)
-  pruned = M.export_pruned(loaded.params, mask)
+  pruned = masks.export_pruned(loaded.params, mask)
   batch = next(loaded.task.eval_batches("test", 16))[0]
   speed, (masked_out, exported_out) = forward_speedup(loaded.task, loaded.params, pruned, batch)
   diff = float(np.max(np.abs(masked_out - exported_out)))
@@ -168,12 +168,12 @@ def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dic
   info = storage.read_json(storage.join(workdir, "pruning.json"))
   info.update(exported_from=storage.abspath(workdir), max_abs_diff_vs_masked=diff,
               max_abs_output_masked=scale, relative_diff_vs_masked=diff / max(scale, 1e-30),
-              head_counts=C.head_counts(pruned), source_mask=info["mask"],
+              head_counts=common_lib.head_counts(pruned), source_mask=info["mask"],
               kv_head_counts={s: [int(p["wk"].shape[1]) for st, _, p in
-                                  C.attention_blocks(pruned) if st == s] for s in mask},
-              mask=M.mask_to_json(M.exported_mask(loaded.params, mask)), forward_speed=speed)
+                                  common_lib.attention_blocks(pruned) if st == s] for s in mask},
+              mask=masks.mask_to_json(masks.exported_mask(loaded.params, mask)), forward_speed=speed)
   write_workdir(loaded, out, pruned, info)
-  log(f"exported {M.count(mask)} heads -> {out}; head counts {C.head_counts(pruned)}; "
+  log(f"exported {masks.count(mask)} heads -> {out}; head counts {common_lib.head_counts(pruned)}; "
       f"max |output difference| vs the masked model {diff:.2e} (max |output| {scale:.3g}); "
       f"forward {speed['masked_s']:.4f} s -> {speed['exported_s']:.4f} s "
       f"(x{speed['speedup']:.2f}, {speed['masked_tokens_per_s']:.0f} -> "

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax.errors import UserError
-from mha_jax.data import vocab as V
-from mha_jax.models import common as C
+from mha_jax.data import vocab as vocab_lib
+from mha_jax.models import common as common_lib
 
 SPLITS = ("train", "valid", "test")
 
@@ -71,7 +71,7 @@ class Task(Protocol):
 class TranslationData(Task, Protocol):
   """A translation task's extra members, used by the role analysis and the explorer."""
 
-  vocab: V.Vocab                                   # word vocabulary of the run
+  vocab: vocab_lib.Vocab                                   # word vocabulary of the run
   words: dict[str, tuple[list[list[str]], list[list[str]]]]   # split -> (src, tgt) words
   arcs: dict[str, list[dict]]                      # split -> gold arcs (when known)
 
@@ -237,7 +237,7 @@ def local_rows(batch: int, process_index: int, process_count: int) -> slice:
 
 def check_ids(ids, vocab_size: int, what: str) -> None:
   """Token ids within 0..vocab_size-1 (models/common.check_token_ids)."""
-  C.check_token_ids(ids, vocab_size, what)
+  common_lib.check_token_ids(ids, vocab_size, what)
 
 
 def check_batch_ids(task, batch: dict, what: str = "batch") -> None:
@@ -247,10 +247,10 @@ def check_batch_ids(task, batch: dict, what: str = "batch") -> None:
       check_ids(batch[key], task.vocab_size, f"{what}[{key!r}]")
 
 
-def model_spec(cfg) -> C.ModelSpec:
+def model_spec(cfg) -> common_lib.ModelSpec:
   """The ModelSpec of a run trained here (translation: seq2seq; lm: lm)."""
   m = cfg.model
-  return C.ModelSpec(kind="seq2seq" if cfg.task == "translation" else "lm",
+  return common_lib.ModelSpec(kind="seq2seq" if cfg.task == "translation" else "lm",
                      layer_norm=m.layer_norm, attn_only=m.attn_only, dropout=m.dropout,
                      impl=m.impl, pos=m.pos,
                      ln_position=m.get("ln_position", "pre"),

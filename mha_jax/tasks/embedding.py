@@ -16,7 +16,7 @@ import numpy as np
 from mha_jax.data import text as text_data
 from mha_jax.errors import UserError
 from mha_jax.models import bert
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.tasks import base
 from mha_jax.tasks.imported import Imported, gate_batch, tokenizer_of
 
@@ -44,7 +44,7 @@ class EmbeddingTask(Imported):
     """Last hidden states (B, T, D) of batch["tokens"]; batch["mask"] (True = real token)
     and batch["token_types"] are optional. hook: an interventions.Hook."""
     del key
-    C.check_token_ids(batch["tokens"], self.vocab_size, "batch['tokens']")
+    common.check_token_ids(batch["tokens"], self.vocab_size, "batch['tokens']")
     return bert.apply(params, self.spec, batch["tokens"], mask_BT=batch.get("mask"),
                       token_types_BT=batch.get("token_types"), gates=gates, capture=capture,
                       hook=hook)
@@ -130,7 +130,7 @@ class EmbeddingTask(Imported):
       raise UserError("texts must be a list of strings; got one string")
     ids = self.tokenizer.encode_batch(texts)
     for i in ids:
-      C.check_token_ids(i, self.vocab_size, "the workdir's tokenizer.json")
+      common.check_token_ids(i, self.vocab_size, "the workdir's tokenizer.json")
     if max_len:
       ids = [i[:max_len] for i in ids]
     t = max_len if pad and max_len else max(len(i) for i in ids)

@@ -15,7 +15,7 @@ import numpy as np
 from mha_jax.data import repeated_tokens as rt
 from mha_jax.data import text as text_data
 from mha_jax.errors import UserError
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.models import decoder
 from mha_jax.tasks import base
 from mha_jax.tasks.imported import Imported, gate_batch, tokenizer_of
@@ -46,7 +46,7 @@ class PretrainedLMTask(Imported):
     batch["cache"], if given: a prefix_cache the tokens continue (positions after it).
     hook: an interventions.Hook."""
     del key
-    C.check_token_ids(batch["tokens"], self.vocab_size, "batch['tokens']")
+    common.check_token_ids(batch["tokens"], self.vocab_size, "batch['tokens']")
     mask = batch.get("mask")
     if "cache" in batch:       # the tokens continue a prefix_cache (shared prompt prefix)
       return decoder.apply(params, self.spec, batch["tokens"][:, :-1], cache=batch["cache"],
@@ -64,7 +64,7 @@ class PretrainedLMTask(Imported):
   def logits(self, params, tokens_BT, mask_BT=None, gates=None):
     """Logits (B, T, V) for every position (the next token after each); compiled once
     per shape."""
-    C.check_token_ids(tokens_BT, self.vocab_size, "tokens_BT")
+    common.check_token_ids(tokens_BT, self.vocab_size, "tokens_BT")
     fn = base.jitted(self, "logits", lambda p, t, m, g: decoder.apply(p, self.spec, t,
                                                                       mask_BT=m, gates=g))
     return fn(params, jnp.asarray(tokens_BT), None if mask_BT is None else
@@ -125,7 +125,7 @@ class PretrainedLMTask(Imported):
         raise UserError("this task was built without a workdir: no tokenizer")
       corpus = text_data.read_corpus(list(self.cfg.data.text_files))
       ids = self.tokenizer.encode(corpus)
-      C.check_token_ids(ids, self.vocab_size, "the workdir's tokenizer.json")
+      common.check_token_ids(ids, self.vocab_size, "the workdir's tokenizer.json")
       self._streams = text_data.split_stream(ids)
     return self._streams[split]
 
@@ -177,7 +177,7 @@ class PretrainedLMTask(Imported):
       ids = np.concatenate([[self.cfg.tokenizer.bos_id], ids]).astype(np.int32)
     if len(ids) == 0:
       raise UserError("--prompt is empty: nothing to continue")
-    C.check_token_ids(ids, self.vocab_size, "the prompt (tokenizer.json)")
+    common.check_token_ids(ids, self.vocab_size, "the prompt (tokenizer.json)")
     context = int(self.cfg.model.get("max_len", 0) or 0)
     if context and len(ids) + max_new_tokens > context:
       raise UserError(f"the prompt's {len(ids)} tokens plus --max-new-tokens "

@@ -15,7 +15,7 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.data import packing, parallel, synthetic_translation
-from mha_jax.data import vocab as V
+from mha_jax.data import vocab
 from mha_jax.errors import UserError
 from mha_jax.models import seq2seq
 from mha_jax.tasks import base
@@ -61,7 +61,7 @@ class TranslationTask:
       saved = read_run_data(self.data_dir)
     if saved is not None:           # loading a run: its own files, never the grammar
       self.words, self.arcs = saved
-      self.vocab = V.Vocab.load(storage.join(self.data_dir, "vocab.json"))
+      self.vocab = vocab.Vocab.load(storage.join(self.data_dir, "vocab.json"))
       self._check_words_in_vocab()
     elif d.kind == "synthetic":
       gcfg = synthetic_translation.GrammarConfig(**dict(d.grammar))
@@ -69,7 +69,7 @@ class TranslationTask:
           {"train": d.train_size, "valid": d.valid_size, "test": d.test_size}, d.seed, gcfg)
       self.words = {s: ([x.src for x in splits[s]], [x.tgt for x in splits[s]]) for s in SPLITS}
       self.arcs = {s: [{"heads": x.heads, "rels": x.rels} for x in splits[s]] for s in SPLITS}
-      self.vocab = V.Vocab(grammar.lex.source_types() + grammar.lex.target_types())
+      self.vocab = vocab.Vocab(grammar.lex.source_types() + grammar.lex.target_types())
       if (self.data_dir and not read_only and
           not storage.exists(storage.join(self.data_dir, "train.src"))):
         writes.append(lambda: synthetic_translation.export(self.data_dir, grammar, splits))
@@ -84,7 +84,7 @@ class TranslationTask:
         self.words[s] = (src, tgt)
         if d.conllu[s]:
           self.arcs[s] = parallel.read_conllu_arcs(d.conllu[s], src, f"data.conllu.{s}")
-      self.vocab = V.Vocab(w for side in self.words["train"] for sent in side for w in sent)
+      self.vocab = vocab.Vocab(w for side in self.words["train"] for sent in side for w in sent)
       if self.data_dir and not read_only:
         writes.append(self._write_parallel_files)
     else:
@@ -95,9 +95,9 @@ class TranslationTask:
     self.arrays = {}
     for s in SPLITS:
       src_w, tgt_w = self.words[s]
-      src = V.pad_ids([self.vocab.encode(w) for w in src_w], d.max_len, bos=False, eos=True,
+      src = vocab.pad_ids([self.vocab.encode(w) for w in src_w], d.max_len, bos=False, eos=True,
                       what=f"data {s} source")
-      tgt = V.pad_ids([self.vocab.encode(w) for w in tgt_w], d.max_len + 1, bos=True,
+      tgt = vocab.pad_ids([self.vocab.encode(w) for w in tgt_w], d.max_len + 1, bos=True,
                       eos=True, what=f"data {s} target")
       self.arrays[s] = {"src": src, "tgt": tgt}
     self.vocab_size = len(self.vocab)
@@ -130,7 +130,7 @@ class TranslationTask:
               f"run's vocabulary {storage.join(self.data_dir, 'vocab.json')} ({len(new)} new "
               f"words, e.g. {new[:5]}). The data changed after training; restore it")
 
-  def _run_vocab(self, built: V.Vocab, read_only: bool, writes: list) -> V.Vocab:
+  def _run_vocab(self, built: vocab.Vocab, read_only: bool, writes: list) -> vocab.Vocab:
     """The run's vocabulary is part of the run: read from workdir/data/vocab.json when
     it exists (written once, by the first `train`), never rebuilt over it. Data whose
     vocabulary differs from it is refused."""
@@ -141,7 +141,7 @@ class TranslationTask:
       if not read_only:
         writes.append(lambda: (storage.makedirs(self.data_dir), built.save(path)))
       return built
-    saved = V.Vocab.load(path)
+    saved = vocab.Vocab.load(path)
     if saved.tokens != built.tokens:
       new = [t for t in built.tokens if t not in saved.index]
       gone = [t for t in saved.tokens if t not in built.index]
@@ -177,13 +177,13 @@ class TranslationTask:
 
   def train_rows_needed(self, step: int) -> int:
     """Rows the packed form of training batch `step` needs (data/packing.py)."""
-    return packing.rows_needed(self.train_batch(step), V.PAD_ID)
+    return packing.rows_needed(self.train_batch(step), vocab.PAD_ID)
 
   def packed_train_batch(self, step: int, rows: int | tuple[int, ...]
                          ) -> dict[str, np.ndarray]:
     """The whole training batch `step` packed into `rows` rows, or into the smallest
     rung of a ladder that holds it (data/packing.py)."""
-    return packing.pack(self.train_batch(step), rows, V.PAD_ID)
+    return packing.pack(self.train_batch(step), rows, vocab.PAD_ID)
 
   def eval_batches(self, split: str, batch_size: int):
     arr = self.arrays[base.check_split(split)]
@@ -197,7 +197,7 @@ class TranslationTask:
     metrics["tokens"]."""
     logits = self.apply(params, batch, gates=gates, key=key)
     targets = batch["tgt"][:, 1:]
-    mask = targets != V.PAD_ID
+    mask = targets != vocab.PAD_ID
     if "tgt_seg" in batch:     # packed: no target across two pairs' boundary
       mask = mask & (batch["tgt_seg"][:, 1:] == batch["tgt_seg"][:, :-1])
     mask = mask.astype(jnp.float32)
@@ -211,7 +211,7 @@ class TranslationTask:
                 gates=None):
     """Greedy translations of the first `limit` (0 = all) sentences of a split."""
     decode = base.jitted(self, "greedy", lambda p, src, g: seq2seq.greedy_decode(
-        p, self.spec, src, self.cfg.data.max_len + 1, V.BOS_ID, V.EOS_ID, gates=g))
+        p, self.spec, src, self.cfg.data.max_len + 1, vocab.BOS_ID, vocab.EOS_ID, gates=g))
     src = self.arrays[base.check_split(split)]["src"]
     n = len(src) if limit <= 0 else min(limit, len(src))
     batch_size = min(batch_size, n)

@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from mha_jax import interventions as I
+from mha_jax import interventions
 from mha_jax.errors import UserError
 
 KINDS = ("corrupt", "mean", "resample", "zero")
@@ -65,9 +65,9 @@ def values(kind: str, clean, *, corrupt=None, reference=None, per_position: bool
   return jnp.broadcast_to(m, clean.shape)
 
 
-def edit(kind: str, clean, *, heads=None, positions=None, **kw) -> I.Edit:
+def edit(kind: str, clean, *, heads=None, positions=None, **kw) -> interventions.Edit:
   """The Edit that ablates a site (selections as interventions.replace)."""
-  return I.replace(values(kind, clean, **kw), heads=heads, positions=positions)
+  return interventions.replace(values(kind, clean, **kw), heads=heads, positions=positions)
 
 
 def mean_edits(heads: Sequence[tuple[str, int, int]], means: Mapping) -> dict:
@@ -78,5 +78,5 @@ def mean_edits(heads: Sequence[tuple[str, int, int]], means: Mapping) -> dict:
   out: dict = {}
   for stack, layer, head in heads:
     m = jnp.asarray(means[stack][layer][head])          # (K,)
-    out.setdefault(f"{stack}.{layer}.attn.z", []).append(I.replace(m, heads=head))
+    out.setdefault(f"{stack}.{layer}.attn.z", []).append(interventions.replace(m, heads=head))
   return out

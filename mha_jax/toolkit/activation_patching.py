@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mha_jax import interventions as I
+from mha_jax import interventions
 from mha_jax.errors import UserError
 from mha_jax.toolkit.pairs import Pairs
 
@@ -129,7 +129,7 @@ class Study:
     if cache is not None:
       batch = {"tokens": tokens[:, self.prefix:], "logits_at": self.at - self.prefix,
                "cache": cache}
-    out, vals = I.run(lambda hook: self.task.apply(params, batch, hook=hook), edits, read)
+    out, vals = interventions.run(lambda hook: self.task.apply(params, batch, hook=hook), edits, read)
     return out[:, 0].astype(jnp.float32), vals
 
   def _score(self, logits_NV):
@@ -250,7 +250,7 @@ class Study:
               sel = {"positions": ((ar_t == p) | (p < 0)) & (i == l) & (k == j)}
               if per_head[j]:
                 sel["heads"] = jnp.arange(counts[j][i]) == h
-              edits[name] = I.replace(src[name], **sel)
+              edits[name] = interventions.replace(src[name], **sel)
           return self._score(self._forward(params, base_tok, edits, cache=cache)[0])
 
         return jax.lax.map(one, (ks, ls, hs, ps), batch_size=chunk)
@@ -296,7 +296,7 @@ class Study:
       sel["positions"] = position
     fn = self._cached("one", lambda: lambda p, tok, edits: self._score(
         self._forward(p, tok, edits)[0]))
-    ld, logp = fn(self.params, self.tokens[base_run], {name: I.replace(src, **sel)})
+    ld, logp = fn(self.params, self.tokens[base_run], {name: interventions.replace(src, **sel)})
     return metrics(np.asarray(ld), np.asarray(logp), self.ld_clean, self.ld_corrupt)
 
   # ------------------------------------------------------------------ attribution patching
@@ -320,7 +320,7 @@ class Study:
         zeros = {n: jnp.zeros_like(base[n]) for n in flat}
 
         def mean_ld(deltas):
-          logits, _ = self._forward(params, base_tok, {n: I.add(d) for n, d in deltas.items()})
+          logits, _ = self._forward(params, base_tok, {n: interventions.add(d) for n, d in deltas.items()})
           return self._score(logits)[0].mean()
 
         grads = jax.grad(mean_ld)(zeros)
@@ -408,11 +408,11 @@ class Study:
           frozen = {}
           for i, n in enumerate(zn):
             sender = (jnp.arange(self.heads[i]) == h) & (i == l)
-            frozen[n] = [I.replace(base[n]), I.replace(src[n], heads=sender)]
+            frozen[n] = [interventions.replace(base[n]), interventions.replace(src[n], heads=sender)]
           logits, rec = self._forward(params, base_tok, frozen, read=cn, cache=cache)
           if to_logits:
             return self._score(logits)
-          edits = {n: I.replace(rec[n], heads=(jnp.arange(self.heads[i]) == rh[r])
+          edits = {n: interventions.replace(rec[n], heads=(jnp.arange(self.heads[i]) == rh[r])
                                 & (i == rl[r])) for i, n in enumerate(cn)}
           return self._score(self._forward(params, base_tok, edits, cache=cache)[0])
 
@@ -458,8 +458,8 @@ class Study:
         scale = jax.lax.stop_gradient(vals["lm.ln_final.scale"])
 
         def ld_of(delta):
-          logits, _ = self._forward(params, tok, {"lm.ln_final.scale": I.replace(scale),
-                                                  last: I.add(delta)})
+          logits, _ = self._forward(params, tok, {"lm.ln_final.scale": interventions.replace(scale),
+                                                  last: interventions.add(delta)})
           return self._score(logits)[0].sum()
 
         g = jax.grad(ld_of)(jnp.zeros_like(vals[last]))      # (N, T, D)
@@ -467,11 +467,11 @@ class Study:
         # its scale frozen; the identity elsewhere): the gradient of g . attn_out with
         # every layer's input replaced by its own value without gradient (no path
         # through later layers).
-        frozen = {n: I.replace(jax.lax.stop_gradient(vals[n])) for n in pre + post
+        frozen = {n: interventions.replace(jax.lax.stop_gradient(vals[n])) for n in pre + post
                   if n in vals}
 
         def direct(deltas):
-          _, out = self._forward(params, tok, {**frozen, **{n: I.add(d) for n, d in
+          _, out = self._forward(params, tok, {**frozen, **{n: interventions.add(d) for n, d in
                                                             deltas.items()}}, read=an)
           return sum(jnp.sum(out[n] * g) for n in an)
 
@@ -506,7 +506,7 @@ class Study:
         vals = self._forward(params, tok, read=read)[1]
         stack = jnp.stack([vals[n] for n in read])
         return jax.lax.map(lambda r: self._score(self._forward(
-            params, tok, {last: I.replace(r)})[0]), stack)
+            params, tok, {last: interventions.replace(r)})[0]), stack)
       return fn
 
     fn = self._cached(("lens", run), build)

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from mha_jax import storage
-from mha_jax.data import vocab as V
+from mha_jax.data import vocab
 from mha_jax.toolkit import capture as capture_lib
 from mha_jax.toolkit import roles, syntax
 
@@ -34,7 +34,7 @@ def translation_roles(loaded, split: str, limit: int = 0,
     n = int(weight.sum())
     idx = range(offset, offset + n)
     src = np.asarray(batch["src"])[:n]
-    lengths = ((src != V.PAD_ID) & (src != V.EOS_ID)).sum(1)
+    lengths = ((src != vocab.PAD_ID) & (src != vocab.EOS_ID)).sum(1)
     arcs = [arcs_all[i] for i in idx] if arcs_all else None
     rarest = np.array([_rarest(src_words[i], freqs) for i in idx])
     for stack in ("encoder", "decoder_self"):
@@ -45,7 +45,7 @@ def translation_roles(loaded, split: str, limit: int = 0,
     stats["encoder"].update([np.asarray(enc[l].weights)[:n] for l in sorted(enc)], lengths,
                             arcs, rarest)
     tgt = np.asarray(batch["tgt"])[:n, :-1]
-    t_len = ((tgt != V.PAD_ID) & (tgt != V.EOS_ID)).sum(1)
+    t_len = ((tgt != vocab.PAD_ID) & (tgt != vocab.EOS_ID)).sum(1)
     dec = cap["decoder_self"]
     stats["decoder_self"].update([np.asarray(dec[l].weights)[:n] for l in sorted(dec)],
                                  t_len, None, None)

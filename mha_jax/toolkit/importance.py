@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax.errors import UserError
-from mha_jax.data import vocab as V
-from mha_jax.models import common as C
+from mha_jax.data import vocab
+from mha_jax.models import common
 from mha_jax.toolkit import ablations
 
 MODES = ("zero", "mean")   # an ablated head's output: 0, or its mean over valid
@@ -30,7 +30,7 @@ def parse_heads(params, names: str | Sequence[str]) -> list[tuple[str, int, int]
   """"encoder.2.5,decoder_cross.0.1" -> [(stack, layer, head)], checked against params."""
   if isinstance(names, str):
     names = [n for n in names.split(",") if n.strip()]
-  counts = C.head_counts(params)
+  counts = common.head_counts(params)
   out = []
   for name in names:
     parts = name.strip().split(".")
@@ -47,7 +47,7 @@ def parse_heads(params, names: str | Sequence[str]) -> list[tuple[str, int, int]
 
 
 def gates_without(params, heads: Sequence[tuple[str, int, int]]):
-  gates = C.ones_gates(params)
+  gates = common.ones_gates(params)
   for stack, layer, head in heads:
     gates[stack][layer] = gates[stack][layer].at[head].set(0.0)
   return gates
@@ -71,7 +71,7 @@ def mean_head_outputs(loaded, split: str = "valid", limit: int = 256) -> dict:
 def _query_mask(loaded, batch, stack, t):
   if "src" in batch:
     ids = batch["src"] if stack == "encoder" else batch["tgt"][:, :-1]
-    return (np.asarray(ids)[:, :t] != V.PAD_ID).astype(np.float64)
+    return (np.asarray(ids)[:, :t] != vocab.PAD_ID).astype(np.float64)
   return np.ones((len(batch["tokens"]), t))
 
 
@@ -117,7 +117,7 @@ def induction_vs_random(loaded, scores: dict[str, float], *, top: int = 5, draws
   if mode == "mean" and means is None:
     means = mean_head_outputs(loaded, "valid")
   names = sorted(scores, key=lambda n: -scores[n])[:top]
-  counts = C.head_counts(loaded.params)
+  counts = common.head_counts(loaded.params)
   others = [f"{s}.{l}.{h}" for s, per in counts.items() for l, n in enumerate(per)
             for h in range(n) if f"{s}.{l}.{h}" not in names]
   if len(others) < len(names):
@@ -160,7 +160,7 @@ def michel_importance(loaded, split: str = "valid", *, limit: int = 512,
   from mha_jax.tasks import jitted
   model = loaded.task
   params = loaded.params if params is None else params
-  ones = C.ones_gates(params) if gates is None else gates
+  ones = common.ones_gates(params) if gates is None else gates
   if not loaded.task.trainable:   # imported real models: memory-bound
     batch_size = min(batch_size, int(loaded.config.eval.batch_size))
 
@@ -206,7 +206,7 @@ def leave_one_out(loaded, *, split: str = "test", mode: str = "zero",
   if base is None:
     base = loaded.task.evaluate(loaded.params, split, bleu_limit=bleu_limit)
   means = mean_head_outputs(loaded, "valid") if mode == "mean" else None
-  names = heads or C.head_names(loaded.params)
+  names = heads or common.head_names(loaded.params)
   rows = []
   for name in names:
     h = parse_heads(loaded.params, [name])

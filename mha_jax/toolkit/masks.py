@@ -15,17 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import storage
-from mha_jax.models import common as C
+from mha_jax.models import common
 
 
 def ones_mask(params, stacks=None) -> dict:
-  return {s: [np.ones(n, np.float32) for n in c] for s, c in C.head_counts(params).items()
+  return {s: [np.ones(n, np.float32) for n in c] for s, c in common.head_counts(params).items()
           if stacks is None or s in stacks}
 
 
 def full_gates(params, partial: dict) -> dict:
   """Gates for every stack: `partial` where given, ones elsewhere."""
-  gates = C.ones_gates(params)
+  gates = common.ones_gates(params)
   for s, layers in partial.items():
     gates[s] = [jnp.asarray(g) for g in layers]
   return gates
@@ -41,12 +41,12 @@ def kept_names(mask: dict) -> list[str]:
 
 
 def _block(params, stack, layer):
-  top, attn = C.STACKS[stack]
+  top, attn = common.STACKS[stack]
   return params[top][f"layer_{layer}"][attn]
 
 
 def _with_block(params, stack, layer, blk):
-  top, attn = C.STACKS[stack]
+  top, attn = common.STACKS[stack]
   new = dict(params)
   new[top] = dict(new[top])
   new[top][f"layer_{layer}"] = dict(new[top][f"layer_{layer}"], **{attn: blk})

@@ -14,7 +14,7 @@ from mha_jax.toolkit import ablations
 from mha_jax.toolkit import capture, importance
 from mha_jax.analysis import attention_explorer, analyze
 from mha_jax.toolkit import head_roles
-from mha_jax.models import common as C
+from mha_jax.models import common
 from helpers import launch_chromium, trained_translation
 
 
@@ -100,7 +100,7 @@ def test_michel_importance_matches_a_finite_difference(loaded):
   batch = jax.tree.map(lambda a: a[:1], next(loaded.task.eval_batches("valid", 1))[0])
   loss = lambda g: float(loaded.task.loss(loaded.params, batch, gates=g)[0])
   eps = 1e-2
-  up, down = C.ones_gates(loaded.params), C.ones_gates(loaded.params)
+  up, down = common.ones_gates(loaded.params), common.ones_gates(loaded.params)
   up["encoder"][0] = up["encoder"][0].at[1].add(eps)
   down["encoder"][0] = down["encoder"][0].at[1].add(-eps)
   fd = abs(loss(up) - loss(down)) / (2 * eps)

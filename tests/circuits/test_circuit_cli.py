@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from mha_jax import cli
-from mha_jax import interventions as I
-from mha_jax.circuits import circuit, edges as E, circuit_tasks
+from mha_jax import interventions
+from mha_jax.circuits import circuit, edges as edges_lib, circuit_tasks
 from mha_jax.errors import UserError
 from mha_jax.loader import load
-from mha_jax.toolkit import activation_patching as core
+from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit.pairs import Pairs
 
 
@@ -53,7 +53,7 @@ def test_the_written_numbers_are_the_library_s(made):
   doc = json.load(open(os.path.join(out, "circuit.json")))
   loaded = load(wd)
   s, metric, _, failing = circuit.prepare(loaded, "induction", None, 4, 0, True, log=lambda m: 0)
-  es = E.EdgeStudy(s, metric=metric)
+  es = edges_lib.EdgeStudy(s, metric=metric)
   assert abs(es.m_full - doc["metric_full"]) < 1e-5
   assert len(failing) == int((s.ld_clean <= 0).sum())
   eap = es.eap()
@@ -118,13 +118,13 @@ def test_a_model_without_the_edge_sites_is_refused():
 
     def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
       x = jax.numpy.ones(batch["tokens"][:, :-1].shape + (4,))
-      x = I.at(hook, "lm.0.resid_pre", x)
-      I.at(hook, "lm.0.attn.z", x[:, :, None])
-      I.at(hook, "lm.0.attn.k", x[:, :, None])
+      x = interventions.at(hook, "lm.0.resid_pre", x)
+      interventions.at(hook, "lm.0.attn.z", x[:, :, None])
+      interventions.at(hook, "lm.0.attn.k", x[:, :, None])
       return jax.numpy.take_along_axis(x, batch["logits_at"][:, None, None], 1) + 0 * params
 
   tok = np.ones((2, 3), np.int32)
   pairs = Pairs(tok, tok, np.asarray([1, 1]), np.asarray([2, 2]), np.full(2, 3), [{}] * 2)
-  s = core.Study(Bare(), jax.numpy.zeros(()), pairs)
+  s = activation_patching.Study(Bare(), jax.numpy.zeros(()), pairs)
   with pytest.raises(UserError, match="no edge-end sites"):
-    E.EdgeStudy(s)
+    edges_lib.EdgeStudy(s)

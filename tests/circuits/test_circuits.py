@@ -11,7 +11,7 @@ import pytest
 from mha_jax.circuits import paths, circuits_report, scores
 from mha_jax.data import repeated_tokens
 from mha_jax.loader import load
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.models import lm
 from mha_jax.train import loop
 from helpers import tiny
@@ -73,16 +73,16 @@ def test_composition_hand_values_and_random_baseline():
 def test_path_expansion_sums_to_the_logits(pos):
   p = lm.init(jax.random.PRNGKey(0), vocab_size=30, d_model=16, num_heads=2, num_layers=2,
               d_ff=0, max_len=12, attn_only=True, layer_norm=False, pos=pos)
-  spec = C.ModelSpec("lm", layer_norm=False, attn_only=True, pos=pos)
+  spec = common.ModelSpec("lm", layer_norm=False, attn_only=True, pos=pos)
   tok = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 30)
   logits, cap = lm.apply(p, spec, tok, capture=True)
   pats = [np.asarray(r.weights) for r in cap["lm"]]
-  terms = paths.expand(p, tok, pats, pos_in_residual=pos not in C.SCORE_POS)
+  terms = paths.expand(p, tok, pats, pos_in_residual=pos not in common.SCORE_POS)
   assert sorted(terms) == ["order_0", "order_1", "order_2"]
   np.testing.assert_allclose(sum(terms.values()), logits, atol=1e-4)
-  single = paths.single_head_terms(p, tok, pats, pos_in_residual=pos not in C.SCORE_POS)
+  single = paths.single_head_terms(p, tok, pats, pos_in_residual=pos not in common.SCORE_POS)
   np.testing.assert_allclose(sum(single.values()), terms["order_1"], atol=1e-6)
-  rows = paths.term_importance(p, tok, pats, pos_in_residual=pos not in C.SCORE_POS)
+  rows = paths.term_importance(p, tok, pats, pos_in_residual=pos not in common.SCORE_POS)
   assert rows[-1]["removed"] == "nothing" and rows[-1]["loss_change_vs_full"] == 0.0
   with pytest.raises(ValueError, match="attention-only model without LayerNorm"):
     paths.expand(lm.init(jax.random.PRNGKey(0), vocab_size=30, d_model=16, num_heads=2,

@@ -4,13 +4,13 @@ import jax
 import numpy as np
 import pytest
 
-from mha_jax import interventions as I
-from mha_jax.circuits import edges as E
+from mha_jax import interventions
+from mha_jax.circuits import edges as edges_lib
 from mha_jax.circuits import search
 from mha_jax.errors import UserError
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.models import lm as lm_model
-from mha_jax.toolkit import activation_patching as core
+from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit.pairs import Pairs
 from mha_jax.toolkit import ablations
 from conftest import numpy_rope
@@ -20,7 +20,7 @@ from helpers import G, H, K, L, SPEC, LlamaTask, tiny_llama_pairs
 class LinearTask:
   """An attention-only LM without norms: the logits are linear in the last residual."""
   vocab_size = 20
-  spec = C.ModelSpec(kind="lm", layer_norm=False, attn_only=True)
+  spec = common.ModelSpec(kind="lm", layer_norm=False, attn_only=True)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], hook=hook,
@@ -30,14 +30,14 @@ class LinearTask:
 @pytest.fixture(scope="module")
 def setup():
   params, pairs = tiny_llama_pairs(slice(1, 4), [7, 7, 7])
-  s = core.Study(LlamaTask(), params, pairs)
+  s = activation_patching.Study(LlamaTask(), params, pairs)
   return s, params, pairs
 
 
 @pytest.fixture(scope="module")
 def es(setup):
   """The EdgeStudy of the tiny LLaMA's pairs (corrupt ablation), built once."""
-  return E.EdgeStudy(setup[0])
+  return edges_lib.EdgeStudy(setup[0])
 
 
 # ------------------------------------------------------------------ the NumPy reference
@@ -139,7 +139,7 @@ def test_exact_edge_patching_equals_numpy_substitution(setup, es):
 @pytest.mark.slow
 def test_mean_and_zero_ablated_circuits_equal_numpy(setup):
   s, params, pairs = setup
-  names = E.EdgeStudy(s).graph.edge_names()
+  names = edges_lib.EdgeStudy(s).graph.edge_names()
   _, clean_out = numpy_edges(params, pairs.clean)
   rng = np.random.default_rng(1)
   cut = [n for n in names if rng.random() < 0.5]
@@ -147,7 +147,7 @@ def test_mean_and_zero_ablated_circuits_equal_numpy(setup):
                     ("mean", {u: np.broadcast_to(v.mean(0), v.shape) for u, v in
                               clean_out.items()}),
                     ("resample", {u: v[[1, 2, 0]] for u, v in clean_out.items()})):
-    ek = E.EdgeStudy(s, ablation=kind)
+    ek = edges_lib.EdgeStudy(s, ablation=kind)
     keep = ek.keep_of([i for i, n in enumerate(names) if n not in cut])
     lg, _ = numpy_edges(params, pairs.clean, cut, abl)
     np.testing.assert_allclose(ek.metric(keep), ld_np(lg, pairs).mean(), atol=1e-4)
@@ -157,7 +157,7 @@ def test_every_edge_kept_is_the_model_and_none_the_ablated_model(setup, es):
   s, params, pairs = setup
   np.testing.assert_allclose(es.m_full, s.ld_clean.mean(), atol=1e-5)
   np.testing.assert_allclose(es.m_empty, s.ld_corrupt.mean(), atol=1e-4)
-  ez = E.EdgeStudy(s, ablation="zero")
+  ez = edges_lib.EdgeStudy(s, ablation="zero")
   _, clean_out = numpy_edges(params, pairs.clean)
   lg, _ = numpy_edges(params, pairs.clean, ez.graph.edge_names(),
                       {u: 0 * v for u, v in clean_out.items()})
@@ -169,7 +169,7 @@ def test_every_edge_kept_is_the_model_and_none_the_ablated_model(setup, es):
 def test_a_kv_edge_changes_exactly_the_query_heads_that_read_it(setup, es):
   s, params, pairs = setup
   names = es.graph.edge_names()
-  z_of = jax.jit(lambda keep: s._forward(params, s.tokens["clean"], E.G.edge_edits(
+  z_of = jax.jit(lambda keep: s._forward(params, s.tokens["clean"], edges_lib.graph_lib.edge_edits(
       es.graph, params, keep, es.ablated), read=es.sites + ("lm.1.attn.z",))[1]["lm.1.attn.z"])
   base = {"lm.1.attn.z": z_of(np.ones(es.mask.shape, np.float32))}
   for end, heads in (("lm.1.1.k", {2, 3}), ("lm.1.0.v", {0, 1})):
@@ -190,7 +190,7 @@ def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_edge():
   corrupt = rng.integers(1, 20, (4, 6)).astype(np.int32)
   pairs = Pairs(clean, corrupt, np.asarray([1, 2, 3, 4]), np.asarray([5, 6, 7, 8]),
                 np.full(4, 6), [{}] * 4)
-  es = E.EdgeStudy(core.Study(LinearTask(), params, pairs))
+  es = edges_lib.EdgeStudy(activation_patching.Study(LinearTask(), params, pairs))
   ends = [es.graph.ends[e] for e in es.edges[:, 1]]
   # into the logits, or into a last-layer value (its pattern unchanged): linear
   linear = [i for i, e in enumerate(ends) if e == "logits" or e.startswith("lm.1.")
@@ -219,7 +219,7 @@ def test_eap_ig_on_the_edge_mask_is_complete():
   params = lm_model.init(jax.random.PRNGKey(2), vocab_size=20, d_model=12, num_heads=3,
                          num_layers=2, d_ff=8, max_len=8, layer_norm=False, attn_only=True)
   params["embed"] = params["embed"] * 30.0
-  es = E.EdgeStudy(core.Study(LinearTask(), params, pairs))
+  es = edges_lib.EdgeStudy(activation_patching.Study(LinearTask(), params, pairs))
   iga = es.eap_ig(16, on="activations")
   np.testing.assert_allclose(-iga.sum(), es.m_full - es.m_empty, rtol=1e-2)
 
@@ -263,7 +263,7 @@ def test_ablation_kinds_equal_their_definitions():
   m2 = ablations.values("mean", x, reference=ref, per_position=False)
   np.testing.assert_allclose(m2[2, 1], ref.reshape(24, 2, 5).mean(0), atol=1e-6)
   e = ablations.edit("zero", x, heads=1)
-  got = I.apply_edit(e, "lm.0.attn.z", np.asarray(x, np.float32))
+  got = interventions.apply_edit(e, "lm.0.attn.z", np.asarray(x, np.float32))
   want = x.copy()
   want[:, :, 1] = 0
   np.testing.assert_allclose(got, want, atol=1e-6)
@@ -311,10 +311,10 @@ def test_node_view_equals_patching_the_other_heads(setup):
   s, params, pairs = setup
   got = search.node_view(s, ["lm.0.1", "lm.1.2"])
   zc = s.values("corrupt", ("lm.0.attn.z", "lm.1.attn.z"))
-  edits = {"lm.0.attn.z": I.replace(zc["lm.0.attn.z"], heads=[0, 2, 3]),
-           "lm.1.attn.z": I.replace(zc["lm.1.attn.z"], heads=[0, 1, 3])}
+  edits = {"lm.0.attn.z": interventions.replace(zc["lm.0.attn.z"], heads=[0, 2, 3]),
+           "lm.1.attn.z": interventions.replace(zc["lm.1.attn.z"], heads=[0, 1, 3])}
   ld_set = s.edited("clean", edits)["ld"].mean()
-  none = {n: I.replace(v) for n, v in zc.items()}
+  none = {n: interventions.replace(v) for n, v in zc.items()}
   ld_none = s.edited("clean", none)["ld"].mean()
   want = (ld_set - ld_none) / (s.ld_clean.mean() - ld_none)
   np.testing.assert_allclose(got["faithfulness_nodes"], want, rtol=1e-5)

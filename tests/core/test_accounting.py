@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from mha_jax import accounting
-from mha_jax import attention as A
+from mha_jax import attention
 
 
 @pytest.mark.parametrize("h", [1, 2, 4, 8, 16, 32, 64])
 @pytest.mark.parametrize("use_bias", [False, True])
 def test_param_count_matches_pytree_and_is_flat_in_h(h, use_bias):
   d = 64
-  p = jax.eval_shape(lambda k: A.init_attention_params(k, d, h, use_bias=use_bias),
+  p = jax.eval_shape(lambda k: attention.init_attention_params(k, d, h, use_bias=use_bias),
                      jax.random.PRNGKey(0))
   n = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(p))
   assert n == accounting.attention_params(d, h, use_bias=use_bias)
@@ -24,7 +24,7 @@ def test_param_count_matches_pytree_and_is_flat_in_h(h, use_bias):
 @pytest.mark.parametrize("use_bias", [False, True])
 def test_gqa_param_count_matches_pytree(h, g, use_bias):
   d = 128 if h != 12 else 96
-  p = jax.eval_shape(lambda k: A.init_attention_params(k, d, h, use_bias=use_bias,
+  p = jax.eval_shape(lambda k: attention.init_attention_params(k, d, h, use_bias=use_bias,
                                                         num_kv_heads=g), jax.random.PRNGKey(0))
   n = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(p))
   assert n == accounting.attention_params(d, h, use_bias=use_bias, num_kv_heads=g)
@@ -35,7 +35,7 @@ def test_gqa_param_count_matches_pytree(h, g, use_bias):
 
 def test_kv_cache_bytes_match_the_cache_pytree():
   for b, t, g, k, dtype in ((1, 16, 8, 128, jnp.bfloat16), (3, 5, 1, 64, jnp.float32)):
-    c = jax.eval_shape(lambda: A.init_kv_cache(b, t, g, k, dtype))
+    c = jax.eval_shape(lambda: attention.init_kv_cache(b, t, g, k, dtype))
     n = sum(a.size * a.dtype.itemsize for a in (c["k"], c["v"]))
     assert n == accounting.kv_cache_bytes(t, g, k, batch=b, dtype=dtype)
   # LLaMA-2 70B: 80 layers, 8 kv heads of 128, bf16, 4096 tokens = 1.25 GiB per sequence.
@@ -55,25 +55,25 @@ def _xla_flops(fn, *args):
 @pytest.mark.parametrize("d,h,t,s", [(128, 4, 64, 64), (128, 16, 64, 64), (256, 8, 128, 128),
                                      (128, 8, 32, 96)])
 def test_flops_match_xla_within_5_percent(d, h, t, s):
-  p = A.init_attention_params(jax.random.PRNGKey(0), d, h)
+  p = attention.init_attention_params(jax.random.PRNGKey(0), d, h)
   x = jnp.zeros((2, t, d))
   c = jnp.zeros((2, s, d))
   want = accounting.attention_flops(d, t, kv_len=s, batch=2)["total"]
   for impl in ("reference", "xla"):
-    got = _xla_flops(lambda p, x, c: A.multi_head_attention(p, x, c, impl=impl), p, x, c)
+    got = _xla_flops(lambda p, x, c: attention.multi_head_attention(p, x, c, impl=impl), p, x, c)
     assert abs(got - want) / want < 0.05, (impl, got, want)
 
 
 def test_gqa_flops_match_xla_within_5_percent():
   d, h, g, t, s = 256, 8, 2, 32, 96
-  p = A.init_attention_params(jax.random.PRNGKey(0), d, h, num_kv_heads=g)
+  p = attention.init_attention_params(jax.random.PRNGKey(0), d, h, num_kv_heads=g)
   x, c = jnp.zeros((2, t, d)), jnp.zeros((2, s, d))
   want = accounting.attention_flops(d, t, kv_len=s, batch=2, num_heads=h, num_kv_heads=g)
   mha = accounting.attention_flops(d, t, kv_len=s, batch=2)
   assert want["scores"] == mha["scores"] and want["mixing"] == mha["mixing"]
   assert mha["projections"] - want["projections"] == 2 * 4 * s * d * (d - g * d // h)
   for impl in ("reference", "xla"):
-    got = _xla_flops(lambda p, x, c: A.multi_head_attention(p, x, c, impl=impl), p, x, c)
+    got = _xla_flops(lambda p, x, c: attention.multi_head_attention(p, x, c, impl=impl), p, x, c)
     assert abs(got - want["total"]) / want["total"] < 0.05, (impl, got, want)
 
 
@@ -81,16 +81,16 @@ def test_flops_do_not_depend_on_h_but_score_memory_does():
   d, t = 256, 64
   counts = []
   for h in (1, 4, 16, 64, 256):
-    p = A.init_attention_params(jax.random.PRNGKey(0), d, h)
-    counts.append(_xla_flops(lambda p, x: A.multi_head_attention(p, x, impl="reference"),
+    p = attention.init_attention_params(jax.random.PRNGKey(0), d, h)
+    counts.append(_xla_flops(lambda p, x: attention.multi_head_attention(p, x, impl="reference"),
                              p, jnp.zeros((1, t, d))))
   base = accounting.attention_flops(d, t)["total"]
   # XLA adds softmax elementwise work (a few ops per score), which grows with h.
   assert all(abs(c - base) / base < 0.05 for c in counts[:4]), counts
   mem = [accounting.score_memory_bytes(2, h, 128) for h in (8, 16, 96)]
   assert mem == [2 * h * 128 * 128 * 4 for h in (8, 16, 96)]
-  params = jax.eval_shape(lambda k: A.init_attention_params(k, 256, 16), jax.random.PRNGKey(0))
-  w = jax.eval_shape(lambda p, x: A.multi_head_attention(p, x, return_weights=True).weights,
+  params = jax.eval_shape(lambda k: attention.init_attention_params(k, 256, 16), jax.random.PRNGKey(0))
+  w = jax.eval_shape(lambda p, x: attention.multi_head_attention(p, x, return_weights=True).weights,
                      params, jax.ShapeDtypeStruct((2, 128, 256), jnp.float32))
   assert int(np.prod(w.shape)) * 4 == accounting.score_memory_bytes(2, 16, 128)
 
@@ -118,16 +118,16 @@ def test_variant_params_match_init_and_flops_match_xla(variant):
   """Counted params equal init_attention_params' leaves; counted FLOPs equal XLA's
   matmul count of the reference forward (elementwise work aside, within 10%)."""
   import jax
-  from mha_jax import attention as A
+  from mha_jax import attention
   d, h, t = 64, 4, 16
-  shapes = jax.eval_shape(lambda k: A.init_attention_params(k, d, h, variant=variant,
+  shapes = jax.eval_shape(lambda k: attention.init_attention_params(k, d, h, variant=variant,
                                                             use_bias=True),
                           jax.random.PRNGKey(0))
   assert sum(int(np.prod(a.shape)) for a in jax.tree.leaves(shapes)) == \
       accounting.attention_params(d, h, use_bias=True, variant=variant)
-  p = A.init_attention_params(jax.random.PRNGKey(0), d, h, variant=variant)
+  p = attention.init_attention_params(jax.random.PRNGKey(0), d, h, variant=variant)
   x = jax.numpy.ones((1, t, d))
-  cost = jax.jit(lambda p, x: A.multi_head_attention(p, x, variant=variant,
+  cost = jax.jit(lambda p, x: attention.multi_head_attention(p, x, variant=variant,
                                                      impl="reference")).lower(
       p, x).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost

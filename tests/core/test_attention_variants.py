@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha_jax import attention as A
+from mha_jax import attention
 
 sys.path.insert(0, os.path.dirname(__file__))
 import golden_cases  # noqa: E402
@@ -35,17 +35,17 @@ def test_fused_qkv_projection_equals_three_matmuls_with_gradients(h, g):
   matmuls). Outputs and gradients agree to 1e-6 of their scale."""
   rng = np.random.default_rng(h * 100 + g)
   d, k = 96, 96 // h
-  shapes = A.param_shapes(d, h, k, g)
+  shapes = attention.param_shapes(d, h, k, g)
   p = {n: jnp.asarray(rng.standard_normal(shapes[n]) * (d ** -0.5 if n[0] == "w" else 0.1),
                       jnp.float32) for n in ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo")}
   x = jnp.asarray(rng.standard_normal((2, 3, d)), jnp.float32)
   mask = jnp.asarray(rng.random((2, 1, 3, 3)) < 0.8)
 
   def fused(p, x):
-    return A.multi_head_attention(p, x, mask=mask, causal=True)
+    return attention.multi_head_attention(p, x, mask=mask, causal=True)
 
   def unfused(p, x):   # x + 0: equal values, another array: one matmul per projection
-    return A.multi_head_attention(p, x, x + 0.0, mask=mask, causal=True)
+    return attention.multi_head_attention(p, x, x + 0.0, mask=mask, causal=True)
 
   def both(p, x):
     loss = lambda f: lambda p, x: jnp.sum(jnp.sin(f(p, x)))
@@ -74,17 +74,17 @@ def test_softmax_is_bit_identical_to_the_code_before_the_variants():
 # ---------------------------------------------------------------- the variants
 
 from conftest import numpy_rope  # noqa: E402
-from mha_jax import interventions as I  # noqa: E402
+from mha_jax import interventions  # noqa: E402
 from mha_jax.kernels import blocked as blocked_lib  # noqa: E402
 
-VARIANTS = A.VARIANTS
+VARIANTS = attention.VARIANTS
 B, T, D, H, G = 2, 6, 16, 4, 2
 
 
 def _variant_params(variant, g=G, seed=0):
   """init_attention_params plus non-zero biases and variant params that are not at
   their initial values (so that every one of them is really tested)."""
-  p = dict(A.init_attention_params(jax.random.PRNGKey(seed), D, H, num_kv_heads=g,
+  p = dict(attention.init_attention_params(jax.random.PRNGKey(seed), D, H, num_kv_heads=g,
                                    use_bias=True, variant=variant))
   rng = np.random.default_rng(seed + 1)
   for name in p:
@@ -190,16 +190,16 @@ def test_variant_matches_numpy_oracle_with_mask_gqa_rope_and_gradients(variant):
   x = jnp.asarray(np.random.default_rng(5).standard_normal((B, T, D)), jnp.float32)
   mask = _pad_mask()
   r = jnp.asarray(np.random.default_rng(6).standard_normal((B, T, D)), jnp.float32)
-  kw = dict(mask=mask, causal=True, rope=A.RoPE(), variant=variant, layer=2)
+  kw = dict(mask=mask, causal=True, rope=attention.RoPE(), variant=variant, layer=2)
 
   def run(p, x):
     outs = []
     for impl in ("reference", "blocked"):
-      loss = lambda p, x, impl=impl: jnp.sum(r * A.multi_head_attention(p, x, impl=impl,
+      loss = lambda p, x, impl=impl: jnp.sum(r * attention.multi_head_attention(p, x, impl=impl,
                                                                         **kw))
-      outs.append((A.multi_head_attention(p, x, impl=impl, **kw),
+      outs.append((attention.multi_head_attention(p, x, impl=impl, **kw),
                    jax.grad(loss, argnums=(0, 1))(p, x)))
-    w = A.multi_head_attention(p, x, return_weights=True, **kw).weights
+    w = attention.multi_head_attention(p, x, return_weights=True, **kw).weights
     return outs, w
 
   outs, w = jax.jit(run)(p, x)
@@ -260,28 +260,28 @@ def test_gate_held_at_one_and_lambda_zero_reduce_to_softmax():
   x = jnp.asarray(np.random.default_rng(9).standard_normal((B, T, D)), jnp.float32)
   base = _variant_params("softmax")
   kw = dict(causal=True, mask=_pad_mask())
-  want = A.multi_head_attention(base, x, **kw)
+  want = attention.multi_head_attention(base, x, **kw)
   # gated: wg = 0 and a large bias put sigmoid at 1 (to float32), per element and per head
   for variant, shape in (("gated", (D, H, D // H)), ("gated_head", (D, H))):
     p = {**base, "wg": jnp.zeros(shape), "bg": jnp.full(shape[1:], 40.0)}
-    np.testing.assert_array_equal(A.multi_head_attention(p, x, variant=variant, **kw), want)
+    np.testing.assert_array_equal(attention.multi_head_attention(p, x, variant=variant, **kw), want)
   # differential with lambda = 0: the first map alone, through the per-head RMS norm and
   # the (1 - lambda_init) scale. exp(q2 . k2) = exp(q1 . k1) + lambda_init gives 0.
-  lam_init = A.diff_lambda_init(0)
+  lam_init = attention.diff_lambda_init(0)
   k = D // H
   q2 = jnp.zeros((H, k // 2)).at[:, 0].set(np.sqrt(np.log(1 + lam_init)))
   p = {**base, "lambda_q1": jnp.zeros((H, k // 2)), "lambda_k1": jnp.zeros((H, k // 2)),
        "lambda_q2": q2, "lambda_k2": q2, "diff_norm": jnp.ones((k,))}
-  got = A.multi_head_attention(p, x, variant="differential", return_weights=True, **kw)
+  got = attention.multi_head_attention(p, x, variant="differential", return_weights=True, **kw)
   # A softmax layer whose queries and keys are the first halves (times 2^(1/4) each:
   # the scale 1 / sqrt(K/2)), padded with zeros: the same map, the same values.
   pad = lambda w: jnp.concatenate([w[..., :k // 2] * 2 ** 0.25, jnp.zeros_like(w[..., k // 2:])],
                                   axis=-1)
   sm = {**base, "wq": pad(base["wq"]), "wk": pad(base["wk"]), "bq": pad(base["bq"]),
         "bk": pad(base["bk"])}
-  heads = A.multi_head_attention(sm, x, return_weights=True, **kw).heads
+  heads = attention.multi_head_attention(sm, x, return_weights=True, **kw).heads
   ms = jnp.mean(heads ** 2, -1, keepdims=True)
-  _close(got.heads, heads / jnp.sqrt(ms + A.DIFF_NORM_EPS) * (1 - lam_init), what="heads")
+  _close(got.heads, heads / jnp.sqrt(ms + attention.DIFF_NORM_EPS) * (1 - lam_init), what="heads")
 
 
 def test_kv_cache_decoding_equals_one_pass_for_every_variant():
@@ -289,12 +289,12 @@ def test_kv_cache_decoding_equals_one_pass_for_every_variant():
 
   def both(variant):
     p = _variant_params(variant)
-    kw = dict(causal=True, rope=A.RoPE(), variant=variant,
+    kw = dict(causal=True, rope=attention.RoPE(), variant=variant,
               sigmoid_bias=-2.0 if variant == "sigmoid" else None)
-    full = A.multi_head_attention(p, x, **kw)
-    cache = A.init_kv_cache(B, 8, G, D // H)
-    y1, cache = A.multi_head_attention(p, x[:, :3], cache=cache, **kw)
-    y2, _ = A.multi_head_attention(p, x[:, 3:], cache=cache, **kw)
+    full = attention.multi_head_attention(p, x, **kw)
+    cache = attention.init_kv_cache(B, 8, G, D // H)
+    y1, cache = attention.multi_head_attention(p, x[:, :3], cache=cache, **kw)
+    y2, _ = attention.multi_head_attention(p, x[:, 3:], cache=cache, **kw)
     return full, jnp.concatenate([y1, y2], axis=1)
 
   for variant in VARIANTS:
@@ -307,42 +307,42 @@ def test_variant_sites_read_and_edit():
   kw = dict(causal=True, mask=_pad_mask())
 
   def run(p, variant, edits=None, read=()):
-    return I.run(lambda hook: A.multi_head_attention(
-        p, x, variant=variant, site=I.scope(hook, "lm.0.attn"), **kw), edits, read)
+    return interventions.run(lambda hook: attention.multi_head_attention(
+        p, x, variant=variant, site=interventions.scope(hook, "lm.0.attn"), **kw), edits, read)
 
   # gate: read it (sigmoid of x wg + bg); a gate replaced by 1 is softmax attention.
   p = _variant_params("gated")
   _, got = run(p, "gated", read=["lm.0.attn.gate"])
   want = 1 / (1 + np.exp(-(np.einsum("btd,dhk->bthk", x, p["wg"]) + p["bg"])))
   _close(got["lm.0.attn.gate"], want, rtol=1e-5, what="gate")
-  ones, _ = run(p, "gated", edits={"lm.0.attn.gate": I.replace(1.0)})
+  ones, _ = run(p, "gated", edits={"lm.0.attn.gate": interventions.replace(1.0)})
   plain = {n: a for n, a in p.items() if n not in ("wg", "bg")}
-  _close(ones, A.multi_head_attention(plain, x, **kw), what="gate = 1")
+  _close(ones, attention.multi_head_attention(plain, x, **kw), what="gate = 1")
   # gated_head: ablating head 1's gate is removing head 1.
   p = _variant_params("gated_head")
-  y0, got = run(p, "gated_head", edits={"lm.0.attn.gate": I.replace(0.0, heads=1)},
+  y0, got = run(p, "gated_head", edits={"lm.0.attn.gate": interventions.replace(0.0, heads=1)},
                 read=["lm.0.attn.gate"])
   assert got["lm.0.attn.gate"].shape == (B, T, H)
   np.testing.assert_array_equal(got["lm.0.attn.gate"][:, :, 1], 0.0)
   gates = jnp.ones(H).at[1].set(0.0)
-  _close(y0, A.multi_head_attention(p, x, variant="gated_head", head_gates=gates, **kw),
+  _close(y0, attention.multi_head_attention(p, x, variant="gated_head", head_gates=gates, **kw),
          what="gate ablation")
   # sink: the weight is 1 minus the pattern's rows; replaced by 0 it is plain softmax.
   p = _variant_params("sink")
   _, got = run(p, "sink", read=["lm.0.attn.sink_weight", "lm.0.attn.pattern"])
   _close(got["lm.0.attn.sink_weight"], 1 - got["lm.0.attn.pattern"].sum(-1), what="sink")
   assert float(got["lm.0.attn.sink_weight"].min()) > 0
-  y, _ = run(p, "sink", edits={"lm.0.attn.sink_weight": I.replace(0.0)})
+  y, _ = run(p, "sink", edits={"lm.0.attn.sink_weight": interventions.replace(0.0)})
   plain = {n: a for n, a in p.items() if n != "sink_logit"}
-  _close(y, A.multi_head_attention(plain, x, **kw), rtol=1e-5, what="sink weight 0")
+  _close(y, attention.multi_head_attention(plain, x, **kw), rtol=1e-5, what="sink weight 0")
   # differential: pattern2 is the second map; zeroed, lambda no longer matters.
   p = _variant_params("differential")
   _, got = run(p, "differential", read=["lm.0.attn.pattern2", "lm.0.attn.pattern"])
   _close(got["lm.0.attn.pattern2"].sum(-1)[0], np.ones((H, T)), what="pattern2 rows")
   assert float(jnp.abs(got["lm.0.attn.pattern2"] - got["lm.0.attn.pattern"]).max()) > 1e-3
-  y1, _ = run(p, "differential", edits={"lm.0.attn.pattern2": I.replace(0.0)})
+  y1, _ = run(p, "differential", edits={"lm.0.attn.pattern2": interventions.replace(0.0)})
   p2 = {**p, "lambda_q1": -p["lambda_q1"]}
-  y2, _ = run(p2, "differential", edits={"lm.0.attn.pattern2": I.replace(0.0)})
+  y2, _ = run(p2, "differential", edits={"lm.0.attn.pattern2": interventions.replace(0.0)})
   _close(y1, y2, what="lambda without its map")
 
 
@@ -350,28 +350,28 @@ def test_unknown_variant_and_unsupported_kernels_are_refused_by_name():
   x = jnp.ones((1, 3, D))
   p = _variant_params("softmax")
   with pytest.raises(ValueError, match="variant must be one of .*'nope'"):
-    A.multi_head_attention(p, x, variant="nope")
+    attention.multi_head_attention(p, x, variant="nope")
   with pytest.raises(ValueError, match="variant must be one of"):
-    A.init_attention_params(jax.random.PRNGKey(0), D, H, variant="nope")
+    attention.init_attention_params(jax.random.PRNGKey(0), D, H, variant="nope")
   for variant in ("sigmoid", "sink", "differential"):
     pv = _variant_params(variant)
     for impl in ("xla", "pallas"):
       with pytest.raises(ValueError, match=f"impl='{impl}' does not serve variant='{variant}'"):
-        A.multi_head_attention(pv, x, variant=variant, impl=impl)
+        attention.multi_head_attention(pv, x, variant=variant, impl=impl)
   with pytest.raises(ValueError, match=r"'wg'.*variant='softmax'"):
-    A.multi_head_attention(_variant_params("gated"), x)
+    attention.multi_head_attention(_variant_params("gated"), x)
   with pytest.raises(ValueError, match=r"variant='sink' needs params\['sink_logit'\]"):
-    A.multi_head_attention(p, x, variant="sink")
+    attention.multi_head_attention(p, x, variant="sink")
   with pytest.raises(ValueError, match="sigmoid_bias"):
-    A.multi_head_attention(p, x, sigmoid_bias=-1.0)
+    attention.multi_head_attention(p, x, sigmoid_bias=-1.0)
   with pytest.raises(ValueError, match="K=3 must be even"):
-    A.init_attention_params(jax.random.PRNGKey(0), 12, 4, variant="differential")
+    attention.init_attention_params(jax.random.PRNGKey(0), 12, 4, variant="differential")
 
 
 def test_variant_param_shapes_are_documented_and_slice_with_heads():
   for variant in VARIANTS:
-    p = A.init_attention_params(jax.random.PRNGKey(0), D, H, variant=variant)
-    want = A.variant_param_shapes(variant, D, H, D // H)
+    p = attention.init_attention_params(jax.random.PRNGKey(0), D, H, variant=variant)
+    want = attention.variant_param_shapes(variant, D, H, D // H)
     assert {n: tuple(p[n].shape) for n in want} == want
     assert set(p) == {"wq", "wk", "wv", "wo"} | set(want)
   # Head i of every per-head param is its row: two heads kept is slicing.
@@ -381,8 +381,8 @@ def test_variant_param_shapes_are_documented_and_slice_with_heads():
             ("bq", "bk", "bv", "bg", "wo") else a) for n, a in p.items()}
   x = jnp.asarray(np.random.default_rng(12).standard_normal((1, 4, D)), jnp.float32)
   gates = jnp.zeros(H).at[keep].set(1.0)
-  _close(A.multi_head_attention(sl, x, variant="gated"),
-         A.multi_head_attention(p, x, variant="gated", head_gates=gates), what="sliced")
+  _close(attention.multi_head_attention(sl, x, variant="gated"),
+         attention.multi_head_attention(p, x, variant="gated", head_gates=gates), what="sliced")
 
 
 @pytest.mark.slow

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from mha_jax import attention
-from mha_jax import interventions as I
+from mha_jax import interventions
 from mha_jax.models import bert, llama
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.models import lm as lm_model
 from mha_jax.models import seq2seq
 from helpers import D, G, H, K, L, SPEC, numpy_llama
@@ -24,7 +24,7 @@ def tiny():
 
 
 def fwd(params, tokens, edits=None, read=()):
-  return I.run(lambda hook: llama.apply(params, SPEC, tokens, hook=hook), edits, read)
+  return interventions.run(lambda hook: llama.apply(params, SPEC, tokens, hook=hook), edits, read)
 
 
 def test_sites_match_the_numpy_oracle_and_patching_a_head_matches_substitution(tiny):
@@ -44,24 +44,24 @@ def test_sites_match_the_numpy_oracle_and_patching_a_head_matches_substitution(t
     return z
 
   want, _ = numpy_llama(params, corrupt, {(0, "z"): sub})
-  got, _ = fwd(params, corrupt, {"lm.0.attn.z": I.replace(vals["lm.0.attn.z"], heads=2,
+  got, _ = fwd(params, corrupt, {"lm.0.attn.z": interventions.replace(vals["lm.0.attn.z"], heads=2,
                                                             positions=4)})
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
   # add and scale: z of every head halved on row 1, mlp_out of layer 1 plus a vector
   half = lambda z: np.where(np.arange(3)[:, None, None, None] == 1, z * 0.5, z)  # noqa
   vec = np.linspace(-1, 1, D)
   want, _ = numpy_llama(params, clean, {(1, "z"): half, (1, "mlp_out"): lambda m: m + vec})
-  got, _ = fwd(params, clean, {"lm.1.attn.z": I.scale(0.5, rows=[1]),
-                               "lm.1.mlp_out": I.add(jnp.asarray(vec, jnp.float32))})
+  got, _ = fwd(params, clean, {"lm.1.attn.z": interventions.scale(0.5, rows=[1]),
+                               "lm.1.mlp_out": interventions.add(jnp.asarray(vec, jnp.float32))})
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
 
 
 def test_patching_every_site_with_its_own_value_changes_nothing(tiny):
   params, clean, _ = tiny
-  names = [n for n in I.site_names(params)]
+  names = [n for n in interventions.site_names(params)]
   base, vals = fwd(params, clean, read=names)
   assert set(vals) == set(names)
-  edits = {n: I.replace(v) for n, v in vals.items()}
+  edits = {n: interventions.replace(v) for n, v in vals.items()}
   again, _ = fwd(params, clean, edits)
   np.testing.assert_array_equal(np.asarray(again), np.asarray(base))
 
@@ -70,10 +70,10 @@ def test_denoising_every_head_and_the_rest_of_the_stream_gives_the_clean_logits(
   params, clean, corrupt = tiny
   read = ["lm.0.resid_pre", "lm.*.attn.z", "lm.*.mlp_out"]
   want, vals = fwd(params, clean, read=read)
-  got, _ = fwd(params, corrupt, {n: I.replace(v) for n, v in vals.items()})
+  got, _ = fwd(params, corrupt, {n: interventions.replace(v) for n, v in vals.items()})
   np.testing.assert_allclose(got, want, atol=1e-5)
   # every head and MLP without the embeddings (the stream's direct path) is not clean
-  part, _ = fwd(params, corrupt, {n: I.replace(v) for n, v in vals.items()
+  part, _ = fwd(params, corrupt, {n: interventions.replace(v) for n, v in vals.items()
                                   if "resid" not in n})
   assert np.abs(np.asarray(part) - np.asarray(want)).max() > 1e-3
 
@@ -84,7 +84,7 @@ def test_one_kv_head_patched_changes_exactly_the_query_heads_that_read_it(tiny):
   _, base = fwd(params, corrupt, read=["lm.1.attn.z"])
   for j in range(G):
     for site in ("k", "v"):
-      _, got = fwd(params, corrupt, {f"lm.1.attn.{site}": I.replace(src[f"lm.1.attn.{site}"],
+      _, got = fwd(params, corrupt, {f"lm.1.attn.{site}": interventions.replace(src[f"lm.1.attn.{site}"],
                                                                      heads=j)},
                    read=["lm.1.attn.z"])
       diff = np.abs(np.asarray(got["lm.1.attn.z"]) - np.asarray(base["lm.1.attn.z"]))
@@ -103,7 +103,7 @@ def test_keys_per_query_head_change_only_that_head(tiny):
   _, base = fwd(params, corrupt, read=["lm.0.attn.z", "lm.0.attn.k_q", "lm.0.attn.k"])
   kq, k = np.asarray(base["lm.0.attn.k_q"]), np.asarray(base["lm.0.attn.k"])
   np.testing.assert_array_equal(kq, np.repeat(k, H // G, axis=2))   # repeat_kv order
-  _, got = fwd(params, corrupt, {"lm.0.attn.k_q": I.replace(src["lm.0.attn.k_q"], heads=1)},
+  _, got = fwd(params, corrupt, {"lm.0.attn.k_q": interventions.replace(src["lm.0.attn.k_q"], heads=1)},
                read=["lm.0.attn.z"])
   diff = np.abs(np.asarray(got["lm.0.attn.z"]) - np.asarray(base["lm.0.attn.z"]))
   per_head = diff.max(axis=(0, 1, 3))
@@ -120,7 +120,7 @@ def test_pattern_and_result_sites(tiny):
   # a uniform causal pattern for head 3: its z is the running mean of its values
   t = w.shape[-1]
   uni = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
-  _, got = fwd(params, clean, {"lm.0.attn.pattern": I.replace(jnp.asarray(uni, jnp.float32),
+  _, got = fwd(params, clean, {"lm.0.attn.pattern": interventions.replace(jnp.asarray(uni, jnp.float32),
                                                               heads=3)},
                read=["lm.0.attn.z"])
   v = np.asarray(vals["lm.0.attn.v"])[:, :, 3 // (H // G)]
@@ -134,7 +134,7 @@ def test_vmap_over_a_head_index_equals_one_edit_at_a_time(tiny):
   _, src = fwd(params, clean, read=["lm.1.attn.z"])
 
   def one(h):
-    return fwd(params, corrupt, {"lm.1.attn.z": I.replace(src["lm.1.attn.z"], heads=h)})[0]
+    return fwd(params, corrupt, {"lm.1.attn.z": interventions.replace(src["lm.1.attn.z"], heads=h)})[0]
 
   batched = jax.jit(jax.vmap(one))(jnp.arange(H))
   for h in range(H):
@@ -145,7 +145,7 @@ def test_gates_and_capture_are_uses_of_the_mechanism(tiny):
   params, clean, _ = tiny
   gates = {"lm": [jnp.asarray([1.0, 0.0, 0.5, 1.0]), jnp.ones((H,))]}
   a = llama.apply(params, SPEC, clean, gates=gates)
-  b, _ = fwd(params, clean, {"lm.0.attn.z": I.scale(jnp.asarray([1.0, 0.0, 0.5, 1.0])[
+  b, _ = fwd(params, clean, {"lm.0.attn.z": interventions.scale(jnp.asarray([1.0, 0.0, 0.5, 1.0])[
       None, None, :, None])})
   np.testing.assert_allclose(a, b, atol=1e-6)
   logits, cap = llama.apply(params, SPEC, clean, capture=True)
@@ -172,25 +172,25 @@ def test_other_models_have_sites():
   tokens = jnp.asarray(np.random.default_rng(1).integers(1, 20, (2, 5)), jnp.int32)
   p = lm_model.init(key, vocab_size=20, d_model=8, num_heads=2, num_layers=2, d_ff=16,
                     max_len=8)
-  spec = C.ModelSpec(kind="lm")
+  spec = common.ModelSpec(kind="lm")
   base = lm_model.apply(p, spec, tokens)
-  got, vals = I.run(lambda hook: lm_model.apply(p, spec, tokens, hook=hook),
-                    read=I.site_names(p))
+  got, vals = interventions.run(lambda hook: lm_model.apply(p, spec, tokens, hook=hook),
+                    read=interventions.site_names(p))
   np.testing.assert_allclose(got, base, atol=1e-6)   # reading `result` sums per head
-  again, _ = I.run(lambda hook: lm_model.apply(p, spec, tokens, hook=hook),
-                   {n: I.replace(v) for n, v in vals.items()})
+  again, _ = interventions.run(lambda hook: lm_model.apply(p, spec, tokens, hook=hook),
+                   {n: interventions.replace(v) for n, v in vals.items()})
   np.testing.assert_array_equal(again, got)
   bp = bert.init(key, vocab_size=20, d_model=8, num_heads=2, num_layers=2, d_ff=16,
                  max_len=8)
   bspec = bert.BertSpec()
   hb = bert.apply(bp, bspec, tokens)
-  got, vals = I.run(lambda hook: bert.apply(bp, bspec, tokens, hook=hook),
-                    {"encoder.1.attn.z": I.scale(0.0, heads=1)}, read=["encoder.*.attn.z"])
+  got, vals = interventions.run(lambda hook: bert.apply(bp, bspec, tokens, hook=hook),
+                    {"encoder.1.attn.z": interventions.scale(0.0, heads=1)}, read=["encoder.*.attn.z"])
   assert np.all(np.asarray(vals["encoder.1.attn.z"])[:, :, 1] == 0)
   assert np.abs(np.asarray(got) - np.asarray(hb)).max() > 1e-4
   sp = seq2seq.init(key, vocab_size=20, d_model=8, num_heads=2, enc_layers=1, dec_layers=1,
                     d_ff=16)
-  sspec = C.ModelSpec(kind="seq2seq")
+  sspec = common.ModelSpec(kind="seq2seq")
   _, cap = seq2seq.apply(sp, sspec, tokens, tokens, capture=True)
   assert set(cap) == {"encoder", "decoder_self", "decoder_cross"}
   assert cap["decoder_cross"][0].weights.shape == (2, 2, 5, 5)
@@ -199,12 +199,12 @@ def test_other_models_have_sites():
 def test_bad_edits_are_refused(tiny):
   params, clean, _ = tiny
   with pytest.raises(ValueError, match="lm.9.attn.z"):
-    fwd(params, clean, {"lm.9.attn.z": I.replace(0.0)})
+    fwd(params, clean, {"lm.9.attn.z": interventions.replace(0.0)})
   with pytest.raises(ValueError, match="does not broadcast"):
-    fwd(params, clean, {"lm.0.attn.z": I.replace(jnp.zeros((5,)))})
+    fwd(params, clean, {"lm.0.attn.z": interventions.replace(jnp.zeros((5,)))})
   with pytest.raises(ValueError, match="no heads axis"):
-    fwd(params, clean, {"lm.0.resid_pre": I.replace(0.0, heads=1)})
+    fwd(params, clean, {"lm.0.resid_pre": interventions.replace(0.0, heads=1)})
   with pytest.raises(ValueError, match="op must be one of"):
-    I.Edit("swap", 0.0)
+    interventions.Edit("swap", 0.0)
   with pytest.raises(ValueError, match="must be an Edit"):
-    I.Hook({"lm.0.attn.z": 0.0})
+    interventions.Hook({"lm.0.attn.z": 0.0})

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import numpy_mha
 from mha_jax import accounting
-from mha_jax import attention as A
+from mha_jax import attention
 
 ZOO = {e.name: e for e in accounting.ZOO}
 T, B = 128, 2
@@ -22,32 +22,32 @@ T, B = 128, 2
 def test_every_intermediate_shape_at_real_width(name):
   e = ZOO[name]
   d, h, k, g = e.d_model, e.num_heads, e.d_model // e.num_heads, e.kv_heads
-  params = jax.eval_shape(lambda key: A.init_attention_params(key, d, h, use_bias=True,
+  params = jax.eval_shape(lambda key: attention.init_attention_params(key, d, h, use_bias=True,
                                                               num_kv_heads=g),
                           jax.random.PRNGKey(0))
   chex.assert_trees_all_equal_shapes(params, {n: jax.ShapeDtypeStruct(s, jnp.float32) for n, s
-                                              in A.param_shapes(d, h, k, g).items()})
+                                              in attention.param_shapes(d, h, k, g).items()})
   # Each of W_Q, W_O holds d_model x d_model numbers, whatever h is; W_K, W_V too
   # unless the key/value heads are grouped (then h_kv / h of that).
   assert all(np.prod(params[n].shape) == d * d for n in ("wq", "wo"))
   assert all(np.prod(params[n].shape) == d * d * g // h for n in ("wk", "wv"))
   x = jax.ShapeDtypeStruct((B, T, d), jnp.float32)
   ctx = jax.ShapeDtypeStruct((B, 2 * T, d), jnp.float32)
-  q = jax.eval_shape(lambda x: A.split_heads(x, h), x)
-  kk = jax.eval_shape(lambda c: A.split_heads(c[..., :g * k], g), ctx)
-  s = jax.eval_shape(A.attention_scores, q, kk)
-  w = jax.eval_shape(A.attention_weights, s)
-  o = jax.eval_shape(A.mix_values, w, kk)
-  m = jax.eval_shape(A.merge_heads, o)
+  q = jax.eval_shape(lambda x: attention.split_heads(x, h), x)
+  kk = jax.eval_shape(lambda c: attention.split_heads(c[..., :g * k], g), ctx)
+  s = jax.eval_shape(attention.attention_scores, q, kk)
+  w = jax.eval_shape(attention.attention_weights, s)
+  o = jax.eval_shape(attention.mix_values, w, kk)
+  m = jax.eval_shape(attention.merge_heads, o)
   assert (q.shape, kk.shape, s.shape, w.shape, o.shape, m.shape) == (
       (B, T, h, k), (B, 2 * T, g, k), (B, h, T, 2 * T), (B, h, T, 2 * T), (B, T, h, k),
       (B, T, d))
   assert w.dtype == jnp.float32
   for impl in ("reference", "xla", "blocked", "auto"):
-    out = jax.eval_shape(lambda p, x, c: A.multi_head_attention(p, x, c, impl=impl), params,
+    out = jax.eval_shape(lambda p, x, c: attention.multi_head_attention(p, x, c, impl=impl), params,
                          x, ctx)
     assert out.shape == (B, T, d)
-  r = jax.eval_shape(lambda p, x: A.multi_head_attention(p, x, causal=True,
+  r = jax.eval_shape(lambda p, x: attention.multi_head_attention(p, x, causal=True,
                                                          return_weights=True), params, x)
   assert (r.out.shape, r.weights.shape, r.heads.shape) == ((B, T, d), (B, h, T, T), (B, T, h, k))
 
@@ -59,13 +59,13 @@ def test_gqa_variants_at_real_width(name):
   e = ZOO[name]
   d, h, k = e.d_model, e.num_heads, e.head_dim
   for g in sorted({1, h // 4 if h % 4 == 0 else 1}):
-    params = jax.eval_shape(lambda key: A.init_attention_params(key, d, h, num_kv_heads=g),
+    params = jax.eval_shape(lambda key: attention.init_attention_params(key, d, h, num_kv_heads=g),
                             jax.random.PRNGKey(0))
     assert (params["wk"].shape, params["wv"].shape) == ((d, g, k), (d, g, k))
-    cache = jax.eval_shape(lambda: A.init_kv_cache(B, T, g, k))
+    cache = jax.eval_shape(lambda: attention.init_kv_cache(B, T, g, k))
     x1 = jax.ShapeDtypeStruct((B, 1, d), jnp.float32)
-    (r, new) = jax.eval_shape(lambda p, x, c: A.multi_head_attention(
-        p, x, causal=True, rope=A.RoPE(), cache=c, return_weights=True), params, x1, cache)
+    (r, new) = jax.eval_shape(lambda p, x, c: attention.multi_head_attention(
+        p, x, causal=True, rope=attention.RoPE(), cache=c, return_weights=True), params, x1, cache)
     assert (r.out.shape, r.weights.shape, r.heads.shape) == ((B, 1, d), (B, h, 1, T),
                                                              (B, 1, h, k))
     chex.assert_trees_all_equal_shapes_and_dtypes(new, cache)
@@ -76,12 +76,12 @@ def test_gqa_variants_at_real_width(name):
 def test_real_numbers_at_reduced_width_same_heads(name):
   h, g = ZOO[name].num_heads, ZOO[name].kv_heads
   d = 2 * h                                   # d_k = 2, same h and h_kv
-  p = A.init_attention_params(jax.random.PRNGKey(h), d, h, use_bias=True, num_kv_heads=g)
+  p = attention.init_attention_params(jax.random.PRNGKey(h), d, h, use_bias=True, num_kv_heads=g)
   x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, d))
   mask = jnp.tril(jnp.ones((5, 5), bool))
-  r = jax.jit(lambda p, x: A.multi_head_attention(p, x, mask=mask, return_weights=True))(p, x)
+  r = jax.jit(lambda p, x: attention.multi_head_attention(p, x, mask=mask, return_weights=True))(p, x)
   want_out, want_w = numpy_mha(p, x, mask=mask)
   np.testing.assert_allclose(r.out, want_out, atol=1e-5)
   np.testing.assert_allclose(r.weights, want_w, atol=1e-6)
-  np.testing.assert_allclose(jax.jit(lambda p, x: A.multi_head_attention(
+  np.testing.assert_allclose(jax.jit(lambda p, x: attention.multi_head_attention(
       p, x, mask=mask, impl="xla"))(p, x), want_out, atol=1e-5)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mha_jax.data import parallel, repeated_tokens, synthetic_translation as st, text
-from mha_jax.data import vocab as V
+from mha_jax.data import vocab
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +101,12 @@ def test_export_writes_arcs_and_training_frequencies(tmp_path, splits):
 
 
 def test_vocab_round_trip_and_overlong_sentence():
-  v = V.Vocab(["a", "b", "c"])
-  ids = V.pad_ids([v.encode(["a", "c", "zzz"])], 6, bos=True, eos=True, what="t")
-  assert ids.tolist() == [[V.BOS_ID, 4, 6, V.UNK_ID, V.EOS_ID, V.PAD_ID]]
+  v = vocab.Vocab(["a", "b", "c"])
+  ids = vocab.pad_ids([v.encode(["a", "c", "zzz"])], 6, bos=True, eos=True, what="t")
+  assert ids.tolist() == [[vocab.BOS_ID, 4, 6, vocab.UNK_ID, vocab.EOS_ID, vocab.PAD_ID]]
   assert v.decode(ids[0]) == ["a", "c", "<unk>"]
   with pytest.raises(ValueError, match="sentence 0 has 5 tokens.*data.max_len=4"):
-    V.pad_ids([[4, 5, 6]], 4, bos=True, eos=True, what="data train source")
+    vocab.pad_ids([[4, 5, 6]], 4, bos=True, eos=True, what="data train source")
 
 
 def test_repeated_tokens_structure_and_determinism():

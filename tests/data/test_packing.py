@@ -11,7 +11,7 @@ import pytest
 from mha_jax import config as mc
 from mha_jax import tasks
 from mha_jax.data import packing
-from mha_jax.data import vocab as V
+from mha_jax.data import vocab
 from mha_jax.errors import UserError
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
@@ -43,12 +43,12 @@ def test_pack_places_every_pair_once_with_segments_and_positions():
   for i in range(b):   # pair i's tokens encode (i, position) so they can be traced back
     src[i, :sl[i]] = 1000 * (i + 1) + np.arange(sl[i])
     tgt[i, :tl[i]] = 1000 * (i + 1) + 500 + np.arange(tl[i])
-  need = packing.rows_needed({"src": src, "tgt": tgt}, V.PAD_ID)
+  need = packing.rows_needed({"src": src, "tgt": tgt}, vocab.PAD_ID)
   assert need < b
   assert need >= int(np.ceil(max(sl.sum() / s, tl.sum() / t)))
-  out = packing.pack({"src": src, "tgt": tgt}, need + 2, V.PAD_ID)
+  out = packing.pack({"src": src, "tgt": tgt}, need + 2, vocab.PAD_ID)
   assert out["src"].shape == (need + 2, s) and out["tgt"].shape == (need + 2, t)
-  assert (out["src"][need:] == V.PAD_ID).all() and (out["src_seg"][need:] == 0).all()
+  assert (out["src"][need:] == vocab.PAD_ID).all() and (out["src_seg"][need:] == 0).all()
   seen = set()
   for name, lens, off in (("src", sl, 0), ("tgt", tl, 500)):
     tok, seg, pos = out[name], out[f"{name}_seg"], out[f"{name}_pos"]
@@ -60,15 +60,15 @@ def test_pack_places_every_pair_once_with_segments_and_positions():
         np.testing.assert_array_equal(tok[r, cols], 1000 * (pair + 1) + off + np.arange(lens[pair]))
         np.testing.assert_array_equal(pos[r, cols], np.arange(lens[pair]))
         seen.add((name, pair, r))
-      assert (tok[r][seg[r] == 0] == V.PAD_ID).all()
+      assert (tok[r][seg[r] == 0] == vocab.PAD_ID).all()
   # every pair once per side, and on the same row on both sides
   assert sorted(p for n, p, _ in seen if n == "src") == list(range(b))
   assert {(p, r) for n, p, r in seen if n == "src"} == {(p, r) for n, p, r in seen if n == "tgt"}
   # a ladder: its smallest rung that holds the batch
-  assert packing.pack({"src": src, "tgt": tgt}, (need - 1, need + 3, b), V.PAD_ID)[
+  assert packing.pack({"src": src, "tgt": tgt}, (need - 1, need + 3, b), vocab.PAD_ID)[
       "src"].shape[0] == need + 3
   with pytest.raises(ValueError, match=f"rows={need - 1} is fewer than the {need} rows"):
-    packing.pack({"src": src, "tgt": tgt}, need - 1, V.PAD_ID)
+    packing.pack({"src": src, "tgt": tgt}, need - 1, vocab.PAD_ID)
 
 
 def test_rows_ladder_and_rung():

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha_jax import attention as A
+from mha_jax import attention
 from mha_jax.kernels import blocked, pallas
 
 
@@ -19,7 +19,7 @@ def reference(q, k, v, mask=None, bias=None, causal=False, table=None, softcap=N
   soft-capping written out (cap * tanh(s / cap)) and the window as a band mask."""
   t, h, s, g = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
   k, v = jnp.repeat(k, h // g, axis=2), jnp.repeat(v, h // g, axis=2)
-  sc = A.attention_scores(q, k)
+  sc = attention.attention_scores(q, k)
   if softcap is not None:
     sc = softcap * jnp.tanh(sc / softcap)
   if window is not None:
@@ -28,11 +28,11 @@ def reference(q, k, v, mask=None, bias=None, causal=False, table=None, softcap=N
   if bias is not None:
     sc = sc + bias
   if table is not None:
-    sc = sc + A.relative_bias(table, t, s)
+    sc = sc + attention.relative_bias(table, t, s)
   if causal:
     cm = jnp.tril(jnp.ones((t, s), bool))[None, None]
     mask = cm if mask is None else mask & cm
-  return A.mix_values(A.attention_weights(sc, mask), v)
+  return attention.mix_values(attention.attention_weights(sc, mask), v)
 
 
 def _inputs(b, t, s, h, g, dk, seed=0, dv=None):
@@ -235,7 +235,7 @@ def test_pallas_tpu_kernels_interpret_match_reference(kernel):
   table = 0.3 * jax.random.normal(jax.random.PRNGKey(3), (2, 9))
   for causal in (False, True):
     use_rel = kernel == "tpu_flash" and causal
-    rel = A.relative_bias(table, 128, 128) if use_rel else None     # dense (1, H, T, S)
+    rel = attention.relative_bias(table, 128, 128) if use_rel else None     # dense (1, H, T, S)
     f = lambda q, k, v: pallas.pallas_attention(q, k, v, None, rel, causal=causal,
                                                 kernel=kernel, interpret=True)
     r = lambda q, k, v: reference(q, k, v, causal=causal, table=table if use_rel else None)
@@ -284,7 +284,7 @@ def test_pallas_refuses_what_it_cannot_serve():
 def _layer_case(h, g, t, s, kind, seed=0):
   d = 8 * h
   ks = jax.random.split(jax.random.PRNGKey(seed), 6)
-  p = A.init_attention_params(ks[0], d, h, use_bias=True, num_kv_heads=g,
+  p = attention.init_attention_params(ks[0], d, h, use_bias=True, num_kv_heads=g,
                               max_rel=3 if "rel" in kind else 0)
   if "rel" in kind:
     p["rel_bias"] = jax.random.normal(ks[5], p["rel_bias"].shape)
@@ -311,11 +311,11 @@ def test_every_impl_agrees_with_reference_through_the_layer(h, g, t, s, kind):
   p, x, ctx, kw = _layer_case(h, g, t, s, kind)
 
   def f(impl):
-    return jax.jit(lambda p, x, c: A.multi_head_attention(p, x, c, impl=impl, **kw))
+    return jax.jit(lambda p, x, c: attention.multi_head_attention(p, x, c, impl=impl, **kw))
 
   def loss(impl):
     return jax.jit(jax.grad(lambda p, x, c: jnp.sum(jnp.sin(
-        A.multi_head_attention(p, x, c, impl=impl, **kw))), argnums=(0, 1)))
+        attention.multi_head_attention(p, x, c, impl=impl, **kw))), argnums=(0, 1)))
 
   want, gwant = f("reference")(p, x, ctx), loss("reference")(p, x, ctx)
   for impl in ("xla", "blocked", "auto"):
@@ -336,14 +336,14 @@ def test_softcap_and_window_through_the_layer_in_every_kernel(kind):
   kw = dict(kw, softcap=1.5, window=4)
 
   def f(impl):
-    return jax.jit(lambda p, x: A.multi_head_attention(p, x, impl=impl, **kw))
+    return jax.jit(lambda p, x: attention.multi_head_attention(p, x, impl=impl, **kw))
 
   def loss(impl):
     return jax.jit(jax.grad(lambda p, x: jnp.sum(jnp.sin(
-        A.multi_head_attention(p, x, impl=impl, **kw))), argnums=(0, 1)))
+        attention.multi_head_attention(p, x, impl=impl, **kw))), argnums=(0, 1)))
 
   want, gwant = f("reference")(p, x), loss("reference")(p, x)
-  no_cap = A.multi_head_attention(p, x, impl="reference", **dict(kw, softcap=None))
+  no_cap = attention.multi_head_attention(p, x, impl="reference", **dict(kw, softcap=None))
   assert float(jnp.max(jnp.abs(no_cap - want))) > 1e-2
   for impl in ("xla", "blocked", "auto"):
     np.testing.assert_allclose(f(impl)(p, x), want, atol=1e-5, rtol=1e-5)
@@ -369,7 +369,7 @@ def test_auto_picks_by_memory_and_weights():
     dispatch.resolve_impl("flash", small, False)
   with pytest.raises(ValueError, match="needs a GPU or TPU"):
     p, x, _, _ = _layer_case(2, 2, 4, 4, "")
-    A.multi_head_attention(p, x, impl="pallas")
+    attention.multi_head_attention(p, x, impl="pallas")
 
 
 # ---------------------------------------------------------------- training uses it

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from mha_jax import attention
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.models import lm, seq2seq
 
-SPEC = C.ModelSpec("seq2seq")
+SPEC = common.ModelSpec("seq2seq")
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +25,10 @@ def test_param_paths_and_head_names(s2s):
   p, _, _ = s2s
   assert p["encoder"]["layer_1"]["self_attn"]["wq"].shape == (32, 4, 8)
   assert p["decoder"]["layer_0"]["cross_attn"]["wo"].shape == (4, 8, 32)
-  names = C.head_names(p)
+  names = common.head_names(p)
   assert len(names) == 3 * 2 * 4
   assert names[:2] == ["encoder.0.0", "encoder.0.1"] and "decoder_cross.1.3" in names
-  assert C.head_counts(p) == {"encoder": [4, 4], "decoder_self": [4, 4],
+  assert common.head_counts(p) == {"encoder": [4, 4], "decoder_self": [4, 4],
                               "decoder_cross": [4, 4]}
 
 
@@ -36,10 +36,10 @@ def test_param_paths_and_head_names(s2s):
                                          ("decoder_cross", 1)])
 def test_gate_zero_equals_removing_the_head_in_every_block_type(s2s, stack, layer):
   p, src, tgt = s2s
-  gates = C.ones_gates(p)
+  gates = common.ones_gates(p)
   gates[stack][layer] = jnp.array([1.0, 0.0, 1.0, 1.0])
   gated = seq2seq.apply(p, SPEC, src, tgt, gates=gates)
-  top, attn = C.STACKS[stack]
+  top, attn = common.STACKS[stack]
   keep = np.array([0, 2, 3])
   blk = p[top][f"layer_{layer}"][attn]
   pruned_blk = {"wq": blk["wq"][:, keep], "wk": blk["wk"][:, keep], "wv": blk["wv"][:, keep],
@@ -76,7 +76,7 @@ def test_attention_only_lm_without_layernorm_has_only_attention():
   assert set(p["lm"]["layer_0"]) == {"attn"}
   assert set(p) == {"embed", "pos_embed", "lm", "unembed"}
   x = jnp.arange(10)[None] % 20
-  spec = C.ModelSpec("lm", layer_norm=False, attn_only=True)
+  spec = common.ModelSpec("lm", layer_norm=False, attn_only=True)
   logits, cap = lm.apply(p, spec, x, capture=True)
   # Attention-only, no LN: logits are exactly embed + sum of the heads' writes, unembedded.
   resid = p["embed"][x] + p["pos_embed"][:10]
@@ -103,7 +103,7 @@ def test_lm_positions_that_reach_only_the_scores(pos):
   p = lm.init(jax.random.PRNGKey(0), **kw)
   assert "pos_embed" not in p
   assert ("rel_bias" in p["lm"]["layer_1"]["attn"]) == (pos == "relative")
-  spec = C.ModelSpec("lm", layer_norm=False, attn_only=True, pos=pos)
+  spec = common.ModelSpec("lm", layer_norm=False, attn_only=True, pos=pos)
   x = (jnp.arange(10)[None] * 7) % 20
   logits, cap = lm.apply(p, spec, x, capture=True)
   resid = p["embed"][x]                  # no positions in the residual stream
@@ -112,7 +112,7 @@ def test_lm_positions_that_reach_only_the_scores(pos):
   np.testing.assert_allclose(logits, resid @ p["unembed"], atol=1e-5)
   if pos in ("qk_sinusoidal", "rope"):   # the positions do move the attention patterns
     q = p["lm"]["layer_0"]["attn"]
-    k_in = p["embed"][x][0] + (C.sinusoidal(10, 16) if pos == "qk_sinusoidal" else 0)
+    k_in = p["embed"][x][0] + (common.sinusoidal(10, 16) if pos == "qk_sinusoidal" else 0)
     qs = np.einsum("td,dhk->htk", np.asarray(k_in), np.asarray(q["wq"]).reshape(16, 2, 8))
     ks = np.einsum("td,dhk->htk", np.asarray(k_in), np.asarray(q["wk"]).reshape(16, 2, 8))
     if pos == "rope":
@@ -137,15 +137,15 @@ def test_model_with_a_layer_of_zero_heads_runs(s2s):
   p0["encoder"]["layer_0"]["self_attn"] = {"wq": blk["wq"][:, :0], "wk": blk["wk"][:, :0],
                                            "wv": blk["wv"][:, :0], "wo": blk["wo"][:0]}
   out = seq2seq.apply(p0, SPEC, src, tgt)
-  gates = C.ones_gates(p)
+  gates = common.ones_gates(p)
   gates["encoder"][0] = jnp.zeros(4)
   np.testing.assert_allclose(out, seq2seq.apply(p, SPEC, src, tgt, gates=gates), atol=1e-5)
-  assert C.head_counts(p0)["encoder"] == [0, 4]
+  assert common.head_counts(p0)["encoder"] == [0, 4]
 
 
 def test_dropout_only_with_a_key(s2s):
   p, src, tgt = s2s
-  spec = C.ModelSpec("seq2seq", dropout=0.3)
+  spec = common.ModelSpec("seq2seq", dropout=0.3)
   base = seq2seq.apply(p, SPEC, src, tgt)
   np.testing.assert_allclose(seq2seq.apply(p, spec, src, tgt), base, atol=1e-6)
   a = seq2seq.apply(p, spec, src, tgt, key=jax.random.PRNGKey(0))
@@ -160,7 +160,7 @@ def test_post_ln_is_a_different_residual_layout(s2s):
   post = seq2seq.init(jax.random.PRNGKey(0), ln_position="post", **kw)
   pre = seq2seq.init(jax.random.PRNGKey(0), **kw)
   assert "ln_final" not in post["encoder"] and "ln_final" in pre["encoder"]
-  spec = C.ModelSpec("seq2seq", ln_position="post")
+  spec = common.ModelSpec("seq2seq", ln_position="post")
   out = seq2seq.apply(post, spec, src, tgt)
   assert out.shape == (3, 6, 40) and np.all(np.isfinite(out))
   # Post-LN: every encoder output row is layer-normalised (mean 0 before the affine).
@@ -181,7 +181,7 @@ def test_relative_positions_replace_sinusoids_with_a_per_head_offset_bias(s2s):
   for i in range(5):
     for j in range(5):
       np.testing.assert_array_equal(b[:, i, j], table[:, 3 + int(np.clip(j - i, -3, 3))])
-  spec = C.ModelSpec("seq2seq", pos="relative")
+  spec = common.ModelSpec("seq2seq", pos="relative")
   # No absolute positions: a sentence of one repeated word gets the same state everywhere,
   # with sinusoids it does not.
   same = jnp.full((1, 6), 7)

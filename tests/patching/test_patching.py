@@ -10,10 +10,10 @@ import pytest
 
 from mha_jax import cli
 from mha_jax.errors import UserError
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.models import llama
 from mha_jax.models import lm as lm_model
-from mha_jax.toolkit import activation_patching as core, pairs as pairs_lib
+from mha_jax.toolkit import activation_patching, pairs as pairs_lib
 from mha_jax.toolkit.pairs import Pairs
 from helpers import G, H, L, SPEC, LlamaTask, tiny_llama_pairs, numpy_llama
 
@@ -21,7 +21,7 @@ from helpers import G, H, L, SPEC, LlamaTask, tiny_llama_pairs, numpy_llama
 @pytest.fixture(scope="module")
 def setup():
   params, pairs = tiny_llama_pairs(slice(1, 3), [7, 6, 7])    # row 1 is right-padded
-  return core.Study(LlamaTask(), params, pairs), params, pairs
+  return activation_patching.Study(LlamaTask(), params, pairs), params, pairs
 
 
 def ld_np(logits, pairs):
@@ -52,7 +52,7 @@ def test_baseline_and_metrics_match_numpy(setup):
   lx, _ = numpy_llama(params, pairs.corrupt)
   np.testing.assert_allclose(s.ld_clean, ld_np(lc, pairs), atol=1e-4)
   np.testing.assert_allclose(s.ld_corrupt, ld_np(lx, pairs), atol=1e-4)
-  m = core.metrics(ld_np(lc, pairs), logp_np(lc, pairs), s.ld_clean, s.ld_corrupt)
+  m = activation_patching.metrics(ld_np(lc, pairs), logp_np(lc, pairs), s.ld_clean, s.ld_corrupt)
   assert abs(m["recovery"] - 1.0) < 1e-4
   np.testing.assert_allclose(m["prob"], np.exp(logp_np(lc, pairs)).mean(), rtol=1e-6)
   np.testing.assert_allclose(m["loss"], -logp_np(lc, pairs).mean(), rtol=1e-6)
@@ -109,8 +109,8 @@ def test_batched_sweep_equals_one_at_a_time(setup):
   assert np.isnan(part["recovery"][0]).all()
   np.testing.assert_allclose(part["recovery"][1], s.patch("z")["recovery"][1], atol=1e-6)
   src = s.values("clean", ["lm.1.attn.z"])["lm.1.attn.z"]
-  from mha_jax import interventions as I
-  out = s.edited("corrupt", {"lm.1.attn.z": I.replace(src, heads=2)})
+  from mha_jax import interventions
+  out = s.edited("corrupt", {"lm.1.attn.z": interventions.replace(src, heads=2)})
   np.testing.assert_allclose(out["ld"], part["ld"][1, 2], atol=1e-5)
   with pytest.raises(UserError, match="layers"):
     s.patch("z", layers=[5])
@@ -138,8 +138,8 @@ def test_a_shared_prefix_computed_once_changes_no_result(setup):
   corrupt = pairs.clean.copy()
   corrupt[:, 3] = (corrupt[:, 3] + 5) % 37
   p = Pairs(pairs.clean, corrupt, pairs.answer, pairs.wrong, pairs.length, pairs.text)
-  full = core.Study(LlamaTask(), params, p)
-  shared = core.Study(CachedLlamaTask(), params, p)
+  full = activation_patching.Study(LlamaTask(), params, p)
+  shared = activation_patching.Study(CachedLlamaTask(), params, p)
   assert full.prefix == 0 and shared.prefix == 3
   np.testing.assert_allclose(shared.ld_clean, full.ld_clean, atol=1e-5)
   for site, pp in (("z", False), ("z", True), ("k", True), ("resid_pre", True), ("v_q", False)):
@@ -209,7 +209,7 @@ def test_logit_lens_matches_numpy(setup):
 class LinearTask:
   """An attention-only LM without LayerNorm: the logits are linear in the last layer's z."""
   vocab_size = 20
-  spec = C.ModelSpec(kind="lm", layer_norm=False, attn_only=True)
+  spec = common.ModelSpec(kind="lm", layer_norm=False, attn_only=True)
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], hook=hook,
@@ -224,7 +224,7 @@ def test_attribution_equals_exact_patching_where_the_metric_is_linear():
   corrupt = rng.integers(1, 20, (4, 6)).astype(np.int32)
   pairs = Pairs(clean, corrupt, np.asarray([1, 2, 3, 4]), np.asarray([5, 6, 7, 8]),
                 np.full(4, 6), [{}] * 4)
-  s = core.Study(LinearTask(), params, pairs)
+  s = activation_patching.Study(LinearTask(), params, pairs)
   atp = s.attribution(("z", "resid_pre"))
   exact = s.patch("z")
   per = s.patch("z", per_position=True)
@@ -232,17 +232,17 @@ def test_attribution_equals_exact_patching_where_the_metric_is_linear():
   np.testing.assert_allclose(atp["z"]["per_position"][1], per["recovery"][1], atol=1e-4)
   # the residual of layer 0 is not linear in the metric (layer 1 attends): only close
   assert atp["resid_pre"]["per_position"].shape == (2, 6)
-  ag = core.agreement(atp["z"]["heads"], exact["recovery"], top=3)
+  ag = activation_patching.agreement(atp["z"]["heads"], exact["recovery"], top=3)
   assert ag["n"] == 6 and -1 <= ag["pearson"] <= 1 and 0 <= ag["top3_overlap"] <= 1
 
 
 def test_agreement_hand_values():
   a = np.asarray([[1.0, 2.0], [3.0, np.nan]])
   b = np.asarray([[2.0, 4.0], [6.0, 1.0]])
-  ag = core.agreement(a, b, top=2)
+  ag = activation_patching.agreement(a, b, top=2)
   assert ag["n"] == 3 and abs(ag["pearson"] - 1) < 1e-12 and ag["spearman"] == 1.0
   assert ag["top2_overlap"] == 1.0
-  assert core.agreement([1, 2, 3, 4], [4, 3, 2, 1], top=2)["top2_overlap"] == 0.0
+  assert activation_patching.agreement([1, 2, 3, 4], [4, 3, 2, 1], top=2)["top2_overlap"] == 0.0
 
 
 # ---------------------------------------------------------------------- pairs

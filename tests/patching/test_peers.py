@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mha_jax import cli, load
-from mha_jax.toolkit import activation_patching as core
+from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit.pairs import Pairs
 from helpers import ROOT, build_hf, save_folder
 
@@ -39,7 +39,7 @@ def test_the_peers_tables_equal_ours(tmp_path):
   corrupt[:, 2:4] = rng.integers(0, v, (3, 2))
   pairs = Pairs(clean, corrupt, np.asarray([3, 8, 11]), np.asarray([4, 9, 20]),
                 np.asarray([7, 5, 7]), [{}] * 3)      # row 1 is right-padded
-  ours = core.Study(loaded.task, loaded.params, pairs).patch("z")["recovery"]
+  ours = activation_patching.Study(loaded.task, loaded.params, pairs).patch("z")["recovery"]
   assert np.isfinite(ours).all() and np.abs(ours).max() > 1e-3
 
   bench = _bench()

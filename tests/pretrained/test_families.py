@@ -409,20 +409,20 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
 @pytest.mark.parametrize("case,h,g", [("llama", 4, 2), ("gemma3", 4, 1)])
 def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   from mha_jax.toolkit import head_roles
-  from mha_jax.models import common as C
-  from mha_jax.toolkit import masks as M
+  from mha_jax.models import common
+  from mha_jax.toolkit import masks
   _, loaded, _ = imported(case)
   assert loaded.params["lm"]["layer_0"]["attn"]["wk"].shape[1] == g
   rows = head_roles.real_lm_roles(loaded, "test", batches=1, batch_size=2, half_len=8,
                               text_windows=1)
-  assert len(rows) == len(loaded.head_names) == h * len(C.layers_of(loaded.params["lm"]))
-  n = len(C.layers_of(loaded.params["lm"]))
+  assert len(rows) == len(loaded.head_names) == h * len(common.layers_of(loaded.params["lm"]))
+  n = len(common.layers_of(loaded.params["lm"]))
   mask = {"lm": [np.ones(h, np.float32) for _ in range(n)]}
   mask["lm"][0][[0, 1]] = 0
   mask["lm"][1][:] = 0
-  masked = M.mask_params(loaded.params, mask)
-  pruned = M.export_pruned(masked, mask)
-  kv = [int(p["wk"].shape[1]) for _, _, p in C.attention_blocks(pruned)]
+  masked = masks.mask_params(loaded.params, mask)
+  pruned = masks.export_pruned(masked, mask)
+  kv = [int(p["wk"].shape[1]) for _, _, p in common.attention_blocks(pruned)]
   assert kv[1] == 0 and kv[0] == (1 if g == 2 else 1)
   a = np.asarray(loaded.task.logits(masked, TOKENS))
   b = np.asarray(loaded.task.logits(pruned, TOKENS))
@@ -547,14 +547,14 @@ def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
   columns stay as wq_rest / wk_rest for the norm's statistics, and the export's logits
   equal the masked model's (a whole kv head removed in layer 0, GQA padding in layer 1;
   exported twice over)."""
-  from mha_jax.models import common as C
-  from mha_jax.toolkit import masks as M
+  from mha_jax.models import common
+  from mha_jax.toolkit import masks
   _, loaded, _ = imported("olmo2")                     # H = 4, G = 2
-  mask = {"lm": [np.ones(4, np.float32) for _ in C.layers_of(loaded.params["lm"])]}
+  mask = {"lm": [np.ones(4, np.float32) for _ in common.layers_of(loaded.params["lm"])]}
   mask["lm"][0][[0, 1]] = 0
   mask["lm"][1][2] = 0
-  masked = M.mask_params(loaded.params, mask)
-  pruned = M.export_pruned(masked, mask)
+  masked = masks.mask_params(loaded.params, mask)
+  pruned = masks.export_pruned(masked, mask)
   a0, a1 = pruned["lm"]["layer_0"]["attn"], pruned["lm"]["layer_1"]["attn"]
   assert a0["wq"].shape[1] == 2 and a0["wk"].shape[1] == 1 and a0["q_norm"].shape == (2, 16)
   assert a0["wq_rest"].shape[1] == 2 and a0["wk_rest"].shape[1] == 1
@@ -567,8 +567,8 @@ def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
       k: v for k, v in a0.items() if not k.endswith("_rest")}}}}
   assert rel_err(np.asarray(loaded.task.logits(without, TOKENS)), want) > 1e-3
   mask2 = {"lm": [np.array([1.0, 0.0], np.float32), np.ones(4, np.float32)]}
-  twice = M.export_pruned(M.mask_params(pruned, mask2), mask2)
+  twice = masks.export_pruned(masks.mask_params(pruned, mask2), mask2)
   assert twice["lm"]["layer_0"]["attn"]["wq_rest"].shape[1] == 3
   mask["lm"][0][3] = 0
   assert rel_err(np.asarray(loaded.task.logits(twice, TOKENS)),
-                 np.asarray(loaded.task.logits(M.mask_params(loaded.params, mask), TOKENS))) < RTOL
+                 np.asarray(loaded.task.logits(masks.mask_params(loaded.params, mask), TOKENS))) < RTOL

@@ -357,16 +357,16 @@ def test_circuits_over_checkpoints_builds_the_task_once(ind_run, monkeypatch):
 
 
 def test_michel_and_random_masks_leave_the_callers_mask_alone(ind_run):
-  from mha_jax.toolkit import masks as M
+  from mha_jax.toolkit import masks
   from mha_jax.pruning import methods
   loaded = mha_jax.load(ind_run, **QUIET)
-  start = M.ones_mask(loaded.params, ["lm"])
+  start = masks.ones_mask(loaded.params, ["lm"])
   start["lm"][0][1] = 0.0
   snapshot = {s: [m.copy() for m in ls] for s, ls in start.items()}
   rnd = methods.random_masks(loaded, stacks=["lm"], counts=[2], start_mask=start)
   mic = methods.michel_masks(loaded, stacks=["lm"], counts=[5], start_mask=start, limit=8,
                              log=lambda s: None)
-  assert M.count(rnd[2]) == 2 and M.count(mic[5]) == 5 and mic[5]["lm"][0][1] == 0
+  assert masks.count(rnd[2]) == 2 and masks.count(mic[5]) == 5 and mic[5]["lm"][0][1] == 0
   for s in start:
     for a, b in zip(start[s], snapshot[s]):
       np.testing.assert_array_equal(a, b)
@@ -398,10 +398,10 @@ def test_prune_l0_keep_k_needs_no_lambda(ind_run, tmp_path, capsys):
 def test_special_ids_have_one_definition_per_vocabulary():
   import ast
   import glob
-  from mha_jax.data import repeated_tokens, text, vocab as V
-  from mha_jax.models import common as C
-  assert text.BOS_ID is V.LM_BOS_ID and repeated_tokens.BOS_ID is V.LM_BOS_ID
-  assert C.ModelSpec("seq2seq").pad_id == V.PAD_ID
+  from mha_jax.data import repeated_tokens, text, vocab as vocab_lib
+  from mha_jax.models import common
+  assert text.BOS_ID is vocab_lib.LM_BOS_ID and repeated_tokens.BOS_ID is vocab_lib.LM_BOS_ID
+  assert common.ModelSpec("seq2seq").pad_id == vocab_lib.PAD_ID
   root = os.path.join(ROOT, "mha_jax")
   literal = []
   for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True):

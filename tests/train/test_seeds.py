@@ -251,7 +251,7 @@ import json, sys
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1] + "/tests")
 from helpers import TINY_INDUCTION, tiny
-from mha_jax.train import loop, checkpoint as C
+from mha_jax.train import loop, checkpoint as ckpt_lib
 base = sys.argv[2]
 def run(name, data):
   cfg = tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=4",
@@ -259,7 +259,7 @@ def run(name, data):
   loop.train(cfg, f"{base}/{name}", log=lambda s: None)
   out = []
   for s in (0, 1):
-    c = C.Checkpoints(f"{base}/{name}/seed_{s}", read_only=True)
+    c = ckpt_lib.Checkpoints(f"{base}/{name}/seed_{s}", read_only=True)
     out.append(c.restore_params(4)[0]); c.close()
   return out
 one, two = run("d1", 1), run("d2", 2)

@@ -49,7 +49,7 @@ import json, sys
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1] + "/tests")
 from helpers import TINY_INDUCTION, tiny
-from mha_jax.train import loop, checkpoint as C
+from mha_jax.train import loop, checkpoint as ckpt_lib
 from mha_jax.train.metrics import read_metrics
 out, base = {}, sys.argv[2]
 # The LM with MLPs and LayerNorm: heads and MLP units are both split.
@@ -62,7 +62,7 @@ def run(name, data, model, steps):
   loop.train(cfg, f"{base}/{name}", log=lambda s: None)
   return [m["loss"] for m in read_metrics(f"{base}/{name}") if m["split"] == "train"]
 def params(name, step):
-  c = C.Checkpoints(f"{base}/{name}", read_only=True)
+  c = ckpt_lib.Checkpoints(f"{base}/{name}", read_only=True)
   p = c.restore_params(step)[0]; c.close(); return p
 meshes = json.loads(sys.argv[3])
 curves = {f"{d}x{m}": run(f"m{d}x{m}", d, m, 6) for d, m in meshes}

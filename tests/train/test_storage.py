@@ -22,7 +22,7 @@ from mha_jax import cli as cli_mod
 from mha_jax import storage
 from mha_jax import tasks
 from mha_jax.loader import load_config
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.train import loop
 from helpers import ROOT, TINY_INDUCTION, tiny
 
@@ -212,7 +212,7 @@ def test_gs_workdir_ablate_prune_export_circuits(fake_gcs):
   assert mha_jax.load("gs://bucket/pruned").step == 4
   assert cli_mod.main(["export-pruned", "--workdir", "gs://bucket/pruned",
                        "--out", "gs://bucket/exported"]) == 0
-  assert sum(C.head_counts(mha_jax.load("gs://bucket/exported").params)["lm"]) == 1
+  assert sum(common.head_counts(mha_jax.load("gs://bucket/exported").params)["lm"]) == 1
   assert cli_mod.main(["circuits", "--workdir", wd, "--no-track"]) == 0
   files = _files(fake_gcs / "bucket" / "run")
   assert {"analysis/ablation_zero.json", "circuits/circuits.json"} <= set(files)
