@@ -132,10 +132,10 @@ def build_impls(d_model: int, num_heads: int, *, with_cudnn: bool,
   return impls
 
 
-def run(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
-        heads=DEFAULT_HEADS, rounds: int = 5, warmup: int = 1, with_cudnn: bool | None = None,
-        dtype: str = "float32", impls: tuple[str, ...] | None = None,
-        log: Callable[[str], None] = print) -> dict:
+def run_attention(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
+                  heads=DEFAULT_HEADS, rounds: int = 5, warmup: int = 1, with_cudnn: bool | None = None,
+                  dtype: str = "float32", impls: tuple[str, ...] | None = None,
+                  log: Callable[[str], None] = print) -> dict:
   """Times forward and forward+backward for every implementation (or those named in
   `impls`; the peers always run) and every h."""
   if rounds < 1:

@@ -141,9 +141,9 @@ def build_steps(cfg, workdir: str) -> tuple[dict[str, tuple[Callable, list, dict
   return steps, gflop
 
 
-def run(config: str = "configs/translation.py:quickstart", overrides: Sequence[str] = (),
-        rounds: int = 10, warmup: int = 2, workdir: str = "workdirs/bench_train",
-        matmul_size: int = 2048, log: Callable[[str], None] = print) -> dict:
+def run_train_steps(config: str = "configs/translation.py:quickstart", overrides: Sequence[str] = (),
+                    rounds: int = 10, warmup: int = 2, workdir: str = "workdirs/bench_train",
+                    matmul_size: int = 2048, log: Callable[[str], None] = print) -> dict:
   """Times one training step of each model; returns the result dict."""
   cfg = mc.load_config(config)
   mc.apply_overrides(cfg, list(overrides))

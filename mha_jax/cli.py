@@ -90,7 +90,7 @@ def _cmd_bench_attention(args) -> int:
     bench.write_json(result, out)
     print(f"\nwrote {out}")
     return 0
-  result = bench.run(d_model=args.d_model, seq_len=args.seq_len, batch=args.batch,
+  result = bench.run_attention(d_model=args.d_model, seq_len=args.seq_len, batch=args.batch,
                      heads=args.heads, rounds=args.rounds, warmup=args.warmup,
                      dtype=args.dtype, impls=tuple(args.impls) if args.impls else None)
   print(bench.format_table(result))
@@ -103,7 +103,7 @@ def _cmd_bench_train(args, extra) -> int:
   from mha_jax import bench, bench_train
   if any(not a.startswith("--config.") for a in extra):
     raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-  result = bench_train.run(args.config, extra, rounds=args.rounds, warmup=args.warmup,
+  result = bench_train.run_train_steps(args.config, extra, rounds=args.rounds, warmup=args.warmup,
                            workdir=args.workdir, matmul_size=args.matmul_size)
   print(bench_train.format_table(result))
   bench.write_json(result, args.out)
@@ -396,7 +396,7 @@ def _cmd_sweep(args, extra) -> int:
 
 def _cmd_quickstart(args, extra) -> int:
   from mha_jax import quickstart
-  quickstart.run(args.workdir, extra)
+  quickstart.quickstart(args.workdir, extra)
   return 0
 
 

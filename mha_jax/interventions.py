@@ -45,9 +45,9 @@ sequence of ints, or a boolean vector (traced values welcome: a vmap over a head
 is one compiled program). Several edits of one site apply in order. A read site records
 the value after its edits, i.e. what flows on.
 
-  logits, acts = run(lambda hook: model.apply(params, batch, hook=hook),
-                     edits={"lm.3.attn.z": replace(clean_z, heads=5)},
-                     read=["lm.*.attn.pattern", "lm.7.resid_post"])
+  logits, acts = run_with_hook(lambda hook: model.apply(params, batch, hook=hook),
+                               edits={"lm.3.attn.z": replace(clean_z, heads=5)},
+                               read=["lm.*.attn.pattern", "lm.7.resid_post"])
 """
 
 from __future__ import annotations
@@ -240,8 +240,8 @@ def scope(hook: Hook | None, prefix: str):
   return None if hook is None else _Scoped(hook, prefix)
 
 
-def run(forward: Callable[[Hook], Any], edits: Mapping[str, Any] | None = None,
-        read: Iterable[str] = ()):
+def run_with_hook(forward: Callable[[Hook], Any], edits: Mapping[str, Any] | None = None,
+                  read: Iterable[str] = ()):
   """(forward's output, {site name: value read}) of forward(hook). Call it inside jit,
   vmap or grad as any pure function; edits of sites the forward lacks are refused."""
   hook = Hook(edits, read)

@@ -15,8 +15,8 @@ from mha_jax.models import common
 CONFIG = "configs/translation.py:quickstart"
 
 
-def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True,
-        prune: bool = True) -> dict:
+def quickstart(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True,
+               prune: bool = True) -> dict:
   from mha_jax.loader import load
   from mha_jax.train import loop
   t0 = time.time()

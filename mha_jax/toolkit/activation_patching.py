@@ -129,7 +129,7 @@ class Study:
     if cache is not None:
       batch = {"tokens": tokens[:, self.prefix:], "logits_at": self.at - self.prefix,
                "cache": cache}
-    out, vals = interventions.run(lambda hook: self.task.apply(params, batch, hook=hook), edits, read)
+    out, vals = interventions.run_with_hook(lambda hook: self.task.apply(params, batch, hook=hook), edits, read)
     return out[:, 0].astype(jnp.float32), vals
 
   def _score(self, logits_NV):

@@ -264,7 +264,7 @@ def test_quickstart_model_has_positional_and_syntactic_encoder_heads(tmp_path, c
 
   from mha_jax import quickstart
   wd = str(tmp_path / "qs")
-  quickstart.run(wd, ["--config.train.progress=false"], log=lambda s: None, analyze=False,
+  quickstart.quickstart(wd, ["--config.train.progress=false"], log=lambda s: None, analyze=False,
                  prune=False)
   loaded = mha_jax.load(wd)
   enc = [r for r in head_roles.translation_roles(loaded, "test") if r["stack"] == "encoder"]

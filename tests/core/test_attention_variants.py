@@ -307,7 +307,7 @@ def test_variant_sites_read_and_edit():
   kw = dict(causal=True, mask=_pad_mask())
 
   def run(p, variant, edits=None, read=()):
-    return interventions.run(lambda hook: attention.multi_head_attention(
+    return interventions.run_with_hook(lambda hook: attention.multi_head_attention(
         p, x, variant=variant, site=interventions.scope(hook, "lm.0.attn"), **kw), edits, read)
 
   # gate: read it (sigmoid of x wg + bg); a gate replaced by 1 is softmax attention.

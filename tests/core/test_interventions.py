@@ -24,7 +24,7 @@ def tiny():
 
 
 def fwd(params, tokens, edits=None, read=()):
-  return interventions.run(lambda hook: llama.apply(params, SPEC, tokens, hook=hook), edits, read)
+  return interventions.run_with_hook(lambda hook: llama.apply(params, SPEC, tokens, hook=hook), edits, read)
 
 
 def test_sites_match_the_numpy_oracle_and_patching_a_head_matches_substitution(tiny):
@@ -174,17 +174,17 @@ def test_other_models_have_sites():
                     max_len=8)
   spec = common.ModelSpec(kind="lm")
   base = lm_model.apply(p, spec, tokens)
-  got, vals = interventions.run(lambda hook: lm_model.apply(p, spec, tokens, hook=hook),
+  got, vals = interventions.run_with_hook(lambda hook: lm_model.apply(p, spec, tokens, hook=hook),
                     read=interventions.site_names(p))
   np.testing.assert_allclose(got, base, atol=1e-6)   # reading `result` sums per head
-  again, _ = interventions.run(lambda hook: lm_model.apply(p, spec, tokens, hook=hook),
+  again, _ = interventions.run_with_hook(lambda hook: lm_model.apply(p, spec, tokens, hook=hook),
                    {n: interventions.replace(v) for n, v in vals.items()})
   np.testing.assert_array_equal(again, got)
   bp = bert.init(key, vocab_size=20, d_model=8, num_heads=2, num_layers=2, d_ff=16,
                  max_len=8)
   bspec = bert.BertSpec()
   hb = bert.apply(bp, bspec, tokens)
-  got, vals = interventions.run(lambda hook: bert.apply(bp, bspec, tokens, hook=hook),
+  got, vals = interventions.run_with_hook(lambda hook: bert.apply(bp, bspec, tokens, hook=hook),
                     {"encoder.1.attn.z": interventions.scale(0.0, heads=1)}, read=["encoder.*.attn.z"])
   assert np.all(np.asarray(vals["encoder.1.attn.z"])[:, :, 1] == 0)
   assert np.abs(np.asarray(got) - np.asarray(hb)).max() > 1e-4
