@@ -250,8 +250,8 @@ def _cmd_analyze(args) -> int:
 
 
 def _cmd_ablate(args) -> int:
-  from mha_jax.analysis import analyze
   from mha_jax.loader import load
+  from mha_jax.toolkit import plots
   if not args.each and not args.heads and not args.induction_vs_random:
     raise UserError("give --heads stack.layer.head[,...], --each or --induction-vs-random")
   run = load(args.workdir, step=args.step)
@@ -273,8 +273,8 @@ def _cmd_ablate(args) -> int:
   name = "ablation_each" if args.each else "ablation"
   storage.write_json(storage.join(out_dir, f"{name}_{args.mode}.json"), result)
   key = "delta_bleu" if is_tr else "delta_loss"
-  analyze._plot_bars([r["head"] for r in rows], [r[key] for r in rows],
-                    storage.join(out_dir, f"{name}_{args.mode}.png"), key)
+  plots.bars([r["head"] for r in rows], [r[key] for r in rows],
+             storage.join(out_dir, f"{name}_{args.mode}.png"), key)
   if args.each:   # the full list is in the JSON file; print the ten largest effects
     result = {k: v for k, v in result.items() if k != "each"}
     result["largest"] = sorted(rows, key=lambda r: r[key] if is_tr else -r[key])[:10]

@@ -15,6 +15,7 @@ from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax import config as mc
 from mha_jax.train import metrics as metrics_lib
+from mha_jax.toolkit import plots
 
 
 def plan(sweep_spec: str, workdir: str, extra: Sequence[str]) -> list[dict]:
@@ -93,31 +94,6 @@ def format_rows(rows: list[dict]) -> str:
   return "\n".join(out)
 
 
-def plot(rows: list[dict], path: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  done = [r for r in rows if r["valid_loss"] is not None]
-  if not done:
-    return
-  has_bleu = any(r["valid_bleu"] is not None for r in done)
-  fig, axes = plt.subplots(1, 2 if has_bleu else 1, figsize=(9 if has_bleu else 5, 3.5))
-  axes = list(axes) if has_bleu else [axes]
-  hs = [r["heads"] for r in done]
-  axes[0].plot(hs, [r["valid_loss"] for r in done], "o-")
-  axes[0].set_ylabel("valid loss")
-  if has_bleu:
-    axes[1].plot(hs, [r["valid_bleu"] or 0 for r in done], "o-", color="C1")
-    axes[1].set_ylabel("valid BLEU")
-  for ax in axes:
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("heads h (d_k = d_model / h)")
-    ax.set_xticks(hs, [f"{h}\n(d_k={r['d_k']})" for h, r in zip(hs, done)], fontsize=7)
-  fig.tight_layout()
-  storage.savefig(fig, path, dpi=120)
-  plt.close(fig)
-
-
 def run_sweep(sweep_spec: str, workdir: str, extra: Sequence[str], *,
               train_fn: Callable, log: Callable[[str], None] = print) -> list[dict]:
   runs = plan(sweep_spec, workdir, extra)
@@ -132,6 +108,6 @@ def run_sweep(sweep_spec: str, workdir: str, extra: Sequence[str], *,
   storage.write_json(storage.join(workdir, "sweep.json"), rows)
   table = format_rows(rows)
   storage.write_text(storage.join(workdir, "sweep.md"), table + "\n")
-  plot(rows, storage.join(workdir, "sweep.png"))
+  plots.sweep_grid(rows, storage.join(workdir, "sweep.png"))
   log(table)
   return rows

@@ -10,105 +10,19 @@ import csv
 import io
 from typing import Callable
 
-import numpy as np
 
 from mha_jax import loader, storage
 from mha_jax.analysis import attention_explorer
 from mha_jax.errors import UserError
-from mha_jax.toolkit import importance, roles
+from mha_jax.toolkit import importance
 from mha_jax.toolkit.head_roles import head_roles
+from mha_jax.toolkit import plots
 
 
 GRID_SCORES = {"lm": ("previous_token", "duplicate_token", "induction", "sink_share",
                       "entropy", "importance"),
                "encoder": ("positional_share", "cls_share", "sep_share", "rare_share",
                            "confidence", "importance")}
-
-
-def plot_score_grids(rows, path, keys, title=""):
-  """One layer x head heat map per score (missing values blank)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  keys = [k for k in keys if any(k in r for r in rows)]
-  if not rows or not keys:
-    return no_heads_figure(path, title)
-  n_l = max(r["layer"] for r in rows) + 1
-  n_h = max(r["index"] for r in rows) + 1
-  fig, axes = plt.subplots(1, len(keys), figsize=(1.0 + 0.32 * n_h * len(keys) + 1.2 *
-                                                  len(keys), 1.0 + 0.16 * n_l + 1),
-                           squeeze=False)
-  for ax, k in zip(axes[0], keys):
-    grid = np.full((n_l, n_h), np.nan)
-    for r in rows:
-      if k in r and r[k] is not None:
-        grid[r["layer"], r["index"]] = r[k]
-    im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
-    ax.set_title(k, fontsize=9)
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    fig.colorbar(im, ax=ax, fraction=0.05)
-  fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  storage.savefig(fig, path, dpi=100)
-  plt.close(fig)
-
-
-def no_heads_figure(path, title: str = "") -> None:
-  """The figure of a model without attention heads (every head pruned: an ablation
-  baseline): a note in place of a plot."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(4, 1.6))
-  ax.axis("off")
-  ax.text(0.5, 0.5, "no attention heads in this model", ha="center", va="center")
-  if title:
-    fig.suptitle(title, fontsize=9)
-  storage.savefig(fig, path, dpi=100)
-  plt.close(fig)
-
-
-def _plot_grid(rows, path, title):
-  if not rows:
-    return no_heads_figure(path, title)
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  stacks = list(dict.fromkeys(r["stack"] for r in rows))
-  fig, axes = plt.subplots(1, len(stacks), figsize=(3.2 * len(stacks), 3.2), squeeze=False)
-  for ax, stack in zip(axes[0], stacks):
-    rs = [r for r in rows if r["stack"] == stack]
-    for r in rs:
-      ax.add_patch(plt.Rectangle((r["index"], r["layer"]), 0.95, 0.95,
-                                 color=roles.ROLE_COLORS.get(r["role"], "#c7c7c7")))
-    ax.set_xlim(0, max(r["index"] for r in rs) + 1)
-    ax.set_ylim(max(r["layer"] for r in rs) + 1, 0)
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_title(stack)
-  handles = [plt.Rectangle((0, 0), 1, 1, color=c) for r, c in roles.ROLE_COLORS.items()
-             if any(x["role"] == r for x in rows)]
-  labels = [r for r in roles.ROLE_COLORS if any(x["role"] == r for x in rows)]
-  fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
-  fig.suptitle(title)
-  fig.tight_layout(rect=(0, 0.08, 1, 1))
-  storage.savefig(fig, path, dpi=110)
-  plt.close(fig)
-
-
-def _plot_bars(names, values, path, ylabel, top=20):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  order = np.argsort(-np.abs(np.asarray(values)))[:top]
-  fig, ax = plt.subplots(figsize=(8, 3.2))
-  ax.bar(range(len(order)), [values[i] for i in order])
-  ax.set_xticks(range(len(order)), [names[i] for i in order], rotation=70, fontsize=7)
-  ax.set_ylabel(ylabel)
-  fig.tight_layout()
-  storage.savefig(fig, path, dpi=110)
-  plt.close(fig)
 
 
 def write_rows(rows: list[dict], directory: str) -> None:
@@ -163,19 +77,19 @@ def analyze(loaded, *, split: str = "test", out_dir: str | None = None, role_lim
           by_name[r["head"]][k] = v
   rows = list(by_name.values())
   write_rows(rows, out_dir)
-  _plot_grid([r for r in rows if r.get("role") != "n/a"], storage.join(out_dir, "roles.png"),
-             f"head roles, {loaded.workdir}")
+  plots.role_grid([r for r in rows if r.get("role") != "n/a"], storage.join(out_dir, "roles.png"),
+                  f"head roles, {loaded.workdir}")
   stack0 = rows[0]["stack"] if rows else None
   if stack0 in GRID_SCORES:
-    plot_score_grids([r for r in rows if r["stack"] == stack0],
-                     storage.join(out_dir, "scores.png"), GRID_SCORES[stack0],
-                     f"per-head scores, {loaded.workdir}")
+    plots.score_grids([r for r in rows if r["stack"] == stack0],
+                      storage.join(out_dir, "scores.png"), GRID_SCORES[stack0],
+                      f"per-head scores, {loaded.workdir}")
   names = [r["head"] for r in rows]
-  _plot_bars(names, [r.get("importance", 0.0) for r in rows],
+  plots.bars(names, [r.get("importance", 0.0) for r in rows],
              storage.join(out_dir, "importance.png"), "importance (normalised per layer)")
   key = "delta_bleu" if is_tr and loo else "delta_loss"
   if loo:
-    _plot_bars(names, [r.get(key, 0.0) for r in rows], storage.join(out_dir, "ablation.png"),
+    plots.bars(names, [r.get(key, 0.0) for r in rows], storage.join(out_dir, "ablation.png"),
                f"{key} when ablated alone")
   attention_explorer.write(loaded, rows, storage.join(out_dir, "attention_explorer.html"), split=split)
   counts: dict[str, dict[str, int]] = {}

@@ -24,6 +24,7 @@ from mha_jax.circuits import search, circuit_tasks
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit import ablations
+from mha_jax.toolkit import plots
 
 METHODS = ("eap", "eap-ig", "exact", "greedy")
 
@@ -118,75 +119,10 @@ def study(loaded, out: str, *, task=None, pairs_file=None, method: str = "eap-ig
   doc["seconds"]["total"] = round(time.perf_counter() - t0, 3)
   storage.makedirs(out)
   storage.write_json(storage.join(out, "circuit.json"), doc)
-  plot_curve(points, target, storage.join(out, "faithfulness.png"),
-             f"{doc['task']}: {method}, {ablation} ablation")
-  plot_circuit(es.graph, best, scores, es.edges, storage.join(out, "circuit.png"))
+  plots.faithfulness_curve(points, target, storage.join(out, "faithfulness.png"),
+                           f"{doc['task']}: {method}, {ablation} ablation")
+  plots.circuit_graph(es.graph, best, scores, es.edges, storage.join(out, "circuit.png"))
   return doc
-
-
-def plot_curve(points, target, path, title) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(5, 3.4))
-  x = [max(p["fraction"], 1e-5) for p in points]
-  ax.plot(x, [p["faithfulness"] for p in points], "o-", ms=3)
-  ax.axhline(target, color="gray", ls=":", lw=1)
-  ax.axhline(1.0, color="black", lw=0.5)
-  ax.set_xscale("log")
-  ax.set_xlabel("fraction of edges kept")
-  ax.set_ylabel("faithfulness")
-  ax.set_title(title, fontsize=9)
-  fig.tight_layout()
-  storage.savefig(fig, path, dpi=110)
-  plt.close(fig)
-
-
-def plot_circuit(graph, keep, scores, edges, path) -> None:
-  """Nodes at (position in layer, layer): embed at the bottom, logits at the top; the
-  kept edges, red where ablating them lowers the metric, blue where it raises it."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  L = graph.layers
-  width = max(graph.heads) + 1
-  pos = {0: ((width - 1) / 2, 0.0)}
-  off = graph.node_offsets()
-  for i in range(L):
-    for h in range(graph.heads[i]):
-      pos[off[i] + h] = (h, 1.0 + i)
-    if graph.mlp[i]:
-      pos[off[i] + graph.heads[i]] = (width - 0.3, 1.4 + i)
-  top = (float(width - 1) / 2, L + 1.0)
-  fig, ax = plt.subplots(figsize=(max(4, 0.5 * width + 2), max(4, 0.28 * L + 2)))
-  score = {(int(u), int(e)): float(v) for (u, e), v in zip(edges, scores)}
-  lim = max((abs(score[(u, e)]) for u, e in zip(*np.nonzero(keep))), default=1.0) or 1.0
-  used = set()
-  for u, e in zip(*np.nonzero(keep)):
-    fed = graph.end_node(int(e))
-    targets = [pos[n] for n in fed] if fed else [top]
-    v = score.get((int(u), int(e)), 0.0)
-    for tx, ty in targets:
-      ax.plot([pos[u][0], tx], [pos[u][1], ty], color="tab:red" if v < 0 else "tab:blue",
-              lw=0.3 + 2.5 * abs(v) / lim, alpha=0.6)
-    used.add(int(u))
-    used.update(fed)
-  names = graph.nodes
-  for n, (x, y) in pos.items():
-    on = n in used
-    ax.plot(x, y, "o", color="black" if on else "0.85", ms=5 if on else 2)
-    if on and n:
-      ax.annotate(names[n].split(".", 1)[1], (x, y), fontsize=6, xytext=(2, 2),
-                  textcoords="offset points")
-  ax.plot(*top, "s", color="black")
-  ax.annotate("logits", top, fontsize=7, xytext=(4, 0), textcoords="offset points")
-  ax.annotate("embed", pos[0], fontsize=7, xytext=(4, 0), textcoords="offset points")
-  ax.set_xlabel("head (MLP on the right)")
-  ax.set_ylabel("layer + 1")
-  ax.set_title(f"circuit: {int(np.sum(keep))} edges", fontsize=9)
-  fig.tight_layout()
-  storage.savefig(fig, path, dpi=110)
-  plt.close(fig)
 
 
 def format_summary(doc: dict) -> str:

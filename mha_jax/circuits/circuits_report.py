@@ -16,6 +16,7 @@ from mha_jax.errors import BadCheckpoint, UserError
 from mha_jax.loader import load
 from mha_jax.models import common
 from mha_jax.train import checkpoint as ckpt_lib
+from mha_jax.toolkit import plots
 
 
 def find_induction_heads(heads: dict, comp_k: dict, prefix: float = 0.3,
@@ -144,7 +145,7 @@ def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
     result["over_steps"] = over_checkpoints(loaded, tokens, lengths, log,
                                             loaded.task.text_windows("valid", 128))
   storage.write_json(storage.join(out_dir, "circuits.json"), result)
-  _plots(result, out_dir)
+  plots.circuit_figures(result, out_dir)
   return result
 
 
@@ -188,27 +189,8 @@ def real_lm_circuits(loaded, out_dir: str, *, top: int = 10, batch: int = 8,
             "previous_token_heads": [n for n in prev_rank if n in prev_set],
             "k_composition_baseline": base, "top_induction_heads": rows}
   storage.write_json(storage.join(out_dir, "circuits.json"), result)
-  _real_plot(result, storage.join(out_dir, "induction.png"))
+  plots.real_model_induction(result, storage.join(out_dir, "induction.png"))
   return result
-
-
-def _real_plot(result, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  heads = result["heads"]
-  fig, ax = plt.subplots(figsize=(5, 4))
-  x = [v["previous_token"] for v in heads.values()]
-  y = [v["prefix_matching"] for v in heads.values()]
-  ax.scatter(x, y, s=10, color="C7")
-  for r in result["top_induction_heads"]:
-    ax.annotate(r["head"][3:], (r["previous_token"], r["prefix_matching"]), fontsize=7)
-  ax.set_xlabel("previous-token score")
-  ax.set_ylabel("prefix matching (induction) score")
-  ax.set_title("heads on repeated random tokens", fontsize=9)
-  fig.tight_layout()
-  storage.savefig(fig, path, dpi=110)
-  plt.close(fig)
 
 
 def format_real_summary(result) -> str:
@@ -222,73 +204,6 @@ def format_real_summary(result) -> str:
     lines.append(f"  {r['head']}: prefix {r['prefix_matching']:.3f} copying "
                  f"{r['copying']:.3f} OV positivity {r['ov_positivity']:+.3f}; K-comp: {ps}")
   return "\n".join(lines)
-
-
-def _plots(result, out_dir):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  heads = result["heads"]
-  names = sorted(heads, key=lambda n: tuple(int(v) for v in n.split(".")[1:]))
-  pos = {n: (int(n.split(".")[2]), -int(n.split(".")[1])) for n in names}
-  fig, ax = plt.subplots(figsize=(5, 3.5))
-  colors = {"q": "C0", "k": "C3", "v": "C2"}
-  for kind, m in result["composition"].items():
-    for pair, v in m.items():
-      e, l = pair.split("->")
-      if v > 0:
-        ax.plot([pos[e][0], pos[l][0]], [pos[e][1], pos[l][1]], color=colors[kind],
-                lw=12 * v, alpha=0.6)
-  for n in names:
-    ax.scatter(*pos[n], s=200, color="white", edgecolor="black", zorder=3)
-    ax.annotate(n.split(".", 1)[1], pos[n], ha="center", va="center", fontsize=7, zorder=4)
-  ax.set_title("composition (line width = score - random baseline)\nQ blue, K red, V green",
-               fontsize=9)
-  ax.axis("off")
-  fig.tight_layout()
-  storage.savefig(fig, storage.join(out_dir, "composition.png"), dpi=120)
-  plt.close(fig)
-  fig, ax = plt.subplots(figsize=(4.5, 4))
-  ind = {r["head"] for r in result["induction_heads"]}
-  for n in names:
-    if "k_comp_positivity" in heads[n]:
-      ax.scatter(heads[n]["ov_positivity"], heads[n]["k_comp_positivity"],
-                 color="C3" if n in ind else "C7", s=40)
-      ax.annotate(n, (heads[n]["ov_positivity"], heads[n]["k_comp_positivity"]), fontsize=7)
-  ax.set_xlim(-1.05, 1.05)
-  ax.set_ylim(-1.05, 1.05)
-  ax.axhline(0, color="k", lw=0.5)
-  ax.axvline(0, color="k", lw=0.5)
-  ax.set_xlabel("OV circuit eigenvalue positivity (copying)")
-  ax.set_ylabel(f"K-composition QK positivity with {result['previous_token_head']}")
-  ax.set_title("induction heads in red", fontsize=9)
-  fig.tight_layout()
-  storage.savefig(fig, storage.join(out_dir, "positivity.png"), dpi=120)
-  plt.close(fig)
-  if result.get("over_steps"):    # the phase change: ICL score and the best heads
-    rows = result["over_steps"]
-    steps = [r["step"] for r in rows]
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(9, 3.2))
-    a0.plot(steps, [r["icl_score"] for r in rows], "o-", label="repeated random tokens")
-    if "text_icl_score" in rows[0]:
-      r0 = rows[0]
-      a0.plot(steps, [r["text_icl_score"] for r in rows], "s-",
-              label=f"text: token {r0['text_late_token']} - token {r0['text_early_token']}")
-    a0.axhline(0, color="k", lw=0.5)
-    a0.set_xlabel("training step")
-    a0.set_ylabel("ICL score (late - early loss, nats)")
-    a0.legend(fontsize=7)
-    for key, label in (("max_prefix_matching", "best prefix matching"),
-                       ("max_previous_token", "best previous-token")):
-      a1.plot(steps, [np.nan if r[key] is None else r[key] for r in rows], "o-",
-              label=label)
-    a1.set_ylim(0, 1)
-    a1.set_xlabel("training step")
-    a1.set_ylabel("attention share")
-    a1.legend(fontsize=7)
-    fig.tight_layout()
-    storage.savefig(fig, storage.join(out_dir, "icl.png"), dpi=120)
-    plt.close(fig)
 
 
 def format_summary(result) -> str:

@@ -29,6 +29,7 @@ from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching, pairs as pairs_lib
 from mha_jax.patching import explorer
+from mha_jax.toolkit import plots
 
 METHODS = ("activation", "path", "attribution")
 TASKS = ("ioi", "induction")
@@ -59,23 +60,6 @@ def make_pairs(loaded, task: str | None, pairs_file: str | None, n: int, seed: i
   if task == "induction":
     return pairs_lib.induction_pairs(loaded.task, n, seed=seed)
   raise UserError(f"--task must be one of {TASKS}; got {task!r}")
-
-
-def _heatmap(arr, title: str, path: str, xlabel: str = "head", cmap: str = "RdBu_r") -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  a = np.asarray(arr, np.float64)
-  lim = np.nanmax(np.abs(a)) if np.isfinite(a).any() else 1.0
-  fig, ax = plt.subplots(figsize=(max(3.5, 0.35 * a.shape[1] + 2), max(3, 0.22 * a.shape[0] + 1.2)))
-  im = ax.imshow(a, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel("layer")
-  ax.set_title(title, fontsize=9)
-  fig.colorbar(im, ax=ax)
-  fig.tight_layout()
-  storage.savefig(fig, path, dpi=110)
-  plt.close(fig)
 
 
 def _per_layer_positions(arr_LT) -> dict:
@@ -153,16 +137,16 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
       rec = res[site]["recovery"]
       if name == "resid":
         doc["resid"] = _per_layer_positions(rec)
-        _heatmap(rec, f"{label}: recovery, patching resid_pre", storage.join(
+        plots.heatmap(rec, f"{label}: recovery, patching resid_pre", storage.join(
             out, "patching_resid_pre.png"), "position")
         continue
       counts = s.kv_heads if site in activation_patching.KV_SITES else heads
       doc["scores"][name] = activation_patching.head_table(rec, counts)
       if name == "head_out":
         exact_heads = rec
-      _heatmap(rec, f"{label}: recovery, patching {name} (clean into corrupt)",
-               storage.join(out, f"patching_{name}.png"),
-               "kv head" if site in activation_patching.KV_SITES else "head")
+      plots.heatmap(rec, f"{label}: recovery, patching {name} (clean into corrupt)",
+                    storage.join(out, f"patching_{name}.png"),
+                    "kv head" if site in activation_patching.KV_SITES else "head")
     if per_position:
       res, sec = _timed(lambda: s.patch("z", per_position=True))
       summary["seconds"]["patch_head_out_per_position"] = round(sec, 2)
@@ -191,8 +175,8 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
   dla_doc["top"] = activation_patching.top(dla_doc["heads"], top, by_abs=True)
   summary["top_dla"] = dla_doc["top"]
   storage.write_json(storage.join(out, "dla.json"), dla_doc)
-  _heatmap(d["heads"], f"{label}: direct logit attribution (clean)",
-           storage.join(out, "dla_heads.png"))
+  plots.heatmap(d["heads"], f"{label}: direct logit attribution (clean)",
+                storage.join(out, "dla_heads.png"))
 
   if "attribution" in methods:
     atp, sec = _timed(lambda: s.attribution(("z",)))
@@ -215,8 +199,8 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
       log("attribution: no agreement with exact patching (--sites has no head_out)")
     summary["attribution_seconds"] = a_doc["seconds"]
     storage.write_json(storage.join(out, "attribution.json"), a_doc)
-    _heatmap(atp["z"]["heads"], f"{label}: AtP estimate of head_out recovery",
-             storage.join(out, "attribution_head_out.png"))
+    plots.heatmap(atp["z"]["heads"], f"{label}: AtP estimate of head_out recovery",
+                  storage.join(out, "attribution_head_out.png"))
 
   if "path" in methods:
     p_doc = {"workdir": loaded.workdir, "task": label, "direction": "denoise",
@@ -225,8 +209,8 @@ def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None =
     res, sec = _timed(lambda: s.path_patch("logits"))
     summary["seconds"]["path_logits"] = round(sec, 2)
     p_doc["to_logits"] = activation_patching.head_table(res["recovery"][..., 0], heads)
-    _heatmap(res["recovery"][..., 0], f"{label}: path patching, sender -> logits",
-             storage.join(out, "path_logits.png"))
+    plots.heatmap(res["recovery"][..., 0], f"{label}: path patching, sender -> logits",
+                  storage.join(out, "path_logits.png"))
     if exact_heads is None:
       exact_heads = s.patch("z")["recovery"]
     ranked = activation_patching.top(activation_patching.head_table(exact_heads, heads), receivers, by_abs=True)

@@ -17,6 +17,7 @@ from mha_jax.toolkit import masks as masks_lib
 from mha_jax.pruning import methods
 from mha_jax.pruning import prune as prune_lib
 from mha_jax.train import lock as lock_lib
+from mha_jax.toolkit import plots
 
 
 def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
@@ -100,7 +101,7 @@ def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
                       "gate_batch_shape": gate_batch, "random_draws": random_draws,
                       "seconds": seconds, "total": total, "l0_history": history, "rows": rows})
   storage.write_text(storage.join(out_dir, "curve.md"), format_curve(rows, is_tr) + "\n")
-  _plot(rows, storage.join(out_dir, "curve.png"), curve_metric(rows, is_tr))
+  plots.pruning_curve(rows, storage.join(out_dir, "curve.png"), curve_metric(rows, is_tr))
   return rows
 
 
@@ -138,17 +139,3 @@ def format_curve(rows: list[dict], is_tr: bool) -> str:
   return "\n".join(lines)
 
 
-def _plot(rows, path, metric):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(5, 3.5))
-  for method in ("l0", "michel", "random"):
-    rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["kept"])
-    ax.plot([r["kept"] for r in rs], [r[metric] for r in rs], "o-", label=method)
-  ax.set_xlabel("heads kept")
-  ax.set_ylabel(f"test {metric}")
-  ax.legend()
-  fig.tight_layout()
-  storage.savefig(fig, path, dpi=120)
-  plt.close(fig)

@@ -10,4 +10,5 @@
   pairs                 clean/corrupt prompt pairs (IOI, induction, JSONL)
   activation_patching   the Study: activation, path and attribution patching
   stability             role and pruning-curve statistics across seeds
+  plots                 every figure the studies write, one implementation each
 """

@@ -18,7 +18,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from mha_jax import storage
-from mha_jax.toolkit.roles import ROLE_COLORS, ROLE_ORDER, STACK_ROLES
+from mha_jax.toolkit.roles import ROLE_ORDER, STACK_ROLES
+from mha_jax.toolkit import plots
 
 
 def stats(values: Sequence[float]) -> dict:
@@ -95,43 +96,6 @@ def format_roles(rep: dict, roles: Sequence[str] | None = None) -> str:
   return "\n".join(lines)
 
 
-def plot_roles(rep: dict, path: str, roles: Sequence[str] | None = None) -> None:
-  """Per stack: heads of each role per layer, mean over seeds with std error bars; the
-  number over a bar is how many seeds have the role in that layer."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  roles = [r for r in (roles or rep["roles"]) if r in rep["roles"] and r != "other"]
-  stacks = list(rep["totals"])
-  fig, axes = plt.subplots(1, len(stacks), figsize=(4.2 * len(stacks), 3.4), squeeze=False)
-  by = {(r["stack"], r["layer"], r["role"]): r for r in rep["layers"]}
-  width = 0.8 / max(len(roles), 1)
-  for ax, stack in zip(axes[0], stacks):
-    layers = sorted({r["layer"] for r in rep["layers"] if r["stack"] == stack})
-    for j, role in enumerate(roles):
-      xs = np.arange(len(layers)) + (j - (len(roles) - 1) / 2) * width
-      rs = [by[(stack, l, role)] for l in layers]
-      ax.bar(xs, [r["heads_mean"] for r in rs], width, yerr=[r["heads_std"] for r in rs],
-             capsize=2, color=ROLE_COLORS.get(role, "#7f7f7f"), label=role)
-      for x, r in zip(xs, rs):
-        ax.text(x, r["heads_mean"] + r["heads_std"] + 0.05, str(r["seeds_with_role"]),
-                ha="center", va="bottom", fontsize=6)
-    ax.set_ylim(0, max([1.0] + [r["heads_mean"] + r["heads_std"] + 0.3 for r in rep["layers"]
-                                if r["stack"] == stack and r["role"] in roles]))
-    ax.set_xticks(range(len(layers)), [str(l) for l in layers])
-    ax.set_xlabel("layer")
-    ax.set_ylabel("heads (mean ± std over seeds)")
-    ax.set_title(stack)
-  handles, labels = axes[0][0].get_legend_handles_labels()
-  if handles:
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
-  fig.suptitle(f"head roles over {rep['n_seeds']} seeds (number: seeds with the role)",
-               fontsize=9)
-  fig.tight_layout(rect=(0, 0.08, 1, 1))
-  storage.savefig(fig, path, dpi=110)
-  plt.close(fig)
-
-
 def _write_report(json_by_seed: Mapping[int, str], out_dir: str, name: str, build, fmt,
                   plot) -> dict:
   """Reads each seed's JSON, builds the report, writes name.{json,md,png} into out_dir."""
@@ -147,7 +111,7 @@ def _write_report(json_by_seed: Mapping[int, str], out_dir: str, name: str, buil
 def write_role_stability(heads_json_by_seed: Mapping[int, str], out_dir: str) -> dict:
   """Reads each seed's heads.json, writes stability.{json,md,png} into out_dir."""
   return _write_report(heads_json_by_seed, out_dir, "stability", role_stability,
-                       format_roles, plot_roles)
+                       format_roles, plots.stability_roles)
 
 
 # ------------------------------------------------------------------ pruning curves
@@ -185,26 +149,9 @@ def format_curve(rep: dict) -> str:
   return "\n".join(lines)
 
 
-def plot_curve(rep: dict, path: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(5.2, 3.6))
-  for method in dict.fromkeys(r["method"] for r in rep["rows"]):
-    rs = sorted((r for r in rep["rows"] if r["method"] == method), key=lambda r: r["kept"])
-    ax.errorbar([r["kept"] for r in rs], [r["mean"] for r in rs],
-                yerr=[r["std"] for r in rs], fmt="o-", capsize=3, label=method)
-  ax.set_xlabel("heads kept")
-  ax.set_ylabel(f"test {rep['metric']} (mean ± std, {rep['n_seeds']} seeds)")
-  ax.legend()
-  fig.tight_layout()
-  storage.savefig(fig, path, dpi=120)
-  plt.close(fig)
-
-
 def write_curve_stability(curve_json_by_seed: Mapping[int, str], out_dir: str,
                           metric: str) -> dict:
   """Reads each seed's curve.json, writes curve_stability.{json,md,png} into out_dir."""
   return _write_report(curve_json_by_seed, out_dir, "curve_stability",
                        lambda curves: curve_stability(curves, metric), format_curve,
-                       plot_curve)
+                       plots.stability_curve)
