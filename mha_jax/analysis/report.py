@@ -7,16 +7,19 @@ importance.png, ablation.png and explorer.html, and returns a summary.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from typing import Callable
 
 import numpy as np
 
-from mha_jax import storage
+from mha_jax import settings, storage
 from mha_jax.analysis import capture as capture_lib
 from mha_jax.analysis import explorer, importance, roles, syntax
 from mha_jax.data import vocab as V
 from mha_jax.errors import UserError
+from mha_jax.settings import setting
+from mha_jax.tasks.base import SPLITS
 
 
 def _rarest(words: list[str], freqs: dict[str, int]) -> int:
@@ -286,7 +289,8 @@ def _plot_grid(rows, path, title):
   plt.close(fig)
 
 
-def _plot_bars(names, values, path, ylabel, top=20):
+def plot_bars(names, values, path, ylabel, top=20):
+  """A bar chart of the `top` largest |values|, labelled by `names`, saved to `path`."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -310,17 +314,37 @@ def write_rows(rows: list[dict], directory: str) -> None:
   storage.write_text(storage.join(directory, "heads.csv"), f.getvalue())
 
 
-def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit: int = 0,
-            importance_limit: int = 512, loo: bool = True, loo_bleu_limit: int = 64,
-            conllu: str | None = None, log: Callable[[str], None] = print) -> dict:
-  """Roles, importance and single-head ablations for a loaded run; writes the report.
-  `conllu`: a CoNLL-U file of input sentences for the syntactic roles of an encoder
-  without its own arcs (an imported BERT; translation runs take data.conllu)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AnalyzeOptions:
+  """The settings of `analyze`."""
+  split: str = setting("test", choices=SPLITS, help="the data split (default: test)")
+  ablations: bool = setting(True, help="the leave-one-out pass (--no-ablations skips it)")
+  bleu_limit: int = setting(64, lo=0, note=" (0 = all)",
+                            help="sentences for BLEU in the leave-one-out pass (0 = all)")
+  conllu: str | None = setting(None, path=True, help="imported encoders: a CoNLL-U file "
+                               "of sentences for syntactic roles")
+  roles_only: bool = setting(False, help="multi-seed workdir: each seed's head roles "
+                             "only (roles_only.json), then their stability; no "
+                             "importance, ablations or explorer")
+  role_limit: int = setting(0, lo=0, help="sentences for the roles (0 = all)")
+  importance_limit: int = setting(512, lo=1, help="valid sentences for the importance")
+
+
+def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(), *,
+            log: Callable[[str], None] = print) -> dict:
+  """Roles, importance and single-head ablations for a loaded run; writes the report in
+  `out` (default WORKDIR/analysis). `opts.conllu`: a CoNLL-U file of input sentences
+  for the syntactic roles of an encoder without its own arcs (an imported BERT;
+  translation runs take data.conllu)."""
+  settings.check(opts)
+  run, split, conllu = loaded, opts.split, opts.conllu
+  loo, loo_bleu_limit = opts.ablations, opts.bleu_limit
+  role_limit, importance_limit = opts.role_limit, opts.importance_limit
   if conllu and run.task.role_family != "embedding":
-    raise UserError(f"--conllu is for imported encoders (task embedding); this run has "
+    raise UserError(f"conllu is for imported encoders (task embedding); this run has "
                     f"task {run.task.name!r} (translation runs read data.conllu.<split> "
-                    f"from their config)")
-  out_dir = out_dir or storage.join(run.workdir, "analysis")
+                    f"from their config)", setting="conllu")
+  out_dir = out or storage.join(run.workdir, "analysis")
   storage.makedirs(out_dir)
   is_tr = run.task.reports_bleu
   if run.task.compares_to_dense:   # the loss: a distance to the dense model's outputs
@@ -361,11 +385,11 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
                      storage.join(out_dir, "scores.png"), GRID_SCORES[stack0],
                      f"per-head scores, {run.workdir}")
   names = [r["head"] for r in rows]
-  _plot_bars(names, [r.get("importance", 0.0) for r in rows],
+  plot_bars(names, [r.get("importance", 0.0) for r in rows],
              storage.join(out_dir, "importance.png"), "importance (normalised per layer)")
   key = "delta_bleu" if is_tr and loo else "delta_loss"
   if loo:
-    _plot_bars(names, [r.get(key, 0.0) for r in rows], storage.join(out_dir, "ablation.png"),
+    plot_bars(names, [r.get(key, 0.0) for r in rows], storage.join(out_dir, "ablation.png"),
                f"{key} when ablated alone")
   explorer.write(run, rows, storage.join(out_dir, "explorer.html"), split=split)
   counts: dict[str, dict[str, int]] = {}

@@ -10,11 +10,11 @@ from typing import Callable
 
 import numpy as np
 
-from mha_jax import storage
+from mha_jax import settings, storage
 from mha_jax.circuits import behaviour, paths, scores
 from mha_jax.errors import BadCheckpoint, UserError
-from mha_jax.loader import load
 from mha_jax.models import common as C
+from mha_jax.settings import setting
 from mha_jax.train import checkpoint as ckpt_lib
 
 
@@ -111,16 +111,27 @@ def circuit_scores(run, tokens: np.ndarray, *, samples: int = 200, dtype=np.floa
           "composition_baseline": comp["baseline"]}
 
 
-def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
-             track: bool = True, log: Callable[[str], None] = print) -> dict:
-  run = load(workdir)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CircuitsOptions:
+  """The settings of `circuits`."""
+  track: bool = setting(True, help="the ICL score over the checkpoints (--no-track "
+                        "skips the pass)")
+  samples: int = setting(200, lo=1, help="random matrices of the composition baseline")
+
+
+def circuits(loaded, out: str | None = None, opts: CircuitsOptions = CircuitsOptions(), *,
+             log: Callable[[str], None] = print) -> dict:
+  """Induction heads, composition, positivity and paths of a loaded decoder-only run;
+  writes OUT/circuits.json and its plots (default WORKDIR/circuits)."""
+  settings.check(opts)
+  run, workdir, samples, track = loaded, loaded.workdir, opts.samples, opts.track
   if not run.task.decoder_only:
     raise UserError(f"circuits needs a decoder-only model (task lm or pretrained_lm); "
                     f"{workdir!r} has task {run.task.name!r}")
   if not run.task.trainable:        # an imported LM: GQA, RMSNorm, MLPs
-    return real_lm_circuits(run, out_dir or storage.join(workdir, "circuits"),
+    return real_lm_circuits(run, out or storage.join(workdir, "circuits"),
                             samples=samples, log=log)
-  out_dir = out_dir or storage.join(workdir, "circuits")
+  out_dir = out or storage.join(workdir, "circuits")
   storage.makedirs(out_dir)
   tokens, lengths = behaviour.eval_tokens(run)
   result = {"workdir": workdir, "step": run.step,

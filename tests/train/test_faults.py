@@ -425,7 +425,7 @@ def test_special_ids_have_one_definition_per_vocabulary():
 
 def test_misleading_names_and_dead_code_are_gone():
   import inspect
-  from mha_jax import bench
+  from experiments import bench
   from mha_jax.analysis import importance, roles
   from mha_jax.data import synthetic_translation
   from mha_jax.models import seq2seq

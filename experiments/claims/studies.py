@@ -13,7 +13,7 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.claims.experiments import Context
+from experiments.claims.experiments import Context
 
 SPECIALISED = ("positional", "syntactic", "rare")
 REGISTRY = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m", "minilm": "minilm-l6"}
