@@ -44,7 +44,8 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
   if analyze:
     from mha_jax.analysis import report
     log("\nanalysis: head roles and importance (ablations: `mha-jax analyze`) ...")
-    a = report.analyze(run_, split="test", loo=False, log=lambda s: None)
+    a = report.analyze(run_, None, report.AnalyzeOptions(ablations=False),
+                       log=lambda s: None)
     result["analysis"] = a
     for stack, counts in a["role_counts"].items():
       log(f"  {stack:<13} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
@@ -60,8 +61,8 @@ def run(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool = True
       total = sum(C.head_counts(run_.params)["encoder"])
       keep = max(1, total // 4)
       log(f"\npruning: L0 gates (Voita et al.), keep {keep} of {total} encoder heads ...")
-      info = prune_run.prune(workdir, out, method="l0", lam=0.05, keep=keep, steps=60,
-                             log=lambda s: None, loaded=run_, base=test)
+      opts = prune_run.PruneOptions(method="l0", l0_lambda=0.05, keep=keep, steps=60)
+      info = prune_run.prune(run_, out, opts, log=lambda s: None, base=test)
       result["pruning"] = {k: info[k] for k in ("kept", "kept_heads", "base", "after")}
       log(f"  test BLEU {info['base']['bleu']:.1f} with all heads -> "
           f"{info['after']['bleu']:.1f} with {info['kept']} encoder heads "

@@ -307,7 +307,7 @@ def read(path: str, dtype: str = "float32", place=None):
                         layer_prefix="blk.{i}.", ignore_tensors=(),
                         norm="layer" if arch in _LAYER_NORM_ARCH else "rms")
   names = [n for n in by_name if n not in _ROPE_FACTOR_TENSORS]
-  t = adapters.Tensors(get, names, f"--file {path!r}", ("",), np_dtype)
+  t = adapters.Tensors(get, names, f"file {path!r}", ("",), np_dtype)
   params = adapters.build_params(fam, s, t, np_dtype, place=place)
   if arch == "gpt2" and params["pos_embed"].shape[0] != s["max_len"]:
     raise UserError(f"file {path!r}: position_embd has {params['pos_embed'].shape[0]} "
@@ -320,9 +320,9 @@ def read(path: str, dtype: str = "float32", place=None):
   if model == "gpt2":
     tok = tk.from_gguf_vocab(tokens, _field(reader, "tokenizer.ggml.merges", [], path=path),
                              types, _field(reader, "tokenizer.ggml.pre", "default", path=path),
-                             f"--file {path!r}")
+                             f"file {path!r}")
   elif model == "llama" and arch in ("gemma2", "gemma3"):
-    tok = tk.from_gguf_gemma(tokens, types, f"--file {path!r}")
+    tok = tk.from_gguf_gemma(tokens, types, f"file {path!r}")
   else:
     raise UserError(f"file {path!r}: tokenizer.ggml.model={model!r} is not supported for "
                      f"{arch} (byte-level BPE 'gpt2', or Gemma's SentencePiece 'llama'; "

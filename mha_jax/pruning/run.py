@@ -81,7 +81,8 @@ class PruneOptions:
                         help="l0: train Hard Concrete gates (Voita et al.); michel: drop "
                              "the heads of least gradient importance (Michel et al.); "
                              "random (default: l0)")
-  keep: int | None = setting(None, lo=0, help="end with exactly K heads")
+  keep: int | None = setting(None, help="end with exactly K heads (checked against the "
+                             "heads left)")
   stacks: tuple[str, ...] = setting(("encoder",), choices=tuple(C.STACKS),
                                     metavar="STACK[,STACK...]",
                                     help=f"attention stacks, of {', '.join(C.STACKS)} "

@@ -102,8 +102,8 @@ def timeouts(process_timeout: float | None = None, startup_timeout: float | None
     except (TypeError, ValueError):
       out[name] = float("nan")
     if not out[name] >= 1:
-      raise UserError(f"--{name.replace('_', '-')} (or {var}) must be a number of "
-                      f"seconds >= 1; got {v!r}")
+      raise UserError(f"{name} (or {var}) must be a number of seconds >= 1; got {v!r}",
+                      setting=name)
   return out
 
 

@@ -191,4 +191,4 @@ def test_the_new_figures_in_a_real_browser(tmp_path, text_lm):
     assert errors == [] and requests == []
     browser.close()
   html = open(path).read()
-  assert "http" not in html and assets.read("primer.js").strip() in html
+  assert "http" not in html and assets.read("primer.js", P.ASSETS).strip() in html

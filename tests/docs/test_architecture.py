@@ -1,7 +1,9 @@
 """The import graph: no cycle, and every import goes down the floors or stays on one.
 
 Read from the source with `ast` (nothing is imported), function-level imports included.
-The floors are docs/architecture.md's table; a new module must find its floor here.
+The floors are docs/architecture.md's table; a new module must find its floor here. The
+experiment harness (experiments/) sits above the library: nothing in mha_jax/ imports it,
+except the CLI's one hook, `mha_jax.cli.HARNESS`, a module name imported by importlib.
 """
 
 import ast
@@ -13,6 +15,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "mha_jax"
+HARNESS = ROOT / "experiments"
 
 # Floor of each module, by the longest matching name prefix.
 FLOORS = {
@@ -20,27 +23,28 @@ FLOORS = {
     "mha_jax.blocks": 1, "mha_jax.kernels": 1, "mha_jax.attention": 1,
     "mha_jax.interventions": 1, "mha_jax.layers": 1, "mha_jax.accounting": 1,
     "mha_jax.errors": 1, "mha_jax.storage": 1, "mha_jax.config": 1, "mha_jax.assets": 1,
-    "mha_jax.compile_cache": 1,
+    "mha_jax.compile_cache": 1, "mha_jax.settings": 1,
     # 2 models and the data they eat; the readers of real models' files
     "mha_jax.models": 2, "mha_jax.data": 2, "mha_jax.pretrained": 2,
     # 3 tasks; making, training and loading runs
     "mha_jax.tasks": 3, "mha_jax.pretrained.importer": 3,
-    "mha_jax.train": 3, "mha_jax.loader": 3, "mha_jax.sweep": 3, "mha_jax.bench": 3,
-    "mha_jax.bench_train": 3, "mha_jax.toolkit": 3,
+    "mha_jax.train": 3, "mha_jax.loader": 3, "mha_jax.sweep": 3, "mha_jax.toolkit": 3,
     # 4 studies
     "mha_jax.analysis": 4, "mha_jax.pruning": 4, "mha_jax.circuits": 4,
-    "mha_jax.patching": 4, "mha_jax.claims": 4, "mha_jax.quickstart": 4,
+    "mha_jax.patching": 4, "mha_jax.quickstart": 4,
     # 5 the command line and the package's facade
     "mha_jax.cli": 5, "mha_jax": 5,
+    # 6 the experiment harness: claims, benchmarks, and the verbs it adds to the CLI
+    "experiments": 6,
 }
 # Package facades that re-export a higher floor's names sit on that floor.
 EXACT = {"mha_jax.pretrained": 3}
-NAMES = {1: "core", 2: "models", 3: "tasks", 4: "studies", 5: "cli"}
+NAMES = {1: "core", 2: "models", 3: "tasks", 4: "studies", 5: "cli", 6: "harness"}
 
 
 def modules() -> dict[str, pathlib.Path]:
   out = {}
-  for path in sorted(PACKAGE.rglob("*.py")):
+  for path in sorted([*PACKAGE.rglob("*.py"), *HARNESS.rglob("*.py")]):
     parts = path.relative_to(ROOT).with_suffix("").parts
     if parts[-1] == "__init__":
       parts = parts[:-1]
@@ -152,6 +156,20 @@ def test_the_checks_can_fail():
     floor("elsewhere.module")
 
 
+def test_the_library_reaches_the_harness_through_the_one_hook_only():
+  g = graph()
+  up = sorted(f"{a} imports {b}" for a, deps in g.items() if a.startswith("mha_jax")
+              for b in deps if b.startswith("experiments"))
+  assert up == []
+  named = sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+                 for node in ast.walk(ast.parse(p.read_text()))
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                 and re.fullmatch(r"experiments(\.\w+)*", node.value))
+  assert named == ["mha_jax/cli.py"]        # HARNESS = "experiments.verbs"
+  assert floor("experiments.verbs") > floor("mha_jax.cli")
+  assert "mha_jax.cli" in g["experiments.verbs"]
+
+
 def test_relative_and_function_level_imports_are_seen(tmp_path):
   pkg = tmp_path / "mha_jax"
   (pkg / "sub").mkdir(parents=True)
@@ -185,10 +203,11 @@ def _module_names(tree):
 def test_no_dead_module_names():
   # A constant or private helper that nothing reads (mha_jax, tests, scripts, configs,
   # tutorials) is stale: it says something the code no longer does.
-  sources = [p for d in ("mha_jax", "tests", "scripts", "configs", "docs/tutorials")
-             for p in (ROOT / d).rglob("*.py")]
+  sources = [p for d in ("mha_jax", "experiments", "tests", "scripts", "configs",
+                         "docs/tutorials") for p in (ROOT / d).rglob("*.py")]
   words = collections.Counter(re.findall(r"\w+", "\n".join(p.read_text() for p in sources)))
-  dead = [f"{p.relative_to(ROOT)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
+  dead = [f"{p.relative_to(ROOT)}: {n}" for p in sorted([*PACKAGE.rglob("*.py"),
+                                                          *HARNESS.rglob("*.py")])
           for n in _module_names(ast.parse(p.read_text())) if words[n] <= 1]
   assert dead == []
 

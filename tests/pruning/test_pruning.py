@@ -103,7 +103,7 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
   masked = mha_jax.load(out)
   assert abs(masked.task.evaluate(masked.params, "valid", bleu=False)["loss"]
              - gated["loss"]) < 1e-5
-  prune_run.export(out, exp, log=lambda s: None)
+  prune_run.export_pruned(mha_jax.load(out), exp, log=lambda s: None)
   ex = mha_jax.load(exp)
   assert C.head_counts(ex.params)["encoder"] == [3, 0]
   assert ex.params["encoder"]["layer_1"]["self_attn"]["wq"].shape == (16, 0, 4)
@@ -129,13 +129,16 @@ def test_prune_export_and_reuse_with_an_empty_layer(run, tmp_path):
   want = run.task.evaluate(run.params, "valid", bleu=False,
                             gates=M.full_gates(run.params, closed))
   assert abl["loss"] == pytest.approx(want["loss"], abs=1e-5)
-  again = prune_run.prune(exp, str(tmp_path / "again"), method="l0", lam=0.1, keep=2,
-                          steps=3, log=lambda s: None)
+  again = prune_run.prune(ex, str(tmp_path / "again"),
+                          prune_run.PruneOptions(method="l0", l0_lambda=0.1, keep=2, steps=3),
+                          log=lambda s: None)
   assert again["kept"] == 2
-  with pytest.raises(ValueError, match=r"--keep must be between 0 and the 3 heads left"):
-    prune_run.prune(exp, str(tmp_path / "more"), method="random", keep=4, log=lambda s: None)
-  with pytest.raises(ValueError, match=r"--keep must be between 0 and the 3 heads left"):
-    prune_run.prune(out, str(tmp_path / "more"), method="random", keep=5, log=lambda s: None)
+  with pytest.raises(ValueError, match=r"keep must be between 0 and the 3 heads left"):
+    prune_run.prune(ex, str(tmp_path / "more"), prune_run.PruneOptions(method="random", keep=4),
+                    log=lambda s: None)
+  with pytest.raises(ValueError, match=r"keep must be between 0 and the 3 heads left"):
+    prune_run.prune(masked, str(tmp_path / "more"),
+                    prune_run.PruneOptions(method="random", keep=5), log=lambda s: None)
 
 
 def test_prune_cli_and_bad_input(run, tmp_path, capsys):
@@ -172,8 +175,9 @@ def test_prune_cli_and_bad_input(run, tmp_path, capsys):
 def test_pruning_curve_joins_roles_and_writes_outputs(run, tmp_path):
   from mha_jax.pruning import curve
   out = str(tmp_path / "curve")
-  rows = curve.pruning_curve(run.workdir, out, counts=[8, 4, 0], steps=3, random_draws=3,
-                             save_workdirs=[4], log=lambda s: None)
+  rows = curve.prune_curve(run, out, curve.CurveOptions(counts=(8, 4, 0), steps=3,
+                                                      random_draws=3, save_workdirs=(4,)),
+                           log=lambda s: None)
   assert {(r["method"], r["kept"]) for r in rows} == {
       (m, k) for m in ("l0", "michel", "random") for k in (8, 4, 0)}
   by = {(r["method"], r["kept"]): r for r in rows}
@@ -199,19 +203,21 @@ def test_pruning_curve_joins_roles_and_writes_outputs(run, tmp_path):
     want = by[(m, 4)]["draws"][0] if m == "random" else by[(m, 4)]   # random: 1st draw
     assert res["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-6)
     assert info["after"]["loss"] == pytest.approx(want["loss"], rel=1e-6)
-  ex = prune_run.export(os.path.join(out, "l0_k4"), str(tmp_path / "ex"), log=lambda s: None)
+  ex = prune_run.export_pruned(mha_jax.load(os.path.join(out, "l0_k4")), str(tmp_path / "ex"),
+                               log=lambda s: None)
   assert sum(ex["head_counts"]["encoder"]) == 4 and ex["max_abs_diff_vs_masked"] < 1e-4
   assert ex["forward_speed"]["interleaved"] and ex["forward_speed"]["exported_tokens_per_s"] > 0
-  with pytest.raises(ValueError, match="--save-workdirs: .*l0_k4.* not empty"):
-    curve.pruning_curve(run.workdir, out, counts=[8, 4], save_workdirs=[4], log=lambda s: None)
-  with pytest.raises(ValueError, match=r"--counts: 9 is outside 0..8"):
-    curve.pruning_curve(run.workdir, out, counts=[9], log=lambda s: None)
+  with pytest.raises(ValueError, match="save_workdirs: .*l0_k4.* not empty"):
+    curve.prune_curve(run, out, curve.CurveOptions(counts=(8, 4), save_workdirs=(4,)),
+                      log=lambda s: None)
+  with pytest.raises(ValueError, match=r"counts: 9 is outside 0..8"):
+    curve.prune_curve(run, out, curve.CurveOptions(counts=(9,)), log=lambda s: None)
 
 
 def test_lambda_sweep_records_heads_kept_and_bleu(run, tmp_path):
   out = str(tmp_path / "sweep")
-  res = prune_run.prune(run.workdir, out, method="l0", lambdas=[0.0, 5.0], steps=30, lr=0.3,
-                        log=lambda s: None)
+  res = prune_run.prune(run, out, prune_run.PruneOptions(method="l0", lambdas=(0.0, 5.0),
+                                                        steps=30, lr=0.3), log=lambda s: None)
   rows = json.load(open(os.path.join(out, "lambdas.json")))
   assert [r["lambda"] for r in rows] == [0.0, 5.0] == [r["lambda"] for r in res["lambdas"]]
   assert rows[0]["kept"] == 8 and rows[1]["kept"] < rows[0]["kept"]
@@ -226,6 +232,6 @@ def test_workdir_without_a_trained_checkpoint_is_refused(run, tmp_path):
   wd = tmp_path / "untrained"
   wd.mkdir()
   (wd / "config.json").write_text(open(os.path.join(run.workdir, "config.json")).read())
-  with pytest.raises(ValueError, match="has no trained checkpoint"):
-    prune_run.prune(str(wd), str(tmp_path / "o"), method="random", keep=1, log=lambda s: None)
+  with pytest.raises(ValueError, match="has no trained checkpoint"):   # the one loader
+    mha_jax.load(str(wd))
   assert not (tmp_path / "o").exists()
