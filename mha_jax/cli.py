@@ -550,9 +550,9 @@ def _add_verb(sub, name: str, verb: Verb, methods: Sequence[str] | None):
     epilog = f"The flags of --method {','.join(methods)}; other methods take others."
   if verb.config == "study":
     epilog = ((epilog + " ") if epilog else "") + (
-        "--config FILE.py[:ARG]: these settings from a config file (keys: the flags' "
-        "names, '-' written '_'); --config.KEY=VALUE overrides a key; a flag given here "
-        "overrides both (docs/guide/cli.md).")
+        "--config FILE.py[:ARG]: these settings from a config file (keys: the settings' "
+        "names, each flag with '_' for '-'); --config.KEY=VALUE overrides a key; a flag "
+        "given here overrides both (docs/guide/cli.md).")
   kw = {} if verb.hidden else {"help": verb.help}
   p = sub.add_parser(name, description=verb.help, epilog=epilog, allow_abbrev=False, **kw)
   groups = {}
