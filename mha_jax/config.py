@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from mha_jax.errors import UserError
+from mha_jax.settings import check_range  # noqa: F401 - the one range check
 
 # Fields that may change when a run resumes in an existing workdir.
 RESUMABLE_FIELDS = ("train.steps", "train.eval_every", "train.log_every",
@@ -208,23 +209,6 @@ def incompatible_fields(saved: dict, new: dict) -> list[str]:
                                         for f in RESUMABLE_FIELDS):
       out.append(k)
   return out
-
-
-def check_range(name: str, v, lo=None, hi=None, *, lo_open=False, hi_open=False,
-                note: str = "") -> None:
-  """v within [lo, hi] (open ends where asked), else a UserError naming `name` (a config
-  field or a command-line flag) and the value."""
-  if isinstance(v, bool) or not isinstance(v, (int, float)):
-    raise UserError(f"{name} must be a number; got {v!r}")
-  ok = ((lo is None or (v > lo if lo_open else v >= lo)) and
-        (hi is None or (v < hi if hi_open else v <= hi)))
-  if not ok:
-    left = "" if lo is None else ("(" if lo_open else "[") + f"{lo}, "
-    right = "" if hi is None else f"{hi}" + (")" if hi_open else "]")
-    want = (f"in {left}{right}" if lo is not None and hi is not None else
-            f"{'>' if lo_open else '>='} {lo}" if lo is not None else
-            f"{'<' if hi_open else '<='} {hi}")
-    raise UserError(f"{name} must be {want}{note}; got {v!r}")
 
 
 def _check_range(cfg, key: str, lo=None, hi=None, *, lo_open=False, hi_open=False,

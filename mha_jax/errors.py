@@ -7,7 +7,15 @@ bug and shows its traceback. It is a ValueError, so `except ValueError` still ca
 
 
 class UserError(ValueError):
-  """Bad input; the message names the argument, field or file and the value it got."""
+  """Bad input; the message names the argument, field or file and the value it got.
+
+  `setting`: the study settings (or the inputs `workdir`, `out`, `file`) the message
+  names, as the library calls them; the CLI shows each as its flag (`bleu_limit` ->
+  `--bleu-limit`). A name or a tuple of names."""
+
+  def __init__(self, *args, setting: str | tuple[str, ...] | None = None):
+    super().__init__(*args)
+    self.settings = (setting,) if isinstance(setting, str) else tuple(setting or ())
 
 
 class BadCheckpoint(UserError):

@@ -45,9 +45,9 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = storage.join(workdir, "config.json")
   if not storage.exists(path):
     if seeds_lib.is_multi_seed(workdir):
-      raise UserError(f"--workdir {workdir!r} is a multi-seed run (seeds.json): load one "
-                      f"of its seeds, {workdir.rstrip('/')}/seed_<s>")
-    raise UserError(f"--workdir {workdir!r} has no config.json: not a mha-jax run")
+      raise UserError(f"workdir {workdir!r} is a multi-seed run (seeds.json): load one "
+                      f"of its seeds, {workdir.rstrip('/')}/seed_<s>", setting="workdir")
+    raise UserError(f"workdir {workdir!r} has no config.json: not a mha-jax run", setting="workdir")
   try:
     return mc.from_dict(storage.read_json(path))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -64,7 +64,7 @@ def load(workdir: str, step: int | None = None, *,
   try:
     steps = ckpts.all_steps()
     if not steps:
-      raise UserError(f"--workdir {workdir!r} has no trained checkpoint yet")
+      raise UserError(f"workdir {workdir!r} has no trained checkpoint yet", setting="workdir")
     if step is not None and step not in steps:
       raise UserError(f"step {step} is not in {workdir!r}; saved steps: {steps}")
     params, step = ckpts.restore_params(step, log=log)

@@ -44,7 +44,8 @@ def quickstart(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool
   if analyze:
     from mha_jax.analysis import analyze as analyze_lib
     log("\nanalysis: head roles and importance (ablations: `mha-jax analyze`) ...")
-    a = analyze_lib.analyze(loaded, split="test", loo=False, log=lambda s: None)
+    a = analyze_lib.analyze(loaded, None, analyze_lib.AnalyzeOptions(ablations=False),
+                            log=lambda s: None)
     result["analysis"] = a
     for stack, counts in a["role_counts"].items():
       log(f"  {stack:<13} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
@@ -60,8 +61,8 @@ def quickstart(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool
       total = sum(common.head_counts(loaded.params)["encoder"])
       keep = max(1, total // 4)
       log(f"\npruning: L0 gates (Voita et al.), keep {keep} of {total} encoder heads ...")
-      info = prune_lib.prune(workdir, out, method="l0", lam=0.05, keep=keep, steps=60,
-                             log=lambda s: None, loaded=loaded, base=test)
+      opts = prune_lib.PruneOptions(method="l0", l0_lambda=0.05, keep=keep, steps=60)
+      info = prune_lib.prune(loaded, out, opts, log=lambda s: None, base=test)
       result["pruning"] = {k: info[k] for k in ("kept", "kept_heads", "base", "after")}
       log(f"  test BLEU {info['base']['bleu']:.1f} with all heads -> "
           f"{info['after']['bleu']:.1f} with {info['kept']} encoder heads "

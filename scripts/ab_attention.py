@@ -20,7 +20,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from mha_jax import attention, bench
+from experiments import bench
+from mha_jax import attention
 
 
 def _old_attention(rev: str):

@@ -42,7 +42,8 @@ def main(argv=None):
   args = p.parse_args(argv)
   import jax
   import jax.numpy as jnp
-  from mha_jax import bench, load
+  from experiments import bench
+  from mha_jax import load
   from mha_jax.circuits import edges as edges_lib, search
   from mha_jax.toolkit import activation_patching, pairs as pairs_lib
   loaded = load(args.workdir)

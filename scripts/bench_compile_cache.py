@@ -65,7 +65,8 @@ def main(argv=None):
   args = p.parse_args(argv)
   names = [c for c in args.commands.split(",") if c]
   sys.path.insert(0, ROOT)
-  from mha_jax import bench, cli
+  from experiments import bench
+  from mha_jax import cli
   result = {"workdir": args.workdir, "commands": {}}
   if os.path.exists(args.out):             # keep the commands measured before
     with open(args.out) as f:

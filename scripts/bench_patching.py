@@ -285,7 +285,7 @@ def main(argv=None):
     os.sched_setaffinity(0, set(cores))
   import jax
   import mha_jax
-  from mha_jax import bench
+  from experiments import bench
   from mha_jax.toolkit import activation_patching, pairs as pairs_lib
   from mha_jax.pretrained import importer
   workdir, tmp = args.workdir, None

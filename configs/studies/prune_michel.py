@@ -12,4 +12,4 @@ from mha_jax import config as mc
 def get_config(arg=None):
   a = mc.parse_arg(arg, keep=12)
   return ml_collections.ConfigDict(dict(method="michel", keep=a.keep, stacks="encoder",
-                                        keep_one_per_layer=True, bleu_sentences=0))
+                                        keep_one_per_layer=True, bleu_limit=0))

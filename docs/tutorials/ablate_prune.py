@@ -60,7 +60,7 @@ print("most important heads:", ", ".join(f"{h} {v:.4f}" for h, v in top))
 
 # %%
 for method in ("l0", "michel", "random"):
-  info = prune_lib.prune(workdir, os.path.join(root, method), method=method, keep=4,
-                         steps=40, bleu_limit=32, log=lambda s: None, loaded=loaded)
+  opts = prune_lib.PruneOptions(method=method, keep=4, steps=40, bleu_limit=32)
+  info = prune_lib.prune(loaded, os.path.join(root, method), opts, log=lambda s: None)
   print(f"{method:>6}: kept {', '.join(info['kept_heads'])}; test loss "
         f"{info['after']['loss']:.3f} (all heads {info['base']['loss']:.3f})")

@@ -12,6 +12,7 @@
 # %%
 import tempfile
 
+import mha_jax
 from mha_jax import config as mc
 from mha_jax.circuits import circuits_report
 from mha_jax.train import loop
@@ -32,7 +33,9 @@ print(summary["status"], "at step", summary["step"])
 # virtual heads.
 
 # %%
-result = circuits_report.circuits(workdir, samples=50, track=False, log=lambda s: None)
+result = circuits_report.circuits(mha_jax.load(workdir), None,
+                                  circuits_report.CircuitsOptions(samples=50, track=False),
+                                  log=lambda s: None)
 heads = result["heads"]
 for name in sorted(heads):
   s = heads[name]

@@ -7,13 +7,16 @@ importance.png, ablation.png and attention_explorer.html, and returns a summary.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from typing import Callable
 
 
-from mha_jax import loader, storage
+from mha_jax import loader, settings, storage
 from mha_jax.analysis import attention_explorer
 from mha_jax.errors import UserError
+from mha_jax.settings import setting
+from mha_jax.tasks.base import SPLITS
 from mha_jax.toolkit import importance
 from mha_jax.toolkit.head_roles import head_roles
 from mha_jax.toolkit import plots
@@ -35,17 +38,37 @@ def write_rows(rows: list[dict], directory: str) -> None:
   storage.write_text(storage.join(directory, "heads.csv"), f.getvalue())
 
 
-def analyze(loaded, *, split: str = "test", out_dir: str | None = None, role_limit: int = 0,
-            importance_limit: int = 512, loo: bool = True, loo_bleu_limit: int = 64,
-            conllu: str | None = None, log: Callable[[str], None] = print) -> dict:
-  """Roles, importance and single-head ablations for a loaded run; writes the report.
-  `conllu`: a CoNLL-U file of input sentences for the syntactic roles of an encoder
-  without its own arcs (an imported BERT; translation runs take data.conllu)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AnalyzeOptions:
+  """The settings of `analyze`."""
+  split: str = setting("test", choices=SPLITS, help="the data split (default: test)")
+  ablations: bool = setting(True, help="the leave-one-out pass (--no-ablations skips it)")
+  bleu_limit: int = setting(64, lo=0, note=" (0 = all)",
+                            help="sentences for BLEU in the leave-one-out pass (0 = all)")
+  conllu: str | None = setting(None, path=True, help="imported encoders: a CoNLL-U file "
+                               "of sentences for syntactic roles")
+  roles_only: bool = setting(False, help="multi-seed workdir: each seed's head roles "
+                             "only (roles_only.json), then their stability; no "
+                             "importance, ablations or explorer")
+  role_limit: int = setting(0, lo=0, help="sentences for the roles (0 = all)")
+  importance_limit: int = setting(512, lo=1, help="valid sentences for the importance")
+
+
+def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(), *,
+            log: Callable[[str], None] = print) -> dict:
+  """Roles, importance and single-head ablations for a loaded run; writes the report in
+  `out` (default WORKDIR/analysis). `opts.conllu`: a CoNLL-U file of input sentences
+  for the syntactic roles of an encoder without its own arcs (an imported BERT;
+  translation runs take data.conllu)."""
+  settings.check(opts)
+  split, conllu = opts.split, opts.conllu
+  loo, loo_bleu_limit = opts.ablations, opts.bleu_limit
+  role_limit, importance_limit = opts.role_limit, opts.importance_limit
   if conllu and loaded.task.role_family != "embedding":
-    raise UserError(f"--conllu is for imported encoders (task embedding); this run has "
+    raise UserError(f"conllu is for imported encoders (task embedding); this run has "
                     f"task {loaded.task.name!r} (translation runs read data.conllu.<split> "
-                    f"from their config)")
-  out_dir = out_dir or storage.join(loaded.workdir, "analysis")
+                    f"from their config)", setting="conllu")
+  out_dir = out or storage.join(loaded.workdir, "analysis")
   storage.makedirs(out_dir)
   is_tr = loaded.task.reports_bleu
   if loaded.task.compares_to_dense:   # the loss: a distance to the dense model's outputs

@@ -1,6 +1,7 @@
-"""The pages the studies write (the explorer, the primer) as package data: NAME.html with
-NAME.css and NAME.js, read through importlib.resources and put together into one
-self-contained file (no network request), the data injected as JSON."""
+"""The pages the studies write (the explorer) as package data: NAME.html with NAME.css
+and NAME.js, read through importlib.resources and put together into one self-contained
+file (no network request), the data injected as JSON. Another package's pages (the
+experiment harness's primer) are put together the same way (`package=`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import json
 import re
 from importlib import resources
 
-PAGES = ("explorer", "primer")
+PAGES = ("explorer",)
 
 
-def read(name: str) -> str:
-  """The text of one asset file, e.g. read("explorer.js")."""
-  return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
+def read(name: str, package: str = __name__) -> str:
+  """The text of one asset file of `package`, e.g. read("explorer.js")."""
+  return resources.files(package).joinpath(name).read_text(encoding="utf-8")
 
 
 def json_for_script(data) -> str:
@@ -21,15 +22,15 @@ def json_for_script(data) -> str:
   return json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
 
 
-def page(name: str, data, **values: str) -> str:
+def page(name: str, data, *, package: str = __name__, **values: str) -> str:
   """assets/NAME.html with its CSS, JS, the JSON of `data` and `values` (already
   HTML-escaped by the caller) put in place of {{css}}, {{js}}, {{data}}, {{key}}, in one
   pass: nothing inserted is read for placeholders again."""
-  if name not in PAGES:
+  if package == __name__ and name not in PAGES:
     raise ValueError(f"name must be one of {PAGES}; got {name!r}")
-  fill = {"css": read(f"{name}.css"), "js": read(f"{name}.js"),
+  fill = {"css": read(f"{name}.css", package), "js": read(f"{name}.js", package),
           "data": json_for_script(data), **values}
-  template = read(f"{name}.html")
+  template = read(f"{name}.html", package)
   missing = set(re.findall(r"{{(\w+)}}", template)) - set(fill)
   if missing:
     raise ValueError(f"page {name!r} needs values for {sorted(missing)}")

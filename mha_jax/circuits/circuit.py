@@ -13,15 +13,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
 import numpy as np
 
-from mha_jax import storage
+from mha_jax import settings, storage
 from mha_jax.circuits import edges as edges_lib
 from mha_jax.circuits import search, circuit_tasks
 from mha_jax.errors import UserError
+from mha_jax.settings import setting
 from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit import ablations
 from mha_jax.toolkit import plots
@@ -29,14 +31,34 @@ from mha_jax.toolkit import plots
 METHODS = ("eap", "eap-ig", "exact", "greedy")
 
 
-def check(method: str, ablation: str, target: float, steps: int) -> None:
-  if method not in METHODS:
-    raise UserError(f"--method must be one of {', '.join(METHODS)}; got {method!r}")
-  ablations.check_kind(ablation)
-  if not 0 < target <= 1:
-    raise UserError(f"--target must be in (0, 1]; got {target}")
-  if steps < 1:
-    raise UserError(f"--steps must be >= 1; got {steps}")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CircuitOptions:
+  """The settings of `circuit`; `methods=` marks those only some methods read."""
+  task: str | None = setting(None, choices=circuit_tasks.TASKS, help="a built-in task (or give "
+                             "pairs)")
+  pairs: str | None = setting(None, path=True, help="a JSONL file, one {clean, corrupt, "
+                              "answer, wrong[, metric]} a line (metric: logit_diff or "
+                              "prob_diff)")
+  method: str = setting("eap-ig", choices=METHODS,
+                        help="edge scores: eap, eap-ig (default), exact patching, or "
+                             "greedy (ACDC-style pruning with exact patching; small "
+                             "graphs)")
+  ablation: str = setting("corrupt", choices=ablations.KINDS,
+                          help="what an edge outside the circuit carries")
+  target: float = setting(0.8, lo=0, hi=1, lo_open=True,
+                          help="faithfulness of the node view's circuit, in (0, 1]")
+  steps: int = setting(5, lo=1, help="EAP-IG's interpolation steps (EAP-IG is also run "
+                       "for the agreement report)")
+  ig_on: str = setting("inputs", choices=edges_lib.IG_ON, help="EAP-IG interpolates the input "
+                       "embedding or every edge together")
+  sample: int = setting(200, lo=1, help="edges exact patching checks EAP and EAP-IG on")
+  keep_failing: bool = setting(False, help="keep pairs whose clean prompt the model gets "
+                               "wrong")
+  n_pairs: int = setting(8, lo=1, help="built-in tasks: pairs drawn")
+  seed: int = setting(0, lo=0, help="the random seed (default: 0)")
+  threshold: float = setting(0.01, lo=0, methods=("greedy",),
+                             help="an edge goes when the metric moves by less than this "
+                                  "share of m(full) - m(empty)")
 
 
 def _clean_metric(s: activation_patching.Study, metric) -> np.ndarray:
@@ -65,13 +87,16 @@ def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print):
   return s, circuit_tasks.metric_of(pairs, spec), spec, failing
 
 
-def study(loaded, out: str, *, task=None, pairs_file=None, method: str = "eap-ig",
-          ablation: str = "corrupt", target: float = 0.8, n_pairs: int = 8, seed: int = 0,
-          steps: int = 5, ig_on: str = "inputs", keep_failing: bool = False,
-          sample: int = 200, threshold: float = 0.01, log=print) -> dict:
+def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
+            log=print) -> dict:
   """Scores every edge, draws the faithfulness curve, picks the target circuit; writes
   DIR/circuit.json, faithfulness.png, circuit.png and returns the document."""
-  check(method, ablation, target, steps)
+  settings.check(opts)
+  task, pairs_file, method, ablation = opts.task, opts.pairs, opts.method, \
+      opts.ablation
+  target, n_pairs, seed, steps, ig_on = opts.target, opts.n_pairs, opts.seed, opts.steps, \
+      opts.ig_on
+  keep_failing, sample, threshold = opts.keep_failing, opts.sample, opts.threshold
   t0 = time.perf_counter()
   s, metric, spec, failing = prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log)
   es = edges_lib.EdgeStudy(s, metric=metric, ablation=ablation)

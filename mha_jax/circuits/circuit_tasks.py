@@ -60,8 +60,8 @@ def _year_tokens(task):
     return np.asarray(two), 2
   one = [pairs_lib.single_token(task, str(d)) for d in range(10)]
   if any(t is None for t in one):
-    raise UserError("--task greater-than needs the digits (or every two-digit number) "
-                    "as single tokens of this model's vocabulary")
+    raise UserError("task greater-than needs the digits (or every two-digit number) "
+                    "as single tokens of this model's vocabulary", setting="task")
   return np.asarray(one), 1
 
 
@@ -69,7 +69,7 @@ def greater_than(task, n: int = 8, seed: int = 0):
   """(Pairs, metric): "The {noun} lasted from the year 17YY to the year 17" against the
   start 1701; the metric P(after) - P(before) (see the module docstring)."""
   if n < 1:
-    raise UserError(f"--n-pairs must be >= 1; got {n}")
+    raise UserError(f"n_pairs must be >= 1; got {n}", setting="n_pairs")
   ids, width = _year_tokens(task)
   rng = np.random.default_rng(seed)
   rows, signs = [], []
@@ -115,11 +115,11 @@ def file_metric(path: str) -> str:
       continue           # read_pairs names it
     m = obj.get("metric", "logit_diff") if isinstance(obj, dict) else "logit_diff"
     if m not in FILE_METRICS:
-      raise UserError(f"--pairs {path}, line {no}: metric must be one of {FILE_METRICS}; "
-                      f"got {m!r}")
+      raise UserError(f"pairs {path}, line {no}: metric must be one of {FILE_METRICS}; "
+                      f"got {m!r}", setting="pairs")
     if seen is not None and m != seen:
-      raise UserError(f"--pairs {path}, line {no}: metric {m!r} differs from the first "
-                      f"line's {seen!r} (one metric per file)")
+      raise UserError(f"pairs {path}, line {no}: metric {m!r} differs from the first "
+                      f"line's {seen!r} (one metric per file)", setting="pairs")
     seen = m
   return seen or "logit_diff"
 
@@ -127,7 +127,8 @@ def file_metric(path: str) -> str:
 def make(loaded, task: str | None, pairs_file: str | None, n: int, seed: int):
   """(Pairs, metric spec) of a built-in task or a pairs file."""
   if (task is None) == (pairs_file is None):
-    raise UserError(f"give exactly one of --task ({', '.join(TASKS)}) and --pairs FILE.jsonl")
+    raise UserError(f"give exactly one of task ({', '.join(TASKS)}) and pairs FILE.jsonl",
+                    setting=("task", "pairs"))
   if pairs_file is not None:
     pairs = pairs_lib.read_pairs(loaded.task, pairs_file)
     return pairs, file_metric(pairs_file)
@@ -137,7 +138,7 @@ def make(loaded, task: str | None, pairs_file: str | None, n: int, seed: int):
     return pairs_lib.induction_pairs(loaded.task, n, seed=seed), "logit_diff"
   if task == "greater-than":
     return greater_than(loaded.task, n, seed)
-  raise UserError(f"--task must be one of {TASKS}; got {task!r}")
+  raise UserError(f"task must be one of {TASKS}; got {task!r}", setting="task")
 
 
 def subset_metric(spec, rows):

@@ -10,11 +10,11 @@ from typing import Callable
 
 import numpy as np
 
-from mha_jax import storage
+from mha_jax import settings, storage
 from mha_jax.circuits import behaviour, paths, scores
 from mha_jax.errors import BadCheckpoint, UserError
-from mha_jax.loader import load
 from mha_jax.models import common
+from mha_jax.settings import setting
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.toolkit import plots
 
@@ -112,16 +112,27 @@ def circuit_scores(loaded, tokens: np.ndarray, *, samples: int = 200, dtype=np.f
           "composition_baseline": comp["baseline"]}
 
 
-def circuits(workdir: str, out_dir: str | None = None, *, samples: int = 200,
-             track: bool = True, log: Callable[[str], None] = print) -> dict:
-  loaded = load(workdir)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CircuitsOptions:
+  """The settings of `circuits`."""
+  track: bool = setting(True, help="the ICL score over the checkpoints (--no-track "
+                        "skips the pass)")
+  samples: int = setting(200, lo=1, help="random matrices of the composition baseline")
+
+
+def circuits(loaded, out: str | None = None, opts: CircuitsOptions = CircuitsOptions(), *,
+             log: Callable[[str], None] = print) -> dict:
+  """Induction heads, composition, positivity and paths of a loaded decoder-only run;
+  writes OUT/circuits.json and its plots (default WORKDIR/circuits)."""
+  settings.check(opts)
+  workdir, samples, track = loaded.workdir, opts.samples, opts.track
   if not loaded.task.decoder_only:
     raise UserError(f"circuits needs a decoder-only model (task lm or pretrained_lm); "
                     f"{workdir!r} has task {loaded.task.name!r}")
   if not loaded.task.trainable:        # an imported LM: GQA, RMSNorm, MLPs
-    return real_lm_circuits(loaded, out_dir or storage.join(workdir, "circuits"),
+    return real_lm_circuits(loaded, out or storage.join(workdir, "circuits"),
                             samples=samples, log=log)
-  out_dir = out_dir or storage.join(workdir, "circuits")
+  out_dir = out or storage.join(workdir, "circuits")
   storage.makedirs(out_dir)
   tokens, lengths = behaviour.eval_tokens(loaded)
   result = {"workdir": workdir, "step": loaded.step,

@@ -190,9 +190,9 @@ class EdgeStudy:
     the ablated run (alpha 0) and the clean run (alpha 1); on "inputs" or
     "activations" (see the module docstring)."""
     if on not in IG_ON:
-      raise UserError(f"--ig-on must be one of {IG_ON}; got {on!r}")
+      raise UserError(f"ig_on must be one of {IG_ON}; got {on!r}", setting="ig_on")
     if steps < 1:
-      raise UserError(f"--steps must be >= 1; got {steps}")
+      raise UserError(f"steps must be >= 1; got {steps}", setting="steps")
     alphas = (jnp.arange(steps, dtype=jnp.float32) + 0.5) / steps
     ones = jnp.ones(self.mask.shape, jnp.float32)
 

@@ -118,10 +118,11 @@ def touched(graph, keep) -> dict:
 def greedy(es, threshold: float = 0.01, max_edges: int = 5000, log=None) -> np.ndarray:
   """ACDC-style pruning with exact patching: (N_nodes, N_ends) bool circuit."""
   if not 0 < threshold < 1:
-    raise UserError(f"--threshold must be in (0, 1); got {threshold}")
+    raise UserError(f"threshold must be in (0, 1); got {threshold}", setting="threshold")
   if len(es.edges) > max_edges:
     raise UserError(f"greedy pruning runs one forward per edge: this graph has "
-                    f"{len(es.edges)} edges (> {max_edges}); use --method eap or eap-ig")
+                    f"{len(es.edges)} edges (> {max_edges}); use method eap or eap-ig",
+                    setting="method")
   keep = es.mask.astype(np.float32)
   scale = abs(es.m_full - es.m_empty)
   current = es.m_full

@@ -9,15 +9,17 @@ files in the output folder, so a committed result gets its page without the mode
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 
 import numpy as np
 
-from mha_jax import assets, storage
+from mha_jax import assets, settings, storage
 from mha_jax.toolkit import roles as roles_lib
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching, pairs as pairs_lib
+from mha_jax.settings import setting
 
 FILES = ("patching", "dla", "attribution", "path")
 
@@ -122,32 +124,20 @@ def write(out: str, attention: dict | None = None, title: str | None = None) -> 
   return path
 
 
-def main(argv=None) -> int:
-  """(Re)writes DIR/explorer.html from a patching result's JSON files.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExplorerOptions:
+  """The settings of `rewrite` (`mha-jax patch-explorer`)."""
+  attention_pairs: int = setting(2, lo=1, help="with the run: the pairs of the attention "
+                                 "view")
 
-  `python -m mha_jax.patching.explorer DIR [--workdir W] [--attention-pairs N]`: with
-  the run's workdir, the attention view of its first pairs too (checked to be the same
-  pairs and model)."""
-  import argparse
-  p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-  p.add_argument("out")
-  p.add_argument("--workdir", default=None)
-  p.add_argument("--attention-pairs", type=int, default=2)
-  a = p.parse_args(argv)
-  out = storage.normpath(a.out)
+
+def rewrite(loaded, out: str, opts: ExplorerOptions = ExplorerOptions()) -> str:
+  """(Re)writes OUT/explorer.html from a patching result's JSON files in `out`; with the
+  loaded run (or None), the attention view of its first pairs too (checked to be the
+  same pairs and model). Returns the page's path."""
+  settings.check(opts)
+  out = storage.normpath(out)
   attention = None
-  if a.workdir:
-    from mha_jax.loader import load
-    loaded = load(a.workdir)
-    attention = attention_data(rebuilt_study(out, loaded), loaded.task, a.attention_pairs)
-  print(write(out, attention))
-  return 0
-
-
-if __name__ == "__main__":
-  import sys
-  try:
-    raise SystemExit(main())
-  except UserError as e:           # one line, as the CLI prints it
-    print(f"error: {e}", file=sys.stderr)
-    raise SystemExit(2) from None
+  if loaded is not None:
+    attention = attention_data(rebuilt_study(out, loaded), loaded.task, opts.attention_pairs)
+  return write(out, attention)

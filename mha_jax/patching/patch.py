@@ -20,16 +20,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Sequence
 
 import numpy as np
 
-from mha_jax import storage
+from mha_jax import settings, storage
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching, pairs as pairs_lib
 from mha_jax.patching import explorer
 from mha_jax.toolkit import plots
+from mha_jax.settings import setting
 
 METHODS = ("activation", "path", "attribution")
 TASKS = ("ioi", "induction")
@@ -45,21 +47,22 @@ def _sweeps(sites: Sequence[str], gqa: bool) -> list[tuple[str, str, bool]]:
   """(table name, core site, per position) of each asked sweep, in SITES' order."""
   bad = [x for x in sites if x not in SITES]
   if bad or not sites:
-    raise UserError(f"--sites must be a comma-separated subset of {SITES}; got "
-                    f"{','.join(sites)!r}")
+    raise UserError(f"sites must be a comma-separated subset of {SITES}; got "
+                    f"{','.join(sites)!r}", setting="sites")
   return [sw for x in SITES if x in sites and (x != "kv" or gqa) for sw in _SWEEPS[x]]
 
 
 def make_pairs(loaded, task: str | None, pairs_file: str | None, n: int, seed: int):
   if (task is None) == (pairs_file is None):
-    raise UserError("give exactly one of --task (ioi, induction) and --pairs FILE.jsonl")
+    raise UserError("give exactly one of task (ioi, induction) and pairs FILE.jsonl",
+                    setting=("task", "pairs"))
   if pairs_file is not None:
     return pairs_lib.read_pairs(loaded.task, pairs_file)
   if task == "ioi":
     return pairs_lib.ioi_pairs(loaded.task, n, seed)
   if task == "induction":
     return pairs_lib.induction_pairs(loaded.task, n, seed=seed)
-  raise UserError(f"--task must be one of {TASKS}; got {task!r}")
+  raise UserError(f"task must be one of {TASKS}; got {task!r}", setting="task")
 
 
 def _per_layer_positions(arr_LT) -> dict:
@@ -80,22 +83,48 @@ def _failing(s, pairs) -> list[dict]:
          for i in range(len(pairs)) if s.ld_clean[i] < 0]
   if len(bad) == len(pairs):
     raise UserError(f"the model gets every clean prompt wrong (clean logit differences "
-                    f"{[b['ld_clean'] for b in bad]}): nothing to patch; --keep-failing "
-                    f"keeps them")
+                    f"{[b['ld_clean'] for b in bad]}): nothing to patch; keep_failing "
+                    f"keeps them", setting="keep_failing")
   return bad
 
 
-def study(loaded, out: str, *, task: str | None = None, pairs_file: str | None = None,
-          methods: Sequence[str] = ("activation", "attribution"), n_pairs: int = 8,
-          seed: int = 0, per_position: bool = False, receivers: int = 2, top: int = 10,
-          sites: Sequence[str] = ("head_out",), keep_failing: bool = False,
-          log=print) -> dict:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PatchOptions:
+  """The settings of `patch`; `methods=` marks those only some methods read."""
+  task: str | None = setting(None, choices=TASKS, help="a built-in task (or give pairs)")
+  pairs: str | None = setting(None, path=True, help="a JSONL file, one {clean, corrupt, "
+                              "answer, wrong} a line")
+  method: tuple[str, ...] = setting(("activation", "attribution"), choices=METHODS,
+                                    metavar="METHOD[,METHOD...]",
+                                    help=f"of {', '.join(METHODS)} (default: "
+                                         f"activation,attribution)")
+  n_pairs: int = setting(8, lo=1, help="built-in tasks: pairs drawn")
+  seed: int = setting(0, lo=0, help="the random seed (default: 0)")
+  keep_failing: bool = setting(False, help="keep the pairs whose clean prompt the model "
+                               "gets wrong (clean logit difference < 0; left out by "
+                               "default)")
+  top: int = setting(10, lo=1, help="the top heads listed in patching.json")
+  sites: tuple[str, ...] = setting(("head_out",), choices=SITES, methods=("activation",),
+                                   metavar="SITE[,SITE...]",
+                                   help=f"the sweeps, of {', '.join(SITES)} (default: "
+                                        f"head_out; kv: k and v per key/value head)")
+  per_position: bool = setting(False, methods=("activation",),
+                               help="also patch every head at every position")
+  receivers: int = setting(2, lo=1, methods=("path",),
+                           help="the top heads whose q, k, v receive")
+
+
+def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -> dict:
   """Runs the asked methods on the pairs (activation patching: the sweeps of `sites`,
   in one program); writes the files in `out`; returns a summary."""
-  bad = [m for m in methods if m not in METHODS]
-  if bad or not methods:
-    raise UserError(f"--method must be a comma-separated subset of {METHODS}; got "
-                    f"{','.join(methods)!r}")
+  settings.check(opts)
+  task, pairs_file, methods = opts.task, opts.pairs, opts.method
+  n_pairs, seed, per_position, receivers = opts.n_pairs, opts.seed, opts.per_position, \
+      opts.receivers
+  top, sites, keep_failing = opts.top, opts.sites, opts.keep_failing
+  if not methods:
+    raise UserError(f"method must be a comma-separated subset of {METHODS}; got ''",
+                    setting="method")
   _sweeps(sites, False)
   pairs = make_pairs(loaded, task, pairs_file, n_pairs, seed)
   s = activation_patching.Study(loaded.task, loaded.params, pairs)

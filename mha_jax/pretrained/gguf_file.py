@@ -46,7 +46,7 @@ def _field(reader, key, default=None, *, path, required=False):
   f = reader.fields.get(key)
   if f is None:
     if required:
-      raise UserError(f"--file {path!r}: GGUF metadata has no {key!r}")
+      raise UserError(f"file {path!r}: GGUF metadata has no {key!r}", setting="file")
     return default
   return f.contents()
 
@@ -71,12 +71,12 @@ def _reader_class():
 
 def open_reader(path: str):
   if not os.path.isfile(path):
-    raise UserError(f"--file {path!r}: no such file")
+    raise UserError(f"file {path!r}: no such file", setting="file")
   try:
     return _reader_class()(path, "r")
   except Exception as e:  # noqa: BLE001 - gguf raises ValueError, IndexError, struct errors...
-    raise UserError(f"--file {path!r} is not a readable GGUF file (corrupt or truncated?): "
-                     f"{type(e).__name__}: {e}") from None
+    raise UserError(f"file {path!r} is not a readable GGUF file (corrupt or truncated?): "
+                     f"{type(e).__name__}: {e}", setting="file") from None
 
 
 # llama.cpp's tensor names per architecture -> (name under blk.{i}., kind, param target,
@@ -174,21 +174,21 @@ def read(path: str, dtype: str = "float32", place=None):
   reader = open_reader(path)
   arch = _field(reader, "general.architecture", path=path, required=True)
   if arch not in SUPPORTED_ARCH:
-    raise UserError(f"--file {path!r}: general.architecture is {arch!r}; only "
-                     f"{SUPPORTED_ARCH} GGUF files are supported")
+    raise UserError(f"file {path!r}: general.architecture is {arch!r}; only "
+                     f"{SUPPORTED_ARCH} GGUF files are supported", setting="file")
   for key in reader.fields:
     if key.startswith(arch + ".") and key[len(arch) + 1:] not in _GGUF_KEYS[arch]:
-      raise UserError(f"--file {path!r}: GGUF metadata key {key!r} "
+      raise UserError(f"file {path!r}: GGUF metadata key {key!r} "
                        f"(= {_field(reader, key, path=path)!r}) is not implemented for "
-                       f"{arch}; refused rather than ignored")
+                       f"{arch}; refused rather than ignored", setting="file")
 
   def meta(key, default=None, required=True):
     return _field(reader, f"{arch}.{key}", default, path=path,
                   required=required and default is None)
 
   def refuse(key, value, why):
-    raise UserError(f"--file {path!r}: {arch}.{key}={value!r} {why} (refused, not "
-                     f"approximated)")
+    raise UserError(f"file {path!r}: {arch}.{key}={value!r} {why} (refused, not "
+                     f"approximated)", setting="file")
 
   by_name = {t.name: t for t in reader.tensors}
   d = int(meta("embedding_length"))
@@ -267,17 +267,17 @@ def read(path: str, dtype: str = "float32", place=None):
     try:
       w = _dequantize_rows(gguf, t)
     except Exception as e:  # noqa: BLE001
-      raise UserError(f"--file {path!r}: tensor {name!r} of type {t.tensor_type.name} "
-                       f"cannot be dequantized: {e}") from None
+      raise UserError(f"file {path!r}: tensor {name!r} of type {t.tensor_type.name} "
+                       f"cannot be dequantized: {e}", setting="file") from None
     expect = tuple(int(n) for n in reversed(t.shape))
     if w.shape != expect:
-      raise UserError(f"--file {path!r}: tensor {name!r} has {w.shape} values, header "
-                       f"says {expect} (truncated file?)")
+      raise UserError(f"file {path!r}: tensor {name!r} has {w.shape} values, header "
+                       f"says {expect} (truncated file?)", setting="file")
     want = lin_shapes.get(name.split(".", 2)[-1]) if name.startswith("blk.") else None
     if want is not None and w.shape != want:
-      raise UserError(f"--file {path!r}: tensor {name!r} has shape {w.shape}; "
+      raise UserError(f"file {path!r}: tensor {name!r} has shape {w.shape}; "
                        f"{arch}.feed_forward_length={s['f']} and embedding_length={d} "
-                       f"say {want}")
+                       f"say {want}", setting="file")
     qtypes[t.tensor_type.name] = qtypes.get(t.tensor_type.name, 0) + 1
     if name.endswith("attn_q.weight") and arch == "llama":
       w = unpermute_rope_rows(w, h)
@@ -287,15 +287,15 @@ def read(path: str, dtype: str = "float32", place=None):
 
   embed_t = by_name.get("token_embd.weight")
   if embed_t is None:
-    raise UserError(f"--file {path!r}: tensor 'token_embd.weight' is missing")
+    raise UserError(f"file {path!r}: tensor 'token_embd.weight' is missing", setting="file")
   s["v"] = int(embed_t.shape[1])
   layer_rows = tuple((n, kind.rstrip("*"), target, None)
                      for n, kind, target, optional in _GGUF_LAYER[arch]
                      if not optional or f"blk.0.{n}" in by_name)
   if arch == "phi3" and ("blk.0.attn_qkv.weight" in by_name) == ("blk.0.attn_q.weight"
                                                                   in by_name):
-    raise UserError(f"--file {path!r}: a phi3 layer needs attn_qkv.weight or attn_q / "
-                     f"attn_k / attn_v weights (exactly one of the two)")
+    raise UserError(f"file {path!r}: a phi3 layer needs attn_qkv.weight or attn_q / "
+                     f"attn_k / attn_v weights (exactly one of the two)", setting="file")
   top = [("token_embd.weight", "vec", "embed", None)]
   if arch == "gpt2":
     top.append(("position_embd.weight", "vec", "pos_embed", None))
@@ -307,11 +307,11 @@ def read(path: str, dtype: str = "float32", place=None):
                         layer_prefix="blk.{i}.", ignore_tensors=(),
                         norm="layer" if arch in _LAYER_NORM_ARCH else "rms")
   names = [n for n in by_name if n not in _ROPE_FACTOR_TENSORS]
-  t = adapters.Tensors(get, names, f"--file {path!r}", ("",), np_dtype)
+  t = adapters.Tensors(get, names, f"file {path!r}", ("",), np_dtype)
   params = adapters.build_params(fam, s, t, np_dtype, place=place)
   if arch == "gpt2" and params["pos_embed"].shape[0] != s["max_len"]:
-    raise UserError(f"--file {path!r}: position_embd has {params['pos_embed'].shape[0]} "
-                     f"rows, {arch}.context_length={s['max_len']}")
+    raise UserError(f"file {path!r}: position_embd has {params['pos_embed'].shape[0]} "
+                     f"rows, {arch}.context_length={s['max_len']}", setting="file")
   cfg = adapters.model_config(s, fam)
 
   tokens = _field(reader, "tokenizer.ggml.tokens", path=path, required=True)
@@ -320,16 +320,17 @@ def read(path: str, dtype: str = "float32", place=None):
   if model == "gpt2":
     tok = tk.from_gguf_vocab(tokens, _field(reader, "tokenizer.ggml.merges", [], path=path),
                              types, _field(reader, "tokenizer.ggml.pre", "default", path=path),
-                             f"--file {path!r}")
+                             f"file {path!r}")
   elif model == "llama" and arch in ("gemma2", "gemma3"):
-    tok = tk.from_gguf_gemma(tokens, types, f"--file {path!r}")
+    tok = tk.from_gguf_gemma(tokens, types, f"file {path!r}")
   else:
-    raise UserError(f"--file {path!r}: tokenizer.ggml.model={model!r} is not supported for "
+    raise UserError(f"file {path!r}: tokenizer.ggml.model={model!r} is not supported for "
                      f"{arch} (byte-level BPE 'gpt2', or Gemma's SentencePiece 'llama'; "
-                     f"Llama 2 style SentencePiece with a prefix space is not implemented)")
+                     f"Llama 2 style SentencePiece with a prefix space is not implemented)",
+                     setting="file")
   if len(tokens) != s["v"]:
-    raise UserError(f"--file {path!r}: {len(tokens)} tokens but the embedding has "
-                     f"{s['v']} rows")
+    raise UserError(f"file {path!r}: {len(tokens)} tokens but the embedding has "
+                     f"{s['v']} rows", setting="file")
 
   def tid(key):
     x = _field(reader, f"tokenizer.ggml.{key}", None, path=path)
@@ -364,7 +365,7 @@ def _rope(meta, refuse, arch, k, by_name, reader, path) -> dict:
     # LongRoPE as transformers' Phi-3 runs it: theta_i / short_i up to the original
     # context length, theta_i / long_i past it, cos / sin scaled by the attention factor.
     if not all(has_factors):
-      raise UserError(f"--file {path!r}: LongRoPE needs both {_ROPE_FACTOR_TENSORS}")
+      raise UserError(f"file {path!r}: LongRoPE needs both {_ROPE_FACTOR_TENSORS}", setting="file")
     if scaling not in ("none", "longrope"):
       refuse("rope.scaling.type", scaling, "with LongRoPE factor tensors")
     ctx = int(meta("context_length"))
@@ -374,8 +375,8 @@ def _rope(meta, refuse, arch, k, by_name, reader, path) -> dict:
       t = by_name[n]
       x = np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type), np.float64)
       if x.shape != (rot // 2,):
-        raise UserError(f"--file {path!r}: tensor {n!r} has shape {x.shape}; "
-                         f"rope.dimension_count={rot} needs ({rot // 2},)")
+        raise UserError(f"file {path!r}: tensor {n!r} has shape {x.shape}; "
+                         f"rope.dimension_count={rot} needs ({rot // 2},)", setting="file")
       factors[n.split("_")[2].split(".")[0]] = [float(v) for v in x]
     rope.update(type="longrope", short_factor=factors["short"], long_factor=factors["long"],
                 original_max_position_embeddings=orig, factor=ctx / orig)

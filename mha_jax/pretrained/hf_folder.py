@@ -20,24 +20,24 @@ from mha_jax.pretrained import adapters
 def _load_config(folder: str) -> dict:
   path = os.path.join(folder, "config.json")
   if not os.path.isfile(path):
-    raise UserError(f"--file {folder!r}: no config.json (expected the Hugging Face layout: "
-                     f"config.json, model.safetensors, tokenizer.json)")
+    raise UserError(f"file {folder!r}: no config.json (expected the Hugging Face layout: "
+                     f"config.json, model.safetensors, tokenizer.json)", setting="file")
   try:
     with open(path) as f:
       return json.load(f)
   except (OSError, json.JSONDecodeError) as e:
-    raise UserError(f"--file {folder!r}: config.json cannot be read: {e}") from None
+    raise UserError(f"file {folder!r}: config.json cannot be read: {e}", setting="file") from None
 
 
 def load_safetensors(path: str) -> dict[str, np.ndarray]:
   from safetensors.numpy import load_file
   if not os.path.isfile(path):
-    raise UserError(f"--file {os.path.dirname(path)!r}: no {os.path.basename(path)}")
+    raise UserError(f"file {os.path.dirname(path)!r}: no {os.path.basename(path)}", setting="file")
   try:
     return load_file(path)
   except Exception as e:  # noqa: BLE001 - SafetensorError and friends
-    raise UserError(f"--file {path!r} is not a readable safetensors file (corrupt or "
-                     f"truncated?): {type(e).__name__}: {e}") from None
+    raise UserError(f"file {path!r} is not a readable safetensors file (corrupt or "
+                     f"truncated?): {type(e).__name__}: {e}", setting="file") from None
 
 
 def architecture(cfg: dict) -> str:
@@ -65,16 +65,16 @@ def weight_files(folder: str) -> list[str]:
       with open(index) as f:
         wm = json.load(f)["weight_map"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-      raise UserError(f"--file {folder!r}: {INDEX} cannot be read: {e}") from None
+      raise UserError(f"file {folder!r}: {INDEX} cannot be read: {e}", setting="file") from None
     files = sorted(set(wm.values()))
     missing = [f for f in files if not os.path.isfile(os.path.join(folder, f))]
     if missing:
-      raise UserError(f"--file {folder!r}: {INDEX} names shards that are not there: "
-                       f"{missing[:3]}")
+      raise UserError(f"file {folder!r}: {INDEX} names shards that are not there: "
+                       f"{missing[:3]}", setting="file")
     return [os.path.join(folder, f) for f in files]
   path = os.path.join(folder, "model.safetensors")
   if not os.path.isfile(path):
-    raise UserError(f"--file {folder!r}: no model.safetensors (nor {INDEX})")
+    raise UserError(f"file {folder!r}: no model.safetensors (nor {INDEX})", setting="file")
   return [path]
 
 
@@ -91,8 +91,8 @@ class Weights:
         h = safe_open(path, framework="numpy")
         names = list(h.keys())
       except Exception as e:  # noqa: BLE001 - SafetensorError and friends
-        raise UserError(f"--file {path!r} is not a readable safetensors file (corrupt or "
-                         f"truncated?): {type(e).__name__}: {e}") from None
+        raise UserError(f"file {path!r} is not a readable safetensors file (corrupt or "
+                         f"truncated?): {type(e).__name__}: {e}", setting="file") from None
       self.handles.append((path, h))
       for n in names:
         self.where[n] = (path, h)
@@ -111,8 +111,8 @@ class Weights:
       else:
         x = h.get_tensor(name)
     except Exception as e:  # noqa: BLE001
-      raise UserError(f"--file {path!r}: tensor {name!r} cannot be read (corrupt or "
-                       f"truncated?): {type(e).__name__}: {e}") from None
+      raise UserError(f"file {path!r}: tensor {name!r} cannot be read (corrupt or "
+                       f"truncated?): {type(e).__name__}: {e}", setting="file") from None
     self.dtypes[str(x.dtype)] = self.dtypes.get(str(x.dtype), 0) + 1
     return x
 
@@ -124,9 +124,9 @@ def read(folder: str, dtype: str = "float32", place=None):
   cfg = _load_config(folder)
   arch = architecture(cfg)
   if arch not in adapters.FAMILIES and arch != "bert":
-    raise UserError(f"--file {folder!r}: config.json says model_type={cfg.get('model_type')!r}"
+    raise UserError(f"file {folder!r}: config.json says model_type={cfg.get('model_type')!r}"
                      f" / architectures={cfg.get('architectures')}; supported: "
-                     f"{sorted(adapters.FAMILIES) + ['bert']}")
+                     f"{sorted(adapters.FAMILIES) + ['bert']}", setting="file")
   tok_path = os.path.join(folder, "tokenizer.json")
   where = os.path.join(folder, "config.json")
   if arch in adapters.FAMILIES:
@@ -137,7 +137,7 @@ def read(folder: str, dtype: str = "float32", place=None):
     files = weight_files(folder)
     weights = Weights(files)
     if not os.path.isfile(tok_path):
-      raise UserError(f"--file {folder!r}: no tokenizer.json")
+      raise UserError(f"file {folder!r}: no tokenizer.json", setting="file")
     t = adapters.Tensors(weights, weights.names(), os.path.join(folder, os.path.basename(
         files[0]) if len(files) == 1 else INDEX), fam.prefixes, _np_dtype(dtype))
     params = adapters.build_params(fam, settings, t, _np_dtype(dtype), place=place)
@@ -150,12 +150,13 @@ def read(folder: str, dtype: str = "float32", place=None):
     return params, mcfg, tok, tok_cfg, dict(format="safetensors", files=[
         os.path.basename(f) for f in files], tensor_dtypes=weights.dtypes)
   if place is not None:
-    raise UserError(f"--file {folder!r}: a BERT model is read whole; --mesh places the "
-                     f"decoder families' tensors as they stream (import it without --mesh)")
+    raise UserError(f"file {folder!r}: a BERT model is read whole; mesh places the "
+                     f"decoder families' tensors as they stream (import it without mesh)",
+                     setting=("file", "mesh", "mesh"))
   weights = load_safetensors(os.path.join(folder, "model.safetensors"))
   where = os.path.join(folder, "model.safetensors")
   if not os.path.isfile(tok_path):
-    raise UserError(f"--file {folder!r}: no tokenizer.json")
+    raise UserError(f"file {folder!r}: no tokenizer.json", setting="file")
   params, mcfg = _bert(cfg, weights, where)
   max_seq = mcfg["max_len"]
   st = os.path.join(folder, "sentence_bert_config.json")
@@ -174,7 +175,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def _np_dtype(name: str):
   if name not in DTYPES:
-    raise UserError(f"--dtype must be one of {DTYPES}; got {name!r}")
+    raise UserError(f"dtype must be one of {DTYPES}; got {name!r}", setting="dtype")
   if name == "bfloat16":
     import ml_dtypes
     return ml_dtypes.bfloat16

@@ -51,8 +51,8 @@ def read_model(name: str | None = None, file: str | None = None, dtype: str = "f
   is never on one device (nor, converted, on the host)."""
   place = None if mesh is None else placer(mesh)
   if (name is None) == (file is None):
-    raise UserError(f"give a known model name ({sorted(registry.KNOWN)}) or --file PATH, "
-                     f"not both or neither; got name={name!r}, file={file!r}")
+    raise UserError(f"give a known model name ({sorted(registry.KNOWN)}) or file PATH, "
+                     f"not both or neither; got name={name!r}, file={file!r}", setting="file")
   if name in registry.KNOWN and registry.KNOWN[name].chunks and scratch is None:
     raise UserError(f"model {name!r} is stored in chunks: read_model needs a scratch folder "
                      f"to assemble them in (import_model gives its own)")
@@ -62,7 +62,7 @@ def read_model(name: str | None = None, file: str | None = None, dtype: str = "f
   else:
     src_path = None
   if not storage.exists(path):
-    raise UserError(f"--file {path!r}: no such file or folder")
+    raise UserError(f"file {path!r}: no such file or folder", setting="file")
   if storage.isdir(path):
     params, mcfg, tok, tok_cfg, info = hf_folder.read(path, dtype, place=place)
     digest = _sha256(*[storage.join(path, f) for f in info["files"]])
@@ -70,8 +70,8 @@ def read_model(name: str | None = None, file: str | None = None, dtype: str = "f
     with storage.path(path).open("rb") as f:
       magic = f.read(4)
     if magic != b"GGUF":
-      raise UserError(f"--file {path!r} is neither a GGUF file (its first bytes are "
-                       f"{magic!r}, not b'GGUF') nor a Hugging Face folder")
+      raise UserError(f"file {path!r} is neither a GGUF file (its first bytes are "
+                       f"{magic!r}, not b'GGUF') nor a Hugging Face folder", setting="file")
     params, mcfg, tok, tok_cfg, info = gguf_file.read(path, dtype, place=place)
     digest = _sha256(path)
   task = TASK_OF_FAMILY[mcfg["family"]]
@@ -98,8 +98,8 @@ def import_model(workdir: str, name: str | None = None, file: str | None = None,
   if mesh is not None:
     device_mesh = sharding.make_mesh(*sharding.parse_mesh(mesh))
   if storage.exists(workdir) and (not storage.isdir(workdir) or storage.listdir(workdir)):
-    raise UserError(f"--workdir {workdir!r} exists and is not empty; import writes a new "
-                     f"run and overwrites nothing")
+    raise UserError(f"workdir {workdir!r} exists and is not empty; import writes a new "
+                     f"run and overwrites nothing", setting="workdir")
   if name is not None:
     registry.find_model(name)          # a missing package is named before anything is made
   parent = storage.dirname(storage.abspath(workdir))

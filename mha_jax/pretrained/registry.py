@@ -101,7 +101,7 @@ def find_model(name: str, scratch: str | None = None) -> str:
   its package folder is returned)."""
   if name not in KNOWN:
     raise UserError(f"model {name!r} is not known; known: {sorted(KNOWN)} (or pass "
-                    f"--file PATH)")
+                    f"file PATH)", setting="file")
   k = KNOWN[name]
   folder = package_dir(k.module)
   if folder is None:

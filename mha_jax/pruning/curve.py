@@ -3,53 +3,82 @@ same head counts, joined with the heads' roles from the dense model's analysis."
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
-from mha_jax import storage
+from mha_jax import settings, storage
 from mha_jax.errors import UserError
 from mha_jax.toolkit import head_roles
-from mha_jax.loader import load, set_dense_reference
+from mha_jax.loader import set_dense_reference
+from mha_jax.models import common
 from mha_jax.pruning import gates as gates_lib
 from mha_jax.toolkit import masks as masks_lib
 from mha_jax.pruning import methods
 from mha_jax.pruning import prune as prune_lib
+from mha_jax.settings import setting
 from mha_jax.train import lock as lock_lib
 from mha_jax.toolkit import plots
 
 
-def pruning_curve(workdir: str, out_dir: str, *, counts: Sequence[int],
-                  stacks: Sequence[str] = ("encoder",), lam: float = 0.05, steps: int = 200,
-                  bleu_limit: int = 0, seed: int = 0, hc: gates_lib.HardConcrete = gates_lib.HardConcrete(),
-                  random_draws: int = 1, save_workdirs: Sequence[int] = (),
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CurveOptions:
+  """The settings of `prune_curve`."""
+  counts: tuple[int, ...] = setting((48, 36, 24, 12, 6, 3, 0), lo=0,
+                                    help="the head counts of the curve")
+  stacks: tuple[str, ...] = setting(("encoder",), choices=tuple(common.STACKS),
+                                    metavar="STACK[,STACK...]",
+                                    help=f"attention stacks, of {', '.join(common.STACKS)} "
+                                         f"(default: encoder)")
+  bleu_limit: int = setting(0, lo=0, note=" (0 = all)", help="test BLEU sentences (0 = all)")
+  random_draws: int = setting(1, lo=1, help="random pruning: the mean over this many "
+                              "random orders")
+  save_workdirs: tuple[int, ...] = setting((), lo=0, help="head counts (of counts) at "
+                                           "which each method's pruned model is written "
+                                           "as OUT/{method}_k{K}, ready for export-pruned")
+  l0_lambda: float = setting(0.05, lo=0, help="l0 gates: the L0 penalty")
+  steps: int = setting(200, lo=1, help="l0 gates: training steps")
+  seed: int = setting(0, lo=0, help="the random seed (default: 0)")
+
+
+def check_out(workdir: str, out: str) -> None:
+  """`out` may take the curve: outside the workdir's managed folders, not a file."""
+  lock_lib.check_out(out, workdir)
+  if storage.exists(out) and not storage.isdir(out):   # refused now, not after the work
+    raise UserError(f"out {out!r} is a file, not a folder", setting="out")
+
+
+def prune_curve(loaded, out: str, opts: CurveOptions = CurveOptions(), *,
                   log: Callable[[str], None] = print) -> list[dict]:
   """Test metrics of the masks of the three methods at each head count. Random pruning is
   averaged over `random_draws` orders (seeds seed..seed+n-1; its kept heads and roles are
   the first draw's). For each K in `save_workdirs`, OUT/{method}_k{K} is written as a
   pruned workdir (as `mha-jax prune` writes it: ready for export-pruned)."""
-  lock_lib.check_out(out_dir, workdir)
-  if storage.exists(out_dir) and not storage.isdir(out_dir):   # refused now, not after
-    raise UserError(f"--out {out_dir!r} is a file, not a folder")
-  loaded = load(workdir)
+  settings.check(opts)
+  workdir, out_dir = loaded.workdir, out
+  counts, stacks, lam, steps = opts.counts, opts.stacks, opts.l0_lambda, opts.steps
+  bleu_limit, seed, random_draws = opts.bleu_limit, opts.seed, opts.random_draws
+  save_workdirs, hc = opts.save_workdirs, gates_lib.HardConcrete()
+  check_out(workdir, out_dir)
   storage.makedirs(out_dir)
   set_dense_reference(loaded)       # embeddings: compare with the dense model
   total = masks_lib.count(masks_lib.ones_mask(loaded.params, stacks))
   for k in counts:
     if not 0 <= k <= total:
-      raise UserError(f"--counts: {k} is outside 0..{total} heads in {list(stacks)}")
+      raise UserError(f"counts: {k} is outside 0..{total} heads in {list(stacks)}",
+                      setting="counts")
   for k in save_workdirs:
     if k not in counts:
-      raise UserError(f"--save-workdirs: {k} is not one of --counts {list(counts)}")
-  if random_draws < 1:
-    raise UserError(f"--random-draws must be >= 1; got {random_draws}")
+      raise UserError(f"save_workdirs: {k} is not one of counts {list(counts)}",
+                      setting=("save_workdirs", "counts"))
   for k in save_workdirs:       # refused now, not after the work
     for method in ("l0", "michel", "random"):
       d = storage.join(out_dir, f"{method}_k{k}")
       if storage.exists(d) and storage.listdir(d):
-        raise UserError(f"--save-workdirs: {d!r} exists and is not empty; refusing to "
-                        f"overwrite it")
+        raise UserError(f"save_workdirs: {d!r} exists and is not empty; refusing to "
+                        f"overwrite it", setting="save_workdirs")
   roles = head_roles.role_of(head_roles.saved_or_head_roles(loaded, "test", log))
   is_tr = loaded.task.reports_bleu
   seconds = {}

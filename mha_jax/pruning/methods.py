@@ -31,9 +31,9 @@ def train_gates(loaded, lam: float, *, stacks, steps: int = 300, lr: float = 0.0
   """Trains log_alpha (and the params when finetune) on loss + lam * L0. Returns
   (log_alpha, params, history)."""
   if lam < 0:
-    raise UserError(f"--l0-lambda must be >= 0; got {lam}")
+    raise UserError(f"l0_lambda must be >= 0; got {lam}", setting="l0_lambda")
   if steps < 1:
-    raise UserError(f"--steps must be >= 1; got {steps}")
+    raise UserError(f"steps must be >= 1; got {steps}", setting="steps")
   hc.validate()
   task = loaded.task
   counts = masks.ones_mask(loaded.params, stacks)

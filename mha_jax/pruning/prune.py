@@ -8,29 +8,32 @@ heads from the weights for real.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import dataclasses
+from typing import Callable
 
 import numpy as np
 
-from mha_jax import storage
+from mha_jax import settings, storage
 from mha_jax.errors import UserError
-from mha_jax.loader import load, set_dense_reference
+from mha_jax.loader import set_dense_reference
 from mha_jax.models import common as common_lib
 from mha_jax.pruning import gates as gates_lib
 from mha_jax.toolkit import masks
 from mha_jax.pruning import methods
+from mha_jax.settings import setting
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import lock as lock_lib
 
 
 METHODS = ("l0", "michel", "random")   # Voita et al.'s gates, Michel et al.'s scores
-# The lambda of `prune --method l0 --keep K` without --l0-lambda (prune-curve's default).
+# The lambda of `prune` with method l0 and keep K but no l0_lambda (prune-curve's default).
 DEFAULT_KEEP_LAMBDA = 0.05
 
 
 def _fresh_dir(path: str, what: str) -> None:
   if storage.exists(path) and storage.listdir(path):
-    raise UserError(f"{what} {path!r} exists and is not empty; refusing to overwrite it")
+    raise UserError(f"{what} {path!r} exists and is not empty; refusing to overwrite it",
+                    setting=what)
   storage.makedirs(path)
 
 
@@ -40,7 +43,7 @@ def _evaluate(loaded, params, bleu_limit):
 
 def write_workdir(loaded, out: str, params, info: dict) -> None:
   """A workdir whose checkpoint holds `params` and whose pruning.json holds `info`."""
-  _fresh_dir(out, "--out")
+  _fresh_dir(out, "out")
   try:
     storage.copy(storage.join(loaded.workdir, "config.json"), storage.join(out, "config.json"))
     data = storage.join(loaded.workdir, "data")   # the run's vocabulary/tokenizer and stats
@@ -62,33 +65,76 @@ def _check(loaded, stacks, keep, start_mask):
   counts = common_lib.head_counts(loaded.params)
   for s in stacks:
     if s not in counts:
-      raise UserError(f"--stacks: {s!r} is not in this model; it has {sorted(counts)}")
+      raise UserError(f"stacks: {s!r} is not in this model; it has {sorted(counts)}",
+                      setting="stacks")
   available = masks.count(start_mask) if start_mask else sum(sum(counts[s]) for s in stacks)
   if keep is not None and not 0 <= keep <= available:
-    raise UserError(f"--keep must be between 0 and the {available} heads left in "
-                     f"{list(stacks)}; got {keep}")
+    raise UserError(f"keep must be between 0 and the {available} heads left in "
+                    f"{list(stacks)}; got {keep}", setting="keep")
   return available
 
 
-def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
-          lambdas: Sequence[float] = (), keep: int | None = None,
-          stacks: Sequence[str] = ("encoder",), steps: int = 300, lr: float = 0.05,
-          finetune: bool = False, keep_one_per_layer: bool = False, seed: int = 0,
-          hc: gates_lib.HardConcrete = gates_lib.HardConcrete(), bleu_limit: int = 0,
-          log: Callable[[str], None] = print, loaded=None, base: dict | None = None) -> dict:
-  """Prunes the run in `workdir` into `out` (or one sub-workdir per lambda).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PruneOptions:
+  """The settings of `prune`; `methods=` marks those only some methods read."""
+  method: str = setting("l0", choices=METHODS,
+                        help="l0: train Hard Concrete gates (Voita et al.); michel: drop "
+                             "the heads of least gradient importance (Michel et al.); "
+                             "random (default: l0)")
+  keep: int | None = setting(None, help="end with exactly K heads (checked against the "
+                             "heads left)")
+  stacks: tuple[str, ...] = setting(("encoder",), choices=tuple(common_lib.STACKS),
+                                    metavar="STACK[,STACK...]",
+                                    help=f"attention stacks, of {', '.join(common_lib.STACKS)} "
+                                         f"(default: encoder)")
+  bleu_limit: int = setting(0, lo=0, note=" (0 = all)", help="test BLEU sentences (0 = all)")
+  l0_lambda: float | None = setting(None, lo=0, methods=("l0",),
+                                    help="L0 penalty (with keep K: default 0.05, it only "
+                                         "ranks the heads)")
+  lambdas: tuple[float, ...] = setting((), lo=0, methods=("l0",),
+                                       help="sweep lambda: one sub-workdir per value")
+  steps: int = setting(300, lo=1, methods=("l0",), help="gate training steps")
+  lr: float = setting(0.05, lo=0, lo_open=True, methods=("l0",), help="gate learning rate")
+  finetune: bool = setting(False, methods=("l0",), help="also train the model")
+  beta: float = setting(1 / 3, lo=0, lo_open=True, methods=("l0",),
+                        help="the Hard Concrete temperature")
+  init_log_alpha: float = setting(2.0, methods=("l0",), help="the gates' initial log alpha")
+  per_layer_mean: bool = setting(False, methods=("l0",),
+                                 help="average the L0 penalty per layer")
+  binarize: str = setting("nonzero", choices=gates_lib.BINARIZE, methods=("l0",),
+                          help="a head is kept when its gate is nonzero, or above 0.5")
+  keep_one_per_layer: bool = setting(False, methods=("michel",), help="never empty a layer")
+  seed: int = setting(0, lo=0, methods=("l0", "random"),
+                      help="the random seed (default: 0)")
 
-  `loaded` (the workdir's `mha_jax.load`) and `base` (its test metrics at bleu_limit)
-  save a reload and an evaluation when the caller has them already."""
-  if method not in METHODS:
-    raise UserError(f"--method must be one of {', '.join(METHODS)}; got {method!r}")
-  for l in ([lam] if lam is not None else []) + list(lambdas):
-    if l < 0:
-      raise UserError(f"--l0-lambda must be >= 0; got {l}")
+  @property
+  def hard_concrete(self) -> gates_lib.HardConcrete:
+    return gates_lib.HardConcrete(beta=self.beta, init_log_alpha=self.init_log_alpha,
+                          per_layer_mean=self.per_layer_mean, binarize=self.binarize)
+
+
+def default_out(workdir: str, opts: PruneOptions) -> str:
+  """Where `prune` writes by default: WORKDIR_pruned_METHOD, a new workdir."""
+  return workdir.rstrip("/") + f"_pruned_{opts.method}"
+
+
+def prune(loaded, out: str, opts: PruneOptions, *, log: Callable[[str], None] = print,
+          base: dict | None = None) -> dict:
+  """Prunes the loaded run into `out` (or one sub-workdir per lambda).
+
+  `base` (its test metrics at opts.bleu_limit) saves an evaluation when the caller has
+  them already."""
+  settings.check(opts)
+  workdir, method, keep = loaded.workdir, opts.method, opts.keep
+  stacks, lam, lambdas, bleu_limit = list(opts.stacks), opts.l0_lambda, opts.lambdas, \
+      opts.bleu_limit
+  steps, lr, finetune, seed, hc = opts.steps, opts.lr, opts.finetune, opts.seed, \
+      opts.hard_concrete
+  keep_one_per_layer = opts.keep_one_per_layer
   lock_lib.check_out(out, workdir)
   if storage.exists(out) and storage.listdir(out):
-    raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
-  loaded = loaded if loaded is not None else load(workdir)
+    raise UserError(f"out {out!r} exists and is not empty; refusing to overwrite it",
+                    setting="out")
   set_dense_reference(loaded)
   start_mask = masks.read_mask(workdir)
   if start_mask:
@@ -96,10 +142,11 @@ def prune(workdir: str, out: str, *, method: str, lam: float | None = None,
   available = _check(loaded, stacks, keep, start_mask)
   if method == "l0" and lam is None and not lambdas:
     if keep is None:
-      raise UserError("--method l0 needs --l0-lambda X, --lambdas a,b,c or --keep K")
+      raise UserError("method l0 needs l0_lambda X, lambdas a,b,c or keep K",
+                      setting=("method", "l0_lambda", "lambdas", "keep"))
     lam = DEFAULT_KEEP_LAMBDA    # top K of the gates: lambda only shapes the ranking
   if method != "l0" and keep is None:
-    raise UserError(f"--method {method} needs --keep K")
+    raise UserError(f"method {method} needs keep K", setting=("method", "keep"))
   base = base if base is not None else _evaluate(loaded, loaded.params, bleu_limit)
   log(f"base: {available} heads in {list(stacks)}, test " +
       " ".join(f"{k} {v:.4g}" for k, v in base.items()))
@@ -150,16 +197,28 @@ def _finish(loaded, out, params, mask, info, bleu_limit, log):
   return info
 
 
-def export(workdir: str, out: str, *, log: Callable[[str], None] = print) -> dict:
-  """Writes `out` with the masked heads of a pruned workdir physically removed."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExportOptions:
+  """The settings of `export_pruned` (none yet: the pruned workdir says what to remove)."""
+
+
+def check_export(workdir: str, out: str) -> None:
+  """A pruned workdir, and an `out` that is a new folder outside it; before any work."""
   lock_lib.check_out(out, workdir)
-  mask = masks.read_mask(workdir)
-  if mask is None:
-    raise UserError(f"--workdir {workdir!r} has no pruning.json: prune it first "
-                     f"(mha-jax prune)")
+  if masks.read_mask(workdir) is None:
+    raise UserError(f"workdir {workdir!r} has no pruning.json: prune it first "
+                    f"(mha-jax prune)", setting="workdir")
   if storage.exists(out) and storage.listdir(out):
-    raise UserError(f"--out {out!r} exists and is not empty; refusing to overwrite it")
-  loaded = load(workdir)
+    raise UserError(f"out {out!r} exists and is not empty; refusing to overwrite it",
+                    setting="out")
+
+
+def export_pruned(loaded, out: str, opts: ExportOptions = ExportOptions(), *,
+                  log: Callable[[str], None] = print) -> dict:
+  """Writes `out` with the masked heads of a loaded pruned run physically removed."""
+  workdir = loaded.workdir
+  check_export(workdir, out)
+  mask = masks.read_mask(workdir)
   pruned = masks.export_pruned(loaded.params, mask)
   batch = next(loaded.task.eval_batches("test", 16))[0]
   speed, (masked_out, exported_out) = forward_speedup(loaded.task, loaded.params, pruned, batch)

@@ -14,7 +14,7 @@ def tokenizer_of(workdir, add_special_tokens: bool):
     return None
   path = storage.join(workdir, "tokenizer.json")
   if not storage.isfile(path):
-    raise UserError(f"--workdir {workdir!r} has no tokenizer.json")
+    raise UserError(f"workdir {workdir!r} has no tokenizer.json", setting="workdir")
   return PretrainedTokenizer.load(path, add_special_tokens)
 
 

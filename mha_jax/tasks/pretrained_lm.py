@@ -176,13 +176,14 @@ class PretrainedLMTask(Imported):
     if self.cfg.tokenizer.add_bos and self.cfg.tokenizer.bos_id >= 0:
       ids = np.concatenate([[self.cfg.tokenizer.bos_id], ids]).astype(np.int32)
     if len(ids) == 0:
-      raise UserError("--prompt is empty: nothing to continue")
+      raise UserError("prompt is empty: nothing to continue", setting="prompt")
     common.check_token_ids(ids, self.vocab_size, "the prompt (tokenizer.json)")
     context = int(self.cfg.model.get("max_len", 0) or 0)
     if context and len(ids) + max_new_tokens > context:
-      raise UserError(f"the prompt's {len(ids)} tokens plus --max-new-tokens "
+      raise UserError(f"the prompt's {len(ids)} tokens plus max_new_tokens "
                       f"{max_new_tokens} make {len(ids) + max_new_tokens}, more than the "
-                      f"model's context of {context} tokens (model.max_len)")
+                      f"model's context of {context} tokens (model.max_len)",
+                      setting="max_new_tokens")
     eos = [int(self.cfg.tokenizer.eos_id)] if stop_at_eos and self.cfg.tokenizer.eos_id >= 0 \
         else []
     new = decoder.generate(params, self.spec, ids[None], max_new_tokens,

@@ -27,9 +27,9 @@ from mha_jax.errors import UserError
 KINDS = ("corrupt", "mean", "resample", "zero")
 
 
-def check_kind(kind: str, what: str = "--ablation") -> str:
+def check_kind(kind: str, what: str = "ablation") -> str:
   if kind not in KINDS:
-    raise UserError(f"{what} must be one of {', '.join(KINDS)}; got {kind!r}")
+    raise UserError(f"{what} must be one of {', '.join(KINDS)}; got {kind!r}", setting=what)
   return kind
 
 

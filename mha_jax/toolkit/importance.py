@@ -40,8 +40,8 @@ def parse_heads(params, names: str | Sequence[str]) -> list[tuple[str, int, int]
       ok = stack in counts and layer < len(counts[stack]) and head < counts[stack][layer]
     if not ok:
       valid = "; ".join(f"{s}.0-{len(c) - 1}.0-{max(c) - 1}" for s, c in counts.items())
-      raise UserError(f"--heads: {name!r} is not a head of this model; valid names are "
-                       f"stack.layer.head within: {valid}")
+      raise UserError(f"heads: {name!r} is not a head of this model; valid names are "
+                      f"stack.layer.head within: {valid}", setting="heads")
     out.append((stack, layer, head))
   return out
 
@@ -79,7 +79,7 @@ def ablate(loaded, heads, *, mode: str = "zero", split: str = "test", means=None
            bleu_limit: int | None = None) -> dict:
   """Metrics with `heads` ablated ("zero": output 0; "mean": output = its mean)."""
   if mode not in MODES:
-    raise UserError(f"--mode must be one of {', '.join(MODES)}; got {mode!r}")
+    raise UserError(f"mode must be one of {', '.join(MODES)}; got {mode!r}", setting="mode")
   params = loaded.params
   gates = gates_without(loaded.params, heads)
   if mode == "mean":    # the heads' z replaced by their means: an interventions edit
@@ -122,9 +122,9 @@ def induction_vs_random(loaded, scores: dict[str, float], *, top: int = 5, draws
             for h in range(n) if f"{s}.{l}.{h}" not in names]
   if len(others) < len(names):
     total = len(others) + len(names)
-    raise UserError(f"--top {top}: the model has {len(others)} heads besides the top "
+    raise UserError(f"top {top}: the model has {len(others)} heads besides the top "
                     f"{len(names)}, too few to draw as many random ones; with {total} heads "
-                    f"use --top {total // 2} or less")
+                    f"use top {total // 2} or less", setting=("top", "top"))
   base = loaded.task.evaluate(loaded.params, split)
   if loaded.task.decoder_only and not loaded.task.trainable:
     base.update(repeated_loss(loaded))

@@ -65,7 +65,7 @@ def _tokenizer(task):
   tok = getattr(task, "tokenizer", None)
   if tok is None:
     raise UserError("this model has no tokenizer (a run on repeated random tokens): use "
-                    "--task induction")
+                    "task induction", setting="task")
   return tok
 
 
@@ -114,7 +114,7 @@ def ioi_pairs(task, n: int = 8, seed: int = 0) -> Pairs:
   templates taken in turn.
   """
   if n < 1:
-    raise UserError(f"--n-pairs must be >= 1; got {n}")
+    raise UserError(f"n_pairs must be >= 1; got {n}", setting="n_pairs")
   names = ioi_names(task)
   if len(names) < 2:
     raise UserError(f"the IOI task needs two names that are single tokens of this "
@@ -178,7 +178,7 @@ def read_pairs(task, path: str) -> Pairs:
   field, clean and corrupt of different token lengths, an answer or wrong that is not
   one token."""
   if not storage.exists(path):
-    raise UserError(f"--pairs {path!r} does not exist")
+    raise UserError(f"pairs {path!r} does not exist", setting="pairs")
   return parse_pairs(task, storage.read_text(path).splitlines(), f"--pairs {path}")
 
 

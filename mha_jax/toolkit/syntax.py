@@ -91,7 +91,7 @@ def score_sentences(sentences: Iterable[tuple[Sequence[np.ndarray], Sequence, di
     stats.update(ws, np.asarray([len(groups)]), [unit_arcs(arcs, unit_of, len(groups))],
                  None)
   if stats is None:
-    raise UserError("--conllu: no sentence to score")
+    raise UserError("conllu: no sentence to score", setting="conllu")
   return {r["head"]: {k: v for k, v in r.items() if k.startswith("syn")}
           for r in stats.results(stack, th)}
 

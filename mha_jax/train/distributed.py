@@ -64,12 +64,13 @@ def settings(coordinator: str | None = None, num_processes: int | None = None,
   missing = [n for n, v in given.items() if v is None]
   if missing:
     flags = ", ".join(f"--{n.replace('_', '-')} (or {ENV[n]})" for n in missing)
-    raise UserError(f"a multi-process run needs --coordinator, --num-processes and "
-                     f"--process-id; missing {flags}")
+    raise UserError(f"a multi-process run needs coordinator, num_processes and "
+                     f"process_id; missing {flags}",
+                     setting=("coordinator", "num_processes", "process_id"))
   coord = str(given["coordinator"])
   host, _, port = coord.rpartition(":")
   if not host or not port.isdigit() or not 0 < int(port) < 65536:
-    raise UserError(f"--coordinator must be HOST:PORT; got {coord!r}")
+    raise UserError(f"coordinator must be HOST:PORT; got {coord!r}", setting="coordinator")
   out = {"coordinator": coord}
   for name in ("num_processes", "process_id"):
     try:
@@ -78,10 +79,11 @@ def settings(coordinator: str | None = None, num_processes: int | None = None,
       raise UserError(f"--{name.replace('_', '-')} must be an integer; got "
                        f"{given[name]!r}") from None
   if out["num_processes"] < 1:
-    raise UserError(f"--num-processes must be >= 1; got {out['num_processes']}")
+    raise UserError(f"num_processes must be >= 1; got {out['num_processes']}",
+                    setting="num_processes")
   if not 0 <= out["process_id"] < out["num_processes"]:
-    raise UserError(f"--process-id must be in [0, {out['num_processes']}); got "
-                     f"{out['process_id']}")
+    raise UserError(f"process_id must be in [0, {out['num_processes']}); got "
+                     f"{out['process_id']}", setting="process_id")
   return out
 
 
@@ -100,8 +102,8 @@ def timeouts(process_timeout: float | None = None, startup_timeout: float | None
     except (TypeError, ValueError):
       out[name] = float("nan")
     if not out[name] >= 1:
-      raise UserError(f"--{name.replace('_', '-')} (or {var}) must be a number of "
-                      f"seconds >= 1; got {v!r}")
+      raise UserError(f"{name} (or {var}) must be a number of seconds >= 1; got {v!r}",
+                      setting=name)
   return out
 
 
@@ -192,10 +194,11 @@ def _claim(s: dict) -> None:
       time.sleep(0.2)
   if reply != "ok":
     raise UserError(
-        f"multi-process start-up failed (--coordinator {s['coordinator']}, "
-        f"--num-processes {s['num_processes']}, --process-id {s['process_id']}): "
-        f"another process took --process-id {s['process_id']} first; give every "
-        f"process its own id, 0 to {s['num_processes'] - 1}")
+        f"multi-process start-up failed (coordinator {s['coordinator']}, "
+        f"num_processes {s['num_processes']}, process_id {s['process_id']}): "
+        f"another process took process_id {s['process_id']} first; give every "
+        f"process its own id, 0 to {s['num_processes'] - 1}",
+        setting=("coordinator", "num_processes", "process_id", "process_id"))
 
 
 def _startup_guard(s: dict | None, startup: float) -> threading.Event:
@@ -232,9 +235,9 @@ def _service_apart(s: dict, kw: dict, tm: dict):
   line = proc.stdout.readline().strip()
   if line != "ready":
     proc.kill()
-    raise UserError(f"multi-process start-up failed: process 0 cannot serve the "
-                    f"coordinator on port {port} of --coordinator {s['coordinator']} "
-                    f"({line or 'it exited'})")
+    raise UserError(f"multi-process start-up failed: process 0 cannot start its id service "
+                    f"on port {port} (coordinator {s['coordinator']}) "
+                    f"({line or 'it exited'})", setting="coordinator")
   _state["service"] = proc
   real = jd._jax
 

@@ -67,18 +67,18 @@ def check_workdir(workdir: str) -> str:
   if not storage.exists(workdir):
     return "new"
   if not storage.isdir(workdir):
-    raise UserError(f"--workdir {workdir!r} is a file, not a folder; train needs a folder "
-                    f"(new, empty, or a mha-jax run)")
+    raise UserError(f"workdir {workdir!r} is a file, not a folder; train needs a folder "
+                    f"(new, empty, or a mha-jax run)", setting="workdir")
   names = [n for n in storage.listdir(workdir) if n != LOCK]
   if not names:
     return "empty"
   if MARKER in names or _written_by_mha_jax(workdir):
     return "run"
   shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-  raise UserError(f"--workdir {workdir!r} is not empty and holds no mha-jax run (no "
+  raise UserError(f"workdir {workdir!r} is not empty and holds no mha-jax run (no "
                   f"{MARKER}; it holds {shown}); train writes only into a new or empty "
                   f"folder or a run of its own, and overwrites nothing else. Give another "
-                  f"--workdir")
+                  f"workdir", setting=("workdir", "workdir"))
 
 
 def write_marker(workdir: str) -> None:
@@ -94,16 +94,16 @@ def write_marker(workdir: str) -> None:
 MANAGED = ("checkpoints", "checkpoints.bad", "data", "tb")
 
 
-def check_out(out: str, workdir: str, flag: str = "--out") -> None:
-  """Refuses an output folder that is the source workdir itself or lies inside one of
-  its managed folders (MANAGED)."""
+def check_out(out: str, workdir: str, setting: str = "out") -> None:
+  """Refuses an output folder (the setting `setting`) that is the source workdir itself
+  or lies inside one of its managed folders (MANAGED)."""
   if storage.normpath(out) == storage.normpath(workdir):
-    raise UserError(f"{flag} {out!r} is the source workdir {workdir!r} itself; give a new "
-                    f"folder")
+    raise UserError(f"{setting} {out!r} is the source workdir {workdir!r} itself; give a "
+                    f"new folder", setting=setting)
   for name in MANAGED:
     if storage.is_within(out, storage.join(workdir, name)):
-      raise UserError(f"{flag} {out!r} lies inside {name}/ of the workdir {workdir!r}, "
-                      f"which mha-jax manages; give a folder outside it")
+      raise UserError(f"{setting} {out!r} lies inside {name}/ of the workdir {workdir!r}, "
+                      f"which mha-jax manages; give a folder outside it", setting=setting)
 
 
 # ------------------------------------------------------------------ the lock
@@ -179,8 +179,9 @@ class Lock:
       try:
         created = storage.create_exclusive(self.path, self._payload())
       except StorageFault as e:
-        raise StorageFault(f"train: {e}; train writes its checkpoints into --workdir "
-                           f"{self.workdir!r}: give one on a writable disk") from None
+        raise StorageFault(f"train: {e}; train writes its checkpoints into workdir "
+                           f"{self.workdir!r}: give one on a writable disk",
+                           setting="workdir") from None
       if created:
         self._thread = threading.Thread(target=self._beat, daemon=True,
                                         name=f"mha-jax lock {self.path}")

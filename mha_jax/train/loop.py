@@ -85,7 +85,7 @@ def check_workdir(cfg, workdir: str) -> dict:
                 not any(ckpt_lib.has_train_state(workdir, s) for s in steps)):
     raise UserError(f"workdir {workdir!r} holds a pruned or exported model (params only, "
                     f"no optimizer state); train cannot resume it and left it untouched. "
-                    f"Train a new run with another --workdir")
+                    f"Train a new run with another workdir", setting="workdir")
   if storage.exists(path) and steps:
     try:
       saved = mc.upgrade(storage.read_json(path))
@@ -96,7 +96,7 @@ def check_workdir(cfg, workdir: str) -> dict:
       diffs = ", ".join(f"{k}: {mc.flatten(saved).get(k)!r} -> {mc.flatten(new).get(k)!r}"
                         for k in bad[:6])
       raise UserError(f"workdir {workdir!r} holds a run of another config ({diffs}); "
-                       f"refusing to touch it. Use a new --workdir")
+                       f"refusing to touch it. Use a new workdir", setting="workdir")
   elif steps:
     raise UserError(f"workdir {workdir!r} has checkpoints but no config.json; refusing "
                      f"to touch it")

@@ -70,17 +70,18 @@ def plan(cfg, workdir: str) -> list[tuple[ml_collections.ConfigDict, str]]:
   seeds = mc.seed_list(cfg)
   if storage.exists(storage.join(workdir, "config.json")):
     raise UserError(f"workdir {workdir!r} holds a single run (config.json); a multi-seed "
-                    f"run (train.seeds={cfg.train.seeds!r}) needs a new --workdir")
+                    f"run (train.seeds={cfg.train.seeds!r}) needs a new workdir", setting="workdir")
   new = mc.to_dict(cfg)
   if is_multi_seed(workdir):
     man = read_manifest(workdir)
     if man["seeds"] != seeds:
       raise UserError(f"workdir {workdir!r} holds seeds {man['seeds']}; train.seeds="
-                      f"{cfg.train.seeds!r} asks for {seeds}. Use a new --workdir")
+                      f"{cfg.train.seeds!r} asks for {seeds}. Use a new workdir", setting="workdir")
     bad = mc.incompatible_fields(mc.upgrade(man.get("config", {})), new)
     if bad:
       raise UserError(f"workdir {workdir!r} holds a multi-seed run of another config "
-                      f"(fields {bad[:6]}); refusing to touch it. Use a new --workdir")
+                      f"(fields {bad[:6]}); refusing to touch it. Use a new workdir",
+                      setting="workdir")
   return runs(cfg, workdir)
 
 

@@ -65,17 +65,17 @@ def spec_of_names(names: list[str], shape, model_size: int) -> P:
   return P(*spec)
 
 
-def parse_mesh(text: str, flag: str = "--mesh") -> tuple[int, int]:
+def parse_mesh(text: str, flag: str = "mesh") -> tuple[int, int]:
   """(data, model) from "model=4" or "data=2,model=4" (data=0: every device left)."""
   out = {"data": 0, "model": 1}
   for part in str(text).split(","):
     key, eq, val = part.strip().partition("=")
     if not eq or key not in out or not val.strip().isdigit():
       raise UserError(f"{flag} must look like model=4 or data=2,model=4 (axes data and "
-                       f"model, whole numbers); got {text!r}")
+                      f"model, whole numbers); got {text!r}", setting=flag)
     out[key] = int(val)
   if out["model"] < 1:
-    raise UserError(f"{flag}: model must be >= 1; got {text!r}")
+    raise UserError(f"{flag}: model must be >= 1; got {text!r}", setting=flag)
   return out["data"], out["model"]
 
 

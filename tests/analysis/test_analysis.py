@@ -49,7 +49,7 @@ def test_head_names_are_checked_with_the_valid_ones_listed(loaded):
   assert importance.parse_heads(loaded.params, "encoder.0.1,decoder_cross.0.0") == [
       ("encoder", 0, 1), ("decoder_cross", 0, 0)]
   for bad in ("encoder.0.2", "encoder.1.0", "decoderx.0.0", "encoder.0"):
-    with pytest.raises(ValueError, match=r"--heads: .* is not a head of this model; valid "
+    with pytest.raises(ValueError, match=r"heads: .* is not a head of this model; valid "
                                          r"names .*encoder\.0-0\.0-1"):
       importance.parse_heads(loaded.params, bad)
 
@@ -128,8 +128,8 @@ def test_ablate_cli_writes_json_and_plot(loaded, capsys):
 
 
 def test_analyze_writes_the_report(loaded):
-  summary = analyze.analyze(loaded, split="valid", loo_bleu_limit=8, importance_limit=16,
-                           log=lambda s: None)
+  opts = analyze.AnalyzeOptions(split="valid", bleu_limit=8, importance_limit=16)
+  summary = analyze.analyze(loaded, None, opts, log=lambda s: None)
   d = os.path.join(loaded.workdir, "analysis")
   rows = json.load(open(os.path.join(d, "heads.json")))
   assert len(rows) == len(loaded.head_names) == 6

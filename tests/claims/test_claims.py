@@ -12,10 +12,10 @@ import pytest
 
 from mha_jax import attention as A
 from mha_jax import cli
-from mha_jax.claims import experiments as E
-from mha_jax.claims import rules as R
-from mha_jax.claims import run as claims_run
-from mha_jax.claims import toy
+from experiments.claims import measure as E
+from experiments.claims import rules as R
+from experiments.claims import run as claims_run
+from experiments.claims import toy
 from helpers import open_page
 
 H, F, I = R.HOLDS, R.FAILS, R.INCONCLUSIVE
@@ -351,7 +351,7 @@ def tiny_gemma(tmp_path_factory):
 
 
 def test_real_lm_circuit_claims_on_a_tiny_gemma(tiny_gemma, tmp_path):
-  from mha_jax.claims import studies as S
+  from experiments.claims import studies as S
   model, wd = tiny_gemma
   ctx = E.Context(out=str(tmp_path), log=lambda s: None)
   n = S.claim_induction_k_composition(ctx, "gemma3", None, wd)["numbers"]

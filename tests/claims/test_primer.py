@@ -1,4 +1,4 @@
-"""The primer's figures (mha_jax/claims/primer.py) against independent computations, and
+"""The primer's figures (experiments/claims/primer.py) against independent computations, and
 the page in a real browser: the four matrices, the seven lines at the zoo's widths,
 Voita's pruning grid, the natural-text model's circuit."""
 
@@ -12,8 +12,8 @@ import pytest
 from mha_jax import accounting, assets
 from mha_jax import attention as A
 from mha_jax.toolkit import capture
-from mha_jax.claims import experiments as E
-from mha_jax.claims import primer as P
+from experiments.claims import measure as E
+from experiments.claims import primer as P
 from mha_jax.errors import UserError
 from helpers import open_page
 
@@ -191,4 +191,4 @@ def test_the_new_figures_in_a_real_browser(tmp_path, text_lm):
     assert errors == [] and requests == []
     browser.close()
   html = open(path).read()
-  assert "http" not in html and assets.read("primer.js").strip() in html
+  assert "http" not in html and assets.read("primer.js", P.ASSETS).strip() in html

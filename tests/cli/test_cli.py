@@ -118,11 +118,17 @@ def _study_config(tmp_path, **keys) -> str:
 
 @pytest.fixture
 def prune_calls(monkeypatch):
-  """What `mha-jax prune` hands the pruning function (which is not run)."""
+  """What `mha-jax prune` hands the pruning function (which is not run, nor is the
+  workdir loaded): the workdir, out and the options' settings."""
+  import dataclasses
+  import types
   from mha_jax.pruning import prune as prune_lib
   calls = []
-  monkeypatch.setattr(prune_lib, "prune", lambda workdir, out, **kw: calls.append(
-      dict(workdir=workdir, out=out, **kw)) or {"kept": kw["keep"]})
+  monkeypatch.setattr(cli, "_load", lambda args, wd=None: types.SimpleNamespace(
+      workdir=wd or args.workdir))
+  monkeypatch.setattr(prune_lib, "prune", lambda loaded, out, opts: calls.append(
+      dict(workdir=loaded.workdir, out=out, **dataclasses.asdict(opts))) or
+      {"kept": opts.keep})
   return calls
 
 
@@ -133,7 +139,7 @@ def test_a_config_files_settings_reach_the_verb_and_overrides_apply_in_order(
   assert cli.main(["prune", "--config", spec]) == 0
   (call,) = prune_calls
   assert (call["workdir"], call["method"], call["keep"], call["stacks"],
-          call["keep_one_per_layer"]) == ("runs/a", "michel", 4, ["lm"], True)
+          call["keep_one_per_layer"]) == ("runs/a", "michel", 4, ("lm",), True)
   assert call["out"] == "runs/a_pruned_michel"
   assert json.loads(capsys.readouterr().out) == {"kept": 4}
   assert cli.main(["prune", "--config", spec, "--config.keep=6",
@@ -142,7 +148,7 @@ def test_a_config_files_settings_reach_the_verb_and_overrides_apply_in_order(
   assert cli.main(["prune", "--config", spec, "--config.keep=6", "--keep", "8",
                    "--workdir", "runs/b", "--stacks", "encoder,lm"]) == 0
   assert (prune_calls[-1]["keep"], prune_calls[-1]["workdir"],
-          prune_calls[-1]["stacks"]) == (8, "runs/b", ["encoder", "lm"])
+          prune_calls[-1]["stacks"]) == (8, "runs/b", ("encoder", "lm"))
 
 
 def test_a_config_file_is_checked_like_the_flags(tmp_path, prune_calls, capsys):
@@ -212,28 +218,30 @@ def test_the_cli_page_shows_the_real_prune_help(monkeypatch, capsys):
 
 STUDY_SETTINGS = {   # verb: (a setting that is not its default, the flags it still needs)
     "eval": (dict(split="valid"), ["--workdir", "w"]),
-    "analyze": (dict(split="train", bleu_sentences=3), ["--workdir", "w"]),
+    "analyze": (dict(split="train", bleu_limit=3), ["--workdir", "w"]),
     "ablate": (dict(mode="mean", top=2), ["--workdir", "w"]),
     "prune": (dict(keep=3, lambdas=(0.1, 0.2)), ["--workdir", "w"]),
     "prune-curve": (dict(random_draws=2, counts="4,2"), ["--workdir", "w"]),
     "export-pruned": (dict(out="o2"), ["--workdir", "w"]),
-    "circuits": (dict(no_track=True), ["--workdir", "w"]),
+    "circuits": (dict(track=False), ["--workdir", "w"]),
     "claims": (dict(out="c2"), []),
     "patch": (dict(n_pairs=3, receivers=4, method="path"), ["--workdir", "w", "--out", "o"]),
     "circuit": (dict(n_pairs=3, ablation="mean", target=0.5), ["--workdir", "w", "--out", "o"]),
     "generate": (dict(max_new_tokens=4, chat=True), ["--workdir", "w", "--prompt", "p"]),
     "import": (dict(name="minilm-l6", dtype="bfloat16"), ["--workdir", "w"]),
+    "patch-explorer": (dict(attention_pairs=3), ["--out", "o"]),
+    "primer": (dict(pruned="p"), ["--out", "o"]),
 }
 
 
 def test_every_study_verb_reads_its_flags_from_a_config_file(tmp_path):
-  assert set(STUDY_SETTINGS) == {n for n, v in cli.VERBS.items() if v.study}
+  assert set(STUDY_SETTINGS) == {n for n, v in cli.VERBS.items() if v.config == "study"}
   for verb, (keys, needed) in STUDY_SETTINGS.items():
     args, _ = cli.parse_args([verb, "--config", _study_config(tmp_path, **keys), *needed])
     for key, want in keys.items():
       want = (tuple(want) if isinstance(want, tuple) else
               tuple(int(v) for v in want.split(",")) if key == "counts" else
-              (want,) if key == "method" else want)
+              (want,) if key == "method" and verb == "patch" else want)
       assert getattr(args, key) == want, (verb, key)
   spec = _study_config(tmp_path, name="minilm-l6")
   assert cli.parse_args(["import", "smollm2-135m", "--config", spec, "--workdir", "w"]

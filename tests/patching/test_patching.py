@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mha_jax import cli
+from mha_jax.loader import load
 from mha_jax.errors import UserError
 from mha_jax.models import common
 from mha_jax.models import llama
@@ -424,7 +425,7 @@ def test_failing_pairs_are_named_and_all_failing_is_refused():
   bad = patch_lib._failing(S(), pairs)
   assert bad == [{"index": 1, "ld_clean": -2.0, "ld_corrupt": 0.1, "clean": "b"}]
   S.ld_clean = -np.abs(S.ld_clean)
-  with pytest.raises(UserError, match="every clean prompt wrong.*--keep-failing"):
+  with pytest.raises(UserError, match="every clean prompt wrong.*keep_failing"):
     patch_lib._failing(S(), pairs)
 
 
@@ -491,7 +492,8 @@ def test_a_written_result_gets_its_attention_view_from_the_same_run_only(patched
   copy = str(tmp_path / "copy")
   shutil.copytree(out, copy)
   os.remove(os.path.join(copy, "explorer.html"))
-  assert explorer.main([copy, "--workdir", wd, "--attention-pairs", "1"]) == 0
+  assert cli.main(["patch-explorer", "--out", copy, "--workdir", wd,
+                   "--attention-pairs", "1"]) == 0
   def page_json(d):
     text = open(os.path.join(d, "explorer.html")).read()
     return json.loads(text.split('<script id="data" type="application/json">', 1)[1]
@@ -500,14 +502,14 @@ def test_a_written_result_gets_its_attention_view_from_the_same_run_only(patched
   assert again["weights"] == first["weights"][:2]     # pair 0's clean and corrupt prompts
   assert again["patching"] == first["patching"]
   os.remove(os.path.join(copy, "explorer.html"))     # written again without the model:
-  assert explorer.main([copy]) == 0                   # the kept attention_view.json
+  assert cli.main(["patch-explorer", "--out", copy]) == 0   # the kept attention_view.json
   assert page_json(copy) == again
   doc = json.load(open(os.path.join(copy, "patching.json")))
   doc["pairs"][1]["ld_clean"] += 5.0                  # another model would give another LD
   with open(os.path.join(copy, "patching.json"), "w") as f:
     json.dump(doc, f)
   with pytest.raises(UserError, match="other logit differences"):
-    explorer.main([copy, "--workdir", wd])
+    explorer.rewrite(load(wd), copy)
 
 
 def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tmp_path):

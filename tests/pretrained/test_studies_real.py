@@ -134,10 +134,11 @@ def test_gqa_export_removes_kv_heads_and_matches_the_masked_model(smol):
 @pytest.mark.slow    # the gate step compiles a backward pass of all 30 layers (minutes)
 def test_prune_and_export_an_imported_lm(smol, tmp_path):
   out = str(tmp_path / "random")
-  info = prune_lib.prune(smol.workdir, out, method="random", keep=20, stacks=["lm"],
-                         log=lambda s: None, loaded=smol)
+  info = prune_lib.prune(smol, out, prune_lib.PruneOptions(method="random", keep=20,
+                                                          stacks=("lm",)), log=lambda s: None)
   assert info["kept"] == 20 and info["after"]["loss"] > info["base"]["loss"]
-  ex = prune_lib.export(out, str(tmp_path / "exported"), log=lambda s: None)
+  ex = prune_lib.export_pruned(mha_jax.load(out), str(tmp_path / "exported"),
+                               log=lambda s: None)
   assert ex["max_abs_diff_vs_masked"] < 2e-3
   assert sum(ex["head_counts"]["lm"]) >= 20 and ex["forward_speed"]["speedup"] > 0
   # L0 gates train on the built-in text's train split, the model frozen
@@ -164,8 +165,9 @@ def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
   assert np.mean(list(imp["raw"].values())) > 0     # the cosine loss alone would give 0s
   full = minilm.task.evaluate(minilm.params, "test")
   assert full["cosine_to_full"] == pytest.approx(1.0, abs=1e-5)
-  info = prune_lib.prune(minilm.workdir, str(tmp_path / "p"), method="random", keep=24,
-                         stacks=["encoder"], log=lambda s: None, loaded=minilm)
+  info = prune_lib.prune(minilm, str(tmp_path / "p"),
+                         prune_lib.PruneOptions(method="random", keep=24, stacks=("encoder",)),
+                         log=lambda s: None)
   assert 0.0 < info["after"]["cosine_to_full"] < 0.999
 
 

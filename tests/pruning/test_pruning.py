@@ -104,7 +104,7 @@ def test_prune_export_and_reuse_with_an_empty_layer(loaded, tmp_path):
   masked = mha_jax.load(out)
   assert abs(masked.task.evaluate(masked.params, "valid", bleu=False)["loss"]
              - gated["loss"]) < 1e-5
-  prune_lib.export(out, exp, log=lambda s: None)
+  prune_lib.export_pruned(mha_jax.load(out), exp, log=lambda s: None)
   ex = mha_jax.load(exp)
   assert common.head_counts(ex.params)["encoder"] == [3, 0]
   assert ex.params["encoder"]["layer_1"]["self_attn"]["wq"].shape == (16, 0, 4)
@@ -130,13 +130,16 @@ def test_prune_export_and_reuse_with_an_empty_layer(loaded, tmp_path):
   want = loaded.task.evaluate(loaded.params, "valid", bleu=False,
                             gates=masks.full_gates(loaded.params, closed))
   assert abl["loss"] == pytest.approx(want["loss"], abs=1e-5)
-  again = prune_lib.prune(exp, str(tmp_path / "again"), method="l0", lam=0.1, keep=2,
-                          steps=3, log=lambda s: None)
+  again = prune_lib.prune(ex, str(tmp_path / "again"),
+                          prune_lib.PruneOptions(method="l0", l0_lambda=0.1, keep=2, steps=3),
+                          log=lambda s: None)
   assert again["kept"] == 2
-  with pytest.raises(ValueError, match=r"--keep must be between 0 and the 3 heads left"):
-    prune_lib.prune(exp, str(tmp_path / "more"), method="random", keep=4, log=lambda s: None)
-  with pytest.raises(ValueError, match=r"--keep must be between 0 and the 3 heads left"):
-    prune_lib.prune(out, str(tmp_path / "more"), method="random", keep=5, log=lambda s: None)
+  with pytest.raises(ValueError, match=r"keep must be between 0 and the 3 heads left"):
+    prune_lib.prune(ex, str(tmp_path / "more"), prune_lib.PruneOptions(method="random", keep=4),
+                    log=lambda s: None)
+  with pytest.raises(ValueError, match=r"keep must be between 0 and the 3 heads left"):
+    prune_lib.prune(masked, str(tmp_path / "more"),
+                    prune_lib.PruneOptions(method="random", keep=5), log=lambda s: None)
 
 
 def test_prune_cli_and_bad_input(loaded, tmp_path, capsys):
@@ -173,8 +176,9 @@ def test_prune_cli_and_bad_input(loaded, tmp_path, capsys):
 def test_pruning_curve_joins_roles_and_writes_outputs(loaded, tmp_path):
   from mha_jax.pruning import curve
   out = str(tmp_path / "curve")
-  rows = curve.pruning_curve(loaded.workdir, out, counts=[8, 4, 0], steps=3, random_draws=3,
-                             save_workdirs=[4], log=lambda s: None)
+  rows = curve.prune_curve(loaded, out, curve.CurveOptions(counts=(8, 4, 0), steps=3,
+                                                      random_draws=3, save_workdirs=(4,)),
+                           log=lambda s: None)
   assert {(r["method"], r["kept"]) for r in rows} == {
       (m, k) for m in ("l0", "michel", "random") for k in (8, 4, 0)}
   by = {(r["method"], r["kept"]): r for r in rows}
@@ -200,19 +204,21 @@ def test_pruning_curve_joins_roles_and_writes_outputs(loaded, tmp_path):
     want = by[(m, 4)]["draws"][0] if m == "random" else by[(m, 4)]   # random: 1st draw
     assert res["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-6)
     assert info["after"]["loss"] == pytest.approx(want["loss"], rel=1e-6)
-  ex = prune_lib.export(os.path.join(out, "l0_k4"), str(tmp_path / "ex"), log=lambda s: None)
+  ex = prune_lib.export_pruned(mha_jax.load(os.path.join(out, "l0_k4")), str(tmp_path / "ex"),
+                               log=lambda s: None)
   assert sum(ex["head_counts"]["encoder"]) == 4 and ex["max_abs_diff_vs_masked"] < 1e-4
   assert ex["forward_speed"]["interleaved"] and ex["forward_speed"]["exported_tokens_per_s"] > 0
-  with pytest.raises(ValueError, match="--save-workdirs: .*l0_k4.* not empty"):
-    curve.pruning_curve(loaded.workdir, out, counts=[8, 4], save_workdirs=[4], log=lambda s: None)
-  with pytest.raises(ValueError, match=r"--counts: 9 is outside 0..8"):
-    curve.pruning_curve(loaded.workdir, out, counts=[9], log=lambda s: None)
+  with pytest.raises(ValueError, match="save_workdirs: .*l0_k4.* not empty"):
+    curve.prune_curve(loaded, out, curve.CurveOptions(counts=(8, 4), save_workdirs=(4,)),
+                      log=lambda s: None)
+  with pytest.raises(ValueError, match=r"counts: 9 is outside 0..8"):
+    curve.prune_curve(loaded, out, curve.CurveOptions(counts=(9,)), log=lambda s: None)
 
 
 def test_lambda_sweep_records_heads_kept_and_bleu(loaded, tmp_path):
   out = str(tmp_path / "sweep")
-  res = prune_lib.prune(loaded.workdir, out, method="l0", lambdas=[0.0, 5.0], steps=30, lr=0.3,
-                        log=lambda s: None)
+  res = prune_lib.prune(loaded, out, prune_lib.PruneOptions(method="l0", lambdas=(0.0, 5.0),
+                                                        steps=30, lr=0.3), log=lambda s: None)
   rows = json.load(open(os.path.join(out, "lambdas.json")))
   assert [r["lambda"] for r in rows] == [0.0, 5.0] == [r["lambda"] for r in res["lambdas"]]
   assert rows[0]["kept"] == 8 and rows[1]["kept"] < rows[0]["kept"]
@@ -227,6 +233,6 @@ def test_workdir_without_a_trained_checkpoint_is_refused(loaded, tmp_path):
   wd = tmp_path / "untrained"
   wd.mkdir()
   (wd / "config.json").write_text(open(os.path.join(loaded.workdir, "config.json")).read())
-  with pytest.raises(ValueError, match="has no trained checkpoint"):
-    prune_lib.prune(str(wd), str(tmp_path / "o"), method="random", keep=1, log=lambda s: None)
+  with pytest.raises(ValueError, match="has no trained checkpoint"):   # the one loader
+    mha_jax.load(str(wd))
   assert not (tmp_path / "o").exists()

@@ -377,8 +377,9 @@ def test_prune_curve_trains_the_gates_once(ind_run, tmp_path, monkeypatch):
   calls = []
   real = methods.train_gates
   monkeypatch.setattr(methods, "train_gates", lambda *a, **k: calls.append(1) or real(*a, **k))
-  rows = curve.pruning_curve(ind_run, str(tmp_path / "c"), counts=[8, 4, 1], stacks=["lm"],
-                             steps=2, log=lambda s: None)
+  rows = curve.prune_curve(mha_jax.load(ind_run, **QUIET), str(tmp_path / "c"),
+                           curve.CurveOptions(counts=(8, 4, 1), stacks=("lm",), steps=2),
+                           log=lambda s: None)
   assert len(calls) == 1
   l0 = {r["kept"]: set(r["kept_heads"]) for r in rows if r["method"] == "l0"}
   assert len(l0[1]) == 1 and l0[1] <= l0[4] <= l0[8]     # nested: one ranking, top K
@@ -424,7 +425,7 @@ def test_special_ids_have_one_definition_per_vocabulary():
 
 def test_misleading_names_and_dead_code_are_gone():
   import inspect
-  from mha_jax import bench
+  from experiments import bench
   from mha_jax.toolkit import importance, roles
   from mha_jax.data import synthetic_translation
   from mha_jax.models import seq2seq

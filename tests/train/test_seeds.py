@@ -305,7 +305,7 @@ def test_prune_curve_over_a_multi_seed_workdir(three, tmp_path):
   wd, _ = three
   out = str(tmp_path / "curve")
   assert cli.main(["prune-curve", "--workdir", wd, "--out", out, "--counts", "8,4,1",
-                   "--steps", "3", "--bleu-sentences", "4"]) == 0
+                   "--steps", "3", "--bleu-limit", "4"]) == 0
   rep = json.load(open(os.path.join(out, "curve_stability.json")))
   assert rep["seeds"] == [0, 1, 2] and rep["metric"] == "bleu"
   for r in rep["rows"]:

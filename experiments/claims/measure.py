@@ -19,7 +19,7 @@ import numpy as np
 from mha_jax import storage
 from mha_jax import accounting
 from mha_jax import attention as A
-from mha_jax.claims import toy
+from experiments.claims import toy
 
 # The first seed's sentence and its heads. Partner = the query's dependency partner
 # (it -> ran: its verb, one ahead; ate -> cat: its subject, one behind).

@@ -8,9 +8,9 @@ from typing import Callable, Sequence
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.claims import experiments as E
-from mha_jax.claims import rules as R
-from mha_jax.claims import studies as S
+from experiments.claims import measure as E
+from experiments.claims import rules as R
+from experiments.claims import studies as S
 
 SETTINGS = {
     "toy": "the built-in toys: one-layer two-target models (d_model 32), the quickstart "
@@ -282,7 +282,7 @@ def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None
                          "toy_induction": ctx.induction_workdir,
                          "text": ctx.text_workdir, "voita": ctx.voita_workdir}}
   if primer:
-    from mha_jax.claims import primer as P
+    from experiments.claims import primer as P
     P.write(ctx, storage.join(out, "primer.html"), **primer_inputs(ctx))
     report["primer"] = "primer.html"
   report["seconds"] = round(time.time() - t0, 1)

@@ -24,7 +24,8 @@ import numpy as np
 import optax
 
 from mha_jax.errors import UserError
-from mha_jax import bench, tasks
+from experiments import bench
+from mha_jax import tasks
 from mha_jax import config as mc
 from mha_jax.data import vocab
 from mha_jax.train import loop

@@ -13,7 +13,7 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from mha_jax.claims.experiments import Context
+from experiments.claims.measure import Context
 
 SPECIALISED = ("positional", "syntactic", "rare")
 REGISTRY = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m", "minilm": "minilm-l6"}
@@ -105,8 +105,8 @@ def claim_pruning(ctx: Context, setting: str, seed, wd: str, keep: int = 10,
     base = None
     if storage.exists(qs):
       base = storage.read_json(qs).get("test")
-    info = prune_run.prune(wd, out, method="l0", lam=0.05, keep=keep, steps=100,
-                           log=lambda s: None, loaded=run, base=base)
+    opts = prune_run.PruneOptions(method="l0", l0_lambda=0.05, keep=keep, steps=100)
+    info = prune_run.prune(run, out, opts, log=lambda s: None, base=base)
     info = storage.read_json(storage.join(out, "pruning.json"))
   la = info["log_alpha"]["encoder"]
   ranked = sorted(((v, f"encoder.{l}.{h}") for l, row in enumerate(la)
@@ -146,8 +146,9 @@ def circuit_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
                       f"circuit claims need a decoder-only model")
     ctx.log(f"  circuit scores of {wd} ...")
     if run.task.trainable:
-      res = circuits_report.circuits(wd, storage.join(ctx.out, "circuits", label(setting, seed)),
-                            track=False, log=lambda s: None)
+      res = circuits_report.circuits(run, storage.join(ctx.out, "circuits", label(setting, seed)),
+                                     circuits_report.CircuitsOptions(track=False),
+                                     log=lambda s: None)
       tokens, _ = behaviour.eval_tokens(run)
     else:
       tokens, _ = behaviour.eval_tokens(run, 8)

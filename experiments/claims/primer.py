@@ -4,12 +4,11 @@ Every number on the page is computed here by the project's own code (the attenti
 function and its building blocks, the accounting, the trained toy models of the claims
 run) and embedded as JSON; the page's script only draws and looks up precomputed grids
 as sliders move. No network request: inline script and style, no external resource.
-The page itself is mha_jax/assets/primer.{html,css,js}.
+The page itself is experiments/claims/primer_assets/primer.{html,css,js}.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 
 import jax
@@ -19,7 +18,7 @@ import numpy as np
 from mha_jax import assets, storage
 from mha_jax import accounting
 from mha_jax import attention as A
-from mha_jax.claims import experiments as E
+from experiments.claims import measure as E
 from mha_jax.errors import UserError
 
 
@@ -306,42 +305,25 @@ def _r_tree(x):
   return x
 
 
+ASSETS = "experiments.claims.primer_assets"   # primer.html, .css, .js (package data)
+
+
 def write(ctx: E.Context, path: str, **inputs) -> dict:
   """Writes the page to `path`; `inputs` are page_data's (pruning_workdir, pruned,
   text_workdir)."""
   data = page_data(ctx, **inputs)
-  storage.write_text(path, assets.page("primer", data))
+  storage.write_text(path, assets.page("primer", data, package=ASSETS))
   return data
 
 
-def main(argv=None) -> int:
-  """The primer page alone (the claims run writes it with its claims).
-
-  `python -m mha_jax.claims.primer --out DIR [--pruning-workdir W [--pruned P]]
-  [--text-workdir T]`"""
-  p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-  p.add_argument("--out", required=True)
-  p.add_argument("--pruning-workdir", default=None,
-                 help="a translation run (Voita's setting) with a prune result")
-  p.add_argument("--pruned", default=None, help="its prune or prune-curve folder")
-  p.add_argument("--text-workdir", default=None, help="the two-layer natural-text model")
-  a = p.parse_args(argv)
-  storage.makedirs(a.out)
-  path = storage.join(a.out, "primer.html")
+def standalone(out: str, *, pruning_workdir: str | None = None, pruned: str | None = None,
+               text_workdir: str | None = None) -> str:
+  """The primer page alone (the claims run writes it with its claims): OUT/primer.html,
+  never over an existing one (`mha-jax primer`). Returns its path."""
+  storage.makedirs(out)
+  path = storage.join(out, "primer.html")
   if storage.exists(path):
-    raise UserError(f"--out {a.out!r} already has primer.html; refusing to overwrite it")
-  write(E.Context(out=a.out), path, pruning_workdir=a.pruning_workdir, pruned=a.pruned,
-        text_workdir=a.text_workdir)
-  print(f"wrote {path}")
-  return 0
-
-
-if __name__ == "__main__":
-  import sys
-  try:
-    raise SystemExit(main())
-  except UserError as e:           # one line, as the CLI prints it
-    print(f"error: {e}", file=sys.stderr)
-    raise SystemExit(2) from None
-
-
+    raise UserError(f"--out {out!r} already has primer.html; refusing to overwrite it")
+  write(E.Context(out=out), path, pruning_workdir=pruning_workdir, pruned=pruned,
+        text_workdir=text_workdir)
+  return path
