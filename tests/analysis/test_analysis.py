@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mha_jax
-from mha_jax import cli
+from mha_jax import cli, interventions, tasks
 from mha_jax.toolkit import ablations
 from mha_jax.toolkit import capture, importance
 from mha_jax.analysis import attention_explorer, analyze
@@ -37,10 +37,14 @@ def test_capture_streams_weights_from_the_unchanged_model(loaded):
   batch, cap, _ = full[0]
   w = cap["decoder_cross"][0].weights
   assert w.shape == (8, 2, batch["tgt"].shape[1] - 1, batch["src"].shape[1])
-  # The captured forward is the model's own: its output equals the plain apply.
+  # The captured forward is the model's own: its output equals the plain apply, and the
+  # captured weights are the pattern site's values.
   logits = loaded.task.apply(loaded.params, batch)
-  logits2, _ = loaded.task.apply(loaded.params, batch, capture=True)
+  logits2, vals = interventions.run_with_hook(
+      lambda hook: loaded.task.apply(loaded.params, batch, hook=hook),
+      read=["decoder_cross.0.attn.pattern"])
   np.testing.assert_allclose(logits, logits2, atol=1e-5)
+  np.testing.assert_allclose(vals["decoder_cross.0.attn.pattern"], w, atol=1e-6)
   with pytest.raises(ValueError, match=r"stacks: 'lm' is not in this model"):
     next(capture.iter_captures(loaded, "valid", stacks=("lm",)))
 
@@ -72,8 +76,9 @@ def test_mean_ablation_replaces_the_output_by_its_mean(loaded):
   gates = {**importance.gates_without(loaded.params, heads),
            "edits": ablations.mean_edits(heads, means)}
   batch = next(loaded.task.eval_batches("valid", 4))[0]
-  logits, cap = loaded.task.apply(loaded.params, batch, gates=gates, capture=True)
-  _, cap0 = loaded.task.apply(loaded.params, batch, capture=True)
+  logits = loaded.task.apply(loaded.params, batch, hook=tasks.gates_hook(loaded.task, gates))
+  cap = capture.captured(loaded.task, loaded.params, batch, gates)
+  cap0 = capture.captured(loaded.task, loaded.params, batch)
   blk = loaded.params["decoder"]["layer_0"]["cross_attn"]
   # Output of the block = (other heads through W_O) + mean of head 1 through its W_O.
   heads0 = np.asarray(cap0["decoder_cross"][0].heads).copy()
@@ -85,7 +90,8 @@ def test_mean_ablation_replaces_the_output_by_its_mean(loaded):
   shift = np.asarray(means["decoder_cross"][0][1]) @ np.asarray(blk["wo"][1])
   p["decoder"]["layer_0"]["cross_attn"] = dict(blk, bo=np.asarray(blk.get(
       "bo", np.zeros(shift.shape))) + shift)
-  shifted = loaded.task.apply(p, batch, gates=importance.gates_without(loaded.params, heads))
+  shifted = loaded.task.apply(p, batch, hook=tasks.gates_hook(
+      loaded.task, importance.gates_without(loaded.params, heads)))
   np.testing.assert_allclose(logits, shifted, atol=1e-4)
   assert np.abs(np.asarray(logits) - np.asarray(loaded.task.apply(loaded.params, batch))).max() > 1e-3
   m = importance.ablate(loaded, heads, mode="mean", split="valid", means=means, bleu_limit=0)

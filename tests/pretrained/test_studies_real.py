@@ -126,8 +126,8 @@ def test_gqa_export_removes_kv_heads_and_matches_the_masked_model(smol):
   a = np.asarray(smol.task.apply(masked, batch))
   b = np.asarray(smol.task.apply(pruned, batch))
   np.testing.assert_allclose(a, b, atol=2e-3, rtol=1e-4)
-  gated = np.asarray(smol.task.apply(smol.params, batch, gates=masks.full_gates(
-      smol.params, mask)))
+  gated = np.asarray(smol.task.apply(smol.params, batch, hook=mha_jax.tasks.gates_hook(
+      smol.task, masks.full_gates(smol.params, mask))))
   np.testing.assert_allclose(a, gated, atol=2e-3, rtol=1e-4)
 
 
