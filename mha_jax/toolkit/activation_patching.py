@@ -437,9 +437,9 @@ class Study:
   def dla(self, prompts: str = "clean") -> dict:
     """Direct logit attribution on the `prompts` ("clean" or "corrupt"): each head's
     result and each MLP's output at the last position, dotted with the direction of
-    d LD / d (final residual) with the final norm's scale frozen at these prompts' value (LD is then affine in the residual);
-    a head's result first through its layer's post-attention norm where there is one
-    (Gemma), its scale frozen too.
+    d LD / d (final residual) with the final norm's scale frozen at these prompts' value
+    (LD is then affine in the residual); a head's result first through its layer's
+    post-attention norm where there is one (Gemma), its scale frozen too.
 
     Returns {"heads": (L, H_max), "mlp": (L,), "embed": float, "ld": mean LD,
     "ld_frozen_sum": heads + MLPs + embeddings (+ biases: the rest)} as pair means.
