@@ -203,7 +203,7 @@ def _cmd_analyze_seeds(args, seeds) -> int:
   """analyze over a multi-seed workdir: each seed's report into its own workdir's
   analysis/ (or --out/seed_<s>), then the role stability across seeds into --out
   (default WORKDIR/analysis)."""
-  from mha_jax.analysis import analyze
+  from mha_jax.analysis import report
   from mha_jax.toolkit import head_roles, stability
   from mha_jax.loader import load
   out = _out_dir(args)
@@ -218,7 +218,7 @@ def _cmd_analyze_seeds(args, seeds) -> int:
       storage.makedirs(seed_out)
       storage.write_json(heads[s], head_roles.head_roles(run, args.split))
       continue
-    analyze.analyze(run, out_dir=seed_out, log=lambda m: None, **_analyze_options(args))
+    report.analyze(run, out_dir=seed_out, log=lambda m: None, **_analyze_options(args))
     heads[s] = storage.join(seed_out, "heads.json")
   rep = stability.write_role_stability(heads, out)
   print(stability.format_roles(rep))
@@ -234,7 +234,7 @@ def _analyze_options(args) -> dict:
 
 
 def _cmd_analyze(args) -> int:
-  from mha_jax.analysis import analyze
+  from mha_jax.analysis import report
   from mha_jax.loader import load
   seeds = _multi_seed(args.workdir)
   if seeds:
@@ -243,7 +243,7 @@ def _cmd_analyze(args) -> int:
     raise UserError(f"--roles-only is for a multi-seed workdir; {args.workdir!r} is one run")
   run = load(args.workdir, step=args.step)
   out = _out_dir(args)
-  summary = analyze.analyze(run, out_dir=out, **_analyze_options(args))
+  summary = report.analyze(run, out_dir=out, **_analyze_options(args))
   print(json.dumps(summary, indent=1))
   print(f"wrote {out}/ (heads.json, heads.csv, *.png, explorer.html)")
   return 0
