@@ -27,7 +27,7 @@ def captured(task, params, batch, gates=None) -> dict:
     hook = interventions.model_hook(None, g, capture=True, stacks=task.stacks)
     task.apply(p, b, hook=hook)
     return {s: interventions.captured(hook, s, _layers(hook.values, s), AttentionOutput)
-            for s in task.stacks}
+            for s in task.stacks if _layers(hook.values, s)}
   return jax.device_get(jitted(task, "capture", forward)(params, batch, gates))
 
 

@@ -223,7 +223,7 @@ class _PlantedModel:
           x[r, i, 2 * s] = self.rarity[words[i]]
     return x
 
-  def apply(self, params, batch, gates=None, capture=False, key=None):
+  def apply(self, params, batch, *, key=None, hook=None):
     from mha_jax import attention
     src, x = batch["src"], batch["x"]
     b, s = src.shape
@@ -241,13 +241,16 @@ class _PlantedModel:
     p = {"wq": jnp.asarray(wq * scale), "wk": jnp.asarray(wk), "wv": jnp.asarray(wk),
          "wo": jnp.zeros((4, d, d))}
     mask = ((src != 0) & (src != 2))[:, None, None, :]
-    r = attention.multi_head_attention(p, x, mask=mask, return_weights=True)
+    # The sites a model names (interventions): capture reads them.
+    r = attention.multi_head_attention(p, x, mask=mask,
+                                       site=interventions.scope(hook, "encoder.0.attn"))
+    interventions.at(hook, "encoder.0.attn_out", r)
     t = batch["tgt"].shape[1] - 1
     dec = attention.multi_head_attention(
         {"wq": jnp.zeros((d, 1, 1)), "wk": jnp.zeros((d, 1, 1)), "wv": jnp.zeros((d, 1, 1)),
-         "wo": jnp.zeros((1, 1, d))}, jnp.zeros((b, t, d)), causal=True, return_weights=True)
-    cap = {"encoder": [r], "decoder_self": [dec]}
-    return (None, cap) if capture else None
+         "wo": jnp.zeros((1, 1, d))}, jnp.zeros((b, t, d)), causal=True,
+        site=interventions.scope(hook, "decoder_self.0.attn"))
+    interventions.at(hook, "decoder_self.0.attn_out", dec)
 
 
 def test_planted_model_heads_are_classified_exactly(loaded):
