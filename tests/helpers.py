@@ -167,7 +167,7 @@ class LlamaTask:
   """The slice of the Task protocol the studies use, over a tiny LLaMA of SPEC."""
   vocab_size = 37
 
-  def apply(self, params, batch, *, key=None, hook=None):
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     return llama.apply(params, SPEC, batch["tokens"][:, :-1], hook=hook,
                        logits_at=batch.get("logits_at"))
 H, G, K, D, L = 4, 2, 4, 16, 2
