@@ -42,8 +42,8 @@ print({k: round(v, 3) for k, v in loaded.task.evaluate(loaded.params, "test").it
 # %% [markdown]
 # ## One head's attention
 #
-# `capture.iter_captures` runs the model's own forward pass with `capture=True` and
-# yields every layer's weights (B, H, T, S), batch by batch.
+# `capture.iter_captures` runs the model's own forward pass with a hook that reads the
+# pattern sites, and yields every layer's weights (B, H, T, S), batch by batch.
 
 # %%
 batch, cap, weight = next(capture.iter_captures(loaded, "test", stacks=("encoder",), limit=8))

@@ -16,7 +16,7 @@ from mha_jax.errors import BadCheckpoint, UserError
 from mha_jax.models import common
 from mha_jax.settings import setting
 from mha_jax.train import checkpoint as ckpt_lib
-from mha_jax.toolkit import plots
+from mha_jax.toolkit import capture, plots
 
 
 def find_induction_heads(heads: dict, comp_k: dict, prefix: float = 0.3,
@@ -143,7 +143,7 @@ def circuits(loaded, out: str | None = None, opts: CircuitsOptions = CircuitsOpt
     windows = loaded.task.text_windows("valid", 16)     # a text model: on its own text
     seqs = tokens if windows is None else windows
     result["term_importance_on"] = "repeated random tokens" if windows is None else "text"
-    _, cap = loaded.task.apply(loaded.params, {"tokens": seqs}, capture=True)
+    cap = capture.captured(loaded.task, loaded.params, {"tokens": seqs})
     pats = [np.asarray(r.weights) for r in cap["lm"]]
     x = seqs[:, :-1]
     terms = paths.expand(loaded.params, x, pats, pos_in_residual=m.pos not in common.SCORE_POS)

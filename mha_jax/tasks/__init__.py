@@ -20,7 +20,7 @@ from mha_jax.errors import UserError
 from mha_jax.tasks.base import (SPLITS, EmbeddingData, LMData, PretrainedLMData, Task,
                                 TranslationData, check_batch_ids, check_ids, check_split,
                                 epoch_indices,
-                                init_model, jitted, local_rows, model_spec, padded_rows,
+                                gates_hook, init_model, jitted, local_rows, model_spec, padded_rows,
                                 per_token, sum_metrics, token_losses, token_metrics,
                                 train_order_seed, weighted_mean)
 from mha_jax.tasks.embedding import EmbeddingTask
@@ -69,6 +69,6 @@ def build_seeds(runs) -> list:
 __all__ = ["SPLITS", "REGISTRY", "Task", "TranslationData", "LMData", "PretrainedLMData",
            "EmbeddingData", "TranslationTask", "LMTask", "PretrainedLMTask", "EmbeddingTask",
            "build", "build_seeds", "check_batch_ids", "check_ids", "check_split", "epoch_indices",
-           "init_model", "jitted", "local_rows", "model_spec", "padded_rows", "per_token",
+           "gates_hook", "init_model", "jitted", "local_rows", "model_spec", "padded_rows", "per_token",
            "sum_metrics", "token_losses", "token_metrics", "train_order_seed",
            "weighted_mean"]

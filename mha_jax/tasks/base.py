@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax import interventions
 from mha_jax.errors import UserError
 from mha_jax.data import vocab as vocab_lib
 from mha_jax.models import common as common_lib
@@ -27,6 +28,13 @@ def check_split(split: str, what: str = "split") -> str:
     raise UserError(f"{what} must be one of {', '.join(SPLITS)}; got {split!r}")
   return split
 
+
+
+def gates_hook(task, gates, hook=None):
+  """The hook that scales head outputs by `gates` {stack: [(H,) | (B, H) per layer]} on
+  task's forward (and applies gates["edits"], an ablation that travels with the gates):
+  what a task's loss and evaluation pass to its apply. None without gates or hook."""
+  return interventions.model_hook(hook, gates, stacks=task.stacks)
 
 @runtime_checkable
 class Task(Protocol):
@@ -44,11 +52,13 @@ class Task(Protocol):
   compares_to_dense: bool  # the loss is a distance to the dense model's outputs: call
   #                          set_reference first; importance from importance_outputs
   packs: bool            # training batches can be packed (packed_train_batch)
+  stacks: tuple          # the model's attention stacks, in forward order ("lm", ...)
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
-    """Logits (B, T, V); with capture=True, (logits, {stack: {layer: captured}}).
-    hook: an interventions.Hook (named sites of the model's one forward). An LM's
-    batch may hold "logits_at" (B,) int positions: logits only there, (B, 1, V)."""
+  def apply(self, params, batch, *, key=None, hook=None):
+    """Logits (B, T, V). hook: an interventions.Hook (named sites of the model's one
+    forward); head gates are a use of it (`gates_hook`), and so is capture
+    (`toolkit.capture.captured`). An LM's batch may hold "logits_at" (B,) int
+    positions: logits only there, (B, 1, V)."""
 
   def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
            example_weight=None):

@@ -29,6 +29,7 @@ class EmbeddingTask(Imported):
   """A BERT encoder imported from safetensors (sentence embeddings by mean pooling)."""
 
   name = "embedding"
+  stacks = ("encoder",)
   decoder_only = False
   role_family = "embedding"
   compares_to_dense = True
@@ -40,19 +41,18 @@ class EmbeddingTask(Imported):
     self.vocab_size = cfg.model.vocab_size
     self._paragraphs = None
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+  def apply(self, params, batch, *, key=None, hook=None):
     """Last hidden states (B, T, D) of batch["tokens"]; batch["mask"] (True = real token)
     and batch["token_types"] are optional. hook: an interventions.Hook."""
     del key
     common.check_token_ids(batch["tokens"], self.vocab_size, "batch['tokens']")
     return bert.apply(params, self.spec, batch["tokens"], mask_BT=batch.get("mask"),
-                      token_types_BT=batch.get("token_types"), gates=gates, capture=capture,
-                      hook=hook)
+                      token_types_BT=batch.get("token_types"), hook=hook)
 
   # ---------------------------------------------------------------- studies
   def pooled(self, params, batch, gates=None):
     """Mean-pooled, L2-normalised sentence embeddings (B, D) of a batch (traceable)."""
-    return bert.mean_pool(self.apply(params, batch, gates=gates), batch["mask"],
+    return bert.mean_pool(self.apply(params, batch, hook=base.gates_hook(self, gates)), batch["mask"],
                           normalize=True)
 
   def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
@@ -147,7 +147,7 @@ class EmbeddingTask(Imported):
     b = self.batch(texts)
     norm = self.cfg.tokenizer.get("normalize", False) if normalize is None else normalize
     fn = base.jitted(self, f"embed_{bool(norm)}", lambda p, bt, g: bert.mean_pool(
-        self.apply(p, bt, gates=g), bt["mask"], normalize=bool(norm)))
+        self.apply(p, bt, hook=base.gates_hook(self, g)), bt["mask"], normalize=bool(norm)))
     return np.asarray(fn(params, jax.tree.map(jnp.asarray, b), gates))
 
   def eval_batches(self, split: str, batch_size: int):

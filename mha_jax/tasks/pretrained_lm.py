@@ -26,6 +26,7 @@ class PretrainedLMTask(Imported):
   safetensors; its forward is mha_jax.models.decoder's."""
 
   name = "pretrained_lm"
+  stacks = ("lm",)
   decoder_only = True
   role_family = "real_lm"
   compares_to_dense = False
@@ -39,7 +40,7 @@ class PretrainedLMTask(Imported):
     self._streams = None
 
   # ---------------------------------------------------------------- model
-  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+  def apply(self, params, batch, *, key=None, hook=None):
     """Logits (B, T-1, V) predicting tokens[:, 1:] (like the LM task of runs trained here).
     batch["mask"] (B, T), if given, is True for real tokens (padding masked as keys);
     batch["logits_at"] (B,), if given: logits only at those positions, (B, 1, V);
@@ -50,10 +51,10 @@ class PretrainedLMTask(Imported):
     mask = batch.get("mask")
     if "cache" in batch:       # the tokens continue a prefix_cache (shared prompt prefix)
       return decoder.apply(params, self.spec, batch["tokens"][:, :-1], cache=batch["cache"],
-                           gates=gates, hook=hook, logits_at=batch.get("logits_at"))[0]
+                           hook=hook, logits_at=batch.get("logits_at"))[0]
     return decoder.apply(params, self.spec, batch["tokens"][:, :-1],
-                       mask_BT=None if mask is None else mask[:, :-1], gates=gates,
-                       capture=capture, hook=hook, logits_at=batch.get("logits_at"))
+                         mask_BT=None if mask is None else mask[:, :-1], hook=hook,
+                         logits_at=batch.get("logits_at"))
 
   def prefix_cache(self, params, tokens_BT, max_len: int):
     """The KV cache after tokens_BT (B, P), with room for max_len tokens in all: apply's
@@ -73,7 +74,7 @@ class PretrainedLMTask(Imported):
   def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
            example_weight=None):
     del label_smoothing
-    logits = self.apply(params, batch, gates=gates, key=key)
+    logits = self.apply(params, batch, key=key, hook=base.gates_hook(self, gates))
     nll, _, correct = base.token_losses(logits, batch["tokens"][:, 1:])
     w = jnp.ones_like(nll)
     if "mask" in batch:

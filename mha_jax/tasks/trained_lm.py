@@ -16,6 +16,7 @@ class LMTask:
   """Decoder-only LM on repeated random tokens or plain text."""
 
   name = "lm"
+  stacks = ("lm",)
   trainable = True
   decoder_only = True
   reports_bleu = False
@@ -61,10 +62,9 @@ class LMTask:
   def init_params(self, key):
     return base.init_model(self.cfg, key, self.vocab_size)
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+  def apply(self, params, batch, *, key=None, hook=None):
     base.check_batch_ids(self, batch)
-    return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], gates=gates,
-                          capture=capture, key=key, hook=hook,
+    return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], key=key, hook=hook,
                           logits_at=batch.get("logits_at"))
 
   def _batch(self, split: str, index: int, batch: int) -> np.ndarray:
@@ -120,7 +120,7 @@ class LMTask:
   def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
            example_weight=None):
     tokens = batch["tokens"]
-    logits = self.apply(params, batch, gates=gates, key=key)
+    logits = self.apply(params, batch, key=key, hook=base.gates_hook(self, gates))
     nll, obj, correct = base.token_losses(logits, tokens[:, 1:], label_smoothing)
     w = jnp.ones_like(nll) if example_weight is None else jnp.broadcast_to(
         example_weight[:, None], nll.shape)

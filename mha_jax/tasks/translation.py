@@ -42,6 +42,7 @@ class TranslationTask:
   """Encoder-decoder translation; BLEU with sacrebleu."""
 
   name = "translation"
+  stacks = seq2seq.STACKS
   trainable = True
   decoder_only = False
   reports_bleu = True
@@ -158,14 +159,14 @@ class TranslationTask:
   def init_params(self, key):
     return base.init_model(self.cfg, key, self.vocab_size)
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+  def apply(self, params, batch, *, key=None, hook=None):
     base.check_batch_ids(self, batch)
     packed = None
     if "src_seg" in batch:     # a packed batch (data/packing.py)
       packed = {"src_seg": batch["src_seg"], "src_pos": batch["src_pos"],
                 "tgt_seg": batch["tgt_seg"][:, :-1], "tgt_pos": batch["tgt_pos"][:, :-1]}
-    return seq2seq.apply(params, self.spec, batch["src"], batch["tgt"][:, :-1], gates=gates,
-                         capture=capture, key=key, packed=packed, hook=hook)
+    return seq2seq.apply(params, self.spec, batch["src"], batch["tgt"][:, :-1], key=key,
+                         packed=packed, hook=hook)
 
   # ---------------------------------------------------------------- data
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1):
@@ -195,7 +196,7 @@ class TranslationTask:
            example_weight=None):
     """(objective, metrics sums) for one batch. Metrics are sums, to be divided by
     metrics["tokens"]."""
-    logits = self.apply(params, batch, gates=gates, key=key)
+    logits = self.apply(params, batch, key=key, hook=base.gates_hook(self, gates))
     targets = batch["tgt"][:, 1:]
     mask = targets != vocab.PAD_ID
     if "tgt_seg" in batch:     # packed: no target across two pairs' boundary

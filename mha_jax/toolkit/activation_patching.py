@@ -170,14 +170,14 @@ class Study:
     return {"clean": {"ld": np.asarray(lc), "logp": np.asarray(pc)},
             "corrupt": {"ld": np.asarray(lx), "logp": np.asarray(px)}}
 
-  def values(self, run: str, read: Sequence[str]) -> dict:
-    """{site: value} of the clean or corrupt run (one compiled forward per read set)."""
+  def values(self, prompts: str, read: Sequence[str]) -> dict:
+    """{site: value} on the clean or corrupt prompts (one compiled forward per read set)."""
     read = tuple(read)
     fn = self._cached(("values", read), lambda: lambda p, tok: self._forward(p, tok,
                                                                               read=read)[1])
-    return fn(self.params, self.tokens[run])
+    return fn(self.params, self.tokens[prompts])
 
-  def edited(self, run: str, edits=None, read: Sequence[str] = ()) -> dict:
+  def edited(self, prompts: str, edits=None, read: Sequence[str] = ()) -> dict:
     """One forward of the clean or corrupt prompts with `edits` ({site: Edit}, sites
     over all T positions): {"ld": (N,), "logp": (N,), "values": {site: value read}}."""
     read = tuple(read)
@@ -188,7 +188,7 @@ class Study:
         return self._score(logits), vals
       return fn
 
-    (ld, logp), vals = self._cached(("edited", read), build)(self.params, self.tokens[run],
+    (ld, logp), vals = self._cached(("edited", read), build)(self.params, self.tokens[prompts],
                                                              edits or {})
     return {"ld": np.asarray(ld), "logp": np.asarray(logp), "values": vals}
 
@@ -434,12 +434,12 @@ class Study:
     return out
 
   # ------------------------------------------------------------------ DLA and logit lens
-  def dla(self, run: str = "clean") -> dict:
-    """Direct logit attribution on `run`: each head's result and each MLP's output at
-    the last position, dotted with the direction of d LD / d (final residual) with the
-    final norm's scale frozen at this run's value (LD is then affine in the residual);
-    a head's result first through its layer's post-attention norm where there is one
-    (Gemma), its scale frozen too.
+  def dla(self, prompts: str = "clean") -> dict:
+    """Direct logit attribution on the `prompts` ("clean" or "corrupt"): each head's
+    result and each MLP's output at the last position, dotted with the direction of
+    d LD / d (final residual) with the final norm's scale frozen at these prompts' value
+    (LD is then affine in the residual); a head's result first through its layer's
+    post-attention norm where there is one (Gemma), its scale frozen too.
 
     Returns {"heads": (L, H_max), "mlp": (L,), "embed": float, "ld": mean LD,
     "ld_frozen_sum": heads + MLPs + embeddings (+ biases: the rest)} as pair means.
@@ -483,19 +483,19 @@ class Study:
         return heads, mlp, embed
       return fn
 
-    fn = self._cached(("dla", run), build)
-    heads, mlp, embed = fn(self.params, self.tokens[run])
+    fn = self._cached(("dla", prompts), build)
+    heads, mlp, embed = fn(self.params, self.tokens[prompts])
     hmax = max(self.heads)
     arr = np.full((self.layers, hmax), np.nan)
     for i, hd in enumerate(heads):
       arr[i, :hd.shape[1]] = np.asarray(hd, np.float64).mean(0)
     mlp = np.asarray(mlp, np.float64).mean(1)
     embed = float(np.asarray(embed, np.float64).mean())
-    ld = float(np.mean(self.ld_clean if run == "clean" else self.ld_corrupt))
+    ld = float(np.mean(self.ld_clean if prompts == "clean" else self.ld_corrupt))
     return {"heads": arr, "mlp": mlp, "embed": embed, "ld": ld,
             "ld_frozen_sum": float(np.nansum(arr) + mlp.sum() + embed)}
 
-  def logit_lens(self, run: str = "clean") -> dict:
+  def logit_lens(self, prompts: str = "clean") -> dict:
     """Each layer's residual (the embeddings, then after every layer) read through the
     final norm and the unembedding. Returns metrics arrays of shape (L + 1,)."""
     last = f"lm.{self.layers - 1}.resid_post"
@@ -509,8 +509,8 @@ class Study:
             params, tok, {last: interventions.replace(r)})[0]), stack)
       return fn
 
-    fn = self._cached(("lens", run), build)
-    ld, logp = fn(self.params, self.tokens[run])
+    fn = self._cached(("lens", prompts), build)
+    ld, logp = fn(self.params, self.tokens[prompts])
     out = metrics(np.asarray(ld), np.asarray(logp), self.ld_clean, self.ld_corrupt)
     out["ld"] = np.asarray(ld)
     return out

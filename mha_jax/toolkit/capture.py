@@ -1,7 +1,7 @@
 """Stream per-head attention weights and outputs out of the unchanged model.
 
-The model's own forward pass runs with capture=True (the core's return-weights path);
-nothing here re-implements attention. Memory stays bounded: each batch is handed to
+The task's own forward runs with a hook that reads each layer's pattern, z and output
+sites (interventions); nothing here re-implements attention. Memory stays bounded: each batch is handed to
 reducers and dropped, unless full tensors are asked for.
 """
 
@@ -12,15 +12,28 @@ from typing import Callable, Iterator, Sequence
 import jax
 import numpy as np
 
+from mha_jax import interventions
+from mha_jax.attention import AttentionOutput
 from mha_jax.errors import UserError
 
 
-def captured(model, params, batch, gates=None) -> dict:
-  """{stack: [AttentionOutput per layer]} on the host, from the model's own forward with
-  capture=True (compiled once per model and shape)."""
+def captured(task, params, batch, gates=None) -> dict:
+  """{stack: [AttentionOutput per layer]} on the host, read from the sites of the task's
+  own forward (`{stack}.{i}.attn.pattern`, `attn.z`, `attn_out`; compiled once per task
+  and shape), with head `gates` applied."""
   from mha_jax.tasks import jitted
-  fwd = jitted(model, "capture", lambda p, b, g: model.apply(p, b, gates=g, capture=True)[1])
-  return jax.device_get(fwd(params, batch, gates))
+
+  def forward(p, b, g):
+    hook = interventions.model_hook(None, g, capture=True, stacks=task.stacks)
+    task.apply(p, b, hook=hook)
+    return {s: interventions.captured(hook, s, _layers(hook.values, s), AttentionOutput)
+            for s in task.stacks if _layers(hook.values, s)}
+  return jax.device_get(jitted(task, "capture", forward)(params, batch, gates))
+
+
+def _layers(values: dict, stack: str) -> int:
+  """How many layers of `stack` the forward recorded (its `attn_out` sites)."""
+  return sum(1 for k in values if k.startswith(f"{stack}.") and k.endswith(".attn_out"))
 
 
 def _select(cap: dict, stacks: Sequence[str] | None, layers: Sequence[int] | None) -> dict:

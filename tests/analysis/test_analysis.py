@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import mha_jax
-from mha_jax import cli
+from mha_jax import cli, interventions, tasks
 from mha_jax.toolkit import ablations
 from mha_jax.toolkit import capture, importance
-from mha_jax.analysis import attention_explorer, analyze
+from mha_jax.analysis import attention_explorer, report
 from mha_jax.toolkit import head_roles
 from mha_jax.models import common
 from helpers import launch_chromium, trained_translation
@@ -37,10 +37,14 @@ def test_capture_streams_weights_from_the_unchanged_model(loaded):
   batch, cap, _ = full[0]
   w = cap["decoder_cross"][0].weights
   assert w.shape == (8, 2, batch["tgt"].shape[1] - 1, batch["src"].shape[1])
-  # The captured forward is the model's own: its output equals the plain apply.
+  # The captured forward is the model's own: its output equals the plain apply, and the
+  # captured weights are the pattern site's values.
   logits = loaded.task.apply(loaded.params, batch)
-  logits2, _ = loaded.task.apply(loaded.params, batch, capture=True)
+  logits2, vals = interventions.run_with_hook(
+      lambda hook: loaded.task.apply(loaded.params, batch, hook=hook),
+      read=["decoder_cross.0.attn.pattern"])
   np.testing.assert_allclose(logits, logits2, atol=1e-5)
+  np.testing.assert_allclose(vals["decoder_cross.0.attn.pattern"], w, atol=1e-6)
   with pytest.raises(ValueError, match=r"stacks: 'lm' is not in this model"):
     next(capture.iter_captures(loaded, "valid", stacks=("lm",)))
 
@@ -72,8 +76,9 @@ def test_mean_ablation_replaces_the_output_by_its_mean(loaded):
   gates = {**importance.gates_without(loaded.params, heads),
            "edits": ablations.mean_edits(heads, means)}
   batch = next(loaded.task.eval_batches("valid", 4))[0]
-  logits, cap = loaded.task.apply(loaded.params, batch, gates=gates, capture=True)
-  _, cap0 = loaded.task.apply(loaded.params, batch, capture=True)
+  logits = loaded.task.apply(loaded.params, batch, hook=tasks.gates_hook(loaded.task, gates))
+  cap = capture.captured(loaded.task, loaded.params, batch, gates)
+  cap0 = capture.captured(loaded.task, loaded.params, batch)
   blk = loaded.params["decoder"]["layer_0"]["cross_attn"]
   # Output of the block = (other heads through W_O) + mean of head 1 through its W_O.
   heads0 = np.asarray(cap0["decoder_cross"][0].heads).copy()
@@ -85,7 +90,8 @@ def test_mean_ablation_replaces_the_output_by_its_mean(loaded):
   shift = np.asarray(means["decoder_cross"][0][1]) @ np.asarray(blk["wo"][1])
   p["decoder"]["layer_0"]["cross_attn"] = dict(blk, bo=np.asarray(blk.get(
       "bo", np.zeros(shift.shape))) + shift)
-  shifted = loaded.task.apply(p, batch, gates=importance.gates_without(loaded.params, heads))
+  shifted = loaded.task.apply(p, batch, hook=tasks.gates_hook(
+      loaded.task, importance.gates_without(loaded.params, heads)))
   np.testing.assert_allclose(logits, shifted, atol=1e-4)
   assert np.abs(np.asarray(logits) - np.asarray(loaded.task.apply(loaded.params, batch))).max() > 1e-3
   m = importance.ablate(loaded, heads, mode="mean", split="valid", means=means, bleu_limit=0)
@@ -128,8 +134,8 @@ def test_ablate_cli_writes_json_and_plot(loaded, capsys):
 
 
 def test_analyze_writes_the_report(loaded):
-  opts = analyze.AnalyzeOptions(split="valid", bleu_limit=8, importance_limit=16)
-  summary = analyze.analyze(loaded, None, opts, log=lambda s: None)
+  opts = report.AnalyzeOptions(split="valid", bleu_limit=8, importance_limit=16)
+  summary = report.analyze(loaded, None, opts, log=lambda s: None)
   d = os.path.join(loaded.workdir, "analysis")
   rows = json.load(open(os.path.join(d, "heads.json")))
   assert len(rows) == len(loaded.head_names) == 6
@@ -150,7 +156,7 @@ def test_analyze_writes_the_report(loaded):
 def test_explorer_renders_the_json_rows_in_a_real_browser(loaded, tmp_path):
   rows = [{"head": n, "role": ("syntactic" if n == "encoder.0.1" else "other")}
           for n in loaded.head_names]
-  path = str(tmp_path / "attention_explorer.html")
+  path = str(tmp_path / "explorer.html")
   data = attention_explorer.write(loaded, rows, path, split="valid", sentences=3)
   assert "http" not in open(path).read().replace("http-equiv", "")   # no network at all
   playwright = pytest.importorskip("playwright.sync_api")
@@ -217,7 +223,7 @@ class _PlantedModel:
           x[r, i, 2 * s] = self.rarity[words[i]]
     return x
 
-  def apply(self, params, batch, gates=None, capture=False, key=None):
+  def apply(self, params, batch, *, key=None, hook=None):
     from mha_jax import attention
     src, x = batch["src"], batch["x"]
     b, s = src.shape
@@ -235,13 +241,16 @@ class _PlantedModel:
     p = {"wq": jnp.asarray(wq * scale), "wk": jnp.asarray(wk), "wv": jnp.asarray(wk),
          "wo": jnp.zeros((4, d, d))}
     mask = ((src != 0) & (src != 2))[:, None, None, :]
-    r = attention.multi_head_attention(p, x, mask=mask, return_weights=True)
+    # The sites a model names (interventions): capture reads them.
+    r = attention.multi_head_attention(p, x, mask=mask,
+                                       site=interventions.scope(hook, "encoder.0.attn"))
+    interventions.at(hook, "encoder.0.attn_out", r)
     t = batch["tgt"].shape[1] - 1
     dec = attention.multi_head_attention(
         {"wq": jnp.zeros((d, 1, 1)), "wk": jnp.zeros((d, 1, 1)), "wv": jnp.zeros((d, 1, 1)),
-         "wo": jnp.zeros((1, 1, d))}, jnp.zeros((b, t, d)), causal=True, return_weights=True)
-    cap = {"encoder": [r], "decoder_self": [dec]}
-    return (None, cap) if capture else None
+         "wo": jnp.zeros((1, 1, d))}, jnp.zeros((b, t, d)), causal=True,
+        site=interventions.scope(hook, "decoder_self.0.attn"))
+    interventions.at(hook, "decoder_self.0.attn_out", dec)
 
 
 def test_planted_model_heads_are_classified_exactly(loaded):

@@ -116,7 +116,7 @@ def test_a_model_without_the_edge_sites_is_refused():
     """A forward with head sites but no edge ends (no lm.{i}.attn.in_q)."""
     vocab_size = 5
 
-    def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    def apply(self, params, batch, *, key=None, hook=None):
       x = jax.numpy.ones(batch["tokens"][:, :-1].shape + (4,))
       x = interventions.at(hook, "lm.0.resid_pre", x)
       interventions.at(hook, "lm.0.attn.z", x[:, :, None])

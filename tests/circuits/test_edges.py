@@ -22,7 +22,7 @@ class LinearTask:
   vocab_size = 20
   spec = common.ModelSpec(kind="lm", layer_norm=False, attn_only=True)
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+  def apply(self, params, batch, *, key=None, hook=None):
     return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], hook=hook,
                           logits_at=batch.get("logits_at"))
 

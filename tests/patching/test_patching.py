@@ -123,7 +123,7 @@ def test_batched_sweep_equals_one_at_a_time(setup):
 class CachedLlamaTask(LlamaTask):
   """With a prefix cache, as PretrainedLMTask: the sweeps share the common prefix."""
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+  def apply(self, params, batch, *, key=None, hook=None):
     if "cache" in batch:
       return llama.apply(params, SPEC, batch["tokens"][:, :-1], cache=batch["cache"],
                          hook=hook, logits_at=batch.get("logits_at"))[0]
@@ -212,7 +212,7 @@ class LinearTask:
   vocab_size = 20
   spec = common.ModelSpec(kind="lm", layer_norm=False, attn_only=True)
 
-  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+  def apply(self, params, batch, *, key=None, hook=None):
     return lm_model.apply(params, self.spec, batch["tokens"][:, :-1], hook=hook,
                           logits_at=batch.get("logits_at"))
 

@@ -27,8 +27,9 @@ from conftest import rel_err
 from helpers import TOKENIZER_SAMPLES, _converter_permute, _tiny_llama_hf, _write_tiny_gguf, write_gguf_header
 
 import mha_jax
-from mha_jax import cli
+from mha_jax import cli, tasks
 from mha_jax.pretrained import gguf_file, importer, registry
+from mha_jax.toolkit import capture
 
 pytestmark = pytest.mark.xdist_group("pretrained")
 
@@ -242,11 +243,14 @@ def test_smollm2_logits_match_independent_numpy_forward(smol_run, smol_gguf):
   err = rel_err(got[mask], ref[mask])
   print(f"\nSmolLM2 logits: max relative error vs float64 NumPy = {err:.2e}")
   assert err < RTOL
-  # apply() follows runs trained here: logits for tokens[:, :-1], with gates and capture.
-  logits, cap = model.apply(params, {"tokens": tokens, "mask": mask}, capture=True)
+  # apply() follows runs trained here: logits for tokens[:, :-1]; gates and capture are
+  # hooks on it.
+  logits = model.apply(params, {"tokens": tokens, "mask": mask})
   np.testing.assert_allclose(np.asarray(logits), got[:, :-1], rtol=1e-4, atol=1e-3)
+  cap = capture.captured(model, params, {"tokens": tokens, "mask": mask})
   assert len(cap["lm"]) == 30 and cap["lm"][0].weights.shape == (2, 9, t - 1, t - 1)
-  gated = model.apply(params, {"tokens": tokens}, gates={"lm": [jnp.zeros(9)] * 30})
+  gated = model.apply(params, {"tokens": tokens},
+                      hook=tasks.gates_hook(model, {"lm": [jnp.zeros(9)] * 30}))
   assert not np.allclose(np.asarray(gated), np.asarray(logits))
 
 
@@ -291,7 +295,7 @@ def test_minilm_hidden_states_match_independent_numpy_forward(minilm_run):
   e = model.embed(params, ["How do I bake bread?", "What is a recipe for baking bread?",
                            "The stock market fell sharply today."])
   assert e[0] @ e[1] > e[0] @ e[2] + 0.3
-  _, cap = model.apply(params, batch, capture=True)
+  cap = capture.captured(model, params, batch)
   assert len(cap["encoder"]) == 6 and cap["encoder"][0].weights.shape[1] == 12
   assert minilm_run.head_names[-1] == "encoder.5.11"
 

@@ -126,8 +126,8 @@ def test_gqa_export_removes_kv_heads_and_matches_the_masked_model(smol):
   a = np.asarray(smol.task.apply(masked, batch))
   b = np.asarray(smol.task.apply(pruned, batch))
   np.testing.assert_allclose(a, b, atol=2e-3, rtol=1e-4)
-  gated = np.asarray(smol.task.apply(smol.params, batch, gates=masks.full_gates(
-      smol.params, mask)))
+  gated = np.asarray(smol.task.apply(smol.params, batch, hook=mha_jax.tasks.gates_hook(
+      smol.task, masks.full_gates(smol.params, mask))))
   np.testing.assert_allclose(a, gated, atol=2e-3, rtol=1e-4)
 
 
@@ -173,7 +173,7 @@ def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
 
 def test_explorer_model_and_head_view_in_a_real_browser(smol, smol_rows, tmp_path):
   from helpers import open_page
-  path = str(tmp_path / "attention_explorer.html")
+  path = str(tmp_path / "explorer.html")
   data = attention_explorer.write(smol, smol_rows, path)
   text = open(path).read()
   assert "http" not in text.replace("http-equiv", "")          # no network at all

@@ -109,9 +109,9 @@ def test_prune_export_and_reuse_with_an_empty_layer(loaded, tmp_path):
   assert common.head_counts(ex.params)["encoder"] == [3, 0]
   assert ex.params["encoder"]["layer_1"]["self_attn"]["wq"].shape == (16, 0, 4)
   batch = next(loaded.task.eval_batches("valid", 8))[0]
+  gated_hook = mha_jax.tasks.gates_hook(loaded.task, masks.full_gates(loaded.params, mask))
   np.testing.assert_allclose(ex.task.apply(ex.params, batch),
-                             loaded.task.apply(loaded.params, batch,
-                                             gates=masks.full_gates(loaded.params, mask)), atol=1e-5)
+                             loaded.task.apply(loaded.params, batch, hook=gated_hook), atol=1e-5)
   # The exported model works everywhere: eval, analysis, ablation, further pruning.
   # Exported and masked are one model: the same loss and the same greedy translations.
   ev = json.loads(json.dumps(ex.task.evaluate(ex.params, "valid")))

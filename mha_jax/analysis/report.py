@@ -1,7 +1,7 @@
 """`mha-jax analyze`: roles, importance and ablations for a checkpoint, with plots.
 
 Writes DIR/analysis/heads.json and heads.csv (one row per head), roles.png,
-importance.png, ablation.png and attention_explorer.html, and returns a summary.
+importance.png, ablation.png and explorer.html, and returns a summary.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
   if loo:
     plots.bars(names, [r.get(key, 0.0) for r in rows], storage.join(out_dir, "ablation.png"),
                f"{key} when ablated alone")
-  attention_explorer.write(loaded, rows, storage.join(out_dir, "attention_explorer.html"), split=split)
+  attention_explorer.write(loaded, rows, storage.join(out_dir, "explorer.html"), split=split)
   counts: dict[str, dict[str, int]] = {}
   for r in rows:
     if r.get("role") not in (None, "n/a"):
