@@ -56,7 +56,8 @@ class CircuitOptions:
                                "wrong")
   n_pairs: int = setting(8, lo=1, help="built-in tasks: pairs drawn")
   seed: int = setting(0, lo=0, help="the random seed (default: 0)")
-  threshold: float = setting(0.01, lo=0, methods=("greedy",),
+  threshold: float = setting(0.01, lo=0, hi=1, lo_open=True, hi_open=True,
+                             methods=("greedy",),
                              help="an edge goes when the metric moves by less than this "
                                   "share of m(full) - m(empty)")
 

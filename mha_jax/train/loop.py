@@ -256,7 +256,7 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
     raise UserError(f"train.batch_size={t.batch_size} must be divisible by the mesh's "
                     f"data axis ({n_data} devices)")
   runs = seeds_lib.runs(cfg, workdir) if multi else [(cfg, workdir)]
-  distributed.set_context(f"--workdir {workdir}")
+  distributed.set_context(f"workdir {workdir}")
 
   def plan():   # reads the workdir: process 0 alone, for every process (distributed.share)
     if multi:
