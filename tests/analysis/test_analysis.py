@@ -13,7 +13,11 @@ from mha_jax import cli
 from mha_jax.toolkit import ablations
 from mha_jax.analysis import capture, explorer, importance, report
 from mha_jax.models import common as C
-from helpers import launch_chromium, trained_translation
+from builders import trained_translation
+
+
+# One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).
+from browser import launch_chromium
 
 
 # One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).

@@ -10,7 +10,8 @@ import pytest
 from mha_jax import cli, load
 from mha_jax.patching import core
 from mha_jax.patching.pairs import Pairs
-from helpers import ROOT, build_hf, save_folder
+from builders import ROOT
+from hf_models import build_hf, save_folder
 
 pytestmark = pytest.mark.slow
 

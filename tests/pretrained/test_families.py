@@ -19,8 +19,9 @@ import os
 import gguf
 import numpy as np
 import pytest
-from conftest import rel_err, with_devices
-from helpers import B, CASES, T, V, WINDOW, _LL, _tokenizer_json, build_hf, save_folder  # noqa: F401
+from builders import with_devices
+from oracles import rel_err
+from hf_models import B, CASES, T, TINY_LLAMA_KW, V, WINDOW, build_hf, save_folder, tokenizer_json  # noqa: F401
 
 import mha_jax
 from mha_jax.pretrained import adapters, importer
@@ -431,7 +432,7 @@ def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
 
 # --------------------------------------------------------------------------
 # GGUF round trips: tiny models written as llama.cpp's converter writes them (names,
-# layouts, metadata; tests/helpers.py), in mixed tensor types, imported with --file.
+# layouts, metadata; tests/hf_models.py), in mixed tensor types, imported with --file.
 # --------------------------------------------------------------------------
 
 # The architectures transformers' own GGUF reader loads (an independent reading of the
@@ -469,7 +470,7 @@ def transformers_from_gguf(path, overrides):
 def gguf_imported(tmp_path_factory):
   """arch -> (transformers model holding the file's dequantized weights, the import, the
   file); built once per architecture."""
-  from helpers import build_hf_for_gguf, load_held, write_gguf
+  from hf_models import build_hf_for_gguf, load_held, write_gguf
   cache = {}
 
   def get(arch):
@@ -493,7 +494,7 @@ def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
   """The import of the GGUF file matches transformers running the weights the file holds
   (dequantized); where transformers reads that architecture's GGUF itself, it matches
   that too."""
-  from helpers import GGUF_CASES
+  from hf_models import GGUF_CASES
   model, run, path = gguf_imported(arch)
   assert run.config.model.family == adapters.family_of(
       {"model_type": model.config.model_type}).name
@@ -534,7 +535,7 @@ _SIZES = [("add_embedding_length", 64), ("add_head_count", 4), ("add_block_count
      r"olmo2\.rope\.dimension_count=8 \(partial rotary\)"),
 ])
 def test_gguf_refuses_unimplemented_keys_and_settings_by_name(tmp_path, arch, meta, match):
-  from helpers import write_gguf_header
+  from hf_models import write_gguf_header
   from mha_jax.errors import UserError
   path = write_gguf_header(tmp_path / f"{arch}.gguf", arch, _SIZES + meta)
   with pytest.raises(UserError, match=rf"{arch}\.gguf.*{match}"):

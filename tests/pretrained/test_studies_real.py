@@ -168,7 +168,7 @@ def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
 
 
 def test_explorer_model_and_head_view_in_a_real_browser(smol, smol_rows, tmp_path):
-  from helpers import open_page
+  from browser import open_page
   path = str(tmp_path / "explorer.html")
   data = explorer.write(smol, smol_rows, path)
   text = open(path).read()

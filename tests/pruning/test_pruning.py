@@ -18,7 +18,7 @@ from mha_jax.pruning import masks as M
 from mha_jax.pruning import methods
 from mha_jax.pruning import run as prune_run
 from mha_jax.train import checkpoint as ckpt_lib
-from helpers import trained_translation
+from builders import trained_translation
 
 
 # One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).
