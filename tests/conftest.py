@@ -83,6 +83,20 @@ def gemma3_workdir(tmp_path_factory) -> str:
   return _imported_workdir(tmp_path_factory, "gemma3-270m")
 
 
+@pytest.fixture(scope="session")
+def smol_run(smollm2_workdir):
+  """SmolLM2-135M loaded once (`mha_jax.load`), for every test that reads it."""
+  import mha_jax
+  return mha_jax.load(smollm2_workdir)
+
+
+@pytest.fixture(scope="session")
+def minilm_run(minilm_workdir):
+  """MiniLM-L6 loaded once (`mha_jax.load`), for every test that reads it."""
+  import mha_jax
+  return mha_jax.load(minilm_workdir)
+
+
 # --------------------------------------------------------------------------
 # Tiny trained runs shared by several modules (one per worker that needs them).
 # --------------------------------------------------------------------------

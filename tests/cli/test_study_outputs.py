@@ -11,8 +11,7 @@ import pytest
 
 import mha_jax
 from mha_jax import cli as cli_mod
-from builders import QUIET, file_tree
-from builders import read_only_under
+from builders import QUIET, file_tree, read_only_under
 
 # On the worker that trains conftest's ind_run and parallel_run (setup.cfg: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("trained_runs")

@@ -406,7 +406,7 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.slow   # the default run does both on real models (SmolLM2: GQA, Gemma 3: MQA)
+# The default run's export on a grouped family: SmolLM2's own export test is slow.
 @pytest.mark.parametrize("case,h,g", [("llama", 4, 2), ("gemma3", 4, 1)])
 def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   from mha_jax.analysis import report
@@ -425,6 +425,19 @@ def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   pruned = M.export_pruned(masked, mask)
   kv = [int(p["wk"].shape[1]) for _, _, p in C.attention_blocks(pruned)]
   assert kv[1] == 0 and kv[0] == (1 if g == 2 else 1)
+  a = np.asarray(run.task.logits(masked, TOKENS))
+  b = np.asarray(run.task.logits(pruned, TOKENS))
+  assert rel_err(b, a) < RTOL
+  # uneven groups: head 0 goes alone, so its group keeps fewer heads than the others
+  # (padded with zero-output heads); every key/value head stays
+  uneven = {"lm": [np.ones(h, np.float32) for _ in range(n)]}
+  uneven["lm"][0][0] = 0
+  masked = M.mask_params(run.params, uneven)
+  pruned = M.export_pruned(masked, uneven)
+  assert [int(p["wk"].shape[1]) for _, _, p in C.attention_blocks(pruned)][0] == g
+  # kept heads, then the padding, group by group: {1, pad}, {2, 3} (GQA); {1, 2, 3} (MQA)
+  want = [1, 0, 1, 1] if g == 2 else [1, 1, 1]
+  assert [int(x) for x in M.exported_mask(masked, uneven)["lm"][0]] == want
   a = np.asarray(run.task.logits(masked, TOKENS))
   b = np.asarray(run.task.logits(pruned, TOKENS))
   assert rel_err(b, a) < RTOL

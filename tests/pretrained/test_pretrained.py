@@ -43,18 +43,9 @@ def _model_path(name: str) -> str:
 
 
 # --------------------------------------------------------------------------
-# Fixtures: one import per model per session.
+# Fixtures: one import and one load per model per session (conftest's smol_run and
+# minilm_run).
 # --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def smol_run(smollm2_workdir):
-  return mha_jax.load(smollm2_workdir)
-
-
-@pytest.fixture(scope="session")
-def minilm_run(minilm_workdir):
-  return mha_jax.load(minilm_workdir)
 
 
 @pytest.fixture(scope="session")

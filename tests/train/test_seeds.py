@@ -17,8 +17,7 @@ from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
 
-from builders import TINY_INDUCTION, TINY_TRANSLATION, tiny
-from builders import with_devices
+from builders import TINY_INDUCTION, TINY_TRANSLATION, tiny, with_devices
 
 pytestmark = pytest.mark.xdist_group("seeds")   # one worker builds the shared 3-seed run
 

@@ -16,8 +16,7 @@ from mha_jax import config as mc
 from mha_jax.errors import UserError
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
-from builders import QUIET, copy_run, copy_with_own_data, file_tree, induction_cfg
-from builders import read_only_under
+from builders import QUIET, copy_run, copy_with_own_data, file_tree, induction_cfg, read_only_under
 
 # On the worker that trains conftest's ind_run and parallel_run (setup.cfg: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("trained_runs")
