@@ -5,11 +5,11 @@
   mha-jax train --config configs/translation.py:quickstart --workdir runs/qs
 
 Arguments: heads, d_model (default 128; 64 with quickstart), layers (encoder and decoder
-each), pos (relative or sinusoidal), steps, lr, seed, quickstart, voita (Voita et al.'s
-setting for the pruning claim: sinusoidal positions, 48 encoder heads, 4000 steps at
-lr 3e-3; about 33 minutes on 2 busy cores), attention (the attention variant: softmax,
-gated, gated_head, differential, sigmoid, sink, qk_norm; docs/guide/attention.md) (a smaller, shorter run that takes about 90 s on a 2-core CPU, at a
-higher peak learning rate). Data: the built-in synthetic language pair, or
+each), pos (relative or sinusoidal), steps, lr, seed, quickstart (a smaller, shorter run
+at a higher peak learning rate: the README's first run), voita (Voita et al.'s setting
+for the pruning claim: sinusoidal positions, 48 encoder heads, 4000 steps at lr 3e-3),
+attention (the attention variant: softmax, gated, gated_head, differential, sigmoid,
+sink, qk_norm; docs/guide/attention.md). Data: the built-in synthetic language pair, or
 data.kind=parallel with data.{train,valid,test}_{src,tgt} files and optional
 data.conllu.{train,valid,test} parses of the source side.
 
@@ -19,9 +19,9 @@ side in rows with segment ids, the same maths as padded rows in fewer positions
 
 Positions: model.pos="relative" (default; a learned score bias per head and offset,
 clipped at +-max_rel, Shaw et al. 2018) or "sinusoidal" (added to the embeddings, as in
-Vaswani et al. and Voita et al.). Measured at the quickstart size: sinusoidal models
-formed no positional encoder head (the best reached 45-64 % at any offset), relative
-ones form them by step 500-600 at a peak lr of 6e-3 to 1e-2 (docs/guide/models.md).
+Vaswani et al. and Voita et al.). Relative positions are the default because at the
+quickstart size they are what lets encoder heads become positional (docs/guide/models.md
+says what was seen).
 """
 
 import ml_collections

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -137,15 +137,12 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
     pairs = pairs.subset(keep)
     s = activation_patching.Study(loaded.task, loaded.params, pairs)
   storage.makedirs(out)
-  heads = s.heads
   label = task or "pairs"
-  summary = {"pairs": len(pairs), "layers": s.layers, "heads": heads[0],
+  summary = {"pairs": len(pairs), "layers": s.layers, "heads": s.heads[0],
              "kv_heads": s.kv_heads[0], "ld_clean": float(np.mean(s.ld_clean)),
              "ld_corrupt": float(np.mean(s.ld_corrupt)), "seconds": {}}
   log(f"{len(pairs)} pairs, mean logit difference clean {summary['ld_clean']:.3f}, "
       f"corrupt {summary['ld_corrupt']:.3f}")
-  gqa = any(g != h for g, h in zip(s.kv_heads, heads))
-  exact_heads = None
   doc = {"workdir": loaded.workdir, "task": label, "direction": "denoise (clean into corrupt)",
          "metric": "recovery = (LD_patched - LD_corrupt) / (LD_clean - LD_corrupt) of the "
                    "pair-mean logit differences LD = logit(answer) - logit(wrong)",
@@ -154,118 +151,168 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
                    for p, c, x in zip(pairs.to_json(), s.ld_clean, s.ld_corrupt)],
          "left_out": failing, "scores": {}}
   summary["left_out"] = len(failing)
-  if "activation" in methods:
-    sweeps = _sweeps(sites, gqa)
-    if "kv" in sites and not gqa:
-      log("--sites kv: this model has as many key/value heads as query heads (k and v "
-          "are those tables)")
-    if sweeps:
-      res, sec = _timed(lambda: s.patch_many([(site, pp) for _, site, pp in sweeps]))
-      summary["seconds"]["patch_" + "+".join(n for n, _, _ in sweeps)] = round(sec, 2)
-    for name, site, _ in sweeps:
-      rec = res[site]["recovery"]
-      if name == "resid":
-        doc["resid"] = _per_layer_positions(rec)
-        plots.heatmap(rec, f"{label}: recovery, patching resid_pre", storage.join(
-            out, "patching_resid_pre.png"), "position")
-        continue
-      counts = s.kv_heads if site in activation_patching.KV_SITES else heads
-      doc["scores"][name] = activation_patching.head_table(rec, counts)
-      if name == "head_out":
-        exact_heads = rec
-      plots.heatmap(rec, f"{label}: recovery, patching {name} (clean into corrupt)",
-                    storage.join(out, f"patching_{name}.png"),
-                    "kv head" if site in activation_patching.KV_SITES else "head")
-    if per_position:
-      res, sec = _timed(lambda: s.patch("z", per_position=True))
-      summary["seconds"]["patch_head_out_per_position"] = round(sec, 2)
-      doc["head_out_per_position"] = {
-          f"lm.{l}.{h}": [round(float(v), 6) for v in res["recovery"][l, h]]
-          for l in range(s.layers) for h in range(heads[l])}
-    lens = s.logit_lens()
-    doc["logit_lens"] = {"logit_diff": [round(float(v), 6) for v in lens["logit_diff"]],
-                         "prob": [round(float(v), 6) for v in lens["prob"]],
-                         "layers": ["embed"] + [f"lm.{i}" for i in range(s.layers)]}
-    if "head_out" in doc["scores"]:
-      doc["top"] = {"head_out": activation_patching.top(doc["scores"]["head_out"], top, by_abs=True)}
-      summary["top_head_out"] = doc["top"]["head_out"]
+  w = _Writing(s, out, label, loaded.workdir, summary, doc, methods, sites, per_position,
+               receivers, top, log)
+  _write_dla(w)
+  for method, write in _WRITERS:   # in this order: each may reuse an earlier one's scores
+    if method in methods:
+      write(w)
   storage.write_json(storage.join(out, "patching.json"), doc)
+  storage.write_json(storage.join(out, "summary.json"), summary)
+  explorer.write(out, explorer.attention_data(s, loaded.task))
+  return summary
 
-  d = s.dla()
-  dla_doc = {"workdir": loaded.workdir, "task": label, "run": "clean",
+
+@dataclasses.dataclass
+class _Writing:
+  """What study's per-method writers share: the Study, where and how to write, the
+  summary and patching.json's doc they fill, and exact head_out recoveries once known."""
+  s: activation_patching.Study
+  out: str
+  label: str
+  workdir: str
+  summary: dict
+  doc: dict
+  methods: Sequence[str]
+  sites: Sequence[str]
+  per_position: bool
+  receivers: int
+  top: int
+  log: Callable
+  exact_heads: np.ndarray | None = None   # (L, H) head_out recovery
+
+  def exact(self) -> np.ndarray:
+    """Exact head_out recoveries, patched now if no sweep has yet."""
+    if self.exact_heads is None:
+      self.exact_heads = self.s.patch("z")["recovery"]
+    return self.exact_heads
+
+
+def _write_activation(w: _Writing) -> None:
+  """Activation patching's sweeps of `sites` (one program), their heatmaps, the per
+  position sweep and the logit lens, into patching.json's doc."""
+  s, doc, summary, label, out = w.s, w.doc, w.summary, w.label, w.out
+  gqa = any(g != h for g, h in zip(s.kv_heads, s.heads))
+  sweeps = _sweeps(w.sites, gqa)
+  if "kv" in w.sites and not gqa:
+    w.log("--sites kv: this model has as many key/value heads as query heads (k and v "
+          "are those tables)")
+  if sweeps:
+    res, sec = _timed(lambda: s.patch_many([(site, pp) for _, site, pp in sweeps]))
+    summary["seconds"]["patch_" + "+".join(n for n, _, _ in sweeps)] = round(sec, 2)
+  for name, site, _ in sweeps:
+    rec = res[site]["recovery"]
+    if name == "resid":
+      doc["resid"] = _per_layer_positions(rec)
+      plots.heatmap(rec, f"{label}: recovery, patching resid_pre", storage.join(
+          out, "patching_resid_pre.png"), "position")
+      continue
+    counts = s.kv_heads if site in activation_patching.KV_SITES else s.heads
+    doc["scores"][name] = activation_patching.head_table(rec, counts)
+    if name == "head_out":
+      w.exact_heads = rec
+    plots.heatmap(rec, f"{label}: recovery, patching {name} (clean into corrupt)",
+             storage.join(out, f"patching_{name}.png"),
+             "kv head" if site in activation_patching.KV_SITES else "head")
+  if w.per_position:
+    res, sec = _timed(lambda: s.patch("z", per_position=True))
+    summary["seconds"]["patch_head_out_per_position"] = round(sec, 2)
+    doc["head_out_per_position"] = {
+        f"lm.{l}.{h}": [round(float(v), 6) for v in res["recovery"][l, h]]
+        for l in range(s.layers) for h in range(s.heads[l])}
+  lens = s.logit_lens()
+  doc["logit_lens"] = {"logit_diff": [round(float(v), 6) for v in lens["logit_diff"]],
+                       "prob": [round(float(v), 6) for v in lens["prob"]],
+                       "layers": ["embed"] + [f"lm.{i}" for i in range(s.layers)]}
+  if "head_out" in doc["scores"]:
+    doc["top"] = {"head_out": activation_patching.top(doc["scores"]["head_out"], w.top, by_abs=True)}
+    summary["top_head_out"] = doc["top"]["head_out"]
+
+
+def _write_dla(w: _Writing) -> None:
+  """dla.json and its heatmap: direct logit attribution on the clean runs."""
+  d = w.s.dla()
+  dla_doc = {"workdir": w.workdir, "task": w.label, "run": "clean",
              "direction": "logit(answer) - logit(wrong), final norm scale frozen at the "
                           "clean run",
-             "heads": activation_patching.head_table(d["heads"], heads),
+             "heads": activation_patching.head_table(d["heads"], w.s.heads),
              "mlp": {f"lm.{i}": round(float(v), 6) for i, v in enumerate(d["mlp"])},
              "embed": d["embed"], "ld": d["ld"], "sum_of_parts": d["ld_frozen_sum"],
              # heads + MLPs + embeddings = LD holds when each head's result enters the
              # residual as it is; a post-attention norm (Gemma's) rescales it: not exact
              "sums_to_ld": bool(abs(d["ld_frozen_sum"] - d["ld"]) <= 1e-3 * max(1.0, abs(d["ld"])))}
-  dla_doc["top"] = activation_patching.top(dla_doc["heads"], top, by_abs=True)
-  summary["top_dla"] = dla_doc["top"]
-  storage.write_json(storage.join(out, "dla.json"), dla_doc)
-  plots.heatmap(d["heads"], f"{label}: direct logit attribution (clean)",
-                storage.join(out, "dla_heads.png"))
+  dla_doc["top"] = activation_patching.top(dla_doc["heads"], w.top, by_abs=True)
+  w.summary["top_dla"] = dla_doc["top"]
+  storage.write_json(storage.join(w.out, "dla.json"), dla_doc)
+  plots.heatmap(d["heads"], f"{w.label}: direct logit attribution (clean)",
+           storage.join(w.out, "dla_heads.png"))
 
-  if "attribution" in methods:
-    atp, sec = _timed(lambda: s.attribution(("z",)))
-    summary["seconds"]["attribution"] = round(sec, 2)
-    a_doc = {"workdir": loaded.workdir, "task": label, "direction": "denoise",
-             "method": "AtP: (z_clean - z_corrupt) . d mean LD / dz at the corrupt run, "
-                       "over (LD_clean - LD_corrupt)",
-             "scores": {"head_out": activation_patching.head_table(atp["z"]["heads"], heads)},
-             # its cost in forward+backward passes: scripts/bench_patching.py
-             "seconds": {"attribution_first_call": round(sec, 3)}}
-    t0 = time.perf_counter()
-    s.attribution(("z",))
-    a_doc["seconds"]["attribution"] = round(time.perf_counter() - t0, 3)
-    if exact_heads is None and "activation" not in methods:   # AtP's own reference
-      exact_heads = s.patch("z")["recovery"]
-    if exact_heads is not None:
-      a_doc["agreement"] = {"head_out": activation_patching.agreement(atp["z"]["heads"], exact_heads, top)}
-      summary["attribution_agreement"] = a_doc["agreement"]["head_out"]
-    else:
-      log("attribution: no agreement with exact patching (--sites has no head_out)")
-    summary["attribution_seconds"] = a_doc["seconds"]
-    storage.write_json(storage.join(out, "attribution.json"), a_doc)
-    plots.heatmap(atp["z"]["heads"], f"{label}: AtP estimate of head_out recovery",
-                  storage.join(out, "attribution_head_out.png"))
 
-  if "path" in methods:
-    p_doc = {"workdir": loaded.workdir, "task": label, "direction": "denoise",
-             "method": "sender z clean, other heads frozen at corrupt (MLPs recompute), "
-                       "receiver input recorded then patched"}
-    res, sec = _timed(lambda: s.path_patch("logits"))
-    summary["seconds"]["path_logits"] = round(sec, 2)
-    p_doc["to_logits"] = activation_patching.head_table(res["recovery"][..., 0], heads)
-    plots.heatmap(res["recovery"][..., 0], f"{label}: path patching, sender -> logits",
-                  storage.join(out, "path_logits.png"))
-    if exact_heads is None:
-      exact_heads = s.patch("z")["recovery"]
-    ranked = activation_patching.top(activation_patching.head_table(exact_heads, heads), receivers, by_abs=True)
-    recv = [tuple(int(x) for x in n.split(".")[1:]) for n, _ in ranked]
-    recv = [r for r in recv if r[0] > 0]
-    edges = [{"sender": n, "receiver": "logits", "channel": "direct", "recovery": v}
-             for n, v in p_doc["to_logits"].items()]
-    if recv:
-      for ch in ("q", "k", "v"):
-        res, sec = _timed(lambda: s.path_patch(recv, ch))
-        summary["seconds"][f"path_{ch}"] = round(sec, 2)
-        for r, rname in enumerate(res["receivers"]):
-          for l in range(s.layers):
-            for h in range(heads[l]):
-              v = res["recovery"][l, h, r]
-              if l < recv[r][0] and np.isfinite(v):
-                edges.append({"sender": f"lm.{l}.{h}", "receiver": rname, "channel": ch,
-                              "recovery": round(float(v), 6)})
-    p_doc["receivers"] = [f"lm.{a}.{b}" for a, b in recv]
-    edges.sort(key=lambda e: -abs(e["recovery"]))
-    p_doc["edges"] = edges[:50]
-    summary["top_edges"] = edges[:top]
-    storage.write_json(storage.join(out, "path.json"), p_doc)
-  storage.write_json(storage.join(out, "summary.json"), summary)
-  explorer.write(out, explorer.attention_data(s, loaded.task))
-  return summary
+def _write_attribution(w: _Writing) -> None:
+  """attribution.json: AtP's head_out scores, their seconds and their agreement with
+  exact patching."""
+  s, summary = w.s, w.summary
+  atp, sec = _timed(lambda: s.attribution(("z",)))
+  summary["seconds"]["attribution"] = round(sec, 2)
+  a_doc = {"workdir": w.workdir, "task": w.label, "direction": "denoise",
+           "method": "AtP: (z_clean - z_corrupt) . d mean LD / dz at the corrupt run, "
+                     "over (LD_clean - LD_corrupt)",
+           "scores": {"head_out": activation_patching.head_table(atp["z"]["heads"], s.heads)},
+           # its cost in forward+backward passes: scripts/bench_patching.py
+           "seconds": {"attribution_first_call": round(sec, 3)}}
+  t0 = time.perf_counter()
+  s.attribution(("z",))
+  a_doc["seconds"]["attribution"] = round(time.perf_counter() - t0, 3)
+  # AtP's own reference when activation patching did not run; none when its sites
+  # had no head_out
+  exact = w.exact() if "activation" not in w.methods else w.exact_heads
+  if exact is not None:
+    a_doc["agreement"] = {"head_out": activation_patching.agreement(atp["z"]["heads"], exact, w.top)}
+    summary["attribution_agreement"] = a_doc["agreement"]["head_out"]
+  else:
+    w.log("attribution: no agreement with exact patching (--sites has no head_out)")
+  summary["attribution_seconds"] = a_doc["seconds"]
+  storage.write_json(storage.join(w.out, "attribution.json"), a_doc)
+  plots.heatmap(atp["z"]["heads"], f"{w.label}: AtP estimate of head_out recovery",
+           storage.join(w.out, "attribution_head_out.png"))
+
+
+def _write_path(w: _Writing) -> None:
+  """path.json: every sender to the logits, and to the top heads' q, k, v."""
+  s, summary, heads = w.s, w.summary, w.s.heads
+  p_doc = {"workdir": w.workdir, "task": w.label, "direction": "denoise",
+           "method": "sender z clean, other heads frozen at corrupt (MLPs recompute), "
+                     "receiver input recorded then patched"}
+  res, sec = _timed(lambda: s.path_patch("logits"))
+  summary["seconds"]["path_logits"] = round(sec, 2)
+  p_doc["to_logits"] = activation_patching.head_table(res["recovery"][..., 0], heads)
+  plots.heatmap(res["recovery"][..., 0], f"{w.label}: path patching, sender -> logits",
+           storage.join(w.out, "path_logits.png"))
+  ranked = activation_patching.top(activation_patching.head_table(w.exact(), heads), w.receivers, by_abs=True)
+  recv = [tuple(int(x) for x in n.split(".")[1:]) for n, _ in ranked]
+  recv = [r for r in recv if r[0] > 0]
+  edges = [{"sender": n, "receiver": "logits", "channel": "direct", "recovery": v}
+           for n, v in p_doc["to_logits"].items()]
+  for ch in ("q", "k", "v") if recv else ():
+    res, sec = _timed(lambda: s.path_patch(recv, ch))
+    summary["seconds"][f"path_{ch}"] = round(sec, 2)
+    for r, rname in enumerate(res["receivers"]):
+      for l in range(s.layers):
+        for h in range(heads[l]):
+          v = res["recovery"][l, h, r]
+          if l < recv[r][0] and np.isfinite(v):
+            edges.append({"sender": f"lm.{l}.{h}", "receiver": rname, "channel": ch,
+                          "recovery": round(float(v), 6)})
+  p_doc["receivers"] = [f"lm.{a}.{b}" for a, b in recv]
+  edges.sort(key=lambda e: -abs(e["recovery"]))
+  p_doc["edges"] = edges[:50]
+  summary["top_edges"] = edges[:w.top]
+  storage.write_json(storage.join(w.out, "path.json"), p_doc)
+
+
+# study's writer of each method, in the order they run
+_WRITERS = (("activation", _write_activation), ("attribution", _write_attribution),
+            ("path", _write_path))
 
 
 def format_summary(summary: dict) -> str:

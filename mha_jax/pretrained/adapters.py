@@ -142,8 +142,6 @@ def _rope_settings(c: Config, head_dim: int, layer_types: list[str], *,
                    local_theta_key: str | None = None) -> dict:
   """{layer type: RoPE setting dict (models/rope_scaling)} from wherever the config
   keeps them; refuses unknown keys and unimplemented rope types by name."""
-  rp = c.cfg.get("rope_parameters")
-  rs = c.cfg.get("rope_scaling")
   theta = c.cfg.get("rope_theta")
   if legacy_theta_key and c.cfg.get(legacy_theta_key) is not None:
     theta = c.cfg[legacy_theta_key] if theta is None else theta
@@ -151,6 +149,25 @@ def _rope_settings(c: Config, head_dim: int, layer_types: list[str], *,
   if legacy_partial_key and c.cfg.get(legacy_partial_key) is not None and partial is None:
     partial = c.cfg[legacy_partial_key]
   types = sorted(set(layer_types))
+  per_type, nested = _rope_dicts(c, types, local_theta_key)
+  out = {}
+  for t in types:
+    d = per_type.get(t, {})
+    if t == "sliding_attention" and local_theta_key and not nested:
+      base = c.get(local_theta_key, 10000.0)
+    else:
+      base = d.get("rope_theta", theta if theta is not None else default_theta)
+    frac = d.get("partial_rotary_factor", partial if partial is not None else default_partial)
+    out[t] = _rope_setting(c, d, "rope_parameters" + (f".{t}" if nested else ""), base,
+                           frac, head_dim)
+  return out
+
+
+def _rope_dicts(c: Config, types: list[str], local_theta_key: str | None):
+  """({layer type: its raw rope dict}, whether the config nests them by layer type):
+  transformers 4.x's rope_scaling or 5's rope_parameters, flat or per layer type."""
+  rp = c.cfg.get("rope_parameters")
+  rs = c.cfg.get("rope_scaling")
   nested = isinstance(rp, dict) and any(k in ("full_attention", "sliding_attention")
                                         for k in rp)
   if rp is not None and not isinstance(rp, dict):
@@ -173,60 +190,56 @@ def _rope_settings(c: Config, head_dim: int, layer_types: list[str], *,
     if local_theta_key:   # Gemma 3 (4.x): local layers' base at the top level
       per_type.setdefault("full_attention", dict(flat))
       per_type["sliding_attention"] = {"rope_type": "default"}
-  out = {}
-  for t in types:
-    d = per_type.get(t, {})
-    where = "rope_parameters" + (f".{t}" if nested else "")
-    kind = d.pop("rope_type", None) or d.pop("type", None) or "default"
-    d.pop("type", None)
-    if kind == "longrope" and c.family.name not in LONGROPE_FAMILIES:
-      c.refuse(f"{where}.rope_type", kind, "LongRoPE is implemented as Phi-3's generate "
-               "runs it (the prompt recomputed at the switch length); transformers' "
-               f"{c.family.name} keeps short-factor keys in its cache")
-    if kind not in ROPE_KEYS:
-      c.refuse(f"{where}.rope_type", kind, f"implemented: {sorted(ROPE_KEYS)}")
-    for k in d:
-      if k not in ROPE_KEYS[kind]:
-        c.refuse(f"{where}.{k}", d[k], f"not a setting of rope_type {kind!r}")
-    if t == "sliding_attention" and local_theta_key and not nested:
-      base = c.get(local_theta_key, 10000.0)
-    else:
-      base = d.get("rope_theta", theta if theta is not None else default_theta)
-    frac = d.get("partial_rotary_factor", partial if partial is not None else default_partial)
-    dim = int(head_dim * float(frac))
-    if dim < 2 or dim % 2:
-      c.refuse(f"{where}.partial_rotary_factor", frac,
-               f"rotates {dim} of {head_dim} features (must be even, >= 2)")
-    s = {"type": kind, "base": float(base), "dim": dim}
-    if kind in ("llama3", "yarn", "longrope"):
-      d.setdefault("original_max_position_embeddings",
-                   c.get("original_max_position_embeddings",
-                         c.get("max_position_embeddings")))
-    if kind == "longrope":   # Phi-3's top-level key wins, as in transformers
-      if c.cfg.get("original_max_position_embeddings") is not None:
-        d["original_max_position_embeddings"] = c.cfg["original_max_position_embeddings"]
-      for k in ("short_factor", "long_factor"):
-        got = d.pop(k, None)
-        if not isinstance(got, (list, tuple)) or len(got) != dim // 2:
-          c.refuse(f"{where}.{k}", got, f"expected {dim // 2} numbers (one per rotated "
-                   f"feature pair)")
-        s[k] = [float(x) for x in got]
-      if d.get("factor") is None:   # transformers: max_position_embeddings / original
-        d["factor"] = float(c.need("max_position_embeddings")) / float(
-            d["original_max_position_embeddings"])
-    if kind == "dynamic":       # transformers reads the top-level length for dynamic
-      s["max_position_embeddings"] = int(c.need("max_position_embeddings"))
-    for k in ROPE_KEYS[kind][2:]:
-      if d.get(k) is not None:
-        s[k] = d[k] if isinstance(d[k], bool) else float(d[k])
-    if kind != "default" and "factor" not in s:
-      c.refuse(f"{where}.factor", None, f"rope_type {kind!r} needs a factor")
-    if kind == "llama3":
-      for k in ("low_freq_factor", "high_freq_factor"):
-        if k not in s:
-          c.refuse(f"{where}.{k}", None, "rope_type 'llama3' needs it")
-    out[t] = s
-  return out
+  return per_type, nested
+
+
+def _rope_setting(c: Config, d: dict, where: str, base, frac, head_dim: int) -> dict:
+  """One layer type's RoPE setting dict from its raw dict d (consumed), named `where` in
+  refusals; base and frac are its resolved theta and partial rotary factor."""
+  kind = d.pop("rope_type", None) or d.pop("type", None) or "default"
+  d.pop("type", None)
+  if kind == "longrope" and c.family.name not in LONGROPE_FAMILIES:
+    c.refuse(f"{where}.rope_type", kind, "LongRoPE is implemented as Phi-3's generate "
+             "runs it (the prompt recomputed at the switch length); transformers' "
+             f"{c.family.name} keeps short-factor keys in its cache")
+  if kind not in ROPE_KEYS:
+    c.refuse(f"{where}.rope_type", kind, f"implemented: {sorted(ROPE_KEYS)}")
+  for k in d:
+    if k not in ROPE_KEYS[kind]:
+      c.refuse(f"{where}.{k}", d[k], f"not a setting of rope_type {kind!r}")
+  dim = int(head_dim * float(frac))
+  if dim < 2 or dim % 2:
+    c.refuse(f"{where}.partial_rotary_factor", frac,
+             f"rotates {dim} of {head_dim} features (must be even, >= 2)")
+  s = {"type": kind, "base": float(base), "dim": dim}
+  if kind in ("llama3", "yarn", "longrope"):
+    d.setdefault("original_max_position_embeddings",
+                 c.get("original_max_position_embeddings",
+                       c.get("max_position_embeddings")))
+  if kind == "longrope":   # Phi-3's top-level key wins, as in transformers
+    if c.cfg.get("original_max_position_embeddings") is not None:
+      d["original_max_position_embeddings"] = c.cfg["original_max_position_embeddings"]
+    for k in ("short_factor", "long_factor"):
+      got = d.pop(k, None)
+      if not isinstance(got, (list, tuple)) or len(got) != dim // 2:
+        c.refuse(f"{where}.{k}", got, f"expected {dim // 2} numbers (one per rotated "
+                 f"feature pair)")
+      s[k] = [float(x) for x in got]
+    if d.get("factor") is None:   # transformers: max_position_embeddings / original
+      d["factor"] = float(c.need("max_position_embeddings")) / float(
+          d["original_max_position_embeddings"])
+  if kind == "dynamic":       # transformers reads the top-level length for dynamic
+    s["max_position_embeddings"] = int(c.need("max_position_embeddings"))
+  for k in ROPE_KEYS[kind][2:]:
+    if d.get(k) is not None:
+      s[k] = d[k] if isinstance(d[k], bool) else float(d[k])
+  if kind != "default" and "factor" not in s:
+    c.refuse(f"{where}.factor", None, f"rope_type {kind!r} needs a factor")
+  if kind == "llama3":
+    for k in ("low_freq_factor", "high_freq_factor"):
+      if k not in s:
+        c.refuse(f"{where}.{k}", None, "rope_type 'llama3' needs it")
+  return s
 
 
 def _act(c: Config, key: str, default: str) -> str:

@@ -168,29 +168,49 @@ def read(path: str, dtype: str = "float32", place=None):
 
   Architectures: llama (SmolLM2, Llama 3, Mistral's GGUFs), qwen2, qwen3, gemma2, gemma3,
   olmo2, phi3, gpt2, gptneox."""
-  import gguf
-  from mha_jax.pretrained import adapters, hf_folder
-  from mha_jax.pretrained import tokenizer as tk
-  reader = open_reader(path)
-  arch = _field(reader, "general.architecture", path=path, required=True)
-  if arch not in SUPPORTED_ARCH:
-    raise UserError(f"file {path!r}: general.architecture is {arch!r}; only "
-                     f"{SUPPORTED_ARCH} GGUF files are supported", setting="file")
-  for key in reader.fields:
-    if key.startswith(arch + ".") and key[len(arch) + 1:] not in _GGUF_KEYS[arch]:
-      raise UserError(f"file {path!r}: GGUF metadata key {key!r} "
-                       f"(= {_field(reader, key, path=path)!r}) is not implemented for "
-                       f"{arch}; refused rather than ignored", setting="file")
+  from mha_jax.pretrained import adapters
+  f = _File(path)
+  s = _sizes(f)
+  _attention_layout(f, s)
+  params, fam, qtypes = _params(f, s, dtype, place)
+  cfg = adapters.model_config(s, fam)
+  tok, tok_cfg = _tokenizer(f, s["v"])
+  info = dict(format="gguf", name=str(f.field("general.name", "")), tensor_types=qtypes)
+  return params, cfg, tok, tok_cfg, info
 
-  def meta(key, default=None, required=True):
-    return _field(reader, f"{arch}.{key}", default, path=path,
-                  required=required and default is None)
 
-  def refuse(key, value, why):
-    raise UserError(f"file {path!r}: {arch}.{key}={value!r} {why} (refused, not "
-                     f"approximated)", setting="file")
+class _File:
+  """One open GGUF file: its reader, architecture and tensors by name, with metadata reads
+  and refusals that name the file. Every `{arch}.*` key must be in _GGUF_KEYS[arch]."""
 
-  by_name = {t.name: t for t in reader.tensors}
+  def __init__(self, path: str):
+    self.path, self.reader = path, open_reader(path)
+    self.arch = arch = self.field("general.architecture", required=True)
+    if arch not in SUPPORTED_ARCH:
+      raise UserError(f"file {path!r}: general.architecture is {arch!r}; only "
+                       f"{SUPPORTED_ARCH} GGUF files are supported", setting="file")
+    for key in self.reader.fields:
+      if key.startswith(arch + ".") and key[len(arch) + 1:] not in _GGUF_KEYS[arch]:
+        raise UserError(f"file {path!r}: GGUF metadata key {key!r} "
+                         f"(= {self.field(key)!r}) is not implemented for "
+                         f"{arch}; refused rather than ignored", setting="file")
+    self.by_name = {t.name: t for t in self.reader.tensors}
+
+  def field(self, key, default=None, required=False):
+    return _field(self.reader, key, default, path=self.path, required=required)
+
+  def meta(self, key, default=None, required=True):
+    """The architecture's key `{arch}.{key}`; required unless a default is given."""
+    return self.field(f"{self.arch}.{key}", default, required=required and default is None)
+
+  def refuse(self, key, value, why):
+    raise UserError(f"file {self.path!r}: {self.arch}.{key}={value!r} {why} (refused, "
+                     f"not approximated)", setting="file")
+
+
+def _sizes(f: _File) -> dict:
+  """The settings dict's widths, depth, norm and activation (adapters.model_config's)."""
+  meta, refuse, arch = f.meta, f.refuse, f.arch
   d = int(meta("embedding_length"))
   h = int(meta("attention.head_count"))
   h_kv = int(meta("attention.head_count_kv", h))
@@ -206,19 +226,29 @@ def read(path: str, dtype: str = "float32", place=None):
       refuse("attention.head_count_kv", h_kv, f"(grouped heads) with {arch}'s fused QKV")
     if k * h != d:
       refuse("attention.key_length", k, f"with {h} heads of embedding_length {d}")
-  n_layers = int(meta("block_count"))
-  s = dict(d=d, h=h, g=h_kv, k=k, n=n_layers, f=int(meta("feed_forward_length")),
-           max_len=int(meta("context_length", 2048)), tied="output.weight" not in by_name)
+  s = dict(d=d, h=h, g=h_kv, k=k, n=int(meta("block_count")),
+           f=int(meta("feed_forward_length")), max_len=int(meta("context_length", 2048)),
+           tied="output.weight" not in f.by_name)
   if arch in _LAYER_NORM_ARCH:
     s["eps"] = float(meta("attention.layer_norm_epsilon"))
   else:
     s["eps"] = float(meta("attention.layer_norm_rms_epsilon"))
   s["act"] = {"gemma2": "gelu_tanh", "gemma3": "gelu_tanh", "gpt2": "gelu_tanh",
               "gptneox": "gelu"}.get(arch, "silu")
+  if arch == "gptneox":
+    s["parallel"] = bool(meta("use_parallel_residual"))
+  if arch == "gpt2":
+    s["scale"] = k ** -0.5
+  return s
+
+
+def _attention_layout(f: _File, s: dict) -> None:
+  """Sets s's layer types, window, RoPE per layer type and (Gemma) scales."""
+  meta, arch, n_layers = f.meta, f.arch, s["n"]
   s["layer_types"], s["window"] = ["full_attention"] * n_layers, None
   rope = None
   if arch != "gpt2":   # GPT-2: learned positions, no RoPE
-    rope = _rope(meta, refuse, arch, k, by_name, reader, path)
+    rope = _rope(meta, f.refuse, arch, s["k"], f.by_name, f.reader, f.path)
   s["rope"] = None if rope is None else {"full_attention": rope}
   window = meta("attention.sliding_window", 0)
   if arch in ("gemma2", "gemma3"):
@@ -239,8 +269,10 @@ def read(path: str, dtype: str = "float32", place=None):
       s["rope"]["sliding_attention"] = {"type": "default", "base": 10000.0,
                                         "dim": rope["dim"]}
     s["window"] = int(window)
+    d, h = s["d"], s["h"]
     big = n_layers == _GEMMA_27B_LAYERS[arch]
-    s.update(scale=(d // h if big else k) ** -0.5, embed_scale=float(np.float32(d ** 0.5)))
+    s.update(scale=(d // h if big else s["k"]) ** -0.5,
+             embed_scale=float(np.float32(d ** 0.5)))
   elif arch == "phi3":
     # Phi-3: one window for every layer (0: none, Phi-4). llama.cpp currently runs Phi-3
     # without its window (llama_model_phi3::load_arch_hparams); transformers' Phi-3,
@@ -250,13 +282,15 @@ def read(path: str, dtype: str = "float32", place=None):
       s["window"] = int(window)
       s["rope"] = {"sliding_attention": rope}
   elif window:
-    refuse("attention.sliding_window", window, f"is not implemented for {arch}")
-  if arch == "gptneox":
-    s["parallel"] = bool(meta("use_parallel_residual"))
-  if arch == "gpt2":
-    s["scale"] = k ** -0.5
-  np_dtype = hf_folder._np_dtype(dtype)
+    f.refuse("attention.sliding_window", window, f"is not implemented for {arch}")
 
+
+def _params(f: _File, s: dict, dtype: str, place):
+  """(params as NumPy, the adapters.Family read, {tensor type: count}); sets s["v"]."""
+  import gguf
+  from mha_jax.pretrained import adapters, hf_folder
+  path, arch, by_name, d = f.path, f.arch, f.by_name, s["d"]
+  np_dtype = hf_folder._np_dtype(dtype)
   qtypes: dict[str, int] = {}
   lin_shapes = {"ffn_gate.weight": (s["f"], d), "ffn_down.weight": (d, s["f"])}
   if arch != "phi3":
@@ -280,21 +314,35 @@ def read(path: str, dtype: str = "float32", place=None):
                        f"say {want}", setting="file")
     qtypes[t.tensor_type.name] = qtypes.get(t.tensor_type.name, 0) + 1
     if name.endswith("attn_q.weight") and arch == "llama":
-      w = unpermute_rope_rows(w, h)
+      w = unpermute_rope_rows(w, s["h"])
     elif name.endswith("attn_k.weight") and arch == "llama":
-      w = unpermute_rope_rows(w, h_kv)
+      w = unpermute_rope_rows(w, s["g"])
     return w
 
   embed_t = by_name.get("token_embd.weight")
   if embed_t is None:
     raise UserError(f"file {path!r}: tensor 'token_embd.weight' is missing", setting="file")
   s["v"] = int(embed_t.shape[1])
+  fam = _family(f)
+  names = [n for n in by_name if n not in _ROPE_FACTOR_TENSORS]
+  t = adapters.Tensors(get, names, f"file {path!r}", ("",), np_dtype)
+  params = adapters.build_params(fam, s, t, np_dtype, place=place)
+  if arch == "gpt2" and params["pos_embed"].shape[0] != s["max_len"]:
+    raise UserError(f"file {path!r}: position_embd has {params['pos_embed'].shape[0]} "
+                     f"rows, {arch}.context_length={s['max_len']}", setting="file")
+  return params, fam, qtypes
+
+
+def _family(f: _File):
+  """The adapters.Family of the file's tensors: its top rows and layer rows."""
+  from mha_jax.pretrained import adapters
+  arch, by_name = f.arch, f.by_name
   layer_rows = tuple((n, kind.rstrip("*"), target, None)
                      for n, kind, target, optional in _GGUF_LAYER[arch]
                      if not optional or f"blk.0.{n}" in by_name)
   if arch == "phi3" and ("blk.0.attn_qkv.weight" in by_name) == ("blk.0.attn_q.weight"
                                                                   in by_name):
-    raise UserError(f"file {path!r}: a phi3 layer needs attn_qkv.weight or attn_q / "
+    raise UserError(f"file {f.path!r}: a phi3 layer needs attn_qkv.weight or attn_q / "
                      f"attn_k / attn_v weights (exactly one of the two)", setting="file")
   top = [("token_embd.weight", "vec", "embed", None)]
   if arch == "gpt2":
@@ -303,46 +351,40 @@ def read(path: str, dtype: str = "float32", place=None):
   if arch in _LAYER_NORM_ARCH:
     top.append(("output_norm.bias", "vec", "lm.ln_final.bias", None))
   top.append(("output.weight", "lin", "unembed", "untied"))
-  fam = adapters.Family(_FAMILY[arch], (), {}, tuple(top), layer_rows, prefixes=("",),
-                        layer_prefix="blk.{i}.", ignore_tensors=(),
-                        norm="layer" if arch in _LAYER_NORM_ARCH else "rms")
-  names = [n for n in by_name if n not in _ROPE_FACTOR_TENSORS]
-  t = adapters.Tensors(get, names, f"file {path!r}", ("",), np_dtype)
-  params = adapters.build_params(fam, s, t, np_dtype, place=place)
-  if arch == "gpt2" and params["pos_embed"].shape[0] != s["max_len"]:
-    raise UserError(f"file {path!r}: position_embd has {params['pos_embed'].shape[0]} "
-                     f"rows, {arch}.context_length={s['max_len']}", setting="file")
-  cfg = adapters.model_config(s, fam)
+  return adapters.Family(_FAMILY[arch], (), {}, tuple(top), layer_rows, prefixes=("",),
+                         layer_prefix="blk.{i}.", ignore_tensors=(),
+                         norm="layer" if arch in _LAYER_NORM_ARCH else "rms")
 
-  tokens = _field(reader, "tokenizer.ggml.tokens", path=path, required=True)
-  model = _field(reader, "tokenizer.ggml.model", path=path, required=True)
-  types = _field(reader, "tokenizer.ggml.token_type", None, path=path)
+
+def _tokenizer(f: _File, vocab: int):
+  """(tokenizers.Tokenizer, tokenizer config) from the file's tokenizer.ggml.* keys."""
+  from mha_jax.pretrained import tokenizer as tk
+  path, arch = f.path, f.arch
+  tokens = f.field("tokenizer.ggml.tokens", required=True)
+  model = f.field("tokenizer.ggml.model", required=True)
+  types = f.field("tokenizer.ggml.token_type")
   if model == "gpt2":
-    tok = tk.from_gguf_vocab(tokens, _field(reader, "tokenizer.ggml.merges", [], path=path),
-                             types, _field(reader, "tokenizer.ggml.pre", "default", path=path),
-                             f"file {path!r}")
+    tok = tk.from_gguf_vocab(tokens, f.field("tokenizer.ggml.merges", []), types,
+                             f.field("tokenizer.ggml.pre", "default"), f"file {path!r}")
   elif model == "llama" and arch in ("gemma2", "gemma3"):
     tok = tk.from_gguf_gemma(tokens, types, f"file {path!r}")
   else:
     raise UserError(f"file {path!r}: tokenizer.ggml.model={model!r} is not supported for "
                      f"{arch} (byte-level BPE 'gpt2', or Gemma's SentencePiece 'llama'; "
-                     f"Llama 2 style SentencePiece with a prefix space is not implemented)",
-                     setting="file")
-  if len(tokens) != s["v"]:
+                     f"Llama 2 style SentencePiece with a prefix space is not implemented)")
+  if len(tokens) != vocab:
     raise UserError(f"file {path!r}: {len(tokens)} tokens but the embedding has "
-                     f"{s['v']} rows", setting="file")
+                     f"{vocab} rows", setting="file")
 
   def tid(key):
-    x = _field(reader, f"tokenizer.ggml.{key}", None, path=path)
+    x = f.field(f"tokenizer.ggml.{key}")
     return -1 if x is None else int(x)
 
   tok_cfg = dict(bos_id=tid("bos_token_id"), eos_id=tid("eos_token_id"),
                  pad_id=tid("padding_token_id"),
-                 add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False, path=path)),
-                 chat_template=str(_field(reader, "tokenizer.chat_template", "", path=path)))
-  info = dict(format="gguf", name=str(_field(reader, "general.name", "", path=path)),
-              tensor_types=qtypes)
-  return params, cfg, tok, tok_cfg, info
+                 add_bos=bool(f.field("tokenizer.ggml.add_bos_token", False)),
+                 chat_template=str(f.field("tokenizer.chat_template", "")))
+  return tok, tok_cfg
 
 
 _ROPE_FACTOR_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")

@@ -284,105 +284,63 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
     return _train(cfg, workdir, runs, run_tasks, mesh, n_data, log)
 
 
+class _Stacked:
+  """The seeds of one train call as one state. With several seeds every array has a
+  leading seed axis and the per-seed functions are vmapped over it; with one it has none.
+  The one place that tells the two apart."""
+
+  def __init__(self, runs):
+    self.runs, self.multi = runs, len(runs) > 1
+    self.slices = list(range(len(runs))) if self.multi else [None]  # seed i of the state
+
+  def vmap(self, fn, in_axes=0):
+    return jax.vmap(fn, in_axes=in_axes) if self.multi else fn
+
+  def stack(self, trees: list, xp=np):
+    """Per-seed trees -> the state's tree (a leading seed axis only when several)."""
+    return jax.tree.map(lambda *xs: xp.stack(xs), *trees) if self.multi else trees[0]
+
+  def seed(self, tree, i: int):
+    """Seed i's part of a stacked tree."""
+    return _seed_slice(tree, self.slices[i])
+
+  def spec(self, *axes) -> P:
+    """A PartitionSpec of a per-seed array's axes, behind the seed axis if any."""
+    return P(None, *axes) if self.multi else P(*axes)
+
+  def who(self, i: int, t) -> str:
+    """Names seed i in a message (nothing with one seed)."""
+    return f"seed {self.runs[i][0].seed} of train.seeds={t.seeds!r}: " if self.multi else ""
+
+
 def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
   """train's loop, once the workdir is checked, locked and written."""
-  t = cfg.train
-  seeds = mc.seed_list(cfg)
-  multi = len(seeds) > 1
+  t, st = cfg.train, _Stacked(runs)
   task = run_tasks[0]   # seeds differ only in their batches' order: one task computes
-  slices = list(range(len(runs))) if multi else [None]   # seed i of the stacked state
-  replicated = NamedSharding(mesh, P())
-  data_sharding = NamedSharding(mesh, P(None, "data") if multi else P("data"))
   optimizer = make_optimizer(t)
-  root_keys = [jax.random.PRNGKey(c.seed) for c, _ in runs]
-  root_key = jnp.stack(root_keys) if multi else root_keys[0]
+  root_key = st.stack([jax.random.PRNGKey(c.seed) for c, _ in runs], jnp)
 
   def init_state(key):
     params = task.init_params(jax.random.fold_in(key, 0))
     return params, optimizer.init(params)
 
-  if multi:
-    init_state = jax.vmap(init_state)
+  init_state = st.vmap(init_state)
   state_shardings = sharding.shardings(jax.eval_shape(init_state, root_key), mesh)
   params, opt_state = jax.jit(init_state, out_shardings=state_shardings)(root_key)
-
   all_ckpts = [ckpt_lib.Checkpoints(w, max_to_keep=t.keep) for _, w in runs]
   writers, bar = [], None
   try:
-    start, initial_loss = 0, [None] * len(runs)
-    if distributed.multi() or any(c.all_steps() for c in all_ckpts):
-      params, opt_state, metas, start = _restore(all_ckpts, runs, params, opt_state,
-                                                 state_shardings, slices)
-      for i, ((c, w), meta) in enumerate(zip(runs, metas)):
-        ckpt_lib.check_model_config(meta, mc.to_dict(c), f"checkpoint {start} in {w!r}",
-                                    storage.join(w, "config.json"))
-        if meta.get("data_position") != start * t.batch_size:
-          raise UserError(f"checkpoint {start} in {w!r} was written with another "
-                          f"batch size (data position {meta.get('data_position')})")
-        initial_loss[i] = meta.get("initial_loss")
-      if start:
-        log(f"resumed from step {start} in {workdir}")
-    for i in range(len(runs)):
-      if initial_loss[i] is None and start:     # checkpoints from before it was recorded
-        initial_loss[i] = float(np.log(task.vocab_size))
-
-    step_fn = make_train_step(task, optimizer, cfg)
-    if multi:
-      step_fn = jax.vmap(step_fn, in_axes=(0, 0, 0, None, 0))
+    params, opt_state, start, initial_loss = _resume(
+        all_ckpts, st, params, opt_state, state_shardings, t, task, workdir, log)
+    step_fn = st.vmap(make_train_step(task, optimizer, cfg), in_axes=(0, 0, 0, None, 0))
     train_step = jax.jit(step_fn, donate_argnums=(0, 1),
-                         out_shardings=(*state_shardings, replicated))
-
+                         out_shardings=(*state_shardings, NamedSharding(mesh, P())))
     writers = [MetricsWriter(w, enabled=jax.process_index() == 0) for _, w in runs]
     if t.progress and sys.stderr.isatty():
       from tqdm import tqdm
       bar = tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True)
-
-    saved = [start or None]   # the step of the last save (a resume's is on disk already)
-
-    def save(step, last_metrics):
-      if saved[0] == step:
-        return
-      saved[0] = step
-      for i, ((c, _), ckpts) in enumerate(zip(runs, all_ckpts)):
-        m = _seed_slice(last_metrics, slices[i]) if last_metrics is not None else None
-        if m is not None and not (_finite(m["objective"]) and _finite(m["grad_norm"])):
-          continue
-        ckpts.save(step, _seed_slice(params, slices[i]), _seed_slice(opt_state, slices[i]),
-                   {"step": step, "seed": c.seed, "data_position": step * t.batch_size,
-                    "initial_loss": initial_loss[i], "task": c.task,
-                    "model": mc.to_dict(c)["model"]})
-
-    def evaluate(step, split="valid"):
-      out = []
-      for i, ((c, _), writer) in enumerate(zip(runs, writers)):
-        res = task.evaluate(_seed_slice(params, slices[i]), split)
-        writer.write(step, split, res)
-        who = f"seed {c.seed} " if multi else ""
-        log(f"step {step}: {who}{split} " + " ".join(f"{k} {v:.4g}" for k, v in res.items()))
-        out.append(res)
-      return out if multi else out[0]
-
-    ladder = None
-    if task.packs and t.get("pack", False):   # data/packing.py
-      ladder, sample = packing_ladder(run_tasks, t, math.lcm(n_data, jax.process_count()))
-      log(f"packing {t.batch_size} sentence pairs per step into {ladder[0]} rows "
-          f"(the first {len(sample) // len(run_tasks)} batches needed {min(sample)}-"
-          f"{max(sample)}; {ladder[-1]} rows if one needs more; train.pack=false turns "
-          f"it off)")
-
-    def batch_at(step):
-      if ladder is not None:
-        local = packed_batches(run_tasks, step, ladder, jax.process_index(),
-                               jax.process_count())
-      else:
-        local = [tk.train_batch(step, jax.process_index(), jax.process_count())
-                 for tk in run_tasks]
-      if multi:
-        local = [{k: np.stack([b[k] for b in local]) for k in local[0]}]
-      return {k: jax.make_array_from_process_local_data(data_sharding, v)
-              for k, v in local[0].items()}
-
-    factor = t.get("max_loss_factor", 0.0)
+    batch_at = _batches(run_tasks, t, n_data, st, NamedSharding(mesh, st.spec("data")), log)
+    saved = start or None   # the step of the last save (a resume's is on disk already)
     status, step, last, window = "done", start, None, []
     t_last, valid = time.perf_counter(), None
     with _Preemption() as pre, _last_good_named(all_ckpts):
@@ -390,7 +348,7 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
         # several processes: JAX's preemption sync manager (SIGTERM to any of them)
         # picks the step every process stops at
         if distributed.preempted(step) if distributed.multi() else pre.requested:
-          save(step, last)
+          saved = _save(all_ckpts, st, step, saved, params, opt_state, last, initial_loss, t)
           log(f"SIGTERM: saved checkpoint at step {step}; run the same command to resume")
           status = "preempted"
           break
@@ -401,61 +359,147 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
         if bar is not None:
           bar.update(1)
         if step % t.log_every == 0 or step % t.checkpoint_every == 0 or step == t.steps:
-          host_all = jax.device_get(window)
-          window = []
-          first = step - len(host_all) + 1
           now = time.perf_counter()
-          elapsed = max(now - t_last, 1e-9)
-          t_last = now
-          losses = []
-          for i, ((c, _), ckpts) in enumerate(zip(runs, all_ckpts)):
-            host = [_seed_slice(m, slices[i]) for m in host_all]
-            if initial_loss[i] is None:
-              initial_loss[i] = float(host[0]["loss"]) / max(float(host[0]["tokens"]), 1.0)
-            good = ckpts.latest_step()
-            where = (f"Last good checkpoint: step {good} in {ckpts.directory}" if good
-                     else "No checkpoint saved yet")
-            who = f"seed {c.seed} of train.seeds={t.seeds!r}: " if multi else ""
-            for j, m in enumerate(host):
-              if not (_finite(m["objective"]) and _finite(m["grad_norm"])):
-                raise TrainingDiverged(
-                    f"{who}loss became {float(m['objective'])} at step {first + j}; "
-                    f"stopped. {where}. Lower train.lr or raise train.warmup")
-              per_token = float(m["loss"]) / max(float(m["tokens"]), 1.0)
-              if factor and per_token > factor * initial_loss[i]:
-                raise TrainingDiverged(
-                    f"{who}loss {per_token:.4g} at step {first + j} is more than "
-                    f"train.max_loss_factor={factor:g} times the starting loss "
-                    f"{initial_loss[i]:.4g}; stopped. {where}. Lower train.lr or raise "
-                    f"train.warmup")
-            tokens = sum(float(m["tokens"]) for m in host)
-            loss = sum(float(m["loss"]) for m in host) / max(tokens, 1.0)
-            tok_s = tokens / elapsed
-            rec = {"loss": loss,
-                   "objective": float(np.mean([m["objective"] for m in host])),
-                   "grad_norm": float(host[-1]["grad_norm"]), "tokens_per_s": tok_s}
-            writers[i].write(step, "train", rec)
-            losses.append((loss, tok_s))
-          loss, tok_s = (float(np.mean([l for l, _ in losses])),
-                         sum(s for _, s in losses))
-          if bar is not None:
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
-          elif step % t.log_every == 0 or step == t.steps:
-            spread = (f" (seeds {min(l for l, _ in losses):.4f}.."
-                      f"{max(l for l, _ in losses):.4f})" if multi else "")
-            log(f"step {step}/{t.steps}: loss {loss:.4f}{spread} tokens/s {tok_s:,.0f}")
+          losses = _record(jax.device_get(window), step, max(now - t_last, 1e-9), st,
+                           all_ckpts, writers, initial_loss, t)
+          window, t_last = [], now
+          _report(bar, losses, step, t, st.multi, log)
         if step % t.checkpoint_every == 0 or step == t.steps:
-          save(step, last)
+          saved = _save(all_ckpts, st, step, saved, params, opt_state, last, initial_loss, t)
         if step % t.eval_every == 0 or step == t.steps:
-          valid = evaluate(step)
+          valid = _evaluate(task, st, params, writers, step, log)
   except BaseException:   # divergence or an error: that is what the user must see
     _close(bar, writers, all_ckpts, quiet=True)
     raise
   _close(bar, writers, all_ckpts)
-  if multi:
-    return {"status": status, "step": step, "workdir": workdir, "seeds": seeds,
-            "workdirs": [w for _, w in runs], "valid": valid}
-  return {"status": status, "step": step, "workdir": workdir, "valid": valid}
+  out = {"status": status, "step": step, "workdir": workdir}
+  if st.multi:
+    out.update(seeds=mc.seed_list(cfg), workdirs=[w for _, w in runs])
+  return {**out, "valid": valid}
+
+
+def _resume(all_ckpts, st: _Stacked, params, opt_state, state_shardings, t, task, workdir,
+            log):
+  """(params, opt_state, start step, each seed's initial loss): the fresh state given, or
+  the newest checkpoints' (their configs and batch size checked against the run's)."""
+  start, initial_loss = 0, [None] * len(st.runs)
+  if distributed.multi() or any(c.all_steps() for c in all_ckpts):
+    params, opt_state, metas, start = _restore(all_ckpts, st.runs, params, opt_state,
+                                               state_shardings, st.slices)
+    for i, ((c, w), meta) in enumerate(zip(st.runs, metas)):
+      ckpt_lib.check_model_config(meta, mc.to_dict(c), f"checkpoint {start} in {w!r}",
+                                  storage.join(w, "config.json"))
+      if meta.get("data_position") != start * t.batch_size:
+        raise UserError(f"checkpoint {start} in {w!r} was written with another "
+                        f"batch size (data position {meta.get('data_position')})")
+      initial_loss[i] = meta.get("initial_loss")
+    if start:
+      log(f"resumed from step {start} in {workdir}")
+  for i in range(len(st.runs)):
+    if initial_loss[i] is None and start:     # checkpoints from before it was recorded
+      initial_loss[i] = float(np.log(task.vocab_size))
+  return params, opt_state, start, initial_loss
+
+
+def _batches(run_tasks, t, n_data: int, st: _Stacked, data_sharding, log) -> Callable:
+  """batch_at(step): the global training batch of every seed (packed when train.pack)."""
+  ladder = None
+  if run_tasks[0].packs and t.get("pack", False):   # data/packing.py
+    ladder, sample = packing_ladder(run_tasks, t, math.lcm(n_data, jax.process_count()))
+    log(f"packing {t.batch_size} sentence pairs per step into {ladder[0]} rows "
+        f"(the first {len(sample) // len(run_tasks)} batches needed {min(sample)}-"
+        f"{max(sample)}; {ladder[-1]} rows if one needs more; train.pack=false turns "
+        f"it off)")
+
+  def batch_at(step):
+    if ladder is not None:
+      local = packed_batches(run_tasks, step, ladder, jax.process_index(),
+                             jax.process_count())
+    else:
+      local = [tk.train_batch(step, jax.process_index(), jax.process_count())
+               for tk in run_tasks]
+    return {k: jax.make_array_from_process_local_data(data_sharding, v)
+            for k, v in st.stack(local).items()}
+
+  return batch_at
+
+
+def _save(all_ckpts, st: _Stacked, step, saved, params, opt_state, last_metrics,
+          initial_loss, t):
+  """Saves every seed's state at `step` (not twice; a seed whose last metrics are not
+  finite keeps its last good checkpoint). Returns the step of the last save."""
+  if saved == step:
+    return saved
+  for i, ((c, _), ckpts) in enumerate(zip(st.runs, all_ckpts)):
+    m = st.seed(last_metrics, i) if last_metrics is not None else None
+    if m is not None and not (_finite(m["objective"]) and _finite(m["grad_norm"])):
+      continue
+    ckpts.save(step, st.seed(params, i), st.seed(opt_state, i),
+               {"step": step, "seed": c.seed, "data_position": step * t.batch_size,
+                "initial_loss": initial_loss[i], "task": c.task,
+                "model": mc.to_dict(c)["model"]})
+  return step
+
+
+def _evaluate(task, st: _Stacked, params, writers, step, log, split="valid"):
+  """Each seed's evaluation on `split`, written and logged: a list with several seeds."""
+  out = []
+  for i, ((c, _), writer) in enumerate(zip(st.runs, writers)):
+    res = task.evaluate(st.seed(params, i), split)
+    writer.write(step, split, res)
+    who = f"seed {c.seed} " if st.multi else ""
+    log(f"step {step}: {who}{split} " + " ".join(f"{k} {v:.4g}" for k, v in res.items()))
+    out.append(res)
+  return out if st.multi else out[0]
+
+
+def _record(host_all, step, elapsed, st: _Stacked, all_ckpts, writers, initial_loss, t):
+  """Checks and writes the steps since the last record (host_all: their metrics, stacked
+  like the state); raises TrainingDiverged on a loss that is not finite or above
+  train.max_loss_factor times the starting one. Returns each seed's (loss, tokens/s)."""
+  factor = t.get("max_loss_factor", 0.0)
+  first = step - len(host_all) + 1
+  losses = []
+  for i, ckpts in enumerate(all_ckpts):
+    host = [st.seed(m, i) for m in host_all]
+    if initial_loss[i] is None:
+      initial_loss[i] = float(host[0]["loss"]) / max(float(host[0]["tokens"]), 1.0)
+    good = ckpts.latest_step()
+    where = (f"Last good checkpoint: step {good} in {ckpts.directory}" if good
+             else "No checkpoint saved yet")
+    who = st.who(i, t)
+    for j, m in enumerate(host):
+      if not (_finite(m["objective"]) and _finite(m["grad_norm"])):
+        raise TrainingDiverged(
+            f"{who}loss became {float(m['objective'])} at step {first + j}; "
+            f"stopped. {where}. Lower train.lr or raise train.warmup")
+      per_token = float(m["loss"]) / max(float(m["tokens"]), 1.0)
+      if factor and per_token > factor * initial_loss[i]:
+        raise TrainingDiverged(
+            f"{who}loss {per_token:.4g} at step {first + j} is more than "
+            f"train.max_loss_factor={factor:g} times the starting loss "
+            f"{initial_loss[i]:.4g}; stopped. {where}. Lower train.lr or raise "
+            f"train.warmup")
+    tokens = sum(float(m["tokens"]) for m in host)
+    loss = sum(float(m["loss"]) for m in host) / max(tokens, 1.0)
+    tok_s = tokens / elapsed
+    writers[i].write(step, "train", {
+        "loss": loss, "objective": float(np.mean([m["objective"] for m in host])),
+        "grad_norm": float(host[-1]["grad_norm"]), "tokens_per_s": tok_s})
+    losses.append((loss, tok_s))
+  return losses
+
+
+def _report(bar, losses, step, t, multi: bool, log) -> None:
+  """The progress bar's postfix, or a log line at train.log_every: the seeds' mean loss
+  (and spread) and their summed tokens/s."""
+  loss, tok_s = float(np.mean([l for l, _ in losses])), sum(s for _, s in losses)
+  if bar is not None:
+    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
+  elif step % t.log_every == 0 or step == t.steps:
+    spread = (f" (seeds {min(l for l, _ in losses):.4f}.."
+              f"{max(l for l, _ in losses):.4f})" if multi else "")
+    log(f"step {step}/{t.steps}: loss {loss:.4f}{spread} tokens/s {tok_s:,.0f}")
 
 
 def _close(bar, writers, all_ckpts, quiet: bool = False) -> None:

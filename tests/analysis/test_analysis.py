@@ -15,7 +15,11 @@ from mha_jax.toolkit import capture, importance
 from mha_jax.analysis import attention_explorer, report
 from mha_jax.toolkit import head_roles
 from mha_jax.models import common
-from helpers import launch_chromium, trained_translation
+from builders import trained_translation
+
+
+# One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).
+from browser import launch_chromium
 
 
 # One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).

@@ -94,7 +94,7 @@ def test_planted_model_through_the_report_pipeline(tmp_path_factory):
 
   from mha_jax.toolkit import head_roles
   from mha_jax.data import synthetic_translation as st
-  from helpers import trained_translation
+  from builders import trained_translation
 
   loaded = trained_translation(tmp_path_factory, "planted", "--config.model.num_heads=4",
                             "--config.model.layer_norm=false", "--config.model.max_rel=8",

@@ -14,7 +14,7 @@ from mha_jax.loader import load
 from mha_jax.models import common
 from mha_jax.models import lm
 from mha_jax.train import loop
-from helpers import tiny
+from builders import tiny
 
 
 def _one_head(wq, wk, wv, wo):

@@ -13,8 +13,8 @@ from mha_jax.models import lm as lm_model
 from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit.pairs import Pairs
 from mha_jax.toolkit import ablations
-from conftest import numpy_rope
-from helpers import G, H, K, L, SPEC, LlamaTask, tiny_llama_pairs
+from oracles import numpy_rope
+from oracles import G, H, K, L, SPEC, LlamaTask, tiny_llama_pairs
 
 
 class LinearTask:

@@ -16,7 +16,7 @@ from experiments.claims import measure as E
 from experiments.claims import rules as R
 from experiments.claims import run as claims_run
 from experiments.claims import toy
-from helpers import open_page
+from browser import open_page
 
 H, F, I = R.HOLDS, R.FAILS, R.INCONCLUSIVE
 
@@ -342,7 +342,7 @@ def tiny_gemma(tmp_path_factory):
   """A tiny random Gemma 3 from transformers (3 layers, 4 query heads over 1 key/value
   head, q/k norms, post-attention norms, MLPs), imported through the one importer."""
   pytest.importorskip("transformers")
-  from helpers import build_hf, save_folder
+  from hf_models import build_hf, save_folder
   from mha_jax.pretrained import importer
   base = tmp_path_factory.mktemp("tiny_gemma")
   model = build_hf("gemma3")

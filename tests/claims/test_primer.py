@@ -15,7 +15,7 @@ from mha_jax.toolkit import capture
 from experiments.claims import measure as E
 from experiments.claims import primer as P
 from mha_jax.errors import UserError
-from helpers import open_page
+from browser import open_page
 
 
 def test_the_four_matrices_are_the_layer_and_run_the_seven_lines_in_numpy():

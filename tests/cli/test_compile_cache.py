@@ -11,7 +11,7 @@ import pytest
 
 from mha_jax import compile_cache
 from mha_jax.errors import UserError
-from helpers import ROOT
+from builders import ROOT
 
 # Runs the CLI; with PATCH_JAXLIB set, JAX's cache key sees another jaxlib version string.
 _MAIN = ("import os, sys\n"

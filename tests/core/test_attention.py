@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import numpy_mha, numpy_rope
+from oracles import numpy_mha, numpy_rope
 from mha_jax import attention
 
 

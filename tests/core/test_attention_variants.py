@@ -73,7 +73,7 @@ def test_softmax_is_bit_identical_to_the_code_before_the_variants():
 
 # ---------------------------------------------------------------- the variants
 
-from conftest import numpy_rope  # noqa: E402
+from oracles import numpy_rope  # noqa: E402
 from mha_jax import interventions  # noqa: E402
 from mha_jax.kernels import blocked as blocked_lib  # noqa: E402
 

@@ -11,7 +11,7 @@ from mha_jax.models import bert, llama
 from mha_jax.models import common
 from mha_jax.models import lm as lm_model
 from mha_jax.models import seq2seq
-from helpers import D, G, H, K, L, SPEC, numpy_llama
+from oracles import D, G, H, K, L, SPEC, numpy_llama
 
 @pytest.fixture(scope="module")
 def tiny():

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import numpy_mha
+from oracles import numpy_mha
 from mha_jax import accounting
 from mha_jax import attention
 

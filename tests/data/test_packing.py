@@ -15,7 +15,7 @@ from mha_jax.data import vocab
 from mha_jax.errors import UserError
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
-from conftest import with_devices
+from builders import with_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["--config.data.train_size=400", "--config.data.valid_size=20",
@@ -136,7 +136,7 @@ def test_processes_share_one_packed_batch(tmp_path):
 _MESH_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1] + "/tests")
-from helpers import TINY_TRANSLATION, tiny
+from builders import TINY_TRANSLATION, tiny
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
 out = {}

@@ -378,7 +378,7 @@ def test_auto_picks_by_memory_and_weights():
 def test_training_with_auto_gives_the_reference_loss_curve(tmp_path, monkeypatch):
   """The tiny translation model trains to the same losses (1e-4) whether attention runs
   on the reference path or, through impl=auto, on the blocked path."""
-  from helpers import TINY_TRANSLATION, tiny
+  from builders import TINY_TRANSLATION, tiny
   from mha_jax.kernels import dispatch
   from mha_jax.train import loop
   from mha_jax.train.metrics import read_metrics

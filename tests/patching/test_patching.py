@@ -16,7 +16,7 @@ from mha_jax.models import llama
 from mha_jax.models import lm as lm_model
 from mha_jax.toolkit import activation_patching, pairs as pairs_lib
 from mha_jax.toolkit.pairs import Pairs
-from helpers import G, H, L, SPEC, LlamaTask, tiny_llama_pairs, numpy_llama
+from oracles import G, H, L, SPEC, LlamaTask, numpy_llama, tiny_llama_pairs
 
 
 @pytest.fixture(scope="module")
@@ -440,7 +440,7 @@ def _cells(page):
 
 
 def test_the_explorer_shows_what_patch_wrote(patched):
-  from helpers import open_page
+  from browser import open_page
   _, out, cfg = patched
   path = os.path.join(out, "explorer.html")
   assert "http" not in open(path).read().replace("http-equiv", "")
@@ -514,7 +514,7 @@ def test_a_written_result_gets_its_attention_view_from_the_same_run_only(patched
 
 def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tmp_path):
   from mha_jax.patching import explorer
-  from helpers import open_page
+  from browser import open_page
   src = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "patching", "ioi")
   out = str(tmp_path / "ioi")
   os.makedirs(out)

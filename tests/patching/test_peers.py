@@ -10,7 +10,8 @@ import pytest
 from mha_jax import cli, load
 from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit.pairs import Pairs
-from helpers import ROOT, build_hf, save_folder
+from builders import ROOT
+from hf_models import build_hf, save_folder
 
 pytestmark = pytest.mark.slow
 

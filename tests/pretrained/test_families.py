@@ -19,8 +19,9 @@ import os
 import gguf
 import numpy as np
 import pytest
-from conftest import rel_err, with_devices
-from helpers import B, CASES, T, V, WINDOW, _LL, _tokenizer_json, build_hf, save_folder  # noqa: F401
+from builders import with_devices
+from oracles import rel_err
+from hf_models import B, CASES, T, TINY_LLAMA_KW, V, WINDOW, build_hf, save_folder, tokenizer_json  # noqa: F401
 
 import mha_jax
 from mha_jax.pretrained import adapters, importer
@@ -405,7 +406,7 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.slow   # the default run does both on real models (SmolLM2: GQA, Gemma 3: MQA)
+# The default run's export on a grouped family: SmolLM2's own export test is slow.
 @pytest.mark.parametrize("case,h,g", [("llama", 4, 2), ("gemma3", 4, 1)])
 def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   from mha_jax.toolkit import head_roles
@@ -427,11 +428,24 @@ def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   a = np.asarray(loaded.task.logits(masked, TOKENS))
   b = np.asarray(loaded.task.logits(pruned, TOKENS))
   assert rel_err(b, a) < RTOL
+  # uneven groups: head 0 goes alone, so its group keeps fewer heads than the others
+  # (padded with zero-output heads); every key/value head stays
+  uneven = {"lm": [np.ones(h, np.float32) for _ in range(n)]}
+  uneven["lm"][0][0] = 0
+  masked = masks.mask_params(loaded.params, uneven)
+  pruned = masks.export_pruned(masked, uneven)
+  assert [int(p["wk"].shape[1]) for _, _, p in common.attention_blocks(pruned)][0] == g
+  # kept heads, then the padding, group by group: {1, pad}, {2, 3} (GQA); {1, 2, 3} (MQA)
+  want = [1, 0, 1, 1] if g == 2 else [1, 1, 1]
+  assert [int(x) for x in masks.exported_mask(masked, uneven)["lm"][0]] == want
+  a = np.asarray(loaded.task.logits(masked, TOKENS))
+  b = np.asarray(loaded.task.logits(pruned, TOKENS))
+  assert rel_err(b, a) < RTOL
 
 
 # --------------------------------------------------------------------------
 # GGUF round trips: tiny models written as llama.cpp's converter writes them (names,
-# layouts, metadata; tests/helpers.py), in mixed tensor types, imported with --file.
+# layouts, metadata; tests/hf_models.py), in mixed tensor types, imported with --file.
 # --------------------------------------------------------------------------
 
 # The architectures transformers' own GGUF reader loads (an independent reading of the
@@ -469,7 +483,7 @@ def transformers_from_gguf(path, overrides):
 def gguf_imported(tmp_path_factory):
   """arch -> (transformers model holding the file's dequantized weights, the import, the
   file); built once per architecture."""
-  from helpers import build_hf_for_gguf, load_held, write_gguf
+  from hf_models import build_hf_for_gguf, load_held, write_gguf
   cache = {}
 
   def get(arch):
@@ -493,7 +507,7 @@ def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
   """The import of the GGUF file matches transformers running the weights the file holds
   (dequantized); where transformers reads that architecture's GGUF itself, it matches
   that too."""
-  from helpers import GGUF_CASES
+  from hf_models import GGUF_CASES
   model, loaded, path = gguf_imported(arch)
   assert loaded.config.model.family == adapters.family_of(
       {"model_type": model.config.model_type}).name
@@ -534,7 +548,7 @@ _SIZES = [("add_embedding_length", 64), ("add_head_count", 4), ("add_block_count
      r"olmo2\.rope\.dimension_count=8 \(partial rotary\)"),
 ])
 def test_gguf_refuses_unimplemented_keys_and_settings_by_name(tmp_path, arch, meta, match):
-  from helpers import write_gguf_header
+  from hf_models import write_gguf_header
   from mha_jax.errors import UserError
   path = write_gguf_header(tmp_path / f"{arch}.gguf", arch, _SIZES + meta)
   with pytest.raises(UserError, match=rf"{arch}\.gguf.*{match}"):

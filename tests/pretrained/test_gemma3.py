@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import rel_err
-from helpers import TOKENIZER_SAMPLES
+from oracles import rel_err
+from hf_models import TOKENIZER_SAMPLES
 
 import mha_jax
 from mha_jax.models import decoder

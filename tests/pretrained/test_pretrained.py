@@ -23,8 +23,8 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import rel_err
-from helpers import TOKENIZER_SAMPLES, _converter_permute, _tiny_llama_hf, _write_tiny_gguf, write_gguf_header
+from oracles import rel_err
+from hf_models import TOKENIZER_SAMPLES, converter_permute, tiny_llama_hf, write_gguf_header, write_tiny_gguf
 
 import mha_jax
 from mha_jax import cli, tasks
@@ -44,18 +44,9 @@ def _model_path(name: str) -> str:
 
 
 # --------------------------------------------------------------------------
-# Fixtures: one import per model per session.
+# Fixtures: one import and one load per model per session (conftest's smol_run and
+# minilm_run).
 # --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def smol_run(smollm2_workdir):
-  return mha_jax.load(smollm2_workdir)
-
-
-@pytest.fixture(scope="session")
-def minilm_run(minilm_workdir):
-  return mha_jax.load(minilm_workdir)
 
 
 @pytest.fixture(scope="session")
@@ -447,9 +438,9 @@ def test_file_import_of_a_quantized_gguf_and_an_hf_folder(tmp_path):
   both match the llama.cpp-layout NumPy forward of what the files hold."""
   import gguf
   from safetensors.numpy import save_file
-  w, cfg = _tiny_llama_hf(np.random.default_rng(0))
+  w, cfg = tiny_llama_hf(np.random.default_rng(0))
   path = tmp_path / "tiny.gguf"
-  _write_tiny_gguf(path, w, cfg)
+  write_tiny_gguf(path, w, cfg)
   importer.import_model(str(tmp_path / "wg"), file=str(path))
   run_g = mha_jax.load(str(tmp_path / "wg"))
   reader = gguf.GGUFReader(str(path))
@@ -481,8 +472,8 @@ def test_file_import_of_a_quantized_gguf_and_an_hf_folder(tmp_path):
   for i in range(2):
     for kind, name in names.items():
       x = w[f"model.layers.{i}.{name}.weight"]
-      x = _converter_permute(x, 4) if kind == "attn_q" else (
-          _converter_permute(x, 2) if kind == "attn_k" else x)
+      x = converter_permute(x, 4) if kind == "attn_q" else (
+          converter_permute(x, 2) if kind == "attn_k" else x)
       raw_hf[f"blk.{i}.{kind}.weight"] = x.astype(np.float64)
   ref_h = numpy_llama_gguf(raw_hf, meta, tokens)
   assert rel_err(run_h.task.logits(run_h.params, tokens), ref_h) < RTOL

@@ -1,8 +1,8 @@
-"""Studies on the real imported models (SmolLM2-135M sliced to its first layers,
-all-MiniLM-L6-v2), through the same commands and modules as models trained here."""
+"""Studies on the real imported models (SmolLM2-135M, all 30 layers, and all-MiniLM-L6-v2,
+each imported and loaded once by conftest), through the same commands and modules as
+models trained here."""
 
-import json
-import shutil
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import mha_jax
+from mha_jax import config as mc
+from mha_jax import tasks
 from mha_jax.analysis import attention_explorer
 from mha_jax.toolkit import head_roles
 from mha_jax.toolkit import importance
@@ -23,31 +25,25 @@ pytestmark = pytest.mark.xdist_group("pretrained")
 LAYERS = 30
 
 
-def _imported(src: str, d, eval_cfg):
-  """A copy of a freshly imported real model (conftest), evaluated on small batches."""
-  shutil.copytree(src, str(d / "w"))
-  path = str(d / "w" / "config.json")
-  with open(path) as f:
-    cfg = json.load(f)
-  cfg["eval"] = eval_cfg
-  with open(path, "w") as f:
-    json.dump(cfg, f)
-  return mha_jax.load(str(d / "w"))
+def _small_eval(loaded, eval_cfg: dict):
+  """A real model loaded once (conftest), with its task rebuilt for small eval batches:
+  the same params and workdir (read only), no second copy or restore."""
+  cfg = mc.from_dict({**mc.to_dict(loaded.config), "eval": eval_cfg})
+  return dataclasses.replace(loaded, config=cfg,
+                             task=tasks.build(cfg, loaded.workdir, read_only=True))
 
 
 @pytest.fixture(scope="session")
-def smol(smollm2_workdir, tmp_path_factory):
+def smol(smol_run):
   """SmolLM2-135M, all 30 layers (270 query heads, 90 kv heads), on short windows: a
   prefix of its layers would not predict tokens (its strongest induction heads sit in
   layers 17-23)."""
-  return _imported(smollm2_workdir, tmp_path_factory.mktemp("studies_smol"),
-                   {"batch_size": 2, "seq_len": 32, "windows": 4})
+  return _small_eval(smol_run, {"batch_size": 2, "seq_len": 32, "windows": 4})
 
 
 @pytest.fixture(scope="session")
-def minilm(minilm_workdir, tmp_path_factory):
-  return _imported(minilm_workdir, tmp_path_factory.mktemp("studies_minilm"),
-                   {"batch_size": 8, "seq_len": 48, "windows": 16})
+def minilm(minilm_run):
+  return _small_eval(minilm_run, {"batch_size": 8, "seq_len": 48, "windows": 16})
 
 
 @pytest.fixture(scope="session")
@@ -109,6 +105,9 @@ def test_ov_positivity_through_the_small_factor_equals_the_vocab_matrix():
   assert scores.ov_positivity(params, "lm", 0, 3) == pytest.approx(want, abs=1e-8)
 
 
+@pytest.mark.slow    # the default run exports tiny GQA and MQA families, uneven groups
+# included (tests/pretrained/test_families.py::test_roles_and_export_pruned_on_gqa_and_mqa)
+# and Gemma 3 (test_gemma3_studies_roles_and_mqa_export)
 def test_gqa_export_removes_kv_heads_and_matches_the_masked_model(smol):
   mask = {"lm": [np.ones(9, np.float32) for _ in range(LAYERS)]}
   mask["lm"][0][[0, 1, 2]] = 0      # all of kv group 0: the kv head goes
@@ -172,7 +171,7 @@ def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
 
 
 def test_explorer_model_and_head_view_in_a_real_browser(smol, smol_rows, tmp_path):
-  from helpers import open_page
+  from browser import open_page
   path = str(tmp_path / "explorer.html")
   data = attention_explorer.write(smol, smol_rows, path)
   text = open(path).read()

@@ -19,7 +19,7 @@ from mha_jax.toolkit import masks
 from mha_jax.pruning import methods
 from mha_jax.pruning import prune as prune_lib
 from mha_jax.train import checkpoint as ckpt_lib
-from helpers import trained_translation
+from builders import trained_translation
 
 
 # One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).

@@ -15,7 +15,7 @@ from mha_jax import tasks
 from mha_jax.errors import UserError
 from mha_jax.tasks import base, embedding
 from mha_jax.train import loop
-from helpers import TINY_TRANSLATION, tiny
+from builders import TINY_TRANSLATION, tiny
 
 QUIET = dict(log=lambda s: None)
 

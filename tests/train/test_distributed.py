@@ -15,7 +15,7 @@ import mha_jax
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import distributed
 from mha_jax.train.metrics import read_metrics
-from conftest import with_devices
+from builders import with_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--config", "configs/induction.py", "--config.model.d_model=16",

@@ -13,7 +13,7 @@ import mha_jax
 from mha_jax import cli, sweep, tasks
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
-from helpers import ROOT, TINY_TRANSLATION, tiny
+from builders import ROOT, TINY_TRANSLATION, tiny
 
 
 def test_sweep_print_commands(capsys):

@@ -20,7 +20,7 @@ from typing import Callable
 import pytest
 
 from test_distributed import EVERY, ROOT, TINY, _free_port, _max_diff, _params
-from conftest import with_devices
+from builders import with_devices
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_runner.py")
 TIMEOUT = 10        # --process-timeout of these tests (the default is 60 s)
@@ -300,7 +300,7 @@ def test_import_onto_a_full_disk_says_one_line_and_leaves_nothing(full_disk):
 # A flaky object store: the fake bucket of test_storage.py with injected faults.
 
 from test_storage import fake_gcs  # noqa: E402,F401 - the fixture
-from helpers import TINY_INDUCTION, tiny  # noqa: E402
+from builders import TINY_INDUCTION, tiny  # noqa: E402
 
 
 class HttpError(OSError):

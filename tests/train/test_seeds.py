@@ -17,8 +17,7 @@ from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
 
-from helpers import TINY_INDUCTION, TINY_TRANSLATION, tiny
-from conftest import with_devices
+from builders import TINY_INDUCTION, TINY_TRANSLATION, tiny, with_devices
 
 pytestmark = pytest.mark.xdist_group("seeds")   # one worker builds the shared 3-seed run
 
@@ -161,7 +160,7 @@ def test_multi_seed_workdir_refuses_mismatched_runs(three, tmp_path):
 
 @pytest.mark.slow
 def test_a_diverging_seed_stops_the_run_naming_it(tmp_path):
-  # lr 100 with a long warmup: the loss grows past 4x its start (test_faults.py)
+  # lr 100 with a long warmup: the loss grows past 4x its start (test_objective.py)
   cfg = tiny("configs/induction.py", TINY_INDUCTION, "--config.train.steps=12",
              "--config.train.lr=100", "--config.train.warmup=1000",
              "--config.train.log_every=1", "--config.train.checkpoint_every=4",
@@ -250,7 +249,7 @@ _MESH_SCRIPT = r"""
 import json, sys
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1] + "/tests")
-from helpers import TINY_INDUCTION, tiny
+from builders import TINY_INDUCTION, tiny
 from mha_jax.train import loop, checkpoint as ckpt_lib
 base = sys.argv[2]
 def run(name, data):

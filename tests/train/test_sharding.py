@@ -13,8 +13,8 @@ from mha_jax import tasks
 from mha_jax.train import sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import with_devices  # noqa: E402
-from helpers import TINY_TRANSLATION, tiny  # noqa: E402
+from builders import with_devices  # noqa: E402
+from builders import TINY_TRANSLATION, tiny  # noqa: E402
 
 
 def test_param_specs_split_heads_and_mlp_units_over_model():
@@ -48,7 +48,7 @@ _SCRIPT = r"""
 import json, sys
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1] + "/tests")
-from helpers import TINY_INDUCTION, tiny
+from builders import TINY_INDUCTION, tiny
 from mha_jax.train import loop, checkpoint as ckpt_lib
 from mha_jax.train.metrics import read_metrics
 out, base = {}, sys.argv[2]

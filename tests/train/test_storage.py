@@ -24,7 +24,7 @@ from mha_jax import tasks
 from mha_jax.loader import load_config
 from mha_jax.models import common
 from mha_jax.train import loop
-from helpers import ROOT, TINY_INDUCTION, tiny
+from builders import ROOT, TINY_INDUCTION, tiny
 
 QUIET = dict(log=lambda s: None)
 
@@ -242,10 +242,10 @@ class _NoCheckpoints:
     pass
 
 
-@pytest.mark.xdist_group("faults")   # on the worker that trains ind_run for test_faults
+@pytest.mark.xdist_group("trained_runs")   # on the worker that trains ind_run
 def test_process_1_writes_nothing(ind_run, tmp_path, monkeypatch):
   from mha_jax.train import checkpoint as ckpt_lib
-  wd = ind_run                              # trained by process 0 (shared with test_faults)
+  wd = ind_run                              # trained by process 0 (shared with test_workdirs and the rest)
   cfg = load_config(wd)
   cfg.train.steps = 4
   before = {f: os.path.getsize(os.path.join(wd, f)) for f in _files(wd)}

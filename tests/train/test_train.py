@@ -17,8 +17,7 @@ from mha_jax import tasks
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
 from mha_jax.train.metrics import read_metrics
-from helpers import ROOT, TINY_INDUCTION, TINY_TRANSLATION, tiny
-from conftest import with_devices
+from builders import ROOT, TINY_INDUCTION, TINY_TRANSLATION, tiny, with_devices
 
 def cli(*args, env=None, **kw):
   return subprocess.run([sys.executable, "-m", "mha_jax.cli", *args], cwd=ROOT, text=True,

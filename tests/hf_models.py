@@ -1,236 +1,16 @@
-"""Helpers shared by test modules (no test module imports another): tiny configs and
-runs, workdir copies, the browser, a float64 LLaMA oracle, a tiny GGUF writer.
+"""Tiny Hugging Face models and llama.cpp GGUF files built in the tests: a tiny LLaMA in
+HF names and as a converter would write it, a tiny transformers model per family, any
+of them written as GGUF in mixed tensor types, and the tokenizer samples
+(`from hf_models import build_hf, write_gguf`)."""
 
-Fixtures live in conftest.py; these are plain functions and constants
-(`from helpers import tiny, TINY_INDUCTION`).
-"""
-
-import json
 import math
 import os
-import shutil
 
-import jax
 import numpy as np
-import pytest
-
-import mha_jax
-from conftest import numpy_rope
-from mha_jax import config as mc
-from mha_jax.models import llama
-from mha_jax.train import loop
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
-
-TINY_TRANSLATION = [
-    "--config.data.train_size=300", "--config.data.valid_size=20", "--config.data.test_size=20",
-    "--config.data.grammar.num_nouns=30", "--config.data.grammar.num_verbs=12",
-    "--config.data.grammar.num_adjectives=10", "--config.data.grammar.num_adverbs=6",
-    "--config.data.grammar.num_names=10", "--config.model.d_model=16", "--config.model.d_ff=32",
-    "--config.model.enc_layers=1", "--config.model.dec_layers=1", "--config.train.batch_size=8",
-    "--config.eval.bleu_examples=10", "--config.train.warmup=2", "--config.train.progress=false"]
-TINY_INDUCTION = [
-    "--config.model.d_model=16", "--config.data.vocab_size=12", "--config.data.half_len=6",
-    "--config.data.min_half_len=3",
-    "--config.model.max_len=13", "--config.train.batch_size=8", "--config.eval.lm_batches=1",
-    "--config.eval.batch_size=8", "--config.train.warmup=2", "--config.train.progress=false"]
-
-
-def tiny(spec, base, *extra):
-  cfg = mc.load_config(os.path.join(ROOT, spec))
-  mc.apply_overrides(cfg, list(base) + list(extra))
-  return cfg
-
-
-def trained_translation(tmp_path_factory, name, *extra):
-  """A tiny translation run trained for 30 steps, loaded (shared by the analysis and
-  pruning tests)."""
-  wd = str(tmp_path_factory.mktemp(name) / "run")
-  cfg = tiny("configs/translation.py", TINY_TRANSLATION, "--config.train.steps=30",
-             "--config.train.eval_every=30", "--config.train.log_every=30",
-             "--config.train.schedule=constant", "--config.train.lr=5e-3", *extra)
-  loop.train(cfg, wd, log=lambda s: None)
-  return mha_jax.load(wd)
-
-
-# ------------------------------------------------------------------ workdirs: copies, trees, data files
-
-QUIET = dict(log=lambda s: None)
-
-
-def induction_cfg(*extra):
-  return tiny("configs/induction.py", TINY_INDUCTION, "--config.train.checkpoint_every=4",
-              "--config.train.eval_every=100", "--config.train.log_every=4",
-              "--config.train.keep=10", *extra)
-
-
-def _copy(src, tmp_path, name="run"):
-  dst = str(tmp_path / name)
-  shutil.copytree(src, dst)
-  return dst
-
-
-def copy_with_own_data(wd, paths, tmp_path):
-  """(a copy of the run, its config) whose data files are copies too, so a test may edit
-  them; config.json points at the copies."""
-  wd = _copy(wd, tmp_path)
-  data = _copy(os.path.dirname(paths["train_src"]), tmp_path, "data")
-  cfg = json.load(open(os.path.join(wd, "config.json")))
-  for k in paths:
-    cfg["data"][k] = os.path.join(data, os.path.basename(paths[k]))
-  json.dump(cfg, open(os.path.join(wd, "config.json"), "w"))
-  return wd, cfg
-
-
-def _largest(folder):
-  """The params' data files (orbax keeps the same bytes under d/ and ocdbt.process_0/d/)."""
-  files = [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs]
-  size = max(map(os.path.getsize, files))
-  return [f for f in files if os.path.getsize(f) == size]
-
-
-def _tree(wd):
-  """Every file under wd with its size and mtime (to show nothing was written)."""
-  return {os.path.relpath(os.path.join(d, f), wd): (os.path.getsize(os.path.join(d, f)),
-                                                     os.stat(os.path.join(d, f)).st_mtime_ns)
-          for d, _, fs in os.walk(wd) for f in fs}
-
-
-def _parallel_files(d, n=40, seed=0):
-  rng = np.random.default_rng(seed)
-  words = [f"w{i}" for i in range(12)]
-  paths = {}
-  for split, count in (("train", n), ("valid", 6), ("test", 6)):
-    src = [" ".join(rng.choice(words, rng.integers(2, 6))) for _ in range(count)]
-    tgt = [" ".join(reversed(s.split())) for s in src]
-    for side, lines in (("src", src), ("tgt", tgt)):
-      p = os.path.join(d, f"{split}.{side}")
-      open(p, "w").write("\n".join(lines) + "\n")
-      paths[f"{split}_{side}"] = p
-  return paths
-
-
-# ------------------------------------------------------------------ the browser (system Chromium)
-
-def _browser():
-  """Chromium from the system (CI installs it in .ci/run; tests install nothing)."""
-  return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def launch_chromium(playwright):
-  """Headless system Chromium with no background networking; skips when it is missing."""
-  exe = _browser()
-  if exe is None:
-    pytest.skip("Chromium is not on PATH (CI installs it in .ci/run; locally, install "
-                "Debian's chromium package)")
-  return playwright.chromium.launch(executable_path=exe, args=[
-      "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-      "--disable-component-update", "--disable-sync", "--no-first-run"])
-
-
-def open_page(playwright, path):
-  """(browser, page, errors, requests): `path` opened in launch_chromium, with console
-  and page errors and every request but the page's own recorded."""
-  browser = launch_chromium(playwright)
-  page = browser.new_page()
-  errors, requests = [], []
-  page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-  page.on("pageerror", lambda e: errors.append(str(e)))
-  url = "file://" + path
-  page.on("request", lambda r: None if r.url == url else requests.append(r.url))
-  page.goto(url)
-  return browser, page, errors, requests
-
-
-# ------------------------------------------------------------------ a float64 LLaMA forward with explicit substitution
-
-SPEC = llama.LlamaSpec(rope_base=10000.0)
-
-
-def tiny_llama_pairs(corrupt_cols: slice, length):
-  """A tiny LLaMA of SPEC (D, H, G, K, L; weights x3 for sharper heads) and 3 pairs of
-  7 tokens whose corrupt prompts differ in `corrupt_cols`: (params, Pairs)."""
-  from mha_jax.toolkit.pairs import Pairs
-  params = llama.init(jax.random.PRNGKey(3), vocab_size=37, d_model=D, num_heads=H,
-                      num_kv_heads=G, head_dim=K, num_layers=L, d_ff=24)
-  params = jax.tree.map(lambda a: a * 3.0 if a.ndim == 3 else a, params)
-  rng = np.random.default_rng(5)
-  clean = rng.integers(0, 37, (3, 7)).astype(np.int32)
-  corrupt = clean.copy()
-  width = corrupt_cols.stop - corrupt_cols.start
-  corrupt[:, corrupt_cols] = rng.integers(0, 37, (3, width))
-  return params, Pairs(clean, corrupt, np.asarray([3, 8, 11]), np.asarray([4, 9, 20]),
-                       np.asarray(length), [{}] * 3)
-
-
-class LlamaTask:
-  """The slice of the Task protocol the studies use, over a tiny LLaMA of SPEC."""
-  vocab_size = 37
-
-  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
-    return llama.apply(params, SPEC, batch["tokens"][:, :-1], hook=hook,
-                       logits_at=batch.get("logits_at"))
-H, G, K, D, L = 4, 2, 4, 16, 2
-
-
-def numpy_llama(params, tokens, patch=None):
-  """Float64 LLaMA forward written from the formulas, with explicit substitution:
-  patch {(layer, site): fn(value) -> value} at "q", "z" (B, T, H, K), "k", "v"
-  (B, T, G, K), "k_q", "v_q" (B, T, H, K), "resid_pre", "mlp_out", "resid_post"
-  (B, T, D). Returns (logits, {(layer, site): value}; "final_scale": 1/rms)."""
-  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
-  patch = patch or {}
-  seen = {}
-
-  def site(i, name, v):
-    v = patch[(i, name)](v) if (i, name) in patch else v
-    seen[(i, name)] = v
-    return v
-
-  def rms(s, x):
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + SPEC.norm_eps) * s
-
-  x = p["embed"][np.asarray(tokens)]
-  b, t, _ = x.shape
-  for i in range(L):
-    lp = p["lm"][f"layer_{i}"]
-    x = site(i, "resid_pre", x)
-    h = rms(lp["ln1"]["scale"], x)
-    a = lp["attn"]
-    q = np.einsum("btd,dhk->bthk", h, a["wq"])
-    k = np.einsum("btd,dgk->btgk", h, a["wk"])
-    v = np.einsum("btd,dgk->btgk", h, a["wv"])
-    for bb in range(b):
-      for hh in range(H):
-        q[bb, :, hh] = numpy_rope(q[bb, :, hh], np.arange(t), SPEC.rope_base)
-      for g in range(G):
-        k[bb, :, g] = numpy_rope(k[bb, :, g], np.arange(t), SPEC.rope_base)
-    k, v, q = site(i, "k", k), site(i, "v", v), site(i, "q", q)
-    kq = site(i, "k_q", np.repeat(k, H // G, axis=2))    # as each query head reads them
-    vq = site(i, "v_q", np.repeat(v, H // G, axis=2))
-    z = np.zeros((b, t, H, K))
-    for bb in range(b):
-      for hh in range(H):
-        s = q[bb, :, hh] @ kq[bb, :, hh].T / np.sqrt(K)
-        s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
-        w = np.exp(s - s.max(-1, keepdims=True))
-        w /= w.sum(-1, keepdims=True)
-        z[bb, :, hh] = w @ vq[bb, :, hh]
-    z = site(i, "z", z)
-    x = x + np.einsum("bthk,hkd->btd", z, a["wo"])
-    m = lp["mlp"]
-    h2 = rms(lp["ln2"]["scale"], x)
-    g1 = h2 @ m["w_gate"]
-    mo = site(i, "mlp_out", ((g1 / (1 + np.exp(-g1))) * (h2 @ m["w_up"])) @ m["w_down"])
-    x = site(i, "resid_post", x + mo)
-  seen["final_scale"] = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + SPEC.norm_eps)
-  x = rms(p["lm"]["ln_final"]["scale"], x)
-  return x @ p["embed"].T, seen
-
 
 # ------------------------------------------------------------------ a tiny LLaMA in HF names and as a llama.cpp GGUF
 
-def _tiny_llama_hf(rng, d=64, h=4, h_kv=2, k=16, f=96, layers=2, v=256):
+def tiny_llama_hf(rng, d=64, h=4, h_kv=2, k=16, f=96, layers=2, v=256):
   """Random weights in Hugging Face's names and layout (half-split RoPE)."""
   w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (v, d)),
        "model.norm.weight": 1 + 0.1 * rng.normal(size=d),
@@ -254,7 +34,7 @@ def _tiny_llama_hf(rng, d=64, h=4, h_kv=2, k=16, f=96, layers=2, v=256):
   return {n: x.astype(np.float32) for n, x in w.items()}, cfg
 
 
-def _converter_permute(w_OI, n_head):
+def converter_permute(w_OI, n_head):
   """llama.cpp's converter: each head's rows (half, j) stored as (j, half)."""
   return w_OI.reshape(n_head, 2, w_OI.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(
       w_OI.shape)
@@ -265,7 +45,7 @@ GGUF_TYPES = {"token_embd": "Q8_0", "output": "F16", "attn_q": "Q4_0", "attn_k":
               "ffn_down": "F32"}
 
 
-def _write_tiny_gguf(path, w, cfg):
+def write_tiny_gguf(path, w, cfg):
   """The HF weights as a llama.cpp converter would store them, in mixed quantizations."""
   import gguf
   h, h_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -294,9 +74,9 @@ def _write_tiny_gguf(path, w, cfg):
     for kind, name in hf.items():
       x = w[f"model.layers.{i}.{name}.weight"]
       if kind == "attn_q":
-        x = _converter_permute(x, h)
+        x = converter_permute(x, h)
       elif kind == "attn_k":
-        x = _converter_permute(x, h_kv)
+        x = converter_permute(x, h_kv)
       put(f"blk.{i}.{kind}.weight", x, kind)
   g.write_header_to_file()
   g.write_kv_data_to_file()
@@ -309,7 +89,7 @@ def _write_tiny_gguf(path, w, cfg):
 V, T, B, WINDOW = 96, 24, 2, 8
 
 
-def _tokenizer_json() -> str:
+def tokenizer_json() -> str:
   from tokenizers import Tokenizer, models, pre_tokenizers
   tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(V)}, unk_token="t0"))
   tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -318,54 +98,54 @@ def _tokenizer_json() -> str:
 
 # family -> (config class, model class, config kwargs). Every switch the family has is
 # set away from its default where the forward depends on it.
-_LL = dict(vocab_size=V, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+TINY_LLAMA_KW = dict(vocab_size=V, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
            rms_norm_eps=1e-5, tie_word_embeddings=False)
 CASES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM",
-              dict(_LL, head_dim=24, attention_bias=True, mlp_bias=True,
+              dict(TINY_LLAMA_KW, head_dim=24, attention_bias=True, mlp_bias=True,
                    rope_parameters={"rope_theta": 500000.0, "rope_type": "default"})),
     "llama3_rope": ("LlamaConfig", "LlamaForCausalLM",
-                    dict(_LL, rope_parameters={"rope_theta": 5000.0, "rope_type": "llama3",
+                    dict(TINY_LLAMA_KW, rope_parameters={"rope_theta": 5000.0, "rope_type": "llama3",
                                                "factor": 8.0, "low_freq_factor": 1.0,
                                                "high_freq_factor": 4.0,
                                                "original_max_position_embeddings": 16})),
     "linear_rope": ("LlamaConfig", "LlamaForCausalLM",
-                    dict(_LL, rope_parameters={"rope_theta": 1000.0, "rope_type": "linear",
+                    dict(TINY_LLAMA_KW, rope_parameters={"rope_theta": 1000.0, "rope_type": "linear",
                                                "factor": 4.0})),
     "yarn_rope": ("LlamaConfig", "LlamaForCausalLM",
-                  dict(_LL, rope_parameters={"rope_theta": 1000.0, "rope_type": "yarn",
+                  dict(TINY_LLAMA_KW, rope_parameters={"rope_theta": 1000.0, "rope_type": "yarn",
                                              "factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0,
                                              "original_max_position_embeddings": 16})),
     # switch length 16: TOKENS (T = 24) are past it; test_rope_by_length goes under too
     "dynamic_rope": ("LlamaConfig", "LlamaForCausalLM",
-                     dict(_LL, max_position_embeddings=16,
+                     dict(TINY_LLAMA_KW, max_position_embeddings=16,
                           rope_parameters={"rope_theta": 1000.0, "rope_type": "dynamic",
                                            "factor": 3.0})),
     "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM",
-                      dict(_LL, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                      dict(TINY_LLAMA_KW, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                            max_position_embeddings=64, original_max_position_embeddings=16,
                            rope_parameters={"rope_theta": 700.0, "rope_type": "longrope",
                                             "partial_rotary_factor": 0.5,
                                             "short_factor": [1.0, 1.3, 1.7, 2.2],
                                             "long_factor": [1.5, 3.0, 6.0, 11.0]})),
     "mistral": ("MistralConfig", "MistralForCausalLM",
-                dict(_LL, head_dim=16, sliding_window=WINDOW,
+                dict(TINY_LLAMA_KW, head_dim=16, sliding_window=WINDOW,
                      rope_parameters={"rope_theta": 300.0, "rope_type": "default"})),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
-              dict(_LL, use_sliding_window=False, tie_word_embeddings=True)),
+              dict(TINY_LLAMA_KW, use_sliding_window=False, tie_word_embeddings=True)),
     "qwen2_sliding": ("Qwen2Config", "Qwen2ForCausalLM",
-                      dict(_LL, use_sliding_window=True, sliding_window=WINDOW,
+                      dict(TINY_LLAMA_KW, use_sliding_window=True, sliding_window=WINDOW,
                            max_window_layers=1)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
-              dict(_LL, head_dim=16, attention_bias=False)),
+              dict(TINY_LLAMA_KW, head_dim=16, attention_bias=False)),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
-               dict(_LL, num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24,
+               dict(TINY_LLAMA_KW, num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24,
                     sliding_window=WINDOW, attn_logit_softcapping=5.0,
                     final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh",
                     tie_word_embeddings=True)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
-               dict(_LL, num_hidden_layers=3, num_key_value_heads=1, head_dim=16,
+               dict(TINY_LLAMA_KW, num_hidden_layers=3, num_key_value_heads=1, head_dim=16,
                     query_pre_attn_scalar=20, sliding_window=WINDOW,
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                     rope_parameters={"sliding_attention": {"rope_type": "default",
@@ -373,9 +153,9 @@ CASES = {
                                      "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                         "rope_theta": 3000.0}},
                     tie_word_embeddings=True)),
-    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(_LL)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(TINY_LLAMA_KW)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM",
-             dict(_LL, pad_token_id=0, bos_token_id=1, eos_token_id=2, sliding_window=WINDOW,
+             dict(TINY_LLAMA_KW, pad_token_id=0, bos_token_id=1, eos_token_id=2, sliding_window=WINDOW,
                   rope_parameters={"rope_theta": 700.0, "rope_type": "default",
                                    "partial_rotary_factor": 0.5})),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel",
@@ -419,7 +199,7 @@ def save_folder(model, folder, **save_kw) -> str:
   os.makedirs(folder, exist_ok=True)
   model.save_pretrained(folder, **save_kw)
   with open(os.path.join(folder, "tokenizer.json"), "w") as f:
-    f.write(_tokenizer_json())
+    f.write(tokenizer_json())
   return str(folder)
 
 

@@ -1,0 +1,75 @@
+"""The repository as a newcomer meets it: no misleading names or dead code, CI installs the
+browser and no test installs anything, the results the README cites are committed."""
+
+import os
+
+
+from mha_jax import config as mc
+from mha_jax.train import checkpoint as ckpt_lib
+from builders import ROOT
+
+
+def test_misleading_names_and_dead_code_are_gone():
+  import inspect
+  from experiments import bench
+  from mha_jax.toolkit import importance, roles
+  from mha_jax.data import synthetic_translation
+  from mha_jax.models import seq2seq
+  assert hasattr(roles, "RoleStats") and not hasattr(roles, "EncoderRoleStats")
+  assert not hasattr(roles, "DIRECTIONS") and not hasattr(synthetic_translation, "generate")
+  assert "x" not in inspect.signature(bench.build_impls).parameters
+  assert not hasattr(bench, "_median_seconds")
+  assert "np.ndarray" not in str(inspect.signature(importance.michel_importance).return_annotation)
+  assert "(pre-LN)" not in seq2seq.__doc__
+  assert "RNG is not restored" in " ".join(ckpt_lib.__doc__.split())
+  cfg = mc.load_config("configs/lm.py")
+  assert cfg.data.text_files == ()
+  src = open(os.path.join(ROOT, "configs", "lm.py")).read()
+  assert src.count("text_files =") + src.count("text_files=") == 1
+
+
+def test_ci_installs_the_browser_and_no_test_installs_anything():
+  root = ROOT
+  ci = open(os.path.join(root, ".ci", "run")).read()
+  assert "apt-get install -y -qq chromium" in ci and "command -v chromium" in ci
+  import ast
+  runners = {"run", "Popen", "call", "check_call", "check_output", "system", "popen"}
+  import glob
+  for path in glob.glob(os.path.join(root, "tests", "**", "*.py"), recursive=True):
+    name = os.path.relpath(path, root)
+    if os.path.abspath(path) != os.path.abspath(__file__):
+      tree = ast.parse(open(path).read())
+      for node in ast.walk(tree):    # a command a test runs: subprocess.* / os.system
+        func = getattr(node, "func", None)
+        if isinstance(node, ast.Call) and getattr(func, "attr", getattr(func, "id", "")) in runners:
+          words = [c.value for a in node.args for c in ast.walk(a)
+                   if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+          text = " ".join(words)
+          assert "apt-get" not in text and "pip" not in words and "pip install" not in text, \
+              (name, text)
+
+
+def test_the_results_the_readme_cites_are_in_the_repository():
+  import glob
+  import re
+  import subprocess
+  root = ROOT
+  pages = [os.path.join(root, "README.md")] + glob.glob(os.path.join(root, "docs", "guide",
+                                                                     "*.md"))
+  readme = "\n".join(open(p).read() for p in pages)    # the README and the guide pages
+  cited = set(re.findall(r"docs/results/[\w.\-{},*/]+", readme))
+  assert cited
+  tracked = subprocess.run(["git", "ls-files", "docs/results"], cwd=root, text=True,
+                           capture_output=True).stdout.split()
+  ignored = subprocess.run(["git", "check-ignore", "docs/results/x.json"], cwd=root).returncode
+  assert ignored == 1                                   # .gitignore no longer hides them
+  for c in cited:
+    m = re.fullmatch(r"(.*?)\{(.*?)\}(.*)", c)     # stem{a,b}tail
+    names = ([m[1] + e + m[3] for e in m[2].split(",")] if m else [c.rstrip(".")])
+    for n in names:
+      folder = n if n.endswith("/") else n + "/"
+      if n.endswith("/") or any(t.startswith(folder) for t in tracked):
+        assert any(t.startswith(folder) for t in tracked), (n, tracked)   # a folder
+        continue
+      pat = re.escape(n).replace(r"\*", ".*")
+      assert any(re.fullmatch(pat, t) for t in tracked), (n, tracked)
