@@ -16,7 +16,7 @@ from builders import QUIET
 def tiny_llama(tmp_path_factory):
   """A tiny LLaMA GGUF (context 128, vocabulary 256) and its imported workdir."""
   from mha_jax.pretrained import importer
-  from helpers import tiny_llama_hf, write_tiny_gguf
+  from hf_models import tiny_llama_hf, write_tiny_gguf
   base = tmp_path_factory.mktemp("tiny_llama")
   w, cfg = tiny_llama_hf(np.random.default_rng(0))
   path = base / "tiny.gguf"

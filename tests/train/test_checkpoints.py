@@ -129,7 +129,7 @@ def _cli(*argv, timeout=240, env=None):
 
 
 def _truncate_params(wd, step):
-  from helpers import largest_files
+  from builders import largest_files
   for f in largest_files(os.path.join(wd, "checkpoints", str(step), "params")):
     open(f, "r+b").truncate(100)
 
