@@ -374,11 +374,41 @@ def _cmd_claims(args) -> int:
                               induction_workdir=args.induction_workdir,
                               sweep_workdir=args.sweep_workdir,
                               text_workdir=args.text_workdir,
-                              voita_workdir=args.voita_workdir, toy_seeds=args.toy_seeds)
+                              voita_workdir=args.voita_workdir,
+                              variants_workdir=args.variants_workdir,
+                              toy_seeds=args.toy_seeds)
   for r in rep["claims"]:
     print(f"{r['name']}: {r['verdict']}")
   print(f"wrote {args.out}/REPORT.md, claims.json, primer.html in {rep['seconds']:.0f} s")
   return 0
+
+
+# ---- compare-runs (issue 36): its flags are CompareSettings' fields, one per field.
+def _cmd_compare_runs(args) -> int:
+  from mha_jax import compare_runs as cr
+  settings = cr.CompareSettings(**{f.name: getattr(args, f.name)
+                                   for f in dataclasses.fields(cr.CompareSettings)})
+  out = args.out or storage.join(args.dirs[0], "compare")
+  cr.compare_runs(args.dirs, out, settings)
+  print(f"wrote {out}/ (compare.json, compare.md, compare.png)")
+  return 0
+
+
+def _compare_runs_args(cl: argparse.ArgumentParser) -> None:
+  from mha_jax import compare_runs as cr
+  cl.add_argument("dirs", nargs="+", metavar="DIR",
+                  help="sweep workdirs (one workdir per point), multi-seed or run workdirs")
+  cl.add_argument("--out", default=None, help="output folder (default: DIR/compare)")
+  for f in dataclasses.fields(cr.CompareSettings):
+    flag = "--" + f.name.replace("_", "-")
+    if f.type in (bool, "bool"):
+      cl.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"),
+                      default=f.default,
+                      help=f"{f.metadata['help']}: true/false (default: {f.default})")
+    else:
+      cl.add_argument(flag, type=type(f.default), default=f.default,
+                      help=f"{f.metadata['help']} (default: {f.default})")
+# ---- end compare-runs
 
 
 def _cmd_sweep(args, extra) -> int:
@@ -529,6 +559,9 @@ def _claims_args(cl: argparse.ArgumentParser) -> None:
   cl.add_argument("--voita-workdir", default=None,
                   help="a translation workdir with sinusoidal positions (one run or "
                        "seed_<s>/)")
+  cl.add_argument("--variants-workdir", default=None,
+                  help="a configs/sweep_variants.py workdir whose points are multi-seed "
+                       "runs (--config.train.seeds=3): the variants' claims")
   cl.add_argument("--toy-seeds", default="0,1,2",
                   help="the seeds the toy setting trains (default: 0,1,2)")
 
@@ -640,6 +673,8 @@ VERBS = {
         _out("WORKDIR/circuits; a read-only workdir needs one elsewhere"))),
     "claims": Verb("measure the seed documents' claims; report + primer", _cmd_claims,
                    add=_claims_args),
+    "compare-runs": Verb("table and plot a sweep's runs (h x variant) on the studies",
+                         _cmd_compare_runs, add=_compare_runs_args, study=False),
     "sweep": Verb("run the runs a sweep config lists", _cmd_sweep, (
         _arg("--config", required=True), WORKDIR,
         _arg("--print-commands", action="store_true",

@@ -1,0 +1,279 @@
+"""`mha-jax compare-runs DIR...`: one row per run of a sweep (h x attention variant), on
+the project's own studies, and figures against h with one line per variant.
+
+    mha-jax sweep --config configs/sweep_variants.py --workdir runs/variants
+    mha-jax compare-runs runs/variants --out runs/variants/compare
+
+A DIR is a sweep workdir (one workdir per point, VARIANT_hH), a multi-seed workdir
+(seeds.json: one row per seed) or one run's workdir. Every number comes from the study
+that owns it: the loss (and BLEU) from the task's `evaluate`, the first-token share and
+entropy from `analysis.report.sink_and_entropy`, the head roles from
+`analysis.report.head_roles`, induction heads and K-composition from
+`circuits.report.circuit_scores`, the phase change from `circuits.report.over_checkpoints`
+and the pruning from the L0 gates of `pruning.methods.train_gates` ranked by
+`pruning.methods.top_k_mask`. The taxonomy's causal head checks are not on this branch:
+`CompareSettings` has no field for them yet, and the table leaves them out.
+
+Writes OUT/compare.json (the rows, the settings, machine and date), OUT/compare.md and
+OUT/compare.png.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import platform
+from typing import Callable, Sequence
+
+import numpy as np
+
+from mha_jax import storage
+from mha_jax.errors import UserError
+
+
+def _f(default, help: str):
+  return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareSettings:
+  """What `compare-runs` measures and how (one field per CLI flag)."""
+  loss_tolerance: float = _f(0.05, "LM: heads kept = the fewest whose test loss is <= "
+                                     "the full model's + this (nats)")
+  bleu_tolerance: float = _f(1.0, "translation: the fewest heads within this many BLEU")
+  prune_steps: int = _f(100, "L0 gate training steps (pruning.methods.train_gates)")
+  prune_lambda: float = _f(0.05, "the L0 penalty of those gates")
+  windows: int = _f(32, "text windows for the first-token share and entropy")
+  composition_samples: int = _f(50, "random matrices of the composition baseline")
+  phase_threshold: float = _f(0.3, "the phase change: the first checkpoint whose best "
+                                   "prefix matching is >= this")
+  track: bool = _f(True, "follow the checkpoints for the phase change (decoders)")
+
+  def validate(self) -> "CompareSettings":
+    for name in ("loss_tolerance", "bleu_tolerance", "prune_lambda"):
+      if getattr(self, name) < 0:
+        raise UserError(f"{name} must be >= 0; got {getattr(self, name)}")
+    for name in ("prune_steps", "windows", "composition_samples"):
+      if getattr(self, name) < 1:
+        raise UserError(f"{name} must be >= 1; got {getattr(self, name)}")
+    if not 0 < self.phase_threshold <= 1:
+      raise UserError(f"phase_threshold must be in (0, 1]; got {self.phase_threshold}")
+    return self
+
+
+def _is_run(d: str) -> bool:
+  return storage.isfile(storage.join(d, "config.json"))
+
+
+def expand(dirs: Sequence[str]) -> list[tuple[str, int | None, str]]:
+  """[(name, seed, workdir)]: each point of a sweep workdir (its sub-workdirs, sorted),
+  each seed of a multi-seed workdir, or the run itself."""
+  from mha_jax.train import seeds as seeds_lib
+  if not dirs:
+    raise UserError("compare-runs needs at least one DIR")
+  out = []
+  for d in dirs:
+    if not storage.isdir(d):
+      raise UserError(f"compare-runs: DIR {d!r} is not a directory")
+    if seeds_lib.is_multi_seed(d):
+      out += [(storage.basename(d.rstrip("/")), s, wd) for s, wd in seeds_lib.seed_workdirs(d)]
+    elif _is_run(d):
+      out.append((storage.basename(d.rstrip("/")), None, d))
+    else:
+      subs = sorted(s for s in storage.listdir(d) if storage.isdir(storage.join(d, s)))
+      found = [s for s in subs if _is_run(storage.join(d, s)) or
+               seeds_lib.is_multi_seed(storage.join(d, s))]
+      if not found:
+        raise UserError(f"compare-runs: DIR {d!r} holds no run (config.json) and no "
+                        f"sweep point")
+      out += expand([storage.join(d, s) for s in found])
+  return out
+
+
+def phase_change_step(over_steps: list[dict], threshold: float) -> int | None:
+  """The first checkpoint step whose best prefix matching (over_checkpoints' rows) is
+  >= threshold; None if none reaches it."""
+  return next((r["step"] for r in over_steps
+               if r["max_prefix_matching"] is not None and
+               r["max_prefix_matching"] >= threshold), None)
+
+
+def heads_kept(run, base: float, metric: str, tolerance: float, settings: CompareSettings,
+               stacks: Sequence[str], log: Callable[[str], None] = lambda s: None) -> dict:
+  """L0 gates trained on the run (pruning.methods.train_gates), heads ranked by them
+  (top_k_mask); the fewest heads K whose test `metric` stays within `tolerance` of
+  `base` (loss: <= base + tol; bleu: >= base - tol), with the metric at every K tried."""
+  from mha_jax.pruning import masks as M
+  from mha_jax.pruning import methods
+  log_alpha, _, _ = methods.train_gates(run, settings.prune_lambda, stacks=stacks,
+                                        steps=settings.prune_steps, log=log)
+  total = M.count(M.ones_mask(run.params, stacks))
+  is_bleu = metric == "bleu"
+  by_k = {}
+  for k in range(1, total + 1):
+    mask = methods.top_k_mask(log_alpha, k)
+    m = run.task.evaluate(run.params, "test", bleu=is_bleu,
+                          gates=M.full_gates(run.params, mask))[metric]
+    by_k[k] = float(m)
+    if (m >= base - tolerance) if is_bleu else (m <= base + tolerance):
+      return {"kept": k, "total": total, "kept_heads": M.kept_names(mask),
+              "metric": metric, "by_k": by_k}
+  return {"kept": total, "total": total, "metric": metric, "by_k": by_k,
+          "kept_heads": M.kept_names(M.ones_mask(run.params, stacks))}
+
+
+def run_row(name: str, seed, wd: str, settings: CompareSettings,
+            log: Callable[[str], None] = print) -> dict:
+  """The studies' numbers of one run."""
+  from mha_jax.analysis import report
+  from mha_jax.loader import load
+  run = load(wd)
+  m = run.config.model
+  row = {"run": name, "seed": seed, "workdir": wd, "task": run.task.name,
+         "variant": m.get("attention", "softmax"), "heads": int(m.num_heads),
+         "step": run.step}
+  is_tr = run.task.role_family == "translation"
+  test = run.task.evaluate(run.params, "test", bleu=is_tr)
+  row["loss"] = float(test["loss"])
+  row["bleu"] = float(test["bleu"]) if is_tr else None
+  roles = report.role_of(report.head_roles(run, "test"))
+  row["roles"] = {r: list(roles.values()).count(r) for r in sorted(set(roles.values()))}
+  if run.task.decoder_only:
+    log(f"  [{name}] first-token share, entropy ...")
+    text = report.sink_and_entropy(run, "test", windows=settings.windows)
+    per = {f"lm.{l}.{h}": {k: float(v[h]) for k, v in t.items()}
+           for l, t in sorted(text.items()) for h in range(len(t["sink_share"]))}
+    row["first_token_share"] = float(np.mean([v["sink_share"] for v in per.values()]))
+    row["first_token_share_max"] = max(v["sink_share"] for v in per.values())
+    row["entropy"] = float(np.mean([v["entropy"] for v in per.values()]))
+    row["weight_off_keys"] = float(np.mean([v["off_keys"] for v in per.values()]))
+    row["per_head"] = per
+    row.update(_circuits(run, settings, log, name))
+    stacks, metric, base, tol = ("lm",), "loss", row["loss"], settings.loss_tolerance
+  else:
+    stacks, metric, base, tol = ("encoder",), "bleu", row["bleu"], settings.bleu_tolerance
+  log(f"  [{name}] L0 pruning ...")
+  row["pruning"] = heads_kept(run, base, metric, tol, settings, stacks)
+  row["heads_kept"], row["heads_total"] = row["pruning"]["kept"], row["pruning"]["total"]
+  return row
+
+
+def _circuits(run, settings: CompareSettings, log, name) -> dict:
+  from mha_jax.circuits import behaviour
+  from mha_jax.circuits import report as circuits
+  log(f"  [{name}] circuit scores ...")
+  tokens, lengths = behaviour.eval_tokens(run)
+  res = circuits.circuit_scores(run, tokens, samples=settings.composition_samples,
+                                log=lambda s: None)
+  ind = res["induction_heads"]
+  k = res["composition"]["k"]
+  out = {"induction_heads": [r["head"] for r in ind],
+         "best_prefix_matching": max((v["prefix_matching"] for v in res["heads"].values()),
+                                     default=None),
+         "previous_token_head": res["previous_token_head"],
+         # the best induction head's K-composition with its strongest partner
+         # (baseline subtracted), and the largest K-composition score of the model
+         "k_composition": ind[0]["k_partner_score"] if ind else None,
+         "k_composition_max": max(k.values()) if k else None}
+  if settings.track:
+    log(f"  [{name}] phase change over checkpoints ...")
+    steps = circuits.over_checkpoints(run, tokens, lengths, lambda s: None)
+    out["over_steps"] = [{k2: r[k2] for k2 in ("step", "icl_score", "max_prefix_matching",
+                                               "max_previous_token")} for r in steps]
+    out["phase_change_step"] = phase_change_step(steps, settings.phase_threshold)
+  return out
+
+
+COLUMNS = (("variant", "variant", None), ("h", "heads", None), ("seed", "seed", None),
+           ("loss", "loss", 3), ("BLEU", "bleu", 1),
+           ("first-token share", "first_token_share", 3),
+           ("max head", "first_token_share_max", 3), ("entropy", "entropy", 2),
+           ("induction heads", "induction_heads", None),
+           ("phase change step", "phase_change_step", None),
+           ("K-comp", "k_composition", 3), ("heads kept", "heads_kept", None),
+           ("roles", "roles", None))
+
+
+def _cell(v, digits) -> str:
+  if v is None:
+    return "-"
+  if isinstance(v, list):
+    return str(len(v))
+  if isinstance(v, dict):
+    return ", ".join(f"{k} {n}" for k, n in v.items() if k != "other") or "-"
+  return f"{v:.{digits}f}" if digits is not None else str(v)
+
+
+def format_table(rows: list[dict]) -> str:
+  cols = [c for c in COLUMNS if any(r.get(c[1]) is not None for r in rows)]
+  out = ["| " + " | ".join(c[0] for c in cols) + " |",
+         "|" + "|".join("---" if c[2] is None and c[1] in ("variant", "roles") else "---:"
+                        for c in cols) + "|"]
+  for r in rows:
+    cells = [_cell(r.get(k), d) for _, k, d in cols]
+    if "heads_kept" in r:
+      cells[[c[1] for c in cols].index("heads_kept")] = f"{r['heads_kept']}/{r['heads_total']}"
+    out.append("| " + " | ".join(cells) + " |")
+  return "\n".join(out)
+
+
+FIGURE = (("first_token_share", "first-token share (mean over heads)"),
+          ("loss", "test loss (nats)"), ("heads_kept", "heads kept after L0 pruning"),
+          ("phase_change_step", "induction phase-change step"))
+
+
+def plot(rows: list[dict], path: str, tolerance_text: str = "") -> None:
+  """Four panels against h (log 2), one line per variant (seeds averaged)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len(FIGURE), figsize=(4 * len(FIGURE), 3.4))
+  variants = list(dict.fromkeys(r["variant"] for r in rows))
+  for ax, (key, label) in zip(axes, FIGURE):
+    for i, v in enumerate(variants):
+      pts = {}
+      for r in rows:
+        if r["variant"] == v and r.get(key) is not None:
+          pts.setdefault(r["heads"], []).append(r[key])
+      if pts:
+        hs = sorted(pts)
+        ax.plot(hs, [np.mean(pts[h]) for h in hs], "o-", color=f"C{i}", label=v, ms=4)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("heads h")
+    ax.set_ylabel(label if key != "heads_kept" else label + tolerance_text, fontsize=8)
+  axes[0].legend(fontsize=7)
+  fig.tight_layout()
+  storage.savefig(fig, path, dpi=120)
+  plt.close(fig)
+
+
+def compare_runs(dirs: Sequence[str], out: str, settings: CompareSettings = CompareSettings(),
+                 *, setting_text: str = "", log: Callable[[str], None] = print) -> dict:
+  """Tables every run under `dirs` (expand) into OUT/compare.json, compare.md, compare.png."""
+  settings.validate()
+  if storage.exists(out) and not storage.isdir(out):
+    raise UserError(f"--out {out!r} exists and is not a directory")
+  runs = expand(dirs)
+  storage.makedirs(out)
+  rows = []
+  for name, seed, wd in runs:
+    log(f"[{name}{'' if seed is None else f' seed {seed}'}] {wd}")
+    rows.append(run_row(name, seed, wd, settings, log))
+  rows.sort(key=lambda r: (r["variant"], r["heads"], r["seed"] or 0))
+  result = {"rows": rows, "settings": dataclasses.asdict(settings), "setting": setting_text,
+            "dirs": list(dirs), "machine": f"{platform.machine()} {platform.processor()} "
+            f"{_cores()} cores, {platform.system()}",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+  storage.write_json(storage.join(out, "compare.json"), result)
+  table = format_table(rows)
+  storage.write_text(storage.join(out, "compare.md"), table + "\n")
+  tol = (f" (<= {settings.loss_tolerance} nats lost)" if any(r["bleu"] is None for r in rows)
+         else f" (<= {settings.bleu_tolerance} BLEU lost)")
+  plot(rows, storage.join(out, "compare.png"), tol)
+  log(table)
+  return result
+
+
+def _cores() -> int:
+  import os
+  return os.cpu_count() or 0
