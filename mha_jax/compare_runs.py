@@ -123,11 +123,12 @@ def heads_kept(run, base: float, metric: str, tolerance: float, settings: Compar
 
 
 def run_row(name: str, seed, wd: str, settings: CompareSettings,
-            log: Callable[[str], None] = print) -> dict:
-  """The studies' numbers of one run."""
+            log: Callable[[str], None] = print, load_fn: Callable | None = None) -> dict:
+  """The studies' numbers of one run; load_fn(wd): mha_jax.load by default (a caller that
+  keeps the loaded runs passes its own, so their compiled functions are reused)."""
   from mha_jax.analysis import report
   from mha_jax.loader import load
-  run = load(wd)
+  run = (load_fn or load)(wd)
   m = run.config.model
   row = {"run": name, "seed": seed, "workdir": wd, "task": run.task.name,
          "variant": m.get("attention", "softmax"), "heads": int(m.num_heads),
@@ -248,7 +249,8 @@ def plot(rows: list[dict], path: str, tolerance_text: str = "") -> None:
 
 
 def compare_runs(dirs: Sequence[str], out: str, settings: CompareSettings = CompareSettings(),
-                 *, setting_text: str = "", log: Callable[[str], None] = print) -> dict:
+                 *, setting_text: str = "", log: Callable[[str], None] = print,
+                 load_fn: Callable | None = None) -> dict:
   """Tables every run under `dirs` (expand) into OUT/compare.json, compare.md, compare.png."""
   settings.validate()
   if storage.exists(out) and not storage.isdir(out):
@@ -258,7 +260,7 @@ def compare_runs(dirs: Sequence[str], out: str, settings: CompareSettings = Comp
   rows = []
   for name, seed, wd in runs:
     log(f"[{name}{'' if seed is None else f' seed {seed}'}] {wd}")
-    rows.append(run_row(name, seed, wd, settings, log))
+    rows.append(run_row(name, seed, wd, settings, log, load_fn))
   rows.sort(key=lambda r: (r["variant"], r["heads"], r["seed"] or 0))
   result = {"rows": rows, "settings": dataclasses.asdict(settings), "setting": setting_text,
             "dirs": list(dirs), "machine": f"{platform.machine()} {platform.processor()} "
