@@ -15,7 +15,8 @@ and the pruning from the L0 gates of `pruning.methods.train_gates` ranked by
 `CompareSettings` has no field for them yet, and the table leaves them out.
 
 Writes OUT/compare.json (the rows, the settings, machine and date), OUT/compare.md and
-OUT/compare.png.
+OUT/compare.png, and each run's row as OUT/runs/NAME.json: a rerun with the same
+settings reuses the rows of runs whose last checkpoint has not changed.
 """
 
 from __future__ import annotations
@@ -132,7 +133,18 @@ def run_row(name: str, seed, wd: str, settings: CompareSettings,
   m = run.config.model
   row = {"run": name, "seed": seed, "workdir": wd, "task": run.task.name,
          "variant": m.get("attention", "softmax"), "heads": int(m.num_heads),
-         "step": run.step}
+         "step": run.step,
+         # what was trained: the setting as the run's own config records it
+         "config": {"d_model": int(m.d_model), "layers": int(m.get("num_layers") or
+                                                          m.get("enc_layers") or 0),
+                    "max_len": int(m.get("max_len", 0)), "pos": m.get("pos"),
+                    "attn_only": bool(m.get("attn_only", False)),
+                    "steps": int(run.config.train.steps),
+                    "batch_size": int(run.config.train.batch_size),
+                    "lr": float(run.config.train.lr), "seed": int(run.config.seed),
+                    "vocab_size": int(run.config.data.get("vocab_size") or 0),
+                    "text_files": [storage.basename(f) for f in
+                                   run.config.data.get("text_files") or ()]}}
   is_tr = run.task.role_family == "translation"
   test = run.task.evaluate(run.params, "test", bleu=is_tr)
   row["loss"] = float(test["loss"])
@@ -256,11 +268,23 @@ def compare_runs(dirs: Sequence[str], out: str, settings: CompareSettings = Comp
   if storage.exists(out) and not storage.isdir(out):
     raise UserError(f"--out {out!r} exists and is not a directory")
   runs = expand(dirs)
-  storage.makedirs(out)
+  storage.makedirs(storage.join(out, "runs"))
   rows = []
   for name, seed, wd in runs:
-    log(f"[{name}{'' if seed is None else f' seed {seed}'}] {wd}")
-    rows.append(run_row(name, seed, wd, settings, log, load_fn))
+    label = name if seed is None else f"{name}_seed_{seed}"
+    cached = storage.join(out, "runs", f"{label}.json")   # one row per run: a rerun resumes
+    if storage.exists(cached):
+      row = storage.read_json(cached)
+      if row["workdir"] == wd and row["settings"] == dataclasses.asdict(settings) and \
+          row["step"] == _latest_step(wd):
+        log(f"[{label}] measured already: {cached}")
+        rows.append(row)
+        continue
+    log(f"[{label}] {wd}")
+    row = {**run_row(name, seed, wd, settings, log, load_fn),
+           "settings": dataclasses.asdict(settings)}
+    storage.write_json(cached, row)
+    rows.append(row)
   rows.sort(key=lambda r: (r["variant"], r["heads"], r["seed"] or 0))
   result = {"rows": rows, "settings": dataclasses.asdict(settings), "setting": setting_text,
             "dirs": list(dirs), "machine": f"{platform.machine()} {platform.processor()} "
@@ -274,6 +298,15 @@ def compare_runs(dirs: Sequence[str], out: str, settings: CompareSettings = Comp
   plot(rows, storage.join(out, "compare.png"), tol)
   log(table)
   return result
+
+
+def _latest_step(wd: str):
+  from mha_jax.train import checkpoint as ckpt_lib
+  c = ckpt_lib.Checkpoints(wd, read_only=True)
+  try:
+    return c.latest_step()
+  finally:
+    c.close()
 
 
 def _cores() -> int:

@@ -78,6 +78,10 @@ def test_compare_runs_tables_the_studies_values(sweep, tmp_path):
     assert all(v > row["loss"] + CHEAP.loss_tolerance
                for kk, v in row["pruning"]["by_k"].items() if kk < k)
     assert loss_k <= row["loss"] + CHEAP.loss_tolerance or k == row["heads_total"]
+  seen = []                                # a rerun reuses each run's row
+  again = C.compare_runs([d], out, CHEAP, log=seen.append, load_fn=load)
+  assert sum("measured already" in m for m in seen) == 2
+  assert [r["loss"] for r in again["rows"]] == [r["loss"] for r in res["rows"]]
   with open(os.path.join(out, "compare.json")) as f:
     saved = json.load(f)
   assert saved["machine"] and saved["date"] and len(saved["rows"]) == 2
