@@ -46,8 +46,8 @@ class CompareSettings:
   prune_lambda: float = _f(0.05, "the L0 penalty of those gates")
   windows: int = _f(32, "text windows for the first-token share and entropy")
   composition_samples: int = _f(50, "random matrices of the composition baseline")
-  phase_threshold: float = _f(0.3, "the phase change: the first checkpoint whose best "
-                                   "prefix matching is >= this")
+  phase_threshold: float = _f(0.3, "the phase change: the first checkpoint from which "
+                                   "the best prefix matching stays >= this")
   track: bool = _f(True, "follow the checkpoints for the phase change (decoders)")
 
   def validate(self) -> "CompareSettings":
@@ -92,11 +92,14 @@ def expand(dirs: Sequence[str]) -> list[tuple[str, int | None, str]]:
 
 
 def phase_change_step(over_steps: list[dict], threshold: float) -> int | None:
-  """The first checkpoint step whose best prefix matching (over_checkpoints' rows) is
-  >= threshold; None if none reaches it."""
-  return next((r["step"] for r in over_steps
-               if r["max_prefix_matching"] is not None and
-               r["max_prefix_matching"] >= threshold), None)
+  """The step from which the best prefix matching (over_checkpoints' rows) stays >=
+  threshold at every later checkpoint, the last included; None if the last is below it
+  (a transient, e.g. near initialisation, is no phase change)."""
+  step = None
+  for r in over_steps:
+    ok = r["max_prefix_matching"] is not None and r["max_prefix_matching"] >= threshold
+    step = (r["step"] if step is None else step) if ok else None
+  return step
 
 
 def heads_kept(run, base: float, metric: str, tolerance: float, settings: CompareSettings,

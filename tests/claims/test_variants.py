@@ -102,11 +102,13 @@ def test_compare_runs_cli_and_bad_input(sweep, tmp_path):
 
 
 def test_phase_change_step():
-  rows = [{"step": 50, "max_prefix_matching": 0.1}, {"step": 100, "max_prefix_matching": 0.3},
-          {"step": 150, "max_prefix_matching": 0.2}]
-  assert C.phase_change_step(rows, 0.3) == 100
-  assert C.phase_change_step(rows, 0.31) is None
-  assert C.phase_change_step([{"step": 5, "max_prefix_matching": None}], 0.1) is None
+  row = lambda step, pm: {"step": step, "max_prefix_matching": pm}
+  rows = [row(50, 0.1), row(100, 0.3), row(150, 0.2), row(200, 0.4), row(250, 0.5)]
+  assert C.phase_change_step(rows, 0.3) == 200          # stays from 200 on; 100 was a blip
+  assert C.phase_change_step(rows, 0.5) == 250
+  assert C.phase_change_step(rows, 0.51) is None
+  assert C.phase_change_step(rows[:3], 0.3) is None     # a transient is no phase change
+  assert C.phase_change_step([row(5, None)], 0.1) is None
 
 
 def _pair(variant, share, soft=0.5, uniform=0.06, **more):
