@@ -254,6 +254,9 @@ def plot(rows: list[dict], path: str, tolerance_text: str = "") -> None:
       if pts:
         hs = sorted(pts)
         ax.plot(hs, [np.mean(pts[h]) for h in hs], "o-", color=f"C{i}", label=v, ms=4)
+    if not ax.lines:
+      ax.text(0.5, 0.5, "no run reached it", ha="center", va="center",
+              transform=ax.transAxes, fontsize=9)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("heads h")
     ax.set_ylabel(label if key != "heads_kept" else label + tolerance_text, fontsize=8)
