@@ -12,7 +12,9 @@ entropy from `analysis.report.sink_and_entropy`, the head roles from
 `circuits.report.circuit_scores`, the phase change from `circuits.report.over_checkpoints`
 and the pruning from the L0 gates of `pruning.methods.train_gates` ranked by
 `pruning.methods.top_k_mask`. The taxonomy's causal head checks are not on this branch:
-`CompareSettings` has no field for them yet, and the table leaves them out.
+`CompareSettings` has no field for them yet, and the table leaves them out. A
+translation run has loss, BLEU, roles and the pruning of its encoder heads (at
+`bleu_tolerance`); the attention and circuit columns are for decoders.
 
 Writes OUT/compare.json (the rows, the settings, machine and date), OUT/compare.md and
 OUT/compare.png, and each run's row as OUT/runs/NAME.json: a rerun with the same
@@ -260,7 +262,7 @@ def plot(rows: list[dict], path: str, tolerance_text: str = "") -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("heads h")
     ax.set_ylabel(label if key != "heads_kept" else label + tolerance_text, fontsize=8)
-  axes[0].legend(fontsize=7)
+  next((a for a in axes if a.lines), axes[0]).legend(fontsize=7)
   fig.tight_layout()
   storage.savefig(fig, path, dpi=120)
   plt.close(fig)
