@@ -25,8 +25,8 @@ class ClaimsOptions:
                                          help="comma-separated claim names (default: all)")
   settings: tuple[str, ...] | None = setting(
       None, choices=tuple(claims_run.SETTINGS), metavar="SETTING[,SETTING...]",
-      help="comma-separated: toy, text, smollm2, gemma3, voita, minilm (default: toy, "
-           "and text / voita when their workdir is given)")
+      help="comma-separated: toy, text, smollm2, gemma3, voita, minilm, variants "
+           "(default: toy, and text / voita / variants when their workdir is given)")
   workdir: str | None = setting(None, path=True, help="a quickstart workdir to reuse")
   induction_workdir: str | None = setting(None, path=True, help="a trained "
                                           "configs/induction.py workdir to reuse")
@@ -37,6 +37,9 @@ class ClaimsOptions:
                                      "seed_<s>/)")
   voita_workdir: str | None = setting(None, path=True, help="a translation workdir with "
                                       "sinusoidal positions (one run or seed_<s>/)")
+  variants_workdir: str | None = setting(None, path=True, help="a workdir of one multi-seed "
+                                         "run per attention variant (the variants "
+                                         "setting; docs/guide/claims.md)")
   toy_seeds: tuple[int, ...] = setting((0, 1, 2), lo=0, help="the seeds the toy setting "
                                        "trains (default: 0,1,2)")
 

@@ -919,14 +919,22 @@ def _edit_patterns(site, outs: list, v_BSGK: jax.Array, variant: str) -> list:
   return outs
 
 
+def diff_lambda(params: Params, lambda_init: float) -> jax.Array:
+  """(H,) float32: differential attention's lambda_h = exp(lambda_q1 . lambda_k1) -
+  exp(lambda_q2 . lambda_k2) + lambda_init (Ye et al. 2025, eq. 2); a head's effective
+  map is pattern - lambda_h pattern2."""
+  f32 = jnp.float32
+  dot = lambda a, b: jnp.sum(params[a].astype(f32) * params[b].astype(f32), axis=-1)
+  return (jnp.exp(dot("lambda_q1", "lambda_k1")) - jnp.exp(dot("lambda_q2", "lambda_k2"))
+          + lambda_init)
+
+
 def _differential_heads(params: Params, o1_BTHK, o2_BTHK, lambda_init: float):
   """(o1 - lambda_h o2), RMS-normed per head with scale diff_norm (K,), times
   (1 - lambda_init); lambda_h = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2)
   + lambda_init (Ye et al. 2025, eq. 2-3), in float32."""
   f32 = jnp.float32
-  dot = lambda a, b: jnp.sum(params[a].astype(f32) * params[b].astype(f32), axis=-1)
-  lam_H = (jnp.exp(dot("lambda_q1", "lambda_k1")) - jnp.exp(dot("lambda_q2", "lambda_k2"))
-           + lambda_init)
+  lam_H = diff_lambda(params, lambda_init)
   o = o1_BTHK.astype(f32) - lam_H[:, None] * o2_BTHK.astype(f32)
   o = o * jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + DIFF_NORM_EPS)
   o = o * params["diff_norm"].astype(f32) * (1.0 - lambda_init)

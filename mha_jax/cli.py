@@ -34,6 +34,7 @@ import ml_collections
 from mha_jax import config as mc
 from mha_jax import settings, storage
 from mha_jax.analysis import ablate as ablate_lib, report as analysis_report
+from mha_jax import compare_runs as compare_runs_lib
 from mha_jax.circuits import circuit as circuit_lib, circuits_report
 from mha_jax.errors import UserError
 from mha_jax.patching import explorer as patch_explorer, patch as patch_lib
@@ -87,9 +88,10 @@ class Verb:
 
 
 def input_spec(name: str, help: str, default=None, *, kind: type = str, path: bool = True,
-           required: bool = False, **kw) -> settings.Spec:
-  """A verb's input as a setting (a folder, a step): checked like the settings."""
-  return settings.Spec(name=name, kind=kind, many=False, optional=not required,
+               required: bool = False, many: bool = False, **kw) -> settings.Spec:
+  """A verb's input as a setting (a folder, a step; `many`: one or more): checked like
+  the settings."""
+  return settings.Spec(name=name, kind=kind, many=many, optional=not required,
                        default=default, required=required, help=help, path=path, **kw)
 
 
@@ -361,6 +363,14 @@ def _circuit(args, opts: circuit_lib.CircuitOptions) -> int:
   return 0
 
 
+def _compare_runs(args, opts) -> int:
+  from mha_jax import compare_runs
+  out = args.out or storage.join(args.dirs[0], "compare")
+  compare_runs.compare_runs(args.dirs, out, opts)
+  print(f"wrote {out}/ (compare.json, compare.md, compare.png)")
+  return 0
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepOptions:
   """The settings of `sweep`."""
@@ -474,6 +484,12 @@ VERBS = {
                                    "view of its first pairs"))),
     "circuit": Verb("the circuit of a behaviour: edge scores, faithfulness curve, CPR/CMD",
                     _circuit, circuit_lib.CircuitOptions, (WORKDIR, _out(None))),
+    "compare-runs": Verb("table a sweep's runs (h x variant): loss, sinks, roles, induction, "
+                         "pruning", _compare_runs, compare_runs_lib.CompareSettings,
+                         (input_spec("dirs", "sweep workdirs (one workdir per point), "
+                                     "multi-seed or run workdirs", required=True,
+                                     many=True, positional=True, metavar="DIR"),
+                          _out("DIR/compare")), config=None),
 }
 BENCH: dict[str, Verb] = {}
 
@@ -532,6 +548,8 @@ def flag_of(spec: settings.Spec) -> tuple[tuple, dict]:
       kw["choices"] = spec.choices
     if spec.metavar:
       kw["metavar"] = spec.metavar
+  if spec.positional and spec.many:    # DIR...: one or more values, space-separated
+    return (spec.name,), {**kw, "type": spec.kind, "nargs": "+"}
   if spec.positional:
     return (spec.name,), {**kw, "nargs": "?"}
   return (spec.flag,), {**kw, "dest": spec.name, "required": spec.required}

@@ -43,6 +43,7 @@ class Context:
   sweep_workdir: str | None = None      # a `mha-jax sweep` workdir (sweep.json)
   text_workdir: str | None = None       # configs/attn_only_text.py (text setting)
   voita_workdir: str | None = None      # translation, sinusoidal positions (voita)
+  variants_workdir: str | None = None   # configs/sweep_variants.py, multi-seed points
   toy_seeds: tuple = TOY_SEEDS          # the seeds of what the toy setting trains
   log: Callable[[str], None] = print
   cache: dict = dataclasses.field(default_factory=dict)

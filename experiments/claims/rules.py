@@ -208,6 +208,67 @@ def michel(n: Mapping) -> str:
   return FAILS if n["share_at_0.95"] < 0.2 else INCONCLUSIVE
 
 
+def _no_sink(n: Mapping) -> bool:
+  """The softmax model has no sink to remove: its first-token share is below twice what
+  evenly spread causal attention puts on the first token."""
+  return n["softmax_first_token_share"] < 2 * n["uniform_share"]
+
+
+@rule("compares the gated and the softmax model at the same h and seed (first-token "
+      "share: the mean over heads and queries 1.. of the weight on the first token, on "
+      "held-out text); inconclusive if softmax's share is below twice the share of evenly "
+      "spread causal attention (no sink to remove); holds if gated's share is <= 1/5 of "
+      "softmax's (it falls at least 5-fold); else does not hold")
+def gating_removes_sink(n: Mapping) -> str:
+  if _no_sink(n):
+    return INCONCLUSIVE
+  return HOLDS if n["gated_first_token_share"] <= n["softmax_first_token_share"] / 5 \
+      else FAILS
+
+
+@rule("compares the differential and the softmax model at the same h and seed: the "
+      "differential model's effective map (pattern - lambda_h pattern2) against "
+      "softmax's pattern, first-token share as in gating_removes_sink; inconclusive if "
+      "softmax has no sink (below twice the even share); holds if the effective share "
+      "is <= 1/2 of softmax's (the subtraction cancels the common-mode weight); does "
+      "not hold if it is >= softmax's; else inconclusive")
+def differential_less_sink(n: Mapping) -> str:
+  if _no_sink(n):
+    return INCONCLUSIVE
+  eff, soft = n["differential_effective_first_token_share"], n["softmax_first_token_share"]
+  if eff <= soft / 2:
+    return HOLDS
+  return FAILS if eff >= soft else INCONCLUSIVE
+
+
+@rule("compares the sink-logit and the softmax model at the same h and seed; "
+      "inconclusive if softmax has no sink (below twice the even share); holds if the "
+      "sink model's first-token share is <= 1/2 of softmax's and its sink logit takes "
+      ">= 1/2 of the weight softmax put on the first token (the weight moved to the "
+      "logit); else does not hold")
+def sink_takes_first_token(n: Mapping) -> str:
+  if _no_sink(n):
+    return INCONCLUSIVE
+  soft = n["softmax_first_token_share"]
+  moved = n["sink_logit_weight"] >= soft / 2
+  return HOLDS if n["sink_first_token_share"] <= soft / 2 and moved else FAILS
+
+
+def _why_variant(variant: str, key: str, what: str):
+  def fn(n):
+    soft = n["softmax_first_token_share"]
+    if _no_sink(n):
+      return (f"softmax's first-token share {_f(soft)} at h={n['h']} is below twice the "
+              f"even share {_f(n['uniform_share'])}: no sink to remove")
+    out = (f"at h={n['h']} {what} {_f(n[key])} against softmax's first-token share "
+           f"{_f(soft)} ({_f(n[key] / soft)}x)")
+    if variant == "sink":
+      out += (f"; first-token share {_f(n['sink_first_token_share'])} "
+              f"({_f(n['sink_first_token_share'] / soft)}x; rule: <= 0.5x each way)")
+    return out
+  return fn
+
+
 def _why_induction(n):
   out = []
   if n["k_partner_previous_token"] < 0.9:
@@ -289,4 +350,11 @@ def _why_causal(n):
 WHY = {"induction_k_causal": _why_causal, "induction_k_composition": _why_induction, "positivity_corner": _why_corner,
        "composition_sparse": _why_sparse, "pruning": _why_pruning,
        "rests_on_first_token": _why_bos, "michel": _why_michel,
-       "term_importance": _why_terms}
+       "term_importance": _why_terms,
+       "gating_removes_sink": _why_variant("gated", "gated_first_token_share",
+                                           "gated's first-token share is"),
+       "differential_less_sink": _why_variant(
+           "differential", "differential_effective_first_token_share",
+           "the differential effective map's first-token share is"),
+       "sink_takes_first_token": _why_variant("sink", "sink_logit_weight",
+                                              "the sink logit takes")}

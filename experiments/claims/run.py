@@ -11,6 +11,7 @@ from mha_jax.errors import UserError
 from experiments.claims import measure as E
 from experiments.claims import rules as R
 from experiments.claims import studies as S
+from experiments.claims import variants as variant_claims
 
 SETTINGS = {
     "toy": "the built-in toys: one-layer two-target models (d_model 32), the quickstart "
@@ -26,6 +27,10 @@ SETTINGS = {
              "(--voita-workdir)",
     "minilm": "all-MiniLM-L6-v2 (6 layers x 12 heads, sentence embeddings), imported "
               "offline",
+    "variants": "two-layer attention-only models of natural text (configs/attn_only_text"
+                ".py through configs/sweep_variants.py) with softmax, gated, differential "
+                "and sink attention at the same h, each over its seeds "
+                "(--variants-workdir)",
 }
 DECODERS = ("toy", "text", "smollm2", "gemma3")
 
@@ -136,9 +141,37 @@ CLAIMS = {
         lambda ctx, setting: [(None, S.imported_workdir(ctx, setting))],
         "Michel et al. 2019: BERT fine-tuned on MNLI and WMT Transformer-large; 20-40 % "
         "of the heads pruned with a small drop in accuracy / BLEU"),
+    "gating_removes_sink": (
+        "Gating removes the first-token sink: its share falls at least 5-fold",
+        variant_claims.claim_gating_removes_sink, R.gating_removes_sink,
+        ("h", "softmax_first_token_share", "gated_first_token_share", "fold"),
+        ("variants",), variant_claims.variant_runs,
+        "Qiu et al. 2025 (Gated Attention for LLMs): 1.7B dense and 15B MoE models with "
+        "MLPs trained on up to 3.5 T tokens; a sigmoid gate after each head's attention "
+        "(elementwise, before W_O) brings the first token's attention share from 46.7 % "
+        "to 4.8 %"),
+    "differential_less_sink": (
+        "Differential attention cancels common-mode attention noise: the effective map "
+        "puts less weight on the first token", variant_claims.claim_differential_less_sink,
+        R.differential_less_sink,
+        ("h", "softmax_first_token_share", "differential_effective_first_token_share",
+         "ratio"), ("variants",), variant_claims.variant_runs,
+        "Ye et al. 2025 (Differential Transformer): 3B-13B LMs with MLPs; the difference "
+        "of two softmax maps cancels the attention noise spread over irrelevant context "
+        "and gives sparser patterns (measured here as the weight on the first token, "
+        "which carries no content)"),
+    "sink_takes_first_token": (
+        "A sink logit takes the weight the first token took", variant_claims.claim_sink_takes_first_token,
+        R.sink_takes_first_token,
+        ("h", "softmax_first_token_share", "sink_first_token_share", "sink_logit_weight"),
+        ("variants",), variant_claims.variant_runs,
+        "gpt-oss (OpenAI 2025) and 'softmax + 1' (Miller 2023); Xiao et al. 2024 "
+        "(StreamingLLM): a learned sink absorbs the attention that softmax models dump "
+        "on the first token"),
 }
 
-NEEDS = {"text": ("text_workdir", "--text-workdir"),
+NEEDS = {"variants": ("variants_workdir", "--variants-workdir"),
+         "text": ("text_workdir", "--text-workdir"),
          "voita": ("voita_workdir", "--voita-workdir")}
 
 
@@ -221,15 +254,17 @@ def primer_inputs(ctx) -> dict:
 def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None,
                induction_workdir: str | None = None, sweep_workdir: str | None = None,
                text_workdir: str | None = None, voita_workdir: str | None = None,
-               toy_seeds=E.TOY_SEEDS, primer: bool = True,
+               variants_workdir: str | None = None, toy_seeds=E.TOY_SEEDS, primer: bool = True,
                log: Callable[[str], None] = print) -> dict:
   names = parse_only(only)
   chosen = parse_settings(settings, [s for s, wd in (("text", text_workdir),
-                                                      ("voita", voita_workdir)) if wd])
+                                                      ("voita", voita_workdir),
+                                                      ("variants", variants_workdir)) if wd])
   seeds = parse_seeds(toy_seeds)
   for flag, wd in (("--workdir", workdir), ("--induction-workdir", induction_workdir),
                    ("--sweep-workdir", sweep_workdir), ("--text-workdir", text_workdir),
-                   ("--voita-workdir", voita_workdir)):
+                   ("--voita-workdir", voita_workdir),
+                   ("--variants-workdir", variants_workdir)):
     if wd is not None and not storage.isdir(wd):
       raise UserError(f"{flag} {wd!r} is not a directory")
   if storage.exists(out) and not storage.isdir(out):
@@ -237,7 +272,8 @@ def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None
   storage.makedirs(out)
   ctx = E.Context(out=out, workdir=workdir, induction_workdir=induction_workdir,
                   sweep_workdir=sweep_workdir, text_workdir=text_workdir,
-                  voita_workdir=voita_workdir, toy_seeds=seeds, log=log)
+                  voita_workdir=voita_workdir, variants_workdir=variants_workdir,
+                  toy_seeds=seeds, log=log)
   t0 = time.time()
   results = []
   for name in names:
@@ -265,7 +301,7 @@ def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None
         units.append({"seed": seed, "numbers": _jsonable(r["numbers"]),
                       "verdict": rule(r["numbers"]), "figures": r["figures"]})
       cells[setting] = aggregate(units, keys, seeded=source is not None and (
-          setting in ("toy", "text", "voita")))
+          setting in ("toy", "text", "voita", "variants")))
       cells[setting]["seconds"] = round(time.time() - t, 1)
       log(f"  {setting}: {cells[setting]['verdict']}  ({cells[setting]['seconds']} s)")
     ran = [c for c in cells.values() if "per_seed" in c]
@@ -280,7 +316,8 @@ def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None
             "settings": {s: SETTINGS[s] for s in chosen}, "toy_seeds": list(seeds),
             "workdirs": {"toy_translation": ctx.workdir,
                          "toy_induction": ctx.induction_workdir,
-                         "text": ctx.text_workdir, "voita": ctx.voita_workdir}}
+                         "text": ctx.text_workdir, "voita": ctx.voita_workdir,
+                         "variants": ctx.variants_workdir}}
   if primer:
     from experiments.claims import primer as P
     P.write(ctx, storage.join(out, "primer.html"), **primer_inputs(ctx))

@@ -97,29 +97,46 @@ def real_lm_roles(loaded, split: str = "test", *, batches: int = 2, batch_size: 
       for k, v in roles.lm_scores(np.asarray(r.weights), tokens[:, :-1]).items():
         acc[k] = acc.get(k, 0) + v
     n += 1
-  text = {}
-  for batch, cap, weight in capture_lib.iter_captures(
-      loaded, split, stacks=("lm",), batch_size=loaded.config.eval.batch_size, limit=text_windows):
-    valid = np.broadcast_to(weight[:, None] > 0, np.asarray(batch["tokens"])[:, :-1].shape)
-    for layer, r in cap["lm"].items():
-      acc = text.setdefault(layer, {"sink": 0, "entropy": 0, "n": 0})
-      w = np.asarray(r.weights)
-      acc["sink"] = acc["sink"] + roles.first_token_share(w, valid) * valid[:, 1:].sum()
-      acc["entropy"] = acc["entropy"] + roles.entropy(w, valid) * valid.sum()
-      acc["n"] += valid.sum()
+  text = sink_and_entropy(loaded, split, windows=text_windows)
   rows = []
   for layer in sorted(sums):
     t = text[layer]
     for h in range(len(sums[layer]["induction"])):
       row = {"head": f"lm.{layer}.{h}", "stack": "lm", "layer": layer, "index": h,
              **{k: float(v[h] / n) for k, v in sums[layer].items()},
-             "sink_share": float(t["sink"][h] / max(t["n"] - text_windows, 1)),
-             "entropy": float(t["entropy"][h] / max(t["n"], 1))}
+             "sink_share": float(t["sink_share"][h]), "entropy": float(t["entropy"][h])}
       best = max(roles.LM_ROLES, key=lambda k: row[k])
       row["role"] = (best if row[best] >= threshold else
                      "attention_sink" if row["sink_share"] >= sink else "other")
       rows.append(row)
   return rows
+
+
+def sink_and_entropy(loaded, split: str = "test", *, windows: int = 8,
+                     batch_size: int | None = None) -> dict[int, dict[str, np.ndarray]]:
+  """{layer: {"sink_share": (H,), "entropy": (H,), "off_keys": (H,)}} of a decoder's
+  heads on the first `windows` windows of its text (split): the mean weight on the first
+  token over real queries 1.. (roles.first_token_share), the mean entropy in nats over
+  real queries (roles.entropy) and the mean weight on no key, 1 - the row's sum over real
+  queries 1.. (variant="sink": the sink logit's weight; 0 for softmax).
+  batch_size: the run's eval batch size by default."""
+  text = {}
+  for batch, cap, weight in capture_lib.iter_captures(
+      loaded, split, stacks=("lm",), batch_size=batch_size or loaded.config.eval.batch_size,
+      limit=windows):
+    valid = np.broadcast_to(weight[:, None] > 0, np.asarray(batch["tokens"])[:, :-1].shape)
+    for layer, r in cap["lm"].items():
+      acc = text.setdefault(layer, {"sink": 0, "entropy": 0, "off": 0, "n": 0, "n_sink": 0})
+      w = np.asarray(r.weights)
+      acc["sink"] = acc["sink"] + roles.first_token_share(w, valid) * valid[:, 1:].sum()
+      acc["entropy"] = acc["entropy"] + roles.entropy(w, valid) * valid.sum()
+      q = valid[:, None, 1:]                                     # queries 1..
+      acc["off"] = acc["off"] + ((1.0 - w.sum(-1, dtype=np.float64))[:, :, 1:] * q).sum((0, 2))
+      acc["n"] += valid.sum()
+      acc["n_sink"] += valid[:, 1:].sum()
+  return {layer: {"sink_share": t["sink"] / max(t["n_sink"], 1),
+                  "entropy": t["entropy"] / max(t["n"], 1),
+                  "off_keys": t["off"] / max(t["n_sink"], 1)} for layer, t in text.items()}
 
 
 def embedding_roles(loaded, split: str = "test", limit: int = 0,

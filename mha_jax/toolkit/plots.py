@@ -349,3 +349,35 @@ def sweep_grid(rows: list[dict], path: str) -> None:
   fig.tight_layout()
   storage.savefig(fig, path, dpi=120)
   plt.close(fig)
+
+
+AGAINST_HEADS = (("first_token_share", "first-token share (mean over heads)"),
+                 ("loss", "test loss (nats)"), ("heads_kept", "heads kept after L0 pruning"),
+                 ("phase_change_step", "induction phase-change step"))
+
+
+def against_heads(rows: list[dict], path: str, tolerance_text: str = "") -> None:
+  """compare-runs' four panels against h (log 2), one line per variant (seeds
+  averaged): the first-token share, the loss, the heads kept, the phase-change step."""
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, len(AGAINST_HEADS), figsize=(4 * len(AGAINST_HEADS), 3.4))
+  variants = list(dict.fromkeys(r["variant"] for r in rows))
+  for ax, (key, label) in zip(axes, AGAINST_HEADS):
+    for i, v in enumerate(variants):
+      pts = {}
+      for r in rows:
+        if r["variant"] == v and r.get(key) is not None:
+          pts.setdefault(r["heads"], []).append(r[key])
+      if pts:
+        hs = sorted(pts)
+        ax.plot(hs, [np.mean(pts[h]) for h in hs], "o-", color=f"C{i}", label=v, ms=4)
+    if not ax.lines:
+      ax.text(0.5, 0.5, "no run reached it", ha="center", va="center",
+              transform=ax.transAxes, fontsize=9)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("heads h")
+    ax.set_ylabel(label if key != "heads_kept" else label + tolerance_text, fontsize=8)
+  next((a for a in axes if a.lines), axes[0]).legend(fontsize=7)
+  fig.tight_layout()
+  storage.savefig(fig, path, dpi=120)
+  plt.close(fig)

@@ -46,6 +46,9 @@ def test_results_pages_are_made_from_the_committed_json(tmp_path):
     verdicts = [v["verdict"] for v in c["settings"].values() if "per_seed" in v] \
         if "settings" in c else [c["verdict"]]
     assert f"`{c['name']}`" in claims and all(f"**{v}**" in claims for v in verdicts)
+  variants = (docs / "results" / "variants.md").read_text()
+  for r in json.loads((docs / "results" / "variants" / "compare.json").read_text())["rows"]:
+    assert f"| {r['variant']} | {r['heads']} | {r['loss']:,.3f} |" in variants
   # A number changed in the JSON changes the page: nothing is copied by hand.
   path = docs / "results" / "bench_train_cpu.json"
   d = json.loads(path.read_text())
