@@ -1,0 +1,36 @@
+"""The head taxonomy of an imported LM: roles.json + taxonomy.png into OUT, and the
+seconds of each detector; the roles next to the IOI circuit's heads (CIRCUIT.json).
+
+  python scripts/taxonomy_study.py WORKDIR OUT [CIRCUIT.json]
+"""
+
+import sys
+import time
+
+from mha_jax import load, storage
+from mha_jax.analysis import taxonomy as T
+
+
+def main(argv):
+  wd, out = argv[0], argv[1]
+  run = load(wd)
+  t0 = time.perf_counter()
+  doc = T.taxonomy(run, None, T.Settings(), log=lambda m: print(m, flush=True))
+  doc["seconds"]["total"] = time.perf_counter() - t0
+  doc["workdir"] = wd
+  if len(argv) > 2:
+    circ = storage.read_json(argv[2])
+    heads = circ["nodes"]["heads"]
+    doc["circuit"] = {"source": argv[2], "heads": heads,
+                      "ioi_roles_in_circuit": {
+                          r: [h for h in doc["qualifies"].get(r, []) if h in heads]
+                          for r in T.IOI_ROLES},
+                      "top3_in_circuit": {r: [h for h in doc["causal"][r]["top"] if h in heads]
+                                          for r in T.IOI_ROLES if r in doc.get("causal", {})}}
+  T.write(doc, out, f"head roles, {wd}")
+  print(T.format_summary(doc))
+  print(doc["seconds"])
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
