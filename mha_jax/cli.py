@@ -229,7 +229,8 @@ def _cmd_analyze_seeds(args, seeds) -> int:
 def _analyze_options(args) -> dict:
   """The options of `analyze`, the same for one run and for each seed of many."""
   return dict(split=args.split, loo=not args.no_ablations,
-              loo_bleu_limit=args.bleu_sentences, conllu=args.conllu)
+              loo_bleu_limit=args.bleu_sentences, conllu=args.conllu,
+              taxonomy_roles=args.roles)
 
 
 def _cmd_analyze(args) -> int:
@@ -582,7 +583,10 @@ VERBS = {
                   "then their stability; no importance, ablations or explorer"),
         _bleu(64, "sentences for BLEU in the leave-one-out pass"),
         _arg("--conllu", default=None,
-             help="imported encoders: a CoNLL-U file of sentences for syntactic roles"))),
+             help="imported encoders: a CoNLL-U file of sentences for syntactic roles"),
+        _arg("--roles", default=None,
+             help="LMs: only these head roles, a,b (analysis.taxonomy.ROLES; default all "
+                  "but retrieval); writes roles.json and taxonomy.png"))),
     "ablate": Verb("evaluate a checkpoint with heads ablated", _cmd_ablate, (
         WORKDIR, _arg("--heads", default="", help="e.g. encoder.2.5,decoder_cross.0.1"),
         _arg("--each", action="store_true", help="every single-head ablation"),

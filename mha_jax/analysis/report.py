@@ -312,10 +312,13 @@ def write_rows(rows: list[dict], directory: str) -> None:
 
 def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit: int = 0,
             importance_limit: int = 512, loo: bool = True, loo_bleu_limit: int = 64,
-            conllu: str | None = None, log: Callable[[str], None] = print) -> dict:
+            conllu: str | None = None, log: Callable[[str], None] = print,
+            taxonomy_roles: str | None = None) -> dict:
   """Roles, importance and single-head ablations for a loaded run; writes the report.
   `conllu`: a CoNLL-U file of input sentences for the syntactic roles of an encoder
-  without its own arcs (an imported BERT; translation runs take data.conllu)."""
+  without its own arcs (an imported BERT; translation runs take data.conllu).
+  Imported LMs (and LMs given `taxonomy_roles`, "a,b"): analysis.taxonomy's roles,
+  checked causally, into roles.json and taxonomy.png; the rows take its roles."""
   if conllu and run.task.role_family != "embedding":
     raise UserError(f"--conllu is for imported encoders (task embedding); this run has "
                     f"task {run.task.name!r} (translation runs read data.conllu.<split> "
@@ -334,6 +337,13 @@ def analyze(run, *, split: str = "test", out_dir: str | None = None, role_limit:
       loo = False
   log("roles ...")
   rows = head_roles(run, split, role_limit, conllu=conllu)
+  if run.task.decoder_only and (run.task.role_family == "real_lm" or taxonomy_roles):
+    from mha_jax.analysis import taxonomy
+    doc = taxonomy.taxonomy(run, rows, taxonomy.Settings(
+        roles=taxonomy.parse_roles(taxonomy_roles)), log)
+    taxonomy.write(doc, out_dir, f"head roles, {run.workdir}")
+    for r in rows:
+      r["role"] = doc["assigned"].get(r["head"], r["role"])
   by_name = {r["head"]: r for r in rows}
   log("importance (Michel et al.) ...")
   imp = importance.michel_importance(run, "valid", limit=importance_limit)

@@ -325,6 +325,9 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
         raise UserError(f"role {role}: needs the existing role rows (report.real_lm_roles)")
       out[role] = {h: round(float(r[role]), 6) for h, r in by_head.items()}
   if {"previous_token", "induction"} & set(want):
+    if not hasattr(task, "repeated_tokens"):
+      raise UserError("roles previous_token, induction: their causal check needs repeated "
+                      "random tokens of the model's own vocabulary (an imported LM)")
     tok, m = task.repeated_tokens(settings.seed + 7_000_003, 8, 32)
     from mha_jax.data import repeated_tokens as rt
     inputs["repeat"] = (tok, rt.position_masks(m, tok.shape[1] - 1)["repeat"])
@@ -486,14 +489,9 @@ def _cpus() -> int:
   return os.cpu_count() or 0
 
 
-TAXONOMY_COLORS = {"name_mover": "#e41a1c", "negative_name_mover": "#377eb8",
-                   "s_inhibition": "#4daf4a", "successor": "#984ea3",
-                   "copy_suppression": "#ff7f00", "retrieval": "#a65628"}
-
-
 def colors() -> dict[str, str]:
-  """Every role's colour (the existing roles' from roles.ROLE_COLORS)."""
-  return {**roles_lib.ROLE_COLORS, **TAXONOMY_COLORS}
+  """Every role's colour: roles.ROLE_COLORS, the explorer's too."""
+  return dict(roles_lib.ROLE_COLORS)
 
 
 def plot(doc: dict, path: str, title: str = "") -> None:

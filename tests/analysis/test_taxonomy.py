@@ -216,3 +216,28 @@ def test_needle_inputs_place_the_needle_and_the_answer():
     assert list(row[s:s + 3]) == [1, 2, 3] and list(row[a:a + 3]) == [1, 2, 3]
     assert list(row[a - 2:a]) == [9, 9]
   assert start[0] == 0 and start[2] == 40 - 2 * 3 - 2
+
+
+@pytest.mark.slow
+def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
+  import json
+  import mha_jax
+  from mha_jax.analysis import report
+  run = mha_jax.load(ind_run)
+  out = str(tmp_path / "analysis")
+  report.analyze(run, out_dir=out, loo=False, log=lambda m: None,
+                 taxonomy_roles="attention_sink,copy_suppression")
+  doc = json.load(open(f"{out}/roles.json"))
+  heads = [r["head"] for r in json.load(open(f"{out}/heads.json"))]
+  assert set(doc["lm_roles"]) == {"attention_sink", "copy_suppression"}
+  assert sorted(doc["assigned"]) == sorted(heads)
+  assert set(doc["thresholds"]) == {"attention_sink", "copy_suppression"}
+  for role, c in doc["causal"].items():
+    assert len(c["top"]) == 3 and len(c["random"]) == 5
+    assert all(not set(d) & set(c["top"]) for d in c["random_heads"])
+    assert c["verdict"] == ("holds" if c["effect"] > max(0, *c["random"]) else "fails")
+  rows = {r["head"]: r["role"] for r in json.load(open(f"{out}/heads.json"))}
+  assert rows == doc["assigned"]                       # the explorer's colours
+  assert (tmp_path / "analysis" / "taxonomy.png").exists()
+  with pytest.raises(UserError, match="roles must be a non-empty subset"):
+    report.analyze(run, out_dir=out, loo=False, log=lambda m: None, taxonomy_roles="sinks")
