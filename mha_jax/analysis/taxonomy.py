@@ -24,7 +24,8 @@ The IOI roles follow Wang et al. 2022 through patching.core.Study: name movers b
 DLA on logit(IO) - logit(S) (as a share of the clean logit difference) and attention
 from the end to the IO larger than to S; negative name movers the same with negative
 DLA; S-inhibition heads by path patching into the top name movers' queries (the
-recovery summed over those receivers).
+recovery summed over those receivers), from the `senders` heads below them that
+attribution patching ranks highest (the others are not path-patched: NaN, no score).
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ class Settings:
   draws: int = 5                 # random head sets per role
   seed: int = 0                  # the random draws' seed
   n_pairs: int = 8               # IOI pairs
-  text_windows: int = 4          # windows of the built-in text (sink, copy suppression)
+  senders: int = 24              # S-inhibition: senders path-patched (screened by AtP)
+  repeat_batch: int = 4          # sequences of repeated random tokens (2 x 32 + BOS)
+  text_windows: int = 2          # windows of the built-in text (sink, copy suppression)
   text_len: int = 128            # tokens per text window
-  mean_windows: int = 8          # text windows the ablation means are taken over
+  mean_windows: int = 4          # text windows (the first ones) the ablation means average
   frequent: int = 200            # frequent tokens for the OV self-logit check
   retrieval_len: int = 384       # tokens of a needle-in-a-haystack input
   depths: tuple = (0.25, 0.5, 0.75)   # where the needle sits in the haystack
@@ -89,7 +92,8 @@ class Settings:
       raise UserError(f"roles must be a non-empty subset of {', '.join(ROLES)}; got "
                       f"{','.join(map(str, roles)) or 'nothing'}")
     object.__setattr__(self, "roles", roles)
-    for name in ("top_k", "draws", "n_pairs", "text_windows", "mean_windows", "frequent"):
+    for name in ("top_k", "draws", "n_pairs", "senders", "repeat_batch", "text_windows",
+                 "mean_windows", "frequent"):
       if int(getattr(self, name)) < 1:
         raise UserError(f"{name} must be >= 1; got {getattr(self, name)}")
     if self.text_len < 3:
@@ -157,6 +161,15 @@ def mean_edits(params, heads: Sequence[str], means: Sequence) -> dict:
   layer whatever the heads, so every set of heads runs the same compiled program."""
   return {f"lm.{l}.attn.z": I.replace(jnp.asarray(means[l], jnp.float32), heads=m)
           for l, m in enumerate(_masks(params, heads))}
+
+
+def text_means(task, params, tokens_BT) -> list[np.ndarray]:
+  """Per layer, (H, K): each head's z averaged over the tokens' positions (B, T + 1)."""
+  n = len(C.layers_of(params["lm"]))
+  read = tuple(f"lm.{i}.attn.z" for i in range(n))
+  vals = jax.jit(lambda p, t: I.run(lambda hook: task.apply(p, {"tokens": t}, hook=hook),
+                                    read=read)[1])(params, jnp.asarray(tokens_BT))
+  return [np.asarray(vals[r], np.float64).mean((0, 1)) for r in read]
 
 
 def sink_edits(params, heads: Sequence[str]) -> dict:
@@ -286,7 +299,14 @@ def ioi_scores(run, settings: Settings, pairs) -> dict[str, np.ndarray]:
   cand = np.where(attn_io > attn_s, dla, -np.inf)
   flat = np.argsort(-np.nan_to_num(cand, nan=-np.inf), axis=None)[:settings.top_k]
   receivers = [tuple(int(x) for x in np.unravel_index(f, dla.shape)) for f in flat]
-  pp = s.path_patch(receivers, "q")["recovery"]                        # (L, H, R)
+  # Senders: the `senders` heads below the last receiver with the largest attribution
+  # (AtP, one forward and one backward) of their z; the rest stay NaN (not screened in).
+  atp = np.abs(s.attribution(("z",))["z"]["heads"])
+  below = np.arange(dla.shape[0])[:, None] < max(a for a, _ in receivers)
+  ranked = np.argsort(-np.nan_to_num(np.where(below, atp, np.nan), nan=-1.0), axis=None)
+  send = [tuple(int(x) for x in np.unravel_index(f, dla.shape)) for f in ranked
+          if below[np.unravel_index(f, dla.shape)[0], 0] and np.isfinite(atp.flat[f])]
+  pp = s.path_patch(receivers, "q", senders=send[:settings.senders])["recovery"]  # (L, H, R)
   return {"dla_share": dla, "attn_io": attn_io, "attn_s": attn_s,
           "s_inhibition": np.nansum(pp, -1) + np.where(np.isnan(pp[..., 0]), np.nan, 0.0),
           "receivers": [f"lm.{a}.{b}" for a, b in receivers],
@@ -328,7 +348,7 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
     if not hasattr(task, "repeated_tokens"):
       raise UserError("roles previous_token, induction: their causal check needs repeated "
                       "random tokens of the model's own vocabulary (an imported LM)")
-    tok, m = task.repeated_tokens(settings.seed + 7_000_003, 8, 32)
+    tok, m = task.repeated_tokens(settings.seed + 7_000_003, settings.repeat_batch, 32)
     from mha_jax.data import repeated_tokens as rt
     inputs["repeat"] = (tok, rt.position_masks(m, tok.shape[1] - 1)["repeat"])
   inputs["text"] = _text_tokens(task, settings.text_windows, settings.text_len)
@@ -419,11 +439,11 @@ def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
            inputs: dict, log=print) -> dict:
   """{role: {"top", "scores", "behaviour", "base", "ablated", "effect", "random",
   "random_heads", "verdict"}} (the module docstring's checks)."""
-  from mha_jax.analysis import importance
   params = run.params
   heads = head_list(params)
   fns = behaviours(run, settings, inputs)
-  means = importance.mean_head_outputs(run, "valid", limit=settings.mean_windows)["lm"]
+  means = text_means(run.task, params, _text_tokens(run.task, settings.mean_windows,
+                                                    settings.text_len))
   base_cache: dict = {}
   out = {}
   for role, scores_ in table.items():
