@@ -241,3 +241,14 @@ def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
   assert (tmp_path / "analysis" / "taxonomy.png").exists()
   with pytest.raises(UserError, match="roles must be a non-empty subset"):
     report.analyze(run, out_dir=out, loo=False, log=lambda m: None, taxonomy_roles="sinks")
+
+
+def test_path_patching_of_chosen_senders_equals_the_full_sweep():
+  from helpers import LlamaTask, tiny_llama_pairs
+  from mha_jax.patching import core
+  params, pairs = tiny_llama_pairs(slice(1, 3), [7, 6, 7])
+  s = core.Study(LlamaTask(), params, pairs)
+  full = s.path_patch([(1, 2)], "q")["recovery"]
+  some = s.path_patch([(1, 2)], "q", senders=[(0, 1), (0, 3)])["recovery"]
+  np.testing.assert_allclose(some[[0, 0], [1, 3]], full[[0, 0], [1, 3]], rtol=1e-5, atol=1e-6)
+  assert np.isnan(some[0, 0]).all() and np.isnan(some[1]).all()
