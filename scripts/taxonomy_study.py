@@ -8,6 +8,7 @@ import sys
 import time
 
 from mha_jax import load, storage
+from mha_jax.analysis import report
 from mha_jax.analysis import taxonomy as T
 
 
@@ -15,7 +16,8 @@ def main(argv):
   wd, out = argv[0], argv[1]
   run = load(wd)
   t0 = time.perf_counter()
-  doc = T.taxonomy(run, None, T.Settings(), log=lambda m: print(m, flush=True))
+  rows = report.real_lm_roles(run)
+  doc = T.taxonomy(run, rows, T.Settings(), log=lambda m: print(m, flush=True))
   doc["seconds"]["total"] = time.perf_counter() - t0
   doc["workdir"] = wd
   if len(argv) > 2:

@@ -342,7 +342,8 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
   for role in ("previous_token", "induction", "duplicate_token"):
     if role in want:
       if not by_head or role not in next(iter(by_head.values())):
-        raise UserError(f"role {role}: needs the existing role rows (report.real_lm_roles)")
+        raise UserError(f"role {role}: needs the existing role rows (rows=, from "
+                        f"report.real_lm_roles)")
       out[role] = {h: round(float(r[role]), 6) for h, r in by_head.items()}
   if {"previous_token", "induction"} & set(want):
     if not hasattr(task, "repeated_tokens"):
@@ -477,9 +478,6 @@ def taxonomy(run, rows: Sequence[Mapping] | None = None, settings: Settings = Se
   if not run.task.decoder_only:
     raise UserError(f"the head taxonomy is for decoder LMs; this run has task "
                     f"{run.task.name!r}")
-  if rows is None and {"previous_token", "induction", "duplicate_token"} & set(settings.roles):
-    from mha_jax.analysis import report
-    rows = report.real_lm_roles(run)
   log("taxonomy: scores ...")
   sc = scores(run, settings, rows, log)
   heads = head_list(run.params)

@@ -232,7 +232,7 @@ def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
   assert set(doc["lm_roles"]) == {"attention_sink", "copy_suppression"}
   assert sorted(doc["assigned"]) == sorted(heads)
   assert set(doc["thresholds"]) == {"attention_sink", "copy_suppression"}
-  for role, c in doc["causal"].items():
+  for c in doc["causal"].values():
     assert len(c["top"]) == 3 and len(c["random"]) == 5
     assert all(not set(d) & set(c["top"]) for d in c["random_heads"])
     assert c["verdict"] == ("holds" if c["effect"] > max(0, *c["random"]) else "fails")
