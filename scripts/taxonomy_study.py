@@ -17,21 +17,29 @@ def main(argv):
   run = load(wd)
   t0 = time.perf_counter()
   rows = report.real_lm_roles(run)
-  doc = T.taxonomy(run, rows, T.Settings(), log=lambda m: print(m, flush=True))
+  doc = T.taxonomy(run, rows, T.Settings(), log=lambda m: print(m, flush=True),
+                   on_scores=lambda d: finish(d, wd, out, argv[2:], t0))
+  finish(doc, wd, out, argv[2:], t0)
+  print(T.format_summary(doc))
+  print(doc["seconds"])
+
+
+def finish(doc, wd, out, circuit, t0):
+  """roles.json and taxonomy.png, with the circuit's heads next to the IOI roles."""
   doc["seconds"]["total"] = time.perf_counter() - t0
   doc["workdir"] = wd
-  if len(argv) > 2:
-    circ = storage.read_json(argv[2])
+  if circuit:
+    circ = storage.read_json(circuit[0])
     heads = circ["nodes"]["heads"]
-    doc["circuit"] = {"source": argv[2], "heads": heads,
+    doc["circuit"] = {"source": circuit[0], "heads": heads,
                       "ioi_roles_in_circuit": {
                           r: [h for h in doc["qualifies"].get(r, []) if h in heads]
                           for r in T.IOI_ROLES},
-                      "top3_in_circuit": {r: [h for h in doc["causal"][r]["top"] if h in heads]
-                                          for r in T.IOI_ROLES if r in doc.get("causal", {})}}
+                      "top3_in_circuit": {
+                          r: [h for h, _ in sorted(doc["lm_roles"][r].items(),
+                                                   key=lambda kv: -kv[1])[:3] if h in heads]
+                          for r in T.IOI_ROLES if r in doc["lm_roles"]}}
   T.write(doc, out, f"head roles, {wd}")
-  print(T.format_summary(doc))
-  print(doc["seconds"])
 
 
 if __name__ == "__main__":

@@ -208,7 +208,8 @@ def _successor_prompts(ids_by_seq):
 
 
 def behaviours(run, settings: Settings, inputs: dict) -> dict[str, Callable]:
-  """{behaviour name: fn(edits) -> float}, each one compiled program over the inputs."""
+  """{behaviour name: fn(edits) -> float}, each one compiled program over the inputs
+  (bound as default arguments: each closure keeps its own)."""
   task, params = run.task, run.params
   out = {}
 
@@ -222,7 +223,7 @@ def behaviours(run, settings: Settings, inputs: dict) -> dict[str, Callable]:
   if "repeat" in inputs:
     tok, mask = (jnp.asarray(x) for x in inputs["repeat"])
 
-    def repeat_loss(p, edits):
+    def repeat_loss(p, edits, tok=tok, mask=mask):
       logp = jax.nn.log_softmax(fwd(p, tok, edits).astype(jnp.float32), -1)
       nll = -jnp.take_along_axis(logp, tok[:, 1:, None], -1)[..., 0]
       return (nll * mask).sum() / mask.sum()
@@ -232,7 +233,7 @@ def behaviours(run, settings: Settings, inputs: dict) -> dict[str, Callable]:
     tok = jnp.asarray(np.concatenate([pairs.clean, pairs.clean[:, -1:]], 1))
     at, a, w = (jnp.asarray(x) for x in (pairs.length - 1, pairs.answer, pairs.wrong))
 
-    def ioi(p, edits):
+    def ioi(p, edits, tok=tok, at=at, a=a, w=w):
       lg = fwd(p, tok, edits, logits_at=at)[:, 0].astype(jnp.float32)
       r = jnp.arange(lg.shape[0])
       return (lg[r, a] - lg[r, w]).mean()
@@ -243,7 +244,7 @@ def behaviours(run, settings: Settings, inputs: dict) -> dict[str, Callable]:
     if bos:
       tok = jnp.concatenate([jnp.full((tok.shape[0], 1), bos[0], tok.dtype), tok], 1)
 
-    def succ(p, edits):
+    def succ(p, edits, tok=tok, ans=ans, cur=cur):
       lg = fwd(p, tok, edits)[:, -1].astype(jnp.float32)
       r = jnp.arange(lg.shape[0])
       return (lg[r, ans] - lg[r, cur]).mean()
@@ -254,14 +255,14 @@ def behaviours(run, settings: Settings, inputs: dict) -> dict[str, Callable]:
     t = inp.shape[1]
     earlier = (jnp.arange(t)[None, :] >= 1) & (jnp.arange(t)[None, :] < jnp.arange(t)[:, None])
 
-    def context_logit(p, edits):
+    def context_logit(p, edits, tok=tok, inp=inp, t=t, earlier=earlier):
       lg = fwd(p, tok, edits).astype(jnp.float32)                    # (B, T, V)
       got = jnp.take_along_axis(lg, jnp.broadcast_to(inp[:, None, :], lg.shape[:2] + (t,)), -1)
       cen = got - lg.mean(-1, keepdims=True)                          # (B, T, T)
       m = earlier[None] & (jnp.arange(t) >= 2)[None, :, None]
       return (cen * m).sum() / m.sum()
 
-    def text_loss(p, edits):
+    def text_loss(p, edits, tok=tok):
       logp = jax.nn.log_softmax(fwd(p, tok, edits).astype(jnp.float32), -1)
       return -jnp.take_along_axis(logp, tok[:, 1:, None], -1).mean()
     out["context_logit"] = compiled(context_logit)
@@ -472,9 +473,11 @@ def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
 
 
 def taxonomy(run, rows: Sequence[Mapping] | None = None, settings: Settings = Settings(),
-             log: Callable[[str], None] = print, check: bool = True) -> dict:
+             log: Callable[[str], None] = print, check: bool = True,
+             on_scores: Callable[[dict], None] | None = None) -> dict:
   """The roles.json document: "lm_roles", "thresholds", "assigned", "counts", "causal",
-  "seconds" (per detector and per causal check), "extra" (second checks), "machine"."""
+  "seconds" (per detector and per causal check), "extra" (second checks), "machine".
+  on_scores(doc) is called before the causal checks (to save the scores early)."""
   if not run.task.decoder_only:
     raise UserError(f"the head taxonomy is for decoder LMs; this run has task "
                     f"{run.task.name!r}")
@@ -491,15 +494,21 @@ def taxonomy(run, rows: Sequence[Mapping] | None = None, settings: Settings = Se
          "extra": sc["extra"], "seconds": {"detectors": sc["seconds"]},
          "settings": {k: list(v) if isinstance(v, tuple) else v
                       for k, v in dataclasses.asdict(settings).items()}}
+  if on_scores is not None:
+    on_scores({**doc, "machine": _machine()})
   if check:
     log("taxonomy: causal checks ...")
     t0 = time.perf_counter()
     doc["causal"] = causal(run, settings, sc["lm_roles"], sc["inputs"], log)
     doc["seconds"]["causal"] = time.perf_counter() - t0
-  doc["machine"] = {"platform": platform.platform(), "cpu_count": _cpus(),
-                    "device": str(jax.devices()[0].platform),
-                    "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+  doc["machine"] = _machine()
   return doc
+
+
+def _machine() -> dict:
+  return {"platform": platform.platform(), "cpu_count": _cpus(),
+          "device": str(jax.devices()[0].platform),
+          "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def _cpus() -> int:
