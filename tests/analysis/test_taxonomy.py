@@ -252,3 +252,21 @@ def test_path_patching_of_chosen_senders_equals_the_full_sweep():
   some = s.path_patch([(1, 2)], "q", senders=[(0, 1), (0, 3)])["recovery"]
   np.testing.assert_allclose(some[[0, 0], [1, 3]], full[[0, 0], [1, 3]], rtol=1e-5, atol=1e-6)
   assert np.isnan(some[0, 0]).all() and np.isnan(some[1]).all()
+
+
+def test_each_behaviour_reads_its_own_inputs():
+  import types
+  task, p = Task(), random_params(5)
+  rep = np.random.default_rng(6).integers(1, V, (2, 9)).astype(np.int32)
+  mask = np.zeros((2, 8), np.float32)
+  mask[:, 5:] = 1.0
+  txt = text(7, b=3, t=6)
+  fns = T.behaviours(types.SimpleNamespace(task=task, params=p), T.Settings(),
+                     {"repeat": (rep, mask), "text": txt})
+
+  def nll(tok):
+    lg = np.asarray(task.apply(p, {"tokens": jnp.asarray(tok)}), np.float64)
+    lp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
+    return -np.take_along_axis(lp, tok[:, 1:, None], -1)[..., 0]
+  assert fns["repeat_loss"]({}) == pytest.approx((nll(rep) * mask).sum() / mask.sum(), rel=1e-4)
+  assert fns["text_loss"]({}) == pytest.approx(nll(txt).mean(), rel=1e-4)
