@@ -13,7 +13,7 @@ import argparse
 import json
 import pathlib
 
-PAGES = ("attention", "training-step", "seeds", "real-models", "claims", "variants")
+PAGES = ("attention", "training-step", "seeds", "real-models", "claims", "variants", "taxonomy")
 
 
 def _load(docs, rel):
@@ -366,12 +366,70 @@ def variants_page(docs):
   return "\n".join(parts)
 
 
+TAXONOMY_MODELS = (("smollm2", "SmolLM2-135M"), ("gemma3", "Gemma 3 270M"))
+
+
+def _taxonomy_model(docs, key, title):
+  rel = f"results/taxonomy/{key}/roles.json"
+  if not (docs / rel).exists():
+    return [f"## {title}", "", f"Not run yet (`{rel}` is missing).", ""]
+  d = _load(docs, rel)
+  m = d["machine"]
+  parts = [f"## {title}", "", f"{m['written']}, {m['platform']}, {m['cpu_count']} CPUs "
+           f"({m['device']}).", "", "Heads per assigned role:", "",
+           _table(["role", "heads"], sorted(d["counts"].items(), key=lambda kv: -kv[1])), "",
+           "Top-3 heads per role (score) and where the qualifying heads sit:", ""]
+  rows = []
+  for role, table in d["lm_roles"].items():
+    top = sorted(table.items(), key=lambda kv: -kv[1])[:3]
+    q = d["qualifies"].get(role, [])
+    layers = sorted({int(h.split(".")[1]) for h in q})
+    rows.append([role, ", ".join(f"{h} ({v:.3f})" for h, v in top), d["thresholds"][role],
+                 len(q), ", ".join(map(str, layers)) or "-"])
+  parts += [_table(["role", "top 3", "threshold", "qualify", "their layers"], rows), ""]
+  if "causal" in d:
+    k, n = d["settings"]["top_k"], d["settings"]["draws"]
+    parts += [f"Causal checks (the top {k} heads ablated together against {n} draws of {k} "
+              "random heads from the same layers; effect > 0: the behaviour suffers):", ""]
+    parts.append(_table(["role", "behaviour", "effect", "random mean +- std", "random max",
+                         "verdict"],
+                        [[r, c["behaviour"], f"{c['effect']:+.4f}",
+                          f"{c['random_mean']:+.4f} +- {c['random_std']:.4f}",
+                          f"{max(c['random']):+.4f}", c["verdict"]]
+                         for r, c in d["causal"].items()]))
+    parts.append("")
+  if "circuit" in d:
+    c = d["circuit"]
+    parts += [f"IOI roles next to the circuit's {len(c['heads'])} heads "
+              f"(`docs/{c['source'].split('docs/', 1)[-1]}`):", ""]
+    parts.append(_table(["role", "qualifying heads in the circuit", "top 3 in the circuit"],
+                        [[r, ", ".join(v) or "-", ", ".join(c["top3_in_circuit"].get(r, []))
+                          or "-"] for r, v in c["ioi_roles_in_circuit"].items()]))
+    parts.append("")
+  sec = d["seconds"]
+  parts += ["Seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in sec["detectors"].items()) +
+            (f"; causal checks {sec['causal']:.0f}" if "causal" in sec else "") + ".", "",
+            f"![taxonomy of {title}](taxonomy/{key}/taxonomy.png)", "", _source(rel), ""]
+  return parts
+
+
+def taxonomy_page(docs):
+  parts = ["# Head taxonomy of the real models", "",
+           "Every head named by `analysis.taxonomy` (guide: "
+           "[head taxonomy](../guide/taxonomy.md)), written by "
+           "`python scripts/taxonomy_study.py WORKDIR docs/results/taxonomy/NAME "
+           "docs/results/circuits/NAME_ioi/circuit.json`.", ""]
+  for key, title in TAXONOMY_MODELS:
+    parts += _taxonomy_model(docs, key, title)
+  return "\n".join(parts)
+
+
 def write_pages(docs="docs"):
   """Writes docs/results/{PAGES}.md; returns the paths (unchanged files not rewritten)."""
   docs = pathlib.Path(docs)
   makers = {"attention": attention_page, "training-step": training_step_page,
             "seeds": seeds_page, "real-models": real_models_page, "claims": claims_page,
-            "variants": variants_page}
+            "variants": variants_page, "taxonomy": taxonomy_page}
   paths = []
   for name in PAGES:
     path = docs / "results" / f"{name}.md"

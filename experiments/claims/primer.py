@@ -256,7 +256,8 @@ def text_circuit(workdir: str, *, half_len: int = 8, batch: int = 16, samples: i
   short [BOS] r r sequence, and the K-composition row of the induction head (every
   earlier head, the random baseline subtracted)."""
   from mha_jax.toolkit import capture
-  from mha_jax.circuits import behaviour, scores
+  from mha_jax.circuits import behaviour
+  from mha_jax.toolkit import composition as scores
   from mha_jax.data import repeated_tokens
   from mha_jax.loader import load
   run = load(workdir)

@@ -52,6 +52,9 @@ class AnalyzeOptions:
                              "importance, ablations or explorer")
   role_limit: int = setting(0, lo=0, help="sentences for the roles (0 = all)")
   importance_limit: int = setting(512, lo=1, help="valid sentences for the importance")
+  roles: str | None = setting(None, help="LMs: only these head roles, a,b "
+                              "(analysis.taxonomy.ROLES; default all but retrieval); "
+                              "writes roles.json and taxonomy.png")
 
 
 def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(), *,
@@ -59,7 +62,9 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
   """Roles, importance and single-head ablations for a loaded run; writes the report in
   `out` (default WORKDIR/analysis). `opts.conllu`: a CoNLL-U file of input sentences
   for the syntactic roles of an encoder without its own arcs (an imported BERT;
-  translation runs take data.conllu)."""
+  translation runs take data.conllu). Imported LMs (and LMs given `opts.roles`, "a,b"):
+  analysis.taxonomy's roles, checked causally, into roles.json and taxonomy.png; the
+  rows take its roles."""
   settings.check(opts)
   split, conllu = opts.split, opts.conllu
   loo, loo_bleu_limit = opts.ablations, opts.bleu_limit
@@ -81,6 +86,13 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
       loo = False
   log("roles ...")
   rows = head_roles(loaded, split, role_limit, conllu=conllu)
+  if loaded.task.decoder_only and (loaded.task.role_family == "real_lm" or opts.roles):
+    from mha_jax.analysis import taxonomy
+    doc = taxonomy.taxonomy(loaded, rows, taxonomy.Settings(
+        roles=taxonomy.parse_roles(opts.roles)), log)
+    taxonomy.write(doc, out_dir, f"head roles, {loaded.workdir}")
+    for r in rows:
+      r["role"] = doc["assigned"].get(r["head"], r["role"])
   by_name = {r["head"]: r for r in rows}
   log("importance (Michel et al.) ...")
   imp = importance.michel_importance(loaded, "valid", limit=importance_limit)

@@ -18,7 +18,7 @@ import optax
 import jax.numpy as jnp
 
 from mha_jax.toolkit import capture, roles
-from mha_jax.circuits import scores
+from mha_jax.toolkit import composition as scores
 from mha_jax.errors import UserError
 from mha_jax.tasks import jitted
 

@@ -11,7 +11,8 @@ from typing import Callable
 import numpy as np
 
 from mha_jax import settings, storage
-from mha_jax.circuits import behaviour, paths, scores
+from mha_jax.circuits import behaviour, paths
+from mha_jax.toolkit import composition as scores
 from mha_jax.errors import BadCheckpoint, UserError
 from mha_jax.models import common
 from mha_jax.settings import setting

@@ -366,7 +366,8 @@ class Study:
   # ------------------------------------------------------------------ path patching
   def path_patch(self, receivers: Sequence[tuple[int, int]] | str = "logits",
                  channel: str = "q", direction: str = "denoise",
-                 chunk: int | None = None) -> dict:
+                 chunk: int | None = None,
+                 senders: Sequence[tuple[int, int]] | None = None) -> dict:
     """Path patching from every sender head to each receiver head through its `channel`
     input ("q", "k", "v": as that query head reads it), or to the logits
     (receivers="logits" or channel="logits").
@@ -375,6 +376,9 @@ class Study:
     at the base run (MLPs recompute); the receiver's channel is recorded. Step 2 (base
     run): the receiver's channel replaced by the recording. For the logits, step 1's
     logits are the result. All (sender, receiver) pairs in one program.
+
+    senders: only these (layer, head) senders (default every head; the others' entries
+    stay NaN).
 
     Returns metrics arrays of shape (L, H_max, R) (R = 1 for the logits) and
     "receivers".
@@ -387,8 +391,9 @@ class Study:
     for a, b in recv:
       if not to_logits and not (0 <= a < self.layers and 0 <= b < self.heads[a]):
         raise UserError(f"receiver lm.{a}.{b} is not a head of this model")
-    idx = [(l, h, r) for r in range(len(recv)) for l in range(self.layers)
-           for h in range(self.heads[l])]
+    pool = ([(l, h) for l in range(self.layers) for h in range(self.heads[l])]
+            if senders is None else [(int(a), int(b)) for a, b in senders])
+    idx = [(l, h, r) for r in range(len(recv)) for l, h in pool]
     ls, hs, rs = (jnp.asarray(np.asarray(c, np.int32)) for c in zip(*idx))
     rl = jnp.asarray([a for a, _ in recv], jnp.int32)
     rh = jnp.asarray([b for _, b in recv], jnp.int32)

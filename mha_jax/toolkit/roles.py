@@ -35,7 +35,11 @@ STACK_ROLES = {"encoder": ("positional", "syntactic", "rare"), "decoder_self": (
 ROLE_COLORS = {"positional": "#1f77b4", "syntactic": "#2ca02c", "rare": "#d62728",
                "other": "#c7c7c7", "previous_token": "#1f77b4", "induction": "#9467bd",
                "duplicate_token": "#ff7f0e", "attention_sink": "#8c564b", "cls": "#e377c2",
-               "sep": "#17becf", "n/a": "#999999"}
+               "sep": "#17becf", "n/a": "#999999",
+               # analysis.taxonomy's roles
+               "name_mover": "#e41a1c", "negative_name_mover": "#000000",
+               "s_inhibition": "#4daf4a", "successor": "#984ea3",
+               "copy_suppression": "#bcbd22", "retrieval": "#f781bf"}
 ALIASES = {"obj": "dobj"}          # Universal Dependencies v2 calls the object "obj"
 
 

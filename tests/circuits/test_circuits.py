@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha_jax.circuits import paths, circuits_report, scores
+from mha_jax.circuits import paths, circuits_report
+from mha_jax.toolkit import composition as scores
 from mha_jax.data import repeated_tokens
 from mha_jax.loader import load
 from mha_jax.models import common

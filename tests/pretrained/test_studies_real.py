@@ -15,7 +15,7 @@ from mha_jax import tasks
 from mha_jax.analysis import attention_explorer
 from mha_jax.toolkit import head_roles
 from mha_jax.toolkit import importance
-from mha_jax.circuits import scores
+from mha_jax.toolkit import composition as scores
 from mha_jax.models import common
 from mha_jax.toolkit import masks
 from mha_jax.pruning import methods

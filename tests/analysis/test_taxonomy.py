@@ -1,0 +1,273 @@
+"""Head-role detectors and the taxonomy (analysis.detectors, analysis.taxonomy) on
+planted tiny LLaMAs: weights that make layer 1's head 0 a successor head, head 1 a
+copy-suppression head and head 2 a sink head; each detector finds exactly that head,
+and the same model without them finds none. Scores against their definitions by hand."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha_jax import interventions
+from mha_jax.analysis import detectors
+from mha_jax.toolkit import roles
+from mha_jax.analysis import taxonomy
+from mha_jax.errors import UserError
+from mha_jax.models import llama
+
+V, DM, H, K = 12, 16, 3, 16
+SEQ = [1, 2, 3, 4, 5, 6]             # the planted ordinal sequence
+SPEC = llama.LlamaSpec(rope_base=1e9)  # the last RoPE pair barely turns (the sink's q, k)
+
+
+class Task:
+  """The slice of the task protocol the detectors use."""
+  vocab_size = V
+
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    return llama.apply(params, SPEC, batch["tokens"][:, :-1], hook=hook,
+                       logits_at=batch.get("logits_at"))
+
+
+def planted(successor=True, copy=True, sink=True):
+  p = llama.init(jax.random.PRNGKey(0), vocab_size=V, d_model=DM, num_heads=H,
+                 num_kv_heads=H, head_dim=K, num_layers=2, d_ff=8)
+  p = jax.tree.map(lambda a: np.zeros_like(np.asarray(a)) if a.ndim >= 2 else np.asarray(a), p)
+  e = np.zeros((V, DM))
+  e[np.arange(V), np.arange(V)] = 1.0      # one-hot tokens
+  e[:, 12] = 1.0                           # a constant direction (the sink's query)
+  e[0, 13] = 1.0                           # BOS's marker (the sink's key)
+  p["embed"] = e
+  a = p["lm"]["layer_1"]["attn"]
+  a["wv"] = np.repeat(np.eye(DM)[:, None, :], H, 1)          # v = x for every head
+  if successor:                            # OV: e_i -> e_{i+1} along SEQ
+    for i, j in zip(SEQ[:-1], SEQ[1:]):
+      a["wo"][0, i, j] = 3.0
+  if copy:                                 # OV: -3 I on the tokens
+    a["wo"][1, np.arange(V), np.arange(V)] = -3.0
+  if sink:                                 # every query on key 0, output 0
+    a["wq"][12, 2, K // 2 - 1] = 6.0
+    a["wk"][13, 2, K // 2 - 1] = 6.0
+  return jax.tree.map(jnp.asarray, p)
+
+
+def text(seed=0, b=3, t=10):
+  """[BOS] then tokens outside SEQ's successors (7..11): the successor head writes 0."""
+  rng = np.random.default_rng(seed)
+  return np.concatenate([np.zeros((b, 1), np.int32), rng.integers(7, V, (b, t))], 1)
+
+
+def found(arr, threshold, below=False):
+  l, h = np.nonzero(arr <= threshold if below else arr >= threshold)
+  return sorted(f"lm.{a}.{b}" for a, b in zip(l, h))
+
+
+@pytest.mark.parametrize("plant", [True, False])
+def test_each_detector_finds_exactly_the_planted_head(plant):
+  task, p = Task(), planted(plant, plant, plant)
+  x = detectors.effective_embeddings(task, p, SEQ)
+  np.testing.assert_allclose(x, np.asarray(p["embed"])[SEQ], atol=1e-6)  # layer 0 is empty
+  succ = detectors.succession_scores(p, {"s": x}, {"s": SEQ})
+  cs = detectors.copy_suppression_text(task, p, text(), np.arange(1, V))
+  ov = detectors.ov_self_scores(p, detectors.effective_embeddings(task, p, range(1, V)), np.arange(1, V))
+  sink = detectors.sink_scores(task, p, text())
+  want = (lambda h: [h]) if plant else (lambda h: [])
+  assert found(succ, 0.5) == want("lm.1.0")
+  assert found(np.where(ov < 0, cs, -np.inf), 1.0) == want("lm.1.1")
+  assert found(sink, 0.8) == want("lm.1.2")
+  if plant:
+    assert succ[1, 0] == 1.0 and sink[1, 2] > 0.99 and ov[1, 1] < -3
+
+
+def random_params(seed=1):
+  p = llama.init(jax.random.PRNGKey(seed), vocab_size=V, d_model=DM, num_heads=H,
+                 num_kv_heads=H, head_dim=K, num_layers=2, d_ff=8)
+  return jax.tree.map(lambda a: a * 3.0 if a.ndim == 3 else a, p)
+
+
+def test_succession_score_equals_its_definition_by_hand():
+  p = random_params()
+  x = np.random.default_rng(2).normal(size=(len(SEQ), DM))
+  got = detectors.succession_scores(p, {"s": x}, {"s": SEQ})
+  e = np.asarray(p["embed"], np.float64)
+  for l in range(2):
+    lp = p["lm"][f"layer_{l}"]
+    g1 = np.asarray(lp["ln1"]["scale"], np.float64)
+    for h in range(H):
+      hits = 0
+      for i in range(len(SEQ) - 1):
+        xi = x[i] / np.sqrt((x[i] ** 2).mean()) * g1
+        out = xi @ np.asarray(lp["attn"]["wv"][:, h]) @ np.asarray(lp["attn"]["wo"][h])
+        logits = [out @ e[j] for j in SEQ]
+        hits += int(np.argmax(logits) == i + 1)
+      assert got[l, h] == pytest.approx(hits / (len(SEQ) - 1))
+
+
+def test_copy_suppression_and_sink_scores_equal_their_definitions_by_hand():
+  task, p = Task(), random_params(4)
+  tok = text(3, b=2, t=7)
+  sample = np.arange(1, V)
+  got = detectors.copy_suppression_text(task, p, tok, sample)
+  sink = detectors.sink_scores(task, p, tok)
+  read = [f"lm.{i}.attn.{s}" for i in range(2) for s in ("pattern", "result")]
+  _, vals = interventions.run_with_hook(lambda hook: task.apply(p, {"tokens": jnp.asarray(tok)}, hook=hook), read=read)
+  e = np.asarray(p["embed"], np.float64)
+  inp = tok[:, :-1]
+  for l in range(2):
+    w = np.asarray(vals[f"lm.{l}.attn.pattern"], np.float64)
+    r = np.asarray(vals[f"lm.{l}.attn.result"], np.float64)
+    np.testing.assert_allclose(sink[l], roles.first_token_share(w), rtol=1e-6)
+    for h in range(H):
+      num = den = 0.0
+      for b in range(tok.shape[0]):
+        for t in range(2, inp.shape[1]):
+          j = 1 + int(np.argmax(w[b, h, t, 1:t]))
+          eff = r[b, t, h] @ e.T                        # the head's direct logits (V,)
+          z = (eff[inp[b, j]] - eff[sample].mean()) / eff[sample].std()
+          num += w[b, h, t, j] * z
+          den += w[b, h, t, j]
+      assert got[l, h] == pytest.approx(-num / den, rel=1e-3, abs=1e-4)
+
+
+def test_random_draws_never_include_the_tested_heads():
+  heads = [f"lm.{l}.{h}" for l in range(3) for h in range(4)]
+  top = ["lm.0.1", "lm.0.2", "lm.2.3"]
+  draws = taxonomy.random_draws(top, heads, draws=20, seed=3)
+  assert len(draws) == 20
+  for d in draws:
+    assert len(d) == 3 and len(set(d)) == 3 and not set(d) & set(top)
+    assert [x.split(".")[1] for x in d] == ["0", "0", "2"]      # the top heads' layers
+  # a layer with no head left: drawn from the others, still never a top head
+  d = taxonomy.random_draws(["lm.0.0", "lm.0.1", "lm.0.2", "lm.0.3", "lm.1.0"], heads, 10)
+  assert all(not set(x) & {"lm.0.0", "lm.0.1", "lm.0.2", "lm.0.3", "lm.1.0"} for x in d)
+  with pytest.raises(UserError, match="top_k 3"):
+    taxonomy.random_draws(top, top + ["lm.1.1"], 1)
+
+
+def test_mean_and_sink_edits_touch_only_the_chosen_heads():
+  task, p = Task(), planted()
+  tok = jnp.asarray(text())
+  read = ("lm.1.attn.z", "lm.1.attn.pattern")
+  _, base = interventions.run_with_hook(lambda hk: task.apply(p, {"tokens": tok}, hook=hk), read=read)
+  means = [np.full((H, K), 0.5), np.full((H, K), 0.25)]
+  _, got = interventions.run_with_hook(lambda hk: task.apply(p, {"tokens": tok}, hook=hk),
+                 taxonomy.mean_edits(p, ["lm.1.1"], means), read)
+  z, z0 = np.asarray(got["lm.1.attn.z"]), np.asarray(base["lm.1.attn.z"])
+  np.testing.assert_allclose(z[:, :, 1], 0.25)
+  np.testing.assert_allclose(z[:, :, [0, 2]], z0[:, :, [0, 2]], atol=1e-6)
+  _, got = interventions.run_with_hook(lambda hk: task.apply(p, {"tokens": tok}, hook=hk),
+                 taxonomy.sink_edits(p, ["lm.1.2"]), read)
+  w, w0 = np.asarray(got["lm.1.attn.pattern"]), np.asarray(base["lm.1.attn.pattern"])
+  assert np.all(w[:, 2, :, 0] == 0) and w0[:, 2, 1:, 0].min() > 0.99
+  np.testing.assert_allclose(w[:, :2], w0[:, :2], atol=1e-6)
+
+
+def test_assign_takes_the_first_qualifying_role():
+  got = taxonomy.assign(["lm.0.0", "lm.0.1", "lm.0.2"],
+                 {"induction": ["lm.0.0", "lm.0.1"], "name_mover": ["lm.0.1"]})
+  assert got == {"lm.0.0": "induction", "lm.0.1": "name_mover", "lm.0.2": "other"}
+
+
+class _Cfg(dict):
+  __getattr__ = dict.__getitem__
+
+
+class _CharTokenizer:
+  """Every character two tokens: no name (nor any ordinal item) is a single token."""
+
+  def encode(self, text):
+    return [t for c in text for t in (ord(c) % 49 + 1, 0)]
+
+
+class _TextTask:
+  name = "fake"
+  cfg = _Cfg(model=_Cfg(max_len=64), tokenizer=_Cfg(bos_id=-1, add_bos=False))
+  tokenizer = _CharTokenizer()
+  vocab_size = 50
+
+
+def test_roles_that_cannot_exist_are_refused_by_name():
+  with pytest.raises(UserError, match="role retrieval: the haystack of 384 tokens is longer "
+                                      "than this model's window \\(64 tokens\\)"):
+    detectors.check_window(_TextTask(), 384)
+  with pytest.raises(UserError, match="role name_mover: the IOI task needs two names"):
+    taxonomy._ioi_pairs(_TextTask(), 4, 0, "name_mover")
+  with pytest.raises(UserError, match="role successor: no ordinal sequence"):
+    detectors.ordinal_ids(_TextTask())
+
+
+def test_settings_are_checked_by_name():
+  assert taxonomy.Settings().roles == taxonomy.DEFAULT_ROLES and "retrieval" not in taxonomy.DEFAULT_ROLES
+  assert taxonomy.Settings(roles=taxonomy.parse_roles("sink,induction".replace("sink", "attention_sink"))
+                    ).roles == ("attention_sink", "induction")
+  with pytest.raises(UserError, match="roles must be a non-empty subset.*got bogus"):
+    taxonomy.Settings(roles=("bogus",))
+  with pytest.raises(UserError, match="top_k must be >= 1; got 0"):
+    taxonomy.Settings(top_k=0)
+  with pytest.raises(UserError, match="depths must be fractions"):
+    taxonomy.Settings(depths=(1.5,))
+
+
+def test_needle_inputs_place_the_needle_and_the_answer():
+  stream = np.arange(100, 200)
+  tok, start, ans = detectors.needle_inputs(_TextTask(), stream, 40, (0.0, 0.5, 1.0), [1, 2, 3], [9, 9])
+  assert tok.shape == (3, 40)
+  for row, s, a in zip(tok, start, ans):
+    assert list(row[s:s + 3]) == [1, 2, 3] and list(row[a:a + 3]) == [1, 2, 3]
+    assert list(row[a - 2:a]) == [9, 9]
+  assert start[0] == 0 and start[2] == 40 - 2 * 3 - 2
+
+
+@pytest.mark.slow
+def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
+  import json
+  import mha_jax
+  from mha_jax.analysis import report
+  loaded = mha_jax.load(ind_run)
+  out = str(tmp_path / "analysis")
+  report.analyze(loaded, out, report.AnalyzeOptions(
+      ablations=False, roles="attention_sink,copy_suppression"), log=lambda m: None)
+  doc = json.load(open(f"{out}/roles.json"))
+  heads = [r["head"] for r in json.load(open(f"{out}/heads.json"))]
+  assert set(doc["lm_roles"]) == {"attention_sink", "copy_suppression"}
+  assert sorted(doc["assigned"]) == sorted(heads)
+  assert set(doc["thresholds"]) == {"attention_sink", "copy_suppression"}
+  for c in doc["causal"].values():
+    assert len(c["top"]) == 3 and len(c["random"]) == 5
+    assert all(not set(d) & set(c["top"]) for d in c["random_heads"])
+    assert c["verdict"] == ("holds" if c["effect"] > max(0, *c["random"]) else "fails")
+  rows = {r["head"]: r["role"] for r in json.load(open(f"{out}/heads.json"))}
+  assert rows == doc["assigned"]                       # the explorer's colours
+  assert (tmp_path / "analysis" / "taxonomy.png").exists()
+  with pytest.raises(UserError, match="roles must be a non-empty subset"):
+    report.analyze(loaded, out, report.AnalyzeOptions(ablations=False, roles="sinks"),
+                   log=lambda m: None)
+
+
+def test_path_patching_of_chosen_senders_equals_the_full_sweep():
+  from oracles import LlamaTask, tiny_llama_pairs
+  from mha_jax.toolkit import activation_patching
+  params, pairs = tiny_llama_pairs(slice(1, 3), [7, 6, 7])
+  s = activation_patching.Study(LlamaTask(), params, pairs)
+  full = s.path_patch([(1, 2)], "q")["recovery"]
+  some = s.path_patch([(1, 2)], "q", senders=[(0, 1), (0, 3)])["recovery"]
+  np.testing.assert_allclose(some[[0, 0], [1, 3]], full[[0, 0], [1, 3]], rtol=1e-5, atol=1e-6)
+  assert np.isnan(some[0, 0]).all() and np.isnan(some[1]).all()
+
+
+def test_each_behaviour_reads_its_own_inputs():
+  import types
+  task, p = Task(), random_params(5)
+  rep = np.random.default_rng(6).integers(1, V, (2, 9)).astype(np.int32)
+  mask = np.zeros((2, 8), np.float32)
+  mask[:, 5:] = 1.0
+  txt = text(7, b=3, t=6)
+  fns = taxonomy.behaviours(types.SimpleNamespace(task=task, params=p), taxonomy.Settings(),
+                     {"repeat": (rep, mask), "text": txt})
+
+  def nll(tok):
+    lg = np.asarray(task.apply(p, {"tokens": jnp.asarray(tok)}), np.float64)
+    lp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
+    return -np.take_along_axis(lp, tok[:, 1:, None], -1)[..., 0]
+  assert fns["repeat_loss"]({}) == pytest.approx((nll(rep) * mask).sum() / mask.sum(), rel=1e-4)
+  assert fns["text_loss"]({}) == pytest.approx(nll(txt).mean(), rel=1e-4)
