@@ -64,7 +64,6 @@ class Verb:
   opts: type | None = None
   inputs: tuple = ()
   config: str | None = "study"
-  hidden: bool = False
 
   def specs(self, methods: Sequence[str] | None = None) -> list[settings.Spec]:
     """The inputs, then the settings (only those of `methods` among method-bound ones;
@@ -571,8 +570,8 @@ def _add_verb(sub, name: str, verb: Verb, methods: Sequence[str] | None):
         "--config FILE.py[:ARG]: these settings from a config file (keys: the settings' "
         "names, each flag with '_' for '-'); --config.KEY=VALUE overrides a key; a flag "
         "given here overrides both (docs/guide/cli.md).")
-  kw = {} if verb.hidden else {"help": verb.help}
-  p = sub.add_parser(name, description=verb.help, epilog=epilog, allow_abbrev=False, **kw)
+  p = sub.add_parser(name, help=verb.help, description=verb.help, epilog=epilog,
+                     allow_abbrev=False)
   groups = {}
   for spec in verb.specs(methods if verb.methods else None):
     where = p
@@ -775,5 +774,6 @@ def main(argv=None) -> int:
     return 2
 
 
-if __name__ == "__main__":
-  sys.exit(main())
+if __name__ == "__main__":   # python -m mha_jax.cli: the one module the harness extends
+  from mha_jax.cli import main as _main
+  sys.exit(_main())

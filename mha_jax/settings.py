@@ -149,12 +149,3 @@ def check(opts):
     check_value(s, getattr(opts, s.name))
   return opts
 
-
-def make(cls, **values):
-  """`cls(**values)`, checked; an unknown name is refused by its name."""
-  names = {f.name for f in dataclasses.fields(cls)}
-  for k in values:
-    if k not in names:
-      raise UserError(f"{k!r} is not a setting of {cls.__name__} (its settings: "
-                      f"{', '.join(sorted(names))})")
-  return check(cls(**values))

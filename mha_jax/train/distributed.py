@@ -51,8 +51,8 @@ def settings(coordinator: str | None = None, num_processes: int | None = None,
              process_id: int | None = None, environ=os.environ) -> dict | None:
   """The multi-process settings from the arguments, else the environment; None if unset.
 
-  Raises ValueError, naming the flag (and its variable), when only some are given or a
-  value is malformed.
+  Raises ValueError, naming the setting (and its variable), when only some are given or
+  a value is malformed.
   """
   given = {"coordinator": coordinator, "num_processes": num_processes,
            "process_id": process_id}
@@ -63,10 +63,10 @@ def settings(coordinator: str | None = None, num_processes: int | None = None,
     return None
   missing = [n for n, v in given.items() if v is None]
   if missing:
-    flags = ", ".join(f"--{n.replace('_', '-')} (or {ENV[n]})" for n in missing)
+    names = ", ".join(f"{n} (or {ENV[n]})" for n in missing)
     raise UserError(f"a multi-process run needs coordinator, num_processes and "
-                     f"process_id; missing {flags}",
-                     setting=("coordinator", "num_processes", "process_id"))
+                    f"process_id; missing {names}",
+                    setting=("coordinator", "num_processes", "process_id", *missing))
   coord = str(given["coordinator"])
   host, _, port = coord.rpartition(":")
   if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -76,14 +76,14 @@ def settings(coordinator: str | None = None, num_processes: int | None = None,
     try:
       out[name] = int(given[name])
     except (TypeError, ValueError):
-      raise UserError(f"--{name.replace('_', '-')} must be an integer; got "
-                       f"{given[name]!r}") from None
+      raise UserError(f"{name} must be an integer; got {given[name]!r}",
+                      setting=name) from None
   if out["num_processes"] < 1:
     raise UserError(f"num_processes must be >= 1; got {out['num_processes']}",
                     setting="num_processes")
   if not 0 <= out["process_id"] < out["num_processes"]:
     raise UserError(f"process_id must be in [0, {out['num_processes']}); got "
-                     f"{out['process_id']}", setting="process_id")
+                    f"{out['process_id']}", setting="process_id")
   return out
 
 

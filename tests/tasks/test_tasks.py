@@ -100,7 +100,7 @@ def test_induction_vs_random_when_a_layer_has_no_other_head(ind_run):
   # 8 heads and a top 5: 3 others, too few to draw 5 random heads without repeating one.
   assert len(loaded.head_names) == 8
   with pytest.raises(UserError, match="top 5: the model has 3 heads besides the top 5.*"
-                                      "use --top 4 or less"):
+                                      "use top 4 or less"):
     importance.induction_vs_random(loaded, scores, top=5, draws=1, log=lambda s: None)
 
 

@@ -126,10 +126,10 @@ def test_sigkill_of_one_process_then_restart_of_both_resumes(tmp_path):
 
 
 @pytest.mark.parametrize("kw, env, match", [
-    (dict(coordinator="localhost:1234"), {}, "missing --num-processes"),
+    (dict(coordinator="localhost:1234"), {}, "missing num_processes"),
     (dict(coordinator="nohost", num_processes=2, process_id=0), {}, "HOST:PORT"),
-    (dict(coordinator="h:1", num_processes="two", process_id=0), {}, "--num-processes must"),
-    (dict(coordinator="h:1", num_processes=2, process_id=2), {}, r"--process-id must be in \[0, 2\)"),
+    (dict(coordinator="h:1", num_processes="two", process_id=0), {}, "num_processes must"),
+    (dict(coordinator="h:1", num_processes=2, process_id=2), {}, r"process_id must be in \[0, 2\)"),
     ({}, {"MHA_JAX_COORDINATOR": "h:1", "MHA_JAX_NUM_PROCESSES": "2"}, "MHA_JAX_PROCESS_ID"),
 ])
 def test_multi_process_settings_are_checked(kw, env, match):
