@@ -692,8 +692,9 @@ VERBS = {
         WORKDIR, _arg("--task", choices=circuit_tasks.TASKS, default=None),
         _arg("--pairs", default=None, help="a JSONL file, one {clean, corrupt, answer, "
              "wrong[, metric]} a line (metric: logit_diff or prob_diff)"),
-        _arg("--method", choices=circuit_run.METHODS, default="eap-ig",
-             help="edge scores: eap, eap-ig (default), exact patching, or greedy "
+        _arg("--method", choices=circuit_run.METHODS, default="auto",
+             help="edge scores: auto (default: the most faithful of eap, eap-ig and, on "
+                  "small graphs, exact, by CPR), eap, eap-ig, exact patching, or greedy "
                   "(ACDC-style pruning with exact patching; small graphs)"),
         _arg("--ablation", choices=ablations.KINDS, default="corrupt",
              help="what an edge outside the circuit carries"),
@@ -709,7 +710,7 @@ VERBS = {
              help="keep pairs whose clean prompt the model gets wrong"),
         _arg("--n-pairs", type=int, default=8, help="built-in tasks: pairs drawn"), SEED,
         _arg("--out", required=True, help="output folder")), methods=(
-            ("eap", ()), ("eap-ig", ()), ("exact", ()),
+            ("auto", ()), ("eap", ()), ("eap-ig", ()), ("exact", ()),
             ("greedy", (_arg("--threshold", type=float, default=0.01,
                              help="an edge goes when the metric moves by less than this "
                                   "share of m(full) - m(empty)"),)))),

@@ -9,6 +9,11 @@
                      "seconds", and the pairs (those left out: "failing")
   DIR/faithfulness.png   the curve
   DIR/circuit.png        the target circuit, layer by layer
+
+--method auto (the default) draws the curve of every method that fits (EAP, EAP-IG, and
+exact patching up to AUTO_EXACT_EDGES edges) and keeps the most faithful one: the largest
+CPR (ties: the smaller CMD); "methods" records each one's CPR, CMD and target circuit,
+"chosen" the one kept.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from mha_jax.errors import UserError
 from mha_jax.patching import core
 from mha_jax.toolkit import ablations
 
-METHODS = ("eap", "eap-ig", "exact", "greedy")
+METHODS = ("auto", "eap", "eap-ig", "exact", "greedy")
+# --method auto also scores every edge by exact patching (one forward each) up to this
+# many edges (a tiny model's graph; SmolLM2 has 70,651, Gemma 3 270M 5,644)
+AUTO_EXACT_EDGES = 2000
 
 
 def check(method: str, ablation: str, target: float, steps: int) -> None:
@@ -64,7 +72,7 @@ def prepare(run, task, pairs_file, n_pairs, seed, keep_failing, log=print):
   return s, tasks.metric_of(pairs, spec), spec, failing
 
 
-def study(run, out: str, *, task=None, pairs_file=None, method: str = "eap-ig",
+def study(run, out: str, *, task=None, pairs_file=None, method: str = "auto",
           ablation: str = "corrupt", target: float = 0.8, n_pairs: int = 8, seed: int = 0,
           steps: int = 5, ig_on: str = "inputs", keep_failing: bool = False,
           sample: int = 200, threshold: float = 0.01, log=print) -> dict:
@@ -86,19 +94,25 @@ def study(run, out: str, *, task=None, pairs_file=None, method: str = "eap-ig",
 
   eap = timed("eap", es.eap)
   ig = timed("eap_ig", lambda: es.eap_ig(steps, ig_on))
-  if method == "exact":
-    scores = timed("exact", es.exact)
-  elif method == "greedy":
+  scored = {"eap": eap, "eap-ig": ig}
+  if method == "exact" or (method == "auto" and len(es.edges) <= AUTO_EXACT_EDGES):
+    scored["exact"] = timed("exact", es.exact)
+  if method == "greedy":
     keep = timed("greedy", lambda: search.greedy(es, threshold, log=log))
-    scores = np.where(keep[es.edges[:, 0], es.edges[:, 1]], np.abs(eap) + 1e-9, 0.0)
+    candidates = {"greedy": np.where(keep[es.edges[:, 0], es.edges[:, 1]],
+                                     np.abs(eap) + 1e-9, 0.0)}
   else:
-    scores = eap if method == "eap" else ig
+    candidates = scored if method == "auto" else {method: scored[method]}
   agreement = {name: timed(f"agreement_{name}", lambda est=est: es.agreement(
       est, sample=sample, seed=seed)) for name, est in (("eap", eap), ("eap-ig", ig))}
-  points, keeps = timed("curve", lambda: search.curve(es, scores))
-  area = search.areas([p["fraction"] for p in points], [p["faithfulness"] for p in points])
-  at = search.smallest_reaching(points, target)
-  best = keeps[at] if at is not None else keeps[-1]
+  tried = {name: _circuit_at(es, sc, target, timed, name)
+           for name, sc in candidates.items()}
+  chosen = max(tried, key=lambda n: (tried[n]["cpr"], -tried[n]["cmd"]))
+  if len(tried) > 1:
+    log("auto: " + ", ".join(f"{n} CPR {t['cpr']:.4f}" for n, t in tried.items())
+        + f"; kept {chosen}")
+  scores, points, best, at = (tried[chosen][k] for k in ("scores", "points", "keep", "at"))
+  area = {k: tried[chosen][k] for k in ("cpr", "cmd")}
   view = search.touched(es.graph, best)
   nodes = {"heads": view["heads"], "mlps": view["mlps"], "edges": int(best.sum()),
            "faithfulness": points[at if at is not None else -1]["faithfulness"],
@@ -107,6 +121,9 @@ def study(run, out: str, *, task=None, pairs_file=None, method: str = "eap-ig",
   names = es.graph.nodes, es.graph.ends
   order = np.argsort(-np.abs(scores), kind="stable")
   doc = {"workdir": run.workdir, "task": task or pairs_file, "method": method,
+         "chosen": chosen, "methods": {n: {k: t[k] for k in ("cpr", "cmd", "edges",
+                                                             "faithfulness", "reached")}
+                                       for n, t in tried.items()},
          "ablation": ablation, "target": target, "steps": steps, "ig_on": ig_on,
          "metric": spec["name"] if isinstance(spec, dict) else spec,
          "metric_full": es.m_full, "metric_empty": es.m_empty,
@@ -119,9 +136,22 @@ def study(run, out: str, *, task=None, pairs_file=None, method: str = "eap-ig",
   storage.makedirs(out)
   storage.write_json(storage.join(out, "circuit.json"), doc)
   plot_curve(points, target, storage.join(out, "faithfulness.png"),
-             f"{doc['task']}: {method}, {ablation} ablation")
+             f"{doc['task']}: {chosen}" + (" (auto)" if method == "auto" else "")
+             + f", {ablation} ablation")
   plot_circuit(es.graph, best, scores, es.edges, storage.join(out, "circuit.png"))
   return doc
+
+
+def _circuit_at(es, scores, target, timed, name) -> dict:
+  """One method's curve, CPR / CMD and its smallest circuit reaching target (else the
+  whole graph's)."""
+  points, keeps = timed(f"curve_{name}", lambda: search.curve(es, scores))
+  area = search.areas([p["fraction"] for p in points], [p["faithfulness"] for p in points])
+  at = search.smallest_reaching(points, target)
+  keep = keeps[at] if at is not None else keeps[-1]
+  return {"scores": scores, "points": points, "keep": keep, "at": at, **area,
+          "edges": int(keep.sum()), "reached": at is not None,
+          "faithfulness": points[at if at is not None else -1]["faithfulness"]}
 
 
 def plot_curve(points, target, path, title) -> None:

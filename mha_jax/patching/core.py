@@ -366,10 +366,12 @@ class Study:
   # ------------------------------------------------------------------ path patching
   def path_patch(self, receivers: Sequence[tuple[int, int]] | str = "logits",
                  channel: str = "q", direction: str = "denoise",
-                 chunk: int | None = None) -> dict:
+                 chunk: int | None = None,
+                 sender_layers: Sequence[int] | None = None) -> dict:
     """Path patching from every sender head to each receiver head through its `channel`
     input ("q", "k", "v": as that query head reads it), or to the logits
-    (receivers="logits" or channel="logits").
+    (receivers="logits" or channel="logits"). sender_layers: only the heads of these
+    layers are senders (default every layer; the others' rows are NaN).
 
     Step 1 (base run): the sender's z from the source run, every other head's z frozen
     at the base run (MLPs recompute); the receiver's channel is recorded. Step 2 (base
@@ -387,7 +389,12 @@ class Study:
     for a, b in recv:
       if not to_logits and not (0 <= a < self.layers and 0 <= b < self.heads[a]):
         raise UserError(f"receiver lm.{a}.{b} is not a head of this model")
-    idx = [(l, h, r) for r in range(len(recv)) for l in range(self.layers)
+    layers = range(self.layers) if sender_layers is None else sorted(set(sender_layers))
+    for l in layers:
+      if not 0 <= l < self.layers:
+        raise UserError(f"sender_layers: {l} is not a layer of this model (0 to "
+                        f"{self.layers - 1})")
+    idx = [(l, h, r) for r in range(len(recv)) for l in layers
            for h in range(self.heads[l])]
     ls, hs, rs = (jnp.asarray(np.asarray(c, np.int32)) for c in zip(*idx))
     rl = jnp.asarray([a for a, _ in recv], jnp.int32)
@@ -419,7 +426,7 @@ class Study:
         return jax.lax.map(one, (ls, hs, rs), batch_size=chunk)
       return fn
 
-    key = ("path", to_logits, channel, direction, len(recv), chunk)
+    key = ("path", to_logits, channel, direction, len(idx), chunk)
     fn = self._cached(key, build)
     ld, logp = fn(self.params, self.tokens[base_run], self.tokens[src_run], ls, hs, rs, rl, rh)
     ld, logp = np.asarray(ld), np.asarray(logp)

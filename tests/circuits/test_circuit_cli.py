@@ -128,3 +128,29 @@ def test_a_model_without_the_edge_sites_is_refused():
   s = core.Study(Bare(), jax.numpy.zeros(()), pairs)
   with pytest.raises(UserError, match="no edge-end sites"):
     E.EdgeStudy(s)
+
+
+def test_auto_keeps_the_most_faithful_method(tiny_attn_lm, tmp_path):
+  """The default --method auto on a graph small enough for exact patching: every
+  method's CPR is its own curve's area (recomputed here), and the one kept is the
+  largest."""
+  from mha_jax.circuits import search
+  wd, _ = tiny_attn_lm
+  out = str(tmp_path / "auto")
+  assert cli.main(["circuit", "--workdir", wd, "--task", "induction", "--n-pairs", "4",
+                   "--keep-failing", "--sample", "8", "--steps", "2", "--out", out]) == 0
+  doc = json.load(open(os.path.join(out, "circuit.json")))
+  assert doc["method"] == "auto" and set(doc["methods"]) == {"eap", "eap-ig", "exact"}
+  s, metric, _, _ = circuit.prepare(load(wd), "induction", None, 4, 0, True, log=lambda m: 0)
+  es = E.EdgeStudy(s, metric=metric)
+  for name, scores in (("eap", es.eap()), ("eap-ig", es.eap_ig(2)), ("exact", es.exact())):
+    points, _ = search.curve(es, scores)
+    want = search.areas([p["fraction"] for p in points], [p["faithfulness"] for p in points])
+    assert abs(doc["methods"][name]["cpr"] - want["cpr"]) < 1e-4, name
+    assert abs(doc["methods"][name]["cmd"] - want["cmd"]) < 1e-4, name
+  best = max(doc["methods"], key=lambda n: doc["methods"][n]["cpr"])
+  assert doc["chosen"] == best and doc["cpr"] == doc["methods"][best]["cpr"]
+  got = {f"{e['from']} -> {e['to']}": e["score"] for e in doc["edges"]}
+  want = dict(zip(es.graph.edge_names(), {"eap": es.eap, "exact": es.exact}.get(
+      best, lambda: es.eap_ig(2))()))
+  assert all(abs(got[k] - v) < 1e-5 for k, v in want.items())
