@@ -9,6 +9,9 @@
                      "seconds", and the pairs (those left out: "failing")
   DIR/faithfulness.png   the curve
   DIR/circuit.png        the target circuit, layer by layer
+  DIR/explorer.html      the explorer's circuit view (the graph layer by layer; a click on
+                         a head opens its attention on the first pairs) beside the attention
+                         view (mha_jax/assets/explorer.*)
 
 --method auto (the default) draws the curve of every method that fits (EAP, EAP-IG, and
 exact patching up to AUTO_EXACT_EDGES edges) and keeps the most faithful one: the largest
@@ -18,6 +21,7 @@ CPR (ties: the smaller CMD); "methods" records each one's CPR, CMD and target ci
 
 from __future__ import annotations
 
+import html
 import time
 
 import jax
@@ -139,6 +143,7 @@ def study(run, out: str, *, task=None, pairs_file=None, method: str = "auto",
              f"{doc['task']}: {chosen}" + (" (auto)" if method == "auto" else "")
              + f", {ablation} ablation")
   plot_circuit(es.graph, best, scores, es.edges, storage.join(out, "circuit.png"))
+  write_explorer(out, doc, es, best, scores, s, run.task)
   return doc
 
 
@@ -152,6 +157,37 @@ def _circuit_at(es, scores, target, timed, name) -> dict:
   return {"scores": scores, "points": points, "keep": keep, "at": at, **area,
           "edges": int(keep.sum()), "reached": at is not None,
           "faithfulness": points[at if at is not None else -1]["faithfulness"]}
+
+
+def circuit_view(doc: dict, graph, keep, scores, edges) -> dict:
+  """The explorer's circuit data: the graph's shape, the target circuit's edges
+  ({"from", "to", "score", "into": the nodes the end feeds}) and the summary."""
+  score = {(int(u), int(e)): float(v) for (u, e), v in zip(edges, scores)}
+  nodes, ends = graph.nodes, graph.ends
+  rows = sorted(zip(*np.nonzero(keep)), key=lambda ue: -abs(score.get((int(ue[0]), int(ue[1])), 0.0)))
+  out = [{"from": nodes[u], "to": ends[e], "score": round(score.get((int(u), int(e)), 0.0), 7),
+          "into": [nodes[n] for n in graph.end_node(int(e))] or ["logits"]} for u, e in rows]
+  n = doc["nodes"]
+  keys = ("task", "workdir", "pairs", "ablation", "method", "chosen", "target", "cpr", "cmd")
+  return {"graph": {"layers": graph.layers, "heads": list(graph.heads),
+                    "kv_heads": list(graph.kv_heads), "mlp": [bool(m) for m in graph.mlp],
+                    "edges_total": doc["graph"]["edges"]},
+          "edges": out, "heads": n["heads"], "mlps": n["mlps"],
+          "summary": {**{k: doc[k] for k in keys}, "faithfulness": n["faithfulness"],
+                      "faithfulness_nodes": n.get("faithfulness_nodes")}}
+
+
+def write_explorer(out, doc, es, keep, scores, study, task, pairs: int = 2) -> str:
+  """DIR/explorer.html: the circuit view and the attention of the first `pairs` pairs
+  (clean and corrupt) from the study's own forward."""
+  from mha_jax import assets
+  from mha_jax.patching import explorer
+  data = {**explorer.attention_data(study, task, pairs),
+          "circuit": explorer._finite(circuit_view(doc, es.graph, keep, scores, es.edges))}
+  path = storage.join(out, "explorer.html")
+  storage.write_text(path, assets.page("explorer", data, title=html.escape(
+      f"circuit of {doc['task']} on {doc['workdir']}")))
+  return path
 
 
 def plot_curve(points, target, path, title) -> None:
