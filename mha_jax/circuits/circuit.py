@@ -151,7 +151,7 @@ def _circuit_at(es, scores, target, timed, name) -> dict:
   """One method's curve, CPR / CMD and its smallest circuit reaching target (else the
   whole graph's)."""
   points, keeps = timed(f"curve_{name}", lambda: search.curve(es, scores))
-  area = search.areas([p["fraction"] for p in points], [p["faithfulness"] for p in points])
+  area = search.curve_areas(points)
   at = search.smallest_reaching(points, target)
   keep = keeps[at] if at is not None else keeps[-1]
   return {"scores": scores, "points": points, "keep": keep, "at": at, **area,

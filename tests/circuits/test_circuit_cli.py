@@ -145,7 +145,7 @@ def test_auto_keeps_the_most_faithful_method(tiny_attn_lm, tmp_path):
   es = E.EdgeStudy(s, metric=metric)
   for name, scores in (("eap", es.eap()), ("eap-ig", es.eap_ig(2)), ("exact", es.exact())):
     points, _ = search.curve(es, scores)
-    want = search.areas([p["fraction"] for p in points], [p["faithfulness"] for p in points])
+    want = search.curve_areas(points)
     assert abs(doc["methods"][name]["cpr"] - want["cpr"]) < 1e-4, name
     assert abs(doc["methods"][name]["cmd"] - want["cmd"]) < 1e-4, name
   best = max(doc["methods"], key=lambda n: doc["methods"][n]["cpr"])
