@@ -398,6 +398,18 @@ def test_real_lm_circuit_claims_on_a_tiny_gemma(tiny_gemma, tmp_path):
   assert set(pc["corner_heads"]) <= set(pc["positivity"])
   b = S.claim_rests_on_first_token(ctx, "gemma3", None, wd)["numbers"]
   assert 0.0 <= b["weight_on_bos"] <= 1.0 and b["positions"] > 0
+  kc = S.claim_induction_k_causal(ctx, "gemma3", None, wd)["numbers"]
+  heads = S.circuit_facts(ctx, "gemma3", None, wd)["res"]["heads"]
+  assert kc["receivers"][0]["induction_head"] == n["induction_head"]
+  for r in kc["receivers"]:
+    li = int(r["induction_head"].split(".")[1])
+    below = {h: v["previous_token"] for h, v in heads.items() if int(h.split(".")[1]) < li}
+    assert r["previous_token_head"] == max(below, key=below.get)
+    lp = r["previous_token_head"].split(".")[1]
+    assert sorted(r["layer_row"]) == [f"lm.{lp}.{j}" for j in range(4)]
+    assert all(np.isfinite(v) for v in r["layer_row"].values())
+    assert r["verdict"] == R.induction_k_causal_one(r)
   for name, fn in (("induction_k_composition", n), ("composition_sparse", sp),
-                   ("positivity_corner", pc), ("rests_on_first_token", b)):
+                   ("positivity_corner", pc), ("rests_on_first_token", b),
+                   ("induction_k_causal", kc)):
     assert claims_run.CLAIMS[name][2](fn) in (H, F, I)
