@@ -166,6 +166,27 @@ def circuit_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
   return ctx.cache[key]
 
 
+def head_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
+  """{"res": {"workdir", "heads": behaviour.head_scores}, "run"}: the circuit facts'
+  head scores on the same repeated tokens, without the composition scores (minutes on
+  SmolLM2): those of circuit_facts when it already ran for this run."""
+  if ("circuits", wd) in ctx.cache:
+    return ctx.cache[("circuits", wd)]
+  key = ("heads", wd)
+  if key not in ctx.cache:
+    from mha_jax.circuits import behaviour
+    from mha_jax.loader import load
+    run = load(wd)
+    if not run.task.decoder_only:
+      raise UserError(f"{wd!r} holds task {run.task.name!r}; the {setting} setting's "
+                      f"circuit claims need a decoder-only model")
+    tokens, _ = behaviour.eval_tokens(run) if run.task.trainable else \
+        behaviour.eval_tokens(run, 8)
+    ctx.cache[key] = {"res": {"workdir": wd, "heads": behaviour.head_scores(run, tokens)},
+                      "run": run}
+  return ctx.cache[key]
+
+
 def _layer(name: str) -> int:
   return int(name.split(".")[1])
 
@@ -250,7 +271,7 @@ def claim_induction_k_causal(ctx: Context, setting: str, seed, wd: str,
   head in the corrupt run moves the keys to the corrupt copy's token, which is the
   logit difference's wrong answer."""
   from mha_jax.patching import core, pairs as P
-  f = circuit_facts(ctx, setting, seed, wd)
+  f = head_facts(ctx, setting, seed, wd)
   res, run = f["res"], f["run"]
   heads = res["heads"]
   half = max(2, min(10, (run.task.vocab_size - 2) // 2))
