@@ -346,15 +346,20 @@ def circuits_page(docs):
     rows = []
     for s_name, cell in c["settings"].items():
       if "per_seed" not in cell:
-        rows.append([s_name, cell["verdict"], "", "", ""])
+        rows.append([s_name, cell["verdict"], "", "", "", "", ""])
         continue
       for r in cell["numbers"]["receivers"]:
+        top = r["top_senders"][0]
         rows.append([s_name, cell["verdict"], r["induction_head"],
-                     f"{r['previous_token_head']}: {r['path_k_effect']:+.3f}",
-                     f"{r['best_other']}: {r['best_other_effect']:+.3f}"])
+                     f"{r['previous_token_head']} ({r['previous_token_score']:.2f} on t-1): "
+                     f"{r['path_k_effect']:+.3f}",
+                     f"{r['best_other']}: {r['best_other_effect']:+.3f}",
+                     f"{top[0]}: {top[1]:+.3f}", r["verdict"]])
     parts += ["## The induction claim, judged causally", "", f"Rule: {c['rule']}.", "",
               _table(["setting", "verdict", "induction head", "previous-token head: effect",
-                      "best other head of its layer: effect"], rows), ""]
+                      "best other head of its layer: effect",
+                      "strongest sender of the layers scanned", "this head's verdict"],
+                     rows), ""]
   parts += [_source(*srcs), ""]
   return "\n".join(parts)
 
