@@ -10,7 +10,7 @@
                      values are computed once when the study is built; their two
                      forwards are timed apart)
   EAP-IG             --steps steps on the inputs, against (steps + 2) x the unit
-  curve              20 circuit sizes as one batched program (circuits.search.curve)
+  curve              19 circuit sizes as one batched program (circuits.search.curve)
   one edge forward   the edge-masked forward alone (what each exact patch costs)
 
 Medians over --rounds after a warm-up (compilation excluded and reported). float32, CPU.

@@ -34,7 +34,8 @@ def commands(workdir: str, tmp: str, i: str) -> dict:
                 "--out", f"{tmp}/pa{i}"],
       "patch_all_sites": ["patch", "--workdir", workdir, "--task", "ioi", "--n-pairs", "4",
                           "--sites", "head_out,q,k,v,kv,resid", "--out", f"{tmp}/ps{i}"],
-      "circuit": ["circuit", "--workdir", workdir, "--task", "ioi", "--out", f"{tmp}/ci{i}"],
+      "circuit": ["circuit", "--workdir", workdir, "--task", "ioi", "--n-pairs", "4",
+                  "--sample", "20", "--out", f"{tmp}/ci{i}"],
   }
 
 

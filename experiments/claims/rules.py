@@ -147,17 +147,31 @@ def induction_k_composition(n: Mapping) -> str:
   return INCONCLUSIVE
 
 
-@rule("path patching (clean into corrupt induction pairs) from each head of the "
-      "previous-token head's layer to the induction head's key input: holds if the "
-      "previous-token head's recovery is the largest of its layer, >= 0.05 and >= 2x the "
-      "next head's; does not hold if another head of that layer recovers more; else "
-      "inconclusive")
-def induction_k_causal(n: Mapping) -> str:
-  prev, other = n["path_k_recovery"], n["best_other_recovery"]
+def induction_k_causal_one(n: Mapping) -> str:
+  """One receiver's verdict (see induction_k_causal)."""
+  prev, other = n["path_k_effect"], n["best_other_effect"]
   if other > prev:
     return FAILS
   if prev >= 0.05 and prev >= 2 * max(other, 0.0):
     return HOLDS
+  return INCONCLUSIVE
+
+
+@rule("noising path patching on induction pairs: each sender head of the previous-token "
+      "head's layer from the corrupt run, into the induction head's key input in the "
+      "clean run; effect = the share of the clean-corrupt logit difference lost. Per "
+      "induction head (the best by prefix matching, and up to 3 in all of those at >= "
+      "0.3), with its previous-token head (the best previous-token score in the layers "
+      "below): holds if that head's effect is the largest of its layer, >= 0.05 and >= "
+      "2x the next head's; does not hold if another head of that layer's is larger; "
+      "else inconclusive. The setting's verdict: holds (does not hold) if a majority of "
+      "its induction heads hold (do not hold); else inconclusive")
+def induction_k_causal(n: Mapping) -> str:
+  rec = n.get("receivers") or [n]
+  votes = [induction_k_causal_one(r) for r in rec]
+  for v in (HOLDS, FAILS):
+    if votes.count(v) * 2 > len(votes):
+      return v
   return INCONCLUSIVE
 
 
@@ -341,10 +355,11 @@ def _why_terms(n):
 
 
 def _why_causal(n):
-  return (f"path patching into {n['induction_head']}'s keys recovers "
-          f"{_f(n['path_k_recovery'])} from the previous-token head "
-          f"{n['previous_token_head']}, {_f(n['best_other_recovery'])} from "
-          f"{n['best_other']} of the same layer (rule: the largest, >= 0.05 and >= 2x)")
+  return "; ".join(
+      f"path patching into {r['induction_head']}'s keys loses {_f(r['path_k_effect'])} "
+      f"of the gap through the previous-token head {r['previous_token_head']}, "
+      f"{_f(r['best_other_effect'])} through {r['best_other']} of the same layer"
+      for r in (n.get("receivers") or [n])) + " (rule: the largest, >= 0.05 and >= 2x)"
 
 
 WHY = {"induction_k_causal": _why_causal, "induction_k_composition": _why_induction, "positivity_corner": _why_corner,

@@ -107,8 +107,8 @@ CLAIMS = {
     "induction_k_causal": (
         "Causally, the previous-token head moves the induction head's keys more than "
         "the other heads of its layer do", S.claim_induction_k_causal, R.induction_k_causal,
-        ("induction_head", "previous_token_head", "path_k_recovery", "best_other",
-         "best_other_recovery"), DECODERS, S.decoder_runs,
+        ("induction_head", "previous_token_head", "path_k_effect", "best_other",
+         "best_other_effect", "receivers_holding"), DECODERS, S.decoder_runs,
         "Olsson et al. 2022: the K-composition circuit, judged here by path patching into "
         "the induction head's key input instead of the weights"),
     "positivity_corner": (

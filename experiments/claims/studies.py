@@ -14,6 +14,7 @@ import numpy as np
 from mha_jax import storage
 from mha_jax.errors import UserError
 from experiments.claims.measure import Context
+from experiments.claims import rules as R
 
 SPECIALISED = ("positional", "syntactic", "rare")
 REGISTRY = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m", "minilm": "minilm-l6"}
@@ -166,6 +167,27 @@ def circuit_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
   return ctx.cache[key]
 
 
+def head_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
+  """{"res": {"workdir", "heads": behaviour.head_scores}, "run"}: the circuit facts'
+  head scores on the same repeated tokens, without the composition scores (minutes on
+  SmolLM2): those of circuit_facts when it already ran for this run."""
+  if ("circuits", wd) in ctx.cache:
+    return ctx.cache[("circuits", wd)]
+  key = ("heads", wd)
+  if key not in ctx.cache:
+    from mha_jax.circuits import behaviour
+    from mha_jax.loader import load
+    run = load(wd)
+    if not run.task.decoder_only:
+      raise UserError(f"{wd!r} holds task {run.task.name!r}; the {setting} setting's "
+                      f"circuit claims need a decoder-only model")
+    tokens, _ = behaviour.eval_tokens(run) if run.task.trainable else \
+        behaviour.eval_tokens(run, 8)
+    ctx.cache[key] = {"res": {"workdir": wd, "heads": behaviour.head_scores(run, tokens)},
+                      "run": run}
+  return ctx.cache[key]
+
+
 def _layer(name: str) -> int:
   return int(name.split(".")[1])
 
@@ -227,34 +249,64 @@ def claim_induction_k_composition(ctx: Context, setting: str, seed, wd: str) -> 
   return {"numbers": n, "figures": f["figures"]}
 
 
-def claim_induction_k_causal(ctx: Context, setting: str, seed, wd: str) -> dict:
-  """Path patching (toolkit.activation_patching.Study.path_patch, channel k) from every head to the
-  induction head's key input on induction pairs; the previous-token head (the best
-  previous-token score below the induction head's layer) against its layer's others."""
+def induction_candidates(res: dict, top: int = 3, floor: float = 0.3) -> list[str]:
+  """The heads of layers >= 1 with the best prefix matching: the best one, then up to
+  `top` in all of those at >= floor (where the induction role is shared)."""
+  later = sorted((n for n in res["heads"] if _layer(n) > 0),
+                 key=lambda n: -res["heads"][n]["prefix_matching"])
+  return later[:1] + [n for n in later[1:top] if res["heads"][n]["prefix_matching"] >= floor]
+
+
+def claim_induction_k_causal(ctx: Context, setting: str, seed, wd: str,
+                             top: int = 3) -> dict:
+  """Noising path patching (toolkit.activation_patching.Study.path_patch, channel k, direction
+  "noise") on 8 induction pairs: in the clean run one sender head's z is taken from the
+  corrupt run (a fresh first half), every other head frozen at clean (MLPs recompute);
+  the key input that the receiver reads there is patched into the clean run. effect =
+  1 - recovery: the share of the clean-corrupt logit difference lost. Receivers: the
+  induction candidates (induction_candidates). For each, the previous-token head (the
+  best previous-token score in the layers below it) against the other heads of its
+  layer; the senders are the heads of the layers of the three best previous-token heads
+  below it (the role may be spread over layers), and the judged receiver's row is in
+  the numbers. Denoising would be the wrong way round here: a clean previous-token
+  head in the corrupt run moves the keys to the corrupt copy's token, which is the
+  logit difference's wrong answer."""
   from mha_jax.toolkit import activation_patching as core, pairs as P
-  f = circuit_facts(ctx, setting, seed, wd)
+  f = head_facts(ctx, setting, seed, wd)
   res, run = f["res"], f["run"]
   heads = res["heads"]
-  ind = best_induction_head(res)
-  li, hi = (int(v) for v in ind.split(".")[1:])
-  below = [n for n in heads if _layer(n) < li]
-  prev = max(below, key=lambda n: heads[n]["previous_token"])
   half = max(2, min(10, (run.task.vocab_size - 2) // 2))
   pairs = P.induction_pairs(run.task, 8, half_len=half, seed=0 if seed is None else seed)
   s = core.Study(run.task, run.params, pairs)
-  rec = s.path_patch([(li, hi)], "k")["recovery"][..., 0]
-  lp = _layer(prev)
-  row = {f"lm.{lp}.{j}": float(rec[lp, j]) for j in range(s.heads[lp])}
-  others = {k: v for k, v in row.items() if k != prev}
-  best = max(others, key=others.get) if others else None
-  n = {"workdir": res["workdir"], "induction_head": ind, "previous_token_head": prev,
-       "previous_token_score": heads[prev]["previous_token"],
-       "path_k_recovery": row[prev], "best_other": best,
-       "best_other_recovery": others[best] if best else float("-inf"),
-       "layer_row": row, "pairs": len(pairs), "ld_clean": float(np.mean(s.ld_clean)),
+  judged = []
+  for ind in induction_candidates(res, top):
+    li, hi = (int(v) for v in ind.split(".")[1:])
+    below = sorted((n for n in heads if _layer(n) < li),
+                   key=lambda n: -heads[n]["previous_token"])
+    prev, lp = below[0], _layer(below[0])
+    layers = sorted({_layer(n) for n in below[:3]})
+    eff = 1.0 - s.path_patch([(li, hi)], "k", direction="noise",
+                             sender_layers=layers)["recovery"][..., 0]
+    row = {f"lm.{lp}.{j}": float(eff[lp, j]) for j in range(s.heads[lp])}
+    others = {k: v for k, v in row.items() if k != prev}
+    best = max(others, key=others.get) if others else None
+    scanned = {f"lm.{l}.{j}": float(eff[l, j]) for l in layers for j in range(s.heads[l])}
+    r = {"induction_head": ind, "prefix_matching": heads[ind]["prefix_matching"],
+         "previous_token_head": prev, "previous_token_score": heads[prev]["previous_token"],
+         "path_k_effect": row[prev], "best_other": best,
+         "best_other_effect": others[best] if best else float("-inf"),
+         "layer_row": row, "sender_layers": layers,
+         "top_senders": sorted(scanned.items(), key=lambda kv: -kv[1])[:5]}
+    r["verdict"] = R.induction_k_causal_one(r)
+    judged.append(r)
+  n = {"workdir": res["workdir"], **{k: v for k, v in judged[0].items() if k != "verdict"},
+       "receivers": judged, "receivers_holding": sum(r["verdict"] == R.HOLDS for r in judged),
+       "receivers_failing": sum(r["verdict"] == R.FAILS for r in judged),
+       "pairs": len(pairs), "ld_clean": float(np.mean(s.ld_clean)),
        "ld_corrupt": float(np.mean(s.ld_corrupt)),
-       "method": "path patching: sender z clean, other heads frozen at corrupt (MLPs "
-                 "recompute), the induction head's k input recorded then patched"}
+       "method": "noising path patching: sender z from the corrupt run, other heads "
+                 "frozen at clean (MLPs recompute), the induction head's k input "
+                 "recorded then patched into the clean run; effect = 1 - recovery"}
   return {"numbers": n, "figures": []}
 
 

@@ -284,15 +284,66 @@ function patchingView(){
   drawSummary(); drawGrid(); drawAtp(); drawEdges(); drawLens(); drawPairs();
 }
 
+// ---------------------------------------------------------------- the circuit view
+const C = D.circuit;
+function circuitPlaces(g){   // node name -> [x, y]: layer rows upwards, heads across
+  const dx=26, dy=30, W=dx*(Math.max(...g.heads)+2)+60, H=dy*(g.layers+2)+20, at={};
+  at.embed=[W/2, H-20]; at.logits=[W/2, 20];
+  for(let l=0;l<g.layers;l++){ const y=H-20-dy*(l+1);
+    for(let h=0;h<g.heads[l];h++) at['lm.'+l+'.'+h]=[50+dx*h, y];
+    if(g.mlp[l]) at['lm.'+l+'.mlp']=[50+dx*(Math.max(...g.heads)+0.6), y-8]; }
+  return {at, W, H};
+}
+function circuitView(){
+  const g=C.graph, sm=C.summary, svg=$('cgraph'), ns=svg.namespaceURI;
+  const box=$('csummary'); box.innerHTML='';
+  const line=t=>box.appendChild(el('div', {}, t));
+  line('task: '+sm.task+' · workdir: '+sm.workdir+' · '+sm.pairs+' pairs · ablation: '+sm.ablation);
+  line('method: '+sm.method+(sm.method==='auto' ? ' (kept: '+sm.chosen+')' : '')+' · graph: '+
+       g.edges_total+' edges · CPR '+sm.cpr.toFixed(3)+', CMD '+sm.cmd.toFixed(3));
+  line('circuit at target '+sm.target+': '+C.edges.length+' edges, '+C.heads.length+' heads, '+
+       C.mlps.length+' MLPs · faithfulness '+sm.faithfulness.toFixed(3)+
+       ' · faithfulness_nodes '+(sm.faithfulness_nodes===null ? 'n/a' : sm.faithfulness_nodes.toFixed(3)));
+  const {at, W, H}=circuitPlaces(g);
+  svg.setAttribute('width', W); svg.setAttribute('height', H); svg.innerHTML='';
+  const mk=(tag, attrs, text)=>{ const e=document.createElementNS(ns, tag);
+    Object.entries(attrs).forEach(([k,v])=>e.setAttribute(k,v));
+    if(text!==undefined) e.textContent=text; return e; };
+  const lim=Math.max(1e-12, ...C.edges.map(e=>Math.abs(e.score)));
+  C.edges.forEach(e=>e.into.forEach(n=>{ const a=at[e.from], b=at[n];
+    const ln=mk('line', {x1:a[0], y1:a[1], x2:b[0], y2:b[1], 'class':'cedge',
+      stroke: e.score<0 ? '#d62728' : '#1f77b4', 'stroke-width': 0.4+3*Math.abs(e.score)/lim,
+      'data-from': e.from, 'data-to': e.to, 'data-score': e.score});
+    ln.onmouseenter=()=>{ $('chover').textContent=e.from+' -> '+e.to+': '+fmt(e.score); };
+    svg.appendChild(ln); }));
+  const on=new Set(C.heads.concat(C.mlps));
+  Object.entries(at).forEach(([n,[x,y]])=>{
+    if(n==='embed' || n==='logits'){ svg.appendChild(mk('rect', {x:x-20, y:y-7, width:40, height:14, fill:'#000'}));
+      svg.appendChild(mk('text', {x:x+24, y:y+3}, n)); return; }
+    const p=n.split('.');
+    if(p[2]==='mlp'){ const r=mk('rect', {x:x-8, y:y-5, width:16, height:10, 'class':'cmlp'+(on.has(n)?' on':''), 'data-name':n});
+      r.appendChild(mk('title', {}, n)); svg.appendChild(r); return; }
+    const c=mk('circle', {cx:x, cy:y, r:on.has(n)?6:3, 'class':'cnode'+(on.has(n)?' on':''), 'data-name':n});
+    c.appendChild(mk('title', {}, n+(on.has(n) ? ' (in the circuit)' : '')));
+    c.onmouseenter=()=>{ $('chover').textContent=n+(on.has(n) ? ' in the circuit' : ''); };
+    if(D.weights) c.onclick=()=>{ st.layer=+p[1]; st.head=+p[2]; layers(); $('layer').value=st.layer;
+      show('attention'); draw(); $('info').scrollIntoView(); };
+    svg.appendChild(c);
+    if(on.has(n)) svg.appendChild(mk('text', {x:x+5, y:y-6}, p[1]+'.'+p[2])); });
+}
+
 // ---------------------------------------------------------------- the views
 function show(v){
   $('attn-view').style.display = v==='attention' ? '' : 'none';
   $('patch-view').style.display = v==='patching' ? '' : 'none';
+  $('circuit-view').style.display = v==='circuit' ? '' : 'none';
   [...$('views').children].forEach(b=>b.classList.toggle('on', b.dataset.view===v));
 }
-const views=(P ? ['patching'] : []).concat(D.weights ? ['attention'] : []);
-if(views.length>1) views.forEach(v=>{ const b=el('button', {'data-view': v},
-  v==='patching' ? 'patching results' : 'attention patterns'); b.onclick=()=>show(v); $('views').appendChild(b); });
+const LABELS={circuit: 'circuit', patching: 'patching results', attention: 'attention patterns'};
+const views=(C ? ['circuit'] : []).concat(P ? ['patching'] : []).concat(D.weights ? ['attention'] : []);
+if(views.length>1) views.forEach(v=>{ const b=el('button', {'data-view': v}, LABELS[v]);
+  b.onclick=()=>show(v); $('views').appendChild(b); });
 if(D.weights) attentionView();
 if(P) patchingView();
+if(C) circuitView();
 show(views[0]);

@@ -9,11 +9,20 @@
                      "seconds", and the pairs (those left out: "failing")
   DIR/faithfulness.png   the curve
   DIR/circuit.png        the target circuit, layer by layer
+  DIR/explorer.html      the explorer's circuit view (the graph layer by layer; a click on
+                         a head opens its attention on the first pairs) beside the attention
+                         view (mha_jax/assets/explorer.*)
+
+--method auto (the default) draws the curve of every method that fits (EAP, EAP-IG, and
+exact patching up to AUTO_EXACT_EDGES edges) and keeps the most faithful one: the largest
+CPR (ties: the smaller CMD); "methods" records each one's CPR, CMD and target circuit,
+"chosen" the one kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import html
 import time
 
 import jax
@@ -28,7 +37,10 @@ from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit import ablations
 from mha_jax.toolkit import plots
 
-METHODS = ("eap", "eap-ig", "exact", "greedy")
+METHODS = ("auto", "eap", "eap-ig", "exact", "greedy")
+# --method auto also scores every edge by exact patching (one forward each) up to this
+# many edges (a tiny model's graph; SmolLM2 has 70,651, Gemma 3 270M 5,644)
+AUTO_EXACT_EDGES = 2000
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,10 +51,11 @@ class CircuitOptions:
   pairs: str | None = setting(None, path=True, help="a JSONL file, one {clean, corrupt, "
                               "answer, wrong[, metric]} a line (metric: logit_diff or "
                               "prob_diff)")
-  method: str = setting("eap-ig", choices=METHODS,
-                        help="edge scores: eap, eap-ig (default), exact patching, or "
-                             "greedy (ACDC-style pruning with exact patching; small "
-                             "graphs)")
+  method: str = setting("auto", choices=METHODS,
+                        help="edge scores: auto (default: the most faithful of eap, eap-ig "
+                             "and, on small graphs, exact, by CPR), eap, eap-ig, exact "
+                             "patching, or greedy (ACDC-style pruning with exact "
+                             "patching; small graphs)")
   ablation: str = setting("corrupt", choices=ablations.KINDS,
                           help="what an edge outside the circuit carries")
   target: float = setting(0.8, lo=0, hi=1, lo_open=True,
@@ -113,19 +126,25 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
 
   eap = timed("eap", es.eap)
   ig = timed("eap_ig", lambda: es.eap_ig(steps, ig_on))
-  if method == "exact":
-    scores = timed("exact", es.exact)
-  elif method == "greedy":
+  scored = {"eap": eap, "eap-ig": ig}
+  if method == "exact" or (method == "auto" and len(es.edges) <= AUTO_EXACT_EDGES):
+    scored["exact"] = timed("exact", es.exact)
+  if method == "greedy":
     keep = timed("greedy", lambda: search.greedy(es, threshold, log=log))
-    scores = np.where(keep[es.edges[:, 0], es.edges[:, 1]], np.abs(eap) + 1e-9, 0.0)
+    candidates = {"greedy": np.where(keep[es.edges[:, 0], es.edges[:, 1]],
+                                     np.abs(eap) + 1e-9, 0.0)}
   else:
-    scores = eap if method == "eap" else ig
+    candidates = scored if method == "auto" else {method: scored[method]}
   agreement = {name: timed(f"agreement_{name}", lambda est=est: es.agreement(
       est, sample=sample, seed=seed)) for name, est in (("eap", eap), ("eap-ig", ig))}
-  points, keeps = timed("curve", lambda: search.curve(es, scores))
-  area = search.areas([p["fraction"] for p in points], [p["faithfulness"] for p in points])
-  at = search.smallest_reaching(points, target)
-  best = keeps[at] if at is not None else keeps[-1]
+  tried = {name: _circuit_at(es, sc, target, timed, name)
+           for name, sc in candidates.items()}
+  chosen = max(tried, key=lambda n: (tried[n]["cpr"], -tried[n]["cmd"]))
+  if len(tried) > 1:
+    log("auto: " + ", ".join(f"{n} CPR {t['cpr']:.4f}" for n, t in tried.items())
+        + f"; kept {chosen}")
+  scores, points, best, at = (tried[chosen][k] for k in ("scores", "points", "keep", "at"))
+  area = {k: tried[chosen][k] for k in ("cpr", "cmd")}
   view = search.touched(es.graph, best)
   nodes = {"heads": view["heads"], "mlps": view["mlps"], "edges": int(best.sum()),
            "faithfulness": points[at if at is not None else -1]["faithfulness"],
@@ -134,6 +153,9 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   names = es.graph.nodes, es.graph.ends
   order = np.argsort(-np.abs(scores), kind="stable")
   doc = {"workdir": loaded.workdir, "task": task or pairs_file, "method": method,
+         "chosen": chosen, "methods": {n: {k: t[k] for k in ("cpr", "cmd", "edges",
+                                                             "faithfulness", "reached")}
+                                       for n, t in tried.items()},
          "ablation": ablation, "target": target, "steps": steps, "ig_on": ig_on,
          "metric": spec["name"] if isinstance(spec, dict) else spec,
          "metric_full": es.m_full, "metric_empty": es.m_empty,
@@ -146,9 +168,54 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   storage.makedirs(out)
   storage.write_json(storage.join(out, "circuit.json"), doc)
   plots.faithfulness_curve(points, target, storage.join(out, "faithfulness.png"),
-                           f"{doc['task']}: {method}, {ablation} ablation")
+                           f"{doc['task']}: {chosen}" + (" (auto)" if method == "auto" else "")
+                           + f", {ablation} ablation")
   plots.circuit_graph(es.graph, best, scores, es.edges, storage.join(out, "circuit.png"))
+  write_explorer(out, doc, es, best, scores, s, loaded.task)
   return doc
+
+
+def _circuit_at(es, scores, target, timed, name) -> dict:
+  """One method's curve, CPR / CMD and its smallest circuit reaching target (else the
+  whole graph's)."""
+  points, keeps = timed(f"curve_{name}", lambda: search.curve(es, scores))
+  area = search.curve_areas(points)
+  at = search.smallest_reaching(points, target)
+  keep = keeps[at] if at is not None else keeps[-1]
+  return {"scores": scores, "points": points, "keep": keep, "at": at, **area,
+          "edges": int(keep.sum()), "reached": at is not None,
+          "faithfulness": points[at if at is not None else -1]["faithfulness"]}
+
+
+def circuit_view(doc: dict, graph, keep, scores, edges) -> dict:
+  """The explorer's circuit data: the graph's shape, the target circuit's edges
+  ({"from", "to", "score", "into": the nodes the end feeds}) and the summary."""
+  score = {(int(u), int(e)): float(v) for (u, e), v in zip(edges, scores)}
+  nodes, ends = graph.nodes, graph.ends
+  rows = sorted(zip(*np.nonzero(keep)), key=lambda ue: -abs(score.get((int(ue[0]), int(ue[1])), 0.0)))
+  out = [{"from": nodes[u], "to": ends[e], "score": round(score.get((int(u), int(e)), 0.0), 7),
+          "into": [nodes[n] for n in graph.end_node(int(e))] or ["logits"]} for u, e in rows]
+  n = doc["nodes"]
+  keys = ("task", "workdir", "pairs", "ablation", "method", "chosen", "target", "cpr", "cmd")
+  return {"graph": {"layers": graph.layers, "heads": list(graph.heads),
+                    "kv_heads": list(graph.kv_heads), "mlp": [bool(m) for m in graph.mlp],
+                    "edges_total": doc["graph"]["edges"]},
+          "edges": out, "heads": n["heads"], "mlps": n["mlps"],
+          "summary": {**{k: doc[k] for k in keys}, "faithfulness": n["faithfulness"],
+                      "faithfulness_nodes": n.get("faithfulness_nodes")}}
+
+
+def write_explorer(out, doc, es, keep, scores, study, task, pairs: int = 2) -> str:
+  """DIR/explorer.html: the circuit view and the attention of the first `pairs` pairs
+  (clean and corrupt) from the study's own forward."""
+  from mha_jax import assets
+  data = {**activation_patching.attention_data(study, task, pairs),
+          "circuit": activation_patching.json_finite(
+              circuit_view(doc, es.graph, keep, scores, es.edges))}
+  path = storage.join(out, "explorer.html")
+  storage.write_text(path, assets.page("explorer", data, title=html.escape(
+      f"circuit of {doc['task']} on {doc['workdir']}")))
+  return path
 
 
 def format_summary(doc: dict) -> str:

@@ -4,12 +4,16 @@
                            edge u -> e stays when u is reached from the embedding by kept
                            edges and e's node reaches the logits by kept edges
   top_n(graph, edges, scores, n)   the n edges of largest |score|, then pruned
-  sizes(total)             ~20 circuit sizes from 0.1 % of the edges to all of them
-  curve(es, scores)        faithfulness (m(C) - m(empty)) / (m(M) - m(empty)) of the top-n
-                           circuit at every size, one batched program
-  areas(fractions, faith)  MIB's CPR (area under faithfulness over the fraction of edges
-                           kept, 0..1; higher is better) and CMD (area under |1 - f|;
-                           lower is better), trapezoids, with f(0) = 0 and f(1) = 1
+  sizes(total)             19 circuit sizes from 0.1 % of the edges to all of them: MIB's
+                           ten fractions k (MIB_FRACTIONS) and the geometric mean of each
+                           neighbouring pair, n = int(k * total) edges requested
+  curve(es, scores)        faithfulness f = (m(C) - m(empty)) / (m(M) - m(empty)) of the
+                           top-n circuit at every size, one batched program
+  curve_areas(points)      MIB's CPR = integral of f(k) dk (higher is better) and CMD =
+                           integral of |1 - f(k)| dk (lower is better), k the requested
+                           fraction of edges, trapezoids between MIB's ten fractions
+                           (.001 .. 1, linear in k), as MIB's evaluate_area_under_curve
+                           computes them (Mueller et al. 2025)
   greedy(es, threshold)    ACDC-style: edges visited from the logits backwards, each
                            removed when the metric moves by less than threshold *
                            |m(M) - m(empty)| (exact patching, one forward per edge)
@@ -61,34 +65,58 @@ def top_n(graph, edges, scores, n: int) -> np.ndarray:
   return prune(graph, keep)
 
 
-def sizes(total: int, count: int = 20) -> list[int]:
-  """~count edge counts, log-spaced from 0.1 % of total to total (distinct, >= 1)."""
-  got = np.unique(np.round(np.geomspace(max(1, total / 1000), total, count)).astype(int))
-  return [int(v) for v in got]
+MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def fractions() -> list[float]:
+  """MIB's fractions of edges and the geometric mean of each neighbouring pair (19)."""
+  out = [MIB_FRACTIONS[0]]
+  for a, b in zip(MIB_FRACTIONS, MIB_FRACTIONS[1:]):
+    out += [float(np.sqrt(a * b)), b]
+  return out
+
+
+def sizes(total: int) -> list[int]:
+  """The edge counts of fractions(): int(k * total) as MIB takes them (0: the empty
+  circuit)."""
+  return [int(k * total) for k in fractions()]
 
 
 def curve(es, scores, counts=None) -> tuple[list[dict], np.ndarray]:
-  """([{"edges": requested n, "kept": edges left after pruning, "fraction",
-  "faithfulness", "metric", "nodes": nodes touched}], keeps (S, N_nodes, N_ends)) of the
-  top-n circuits by |scores|."""
-  counts = sizes(len(es.edges)) if counts is None else list(counts)
+  """([{"edges": requested n, "requested": the fraction k it stands for, "kept": edges
+  left after pruning, "fraction": kept / total, "faithfulness", "metric", "nodes": nodes
+  touched}], keeps (S, N_nodes, N_ends)) of the top-n circuits by |scores|; by default
+  at sizes(total)."""
+  total = len(es.edges)
+  if counts is None:
+    ks, counts = fractions(), sizes(total)
+  else:
+    counts = list(counts)
+    ks = [n / total for n in counts]
   keeps = np.stack([top_n(es.graph, es.edges, scores, n) for n in counts])
   m = es.curve(keeps.astype(np.float32))
   f = es.faithfulness(m)
-  total = len(es.edges)
-  return [{"edges": int(n), "kept": int(k.sum()), "fraction": float(k.sum() / total),
-           "faithfulness": float(fi), "metric": float(mi),
-           "nodes": len(touched(es.graph, k)["nodes"])}
-          for n, k, fi, mi in zip(counts, keeps, f, m)], keeps
+  return [{"edges": int(n), "requested": float(k), "kept": int(kp.sum()),
+           "fraction": float(kp.sum() / total), "faithfulness": float(fi),
+           "metric": float(mi), "nodes": len(touched(es.graph, kp)["nodes"])}
+          for n, k, kp, fi, mi in zip(counts, ks, keeps, f, m)], keeps
 
 
-def areas(fractions, faith) -> dict[str, float]:
-  """{"cpr", "cmd"}: trapezoid areas of f and |1 - f| over the kept fraction in [0, 1]."""
-  x = np.concatenate([[0.0], np.asarray(fractions, np.float64), [1.0]])
-  y = np.concatenate([[0.0], np.asarray(faith, np.float64), [1.0]])
+def areas(ks, faith) -> dict[str, float]:
+  """{"cpr", "cmd"}: trapezoid areas of f and |1 - f| over the points (k, f) as given,
+  linear in k (no points added)."""
+  x, y = np.asarray(ks, np.float64), np.asarray(faith, np.float64)
   order = np.argsort(x, kind="stable")
   x, y = x[order], y[order]
   return {"cpr": float(np.trapezoid(y, x)), "cmd": float(np.trapezoid(np.abs(1 - y), x))}
+
+
+def curve_areas(points: list[dict]) -> dict[str, float]:
+  """MIB's CPR and CMD of a curve: areas() over its points at MIB_FRACTIONS (all its
+  points when it has fewer than two of them: a curve of chosen counts)."""
+  mib = [p for p in points if np.isclose(p["requested"], MIB_FRACTIONS).any()]
+  use = mib if len(mib) >= 2 else points
+  return areas([p["requested"] for p in use], [p["faithfulness"] for p in use])
 
 
 def smallest_reaching(points: list[dict], target: float) -> int | None:

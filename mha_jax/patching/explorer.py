@@ -16,30 +16,19 @@ import json
 import numpy as np
 
 from mha_jax import assets, settings, storage
-from mha_jax.toolkit import roles as roles_lib
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching, pairs as pairs_lib
+from mha_jax.toolkit.activation_patching import attention_data, json_finite
 from mha_jax.settings import setting
 
 FILES = ("patching", "dla", "attribution", "path")
-
-
-def _finite(x):
-  """NaN and infinities as None (JSON.parse refuses them)."""
-  if isinstance(x, float):
-    return x if np.isfinite(x) else None
-  if isinstance(x, dict):
-    return {k: _finite(v) for k, v in x.items()}
-  if isinstance(x, list):
-    return [_finite(v) for v in x]
-  return x
 
 
 def _read(out: str, name: str):
   path = storage.join(out, f"{name}.json")
   if not storage.exists(path):
     return None
-  return _finite(json.loads(storage.read_text(path)))
+  return json_finite(json.loads(storage.read_text(path)))
 
 
 def patching_data(out: str) -> dict:
@@ -50,33 +39,6 @@ def patching_data(out: str) -> dict:
     raise ValueError(f"out must be a folder `mha-jax patch` wrote (patching.json or "
                      f"dla.json); got {out!r}")
   return {k: v for k, v in found.items() if v is not None}
-
-
-def _token_strings(task, ids) -> list[str]:
-  tok = getattr(task, "tokenizer", None)
-  if tok is None:
-    return [str(int(i)) for i in ids]
-  return [tok.decode([int(i)]) or f"<{int(i)}>" for i in ids]
-
-
-def attention_data(study, task, pairs: int = 2, digits: int = 2) -> dict:
-  """The attention view's JSON for the first `pairs` pairs, clean and corrupt prompts:
-  `weights[sentence]["lm"][layer][head][query][key]` from the study's own forward
-  (the `lm.{i}.attn.pattern` sites)."""
-  n = min(pairs, study.n)
-  read = [f"lm.{i}.attn.pattern" for i in range(study.layers)]
-  sents, weights = [], []
-  for run in ("clean", "corrupt"):
-    vals = study.values(run, read)
-    ids = np.asarray(study.pairs.clean if run == "clean" else study.pairs.corrupt)
-    for b in range(n):
-      t = int(study.pairs.length[b])
-      sents.append({"tokens": _token_strings(task, ids[b, :t]), "label": f"pair {b} {run}"})
-      weights.append({"lm": [np.round(np.asarray(vals[s][b], np.float64)[:, :t, :t],
-                                      digits).tolist() for s in read]})
-  order = [i for b in range(n) for i in (b, n + b)]     # pair 0 clean, pair 0 corrupt, ...
-  return {"sentences": [sents[i] for i in order], "weights": [weights[i] for i in order],
-          "stacks": ["lm"], "roles": {}, "colors": roles_lib.ROLE_COLORS}
 
 
 def rebuilt_study(out: str, loaded):

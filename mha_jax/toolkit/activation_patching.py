@@ -37,6 +37,7 @@ import numpy as np
 from mha_jax import interventions
 from mha_jax.errors import UserError
 from mha_jax.toolkit.pairs import Pairs
+from mha_jax.toolkit.roles import ROLE_COLORS
 
 HEAD_SITES = ("z", "q", "k_q", "v_q", "result")     # per query head
 KV_SITES = ("k", "v")                                # per key/value head
@@ -367,18 +368,20 @@ class Study:
   def path_patch(self, receivers: Sequence[tuple[int, int]] | str = "logits",
                  channel: str = "q", direction: str = "denoise",
                  chunk: int | None = None,
+                 sender_layers: Sequence[int] | None = None,
                  senders: Sequence[tuple[int, int]] | None = None) -> dict:
     """Path patching from every sender head to each receiver head through its `channel`
     input ("q", "k", "v": as that query head reads it), or to the logits
-    (receivers="logits" or channel="logits").
+    (receivers="logits" or channel="logits"). sender_layers: only the heads of these
+    layers are senders (default every layer; the others' rows are NaN).
 
     Step 1 (base run): the sender's z from the source run, every other head's z frozen
     at the base run (MLPs recompute); the receiver's channel is recorded. Step 2 (base
     run): the receiver's channel replaced by the recording. For the logits, step 1's
     logits are the result. All (sender, receiver) pairs in one program.
 
-    senders: only these (layer, head) senders (default every head; the others' entries
-    stay NaN).
+    senders: only these (layer, head) senders (instead of sender_layers' heads; the
+    others' entries stay NaN).
 
     Returns metrics arrays of shape (L, H_max, R) (R = 1 for the logits) and
     "receivers".
@@ -391,7 +394,12 @@ class Study:
     for a, b in recv:
       if not to_logits and not (0 <= a < self.layers and 0 <= b < self.heads[a]):
         raise UserError(f"receiver lm.{a}.{b} is not a head of this model")
-    pool = ([(l, h) for l in range(self.layers) for h in range(self.heads[l])]
+    layers = range(self.layers) if sender_layers is None else sorted(set(sender_layers))
+    for l in layers:
+      if not 0 <= l < self.layers:
+        raise UserError(f"sender_layers: {l} is not a layer of this model (0 to "
+                        f"{self.layers - 1})")
+    pool = ([(l, h) for l in layers for h in range(self.heads[l])]
             if senders is None else [(int(a), int(b)) for a, b in senders])
     idx = [(l, h, r) for r in range(len(recv)) for l, h in pool]
     ls, hs, rs = (jnp.asarray(np.asarray(c, np.int32)) for c in zip(*idx))
@@ -424,7 +432,7 @@ class Study:
         return jax.lax.map(one, (ls, hs, rs), batch_size=chunk)
       return fn
 
-    key = ("path", to_logits, channel, direction, len(recv), chunk)
+    key = ("path", to_logits, channel, direction, len(idx), chunk)
     fn = self._cached(key, build)
     ld, logp = fn(self.params, self.tokens[base_run], self.tokens[src_run], ls, hs, rs, rl, rh)
     ld, logp = np.asarray(ld), np.asarray(logp)
@@ -538,3 +546,43 @@ def top(table: dict, k: int = 10, by_abs: bool = False) -> list[tuple[str, float
   """The k largest entries of a {name: value} table (by absolute value when asked)."""
   key = (lambda kv: -abs(kv[1])) if by_abs else (lambda kv: -kv[1])
   return sorted(table.items(), key=key)[:k]
+
+
+# ------------------------------------------------------------------ the explorer's data
+
+def json_finite(x):
+  """NaN and infinities as None (JSON.parse refuses them)."""
+  if isinstance(x, float):
+    return x if np.isfinite(x) else None
+  if isinstance(x, dict):
+    return {k: json_finite(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return [json_finite(v) for v in x]
+  return x
+
+
+def token_strings(task, ids) -> list[str]:
+  tok = getattr(task, "tokenizer", None)
+  if tok is None:
+    return [str(int(i)) for i in ids]
+  return [tok.decode([int(i)]) or f"<{int(i)}>" for i in ids]
+
+
+def attention_data(study, task, pairs: int = 2, digits: int = 2) -> dict:
+  """The attention view's JSON for the first `pairs` pairs, clean and corrupt prompts:
+  `weights[sentence]["lm"][layer][head][query][key]` from the study's own forward
+  (the `lm.{i}.attn.pattern` sites)."""
+  n = min(pairs, study.n)
+  read = [f"lm.{i}.attn.pattern" for i in range(study.layers)]
+  sents, weights = [], []
+  for prompts in ("clean", "corrupt"):
+    vals = study.values(prompts, read)
+    ids = np.asarray(study.pairs.clean if prompts == "clean" else study.pairs.corrupt)
+    for b in range(n):
+      t = int(study.pairs.length[b])
+      sents.append({"tokens": token_strings(task, ids[b, :t]), "label": f"pair {b} {prompts}"})
+      weights.append({"lm": [np.round(np.asarray(vals[s][b], np.float64)[:, :t, :t],
+                                      digits).tolist() for s in read]})
+  order = [i for b in range(n) for i in (b, n + b)]     # pair 0 clean, pair 0 corrupt, ...
+  return {"sentences": [sents[i] for i in order], "weights": [weights[i] for i in order],
+          "stacks": ["lm"], "roles": {}, "colors": ROLE_COLORS}

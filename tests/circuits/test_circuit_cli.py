@@ -128,3 +128,72 @@ def test_a_model_without_the_edge_sites_is_refused():
   s = activation_patching.Study(Bare(), jax.numpy.zeros(()), pairs)
   with pytest.raises(UserError, match="no edge-end sites"):
     edges_lib.EdgeStudy(s)
+
+
+def test_auto_keeps_the_most_faithful_method(tiny_attn_lm, tmp_path):
+  """The default --method auto on a graph small enough for exact patching: every
+  method's CPR is its own curve's area (recomputed here), and the one kept is the
+  largest."""
+  from mha_jax.circuits import search
+  wd, _ = tiny_attn_lm
+  out = str(tmp_path / "auto")
+  assert cli.main(["circuit", "--workdir", wd, "--task", "induction", "--n-pairs", "4",
+                   "--keep-failing", "--sample", "8", "--steps", "2", "--out", out]) == 0
+  doc = json.load(open(os.path.join(out, "circuit.json")))
+  assert doc["method"] == "auto" and set(doc["methods"]) == {"eap", "eap-ig", "exact"}
+  s, metric, _, _ = circuit.prepare(load(wd), "induction", None, 4, 0, True, log=lambda m: 0)
+  es = edges_lib.EdgeStudy(s, metric=metric)
+  for name, scores in (("eap", es.eap()), ("eap-ig", es.eap_ig(2)), ("exact", es.exact())):
+    points, _ = search.curve(es, scores)
+    want = search.curve_areas(points)
+    assert abs(doc["methods"][name]["cpr"] - want["cpr"]) < 1e-4, name
+    assert abs(doc["methods"][name]["cmd"] - want["cmd"]) < 1e-4, name
+  best = max(doc["methods"], key=lambda n: doc["methods"][n]["cpr"])
+  assert doc["chosen"] == best and doc["cpr"] == doc["methods"][best]["cpr"]
+  got = {f"{e['from']} -> {e['to']}": e["score"] for e in doc["edges"]}
+  want = dict(zip(es.graph.edge_names(), {"eap": es.eap, "exact": es.exact}.get(
+      best, lambda: es.eap_ig(2))()))
+  assert all(abs(got[k] - v) < 1e-5 for k, v in want.items())
+
+
+def test_the_explorer_s_circuit_view_in_a_browser(made):
+  """The circuit view holds every node of the graph, the target circuit's heads marked and
+  its edges drawn; a click on a head opens that head's attention on pair 0's clean
+  prompt, equal to the model's own pattern."""
+  from browser import open_page
+  from mha_jax.toolkit import capture
+  wd, out, cfg = made
+  doc = json.load(open(os.path.join(out, "circuit.json")))
+  path = os.path.join(out, "explorer.html")
+  assert "http" not in open(path).read().replace("http-equiv", "")
+  playwright = pytest.importorskip("playwright.sync_api")
+  with playwright.sync_playwright() as p:
+    browser, page, errors, requests = open_page(p, path)
+    assert page.is_visible("#circuit-view") and not page.is_visible("#attn-view")
+    names = page.eval_on_selector_all("#cgraph circle.cnode", "cs => cs.map(c => c.dataset.name)")
+    assert sorted(names) == sorted(f"lm.{l}.{h}" for l in range(cfg.model.num_layers)
+                                   for h in range(cfg.model.num_heads))
+    on = page.eval_on_selector_all("#cgraph circle.cnode.on", "cs => cs.map(c => c.dataset.name)")
+    assert sorted(on) == sorted(doc["nodes"]["heads"])
+    edges = page.eval_on_selector_all("#cgraph line.cedge", "ls => ls.map(l => l.dataset.from "
+                                      "+ ' -> ' + l.dataset.to)")
+    assert len(set(edges)) == doc["nodes"]["edges"]
+    scores = {f"{e['from']} -> {e['to']}": e["score"] for e in doc["edges"]}
+    assert set(edges) <= set(scores)
+    assert f"{doc['nodes']['edges']} edges" in page.inner_text("#csummary")
+    head = doc["nodes"]["heads"][0]
+    page.click(f"#cgraph circle.cnode[data-name='{head}']")
+    assert page.is_visible("#attn-view") and not page.is_visible("#circuit-view")
+    assert page.inner_text("#info").startswith(f"{head} role: ")
+    rows = page.eval_on_selector_all("#att tr.row", "rs => rs.map(r => [...r.querySelectorAll("
+                                     "'td.w')].map(td => +td.dataset.w))")
+    run = load(wd)
+    s, _, _, _ = circuit.prepare(run, "induction", None, 4, 0, True, log=lambda m: 0)
+    t = int(s.pairs.length[0])
+    layer, h = (int(v) for v in head.split(".")[1:])
+    tok = np.asarray(s.pairs.clean[:1, :t])
+    w = np.asarray(capture.captured(run.task, run.params, {"tokens": np.concatenate(
+        [tok, tok[:, -1:]], 1)})["lm"][layer].weights)[0, h]
+    np.testing.assert_allclose(np.asarray(rows), w[:t, :t], atol=0.006)
+    assert errors == [] and requests == []
+    browser.close()

@@ -295,10 +295,18 @@ def test_curve_areas_and_greedy(setup, es):
   assert pts[-1]["kept"] == len(es.edges) and abs(pts[-1]["faithfulness"] - 1) < 1e-5
   for p, k in zip(pts, keeps):
     assert abs(p["faithfulness"] - es.faithfulness(es.metric(k))) < 1e-4
-  a = search.areas([0.5], [0.5])
-  assert a == {"cpr": pytest.approx(0.5), "cmd": pytest.approx(0.5)}
-  assert search.areas([0.5], [1.0])["cmd"] == pytest.approx(0.25)
-  assert search.sizes(1000)[0] == 1 and search.sizes(1000)[-1] == 1000
+  a = search.areas([1.0, 0.5], [1.0, 0.5])
+  assert a == {"cpr": pytest.approx(0.375), "cmd": pytest.approx(0.125)}
+  # MIB's ten fractions, int(k * n) edges each, and a midpoint between neighbours
+  n = search.sizes(1000)
+  assert n[::2] == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] and n[1] == 1 and len(n) == 19
+  assert search.sizes(100)[:3] == [0, 0, 0]                # the empty circuit, as MIB's
+  pts = [{"requested": k, "faithfulness": f} for k, f in
+         zip(search.fractions(), np.linspace(0.2, 1.0, 19))]
+  want = sum((b - a) * (fa + fb) / 2 for a, b, fa, fb in zip(
+      search.MIB_FRACTIONS, search.MIB_FRACTIONS[1:], [p["faithfulness"] for p in pts[::2]],
+      [p["faithfulness"] for p in pts[2::2]]))
+  assert search.curve_areas(pts)["cpr"] == pytest.approx(want)
   keep = search.greedy(es, threshold=0.02)
   assert 0 < keep.sum() < len(es.edges)
   f = es.faithfulness(es.metric(keep))

@@ -166,13 +166,20 @@ def test_study_rules_flip():
   assert R.induction_k_composition({**k, "k_row_median": 0.1}) == I
   assert "3x" in R.why(R.induction_k_composition, {**k, "k_row_median": 0.1})
   assert R.induction_k_composition({**k, "k_partner_previous_token": 0.2}) == F
-  c = {"induction_head": "lm.1.0", "previous_token_head": "lm.0.1", "path_k_recovery": 0.4,
-       "best_other": "lm.0.2", "best_other_recovery": 0.1}
+  c = {"induction_head": "lm.1.0", "previous_token_head": "lm.0.1", "path_k_effect": 0.4,
+       "best_other": "lm.0.2", "best_other_effect": 0.1}
   assert R.induction_k_causal(c) == H
-  assert R.induction_k_causal({**c, "best_other_recovery": 0.3}) == I
-  assert R.induction_k_causal({**c, "path_k_recovery": 0.04, "best_other_recovery": 0.0}) == I
-  assert R.induction_k_causal({**c, "best_other_recovery": 0.5}) == F
+  assert R.induction_k_causal({**c, "best_other_effect": 0.3}) == I
+  assert R.induction_k_causal({**c, "path_k_effect": 0.04, "best_other_effect": 0.0}) == I
+  assert R.induction_k_causal({**c, "best_other_effect": 0.5}) == F
   assert "lm.0.2" in R.why(R.induction_k_causal, c)
+  # several induction heads: the majority's verdict, else inconclusive
+  fail = {**c, "induction_head": "lm.1.3", "best_other_effect": 0.5}
+  soft = {**c, "induction_head": "lm.1.2", "path_k_effect": 0.01, "best_other_effect": 0.0}
+  assert R.induction_k_causal({"receivers": [c, fail, c]}) == H
+  assert R.induction_k_causal({"receivers": [fail, c, fail]}) == F
+  assert R.induction_k_causal({"receivers": [c, fail, soft]}) == I
+  assert "lm.1.3" in R.why(R.induction_k_causal, {"receivers": [c, fail]})
   m = {"share_at_0.99": 0.25, "share_at_0.95": 0.4, "heads": 72}
   assert R.michel(m) == H
   assert R.michel({**m, "share_at_0.99": 0.1}) == I
@@ -391,6 +398,18 @@ def test_real_lm_circuit_claims_on_a_tiny_gemma(tiny_gemma, tmp_path):
   assert set(pc["corner_heads"]) <= set(pc["positivity"])
   b = S.claim_rests_on_first_token(ctx, "gemma3", None, wd)["numbers"]
   assert 0.0 <= b["weight_on_bos"] <= 1.0 and b["positions"] > 0
+  kc = S.claim_induction_k_causal(ctx, "gemma3", None, wd)["numbers"]
+  heads = S.circuit_facts(ctx, "gemma3", None, wd)["res"]["heads"]
+  assert kc["receivers"][0]["induction_head"] == n["induction_head"]
+  for r in kc["receivers"]:
+    li = int(r["induction_head"].split(".")[1])
+    below = {h: v["previous_token"] for h, v in heads.items() if int(h.split(".")[1]) < li}
+    assert r["previous_token_head"] == max(below, key=below.get)
+    lp = r["previous_token_head"].split(".")[1]
+    assert sorted(r["layer_row"]) == [f"lm.{lp}.{j}" for j in range(4)]
+    assert all(np.isfinite(v) for v in r["layer_row"].values())
+    assert r["verdict"] == R.induction_k_causal_one(r)
   for name, fn in (("induction_k_composition", n), ("composition_sparse", sp),
-                   ("positivity_corner", pc), ("rests_on_first_token", b)):
+                   ("positivity_corner", pc), ("rests_on_first_token", b),
+                   ("induction_k_causal", kc)):
     assert claims_run.CLAIMS[name][2](fn) in (H, F, I)

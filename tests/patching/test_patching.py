@@ -175,6 +175,26 @@ def test_path_patching_equals_two_step_numpy_substitution(setup):
     assert np.isfinite(s.path_patch([(1, 1)], ch)["recovery"][0]).all()
 
 
+def test_noising_path_patching_of_chosen_sender_layers_equals_numpy(setup):
+  """direction noise: base clean, the sender's z from corrupt; sender_layers=[0] scores
+  only layer 0's heads (layer 1's rows NaN); a layer outside the model is refused."""
+  s, params, pairs = setup
+  _, cs = numpy_llama(params, pairs.clean)
+  _, xs = numpy_llama(params, pairs.corrupt)
+  res = s.path_patch([(1, 1)], "k", direction="noise", sender_layers=[0])
+  assert np.isnan(res["ld"][1]).all()
+  for h in range(H):
+    def z0(x, h=h):
+      out = cs[(0, "z")].copy()
+      out[:, :, h] = xs[(0, "z")][:, :, h]
+      return out
+    _, rec = numpy_llama(params, pairs.clean, {(0, "z"): z0, (1, "z"): lambda x: cs[(1, "z")]})
+    want, _ = numpy_llama(params, pairs.clean, {(1, "k_q"): _sub(rec[(1, "k_q")], 1)})
+    np.testing.assert_allclose(res["ld"][0, h, 0], ld_np(want, pairs), atol=1e-4)
+  with pytest.raises(UserError, match="sender_layers: 5"):
+    s.path_patch([(1, 1)], "k", sender_layers=[5])
+
+
 def test_dla_matches_numpy_and_sums_to_the_logit_difference(setup):
   s, params, pairs = setup
   _, seen = numpy_llama(params, pairs.clean)
