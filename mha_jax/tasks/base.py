@@ -111,6 +111,12 @@ class PretrainedLMData(LMData, Protocol):
   def repeated_tokens(self, seed: int, batch: int, half_len: int, min_half_len: int = 0):
     """(tokens (B, 1 + 2n), copy lengths (B,)): [BOS] r r, r over ordinary tokens."""
 
+  def special_ids(self):
+    """(n,) ids of the tokenizer's special (added) tokens."""
+
+  def stream(self, split: str):
+    """(N,) the built-in text of a split in the model's tokens."""
+
 
 @runtime_checkable
 class EmbeddingData(Task, Protocol):

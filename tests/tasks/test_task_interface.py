@@ -31,11 +31,13 @@ def test_studies_use_only_the_typed_task_interface(ind_run, parallel_run):
           "role_family", "compares_to_dense", "repeated_eval_tokens"} <= allowed
   used = {}
   root = os.path.join(ROOT, "mha_jax")
-  # The studies and the toolkit they share; the prompt pairs and the patching Study (from
-  # patching/, never checked here) still read the tokenizer's config (task.cfg, special_ids).
+  # The studies and the toolkit they share; the prompt pairs, the patching Study (from
+  # patching/, never checked here) and the taxonomy's detectors still read the tokenizer's
+  # config (task.cfg: its BOS id, the model's window).
   for path in sorted(p for d in ("toolkit", "analysis", "pruning", "circuits")
                      for p in glob.glob(os.path.join(root, d, "*.py"))
-                     if os.path.basename(p) not in ("pairs.py", "activation_patching.py")):
+                     if os.path.basename(p) not in ("pairs.py", "activation_patching.py",
+                                                    "detectors.py")):
     tree = ast.parse(open(path).read())
     task_names = {"task"} | {  # names bound to loaded.task (task = loaded.task, ...)
         t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
