@@ -134,7 +134,7 @@ def succession_scores(params, x_by_seq: Mapping[str, np.ndarray],
                       ids_by_seq: Mapping[str, Sequence[int]]) -> np.ndarray:
   """(L, H_max) succession score (NaN past a layer's heads): over every sequence s and
   item i < n_s - 1, the share where the head's OV logits over s's items (from the item's
-  input x_by_seq[s][i]) are largest at item i + 1."""
+  input `x_by_seq[s][i]`) are largest at item i + 1."""
   hits, total = None, 0
   for name, ids in ids_by_seq.items():
     per_layer = ov_logits(params, x_by_seq[name], np.asarray(ids))   # [(H, n, n)]
