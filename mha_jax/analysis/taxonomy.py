@@ -45,6 +45,7 @@ from mha_jax.analysis import detectors
 from mha_jax.toolkit import roles as roles_lib
 from mha_jax.errors import UserError
 from mha_jax.models import common
+from mha_jax.toolkit.importance import random_draws
 
 # Assignment order: a head takes the first role it qualifies for.
 ROLES = ("name_mover", "negative_name_mover", "s_inhibition", "successor",
@@ -122,28 +123,6 @@ def parse_roles(text: str | None) -> tuple:
 
 def head_list(params) -> list[str]:
   return common.head_names(params)
-
-
-def random_draws(top: Sequence[str], heads: Sequence[str], draws: int, seed: int = 0
-                 ) -> list[list[str]]:
-  """`draws` sets of len(top) heads: for each top head one from its layer, or from any
-  layer when its layer has none left; never a head of `top`, no head twice in a set."""
-  top = list(top)
-  others = [h for h in heads if h not in top]
-  if len(others) < len(top):
-    raise UserError(f"top_k {len(top)}: the model has only {len(others)} other heads to "
-                    f"draw as many random ones")
-  rng = np.random.default_rng(seed)
-  out = []
-  for _ in range(draws):
-    pick: list[str] = []
-    for n in top:
-      layer = n.rsplit(".", 1)[0] + "."
-      free = [o for o in others if o not in pick]
-      pool = [o for o in free if o.startswith(layer)] or free
-      pick.append(pool[int(rng.integers(len(pool)))])
-    out.append(pick)
-  return out
 
 
 def _masks(params, heads: Sequence[str]) -> list[jax.Array]:

@@ -107,6 +107,28 @@ def repeated_loss(loaded, params=None, gates=None, *, batch: int = 8, half_len: 
   return {f"loss_{k}": float(t[f"loss_{k}"] / t[f"tokens_{k}"]) for k in ("first", "repeat")}
 
 
+def random_draws(top: Sequence[str], heads: Sequence[str], draws: int, seed: int = 0
+                 ) -> list[list[str]]:
+  """`draws` sets of len(top) heads: for each top head one from its layer, or from any
+  layer when its layer has none left; never a head of `top`, no head twice in a set."""
+  top = list(top)
+  others = [h for h in heads if h not in top]
+  if len(others) < len(top):
+    raise UserError(f"top_k {len(top)}: the model has only {len(others)} other heads to "
+                    f"draw as many random ones")
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(draws):
+    pick: list[str] = []
+    for n in top:
+      layer = n.rsplit(".", 1)[0] + "."
+      free = [o for o in others if o not in pick]
+      pool = [o for o in free if o.startswith(layer)] or free
+      pick.append(pool[int(rng.integers(len(pool)))])
+    out.append(pick)
+  return out
+
+
 def induction_vs_random(loaded, scores: dict[str, float], *, top: int = 5, draws: int = 5,
                         mode: str = "zero", split: str = "test", seed: int = 0,
                         means=None, log=print) -> dict:
@@ -132,15 +154,8 @@ def induction_vs_random(loaded, scores: dict[str, float], *, top: int = 5, draws
     return {k: res[k] - base[k] for k in res if k in base and isinstance(res[k], float)}
   top_res = ablate(loaded, parse_heads(loaded.params, names), mode=mode, split=split, means=means)
   log(f"  top {top} {names}: " + " ".join(f"{k} {v:+.3f}" for k, v in delta(top_res).items()))
-  rng = np.random.default_rng(seed)
   rand = []
-  for i in range(draws):
-    pick = []
-    for n in names:
-      layer = n.rsplit(".", 1)[0] + "."
-      free = [o for o in others if o not in pick]
-      pool = [o for o in free if o.startswith(layer)] or free   # same layer when it can
-      pick.append(pool[rng.integers(len(pool))])
+  for i, pick in enumerate(random_draws(names, names + others, draws, seed)):
     res = ablate(loaded, parse_heads(loaded.params, pick), mode=mode, split=split, means=means)
     same = [p.rsplit(".", 1)[0] == n.rsplit(".", 1)[0] for p, n in zip(pick, names)]
     rand.append({"heads": pick, "same_layer": same, **res, "delta": delta(res)})
