@@ -344,7 +344,9 @@ def _patch(args, opts: patch_lib.PatchOptions) -> int:
   out = writable_out(args.out, args.workdir)
   summary = patch_lib.patch(_load(args), out, opts)
   print(patch_lib.format_summary(summary))
-  print(f"wrote {out}/ (patching.json, dla.json, the methods' JSON, *.png, explorer.html)")
+  extra = {"dla": ", dla.json", "explorer": ", explorer.html"}
+  print(f"wrote {out}/ (patching.json, the methods' JSON, *.png"
+        f"{''.join(extra.get(o, '') for o in opts.outputs)})")
   return 0
 
 

@@ -6,16 +6,23 @@
                         recovery (LD - LD_corrupt) / (LD_clean - LD_corrupt) of the pair
                         means: head_out, q, k, v (per query head) and k_kv, v_kv (kv:
                         per key/value head, "lm.{layer}.{kv head}", GQA models);
-                        "resid" per layer and position; the logit lens; the top heads.
-                        The asked sweeps run as one compiled program.
-  DIR/dla.json          "heads": mean direct logit attribution on the clean runs, "mlp"
+                        "resid" per layer and position; the top heads; with --outputs
+                        logit_lens, the logit lens. The asked sweeps run as one
+                        compiled program.
+  DIR/dla.json          (--outputs dla) "heads": mean direct logit attribution on the
+                        clean runs, "mlp"
   DIR/attribution.json  AtP scores of head outputs and their agreement with exact
                         patching (Pearson, Spearman, top-10 overlap), with the seconds
   DIR/path.json         path patching: every sender to the logits, and to the top
                         heads' q, k, v; the strongest edges
   DIR/*.png             layer x head heatmaps
-  DIR/explorer.html     the explorer's patching view of these files, with the attention
+  DIR/explorer.html     (--outputs explorer; later: `mha-jax patch-explorer`) the
+                        explorer's patching view of these files, with the attention
                         view of the first pairs (patching/explorer.py)
+
+Only what is asked runs: DLA, the logit lens and the explorer page's attention view
+each compile programs of their own (seconds each on SmolLM2), so they are outputs to
+ask for (--outputs), not a fixed cost of every head table.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ METHODS = ("activation", "path", "attribution")
 TASKS = ("ioi", "induction")
 # --sites: the activation-patching sweeps; kv is k and v per key/value head (GQA models)
 SITES = ("head_out", "q", "k", "v", "kv", "resid")
+# --outputs: what the command adds to the asked methods' tables and heatmaps
+OUTPUTS = ("dla", "logit_lens", "explorer")
 _SWEEPS = {"head_out": (("head_out", "z", False),), "q": (("q", "q", False),),
            "k": (("k", "k_q", False),), "v": (("v", "v_q", False),),
            "kv": (("k_kv", "k", False), ("v_kv", "v", False)),
@@ -112,6 +121,11 @@ class PatchOptions:
                                help="also patch every head at every position")
   receivers: int = setting(2, lo=1, methods=("path",),
                            help="the top heads whose q, k, v receive")
+  outputs: tuple[str, ...] = setting((), choices=OUTPUTS, metavar="OUTPUT[,OUTPUT...]",
+                                     help=f"also write, of {', '.join(OUTPUTS)}: dla.json "
+                                          "(direct logit attribution), the logit lens "
+                                          "(in patching.json), explorer.html (default: "
+                                          "none, only the methods' tables and heatmaps)")
 
 
 def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -> dict:
@@ -135,7 +149,7 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
         f"logit difference < 0; --keep-failing keeps them): " + "; ".join(
             f"#{f['index']} {f['ld_clean']:+.3f}" for f in failing))
     pairs = pairs.subset(keep)
-    s = activation_patching.Study(loaded.task, loaded.params, pairs)
+    s = s.subset(keep)
   storage.makedirs(out)
   label = task or "pairs"
   summary = {"pairs": len(pairs), "layers": s.layers, "heads": s.heads[0],
@@ -153,13 +167,20 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
   summary["left_out"] = len(failing)
   w = _Writing(s, out, label, loaded.workdir, summary, doc, methods, sites, per_position,
                receivers, top, log)
-  _write_dla(w)
+  if "dla" in opts.outputs:
+    _write_dla(w)
   for method, write in _WRITERS:   # in this order: each may reuse an earlier one's scores
     if method in methods:
       write(w)
+  if "logit_lens" in opts.outputs:
+    lens = s.logit_lens()
+    doc["logit_lens"] = {"logit_diff": [round(float(v), 6) for v in lens["logit_diff"]],
+                         "prob": [round(float(v), 6) for v in lens["prob"]],
+                         "layers": ["embed"] + [f"lm.{i}" for i in range(s.layers)]}
   storage.write_json(storage.join(out, "patching.json"), doc)
   storage.write_json(storage.join(out, "summary.json"), summary)
-  explorer.write(out, explorer.attention_data(s, loaded.task))
+  if "explorer" in opts.outputs:
+    explorer.write(out, explorer.attention_data(s, loaded.task))
   return summary
 
 
@@ -189,8 +210,8 @@ class _Writing:
 
 
 def _write_activation(w: _Writing) -> None:
-  """Activation patching's sweeps of `sites` (one program), their heatmaps, the per
-  position sweep and the logit lens, into patching.json's doc."""
+  """Activation patching's sweeps of `sites` (one program), their heatmaps and the per
+  position sweep, into patching.json's doc."""
   s, doc, summary, label, out = w.s, w.doc, w.summary, w.label, w.out
   gqa = any(g != h for g, h in zip(s.kv_heads, s.heads))
   sweeps = _sweeps(w.sites, gqa)
@@ -220,10 +241,6 @@ def _write_activation(w: _Writing) -> None:
     doc["head_out_per_position"] = {
         f"lm.{l}.{h}": [round(float(v), 6) for v in res["recovery"][l, h]]
         for l in range(s.layers) for h in range(s.heads[l])}
-  lens = s.logit_lens()
-  doc["logit_lens"] = {"logit_diff": [round(float(v), 6) for v in lens["logit_diff"]],
-                       "prob": [round(float(v), 6) for v in lens["prob"]],
-                       "layers": ["embed"] + [f"lm.{i}" for i in range(s.layers)]}
   if "head_out" in doc["scores"]:
     doc["top"] = {"head_out": activation_patching.top(doc["scores"]["head_out"], w.top, by_abs=True)}
     summary["top_head_out"] = doc["top"]["head_out"]
@@ -321,8 +338,9 @@ def format_summary(summary: dict) -> str:
   if "top_head_out" in summary:
     lines.append("top heads, activation patching of head outputs (recovery): " + ", ".join(
         f"{n} {v:+.3f}" for n, v in summary["top_head_out"]))
-  lines.append("top heads, direct logit attribution: " + ", ".join(
-      f"{n} {v:+.3f}" for n, v in summary["top_dla"]))
+  if "top_dla" in summary:
+    lines.append("top heads, direct logit attribution: " + ", ".join(
+        f"{n} {v:+.3f}" for n, v in summary["top_dla"]))
   if "attribution_agreement" in summary:
     a = summary["attribution_agreement"]
     lines.append(f"AtP vs exact: Pearson {a['pearson']:.3f}, Spearman {a['spearman']:.3f}, "

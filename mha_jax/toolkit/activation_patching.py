@@ -93,9 +93,9 @@ class Study:
   """
 
   def __init__(self, task, params, pairs: Pairs, *, memory_budget: int = 2 << 30,
-               share_prefix: bool = True):
+               share_prefix: bool = True, baseline: dict | None = None):
     self.task, self.params, self.pairs = task, params, pairs
-    self.memory_budget = int(memory_budget)
+    self.memory_budget, self.share_prefix = int(memory_budget), share_prefix
     n, t = pairs.clean.shape
     extra = lambda a: np.concatenate([a, a[:, -1:]], axis=1)  # noqa: E731 apply shifts by 1
     self.tokens = {"clean": jnp.asarray(extra(pairs.clean)),
@@ -119,8 +119,17 @@ class Study:
     self.kv_heads = [vals[f"lm.{i}.attn.k"].shape[2] for i in range(self.layers)]
     self.head_dim = [vals[f"lm.{i}.attn.z"].shape[3] for i in range(self.layers)]
     self.d_model = vals["lm.0.resid_pre"].shape[-1]
-    base = self.baseline()
-    self.ld_clean, self.ld_corrupt = base["clean"]["ld"], base["corrupt"]["ld"]
+    self._base = baseline or self._baseline_runs()
+    self.ld_clean, self.ld_corrupt = self._base["clean"]["ld"], self._base["corrupt"]["ld"]
+
+  def subset(self, keep) -> "Study":
+    """This study on the pairs `keep` (indices), their unpatched runs taken from this
+    study's (no forward runs again)."""
+    keep = np.asarray(keep)
+    base = {r: {k: v[keep] for k, v in self._base[r].items()} for r in self._base}
+    return Study(self.task, self.params, self.pairs.subset(keep),
+                 memory_budget=self.memory_budget, share_prefix=self.share_prefix,
+                 baseline=base)
 
   # ------------------------------------------------------------------ forward
   def _forward(self, params, tokens, edits=None, read=(), cache=None):
@@ -164,12 +173,14 @@ class Study:
     return ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
 
   def baseline(self) -> dict:
-    """{"clean", "corrupt": {"ld", "logp": (N,)}} of the unpatched runs."""
-    fn = self._cached("baseline", lambda: lambda p, a, b: (
-        self._score(self._forward(p, a)[0]), self._score(self._forward(p, b)[0])))
-    (lc, pc), (lx, px) = fn(self.params, self.tokens["clean"], self.tokens["corrupt"])
-    return {"clean": {"ld": np.asarray(lc), "logp": np.asarray(pc)},
-            "corrupt": {"ld": np.asarray(lx), "logp": np.asarray(px)}}
+    """{"clean", "corrupt": {"ld", "logp": (N,)}} of the unpatched runs (computed once,
+    when the study is made)."""
+    return {r: dict(v) for r, v in self._base.items()}
+
+  def _baseline_runs(self) -> dict:
+    # one compiled forward (the one `edited` runs without edits), called on each prompt set
+    runs = {r: self.edited(r) for r in ("clean", "corrupt")}
+    return {r: {"ld": v["ld"], "logp": v["logp"]} for r, v in runs.items()}
 
   def values(self, prompts: str, read: Sequence[str]) -> dict:
     """{site: value} on the clean or corrupt prompts (one compiled forward per read set)."""

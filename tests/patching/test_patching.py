@@ -351,7 +351,8 @@ def patched(tiny_attn_lm, tmp_path_factory):
   out = str(tmp / "patch")
   assert cli.main(["patch", "--workdir", wd, "--task", "induction", "--n-pairs", "3",
                    "--method", "activation,path,attribution", "--keep-failing",
-                   "--sites", "head_out,q,k,v,kv,resid", "--out", out]) == 0
+                   "--sites", "head_out,q,k,v,kv,resid",
+                   "--outputs", "dla,logit_lens,explorer", "--out", out]) == 0
   return wd, out, cfg
 
 
@@ -392,6 +393,9 @@ def test_patch_sites_write_exactly_their_tables(patched, tmp_path, sites):
   assert ("resid" in doc) == ("resid" in asked)
   pngs = {f for f in os.listdir(out) if f.startswith("patching_")}
   assert pngs == {f"patching_{'resid_pre' if a == 'resid' else a}.png" for a in asked - {"kv"}}
+  # no --outputs: none of DLA, the logit lens and the explorer page
+  assert not {"dla.json", "dla_heads.png", "explorer.html"} & set(os.listdir(out))
+  assert "logit_lens" not in doc
   for name, table in doc["scores"].items():
     assert table.keys() == full["scores"][name].keys()
     np.testing.assert_allclose(list(table.values()), list(full["scores"][name].values()),
@@ -414,6 +418,18 @@ def test_patch_many_equals_each_sweep_alone(setup):
   assert s.patch_many([("k", False)])["k"]["ld"].shape[1] == G      # per key/value head
   with pytest.raises(UserError, match="each site once"):
     s.patch_many([("z", False), ("z", True)])
+
+
+def test_a_subset_study_keeps_its_rows_of_the_baseline(setup):
+  s, params, pairs = setup
+  sub = s.subset([1])
+  fresh = activation_patching.Study(LlamaTask(), params, pairs.subset([1]))
+  for run in ("clean", "corrupt"):
+    for k in ("ld", "logp"):
+      np.testing.assert_allclose(sub.baseline()[run][k], fresh.baseline()[run][k], atol=1e-5)
+      assert sub.baseline()[run][k].tolist() == [s.baseline()[run][k][1]]
+  np.testing.assert_allclose(sub.patch("z")["recovery"], fresh.patch("z")["recovery"],
+                             atol=1e-5)
 
 
 def test_pairs_the_model_fails_are_left_out_unless_kept(patched, tmp_path):
