@@ -20,7 +20,6 @@ from typing import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from mha_jax import storage
 from mha_jax import accounting, attention, layers
@@ -108,6 +107,7 @@ def impl_names(with_cudnn: bool) -> tuple[str, ...]:
 def build_impls(d_model: int, num_heads: int, *, with_cudnn: bool,
                 dtype=jnp.float32) -> dict[str, tuple[Callable, object]]:
   """name -> (pure function f(params, x) -> y, params), all with the same weights."""
+  from flax import nnx   # here: every mha-jax command imports this module (its verbs)
   ours = attention.init_attention_params(jax.random.PRNGKey(0), d_model, num_heads,
                                          use_bias=True, dtype=dtype)
   flax_params = {"params": layers.to_flax_linen(ours)}

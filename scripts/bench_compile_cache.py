@@ -7,8 +7,10 @@ Each command runs three times as a fresh process: without the cache (--compile-c
 off), into an empty cache folder (first run), then again on the same folder (second
 run); outputs go to fresh folders each time. Reported: the wall times, the programs each
 run compiled and loaded (JAX_LOG_COMPILES + JAX_EXPLAIN_CACHE_MISSES count them), the
-cache's size. `quickstart` trains its own model; the others read --workdir (an imported
-SmolLM2-135M: `mha-jax import smollm2-135m --workdir W`).
+cache's size, and for `patch` the seconds of its activation-patching sweep (from its
+summary.json) with the command's wall time over them. Each command's entry records the
+date and the load average when it ran. `quickstart` trains its own model; the others
+read --workdir (an imported SmolLM2-135M: `mha-jax import smollm2-135m --workdir W`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def commands(workdir: str, tmp: str, i: str) -> dict:
       "analyze": ["analyze", "--workdir", workdir, "--out", f"{tmp}/an{i}"],
       "patch": ["patch", "--workdir", workdir, "--task", "ioi", "--n-pairs", "4",
                 "--out", f"{tmp}/pa{i}"],
+      "patch_head_out": ["patch", "--workdir", workdir, "--task", "ioi", "--n-pairs", "4",
+                         "--sites", "head_out", "--method", "activation",
+                         "--out", f"{tmp}/ph{i}"],
       "patch_all_sites": ["patch", "--workdir", workdir, "--task", "ioi", "--n-pairs", "4",
                           "--sites", "head_out,q,k,v,kv,resid", "--out", f"{tmp}/ps{i}"],
       "circuit": ["circuit", "--workdir", workdir, "--task", "ioi", "--n-pairs", "4",
@@ -49,9 +54,32 @@ def run_once(argv, cache: str) -> dict:
   sec = time.perf_counter() - t0
   if p.returncode != 0:
     raise SystemExit(f"{' '.join(argv)} failed:\n{p.stderr[-3000:]}")
-  return {"seconds": round(sec, 2),
-          "compiled": p.stderr.count("PERSISTENT COMPILATION CACHE MISS"),
-          "loaded": p.stderr.count("Persistent compilation cache hit")}
+  out = {"seconds": round(sec, 2),
+         "compiled": p.stderr.count("PERSISTENT COMPILATION CACHE MISS"),
+         "loaded": p.stderr.count("Persistent compilation cache hit")}
+  summary = os.path.join(argv[argv.index("--out") + 1], "summary.json") if "--out" in argv \
+      else ""
+  if argv[0] == "patch" and os.path.exists(summary):
+    with open(summary) as f:
+      sweep = json.load(f)["seconds"].get("patch_head_out")
+    if sweep:                 # the activation-patching sweep's own seconds
+      out.update(sweep_s=sweep, ratio_to_sweep=round(sec / sweep, 2))
+  return out
+
+
+def table_of(result: dict) -> str:
+  """The markdown table of every command measured: wall seconds of the three runs and,
+  for `patch`, over its sweep's seconds."""
+  rows = ["| command | no cache (s) | first run (s) | second run (s) | programs compiled "
+          "first / second | cache (MB) |", "|---|---|---|---|---|---|"]
+  for name, r in result["commands"].items():
+    cells = [f"{r[k]['seconds']:.1f}" + (f" ({r[k]['ratio_to_sweep']:.2f}x its sweep)"
+                                         if "ratio_to_sweep" in r[k] else "")
+             for k in ("no_cache", "first", "second")]
+    rows.append(f"| `{' '.join(r['argv'][:1])}` ({name}) | {' | '.join(cells)} | "
+                f"{r['first']['compiled']} / {r['second']['compiled']} | "
+                f"{r['cache_bytes'] / 1e6:.1f} |")
+  return "\n".join(rows)
 
 
 def _size(root: str) -> int:
@@ -83,7 +111,9 @@ def main(argv=None):
       first = run_once(argv_of("1"), cache)
       second = run_once(argv_of("2"), cache)
       result["commands"][name] = {"argv": argv_of("N"), "no_cache": off, "first": first,
-                                  "second": second, "cache_bytes": _size(cache)}
+                                  "second": second, "cache_bytes": _size(cache),
+                                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                  "load_average": [round(x, 2) for x in os.getloadavg()]}
       print(f"{name}: no cache {off['seconds']} s, first {first['seconds']} s "
             f"({first['compiled']} compiled), second {second['seconds']} s "
             f"({second['compiled']} compiled, {second['loaded']} loaded)", flush=True)
@@ -91,14 +121,7 @@ def main(argv=None):
   result.update({"jax": jax.__version__, "cpu_count": os.cpu_count(),
                  "machine": platform.machine(), "processor": platform.processor(),
                  "date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg()})
-  rows = ["| command | no cache (s) | first run (s) | second run (s) | programs compiled "
-          "first / second | cache (MB) |", "|---|---|---|---|---|---|"]
-  for name, r in result["commands"].items():
-    rows.append(f"| `{' '.join(r['argv'][:1])}` ({name}) | {r['no_cache']['seconds']:.1f} | "
-                f"{r['first']['seconds']:.1f} | {r['second']['seconds']:.1f} | "
-                f"{r['first']['compiled']} / {r['second']['compiled']} | "
-                f"{r['cache_bytes'] / 1e6:.1f} |")
-  result["table"] = "\n".join(rows)
+  result["table"] = table_of(result)
   print(result["table"])
   bench.write_json(result, args.out)
   print(f"wrote {args.out}")
