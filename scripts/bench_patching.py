@@ -203,8 +203,9 @@ def to_transformers_sd(loaded) -> dict:
 
 def command_times(workdir: str, n_pairs: int) -> dict:
   """Wall seconds of `mha-jax patch --sites head_out --method activation` as a fresh
-  process (imports, load, sweep, DLA, logit lens, explorer page): without the compile
-  cache, into an empty one, and again from it; with the sweep's own seconds."""
+  process (imports, load, the baseline runs, the sweep, its heatmap; no --outputs):
+  without the compile cache, into an empty one, and again from it; with the sweep's own
+  seconds."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = {}
   with tempfile.TemporaryDirectory() as tmp:
@@ -218,7 +219,8 @@ def command_times(workdir: str, n_pairs: int) -> dict:
       wall = time.perf_counter() - t0
       with open(f"{tmp}/{name}/summary.json") as f:
         sweep = json.load(f)["seconds"]["patch_head_out"]
-      out[name] = {"wall_s": round(wall, 2), "sweep_s": sweep, "ratio": round(wall / sweep, 2)}
+      out[name] = {"wall_s": round(wall, 2), "sweep_s": sweep, "ratio": round(wall / sweep, 2),
+                   "outputs": []}     # patch --outputs: none
       print(f"mha-jax patch --sites head_out ({name}): {wall:.1f} s, its sweep {sweep:.1f} s",
             flush=True)
   return out

@@ -1,0 +1,161 @@
+"""Where one attention layer's forward+backward goes: the layer against its parts and the
+best peer, with the matmul rate, in one process.
+
+    python scripts/bench_attention_parts.py [--heads 8,96] [--rounds 7]
+                                            [--out docs/results/attention_parts_cpu.json]
+
+Shapes as `mha-jax bench attention` (d_model 768, T 512, batch 4, float32, biases); each
+row is a forward+backward (the gradient of sum(y) with respect to every input and
+weight, with a fixed random cotangent: with sum(y)'s ones XLA may turn a weight's
+gradient into a row sum), rounds interleaved over the rows, medians; the matmul rate is a
+row of the same rounds (a (2048, 2048) @ (2048, 2048) product), so every row meets the
+same load:
+
+  layer          `attention.multi_head_attention(params, x, impl="auto")`
+  projections    the layer's matmuls alone: x @ [W_Q W_K W_V] (one (D, 3D) matmul, as
+                 the layer's fused projection) with its biases, then W_O and b_O on the
+                 V part (no attention core)
+  core           the attention core alone: the blocked kernel (what auto runs at these
+                 shapes) on q, k, v (B, T, H, K)
+  bare matmuls   the projections without their biases or any reshape: (B*T, D) @
+                 (D, 3D) and (B*T, D) @ (D, D), the matmul rate at the layer's shapes
+  flax.linen     the fastest peer in `bench attention` (flax.linen MHDPA)
+
+FLOPs are the matmul FLOPs of the forward times 3 (the backward's two matmuls per
+forward one; the blocked backward also recomputes the scores, not counted). The floor
+is the layer's FLOPs over the measured matmul rate: no implementation's time is below
+it, so the best peer's time over the floor is the largest ratio to that peer any
+implementation can reach on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from experiments import bench  # noqa: E402
+from mha_jax import accounting, attention  # noqa: E402
+from mha_jax.kernels import blocked  # noqa: E402
+
+
+def parts(d: int, h: int, t: int, b: int):
+  """{name: (f(args) -> scalar, args, forward matmul FLOPs)} of one h."""
+  k = d // h
+  p = attention.init_attention_params(jax.random.PRNGKey(0), d, h, use_bias=True)
+  x = jax.random.normal(jax.random.PRNGKey(1), (b, t, d))
+  qkv = [jax.random.normal(jax.random.PRNGKey(i), (b, t, h, k)) for i in (2, 3, 4)]
+  fl = accounting.attention_flops(d, t, batch=b)
+  proj, core = fl["projections"], fl["scores"] + fl["mixing"]
+
+  def layer(p, x):
+    return attention.multi_head_attention(p, x, impl="auto")
+
+  def projections(p, x):
+    w = jnp.concatenate([p["wq"], p["wk"], p["wv"]], axis=1).reshape(d, 3 * d)
+    bias = jnp.concatenate([p["bq"], p["bk"], p["bv"]], axis=0).reshape(3 * d)
+    y = x.reshape(b * t, d) @ w + bias
+    return y[:, 2 * d:] @ p["wo"].reshape(d, d) + p["bo"]
+
+  def core_fn(q, k_, v):
+    return blocked.blocked_attention(q, k_, v)
+
+  def bare(w3, wo, x2):
+    return x2 @ w3, x2 @ wo
+
+  linen_f, linen_p = bench.build_impls(d, h, with_cudnn=False)["flax.linen MHDPA"]
+  w3 = jax.random.normal(jax.random.PRNGKey(5), (d, 3 * d)) / d ** 0.5
+  wo = jax.random.normal(jax.random.PRNGKey(6), (d, d)) / d ** 0.5
+  return {"layer": (layer, (p, x), proj + core),
+          "projections": (projections, (p, x), proj),
+          "core": (core_fn, tuple(qkv), core),
+          "bare matmuls": (bare, (w3, wo, x.reshape(b * t, d)), proj),
+          "flax.linen MHDPA": (linen_f, (linen_p, x), proj + core)}
+
+
+def forward_backward(f, args):
+  """jit of the gradient of <f(*args), a fixed random cotangent> in every argument."""
+  out = jax.eval_shape(f, *args)
+  cts = jax.tree.map(lambda o: jax.random.normal(jax.random.PRNGKey(9), o.shape, o.dtype), out)
+  loss = lambda *a: sum(jnp.vdot(y, c) for y, c in zip(jax.tree.leaves(f(*a)),  # noqa: E731
+                                                         jax.tree.leaves(cts)))
+  return jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--heads", default="8,96")
+  ap.add_argument("--d-model", type=int, default=768)
+  ap.add_argument("--seq-len", type=int, default=512)
+  ap.add_argument("--batch", type=int, default=4)
+  ap.add_argument("--rounds", type=int, default=7)
+  ap.add_argument("--out", default="results/attention_parts.json")
+  args = ap.parse_args(argv)
+  d, t, b = args.d_model, args.seq_len, args.batch
+  size = 2048
+  m = jax.random.normal(jax.random.PRNGKey(0), (size, size))
+  matmul = jax.jit(lambda a: a @ a)
+  result = {"config": {"d_model": d, "seq_len": t, "batch": b, "rounds": args.rounds,
+                       "dtype": "float32", "mode": "forward+backward"}, "heads": {}}
+  for h in (int(x) for x in args.heads.split(",")):
+    fns = {"matmul 2048": (matmul, (m,), 2 * size ** 3 / 3)}      # forward only
+    for name, (f, a, flops) in parts(d, h, t, b).items():
+      fns[name] = (forward_backward(f, a), a, 3 * flops)
+    for g, a, _ in fns.values():
+      jax.block_until_ready(g(*a))             # compile and warm up
+    times = {n: [] for n in fns}
+    for _ in range(args.rounds):               # interleaved rounds
+      for n, (g, a, _) in fns.items():
+        bench.settle()
+        t0 = time.perf_counter()
+        jax.block_until_ready(g(*a))
+        times[n].append(time.perf_counter() - t0)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    rate = 2 * size ** 3 / med.pop("matmul 2048") / 1e9
+    times.pop("matmul 2048"), fns.pop("matmul 2048")
+    rows = {n: {"median_ms": 1e3 * med[n], "gflop": fns[n][2] / 1e9,
+                "pct_of_matmul_rate": 100 * fns[n][2] / med[n] / 1e9 / rate,
+                "share_of_layer": med[n] / med["layer"],
+                "times_ms": [1e3 * x for x in times[n]]} for n in fns}
+    floor = fns["layer"][2] / rate / 1e9
+    result["heads"][str(h)] = {
+        "rows": rows, "matmul_gflops": rate, "floor_ms": 1e3 * floor,
+        "rest_ms": 1e3 * (med["layer"] - med["projections"] - med["core"]),
+        "ratio_to_linen": med["flax.linen MHDPA"] / med["layer"],
+        "ratio_bound": med["flax.linen MHDPA"] / floor}
+  result["machine"] = {"backend": jax.default_backend(), "cpu_count": os.cpu_count(),
+                       "jax": jax.__version__, "load_average": os.getloadavg(),
+                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+  result["table"] = table_of(result)
+  print(result["table"])
+  bench.write_json(result, args.out)
+  print(f"wrote {args.out}")
+
+
+def table_of(result: dict) -> str:
+  """The markdown table, one block of rows per h, and the bound."""
+  lines = ["| h | part | ms | GFLOP | % of matmul rate | share of the layer's time |",
+           "|---|---|---|---|---|---|"]
+  for h, r in result["heads"].items():
+    for n, row in r["rows"].items():
+      lines.append(f"| {h} | {n} | {row['median_ms']:.1f} | {row['gflop']:.2f} | "
+                   f"{row['pct_of_matmul_rate']:.0f} | {row['share_of_layer']:.2f} |")
+  lines.append("")
+  for h, r in result["heads"].items():
+    lines.append(f"h = {h}: matmul rate {r['matmul_gflops']:.0f} GFLOP/s in these rounds; "
+                 f"the layer is {r['ratio_to_linen']:.2f}x flax.linen; its floor "
+                 f"(FLOPs / matmul rate) {r['floor_ms']:.1f} ms allows at most "
+                 f"{r['ratio_bound']:.2f}x; layer - projections - core = "
+                 f"{r['rest_ms']:.1f} ms.")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  main()
