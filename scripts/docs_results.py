@@ -162,6 +162,12 @@ def commands_page(docs):
             f"{d['cpu_count']} cores, load average {d['load_average'][0]:.1f}"
             + (f", {d['date']}" if "date" in d else "") + ".", "",
             d["table"], ""]
+  scaled = {n: p for n, p in d["peers"].items() if p.get("heads_run", p["heads"]) < p["heads"]}
+  if scaled:
+    parts += ["The peers' times are scaled to all heads from a part of them (each peer's "
+              "sweep is a forward, or a batched invoke, per head): " + ", ".join(
+                  f"{n.replace('_', ' ')} ran {p['heads_run']} of {p['heads']}"
+                  for n, p in scaled.items()) + ".", ""]
   if "outputs" not in d.get("command", {}).get("second", {"outputs": []}):
     parts += ["Its command column was measured before `patch --outputs` existed: the "
               "command then also ran DLA, the logit lens and the explorer page. The command "
