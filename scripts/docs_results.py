@@ -212,6 +212,24 @@ def seeds_page(docs):
     _table(["seeds", "wall s", "step ms", "load average", "valid BLEU per seed"], rows), "",
     _source(rel), "",
   ]
+  prof = d.get("profile")
+  if prof:      # scripts/bench_seeds.py --profile ROUNDS
+    one = prof["cases"]["1 seed, batch B"]
+    bs, k = prof["batch_size"], prof["seeds"]
+    cases = [[n.replace(f"{k}B", str(k * bs)).replace(" B", f" {bs}"), _f(c["compile_s"]),
+              _f(c["gflop"], 2),
+              _f(c["gbytes"], 2), _f(c["step_ms"], 0), f"{c['step_ms'] / one['step_ms']:.2f}x",
+              f"{c['gflop'] / one['gflop']:.2f}x", _f(c["gflop_per_s"])]
+             for n, c in prof["cases"].items()]
+    parts += [
+      "## Where the time goes", "",
+      f"`scripts/bench_seeds.py --seeds {prof['seeds']} --profile {prof['rounds']}`: the "
+      f"training step compiled alone, median of {prof['rounds']} interleaved rounds (load "
+      f"average {prof['load_after']:.1f} after them); FLOPs and bytes are XLA's cost "
+      f"analysis of each program. Building the {prof['seeds']} seeds' batches of one step "
+      f"took {1e3 * prof['host_batches_s']:.1f} ms on the host.", "",
+      _table(["step", "compile s", "GFLOP (XLA)", "GB accessed", "ms", "time vs 1 seed",
+              "FLOPs vs 1 seed", "GFLOP/s"], cases), "", _source(rel), ""]
   for name, title in (("stability", "Roles across seeds"),
                       ("curve_stability", "Pruning curve across seeds")):
     md = (docs / "results" / "seeds" / f"{name}.md").read_text().strip()
