@@ -49,6 +49,14 @@ def test_results_pages_are_made_from_the_committed_json(tmp_path):
   variants = (docs / "results" / "variants.md").read_text()
   for r in json.loads((docs / "results" / "variants" / "compare.json").read_text())["rows"]:
     assert f"| {r['variant']} | {r['heads']} | {r['loss']:,.3f} |" in variants
+  cmds = (docs / "results" / "commands.md").read_text()
+  for r in json.loads((docs / "results" / "compile_cache.json").read_text())["commands"].values():
+    assert f"| {r['second']['seconds']:,.1f}" in cmds
+    if "ratio_to_sweep" in r["second"]:
+      assert f"({r['second']['ratio_to_sweep']:.2f}x its sweep" in cmds
+  parts = json.loads((docs / "results" / "attention_parts_cpu.json").read_text())["heads"]
+  assert all(f"| {h} | core | {r['rows']['core']['median_ms']:,.1f} |" in att
+             for h, r in parts.items())
   # A number changed in the JSON changes the page: nothing is copied by hand.
   path = docs / "results" / "bench_train_cpu.json"
   d = json.loads(path.read_text())
