@@ -109,7 +109,8 @@ def _attention_parts(docs):
                    _f(row["pct_of_matmul_rate"], 0), _f(row["share_of_layer"], 2)])
     notes.append(f"- h = {h}: matmul rate {r['matmul_gflops']:.0f} GFLOP/s in the same "
                  f"rounds; the layer is {r['ratio_to_linen']:.2f}x flax.linen's speed; "
-                 f"its FLOPs over the matmul rate take {r['floor_ms']:.1f} ms, so no "
+                 f"its FLOPs at {r.get('floor_gflops', r['matmul_gflops']):.0f} GFLOP/s "
+                 f"(the faster of the two matmul rows) take {r['floor_ms']:.1f} ms, so no "
                  f"implementation can be more than {r['ratio_bound']:.2f}x flax.linen "
                  f"here; the layer less its projections and core: {r['rest_ms']:.1f} ms.")
   return [
