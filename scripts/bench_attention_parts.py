@@ -13,8 +13,9 @@ same load:
 
   layer          `attention.multi_head_attention(params, x, impl="auto")`
   projections    the layer's matmuls alone: x @ [W_Q W_K W_V] (one (D, 3D) matmul, as
-                 the layer's fused projection) with its biases, then W_O and b_O on the
-                 V part (no attention core)
+                 the layer's fused projection) with its biases, split into q, k, v, then
+                 (q + k + v) @ W_O + b_O: the attention core replaced by a sum, so the
+                 backward joins three gradients again as the layer's does
   core           the attention core alone: the blocked kernel (what auto runs at these
                  shapes) on q, k, v (B, T, H, K)
   bare matmuls   the projections without their biases or any reshape: (B*T, D) @
@@ -63,7 +64,7 @@ def parts(d: int, h: int, t: int, b: int):
     w = jnp.concatenate([p["wq"], p["wk"], p["wv"]], axis=1).reshape(d, 3 * d)
     bias = jnp.concatenate([p["bq"], p["bk"], p["bv"]], axis=0).reshape(3 * d)
     y = x.reshape(b * t, d) @ w + bias
-    return y[:, 2 * d:] @ p["wo"].reshape(d, d) + p["bo"]
+    return (y[:, :d] + y[:, d:2 * d] + y[:, 2 * d:]) @ p["wo"].reshape(d, d) + p["bo"]
 
   def core_fn(q, k_, v):
     return blocked.blocked_attention(q, k_, v)
