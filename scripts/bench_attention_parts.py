@@ -5,11 +5,11 @@ best peer, with the matmul rate, in one process.
                                             [--out docs/results/attention_parts_cpu.json]
 
 Shapes as `mha-jax bench attention` (d_model 768, T 512, batch 4, float32, biases); each
-row is a forward+backward (the gradient of sum(y) with respect to every input and
-weight, with a fixed random cotangent: with sum(y)'s ones XLA may turn a weight's
-gradient into a row sum), rounds interleaved over the rows, medians; the matmul rate is a
-row of the same rounds (a (2048, 2048) @ (2048, 2048) product), so every row meets the
-same load:
+row is a forward+backward (the gradient of <y, ct> with respect to every input and
+weight, ct a fixed random cotangent given at run time: with sum(y)'s ones XLA may turn
+a weight's gradient into a row sum), rounds interleaved over the rows, medians; the
+matmul rate is a row of the same rounds (a (2048, 2048) @ (2048, 2048) product), so
+every row meets the same load:
 
   layer          `attention.multi_head_attention(params, x, impl="auto")`
   projections    the layer's matmuls alone: x @ [W_Q W_K W_V] (one (D, 3D) matmul, as
@@ -83,12 +83,16 @@ def parts(d: int, h: int, t: int, b: int):
 
 
 def forward_backward(f, args):
-  """jit of the gradient of <f(*args), a fixed random cotangent> in every argument."""
+  """(jit of the gradient of <f(*args), cts> in every argument but cts, args + (cts,)):
+  cts a fixed random cotangent, passed at run time (as a constant, XLA could lay a
+  matmul operand out for free at compile time)."""
   out = jax.eval_shape(f, *args)
   cts = jax.tree.map(lambda o: jax.random.normal(jax.random.PRNGKey(9), o.shape, o.dtype), out)
-  loss = lambda *a: sum(jnp.vdot(y, c) for y, c in zip(jax.tree.leaves(f(*a)),  # noqa: E731
-                                                         jax.tree.leaves(cts)))
-  return jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))
+
+  def loss(*a):
+    *xs, c = a
+    return sum(jnp.vdot(y, ct) for y, ct in zip(jax.tree.leaves(f(*xs)), jax.tree.leaves(c)))
+  return jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))), tuple(args) + (cts,)
 
 
 def main(argv=None):
@@ -109,7 +113,7 @@ def main(argv=None):
   for h in (int(x) for x in args.heads.split(",")):
     fns = {"matmul 2048": (matmul, (m,), 2 * size ** 3 / 3)}      # forward only
     for name, (f, a, flops) in parts(d, h, t, b).items():
-      fns[name] = (forward_backward(f, a), a, 3 * flops)
+      fns[name] = (*forward_backward(f, a), 3 * flops)
     for g, a, _ in fns.values():
       jax.block_until_ready(g(*a))             # compile and warm up
     times = {n: [] for n in fns}
