@@ -90,6 +90,8 @@ class Study:
     prompt differ are the same in every run, patched or not (causal attention): when
     the task has `prefix_cache` (imported LMs), the sweeps compute them once and run
     only the rest from that KV cache (exact; IOI's prompts share ~2/3 of their tokens).
+  baseline: the unpatched runs as `baseline()` returns them, when already known (`subset`
+    passes its rows of them); None runs them.
   """
 
   def __init__(self, task, params, pairs: Pairs, *, memory_budget: int = 2 << 30,
@@ -119,6 +121,10 @@ class Study:
     self.kv_heads = [vals[f"lm.{i}.attn.k"].shape[2] for i in range(self.layers)]
     self.head_dim = [vals[f"lm.{i}.attn.z"].shape[3] for i in range(self.layers)]
     self.d_model = vals["lm.0.resid_pre"].shape[-1]
+    if baseline is not None and any(np.shape(baseline.get(r, {}).get(k)) != (n,)
+                                    for r in ("clean", "corrupt") for k in ("ld", "logp")):
+      raise ValueError(f"baseline must hold clean and corrupt ld and logp of shape ({n},); "
+                       f"got {baseline!r}")
     self._base = baseline or self._baseline_runs()
     self.ld_clean, self.ld_corrupt = self._base["clean"]["ld"], self._base["corrupt"]["ld"]
 

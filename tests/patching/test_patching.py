@@ -430,6 +430,8 @@ def test_a_subset_study_keeps_its_rows_of_the_baseline(setup):
       assert sub.baseline()[run][k].tolist() == [s.baseline()[run][k][1]]
   np.testing.assert_allclose(sub.patch("z")["recovery"], fresh.patch("z")["recovery"],
                              atol=1e-5)
+  with pytest.raises(ValueError, match="baseline must hold"):
+    activation_patching.Study(LlamaTask(), params, pairs, baseline=sub.baseline())
 
 
 def test_pairs_the_model_fails_are_left_out_unless_kept(patched, tmp_path):
