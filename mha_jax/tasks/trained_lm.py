@@ -117,17 +117,17 @@ class LMTask:
                                            self.vocab_size, max(1, n // 2),
                                            return_lengths=True)
 
-  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+  def loss(self, params, batch, *, key=None, hook=None, label_smoothing=0.0,
            example_weight=None):
     tokens = batch["tokens"]
-    logits = self.apply(params, batch, key=key, hook=base.gates_hook(self, gates))
+    logits = self.apply(params, batch, key=key, hook=hook)
     nll, obj, correct = base.token_losses(logits, tokens[:, 1:], label_smoothing)
     w = jnp.ones_like(nll) if example_weight is None else jnp.broadcast_to(
         example_weight[:, None], nll.shape)
     return base.weighted_mean(obj, w), base.token_metrics(nll, correct, w, batch)
 
-  def evaluate(self, params, split: str, *, bleu: bool | None = None, gates=None,
+  def evaluate(self, params, split: str, *, bleu: bool | None = None, hook=None,
                bleu_limit: int | None = None) -> dict[str, float]:
     del bleu, bleu_limit
     return base.per_token(base.sum_metrics(self, params, split, self.cfg.eval.batch_size,
-                                           gates))
+                                           hook))

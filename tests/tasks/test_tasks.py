@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import mha_jax
-from mha_jax import tasks
+from mha_jax import interventions, tasks
 from mha_jax.errors import UserError
+from mha_jax.models import common
 from mha_jax.tasks import base, embedding
 from mha_jax.train import loop
 from builders import TINY_TRANSLATION, tiny
@@ -55,6 +56,29 @@ def test_lm_objective_with_zero_weights_is_zero_not_nan(ind_run):
   assert float(obj) == 0.0 and float(metrics["tokens"]) == 0.0
   obj1, _ = loaded.task.loss(loaded.params, batch, example_weight=jnp.ones(4))
   assert np.isfinite(float(obj1)) and float(obj1) > 0
+
+
+def test_loss_and_evaluate_take_every_intervention_as_a_hook(ind_run):
+  loaded = mha_jax.load(ind_run, **QUIET)
+  task, params = loaded.task, loaded.params
+  gates = common.ones_gates(params)
+  gates["lm"][0] = gates["lm"][0].at[0].set(0.0)
+  by_gates = task.evaluate(params, "valid", hook=tasks.gates_hook(task, gates))
+  by_edit = task.evaluate(params, "valid", hook=interventions.Hook(
+      {"lm.0.attn.z": interventions.scale(0.0, heads=0)}))
+  assert by_gates["loss"] == pytest.approx(by_edit["loss"], rel=1e-6)
+  assert abs(by_gates["loss"] - task.evaluate(params, "valid")["loss"]) > 1e-4
+  batch = {k: jnp.asarray(v) for k, v in next(task.eval_batches("valid", 4))[0].items()}
+  assert "gates" not in inspect.signature(task.loss).parameters
+  with pytest.raises(UserError, match=r"hook: an evaluation .* cannot read sites; got "
+                                      r"read=\['lm.0.attn.z'\]"):
+    task.evaluate(params, "valid", hook=interventions.Hook(read=["lm.0.attn.z"]))
+  with pytest.raises(UserError, match=r"the edits of \['lm.1.attn.z'\] compute theirs"):
+    task.evaluate(params, "valid", hook=interventions.Hook(
+        {"lm.1.attn.z": interventions.replace(lambda values: 0.0)}))
+  with pytest.raises(ValueError, match=r"gates: keys must be stacks of this model "
+                                       r"\['lm'\]; got \['edits'\]"):
+    task.loss(params, batch, hook=tasks.gates_hook(task, {**gates, "edits": {}}))
 
 
 def test_padded_rows_cover_each_row_once_and_refuse_an_empty_split():
