@@ -73,3 +73,20 @@ def test_the_results_the_readme_cites_are_in_the_repository():
         continue
       pat = re.escape(n).replace(r"\*", ".*")
       assert any(re.fullmatch(pat, t) for t in tracked), (n, tracked)
+
+
+def test_every_committed_results_json_records_its_machine_and_date():
+  import json
+  import re
+  import subprocess
+  tracked = subprocess.run(["git", "ls-files", "docs/results", "docs/claims"], cwd=ROOT,
+                           text=True, capture_output=True, check=True).stdout.split()
+  files = [t for t in tracked if t.endswith(".json")]
+  assert len(files) > 40, files
+  for name in files:
+    doc = json.load(open(os.path.join(ROOT, name)))
+    assert isinstance(doc, dict) and doc.get("machine"), name
+    inner = doc["machine"] if isinstance(doc["machine"], dict) else {}
+    # the run's own date (top level, or in its machine record), else the commit's day
+    date = doc.get("date") or inner.get("date") or inner.get("written") or doc.get("commit_date")
+    assert isinstance(date, str) and re.match(r"20\d\d-\d\d-\d\d", date), (name, date)
