@@ -126,6 +126,10 @@ class TranslationData(Task, Protocol):
 class LMData(Task, Protocol):
   """A decoder-only task's extra members (trained here or imported)."""
 
+  bos_id: int            # the model's BOS token id (runs trained here: 0), -1 if none
+  adds_bos: bool         # its tokenizer puts bos_id before every prompt it encodes
+  window: int            # the context window in tokens (config model.max_len)
+
   def repeated_eval_tokens(self, batch: int, seed_offset: int = 7_000_003):
     """(tokens (B, 1 + 2n), copy lengths (B,)): held-out [BOS] r r sequences over the
     task's own vocabulary, for induction scores and circuits."""
@@ -149,6 +153,10 @@ class PretrainedLMData(LMData, Protocol):
 
   def stream(self, split: str):
     """(N,) the built-in text of a split in the model's tokens."""
+
+  def prefix_cache(self, params, tokens_BT, max_len: int):
+    """The KV cache after tokens_BT (B, P) with room for max_len tokens: apply's
+    batch["cache"] continues from it (prompts that share a prefix)."""
 
 
 @runtime_checkable

@@ -39,6 +39,21 @@ class PretrainedLMTask(Imported):
     self.vocab_size = m.vocab_size
     self._streams = None
 
+  @property
+  def bos_id(self) -> int:
+    """The tokenizer's BOS id (config tokenizer.bos_id), -1 where it has none."""
+    return int(self.cfg.tokenizer.get("bos_id", -1))
+
+  @property
+  def adds_bos(self) -> bool:
+    """Whether the tokenizer puts BOS before a prompt (config tokenizer.add_bos)."""
+    return bool(self.cfg.tokenizer.get("add_bos", False)) and self.bos_id >= 0
+
+  @property
+  def window(self) -> int:
+    """The context window in tokens (model.max_len)."""
+    return int(self.cfg.model.max_len)
+
   # ---------------------------------------------------------------- model
   def apply(self, params, batch, *, key=None, hook=None):
     """Logits (B, T-1, V) predicting tokens[:, 1:] (like the LM task of runs trained here).

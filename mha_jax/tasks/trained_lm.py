@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import storage
-from mha_jax.data import repeated_tokens, text
+from mha_jax.data import repeated_tokens, text, vocab
 from mha_jax.errors import UserError
 from mha_jax.models import lm as lm_model
 from mha_jax.tasks import base
@@ -58,6 +58,14 @@ class LMTask:
     if save_tokenizer:         # once every check above has passed
       storage.makedirs(self.data_dir)
       self.tokenizer.save(self.data_dir)
+
+  bos_id = vocab.LM_BOS_ID      # every sequence begins with it (repeated tokens, text)
+  adds_bos = False              # the text tokenizer's encode leaves it out
+
+  @property
+  def window(self) -> int:
+    """The context window in tokens (model.max_len)."""
+    return int(self.cfg.model.max_len)
 
   def init_params(self, key):
     return base.init_model(self.cfg, key, self.vocab_size)

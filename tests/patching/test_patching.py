@@ -282,6 +282,7 @@ class WordTokenizer:
 
 class WordTask:
   vocab_size = 500
+  bos_id, adds_bos = 0, False          # as a run trained here (the LMData members)
 
   def __init__(self):
     self.tokenizer = WordTokenizer()
