@@ -189,6 +189,12 @@ def jitted(task, name: str, fn):
   return cache[name]
 
 
+def jitted_programs(task) -> dict:
+  """{name: compiled function} of what `jitted` has cached on `task` so far (to look into
+  one, e.g. its jaxpr)."""
+  return dict(task.__dict__.get("_jit_cache", {}))
+
+
 def sum_metrics(task, params, split, batch_size, hook=None) -> dict[str, float]:
   """Sums of the loss metrics over a split's evaluation batches (one compile per task),
   with `hook`'s edits (`hook_edits`) on every batch."""

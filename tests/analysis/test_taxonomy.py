@@ -188,7 +188,7 @@ def test_roles_that_cannot_exist_are_refused_by_name():
                                       "than this model's window \\(64 tokens\\)"):
     detectors.check_window(_TextTask(), 384)
   with pytest.raises(UserError, match="role name_mover: the IOI task needs two names"):
-    taxonomy._ioi_pairs(_TextTask(), 4, 0, "name_mover")
+    taxonomy.role_ioi_pairs(_TextTask(), 4, 0, "name_mover")
   with pytest.raises(UserError, match="role successor: no ordinal sequence"):
     detectors.ordinal_ids(_TextTask())
 

@@ -328,7 +328,8 @@ def test_frozen_gate_step_forms_no_weight_gradient_and_cosine_loss_needs_a_cut(m
   la, params, hist = methods.train_gates(minilm, 0.01, stacks=["encoder"], steps=2,
                                          log=lambda s: None)
   assert params is minilm.params and np.isfinite(hist[-1]["loss_mean"])
-  step = next(v for k, v in minilm.task._jit_cache.items() if k.startswith("gate_step/"))
+  step = next(v for k, v in tasks.jitted_programs(minilm.task).items()
+              if k.startswith("gate_step/"))
   import optax
   fixed = {"encoder": [jnp.ones(12) for _ in range(6)]}
   jaxpr = jax.make_jaxpr(step)(la, optax.adam(0.05).init(la), minilm.params, batch,

@@ -95,7 +95,7 @@ def test_prune_export_and_reuse_with_an_empty_layer(loaded, tmp_path):
   out, exp = str(tmp_path / "pruned"), str(tmp_path / "exported")
   # Keep 3 encoder heads chosen at random with a seed that empties layer 1? Force it:
   mask = {"encoder": [np.array([1, 1, 0, 1], np.float32), np.zeros(4, np.float32)]}
-  info = prune_lib._finish(loaded, out, loaded.params, mask, {"method": "manual"}, 0,
+  info = prune_lib.save_pruned(loaded, out, loaded.params, mask, {"method": "manual"}, 0,
                            log=lambda s: None)
   assert info["kept"] == 3 and info["kept_heads"] == ["encoder.0.0", "encoder.0.1",
                                                       "encoder.0.3"]

@@ -1,7 +1,6 @@
 """mha_jax/tasks/: the registry, the shared metrics, loading from the workdir, and the
 review defects that lived in the tasks and the studies that ask them."""
 
-import collections
 import inspect
 import os
 
@@ -97,13 +96,14 @@ def test_reference_embedding_cache_is_bounded(monkeypatch):
   task.pooled = lambda p, b, g: b["tokens"].sum(-1, keepdims=True) * p["w"]
   task.set_reference({"w": jnp.ones(1)})
   batches = [{"tokens": np.full((2, 3), i, np.int32)} for i in range(10)]
-  for b in batches:
-    out = task.with_reference(b)
-    np.testing.assert_allclose(out["reference"], [[3.0 * b["tokens"][0, 0]]] * 2)
-  cache = task._reference_cache
-  assert isinstance(cache, collections.OrderedDict) and len(cache) == 4
-  again = task.with_reference(batches[-1])          # a recent batch: served from the cache
-  assert again["reference"] is cache[batches[-1]["tokens"].tobytes()]
+  refs = [task.with_reference(b)["reference"] for b in batches]
+  for b, r in zip(batches, refs):
+    np.testing.assert_allclose(r, [[3.0 * b["tokens"][0, 0]]] * 2)
+  for i in (9, 8, 7, 6):           # the 4 latest batches: served from the cache
+    assert task.with_reference(batches[i])["reference"] is refs[i], i
+  again = task.with_reference(batches[5])["reference"]     # dropped: computed again
+  assert again is not refs[5]
+  np.testing.assert_allclose(again, refs[5])
 
 
 def test_induction_vs_random_when_a_layer_has_no_other_head(ind_run):
