@@ -199,6 +199,7 @@ def run_attention(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
                   "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
                   "platform": platform.platform(), "jax": jax.__version__,
                   "matmul_gflops": gflops},
+      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
       "flops_forward": fwd_flops,
       "rows": rows,
   }
@@ -438,7 +439,7 @@ def run_scale_t(*, d_model: int = 512, num_heads: int = 8, batch: int = 1,
                                "JAX runtime included; address space capped at max_mem_gb"},
           "machine": {"backend": jax.default_backend(), "cpu_count": os.cpu_count(),
                       "platform": platform.platform(), "jax": jax.__version__},
-          "rows": rows}
+          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
 
 
 def format_scale_t(result: dict) -> str:

@@ -183,7 +183,7 @@ def run_train_steps(config: str = "configs/translation.py:quickstart", overrides
   return {"config": config, "overrides": list(overrides), "rounds": rounds,
           "matmul_gflops": rate, "backend": jax.default_backend(),
           "devices": jax.device_count(), "machine": platform.processor() or platform.machine(),
-          "cpus": os.cpu_count(), "rows": rows}
+          "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
 
 
 def format_table(res: dict) -> str:

@@ -556,7 +556,7 @@ def flag_of(spec: settings.Spec) -> tuple[tuple, dict]:
   return (spec.flag,), {**kw, "dest": spec.name, "required": spec.required}
 
 
-def _add_verb(sub, name: str, verb: Verb, methods: Sequence[str] | None):
+def add_verb(sub, name: str, verb: Verb, methods: Sequence[str] | None):
   """The sub-parser of `verb`, with the flags of `methods` (None: the verb's defaults;
   () with --help: none, and the help says how to see them)."""
   if verb.methods and methods is None:
@@ -601,13 +601,13 @@ def build_parser(methods: dict[str, Sequence[str]] | None = None) -> argparse.Ar
   p = argparse.ArgumentParser(prog="mha-jax", description=__doc__.split("\n\n")[0],
                               allow_abbrev=False)
   sub = p.add_subparsers(dest="command", required=True)
-  p.verbs = {name: _add_verb(sub, name, verb, (methods or {}).get(name))
+  p.verbs = {name: add_verb(sub, name, verb, (methods or {}).get(name))
              for name, verb in VERBS.items()}
   if BENCH:
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
     for name, verb in BENCH.items():
-      _add_verb(bsub, name, verb, None)
+      add_verb(bsub, name, verb, None)
   return p
 
 

@@ -103,6 +103,7 @@ def heads_kept(loaded, base: float, metric: str, tolerance: float, settings: Com
   (top_k_mask); the fewest heads K whose test `metric` stays within `tolerance` of
   `base` (loss: <= base + tol; bleu: >= base - tol), with the metric at every K tried."""
   from mha_jax.pruning import methods
+  from mha_jax.tasks import gates_hook
   from mha_jax.toolkit import masks
   log_alpha, _, _ = methods.train_gates(loaded, settings.prune_lambda, stacks=stacks,
                                         steps=settings.prune_steps, log=log)
@@ -111,8 +112,8 @@ def heads_kept(loaded, base: float, metric: str, tolerance: float, settings: Com
   by_k = {}
   for k in range(1, total + 1):
     mask = methods.top_k_mask(log_alpha, k)
-    m = loaded.task.evaluate(loaded.params, "test", bleu=is_bleu,
-                          gates=masks.full_gates(loaded.params, mask))[metric]
+    hook = gates_hook(loaded.task, masks.full_gates(loaded.params, mask))
+    m = loaded.task.evaluate(loaded.params, "test", bleu=is_bleu, hook=hook)[metric]
     by_k[k] = float(m)
     if (m >= base - tolerance) if is_bleu else (m <= base + tolerance):
       return {"kept": k, "total": total, "kept_heads": masks.kept_names(mask),

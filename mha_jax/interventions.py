@@ -269,13 +269,14 @@ def model_hook(hook: Hook | None, gates: Mapping | None = None, capture: bool = 
                stacks: Sequence[str] = ("lm",)) -> Hook | None:
   """The hook a model's forward runs with: the user's, plus gates {stack: [(H,)|(B, H)
   per layer]} as scale edits of `{stack}.{i}.attn.z` (applied first), plus the capture
-  reads. gates may also carry "edits": {site: Edit} (an ablation that travels wherever
-  gates do: losses, evaluation). None when there is nothing to do (the plain forward)."""
+  reads. None when there is nothing to do (the plain forward)."""
   if hook is None and gates is None and not capture:
     return None
+  unknown = sorted(set(gates or {}) - set(stacks))
+  if unknown:
+    raise ValueError(f"gates: keys must be stacks of this model {list(stacks)}; got "
+                     f"{unknown} (edits go in a Hook, not in the gates)")
   hook = Hook() if hook is None else hook
-  for name, e in ((gates or {}).get("edits") or {}).items():
-    hook.edits.setdefault(name, []).extend(e if isinstance(e, (list, tuple)) else [e])
   for stack in stacks:
     for i, g in enumerate((gates or {}).get(stack) or ()):
       if g is not None:

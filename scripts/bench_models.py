@@ -155,7 +155,7 @@ def _write(out, rows, args, cores, extra) -> dict:
             "new_tokens": args.new_tokens, "rounds": args.rounds, "rows": rows,
             "jax": jax.__version__, "backend": jax.default_backend(),
             "cpu_count": os.cpu_count(), "cores_used": len(cores),
-            "machine": platform.machine(), **extra}
+            "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **extra}
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
     json.dump(result, f, indent=1)

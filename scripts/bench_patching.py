@@ -317,7 +317,7 @@ def main(argv=None):
                                                            ours["recovery"])},
             "jax": jax.__version__, "backend": jax.default_backend(),
             "cpu_count": os.cpu_count(), "cores_used": len(cores),
-            "machine": platform.machine(),
+            "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_average": os.getloadavg()}
   try:
     import torch

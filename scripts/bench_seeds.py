@@ -251,6 +251,7 @@ def main(argv=None) -> int:
     print(json.dumps(rows[-1]), flush=True)
   res = {"config": CONFIG, "overrides": list(overrides), "batch_size": cfg.train.batch_size,
          "cpus": os.cpu_count(), "machine": platform.machine(), "jax": jax.__version__,
+         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
          "backend": jax.default_backend(), "rows": rows,
          "ratio_wall": rows[1]["wall_s"] / rows[0]["wall_s"],
          "note": "shared machine: see the load averages"}

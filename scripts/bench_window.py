@@ -149,7 +149,7 @@ def main(argv=None) -> int:
             "machine": {"backend": jax.default_backend(), "cpu_count": os.cpu_count(),
                         "platform": platform.platform(), "jax": jax.__version__,
                         "matmul_gflops": gflops},
-            "rows": rows}
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
   print(format_table(result))
   bench.write_json(result, args.out)
   print(f"wrote {args.out}")

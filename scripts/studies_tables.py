@@ -18,7 +18,7 @@ def load(name):
     return json.load(f)
 
 
-heads = load("smol_analysis_heads.json")
+heads = (load("smol_analysis_heads.json") or {}).get("heads")      # {"heads": [...], "machine", ...}
 circ = load("smol_circuits_circuits.json")
 if heads:
   by = {r["head"]: r for r in heads}
@@ -53,7 +53,7 @@ for name in ("smol_curve_curve.md", "minilm_curve_curve.md"):
 bert = load("minilm_analysis_summary.json")
 if bert:
   print("BERT role counts:", bert["role_counts"])
-bheads = load("minilm_analysis_heads.json")
+bheads = (load("minilm_analysis_heads.json") or {}).get("heads")
 if bheads and any(r.get("syntactic_best") for r in bheads):
   syn = sorted((r for r in bheads if r["role"] == "syntactic"),
                key=lambda r: -r["syntactic_margin"])

@@ -354,7 +354,9 @@ def _fmt(v) -> str:
   return str(v)
 
 
-def _cell(c: dict, keys) -> str:
+def verdict_cell(c: dict, keys) -> str:
+  """One claim's cell of the report's table in one setting: its verdict, and for a
+  per-seed claim the spread min..max (or the value) of each of its `keys`."""
   if "per_seed" not in c:
     return c["verdict"] + (f" ({c['reason']})" if c.get("reason") else "")
   parts = []
@@ -382,7 +384,7 @@ def format_report(report: dict) -> str:
   for r in report["claims"]:
     keys = CLAIMS[r["name"]][3] if r["name"] in CLAIMS else ()
     lines.append(f"| **{r['name']}**: {r['claim']} | " +
-                 " | ".join(_cell(r["settings"].get(s, {"verdict": "n/a"}), keys)
+                 " | ".join(verdict_cell(r["settings"].get(s, {"verdict": "n/a"}), keys)
                             for s in settings) + " |")
   lines += ["", "## Rules", ""]
   lines += [f"- **{r['name']}**: {r['rule']}" for r in report["claims"]]

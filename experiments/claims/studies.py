@@ -382,6 +382,7 @@ def claim_michel(ctx: Context, setting: str, seed, wd: str,
   test paragraphs' embeddings to the full model's drops below the lowest level."""
   from mha_jax.toolkit import importance
   from mha_jax.loader import load, set_dense_reference
+  from mha_jax.tasks import gates_hook
   from mha_jax.toolkit import masks as M
   run = load(wd)
   if not getattr(run.task, "compares_to_dense", False):
@@ -397,8 +398,8 @@ def claim_michel(ctx: Context, setting: str, seed, wd: str,
   for name in order:
     _, layer, head = name.split(".")
     mask["encoder"][int(layer)][int(head)] = 0.0
-    cos.append(run.task.evaluate(run.params, "test",
-                                 gates=M.full_gates(run.params, mask))["cosine_to_full"])
+    hook = gates_hook(run.task, M.full_gates(run.params, mask))
+    cos.append(run.task.evaluate(run.params, "test", hook=hook)["cosine_to_full"])
     if cos[-1] < min(levels):
       break
   def share(level):

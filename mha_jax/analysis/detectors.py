@@ -59,10 +59,7 @@ def _forward(task, params, tokens_BT, edits=None, read=()):
 
 def bos_of(task) -> list[int]:
   """[the model's BOS id] where it has one, else []."""
-  t = task.cfg.get("tokenizer") if hasattr(task, "cfg") else None
-  if t is not None and t.get("bos_id", -1) >= 0:
-    return [int(t.bos_id)]
-  return []
+  return [int(task.bos_id)] if task.bos_id >= 0 else []
 
 
 def ordinal_ids(task, min_items: int = 3) -> dict[str, list[int]]:
@@ -252,7 +249,7 @@ QUESTION = " Question: what is the secret passphrase of the blue door? Answer:"
 
 def window_of(task) -> int:
   """The model's context window (config model.max_len)."""
-  return int(task.cfg.model.max_len)
+  return int(task.window)
 
 
 def check_window(task, length: int) -> None:

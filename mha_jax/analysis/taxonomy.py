@@ -167,7 +167,9 @@ def _text_tokens(task, n: int, length: int) -> np.ndarray:
   return tok
 
 
-def _ioi_pairs(task, n: int, seed: int, role: str):
+def role_ioi_pairs(task, n: int, seed: int, role: str):
+  """n IOI pairs (toolkit.pairs.ioi_pairs) for `role`; a model that cannot make them is
+  refused naming the role."""
   from mha_jax.toolkit import pairs as pairs_lib
   try:
     return pairs_lib.ioi_pairs(task, n, seed)
@@ -357,7 +359,7 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
     sec["copy_suppression"] = time.perf_counter() - t0
   if set(IOI_ROLES + ("duplicate_token",)) & set(want):
     _needs_tokenizer(run, next(r for r in IOI_ROLES + ("duplicate_token",) if r in want))
-    inputs["ioi"] = _ioi_pairs(task, settings.n_pairs, settings.seed,
+    inputs["ioi"] = role_ioi_pairs(task, settings.n_pairs, settings.seed,
                                next(r for r in IOI_ROLES + ("duplicate_token",) if r in want))
   if set(IOI_ROLES) & set(want):
     t0 = time.perf_counter()

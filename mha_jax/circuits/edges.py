@@ -76,7 +76,7 @@ class EdgeStudy:
     return self._jit[key]
 
   # ------------------------------------------------------------------ the forward
-  def _pairs_metric(self, params, keep, ablated, base=None, embed=None):
+  def pairs_metric(self, params, keep, ablated, base=None, embed=None):
     """(N,) the metric of each pair with the edges' keep; embed (N, T, D) replaces the
     input embedding."""
     edits = graph_lib.edge_edits(self.graph, params, keep, ablated, base)
@@ -87,7 +87,7 @@ class EdgeStudy:
 
   def metric(self, keep) -> float:
     """The pair-mean metric with the edges where keep (N_nodes, N_ends) is 0 ablated."""
-    fn = self._cached("metric", lambda: lambda p, k, a: self._pairs_metric(p, k, a).mean())
+    fn = self._cached("metric", lambda: lambda p, k, a: self.pairs_metric(p, k, a).mean())
     return float(fn(self.params, jnp.asarray(keep, jnp.float32), self.ablated))
 
   def faithfulness(self, m) -> np.ndarray:
@@ -109,7 +109,7 @@ class EdgeStudy:
 
     def build():
       def fn(p, ks, a):
-        return jax.lax.map(lambda k: self._pairs_metric(p, k, a).mean(), ks,
+        return jax.lax.map(lambda k: self.pairs_metric(p, k, a).mean(), ks,
                            batch_size=chunk)
       return fn
     return np.asarray(self._cached(("curve", keeps.shape[0], chunk), build)(
@@ -127,7 +127,7 @@ class EdgeStudy:
       def fn(p, sel, a):
         def one(ue):
           keep = jnp.ones(self.mask.shape, jnp.float32).at[ue[0], ue[1]].set(0.0)
-          return self._pairs_metric(p, keep, a).mean()
+          return self.pairs_metric(p, keep, a).mean()
         return jax.lax.map(one, sel, batch_size=chunk)
       return fn
     got = self._cached(("exact", len(rows), chunk), build)(self.params, sel, self.ablated)
@@ -135,7 +135,7 @@ class EdgeStudy:
 
   def _grad_keep(self, params, keep, ablated, base=None, embed=None):
     def f(k):
-      return self._pairs_metric(params, k, ablated, base, embed).mean()
+      return self.pairs_metric(params, k, ablated, base, embed).mean()
     return jax.grad(f)(keep)
 
   def _end_grads(self, params, embed=None):

@@ -328,8 +328,9 @@ def _step(params, spec, token_B, cache):
   return logits[:, -1], cache
 
 
-_prefill_jit = jax.jit(_prefill, static_argnames="spec", donate_argnames="cache")
-_step_jit = jax.jit(_step, static_argnames="spec", donate_argnames="cache")
+# generate's two compiled programs: one each per cache length, whatever the prompt
+prefill_jit = jax.jit(_prefill, static_argnames="spec", donate_argnames="cache")
+step_jit = jax.jit(_step, static_argnames="spec", donate_argnames="cache")
 
 
 def _longrope_switch(spec: DecoderSpec, n_layers: int) -> int | None:
@@ -368,7 +369,7 @@ def generate(params, spec: DecoderSpec, prompt_BT, max_new_tokens: int, *,
     raise UserError(f"the prompt ({t} tokens) plus max_new_tokens={max_new_tokens} exceed "
                     f"the model's {params['pos_embed'].shape[0]} learned positions")
   cache = init_cache(params, b, t + max_new_tokens)
-  logits, cache = _prefill_jit(params, spec, prompt_BT, cache)
+  logits, cache = prefill_jit(params, spec, prompt_BT, cache)
   switch = _longrope_switch(spec, len(cache))
   out, kept = [], []
   done = np.zeros((b,), bool)
@@ -386,9 +387,9 @@ def generate(params, spec: DecoderSpec, prompt_BT, max_new_tokens: int, *,
     if len(out) < max_new_tokens and switch is not None and t <= switch \
         and t + len(out) == switch + 1:    # LongRoPE: recompute with the long factors
       so_far = jnp.concatenate([prompt_BT, jnp.asarray(np.stack(out, 1), jnp.int32)], 1)
-      logits, cache = _prefill_jit(params, spec, so_far, init_cache(
+      logits, cache = prefill_jit(params, spec, so_far, init_cache(
           params, b, t + max_new_tokens))
     elif len(out) < max_new_tokens:
-      logits, cache = _step_jit(params, spec, jnp.asarray(tok_np), cache)
+      logits, cache = step_jit(params, spec, jnp.asarray(tok_np), cache)
   tokens = np.stack(out, axis=1)
   return (tokens, np.stack(kept, axis=1)) if return_logits else tokens

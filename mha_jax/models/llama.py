@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax import attention
-from mha_jax.models.decoder import (DecoderSpec, _prefill_jit, _step_jit, apply,  # noqa: F401
+from mha_jax.models.decoder import (DecoderSpec, prefill_jit, step_jit, apply,  # noqa: F401
                                     generate, init_cache, positions_from_mask, rms_norm,
                                     unembed)
 

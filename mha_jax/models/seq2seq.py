@@ -170,15 +170,19 @@ def _attend(p, x, ctx, mask, causal, spec, hook, name):
 
 
 def greedy_decode(params, spec: common.ModelSpec, src_BS, max_len: int, bos_id: int,
-                  eos_id: int, gates=None):
-  """Greedy translations (B, max_len): [BOS, y_1, ..., EOS, PAD...]. One compile per shape."""
-  enc = encode(params, spec, src_BS, gates=gates)
+                  eos_id: int, edits=None):
+  """Greedy translations (B, max_len): [BOS, y_1, ..., EOS, PAD...]. One compile per shape.
+  edits: {site: [interventions.Edit]} applied in the encoder and at every decoding step
+  (a fresh interventions.Hook each forward)."""
+  def hook():
+    return interventions.Hook(edits) if edits else None
+  enc = encode(params, spec, src_BS, hook=hook())
   b = src_BS.shape[0]
   out = jnp.full((b, max_len), spec.pad_id, jnp.int32).at[:, 0].set(bos_id)
 
   def step(i, state):
     out, done = state
-    logits = decode(params, spec, enc, src_BS, out, gates=gates)
+    logits = decode(params, spec, enc, src_BS, out, hook=hook())
     nxt = jnp.argmax(logits[:, i - 1], axis=-1).astype(jnp.int32)
     nxt = jnp.where(done, spec.pad_id, nxt)
     return out.at[:, i].set(nxt), done | (nxt == eos_id)

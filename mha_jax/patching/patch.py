@@ -84,7 +84,7 @@ def _timed(fn):
   return out, time.perf_counter() - t0
 
 
-def _failing(s, pairs) -> list[dict]:
+def failing_pairs(s, pairs) -> list[dict]:
   """The pairs whose clean logit difference is negative (the model fails the clean
   prompt), each {"index", "ld_clean", "ld_corrupt", **its text}; refused when all fail."""
   bad = [{"index": i, "ld_clean": round(float(s.ld_clean[i]), 6),
@@ -142,7 +142,7 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
   _sweeps(sites, False)
   pairs = make_pairs(loaded, task, pairs_file, n_pairs, seed)
   s = activation_patching.Study(loaded.task, loaded.params, pairs)
-  failing = [] if keep_failing else _failing(s, pairs)
+  failing = [] if keep_failing else failing_pairs(s, pairs)
   if failing:
     keep = np.asarray([i for i in range(len(pairs)) if i not in {f["index"] for f in failing}])
     log(f"left out {len(failing)} pair(s) whose clean prompt the model gets wrong (clean "

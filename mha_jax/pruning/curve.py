@@ -19,6 +19,7 @@ from mha_jax.toolkit import masks as masks_lib
 from mha_jax.pruning import methods
 from mha_jax.pruning import prune as prune_lib
 from mha_jax.settings import setting
+from mha_jax.tasks import gates_hook
 from mha_jax.train import lock as lock_lib
 from mha_jax.toolkit import plots
 
@@ -135,8 +136,9 @@ def prune_curve(loaded, out: str, opts: CurveOptions = CurveOptions(), *,
 
 
 def _evaluate(loaded, mask, is_tr, bleu_limit) -> dict:
+  hook = gates_hook(loaded.task, masks_lib.full_gates(loaded.params, mask))
   return loaded.task.evaluate(loaded.params, "test", bleu=is_tr, bleu_limit=bleu_limit,
-                            gates=masks_lib.full_gates(loaded.params, mask))
+                              hook=hook)
 
 
 def curve_metric(rows: list[dict], is_tr: bool) -> str:

@@ -21,7 +21,7 @@ from mha_jax.errors import UserError
 from mha_jax.toolkit import importance
 from mha_jax.pruning import gates as gates_lib
 from mha_jax.toolkit import masks
-from mha_jax.tasks import jitted
+from mha_jax.tasks import gates_hook, jitted
 
 
 def train_gates(loaded, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
@@ -46,7 +46,7 @@ def train_gates(loaded, lam: float, *, stacks, steps: int = 300, lr: float = 0.0
   def objective(params, log_alpha, batch, key, lam, fixed):
     g = gates_lib.sample(log_alpha, key, hc)
     g = {s: [gi * fixed[s][i] for i, gi in enumerate(layers)] for s, layers in g.items()}
-    loss, _ = task.loss(params, batch, gates=masks.full_gates(params, g),
+    loss, _ = task.loss(params, batch, hook=gates_hook(task, masks.full_gates(params, g)),
                         label_smoothing=smoothing)
     pen = gates_lib.l0_penalty(log_alpha, hc)
     return loss + lam * pen, (loss, pen)

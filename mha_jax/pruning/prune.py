@@ -170,7 +170,7 @@ def prune(loaded, out: str, opts: PruneOptions, *, log: Callable[[str], None] = 
   else:
     mask = methods.random_masks(loaded, stacks=stacks, counts=[keep], seed=seed,
                                 start_mask=start_mask)[keep]
-  return _finish(loaded, out, loaded.params, mask, {**common, "keep": keep}, bleu_limit, log)
+  return save_pruned(loaded, out, loaded.params, mask, {**common, "keep": keep}, bleu_limit, log)
 
 
 def _prune_l0(loaded, out, lam, keep, stacks, steps, lr, finetune, seed, hc, start_mask,
@@ -183,10 +183,13 @@ def _prune_l0(loaded, out, lam, keep, stacks, steps, lr, finetune, seed, hc, sta
   info = {**common, "lambda": lam, "keep": keep, "steps": steps, "finetune": finetune,
           "beta": hc.beta, "stretch": [hc.low, hc.high], "history": history,
           "log_alpha": masks.jsonable(log_alpha), "gates": masks.jsonable(gates_lib.deterministic(log_alpha, hc))}
-  return _finish(loaded, out, params, mask, info, bleu_limit, log)
+  return save_pruned(loaded, out, params, mask, info, bleu_limit, log)
 
 
-def _finish(loaded, out, params, mask, info, bleu_limit, log):
+def save_pruned(loaded, out, params, mask, info, bleu_limit, log):
+  """Writes `out`, the workdir of `params` with the heads where `mask` is 0 removed
+  (masked), evaluated on test; returns `info` with the mask, kept, kept_heads and the
+  test metrics ("after")."""
   masked = masks.mask_params(params, mask)
   after = _evaluate(loaded, masked, bleu_limit)
   info = {**info, "mask": masks.mask_to_json(mask), "kept": masks.count(mask),

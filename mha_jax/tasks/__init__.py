@@ -19,8 +19,8 @@ from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.tasks.base import (SPLITS, EmbeddingData, LMData, PretrainedLMData, Task,
                                 TranslationData, check_batch_ids, check_ids, check_split,
-                                epoch_indices,
-                                gates_hook, init_model, jitted, local_rows, model_spec, padded_rows,
+                                edits_hook, epoch_indices, gates_hook, hook_edits, init_model, jitted,
+                                jitted_programs, local_rows, model_spec, padded_rows,
                                 per_token, sum_metrics, token_losses, token_metrics,
                                 train_order_seed, weighted_mean)
 from mha_jax.tasks.embedding import EmbeddingTask
@@ -68,7 +68,7 @@ def build_seeds(runs) -> list:
 
 __all__ = ["SPLITS", "REGISTRY", "Task", "TranslationData", "LMData", "PretrainedLMData",
            "EmbeddingData", "TranslationTask", "LMTask", "PretrainedLMTask", "EmbeddingTask",
-           "build", "build_seeds", "check_batch_ids", "check_ids", "check_split", "epoch_indices",
-           "gates_hook", "init_model", "jitted", "local_rows", "model_spec", "padded_rows", "per_token",
+           "build", "build_seeds", "check_batch_ids", "check_ids", "check_split", "edits_hook",
+           "epoch_indices", "gates_hook", "hook_edits", "init_model", "jitted", "jitted_programs", "local_rows", "model_spec", "padded_rows", "per_token",
            "sum_metrics", "token_losses", "token_metrics", "train_order_seed",
            "weighted_mean"]

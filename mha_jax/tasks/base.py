@@ -32,16 +32,46 @@ def check_split(split: str, what: str = "split") -> str:
 
 def gates_hook(task, gates, hook=None):
   """The hook that scales head outputs by `gates` {stack: [(H,) | (B, H) per layer]} on
-  task's forward (and applies gates["edits"], an ablation that travels with the gates):
-  what a task's loss and evaluation pass to its apply. None without gates or hook."""
+  task's forward, before `hook`'s own edits: what a study passes as `hook=` to a task's
+  apply, loss or evaluate. None without gates or hook."""
   return interventions.model_hook(hook, gates, stacks=task.stacks)
+
+
+def hook_edits(hook) -> dict | None:
+  """{site: [Edit]} of `hook` (an interventions.Hook that only edits), as an argument of a
+  compiled evaluation, which applies them to every batch through `edits_hook`: how
+  evaluate takes one hook for a whole split. None without a hook. A hook that reads
+  sites, or whose edits compute their value from other sites, is refused: its reads
+  would be one batch's, and a computed value is not an array to compile over."""
+  if hook is None:
+    return None
+  if not isinstance(hook, interventions.Hook):
+    raise UserError(f"hook must be an interventions.Hook; got {type(hook).__name__}",
+                    setting="hook")
+  if hook.read:
+    raise UserError(f"hook: an evaluation applies the hook's edits to every batch and "
+                    f"cannot read sites; got read={list(hook.read)} (read them with "
+                    f"interventions.run_with_hook on a batch)", setting="hook")
+  computed = sorted(n for n, es in hook.edits.items() if any(callable(e.value) for e in es))
+  if computed:
+    raise UserError(f"hook: an evaluation needs edits whose values are arrays; the edits "
+                    f"of {computed} compute theirs from other sites", setting="hook")
+  return {name: list(es) for name, es in hook.edits.items()}
+
+
+def edits_hook(edits) -> interventions.Hook | None:
+  """A fresh interventions.Hook of `edits` {site: [Edit]} (from `hook_edits`), built
+  inside the compiled function that runs the forward; None without edits."""
+  return interventions.Hook(edits) if edits else None
+
 
 @runtime_checkable
 class Task(Protocol):
   """What `mha_jax.load` hands to every study (analysis, ablation, pruning, circuits):
   the studies use these members and nothing else of a task. Batches are dicts of int32
-  arrays ("src"/"tgt" for translation, "tokens" for an LM); gates are
-  {stack: [(H_l,) per layer]}; metrics are sums to divide by metrics["tokens"]."""
+  arrays ("src"/"tgt" for translation, "tokens" for an LM); every intervention (head
+  gates, ablations, capture) is an interventions.Hook passed as `hook=`; metrics are
+  sums to divide by metrics["tokens"]."""
 
   name: str              # the registry's key, the config's `task`
   vocab_size: int
@@ -60,13 +90,16 @@ class Task(Protocol):
     (`toolkit.capture.captured`). An LM's batch may hold "logits_at" (B,) int
     positions: logits only there, (B, 1, V)."""
 
-  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+  def loss(self, params, batch, *, key=None, hook=None, label_smoothing=0.0,
            example_weight=None):
-    """(objective, metric sums) for one batch."""
+    """(objective, metric sums) for one batch; hook: as apply's (head gates through
+    `gates_hook`, ablations as its edits)."""
 
-  def evaluate(self, params, split: str, *, bleu: bool | None = None, gates=None,
+  def evaluate(self, params, split: str, *, bleu: bool | None = None, hook=None,
                bleu_limit: int | None = None) -> dict[str, float]:
-    """Loss and accuracy (and BLEU where reports_bleu, unless bleu=False) over a split."""
+    """Loss and accuracy (and BLEU where reports_bleu, unless bleu=False) over a split.
+    hook: an interventions.Hook that only edits (`gates_hook`, ablations' edits), applied
+    to every batch (and every decoding step) of the split (`hook_edits`)."""
 
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1
                   ) -> dict[str, np.ndarray]:
@@ -93,6 +126,10 @@ class TranslationData(Task, Protocol):
 class LMData(Task, Protocol):
   """A decoder-only task's extra members (trained here or imported)."""
 
+  bos_id: int            # the model's BOS token id (runs trained here: 0), -1 if none
+  adds_bos: bool         # its tokenizer puts bos_id before every prompt it encodes
+  window: int            # the context window in tokens (config model.max_len)
+
   def repeated_eval_tokens(self, batch: int, seed_offset: int = 7_000_003):
     """(tokens (B, 1 + 2n), copy lengths (B,)): held-out [BOS] r r sequences over the
     task's own vocabulary, for induction scores and circuits."""
@@ -117,6 +154,10 @@ class PretrainedLMData(LMData, Protocol):
   def stream(self, split: str):
     """(N,) the built-in text of a split in the model's tokens."""
 
+  def prefix_cache(self, params, tokens_BT, max_len: int):
+    """The KV cache after tokens_BT (B, P) with room for max_len tokens: apply's
+    batch["cache"] continues from it (prompts that share a prefix)."""
+
 
 @runtime_checkable
 class EmbeddingData(Task, Protocol):
@@ -131,31 +172,40 @@ class EmbeddingData(Task, Protocol):
   def set_reference(self, params) -> None:
     """Dense params whose embeddings the loss compares against."""
 
-  def importance_outputs(self, params, batch, gates=None):
-    """(B, n) outputs whose gate gradients give Michel importance."""
+  def importance_outputs(self, params, batch, hook=None):
+    """(B, n) outputs whose gate gradients give Michel importance (the gates through
+    `gates_hook`)."""
 
 
 # ------------------------------------------------------------------ shared helpers
 
 def jitted(task, name: str, fn):
   """`fn` jitted once per task and cached on it, so repeated evaluations, captures and
-  gradient passes compile once per shape instead of once per call. Params, gates and
-  batches must be arguments of `fn`, never constants it closes over."""
+  gradient passes compile once per shape instead of once per call. Params, gates, edits
+  and batches must be arguments of `fn`, never constants it closes over."""
   cache = task.__dict__.setdefault("_jit_cache", {})
   if name not in cache:
     cache[name] = jax.jit(fn)
   return cache[name]
 
 
-def sum_metrics(task, params, split, batch_size, gates=None) -> dict[str, float]:
-  """Sums of the loss metrics over a split's evaluation batches (one compile per task)."""
+def jitted_programs(task) -> dict:
+  """{name: compiled function} of what `jitted` has cached on `task` so far (to look into
+  one, e.g. its jaxpr)."""
+  return dict(task.__dict__.get("_jit_cache", {}))
+
+
+def sum_metrics(task, params, split, batch_size, hook=None) -> dict[str, float]:
+  """Sums of the loss metrics over a split's evaluation batches (one compile per task),
+  with `hook`'s edits (`hook_edits`) on every batch."""
   check_split(split)
-  fn = jitted(task, "eval_metrics",
-              lambda p, b, w, g: task.loss(p, b, example_weight=w, gates=g)[1])
+  edits = hook_edits(hook)
+  fn = jitted(task, "eval_metrics", lambda p, b, w, e: task.loss(
+      p, b, example_weight=w, hook=edits_hook(e))[1])
   totals = None                      # summed on the device; one transfer at the end
   for batch, weight in task.eval_batches(split, batch_size):
     check_batch_ids(task, batch, f"{split} batch")
-    m = fn(params, batch, jnp.asarray(weight), gates)
+    m = fn(params, batch, jnp.asarray(weight), edits)
     totals = m if totals is None else jax.tree.map(jnp.add, totals, m)
   return {k: float(v) for k, v in jax.device_get(totals or {}).items()}
 

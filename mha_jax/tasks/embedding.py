@@ -50,18 +50,17 @@ class EmbeddingTask(Imported):
                       token_types_BT=batch.get("token_types"), hook=hook)
 
   # ---------------------------------------------------------------- studies
-  def pooled(self, params, batch, gates=None):
+  def pooled(self, params, batch, hook=None):
     """Mean-pooled, L2-normalised sentence embeddings (B, D) of a batch (traceable)."""
-    return bert.mean_pool(self.apply(params, batch, hook=base.gates_hook(self, gates)), batch["mask"],
-                          normalize=True)
+    return bert.mean_pool(self.apply(params, batch, hook=hook), batch["mask"], normalize=True)
 
-  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+  def loss(self, params, batch, *, key=None, hook=None, label_smoothing=0.0,
            example_weight=None):
     """A loss without a task head: the cosine distance 1 - cos(e, e_ref) between the
     (gated) model's sentence embedding and the reference: batch["reference"] (the dense
-    model's embeddings, see with_reference) or else the same params without gates."""
+    model's embeddings, see with_reference) or else the same params without the hook."""
     del key, label_smoothing
-    e = self.pooled(params, batch, gates)
+    e = self.pooled(params, batch, hook)
     ref = batch["reference"] if "reference" in batch else jax.lax.stop_gradient(
         self.pooled(params, batch))
     ref = ref / jnp.maximum(jnp.linalg.norm(ref, axis=-1, keepdims=True), 1e-12)
@@ -70,12 +69,12 @@ class EmbeddingTask(Imported):
     metrics = {"loss": (dist * w).sum(), "tokens": w.sum()}
     return base.weighted_mean(dist, w), metrics
 
-  def importance_outputs(self, params, batch, gates=None):
+  def importance_outputs(self, params, batch, hook=None):
     """(B, 8) projections of the embedding on 8 fixed random unit directions. The cosine
     loss is flat at the dense model (its gate gradients are 0 there), so Michel et al.'s
     importance E|dL/dxi_h| is taken over these instead: E_x sum_k |r_k . de/dxi_h|, which
     is proportional to the embedding's sensitivity |de/dxi_h| for isotropic r_k."""
-    e = self.pooled(params, batch, gates)
+    e = self.pooled(params, batch, hook)
     r = jax.random.normal(jax.random.PRNGKey(0), (8, e.shape[-1]), e.dtype)
     return e @ (r / jnp.linalg.norm(r, axis=-1, keepdims=True)).T
 
@@ -93,7 +92,7 @@ class EmbeddingTask(Imported):
     if key in cache:
       cache.move_to_end(key)
     else:
-      fn = base.jitted(self, "pooled", self.pooled)
+      fn = base.jitted(self, "pooled", lambda p, b, e: self.pooled(p, b, base.edits_hook(e)))
       cache[key] = fn(ref, {k: jnp.asarray(v) for k, v in batch.items()}, None)
       while len(cache) > REFERENCE_CACHE_SIZE:
         cache.popitem(last=False)
@@ -141,14 +140,14 @@ class EmbeddingTask(Imported):
       mask[r, :len(i)] = True
     return {"tokens": tokens, "mask": mask, "token_types": np.zeros_like(tokens)}
 
-  def embed(self, params, texts, *, normalize: bool | None = None, gates=None) -> np.ndarray:
+  def embed(self, params, texts, *, normalize: bool | None = None) -> np.ndarray:
     """Sentence embeddings (N, D): mask-aware mean of the last hidden states, L2-normalised
     when the model's sentence-transformers pipeline does (default) or normalize=True."""
     b = self.batch(texts)
     norm = self.cfg.tokenizer.get("normalize", False) if normalize is None else normalize
-    fn = base.jitted(self, f"embed_{bool(norm)}", lambda p, bt, g: bert.mean_pool(
-        self.apply(p, bt, hook=base.gates_hook(self, g)), bt["mask"], normalize=bool(norm)))
-    return np.asarray(fn(params, jax.tree.map(jnp.asarray, b), gates))
+    fn = base.jitted(self, f"embed_{bool(norm)}", lambda p, bt: bert.mean_pool(
+        self.apply(p, bt), bt["mask"], normalize=bool(norm)))
+    return np.asarray(fn(params, jax.tree.map(jnp.asarray, b)))
 
   def eval_batches(self, split: str, batch_size: int):
     """Paragraphs of the built-in text, eval.seq_len tokens at most, right-padded."""
@@ -156,16 +155,17 @@ class EmbeddingTask(Imported):
     for idx, weight in base.padded_rows(len(paras), batch_size):
       yield self.batch([paras[i] for i in idx], self.cfg.eval.seq_len, pad=True), weight
 
-  def evaluate(self, params, split: str = "test", *, bleu: bool | None = None, gates=None,
+  def evaluate(self, params, split: str = "test", *, bleu: bool | None = None, hook=None,
                bleu_limit: int | None = None) -> dict:
     """No loss for an encoder without a head: reports the embeddings' spread instead
     (mean cosine similarity between different paragraphs of the split)."""
     del bleu, bleu_limit
-    fn = base.jitted(self, "pooled", self.pooled)
+    edits = base.hook_edits(hook)
+    fn = base.jitted(self, "pooled", lambda p, b, e: self.pooled(p, b, base.edits_hook(e)))
     embs, cos = [], []
     for b, w in self.eval_batches(split, self.cfg.eval.batch_size):
       b = self.with_reference(b)
-      e = np.asarray(fn(params, jax.tree.map(jnp.asarray, b), gates))
+      e = np.asarray(fn(params, jax.tree.map(jnp.asarray, b), edits))
       embs.append(e[w > 0])
       if "reference" in b:        # a dense reference is set (pruning): compare with it
         r = np.asarray(b["reference"])[w > 0]

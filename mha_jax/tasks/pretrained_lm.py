@@ -39,6 +39,21 @@ class PretrainedLMTask(Imported):
     self.vocab_size = m.vocab_size
     self._streams = None
 
+  @property
+  def bos_id(self) -> int:
+    """The tokenizer's BOS id (config tokenizer.bos_id), -1 where it has none."""
+    return int(self.cfg.tokenizer.get("bos_id", -1))
+
+  @property
+  def adds_bos(self) -> bool:
+    """Whether the tokenizer puts BOS before a prompt (config tokenizer.add_bos)."""
+    return bool(self.cfg.tokenizer.get("add_bos", False)) and self.bos_id >= 0
+
+  @property
+  def window(self) -> int:
+    """The context window in tokens (model.max_len)."""
+    return int(self.cfg.model.max_len)
+
   # ---------------------------------------------------------------- model
   def apply(self, params, batch, *, key=None, hook=None):
     """Logits (B, T-1, V) predicting tokens[:, 1:] (like the LM task of runs trained here).
@@ -62,19 +77,19 @@ class PretrainedLMTask(Imported):
     cache = decoder.init_cache(params, tokens_BT.shape[0], max_len)
     return decoder.apply(params, self.spec, tokens_BT, cache=cache, last_only=True)[1]
 
-  def logits(self, params, tokens_BT, mask_BT=None, gates=None):
+  def logits(self, params, tokens_BT, mask_BT=None):
     """Logits (B, T, V) for every position (the next token after each); compiled once
     per shape."""
     common.check_token_ids(tokens_BT, self.vocab_size, "tokens_BT")
-    fn = base.jitted(self, "logits", lambda p, t, m, g: decoder.apply(p, self.spec, t,
-                                                                      mask_BT=m, gates=g))
+    fn = base.jitted(self, "logits", lambda p, t, m: decoder.apply(p, self.spec, t,
+                                                                   mask_BT=m))
     return fn(params, jnp.asarray(tokens_BT), None if mask_BT is None else
-              jnp.asarray(mask_BT), gates)
+              jnp.asarray(mask_BT))
 
-  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+  def loss(self, params, batch, *, key=None, hook=None, label_smoothing=0.0,
            example_weight=None):
     del label_smoothing
-    logits = self.apply(params, batch, key=key, hook=base.gates_hook(self, gates))
+    logits = self.apply(params, batch, key=key, hook=hook)
     nll, _, correct = base.token_losses(logits, batch["tokens"][:, 1:])
     w = jnp.ones_like(nll)
     if "mask" in batch:
@@ -149,11 +164,11 @@ class PretrainedLMTask(Imported):
     for idx, weight in base.padded_rows(len(w), batch_size):
       yield {"tokens": w[idx]}, weight
 
-  def evaluate(self, params, split: str = "test", *, bleu: bool | None = None, gates=None,
+  def evaluate(self, params, split: str = "test", *, bleu: bool | None = None, hook=None,
                bleu_limit: int | None = None) -> dict:
     """Loss, accuracy and perplexity on eval.windows windows of eval.seq_len + 1 tokens."""
     del bleu, bleu_limit
-    t = base.sum_metrics(self, params, split, self.cfg.eval.batch_size, gates)
+    t = base.sum_metrics(self, params, split, self.cfg.eval.batch_size, hook)
     out = base.per_token(t)
     return {**out, "perplexity": float(np.exp(out["loss"])), "tokens": int(t["tokens"]),
             "windows": len(self.windows(split)), "seq_len": int(self.cfg.eval.seq_len)}

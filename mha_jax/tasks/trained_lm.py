@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import storage
-from mha_jax.data import repeated_tokens, text
+from mha_jax.data import repeated_tokens, text, vocab
 from mha_jax.errors import UserError
 from mha_jax.models import lm as lm_model
 from mha_jax.tasks import base
@@ -58,6 +58,14 @@ class LMTask:
     if save_tokenizer:         # once every check above has passed
       storage.makedirs(self.data_dir)
       self.tokenizer.save(self.data_dir)
+
+  bos_id = vocab.LM_BOS_ID      # every sequence begins with it (repeated tokens, text)
+  adds_bos = False              # the text tokenizer's encode leaves it out
+
+  @property
+  def window(self) -> int:
+    """The context window in tokens (model.max_len)."""
+    return int(self.cfg.model.max_len)
 
   def init_params(self, key):
     return base.init_model(self.cfg, key, self.vocab_size)
@@ -117,17 +125,17 @@ class LMTask:
                                            self.vocab_size, max(1, n // 2),
                                            return_lengths=True)
 
-  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+  def loss(self, params, batch, *, key=None, hook=None, label_smoothing=0.0,
            example_weight=None):
     tokens = batch["tokens"]
-    logits = self.apply(params, batch, key=key, hook=base.gates_hook(self, gates))
+    logits = self.apply(params, batch, key=key, hook=hook)
     nll, obj, correct = base.token_losses(logits, tokens[:, 1:], label_smoothing)
     w = jnp.ones_like(nll) if example_weight is None else jnp.broadcast_to(
         example_weight[:, None], nll.shape)
     return base.weighted_mean(obj, w), base.token_metrics(nll, correct, w, batch)
 
-  def evaluate(self, params, split: str, *, bleu: bool | None = None, gates=None,
+  def evaluate(self, params, split: str, *, bleu: bool | None = None, hook=None,
                bleu_limit: int | None = None) -> dict[str, float]:
     del bleu, bleu_limit
     return base.per_token(base.sum_metrics(self, params, split, self.cfg.eval.batch_size,
-                                           gates))
+                                           hook))

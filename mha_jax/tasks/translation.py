@@ -192,11 +192,11 @@ class TranslationTask:
       yield {k: v[idx] for k, v in arr.items()}, weight
 
   # ---------------------------------------------------------------- loss
-  def loss(self, params, batch, *, key=None, gates=None, label_smoothing=0.0,
+  def loss(self, params, batch, *, key=None, hook=None, label_smoothing=0.0,
            example_weight=None):
     """(objective, metrics sums) for one batch. Metrics are sums, to be divided by
     metrics["tokens"]."""
-    logits = self.apply(params, batch, key=key, hook=base.gates_hook(self, gates))
+    logits = self.apply(params, batch, key=key, hook=hook)
     targets = batch["tgt"][:, 1:]
     mask = targets != vocab.PAD_ID
     if "tgt_seg" in batch:     # packed: no target across two pairs' boundary
@@ -209,10 +209,12 @@ class TranslationTask:
 
   # ---------------------------------------------------------------- evaluation
   def translate(self, params, split: str, limit: int = 0, batch_size: int = 128,
-                gates=None):
-    """Greedy translations of the first `limit` (0 = all) sentences of a split."""
-    decode = base.jitted(self, "greedy", lambda p, src, g: seq2seq.greedy_decode(
-        p, self.spec, src, self.cfg.data.max_len + 1, vocab.BOS_ID, vocab.EOS_ID, gates=g))
+                hook=None):
+    """Greedy translations of the first `limit` (0 = all) sentences of a split, with
+    `hook`'s edits (`base.hook_edits`) in the encoder and at every decoding step."""
+    edits = base.hook_edits(hook)
+    decode = base.jitted(self, "greedy", lambda p, src, e: seq2seq.greedy_decode(
+        p, self.spec, src, self.cfg.data.max_len + 1, vocab.BOS_ID, vocab.EOS_ID, edits=e))
     src = self.arrays[base.check_split(split)]["src"]
     n = len(src) if limit <= 0 else min(limit, len(src))
     batch_size = min(batch_size, n)
@@ -222,13 +224,13 @@ class TranslationTask:
       pad = batch_size - len(chunk)
       if pad:
         chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
-      out = np.asarray(decode(params, jnp.asarray(chunk), gates))
+      out = np.asarray(decode(params, jnp.asarray(chunk), edits))
       hyps += [self.vocab.decode(row) for row in out[: batch_size - pad]]
     return hyps
 
-  def bleu(self, params, split: str, limit: int = 0, gates=None) -> float:
+  def bleu(self, params, split: str, limit: int = 0, hook=None) -> float:
     import sacrebleu
-    hyps = self.translate(params, split, limit, gates=gates)
+    hyps = self.translate(params, split, limit, hook=hook)
     refs = self.words[split][1][: len(hyps)]
     return sacrebleu.corpus_bleu([" ".join(h) for h in hyps],
                                  [[" ".join(r) for r in refs]]).score
@@ -239,15 +241,15 @@ class TranslationTask:
     src, tgt = self.words[base.check_split(split)]
     return sacrebleu.corpus_bleu([" ".join(s) for s in src], [[" ".join(t) for t in tgt]]).score
 
-  def evaluate(self, params, split: str, *, bleu: bool | None = None, gates=None,
+  def evaluate(self, params, split: str, *, bleu: bool | None = None, hook=None,
                bleu_limit: int | None = None) -> dict[str, float]:
     """Loss and accuracy over the split; BLEU (unless bleu=False) over all of test, or
     over eval.bleu_examples sentences of other splits (bleu_limit overrides; 0 = all)."""
     e = self.cfg.eval
     out = base.per_token(base.sum_metrics(self, params, base.check_split(split),
-                                          e.batch_size, gates))
+                                          e.batch_size, hook))
     if bleu is None or bleu:
       limit = bleu_limit if bleu_limit is not None else (
           e.bleu_examples if split != "test" else 0)
-      out["bleu"] = self.bleu(params, split, limit, gates=gates)
+      out["bleu"] = self.bleu(params, split, limit, hook=hook)
     return out

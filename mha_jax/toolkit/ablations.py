@@ -73,8 +73,8 @@ def edit(kind: str, clean, *, heads=None, positions=None, **kw) -> interventions
 def mean_edits(heads: Sequence[tuple[str, int, int]], means: Mapping) -> dict:
   """{site: [Edit]}: each listed (stack, layer, head)'s output z replaced by its mean
   (means {stack: [(H, K) per layer]}, as toolkit.importance.mean_head_outputs gives).
-  Pass as gates={"edits": ...} (or a Hook's edits): every forward, loss and evaluation
-  then runs with the heads mean-ablated."""
+  Pass as a Hook's edits (`interventions.Hook(mean_edits(...))`, as `hook=`): every
+  forward, loss and evaluation then runs with the heads mean-ablated."""
   out: dict = {}
   for stack, layer, head in heads:
     m = jnp.asarray(means[stack][layer][head])          # (K,)

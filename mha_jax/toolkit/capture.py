@@ -17,18 +17,19 @@ from mha_jax.attention import AttentionOutput
 from mha_jax.errors import UserError
 
 
-def captured(task, params, batch, gates=None) -> dict:
+def captured(task, params, batch, hook=None) -> dict:
   """{stack: [AttentionOutput per layer]} on the host, read from the sites of the task's
   own forward (`{stack}.{i}.attn.pattern`, `attn.z`, `attn_out`; compiled once per task
-  and shape), with head `gates` applied."""
-  from mha_jax.tasks import jitted
+  and shape), with `hook`'s edits applied (an edits-only Hook: head gates through
+  `tasks.gates_hook`, ablations; see `tasks.hook_edits`)."""
+  from mha_jax.tasks import edits_hook, hook_edits, jitted
 
-  def forward(p, b, g):
-    hook = interventions.model_hook(None, g, capture=True, stacks=task.stacks)
+  def forward(p, b, e):
+    hook = interventions.model_hook(edits_hook(e), capture=True, stacks=task.stacks)
     task.apply(p, b, hook=hook)
     return {s: interventions.captured(hook, s, _layers(hook.values, s), AttentionOutput)
             for s in task.stacks if _layers(hook.values, s)}
-  return jax.device_get(jitted(task, "capture", forward)(params, batch, gates))
+  return jax.device_get(jitted(task, "capture", forward)(params, batch, hook_edits(hook)))
 
 
 def _layers(values: dict, stack: str) -> int:
@@ -47,8 +48,9 @@ def _select(cap: dict, stacks: Sequence[str] | None, layers: Sequence[int] | Non
 
 def iter_captures(loaded, split: str = "valid", *, stacks: Sequence[str] | None = None,
                   layers: Sequence[int] | None = None, batch_size: int = 64,
-                  limit: int = 0, gates=None) -> Iterator[tuple[dict, dict, np.ndarray]]:
-  """Yields (batch, captured, example_weight) per batch of `split`.
+                  limit: int = 0, hook=None) -> Iterator[tuple[dict, dict, np.ndarray]]:
+  """Yields (batch, captured, example_weight) per batch of `split` (with `hook`'s edits,
+  as `captured`).
 
   `captured[stack][layer]` = AttentionOutput with .weights (B, H, T, S) and .heads
   (B, T, H, K) as NumPy arrays. example_weight is 0 for rows that only pad the last batch.
@@ -57,7 +59,7 @@ def iter_captures(loaded, split: str = "valid", *, stacks: Sequence[str] | None 
   model, params = loaded.task, loaded.params
   seen = 0
   for batch, weight in model.eval_batches(split, batch_size):
-    cap = captured(model, params, batch, gates)
+    cap = captured(model, params, batch, hook)
     missing = [s for s in stacks or () if s not in cap]
     if missing:
       raise UserError(f"stacks: {missing[0]!r} is not in this model; it has {sorted(cap)}")

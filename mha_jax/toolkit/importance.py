@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax import interventions, tasks
 from mha_jax.errors import UserError
 from mha_jax.data import vocab
 from mha_jax.models import common
@@ -81,29 +82,31 @@ def ablate(loaded, heads, *, mode: str = "zero", split: str = "test", means=None
   if mode not in MODES:
     raise UserError(f"mode must be one of {', '.join(MODES)}; got {mode!r}", setting="mode")
   params = loaded.params
-  gates = gates_without(loaded.params, heads)
+  edits = None
   if mode == "mean":    # the heads' z replaced by their means: an interventions edit
     means = means if means is not None else mean_head_outputs(loaded, "valid")
-    gates = {**gates, "edits": ablations.mean_edits(heads, means)}
-  out = loaded.task.evaluate(params, split, gates=gates, bleu_limit=bleu_limit)
+    edits = interventions.Hook(ablations.mean_edits(heads, means))
+  hook = tasks.gates_hook(loaded.task, gates_without(loaded.params, heads), edits)
+  out = loaded.task.evaluate(params, split, hook=hook, bleu_limit=bleu_limit)
   if loaded.task.decoder_only and not loaded.task.trainable:   # an imported LM: its eval split is
-    out.update(repeated_loss(loaded, params, gates))        # text; also on repeated tokens
+    out.update(repeated_loss(loaded, params, hook))         # text; also on repeated tokens
   return out
 
 
-def repeated_loss(loaded, params=None, gates=None, *, batch: int = 8, half_len: int = 32,
+def repeated_loss(loaded, params=None, hook=None, *, batch: int = 8, half_len: int = 32,
                   seed: int = 7_000_003) -> dict[str, float]:
   """The LM loss on repeated random tokens of the model's own vocabulary (with BOS):
   on the first copy (loss_first, unpredictable) and on the repeated half (loss_repeat,
-  what induction heads make predictable)."""
+  what induction heads make predictable). hook: as the task's evaluate (edits only)."""
   from mha_jax.data import repeated_tokens as rt
-  from mha_jax.tasks import jitted
   task = loaded.task
   tokens, m = task.repeated_tokens(seed, batch, half_len)
   masks = rt.position_masks(m, tokens.shape[1] - 1)
   b = {"tokens": tokens, "mask_first": masks["first"], "mask_repeat": masks["repeat"]}
-  fn = jitted(task, "repeat_metrics", lambda p, bt, g: task.loss(p, bt, gates=g)[1])
-  t = jax.device_get(fn(loaded.params if params is None else params, b, gates))
+  fn = tasks.jitted(task, "repeat_metrics",
+                    lambda p, bt, e: task.loss(p, bt, hook=tasks.edits_hook(e))[1])
+  t = jax.device_get(fn(loaded.params if params is None else params, b,
+                        tasks.hook_edits(hook)))
   return {f"loss_{k}": float(t[f"loss_{k}"] / t[f"tokens_{k}"]) for k in ("first", "repeat")}
 
 
@@ -172,7 +175,6 @@ def michel_importance(loaded, split: str = "valid", *, limit: int = 512,
                       batch_size: int = 32, gates=None, params=None) -> dict[str, Any]:
   """{"raw": {head name: I_h}, "normalized": {head name: I_h / ||I_layer||},
   "examples": n}, from per-example gate gradients taken at `gates` (default: all 1)."""
-  from mha_jax.tasks import jitted
   model = loaded.task
   params = loaded.params if params is None else params
   ones = common.ones_gates(params) if gates is None else gates
@@ -181,18 +183,18 @@ def michel_importance(loaded, split: str = "valid", *, limit: int = 512,
 
   def example_loss(gates, params, ex):
     batch = jax.tree.map(lambda a: a[None], ex)
-    return model.loss(params, batch, gates=gates)[0]
+    return model.loss(params, batch, hook=tasks.gates_hook(model, gates))[0]
 
   def example_outputs(gates, params, ex):   # tasks whose loss is flat at gates = 1
     batch = jax.tree.map(lambda a: a[None], ex)
-    return model.importance_outputs(params, batch, gates=gates)[0]       # (K,)
+    return model.importance_outputs(params, batch, hook=tasks.gates_hook(model, gates))[0]  # (K,)
 
   # One compile per model: Michel's iterative pruning calls this after every removal.
   # |dL/dxi| per example; or sum_k |d out_k / dxi| where the task gives importance_outputs.
   vector = model.compares_to_dense   # its loss is flat at the dense model
   grad = (lambda g, p, ex: jax.tree.map(lambda j: jnp.abs(j).sum(0), jax.jacrev(
       example_outputs)(g, p, ex))) if vector else jax.grad(example_loss)
-  per_example = jitted(model, "gate_grads", jax.vmap(grad, in_axes=(None, None, 0)))
+  per_example = tasks.jitted(model, "gate_grads", jax.vmap(grad, in_axes=(None, None, 0)))
   total = jax.tree.map(jnp.zeros_like, ones)     # summed on the device
   n = 0
   for batch, weight in model.eval_batches(split, batch_size):

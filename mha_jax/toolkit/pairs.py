@@ -70,10 +70,7 @@ def _tokenizer(task):
 
 
 def _bos(task) -> list[int]:
-  t = task.cfg.get("tokenizer") if hasattr(task, "cfg") else None
-  if t is not None and t.get("add_bos", False) and t.get("bos_id", -1) >= 0:
-    return [int(t.bos_id)]
-  return []
+  return [int(task.bos_id)] if task.adds_bos and task.bos_id >= 0 else []
 
 
 def encode(task, text: str) -> list[int]:
@@ -153,10 +150,7 @@ def induction_pairs(task, n: int = 8, half_len: int = 10, seed: int = 0) -> Pair
   if len(pool) < 2 * half_len:
     raise UserError(f"the vocabulary ({task.vocab_size}) is too small for induction pairs "
                     f"of half_len {half_len}")
-  bos = [0]                                   # BOS of runs trained here
-  tcfg = task.cfg.get("tokenizer") if hasattr(task, "cfg") else None
-  if tcfg is not None:                        # an imported model: its own BOS
-    bos = [int(tcfg.bos_id)] if tcfg.get("bos_id", -1) >= 0 else [int(pool[0])]
+  bos = [int(task.bos_id)] if task.bos_id >= 0 else [int(pool[0])]   # the model's own BOS
   rng = np.random.default_rng(seed)
   rows = []
   for _ in range(n):

@@ -107,14 +107,15 @@ class _QuietStorageFaults(logging.Filter):
     return storage.fault_kind(exc) is None and storage.transient_cause(exc) is None
 
 
-_QUIET = _QuietStorageFaults()
+QUIET_FILTER = _QuietStorageFaults()   # the one filter quiet_storage_faults installs
 
 
-def _quiet_storage_faults() -> None:
-  """Installs _QuietStorageFaults on absl's logger (the one orbax logs through), once."""
+def quiet_storage_faults() -> None:
+  """Installs QUIET_FILTER on absl's logger (the one orbax logs through), once: orbax's
+  background reports of storage faults the checkpointer handles are dropped."""
   log = logging.getLogger("absl")
-  if _QUIET not in log.filters:
-    log.addFilter(_QUIET)
+  if QUIET_FILTER not in log.filters:
+    log.addFilter(QUIET_FILTER)
 
 
 def _short(e: BaseException) -> str:
@@ -144,7 +145,7 @@ class Checkpoints:
     """this_process_only: a read-only manager that process 0 of a multi-process run
     uses alone (its restores wait for no other process), to decide what every process
     then does (train/loop.py)."""
-    _quiet_storage_faults()
+    quiet_storage_faults()
     self.directory = storage.abspath(storage.join(workdir, "checkpoints"))
     # "read_only" here means: never create, delete or clean anything up.
     mp = ocp.options.MultiprocessingOptions()
@@ -199,7 +200,7 @@ class Checkpoints:
       if kind is None and cause is None:
         raise
       kind = kind or "cut off"
-      _QUIET.removed.add(self.step_dir(step).split("://")[-1].rstrip("/") + "/")
+      QUIET_FILTER.removed.add(self.step_dir(step).split("://")[-1].rstrip("/") + "/")
       for p in self.partial_dirs(step):
         storage.rmtree(p, ignore_errors=True)
       try:

@@ -158,7 +158,7 @@ def _last_good_named(all_ckpts):
     raise fault from None
 
 
-class _Preemption:
+class Preemption:
   """Turns SIGTERM into a flag the loop checks between steps."""
 
   def __init__(self):
@@ -343,7 +343,7 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
     saved = start or None   # the step of the last save (a resume's is on disk already)
     status, step, last, window = "done", start, None, []
     t_last, valid = time.perf_counter(), None
-    with _Preemption() as pre, _last_good_named(all_ckpts):
+    with Preemption() as pre, _last_good_named(all_ckpts):
       while step < t.steps:
         # several processes: JAX's preemption sync manager (SIGTERM to any of them)
         # picks the step every process stops at

@@ -77,11 +77,11 @@ def test_zero_ablation_of_all_heads_equals_physically_removing_them(loaded):
 def test_mean_ablation_replaces_the_output_by_its_mean(loaded):
   means = importance.mean_head_outputs(loaded, "valid")
   heads = [("decoder_cross", 0, 1)]
-  gates = {**importance.gates_without(loaded.params, heads),
-           "edits": ablations.mean_edits(heads, means)}
+  hook = tasks.gates_hook(loaded.task, importance.gates_without(loaded.params, heads),
+                          interventions.Hook(ablations.mean_edits(heads, means)))
   batch = next(loaded.task.eval_batches("valid", 4))[0]
-  logits = loaded.task.apply(loaded.params, batch, hook=tasks.gates_hook(loaded.task, gates))
-  cap = capture.captured(loaded.task, loaded.params, batch, gates)
+  logits = loaded.task.apply(loaded.params, batch, hook=hook)
+  cap = capture.captured(loaded.task, loaded.params, batch, hook)
   cap0 = capture.captured(loaded.task, loaded.params, batch)
   blk = loaded.params["decoder"]["layer_0"]["cross_attn"]
   # Output of the block = (other heads through W_O) + mean of head 1 through its W_O.
@@ -99,8 +99,8 @@ def test_mean_ablation_replaces_the_output_by_its_mean(loaded):
   np.testing.assert_allclose(logits, shifted, atol=1e-4)
   assert np.abs(np.asarray(logits) - np.asarray(loaded.task.apply(loaded.params, batch))).max() > 1e-3
   m = importance.ablate(loaded, heads, mode="mean", split="valid", means=means, bleu_limit=0)
-  m_shift = loaded.task.evaluate(p, "valid", gates=importance.gates_without(loaded.params, heads),
-                              bleu_limit=0)
+  m_shift = loaded.task.evaluate(p, "valid", hook=tasks.gates_hook(
+      loaded.task, importance.gates_without(loaded.params, heads)), bleu_limit=0)
   assert abs(m["loss"] - m_shift["loss"]) < 1e-4
 
 
@@ -108,7 +108,8 @@ def test_michel_importance_matches_a_finite_difference(loaded):
   imp = importance.michel_importance(loaded, "valid", limit=1, batch_size=1)
   assert imp["examples"] == 1
   batch = jax.tree.map(lambda a: a[:1], next(loaded.task.eval_batches("valid", 1))[0])
-  loss = lambda g: float(loaded.task.loss(loaded.params, batch, gates=g)[0])
+  loss = lambda g: float(loaded.task.loss(loaded.params, batch,
+                                          hook=tasks.gates_hook(loaded.task, g))[0])
   eps = 1e-2
   up, down = common.ones_gates(loaded.params), common.ones_gates(loaded.params)
   up["encoder"][0] = up["encoder"][0].at[1].add(eps)

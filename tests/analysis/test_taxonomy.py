@@ -23,6 +23,7 @@ SPEC = llama.LlamaSpec(rope_base=1e9)  # the last RoPE pair barely turns (the si
 class Task:
   """The slice of the task protocol the detectors use."""
   vocab_size = V
+  bos_id = -1               # no BOS: the detectors' prompts begin with their own tokens
 
   def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
     return llama.apply(params, SPEC, batch["tokens"][:, :-1], hook=hook,
@@ -168,10 +169,6 @@ def test_assign_takes_the_first_qualifying_role():
   assert got == {"lm.0.0": "induction", "lm.0.1": "name_mover", "lm.0.2": "other"}
 
 
-class _Cfg(dict):
-  __getattr__ = dict.__getitem__
-
-
 class _CharTokenizer:
   """Every character two tokens: no name (nor any ordinal item) is a single token."""
 
@@ -181,7 +178,7 @@ class _CharTokenizer:
 
 class _TextTask:
   name = "fake"
-  cfg = _Cfg(model=_Cfg(max_len=64), tokenizer=_Cfg(bos_id=-1, add_bos=False))
+  bos_id, adds_bos, window = -1, False, 64      # the typed interface's LMData members
   tokenizer = _CharTokenizer()
   vocab_size = 50
 
@@ -191,7 +188,7 @@ def test_roles_that_cannot_exist_are_refused_by_name():
                                       "than this model's window \\(64 tokens\\)"):
     detectors.check_window(_TextTask(), 384)
   with pytest.raises(UserError, match="role name_mover: the IOI task needs two names"):
-    taxonomy._ioi_pairs(_TextTask(), 4, 0, "name_mover")
+    taxonomy.role_ioi_pairs(_TextTask(), 4, 0, "name_mover")
   with pytest.raises(UserError, match="role successor: no ordinal sequence"):
     detectors.ordinal_ids(_TextTask())
 

@@ -169,8 +169,10 @@ def test_every_edge_kept_is_the_model_and_none_the_ablated_model(setup, es):
 def test_a_kv_edge_changes_exactly_the_query_heads_that_read_it(setup, es):
   s, params, pairs = setup
   names = es.graph.edge_names()
-  z_of = jax.jit(lambda keep: s._forward(params, s.tokens["clean"], edges_lib.graph_lib.edge_edits(
-      es.graph, params, keep, es.ablated), read=es.sites + ("lm.1.attn.z",))[1]["lm.1.attn.z"])
+  z_of = jax.jit(lambda keep: interventions.run_with_hook(
+      lambda hook: s.task.apply(params, {"tokens": s.tokens["clean"]}, hook=hook),
+      edges_lib.graph_lib.edge_edits(es.graph, params, keep, es.ablated),
+      read=es.sites + ("lm.1.attn.z",))[1]["lm.1.attn.z"])   # the edits read the sites
   base = {"lm.1.attn.z": z_of(np.ones(es.mask.shape, np.float32))}
   for end, heads in (("lm.1.1.k", {2, 3}), ("lm.1.0.v", {0, 1})):
     r = names.index(f"lm.0.1 -> {end}")
@@ -201,7 +203,7 @@ def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_edge():
   nonlinear = [i for i, e in enumerate(ends) if e.endswith(".k") and e.startswith("lm.1.")]
   assert np.abs(eap[nonlinear] - ex[nonlinear]).max() > 1e-3
   # EAP from one backward to the ends = minus the gradient of the edge mask at 1
-  g = jax.grad(lambda k: es._pairs_metric(params, k, es.ablated).mean())(
+  g = jax.grad(lambda k: es.pairs_metric(params, k, es.ablated).mean())(
       np.ones(es.mask.shape, np.float32))
   np.testing.assert_allclose(eap, -np.asarray(g)[es.edges[:, 0], es.edges[:, 1]],
                              rtol=1e-3, atol=1e-3)     # float32 sums in another order
@@ -233,14 +235,14 @@ def test_eap_ig_on_inputs_is_the_averaged_gradient(setup, es):
   import jax.numpy as jnp
   ones = jnp.ones(es.mask.shape)
   ce, ae = es.clean_out[:, :, 0], es.ablated[:, :, 0]
-  gs = [jax.grad(lambda k, a=a: es._pairs_metric(params, k, es.ablated, es.clean_out,
+  gs = [jax.grad(lambda k, a=a: es.pairs_metric(params, k, es.ablated, es.clean_out,
                                                   ae + a * (ce - ae)).mean())(ones)
         for a in (0.25, 0.75)]
   want = -np.asarray((gs[0] + gs[1]) / 2)[es.edges[:, 0], es.edges[:, 1]]
   np.testing.assert_allclose(ig, want, atol=1e-5)
   ag = es.agreement(ig, sample=30, top=5)
   iga = es.eap_ig(2, on="activations")     # on the edge mask: keep = alpha everywhere
-  gs = [jax.grad(lambda k: es._pairs_metric(params, k, es.ablated).mean())(ones * a)
+  gs = [jax.grad(lambda k: es.pairs_metric(params, k, es.ablated).mean())(ones * a)
         for a in (0.25, 0.75)]
   want = -np.asarray((gs[0] + gs[1]) / 2)[es.edges[:, 0], es.edges[:, 1]]
   np.testing.assert_allclose(iga, want, atol=1e-5)

@@ -229,7 +229,7 @@ def test_seed_aggregation_counts_and_spreads():
   assert one["verdict"] == "does not hold in 1 of 1 seed"
   assert claims_run.aggregate([_unit(None, F, a=1.0)], ("a",), seeded=False)[
       "verdict"] == F
-  assert "2 of 3" in claims_run._cell(c, ("a",)) and "0.2..0.9" in claims_run._cell(c, ("a",))
+  assert "2 of 3" in claims_run.verdict_cell(c, ("a",)) and "0.2..0.9" in claims_run.verdict_cell(c, ("a",))
 
 
 def test_report_has_one_column_per_setting_and_says_why(tmp_path):

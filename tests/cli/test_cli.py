@@ -124,8 +124,9 @@ def prune_calls(monkeypatch):
   import types
   from mha_jax.pruning import prune as prune_lib
   calls = []
-  monkeypatch.setattr(cli, "_load", lambda args, wd=None: types.SimpleNamespace(
-      workdir=wd or args.workdir))
+  from mha_jax import loader
+  monkeypatch.setattr(loader, "load", lambda workdir, step=None: types.SimpleNamespace(
+      workdir=workdir))
   monkeypatch.setattr(prune_lib, "prune", lambda loaded, out, opts: calls.append(
       dict(workdir=loaded.workdir, out=out, **dataclasses.asdict(opts))) or
       {"kept": opts.keep})

@@ -60,7 +60,7 @@ def _parse(argv, methods=None):
   import argparse
   verb = cli.Verb("toy", lambda args, opts: 0, Toy)
   sub = argparse.ArgumentParser(prog="t").add_subparsers()
-  p = cli._add_verb(sub, "toy", verb, methods)
+  p = cli.add_verb(sub, "toy", verb, methods)
   return cli.options(verb, p.parse_args(argv)), p
 
 

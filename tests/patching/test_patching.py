@@ -282,6 +282,7 @@ class WordTokenizer:
 
 class WordTask:
   vocab_size = 500
+  bos_id, adds_bos = 0, False          # as a run trained here (the LMData members)
 
   def __init__(self):
     self.tokenizer = WordTokenizer()
@@ -460,11 +461,11 @@ def test_failing_pairs_are_named_and_all_failing_is_refused():
   class S:
     ld_clean, ld_corrupt = np.asarray([1.0, -2.0, 0.5]), np.asarray([0.0, 0.1, 0.2])
   pairs = Pairs(*([np.zeros(3)] * 5), [{"clean": c} for c in "abc"])
-  bad = patch_lib._failing(S(), pairs)
+  bad = patch_lib.failing_pairs(S(), pairs)
   assert bad == [{"index": 1, "ld_clean": -2.0, "ld_corrupt": 0.1, "clean": "b"}]
   S.ld_clean = -np.abs(S.ld_clean)
   with pytest.raises(UserError, match="every clean prompt wrong.*keep_failing"):
-    patch_lib._failing(S(), pairs)
+    patch_lib.failing_pairs(S(), pairs)
 
 
 # ---------------------------------------------------------------------- the explorer page

@@ -333,9 +333,9 @@ def test_generation_compiles_prompt_and_step_once(smol_run):
   from mha_jax.models import llama
   _, model, params = smol_run
   prompt = model.tokenizer.encode("Hi")[None]
-  before = (llama._prefill_jit._cache_size(), llama._step_jit._cache_size())
+  before = (llama.prefill_jit._cache_size(), llama.step_jit._cache_size())
   llama.generate(params, model.spec, prompt, 5)
-  after = (llama._prefill_jit._cache_size(), llama._step_jit._cache_size())
+  after = (llama.prefill_jit._cache_size(), llama.step_jit._cache_size())
   assert after == (before[0] + 1, before[1] + 1)
 
 

@@ -72,7 +72,8 @@ def test_top_induction_head_costs_more_repeat_loss_than_random_heads_of_its_laye
   base = importance.repeated_loss(smol, batch=4, half_len=16)["loss_repeat"]
   def cost(name):
     g = importance.gates_without(smol.params, importance.parse_heads(smol.params, [name]))
-    return importance.repeated_loss(smol, gates=g, batch=4, half_len=16)["loss_repeat"] - base
+    return importance.repeated_loss(smol, hook=tasks.gates_hook(smol.task, g), batch=4,
+                                    half_len=16)["loss_repeat"] - base
   others = [r["head"] for r in smol_rows if r["layer"] == top["layer"] and r is not top]
   rng = np.random.default_rng(0)
   rand = [cost(n) for n in rng.choice(others, 3, replace=False)]
@@ -315,17 +316,20 @@ def test_frozen_gate_step_forms_no_weight_gradient_and_cosine_loss_needs_a_cut(m
   minilm.task.set_reference(minilm.params)
   batch = jax.tree.map(jnp.asarray, minilm.task.train_batch(0))
   ones = masks.ones_mask(minilm.params, ["encoder"])
-  full, _ = minilm.task.loss(minilm.params, batch, gates=masks.full_gates(minilm.params, ones))
+  full, _ = minilm.task.loss(minilm.params, batch, hook=tasks.gates_hook(
+      minilm.task, masks.full_gates(minilm.params, ones)))
   cut = {"encoder": [m.copy() for m in ones["encoder"]]}
   cut["encoder"][0][:6] = 0.0
-  less, _ = minilm.task.loss(minilm.params, batch, gates=masks.full_gates(minilm.params, cut))
+  less, _ = minilm.task.loss(minilm.params, batch, hook=tasks.gates_hook(
+      minilm.task, masks.full_gates(minilm.params, cut)))
   assert abs(float(full)) < 1e-5 and float(less) > 1e-3
   # L0 gate training with the model frozen: the step differentiates log_alpha alone, so
   # no value shaped like a weight matrix (the embedding, W_Q, the MLP) is ever computed
   la, params, hist = methods.train_gates(minilm, 0.01, stacks=["encoder"], steps=2,
                                          log=lambda s: None)
   assert params is minilm.params and np.isfinite(hist[-1]["loss_mean"])
-  step = next(v for k, v in minilm.task._jit_cache.items() if k.startswith("gate_step/"))
+  step = next(v for k, v in tasks.jitted_programs(minilm.task).items()
+              if k.startswith("gate_step/"))
   import optax
   fixed = {"encoder": [jnp.ones(12) for _ in range(6)]}
   jaxpr = jax.make_jaxpr(step)(la, optax.adam(0.05).init(la), minilm.params, batch,

@@ -95,12 +95,12 @@ def test_prune_export_and_reuse_with_an_empty_layer(loaded, tmp_path):
   out, exp = str(tmp_path / "pruned"), str(tmp_path / "exported")
   # Keep 3 encoder heads chosen at random with a seed that empties layer 1? Force it:
   mask = {"encoder": [np.array([1, 1, 0, 1], np.float32), np.zeros(4, np.float32)]}
-  info = prune_lib._finish(loaded, out, loaded.params, mask, {"method": "manual"}, 0,
+  info = prune_lib.save_pruned(loaded, out, loaded.params, mask, {"method": "manual"}, 0,
                            log=lambda s: None)
   assert info["kept"] == 3 and info["kept_heads"] == ["encoder.0.0", "encoder.0.1",
                                                       "encoder.0.3"]
-  gated = loaded.task.evaluate(loaded.params, "valid", bleu=False,
-                             gates=masks.full_gates(loaded.params, mask))
+  gated = loaded.task.evaluate(loaded.params, "valid", bleu=False, hook=mha_jax.tasks.gates_hook(
+      loaded.task, masks.full_gates(loaded.params, mask)))
   masked = mha_jax.load(out)
   assert abs(masked.task.evaluate(masked.params, "valid", bleu=False)["loss"]
              - gated["loss"]) < 1e-5
@@ -127,8 +127,8 @@ def test_prune_export_and_reuse_with_an_empty_layer(loaded, tmp_path):
   # Ablating exported head 0 of layer 0 = also closing that head in the source model.
   abl = importance.ablate(ex, [("encoder", 0, 0)], split="valid", bleu_limit=4)
   closed = {"encoder": [np.array([0, 1, 0, 1], np.float32), np.zeros(4, np.float32)]}
-  want = loaded.task.evaluate(loaded.params, "valid", bleu=False,
-                            gates=masks.full_gates(loaded.params, closed))
+  want = loaded.task.evaluate(loaded.params, "valid", bleu=False, hook=mha_jax.tasks.gates_hook(
+      loaded.task, masks.full_gates(loaded.params, closed)))
   assert abl["loss"] == pytest.approx(want["loss"], abs=1e-5)
   again = prune_lib.prune(ex, str(tmp_path / "again"),
                           prune_lib.PruneOptions(method="l0", l0_lambda=0.1, keep=2, steps=3),

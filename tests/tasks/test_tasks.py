@@ -1,7 +1,6 @@
 """mha_jax/tasks/: the registry, the shared metrics, loading from the workdir, and the
 review defects that lived in the tasks and the studies that ask them."""
 
-import collections
 import inspect
 import os
 
@@ -11,8 +10,9 @@ import numpy as np
 import pytest
 
 import mha_jax
-from mha_jax import tasks
+from mha_jax import interventions, tasks
 from mha_jax.errors import UserError
+from mha_jax.models import common
 from mha_jax.tasks import base, embedding
 from mha_jax.train import loop
 from builders import TINY_TRANSLATION, tiny
@@ -57,6 +57,29 @@ def test_lm_objective_with_zero_weights_is_zero_not_nan(ind_run):
   assert np.isfinite(float(obj1)) and float(obj1) > 0
 
 
+def test_loss_and_evaluate_take_every_intervention_as_a_hook(ind_run):
+  loaded = mha_jax.load(ind_run, **QUIET)
+  task, params = loaded.task, loaded.params
+  gates = common.ones_gates(params)
+  gates["lm"][0] = gates["lm"][0].at[0].set(0.0)
+  by_gates = task.evaluate(params, "valid", hook=tasks.gates_hook(task, gates))
+  by_edit = task.evaluate(params, "valid", hook=interventions.Hook(
+      {"lm.0.attn.z": interventions.scale(0.0, heads=0)}))
+  assert by_gates["loss"] == pytest.approx(by_edit["loss"], rel=1e-6)
+  assert abs(by_gates["loss"] - task.evaluate(params, "valid")["loss"]) > 1e-4
+  batch = {k: jnp.asarray(v) for k, v in next(task.eval_batches("valid", 4))[0].items()}
+  assert "gates" not in inspect.signature(task.loss).parameters
+  with pytest.raises(UserError, match=r"hook: an evaluation .* cannot read sites; got "
+                                      r"read=\['lm.0.attn.z'\]"):
+    task.evaluate(params, "valid", hook=interventions.Hook(read=["lm.0.attn.z"]))
+  with pytest.raises(UserError, match=r"the edits of \['lm.1.attn.z'\] compute theirs"):
+    task.evaluate(params, "valid", hook=interventions.Hook(
+        {"lm.1.attn.z": interventions.replace(lambda values: 0.0)}))
+  with pytest.raises(ValueError, match=r"gates: keys must be stacks of this model "
+                                       r"\['lm'\]; got \['edits'\]"):
+    task.loss(params, batch, hook=tasks.gates_hook(task, {**gates, "edits": {}}))
+
+
 def test_padded_rows_cover_each_row_once_and_refuse_an_empty_split():
   rows = list(base.padded_rows(5, 2))
   assert [len(i) for i, _ in rows] == [2, 2, 2]
@@ -73,13 +96,14 @@ def test_reference_embedding_cache_is_bounded(monkeypatch):
   task.pooled = lambda p, b, g: b["tokens"].sum(-1, keepdims=True) * p["w"]
   task.set_reference({"w": jnp.ones(1)})
   batches = [{"tokens": np.full((2, 3), i, np.int32)} for i in range(10)]
-  for b in batches:
-    out = task.with_reference(b)
-    np.testing.assert_allclose(out["reference"], [[3.0 * b["tokens"][0, 0]]] * 2)
-  cache = task._reference_cache
-  assert isinstance(cache, collections.OrderedDict) and len(cache) == 4
-  again = task.with_reference(batches[-1])          # a recent batch: served from the cache
-  assert again["reference"] is cache[batches[-1]["tokens"].tobytes()]
+  refs = [task.with_reference(b)["reference"] for b in batches]
+  for b, r in zip(batches, refs):
+    np.testing.assert_allclose(r, [[3.0 * b["tokens"][0, 0]]] * 2)
+  for i in (9, 8, 7, 6):           # the 4 latest batches: served from the cache
+    assert task.with_reference(batches[i])["reference"] is refs[i], i
+  again = task.with_reference(batches[5])["reference"]     # dropped: computed again
+  assert again is not refs[5]
+  np.testing.assert_allclose(again, refs[5])
 
 
 def test_induction_vs_random_when_a_layer_has_no_other_head(ind_run):

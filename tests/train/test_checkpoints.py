@@ -168,8 +168,8 @@ def test_sigterm_during_a_checkpoint_save_saves_each_step_once_and_exits_0(tmp_p
   assert json.loads(out.strip().splitlines()[-1])["status"] == "preempted"
   assert saves == [4] and ckpt_lib.step_dirs(wd) == [4]
   # Preempted again at once after resuming: step 4 is on disk already.
-  enter = loop._Preemption.__enter__
-  monkeypatch.setattr(loop._Preemption, "__enter__",
+  enter = loop.Preemption.__enter__
+  monkeypatch.setattr(loop.Preemption, "__enter__",
                       lambda self: (enter(self), setattr(self, "requested", True))[0])
   res = loop.train(induction_cfg("--config.train.steps=12"), wd, **QUIET)
   assert res["status"] == "preempted" and res["step"] == 4 and saves == [4]

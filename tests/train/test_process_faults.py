@@ -239,20 +239,20 @@ def test_start_up_faults_end_in_one_line_within_the_start_up_timeout(tmp_path, c
 def test_orbax_background_reports_of_storage_faults_are_dropped():
   import logging
   from mha_jax.train import checkpoint as ckpt_lib
-  ckpt_lib._quiet_storage_faults()
-  ckpt_lib._quiet_storage_faults()           # once, however often it is asked
+  ckpt_lib.quiet_storage_faults()
+  ckpt_lib.quiet_storage_faults()           # once, however often it is asked
   log = logging.getLogger("absl")
-  assert log.filters.count(ckpt_lib._QUIET) == 1
+  assert log.filters.count(ckpt_lib.QUIET_FILTER) == 1
 
   def record(exc):
     return logging.LogRecord("absl", logging.ERROR, __file__, 1, "raised: %s", (exc,),
                              (type(exc), exc, None))
   full = ValueError('RESOURCE_EXHAUSTED: Error writing "wv/0.0.0" in OCDBT database: '
                     'No space left on device')
-  assert not ckpt_lib._QUIET.filter(record(full))
-  assert not ckpt_lib._QUIET.filter(record(OSError(30, "Read-only file system")))
-  assert ckpt_lib._QUIET.filter(record(KeyError("a bug")))     # a bug keeps its traceback
-  assert ckpt_lib._QUIET.filter(logging.LogRecord("absl", logging.ERROR, __file__, 1,
+  assert not ckpt_lib.QUIET_FILTER.filter(record(full))
+  assert not ckpt_lib.QUIET_FILTER.filter(record(OSError(30, "Read-only file system")))
+  assert ckpt_lib.QUIET_FILTER.filter(record(KeyError("a bug")))     # a bug keeps its traceback
+  assert ckpt_lib.QUIET_FILTER.filter(logging.LogRecord("absl", logging.ERROR, __file__, 1,
                                                   "no exception", (), None))
 
 
@@ -485,7 +485,7 @@ def test_a_write_cut_off_halfway_never_lists_the_checkpoint_and_a_resume_takes_t
   assert cut and rc == 2 and err.count("\n") == 1 and err.startswith("mha-jax: error:")
   assert "checkpoint 8" in err and "gs://bucket/run/checkpoints/8" in err, err
   loud = [r.getMessage() for r in caplog.records if r.exc_info and r.levelno >= 40 and
-          ckpt_lib._QUIET.filter(r)]      # what would print after the line
+          ckpt_lib.QUIET_FILTER.filter(r)]      # what would print after the line
   assert not loud, loud
   c = ckpt_lib.Checkpoints("gs://bucket/run", read_only=True)
   try:
