@@ -396,7 +396,8 @@ def _taxonomy_model(docs, key, title):
                          "verdict"],
                         [[r, c["behaviour"], f"{c['effect']:+.4f}",
                           f"{c['random_mean']:+.4f} +- {c['random_std']:.4f}",
-                          f"{max(c['random']):+.4f}", c["verdict"]]
+                          f"{max(c['random']):+.4f}", c["verdict"]] if "reason" not in c else
+                         [r, c["behaviour"], c["reason"], "-", "-", c["verdict"]]
                          for r, c in d["causal"].items()]))
     parts.append("")
   if "circuit" in d:
