@@ -248,8 +248,9 @@ def behaviours(run, settings: Settings, inputs: dict) -> dict[str, Callable]:
     out["text_loss"] = compiled(text_loss)
   if "needle" in inputs:
     nd = inputs["needle"]
-    out["needle_recall"] = lambda edits: detectors.retrieval_scores(
-        task, params, nd["tokens"], nd["start"], nd["answer"], nd["len"], edits)[1]
+    prog = detectors.retrieval_program(task, params, nd["tokens"], nd["start"], nd["answer"],
+                                       nd["len"])
+    out["needle_recall"] = lambda edits, prog=prog: prog(edits)[1]
   return out
 
 
@@ -468,6 +469,7 @@ def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
     if name not in base_cache:
       base_cache[name] = fn(edits_of([]))
     base = base_cache[name]
+    t0 = time.perf_counter()
     top = [h for h, _ in sorted(scores_.items(), key=lambda kv: -kv[1])[:settings.top_k]]
     eff = sign * (fn(edits_of(top)) - base)
     draws = random_draws(top, heads, settings.draws, settings.seed)
@@ -478,7 +480,7 @@ def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
                  "direction": "rises" if sign > 0 else "drops", "base": base,
                  "effect": eff, "random": rand, "random_heads": draws,
                  "random_mean": float(np.mean(rand)), "random_std": float(np.std(rand)),
-                 "verdict": verdict}
+                 "verdict": verdict, "seconds": time.perf_counter() - t0}
     log(f"  {role}: top {top} effect {eff:+.4f} vs random {np.mean(rand):+.4f} "
         f"(max {max(rand):+.4f}): {verdict}")
   return out
@@ -515,6 +517,30 @@ def taxonomy(run, rows: Sequence[Mapping] | None = None, settings: Settings = Se
     doc["seconds"]["causal"] = time.perf_counter() - t0
   doc["machine"] = _machine()
   return doc
+
+
+def merge(doc: dict, new: dict) -> dict:
+  """doc with new's roles added (or replaced): their scores, thresholds, qualifying
+  heads, causal checks (the two runs' causal seconds added), second checks and detector
+  seconds; the assignment and counts recomputed over every role; new's settings and
+  machine under "merged"."""
+  out = {**doc, "lm_roles": {**doc["lm_roles"], **new["lm_roles"]},
+         "thresholds": {**doc["thresholds"], **new["thresholds"]},
+         "qualifies": {**doc["qualifies"], **new["qualifies"]},
+         "extra": {**doc["extra"], **new["extra"]},
+         "seconds": {**doc["seconds"], "detectors": {**doc["seconds"]["detectors"],
+                                                     **new["seconds"]["detectors"]}}}
+  out["roles"] = [r for r in ROLES if r in out["lm_roles"]]
+  if "causal" in new:
+    out["causal"] = {**doc.get("causal", {}), **new["causal"]}
+    out["seconds"]["causal"] = doc["seconds"].get("causal", 0.0) + new["seconds"]["causal"]
+  out["assigned"] = assign(list(doc["assigned"]), out["qualifies"])
+  out["counts"] = {}
+  for r in out["assigned"].values():
+    out["counts"][r] = out["counts"].get(r, 0) + 1
+  out["merged"] = [*doc.get("merged", []), {k: new[k] for k in (
+      "roles", "settings", "machine", "seconds") if k in new}]
+  return out
 
 
 def _machine() -> dict:

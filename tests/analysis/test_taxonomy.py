@@ -313,3 +313,55 @@ def test_ioi_scores_path_patch_only_into_name_movers():
   none = taxonomy.ioi_scores(run, taxonomy.Settings(name_mover_threshold=50.0), pairs,
                              log=lambda m: None)
   assert none["receivers"] == [] and np.isnan(none["s_inhibition"]).all()
+
+
+def test_retrieval_score_and_recall_equal_their_definitions_by_hand():
+  task, p = Task(), random_params(1)
+  stream = np.random.default_rng(1).integers(1, V, 200)
+  needle, question = [3, 7, 5], [9, 2]
+  tok, start, ans = detectors.needle_inputs(task, stream, 24, (0.1, 0.3, 0.5, 0.7, 0.9),
+                                            needle, question)
+  got, recall = detectors.retrieval_scores(task, p, tok, start, ans, len(needle))
+  read = [f"lm.{i}.attn.pattern" for i in range(2)]
+  at = ans[:, None] - 1 + np.arange(3)                               # logits_at (B, n)
+  (lg, vals), lg_at = jax.jit(lambda p, t, at: (interventions.run_with_hook(
+      lambda hook: task.apply(p, {"tokens": t}, hook=hook), read=read),
+      task.apply(p, {"tokens": t, "logits_at": at})))(p, jnp.asarray(tok), jnp.asarray(at))
+  lg = np.asarray(lg)
+  np.testing.assert_allclose(lg_at, np.take_along_axis(lg, at[..., None], 1), atol=1e-5)
+  hits, gen, total = np.zeros((2, H)), 0, 0
+  for r in range(len(tok)):
+    for k in range(len(needle)):
+      q = ans[r] - 1 + k                         # predicts needle token k of the answer
+      g = lg[r, q].argmax() == tok[r, q + 1]
+      gen, total = gen + g, total + 1
+      for l in range(2):
+        top = np.asarray(vals[read[l]])[r, :, q].argmax(-1)         # (H,)
+        hits[l] += g & (top == start[r] + k)
+  assert 0 < gen < total and hits.max() > 0       # the input exercises both outcomes
+  assert recall == pytest.approx(gen / total)
+  np.testing.assert_allclose(got, hits / total, atol=1e-6)
+
+
+def test_merge_adds_a_role_and_assigns_every_head_again():
+  heads = ["lm.0.0", "lm.0.1", "lm.0.2"]
+  doc = {"roles": ["induction"], "lm_roles": {"induction": {h: 0.5 for h in heads}},
+         "thresholds": {"induction": 0.4}, "qualifies": {"induction": ["lm.0.0", "lm.0.1"]},
+         "assigned": taxonomy.assign(heads, {"induction": ["lm.0.0", "lm.0.1"]}),
+         "extra": {}, "seconds": {"detectors": {}, "causal": 2.0},
+         "causal": {"induction": {"verdict": "holds"}}, "settings": {"retrieval_len": 384}}
+  new = {"roles": ["retrieval"], "lm_roles": {"retrieval": {"lm.0.1": 0.3, "lm.0.2": 0.2}},
+         "thresholds": {"retrieval": 0.1}, "qualifies": {"retrieval": ["lm.0.1", "lm.0.2"]},
+         "extra": {"needle_recall": 0.9}, "seconds": {"detectors": {"retrieval": 5.0},
+                                                     "causal": 3.0},
+         "causal": {"retrieval": {"verdict": "fails"}}, "settings": {"retrieval_len": 1024},
+         "machine": {}}
+  got = taxonomy.merge(doc, new)
+  assert got["roles"] == ["retrieval", "induction"]           # ROLES' order
+  assert got["assigned"] == {"lm.0.0": "induction", "lm.0.1": "retrieval",
+                             "lm.0.2": "retrieval"}
+  assert got["counts"] == {"induction": 1, "retrieval": 2}
+  assert set(got["causal"]) == {"induction", "retrieval"} and got["seconds"]["causal"] == 5.0
+  assert got["settings"]["retrieval_len"] == 384
+  assert got["merged"][0]["settings"]["retrieval_len"] == 1024
+  assert doc["assigned"]["lm.0.1"] == "induction"              # doc itself is unchanged
