@@ -376,8 +376,10 @@ def _taxonomy_model(docs, key, title):
     return [f"## {title}", "", f"Not run yet (`{rel}` is missing).", ""]
   d = _load(docs, rel)
   m = d["machine"]
+  rate = (f"; float32 matmul {m['matmul_gflops'][0]:.0f} / {m['matmul_gflops'][1]:.0f} "
+          "GFLOP/s before / after (shared machine)" if "matmul_gflops" in m else "")
   parts = [f"## {title}", "", f"{m['written']}, {m['platform']}, {m['cpu_count']} CPUs "
-           f"({m['device']}).", "", "Heads per assigned role:", "",
+           f"({m['device']}){rate}.", "", "Heads per assigned role:", "",
            _table(["role", "heads"], sorted(d["counts"].items(), key=lambda kv: -kv[1])), "",
            "Top-3 heads per role (score) and where the qualifying heads sit:", ""]
   rows = []
@@ -400,15 +402,18 @@ def _taxonomy_model(docs, key, title):
               "**none**, no head qualifies as a name mover, so no S-inhibition score") + ".",
               ""]
   if "retrieval" in d["lm_roles"]:
-    st = next((m["settings"] for m in d.get("merged", []) if "retrieval" in m["roles"]),
-              d["settings"])
+    run = next((r for r in d.get("merged", []) if "retrieval" in r["roles"]), d)
+    st, rm = run["settings"], run["machine"]
     q = d["qualifies"]["retrieval"]
     parts += [f"Retrieval: {len(st['depths'])} needle-in-a-haystack inputs of "
               f"{st['retrieval_len']} tokens (needle at depths "
               f"{', '.join(map(str, st['depths']))}), needle recall "
               f"{d['extra']['needle_recall']:.3f}; {len(q)} of {len(d['assigned'])} heads "
               f"({100 * len(q) / len(d['assigned']):.1f} %) reach the copy-paste threshold "
-              f"{d['thresholds']['retrieval']}.", ""]
+              f"{d['thresholds']['retrieval']}. Run {rm['written']}" +
+              (f" (matmul {rm['matmul_gflops'][0]:.0f} / {rm['matmul_gflops'][1]:.0f} GFLOP/s)"
+               if "matmul_gflops" in rm else "") +
+              f": detector {run['seconds']['detectors']['retrieval']:.0f} s.", ""]
   if "causal" in d:
     k, n = d["settings"]["top_k"], d["settings"]["draws"]
     parts += [f"Causal checks (the top {k} heads ablated together against {n} draws of {k} "
