@@ -405,9 +405,13 @@ def _taxonomy_model(docs, key, title):
     run = next((r for r in d.get("merged", []) if "retrieval" in r["roles"]), d)
     st, rm = run["settings"], run["machine"]
     q = d["qualifies"]["retrieval"]
-    parts += [f"Retrieval: {len(st['depths'])} needle-in-a-haystack inputs of "
-              f"{st['retrieval_len']} tokens (needle at depths "
-              f"{', '.join(map(str, st['depths']))}), needle recall "
+    parts += [f"Retrieval (run on its own, merged in: `roles=retrieval "
+              f"retrieval_len={st['retrieval_len']}`): {len(st['depths'])} "
+              f"needle-in-a-haystack inputs of {st['retrieval_len']} tokens, shorter than "
+              "the model's window because each input is a forward whose attention grows "
+              "with T^2 and the causal check runs 2 + draws of them on a shared 2-core CPU "
+              "([the guide](../guide/taxonomy.md)); needle at depths "
+              f"{', '.join(map(str, st['depths']))}; needle recall "
               f"{d['extra']['needle_recall']:.3f}; {len(q)} of {len(d['assigned'])} heads "
               f"({100 * len(q) / len(d['assigned']):.1f} %) reach the copy-paste threshold "
               f"{d['thresholds']['retrieval']}. Run {rm['written']}" +
