@@ -23,9 +23,11 @@ and the role's own behaviour must suffer more than under every random draw:
 The IOI roles follow Wang et al. 2022 through patching.activation_patching.Study: name movers by their
 DLA on logit(IO) - logit(S) (as a share of the clean logit difference) and attention
 from the end to the IO larger than to S; negative name movers the same with negative
-DLA; S-inhibition heads by path patching into the top name movers' queries (the
-recovery summed over those receivers), from the `senders` heads below them that
-attribution patching ranks highest (the others are not path-patched: NaN, no score).
+DLA; S-inhibition heads by path patching into the queries of the top-k heads that
+qualify as name movers (`receivers`: never a negative head or one attending to S; none
+qualifying: no S-inhibition score), the recovery summed over those receivers, from the
+`senders` heads below them that attribution patching ranks highest (the others are not
+path-patched: NaN, no score).
 """
 
 from __future__ import annotations
