@@ -474,8 +474,10 @@ def _taxonomy_model(docs, key, title):
     return [f"## {title}", "", f"Not run yet (`{rel}` is missing).", ""]
   d = _load(docs, rel)
   m = d["machine"]
+  rate = (f"; float32 matmul {m['matmul_gflops'][0]:.0f} / {m['matmul_gflops'][1]:.0f} "
+          "GFLOP/s before / after (shared machine)" if "matmul_gflops" in m else "")
   parts = [f"## {title}", "", f"{m['written']}, {m['platform']}, {m['cpu_count']} CPUs "
-           f"({m['device']}).", "", "Heads per assigned role:", "",
+           f"({m['device']}){rate}.", "", "Heads per assigned role:", "",
            _table(["role", "heads"], sorted(d["counts"].items(), key=lambda kv: -kv[1])), "",
            "Top-3 heads per role (score) and where the qualifying heads sit:", ""]
   rows = []
@@ -483,27 +485,62 @@ def _taxonomy_model(docs, key, title):
     top = sorted(table.items(), key=lambda kv: -kv[1])[:3]
     q = d["qualifies"].get(role, [])
     layers = sorted({int(h.split(".")[1]) for h in q})
-    rows.append([role, ", ".join(f"{h} ({v:.3f})" for h, v in top), d["thresholds"][role],
-                 len(q), ", ".join(map(str, layers)) or "-"])
-  parts += [_table(["role", "top 3", "threshold", "qualify", "their layers"], rows), ""]
+    rows.append([role, ", ".join(f"{h} ({v:.3f})" for h, v in top) or "no score",
+                 d["thresholds"][role], f"{len(q)} ({100 * len(q) / len(d['assigned']):.1f} %)",
+                 ", ".join(map(str, layers)) or "-"])
+  parts += [_table(["role", "top 3", "threshold", "qualify (of all heads)", "their layers"],
+                   rows), ""]
+  ioi = d["extra"].get("ioi")
+  if ioi and "s_inhibition" in d["lm_roles"]:
+    rec = ioi["receivers"]
+    parts += [f"IOI on {ioi['pairs']} pairs: logit difference {ioi['ld_clean']:.3f} clean, "
+              f"{ioi['ld_corrupt']:.3f} corrupt. S-inhibition's receivers (the name movers "
+              "path-patched into: DLA share >= the name-mover threshold, attending from the "
+              "end more to the IO than to S): " + (", ".join(rec) if rec else
+              "**none**, no head qualifies as a name mover, so no S-inhibition score") + ".",
+              ""]
+  if "retrieval" in d["lm_roles"]:
+    run = next((r for r in d.get("merged", []) if "retrieval" in r["roles"]), d)
+    st, rm = run["settings"], run["machine"]
+    q = d["qualifies"]["retrieval"]
+    parts += [f"Retrieval (run on its own, merged in: `roles=retrieval "
+              f"retrieval_len={st['retrieval_len']}`): {len(st['depths'])} "
+              f"needle-in-a-haystack inputs of {st['retrieval_len']} tokens, shorter than "
+              "the model's window because each input is a forward whose attention grows "
+              "with T^2 and the causal check runs 2 + draws of them on a shared 2-core CPU "
+              "([the guide](../guide/taxonomy.md)); needle at depths "
+              f"{', '.join(map(str, st['depths']))}; needle recall "
+              f"{d['extra']['needle_recall']:.3f}; {len(q)} of {len(d['assigned'])} heads "
+              f"({100 * len(q) / len(d['assigned']):.1f} %) reach the copy-paste threshold "
+              f"{d['thresholds']['retrieval']}. Run {rm['written']}" +
+              (f" (matmul {rm['matmul_gflops'][0]:.0f} / {rm['matmul_gflops'][1]:.0f} GFLOP/s)"
+               if "matmul_gflops" in rm else "") +
+              f": detector {run['seconds']['detectors']['retrieval']:.0f} s.", ""]
   if "causal" in d:
     k, n = d["settings"]["top_k"], d["settings"]["draws"]
     parts += [f"Causal checks (the top {k} heads ablated together against {n} draws of {k} "
               "random heads from the same layers; effect > 0: the behaviour suffers):", ""]
-    parts.append(_table(["role", "behaviour", "effect", "random mean +- std", "random max",
-                         "verdict"],
-                        [[r, c["behaviour"], f"{c['effect']:+.4f}",
+    parts.append(_table(["role", "top heads", "behaviour", "effect", "random mean +- std",
+                         "random max", "verdict", "seconds"],
+                        [[r, ", ".join(c["top"]), c["behaviour"], f"{c['effect']:+.4f}",
                           f"{c['random_mean']:+.4f} +- {c['random_std']:.4f}",
-                          f"{max(c['random']):+.4f}", c["verdict"]]
+                          f"{max(c['random']):+.4f}", c["verdict"],
+                          _f(c["seconds"], 0) if "seconds" in c else "-"]
+                         if "reason" not in c else
+                         [r, "-", c["behaviour"], c["reason"], "-", "-", c["verdict"], "-"]
                          for r, c in d["causal"].items()]))
     parts.append("")
   if "circuit" in d:
     c = d["circuit"]
     parts += [f"IOI roles next to the circuit's {len(c['heads'])} heads "
               f"(`docs/{c['source'].split('docs/', 1)[-1]}`):", ""]
-    parts.append(_table(["role", "qualifying heads in the circuit", "top 3 in the circuit"],
-                        [[r, ", ".join(v) or "-", ", ".join(c["top3_in_circuit"].get(r, []))
-                          or "-"] for r, v in c["ioi_roles_in_circuit"].items()]))
+    circ = set(c["heads"])
+    parts.append(_table(
+        ["role", "qualifying heads (in the circuit?)", "top 3 by score (in the circuit?)"],
+        [[r, ", ".join(f"{h} {'yes' if h in circ else 'no'}" for h in d["qualifies"].get(r, []))
+          or "-", ", ".join(f"{h} {'yes' if h in circ else 'no'}" for h, _ in sorted(
+              d["lm_roles"].get(r, {}).items(), key=lambda kv: -kv[1])[:3]) or "-"]
+         for r in c["ioi_roles_in_circuit"]]))
     parts.append("")
   sec = d["seconds"]
   parts += ["Seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in sec["detectors"].items()) +

@@ -1,9 +1,16 @@
 """The head taxonomy of an imported LM: roles.json + taxonomy.png into OUT, and the
 seconds of each detector; the roles next to the IOI circuit's heads (CIRCUIT.json).
 
-  python scripts/taxonomy_study.py WORKDIR OUT [CIRCUIT.json]
+  python scripts/taxonomy_study.py WORKDIR OUT [CIRCUIT.json] [SETTING=VALUE ...]
+
+SETTING=VALUE sets a field of analysis.taxonomy.Settings (roles=retrieval,
+retrieval_len=1024, depths=0.25,0.5,0.75). With roles= a subset and OUT/roles.json
+already there, the new roles are merged into it (taxonomy.merge: the other roles kept,
+every head assigned again).
 """
 
+import dataclasses
+import os
 import sys
 import time
 
@@ -12,22 +19,66 @@ from mha_jax.toolkit import head_roles
 from mha_jax.analysis import taxonomy
 
 
+def settings_of(pairs) -> taxonomy.Settings:
+  """taxonomy.Settings from ["name=value", ...], each value cast to the field's default's
+  type (tuples: comma-separated)."""
+  fields = {f.name: f.default for f in dataclasses.fields(taxonomy.Settings)}
+  kw = {}
+  for p in pairs:
+    name, _, value = p.partition("=")
+    if name not in fields:
+      raise SystemExit(f"unknown setting {name!r}; the settings are {', '.join(fields)}")
+    d = fields[name]
+    kw[name] = (taxonomy.parse_roles(value) if name == "roles" else
+                tuple(type(d[0])(v) for v in value.split(",")) if isinstance(d, tuple) else
+                type(d)(value))
+  return taxonomy.Settings(**kw)
+
+
+def matmul_gflops() -> float:
+  """The machine's float32 matmul rate now (2048^2, median of 10): the load the seconds
+  were measured under."""
+  import statistics
+  import jax
+  import jax.numpy as jnp
+  a = jnp.ones((2048, 2048))
+  f = jax.jit(lambda a: a @ a)
+  f(a).block_until_ready()
+  t = []
+  for _ in range(10):
+    s = time.perf_counter()
+    f(a).block_until_ready()
+    t.append(time.perf_counter() - s)
+  return 2 * 2048 ** 3 / statistics.median(t) / 1e9
+
+
 def main(argv):
   wd, out = argv[0], argv[1]
+  circuit = [a for a in argv[2:3] if "=" not in a]
+  settings = settings_of([a for a in argv[2:] if "=" in a])
+  old = storage.join(out, "roles.json")
+  base = storage.read_json(old) if set(settings.roles) != set(taxonomy.DEFAULT_ROLES) \
+      and os.path.exists(old) else None
   loaded = load(wd)
+  rate = matmul_gflops()
   t0 = time.perf_counter()
-  rows = head_roles.real_lm_roles(loaded)
-  doc = taxonomy.taxonomy(loaded, rows, taxonomy.Settings(), log=lambda m: print(m, flush=True),
-                   on_scores=lambda d: finish(d, wd, out, argv[2:], t0))
-  finish(doc, wd, out, argv[2:], t0)
+  needs_rows = {"previous_token", "induction", "duplicate_token"} & set(settings.roles)
+  rows = head_roles.real_lm_roles(loaded) if needs_rows else None
+  doc = taxonomy.taxonomy(loaded, rows, settings, log=lambda m: print(m, flush=True),
+                          on_scores=lambda d: finish(d, wd, out, circuit, t0, base))
+  doc["machine"]["matmul_gflops"] = [round(rate, 1), round(matmul_gflops(), 1)]  # before, after
+  doc = finish(doc, wd, out, circuit, t0, base)
   print(taxonomy.format_summary(doc))
   print(doc["seconds"])
 
 
-def finish(doc, wd, out, circuit, t0):
-  """roles.json and taxonomy.png, with the circuit's heads next to the IOI roles."""
+def finish(doc, wd, out, circuit, t0, base=None):
+  """roles.json and taxonomy.png (merged into `base` where given), with the circuit's
+  heads next to the IOI roles."""
   doc["seconds"]["total"] = time.perf_counter() - t0
   doc["workdir"] = wd
+  if base is not None:
+    doc = taxonomy.merge(base, doc)
   if circuit:
     circ = storage.read_json(circuit[0])
     heads = circ["nodes"]["heads"]
@@ -40,6 +91,7 @@ def finish(doc, wd, out, circuit, t0):
                                                    key=lambda kv: -kv[1])[:3] if h in heads]
                           for r in taxonomy.IOI_ROLES if r in doc["lm_roles"]}}
   taxonomy.write(doc, out, f"head roles, {wd}")
+  return doc
 
 
 if __name__ == "__main__":

@@ -281,6 +281,47 @@ def needle_inputs(task, stream: np.ndarray, length: int, depths: Sequence[float]
   return np.asarray(rows, np.int32), np.asarray(starts), np.asarray(answers)
 
 
+def retrieval_program(task, params, tokens_NT, needle_start, answer_start, needle_len: int):
+  """fn(edits) -> ((L, H_max) copy-paste score, needle recall), compiled once for these
+  inputs (every edit set of one structure reuses it; see `retrieval_scores`). The inputs
+  run one at a time (lax.map), each head's attention reduced to its rows at the answer
+  positions inside the layer's loop and the logits computed there only (`logits_at`),
+  so memory grows with T^2 x heads of one layer, not with the whole model's patterns."""
+  layers = len(common.layers_of(params["lm"]))
+  read = tuple(f"lm.{i}.attn.pattern" for i in range(layers))
+  heads = common.head_counts(params)["lm"]
+  tok = jnp.asarray(tokens_NT)
+  k = jnp.arange(needle_len)
+  q_pos = jnp.asarray(answer_start)[:, None] - 1 + k[None]             # (N, n)
+  src = jnp.asarray(needle_start)[:, None] + k[None]                   # (N, n)
+  target = jnp.take_along_axis(tok, q_pos + 1, 1)                      # (N, n)
+
+  def one(p, edits, row):
+    t, q, sr, tg = row                                                 # (T,), (n,), (n,), (n,)
+    logits, vals = interventions.run_with_hook(lambda hook: task.apply(
+        p, {"tokens": t[None], "logits_at": q[None]}, hook=hook), edits, read)
+    gen = logits[0].argmax(-1) == tg                                   # (n,)
+    hits = []
+    for n, h in zip(read, heads):
+      w = vals[n][0][:, q]                                             # (H, n, S)
+      hit = w.argmax(-1) == sr[None]
+      hits.append(jnp.pad((hit & gen[None]).mean(-1), (0, max(heads) - h)))
+    return jnp.stack(hits), gen.mean()
+
+  @jax.jit
+  def fn(p, edits):
+    per, recall = jax.lax.map(lambda row: one(p, edits, row), (tok, q_pos, src, target))
+    return per.mean(0), recall.mean()
+
+  def run(edits=None):
+    per, recall = fn(params, edits or {})
+    arr = np.asarray(per, np.float64)
+    for l, h in enumerate(heads):
+      arr[l, h:] = np.nan
+    return arr, float(recall)
+  return run
+
+
 def retrieval_scores(task, params, tokens_NT, needle_start, answer_start, needle_len: int,
                      edits=None) -> tuple[np.ndarray, float]:
   """((L, H_max) copy-paste score, needle recall). At each answer position p predicting
@@ -288,28 +329,5 @@ def retrieval_scores(task, params, tokens_NT, needle_start, answer_start, needle
   "generates" token k when its argmax is that token; a head copies and pastes it when its
   top attention at p falls on token k of the inserted needle. Score: the share of the
   needle's tokens (over the inputs) the head copy-pastes; recall: the share generated."""
-  layers = len(common.layers_of(params["lm"]))
-  read = tuple(f"lm.{i}.attn.pattern" for i in range(layers))
-  tok = jnp.asarray(tokens_NT)
-  k = jnp.arange(needle_len)
-  q_pos = jnp.asarray(answer_start)[:, None] - 1 + k[None]             # (N, n)
-  src = jnp.asarray(needle_start)[:, None] + k[None]                   # (N, n)
-  target = jnp.take_along_axis(tok, q_pos + 1, 1)                      # (N, n)
-
-  def fn(p, edits):
-    logits, vals = _forward(task, p, tok, edits, read)
-    pred = jnp.take_along_axis(logits.argmax(-1), q_pos, 1)           # (N, n)
-    gen = pred == target
-    out = []
-    for n in read:
-      w = vals[n]                                                      # (N, H, T, S)
-      rows = jnp.take_along_axis(w, q_pos[:, None, :, None], 2)        # (N, H, n, S)
-      hit = rows.argmax(-1) == src[:, None, :]
-      out.append((hit & gen[:, None]).mean((0, 2)))
-    return out, gen.mean()
-
-  per, recall = jax.jit(fn)(params, edits or {})
-  arr = np.full((layers, max(int(x.shape[0]) for x in per)), np.nan)
-  for i, x in enumerate(per):
-    arr[i, :x.shape[0]] = np.asarray(x, np.float64)
-  return arr, float(recall)
+  return retrieval_program(task, params, tokens_NT, needle_start, answer_start,
+                           needle_len)(edits)

@@ -55,6 +55,8 @@ class AnalyzeOptions:
   roles: str | None = setting(None, help="LMs: only these head roles, a,b "
                               "(analysis.taxonomy.ROLES; default all but retrieval); "
                               "writes roles.json and taxonomy.png")
+  retrieval_len: int = setting(384, lo=16, help="LMs, role retrieval: tokens of each "
+                               "needle-in-a-haystack input (at most the model's window)")
 
 
 def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(), *,
@@ -89,7 +91,7 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
   if loaded.task.decoder_only and (loaded.task.role_family == "real_lm" or opts.roles):
     from mha_jax.analysis import taxonomy
     doc = taxonomy.taxonomy(loaded, rows, taxonomy.Settings(
-        roles=taxonomy.parse_roles(opts.roles)), log)
+        roles=taxonomy.parse_roles(opts.roles), retrieval_len=opts.retrieval_len), log)
     taxonomy.write(doc, out_dir, f"head roles, {loaded.workdir}")
     for r in rows:
       r["role"] = doc["assigned"].get(r["head"], r["role"])

@@ -23,9 +23,11 @@ and the role's own behaviour must suffer more than under every random draw:
 The IOI roles follow Wang et al. 2022 through patching.activation_patching.Study: name movers by their
 DLA on logit(IO) - logit(S) (as a share of the clean logit difference) and attention
 from the end to the IO larger than to S; negative name movers the same with negative
-DLA; S-inhibition heads by path patching into the top name movers' queries (the
-recovery summed over those receivers), from the `senders` heads below them that
-attribution patching ranks highest (the others are not path-patched: NaN, no score).
+DLA; S-inhibition heads by path patching into the queries of the top-k heads that
+qualify as name movers (`receivers`: never a negative head or one attending to S; none
+qualifying: no S-inhibition score), the recovery summed over those receivers, from the
+`senders` heads below them that attribution patching ranks highest (the others are not
+path-patched: NaN, no score).
 """
 
 from __future__ import annotations
@@ -250,18 +252,40 @@ def behaviours(run, settings: Settings, inputs: dict) -> dict[str, Callable]:
     out["text_loss"] = compiled(text_loss)
   if "needle" in inputs:
     nd = inputs["needle"]
-    out["needle_recall"] = lambda edits: detectors.retrieval_scores(
-        task, params, nd["tokens"], nd["start"], nd["answer"], nd["len"], edits)[1]
+    prog = detectors.retrieval_program(task, params, nd["tokens"], nd["start"], nd["answer"],
+                                       nd["len"])
+    out["needle_recall"] = lambda edits, prog=prog: prog(edits)[1]
   return out
 
 
 # ------------------------------------------------------------------ IOI roles
 
-def ioi_scores(run, settings: Settings, pairs) -> dict[str, np.ndarray]:
+def name_movers(dla_share, attn_io, attn_s, threshold: float, sign: int = 1) -> np.ndarray:
+  """(L, H_max) bool: Wang et al.'s name movers (sign +1: DLA share >= threshold) or
+  negative name movers (sign -1: DLA share <= -threshold), each attending from the end
+  more to the IO than to S (NaN, past a layer's heads: never)."""
+  d = np.nan_to_num(sign * np.asarray(dla_share, np.float64), nan=-np.inf)
+  with np.errstate(invalid="ignore"):
+    return (d >= threshold) & (np.asarray(attn_io) > np.asarray(attn_s))
+
+
+def receivers(dla_share, attn_io, attn_s, threshold: float, k: int) -> list[tuple[int, int]]:
+  """S-inhibition's receivers: the top k name movers (`name_movers`, sign +1) by DLA
+  share, as (layer, head); fewer where fewer qualify, [] where none does. Never a head
+  with negative DLA or one that attends to S more than to the IO."""
+  m = name_movers(dla_share, attn_io, attn_s, threshold)
+  order = np.argsort(-np.where(m, np.asarray(dla_share, np.float64), -np.inf), axis=None,
+                     kind="stable")[:k]
+  return [tuple(int(x) for x in np.unravel_index(f, m.shape)) for f in order if m.flat[f]]
+
+
+def ioi_scores(run, settings: Settings, pairs, log=print) -> dict[str, np.ndarray]:
   """{"dla_share", "attn_io", "attn_s", "s_inhibition": (L, H_max), "receivers": [...]}:
   each head's DLA on logit(IO) - logit(S) over the clean logit difference, its attention
   from the end to the IO and to S (both mentions), and the path-patching recovery (clean
-  into corrupt) through the top name movers' queries, summed over them."""
+  into corrupt) through the queries of the top name movers (`receivers`), summed over
+  them. Without a name mover (or with every one in layer 0), S-inhibition has no path
+  to score: all NaN."""
   from mha_jax.toolkit import activation_patching
   s = activation_patching.Study(run.task, run.params, pairs)
   dla = s.dla("clean")["heads"] / max(abs(float(np.mean(s.ld_clean))), 1e-9)
@@ -278,21 +302,26 @@ def ioi_scores(run, settings: Settings, pairs) -> dict[str, np.ndarray]:
     attn_io[i, :w.shape[1]] = np.take_along_axis(
         w, io[:, None, None].repeat(w.shape[1], 1), -1)[..., 0].mean(0)
     attn_s[i, :w.shape[1]] = (w * smask[:, None, :w.shape[2]]).sum(-1).mean(0)
-  cand = np.where(attn_io > attn_s, dla, -np.inf)
-  flat = np.argsort(-np.nan_to_num(cand, nan=-np.inf), axis=None)[:settings.top_k]
-  receivers = [tuple(int(x) for x in np.unravel_index(f, dla.shape)) for f in flat]
+  recv = receivers(dla, attn_io, attn_s, settings.name_mover_threshold, settings.top_k)
+  out = {"dla_share": dla, "attn_io": attn_io, "attn_s": attn_s,
+         "receivers": [f"lm.{a}.{b}" for a, b in recv],
+         "ld_clean": float(np.mean(s.ld_clean)), "ld_corrupt": float(np.mean(s.ld_corrupt))}
+  if not recv:
+    log("  s_inhibition: no name mover (DLA share >= "
+        f"{settings.name_mover_threshold} attending to the IO more than to S): no receiver")
+    return {**out, "s_inhibition": np.full(dla.shape, np.nan)}
   # Senders: the `senders` heads below the last receiver with the largest attribution
   # (AtP, one forward and one backward) of their z; the rest stay NaN (not screened in).
   atp = np.abs(s.attribution(("z",))["z"]["heads"])
-  below = np.arange(dla.shape[0])[:, None] < max(a for a, _ in receivers)
+  below = np.arange(dla.shape[0])[:, None] < max(a for a, _ in recv)
   ranked = np.argsort(-np.nan_to_num(np.where(below, atp, np.nan), nan=-1.0), axis=None)
   send = [tuple(int(x) for x in np.unravel_index(f, dla.shape)) for f in ranked
           if below[np.unravel_index(f, dla.shape)[0], 0] and np.isfinite(atp.flat[f])]
-  pp = s.path_patch(receivers, "q", senders=send[:settings.senders])["recovery"]  # (L, H, R)
-  return {"dla_share": dla, "attn_io": attn_io, "attn_s": attn_s,
-          "s_inhibition": np.nansum(pp, -1) + np.where(np.isnan(pp[..., 0]), np.nan, 0.0),
-          "receivers": [f"lm.{a}.{b}" for a, b in receivers],
-          "ld_clean": float(np.mean(s.ld_clean)), "ld_corrupt": float(np.mean(s.ld_corrupt))}
+  if not send:        # every receiver in layer 0: nothing sits below them
+    log("  s_inhibition: every name mover is in layer 0: no sender below them")
+    return {**out, "s_inhibition": np.full(dla.shape, np.nan)}
+  pp = s.path_patch(recv, "q", senders=send[:settings.senders])["recovery"]  # (L, H, R)
+  return {**out, "s_inhibition": np.nansum(pp, -1) + np.where(np.isnan(pp[..., 0]), np.nan, 0.0)}
 
 
 # ------------------------------------------------------------------ the taxonomy
@@ -363,14 +392,16 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
                                next(r for r in IOI_ROLES + ("duplicate_token",) if r in want))
   if set(IOI_ROLES) & set(want):
     t0 = time.perf_counter()
-    ioi = ioi_scores(run, settings, inputs["ioi"])
-    heads_ok = _table(np.where(ioi["attn_io"] > ioi["attn_s"], 1.0, 0.0), counts)
-    for role, arr in (("name_mover", ioi["dla_share"]), ("negative_name_mover", -ioi["dla_share"]),
-                      ("s_inhibition", ioi["s_inhibition"])):
+    ioi = ioi_scores(run, settings, inputs["ioi"], log)
+    for role, arr, sign in (("name_mover", ioi["dla_share"], 1),
+                            ("negative_name_mover", -ioi["dla_share"], -1)):
       if role in want:
         out[role] = _table(arr, counts)
-        ok[role] = [h for h, v in out[role].items() if v >= th[role] and
-                    (role == "s_inhibition" or heads_ok[h] > 0)]
+        ok[role] = list(_table(np.where(name_movers(
+            ioi["dla_share"], ioi["attn_io"], ioi["attn_s"], th[role], sign), 1.0, np.nan),
+            counts))
+    if "s_inhibition" in want:
+      out["s_inhibition"] = _table(ioi["s_inhibition"], counts)
     extra["ioi"] = {"attn_io": _table(ioi["attn_io"], counts),
                     "attn_s": _table(ioi["attn_s"], counts), "receivers": ioi["receivers"],
                     "ld_clean": ioi["ld_clean"], "ld_corrupt": ioi["ld_corrupt"],
@@ -431,12 +462,18 @@ def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
   out = {}
   for role, scores_ in table.items():
     name, sign = BEHAVIOUR[role]
+    if not scores_:     # S-inhibition without a name mover to receive it: no head to test
+      out[role] = {"top": [], "scores": [], "behaviour": name, "verdict": "fails",
+                   "reason": "no head has a score"}
+      log(f"  {role}: no head has a score: fails")
+      continue
     fn = fns[name]
     edits_of = (lambda hs: sink_edits(params, hs)) if role == "attention_sink" else \
         (lambda hs: mean_edits(params, hs, means))
     if name not in base_cache:
       base_cache[name] = fn(edits_of([]))
     base = base_cache[name]
+    t0 = time.perf_counter()
     top = [h for h, _ in sorted(scores_.items(), key=lambda kv: -kv[1])[:settings.top_k]]
     eff = sign * (fn(edits_of(top)) - base)
     draws = random_draws(top, heads, settings.draws, settings.seed)
@@ -447,7 +484,7 @@ def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
                  "direction": "rises" if sign > 0 else "drops", "base": base,
                  "effect": eff, "random": rand, "random_heads": draws,
                  "random_mean": float(np.mean(rand)), "random_std": float(np.std(rand)),
-                 "verdict": verdict}
+                 "verdict": verdict, "seconds": time.perf_counter() - t0}
     log(f"  {role}: top {top} effect {eff:+.4f} vs random {np.mean(rand):+.4f} "
         f"(max {max(rand):+.4f}): {verdict}")
   return out
@@ -484,6 +521,30 @@ def taxonomy(run, rows: Sequence[Mapping] | None = None, settings: Settings = Se
     doc["seconds"]["causal"] = time.perf_counter() - t0
   doc["machine"] = _machine()
   return doc
+
+
+def merge(doc: dict, new: dict) -> dict:
+  """doc with new's roles added (or replaced): their scores, thresholds, qualifying
+  heads, causal checks (the two runs' causal seconds added), second checks and detector
+  seconds; the assignment and counts recomputed over every role; new's settings and
+  machine under "merged"."""
+  out = {**doc, "lm_roles": {**doc["lm_roles"], **new["lm_roles"]},
+         "thresholds": {**doc["thresholds"], **new["thresholds"]},
+         "qualifies": {**doc["qualifies"], **new["qualifies"]},
+         "extra": {**doc["extra"], **new["extra"]},
+         "seconds": {**doc["seconds"], "detectors": {**doc["seconds"]["detectors"],
+                                                     **new["seconds"]["detectors"]}}}
+  out["roles"] = [r for r in ROLES if r in out["lm_roles"]]
+  if "causal" in new:
+    out["causal"] = {**doc.get("causal", {}), **new["causal"]}
+    out["seconds"]["causal"] = doc["seconds"].get("causal", 0.0) + new["seconds"]["causal"]
+  out["assigned"] = assign(list(doc["assigned"]), out["qualifies"])
+  out["counts"] = {}
+  for r in out["assigned"].values():
+    out["counts"][r] = out["counts"].get(r, 0) + 1
+  out["merged"] = [*doc.get("merged", []), {k: new[k] for k in (
+      "roles", "settings", "machine", "seconds") if k in new}]
+  return out
 
 
 def _machine() -> dict:
@@ -542,6 +603,7 @@ def format_summary(doc: dict) -> str:
     top = sorted(table.items(), key=lambda kv: -kv[1])[:3]
     lines.append(f"{role:20s} top: " + ", ".join(f"{h} {v:.3f}" for h, v in top))
   for role, c in doc.get("causal", {}).items():
-    lines.append(f"{role:20s} causal: effect {c['effect']:+.4f} vs random "
-                 f"{c['random_mean']:+.4f} +- {c['random_std']:.4f} -> {c['verdict']}")
+    lines.append(f"{role:20s} causal: " + (f"{c['reason']}" if "reason" in c else
+                 f"effect {c['effect']:+.4f} vs random {c['random_mean']:+.4f} +- "
+                 f"{c['random_std']:.4f}") + f" -> {c['verdict']}")
   return "\n".join(lines)

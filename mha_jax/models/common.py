@@ -60,6 +60,13 @@ def check_token_ids(ids, vocab_size: int, what: str = "tokens") -> None:
     raise UserError(f"{what}: token id {lo} is negative (ids 0..{vocab_size - 1})")
 
 
+def at_positions(x_BTD, positions):
+  """x (B, T, D) at positions (B,) -> (B, 1, D), or at positions (B, n) -> (B, n, D)
+  (an LM's `logits_at`: the logits only where they are read)."""
+  p = jnp.asarray(positions)
+  return jnp.take_along_axis(x_BTD, (p[:, None] if p.ndim == 1 else p)[..., None], axis=1)
+
+
 def layer_norm(p, x, eps=1e-6, *, hook=None, site=None):
   """(x - mean) / sqrt(var + eps) * scale + bias; the factor 1 / sqrt(var + eps) (..., 1)
   is the intervention site `site` when named (lm.ln_final.scale)."""

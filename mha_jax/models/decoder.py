@@ -277,7 +277,8 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
     the whole cache (B, S_max): True where a key is real.
   last_only: logits of the last position only, (B, 1, V) (a prompt's prefill).
   hook: an interventions.Hook (sites lm.{i}.*, lm.ln_final.scale; see interventions.py).
-  logits_at: (B,) int positions: logits only there, (B, 1, V) (patching metrics).
+  logits_at: (B,) or (B, n) int positions: logits only there, (B, 1, V) or
+    (B, n, V) (patching metrics, retrieval).
   Gates and capture are uses of the interventions (a scale of lm.{i}.attn.z; reads).
   """
   if capture and cache is not None:
@@ -300,7 +301,7 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
                                 positions_BT=positions_BT, hook=hook,
                                 cache=None if cache is None else cache[name])
   if logits_at is not None:
-    x = jnp.take_along_axis(x, jnp.asarray(logits_at)[:, None, None], axis=1)
+    x = common.at_positions(x, logits_at)
   logits = _final(params, spec, x[:, -1:] if last_only else x, hook)
   if cache is not None:
     return logits, new_cache

@@ -11,7 +11,6 @@ With layer_norm=False there are no ln* entries; with attn_only=True no "mlp".
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from mha_jax.errors import UserError
 from mha_jax import attention
@@ -62,7 +61,8 @@ def apply(params, spec: common.ModelSpec, tokens_BT, *, gates=None, capture=Fals
   """Next-token logits (B, T, V); with capture=True also {"lm": [AttentionOutput ...]}.
 
   hook: an interventions.Hook (sites lm.{i}.*, lm.ln_final.scale); gates and capture are
-  uses of it. logits_at: (B,) int positions: logits only there, (B, 1, V).
+  uses of it. logits_at: (B,) or (B, n) int positions: logits only there, (B, 1, V)
+  or (B, n, V).
   """
   hook = interventions.model_hook(hook, gates, capture)
   t = tokens_BT.shape[1]
@@ -103,7 +103,7 @@ def apply(params, spec: common.ModelSpec, tokens_BT, *, gates=None, capture=Fals
       x = x + common.dropout(next(keys), spec.dropout, m)
     x = interventions.at(hook, f"{s}.resid_post", x)
   if logits_at is not None:
-    x = jnp.take_along_axis(x, jnp.asarray(logits_at)[:, None, None], axis=1)
+    x = common.at_positions(x, logits_at)
   if "ln_final" in params["lm"]:
     x = common.layer_norm(params["lm"]["ln_final"], x, hook=hook, site="lm.ln_final.scale")
   logits = x @ params["unembed"]

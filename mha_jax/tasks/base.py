@@ -87,8 +87,8 @@ class Task(Protocol):
   def apply(self, params, batch, *, key=None, hook=None):
     """Logits (B, T, V). hook: an interventions.Hook (named sites of the model's one
     forward); head gates are a use of it (`gates_hook`), and so is capture
-    (`toolkit.capture.captured`). An LM's batch may hold "logits_at" (B,) int
-    positions: logits only there, (B, 1, V)."""
+    (`toolkit.capture.captured`). An LM's batch may hold "logits_at" (B,) or (B, n)
+    int positions: logits only there, (B, 1, V) or (B, n, V)."""
 
   def loss(self, params, batch, *, key=None, hook=None, label_smoothing=0.0,
            example_weight=None):

@@ -58,7 +58,7 @@ class PretrainedLMTask(Imported):
   def apply(self, params, batch, *, key=None, hook=None):
     """Logits (B, T-1, V) predicting tokens[:, 1:] (like the LM task of runs trained here).
     batch["mask"] (B, T), if given, is True for real tokens (padding masked as keys);
-    batch["logits_at"] (B,), if given: logits only at those positions, (B, 1, V);
+    batch["logits_at"] (B,) or (B, n), if given: logits only there, (B, 1, V) or (B, n, V);
     batch["cache"], if given: a prefix_cache the tokens continue (positions after it).
     hook: an interventions.Hook."""
     del key

@@ -268,3 +268,97 @@ def test_each_behaviour_reads_its_own_inputs():
     return -np.take_along_axis(lp, tok[:, 1:, None], -1)[..., 0]
   assert fns["repeat_loss"]({}) == pytest.approx((nll(rep) * mask).sum() / mask.sum(), rel=1e-4)
   assert fns["text_loss"]({}) == pytest.approx(nll(txt).mean(), rel=1e-4)
+
+
+def test_s_inhibition_receivers_are_the_name_movers_only():
+  # Few heads attend to the IO more than to S: lm.1.0 (DLA 0.3), lm.1.1 (DLA -0.5: a
+  # negative name mover) and lm.0.2 (0.05, under the threshold); lm.1.2 has the largest
+  # DLA but attends to S. Ranking every head by DLA where attention passes (else -inf)
+  # and taking the top 3 would have taken lm.1.1 and a head that fails attention.
+  dla = np.array([[0.02, -0.1, 0.05], [0.3, -0.5, 0.9]])
+  attn_io = np.array([[0.1, 0.1, 0.6], [0.7, 0.8, 0.1]])
+  attn_s = np.array([[0.2, 0.3, 0.1], [0.1, 0.1, 0.6]])
+  assert taxonomy.receivers(dla, attn_io, attn_s, 0.1, 3) == [(1, 0)]
+  assert taxonomy.receivers(dla, attn_io, attn_s, 0.0, 3) == [(1, 0), (0, 2)]
+  np.testing.assert_array_equal(taxonomy.name_movers(dla, attn_io, attn_s, 0.1, -1),
+                                [[False, False, False], [False, True, False]])
+  assert taxonomy.receivers(dla, attn_io, attn_s, 0.5, 3) == []        # no name mover
+  assert taxonomy.receivers(np.where(dla > 0.2, np.nan, dla), attn_io, attn_s, 0.0, 3) == [(0, 2)]
+
+
+@pytest.mark.slow      # four compiled Study programs: ~35 s on 2 loaded cores
+def test_ioi_scores_path_patch_only_into_name_movers():
+  import types
+  from oracles import LlamaTask, tiny_llama_pairs
+  from mha_jax.toolkit.pairs import Pairs
+  params, _ = tiny_llama_pairs(slice(1, 3), [7, 6, 7])
+  clean = np.random.default_rng(1).integers(12, 37, (3, 7)).astype(np.int32)
+  ans, wrong = np.array([3, 5, 7]), np.array([4, 6, 8])
+  clean[:, 1], clean[:, 2], clean[:, 4] = ans, wrong, wrong          # IO, S, S
+  corrupt = clean.copy()
+  corrupt[:, [1, 2, 4]] = [9, 10, 10]
+  pairs = Pairs(clean, corrupt, ans, wrong, np.full(3, 7), [{}] * 3)
+  run = types.SimpleNamespace(task=LlamaTask(), params=params)
+  got = taxonomy.ioi_scores(run, taxonomy.Settings(top_k=3), pairs, log=lambda m: None)
+  dla, io, s = got["dla_share"], got["attn_io"], got["attn_s"]
+  by_hand = sorted(((dla[l, h], f"lm.{l}.{h}") for l in range(2) for h in range(4)
+                    if dla[l, h] >= 0.1 and io[l, h] > s[l, h]), reverse=True)
+  assert got["receivers"] == [n for _, n in by_hand][:3]
+  assert 0 < len(got["receivers"]) < 3          # fewer name movers than top_k: no padding
+  top = max(int(n.split(".")[1]) for n in got["receivers"])
+  assert np.isfinite(got["s_inhibition"][:top]).any() and np.isnan(got["s_inhibition"][top:]).all()
+  none = taxonomy.ioi_scores(run, taxonomy.Settings(name_mover_threshold=50.0), pairs,
+                             log=lambda m: None)
+  assert none["receivers"] == [] and np.isnan(none["s_inhibition"]).all()
+
+
+def test_retrieval_score_and_recall_equal_their_definitions_by_hand():
+  task, p = Task(), random_params(1)
+  stream = np.random.default_rng(1).integers(1, V, 200)
+  needle, question = [3, 7, 5], [9, 2]
+  tok, start, ans = detectors.needle_inputs(task, stream, 24, (0.1, 0.3, 0.5, 0.7, 0.9),
+                                            needle, question)
+  got, recall = detectors.retrieval_scores(task, p, tok, start, ans, len(needle))
+  read = [f"lm.{i}.attn.pattern" for i in range(2)]
+  at = ans[:, None] - 1 + np.arange(3)                               # logits_at (B, n)
+  (lg, vals), lg_at = jax.jit(lambda p, t, at: (interventions.run_with_hook(
+      lambda hook: task.apply(p, {"tokens": t}, hook=hook), read=read),
+      task.apply(p, {"tokens": t, "logits_at": at})))(p, jnp.asarray(tok), jnp.asarray(at))
+  lg = np.asarray(lg)
+  np.testing.assert_allclose(lg_at, np.take_along_axis(lg, at[..., None], 1), atol=1e-5)
+  hits, gen, total = np.zeros((2, H)), 0, 0
+  for r in range(len(tok)):
+    for k in range(len(needle)):
+      q = ans[r] - 1 + k                         # predicts needle token k of the answer
+      g = lg[r, q].argmax() == tok[r, q + 1]
+      gen, total = gen + g, total + 1
+      for l in range(2):
+        top = np.asarray(vals[read[l]])[r, :, q].argmax(-1)         # (H,)
+        hits[l] += g & (top == start[r] + k)
+  assert 0 < gen < total and hits.max() > 0       # the input exercises both outcomes
+  assert recall == pytest.approx(gen / total)
+  np.testing.assert_allclose(got, hits / total, atol=1e-6)
+
+
+def test_merge_adds_a_role_and_assigns_every_head_again():
+  heads = ["lm.0.0", "lm.0.1", "lm.0.2"]
+  doc = {"roles": ["induction"], "lm_roles": {"induction": {h: 0.5 for h in heads}},
+         "thresholds": {"induction": 0.4}, "qualifies": {"induction": ["lm.0.0", "lm.0.1"]},
+         "assigned": taxonomy.assign(heads, {"induction": ["lm.0.0", "lm.0.1"]}),
+         "extra": {}, "seconds": {"detectors": {}, "causal": 2.0},
+         "causal": {"induction": {"verdict": "holds"}}, "settings": {"retrieval_len": 384}}
+  new = {"roles": ["retrieval"], "lm_roles": {"retrieval": {"lm.0.1": 0.3, "lm.0.2": 0.2}},
+         "thresholds": {"retrieval": 0.1}, "qualifies": {"retrieval": ["lm.0.1", "lm.0.2"]},
+         "extra": {"needle_recall": 0.9}, "seconds": {"detectors": {"retrieval": 5.0},
+                                                     "causal": 3.0},
+         "causal": {"retrieval": {"verdict": "fails"}}, "settings": {"retrieval_len": 1024},
+         "machine": {}}
+  got = taxonomy.merge(doc, new)
+  assert got["roles"] == ["retrieval", "induction"]           # ROLES' order
+  assert got["assigned"] == {"lm.0.0": "induction", "lm.0.1": "retrieval",
+                             "lm.0.2": "retrieval"}
+  assert got["counts"] == {"induction": 1, "retrieval": 2}
+  assert set(got["causal"]) == {"induction", "retrieval"} and got["seconds"]["causal"] == 5.0
+  assert got["settings"]["retrieval_len"] == 384
+  assert got["merged"][0]["settings"]["retrieval_len"] == 1024
+  assert doc["assigned"]["lm.0.1"] == "induction"              # doc itself is unchanged
