@@ -355,10 +355,19 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
     ok["copy_suppression"] = [h for h, v in out["copy_suppression"].items()
                               if v >= th["copy_suppression"] and extra["ov_self"][h] < 0]
     sec["copy_suppression"] = time.perf_counter() - t0
-  if set(IOI_ROLES + ("duplicate_token",)) & set(want):
-    _needs_tokenizer(run, next(r for r in IOI_ROLES + ("duplicate_token",) if r in want))
+  if set(IOI_ROLES) & set(want):
+    _needs_tokenizer(run, next(r for r in IOI_ROLES if r in want))
     inputs["ioi"] = _ioi_pairs(task, settings.n_pairs, settings.seed,
-                               next(r for r in IOI_ROLES + ("duplicate_token",) if r in want))
+                               next(r for r in IOI_ROLES if r in want))
+  elif "duplicate_token" in want:
+    # Its score is the attention's; only its causal check needs IOI pairs. A model that
+    # cannot have them (no single-token names: a model of Python code) keeps the score,
+    # and its check is reported as not run, with the reason.
+    try:
+      _needs_tokenizer(run, "duplicate_token")
+      inputs["ioi"] = _ioi_pairs(task, settings.n_pairs, settings.seed, "duplicate_token")
+    except UserError as e:
+      inputs["unchecked"] = {"duplicate_token": str(e)}
   if set(IOI_ROLES) & set(want):
     t0 = time.perf_counter()
     ioi = ioi_scores(run, settings, inputs["ioi"])
@@ -429,6 +438,11 @@ def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
   out = {}
   for role, scores_ in table.items():
     name, sign = BEHAVIOUR[role]
+    if role in inputs.get("unchecked", {}):
+      out[role] = {"behaviour": name, "verdict": "not run",
+                   "reason": inputs["unchecked"][role]}
+      log(f"  {role}: not run ({inputs['unchecked'][role]})")
+      continue
     fn = fns[name]
     edits_of = (lambda hs: sink_edits(params, hs)) if role == "attention_sink" else \
         (lambda hs: mean_edits(params, hs, means))
@@ -540,6 +554,9 @@ def format_summary(doc: dict) -> str:
     top = sorted(table.items(), key=lambda kv: -kv[1])[:3]
     lines.append(f"{role:20s} top: " + ", ".join(f"{h} {v:.3f}" for h, v in top))
   for role, c in doc.get("causal", {}).items():
+    if "effect" not in c:
+      lines.append(f"{role:20s} causal: {c['verdict']} ({c.get('reason', '')})")
+      continue
     lines.append(f"{role:20s} causal: effect {c['effect']:+.4f} vs random "
                  f"{c['random_mean']:+.4f} +- {c['random_std']:.4f} -> {c['verdict']}")
   return "\n".join(lines)
