@@ -58,7 +58,10 @@ def _forward(task, params, tokens_BT, edits=None, read=()):
 
 
 def bos_of(task) -> list[int]:
-  """[the model's BOS id] where it has one, else []."""
+  """[the model's BOS id] where it has one, else []: the task's `bos_id` (a model trained
+  here: 0, at the start of every sequence it saw), else its tokenizer config's."""
+  if getattr(task, "bos_id", None) is not None:
+    return [int(task.bos_id)]
   t = task.cfg.get("tokenizer") if hasattr(task, "cfg") else None
   if t is not None and t.get("bos_id", -1) >= 0:
     return [int(t.bos_id)]

@@ -66,8 +66,10 @@ def _taxonomy_settings(opts: RoleStepsOptions) -> taxonomy.Settings:
 
 def step_scores(at, tax: taxonomy.Settings, log: Callable[[str], None] = print) -> dict:
   """taxonomy.scores of one checkpoint (`at`, a Loaded), with the pattern roles' rows
-  from real_lm_roles (repeated random tokens of the run's own vocabulary)."""
-  rows = head_roles.real_lm_roles(at) if set(tax.roles) & {
+  from real_lm_roles (repeated random tokens of the run's own vocabulary, 2 x 32 + BOS
+  or as many as the window holds)."""
+  half = max(1, min(32, (int(at.config.model.max_len) - 1) // 2))  # [BOS] r r fits
+  rows = head_roles.real_lm_roles(at, half_len=half) if set(tax.roles) & {
       "previous_token", "induction", "duplicate_token"} else None
   return taxonomy.scores(at, tax, rows, log)
 

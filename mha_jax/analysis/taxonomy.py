@@ -306,6 +306,25 @@ def _needs_tokenizer(run, role: str) -> None:
                     f"trained on text); this run has task {run.task.name!r}")
 
 
+def _ioi_inputs(run, settings: Settings, want: Sequence[str]) -> dict:
+  """{"ioi": IOI pairs} for the IOI roles (refused by name where the model cannot have
+  them) and duplicate-token's check. Duplicate-token's score is the attention's; only
+  its check needs the pairs: a model without them (no single-token names: a model of
+  Python code) keeps the score, and the check is reported as not run, with the reason
+  ({"unchecked": {"duplicate_token": why}})."""
+  if set(IOI_ROLES) & set(want):
+    role = next(r for r in IOI_ROLES if r in want)
+    _needs_tokenizer(run, role)
+    return {"ioi": _ioi_pairs(run.task, settings.n_pairs, settings.seed, role)}
+  if "duplicate_token" not in want:
+    return {}
+  try:
+    _needs_tokenizer(run, "duplicate_token")
+    return {"ioi": _ioi_pairs(run.task, settings.n_pairs, settings.seed, "duplicate_token")}
+  except UserError as e:
+    return {"unchecked": {"duplicate_token": str(e)}}
+
+
 def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -> dict:
   """{"lm_roles": {role: {head: score}}, "qualifies": {role: [heads]}, "seconds",
   "extra", "inputs"} for settings.roles (see the module docstring)."""
@@ -355,19 +374,7 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
     ok["copy_suppression"] = [h for h, v in out["copy_suppression"].items()
                               if v >= th["copy_suppression"] and extra["ov_self"][h] < 0]
     sec["copy_suppression"] = time.perf_counter() - t0
-  if set(IOI_ROLES) & set(want):
-    _needs_tokenizer(run, next(r for r in IOI_ROLES if r in want))
-    inputs["ioi"] = _ioi_pairs(task, settings.n_pairs, settings.seed,
-                               next(r for r in IOI_ROLES if r in want))
-  elif "duplicate_token" in want:
-    # Its score is the attention's; only its causal check needs IOI pairs. A model that
-    # cannot have them (no single-token names: a model of Python code) keeps the score,
-    # and its check is reported as not run, with the reason.
-    try:
-      _needs_tokenizer(run, "duplicate_token")
-      inputs["ioi"] = _ioi_pairs(task, settings.n_pairs, settings.seed, "duplicate_token")
-    except UserError as e:
-      inputs["unchecked"] = {"duplicate_token": str(e)}
+  inputs.update(_ioi_inputs(run, settings, want))
   if set(IOI_ROLES) & set(want):
     t0 = time.perf_counter()
     ioi = ioi_scores(run, settings, inputs["ioi"])
