@@ -114,11 +114,23 @@ def ioi_refusal(run, tax: taxonomy.Settings) -> str | None:
   return None
 
 
+def _scored_already(path: str, workdir: str, tax: taxonomy.Settings) -> dict:
+  """{step: row} of an earlier role_steps.json in OUT for the same workdir and roles."""
+  if not storage.exists(path):
+    return {}
+  old = storage.read_json(path)
+  if old.get("workdir") != workdir or old.get("roles") != list(tax.roles):
+    return {}
+  return {r["step"]: r for r in old.get("by_step", [])}
+
+
 def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStepsOptions(),
                *, log: Callable[[str], None] = print) -> dict:
   """Every role's scores at each checkpoint of `loaded`'s workdir, the step at which
   each appears, and the causal checks at the check steps; writes OUT/role_steps.json
-  and role_steps.png (default WORKDIR/role_steps)."""
+  and role_steps.png (default WORKDIR/role_steps). A rerun into the same OUT reuses the
+  rows of the steps it scored already (same workdir and roles): following a training
+  as it runs costs one step's scores per new checkpoint."""
   settings_lib.check(opts)
   if not (loaded.task.decoder_only and loaded.task.trainable):
     raise UserError(f"role-steps follows the checkpoints of a decoder LM trained here; "
@@ -127,8 +139,12 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
   out_dir = out or storage.join(loaded.workdir, "role_steps")
   storage.makedirs(out_dir)
   t0 = time.perf_counter()
+  done = _scored_already(storage.join(out_dir, "role_steps.json"), loaded.workdir, tax)
   by_step = []
   for at in each_checkpoint(loaded, opts.steps or None):
+    if at.step in done:                # a saved checkpoint does not change: reuse its row
+      by_step.append(done[at.step])
+      continue
     t = time.perf_counter()
     by_step.append({**summary(at.step, step_scores(at, tax, log)),
                     "seconds": round(time.perf_counter() - t, 2)})
@@ -144,7 +160,8 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
          "rule": "a role appears at the first checkpoint from which its best head's "
                  "score is >= its threshold at every later checkpoint",
          "by_step": by_step, "settings": dataclasses.asdict(opts),
-         "seconds": {"scores": round(time.perf_counter() - t0, 1)}}
+         # the scores' seconds: each step's, summed (measured when it was scored)
+         "seconds": {"scores": round(sum(r["seconds"] for r in by_step), 1)}}
   refused = ioi_refusal(loaded, tax)
   if refused and not set(taxonomy.IOI_ROLES) & set(tax.roles):
     doc["not_asked"] = {",".join(taxonomy.IOI_ROLES): refused}

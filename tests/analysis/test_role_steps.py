@@ -55,7 +55,7 @@ def _by_hand(wd, step):
 
 
 def test_each_steps_scores_and_the_appearance_step_equal_their_recomputation(
-    ind_run, tmp_path):
+    ind_run, tmp_path, monkeypatch):
   loaded = mha_jax.load(ind_run, **QUIET)
   opts = role_steps.RoleStepsOptions(roles=("previous_token", "induction",
                                             "attention_sink"), causal=False)
@@ -85,6 +85,10 @@ def test_each_steps_scores_and_the_appearance_step_equal_their_recomputation(
   saved = mha_jax.storage.read_json(str(tmp_path / "out" / "role_steps.json"))
   assert saved["appears_at"] == doc["appears_at"] and "written" in saved["machine"]
   assert (tmp_path / "out" / "role_steps.png").exists()
+  # A rerun into the same folder reuses the rows it has (a training followed as it runs).
+  monkeypatch.setattr(role_steps, "step_scores", lambda *a, **k: pytest.fail("rescored"))
+  again = role_steps.role_steps(loaded, str(tmp_path / "out"), opts, log=lambda s: None)
+  assert again["by_step"] == saved["by_step"] and again["appears_at"] == doc["appears_at"]
 
 
 def test_the_walker_and_the_check_steps_are_checked_by_name(ind_run, tmp_path):
