@@ -345,7 +345,7 @@ def _role_steps(args, opts: role_steps_lib.RoleStepsOptions) -> int:
   out = writable_out(args.out or storage.join(args.workdir, "role_steps"), args.workdir)
   doc = role_steps_lib.role_steps(_load(args), out, opts)
   print(role_steps_lib.format_summary(doc))
-  print(f"wrote {out}/ (role_steps.json, role_steps.png) in {doc['seconds']['total']:.0f} s")
+  print(f"wrote {out}/ (role_steps.json, role_steps.png) in {doc['seconds']['this_run']:.0f} s")
   return 0
 
 

@@ -179,7 +179,7 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
       doc["causal"].append({"step": at.step, "checks": taxonomy.causal(
           at, tax, sc["lm_roles"], sc["inputs"], log)})
     doc["seconds"]["causal"] = round(time.perf_counter() - t1, 1)
-  doc["seconds"]["total"] = round(time.perf_counter() - t0, 1)
+  doc["seconds"]["this_run"] = round(time.perf_counter() - t0, 1)   # reused rows excluded
   doc["machine"] = taxonomy._machine()
   storage.write_json(storage.join(out_dir, "role_steps.json"), doc)
   plot(doc, storage.join(out_dir, "role_steps.png"), f"head roles over steps, {loaded.workdir}")
