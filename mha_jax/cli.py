@@ -34,6 +34,7 @@ import ml_collections
 from mha_jax import config as mc
 from mha_jax import settings, storage
 from mha_jax.analysis import ablate as ablate_lib, report as analysis_report
+from mha_jax.analysis import role_steps as role_steps_lib
 from mha_jax import compare_runs as compare_runs_lib
 from mha_jax.circuits import circuit as circuit_lib, circuits_report
 from mha_jax.errors import UserError
@@ -340,6 +341,14 @@ def _circuits(args, opts: circuits_report.CircuitsOptions) -> int:
   return 0
 
 
+def _role_steps(args, opts: role_steps_lib.RoleStepsOptions) -> int:
+  out = writable_out(args.out or storage.join(args.workdir, "role_steps"), args.workdir)
+  doc = role_steps_lib.role_steps(_load(args), out, opts)
+  print(role_steps_lib.format_summary(doc))
+  print(f"wrote {out}/ (role_steps.json, role_steps.png) in {doc['seconds']['this_run']:.0f} s")
+  return 0
+
+
 def _patch(args, opts: patch_lib.PatchOptions) -> int:
   out = writable_out(args.out, args.workdir)
   summary = patch_lib.patch(_load(args), out, opts)
@@ -466,6 +475,10 @@ VERBS = {
                      circuits_report.CircuitsOptions,
                      (WORKDIR, _out("WORKDIR/circuits; a read-only workdir needs one "
                                     "elsewhere"))),
+    "role-steps": Verb("the step at which each head role appears over a run's checkpoints",
+                       _role_steps, role_steps_lib.RoleStepsOptions,
+                       (WORKDIR, _out("WORKDIR/role_steps; a read-only workdir needs one "
+                                      "elsewhere"))),
     "sweep": Verb("run the runs a sweep config lists", _sweep, SweepOptions,
                   (input_spec("config", "a sweep config", required=True), WORKDIR),
                   config="training"),

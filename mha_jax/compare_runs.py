@@ -33,7 +33,7 @@ import numpy as np
 from mha_jax import settings as settings_lib, storage
 from mha_jax.errors import UserError
 from mha_jax.settings import setting
-from mha_jax.toolkit import plots
+from mha_jax.toolkit import plots, stability
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,11 +90,8 @@ def phase_change_step(over_steps: list[dict], threshold: float) -> int | None:
   """The step from which the best prefix matching (over_checkpoints' rows) stays >=
   threshold at every later checkpoint, the last included; None if the last is below it
   (a transient, e.g. near initialisation, is no phase change)."""
-  step = None
-  for r in over_steps:
-    ok = r["max_prefix_matching"] is not None and r["max_prefix_matching"] >= threshold
-    step = (r["step"] if step is None else step) if ok else None
-  return step
+  return stability.appears_at([(r["step"], r["max_prefix_matching"]) for r in over_steps],
+                              threshold)
 
 
 def heads_kept(loaded, base: float, metric: str, tolerance: float, settings: CompareSettings,

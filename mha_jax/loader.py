@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import ml_collections
 
-from mha_jax.errors import UserError
+from mha_jax.errors import BadCheckpoint, UserError
 from mha_jax import config as mc
 from mha_jax import storage
 from mha_jax import tasks
@@ -73,6 +73,33 @@ def load(workdir: str, step: int | None = None, *,
   finally:
     ckpts.close()
   return Loaded(cfg, tasks.build(cfg, workdir, read_only=True), params, step, workdir)
+
+
+def each_checkpoint(loaded: Loaded, steps: Sequence[int] | None = None, *,
+                    log: Callable[[str], None] = ckpt_lib.warn) -> Iterator[Loaded]:
+  """`loaded` at every saved checkpoint of its workdir, oldest first (only `steps`, each
+  of which must be saved, when given): the one checkpoint walker of the studies. Only
+  the params are restored; the task (and the functions compiled on it) is `loaded`'s,
+  so no step recompiles. A bad checkpoint is reported through `log` and skipped.
+  Never writes to the workdir."""
+  c = ckpt_lib.Checkpoints(loaded.workdir, read_only=True)
+  try:
+    saved = c.all_steps()
+    if steps is not None:
+      bad = [s for s in steps if s not in saved]
+      if bad:
+        raise UserError(f"steps: {bad[0]} is not a saved step of {loaded.workdir!r}; "
+                        f"saved steps: {saved}", setting="steps")
+      saved = sorted(set(int(s) for s in steps))
+    for step in saved:
+      try:
+        params, _ = c.restore_params(step)
+      except BadCheckpoint as e:
+        log(f"{e}; skipped")
+        continue
+      yield dataclasses.replace(loaded, params=params, step=step)
+  finally:
+    c.close()
 
 
 def set_dense_reference(loaded) -> None:

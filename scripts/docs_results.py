@@ -549,14 +549,78 @@ def _taxonomy_model(docs, key, title):
   return parts
 
 
+def _role_steps_section(docs, key="text",
+                        title="The natural-text model, checkpoint by checkpoint"):
+  """The step at which each role appears (results/taxonomy/KEY/role_steps.json, written
+  by `mha-jax role-steps`)."""
+  rel = f"results/taxonomy/{key}/role_steps.json"
+  if not (docs / rel).exists():
+    return [f"## {title}", "", f"Not run yet (`{rel}` is missing).", ""]
+  d = _load(docs, rel)
+  m, by = d["machine"], d["by_step"]
+  roles = list(d["thresholds"])
+  last = by[-1]
+  parts = [f"## {title}", "",
+           f"`mha-jax role-steps` over the checkpoints of `{d['workdir']}` (steps "
+           f"{d['steps'][0]}..{d['steps'][-1]}, {len(d['steps'])} checkpoints); "
+           f"{m['written']}, {m['platform']}, {m['cpu_count']} CPUs ({m['device']}); "
+           f"{d['seconds']['scores']:.0f} s for the scores"
+           + (f", {d['seconds']['causal']:.0f} s for the causal checks" if "causal" in
+              d["seconds"] else "") + ". How it is run: "
+           "[head taxonomy](../guide/taxonomy.md#when-each-role-appears-during-training-"
+           "mha-jax-role-steps).", "", f"Rule: {d['rule']}.", ""]
+  rows = []
+  for r in roles:
+    at = d["appears_at"].get(r)
+    first = next((x for x in by if x["step"] == at), None)
+    b = last["best"].get(r) or {}
+    rows.append([r, d["thresholds"][r], "never" if at is None else at,
+                 f"{first['best'][r]['head']} ({first['best'][r]['score']:.3f})" if first
+                 else "-", f"{b.get('head', '-')} ({b.get('score', float('nan')):.3f})",
+                 ", ".join(f"{h} ({v:.3f})" for h, v in last["top"][r]),
+                 last["qualifying"][r]])
+  parts += [_table(["role", "threshold", "appears at step", "best head then",
+                    f"best head at step {last['step']}", f"top 3 at step {last['step']}",
+                    "heads at or above the threshold"], rows), "",
+            "Each role's best score at every checkpoint:", "",
+            _table(["step", *roles], [[x["step"], *(f"{x['best'][r]['score']:.3f}"
+                                                  if x["best"].get(r) else "-"
+                                                  for r in roles)] for x in by]), ""]
+  if d.get("causal"):
+    k, n = d["settings"]["top_k"], d["settings"]["draws"]
+    parts += [f"Causal checks (the top {k} heads of the step ablated together against {n} "
+              f"draws of {k} random heads from the same layers; effect > 0: the behaviour "
+              "suffers):", ""]
+    crow = []
+    for c in d["causal"]:
+      for r, x in c["checks"].items():
+        if "effect" not in x:
+          crow.append([c["step"], r, "-", x["behaviour"], "-", "-", "-",
+                       f"{x['verdict']}: {x.get('reason', '')}"])
+          continue
+        crow.append([c["step"], r, ", ".join(x["top"]), x["behaviour"],
+                     f"{x['effect']:+.4f}",
+                     f"{x['random_mean']:+.4f} +- {x['random_std']:.4f}",
+                     f"{max(x['random']):+.4f}", x["verdict"]])
+    parts += [_table(["step", "role", "top heads", "behaviour", "effect",
+                      "random mean +- std", "random max", "verdict"], crow), ""]
+  for roles_, why in d.get("not_asked", {}).items():
+    parts += [f"Not asked: {roles_.replace(',', ', ')} ({why}).", ""]
+  parts += [f"![role scores against step](taxonomy/{key}/role_steps.png)", "",
+            _source(rel), ""]
+  return parts
+
+
 def taxonomy_page(docs):
-  parts = ["# Head taxonomy of the real models", "",
+  parts = ["# Head taxonomy of the real models, and of the natural-text model over "
+           "its checkpoints", "",
            "Every head named by `analysis.taxonomy` (guide: "
            "[head taxonomy](../guide/taxonomy.md)), written by "
            "`python scripts/taxonomy_study.py WORKDIR docs/results/taxonomy/NAME "
            "docs/results/circuits/NAME_ioi/circuit.json`.", ""]
   for key, title in TAXONOMY_MODELS:
     parts += _taxonomy_model(docs, key, title)
+  parts += _role_steps_section(docs)
   return "\n".join(parts)
 
 

@@ -337,6 +337,25 @@ def _needs_tokenizer(run, role: str) -> None:
                     f"trained on text); this run has task {run.task.name!r}")
 
 
+def _ioi_inputs(run, settings: Settings, want: Sequence[str]) -> dict:
+  """{"ioi": IOI pairs} for the IOI roles (refused by name where the model cannot have
+  them) and duplicate-token's check. Duplicate-token's score is the attention's; only
+  its check needs the pairs: a model without them (no single-token names: a model of
+  Python code) keeps the score, and the check is reported as not run, with the reason
+  ({"unchecked": {"duplicate_token": why}})."""
+  if set(IOI_ROLES) & set(want):
+    role = next(r for r in IOI_ROLES if r in want)
+    _needs_tokenizer(run, role)
+    return {"ioi": role_ioi_pairs(run.task, settings.n_pairs, settings.seed, role)}
+  if "duplicate_token" not in want:
+    return {}
+  try:
+    _needs_tokenizer(run, "duplicate_token")
+    return {"ioi": role_ioi_pairs(run.task, settings.n_pairs, settings.seed, "duplicate_token")}
+  except UserError as e:
+    return {"unchecked": {"duplicate_token": str(e)}}
+
+
 def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -> dict:
   """{"lm_roles": {role: {head: score}}, "qualifies": {role: [heads]}, "seconds",
   "extra", "inputs"} for settings.roles (see the module docstring)."""
@@ -386,10 +405,7 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
     ok["copy_suppression"] = [h for h, v in out["copy_suppression"].items()
                               if v >= th["copy_suppression"] and extra["ov_self"][h] < 0]
     sec["copy_suppression"] = time.perf_counter() - t0
-  if set(IOI_ROLES + ("duplicate_token",)) & set(want):
-    _needs_tokenizer(run, next(r for r in IOI_ROLES + ("duplicate_token",) if r in want))
-    inputs["ioi"] = role_ioi_pairs(task, settings.n_pairs, settings.seed,
-                               next(r for r in IOI_ROLES + ("duplicate_token",) if r in want))
+  inputs.update(_ioi_inputs(run, settings, want))
   if set(IOI_ROLES) & set(want):
     t0 = time.perf_counter()
     ioi = ioi_scores(run, settings, inputs["ioi"], log)
@@ -462,6 +478,11 @@ def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
   out = {}
   for role, scores_ in table.items():
     name, sign = BEHAVIOUR[role]
+    if role in inputs.get("unchecked", {}):
+      out[role] = {"behaviour": name, "verdict": "not run",
+                   "reason": inputs["unchecked"][role]}
+      log(f"  {role}: not run ({inputs['unchecked'][role]})")
+      continue
     if not scores_:     # S-inhibition without a name mover to receive it: no head to test
       out[role] = {"top": [], "scores": [], "behaviour": name, "verdict": "fails",
                    "reason": "no head has a score"}
@@ -603,7 +624,9 @@ def format_summary(doc: dict) -> str:
     top = sorted(table.items(), key=lambda kv: -kv[1])[:3]
     lines.append(f"{role:20s} top: " + ", ".join(f"{h} {v:.3f}" for h, v in top))
   for role, c in doc.get("causal", {}).items():
-    lines.append(f"{role:20s} causal: " + (f"{c['reason']}" if "reason" in c else
-                 f"effect {c['effect']:+.4f} vs random {c['random_mean']:+.4f} +- "
-                 f"{c['random_std']:.4f}") + f" -> {c['verdict']}")
+    if "effect" not in c:
+      lines.append(f"{role:20s} causal: {c['verdict']} ({c.get('reason', '')})")
+      continue
+    lines.append(f"{role:20s} causal: effect {c['effect']:+.4f} vs random "
+                 f"{c['random_mean']:+.4f} +- {c['random_std']:.4f} -> {c['verdict']}")
   return "\n".join(lines)

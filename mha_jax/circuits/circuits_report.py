@@ -13,10 +13,10 @@ import numpy as np
 from mha_jax import settings, storage
 from mha_jax.circuits import behaviour, paths
 from mha_jax.toolkit import composition as scores
-from mha_jax.errors import BadCheckpoint, UserError
+from mha_jax.errors import UserError
+from mha_jax.loader import each_checkpoint
 from mha_jax.models import common
 from mha_jax.settings import setting
-from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.toolkit import capture, plots
 
 
@@ -42,31 +42,21 @@ def over_checkpoints(loaded, tokens: np.ndarray, lengths: np.ndarray, log,
   """Scores at every checkpoint of `run`'s workdir (with text `windows`, also the ICL
   score on text). Only the params are restored: the task (and its compiled functions) is
   `run`'s, so no step recompiles. Bad checkpoints are skipped with a warning."""
-  c = ckpt_lib.Checkpoints(loaded.workdir, read_only=True)
   rows = []
-  try:
-    for step in c.all_steps():
-      try:
-        params, _ = c.restore_params(step)
-      except BadCheckpoint as e:
-        ckpt_lib.warn(f"{e}; skipped")
-        continue
-      at = dataclasses.replace(loaded, params=params, step=step)
-      icl = behaviour.icl_score(at, tokens, lengths)
-      if windows is not None:
-        icl.update(behaviour.text_icl_score(at, windows))
-      hs = behaviour.head_scores(at, tokens)
-      rows.append({"step": step, **icl,   # None: a model without heads
-                   "max_prefix_matching": max((v["prefix_matching"] for v in hs.values()),
-                                              default=None),
-                   "max_previous_token": max((v["previous_token"] for v in hs.values()),
-                                             default=None)})
-      best = rows[-1]["max_prefix_matching"]
-      text = (f", on text {icl['text_icl_score']:.3f}" if windows is not None else "")
-      log(f"  step {step}: ICL score {icl['icl_score']:.3f}{text}, max prefix matching "
-          f"{'n/a' if best is None else f'{best:.2f}'}")
-  finally:
-    c.close()
+  for at in each_checkpoint(loaded):
+    icl = behaviour.icl_score(at, tokens, lengths)
+    if windows is not None:
+      icl.update(behaviour.text_icl_score(at, windows))
+    hs = behaviour.head_scores(at, tokens)
+    rows.append({"step": at.step, **icl,   # None: a model without heads
+                 "max_prefix_matching": max((v["prefix_matching"] for v in hs.values()),
+                                            default=None),
+                 "max_previous_token": max((v["previous_token"] for v in hs.values()),
+                                           default=None)})
+    best = rows[-1]["max_prefix_matching"]
+    text = (f", on text {icl['text_icl_score']:.3f}" if windows is not None else "")
+    log(f"  step {at.step}: ICL score {icl['icl_score']:.3f}{text}, max prefix matching "
+        f"{'n/a' if best is None else f'{best:.2f}'}")
   return rows
 
 

@@ -111,6 +111,18 @@ class LMTask:
       return None
     return self._batch(split, 0, batch)[0]
 
+  def repeated_tokens(self, seed: int, batch: int, half_len: int, min_half_len: int = 0):
+    """(tokens (B, 1 + 2n), copy lengths m (B,)): [BOS] r_1..r_m r_1..r_m [fresh tail],
+    r uniform over ids 1..V-1 of the run's own vocabulary (data.repeated_tokens; the
+    imported LMs' member of the same name, which the head taxonomy reads)."""
+    return repeated_tokens.repeated_tokens(seed, 0, batch, half_len, self.vocab_size,
+                                           min_half_len, return_lengths=True)
+
+  def special_ids(self) -> np.ndarray:
+    """Ids of the special tokens: BOS (0), and BPE's <unk> (1) on text."""
+    bpe = self.cfg.data.kind == "text" and self.tokenizer.kind == "bpe"
+    return np.asarray([0, 1] if bpe else [0], np.int64)
+
   def repeated_eval_tokens(self, batch: int, seed_offset: int = 7_000_003):
     """Repeated random tokens held out from training. A model trained on text gets them
     over its own vocabulary (BOS is id 0 in both), with n as long as its context allows,

@@ -29,6 +29,18 @@ def stats(values: Sequence[float]) -> dict:
           "min": float(v.min()), "max": float(v.max())}
 
 
+def appears_at(by_step: Sequence[tuple[int, float | None]], threshold: float) -> int | None:
+  """The step from which a score stays >= threshold at every later checkpoint, the last
+  included, over (step, score) pairs in step order; None if the last is below it (or
+  None): a transient, e.g. near initialisation, is no appearance. The phase change
+  (compare_runs) and the step at which a head role appears (analysis.role_steps)."""
+  step = None
+  for s, v in by_step:
+    ok = v is not None and v >= threshold
+    step = (s if step is None else step) if ok else None
+  return step
+
+
 def _ordered(roles) -> list[str]:
   roles = set(roles)
   return [r for r in ROLE_ORDER if r in roles] + sorted(roles - set(ROLE_ORDER))

@@ -413,3 +413,24 @@ def test_real_lm_circuit_claims_on_a_tiny_gemma(tiny_gemma, tmp_path):
                    ("positivity_corner", pc), ("rests_on_first_token", b),
                    ("induction_k_causal", kc)):
     assert claims_run.CLAIMS[name][2](fn) in (H, F, I)
+
+
+def test_the_causal_induction_rule_takes_a_single_seed_text_workdir(tiny_attn_lm, tmp_path):
+  """`claims --settings text --text-workdir W` on one run (no seeds.json, as
+  `mha-jax train` writes by default): one unit, judged by the rule, whose receivers' own
+  verdicts are the per-head rule's."""
+  wd, _ = tiny_attn_lm
+  rep = claims_run.run_claims(str(tmp_path / "c"), only="induction_k_causal",
+                              settings="text", text_workdir=wd, primer=False,
+                              log=lambda s: None)
+  (claim,) = rep["claims"]
+  cell = claim["settings"]["text"]
+  assert list(claim["settings"]) == ["text"] and cell["runs"] == 1
+  assert cell["seeds"] == [None] and cell["numbers"]["workdir"] == wd
+  unit = cell["per_seed"][0]
+  assert unit["verdict"] == R.induction_k_causal(unit["numbers"])
+  assert cell["verdict"] == f"{unit['verdict']} in 1 of 1 seed"
+  for r in unit["numbers"]["receivers"]:
+    assert r["verdict"] == R.induction_k_causal_one(r)
+    assert r["path_k_effect"] == r["layer_row"][r["previous_token_head"]]
+  assert rep["workdirs"]["text"] == wd
