@@ -238,11 +238,17 @@ class Checkpoints:
       return x
 
     params = jax.tree_util.tree_map_with_path(fill, params)
+    sums = checksums(params)
+    if jax.process_count() == 1:
+      # orbax deep-copies every NumPy leaf before writing it (3x slower than a jax.Array
+      # on CPU: an imported 1 GB model saves in 5 s instead of 15)
+      params = jax.tree.map(lambda x: jax.device_put(x) if isinstance(x, np.ndarray) and
+                            x.dtype == jax.dtypes.canonicalize_dtype(x.dtype) else x, params)
     with self._faults(step), _orbax_drains():
       self.manager.save(step, args=ocp.args.Composite(
           params=ocp.args.StandardSave(params),
           meta=ocp.args.JsonSave({**meta, "empty": empty,
-                                  "checksums": {"params": checksums(params)}})), force=True)
+                                  "checksums": {"params": sums}})), force=True)
       self.manager.wait_until_finished()
 
   def _verify(self, step: int, restored: dict) -> None:

@@ -135,6 +135,10 @@ def test_gemma3_tokenizer_round_trips_and_keeps_turn_markers(gemma):
   assert len(ids) == 5 and model.tokenizer.decode(ids[:1]) == "<start_of_turn>"
 
 
+# The default run covers the same code on the tiny MQA Gemma 3 of test_families
+# (test_roles_and_export_pruned_on_gqa_and_mqa[gemma3-4-1]); this one adds the real
+# model's induction head.
+@pytest.mark.slow
 def test_gemma3_studies_roles_and_mqa_export(gemma):
   """Roles score all 72 heads; export-pruned on MQA: one key/value head serves the four
   query heads, and it goes only with all four."""
