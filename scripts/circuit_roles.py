@@ -75,11 +75,7 @@ def main(argv=None):
   n = doc["pairs"] + len(doc["failing"])
   s, _, _, _ = circuit.prepare(run, doc["task"], None, n, 0, False, log=lambda m: None)
   t0 = time.perf_counter()
-  try:
-    dla = s.dla()["heads"]
-  except KeyError:      # Study.dla reads lm.ln_final.scale: a model without a final norm
-    import numpy as np
-    dla = np.full((s.layers, max(s.heads)), np.nan)
+  dla = s.dla()["heads"]
   rec = s.patch("z")["recovery"]
   tokens, _ = behaviour.eval_tokens(run, 8)
   att = behaviour.head_scores(run, tokens)

@@ -485,11 +485,12 @@ class Study:
     def build():
       def fn(params, tok):
         _, vals = self._forward(params, tok, read=read)
-        scale = jax.lax.stop_gradient(vals["lm.ln_final.scale"])
+        # the final norm's scale frozen (a model without one: LD is already affine)
+        freeze = {n: interventions.replace(jax.lax.stop_gradient(vals[n]))
+                  for n in ("lm.ln_final.scale",) if n in vals}
 
         def ld_of(delta):
-          logits, _ = self._forward(params, tok, {"lm.ln_final.scale": interventions.replace(scale),
-                                                  last: interventions.add(delta)})
+          logits, _ = self._forward(params, tok, {**freeze, last: interventions.add(delta)})
           return self._score(logits)[0].sum()
 
         g = jax.grad(ld_of)(jnp.zeros_like(vals[last]))      # (N, T, D)
