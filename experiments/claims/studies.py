@@ -132,6 +132,20 @@ def claim_pruning(ctx: Context, setting: str, seed, wd: str, keep: int = 10,
 # ---------------------------------------------------------------- circuits
 
 
+def _decoder_run(setting: str, wd: str):
+  """(the loaded decoder-only run, its repeated-token eval tokens: the trained run's own
+  batch, 8 sequences of an imported LM's); another task is refused by name."""
+  from mha_jax.circuits import behaviour
+  from mha_jax.loader import load
+  run = load(wd)
+  if not run.task.decoder_only:
+    raise UserError(f"{wd!r} holds task {run.task.name!r}; the {setting} setting's "
+                    f"circuit claims need a decoder-only model")
+  tokens, _ = behaviour.eval_tokens(run) if run.task.trainable else \
+      behaviour.eval_tokens(run, 8)
+  return run, tokens
+
+
 def circuit_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
   """The circuit scores of one run (circuits.circuits_report.circuit_scores), computed once per
   run: a trained two-layer model through `circuits` (its figures and term importance in
@@ -139,20 +153,14 @@ def circuit_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
   its composition in float32."""
   key = ("circuits", wd)
   if key not in ctx.cache:
-    from mha_jax.circuits import behaviour, circuits_report
-    from mha_jax.loader import load
-    run = load(wd)
-    if not run.task.decoder_only:
-      raise UserError(f"{wd!r} holds task {run.task.name!r}; the {setting} setting's "
-                      f"circuit claims need a decoder-only model")
+    from mha_jax.circuits import circuits_report
+    run, tokens = _decoder_run(setting, wd)
     ctx.log(f"  circuit scores of {wd} ...")
     if run.task.trainable:
       res = circuits_report.circuits(run, storage.join(ctx.out, "circuits", label(setting, seed)),
                                      circuits_report.CircuitsOptions(track=False),
                                      log=lambda s: None)
-      tokens, _ = behaviour.eval_tokens(run)
     else:
-      tokens, _ = behaviour.eval_tokens(run, 8)
       res = {"workdir": wd, "step": run.step,
              **circuits_report.circuit_scores(run, tokens, samples=50, dtype=np.float32,
                                      log=lambda s: None)}
@@ -176,13 +184,7 @@ def head_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
   key = ("heads", wd)
   if key not in ctx.cache:
     from mha_jax.circuits import behaviour
-    from mha_jax.loader import load
-    run = load(wd)
-    if not run.task.decoder_only:
-      raise UserError(f"{wd!r} holds task {run.task.name!r}; the {setting} setting's "
-                      f"circuit claims need a decoder-only model")
-    tokens, _ = behaviour.eval_tokens(run) if run.task.trainable else \
-        behaviour.eval_tokens(run, 8)
+    run, tokens = _decoder_run(setting, wd)
     ctx.cache[key] = {"res": {"workdir": wd, "heads": behaviour.head_scores(run, tokens)},
                       "run": run}
   return ctx.cache[key]

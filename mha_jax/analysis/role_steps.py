@@ -180,7 +180,7 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
           at, tax, sc["lm_roles"], sc["inputs"], log)})
     doc["seconds"]["causal"] = round(time.perf_counter() - t1, 1)
   doc["seconds"]["this_run"] = round(time.perf_counter() - t0, 1)   # reused rows excluded
-  doc["machine"] = taxonomy._machine()
+  doc["machine"] = taxonomy.machine()
   storage.write_json(storage.join(out_dir, "role_steps.json"), doc)
   plot(doc, storage.join(out_dir, "role_steps.png"), f"head roles over steps, {loaded.workdir}")
   return doc

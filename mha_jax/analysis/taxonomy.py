@@ -33,6 +33,7 @@ path-patched: NaN, no score).
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import time
 from typing import Callable, Mapping, Sequence
@@ -534,13 +535,13 @@ def taxonomy(run, rows: Sequence[Mapping] | None = None, settings: Settings = Se
          "settings": {k: list(v) if isinstance(v, tuple) else v
                       for k, v in dataclasses.asdict(settings).items()}}
   if on_scores is not None:
-    on_scores({**doc, "machine": _machine()})
+    on_scores({**doc, "machine": machine()})
   if check:
     log("taxonomy: causal checks ...")
     t0 = time.perf_counter()
     doc["causal"] = causal(run, settings, sc["lm_roles"], sc["inputs"], log)
     doc["seconds"]["causal"] = time.perf_counter() - t0
-  doc["machine"] = _machine()
+  doc["machine"] = machine()
   return doc
 
 
@@ -568,15 +569,12 @@ def merge(doc: dict, new: dict) -> dict:
   return out
 
 
-def _machine() -> dict:
-  return {"platform": platform.platform(), "cpu_count": _cpus(),
+def machine() -> dict:
+  """The machine and the time a taxonomy study's JSON was written (roles.json,
+  role_steps.json)."""
+  return {"platform": platform.platform(), "cpu_count": os.cpu_count() or 0,
           "device": str(jax.devices()[0].platform),
           "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-
-
-def _cpus() -> int:
-  import os
-  return os.cpu_count() or 0
 
 
 def colors() -> dict[str, str]:
