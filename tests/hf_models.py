@@ -212,14 +212,23 @@ GGUF_CYCLE = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32")
 # llama.cpp architecture -> (CASES entry, overrides): the tiny model a GGUF test writes.
 # The overrides keep only what the converter carries (GPT-2: n_inner = 4 D, no per-layer
 # scale; NeoX: base 10000, which it does not write; Gemma 2: K = 24 = query_pre_attn_scalar,
-# the scale llama.cpp assumes below 27B, while D / H = 16) and make the MLP width a
-# multiple of the 32-wide quantization blocks.
+# the scale llama.cpp assumes below 27B, while D / H = 16; Gemma 3: its fixed layer
+# pattern and local base) and make the MLP width a multiple of the 32-wide quantization
+# blocks.
 GGUF_CASES = {
     "gpt2": ("gpt2", dict(n_inner=None, scale_attn_by_inverse_layer_idx=False)),
     "gptneox": ("gpt_neox", dict(rope_parameters={"rope_theta": 10000.0, "rope_type": "default",
                                                   "partial_rotary_factor": 0.5})),
     "phi3": ("phi3_longrope", dict(intermediate_size=96, sliding_window=WINDOW)),
     "gemma2": ("gemma2", dict(intermediate_size=96, head_dim=24)),
+    # llama.cpp's Gemma 3 reads no layer pattern: every 6th layer is global, the local
+    # ones at RoPE base 10000, queries scaled by 1 / sqrt(head_dim) below 27B
+    "gemma3": ("gemma3", dict(intermediate_size=96, num_hidden_layers=6, query_pre_attn_scalar=16,
+                              layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                              rope_parameters={"sliding_attention": {"rope_type": "default",
+                                                                     "rope_theta": 10000.0},
+                                               "full_attention": {"rope_type": "default",
+                                                                  "rope_theta": 3000.0}})),
     "olmo2": ("olmo2", dict(intermediate_size=96)),
     "qwen3": ("qwen3", dict(intermediate_size=256)),
 }
@@ -300,14 +309,15 @@ def _gguf_layout(model):
               (lambda x: _neox_to_gguf(x, h)) if qkv else same,
               (lambda x: _neox_from_gguf(x, h)) if qkv else same)
   else:
-    arch = {"phi3": "phi3", "gemma2": "gemma2", "olmo2": "olmo2", "qwen3": "qwen3"}[mt]
+    arch = {"phi3": "phi3", "gemma2": "gemma2", "gemma3_text": "gemma3", "olmo2": "olmo2",
+            "qwen3": "qwen3"}[mt]
     d, h, g = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
     meta = [("add_context_length", c.max_position_embeddings), ("add_embedding_length", d),
             ("add_block_count", c.num_hidden_layers),
             ("add_feed_forward_length", c.intermediate_size), ("add_head_count", h),
             ("add_head_count_kv", g), ("add_layer_norm_rms_eps", c.rms_norm_eps)]
-    plus = (lambda x: x + np.float32(1), lambda x: x - np.float32(1)) if arch == "gemma2" \
-        else (same, same)
+    plus = (lambda x: x + np.float32(1), lambda x: x - np.float32(1)) if arch in (
+        "gemma2", "gemma3") else (same, same)     # Gemma's norms scale by 1 + w
     put("token_embd.weight", "model.embed_tokens.weight")
     put("output_norm.weight", "model.norm.weight", *plus)
     if not c.tie_word_embeddings:
@@ -318,17 +328,19 @@ def _gguf_layout(model):
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
              "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
              "input_layernorm": "attn_norm"}
-    names.update({"gemma2": {"post_attention_layernorm": "post_attention_norm",
-                             "pre_feedforward_layernorm": "ffn_norm",
-                             "post_feedforward_layernorm": "post_ffw_norm"},
+    gemma_norms = {"post_attention_layernorm": "post_attention_norm",
+                   "pre_feedforward_layernorm": "ffn_norm",
+                   "post_feedforward_layernorm": "post_ffw_norm"}
+    names.update({"gemma2": gemma_norms, "gemma3": gemma_norms,
                   "olmo2": {"post_attention_layernorm": "post_attention_norm",
                             "post_feedforward_layernorm": "post_ffw_norm"}}.get(
                                 arch, {"post_attention_layernorm": "ffn_norm"}))
     for i in range(c.num_hidden_layers):
       for hf, gname in names.items():
         if f"model.layers.{i}.{hf}.weight" in sd:
+          norm = hf.endswith("layernorm") or (arch == "gemma3" and hf.endswith("_norm"))
           put(f"blk.{i}.{gname}.weight", f"model.layers.{i}.{hf}.weight",
-              *(plus if hf.endswith("layernorm") else (same, same)))
+              *(plus if norm else (same, same)))
     if arch == "phi3":
       rot = int(rp.get("partial_rotary_factor", 1.0) * d) // h
       orig = c.original_max_position_embeddings
@@ -347,6 +359,10 @@ def _gguf_layout(model):
                ("add_attn_logit_softcapping", c.attn_logit_softcapping),
                ("add_final_logit_softcapping", c.final_logit_softcapping),
                ("add_sliding_window", c.sliding_window)]
+    elif arch == "gemma3":
+      meta += [("add_key_length", c.head_dim), ("add_value_length", c.head_dim),
+               ("add_sliding_window", c.sliding_window),
+               ("add_rope_freq_base", rp["full_attention"]["rope_theta"])]
     else:
       meta.append(("add_rope_freq_base", rp["rope_theta"]))
       if getattr(c, "head_dim", None):

@@ -170,13 +170,40 @@ def read(path: str, dtype: str = "float32", place=None):
   olmo2, phi3, gpt2, gptneox."""
   from mha_jax.pretrained import adapters
   f = _File(path)
-  s = _sizes(f)
-  _attention_layout(f, s)
-  params, fam, qtypes = _params(f, s, dtype, place)
+  s, fam = _layout(f)
+  params, qtypes = _params(f, s, fam, dtype, place)
   cfg = adapters.model_config(s, fam)
   tok, tok_cfg = _tokenizer(f, s["v"])
   info = dict(format="gguf", name=str(f.field("general.name", "")), tensor_types=qtypes)
   return params, cfg, tok, tok_cfg, info
+
+
+def read_header(path: str):
+  """(model config dict, tokenizers.Tokenizer, tokenizer config, info) as `read` gives
+  them, from the file's metadata and tensor headers alone: no tensor is dequantized, so
+  it costs the metadata parse (seconds for a 262,144-token vocabulary), not the weights'
+  memory. info's tensor_types counts the stored types of every tensor; the refusals of
+  the metadata and tokenizer are read's (the tensors' own checks need `read`)."""
+  from mha_jax.pretrained import adapters
+  f = _File(path)
+  s, fam = _layout(f)
+  tok, tok_cfg = _tokenizer(f, s["v"])
+  qtypes: dict[str, int] = {}
+  for t in f.reader.tensors:
+    qtypes[t.tensor_type.name] = qtypes.get(t.tensor_type.name, 0) + 1
+  info = dict(format="gguf", name=str(f.field("general.name", "")), tensor_types=qtypes)
+  return adapters.model_config(s, fam), tok, tok_cfg, info
+
+
+def _layout(f: _File):
+  """(the settings dict with its vocabulary size, the adapters.Family of the file)."""
+  s = _sizes(f)
+  _attention_layout(f, s)
+  embed_t = f.by_name.get("token_embd.weight")
+  if embed_t is None:
+    raise UserError(f"file {f.path!r}: tensor 'token_embd.weight' is missing", setting="file")
+  s["v"] = int(embed_t.shape[1])
+  return s, _family(f)
 
 
 class _File:
@@ -285,8 +312,8 @@ def _attention_layout(f: _File, s: dict) -> None:
     f.refuse("attention.sliding_window", window, f"is not implemented for {arch}")
 
 
-def _params(f: _File, s: dict, dtype: str, place):
-  """(params as NumPy, the adapters.Family read, {tensor type: count}); sets s["v"]."""
+def _params(f: _File, s: dict, fam, dtype: str, place):
+  """(params as NumPy, {tensor type: count}) of the file's adapters.Family `fam`."""
   import gguf
   from mha_jax.pretrained import adapters, hf_folder
   path, arch, by_name, d = f.path, f.arch, f.by_name, s["d"]
@@ -319,18 +346,13 @@ def _params(f: _File, s: dict, dtype: str, place):
       w = unpermute_rope_rows(w, s["g"])
     return w
 
-  embed_t = by_name.get("token_embd.weight")
-  if embed_t is None:
-    raise UserError(f"file {path!r}: tensor 'token_embd.weight' is missing", setting="file")
-  s["v"] = int(embed_t.shape[1])
-  fam = _family(f)
   names = [n for n in by_name if n not in _ROPE_FACTOR_TENSORS]
   t = adapters.Tensors(get, names, f"file {path!r}", ("",), np_dtype)
   params = adapters.build_params(fam, s, t, np_dtype, place=place)
   if arch == "gpt2" and params["pos_embed"].shape[0] != s["max_len"]:
     raise UserError(f"file {path!r}: position_embd has {params['pos_embed'].shape[0]} "
                      f"rows, {arch}.context_length={s['max_len']}", setting="file")
-  return params, fam, qtypes
+  return params, qtypes
 
 
 def _family(f: _File):

@@ -457,7 +457,8 @@ TRANSFORMERS_READS = {
     "gpt2": ("n_positions",),
     "phi3": ("sliding_window", "rope_parameters", "original_max_position_embeddings",
              "pad_token_id"),
-    "gemma2": ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")}
+    "gemma2": ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"),
+    "gemma3": ("query_pre_attn_scalar", "layer_types", "rope_parameters")}
 GGUF_PARITY = {}   # arch -> (tensor types, references and their max relative errors)
 
 
@@ -502,7 +503,8 @@ def gguf_imported(tmp_path_factory):
   return get
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gpt2", "gptneox", "olmo2", "phi3", "qwen3"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "gpt2", "gptneox", "olmo2", "phi3",
+                                  "qwen3"])
 def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
   """The import of the GGUF file matches transformers running the weights the file holds
   (dequantized); where transformers reads that architecture's GGUF itself, it matches

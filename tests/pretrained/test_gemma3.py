@@ -4,6 +4,13 @@ import's own temporary folder), checked against transformers' Gemma3ForCausalLM 
 the same GGUF (its own GGUF reader and tokenizer converter), on an input longer than the
 sliding window (512). The model packages FAIL these tests when missing (CI installs
 them). All tests share one import and one transformers model (xdist group "gemma3").
+
+By default the real file is read without its weights (`gguf_file.read_header`: the
+layout and the tokenizer, about 6 s); the import itself (about 45 s, most of it the
+memory of a 262,144 x 640 float32 embedding) and the comparisons with transformers are
+`slow`. The default run imports a tiny Gemma 3 GGUF of every quantized type the real
+file uses through the same reader and adapter (test_families'
+test_gguf_round_trip_matches_transformers[gemma3]).
 """
 
 from __future__ import annotations
@@ -14,8 +21,9 @@ from oracles import rel_err
 from hf_models import TOKENIZER_SAMPLES
 
 import mha_jax
+from mha_jax.data.tokenizer_json import PretrainedTokenizer
 from mha_jax.models import decoder
-from mha_jax.pretrained import registry
+from mha_jax.pretrained import gguf_file, registry
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -34,6 +42,12 @@ def gemma(gemma3_workdir):
 def gemma_gguf(tmp_path_factory):
   """The GGUF file assembled from the four chunk packages."""
   return registry.assemble("gemma3-270m", str(tmp_path_factory.mktemp("gemma_gguf")))
+
+
+@pytest.fixture(scope="session")
+def header(gemma_gguf):
+  """gguf_file.read_header of the real file: (model config, tokenizer, its config, info)."""
+  return gguf_file.read_header(gemma_gguf)
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +77,36 @@ def hf_tokenizer(gemma_gguf):
                                                     gguf_file=path.rsplit("/", 1)[1])
 
 
+def test_the_real_gemma3_file_reads_as_gemma3_270m(header):
+  """The layout read from the real file's metadata: 18 layers of 4 query heads over one
+  key/value head of width 256, every 6th layer global (RoPE base 1e6, no window), the
+  others local (512-token window, base 10000), queries scaled by 1 / sqrt(256); the
+  tensor types of Q4_K_M; the tokenizer's special ids."""
+  m, _, tok_cfg, info = header
+  assert (m["family"], m["num_layers"], m["num_heads"], m["num_kv_heads"], m["head_dim"],
+          m["d_model"], m["vocab_size"], m["tie_embeddings"]) == (
+              "gemma3", 18, 4, 1, 256, 640, 262144, True)
+  layers = m["decoder"]["layers"]
+  assert [l["window"] for l in layers] == [None if (i + 1) % 6 == 0 else 512
+                                           for i in range(18)]
+  assert [l["rope"]["base"] for l in layers] == [1e6 if (i + 1) % 6 == 0 else 10000.0
+                                                 for i in range(18)]
+  assert {l["scale"] for l in layers} == {256 ** -0.5}
+  assert m["decoder"]["act"] == "gelu_tanh" and m["decoder"]["norm"] == "rms"
+  assert info["tensor_types"] == {"F32": 109, "Q8_0": 10, "Q5_0": 81, "Q4_K": 27, "Q6_K": 9}
+  assert (tok_cfg["bos_id"], tok_cfg["eos_id"], tok_cfg["add_bos"]) == (2, 1, True)
+
+
+def test_gemma3_tokenizer_round_trips_and_keeps_turn_markers(header):
+  tok = PretrainedTokenizer(header[1], add_special_tokens=False)  # as the workdir loads it
+  assert tok.vocab_size == 262144
+  for s in STRINGS[:-1]:
+    assert tok.decode(tok.encode(s)) == s
+  ids = list(tok.encode(STRINGS[-1]))
+  assert len(ids) == 5 and tok.decode(ids[:1]) == "<start_of_turn>"
+
+
+@pytest.mark.slow    # the import: about 45 s (the read above covers the layout by default)
 def test_gemma3_workdir_is_an_ordinary_run(gemma):
   cfg, _, params = gemma
   m = cfg.model
@@ -125,14 +169,6 @@ def test_gemma3_tokenizer_matches_transformers(gemma, hf_tokenizer):
            for s in STRINGS]
   print(f"\nGemma 3 tokenizer agreement with transformers: {sum(agree)}/{len(agree)}")
   assert all(agree), [s for s, a in zip(STRINGS, agree) if not a]
-
-
-def test_gemma3_tokenizer_round_trips_and_keeps_turn_markers(gemma):
-  _, model, _ = gemma
-  for s in STRINGS[:-1]:
-    assert model.tokenizer.decode(model.tokenizer.encode(s)) == s
-  ids = list(model.tokenizer.encode(STRINGS[-1]))
-  assert len(ids) == 5 and model.tokenizer.decode(ids[:1]) == "<start_of_turn>"
 
 
 # The default run covers the same code on the tiny MQA Gemma 3 of test_families

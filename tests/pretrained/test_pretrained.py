@@ -51,11 +51,13 @@ def _model_path(name: str) -> str:
 
 @pytest.fixture(scope="session")
 def smol_gguf():
-  """The GGUF file as stored: dequantized tensors (out, in) and the tokenizer metadata."""
+  """The GGUF file as stored: dequantized tensors (out, in) and the tokenizer metadata.
+  The tensors stay float32, as gguf dequantizes them (exact); the forward computes in
+  float64."""
   import gguf
   reader = gguf.GGUFReader(_model_path("smollm2-135m"))
   tensors = {t.name: np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type),
-                                np.float64) for t in reader.tensors}
+                                np.float32) for t in reader.tensors}
   meta = {k: reader.fields[k].contents() for k in (
       "llama.attention.head_count", "llama.attention.head_count_kv", "llama.block_count",
       "llama.rope.freq_base", "llama.attention.layer_norm_rms_epsilon",
@@ -93,7 +95,7 @@ def numpy_llama_gguf(tensors, meta, tokens_BT):
     return out
 
   causal = np.tril(np.ones((t, t), bool))
-  x = w["token_embd.weight"][tokens_BT]                      # (B, T, D)
+  x = w["token_embd.weight"][tokens_BT].astype(np.float64)   # (B, T, D)
   for i in range(meta["llama.block_count"]):
     p = f"blk.{i}."
     y = rms(x, w[p + "attn_norm.weight"])
