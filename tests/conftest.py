@@ -39,6 +39,16 @@ _OWN_CACHE = None
 _share_compilations()
 
 
+# Tests that start processes (training, kills, meshes, the compile cache's checks) go first:
+# xdist (--dist loadgroup) hands out the groups, then single tests in collection order, so
+# a long test left to the end keeps one worker busy while the other idles.
+_EARLY = ("tests/train/", "tests/cli/")
+
+
+def pytest_collection_modifyitems(config, items):
+  items.sort(key=lambda item: not item.nodeid.startswith(_EARLY))
+
+
 def pytest_unconfigure(config):
   if _OWN_CACHE:       # the process that made the cache removes it
     shutil.rmtree(_OWN_CACHE, ignore_errors=True)
