@@ -252,6 +252,10 @@ def table_of(result: dict, heads: int, pairs: int, cores: int) -> str:
     rows[-1] += (f"; its command {best_cmd / cmd['second']['wall_s']:.1f}x (compile cache "
                  f"warm) and {best_cmd / cmd['no_cache']['wall_s']:.1f}x (no cache) the faster "
                  f"peer's load + sweep")
+  if "matmul_gflops_before" in result:
+    rows.append(f"matmul rate {result['matmul_gflops_before']:.0f} GFLOP/s before the run, "
+                f"{result.get('matmul_gflops_after', float('nan')):.0f} after; load average "
+                f"{result['load_average'][0]:.1f}")
   rows.append(f"AtP, all heads (mha-jax): {result['atp']['median_s']:.3f} s = "
               f"{result['atp']['ratio_to_forward_backward']:.2f}x one forward+backward "
               f"({result['atp']['forward_backward_s']:.3f} s)")
@@ -297,6 +301,7 @@ def main(argv=None):
     importer.import_model(workdir, name="smollm2-135m")
   loaded = mha_jax.load(workdir)
   pairs = pairs_lib.ioi_pairs(loaded.task, args.pairs, seed=0)
+  rate_before = bench.matmul_gflops()
   t0 = time.perf_counter()
   s = activation_patching.Study(loaded.task, loaded.params, pairs)
   setup = time.perf_counter() - t0
@@ -318,7 +323,7 @@ def main(argv=None):
             "jax": jax.__version__, "backend": jax.default_backend(),
             "cpu_count": os.cpu_count(), "cores_used": len(cores),
             "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load_average": os.getloadavg()}
+            "load_average": os.getloadavg(), "matmul_gflops_before": rate_before}
   try:
     import torch
     import transformers
@@ -380,6 +385,7 @@ def main(argv=None):
     print(f"mha-jax batched sweep without the shared prefix: {f_med:.2f} s", flush=True)
     result["mha_jax_no_shared_prefix"] = {"median_s": f_med, "first_call_s": f_first,
                                           "runs_s": f_all}
+  result["matmul_gflops_after"] = bench.matmul_gflops()
   result["table"] = table_of(result, s.layers * max(s.heads), len(pairs), len(cores))
   print(result["table"])
   bench.write_json(result, args.out)
