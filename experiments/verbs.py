@@ -42,13 +42,16 @@ class ClaimsOptions:
                                          "setting; docs/guide/claims.md)")
   toy_seeds: tuple[int, ...] = setting((0, 1, 2), lo=0, help="the seeds the toy setting "
                                        "trains (default: 0,1,2)")
+  primer: bool = setting(True, help="write primer.html beside the report (its figures run "
+                         "the attention function at every zoo width: seconds)")
 
 
 def _claims(args, opts: ClaimsOptions) -> int:
   rep = claims_run.run_claims(args.out, **dataclasses.asdict(opts))
   for r in rep["claims"]:
     print(f"{r['name']}: {r['verdict']}")
-  print(f"wrote {args.out}/REPORT.md, claims.json, primer.html in {rep['seconds']:.0f} s")
+  wrote = "REPORT.md, claims.json" + (", primer.html" if opts.primer else "")
+  print(f"wrote {args.out}/{wrote} in {rep['seconds']:.0f} s")
   return 0
 
 

@@ -1,5 +1,5 @@
-"""`mha-jax claims`: every verdict rule flips on small inputs, the cheap claims end to end
-with their values, and the primer page in a real browser."""
+"""`mha-jax claims`: every verdict rule flips on small inputs, and the cheap claims end to
+end with their values (the primer page in a real browser: test_primer.py)."""
 
 import json
 import math
@@ -16,25 +16,20 @@ from experiments.claims import measure as E
 from experiments.claims import rules as R
 from experiments.claims import run as claims_run
 from experiments.claims import toy
-from browser import open_page
 
 H, F, I = R.HOLDS, R.FAILS, R.INCONCLUSIVE
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-  """The cheap claims and the primer page (~10 s): its two tests share xdist group
-  "claims_report", so one worker computes it once."""
-  out = str(tmp_path_factory.mktemp("claims"))
+def test_cheap_claims_end_to_end(tmp_path, capsys):
+  """The cheap claims through the CLI, without the primer page (test_primer.py writes
+  and opens one)."""
+  out = str(tmp_path / "claims")
   assert cli.main(["claims", "--only", "worked_example,mixture_dip,whole_token",
-                   "--out", out]) == 0
+                   "--no-primer", "--out", out]) == 0
+  assert f"wrote {out}/REPORT.md, claims.json in" in capsys.readouterr().out
+  assert not os.path.exists(os.path.join(out, "primer.html"))
   with open(os.path.join(out, "claims.json")) as f:
-    return out, {r["name"]: r for r in json.load(f)["claims"]}
-
-
-@pytest.mark.xdist_group("claims_report")
-def test_cheap_claims_end_to_end(report):
-  out, rep = report
+    rep = {r["name"]: r for r in json.load(f)["claims"]}
   w = rep["worked_example"]["numbers"]
   np.testing.assert_allclose(w["scores"], [4, 0, 3], atol=1e-6)
   np.testing.assert_allclose(w["output"], [20 / 7, 20 / 7, 10 / 7], atol=1e-5)
@@ -274,45 +269,6 @@ def test_settings_columns_in_a_run(tmp_path):
     claims_run.run_claims(str(tmp_path / "y"), settings="toy,tpu")
   with pytest.raises(ValueError, match="--toy-seeds"):
     claims_run.run_claims(str(tmp_path / "y"), toy_seeds="0,0")
-
-
-@pytest.mark.xdist_group("claims_report")
-def test_primer_in_a_real_browser(report):
-  out, _ = report
-  path = os.path.join(out, "primer.html")
-  html = open(path).read()
-  assert "http" not in html and "<link" not in html and "src=" not in html
-  data = json.loads(html.split('<script id="data" type="application/json">', 1)[1]
-                    .split("</script>", 1)[0])
-  assert data["sentence"] == list(E.SENTENCE)
-  assert data["cost"]["params"] == [4 * 768 * 768] * len(E.COST_HEADS)
-  playwright = pytest.importorskip("playwright.sync_api")
-  with playwright.sync_playwright() as p:
-    browser, page, errors, requests = open_page(p, path)
-
-    def bar_values(svg):
-      return page.eval_on_selector_all(f"#{svg} rect.bar", "rs => rs.map(r => +r.dataset.v)")
-
-    def set_range(sel, v):
-      page.eval_on_selector(sel, f"e => {{ e.value = '{v}'; e.dispatchEvent(new Event('input')); }}")
-
-    before = bar_values("s-query")
-    assert before[:6] == pytest.approx(data["weights"][0][4], abs=1e-4)
-    set_range("#q", 2)
-    after = bar_values("s-query")
-    assert after != before and after[:6] == pytest.approx(data["weights"][0][2], abs=1e-4)
-    set_range("#mix", 10)
-    row = bar_values("s-mix")
-    assert max(row) == pytest.approx(data["mixture"]["peak"][10], abs=1e-4)
-    text0 = page.inner_text("#dkval")
-    set_range("#dk", 7)
-    assert page.inner_text("#dkval") != text0
-    cut0 = page.inner_html("#s-cut")
-    set_range("#h", 0)
-    assert page.inner_html("#s-cut") != cut0 and "d_k = 8" in page.inner_text("#hval")
-    browser.close()
-  assert errors == []
-  assert requests == []
 
 
 def test_random_start_places_both_copies_and_masks_follow():

@@ -148,12 +148,37 @@ def test_the_new_figures_in_a_real_browser(tmp_path, text_lm):
   ctx.cache["seven_lines_zoo"] = P.seven_lines_zoo(entries=accounting.ZOO[:2])
   path = str(tmp_path / "primer.html")
   data = P.write(ctx, path, pruning_workdir=wd, text_workdir=text_lm)
+  html = open(path).read()
+  assert "http" not in html and "<link" not in html and "src=" not in html
+  assert json.loads(html.split('<script id="data" type="application/json">', 1)[1]
+                    .split("</script>", 1)[0]) == json.loads(json.dumps(data))
+  assert data["sentence"] == list(E.SENTENCE)
+  assert data["cost"]["params"] == [4 * 768 * 768] * len(E.COST_HEADS)
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:
     browser, page, errors, requests = open_page(p, path)
 
     def set_range(sel, v):
       page.eval_on_selector(sel, f"e => {{ e.value = '{v}'; e.dispatchEvent(new Event('input')); }}")
+
+    def bar_values(svg):
+      return page.eval_on_selector_all(f"#{svg} rect.bar", "rs => rs.map(r => +r.dataset.v)")
+
+    # the thought experiment's sliders
+    before = bar_values("s-query")
+    assert before[:6] == pytest.approx(data["weights"][0][4], abs=1e-4)
+    set_range("#q", 2)
+    after = bar_values("s-query")
+    assert after != before and after[:6] == pytest.approx(data["weights"][0][2], abs=1e-4)
+    set_range("#mix", 10)
+    assert max(bar_values("s-mix")) == pytest.approx(data["mixture"]["peak"][10], abs=1e-4)
+    text0 = page.inner_text("#dkval")
+    set_range("#dk", 7)
+    assert page.inner_text("#dkval") != text0
+    cut0 = page.inner_html("#s-cut")
+    set_range("#h", 0)
+    assert page.inner_html("#s-cut") != cut0 and "d_k = 8" in page.inner_text("#hval")
+    # the closing figures
 
     for i, (h, dk) in enumerate(data["matrices"]["cuts"].items()):
       set_range("#hm", i)
@@ -190,5 +215,4 @@ def test_the_new_figures_in_a_real_browser(tmp_path, text_lm):
         + [t["prefix_matching_all"][f"lm.1.{h}"] for h in range(heads)], abs=1e-5)
     assert errors == [] and requests == []
     browser.close()
-  html = open(path).read()
-  assert "http" not in html and assets.read("primer.js", P.ASSETS).strip() in html
+  assert assets.read("primer.js", P.ASSETS).strip() in html
