@@ -774,3 +774,48 @@ def test_rel_bias_is_a_per_head_offset_bias_and_slices_with_the_heads():
   np.testing.assert_allclose(attention.multi_head_attention(dict(one, rel_bias=table[1:]), x), gated,
                              atol=1e-5)
   assert attention.init_attention_params(jax.random.PRNGKey(0), 16, 2, max_rel=3)["rel_bias"].shape == (2, 7)
+
+
+# (h, g, variant, options): plain MHA with biases, GQA with a score bias and a
+# rel-bias table, MQA sink logits, causal sigmoid with a scale, gated_head with a window.
+PACKED_CASES = [
+    (4, 4, "softmax", {}),
+    (6, 2, "softmax", {"bias": True, "rel": True}),
+    (4, 1, "sink", {"causal": True}),
+    (4, 2, "sigmoid", {"causal": True, "scale": 0.3}),
+    (4, 4, "gated_head", {"window": 3}),
+]
+
+
+@pytest.mark.parametrize("h,g,variant,opts", PACKED_CASES)
+def test_packed_projection_path_equals_the_split_one(h, g, variant, opts, monkeypatch):
+  """Self-attention served by the blocked kernel reads q, k, v from one packed
+  projection (dispatch.run_packed); values and gradients equal the split path's (the
+  same call with an all-True mask, which splits q, k, v first) and the reference's."""
+  from mha_jax.kernels import dispatch
+  calls = []
+  run_packed = dispatch.run_packed
+  monkeypatch.setattr(dispatch, "run_packed", lambda *a, **k: calls.append(1) or run_packed(*a, **k))
+  d, t = 8 * h, 7
+  p = attention.init_attention_params(jax.random.PRNGKey(0), d, h, use_bias=True, num_kv_heads=g,
+                                      variant=variant, max_rel=2 if opts.get("rel") else 0)
+  p = jax.tree.map(lambda a: a + 0.1 * _normal(a.size, a.shape), p)   # non-zero biases
+  x = _normal(1, (2, t, d))
+  kw = {n: opts[n] for n in ("causal", "scale", "window") if n in opts}
+  if opts.get("bias"):
+    kw["bias"] = _normal(2, (1, h, t, t))
+
+  def run(impl, mask=None):
+    f = lambda p, x: attention.multi_head_attention(p, x, impl=impl, mask=mask, variant=variant, **kw)
+    y, vjp = jax.vjp(jax.jit(f), p, x)
+    return y, vjp(_normal(3, y.shape))
+
+  packed = run("blocked")
+  assert calls, "the blocked call without a mask takes the packed path"
+  n = len(calls)
+  split = run("blocked", jnp.ones((t, t), bool))
+  assert len(calls) == n, "with a mask q, k and v are split first"
+  for a, b in zip(jax.tree.leaves(packed), jax.tree.leaves(split)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(packed), jax.tree.leaves(run("reference"))):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
