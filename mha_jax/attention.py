@@ -989,48 +989,6 @@ def _attend(params: Params, q_BTHK, k_BSGK, v_BSGK, c: _Call, mask, causal: bool
   return o_BTHK, w_BHTS
 
 
-# Variants the packed path serves: q, k and v are plain projections of x and the
-# kernel's own sums do the rest (gated adds a fourth projection; differential halves q, k).
-_PACKED_VARIANTS = ("softmax", "gated_head", "sigmoid", "sink")
-
-
-def _packs(params: Params, c: _Call, x, impl: str, return_weights: bool, rope, site,
-           cache, head_inputs, softcap) -> bool:
-  """Whether the call runs as one packed projection into the blocked kernel
-  (_attend_packed): self-attention whose q, k and v are x's projections plus biases
-  (no RoPE, QK-norm, cache, sites or per-head inputs), served by the blocked kernel."""
-  if (c.ctx is not x or c.val is not x or cache is not None or rope is not None
-      or site is not None or head_inputs is not None or c.h == 0 or c.mask is not None
-      or c.variant not in _PACKED_VARIANTS or "q_norm" in params or "k_norm" in params):
-    return False
-  q_like = jax.ShapeDtypeStruct((c.b, c.t, c.h, c.k), x.dtype)
-  kernel = resolve_impl(impl, q_like, return_weights,
-                        c.bias is not None or REL_BIAS in params,
-                        k_BSGK=jax.ShapeDtypeStruct((c.b, c.s, c.g, c.k), x.dtype),
-                        has_softcap=softcap is not None, variant=c.variant)
-  return kernel == "blocked"
-
-
-def _attend_packed(params: Params, x: jax.Array, c: _Call, causal: bool, window, scale,
-                   softcap) -> jax.Array:
-  """o (B, T, H, K): x @ [W_Q W_K W_V] (one (D, (H + 2G) K) matmul), its biases, the
-  split and the query scale all left to the blocked kernel's steps, which read q, k, v
-  from the packed output as they copy their rows (and write their gradients packed):
-  no pass over q, k, v of their own. The same values as _prepare_qkv then _attend."""
-  w = jnp.concatenate([params["wq"], params["wk"], params["wv"]], axis=1)
-  y_BTNK = _project(x, w)
-  bias_NK = None
-  if any(n in params for n in ("bq", "bk", "bv")):
-    bias_NK = jnp.concatenate([params[n] if n in params else jnp.zeros(params[w_].shape[1:],
-                                                                       params[w_].dtype)
-                               for n, w_ in (("bq", "wq"), ("bk", "wk"), ("bv", "wv"))])
-  extra = {"sigmoid_bias": c.sigmoid_bias} if c.variant == "sigmoid" else {}
-  if c.variant == "sink":
-    extra["sink_H"] = params["sink_logit"]
-  return _dispatch.run_packed(y_BTNK, c.g, bias_NK, c.bias, causal, params.get(REL_BIAS),
-                             scale=scale, softcap=softcap, window=window, **extra)
-
-
 def _output(params: Params, x: jax.Array, o_BTHK, gate_BTHK, c: _Call, site):
   """(y (B, T, D), the heads (B, T, H, K) that W_O reads): the variant's gate, head
   gates, the z and result sites, W_O and bo."""
@@ -1177,9 +1135,6 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                        cache, params)
     x = head_inputs[0]
     c = c._replace(ctx=head_inputs[1], val=head_inputs[2])
-  if _packs(params, c, x, impl, return_weights, rope, site, cache, head_inputs, softcap):
-    o_BTHK = _attend_packed(params, x, c, causal, window, scale, softcap)
-    return _output(params, x, o_BTHK, None, c, site)[0]
   q_BTHK, k_BSGK, v_BSGK, gate_BTHK = _prepare_qkv(params, x, c, rope, qk_norm_eps, site)
   mask, new_cache = c.mask, None
   if cache is not None:

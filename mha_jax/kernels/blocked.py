@@ -143,9 +143,6 @@ class _Static(NamedTuple):
   window: int | None = None      # query i reads key j only when i - j < window
   sigmoid_bias: float | None = None   # weights sigmoid(scores + b), no normalisation
   sink: bool = False             # one more logit per head in the softmax's denominator
-  # Where q, k, v lie: (source array, first head) each. Separate arrays by default; one
-  # packed self-attention projection (B, T, H + 2G, K) is ((0, 0), (0, H), (0, H + G)).
-  layout: tuple = ((0, 0), (1, 0), (2, 0))
 
 
 def _step_start(st, c) -> tuple:
@@ -385,29 +382,21 @@ def _step_static(st):
   return st._replace(b=st.b // st.nbc, g=st.g // st.ngc, h=st.h // st.ngc)
 
 
-def _rows_in(st, c, x_BTHX, n, blk, per_g, off=0, bias_NX=None, scale=None):
-  """Step c's rows of x (B, T, G * per_g, ...) as blocks (n, b, g, per_g * blk, ...).
-
-  off: the first head in x (a packed projection); bias_NX (heads of x, ...) is added
-  and scale multiplies (x + bias) * scale as the rows are copied: no pass of their own."""
+def _rows_in(st, c, x_BTHX, n, blk, per_g):
+  """Step c's rows of x (B, T, G * per_g, ...) as blocks (n, b, g, per_g * blk, ...)."""
   sc = _step_static(st)
   b0, g0 = _step_start(st, c)
   x = jax.lax.dynamic_slice_in_dim(x_BTHX, b0, sc.b, 0)
-  x = jax.lax.dynamic_slice_in_dim(x, off + g0 * per_g, sc.g * per_g, 2)
-  if bias_NX is not None:
-    x = x + jax.lax.dynamic_slice_in_dim(bias_NX, off + g0 * per_g, sc.g * per_g,
-                                         0).astype(x.dtype)
-  if scale is not None:
-    x = x * jnp.asarray(scale, x.dtype)
+  x = jax.lax.dynamic_slice_in_dim(x, g0 * per_g, sc.g * per_g, 2)
   x = _to_blocks(x, n, blk, 1)                            # (n, b, blk, g * per_g, ...)
   x = x.reshape(n, sc.b, blk, sc.g, per_g, *x.shape[4:])
   x = jnp.moveaxis(x, 2, 4)                               # (n, b, g, per_g, blk, ...)
   return x.reshape(n, sc.b, sc.g, per_g * blk, *x.shape[5:])
 
 
-def _rows_out(st, c, full_BTHX, xb, blk, per_g, off=0):
+def _rows_out(st, c, full_BTHX, xb, blk, per_g):
   """full with step c's blocks xb (n, b, g, per_g * blk, ...) written in (inverse of
-  _rows_in; off: the first head in full)."""
+  _rows_in)."""
   sc = _step_static(st)
   n = xb.shape[0]
   x = xb.reshape(n, sc.b, sc.g, per_g, blk, *xb.shape[4:])
@@ -415,7 +404,7 @@ def _rows_out(st, c, full_BTHX, xb, blk, per_g, off=0):
   x = jnp.moveaxis(x, 0, 1).reshape(sc.b, n * blk, sc.g * per_g, *xb.shape[4:])
   x = x[:, :full_BTHX.shape[1]].astype(full_BTHX.dtype)
   b0, g0 = _step_start(st, c)
-  start = (b0, 0, off + g0 * per_g) + (0,) * (full_BTHX.ndim - 3)
+  start = (b0, 0, g0 * per_g) + (0,) * (full_BTHX.ndim - 3)
   return jax.lax.dynamic_update_slice(full_BTHX, x, start)
 
 
@@ -428,42 +417,30 @@ def _steps(fn, init, n_steps):
   return jax.lax.scan(fn, init, jnp.arange(n_steps))
 
 
-def _qkv_rows(st, c, srcs, biases, which):
-  """Step c's rows of q (which 0; plus its bias, times the scale), k (1) or v (2) as
-  blocks (n, b, g, M or bk, ...), read where st.layout places them in srcs."""
-  i, off = st.layout[which]
-  if which == 0:
-    return _rows_in(st, c, srcs[i], st.nq, st.bq, st.h // st.g, off, biases[i], st.scale)
-  return _rows_in(st, c, srcs[i], st.nk, st.bk, 1, off, biases[i])
-
-
-def _forward_steps(st, srcs, biases, mask_bl, bias_bl, table_GRO, sink_GR):
+def _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO, sink_GR):
   """_forward over the steps: o (B, T, H, V) in v's dtype, lse (C, nq, b, g, M)."""
   sc = _step_static(st)
   r = st.h // st.g
-  q_src, v_src = srcs[st.layout[0][0]], srcs[st.layout[2][0]]
 
   def one(o, c):
-    ob, lse = _forward(
-        sc, _qkv_rows(st, c, srcs, biases, 0), _qkv_rows(st, c, srcs, biases, 1),
-        _qkv_rows(st, c, srcs, biases, 2), _step_extra(mask_bl, st, c, 2, 3),
-        _step_extra(bias_bl, st, c, 2, 3), _step_extra(table_GRO, st, c, None, 0),
-        _step_extra(sink_GR, st, c, None, 0))
+    ob, lse = _forward(sc, _rows_in(st, c, q, st.nq, st.bq, r),
+                       _rows_in(st, c, k, st.nk, st.bk, 1), _rows_in(st, c, v, st.nk, st.bk, 1),
+                       _step_extra(mask_bl, st, c, 2, 3), _step_extra(bias_bl, st, c, 2, 3),
+                       _step_extra(table_GRO, st, c, None, 0),
+                       _step_extra(sink_GR, st, c, None, 0))
     return _rows_out(st, c, o, ob, st.bq, r), lse
 
-  o0 = jnp.zeros(q_src.shape[:2] + (st.h,) + v_src.shape[3:], v_src.dtype)
-  return _steps(one, o0, st.nbc * st.ngc)
+  return _steps(one, jnp.zeros(q.shape[:3] + v.shape[3:], v.dtype), st.nbc * st.ngc)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(st, srcs, biases, mask_bl, bias_bl, table_GRO, sink_GR):
-  """o (B, T, H, V) of q, k, v read from srcs (st.layout) with their biases added."""
-  return _forward_steps(st, srcs, biases, mask_bl, bias_bl, table_GRO, sink_GR)[0]
+def _core(st, q, k, v, mask_bl, bias_bl, table_GRO, sink_GR):
+  return _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO, sink_GR)[0]
 
 
-def _core_fwd(st, srcs, biases, mask_bl, bias_bl, table_GRO, sink_GR):
-  o, lse = _forward_steps(st, srcs, biases, mask_bl, bias_bl, table_GRO, sink_GR)
-  return o, (srcs, biases, mask_bl, bias_bl, table_GRO, sink_GR, o, lse)
+def _core_fwd(st, q, k, v, mask_bl, bias_bl, table_GRO, sink_GR):
+  o, lse = _forward_steps(st, q, k, v, mask_bl, bias_bl, table_GRO, sink_GR)
+  return o, (q, k, v, mask_bl, bias_bl, table_GRO, sink_GR, o, lse)
 
 
 def _sink_grad(st, sink_GR, lse, delta_rows):
@@ -477,10 +454,9 @@ def _sink_grad(st, sink_GR, lse, delta_rows):
 
 
 def _core_bwd(st, res, do):
-  srcs, biases, mask_bl, bias_bl, table_GRO, sink_GR, o, lse = res
+  q, k, v, mask_bl, bias_bl, table_GRO, sink_GR, o, lse = res
   sc = _step_static(st)
   r = st.h // st.g
-  (iq, oq), (ik, ok), (iv, ov) = st.layout
   # rowsum(do * o) (B, T, H) for every step at once, as a matrix-vector product:
   # written as a sum, XLA:CPU fused it into a matmul (the dp matmul inside the loop,
   # the W_O backward outside) and ran that matmul at half speed (h = 8: 12 ms of 130).
@@ -488,31 +464,25 @@ def _core_bwd(st, res, do):
                      jnp.ones(do.shape[-1], jnp.float32))
 
   def one(carry, c):
-    dsrc, dbias, dtab, dsink = carry
+    dq, dk, dv, dbias, dtab, dsink = carry
     delta_c = _rows_in(st, c, delta, st.nq, st.bq, r)
     dq_c, dk_c, dv_c, db, dt = _backward(
-        sc, _qkv_rows(st, c, srcs, biases, 0), _qkv_rows(st, c, srcs, biases, 1),
-        _qkv_rows(st, c, srcs, biases, 2), _step_extra(mask_bl, st, c, 2, 3),
+        sc, _rows_in(st, c, q, st.nq, st.bq, r), _rows_in(st, c, k, st.nk, st.bk, 1),
+        _rows_in(st, c, v, st.nk, st.bk, 1), _step_extra(mask_bl, st, c, 2, 3),
         _step_extra(bias_bl, st, c, 2, 3), _step_extra(table_GRO, st, c, None, 0),
         delta_c, lse[c], _rows_in(st, c, do, st.nq, st.bq, r))
     if dsink is not None:
       dsink = _step_add(dsink, _sink_grad(st, _step_extra(sink_GR, st, c, None, 0), lse[c],
                                           delta_c), st, c, None, 0)
-    dsrc = list(dsrc)   # q was read times the scale: its gradient is scaled back here
-    dsrc[iq] = _rows_out(st, c, dsrc[iq], dq_c * jnp.float32(st.scale), st.bq, r, oq)
-    dsrc[ik] = _rows_out(st, c, dsrc[ik], dk_c, st.bk, 1, ok)
-    dsrc[iv] = _rows_out(st, c, dsrc[iv], dv_c, st.bk, 1, ov)
-    return (tuple(dsrc), _step_add(dbias, db, st, c, 2, 3),
+    return (_rows_out(st, c, dq, dq_c, st.bq, r), _rows_out(st, c, dk, dk_c, st.bk, 1),
+            _rows_out(st, c, dv, dv_c, st.bk, 1), _step_add(dbias, db, st, c, 2, 3),
             _step_add(dtab, dt, st, c, None, 0), dsink), None
 
-  zeros = lambda a, dt=None: None if a is None else jnp.zeros(a.shape, dt or a.dtype)  # noqa: E731
-  init = (tuple(zeros(a) for a in srcs), zeros(bias_bl, jnp.float32),
-          zeros(table_GRO, jnp.float32), zeros(sink_GR, jnp.float32))
-  (dsrc, dbias, dtab, dsink), _ = _steps(one, init, st.nbc * st.ngc)
-  # A source's bias was added to every row: its gradient is the rows' sum.
-  dbiases = tuple(None if bia is None else jnp.sum(d, axis=(0, 1)).astype(bia.dtype)
-                  for d, bia in zip(dsrc, biases))
-  return (dsrc, dbiases, None, None if dbias is None else dbias.astype(bias_bl.dtype),
+  init = tuple(None if a is None else jnp.zeros(a.shape, jnp.float32 if i > 2 else a.dtype)
+               for i, a in enumerate((q, k, v, bias_bl, table_GRO, sink_GR)))
+  (dq, dk, dv, dbias, dtab, dsink), _ = _steps(one, init, st.nbc * st.ngc)
+  # q was scaled before the kernel; the chain rule through the scale happens outside.
+  return (dq, dk, dv, None, None if dbias is None else dbias.astype(bias_bl.dtype),
           None if dtab is None else dtab.astype(table_GRO.dtype),
           None if dsink is None else dsink.astype(sink_GR.dtype))
 
@@ -590,70 +560,6 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
     raise ValueError(f"mask_BHTS must be boolean (True = may attend); got dtype {mask.dtype}")
   bias = _check_extra("bias_BHTS", bias_BHTS, b, h, t, s)
   k_BSHK, v_BSHK = drop_masked_keys(k_BSHK, v_BSHK, mask)
-  return _run((q_BTHK, k_BSHK, v_BSHK), (None, None, None), ((0, 0), (1, 0), (2, 0)),
-              (b, t, s, h, g, dk), mask, bias, causal, rel_bias_HR, scale, block_q, block_k,
-              block_heads, softcap, window, sigmoid_bias, sink_H)
-
-
-def blocked_attention_packed(qkv_BTNK: jax.Array, num_kv_heads: int,
-                             bias_NK: jax.Array | None = None,
-                             mask_BHTS: jax.Array | None = None,
-                             bias_BHTS: jax.Array | None = None, *, causal: bool = False,
-                             rel_bias_HR: jax.Array | None = None,
-                             scale: float | None = None, block_q: int | None = None,
-                             block_k: int | None = None, block_heads: int | None = None,
-                             softcap: float | None = None, window: int | None = None,
-                             sigmoid_bias: float | None = None,
-                             sink_H: jax.Array | None = None) -> jax.Array:
-  """Self-attention from one packed projection x @ [W_Q W_K W_V]: the same as
-  blocked_attention(q, k, v, ...) on its three parts, without splitting them first.
-
-  Each step reads its query, key and value rows straight from qkv_BTNK, adding their
-  bias and scaling the queries as it copies them, and its backward writes their
-  gradients into one packed gradient: the split, the biases, the query scale and the
-  gradients' concatenation cost no pass over q, k, v of their own.
-
-  Args:
-    qkv_BTNK: (B, T, H + 2G, K): H query heads, then G key heads, then G value heads.
-    num_kv_heads: G, dividing H.
-    bias_NK: (H + 2G, K) added to qkv_BTNK (the projections' biases), or None.
-    mask_BHTS, bias_BHTS and the rest: as blocked_attention (S = T). With a mask, q, k
-      and v are split first (the masked keys are zeroed: drop_masked_keys).
-
-  Returns:
-    o_BTHK: (B, T, H, K) in qkv's dtype. Differentiable in qkv_BTNK and bias_NK (and
-    the rest as blocked_attention).
-  """
-  if not hasattr(qkv_BTNK, "ndim") or qkv_BTNK.ndim != 4:
-    raise ValueError(f"qkv_BTNK must be a rank-4 array (B, T, H + 2G, K); got shape "
-                     f"{getattr(qkv_BTNK, 'shape', qkv_BTNK)}")
-  b, t, n, dk = qkv_BTNK.shape
-  g = num_kv_heads
-  if (isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1
-      or n - 2 * g < 1 or (n - 2 * g) % g):
-    raise ValueError(f"num_kv_heads={g!r} must be a positive integer G with H = N - 2G "
-                     f"a positive multiple of G; qkv_BTNK has N={n} heads")
-  h = n - 2 * g
-  if bias_NK is not None and tuple(jnp.shape(bias_NK)) != (n, dk):
-    raise ValueError(f"bias_NK must have shape (H + 2G, K) = ({n}, {dk}); got "
-                     f"{tuple(jnp.shape(bias_NK))}")
-  opts = dict(causal=causal, rel_bias_HR=rel_bias_HR, scale=scale, block_q=block_q,
-              block_k=block_k, block_heads=block_heads, softcap=softcap, window=window,
-              sigmoid_bias=sigmoid_bias, sink_H=sink_H)
-  if mask_BHTS is not None:    # masked keys are zeroed before they are read
-    y = qkv_BTNK if bias_NK is None else qkv_BTNK + bias_NK.astype(qkv_BTNK.dtype)
-    return blocked_attention(y[:, :, :h], y[:, :, h:h + g], y[:, :, h + g:], mask_BHTS,
-                             bias_BHTS, **opts)
-  if not isinstance(causal, (bool, np.bool_)):
-    raise ValueError(f"causal must be a bool; got {causal!r}")
-  return _run((qkv_BTNK,), (bias_NK,), ((0, 0), (0, h), (0, h + g)), (b, t, t, h, g, dk),
-              None, _check_extra("bias_BHTS", bias_BHTS, b, h, t, t), *opts.values())
-
-
-def _run(srcs, biases, layout, sizes, mask, bias, causal, rel_bias_HR, scale, block_q,
-         block_k, block_heads, softcap, window, sigmoid_bias, sink_H):
-  """The checked call's blocks and steps, then the core; sizes = (B, T, S, H, G, K)."""
-  b, t, s, h, g, dk = sizes
   if rel_bias_HR is not None:
     rel_bias_HR = jnp.asarray(rel_bias_HR)
     if rel_bias_HR.ndim != 2 or rel_bias_HR.shape[0] != h or rel_bias_HR.shape[1] % 2 != 1:
@@ -679,13 +585,13 @@ def _run(srcs, biases, layout, sizes, mask, bias, causal, rel_bias_HR, scale, bl
   st = _Static(b, t, s, h, g, bq, bk, nq, nk, float(scale), bool(causal), nbc, ngc,
                None if softcap is None else float(softcap),
                None if window is None else int(window),
-               None if sigmoid_bias is None else float(sigmoid_bias), sink_H is not None,
-               tuple(layout))
+               None if sigmoid_bias is None else float(sigmoid_bias), sink_H is not None)
 
-  # Steps C = nbc * ngc, each over cb batch rows and cg kv heads, read q, k, v where
-  # they lie and cut them into blocks (M = R * bq rows of queries per kv head).
+  # Steps C = nbc * ngc, each over cb batch rows and cg kv heads, slice q, k, v where
+  # they lie and cut their slices into blocks (M = R * bq rows of queries per kv head).
+  qs = q_BTHK * jnp.asarray(scale, q_BTHK.dtype)
   mask_bl = _block_extra(mask, b, g, r, t, s, nq, nk, bq, bk)
   bias_bl = _block_extra(bias, b, g, r, t, s, nq, nk, bq, bk)
   table = None if rel_bias_HR is None else rel_bias_HR.reshape(g, r, -1)
   sink_GR = None if sink_H is None else jnp.asarray(sink_H).reshape(g, r)
-  return _core(st, tuple(srcs), tuple(biases), mask_bl, bias_bl, table, sink_GR)
+  return _core(st, qs, k_BSHK, v_BSHK, mask_bl, bias_bl, table, sink_GR)

@@ -294,19 +294,3 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
     return pallas_lib.pallas_attention(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS,
                                        causal=causal, softcap=softcap), None
   raise ValueError(f"kernel must be one of {IMPLS[1:]}; got {kernel!r}")
-
-
-def run_packed(qkv_BTNK, num_kv_heads: int, bias_NK, bias_BHTS, causal: bool,
-               rel_bias_HR=None, *, scale: float | None = None,
-               softcap: float | None = None, window: int | None = None,
-               sigmoid_bias: float | None = None, sink_H=None):
-  """o (B, T, H, K) of self-attention from one packed projection qkv (B, T, H + 2G, K)
-  (query heads, then G key heads, then G value heads) and its bias_NK (H + 2G, K) or
-  None: the blocked kernel (the only one that reads q, k and v where they lie, so the
-  split, the biases and the query scale cost no pass of their own). No mask: a padding
-  mask zeroes masked keys first (run_kernel). The other arguments as run_kernel's;
-  scale multiplies q . k (None: 1 / sqrt(K))."""
-  return blocked_lib.blocked_attention_packed(
-      qkv_BTNK, num_kv_heads, bias_NK, None, bias_BHTS, causal=causal,
-      rel_bias_HR=rel_bias_HR, scale=scale, softcap=softcap, window=window,
-      sigmoid_bias=sigmoid_bias, sink_H=sink_H)

@@ -217,68 +217,6 @@ def test_blocked_bad_input_names_the_argument():
     blocked.blocked_attention(q, k, v, block_heads=2.5)
 
 
-# (b, t, h, g, dk, options): causal with steps over rows and heads, GQA with a bias
-# and a rel-bias table, a window with a soft-cap, MQA with sink logits, sigmoid.
-PACKED_GRID = [
-    (2, 9, 4, 4, 8, dict(causal=True, block_q=4, block_k=4, block_heads=2)),
-    (2, 7, 4, 2, 8, dict(bias=True, rel_bias_HR=True)),
-    (1, 6, 2, 1, 4, dict(window=3, softcap=2.0, scale=0.3)),
-    (2, 8, 4, 1, 8, dict(sink_H=True)),
-    (2, 5, 2, 2, 4, dict(sigmoid_bias=-1.5, causal=True)),
-]
-
-
-@pytest.mark.parametrize("b,t,h,g,dk,opts", PACKED_GRID)
-def test_blocked_packed_equals_blocked_on_the_split_parts(b, t, h, g, dk, opts):
-  """One packed projection (B, T, H + 2G, K) plus its bias gives the bits of
-  blocked_attention on its three parts after the bias, outputs and gradients."""
-  n = h + 2 * g
-  ks = jax.random.split(jax.random.PRNGKey(3), 5)
-  y, bias_nk = jax.random.normal(ks[0], (b, t, n, dk)), jax.random.normal(ks[1], (n, dk))
-  opts = dict(opts)
-  if opts.pop("bias", False):
-    opts["bias_BHTS"] = jax.random.normal(ks[2], (1, h, t, t))
-  if opts.get("rel_bias_HR"):
-    opts["rel_bias_HR"] = jax.random.normal(ks[3], (h, 5))
-  if opts.get("sink_H"):
-    opts["sink_H"] = jax.random.normal(ks[4], (h,))
-
-  def split(y, bias_nk):
-    z = y + bias_nk
-    return blocked.blocked_attention(z[:, :, :h], z[:, :, h:h + g], z[:, :, h + g:], **opts)
-
-  def packed(y, bias_nk):
-    return blocked.blocked_attention_packed(y, g, bias_nk, **opts)
-
-  ct = jax.random.normal(jax.random.PRNGKey(8), (b, t, h, dk))
-  (o1, vjp1), (o2, vjp2) = (jax.vjp(jax.jit(f), y, bias_nk) for f in (split, packed))
-  np.testing.assert_array_equal(o1, o2)
-  for a, c in zip(vjp1(ct), vjp2(ct)):
-    np.testing.assert_allclose(a, c, rtol=1e-6, atol=1e-6)
-  assert float(jnp.max(jnp.abs(vjp2(ct)[1]))) > 0      # the bias gets its gradient
-  if not {"sink_H", "sigmoid_bias", "scale"} & set(opts):    # and the explicit weights'
-
-    def explicit(y, bias_nk):
-      z = y + bias_nk
-      return reference(z[:, :, :h], z[:, :, h:h + g], z[:, :, h + g:], None,
-                       opts.get("bias_BHTS"), opts.get("causal", False),
-                       opts.get("rel_bias_HR"), opts.get("softcap"), opts.get("window"))
-    _check(packed, explicit, (y, bias_nk), (0, 1))
-
-
-def test_blocked_packed_with_a_mask_splits_first_and_refuses_bad_input():
-  y = jax.random.normal(jax.random.PRNGKey(0), (2, 6, 8, 4))
-  mask = jnp.arange(6)[None, None, None, :] < jnp.array([6, 3])[:, None, None, None]
-  want = blocked.blocked_attention(y[:, :, :4], y[:, :, 4:6], y[:, :, 6:], mask)
-  np.testing.assert_array_equal(blocked.blocked_attention_packed(y, 2, None, mask), want)
-  with pytest.raises(ValueError, match="num_kv_heads=3"):
-    blocked.blocked_attention_packed(y, 3)
-  with pytest.raises(ValueError, match=r"bias_NK must have shape \(H \+ 2G, K\) = \(8, 4\)"):
-    blocked.blocked_attention_packed(y, 2, jnp.ones((8, 3)))
-  with pytest.raises(ValueError, match="qkv_BTNK must be a rank-4"):
-    blocked.blocked_attention_packed(y[0], 2)
-
-
 # ---------------------------------------------------------------- Pallas, interpret mode
 
 @pytest.mark.parametrize("causal", [True, pytest.param(False, marks=pytest.mark.slow)])
