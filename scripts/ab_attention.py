@@ -5,11 +5,17 @@ flax.linen and linen + jax.nn as peers. Prints a table and writes JSON.
   PYTHONPATH=. python scripts/ab_attention.py 135ac61 --heads 8,96 --rounds 7 \
       --out docs/results/ab_fused_qkv_cpu.json
 
-(135ac61: the code before the fused q/k/v projection.)
+(135ac61: the code before the fused q/k/v projection.) The revision's whole package is
+loaded, kernels included, so a kernel change is compared too:
+
+  PYTHONPATH=. python scripts/ab_attention.py 8c0d26a --heads 8,96 --rounds 7 \
+      --out docs/results/ab_packed_qkv_cpu.json
+
+(8c0d26a: q, k, v read from one packed projection by the blocked kernel; not kept.)
 """
 
 import argparse
-import importlib.util
+import importlib
 import os
 import statistics
 import subprocess
@@ -25,16 +31,23 @@ from mha_jax import attention
 
 
 def _old_attention(rev: str):
-  src = subprocess.run(["git", "show", f"{rev}:mha_jax/attention.py"], check=True,
-                       capture_output=True, text=True).stdout
-  path = os.path.join(tempfile.mkdtemp(), "attention_at_rev.py")
-  with open(path, "w") as f:
-    f.write(src)
-  spec = importlib.util.spec_from_file_location("attention_at_rev", path)
-  mod = importlib.util.module_from_spec(spec)
-  sys.modules["attention_at_rev"] = mod
-  spec.loader.exec_module(mod)
-  return mod
+  """mha_jax.attention as the package was at `rev` (the whole package, kernels
+  included, extracted with git archive), imported beside the working tree's: the
+  working tree's modules are put back in sys.modules afterwards."""
+  root = tempfile.mkdtemp()
+  tar = subprocess.run(["git", "archive", rev, "mha_jax"], check=True, capture_output=True)
+  subprocess.run(["tar", "-x", "-C", root], input=tar.stdout, check=True)
+  ours = {n: m for n, m in sys.modules.items() if n == "mha_jax" or n.startswith("mha_jax.")}
+  for n in ours:
+    del sys.modules[n]
+  sys.path.insert(0, root)
+  try:
+    return importlib.import_module("mha_jax.attention")
+  finally:
+    sys.path.remove(root)
+    for n in [n for n in sys.modules if n == "mha_jax" or n.startswith("mha_jax.")]:
+      del sys.modules[n]
+    sys.modules.update(ours)
 
 
 def main():
@@ -60,25 +73,36 @@ def main():
            "flax.linen MHDPA": built["flax.linen MHDPA"],
            "linen + jax.nn.dot_product_attention":
                built["linen + jax.nn.dot_product_attention"]}
-    comp = {}
+    # The gradient of <y, ct>, ct a fixed random cotangent given at run time (with
+    # sum(y)'s ones XLA may turn a weight's gradient into a row sum).
+    ct = jax.random.normal(jax.random.PRNGKey(9), x.shape)
+    m = jax.random.normal(jax.random.PRNGKey(0), (2048, 2048))
+    mm = jax.jit(lambda a: a @ a)
+    comp = {"matmul 2048": lambda: mm(m)}
     for n, (f, pp) in fns.items():
-      g = jax.jit(jax.grad(lambda p, x, f=f: jnp.sum(f(p, x)), argnums=(0, 1)))
-      jax.block_until_ready(g(pp, x))
-      comp[n] = (lambda g=g, pp=pp: g(pp, x))
+      g = jax.jit(jax.grad(lambda p, x, c, f=f: jnp.vdot(f(p, x), c), argnums=(0, 1)))
+      jax.block_until_ready(g(pp, x, ct))
+      comp[n] = (lambda g=g, pp=pp: g(pp, x, ct))
+    jax.block_until_ready(mm(m))
     times = {n: [] for n in comp}
-    for _ in range(a.rounds):
+    for _ in range(a.rounds):      # interleaved: each round times every row once
       for n in comp:
         times[n] += bench._round_seconds(comp[n], 1)
+    rate = 2 * 2048**3 / statistics.median(times.pop("matmul 2048")) / 1e9
     med = {n: statistics.median(t) * 1e3 for n, t in times.items()}
     peer = min(v for n, v in med.items() if not n.startswith("mha_jax"))
-    for n, m in med.items():
-      rows.append({"heads": h, "impl": n, "median_ms": m, "ratio_to_best_peer": m / peer,
-                   "times_ms": [t * 1e3 for t in times[n]]})
-      print(f"h={h} {n}: {m:.0f} ms, {m / peer:.2f}x the best peer")
-    print(f"h={h} now / at {a.rev}: {med['mha_jax now'] / med[f'mha_jax at {a.rev}']:.3f}")
+    for n, md in med.items():
+      rows.append({"heads": h, "impl": n, "median_ms": md, "ratio_to_best_peer": md / peer,
+                   "matmul_gflops": rate, "times_ms": [t * 1e3 for t in times[n]]})
+      print(f"h={h} {n}: {md:.0f} ms, {md / peer:.2f}x the best peer")
+    now, then = times["mha_jax now"], times[f"mha_jax at {a.rev}"]
+    per_round = sorted(u / v for u, v in zip(now, then))
+    print(f"h={h} now / at {a.rev}: {med['mha_jax now'] / med[f'mha_jax at {a.rev}']:.3f} "
+          f"(rounds {per_round[0]:.3f}-{per_round[-1]:.3f}); matmul {rate:.0f} GFLOP/s")
   result = {"config": vars(a), "mode": "forward+backward",
             "machine": {"backend": jax.default_backend(), "cpu_count": os.cpu_count(),
                         "jax": jax.__version__, "matmul_gflops": gflops,
+                        "load_average": os.getloadavg(),
                         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
             "rows": rows}
   bench.write_json(result, a.out)

@@ -120,7 +120,10 @@ def _attention_parts(docs):
     f"{m['backend']}, {m['cpu_count']} cores, {m['date']}, load average "
     f"{m['load_average'][0]:.1f} at the end. Each row is a forward+backward with a fixed "
     f"random cotangent; the matmul rate is a (2048, 2048) product timed in the same "
-    f"rounds; GFLOP counts the forward's matmuls times 3.", "",
+    f"rounds; GFLOP counts the matmuls each row runs: the backward's two per forward "
+    f"one, and the forward's but the last before the output, which the gradient never "
+    f"needs (W_O's; both of the bare matmuls'), without the blocked backward's "
+    f"recomputed scores.", "",
     _table(["h", "part", "ms", "GFLOP", "% of matmul rate", "time / layer's"], rows), "",
     *notes, "", _source(rel)]
 
