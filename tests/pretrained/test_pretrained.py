@@ -236,12 +236,23 @@ def test_smollm2_logits_match_independent_numpy_forward(smol_run, smol_gguf):
   err = rel_err(got[mask], ref[mask])
   print(f"\nSmolLM2 logits: max relative error vs float64 NumPy = {err:.2e}")
   assert err < RTOL
-  # apply() follows runs trained here: logits for tokens[:, :-1]; gates and capture are
-  # hooks on it.
+  # apply() follows runs trained here: logits for tokens[:, :-1]
   logits = model.apply(params, {"tokens": tokens, "mask": mask})
   np.testing.assert_allclose(np.asarray(logits), got[:, :-1], rtol=1e-4, atol=1e-3)
-  cap = capture.captured(model, params, {"tokens": tokens, "mask": mask})
-  assert len(cap["lm"]) == 30 and cap["lm"][0].weights.shape == (2, 9, t - 1, t - 1)
+
+
+# Slow: two more compiles of the 30-layer model. By default the studies of
+# test_studies_real capture SmolLM2's weights (its roles) and gate its heads (the frozen
+# gate step) through the same hooks.
+@pytest.mark.slow
+def test_smollm2_capture_and_gates_are_hooks_on_apply(smol_run):
+  _, model, params = smol_run
+  tokens = np.asarray([model.tokenizer.encode("The capital of France is Paris.")], np.int32)
+  t = tokens.shape[1]
+  logits = model.apply(params, {"tokens": tokens})
+  cap = capture.captured(model, params, {"tokens": tokens})
+  assert len(cap["lm"]) == 30 and cap["lm"][0].weights.shape == (1, 9, t - 1, t - 1)
+  np.testing.assert_allclose(np.asarray(cap["lm"][0].weights).sum(-1), 1.0, atol=1e-5)
   gated = model.apply(params, {"tokens": tokens},
                       hook=tasks.gates_hook(model, {"lm": [jnp.zeros(9)] * 30}))
   assert not np.allclose(np.asarray(gated), np.asarray(logits))

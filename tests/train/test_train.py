@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import mha_jax
+from mha_jax import cli as cli_mod
 from mha_jax import tasks
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
@@ -140,8 +141,8 @@ def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path):
   args = ["train", "--config", "configs/induction.py", *TINY_INDUCTION,
           "--config.train.steps=120", "--config.train.checkpoint_every=20",
           "--config.train.log_every=20", "--config.train.eval_every=1000"]
-  ref = str(tmp_path / "ref")
-  assert cli(*args, "--workdir", ref).returncode == 0
+  ref = str(tmp_path / "ref")      # the uninterrupted run, in this process (the same CLI)
+  assert cli_mod.main([*args, "--workdir", ref]) == 0
   wd = str(tmp_path / "killed")
   rng = random.Random(0)
   for _attempt in range(1):     # kill at a random moment, then let it finish
