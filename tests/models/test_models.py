@@ -197,3 +197,20 @@ def test_relative_positions_replace_sinusoids_with_a_per_head_offset_bias(s2s):
   w = np.asarray(cap["encoder"][0].weights)[1, 0]           # sentence 1: no padding
   np.testing.assert_array_equal(w[:-1].argmax(-1), np.arange(1, 7))
   assert float(jnp.abs(seq2seq.apply(p1, spec, src, tgt) - seq2seq.apply(p, spec, src, tgt)).max()) > 1e-3
+
+
+def test_generation_compiles_prompt_and_step_once():
+  """A new cache length compiles one prefill and one step program, whatever N is (a tiny
+  LLaMA: the programs' count does not depend on the model's size)."""
+  from mha_jax.models import llama
+  params = llama.init(jax.random.PRNGKey(0), vocab_size=16, d_model=8, num_heads=2,
+                      num_kv_heads=1, head_dim=4, num_layers=2, d_ff=16)
+  spec = llama.LlamaSpec()
+  prompt = jnp.asarray([[1, 2, 3]], jnp.int32)
+  before = (llama.prefill_jit._cache_size(), llama.step_jit._cache_size())
+  a = llama.generate(params, spec, prompt, 5)
+  after = (llama.prefill_jit._cache_size(), llama.step_jit._cache_size())
+  assert after == (before[0] + 1, before[1] + 1)
+  assert np.asarray(a).shape == (1, 5)
+  llama.generate(params, spec, prompt + 1, 5)       # the same shapes: nothing compiles
+  assert (llama.prefill_jit._cache_size(), llama.step_jit._cache_size()) == after

@@ -341,17 +341,6 @@ def test_generate_continues_with_paris(smol_run, paris, capsys):
   assert printed["continuation"].lstrip().startswith("Paris"), printed
 
 
-def test_generation_compiles_prompt_and_step_once(smol_run):
-  """A new cache length compiles one prefill and one step program, whatever N is."""
-  from mha_jax.models import llama
-  _, model, params = smol_run
-  prompt = model.tokenizer.encode("Hi")[None]
-  before = (llama.prefill_jit._cache_size(), llama.step_jit._cache_size())
-  llama.generate(params, model.spec, prompt, 5)
-  after = (llama.prefill_jit._cache_size(), llama.step_jit._cache_size())
-  assert after == (before[0] + 1, before[1] + 1)
-
-
 def test_kv_cache_decoding_matches_full_recomputation(smol_run, paris):
   cfg, model, params = smol_run
   prompt, new, step_logits = paris
