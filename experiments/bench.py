@@ -78,13 +78,35 @@ def _round_seconds(fn: Callable[[], object], rounds: int) -> list[float]:
   return out
 
 
+def matmul_row(n: int = 2048, dtype=jnp.float32) -> tuple[Callable[[], object], float]:
+  """(fn() -> the (n x n) @ (n x n) product, its FLOPs), compiled: the matmul rate as a
+  row of a benchmark's interleaved rounds, so that it meets the load the other rows do."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+  f = jax.jit(lambda a: a @ a)
+  jax.block_until_ready(f(a))
+  return (lambda: f(a)), 2 * n**3
+
+
 def matmul_gflops(n: int = 2048, rounds: int = 7, dtype=jnp.float32) -> float:
   """The machine's measured (n x n) @ (n x n) rate, GFLOP/s, median of `rounds`."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
-  f = jax.jit(lambda a, b: a @ b)
-  jax.block_until_ready(f(a, a))
-  t = statistics.median(_round_seconds(lambda: f(a, a), rounds))
-  return 2 * n**3 / t / 1e9
+  fn, flops = matmul_row(n, dtype)
+  return flops / statistics.median(_round_seconds(fn, rounds)) / 1e9
+
+
+def forward_backward(f: Callable, args: tuple, key: int = 9) -> tuple[Callable, tuple]:
+  """(jit of the gradient of <f(*args), ct> in every argument, args + (ct,)): the
+  benchmarks' forward+backward. ct is a fixed random float32 cotangent of f's outputs,
+  passed at run time: with sum(y)'s ones XLA may turn a weight's gradient into a row
+  sum, and with a constant lay a matmul operand out at compile time."""
+  out = jax.eval_shape(f, *args)
+  cts = jax.tree.map(lambda o: jax.random.normal(jax.random.PRNGKey(key), o.shape,
+                                                 jnp.float32), out)
+
+  def loss(*a):
+    *xs, c = a
+    return sum(jnp.vdot(y.astype(jnp.float32), ct)
+               for y, ct in zip(jax.tree.leaves(f(*xs)), jax.tree.leaves(c)))
+  return jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))), tuple(args) + (cts,)
 
 
 def _linen_dpa_fn(query, key, value, bias=None, mask=None, **_):
@@ -159,9 +181,6 @@ def run_attention(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
   flops = {"forward": fwd_flops,
            "forward+backward": 3 * fwd_flops - 2 * batch * seq_len * d_model**2}
   x = jax.random.normal(jax.random.PRNGKey(1), (batch, seq_len, d_model), dt)
-  # A fixed random cotangent given at run time: with sum(y)'s ones XLA may turn a
-  # weight's gradient into a row sum (and as a constant, lay a matmul operand out).
-  ct = jax.random.normal(jax.random.PRNGKey(9), x.shape, jnp.float32)
   rows = []
   for h in heads:
     built = build_impls(d_model, h, with_cudnn=with_cudnn, dtype=dt)
@@ -173,10 +192,9 @@ def run_attention(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
     compiled = {}
     for name, (f, p) in built.items():
       fwd = jax.jit(f)
-      grad = jax.jit(jax.grad(lambda p, x, c, f=f: jnp.vdot(f(p, x).astype(jnp.float32), c),
-                              argnums=(0, 1)))
+      grad, grad_args = forward_backward(f, (p, x))
       compiled[name] = {"forward": (lambda fwd=fwd, p=p: fwd(p, x)),
-                        "forward+backward": (lambda grad=grad, p=p: grad(p, x, ct))}
+                        "forward+backward": (lambda grad=grad, a=grad_args: grad(*a))}
       for run_fn in compiled[name].values():
         for _ in range(warmup):
           jax.block_until_ready(run_fn())

@@ -24,7 +24,6 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 
 from experiments import bench
 from mha_jax import attention
@@ -73,22 +72,17 @@ def main():
            "flax.linen MHDPA": built["flax.linen MHDPA"],
            "linen + jax.nn.dot_product_attention":
                built["linen + jax.nn.dot_product_attention"]}
-    # The gradient of <y, ct>, ct a fixed random cotangent given at run time (with
-    # sum(y)'s ones XLA may turn a weight's gradient into a row sum).
-    ct = jax.random.normal(jax.random.PRNGKey(9), x.shape)
-    m = jax.random.normal(jax.random.PRNGKey(0), (2048, 2048))
-    mm = jax.jit(lambda a: a @ a)
-    comp = {"matmul 2048": lambda: mm(m)}
-    for n, (f, pp) in fns.items():
-      g = jax.jit(jax.grad(lambda p, x, c, f=f: jnp.vdot(f(p, x), c), argnums=(0, 1)))
-      jax.block_until_ready(g(pp, x, ct))
-      comp[n] = (lambda g=g, pp=pp: g(pp, x, ct))
-    jax.block_until_ready(mm(m))
+    mm, mm_flops = bench.matmul_row()
+    comp = {"matmul 2048": mm}
+    for n, (f, pp) in fns.items():        # the gradient of <y, ct> (bench.forward_backward)
+      g, args = bench.forward_backward(f, (pp, x))
+      jax.block_until_ready(g(*args))
+      comp[n] = (lambda g=g, args=args: g(*args))
     times = {n: [] for n in comp}
     for _ in range(a.rounds):      # interleaved: each round times every row once
       for n in comp:
         times[n] += bench._round_seconds(comp[n], 1)
-    rate = 2 * 2048**3 / statistics.median(times.pop("matmul 2048")) / 1e9
+    rate = mm_flops / statistics.median(times.pop("matmul 2048")) / 1e9
     med = {n: statistics.median(t) * 1e3 for n, t in times.items()}
     peer = min(v for n, v in med.items() if not n.startswith("mha_jax"))
     for n, md in med.items():

@@ -88,19 +88,6 @@ def parts(d: int, h: int, t: int, b: int):
           "flax.linen MHDPA": (linen_f, (linen_p, x), 3 * (proj + core) - w_o)}
 
 
-def forward_backward(f, args):
-  """(jit of the gradient of <f(*args), cts> in every argument but cts, args + (cts,)):
-  cts a fixed random cotangent, passed at run time (as a constant, XLA could lay a
-  matmul operand out for free at compile time)."""
-  out = jax.eval_shape(f, *args)
-  cts = jax.tree.map(lambda o: jax.random.normal(jax.random.PRNGKey(9), o.shape, o.dtype), out)
-
-  def loss(*a):
-    *xs, c = a
-    return sum(jnp.vdot(y, ct) for y, ct in zip(jax.tree.leaves(f(*xs)), jax.tree.leaves(c)))
-  return jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))), tuple(args) + (cts,)
-
-
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--heads", default="8,96")
@@ -111,15 +98,13 @@ def main(argv=None):
   ap.add_argument("--out", default="results/attention_parts.json")
   args = ap.parse_args(argv)
   d, t, b = args.d_model, args.seq_len, args.batch
-  size = 2048
-  m = jax.random.normal(jax.random.PRNGKey(0), (size, size))
-  matmul = jax.jit(lambda a: a @ a)
+  matmul, matmul_flops = bench.matmul_row()
   result = {"config": {"d_model": d, "seq_len": t, "batch": b, "rounds": args.rounds,
                        "dtype": "float32", "mode": "forward+backward"}, "heads": {}}
   for h in (int(x) for x in args.heads.split(",")):
-    fns = {"matmul 2048": (matmul, (m,), 2 * size ** 3)}      # forward only
+    fns = {"matmul 2048": (matmul, (), matmul_flops)}      # forward only
     for name, (f, a, flops) in parts(d, h, t, b).items():
-      fns[name] = (*forward_backward(f, a), flops)
+      fns[name] = (*bench.forward_backward(f, a), flops)
     for g, a, _ in fns.values():
       jax.block_until_ready(g(*a))             # compile and warm up
     times = {n: [] for n in fns}
@@ -130,7 +115,7 @@ def main(argv=None):
         jax.block_until_ready(g(*a))
         times[n].append(time.perf_counter() - t0)
     med = {n: statistics.median(v) for n, v in times.items()}
-    rate = 2 * size ** 3 / med.pop("matmul 2048") / 1e9
+    rate = matmul_flops / med.pop("matmul 2048") / 1e9
     times.pop("matmul 2048"), fns.pop("matmul 2048")
     rows = {n: {"median_ms": 1e3 * med[n], "gflop": fns[n][2] / 1e9,
                 "pct_of_matmul_rate": 100 * fns[n][2] / med[n] / 1e9 / rate,

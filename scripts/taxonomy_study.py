@@ -17,6 +17,7 @@ import time
 from mha_jax import load, storage
 from mha_jax.toolkit import head_roles
 from mha_jax.analysis import taxonomy
+from experiments import bench
 
 
 def settings_of(pairs) -> taxonomy.Settings:
@@ -35,23 +36,6 @@ def settings_of(pairs) -> taxonomy.Settings:
   return taxonomy.Settings(**kw)
 
 
-def matmul_gflops() -> float:
-  """The machine's float32 matmul rate now (2048^2, median of 10): the load the seconds
-  were measured under."""
-  import statistics
-  import jax
-  import jax.numpy as jnp
-  a = jnp.ones((2048, 2048))
-  f = jax.jit(lambda a: a @ a)
-  f(a).block_until_ready()
-  t = []
-  for _ in range(10):
-    s = time.perf_counter()
-    f(a).block_until_ready()
-    t.append(time.perf_counter() - s)
-  return 2 * 2048 ** 3 / statistics.median(t) / 1e9
-
-
 def main(argv):
   wd, out = argv[0], argv[1]
   circuit = [a for a in argv[2:3] if "=" not in a]
@@ -60,13 +44,13 @@ def main(argv):
   base = storage.read_json(old) if set(settings.roles) != set(taxonomy.DEFAULT_ROLES) \
       and os.path.exists(old) else None
   loaded = load(wd)
-  rate = matmul_gflops()
+  rate = bench.matmul_gflops(rounds=10)
   t0 = time.perf_counter()
   needs_rows = {"previous_token", "induction", "duplicate_token"} & set(settings.roles)
   rows = head_roles.real_lm_roles(loaded) if needs_rows else None
   doc = taxonomy.taxonomy(loaded, rows, settings, log=lambda m: print(m, flush=True),
                           on_scores=lambda d: finish(d, wd, out, circuit, t0, base))
-  doc["machine"]["matmul_gflops"] = [round(rate, 1), round(matmul_gflops(), 1)]  # before, after
+  doc["machine"]["matmul_gflops"] = [round(rate, 1), round(bench.matmul_gflops(rounds=10), 1)]  # before, after
   doc = finish(doc, wd, out, circuit, t0, base)
   print(taxonomy.format_summary(doc))
   print(doc["seconds"])
