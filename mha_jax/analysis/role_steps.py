@@ -140,13 +140,14 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
   storage.makedirs(out_dir)
   t0 = time.perf_counter()
   done = _scored_already(storage.join(out_dir, "role_steps.json"), loaded.workdir, tax)
-  by_step = []
+  by_step, scored = [], {}       # scored: this run's taxonomy.scores, for the causal checks
   for at in each_checkpoint(loaded, opts.steps or None):
     if at.step in done:                # a saved checkpoint does not change: reuse its row
       by_step.append(done[at.step])
       continue
     t = time.perf_counter()
-    by_step.append({**summary(at.step, step_scores(at, tax, log)),
+    scored[at.step] = step_scores(at, tax, log)
+    by_step.append({**summary(at.step, scored[at.step]),
                     "seconds": round(time.perf_counter() - t, 2)})
     log(f"  step {at.step}: " + ", ".join(
         f"{r} {b['score']:.3f}" for r, b in by_step[-1]["best"].items() if b))
@@ -175,7 +176,7 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
     doc["causal"] = []
     for at in each_checkpoint(loaded, checks):
       log(f"causal checks at step {at.step} ...")
-      sc = step_scores(at, tax, log)
+      sc = scored.get(at.step) or step_scores(at, tax, log)   # a reused row: scored again
       doc["causal"].append({"step": at.step, "checks": taxonomy.causal(
           at, tax, sc["lm_roles"], sc["inputs"], log)})
     doc["seconds"]["causal"] = round(time.perf_counter() - t1, 1)
