@@ -108,3 +108,16 @@ def test_the_walker_and_the_check_steps_are_checked_by_name(ind_run, tmp_path):
       [100, 200, 300, 400]
   assert role_steps.default_check_steps([100, 200, 300, 400], {"induction": None}) == [400]
   assert role_steps.default_check_steps([100, 200, 300], {"induction": 100}) == [100, 200, 300]
+
+
+def test_the_causal_checks_reuse_the_steps_scores(ind_run, tmp_path, monkeypatch):
+  loaded = mha_jax.load(ind_run, **QUIET)
+  calls, score = [], role_steps.step_scores
+  monkeypatch.setattr(role_steps, "step_scores",
+                      lambda at, *a, **k: calls.append(at.step) or score(at, *a, **k))
+  doc = role_steps.role_steps(loaded, str(tmp_path / "o"), role_steps.RoleStepsOptions(
+      roles=("attention_sink",), check_steps=(8,), top_k=1, draws=1), log=lambda s: None)
+  assert calls == [4, 8]                       # each step scored once, the check included
+  check = doc["causal"][0]
+  assert check["step"] == 8 and check["checks"]["attention_sink"]["top"] == [
+      doc["by_step"][1]["best"]["attention_sink"]["head"]]
