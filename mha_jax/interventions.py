@@ -42,7 +42,9 @@ shape and the edit applies where the selections hold: `rows` (batch), `positions
 (the site's token axis; the query axis of the pattern), `heads` (query heads; kv heads
 on k and v) and, on the pattern, `key_positions`. A selection is None (all), an int, a
 sequence of ints, or a boolean vector (traced values welcome: a vmap over a head index
-is one compiled program). Several edits of one site apply in order. A read site records
+is one compiled program). `where`, a boolean array of the site's rank broadcasting to its
+shape, picks any set of elements (interventions folded into the rows, each row its own
+heads and positions). Several edits of one site apply in order. A read site records
 the value after its edits, i.e. what flows on.
 
   logits, acts = run_with_hook(lambda hook: model.apply(params, batch, hook=hook),
@@ -86,6 +88,7 @@ class Edit:
   positions: Any = None
   heads: Any = None
   key_positions: Any = None
+  where: Any = None
 
   def __post_init__(self):
     if self.op not in OPS:
@@ -93,7 +96,7 @@ class Edit:
 
 
 jax.tree_util.register_dataclass(
-    Edit, data_fields=["value", "rows", "positions", "heads", "key_positions"],
+    Edit, data_fields=["value", "rows", "positions", "heads", "key_positions", "where"],
     meta_fields=["op"])
 
 
@@ -155,6 +158,18 @@ def apply_edit(edit: Edit, name: str, x: jax.Array) -> jax.Array:
     m = _axis_mask(sel, x.shape[axis], f"edit of {name!r}: {sel_name}")
     m = m.reshape([-1 if a == axis else 1 for a in range(x.ndim)])
     mask = m if mask is None else mask & m
+  if edit.where is not None:
+    w = jnp.asarray(edit.where)
+    ok = w.dtype == jnp.bool_ and w.ndim == x.ndim
+    try:
+      ok = ok and np.broadcast_shapes(w.shape, x.shape) == x.shape
+    except ValueError:
+      ok = False
+    if not ok:
+      raise ValueError(f"edit of {name!r}: where must be a boolean array of {x.ndim} axes "
+                       f"broadcasting to the site's shape {x.shape}; got dtype {w.dtype} "
+                       f"shape {w.shape}")
+    mask = w if mask is None else mask & w
   for sel_name in ("heads", "key_positions"):
     if getattr(edit, sel_name) is not None and sel_name not in axes_of(name):
       raise ValueError(f"edit of {name!r}: this site has no {sel_name} axis")

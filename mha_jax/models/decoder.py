@@ -265,7 +265,7 @@ def _final(params, spec, x, hook=None):
 
 def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=None,
           gates=None, capture=False, cache=None, last_only: bool = False, hook=None,
-          logits_at=None):
+          logits_at=None, start=None, stream=None):
   """Logits (B, T, V) for every position of tokens_BT.
 
   mask_BT: True for real tokens, False for padding (keys that no query may read); with
@@ -279,11 +279,24 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
   hook: an interventions.Hook (sites lm.{i}.*, lm.ln_final.scale; see interventions.py).
   logits_at: (B,) or (B, n) int positions: logits only there, (B, 1, V) or
     (B, n, V) (patching metrics, retrieval).
+  start, stream: resume at layer `start` (int or () int32, traced welcome) from the
+    residual stream `stream` (L, B, T, D) of a run of the same tokens (its lm.{i}.resid_pre,
+    e.g. read by a forward): layers before `start` do not run (lax.cond: skipped where
+    `start` is not batched), layer `start` reads stream[start]. Exact when the stream is
+    this run's up to `start` (a patching sweep's base run, edited from `start` on). Sites
+    before `start` are not reached; reads cannot be combined with it, and with a cache the
+    skipped layers' caches come back as they were.
   Gates and capture are uses of the interventions (a scale of lm.{i}.attn.z; reads).
   """
   if capture and cache is not None:
     raise UserError("capture=True cannot be combined with a KV cache")
   hook = interventions.model_hook(hook, gates, capture)
+  if (start is None) != (stream is None):
+    raise UserError(f"start and stream go together; got start={start!r} and a stream of "
+                    f"shape {None if stream is None else jnp.shape(stream)}")
+  if start is not None and hook is not None and hook.read:
+    raise UserError(f"start (resuming at a layer) cannot be combined with reads; got "
+                    f"read={list(hook.read)}")
   tokens_BT = jnp.asarray(tokens_BT)
   b, t = tokens_BT.shape
   key_mask = None if mask_BT is None else jnp.asarray(mask_BT, bool)[:, None, None, :]
@@ -296,10 +309,19 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
   x = _embed(params, spec, tokens_BT, positions_BT)
   layers = common.layers_of(params["lm"])
   new_cache = {}
+  if stream is not None and jnp.shape(stream) != (len(layers),) + x.shape:
+    raise UserError(f"stream must be (L, B, T, D) = {(len(layers),) + x.shape}; got "
+                    f"{jnp.shape(stream)}")
   for i, name in enumerate(layers):
-    x, new_cache[name] = _block(params["lm"][name], x, spec, i, key_mask=key_mask,
-                                positions_BT=positions_BT, hook=hook,
-                                cache=None if cache is None else cache[name])
+    def block(x, c, i=i, name=name):
+      return _block(params["lm"][name], x, spec, i, key_mask=key_mask,
+                    positions_BT=positions_BT, hook=hook, cache=c)
+    c = None if cache is None else cache[name]
+    if start is None:
+      x, new_cache[name] = block(x, c)
+    else:         # resume: layers before start keep x (unused), layer start reads stream
+      x = jnp.where(i == start, stream[i].astype(x.dtype), x)
+      x, new_cache[name] = jax.lax.cond(i >= start, block, lambda x, c: (x, c), x, c)
   if logits_at is not None:
     x = common.at_positions(x, logits_at)
   logits = _final(params, spec, x[:, -1:] if last_only else x, hook)

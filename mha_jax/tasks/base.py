@@ -156,7 +156,9 @@ class PretrainedLMData(LMData, Protocol):
 
   def prefix_cache(self, params, tokens_BT, max_len: int):
     """The KV cache after tokens_BT (B, P) with room for max_len tokens: apply's
-    batch["cache"] continues from it (prompts that share a prefix)."""
+    batch["cache"] continues from it (prompts that share a prefix). A task with it also
+    takes batch["start"], batch["stream"] in apply: resume at that layer from that
+    residual stream (decoder.apply's; patching sweeps start each edit at its layer)."""
 
 
 @runtime_checkable

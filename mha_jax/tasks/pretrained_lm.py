@@ -60,16 +60,19 @@ class PretrainedLMTask(Imported):
     batch["mask"] (B, T), if given, is True for real tokens (padding masked as keys);
     batch["logits_at"] (B,) or (B, n), if given: logits only there, (B, 1, V) or (B, n, V);
     batch["cache"], if given: a prefix_cache the tokens continue (positions after it).
+    batch["start"], batch["stream"], if given: resume at that layer from that residual
+    stream (decoder.apply's start and stream: a patching sweep's depth sharing).
     hook: an interventions.Hook."""
     del key
     common.check_token_ids(batch["tokens"], self.vocab_size, "batch['tokens']")
     mask = batch.get("mask")
+    kw = dict(hook=hook, logits_at=batch.get("logits_at"), start=batch.get("start"),
+              stream=batch.get("stream"))
     if "cache" in batch:       # the tokens continue a prefix_cache (shared prompt prefix)
       return decoder.apply(params, self.spec, batch["tokens"][:, :-1], cache=batch["cache"],
-                           hook=hook, logits_at=batch.get("logits_at"))[0]
+                           **kw)[0]
     return decoder.apply(params, self.spec, batch["tokens"][:, :-1],
-                         mask_BT=None if mask is None else mask[:, :-1], hook=hook,
-                         logits_at=batch.get("logits_at"))
+                         mask_BT=None if mask is None else mask[:, :-1], **kw)
 
   def prefix_cache(self, params, tokens_BT, max_len: int):
     """The KV cache after tokens_BT (B, P), with room for max_len tokens in all: apply's

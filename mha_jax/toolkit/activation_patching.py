@@ -45,6 +45,16 @@ STREAM_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 DIRECTIONS = ("denoise", "noise")
 CHANNELS = ("q", "k", "v", "logits")
 _CHANNEL_SITE = {"q": "q", "k": "k_q", "v": "v_q"}
+_SHAPE_SITES = ("lm.*.attn.z", "lm.*.attn.k", "lm.0.resid_pre")   # the Study's shapes
+
+
+def _tile(a, repeat: int, axis: int = 0):
+  """a repeated `repeat` times along axis (row r * n + i: copy r of row i); a itself at 1."""
+  if repeat == 1:
+    return a
+  a = jnp.asarray(a)
+  rep = jnp.broadcast_to(jnp.expand_dims(a, axis), a.shape[:axis] + (repeat,) + a.shape[axis:])
+  return rep.reshape(a.shape[:axis] + (repeat * a.shape[axis],) + a.shape[axis + 1:])
 
 
 def _site(layer: int, site: str) -> str:
@@ -90,14 +100,20 @@ class Study:
     prompt differ are the same in every run, patched or not (causal attention): when
     the task has `prefix_cache` (imported LMs), the sweeps compute them once and run
     only the rest from that KV cache (exact; IOI's prompts share ~2/3 of their tokens).
+  share_depth: an intervention at layer l leaves layers < l as in the base run: with a
+    task that has `prefix_cache` (its apply resumes at a layer), the patching sweeps run
+    each intervention from its layer on, from the base run's residual stream there
+    (exact; about half of the layers' work over a sweep of every layer).
   baseline: the unpatched runs as `baseline()` returns them, when already known (`subset`
     passes its rows of them); None runs them.
   """
 
   def __init__(self, task, params, pairs: Pairs, *, memory_budget: int = 2 << 30,
-               share_prefix: bool = True, baseline: dict | None = None):
+               share_prefix: bool = True, share_depth: bool = True,
+               baseline: dict | None = None):
     self.task, self.params, self.pairs = task, params, pairs
     self.memory_budget, self.share_prefix = int(memory_budget), share_prefix
+    self.share_depth = bool(share_depth) and hasattr(task, "prefix_cache")
     n, t = pairs.clean.shape
     extra = lambda a: np.concatenate([a, a[:, -1:]], axis=1)  # noqa: E731 apply shifts by 1
     self.tokens = {"clean": jnp.asarray(extra(pairs.clean)),
@@ -110,9 +126,9 @@ class Study:
     p0 = min(int(np.argmax(differ)) if differ.any() else t, int(pairs.length.min()) - 1)
     self.prefix = p0 if share_prefix and hasattr(task, "prefix_cache") and p0 >= 1 else 0
     self._jit: dict = {}
-    logits, vals = jax.eval_shape(lambda p: self._forward(
-        p, self.tokens["clean"], read=("lm.*.attn.z", "lm.*.attn.k", "lm.0.resid_pre")), params)
-    self.vocab = logits.shape[-1]
+    # the shapes from the trace the baseline runs then reuse (one trace, not two)
+    vals = self._edited_fn(_SHAPE_SITES).eval_shape(params, self.tokens["clean"], {})[1]
+    self.vocab = int(task.vocab_size)
     self.layers = sum(1 for k in vals if k.endswith(".attn.z"))
     if self.layers == 0:
       raise UserError("this model has no lm.{i}.attn sites: patching studies need a "
@@ -135,24 +151,35 @@ class Study:
     base = {r: {k: v[keep] for k, v in self._base[r].items()} for r in self._base}
     return Study(self.task, self.params, self.pairs.subset(keep),
                  memory_budget=self.memory_budget, share_prefix=self.share_prefix,
-                 baseline=base)
+                 share_depth=self.share_depth, baseline=base)
 
   # ------------------------------------------------------------------ forward
-  def _forward(self, params, tokens, edits=None, read=(), cache=None):
-    """(logits (N, V) float32 at each prompt's last position, values read). With the
-    shared prefix's cache, only positions self.prefix.. run (and are the sites')."""
-    batch = {"tokens": tokens, "logits_at": self.at}
+  def _forward(self, params, tokens, edits=None, read=(), cache=None, start=None,
+               stream=None):
+    """(logits (R * N, V) float32 at each prompt's last position, values read), tokens
+    (R * N, T + 1): R sets of the N prompts, row r * N + n (folded batches; the cache
+    and stream are tiled to match). With the shared prefix's cache, only positions
+    self.prefix.. run (and are the sites'); with start and stream (L, N, T', D), only
+    layers start.. (share_depth)."""
+    repeat = tokens.shape[0] // self.n
+    at = _tile(self.at, repeat)
+    batch = {"tokens": tokens, "logits_at": at}
     if cache is not None:
-      batch = {"tokens": tokens[:, self.prefix:], "logits_at": self.at - self.prefix,
+      cache = jax.tree.map(lambda a: _tile(a, repeat) if jnp.ndim(a) else a, cache)
+      batch = {"tokens": tokens[:, self.prefix:], "logits_at": at - self.prefix,
                "cache": cache}
+    if start is not None:
+      batch.update(start=start, stream=_tile(stream, repeat, 1))
     out, vals = interventions.run_with_hook(lambda hook: self.task.apply(params, batch, hook=hook), edits, read)
     return out[:, 0].astype(jnp.float32), vals
 
   def _score(self, logits_NV):
-    """(LD (N,), log p(answer) (N,))."""
+    """(LD (N,), log p(answer) (N,)); of R sets' logits (R * N, V), (R * N,)."""
     rows = jnp.arange(logits_NV.shape[0])
-    ld = logits_NV[rows, self.answer] - logits_NV[rows, self.wrong]
-    logp = jax.nn.log_softmax(logits_NV, axis=-1)[rows, self.answer]
+    repeat = logits_NV.shape[0] // self.n
+    answer, wrong = _tile(self.answer, repeat), _tile(self.wrong, repeat)
+    ld = logits_NV[rows, answer] - logits_NV[rows, wrong]
+    logp = jax.nn.log_softmax(logits_NV, axis=-1)[rows, answer]
     return ld, logp
 
   def _cached(self, key, build):
@@ -185,7 +212,7 @@ class Study:
 
   def _baseline_runs(self) -> dict:
     # one compiled forward (the one `edited` runs without edits), called on each prompt set
-    runs = {r: self.edited(r) for r in ("clean", "corrupt")}
+    runs = {r: self.edited(r, read=_SHAPE_SITES) for r in ("clean", "corrupt")}
     return {r: {"ld": v["ld"], "logp": v["logp"]} for r, v in runs.items()}
 
   def values(self, prompts: str, read: Sequence[str]) -> dict:
@@ -198,17 +225,17 @@ class Study:
   def edited(self, prompts: str, edits=None, read: Sequence[str] = ()) -> dict:
     """One forward of the clean or corrupt prompts with `edits` ({site: Edit}, sites
     over all T positions): {"ld": (N,), "logp": (N,), "values": {site: value read}}."""
-    read = tuple(read)
+    (ld, logp), vals = self._edited_fn(tuple(read))(self.params, self.tokens[prompts],
+                                                   edits or {})
+    return {"ld": np.asarray(ld), "logp": np.asarray(logp), "values": vals}
 
+  def _edited_fn(self, read: tuple):
     def build():
       def fn(p, tok, edits):
         logits, vals = self._forward(p, tok, edits, read)
         return self._score(logits), vals
       return fn
-
-    (ld, logp), vals = self._cached(("edited", read), build)(self.params, self.tokens[prompts],
-                                                             edits or {})
-    return {"ld": np.asarray(ld), "logp": np.asarray(logp), "values": vals}
+    return self._cached(("edited", read), build)
 
   # ------------------------------------------------------------------ activation patching
   def patch(self, site: str = "z", *, per_position: bool = False,
@@ -248,42 +275,89 @@ class Study:
               for s, ph in zip(sites, per_head)]
     idx = [(k, l, h, p) for k, (_, pp) in enumerate(sweeps) for l in chosen
            for h in range(counts[k][l]) for p in (range(pre, self.t) if pp else (-1,))]
-    ks, ls, hs, ps = (jnp.asarray(np.asarray(c, np.int32)) for c in zip(*idx))
     names = {s: tuple(_site(i, s) for i in range(self.layers)) for s in sites}
     flat = tuple(n for s in sites for n in names[s])
     chunk = chunk or self._chunk(len(idx))
+    starts, rows, where = self._groups(idx, chosen, chunk, self.share_depth)
+    cols = tuple(jnp.asarray(np.asarray(c, np.int32)[rows]) for c in zip(*idx))  # (G, C)
+    c, n = rows.shape[1], self.n
 
     def build():
-      def fn(params, base_tok, src_tok, ks, ls, hs, ps):
+      def fn(params, base_tok, src_tok, starts, ks, ls, hs, ps):
         cache = self._prefix_cache(params)
-        src = self._forward(params, src_tok, read=flat, cache=cache)[1]
+        if starts is None:
+          src = self._forward(params, src_tok, read=flat, cache=cache)[1]
+        else:     # one forward of both runs: the source's sites, the base's stream
+          src, stream = self._source_and_stream(params, src_tok, base_tok, flat, cache)
+        src = {name: _tile(v, c) for name, v in src.items()}
+        base_tok = _tile(base_tok, c)
 
-        def one(ix):
-          k, l, h, p = ix
+        def group(g):
+          # C interventions folded into the rows (row c * N + n: intervention c, pair n),
+          # each edit's `where` picks its own layer, head and position per row
+          start, k, l, h, p = g
           edits = {}
           for j, s in enumerate(sites):
             # k_q, v_q (after the cache) span the whole cache; every other site the rest
             ar_t = jnp.arange(0 if s in ("k_q", "v_q") else pre, self.t)
+            pos_CT = (ar_t[None] == p[:, None]) | (p[:, None] < 0)
             for i, name in enumerate(names[s]):
-              sel = {"positions": ((ar_t == p) | (p < 0)) & (i == l) & (k == j)}
+              m = pos_CT & ((l == i) & (k == j))[:, None]
               if per_head[j]:
-                sel["heads"] = jnp.arange(counts[j][i]) == h
-              edits[name] = interventions.replace(src[name], **sel)
-          return self._score(self._forward(params, base_tok, edits, cache=cache)[0])
+                m = m[:, :, None] & (jnp.arange(counts[j][i])[None, None] == h[:, None, None])
+              edits[name] = interventions.replace(src[name],
+                                                  where=jnp.repeat(m[..., None], n, 0))
+          logits = self._forward(params, base_tok, edits, cache=cache,
+                                 start=None if starts is None else start,
+                                 stream=None if starts is None else stream)[0]
+          return jax.tree.map(lambda a: a.reshape(c, n), self._score(logits))
 
-        return jax.lax.map(one, (ks, ls, hs, ps), batch_size=chunk)
+        return jax.lax.map(group, (starts, ks, ls, hs, ps))
       return fn
 
-    key = ("patch", sweeps, direction, chunk, len(idx))
-    ld, logp = self._cached(key, build)(self.params, self.tokens[base_run],
-                                        self.tokens[src_run], ks, ls, hs, ps)
-    ld, logp = np.asarray(ld), np.asarray(logp)
+    key = ("patch", sweeps, direction, rows.shape, starts is None)
+    ld, logp = self._cached(key, build)(
+        self.params, self.tokens[base_run], self.tokens[src_run],
+        None if starts is None else jnp.asarray(starts), *cols)
+    ld = np.asarray(ld).reshape(-1, n)[where]       # back to idx's order, padding left out
+    logp = np.asarray(logp).reshape(-1, n)[where]
     out = {}
     for j, (s, pp) in enumerate(sweeps):
       rows = [r for r, ix in enumerate(idx) if ix[0] == j]
       out[s] = self._table([idx[r][1:] for r in rows], ld[rows], logp[rows],
                            max(counts[j]), per_head[j], pp, base_run)
     return out
+
+  @staticmethod
+  def _groups(idx, chosen, chunk: int, by_layer: bool):
+    """A sweep's batches: (starts (G,) or None, rows (G, C) into idx, where (len(idx),)).
+    by_layer (depth sharing): a group's interventions are of one layer, its start, and
+    C = min(chunk, the most of one layer); else C = min(chunk, len(idx)) in idx's order.
+    A short group repeats its last row (computed, then dropped); where[r] is row r's
+    place in rows.reshape(-1)."""
+    if by_layer:
+      of = [[r for r, ix in enumerate(idx) if ix[1] == l] for l in chosen]
+      size = min(chunk, max(len(g) for g in of))
+      parts = [(l, g[j:j + size]) for l, g in zip(chosen, of) for j in range(0, len(g), size)]
+    else:
+      size = min(chunk, len(idx))
+      parts = [(None, list(range(j, min(j + size, len(idx))))) for j in range(0, len(idx), size)]
+    rows = np.asarray([g + [g[-1]] * (size - len(g)) for _, g in parts], np.int64)
+    where = np.empty(len(idx), np.int64)
+    for gi, (_, g) in enumerate(parts):
+      where[g] = gi * size + np.arange(len(g))
+    starts = np.asarray([l for l, _ in parts], np.int32) if by_layer else None
+    return starts, rows, where
+
+  def _source_and_stream(self, params, src_tok, base_tok, read, cache):
+    """({site: value} of `read` on the source prompts, the residual stream entering each
+    layer (L, N, T', D) on the base prompts), from one forward of both."""
+    names = tuple(f"lm.{i}.resid_pre" for i in range(self.layers))
+    vals = self._forward(params, jnp.concatenate([src_tok, base_tok]), read=read + names,
+                         cache=cache)[1]
+    n = self.n
+    return ({k: vals[k][:n] for k in read},
+            jnp.stack([vals[k][n:] for k in names]))
 
   def _table(self, idx, ld, logp, hmax, per_head, per_position, base_run):
     shape = (self.layers,) + ((hmax,) if per_head else ()) + ((self.t,) if per_position else ())

@@ -208,3 +208,36 @@ def test_bad_edits_are_refused(tiny):
     interventions.Edit("swap", 0.0)
   with pytest.raises(ValueError, match="must be an Edit"):
     interventions.Hook({"lm.0.attn.z": 0.0})
+
+
+def test_where_picks_any_elements_and_combines_with_the_axis_selections(tiny):
+  params, clean, corrupt = tiny
+  _, seen = numpy_llama(params, clean)
+  src = seen[(1, "z")]                                   # (3, 7, H, K)
+  where = np.zeros((3, 7, H, 1), bool)
+  where[0, 2, 1] = True                                  # row 0: head 1 at position 2
+  where[2, 4:, 3] = True                                 # row 2: head 3 at positions 4..6
+
+  def sub(mask):
+    def f(v):
+      v, m = v.copy(), np.broadcast_to(mask, v.shape)
+      v[m] = src[m]
+      return v
+    return f
+
+  got, _ = fwd(params, corrupt, {"lm.1.attn.z": interventions.replace(src, where=where)})
+  want, _ = numpy_llama(params, corrupt, {(1, "z"): sub(where)})
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+  plain, _ = numpy_llama(params, corrupt)
+  assert np.abs(want - plain).max() > 1e-3            # the edit changes the logits
+  # with rows=2 only row 2's elements remain
+  got, _ = fwd(params, corrupt, {"lm.1.attn.z": interventions.replace(src, where=where,
+                                                                      rows=2)})
+  only2 = where.copy()
+  only2[:2] = False
+  want, _ = numpy_llama(params, corrupt, {(1, "z"): sub(only2)})
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+  for bad, what in ((where[..., 0], "4 axes"), (where.astype(np.int32), "dtype int32"),
+                    (np.zeros((2, 7, H, 1), bool), "shape \\(2, 7, 4, 1\\)")):
+    with pytest.raises(ValueError, match=f"where must be a boolean array.*{what}"):
+      fwd(params, corrupt, {"lm.1.attn.z": interventions.replace(src, where=bad)})

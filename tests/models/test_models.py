@@ -214,3 +214,52 @@ def test_generation_compiles_prompt_and_step_once():
   assert np.asarray(a).shape == (1, 5)
   llama.generate(params, spec, prompt + 1, 5)       # the same shapes: nothing compiles
   assert (llama.prefill_jit._cache_size(), llama.step_jit._cache_size()) == after
+
+
+def test_resuming_at_a_layer_from_the_stream_equals_the_whole_forward():
+  """decoder.apply(start=, stream=): layers before start skipped (a cond per layer),
+  the result the whole forward's, with edits from start on and with a prefix cache."""
+  from mha_jax import interventions
+  from mha_jax.errors import UserError
+  from mha_jax.models import llama
+  params = llama.init(jax.random.PRNGKey(1), vocab_size=37, d_model=16, num_heads=4,
+                      num_kv_heads=2, head_dim=4, num_layers=4, d_ff=24)
+  spec = llama.LlamaSpec()
+  tok = jnp.asarray(np.random.default_rng(0).integers(0, 37, (3, 7)), jnp.int32)
+  names = [f"lm.{i}.resid_pre" for i in range(4)]
+
+  def run(tokens, edits=None, read=(), **kw):
+    return interventions.run_with_hook(
+        lambda hook: llama.apply(params, spec, tokens, hook=hook, **kw), edits, read)
+
+  full, vals = run(tok, read=names)
+  stream = jnp.stack([vals[n] for n in names])
+  edit = {"lm.2.attn.z": interventions.replace(0.0, heads=1)}
+  edited, _ = run(tok, edit)
+  assert float(jnp.abs(edited - full).max()) > 1e-3
+  resumed = jax.jit(lambda s, e: run(tok, e, start=s, stream=stream)[0])
+  for s in range(4):
+    np.testing.assert_allclose(resumed(jnp.int32(s), {}), full, atol=1e-6)
+  for s in (1, 2):     # the edit's layer and one before it
+    np.testing.assert_allclose(resumed(jnp.int32(s), edit), edited, atol=1e-6)
+  # a start the vmap batches (a select, not a cond) gives the same
+  batched = jax.vmap(lambda s: run(tok, start=s, stream=stream)[0])(jnp.arange(4))
+  np.testing.assert_allclose(batched, jnp.broadcast_to(full, batched.shape), atol=1e-6)
+  # one cond per layer in the program (what lets layers before start be skipped)
+  jaxpr = jax.make_jaxpr(lambda s: run(tok, start=s, stream=stream)[0])(jnp.int32(1))
+  assert sum(e.primitive.name == "cond" for e in jaxpr.jaxpr.eqns) == 4
+  # with a prefix cache: the stream of the continuation's positions
+  cache = llama.apply(params, spec, tok[:, :3], cache=llama.init_cache(params, 3, 7),
+                      last_only=True)[1]
+  cont = interventions.run_with_hook(lambda hook: llama.apply(
+      params, spec, tok[:, 3:], cache=cache, hook=hook)[0], read=names)
+  np.testing.assert_allclose(cont[0], full[:, 3:], atol=1e-5)
+  tail = jnp.stack([cont[1][n] for n in names])
+  got = llama.apply(params, spec, tok[:, 3:], cache=cache, start=2, stream=tail)[0]
+  np.testing.assert_allclose(got, full[:, 3:], atol=1e-5)
+  with pytest.raises(UserError, match="start and stream go together"):
+    llama.apply(params, spec, tok, start=1)
+  with pytest.raises(UserError, match="cannot be combined with reads"):
+    run(tok, read=["lm.3.attn.z"], start=1, stream=stream)
+  with pytest.raises(UserError, match=r"stream must be \(L, B, T, D\)"):
+    llama.apply(params, spec, tok, start=1, stream=stream[:3])

@@ -123,11 +123,17 @@ def test_batched_sweep_equals_one_at_a_time(setup):
 class CachedLlamaTask(LlamaTask):
   """With a prefix cache, as PretrainedLMTask: the sweeps share the common prefix."""
 
+  starts = []         # the start of every forward traced with one (depth sharing)
+
   def apply(self, params, batch, *, key=None, hook=None):
+    kw = dict(hook=hook, logits_at=batch.get("logits_at"), start=batch.get("start"),
+              stream=batch.get("stream"))
+    if "start" in batch:
+      self.starts.append(batch["start"])
     if "cache" in batch:
       return llama.apply(params, SPEC, batch["tokens"][:, :-1], cache=batch["cache"],
-                         hook=hook, logits_at=batch.get("logits_at"))[0]
-    return super().apply(params, batch, hook=hook)
+                         **kw)[0]
+    return llama.apply(params, SPEC, batch["tokens"][:, :-1], **kw)
 
   def prefix_cache(self, params, tokens_BT, max_len):
     cache = llama.init_cache(params, tokens_BT.shape[0], max_len)
@@ -148,6 +154,40 @@ def test_a_shared_prefix_computed_once_changes_no_result(setup):
     np.testing.assert_allclose(a["ld"], b["ld"], atol=2e-5, err_msg=f"{site} {pp}")
   a, b = shared.path_patch([(1, 1)], "k"), full.path_patch([(1, 1)], "k")
   np.testing.assert_allclose(a["ld"], b["ld"], atol=2e-5)
+
+
+def test_sweeps_that_start_each_intervention_at_its_layer_change_no_result(setup):
+  """share_depth: each group of one layer's interventions resumes at that layer from
+  the base run's stream; every table equals the full forward's, in groups of any size
+  (a short group padded), on chosen layers, several sweeps in one program."""
+  _, params, pairs = setup
+  corrupt = pairs.clean.copy()
+  corrupt[:, 3] = (corrupt[:, 3] + 5) % 37
+  p = Pairs(pairs.clean, corrupt, pairs.answer, pairs.wrong, pairs.length, pairs.text)
+  full = activation_patching.Study(LlamaTask(), params, p)
+  task = CachedLlamaTask()
+  deep = activation_patching.Study(task, params, p)
+  flat = activation_patching.Study(CachedLlamaTask(), params, p, share_depth=False)
+  assert deep.share_depth and not flat.share_depth and not full.share_depth
+  sweeps = [("z", False), ("k", True), ("resid_pre", False), ("v_q", True)]
+  want = full.patch_many(sweeps)
+  for chunk in (None, 3, 5):
+    del task.starts[:]
+    got = deep.patch_many(sweeps, chunk=chunk)
+    assert task.starts, "no forward resumed at a layer"
+    for site, _ in sweeps:
+      np.testing.assert_allclose(got[site]["ld"], want[site]["ld"], atol=2e-5,
+                                 err_msg=f"{site} chunk={chunk}")
+  np.testing.assert_allclose(flat.patch("z")["ld"], want["z"]["ld"], atol=2e-5)
+  part = deep.patch("z", layers=[1], direction="noise")
+  assert np.isnan(part["ld"][0]).all()
+  np.testing.assert_allclose(part["ld"][1], full.patch("z", direction="noise")["ld"][1],
+                             atol=2e-5)
+  starts, rows, where = activation_patching.Study._groups(
+      [(0, l, h, -1) for l in (0, 1) for h in range(3)], [0, 1], 2, True)
+  assert starts.tolist() == [0, 0, 1, 1] and rows.tolist() == [[0, 1], [2, 2], [3, 4],
+                                                                [5, 5]]
+  assert where.tolist() == [0, 1, 2, 4, 5, 6]
 
 
 def test_path_patching_equals_two_step_numpy_substitution(setup):
