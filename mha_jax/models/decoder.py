@@ -304,8 +304,8 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
     positions_BT = positions_from_mask(mask_BT)
   if "pos_embed" in params:   # learned positions need them explicitly
     if positions_BT is None:
-      start = 0 if cache is None else next(iter(cache.values()))["length"]
-      positions_BT = jnp.broadcast_to(start + jnp.arange(t)[None], (b, t))
+      first = 0 if cache is None else next(iter(cache.values()))["length"]
+      positions_BT = jnp.broadcast_to(first + jnp.arange(t)[None], (b, t))
   x = _embed(params, spec, tokens_BT, positions_BT)
   layers = common.layers_of(params["lm"])
   new_cache = {}

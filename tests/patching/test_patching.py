@@ -183,11 +183,6 @@ def test_sweeps_that_start_each_intervention_at_its_layer_change_no_result(setup
   assert np.isnan(part["ld"][0]).all()
   np.testing.assert_allclose(part["ld"][1], full.patch("z", direction="noise")["ld"][1],
                              atol=2e-5)
-  starts, rows, where = activation_patching.Study._groups(
-      [(0, l, h, -1) for l in (0, 1) for h in range(3)], [0, 1], 2, True)
-  assert starts.tolist() == [0, 0, 1, 1] and rows.tolist() == [[0, 1], [2, 2], [3, 4],
-                                                                [5, 5]]
-  assert where.tolist() == [0, 1, 2, 4, 5, 6]
 
 
 def test_path_patching_equals_two_step_numpy_substitution(setup):
