@@ -331,17 +331,16 @@ class Study:
   @staticmethod
   def _groups(idx, chosen, chunk: int, by_layer: bool):
     """A sweep's batches: (starts (G,) or None, rows (G, C) into idx, where (len(idx),)).
-    by_layer (depth sharing): a group's interventions are of one layer, its start, and
-    C = min(chunk, the most of one layer); else C = min(chunk, len(idx)) in idx's order.
-    A short group repeats its last row (computed, then dropped); where[r] is row r's
-    place in rows.reshape(-1)."""
-    if by_layer:
-      of = [[r for r, ix in enumerate(idx) if ix[1] == l] for l in chosen]
-      size = min(chunk, max(len(g) for g in of))
-      parts = [(l, g[j:j + size]) for l, g in zip(chosen, of) for j in range(0, len(g), size)]
-    else:
-      size = min(chunk, len(idx))
-      parts = [(None, list(range(j, min(j + size, len(idx))))) for j in range(0, len(idx), size)]
+    by_layer (depth sharing): a group's interventions are of one layer, its start; else
+    they run in idx's order. C <= chunk, as even as the split into groups allows; a
+    short group repeats its last row (computed, then dropped); where[r] is row r's place
+    in rows.reshape(-1)."""
+    even = lambda m: -(-m // -(-m // chunk))     # noqa: E731 ceil(m / groups of <= chunk)
+    of = ([[r for r, ix in enumerate(idx) if ix[1] == l] for l in chosen] if by_layer
+          else [list(range(len(idx)))])
+    size = max(even(len(g)) for g in of)
+    parts = [(l, g[j:j + size]) for l, g in zip(chosen if by_layer else [None], of)
+             for j in range(0, len(g), size)]
     rows = np.asarray([g + [g[-1]] * (size - len(g)) for _, g in parts], np.int64)
     where = np.empty(len(idx), np.int64)
     for gi, (_, g) in enumerate(parts):
