@@ -1,6 +1,7 @@
 """The roles of a circuit's heads, beside activation patching's ranking.
 
     python scripts/circuit_roles.py DIR --workdir W [--top 12]
+    python scripts/circuit_roles.py DIR --relabel
 
 DIR is a `mha-jax circuit` output; its pairs are made again from circuit.json (task,
 seed 0, the same pairs left out). For every head: its edge mass (the sum of |score| over
@@ -8,8 +9,9 @@ its edges in circuit.json, as sender or through its query), its edge to the logi
 direct logit attribution on the clean prompts and its activation-patching recovery (head
 output, corrupt -> clean) on the same pairs (toolkit.activation_patching.Study), and its attention on
 repeated random tokens (circuits.behaviour.head_scores: previous token, prefix matching,
-duplicate token). The top heads by edge mass get a role by the rule in ROLE_RULE. Writes
-DIR/roles.json (with the machine and date) and prints a table.
+duplicate token). The top heads by edge mass get a role by role_rule, at the taxonomy's
+attention thresholds. Writes DIR/roles.json (with the machine and date) and prints a
+table. --relabel names the heads of an existing DIR/roles.json again from its scores.
 """
 
 from __future__ import annotations
@@ -23,20 +25,30 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-ROLE_RULE = ("attention first: previous-token if >= 0.5 of its attention is on t-1, "
-             "induction if prefix matching >= 0.3, duplicate-token if >= 0.3 on earlier "
-             "copies of its own token; else by its place: mover if its edge to the logits "
-             "carries the metric (ablating it lowers the metric) and its DLA is positive, "
-             "negative mover if ablating that edge raises the metric and its DLA is "
-             "negative, upstream otherwise (its edges go into other nodes)")
+def thresholds() -> dict:
+  """The taxonomy's attention thresholds (mha_jax.analysis.taxonomy.Settings)."""
+  sys.path.insert(0, ROOT)
+  from mha_jax.analysis import taxonomy
+  t = taxonomy.Settings().thresholds()
+  return {k: t[k] for k in ("previous_token", "induction", "duplicate_token")}
 
 
-def role(h: dict) -> str:
-  if h["previous_token"] >= 0.5:
+def role_rule(t: dict) -> str:
+  return (f"attention first, at the taxonomy's thresholds: previous-token if >= "
+          f"{t['previous_token']} of its attention is on t-1, induction if prefix matching "
+          f">= {t['induction']}, duplicate-token if >= {t['duplicate_token']} on earlier "
+          "copies of its own token; else by its place: mover if its edge to the logits "
+          "carries the metric (ablating it lowers the metric) and its DLA is positive, "
+          "negative mover if ablating that edge raises the metric and its DLA is "
+          "negative, upstream otherwise (its edges go into other nodes)")
+
+
+def role(h: dict, t: dict) -> str:
+  if h["previous_token"] >= t["previous_token"]:
     return "previous-token"
-  if h["prefix_matching"] >= 0.3:
+  if h["prefix_matching"] >= t["induction"]:
     return "induction"
-  if h["duplicate_token"] >= 0.3:
+  if h["duplicate_token"] >= t["duplicate_token"]:
     return "duplicate-token"
   if h["logit_edge"] < 0 and h["dla"] > 0:
     return "mover"
@@ -59,18 +71,47 @@ def edge_mass(doc: dict) -> tuple[dict, dict]:
   return mass, logit
 
 
+def relabel(out: str) -> dict:
+  """DIR/roles.json's top heads named again at the current thresholds, from the scores
+  it holds (nothing runs; the scores, their machine and date stay)."""
+  from experiments import bench
+  from mha_jax import storage
+  path = os.path.join(out, "roles.json")
+  res = storage.read_json(path)
+  th = thresholds()
+  for h in res["top_by_edge_mass"]:
+    h["role"] = role(h, th)
+  res.update(rule=role_rule(th), thresholds=th,
+             relabelled=time.strftime("%Y-%m-%d"))
+  bench.write_json(res, path)
+  for h in res["top_by_edge_mass"]:
+    print(f"{h['head']}: {h['role']}")
+  return res
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("out")
-  p.add_argument("--workdir", required=True)
+  p.add_argument("--workdir", help="the model's workdir (not with --relabel)")
   p.add_argument("--top", type=int, default=12)
+  p.add_argument("--relabel", action="store_true",
+                 help="only name DIR/roles.json's heads again at the current thresholds")
   a = p.parse_args(argv)
   sys.path.insert(0, ROOT)
+  if a.relabel:
+    return relabel(a.out)
+  if not a.workdir:
+    p.error("--workdir is required (unless --relabel)")
   from experiments import bench
   from mha_jax import storage
   from mha_jax.circuits import behaviour, circuit
   from mha_jax.loader import load
   doc = storage.read_json(os.path.join(a.out, "circuit.json"))
+  if len(doc["edges"]) < doc["graph"]["edges"]:
+    p.error(f"{a.out}/circuit.json holds {len(doc['edges'])} of the graph's "
+            f"{doc['graph']['edges']} edges (a results copy: scripts/circuit_results.py "
+            "keeps the strongest); edge mass needs them all: give the circuit command's "
+            "own output folder")
   run = load(a.workdir)
   n = doc["pairs"] + len(doc["failing"])
   s, _, _, _ = circuit.prepare(run, doc["task"], None, n, 0, False, log=lambda m: None)
@@ -90,11 +131,12 @@ def main(argv=None):
                    **{k: sc[k] for k in ("previous_token", "prefix_matching",
                                          "duplicate_token")}}
   top = sorted(heads, key=lambda k: -heads[k]["edge_mass"])[:a.top]
+  th = thresholds()
   for k in top:
-    heads[k]["role"] = role(heads[k])
+    heads[k]["role"] = role(heads[k], th)
   by_patch = sorted(heads, key=lambda k: -abs(heads[k]["patching_recovery"]))[:10]
   res = {"circuit": os.path.join(a.out, "circuit.json"), "task": doc["task"],
-         "workdir": a.workdir, "rule": ROLE_RULE,
+         "workdir": a.workdir, "rule": role_rule(th), "thresholds": th,
          "top_by_edge_mass": [{"head": k, **heads[k]} for k in top],
          "patching_top10": by_patch,
          "patching_top10_in_circuit": [k for k in by_patch if k in circ],

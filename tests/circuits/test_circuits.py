@@ -209,3 +209,34 @@ def test_a_text_model_without_layernorm_has_its_terms_measured_on_its_own_text(t
   logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
   nll = -np.take_along_axis(logp, w[:, 1:-1, None], -1)[..., 0]
   assert res["term_importance"][-1]["loss"] == pytest.approx(nll.mean(), abs=1e-4)
+
+
+def test_circuit_roles_names_heads_at_the_taxonomys_thresholds(tmp_path, capsys):
+  """scripts/circuit_roles.py: the attention-first rule uses the taxonomy's thresholds;
+  --relabel names a roles.json's heads again from its scores; a results copy of
+  circuit.json (its strongest edges only) is refused."""
+  import pathlib
+  import shutil
+  import sys
+  from mha_jax.analysis import taxonomy
+  root = pathlib.Path(__file__).resolve().parents[2]
+  sys.path.insert(0, str(root / "scripts"))
+  import circuit_roles
+  t = taxonomy.Settings().thresholds()
+  head = {"previous_token": 0.0, "prefix_matching": t["induction"], "duplicate_token": 0.0,
+          "logit_edge": 0.5, "dla": -0.2}
+  th = circuit_roles.thresholds()
+  assert circuit_roles.role(head, th) == "induction"
+  head["prefix_matching"] = t["induction"] - 0.01
+  assert circuit_roles.role(head, th) == "negative mover"
+  src = root / "docs" / "results" / "circuits" / "smollm2_induction"
+  shutil.copy(src / "roles.json", tmp_path / "roles.json")
+  res = circuit_roles.main([str(tmp_path), "--relabel"])
+  rows = res["top_by_edge_mass"]
+  assert res["thresholds"]["induction"] == t["induction"] and len(rows) == 12
+  assert [r["role"] for r in rows] == [circuit_roles.role(r, th) for r in rows]
+  assert any(r["role"] == "induction" for r in rows)
+  shutil.copy(src / "circuit.json", tmp_path / "circuit.json")
+  with pytest.raises(SystemExit):
+    circuit_roles.main([str(tmp_path), "--workdir", str(tmp_path)])
+  assert "holds 300 of the graph's 70651 edges" in capsys.readouterr().err
