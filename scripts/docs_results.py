@@ -178,7 +178,7 @@ def commands_page(docs):
              and (i == 0 or argv[i - 1] not in ("--workdir", "--out"))]
     rows.append([f"`{' '.join(shown)}`", *cells,
                  f"{r['first']['compiled']} / {r['second']['compiled']}",
-                 _f(r["cache_bytes"] / 1e6), r.get("date", d.get("date", "")),
+                 _f(r["cache_bytes"] / 1e6), r.get("date", m.get("date", "")),
                  "" if load is None else f"{load[0]:.1f}"])
   parts = [
     "# Results: commands and the patching sweep", "",
@@ -516,7 +516,7 @@ def _taxonomy_model(docs, key, title):
   d = _load(docs, rel)
   m = machine_of(d)
   rate = (f"; float32 matmul {m['matmul_gflops']:.0f} / {m['matmul_gflops_after']:.0f} "
-          "GFLOP/s before / after (shared machine)" if "matmul_gflops" in m else "")
+          "GFLOP/s before / after (shared machine)" if "matmul_gflops_after" in m else "")
   parts = [f"## {title}", "", f"{m['date']}, {m['platform']}, {m['cpu_count']} CPUs "
            f"({m['backend']}){rate}.", "", "Heads per assigned role:", "",
            _table(["role", "heads"], sorted(d["counts"].items(), key=lambda kv: -kv[1])), "",
@@ -555,7 +555,7 @@ def _taxonomy_model(docs, key, title):
               f"({100 * len(q) / len(d['assigned']):.1f} %) reach the copy-paste threshold "
               f"{d['thresholds']['retrieval']}. Run {rm['date']}" +
               (f" (matmul {rm['matmul_gflops']:.0f} / {rm['matmul_gflops_after']:.0f} GFLOP/s)"
-               if "matmul_gflops" in rm else "") +
+               if "matmul_gflops_after" in rm else "") +
               f": detector {run['seconds']['detectors']['retrieval']:.0f} s.", ""]
   if "causal" in d:
     k, n = d["settings"]["top_k"], d["settings"]["draws"]
