@@ -54,19 +54,13 @@ def machine_of(d):
   rec = {OLD_MACHINE_KEYS.get(k, k): v for k, v in d.items()
          if OLD_MACHINE_KEYS.get(k, k) in MACHINE_KEYS}
   if isinstance(m, dict):
-    rec.update({OLD_MACHINE_KEYS.get(k, k): v for k, v in m.items()})
+    rec.update({OLD_MACHINE_KEYS.get(k, k): v for k, v in m.items() if k != "machine"})
     m = m.get("machine")
   if isinstance(m, str):
     rec["description"] = m
   if isinstance(rec.get("matmul_gflops"), list):
     rec["matmul_gflops"], rec["matmul_gflops_after"] = rec["matmul_gflops"]
   return rec
-
-
-def _machine_words(m):
-  """A machine record in a few words: an old file's own description, else the platform,
-  its cores and backend."""
-  return m.get("description") or f"{m['platform']}, {m['cpu_count']} cores ({m['backend']})"
 
 
 def attention_page(docs):
@@ -187,9 +181,8 @@ def commands_page(docs):
     "## First and second runs", "",
     f"`scripts/bench_compile_cache.py`, SmolLM2-135M imported; each command as a fresh "
     f"process without the compile cache, into an empty one (first run) and from it (second "
-    f"run); jax {m['jax']}, {_machine_words(m)}, {m['cpu_count']} cores, shared with other "
-    f"work "
-    f"(the load average when each command's runs ended is in its row).", "",
+    f"run); jax {m['jax']}, {m.get('description') or m['platform']}, {m['cpu_count']} cores, "
+    f"shared with other work (the load average when each command's runs ended is in its row).", "",
     _table(["command", "no cache s", "first run s", "second run s",
             "programs compiled first / second", "cache MB", "measured", "load"], rows), "",
     _source(rel), ""]
@@ -441,6 +434,8 @@ def variants_page(docs):
   """The h x variant sweep (`mha-jax compare-runs`) and the variants' claims."""
   rel, crel = "results/variants/compare.json", "results/variants/claims.json"
   d = _load(docs, rel)
+  m = machine_of(d)       # an older file's description says its cores
+  words = m.get("description") or f"{m['platform']}, {m['cpu_count']} cores ({m['backend']})"
   rows = sorted(d["rows"], key=lambda r: (r["variant"], r["heads"]))
   tol = d["settings"]["loss_tolerance"]
   table = [[r["variant"], r["heads"], _f(r["loss"], 3), _f(r.get("first_token_share"), 3),
@@ -456,7 +451,7 @@ def variants_page(docs):
     "`mha-jax claims --settings variants` (claims.json); how to run them is in "
     "[Attention](../guide/attention.md#variants-gated-differential-sigmoid-sink-qk-norm).",
     "", f"Setting: {d['setting'] or _run_setting(rows[0]['config'])}", "",
-    f"Machine: {_machine_words(machine_of(d))}; {machine_of(d)['date']}.", "",
+    f"Machine: {words}; {m['date']}.", "",
     f"Columns: test loss (nats); first-token share, the mean over heads of the weight on "
     f"the first token (BOS) on held-out text, and the largest head's; entropy of the rows "
     f"(nats); heads kept by L0 gates ranked once, the fewest within {tol} nats of the "
