@@ -2,6 +2,7 @@
 and from the records the committed files were written with before it (measurements,
 never rewritten): each page below, both ways."""
 
+import ast
 import json
 import pathlib
 import shutil
@@ -99,3 +100,43 @@ def test_machine_of_renames_the_older_keys_and_keeps_the_record():
   assert docs_results.machine_of({"machine": {"machine": "x86_64", "cpu_count": 2, "date": "d",
                                               "load_average_1_5_15": [1.0, 2.0, 3.0]}}) == {
       "description": "x86_64", "cpu_count": 2, "date": "d", "load_average": [1.0, 2.0, 3.0]}
+
+
+# Writers not yet on the one record: the lead's files on main, converted when they land.
+OWN_RECORD = {"scripts/bench_patching.py", "scripts/circuit_roles.py"}
+
+
+def _is_record(node) -> bool:
+  """machine(...), or {**machine(...), more keys}: the one record (a name holding one is
+  trusted)."""
+  call = lambda n: (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                    and n.func.id == "machine")
+  return (call(node) or isinstance(node, ast.Name)
+          or isinstance(node, ast.Dict) and any(k is None and call(v)
+                                               for k, v in zip(node.keys, node.values)))
+
+
+def own_records(source: str) -> list[int]:
+  """Lines where `source` writes a "machine" that is not the one record: a dict entry
+  `"machine": ...` or an assignment `doc["machine"] = ...`."""
+  bad = []
+  for n in ast.walk(ast.parse(source)):
+    pairs = []
+    if isinstance(n, ast.Dict):
+      pairs = [(k, v) for k, v in zip(n.keys, n.values)]
+    elif isinstance(n, ast.Assign):
+      pairs = [(t.slice, n.value) for t in n.targets if isinstance(t, ast.Subscript)]
+    bad += [v.lineno for k, v in pairs if isinstance(k, ast.Constant)
+            and k.value == "machine" and not _is_record(v)]
+  return sorted(bad)
+
+
+def test_every_writer_uses_the_one_record():
+  bad = [f"{p.relative_to(ROOT)}:{line}" for d in ("mha_jax", "experiments", "scripts")
+         for p in sorted((ROOT / d).rglob("*.py"))
+         if str(p.relative_to(ROOT)) not in OWN_RECORD
+         for line in own_records(p.read_text())]
+  assert bad == []
+  assert own_records('d = {"machine": platform.machine()}\nd["machine"] = {"cpus": 2}\n'
+                     'ok = {"machine": machine(), "m": {**machine(), "load": "x"}}') == [1, 2]
+  assert all(own_records((ROOT / p).read_text()) for p in OWN_RECORD)   # still to convert
