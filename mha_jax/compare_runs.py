@@ -270,4 +270,3 @@ def _latest_step(wd: str):
     return c.latest_step()
   finally:
     c.close()
-

@@ -50,8 +50,8 @@ def docs(tmp_path):
   return tmp_path
 
 
-def test_the_fake_record_has_the_record_s_keys():
-  assert NEW.keys() == machine(matmul_gflops=1.0).keys()
+def test_the_fake_record_and_the_reader_have_the_record_s_keys():
+  assert NEW.keys() == machine(matmul_gflops=1.0).keys() == set(docs_results.MACHINE_KEYS)
 
 
 def test_pages_read_the_committed_files_older_records(docs):
