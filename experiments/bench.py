@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import resource
 import statistics
 import time
@@ -25,6 +24,7 @@ from mha_jax import storage
 from mha_jax import accounting, attention, layers
 from mha_jax.kernels import xla as xla_kernels
 from mha_jax.errors import UserError
+from mha_jax.machine import machine
 
 DEFAULT_HEADS = (8, 12, 16, 32, 64, 96)
 
@@ -219,12 +219,7 @@ def run_attention(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
       "note": "2-core CPU shared with other jobs: timings are noisy; rounds are "
               "interleaved so drift hits every implementation alike; each timed call "
               "starts once the process is idle (bench.settle)",
-      "machine": {"backend": jax.default_backend(),
-                  "device_kind": jax.devices()[0].device_kind,
-                  "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
-                  "platform": platform.platform(), "jax": jax.__version__,
-                  "matmul_gflops": gflops, "load_average": os.getloadavg()},
-      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+      "machine": machine(matmul_gflops=gflops),
       "flops_forward": fwd_flops, "flops_forward_backward": flops["forward+backward"],
       "rows": rows,
   }
@@ -322,11 +317,7 @@ def run_variants(*, d_model: int = 768, seq_len: int = 512, batch: int = 4, head
                      "impl": "auto"},
           "note": "rounds interleaved over the variants on a shared machine; ratios are "
                   "each variant's median over softmax's in the same run",
-          "machine": {"backend": jax.default_backend(),
-                      "device_kind": jax.devices()[0].device_kind,
-                      "cpu_count": os.cpu_count(), "platform": platform.platform(),
-                      "jax": jax.__version__, "matmul_gflops": gflops,
-                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+          "machine": machine(matmul_gflops=gflops),
           "rows": rows}
 
 
@@ -462,9 +453,7 @@ def run_scale_t(*, d_model: int = 512, num_heads: int = 8, batch: int = 1,
                      "max_mem_gb": max_mem_gb, "dtype": "float32", "mode": "forward+backward",
                      "memory": "peak resident set (VmHWM) of a fresh process per row, "
                                "JAX runtime included; address space capped at max_mem_gb"},
-          "machine": {"backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-                      "platform": platform.platform(), "jax": jax.__version__},
-          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+          "machine": machine(), "rows": rows}
 
 
 def format_scale_t(result: dict) -> str:

@@ -11,8 +11,6 @@ rate against the machine's measured matmul rate.
 from __future__ import annotations
 
 import functools
-import os
-import platform
 import statistics
 import time
 from typing import Callable, Sequence
@@ -24,6 +22,7 @@ import numpy as np
 import optax
 
 from mha_jax.errors import UserError
+from mha_jax.machine import machine
 from experiments import bench
 from mha_jax import tasks
 from mha_jax import config as mc
@@ -181,15 +180,13 @@ def run_train_steps(config: str = "configs/translation.py:quickstart", overrides
   for r in rows:
     r["vs_flax_linen"] = r["step_ms"] / ref
   return {"config": config, "overrides": list(overrides), "rounds": rounds,
-          "matmul_gflops": rate, "backend": jax.default_backend(),
-          "devices": jax.device_count(), "machine": platform.processor() or platform.machine(),
-          "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+          "machine": machine(matmul_gflops=rate), "rows": rows}
 
 
 def format_table(res: dict) -> str:
   lines = [f"{res['config']} {' '.join(res['overrides'])}: one training step (fwd + bwd + "
-           f"AdamW), median of {res['rounds']} interleaved rounds; {res['backend']}, matmul "
-           f"{res['matmul_gflops']:.1f} GFLOP/s",
+           f"AdamW), median of {res['rounds']} interleaved rounds; {res['machine']['backend']}, "
+           f"matmul {res['machine']['matmul_gflops']:.1f} GFLOP/s",
            "", "| model | batch (src, tgt) | step ms | vs flax.linen | GFLOP (XLA, ours) | "
            "GFLOP/s | % matmul |", "|---|---|---:|---:|---:|---:|---:|"]
   for r in res["rows"]:

@@ -16,22 +16,21 @@ and the pruning from the L0 gates of `pruning.methods.train_gates` ranked by
 translation run has loss, BLEU, roles and the pruning of its encoder heads (at
 `bleu_tolerance`); the attention and circuit columns are for decoders.
 
-Writes OUT/compare.json (the rows, the settings, machine and date), OUT/compare.md and
-OUT/compare.png, and each run's row as OUT/runs/NAME.json: a rerun with the same
-settings reuses the rows of runs whose last checkpoint has not changed.
+Writes OUT/compare.json (the rows, the settings, the machine record with its date),
+OUT/compare.md and OUT/compare.png, and each run's row as OUT/runs/NAME.json: a rerun
+with the same settings reuses the rows of runs whose last checkpoint has not changed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import platform
 from typing import Callable, Sequence
 
 import numpy as np
 
 from mha_jax import settings as settings_lib, storage
 from mha_jax.errors import UserError
+from mha_jax.machine import machine
 from mha_jax.settings import setting
 from mha_jax.toolkit import plots, stability
 
@@ -253,9 +252,7 @@ def compare_runs(dirs: Sequence[str], out: str, settings: CompareSettings = Comp
     rows.append(row)
   rows.sort(key=lambda r: (r["variant"], r["heads"], r["seed"] or 0))
   result = {"rows": rows, "settings": dataclasses.asdict(settings), "setting": setting_text,
-            "dirs": list(dirs), "machine": f"{platform.machine()} {platform.processor()} "
-            f"{_cores()} cores, {platform.system()}",
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+            "dirs": list(dirs), "machine": machine()}
   storage.write_json(storage.join(out, "compare.json"), result)
   table = format_table(rows)
   storage.write_text(storage.join(out, "compare.md"), table + "\n")
@@ -273,8 +270,3 @@ def _latest_step(wd: str):
     return c.latest_step()
   finally:
     c.close()
-
-
-def _cores() -> int:
-  import os
-  return os.cpu_count() or 0

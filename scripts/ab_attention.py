@@ -16,17 +16,16 @@ loaded, kernels included, so a kernel change is compared too:
 
 import argparse
 import importlib
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import jax
 
 from experiments import bench
 from mha_jax import attention
+from mha_jax.machine import machine
 
 
 def _old_attention(rev: str):
@@ -94,10 +93,7 @@ def main():
     print(f"h={h} now / at {a.rev}: {med['mha_jax now'] / med[f'mha_jax at {a.rev}']:.3f} "
           f"(rounds {per_round[0]:.3f}-{per_round[-1]:.3f}); matmul {rate:.0f} GFLOP/s")
   result = {"config": vars(a), "mode": "forward+backward",
-            "machine": {"backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-                        "jax": jax.__version__, "matmul_gflops": gflops,
-                        "load_average": os.getloadavg(),
-                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+            "machine": machine(matmul_gflops=gflops),
             "rows": rows}
   bench.write_json(result, a.out)
   print(f"wrote {a.out}")

@@ -50,6 +50,7 @@ import jax.numpy as jnp  # noqa: E402
 from experiments import bench  # noqa: E402
 from mha_jax import accounting, attention  # noqa: E402
 from mha_jax.kernels import blocked  # noqa: E402
+from mha_jax.machine import machine  # noqa: E402
 
 
 def parts(d: int, h: int, t: int, b: int):
@@ -129,9 +130,7 @@ def main(argv=None):
         "rest_ms": 1e3 * (med["layer"] - med["projections"] - med["core"]),
         "ratio_to_linen": med["flax.linen MHDPA"] / med["layer"],
         "ratio_bound": med["flax.linen MHDPA"] / floor}
-  result["machine"] = {"backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-                       "jax": jax.__version__, "load_average": os.getloadavg(),
-                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+  result["machine"] = machine()
   result["table"] = table_of(result)
   print(result["table"])
   bench.write_json(result, args.out)

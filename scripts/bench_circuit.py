@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 
@@ -44,6 +43,7 @@ def main(argv=None):
   import jax.numpy as jnp
   from experiments import bench
   from mha_jax import load
+  from mha_jax.machine import machine
   from mha_jax.circuits import edges as edges_lib, search
   from mha_jax.toolkit import activation_patching, pairs as pairs_lib
   loaded = load(args.workdir)
@@ -74,10 +74,7 @@ def main(argv=None):
             "eap_ig_first_s": ig_first, "curve_sizes": len(counts), "curve_s": curve,
             "curve_first_s": curve_first, "curve_ratio_to_edge_forward": curve / fwd,
             "edge_forward_first_s": fwd_first,
-            "matmul_gflops": rate, "jax": jax.__version__, "backend": jax.default_backend(),
-            "cpu_count": os.cpu_count(), "machine": platform.machine(),
-            "load_average": os.getloadavg(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "machine": machine(matmul_gflops=rate)}
   rows = [f"| {es.graph.size()['edges']} edges, {len(pairs)} IOI pairs | median s | "
           f"ratio |", "|---|---|---|",
           f"| forward+backward (plain) | {fb:.3f} | 1.00x |",

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -117,10 +116,8 @@ def main(argv=None):
       print(f"{name}: no cache {off['seconds']} s, first {first['seconds']} s "
             f"({first['compiled']} compiled), second {second['seconds']} s "
             f"({second['compiled']} compiled, {second['loaded']} loaded)", flush=True)
-  import jax
-  result.update({"jax": jax.__version__, "cpu_count": os.cpu_count(),
-                 "machine": platform.machine(), "processor": platform.processor(),
-                 "date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg()})
+  from mha_jax.machine import machine
+  result["machine"] = machine()
   result["table"] = table_of(result)
   print(result["table"])
   bench.write_json(result, args.out)

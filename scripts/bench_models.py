@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -149,13 +148,11 @@ def table(rows) -> str:
   return "\n".join(out)
 
 
-def _write(out, rows, args, cores, extra) -> dict:
-  import jax
+def _write(out, rows, args, extra) -> dict:
+  from mha_jax.machine import machine     # cores_used: the cores main pinned
   result = {"model": "smollm2-135m (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized to f32)",
             "new_tokens": args.new_tokens, "rounds": args.rounds, "rows": rows,
-            "jax": jax.__version__, "backend": jax.default_backend(),
-            "cpu_count": os.cpu_count(), "cores_used": len(cores),
-            "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **extra}
+            "machine": machine(), **extra}
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
     json.dump(result, f, indent=1)
@@ -209,8 +206,8 @@ def main(argv=None):
     rows += bench_mha_jax(loaded, b, t, args.new_tokens, args.rounds)
     if hf_model is not None:
       rows += bench_transformers(hf_model, b, t, args.new_tokens, args.rounds)
-    _write(args.out, rows, args, cores, extra)     # after every shape: a partial run keeps its rows
-  _write(args.out, rows, args, cores, extra)
+    _write(args.out, rows, args, extra)     # after every shape: a partial run keeps its rows
+  _write(args.out, rows, args, extra)
   print()
   print(table(rows))
   if "logits_rel_err_vs_transformers" in extra:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -184,7 +183,7 @@ def format_profile(res: dict) -> str:
 def format_table(res: dict) -> str:
   one = res["rows"][0]
   lines = [f"{res['config']}: {one['steps']} steps, batch {res['batch_size']} per seed; "
-           f"{res['cpus']} CPUs, jax {res['jax']}", "",
+           f"{res['machine']['cpu_count']} CPUs, jax {res['machine']['jax']}", "",
            "| seeds | wall s | vs 1 seed | wall s per seed | step ms | step vs 1 seed | "
            "valid BLEU (mean, min-max) | load 1 min (before, after) |",
            "|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -211,8 +210,9 @@ def main(argv=None) -> int:
                  help="only profile the step (1 seed, N seeds, 1 seed at N times the batch) "
                       "over this many interleaved rounds; adds it to --out as \"profile\"")
   args, overrides = p.parse_known_args(argv)
+  from mha_jax.machine import machine
   if args.profile:
-    res = profile_steps(args.seeds, args.profile, overrides)
+    res = {**profile_steps(args.seeds, args.profile, overrides), "machine": machine()}
     res["table"] = format_profile(res)
     print(res["table"])
     full = {}
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     return 0
   if args.step_rounds:
     res = {"load_before": _load(), **interleaved_steps(args.seeds, args.step_rounds,
-                                                       overrides)}
+                                                       overrides), "machine": machine()}
     print(f"step alone, interleaved, median of {args.step_rounds}: 1 seed "
           f"{res['one_seed_ms']:.0f} ms, {args.seeds} seeds {res['n_seeds_ms']:.0f} ms "
           f"({res['ratio']:.2f}x); load {res['load_before']:.2f} -> {res['load_after']:.2f}")
@@ -240,7 +240,6 @@ def main(argv=None) -> int:
       with open(args.out + ".steps.json", "w") as f:
         json.dump(res, f, indent=1)
     return 0
-  import jax
   from mha_jax import config as mc
   cfg = mc.load_config(CONFIG)
   mc.apply_overrides(cfg, list(overrides))
@@ -250,9 +249,7 @@ def main(argv=None) -> int:
     rows.append(run_one(n, os.path.join(args.workdir, f"seeds_{n}"), overrides))
     print(json.dumps(rows[-1]), flush=True)
   res = {"config": CONFIG, "overrides": list(overrides), "batch_size": cfg.train.batch_size,
-         "cpus": os.cpu_count(), "machine": platform.machine(), "jax": jax.__version__,
-         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-         "backend": jax.default_backend(), "rows": rows,
+         "machine": machine(), "rows": rows,
          "ratio_wall": rows[1]["wall_s"] / rows[0]["wall_s"],
          "note": "shared machine: see the load averages"}
   print(format_table(res))

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -121,6 +120,7 @@ def main(argv=None) -> int:
   import jax
 
   from experiments import bench
+  from mha_jax.machine import machine
   gflops = bench.matmul_gflops()
   print(f"backend {jax.default_backend()}, {os.cpu_count()} CPUs, float32 matmul rate "
         f"{gflops:.1f} GFLOP/s")
@@ -146,10 +146,7 @@ def main(argv=None) -> int:
                        "rounds": args.rounds, "max_mem_gb": args.max_mem_gb,
                        "memory": "peak resident set (VmHWM) of a fresh process per row, "
                                  "one forward+backward, JAX runtime included"},
-            "machine": {"backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-                        "platform": platform.platform(), "jax": jax.__version__,
-                        "matmul_gflops": gflops},
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+            "machine": machine(matmul_gflops=gflops), "rows": rows}
   print(format_table(result))
   bench.write_json(result, args.out)
   print(f"wrote {args.out}")

@@ -15,9 +15,9 @@ import argparse
 import collections
 import json
 import os
-import platform
 import shutil
-import time
+
+from mha_jax.machine import machine
 
 
 def roles(doc: dict, patching: str | None, group: int, top: int = 12) -> dict:
@@ -63,8 +63,7 @@ def main(argv=None):
   doc["roles"] = roles(doc, args.patching, args.group)
   doc["edges_total"] = len(doc["edges"])
   doc["edges"] = doc["edges"][:300]
-  doc["machine"] = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+  doc["machine"] = machine()
   os.makedirs(args.result, exist_ok=True)
   with open(os.path.join(args.result, "circuit.json"), "w") as f:
     json.dump(doc, f, indent=1)

@@ -36,10 +36,37 @@ def _source(*rels):
   return "Source: " + ", ".join(f"`docs/{r}`" for r in rels) + "."
 
 
+# The one machine record's keys (mha_jax.machine.machine), and the names files written
+# before it gave the same facts (taxonomy's "written" and "device", the benchmarks' "cpus").
+MACHINE_KEYS = ("backend", "device_kind", "device_count", "cpu_count", "cores_used",
+                "platform", "python", "jax", "date", "load_average", "matmul_gflops")
+OLD_MACHINE_KEYS = {"cpus": "cpu_count", "devices": "device_count", "written": "date",
+                    "device": "backend", "load_average_1_5_15": "load_average"}
+
+
+def machine_of(d):
+  """The machine record of a results JSON `d` (or of a run inside one), in the record's
+  keys: `d["machine"]` where it is that record. A file written before it gives the same
+  facts in its own keys, at its top level or in its "machine" dict, renamed here
+  (OLD_MACHINE_KEYS); its "machine" string (e.g. "x86_64") becomes "description", and a
+  [before, after] matmul rate becomes matmul_gflops and matmul_gflops_after."""
+  m = d.get("machine")
+  rec = {OLD_MACHINE_KEYS.get(k, k): v for k, v in d.items()
+         if OLD_MACHINE_KEYS.get(k, k) in MACHINE_KEYS}
+  if isinstance(m, dict):
+    rec.update({OLD_MACHINE_KEYS.get(k, k): v for k, v in m.items() if k != "machine"})
+    m = m.get("machine")
+  if isinstance(m, str):
+    rec["description"] = m
+  if isinstance(rec.get("matmul_gflops"), list):
+    rec["matmul_gflops"], rec["matmul_gflops_after"] = rec["matmul_gflops"]
+  return rec
+
+
 def attention_page(docs):
   rel = "results/bench_attention_cpu.json"
   d = _load(docs, rel)
-  c, m = d["config"], d["machine"]
+  c, m = d["config"], machine_of(d)
   by = {}
   for r in d["rows"]:
     by.setdefault((r["heads"], r["d_k"], r["impl"]), {})[r["mode"]] = r
@@ -101,7 +128,7 @@ def _attention_parts(docs):
   (scripts/bench_attention_parts.py)."""
   rel = "results/attention_parts_cpu.json"
   d = _load(docs, rel)
-  c, m = d["config"], d["machine"]
+  c, m = d["config"], machine_of(d)
   rows, notes = [], []
   for h, r in d["heads"].items():
     for name, row in r["rows"].items():
@@ -133,6 +160,7 @@ def commands_page(docs):
   patching sweep against its peers (scripts/bench_patching.py)."""
   rel = "results/compile_cache.json"
   d = _load(docs, rel)
+  m = machine_of(d)
   rows = []
   for r in d["commands"].values():
     cells = [_f(r[k]["seconds"]) + (f" ({r[k]['ratio_to_sweep']:.2f}x its sweep, "
@@ -144,7 +172,7 @@ def commands_page(docs):
              and (i == 0 or argv[i - 1] not in ("--workdir", "--out"))]
     rows.append([f"`{' '.join(shown)}`", *cells,
                  f"{r['first']['compiled']} / {r['second']['compiled']}",
-                 _f(r["cache_bytes"] / 1e6), r.get("date", d.get("date", "")),
+                 _f(r["cache_bytes"] / 1e6), r.get("date", m.get("date", "")),
                  "" if load is None else f"{load[0]:.1f}"])
   parts = [
     "# Results: commands and the patching sweep", "",
@@ -153,18 +181,19 @@ def commands_page(docs):
     "## First and second runs", "",
     f"`scripts/bench_compile_cache.py`, SmolLM2-135M imported; each command as a fresh "
     f"process without the compile cache, into an empty one (first run) and from it (second "
-    f"run); jax {d['jax']}, {d['machine']}, {d['cpu_count']} cores, shared with other work "
-    f"(the load average when each command's runs ended is in its row).", "",
+    f"run); jax {m['jax']}, {m.get('description') or m['platform']}, {m['cpu_count']} cores, "
+    f"shared with other work (the load average when each command's runs ended is in its row).", "",
     _table(["command", "no cache s", "first run s", "second run s",
             "programs compiled first / second", "cache MB", "measured", "load"], rows), "",
     _source(rel), ""]
   rel = "results/bench_patching_cpu.json"
   d = _load(docs, rel)
+  m = machine_of(d)
   parts += ["## The head-output sweep against TransformerLens and nnsight", "",
             f"`scripts/bench_patching.py`: {d['sweep']}, {d['pairs']} IOI pairs "
-            f"({d['tokens']} tokens), {d['model']}; jax {d['jax']}, {d['cores_used']} of "
-            f"{d['cpu_count']} cores, load average {d['load_average'][0]:.1f}"
-            + (f", {d['date']}" if "date" in d else "") + ".", "",
+            f"({d['tokens']} tokens), {d['model']}; jax {m['jax']}, {m['cores_used']} of "
+            f"{m['cpu_count']} cores, load average {m['load_average'][0]:.1f}"
+            + (f", {m['date']}" if "date" in m else "") + ".", "",
             d["table"], ""]
   scaled = {n: p for n, p in d["peers"].items() if p.get("heads_run", p["heads"]) < p["heads"]}
   if scaled:
@@ -185,6 +214,7 @@ def training_step_page(docs):
            "see [Performance](../guide/performance.md#the-training-step).", ""]
   for rel, title in (("results/bench_train_cpu.json", "Current code"),):   # earlier: git log
     d = _load(docs, rel)
+    m = machine_of(d)
     rows = []
     for r in d["rows"]:
       shapes = r.get("batch_shapes") or d.get("batch_shapes") or {}
@@ -194,7 +224,7 @@ def training_step_page(docs):
                    _f(r["pct_matmul"])])
     parts += [f"## {title}", "",
               f"`{d['config']}`, median of {d['rounds']} interleaved rounds, "
-              f"{d['backend']}, {d['cpus']} cores, matmul rate {d['matmul_gflops']:.0f} GFLOP/s.",
+              f"{m['backend']}, {m['cpu_count']} cores, matmul rate {m['matmul_gflops']:.0f} GFLOP/s.",
               "",
               _table(["model", "source batch", "step ms", "vs flax.linen", "GFLOP/s",
                       "% of matmul rate"], rows), "", _source(rel), ""]
@@ -204,6 +234,7 @@ def training_step_page(docs):
 def seeds_page(docs):
   rel = "results/bench_seeds_cpu.json"
   d = _load(docs, rel)
+  m = machine_of(d)
   rows = [[r["seeds"], _f(r["wall_s"]), _f(r["step_ms"], 0),
            f"{r['load_before']:.1f}-{r['load_after']:.1f}",
            ", ".join(f"{b:.1f}" for b in r["valid_bleu"])] for r in d["rows"]]
@@ -211,7 +242,7 @@ def seeds_page(docs):
     "# Results: many seeds in one program", "",
     "Generated by `scripts/docs_results.py`; see "
     "[Training](../guide/training.md#many-seeds-in-one-program).", "",
-    f"`{d['config']}`, batch {d['batch_size']} per seed, {d['backend']}, {d['cpus']} cores "
+    f"`{d['config']}`, batch {d['batch_size']} per seed, {m['backend']}, {m['cpu_count']} cores "
     f"({d['note']}). 8 seeds take {d['ratio_wall']:.2f}x one seed's wall time.", "",
     _table(["seeds", "wall s", "step ms", "load average", "valid BLEU per seed"], rows), "",
     _source(rel), "",
@@ -403,6 +434,8 @@ def variants_page(docs):
   """The h x variant sweep (`mha-jax compare-runs`) and the variants' claims."""
   rel, crel = "results/variants/compare.json", "results/variants/claims.json"
   d = _load(docs, rel)
+  m = machine_of(d)       # an older file's description says its cores
+  words = m.get("description") or f"{m['platform']}, {m['cpu_count']} cores ({m['backend']})"
   rows = sorted(d["rows"], key=lambda r: (r["variant"], r["heads"]))
   tol = d["settings"]["loss_tolerance"]
   table = [[r["variant"], r["heads"], _f(r["loss"], 3), _f(r.get("first_token_share"), 3),
@@ -418,7 +451,7 @@ def variants_page(docs):
     "`mha-jax claims --settings variants` (claims.json); how to run them is in "
     "[Attention](../guide/attention.md#variants-gated-differential-sigmoid-sink-qk-norm).",
     "", f"Setting: {d['setting'] or _run_setting(rows[0]['config'])}", "",
-    f"Machine: {d['machine']}; {d['date']}.", "",
+    f"Machine: {words}; {m['date']}.", "",
     f"Columns: test loss (nats); first-token share, the mean over heads of the weight on "
     f"the first token (BOS) on held-out text, and the largest head's; entropy of the rows "
     f"(nats); heads kept by L0 gates ranked once, the fewest within {tol} nats of the "
@@ -476,11 +509,11 @@ def _taxonomy_model(docs, key, title):
   if not (docs / rel).exists():
     return [f"## {title}", "", f"Not run yet (`{rel}` is missing).", ""]
   d = _load(docs, rel)
-  m = d["machine"]
-  rate = (f"; float32 matmul {m['matmul_gflops'][0]:.0f} / {m['matmul_gflops'][1]:.0f} "
-          "GFLOP/s before / after (shared machine)" if "matmul_gflops" in m else "")
-  parts = [f"## {title}", "", f"{m['written']}, {m['platform']}, {m['cpu_count']} CPUs "
-           f"({m['device']}){rate}.", "", "Heads per assigned role:", "",
+  m = machine_of(d)
+  rate = (f"; float32 matmul {m['matmul_gflops']:.0f} / {m['matmul_gflops_after']:.0f} "
+          "GFLOP/s before / after (shared machine)" if "matmul_gflops_after" in m else "")
+  parts = [f"## {title}", "", f"{m['date']}, {m['platform']}, {m['cpu_count']} CPUs "
+           f"({m['backend']}){rate}.", "", "Heads per assigned role:", "",
            _table(["role", "heads"], sorted(d["counts"].items(), key=lambda kv: -kv[1])), "",
            "Top-3 heads per role (score) and where the qualifying heads sit:", ""]
   rows = []
@@ -504,7 +537,7 @@ def _taxonomy_model(docs, key, title):
               ""]
   if "retrieval" in d["lm_roles"]:
     run = next((r for r in d.get("merged", []) if "retrieval" in r["roles"]), d)
-    st, rm = run["settings"], run["machine"]
+    st, rm = run["settings"], machine_of(run)
     q = d["qualifies"]["retrieval"]
     parts += [f"Retrieval (run on its own, merged in: `roles=retrieval "
               f"retrieval_len={st['retrieval_len']}`): {len(st['depths'])} "
@@ -515,9 +548,9 @@ def _taxonomy_model(docs, key, title):
               f"{', '.join(map(str, st['depths']))}; needle recall "
               f"{d['extra']['needle_recall']:.3f}; {len(q)} of {len(d['assigned'])} heads "
               f"({100 * len(q) / len(d['assigned']):.1f} %) reach the copy-paste threshold "
-              f"{d['thresholds']['retrieval']}. Run {rm['written']}" +
-              (f" (matmul {rm['matmul_gflops'][0]:.0f} / {rm['matmul_gflops'][1]:.0f} GFLOP/s)"
-               if "matmul_gflops" in rm else "") +
+              f"{d['thresholds']['retrieval']}. Run {rm['date']}" +
+              (f" (matmul {rm['matmul_gflops']:.0f} / {rm['matmul_gflops_after']:.0f} GFLOP/s)"
+               if "matmul_gflops_after" in rm else "") +
               f": detector {run['seconds']['detectors']['retrieval']:.0f} s.", ""]
   if "causal" in d:
     k, n = d["settings"]["top_k"], d["settings"]["draws"]
@@ -560,13 +593,13 @@ def _role_steps_section(docs, key="text",
   if not (docs / rel).exists():
     return [f"## {title}", "", f"Not run yet (`{rel}` is missing).", ""]
   d = _load(docs, rel)
-  m, by = d["machine"], d["by_step"]
+  m, by = machine_of(d), d["by_step"]
   roles = list(d["thresholds"])
   last = by[-1]
   parts = [f"## {title}", "",
            f"`mha-jax role-steps` over the checkpoints of `{d['workdir']}` (steps "
            f"{d['steps'][0]}..{d['steps'][-1]}, {len(d['steps'])} checkpoints); "
-           f"{m['written']}, {m['platform']}, {m['cpu_count']} CPUs ({m['device']}); "
+           f"{m['date']}, {m['platform']}, {m['cpu_count']} CPUs ({m['backend']}); "
            f"{d['seconds']['scores']:.0f} s for the scores"
            + (f", {d['seconds']['causal']:.0f} s for the causal checks" if "causal" in
               d["seconds"] else "") + ". How it is run: "

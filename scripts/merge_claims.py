@@ -1,26 +1,18 @@
 """Merge the settings of one `mha-jax claims` run into a committed claims.json, and
 rewrite that folder's REPORT.md: each claim's cells of the new run's settings replace
 or join the committed ones, in the settings' order; the new run's workdirs, seconds and
-machine (platform, cores, date, and the load average now) are recorded per setting
-under "runs".
+machine record (mha_jax.machine.machine: platform, cores, date, the load average now; and
+the note on the load where given) are recorded per setting under "runs".
 
   python scripts/merge_claims.py COMMITTED_DIR NEW_DIR ["a note on the load"]
 """
 
-import datetime
 import json
 import os
-import platform
 import sys
 
 from experiments.claims import run as claims_run
-
-
-def machine(note: str = "") -> dict:
-  return {"machine": platform.machine(), "cpu_count": os.cpu_count(),
-          "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-          "load_average_1_5_15": [round(x, 1) for x in os.getloadavg()],
-          **({"load": note} if note else {})}
+from mha_jax.machine import machine
 
 
 def merge(base: dict, new: dict, note: str = "") -> dict:
@@ -38,9 +30,10 @@ def merge(base: dict, new: dict, note: str = "") -> dict:
   base["settings"] = {s: settings[s] for s in order if s in settings}
   base["workdirs"] = {**base.get("workdirs", {}),
                       **{k: v for k, v in new.get("workdirs", {}).items() if v}}
+  ran_on = {**machine(), **({"load": note} if note else {})}
   base.setdefault("runs", []).append({"settings": ran, "seconds": new["seconds"],
                                       "workdirs": {k: v for k, v in new["workdirs"].items()
-                                                   if v}, "machine": machine(note)})
+                                                   if v}, "machine": ran_on})
   base["seconds"] = round(base["seconds"] + new["seconds"], 1)
   return base
 

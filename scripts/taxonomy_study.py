@@ -17,6 +17,7 @@ import time
 from mha_jax import load, storage
 from mha_jax.toolkit import head_roles
 from mha_jax.analysis import taxonomy
+from mha_jax.machine import machine
 from experiments import bench
 
 
@@ -50,7 +51,9 @@ def main(argv):
   rows = head_roles.real_lm_roles(loaded) if needs_rows else None
   doc = taxonomy.taxonomy(loaded, rows, settings, log=lambda m: print(m, flush=True),
                           on_scores=lambda d: finish(d, wd, out, circuit, t0, base))
-  doc["machine"]["matmul_gflops"] = [round(rate, 1), round(bench.matmul_gflops(rounds=10), 1)]  # before, after
+  after = bench.matmul_gflops(rounds=10)           # the rate before the study and after it
+  doc["machine"] = {**machine(matmul_gflops=round(rate, 1)),
+                    "matmul_gflops_after": round(after, 1)}
   doc = finish(doc, wd, out, circuit, t0, base)
   print(taxonomy.format_summary(doc))
   print(doc["seconds"])

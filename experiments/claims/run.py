@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 from mha_jax import storage
 from mha_jax.errors import UserError
+from mha_jax.machine import machine
 from experiments.claims import measure as E
 from experiments.claims import rules as R
 from experiments.claims import studies as S
@@ -323,6 +324,7 @@ def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None
     P.write(ctx, storage.join(out, "primer.html"), **primer_inputs(ctx))
     report["primer"] = "primer.html"
   report["seconds"] = round(time.time() - t0, 1)
+  report["machine"] = machine()
   storage.write_json(storage.join(out, "claims.json"), report)
   storage.write_text(storage.join(out, "REPORT.md"), format_report(report))
   return report

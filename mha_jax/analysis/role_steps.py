@@ -35,6 +35,7 @@ from typing import Callable
 from mha_jax import settings as settings_lib, storage
 from mha_jax.analysis import taxonomy
 from mha_jax.errors import UserError
+from mha_jax.machine import machine
 from mha_jax.loader import each_checkpoint
 from mha_jax.settings import setting
 from mha_jax.toolkit import head_roles, pairs as pairs_lib, stability
@@ -181,7 +182,7 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
           at, tax, sc["lm_roles"], sc["inputs"], log)})
     doc["seconds"]["causal"] = round(time.perf_counter() - t1, 1)
   doc["seconds"]["this_run"] = round(time.perf_counter() - t0, 1)   # reused rows excluded
-  doc["machine"] = taxonomy.machine()
+  doc["machine"] = machine()
   storage.write_json(storage.join(out_dir, "role_steps.json"), doc)
   plot(doc, storage.join(out_dir, "role_steps.png"), f"head roles over steps, {loaded.workdir}")
   return doc

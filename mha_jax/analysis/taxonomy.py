@@ -33,8 +33,6 @@ path-patched: NaN, no score).
 from __future__ import annotations
 
 import dataclasses
-import os
-import platform
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -44,6 +42,7 @@ import numpy as np
 
 from mha_jax import interventions
 from mha_jax import storage
+from mha_jax.machine import machine
 from mha_jax.analysis import detectors
 from mha_jax.toolkit import roles as roles_lib
 from mha_jax.errors import UserError
@@ -516,7 +515,8 @@ def taxonomy(run, rows: Sequence[Mapping] | None = None, settings: Settings = Se
              log: Callable[[str], None] = print, check: bool = True,
              on_scores: Callable[[dict], None] | None = None) -> dict:
   """The roles.json document: "lm_roles", "thresholds", "assigned", "counts", "causal",
-  "seconds" (per detector and per causal check), "extra" (second checks), "machine".
+  "seconds" (per detector and per causal check), "extra" (second checks), "machine"
+  (mha_jax.machine.machine(), when the document was written).
   on_scores(doc) is called before the causal checks (to save the scores early)."""
   if not run.task.decoder_only:
     raise UserError(f"the head taxonomy is for decoder LMs; this run has task "
@@ -567,14 +567,6 @@ def merge(doc: dict, new: dict) -> dict:
   out["merged"] = [*doc.get("merged", []), {k: new[k] for k in (
       "roles", "settings", "machine", "seconds") if k in new}]
   return out
-
-
-def machine() -> dict:
-  """The machine and the time a taxonomy study's JSON was written (roles.json,
-  role_steps.json)."""
-  return {"platform": platform.platform(), "cpu_count": os.cpu_count() or 0,
-          "device": str(jax.devices()[0].platform),
-          "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def colors() -> dict[str, str]:

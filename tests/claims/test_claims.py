@@ -12,6 +12,7 @@ import pytest
 
 from mha_jax import attention as A
 from mha_jax import cli
+from mha_jax.machine import machine
 from experiments.claims import measure as E
 from experiments.claims import rules as R
 from experiments.claims import run as claims_run
@@ -263,7 +264,9 @@ def test_settings_columns_in_a_run(tmp_path):
                                      "reason": "no --voita-workdir given"}}
   assert by["induction_k_composition"]["text"]["verdict"] == "not run"
   with open(os.path.join(out, "claims.json")) as f:
-    assert list(json.load(f)["settings"]) == ["text", "voita", "minilm"]
+    saved = json.load(f)
+  assert list(saved["settings"]) == ["text", "voita", "minilm"]
+  assert saved["machine"].keys() == machine().keys()      # the one record, its date in it
   assert claims_run.parse_settings(None, ["voita"]) == ["toy", "voita"]
   with pytest.raises(ValueError, match="--settings: unknown setting 'tpu'"):
     claims_run.run_claims(str(tmp_path / "y"), settings="toy,tpu")

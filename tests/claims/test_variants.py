@@ -85,7 +85,8 @@ def test_compare_runs_tables_the_studies_values(sweep, tmp_path):
   assert [r["loss"] for r in again["rows"]] == [r["loss"] for r in res["rows"]]
   with open(os.path.join(out, "compare.json")) as f:
     saved = json.load(f)
-  assert saved["machine"] and saved["date"] and len(saved["rows"]) == 2
+  assert saved["machine"]["date"] and saved["machine"]["cpu_count"] == os.cpu_count()
+  assert len(saved["rows"]) == 2
   md = open(os.path.join(out, "compare.md")).read()
   assert md.count("\n| gated |") == 1 and md.count("\n| softmax |") == 1
   assert os.path.getsize(os.path.join(out, "compare.png")) > 0

@@ -242,7 +242,7 @@ def test_bench_train_times_ours_and_flax_linen_and_writes_json(tmp_path):
   rows = {row["model"]: row for row in res["rows"]}
   assert set(rows) == {"mha_jax", "flax.linen", "mha_jax packed"}
   assert rows["flax.linen"]["vs_flax_linen"] == 1.0 and rows["mha_jax"]["step_ms"] > 0
-  assert rows["mha_jax"]["gflop"] > 0 and res["matmul_gflops"] > 0
+  assert rows["mha_jax"]["gflop"] > 0 and res["machine"]["matmul_gflops"] > 0
   # the packed row: the same 8 pairs in fewer rows, so fewer FLOPs
   assert rows["mha_jax packed"]["batch_shapes"]["src"][0] < 8
   assert rows["mha_jax"]["batch_shapes"]["src"][0] == 8

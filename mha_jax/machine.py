@@ -1,0 +1,51 @@
+"""The machine record every results JSON carries under "machine": one function, one set
+of keys, so a page reads every benchmark's and study's machine the same way.
+
+    from mha_jax.machine import machine
+    doc = {"rows": rows, "machine": machine(matmul_gflops=rate)}
+
+A matmul rate is measured by the caller (experiments.bench.matmul_gflops, the harness)
+and passed in; this module never times anything.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import jax
+
+from mha_jax.errors import UserError
+
+DATE_FORMAT = "%Y-%m-%d %H:%M UTC"
+
+
+def machine(matmul_gflops: float | None = None) -> dict:
+  """What a measurement ran on, now, as a plain JSON-ready dict.
+
+  Keys: backend ("cpu", "gpu", "tpu"), device_kind (jax.devices()[0]'s), device_count,
+  cpu_count (the machine's CPUs), cores_used (the CPUs this process may run on: its
+  affinity where the OS tells it, else cpu_count), platform (platform.platform()), python,
+  jax (versions), date (UTC, DATE_FORMAT), load_average (1, 5 and 15 minute load averages,
+  None where the OS has none), and matmul_gflops where the caller passes the float32
+  matmul rate it measured (GFLOP/s) in the same run.
+  """
+  if matmul_gflops is not None and not (isinstance(matmul_gflops, (int, float))
+                                        and matmul_gflops > 0):
+    raise UserError(f"matmul_gflops must be a positive number of GFLOP/s, got "
+                    f"{matmul_gflops!r}", setting="matmul_gflops")
+  cpus = os.cpu_count() or 0
+  affinity = getattr(os, "sched_getaffinity", None)
+  load = getattr(os, "getloadavg", None)
+  device = jax.devices()[0]
+  record = {"backend": jax.default_backend(), "device_kind": device.device_kind,
+            "device_count": jax.device_count(), "cpu_count": cpus,
+            "cores_used": len(affinity(0)) if affinity else cpus,
+            "platform": platform.platform(), "python": platform.python_version(),
+            "jax": jax.__version__, "date": time.strftime(DATE_FORMAT, time.gmtime()),
+            "load_average": [round(x, 2) for x in load()] if load else None}
+  if matmul_gflops is not None:
+    record["matmul_gflops"] = float(matmul_gflops)
+  return record
+
