@@ -33,7 +33,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -252,10 +251,10 @@ def table_of(result: dict, heads: int, pairs: int, cores: int) -> str:
     rows[-1] += (f"; its command {best_cmd / cmd['second']['wall_s']:.1f}x (compile cache "
                  f"warm) and {best_cmd / cmd['no_cache']['wall_s']:.1f}x (no cache) the faster "
                  f"peer's load + sweep")
-  if "matmul_gflops_before" in result:
-    rows.append(f"matmul rate {result['matmul_gflops_before']:.0f} GFLOP/s before the run, "
-                f"{result.get('matmul_gflops_after', float('nan')):.0f} after; load average "
-                f"{result['load_average'][0]:.1f}")
+  m = result["machine"]
+  rows.append(f"matmul rate {m['matmul_gflops']:.0f} GFLOP/s before the run, "
+              f"{m.get('matmul_gflops_after', float('nan')):.0f} after; load average "
+              f"{m['load_average'][0]:.1f}")
   rows.append(f"AtP, all heads (mha-jax): {result['atp']['median_s']:.3f} s = "
               f"{result['atp']['ratio_to_forward_backward']:.2f}x one forward+backward "
               f"({result['atp']['forward_backward_s']:.3f} s)")
@@ -289,9 +288,9 @@ def main(argv=None):
   if args.cores:                     # before JAX starts its thread pool
     cores = cores[:args.cores]
     os.sched_setaffinity(0, set(cores))
-  import jax
   import mha_jax
   from experiments import bench
+  from mha_jax.machine import machine
   from mha_jax.toolkit import activation_patching, pairs as pairs_lib
   from mha_jax.pretrained import importer
   workdir, tmp = args.workdir, None
@@ -320,10 +319,7 @@ def main(argv=None):
                     "forward_backward_s": fb, "ratio_to_forward_backward": atp_med / fb,
                     "agreement_with_exact": activation_patching.agreement(atp["z"]["heads"],
                                                            ours["recovery"])},
-            "jax": jax.__version__, "backend": jax.default_backend(),
-            "cpu_count": os.cpu_count(), "cores_used": len(cores),
-            "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load_average": os.getloadavg(), "matmul_gflops_before": rate_before}
+            "machine": machine(matmul_gflops=rate_before)}
   try:
     import torch
     import transformers
@@ -385,7 +381,7 @@ def main(argv=None):
     print(f"mha-jax batched sweep without the shared prefix: {f_med:.2f} s", flush=True)
     result["mha_jax_no_shared_prefix"] = {"median_s": f_med, "first_call_s": f_first,
                                           "runs_s": f_all}
-  result["matmul_gflops_after"] = bench.matmul_gflops()
+  result["machine"]["matmul_gflops_after"] = bench.matmul_gflops()
   result["table"] = table_of(result, s.layers * max(s.heads), len(pairs), len(cores))
   print(result["table"])
   bench.write_json(result, args.out)

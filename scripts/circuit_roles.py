@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 
@@ -106,6 +105,7 @@ def main(argv=None):
   from mha_jax import storage
   from mha_jax.circuits import behaviour, circuit
   from mha_jax.loader import load
+  from mha_jax.machine import machine
   doc = storage.read_json(os.path.join(a.out, "circuit.json"))
   if len(doc["edges"]) < doc["graph"]["edges"]:
     p.error(f"{a.out}/circuit.json holds {len(doc['edges'])} of the graph's "
@@ -141,9 +141,7 @@ def main(argv=None):
          "patching_top10": by_patch,
          "patching_top10_in_circuit": [k for k in by_patch if k in circ],
          "patching_top10_in_top_by_edge_mass": [k for k in by_patch if k in top],
-         "seconds": round(time.perf_counter() - t0, 1), "date": time.strftime("%Y-%m-%d"),
-         "machine": platform.machine(), "processor": platform.processor(),
-         "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
+         "seconds": round(time.perf_counter() - t0, 1), "machine": machine()}
   print("| head | edge mass | -> logits | DLA | patching | prev | prefix | dup | role |")
   print("|---|---|---|---|---|---|---|---|---|")
   for r in res["top_by_edge_mass"]:
