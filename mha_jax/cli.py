@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import ml_collections
 
 from mha_jax import config as mc
-from mha_jax import settings, storage
+from mha_jax import machine, settings, storage
 from mha_jax.analysis import ablate as ablate_lib, report as analysis_report
 from mha_jax.analysis import role_steps as role_steps_lib
 from mha_jax import compare_runs as compare_runs_lib
@@ -767,6 +767,7 @@ def flagged(e: UserError, verb: Verb | None = None) -> str:
 
 def main(argv=None) -> int:
   """Runs one verb; returns the exit status (2: bad input, said in one line)."""
+  machine.avoid_hugepage_stalls()
   argv = list(sys.argv[1:] if argv is None else argv)
   verb = _verb_of(argv)[1]
   try:

@@ -9,6 +9,8 @@ import tempfile
 import jax
 import pytest
 
+from mha_jax import machine
+
 # The tests' programs are tiny, so XLA's CPU optimisation passes cost more time than they
 # save: without them the default run is about a third faster. The tests are compile-bound
 # (XLA's backend compile is about 60 % of their CPU time), and XLA:CPU's MLIR fusion emitters
@@ -37,6 +39,9 @@ def _share_compilations() -> None:
 
 _OWN_CACHE = None
 _share_compilations()
+# NumPy's huge-page madvise stalls on first touch on this kind of VM (mha_jax.machine);
+# every worker and subprocess CLI turns it off the same way
+machine.avoid_hugepage_stalls()
 
 
 # Tests that start processes (training, kills, meshes, the compile cache's checks) go first:

@@ -10,6 +10,7 @@ import jax
 import pytest
 
 from mha_jax.errors import UserError
+from mha_jax import machine as machine_mod
 from mha_jax.machine import DATE_FORMAT, machine
 
 KEYS = {"backend", "device_kind", "device_count", "cpu_count", "cores_used", "platform",
@@ -39,3 +40,29 @@ def test_a_measured_matmul_rate_is_passed_in_and_checked():
     with pytest.raises(UserError, match="matmul_gflops") as e:
       machine(matmul_gflops=bad)
     assert e.value.settings == ("matmul_gflops",)
+
+
+def test_huge_page_madvise_is_turned_off_only_where_the_kernel_would_stall(tmp_path,
+                                                                          monkeypatch):
+  import numpy as np
+  core = getattr(np, "_core", None) or np.core
+  before = core.multiarray._set_madvise_hugepage(True)
+  try:
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+    f = tmp_path / "defrag"
+    for text, off in (("always defer defer+madvise [madvise] never\n", True),
+                      ("always defer [defer+madvise] madvise never\n", True),
+                      ("[always] defer defer+madvise madvise never\n", False),
+                      ("always [defer] defer+madvise madvise never\n", False),
+                      ("", False)):
+      f.write_text(text)
+      core.multiarray._set_madvise_hugepage(True)
+      assert machine_mod.avoid_hugepage_stalls(str(f)) is off, text
+      assert core.multiarray._set_madvise_hugepage(True) is (not off), text
+    assert machine_mod.avoid_hugepage_stalls(str(tmp_path / "absent")) is False
+    monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")      # the user's choice stands
+    f.write_text("always defer defer+madvise [madvise] never\n")
+    assert machine_mod.avoid_hugepage_stalls(str(f)) is False
+    assert core.multiarray._set_madvise_hugepage(True) is True
+  finally:
+    core.multiarray._set_madvise_hugepage(before)
