@@ -73,7 +73,15 @@ def avoid_hugepage_stalls(defrag_file: str = THP_DEFRAG) -> bool:
     return False
   if mode not in ("madvise", "defer+madvise"):
     return False
-  import numpy as np     # its switch; the environment variable is read only at import
-  core = getattr(np, "_core", None) or np.core
-  core.multiarray._set_madvise_hugepage(False)
+  numpy_hugepages(False)
   return True
+
+
+def numpy_hugepages(enabled: bool | None = None) -> bool:
+  """Whether NumPy madvises its large arrays MADV_HUGEPAGE (its NUMPY_MADVISE_HUGEPAGE,
+  read only at import); with `enabled`, sets it. Returns the setting before the call."""
+  import numpy as np
+  core = getattr(np, "_core", None) or np.core      # NumPy 2 / NumPy 1.26
+  if enabled is None:
+    return bool(core.multiarray._get_madvise_hugepage())
+  return bool(core.multiarray._set_madvise_hugepage(bool(enabled)))

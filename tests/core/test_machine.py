@@ -44,9 +44,7 @@ def test_a_measured_matmul_rate_is_passed_in_and_checked():
 
 def test_huge_page_madvise_is_turned_off_only_where_the_kernel_would_stall(tmp_path,
                                                                           monkeypatch):
-  import numpy as np
-  core = getattr(np, "_core", None) or np.core
-  before = core.multiarray._set_madvise_hugepage(True)
+  before = machine_mod.numpy_hugepages()
   try:
     monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
     f = tmp_path / "defrag"
@@ -56,13 +54,14 @@ def test_huge_page_madvise_is_turned_off_only_where_the_kernel_would_stall(tmp_p
                       ("always [defer] defer+madvise madvise never\n", False),
                       ("", False)):
       f.write_text(text)
-      core.multiarray._set_madvise_hugepage(True)
+      machine_mod.numpy_hugepages(True)
       assert machine_mod.avoid_hugepage_stalls(str(f)) is off, text
-      assert core.multiarray._set_madvise_hugepage(True) is (not off), text
+      assert machine_mod.numpy_hugepages() is (not off), text
     assert machine_mod.avoid_hugepage_stalls(str(tmp_path / "absent")) is False
     monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")      # the user's choice stands
     f.write_text("always defer defer+madvise [madvise] never\n")
+    machine_mod.numpy_hugepages(True)
     assert machine_mod.avoid_hugepage_stalls(str(f)) is False
-    assert core.multiarray._set_madvise_hugepage(True) is True
+    assert machine_mod.numpy_hugepages() is True
   finally:
-    core.multiarray._set_madvise_hugepage(before)
+    machine_mod.numpy_hugepages(before)

@@ -227,35 +227,46 @@ def test_resuming_at_a_layer_from_the_stream_equals_the_whole_forward():
   spec = llama.LlamaSpec()
   tok = jnp.asarray(np.random.default_rng(0).integers(0, 37, (3, 7)), jnp.int32)
   names = [f"lm.{i}.resid_pre" for i in range(4)]
+  edit = {"lm.2.attn.z": interventions.replace(0.0, heads=1)}
 
   def run(tokens, edits=None, read=(), **kw):
     return interventions.run_with_hook(
         lambda hook: llama.apply(params, spec, tokens, hook=hook, **kw), edits, read)
 
-  full, vals = run(tok, read=names)
-  stream = jnp.stack([vals[n] for n in names])
-  edit = {"lm.2.attn.z": interventions.replace(0.0, heads=1)}
-  edited, _ = run(tok, edit)
+  @jax.jit
+  def whole():
+    full, vals = run(tok, read=names)
+    return full, jnp.stack([vals[n] for n in names]), run(tok, edit)[0]
+
+  full, stream, edited = whole()
   assert float(jnp.abs(edited - full).max()) > 1e-3
-  resumed = jax.jit(lambda s, e: run(tok, e, start=s, stream=stream)[0])
-  for s in range(4):
-    np.testing.assert_allclose(resumed(jnp.int32(s), {}), full, atol=1e-6)
-  for s in (1, 2):     # the edit's layer and one before it
-    np.testing.assert_allclose(resumed(jnp.int32(s), edit), edited, atol=1e-6)
+
+  @jax.jit
+  def resumed(s):        # every start, without and with the edit, in one program
+    return (jnp.stack([run(tok, start=s[i], stream=stream)[0] for i in range(4)]),
+            jnp.stack([run(tok, edit, start=s[i], stream=stream)[0] for i in (1, 2)]))
+
+  plain, with_edit = resumed(jnp.arange(4, dtype=jnp.int32))
+  np.testing.assert_allclose(plain, jnp.broadcast_to(full, plain.shape), atol=1e-6)
+  np.testing.assert_allclose(with_edit, jnp.broadcast_to(edited, with_edit.shape), atol=1e-6)
   # a start the vmap batches (a select, not a cond) gives the same
-  batched = jax.vmap(lambda s: run(tok, start=s, stream=stream)[0])(jnp.arange(4))
+  batched = jax.jit(jax.vmap(lambda s: run(tok, start=s, stream=stream)[0]))(jnp.arange(4))
   np.testing.assert_allclose(batched, jnp.broadcast_to(full, batched.shape), atol=1e-6)
   # one cond per layer in the program (what lets layers before start be skipped)
   jaxpr = jax.make_jaxpr(lambda s: run(tok, start=s, stream=stream)[0])(jnp.int32(1))
   assert sum(e.primitive.name == "cond" for e in jaxpr.jaxpr.eqns) == 4
-  # with a prefix cache: the stream of the continuation's positions
-  cache = llama.apply(params, spec, tok[:, :3], cache=llama.init_cache(params, 3, 7),
-                      last_only=True)[1]
-  cont = interventions.run_with_hook(lambda hook: llama.apply(
-      params, spec, tok[:, 3:], cache=cache, hook=hook)[0], read=names)
-  np.testing.assert_allclose(cont[0], full[:, 3:], atol=1e-5)
-  tail = jnp.stack([cont[1][n] for n in names])
-  got = llama.apply(params, spec, tok[:, 3:], cache=cache, start=2, stream=tail)[0]
+
+  @jax.jit
+  def cached():          # with a prefix cache: the stream of the continuation's positions
+    cache = llama.apply(params, spec, tok[:, :3], cache=llama.init_cache(params, 3, 7),
+                        last_only=True)[1]
+    cont, vals = interventions.run_with_hook(lambda hook: llama.apply(
+        params, spec, tok[:, 3:], cache=cache, hook=hook)[0], read=names)
+    tail = jnp.stack([vals[n] for n in names])
+    return cont, llama.apply(params, spec, tok[:, 3:], cache=cache, start=2, stream=tail)[0]
+
+  cont, got = cached()
+  np.testing.assert_allclose(cont, full[:, 3:], atol=1e-5)
   np.testing.assert_allclose(got, full[:, 3:], atol=1e-5)
   with pytest.raises(UserError, match="start and stream go together"):
     llama.apply(params, spec, tok, start=1)

@@ -47,6 +47,7 @@ ALLOWED = {   # (module, what it calls): why it is not workdir I/O
     ("mha_jax/pretrained/hf_folder.py", "open"): "the user's --file folder's JSON files",
     ("mha_jax/pretrained/gguf_file.py", "os.path"):
         "the user's --file GGUF, memory-mapped by gguf (a local file)",
+    ("mha_jax/machine.py", "open"): "/sys/kernel/mm/transparent_hugepage/defrag (THP mode)",
     ("mha_jax/compile_cache.py", "*"):
         "JAX's compilation cache folder on the local disk (never a workdir), /proc/cpuinfo",
 }
