@@ -242,15 +242,15 @@ def test_resuming_at_a_layer_from_the_stream_equals_the_whole_forward():
   assert float(jnp.abs(edited - full).max()) > 1e-3
 
   @jax.jit
-  def resumed(s):        # every start, without and with the edit, in one program
+  def resumed(s):        # every start, without and with the edit, and a start the vmap
+    #                      batches (a select, not a cond), in one program
     return (jnp.stack([run(tok, start=s[i], stream=stream)[0] for i in range(4)]),
-            jnp.stack([run(tok, edit, start=s[i], stream=stream)[0] for i in (1, 2)]))
+            jnp.stack([run(tok, edit, start=s[i], stream=stream)[0] for i in (1, 2)]),
+            jax.vmap(lambda i: run(tok, start=i, stream=stream)[0])(s))
 
-  plain, with_edit = resumed(jnp.arange(4, dtype=jnp.int32))
+  plain, with_edit, batched = resumed(jnp.arange(4, dtype=jnp.int32))
   np.testing.assert_allclose(plain, jnp.broadcast_to(full, plain.shape), atol=1e-6)
   np.testing.assert_allclose(with_edit, jnp.broadcast_to(edited, with_edit.shape), atol=1e-6)
-  # a start the vmap batches (a select, not a cond) gives the same
-  batched = jax.jit(jax.vmap(lambda s: run(tok, start=s, stream=stream)[0]))(jnp.arange(4))
   np.testing.assert_allclose(batched, jnp.broadcast_to(full, batched.shape), atol=1e-6)
   # one cond per layer in the program (what lets layers before start be skipped)
   jaxpr = jax.make_jaxpr(lambda s: run(tok, start=s, stream=stream)[0])(jnp.int32(1))

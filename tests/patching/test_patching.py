@@ -167,8 +167,7 @@ def test_sweeps_that_start_each_intervention_at_its_layer_change_no_result(setup
   full = activation_patching.Study(LlamaTask(), params, p)
   task = CachedLlamaTask()
   deep = activation_patching.Study(task, params, p)
-  flat = activation_patching.Study(CachedLlamaTask(), params, p, share_depth=False)
-  assert deep.share_depth and not flat.share_depth and not full.share_depth
+  assert deep.share_depth and not full.share_depth     # full: a task without prefix_cache
   sweeps = [("z", False), ("k", True), ("resid_pre", False), ("v_q", True)]
   want = full.patch_many(sweeps)
   for chunk in (None, 3):       # 29 interventions a layer: one group, or 10 of 3 (padded)
@@ -178,11 +177,9 @@ def test_sweeps_that_start_each_intervention_at_its_layer_change_no_result(setup
     for site, _ in sweeps:
       np.testing.assert_allclose(got[site]["ld"], want[site]["ld"], atol=2e-5,
                                  err_msg=f"{site} chunk={chunk}")
-  np.testing.assert_allclose(flat.patch("z")["ld"], want["z"]["ld"], atol=2e-5)
-  part = deep.patch("z", layers=[1], direction="noise")
+  part = deep.patch("z", layers=[1])
   assert np.isnan(part["ld"][0]).all()
-  np.testing.assert_allclose(part["ld"][1], full.patch("z", direction="noise")["ld"][1],
-                             atol=2e-5)
+  np.testing.assert_allclose(part["ld"][1], want["z"]["ld"][1], atol=2e-5)
 
 
 def test_path_patching_equals_two_step_numpy_substitution(setup):

@@ -1,6 +1,7 @@
 """Importing a GGUF file: a full disk is one line and leaves nothing; generating past the
 context is refused naming both numbers."""
 
+import json
 import os
 
 import numpy as np
@@ -35,7 +36,10 @@ def test_generate_beyond_the_context_is_refused_naming_both_numbers(tiny_llama, 
          "model's context of 128 tokens" in err, err
   assert cli_mod.main(["generate", "--workdir", wd, "--prompt", "abc",
                        "--max-new-tokens", "2"]) == 0
+  printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   loaded = mha_jax.load(wd, **QUIET)
+  want = loaded.task.generate(loaded.params, "abc", 2)
+  assert printed["continuation"] == want["text"], printed
   with pytest.raises(UserError, match=r"token id 300 is not in the vocabulary of 256"):
     loaded.task.logits(loaded.params, np.full((1, 4), 300, np.int32))
 

@@ -327,18 +327,15 @@ def paris(smol_run):
   return prompt, new[0], logits[0]
 
 
-def test_generate_continues_with_paris(smol_run, paris, capsys):
+def test_generate_continues_with_paris(smol_run, paris):
   cfg, model, params = smol_run
   prompt, new, _ = paris
   text = model.tokenizer.decode(new)
   print(f"\ngenerate({PROMPT!r}) -> {text!r}")
   assert text.lstrip().startswith("Paris"), text
-  # The same through the task and the CLI (same shapes: the compiled programs are reused).
+  # The same through the task (same shapes: the compiled programs are reused); the CLI
+  # prints what the task generates (tests/pretrained/test_import_checks.py, a tiny model)
   assert model.generate(params, PROMPT, NEW)["tokens"] == list(new)
-  assert cli.main(["generate", "--workdir", smol_run.workdir, "--prompt", PROMPT,
-                   "--max-new-tokens", str(NEW)]) == 0
-  printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-  assert printed["continuation"].lstrip().startswith("Paris"), printed
 
 
 def test_kv_cache_decoding_matches_full_recomputation(smol_run, paris):
