@@ -289,7 +289,6 @@ class Study:
           src = self._forward(params, src_tok, read=flat, cache=cache)[1]
         else:     # one forward of both runs: the source's sites, the base's stream
           src, stream = self._source_and_stream(params, src_tok, base_tok, flat, cache)
-        src = {name: _tile(v, c) for name, v in src.items()}
         base_tok = _tile(base_tok, c)
 
         def group(g):
@@ -305,7 +304,8 @@ class Study:
               m = pos_CT & ((l == i) & (k == j))[:, None]
               if per_head[j]:
                 m = m[:, :, None] & (jnp.arange(counts[j][i])[None, None] == h[:, None, None])
-              edits[name] = interventions.replace(src[name],
+              # tiled here, in the loop, so that XLA fuses it into the edit's select
+              edits[name] = interventions.replace(_tile(src[name], c),
                                                   where=jnp.repeat(m[..., None], n, 0))
           logits = self._forward(params, base_tok, edits, cache=cache,
                                  start=None if starts is None else start,
