@@ -281,11 +281,12 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
     (B, n, V) (patching metrics, retrieval).
   start, stream: resume at layer `start` (int or () int32, traced welcome) from the
     residual stream `stream` (L, B, T, D) of a run of the same tokens (its lm.{i}.resid_pre,
-    e.g. read by a forward): layers before `start` do not run (lax.cond: skipped where
-    `start` is not batched), layer `start` reads stream[start]. Exact when the stream is
-    this run's up to `start` (a patching sweep's base run, edited from `start` on). Sites
-    before `start` are not reached; reads cannot be combined with it, and with a cache the
-    skipped layers' caches come back as they were.
+    e.g. read by a forward): a layer i before `start` does not run (lax.cond: skipped
+    where `start` is not batched) and hands on stream[i + 1], so layer `start` reads
+    stream[start]. Exact when the stream is this run's up to `start` (a patching sweep's
+    base run, edited from `start` on). Sites before `start` are not reached; reads cannot
+    be combined with it, and with a cache the skipped layers' caches come back as they
+    were.
   Gates and capture are uses of the interventions (a scale of lm.{i}.attn.z; reads).
   """
   if capture and cache is not None:
@@ -319,9 +320,10 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
     c = None if cache is None else cache[name]
     if start is None:
       x, new_cache[name] = block(x, c)
-    else:         # resume: layers before start keep x (unused), layer start reads stream
-      x = jnp.where(i == start, stream[i].astype(x.dtype), x)
-      x, new_cache[name] = jax.lax.cond(i >= start, block, lambda x, c: (x, c), x, c)
+    else:         # resume: a layer before start hands on the stream entering the next
+      nxt = stream[min(i + 1, len(layers) - 1)].astype(x.dtype)
+      x, new_cache[name] = jax.lax.cond(i >= start, block, lambda x, c, nxt=nxt: (nxt, c),
+                                        x, c)
   if logits_at is not None:
     x = common.at_positions(x, logits_at)
   logits = _final(params, spec, x[:, -1:] if last_only else x, hook)
