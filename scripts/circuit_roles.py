@@ -26,7 +26,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def thresholds() -> dict:
   """The taxonomy's attention thresholds (mha_jax.analysis.taxonomy.Settings)."""
-  sys.path.insert(0, ROOT)
   from mha_jax.analysis import taxonomy
   t = taxonomy.Settings().thresholds()
   return {k: t[k] for k in ("previous_token", "induction", "duplicate_token")}

@@ -315,7 +315,7 @@ class Study:
         return jax.lax.map(group, (starts, ks, ls, hs, ps))
       return fn
 
-    key = ("patch", sweeps, direction, rows.shape, starts is None)
+    key = ("patch", sweeps, rows.shape, starts is None)   # direction: the prompts passed
     ld, logp = self._cached(key, build)(
         self.params, self.tokens[base_run], self.tokens[src_run],
         None if starts is None else jnp.asarray(starts), *cols)
@@ -418,7 +418,7 @@ class Study:
         return {n: (src[n] - base[n]) * grads[n] for n in flat}
       return fn
 
-    fn = self._cached(("atp", sites, direction), build)
+    fn = self._cached(("atp", sites), build)        # the direction only swaps the prompts
     prod = fn(self.params, self.tokens[base_run], self.tokens[src_run])
     denom = float(np.mean(self.ld_clean) - np.mean(self.ld_corrupt))
     out = {}
@@ -522,7 +522,7 @@ class Study:
         return jax.lax.map(one, (ls, hs, rs), batch_size=chunk)
       return fn
 
-    key = ("path", to_logits, channel, direction, len(idx), chunk)
+    key = ("path", to_logits, channel, len(idx), chunk)   # direction: the prompts passed
     fn = self._cached(key, build)
     ld, logp = fn(self.params, self.tokens[base_run], self.tokens[src_run], ls, hs, rs, rl, rh)
     ld, logp = np.asarray(ld), np.asarray(logp)

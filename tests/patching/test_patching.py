@@ -621,3 +621,28 @@ def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tm
     browser.close()
   with pytest.raises(ValueError, match="out must be a folder"):
     explorer.write(str(tmp_path))
+
+
+def test_both_directions_share_each_compiled_program(setup):
+  """The direction only swaps the prompts a program is given: noising after denoising
+  traces (so compiles) nothing new for activation, path and attribution patching."""
+  _, params, pairs = setup
+
+  class Counting(LlamaTask):
+    traced = 0
+
+    def apply(self, params, batch, **kw):
+      Counting.traced += 1
+      return super().apply(params, batch, **kw)
+
+  s = activation_patching.Study(Counting(), params, pairs)
+  for direction in ("denoise", "noise"):
+    s.patch("z", direction=direction)
+    s.path_patch([(1, 1)], "k", direction=direction)
+    s.attribution(("z",), direction=direction)
+    if direction == "denoise":
+      after_denoise = Counting.traced
+  assert Counting.traced == after_denoise > 0
+  one = s.patch_one("z", 1, 2, direction="noise")
+  np.testing.assert_allclose(s.patch("z", direction="noise")["recovery"][1, 2],
+                             one["recovery"], atol=1e-5)
