@@ -19,10 +19,19 @@ from mha_jax.toolkit.pairs import Pairs
 from oracles import G, H, L, SPEC, LlamaTask, numpy_llama, tiny_llama_pairs
 
 
+class CountingLlamaTask(LlamaTask):
+  """LlamaTask counting its traced forwards (a compiled program's call traces none)."""
+  traced = 0
+
+  def apply(self, params, batch, **kw):
+    CountingLlamaTask.traced += 1
+    return super().apply(params, batch, **kw)
+
+
 @pytest.fixture(scope="module")
 def setup():
   params, pairs = tiny_llama_pairs(slice(1, 3), [7, 6, 7])    # row 1 is right-padded
-  return activation_patching.Study(LlamaTask(), params, pairs), params, pairs
+  return activation_patching.Study(CountingLlamaTask(), params, pairs), params, pairs
 
 
 def ld_np(logits, pairs):
@@ -626,23 +635,14 @@ def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tm
 def test_both_directions_share_each_compiled_program(setup):
   """The direction only swaps the prompts a program is given: noising after denoising
   traces (so compiles) nothing new for activation, path and attribution patching."""
-  _, params, pairs = setup
-
-  class Counting(LlamaTask):
-    traced = 0
-
-    def apply(self, params, batch, **kw):
-      Counting.traced += 1
-      return super().apply(params, batch, **kw)
-
-  s = activation_patching.Study(Counting(), params, pairs)
+  s, _, _ = setup
   for direction in ("denoise", "noise"):
     s.patch("z", direction=direction)
     s.path_patch([(1, 1)], "k", direction=direction)
     s.attribution(("z",), direction=direction)
     if direction == "denoise":
-      after_denoise = Counting.traced
-  assert Counting.traced == after_denoise > 0
+      after_denoise = CountingLlamaTask.traced
+  assert CountingLlamaTask.traced == after_denoise > 0
   one = s.patch_one("z", 1, 2, direction="noise")
   np.testing.assert_allclose(s.patch("z", direction="noise")["recovery"][1, 2],
                              one["recovery"], atol=1e-5)
