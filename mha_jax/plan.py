@@ -241,13 +241,18 @@ def temp_bytes(dump_dir: str) -> dict[str, int]:
 
 @contextlib.contextmanager
 def _no_compile_cache():
-  """Every compile runs (a cached executable writes no buffer assignment)."""
+  """Every compile runs (an executable from the persistent cache comes without its
+  buffer assignment); JAX decides once whether it uses the cache, so it is reset to
+  decide again, before and after."""
+  from jax.experimental.compilation_cache import compilation_cache
   was = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   try:
     yield
   finally:
     jax.config.update("jax_enable_compilation_cache", was)
+    compilation_cache.reset_cache()
 
 
 def _cost(compiled) -> dict:
