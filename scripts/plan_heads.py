@@ -37,12 +37,15 @@ def main() -> None:
   ap.add_argument("--out", required=True)
   ap.add_argument("--topology", default="v5e:2x2")
   ap.add_argument("--result", default=RESULT)
+  ap.add_argument("--collect", action="store_true", help="only collect the plans in --out")
   args = ap.parse_args()
   from mha_jax import machine, plan
   rows, versions = [], {}
   for impl in IMPLS:
     for h in HEADS:
       path = os.path.join(args.out, f"{impl}_h{h}", "plan.json")
+      if not os.path.exists(path) and args.collect:
+        continue
       if not os.path.exists(path):
         opts = plan.PlanOptions(topology=args.topology, job="train")
         doc = plan.make_plan(opts, config=f"configs/lm.py:heads={h},d_model={D_MODEL}",
