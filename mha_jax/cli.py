@@ -33,6 +33,7 @@ import ml_collections
 
 from mha_jax import config as mc
 from mha_jax import machine, settings, storage
+from mha_jax import plan as plan_lib
 from mha_jax.analysis import ablate as ablate_lib, report as analysis_report
 from mha_jax.analysis import role_steps as role_steps_lib
 from mha_jax import compare_runs as compare_runs_lib
@@ -451,6 +452,16 @@ def _generate(args, opts: GenerateOptions) -> int:
                  "tokens": out["tokens"]})
 
 
+def _plan(args, opts: plan_lib.PlanOptions) -> int:
+  topo = plan_lib.topology(opts.topology)    # before JAX starts: cpu:N asks for N devices
+  out = writable_out(args.out)
+  doc = plan_lib.make_plan(opts, config=args.config, overrides=args.extra,
+                           workdir=args.workdir, topo=topo)
+  print(plan_lib.format_plan(doc))
+  print(f"wrote {plan_lib.write_plan(doc, out)}")
+  return 0
+
+
 TRAIN_CONFIG = input_spec("config", "configs/FILE.py[:arg]", required=True)
 VERBS = {
     "zoo": Verb("params, FLOPs and score memory of the model zoo", _zoo, ZooOptions,
@@ -504,6 +515,13 @@ VERBS = {
                                      "multi-seed or run workdirs", required=True,
                                      many=True, positional=True, metavar="DIR"),
                           _out("DIR/compare")), config=None),
+    "plan": Verb("compile a job ahead of time for a TPU topology or cpu:N: memory, FLOPs, "
+                 "kernels and time per device (no weights, no accelerator)", _plan,
+                 plan_lib.PlanOptions, (input_spec("config", "a training config configs/FILE.py[:arg] "
+                                   "(or --hf-config, or --workdir)"),
+                        input_spec("workdir", "a run's folder (its config and its "
+                                   "checkpoint's shapes)"), _out(None)),
+                 config="training"),
 }
 BENCH: dict[str, Verb] = {}
 

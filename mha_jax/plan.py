@@ -1,0 +1,673 @@
+"""`mha-jax plan`: a job's programs compiled ahead of time for a named topology, from
+shapes alone (no weights, no accelerator), with their memory, FLOPs, kernels and time.
+
+    plan = make_plan(PlanOptions(topology="v5e:2x2", job="train"), config="configs/lm.py")
+
+A topology is a TPU slice under its standard name (`v5e:2x2`, `v5p:2x2x1`, `v4:2x2x1`,
+`v6e:2x4`; TOPOLOGIES), compiled for through libtpu's compile-only devices
+(`jax.experimental.topologies`, the `tpu` extra), or `cpu:N` (N host devices). Params
+come from `jax.eval_shape` (a config trained here), from the family adapter's tensor
+table (a Hugging Face config.json) or from a checkpoint's metadata (a workdir); every
+argument is a `jax.ShapeDtypeStruct` with its NamedSharding on a (data, model) mesh of
+the topology's devices, laid out as training lays it out (`train/sharding.py`).
+
+Per program (the train step, the eval step, the forward, a study's sweep):
+  per_device   bytes on one device: arguments, outputs, temps, total (= arguments +
+               outputs + temps - the outputs aliased onto donated arguments) and the
+               chip's HBM. Temps are read from the compiled program's buffer assignment
+               (XLA's dump of it), summed over every memory space: on TPU v5e and v6e
+               XLA places a program's temporaries in VMEM (memory space 1), which
+               `memory_analysis().temp_size_in_bytes` (memory space 0 only) leaves out
+               (it reads 0 there); `memory_spaces` gives the split.
+  flops, bytes_accessed   the compiled program's cost analysis, per device.
+  est_seconds  max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth) from CHIPS
+               (a roofline bound; None on CPU, which has no published peak).
+  attention_kernels   the kernels dispatch chose while the program was traced.
+A job that does not fit is a plan with fits false and `suggestion`: the first of the
+same topology with a model axis over the heads, then the next larger slices of the same
+generation, on which every program fits (each compiled to know).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import glob
+import importlib.util
+import math
+import os
+import re
+import tempfile
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from mha_jax import config as mc
+from mha_jax import storage
+from mha_jax.errors import UserError
+from mha_jax.kernels import dispatch
+from mha_jax.settings import setting
+from mha_jax.train import sharding
+
+JOBS = ("train", "forward", "patch", "circuit")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """A TPU chip's published numbers (one JAX device per chip: v4 and v5p as megacore)."""
+  device_kind: str
+  peak_flops: float        # bf16 FLOP/s
+  hbm_bandwidth: float     # bytes/s
+  hbm_bytes: int
+  source: str
+
+
+# Cloud TPU's system architecture pages (2025): peak bf16 compute, HBM bandwidth and
+# capacity per chip.
+CHIPS = {
+    "v4": Chip("TPU v4", 275e12, 1200e9, 32 * 2**30, "https://cloud.google.com/tpu/docs/v4"),
+    "v5e": Chip("TPU v5 lite", 197e12, 819e9, 16 * 2**30,
+                "https://cloud.google.com/tpu/docs/v5e"),
+    "v5p": Chip("TPU v5", 459e12, 2765e9, 95 * 2**30, "https://cloud.google.com/tpu/docs/v5p"),
+    "v6e": Chip("TPU v6 lite", 918e12, 1638e9, 32 * 2**30,
+                "https://cloud.google.com/tpu/docs/v6e"),
+}
+# The slice shapes Cloud TPU offers, smallest first (chips = the product).
+_2D = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
+_3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16",
+       "8x16x16")
+SLICES = {"v4": _3D, "v5e": _2D, "v5p": _3D, "v6e": _2D}
+TOPOLOGIES = tuple(f"{g}:{s}" for g, shapes in SLICES.items() for s in shapes)
+TPU_EXTRA = "pip install 'mha-jax[tpu]'"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanOptions:
+  """The settings of `plan`."""
+  topology: str = setting(help="a TPU slice (v5e:2x2, v5p:2x2x1, v4:2x2x1, v6e:2x4, ...) "
+                          "or cpu:N (N host devices)")
+  job: str = setting("train", choices=JOBS, help="the programs planned: train (train and "
+                     "eval steps), forward, patch (the patching sweep) or circuit (EAP)")
+  hf_config: str | None = setting(None, path=True, help="a Hugging Face config.json of a "
+                                  "supported decoder family (instead of --config)")
+  batch: int | None = setting(None, lo=1, help="the batch (pairs for patch and circuit; "
+                              "default: the config's train.batch_size, else 8)")
+  seq: int | None = setting(None, lo=2, help="the sequence length T (default: the config's "
+                            "model.max_len, else 2048; 32 for patch and circuit)")
+  mesh: str | None = setting(None, help="data=D,model=M (default: the config's mesh, else "
+                             "every device on data)")
+  dtype: str = setting("float32", choices=DTYPES, help="the params' dtype (a Hugging "
+                       "Face config's, as `import --dtype`)")
+  search: int = setting(3, lo=0, help="when a job does not fit: how many other meshes or "
+                        "larger slices to compile for the smallest that fits")
+
+
+# ------------------------------------------------------------------ topologies
+
+@dataclasses.dataclass
+class Topology:
+  """Devices to compile for: name, platform, device_kind, devices, chip (None on CPU),
+  hbm (bytes per device: the chip's, or the host's memory shared by the N devices)."""
+  name: str
+  platform: str
+  device_kind: str
+  devices: list
+  chip: Chip | None
+  hbm: int
+
+
+def _refuse_topology(name) -> None:
+  raise UserError(f"topology must be cpu:N or one of {', '.join(TOPOLOGIES)}; got {name!r}",
+                  setting="topology")
+
+
+def _host_memory() -> int:
+  with open("/proc/meminfo") as f:
+    for line in f:
+      if line.startswith("MemTotal:"):
+        return int(line.split()[1]) * 1024
+  return dispatch.memory_limit()[0]
+
+
+def _cpu_devices(n: int) -> list:
+  """n host devices: asks JAX for them when its backends have not started yet."""
+  with contextlib.suppress(RuntimeError):    # started: the devices it has
+    jax.config.update("jax_num_cpu_devices", max(n, jax.config.jax_num_cpu_devices))
+  have = jax.devices("cpu")
+  if len(have) < n:
+    raise UserError(f"topology cpu:{n} needs {n} host devices; this process has "
+                    f"{len(have)} (start it with XLA_FLAGS="
+                    f"--xla_force_host_platform_device_count={n})", setting="topology")
+  return have[:n]
+
+
+def topology(name: str) -> Topology:
+  """The devices of a topology name (refused by name, with the list, when unknown)."""
+  m = re.fullmatch(r"cpu:(\d+)", str(name))
+  if m:
+    n = int(m.group(1))
+    if n < 1:
+      _refuse_topology(name)
+    devs = _cpu_devices(n)
+    return Topology(name, "cpu", devs[0].device_kind, devs, None, _host_memory() // n)
+  gen, _, shape = str(name).partition(":")
+  if gen not in SLICES or shape not in SLICES[gen]:
+    _refuse_topology(name)
+  if importlib.util.find_spec("libtpu") is None:
+    raise UserError(f"topology {name!r} compiles with the TPU compiler (libtpu), which is "
+                    f"not installed: {TPU_EXTRA}", setting="topology")
+  from jax.experimental import topologies
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")   # compile only: no TPU is opened
+  kw = {"chip_config_name": "megacore"} if gen in ("v4", "v5p") else {}
+  if math.prod(int(x) for x in shape.split("x")) == 1:
+    kw["chips_per_host_bounds"] = (1, 1, 1)
+  devs = list(topologies.get_topology_desc(topology_name=name, platform="tpu", **kw).devices)
+  chip = CHIPS[gen]
+  return Topology(name, "tpu", devs[0].device_kind, devs, chip, chip.hbm_bytes)
+
+
+def larger(name: str) -> list[str]:
+  """The slices of the same generation after `name`, smallest first."""
+  gen, _, shape = name.partition(":")
+  if gen not in SLICES:
+    return []
+  shapes = SLICES[gen]
+  return [f"{gen}:{s}" for s in shapes[shapes.index(shape) + 1:]]
+
+
+# ------------------------------------------------------------------ kernels by target
+
+@contextlib.contextmanager
+def _recording_kernels(devices):
+  """Until dispatch.compile_target lands (the accel branch): the kernels run_kernel is
+  asked for while tracing, the choice still by this process's backend."""
+  del devices
+  chosen, real = [], dispatch.run_kernel
+
+  def record(kernel, *a, **k):
+    chosen.append(kernel)
+    return real(kernel, *a, **k)
+  dispatch.run_kernel = record
+  try:
+    yield chosen
+  finally:
+    dispatch.run_kernel = real
+
+
+def compile_target(devices):
+  """dispatch.compile_target(devices): kernels chosen for these devices, recorded."""
+  target = getattr(dispatch, "compile_target", None)
+  return (target or _recording_kernels)(devices)
+
+
+# ------------------------------------------------------------------ one program
+
+_ALLOC = re.compile(r"^allocation \d+: size (\d+)(?:, color (\d+))?(.*):$", re.M)
+_SPACE = re.compile(r"^Memory Space: (\S+) \(color=(\d+)\)", re.M)
+
+
+def temp_bytes(dump_dir: str) -> dict[str, int]:
+  """{memory space: bytes} of the temporaries in XLA's buffer assignment dumped into
+  dump_dir: every allocation that is not a parameter, an output, a constant or
+  thread-local, by memory space (color; named from the memory-usage report)."""
+  files = [f for f in glob.glob(os.path.join(dump_dir, "*buffer-assignment.txt"))]
+  if not files:
+    raise RuntimeError(f"XLA wrote no buffer assignment into {dump_dir}")
+  best: dict[str, int] = {}
+  for path in files:
+    with open(path) as f:
+      text = f.read()
+    names = {}
+    report = path.replace("buffer-assignment.txt", "memory-usage-report.txt")
+    if os.path.exists(report):
+      with open(report) as f:
+        names = {c: n for n, c in _SPACE.findall(f.read())}
+    out: dict[str, int] = {}
+    for size, color, tags in _ALLOC.findall(text):
+      if any(t in tags for t in ("parameter", "live-out", "constant", "thread-local")):
+        continue
+      color = color or "0"
+      space = names.get(color, "default" if color == "0" else f"color {color}")
+      out[space] = out.get(space, 0) + int(size)
+    if sum(out.values()) >= sum(best.values()):
+      best = out
+  return best
+
+
+@contextlib.contextmanager
+def _no_compile_cache():
+  """Every compile runs (an executable from the persistent cache comes without its
+  buffer assignment); JAX decides once whether it uses the cache, so it is reset to
+  decide again, before and after."""
+  from jax.experimental.compilation_cache import compilation_cache
+  was = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", was)
+    compilation_cache.reset_cache()
+
+
+def _cost(compiled) -> dict:
+  c = compiled.cost_analysis()
+  c = c[0] if isinstance(c, (list, tuple)) else c
+  return c or {}
+
+
+def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, *,
+                    donate: tuple = (), out_shardings=None) -> dict:
+  """One program of a plan: `fn` jitted, traced under the topology's kernel choice,
+  compiled for its devices from `args` (ShapeDtypeStructs), measured."""
+  jitted = jax.jit(fn, donate_argnums=donate, out_shardings=out_shardings)
+  with compile_target(topo.devices) as chosen:
+    lowered = jitted.lower(*args)
+  with tempfile.TemporaryDirectory(prefix="mha-jax-plan-") as d, _no_compile_cache():
+    compiled = lowered.compile(compiler_options={"xla_dump_to": d})
+    spaces = temp_bytes(d)
+  mem = compiled.memory_analysis()
+  temps = sum(spaces.values())
+  total = (mem.argument_size_in_bytes + mem.output_size_in_bytes + temps
+           - mem.alias_size_in_bytes)
+  cost = _cost(compiled)
+  flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+  est = None
+  if topo.chip is not None:
+    est = max(flops / topo.chip.peak_flops, accessed / topo.chip.hbm_bandwidth)
+  return {"name": name, "mesh": dict(mesh.shape), "flops": flops, "bytes_accessed": accessed,
+          "per_device": {"arguments": int(mem.argument_size_in_bytes),
+                         "outputs": int(mem.output_size_in_bytes), "temps": int(temps),
+                         "total": int(total), "hbm": int(topo.hbm)},
+          "memory_spaces": spaces, "fits": bool(total <= topo.hbm),
+          "attention_kernels": sorted(set(chosen)), "est_seconds": est}
+
+
+# ------------------------------------------------------------------ what is planned
+
+@dataclasses.dataclass
+class Source:
+  """The model a plan compiles: its config (cfg), task, params (ShapeDtypeStructs),
+  head count, the train group its train step uses, and the batch shapes of its steps
+  ({"train", "eval", "forward"}: dicts of ShapeDtypeStructs without shardings)."""
+  cfg: object
+  task: object
+  params: dict
+  heads: int
+  train: object
+  batches: dict
+  where: str
+
+
+def _sds(shape, dtype) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(tuple(int(x) for x in shape), jnp.dtype(dtype))
+
+
+def _of(tree) -> dict:
+  """ShapeDtypeStructs of a tree of arrays (numpy or abstract)."""
+  return jax.tree.map(lambda x: _sds(np.shape(x), x.dtype), tree)
+
+
+def _rows_batch(batch: dict, rows: int) -> dict:
+  return {k: _sds((rows,) + tuple(v.shape[1:]), v.dtype) for k, v in batch.items()}
+
+
+def from_training_config(spec: str, overrides, opts: PlanOptions) -> Source:
+  """A config trained here (configs/*.py with --config.KEY=VALUE overrides): params from
+  its init under eval_shape, batches shaped as its task's."""
+  from mha_jax import tasks
+  cfg = mc.load_config(spec)
+  rest = mc.apply_overrides(cfg, overrides)
+  if rest:
+    raise UserError(f"unrecognized arguments: {' '.join(rest)}")
+  mc.validate(cfg)
+  if opts.seq is not None:
+    raise UserError(f"seq is set by the config (model.max_len, data); got --seq {opts.seq} "
+                    f"with --config {spec}", setting="seq")
+  task = tasks.build(cfg, None, read_only=True)
+  return from_config_task(cfg, task, opts, spec)
+
+
+# The leaves of the decoder families' params (mha_jax/pretrained/adapters.py's targets):
+# their shapes from the family's settings s (d, h, g, k, f, v, max_len).
+def _leaf_shape(leaf: str, kind: str, s: dict) -> tuple:
+  d, h, g, k, f, v = s["d"], s["h"], s["g"], s["k"], s["f"], s["v"]
+  if leaf in ("q_norm", "k_norm"):
+    return {"head_norm": (k,), "whole_q": (h, k), "whole_k": (g, k)}[kind]
+  return {"wq": (d, h, k), "wk": (d, g, k), "wv": (d, g, k), "wo": (h, k, d), "bq": (h, k),
+          "bk": (g, k), "bv": (g, k), "bo": (d,), "w_gate": (d, f), "w_up": (d, f),
+          "w_down": (f, d), "b_gate": (f,), "b_up": (f,), "b_down": (d,), "scale": (d,),
+          "bias": (d,), "embed": (v, d), "pos_embed": (s["max_len"], d),
+          "unembed": (d, v)}[leaf]
+
+
+_FUSED = {"qkv": ("wq", "wk", "wv"), "neox_qkv": ("wq", "wk", "wv"),
+          "gpt2_qkv": ("wq", "wk", "wv"), "gate_up": ("w_gate", "w_up")}
+
+
+def hf_param_shapes(family, s: dict, dtype) -> dict:
+  """The params `adapters.build_params` makes for a family's settings, as
+  ShapeDtypeStructs (no tensor is read: the family's table says which it takes)."""
+  flags = dict(attn_bias=s.get("attn_bias", False), o_bias=s.get("o_bias", False),
+               mlp_bias=s.get("mlp_bias", False), untied=not s["tied"])
+
+  def rows(table, out):
+    for name, kind, target, cond in table:
+      if cond is not None and not flags[cond]:
+        continue
+      subs = _FUSED.get(kind, ("",))
+      if name.endswith(".bias") and kind in _FUSED:
+        subs = ("q", "k", "v")
+      for sub in subs:
+        path = target + (sub if target.endswith(".b") else ("." + sub if sub else ""))
+        *parents, leaf = path.split(".")
+        node = out
+        for p in parents:
+          node = node.setdefault(p, {})
+        node[leaf] = _sds(_leaf_shape(leaf, kind, s), dtype)
+    return out
+
+  params = rows(family.top, {})
+  lm = params.setdefault("lm", {})
+  for i in range(s["n"]):
+    lm[f"layer_{i}"] = rows(family.layer, {})
+  return params
+
+
+def _imported_cfg(mcfg: dict, dtype: str, where: str):
+  from mha_jax.pretrained import importer
+  d = {"task": "pretrained_lm", "model": {**mcfg, "impl": "auto", "dtype": dtype},
+       "tokenizer": {"bos_id": -1, "eos_id": -1, "pad_id": -1, "add_bos": False,
+                     "chat_template": ""},
+       "source": {"name": "", "path": where, "sha256": ""},
+       "data": {"kind": "text", "text_files": []},
+       "eval": dict(importer.EVAL_DEFAULTS["pretrained_lm"])}
+  cfg = mc.from_dict(d)
+  mc.validate(cfg)
+  return cfg
+
+
+def _token_batches(task, rows: int, seq: int) -> dict:
+  tokens = {"tokens": _sds((rows, seq + 1), np.int32)}
+  return {"train": tokens, "forward": tokens,
+          "eval": dict(tokens, weight=_sds((rows,), np.float32))}
+
+
+def from_hf_config(path: str, opts: PlanOptions) -> Source:
+  """A Hugging Face config.json of a decoder family: its params' shapes from the
+  family's adapter, the model as `mha-jax import` would make it (no weights read)."""
+  from mha_jax.pretrained import adapters, hf_folder
+  from mha_jax.tasks import pretrained_lm
+  if not storage.isfile(path):
+    raise UserError(f"hf_config {path!r}: no such file", setting="hf_config")
+  try:
+    hf = storage.read_json(path)
+  except ValueError as e:
+    raise UserError(f"hf_config {path!r} is not valid JSON: {e}", setting="hf_config") from None
+  arch = hf_folder.architecture(hf)
+  if arch not in adapters.FAMILIES:
+    raise UserError(f"hf_config {path!r}: model_type={hf.get('model_type')!r} is not a "
+                    f"decoder family plan knows; supported: {sorted(adapters.FAMILIES)}",
+                    setting="hf_config")
+  fam = adapters.FAMILIES[arch]
+  hf = dict(hf, model_type=hf.get("model_type") or fam.model_types[0])
+  s = adapters.read_config(hf, fam, path)
+  cfg = _imported_cfg(adapters.model_config(s, fam), opts.dtype, path)
+  task = pretrained_lm.PretrainedLMTask(cfg, None)
+  params = hf_param_shapes(fam, s, opts.dtype)
+  return _imported_source(cfg, task, params, opts, path)
+
+
+def _imported_source(cfg, task, params, opts: PlanOptions, where: str) -> Source:
+  study = opts.job in ("patch", "circuit")
+  rows, seq = opts.batch or 8, opts.seq or (32 if study else min(2048, int(cfg.model.max_len)))
+  train = mc.train_defaults()
+  return Source(cfg, task, params, int(cfg.model.num_heads), train,
+                _token_batches(task, rows, seq), where)
+
+
+def from_workdir(workdir: str, opts: PlanOptions) -> Source:
+  """A run's workdir (trained here or imported): its config, and its params' shapes
+  from the newest checkpoint's metadata (nothing is restored)."""
+  from mha_jax import tasks
+  from mha_jax.train import checkpoint as ckpt_lib
+  path = storage.join(workdir, "config.json")
+  if not storage.isfile(path):
+    raise UserError(f"workdir {workdir!r} has no config.json", setting="workdir")
+  cfg = mc.from_dict(storage.read_json(path))
+  ckpts = ckpt_lib.Checkpoints(workdir, read_only=True, this_process_only=True)
+  try:
+    step = ckpts.latest_step()
+    if step is None:
+      raise UserError(f"workdir {workdir!r} has no checkpoint", setting="workdir")
+    meta = ckpts.manager.item_metadata(step)["params"]
+  finally:
+    ckpts.close()
+  params = jax.tree.map(lambda m: _sds(m.shape, m.dtype), meta)
+  task = tasks.build(cfg, workdir, read_only=True)
+  if cfg.task == "pretrained_lm":
+    return _imported_source(cfg, task, params, opts, workdir)
+  src = from_config_task(cfg, task, opts, workdir)
+  return dataclasses.replace(src, params=params)
+
+
+def from_config_task(cfg, task, opts: PlanOptions, where: str) -> Source:
+  """Batches of a run trained here (its task's own shapes)."""
+  train = _of(task.train_batch(0))
+  rows = opts.batch or cfg.train.batch_size
+  ev, w = next(iter(task.eval_batches("valid", opts.batch or cfg.eval.batch_size)))
+  evb = dict(_of(ev), weight=_sds(w.shape, np.float32))
+  params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
+  return Source(cfg, task, params, int(cfg.model.num_heads), cfg.train,
+                {"train": _rows_batch(train, rows), "eval": evb,
+                 "forward": _rows_batch(train, rows)}, where)
+
+
+# ------------------------------------------------------------------ the programs
+
+def _placed(tree, shardings):
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
+def _batch_on(batch: dict, mesh) -> dict:
+  """A batch's ShapeDtypeStructs with their rows over the mesh's data axis."""
+  n = mesh.shape["data"]
+  for k, v in batch.items():
+    if v.shape[0] % n:
+      raise UserError(f"batch: {v.shape[0]} rows ({k!r}) do not split over the mesh's "
+                      f"data axis of {n} devices", setting="batch")
+  return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(
+      mesh, P("data", *[None] * (len(v.shape) - 1)))) for k, v in batch.items()}
+
+
+def _step_cfg(src: Source):
+  """What make_train_step reads of a config (an imported model's has no dropout)."""
+  import ml_collections
+  if "dropout" in src.cfg.model:
+    return src.cfg
+  return ml_collections.ConfigDict({"train": src.train, "model": {"dropout": 0.0}})
+
+
+def train_programs(src: Source, topo: Topology, mesh) -> list[dict]:
+  """The training loop's step (donating params and optimizer state, as train/loop.py
+  jits it) and the evaluation's metrics step."""
+  from mha_jax.train import loop
+  opt = loop.make_optimizer(src.train)
+  state = (src.params, jax.eval_shape(opt.init, src.params))
+  shard = sharding.shardings(state, mesh)
+  rep = NamedSharding(mesh, P())
+  step = loop.make_train_step(src.task, opt, _step_cfg(src))
+  args = (*_placed(state, shard), _batch_on(src.batches["train"], mesh),
+          jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
+          jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep))
+  train = compile_program("train_step", step, args, topo, mesh, donate=(0, 1),
+                          out_shardings=(*shard, rep))
+
+  def eval_step(params, batch):
+    b = {k: v for k, v in batch.items() if k != "weight"}
+    return src.task.loss(params, b, example_weight=batch["weight"])[1]
+  evaluate = compile_program("eval_step", eval_step,
+                             (_placed(src.params, shard[0]),
+                              _batch_on(src.batches["eval"], mesh)), topo, mesh)
+  return [train, evaluate]
+
+
+def forward_programs(src: Source, topo: Topology, mesh) -> list[dict]:
+  """The model's forward: logits (B, T, V) of a batch."""
+  shard = sharding.shardings(src.params, mesh)
+  return [compile_program("forward", lambda p, b: src.task.apply(p, b),
+                          (_placed(src.params, shard), _batch_on(src.batches["forward"], mesh)),
+                          topo, mesh)]
+
+
+def job_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
+  if job == "train":
+    if not getattr(src.task, "trainable", True) and src.cfg.task != "pretrained_lm":
+      raise UserError(f"job train: task {src.cfg.task!r} is not trained", setting="job")
+    return train_programs(src, topo, mesh)
+  if job == "forward":
+    return forward_programs(src, topo, mesh)
+  return study_programs(src, topo, mesh, job)
+
+
+def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
+  raise UserError(f"job {job!r} is not planned yet", setting="job")
+
+
+# ------------------------------------------------------------------ the plan
+
+def _mesh_shape(opts: PlanOptions, src: Source) -> tuple[int, int]:
+  if opts.mesh is not None:
+    return sharding.parse_mesh(opts.mesh, "mesh")
+  if "mesh" in src.cfg:
+    return int(src.cfg.mesh.data), int(src.cfg.mesh.model)
+  return 0, 1
+
+
+def _versions() -> dict:
+  from importlib import metadata
+  try:
+    libtpu = metadata.version("libtpu")
+  except metadata.PackageNotFoundError:
+    libtpu = None
+  return {"jax": jax.__version__, "libtpu": libtpu}
+
+
+def load_source(opts: PlanOptions, config: str | None, overrides, workdir: str | None
+                ) -> Source:
+  """The model planned: exactly one of --config, --hf-config and --workdir."""
+  given = [n for n, v in (("config", config), ("hf_config", opts.hf_config),
+                          ("workdir", workdir)) if v]
+  if len(given) != 1:
+    raise UserError(f"plan needs one of --config, --hf-config and --workdir; got "
+                    f"{given or 'none'}", setting="config")
+  if config:
+    return from_training_config(config, overrides, opts)
+  if overrides:
+    raise UserError(f"{overrides[0]} overrides a key of --config FILE; none given")
+  if opts.hf_config:
+    return from_hf_config(opts.hf_config, opts)
+  return from_workdir(workdir, opts)
+
+
+def make_plan(opts: PlanOptions, *, config: str | None = None, overrides=(),
+              workdir: str | None = None, topo: Topology | None = None) -> dict:
+  """The plan of a job (see the module docstring): plan.json's dict. topo: the
+  topology of opts.topology when already made."""
+  topo = topo or topology(opts.topology)
+  src = load_source(opts, config, list(overrides), workdir)
+  data, model = _mesh_shape(opts, src)
+  mesh = sharding.make_mesh(data, model, devices=topo.devices)
+  programs = job_programs(src, topo, mesh, opts.job)
+  leaves = jax.tree.leaves(src.params)
+  plan = {"topology": topo.name, "platform": topo.platform, "device_kind": topo.device_kind,
+          "devices": len(topo.devices), "mesh": dict(mesh.shape), "job": opts.job,
+          "params": {"count": int(sum(math.prod(x.shape) for x in leaves)),
+                     "bytes": int(sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves))},
+          "programs": programs, "fits": all(p["fits"] for p in programs),
+          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          **_versions()}
+  plan["source"] = src.where
+  if topo.chip is not None:
+    plan["chip"] = dataclasses.asdict(topo.chip)
+  if not plan["fits"]:
+    plan["suggestion"] = suggest(src, opts, topo, mesh)
+  return plan
+
+
+def _model_axis(n: int, heads: int) -> int:
+  """The largest model axis over n devices that divides the heads."""
+  return max(m for m in range(1, n + 1) if n % m == 0 and heads % m == 0)
+
+
+def suggest(src: Source, opts: PlanOptions, topo: Topology, mesh) -> dict:
+  """The first of: this topology with the largest model axis over the heads, then the
+  larger slices of its generation (each with its largest model axis), on which every
+  program fits; at most opts.search compiles. {"fits": false, "tried": [...]} when none
+  did."""
+  rows = min(v.shape[0] for b in src.batches.values() for v in b.values())
+  tried = []
+  for name in [topo.name] + larger(topo.name):
+    if len(tried) >= opts.search:
+      break
+    t = topo if name == topo.name else topology(name)
+    n = len(t.devices)
+    model = _model_axis(n, src.heads)
+    data = math.gcd(rows, n // model)
+    if name == topo.name and (data, model) == (mesh.shape["data"], mesh.shape["model"]):
+      continue
+    m = sharding.make_mesh(data, model, devices=t.devices)
+    programs = job_programs(src, t, m, opts.job)
+    total = max(p["per_device"]["total"] for p in programs)
+    tried.append({"topology": name, "mesh": dict(m.shape), "total": total, "hbm": t.hbm})
+    if all(p["fits"] for p in programs):
+      return {"fits": True, **tried[-1], "tried": tried[:-1]}
+  return {"fits": False, "tried": tried}
+
+
+def _gib(b) -> str:
+  """Bytes in GiB, 3 significant digits at least."""
+  g = b / 2**30
+  return f"{g:.0f}" if g >= 100 else f"{g:.3g}" if g >= 0.01 else f"{g:.1e}"
+
+
+def format_plan(plan: dict) -> str:
+  """The plan as a text table, one line per program."""
+  mesh = ",".join(f"{k}={v}" for k, v in plan["mesh"].items())
+  lines = [f"{plan['job']} on {plan['topology']} ({plan['devices']} x {plan['device_kind']}, "
+           f"mesh {mesh}); params {plan['params']['count']:,} "
+           f"({_gib(plan['params']['bytes'])} GiB)",
+           f"{'program':<14} {'args':>8} {'outs':>8} {'temps':>8} {'total':>8} {'HBM':>7} "
+           f"{'fits':>4} {'TFLOP':>9} {'GB acc.':>8} {'est ms':>9}  kernels",
+           "  (GiB per device; FLOPs and bytes accessed per device)"]
+  for p in plan["programs"]:
+    d = p["per_device"]
+    est = "-" if p["est_seconds"] is None else f"{p['est_seconds'] * 1e3:.2f}"
+    lines.append(f"{p['name']:<14} {_gib(d['arguments']):>8} {_gib(d['outputs']):>8} "
+                 f"{_gib(d['temps']):>8} {_gib(d['total']):>8} {_gib(d['hbm']):>7} "
+                 f"{'yes' if p['fits'] else 'NO':>4} {p['flops'] / 1e12:>9.3f} "
+                 f"{p['bytes_accessed'] / 1e9:>8.2f} {est:>9}  "
+                 f"{','.join(p['attention_kernels']) or '-'}")
+  s = plan.get("suggestion")
+  if s is not None and s["fits"]:
+    mesh = ",".join(f"{k}={v}" for k, v in s["mesh"].items())
+    lines.append(f"does not fit; fits on {s['topology']} with mesh {mesh} "
+                 f"({_gib(s['total'])} of {_gib(s['hbm'])} GiB per device)")
+  elif s is not None:
+    tried = "; ".join(f"{t['topology']} {t['mesh']}: {_gib(t['total'])} GiB" for t in s["tried"])
+    lines.append(f"does not fit; nor on what was tried ({tried or 'nothing: --search 0'})")
+  return "\n".join(lines)
+
+
+def write_plan(plan: dict, out: str) -> str:
+  """out/plan.json; returns its path."""
+  storage.makedirs(out)
+  path = storage.join(out, "plan.json")
+  storage.write_json(path, plan)
+  return path

@@ -1,0 +1,72 @@
+"""The seeds' claim per device: `mha-jax plan` of configs/lm.py's train step at h = 8, 16,
+32, 64, 96 (d_model 768, so d_k = 96 .. 8) on a TPU slice, one row per kernel, into
+docs/results/plan_heads_v5e.json (scripts/docs_results.py renders it).
+
+  /work/venv-tpu/bin/python scripts/plan_heads.py --out /tmp/plan_heads [--topology v5e:2x2]
+
+Each plan is written to OUT/<impl>_h<h>/plan.json (a plan already there is kept, so an
+interrupted run resumes); the summary collects them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+HEADS = (8, 16, 32, 64, 96)
+IMPLS = ("reference", "blocked")
+D_MODEL = 768
+RESULT = "docs/results/plan_heads_v5e.json"
+
+
+def _row(impl: str, h: int, doc: dict) -> dict:
+  progs = {p["name"]: p for p in doc["programs"]}
+  return {"impl": impl, "heads": h, "d_k": D_MODEL // h, "params": doc["params"]["count"],
+          "kernels": sorted({k for p in doc["programs"] for k in p["attention_kernels"]}),
+          **{name: {"flops": p["flops"], "bytes_accessed": p["bytes_accessed"],
+                    **p["per_device"], "memory_spaces": p.get("memory_spaces", {}),
+                    "est_seconds": p["est_seconds"]} for name, p in progs.items()}}
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--topology", default="v5e:2x2")
+  ap.add_argument("--result", default=RESULT)
+  ap.add_argument("--collect", action="store_true", help="only collect the plans in --out")
+  args = ap.parse_args()
+  from mha_jax import machine, plan
+  rows, versions = [], {}
+  for impl in IMPLS:
+    for h in HEADS:
+      path = os.path.join(args.out, f"{impl}_h{h}", "plan.json")
+      if not os.path.exists(path) and args.collect:
+        continue
+      if not os.path.exists(path):
+        opts = plan.PlanOptions(topology=args.topology, job="train")
+        doc = plan.make_plan(opts, config=f"configs/lm.py:heads={h},d_model={D_MODEL}",
+                             overrides=[f"--config.model.impl={impl}"])
+        plan.write_plan(doc, os.path.dirname(path))
+      with open(path) as f:
+        doc = json.load(f)
+      versions = {"jax": doc["jax"], "libtpu": doc["libtpu"], "date": doc["date"]}
+      rows.append(_row(impl, h, doc))
+      print(impl, h, rows[-1]["train_step"]["total"], flush=True)
+  out = {"topology": args.topology, "device_kind": doc["device_kind"], "mesh": doc["mesh"],
+         "config": f"configs/lm.py:heads=H,d_model={D_MODEL} --config.model.impl=IMPL",
+         "job": "train", "chip": doc.get("chip"), **versions,
+         "kernel_choice": ("impl named in the config; impl=auto's choice for a TPU target "
+                           "(Pallas splash through shard_map) comes with dispatch's "
+                           "compile_target (the accel branch)"),
+         "rows": rows, "machine": machine.machine()}
+  with open(args.result, "w") as f:
+    json.dump(out, f, indent=1)
+  print(f"wrote {args.result}")
+
+
+if __name__ == "__main__":
+  main()

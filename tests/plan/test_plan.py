@@ -1,0 +1,182 @@
+"""`mha-jax plan` on cpu:N (no libtpu needed): its param count against the accounting
+module's, its temporaries against an analytic count of a reference-kernel program's
+scores, a job planned twice, a job too big for the topology (fits false, exit 0), a bad
+topology refused by name, the Hugging Face config's param shapes against the importer's,
+and the verb through `mha_jax.cli.main`. The TPU topologies' tests are marked `tpu`
+(pytest -m tpu, in an environment with libtpu)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from builders import ROOT, with_devices
+
+from mha_jax import accounting, attention, cli, plan
+
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+LLAMA_8B = os.path.join(ROOT, "docs", "data", "llama-3.1-8b.config.json")
+
+
+def _induction_plan(**kw):
+  opts = plan.PlanOptions(topology="cpu:1", job=kw.pop("job", "forward"), **kw)
+  return plan.make_plan(opts, config=os.path.join(ROOT, "configs", "induction.py"),
+                        overrides=["--config.model.num_heads=8"])
+
+
+def test_param_bytes_equal_the_accounting_modules_count():
+  p = _induction_plan()
+  # configs/induction.py: attention only, no LayerNorm, learned positions into Q and K;
+  # embed (V, D), unembed (D, V), pos_embed (max_len, D) and L attention layers
+  d, v, layers, max_len = 64, 64, 2, 49
+  count = 2 * v * d + max_len * d + layers * accounting.attention_params(d, 8)
+  assert p["params"] == {"count": count, "bytes": 4 * count}
+
+
+def test_a_job_planned_twice_is_the_same_plan():
+  a, b = _induction_plan(), _induction_plan()
+  a.pop("date"), b.pop("date")
+  assert a == b
+  assert set(a) >= {"topology", "platform", "device_kind", "devices", "mesh", "job",
+                    "params", "programs", "fits", "jax", "libtpu"}
+  prog = a["programs"][0]
+  assert set(prog) >= {"name", "flops", "bytes_accessed", "per_device", "fits",
+                       "attention_kernels", "est_seconds"}
+  assert set(prog["per_device"]) == {"arguments", "outputs", "temps", "total", "hbm"}
+  assert prog["flops"] > 0 and prog["attention_kernels"]
+
+
+def test_temps_hold_the_reference_kernels_scores():
+  """The temporaries of a reference-kernel forward+backward hold its (B, H, T, S) scores
+  (the weights are kept for the backward), and on CPU the buffer assignment's temps are
+  what memory_analysis says."""
+  topo = plan.topology("cpu:1")
+  mesh = plan.sharding.make_mesh(1, 1, devices=topo.devices)
+  b, t, d, h = 2, 256, 64, 4
+  params = jax.eval_shape(lambda k: attention.init_attention_params(k, d, h),
+                          jax.random.PRNGKey(0))
+  x = jax.ShapeDtypeStruct((b, t, d), jnp.float32)
+
+  def grad(p, x):
+    return jax.grad(lambda p: jnp.sum(attention.multi_head_attention(
+        p, x, x, impl="reference") ** 2))(p)
+  prog = plan.compile_program("grad", grad, (params, x), topo, mesh)
+  scores = accounting.score_memory_bytes(b, h, t)
+  assert prog["per_device"]["temps"] >= scores
+  compiled = jax.jit(grad).lower(params, x).compile()
+  assert prog["per_device"]["temps"] == compiled.memory_analysis().temp_size_in_bytes
+  assert prog["attention_kernels"] == ["reference"]
+
+
+def test_a_job_too_big_is_a_plan_that_does_not_fit(tmp_path, capsys):
+  """A config.json whose embeddings alone (16 Mi tokens x 8,192 floats, twice) pass any
+  host's memory: fits false with the numbers, exit status 0."""
+  with open(LLAMA_8B) as f:
+    cfg = json.load(f)
+  cfg.update(vocab_size=2**24, hidden_size=8192, num_hidden_layers=1,
+             num_attention_heads=64, intermediate_size=256)
+  src = tmp_path / "config.json"
+  src.write_text(json.dumps(cfg))
+  out = tmp_path / "plan"
+  rc = cli.main(["plan", "--topology", "cpu:1", "--hf-config", str(src), "--job", "forward",
+                 "--batch", "1", "--seq", "4", "--out", str(out)])
+  assert rc == 0
+  doc = json.loads((out / "plan.json").read_text())
+  params = 2 * 2**24 * 8192 * 4
+  assert doc["fits"] is False and doc["params"]["bytes"] >= params
+  dev = doc["programs"][0]["per_device"]
+  assert dev["arguments"] >= params and dev["total"] > dev["hbm"]
+  assert doc["suggestion"]["fits"] is False
+  assert "does not fit" in capsys.readouterr().out
+
+
+def test_a_bad_topology_is_refused_by_name(tmp_path, capsys):
+  rc = cli.main(["plan", "--topology", "v5x:2x2", "--config", "configs/induction.py",
+                 "--out", str(tmp_path / "p")])
+  err = capsys.readouterr().err
+  assert rc == 2 and "'v5x:2x2'" in err and "v5e:2x2" in err and "cpu:N" in err
+  assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.skipif(HAS_LIBTPU, reason="libtpu is installed here")
+def test_a_tpu_topology_without_libtpu_says_how_to_get_it(tmp_path, capsys):
+  rc = cli.main(["plan", "--topology", "v5e:2x2", "--config", "configs/induction.py",
+                 "--out", str(tmp_path / "p")])
+  assert rc == 2 and "pip install 'mha-jax[tpu]'" in capsys.readouterr().err
+
+
+def test_hf_config_param_shapes_are_the_importers(tmp_path):
+  """For each decoder family, the shapes plan reads from a config.json are those the
+  importer builds from the same model's tensors."""
+  pytest.importorskip("transformers")
+  from hf_models import build_hf, save_folder
+  from mha_jax.pretrained import adapters, hf_folder
+  for case in ("llama", "phi3_longrope", "qwen2", "qwen3", "gemma2", "olmo2", "gpt2",
+               "gpt_neox"):
+    folder = save_folder(build_hf(case), tmp_path / case)
+    params = hf_folder.read(folder)[0]
+    with open(os.path.join(folder, "config.json")) as f:
+      cfg = json.load(f)
+    fam = adapters.FAMILIES[hf_folder.architecture(cfg)]
+    s = adapters.read_config(cfg, fam, folder)
+    want = jax.tree.map(lambda a: (a.shape, str(a.dtype)), params)
+    got = jax.tree.map(lambda a: (a.shape, str(a.dtype)),
+                       plan.hf_param_shapes(fam, s, "float32"))
+    assert got == want, case
+
+
+def test_the_verb_on_4_host_devices_with_a_model_axis(tmp_path):
+  """cpu:4 in a fresh process (plan asks JAX for the 4 devices), heads over model=2."""
+  out = tmp_path / "p"
+  env = with_devices(1)
+  r = subprocess.run([sys.executable, "-m", "mha_jax.cli", "plan", "--topology", "cpu:4",
+                      "--config", "configs/induction.py", "--mesh", "data=2,model=2",
+                      "--job", "train", "--batch", "8", "--out", str(out)],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr
+  doc = json.loads((out / "plan.json").read_text())
+  assert doc["devices"] == 4 and doc["mesh"] == {"data": 2, "model": 2}
+  assert [p["name"] for p in doc["programs"]] == ["train_step", "eval_step"]
+  assert all(p["mesh"] == {"data": 2, "model": 2} for p in doc["programs"])
+  assert "train_step" in r.stdout
+
+
+# ------------------------------------------------------------------ TPU topologies
+
+@pytest.mark.tpu
+@pytest.mark.skipif(not HAS_LIBTPU, reason="needs libtpu (pip install 'mha-jax[tpu]')")
+def test_tpu_temps_count_every_memory_space():
+  """On v5e XLA places temporaries in VMEM: the plan's temps hold the reference
+  kernel's scores there, and its total is the compiler's peak."""
+  topo = plan.topology("v5e:2x2")
+  mesh = plan.sharding.make_mesh(4, 1, devices=topo.devices)
+  b, t, d, h = 8, 512, 256, 4
+  params = jax.eval_shape(lambda k: attention.init_attention_params(k, d, h),
+                          jax.random.PRNGKey(0))
+  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), params)
+  x = jax.ShapeDtypeStruct((b, t, d), jnp.float32, sharding=jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec("data")))
+
+  def grad(p, x):
+    return jax.grad(lambda p: jnp.sum(attention.multi_head_attention(
+        p, x, x, impl="reference") ** 2))(p)
+  prog = plan.compile_program("grad", grad, (params, x), topo, mesh)
+  assert prog["per_device"]["temps"] >= accounting.score_memory_bytes(b // 4, h, t)
+  assert prog["est_seconds"] > 0
+
+
+@pytest.mark.tpu
+@pytest.mark.skipif(not HAS_LIBTPU, reason="needs libtpu (pip install 'mha-jax[tpu]')")
+def test_tpu_llama_8b_forward_plan_has_the_published_param_count():
+  p = plan.make_plan(plan.PlanOptions(topology="v5e:2x2", job="forward", hf_config=LLAMA_8B,
+                                      dtype="bfloat16", batch=4, seq=128, mesh="model=4"))
+  assert p["params"]["count"] == 8_030_261_248      # Llama-3.1-8B's published size
+  assert p["devices"] == 4 and np.isfinite(p["programs"][0]["est_seconds"])
