@@ -15,6 +15,7 @@ field given an extreme or ill-typed value, or removed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -99,9 +100,9 @@ def gguf_rewrite(draw, seed: str):
   """(metadata changes {key: (value, type or None to drop)}, tensor changes {name: shape
   or None to drop}) for `write_gguf_changed`."""
   import gguf
-  r = gguf.GGUFReader(seed)
-  keys = sorted(k for k in r.fields if not k.startswith("GGUF."))
-  names = sorted(t.name for t in r.tensors)
+  fields, seed_tensors = _parsed(seed)
+  keys = sorted(k for k in fields if not k.startswith("GGUF."))
+  names = sorted(t[0] for t in seed_tensors)
   meta, tensors = {}, {}
   T = gguf.GGUFValueType
   for _ in range(draw(st.integers(1, 3))):
@@ -138,15 +139,15 @@ def write_gguf_changed(seed: str, path: str, meta: dict, tensors: dict) -> None:
   A tensor whose new shape does not match its bytes is written with its bytes and the
   new shape in its header (a header that lies)."""
   import gguf
-  r = gguf.GGUFReader(seed)
-  arch = str(r.fields["general.architecture"].contents())
+  fields, tensors_of_seed = _parsed(seed)
+  arch = fields["general.architecture"][0]
   w = gguf.GGUFWriter(path, arch)
   T = gguf.GGUFValueType
-  for key, f in r.fields.items():
+  for key, (value, types) in fields.items():
     if key.startswith("GGUF.") or key == "general.architecture" or key in meta:
       continue
-    sub = f.types[1] if f.types[0] == T.ARRAY else None
-    w.add_key_value(key, f.contents(), f.types[0], sub_type=sub)
+    sub = types[1] if types[0] == T.ARRAY else None
+    w.add_key_value(key, value, types[0], sub_type=sub)
   for key, (value, vtype) in meta.items():
     if vtype is None or vtype == T.ARRAY and not value:   # gguf writes no empty array
       continue
@@ -165,23 +166,30 @@ def write_gguf_changed(seed: str, path: str, meta: dict, tensors: dict) -> None:
     except ValueError:      # a value gguf cannot write (an empty array): left out
       pass
   huge = []
-  for t in r.tensors:
-    shape = tensors.get(t.name, "keep")
+  for name, data, qtype in tensors_of_seed:
+    shape = tensors.get(name, "keep")
     if shape is None:
       continue
-    if shape == "keep":
-      w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    elif shape == "huge":     # its bytes kept, its header's dims made 2^20 x 2^20
-      w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-      huge.append(t.name)
+    if shape in ("keep", "huge"):   # huge: its bytes kept, its header's dims 2^20 x 2^20
+      w.add_tensor(name, data, raw_dtype=qtype)
+      huge += [name] if shape == "huge" else []
     else:                     # a float32 tensor of another shape
-      w.add_tensor(t.name, np.zeros(shape, np.float32))
+      w.add_tensor(name, np.zeros(shape, np.float32))
   w.write_header_to_file()
   w.write_kv_data_to_file()
   w.write_tensors_to_file()
   w.close()
   for name in huge:
     _claim_dims(path, name, (2 ** 20, 2 ** 20))
+
+
+@functools.cache
+def _parsed(seed: str):
+  """({key: (value, types)}, [(tensor name, its bytes, type)]) of a seed GGUF, read once."""
+  import gguf
+  r = gguf.GGUFReader(seed)
+  fields = {k: (f.contents(), list(f.types)) for k, f in r.fields.items()}
+  return fields, [(t.name, np.array(t.data), t.tensor_type) for t in r.tensors]
 
 
 def _claim_dims(path: str, name: str, dims: tuple) -> None:
