@@ -342,8 +342,11 @@ class Watchdog:
   collective or JAX's shutdown barrier would wait for the lost process).
   """
 
-  def __init__(self, timeout: float, step_timeout: float = DEFAULT_TIMEOUTS["step_timeout"]):
+  def __init__(self, timeout: float, step_timeout: float = DEFAULT_TIMEOUTS["step_timeout"],
+               lost: Callable[[int | None, str], bool] | None = None):
+    """lost(process or None, why): what a loss or a stall does (default: say it, exit)."""
     self.timeout, self.step_timeout = float(timeout), float(step_timeout)
+    self.lost = lost or self._lost
     self.interval = max(0.2, self.timeout / 10)
     self.me, self.n = jax.process_index(), jax.process_count()
     self._stop = threading.Event()
@@ -373,10 +376,10 @@ class Watchdog:
         self._lost(0, f"(the coordinator) was lost: it stopped answering "
                       f"({' '.join(str(e).split())[:120]})")
         return
-      if self._check(entries, time.monotonic()):
+      if self.check(entries, time.monotonic()):
         return
 
-  def _check(self, entries: dict, now: float) -> bool:
+  def check(self, entries: dict, now: float) -> bool:
     """Whether a process was lost or failed, or the steps stalled (said, and exiting)."""
     steps = {}
     for i in range(self.n):
@@ -388,12 +391,12 @@ class Watchdog:
         continue
       failed = entries.get(f"{PREFIX}failed/{i}")
       if failed is not None:
-        return self._lost(i, f"failed: {failed}")
+        return self.lost(i, f"failed: {failed}")
       last = self._seen.get(i)
       if last is None or last[0] != beat:
         self._seen[i] = (beat, now)
       elif now - last[1] > self.timeout:
-        return self._lost(i, f"was lost: no heartbeat for {now - last[1]:.0f} s (it died, "
+        return self.lost(i, f"was lost: no heartbeat for {now - last[1]:.0f} s (it died, "
                              f"was killed or froze; --process-timeout={self.timeout:g})")
     key = tuple(sorted(steps.items()))
     if key != self._moved[0]:
@@ -407,10 +410,10 @@ class Watchdog:
     behind = [i for i, s in steps.items() if s == low]
     how = f"no process made progress for {seconds:.0f} s (--step-timeout={self.step_timeout:g})"
     if low == high:
-      return self._lost(None, f"{how}; every process is at the same point: a collective "
+      return self.lost(None, f"{how}; every process is at the same point: a collective "
                               f"that never completes, or a step that never ends")
     who = ", ".join(map(str, behind))
-    return self._lost(None, f"{how}: process(es) {who} of {self.n} stopped behind the "
+    return self.lost(None, f"{how}: process(es) {who} of {self.n} stopped behind the "
                             f"others (frozen, or stuck in a call), which wait for them")
 
   def _lost(self, i: int | None, why: str) -> bool:

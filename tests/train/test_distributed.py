@@ -172,12 +172,15 @@ def test_the_watchdog_names_a_lost_heartbeat_and_a_stall_of_the_steps():
   cluster): a heartbeat that stops; a main thread frozen behind the others while its
   heartbeat goes on; every process stuck at one point; a finished process ignored."""
   said = []
-  w = distributed.Watchdog(timeout=10, step_timeout=30)
-  w.me, w.n = 0, 3
-  w._lost = lambda i, why: said.append((i, why)) or True
 
-  def check(t, beats):
-    return w._check({f"mha-jax/beat/{i}": b for i, b in beats.items()}, t)
+  def watchdog():
+    said.clear()
+    w = distributed.Watchdog(timeout=10, step_timeout=30,
+                             lost=lambda i, why: said.append((i, why)) or True)
+    w.me, w.n = 0, 3
+    return lambda t, beats, **extra: w.check(
+        {**{f"mha-jax/beat/{i}": b for i, b in beats.items()}, **extra}, t)
+  check = watchdog()
   # every beat and step moves: nothing to say
   for t in range(0, 60, 5):
     assert not check(t, {0: f"{t} {t}", 1: f"{t} {t}", 2: f"{t} {t}"})
@@ -190,24 +193,20 @@ def test_the_watchdog_names_a_lost_heartbeat_and_a_stall_of_the_steps():
   assert who is None and "no process made progress for 35 s (--step-timeout=30)" in why
   assert "process(es) 2 of 3 stopped behind the others" in why
   # all at one point
-  said.clear()
-  w._moved = ((), 0)
+  check = watchdog()
   for t in (100, 120):
     assert not check(t, {0: f"{t} 60", 1: f"{t} 60", 2: f"{t} 60"})
   assert check(131, {0: "131 60", 1: "131 60", 2: "131 60"})
   assert "every process is at the same point" in said[0][1]
   # a heartbeat that stops (SIGSTOP: the whole process froze) is named after timeout
-  said.clear()
-  w._seen, w._moved = {}, ((), 0)
+  check = watchdog()
   assert not check(200, {0: "1 61", 1: "1 61", 2: "7 61"})
   assert not check(209, {0: "2 62", 1: "2 62", 2: "7 61"})
   assert check(211, {0: "3 63", 1: "3 63", 2: "7 61"})
   assert said == [(2, "was lost: no heartbeat for 11 s (it died, was killed or froze; "
                       "--process-timeout=10)")]
   # before the first step (every count 0) nothing stalls; a finished process is ignored
-  said.clear()
-  w._seen, w._moved = {}, ((), 0)
+  check = watchdog()
   for t in (300, 400, 500):
-    assert not w._check({"mha-jax/beat/0": f"{t} 0", "mha-jax/beat/1": f"{t} 0",
-                         "mha-jax/done/2": "ok"}, t)
+    assert not check(t, {0: f"{t} 0", 1: f"{t} 0"}, **{"mha-jax/done/2": "ok"})
   assert said == []
