@@ -29,6 +29,30 @@ RUNS = collections.Counter()  # executions per reader
 OUTCOMES = collections.defaultdict(set)   # distinct outcomes (the error's first words)
 BUGS = collections.defaultdict(list)      # any other exception: (kind and place, file)
 KEEP = os.environ.get("MHA_JAX_FUZZ_KEEP")  # a folder to copy each failing input into
+PATHS = collections.defaultdict(set)  # distinct paths: the set of reader lines one run ran
+TRACE = {"on": False}                 # measured in the slow run (sys.settrace is slow)
+READERS = tuple(os.path.join(os.path.dirname(importer.__file__), f) for f in (
+    "gguf_file.py", "hf_folder.py", "tokenizer.py", "importer.py", "adapters.py")) + (
+    os.path.join(os.path.dirname(os.path.dirname(importer.__file__)), "data",
+                 "tokenizer_json.py"),)
+
+
+def _traced(fn, lines: set):
+  """fn() with every line the readers run added to `lines`."""
+  import sys
+
+  def local(frame, event, arg):
+    if event == "line":
+      lines.add((frame.f_code.co_filename, frame.f_lineno))
+    return local
+
+  def tracer(frame, event, arg):
+    return local if frame.f_code.co_filename in READERS else None
+  sys.settrace(tracer)
+  try:
+    return fn()
+  finally:
+    sys.settrace(None)
 
 
 def _fuzz_settings(n: int, **kw):
@@ -51,7 +75,13 @@ def outcome(path: str, target: str, size: int | None = None, read=None) -> str:
   signal.alarm(HANG_S)
   tracemalloc.reset_peak()
   try:
-    (read or (lambda p: importer.read_model(file=p)))(path)
+    run = lambda: (read or (lambda p: importer.read_model(file=p)))(path)  # noqa: E731
+    lines = set()
+    try:
+      _traced(run, lines) if TRACE["on"] else run()
+    finally:
+      if TRACE["on"]:
+        PATHS[target].add(hash(frozenset(lines)))
     result = "ok"
   except UserError as e:
     text = str(e)
@@ -93,7 +123,8 @@ def traced():
   yield
   tracemalloc.stop()
   print(f"\nfuzzing: executions {dict(RUNS)}; distinct outcomes "
-        f"{ {k: len(v) for k, v in OUTCOMES.items()} }")
+        f"{ {k: len(v) for k, v in OUTCOMES.items()} }; distinct paths through the "
+        f"readers (slow run) { {k: len(v) for k, v in PATHS.items()} }")
 
 
 def test_the_seeds_import():
@@ -146,13 +177,14 @@ def test_mutated_model_files_import_or_are_refused_naming_the_file(tmp_path, tar
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", list(FUZZERS))
-def test_mutated_model_files_longer_run(tmp_path, target):
+def test_mutated_model_files_longer_run(tmp_path, target, monkeypatch):
+  monkeypatch.setitem(TRACE, "on", True)
   FUZZERS[target](str(tmp_path), 1500)
   _no_bugs(target)
 
 
 @pytest.mark.slow
-def test_the_smollm2_header_mutated_in_place(tmp_path):
+def test_the_smollm2_header_mutated_in_place(tmp_path, monkeypatch):
   """The real SmolLM2 GGUF (49,152 tokens, 30 layers, Q4_1), copied once; each example
   overwrites bytes of its header in place (lengths, counts, dims, types: no shift, so
   the tensors stay where the header says) and imports the header (read_header: the
@@ -164,6 +196,7 @@ def test_the_smollm2_header_mutated_in_place(tmp_path):
   hot = fz.gguf_header_length(path)
   with open(path, "rb") as f:
     header = f.read(hot)
+  monkeypatch.setitem(TRACE, "on", True)
 
   @_fuzz_settings(150)
   @given(st.data())
