@@ -547,7 +547,7 @@ SIZE_KEYS = {"hidden_size": 1, "num_attention_heads": 1, "num_key_value_heads": 
              "max_position_embeddings": 1, "original_max_position_embeddings": 1,
              "n_embd": 1, "n_head": 1, "n_layer": 1, "n_inner": 1, "n_positions": 1,
              "max_window_layers": 0, "sliding_window": 0, "sliding_window_pattern": 1,
-             "_sliding_window_pattern": 1, "query_pre_attn_scalar": 1}
+             "_sliding_window_pattern": 1}
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "block_count")
 MAX_SIZE, MAX_LAYERS = 2 ** 31 - 1, 2 ** 16
 

@@ -230,8 +230,8 @@ _BERT_SIZES = ("hidden_size", "num_attention_heads", "intermediate_size", "num_h
 
 
 def _token_id(x, key: str, where: str) -> int:
-  """A token id of config.json, -1 if unset."""
-  return -1 if x is None else check_size(x, key, where, lo=0)
+  """A token id of config.json, -1 if unset (or set to -1, as some configs do)."""
+  return -1 if x is None else check_size(x, key, where, lo=-1)
 
 
 def _first(x, default):
