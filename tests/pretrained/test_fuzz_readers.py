@@ -167,6 +167,7 @@ def _folder(tmp, n):
 
 FUZZERS = {"gguf bytes": _gguf_bytes, "gguf fields": _gguf_fields, "hf folder": _folder}
 DEFAULT_RUN = {"gguf bytes": 15, "gguf fields": 15, "hf folder": 40}   # a few seconds
+SLOW_RUN = int(os.environ.get("MHA_JAX_FUZZ_EXAMPLES", "1500"))       # per reader
 
 
 @pytest.mark.parametrize("target", list(FUZZERS))
@@ -179,7 +180,7 @@ def test_mutated_model_files_import_or_are_refused_naming_the_file(tmp_path, tar
 @pytest.mark.parametrize("target", list(FUZZERS))
 def test_mutated_model_files_longer_run(tmp_path, target, monkeypatch):
   monkeypatch.setitem(TRACE, "on", True)
-  FUZZERS[target](str(tmp_path), 1500)
+  FUZZERS[target](str(tmp_path), SLOW_RUN)
   _no_bugs(target)
 
 
@@ -198,7 +199,7 @@ def test_the_smollm2_header_mutated_in_place(tmp_path, monkeypatch):
     header = f.read(hot)
   monkeypatch.setitem(TRACE, "on", True)
 
-  @_fuzz_settings(150)
+  @_fuzz_settings(max(SLOW_RUN // 10, 20))
   @given(st.data())
   def run(d):
     mutated = d.draw(fz.byte_mutation(header, hot).filter(lambda b: len(b) == len(header)))
