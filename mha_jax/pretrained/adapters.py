@@ -630,6 +630,10 @@ class Tensors:
         if shape is not None and x.shape != tuple(shape):
           raise UserError(f"{self.where}: tensor {p + name!r} has shape {x.shape}, "
                            f"expected {tuple(shape)}")
+        if x.dtype.kind == "f" and not np.isfinite(x).all():   # a corrupt scale or value
+          raise UserError(f"{self.where}: tensor {p + name!r} holds "
+                           f"{int(np.size(x) - np.isfinite(x).sum())} NaN or infinite "
+                           f"values (a corrupt file?)")
         return x
     raise UserError(f"{self.where}: tensor {name!r} is missing")
 
