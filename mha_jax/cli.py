@@ -199,13 +199,18 @@ class TrainOptions:
   startup_timeout: str | None = setting(None, help="seconds to wait for the coordinator "
                                         "and every process at start-up (or "
                                         "MHA_JAX_STARTUP_TIMEOUT; default 300)")
+  step_timeout: str | None = setting(None, help="seconds without progress on any process "
+                                     "(a main thread frozen while its heartbeat goes on) "
+                                     "after which every process stops (or "
+                                     "MHA_JAX_STEP_TIMEOUT; default 900)")
 
 
 def _train(args, opts: TrainOptions) -> int:
   from mha_jax.train import distributed, loop
   many = distributed.initialize(opts.coordinator, opts.num_processes, opts.process_id,
                                 auto=opts.multihost, process_timeout=opts.process_timeout,
-                                startup_timeout=opts.startup_timeout)
+                                startup_timeout=opts.startup_timeout,
+                                step_timeout=opts.step_timeout)
   try:
     cfg = mc.load_config(args.config)
     rest = mc.apply_overrides(cfg, args.extra)

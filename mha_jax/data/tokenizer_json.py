@@ -14,7 +14,9 @@ def from_tokenizer_json(path: str, max_len: int | None = None):
   from tokenizers import Tokenizer
   try:
     tok = Tokenizer.from_str(storage.read_text(path))
-  except Exception as e:  # noqa: BLE001 - the library raises a plain Exception
+  except (KeyboardInterrupt, SystemExit, MemoryError):
+    raise
+  except BaseException as e:  # noqa: BLE001 - a plain Exception, or pyo3's PanicException
     raise UserError(f"tokenizer file {path!r} cannot be read: {e}") from None
   tok.no_padding()
   if max_len:

@@ -539,11 +539,45 @@ def family_of(cfg: dict) -> Family | None:
 # ---------------------------------------------------------------------------------------
 
 
+# Integer config keys (sizes, counts, windows) and their smallest value. Every one is
+# checked before any is used: an integer, at most MAX_SIZE (MAX_LAYERS for a layer
+# count: a list per layer is made before the tensors are read).
+SIZE_KEYS = {"hidden_size": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
+             "head_dim": 1, "intermediate_size": 1, "num_hidden_layers": 1, "vocab_size": 1,
+             "max_position_embeddings": 1, "original_max_position_embeddings": 1,
+             "n_embd": 1, "n_head": 1, "n_layer": 1, "n_inner": 1, "n_positions": 1,
+             "max_window_layers": 0, "sliding_window": 0, "sliding_window_pattern": 1,
+             "_sliding_window_pattern": 1}
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "block_count")
+MAX_SIZE, MAX_LAYERS = 2 ** 31 - 1, 2 ** 16
+
+
+def check_size(value, key: str, where: str, lo: int = 1):
+  """`value` as an int, refused naming `where` and `key` unless it is an integer (not a
+  bool, nor a float) in [lo, MAX_SIZE] (MAX_LAYERS for a layer count)."""
+  hi = MAX_LAYERS if key.split(".")[-1] in LAYER_KEYS else MAX_SIZE
+  ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+  if not ok or not lo <= int(value) <= hi:
+    raise UserError(f"{where}: {key}={value!r} must be an integer from {lo} to {hi}")
+  return int(value)
+
+
 def read_config(cfg: dict, family: Family, where: str) -> dict:
   """The family's settings (checked key by key) from a Hugging Face config dict."""
   c = Config(cfg, family, where)
   c.check_keys()
-  s = family.parse(c)
+  for key, lo in SIZE_KEYS.items():
+    if cfg.get(key) is not None:
+      check_size(cfg[key], key, where, lo)
+  try:
+    s = family.parse(c)
+  except UserError:
+    raise
+  except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as e:
+    raise UserError(f"{where}: a value cannot be read as the setting it is for "
+                     f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+  if s["k"] < 1:
+    c.refuse("head_dim", s["k"], f"hidden_size {s['d']} / {s['h']} heads leaves no width")
   if s["h"] % s["g"]:
     c.refuse("num_key_value_heads", s["g"], f"must divide num_attention_heads={s['h']}")
   for w in (s["window"] for t in s["layer_types"] if t == "sliding_attention"):
@@ -596,6 +630,10 @@ class Tensors:
         if shape is not None and x.shape != tuple(shape):
           raise UserError(f"{self.where}: tensor {p + name!r} has shape {x.shape}, "
                            f"expected {tuple(shape)}")
+        if x.dtype.kind == "f" and not np.isfinite(x).all():   # a corrupt scale or value
+          raise UserError(f"{self.where}: tensor {p + name!r} holds "
+                           f"{int(np.size(x) - np.isfinite(x).sum())} NaN or infinite "
+                           f"values (a corrupt file?)")
         return x
     raise UserError(f"{self.where}: tensor {name!r} is missing")
 
@@ -607,12 +645,36 @@ def _set(tree, path, value):
   tree[parts[-1]] = value
 
 
+def _vec_shape(name: str, s: dict) -> tuple:
+  """The shape a "vec" tensor must have: the embeddings (V, D) / (max_len, D), an MLP's
+  hidden biases (F,), every other vector (D,)."""
+  if name.endswith(("embed_tokens.weight", "wte.weight", "embed_in.weight",
+                    "token_embd.weight")):
+    return (s["v"], s["d"])
+  if name.endswith(("wpe.weight", "position_embd.weight")):
+    return (s["max_len"], s["d"])
+  if name.endswith(("gate_proj.bias", "up_proj.bias", "c_fc.bias", "dense_h_to_4h.bias",
+                    "ffn_up.bias")):
+    return (s["f"],)
+  return (s["d"],)
+
+
+def _lin_shape(name: str, s: dict) -> tuple:
+  """The (out, in) shape of a "lin" tensor: the unembedding (V, D), an MLP's up / gate
+  (F, D) or down (D, F) projection."""
+  if "down" in name or name.endswith(("c_proj.weight", "dense_4h_to_h.weight")):
+    return (s["d"], s["f"])
+  if name.endswith(("lm_head.weight", "embed_out.weight", "output.weight")):
+    return (s["v"], s["d"])
+  return (s["f"], s["d"])
+
+
 def _convert(t: Tensors, name, kind, s, family, dt):
   """{relative target: array} for one row of the table."""
   d, h, g, k, f = s["d"], s["h"], s["g"], s["k"], s["f"]
   cast = lambda x: np.ascontiguousarray(x.astype(dt, copy=False))  # noqa: E731
   if kind == "vec":
-    x = t.take(name).astype(np.float32)
+    x = t.take(name, _vec_shape(name, s)).astype(np.float32)
     if family.plus_one and name.endswith("norm.weight"):
       x = x + np.float32(1.0)
     return {"": cast(x)}
@@ -624,9 +686,9 @@ def _convert(t: Tensors, name, kind, s, family, dt):
   if kind == "whole_k":
     return {"": cast(t.take(name, (g * k,)).reshape(g, k))}
   if kind == "lin":
-    return {"": cast(t.take(name).T)}
+    return {"": cast(t.take(name, _lin_shape(name, s)).T)}
   if kind == "conv":
-    return {"": cast(t.take(name))}
+    return {"": cast(t.take(name, _lin_shape(name, s)[::-1]))}
   if kind == "q":
     return {"": cast(t.take(name, (h * k, d)).T.reshape(d, h, k))}
   if kind == "kv":

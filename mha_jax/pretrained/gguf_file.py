@@ -48,7 +48,11 @@ def _field(reader, key, default=None, *, path, required=False):
     if required:
       raise UserError(f"file {path!r}: GGUF metadata has no {key!r}", setting="file")
     return default
-  return f.contents()
+  try:
+    return f.contents()
+  except (ValueError, IndexError, TypeError) as e:   # a string that is not UTF-8, ...
+    raise UserError(f"file {path!r}: GGUF metadata {key!r} cannot be read: "
+                     f"{type(e).__name__}: {e}", setting="file") from None
 
 
 @functools.cache
@@ -170,10 +174,10 @@ def read(path: str, dtype: str = "float32", place=None):
   olmo2, phi3, gpt2, gptneox."""
   from mha_jax.pretrained import adapters
   f = _File(path)
-  s, fam = _layout(f)
+  s, fam = _metadata(f, _layout, f)
   params, qtypes = _params(f, s, fam, dtype, place)
   cfg = adapters.model_config(s, fam)
-  tok, tok_cfg = _tokenizer(f, s["v"])
+  tok, tok_cfg = _metadata(f, _tokenizer, f, s["v"])
   info = dict(format="gguf", name=str(f.field("general.name", "")), tensor_types=qtypes)
   return params, cfg, tok, tok_cfg, info
 
@@ -186,13 +190,27 @@ def read_header(path: str):
   the metadata and tokenizer are read's (the tensors' own checks need `read`)."""
   from mha_jax.pretrained import adapters
   f = _File(path)
-  s, fam = _layout(f)
-  tok, tok_cfg = _tokenizer(f, s["v"])
+  s, fam = _metadata(f, _layout, f)
+  tok, tok_cfg = _metadata(f, _tokenizer, f, s["v"])
   qtypes: dict[str, int] = {}
   for t in f.reader.tensors:
     qtypes[t.tensor_type.name] = qtypes.get(t.tensor_type.name, 0) + 1
   info = dict(format="gguf", name=str(f.field("general.name", "")), tensor_types=qtypes)
   return adapters.model_config(s, fam), tok, tok_cfg, info
+
+
+def _metadata(f: _File, fn, *args):
+  """fn(*args), reading the file's metadata: a value of the wrong type or out of range
+  that no check named (a string where a number goes, ...) is one UserError naming the
+  file."""
+  try:
+    return fn(*args)
+  except UserError:
+    raise
+  except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError, IndexError) as e:
+    raise UserError(f"file {f.path!r}: GGUF metadata cannot be read as the settings it is "
+                     f"for ({type(e).__name__}: {' '.join(str(e).split())[:200]})",
+                     setting="file") from None
 
 
 def _layout(f: _File):
@@ -202,7 +220,10 @@ def _layout(f: _File):
   embed_t = f.by_name.get("token_embd.weight")
   if embed_t is None:
     raise UserError(f"file {f.path!r}: tensor 'token_embd.weight' is missing", setting="file")
-  s["v"] = int(embed_t.shape[1])
+  if len(embed_t.shape) != 2:
+    raise UserError(f"file {f.path!r}: tensor 'token_embd.weight' has shape "
+                     f"{tuple(int(n) for n in embed_t.shape)}, not (D, V)", setting="file")
+  s["v"] = f.check(int(embed_t.shape[1]), "token_embd.weight's rows")
   return s, _family(f)
 
 
@@ -230,6 +251,22 @@ class _File:
     """The architecture's key `{arch}.{key}`; required unless a default is given."""
     return self.field(f"{self.arch}.{key}", default, required=required and default is None)
 
+  def size(self, key, default=None, lo=1) -> int:
+    """The integer key `{arch}.{key}` (adapters.check_size: from lo to 2^31 - 1)."""
+    return self.check(self.meta(key, default), f"{self.arch}.{key}", lo)
+
+  def check(self, value, what: str, lo=1) -> int:
+    from mha_jax.pretrained import adapters
+    return adapters.check_size(value, what, f"file {self.path!r}", lo)
+
+  def number(self, key, default=None) -> float:
+    """The finite number `{arch}.{key}`."""
+    v = self.meta(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not np.isfinite(v):
+      raise UserError(f"file {self.path!r}: {self.arch}.{key}={v!r} must be a finite number",
+                      setting="file")
+    return float(v)
+
   def refuse(self, key, value, why):
     raise UserError(f"file {self.path!r}: {self.arch}.{key}={value!r} {why} (refused, "
                      f"not approximated)", setting="file")
@@ -237,12 +274,12 @@ class _File:
 
 def _sizes(f: _File) -> dict:
   """The settings dict's widths, depth, norm and activation (adapters.model_config's)."""
-  meta, refuse, arch = f.meta, f.refuse, f.arch
-  d = int(meta("embedding_length"))
-  h = int(meta("attention.head_count"))
-  h_kv = int(meta("attention.head_count_kv", h))
-  k = int(meta("attention.key_length", d // h))
-  if int(meta("attention.value_length", k)) != k:
+  meta, refuse, arch, size = f.meta, f.refuse, f.arch, f.size
+  d = size("embedding_length")
+  h = size("attention.head_count")
+  h_kv = size("attention.head_count_kv", h)
+  k = size("attention.key_length", max(d // h, 1))
+  if size("attention.value_length", k) != k:
     refuse("attention.value_length", meta("attention.value_length"),
            f"differs from the key length {k}")
   if h_kv < 1 or h % h_kv:
@@ -253,13 +290,12 @@ def _sizes(f: _File) -> dict:
       refuse("attention.head_count_kv", h_kv, f"(grouped heads) with {arch}'s fused QKV")
     if k * h != d:
       refuse("attention.key_length", k, f"with {h} heads of embedding_length {d}")
-  s = dict(d=d, h=h, g=h_kv, k=k, n=int(meta("block_count")),
-           f=int(meta("feed_forward_length")), max_len=int(meta("context_length", 2048)),
-           tied="output.weight" not in f.by_name)
+  s = dict(d=d, h=h, g=h_kv, k=k, n=size("block_count"), f=size("feed_forward_length"),
+           max_len=size("context_length", 2048), tied="output.weight" not in f.by_name)
   if arch in _LAYER_NORM_ARCH:
-    s["eps"] = float(meta("attention.layer_norm_epsilon"))
+    s["eps"] = f.number("attention.layer_norm_epsilon")
   else:
-    s["eps"] = float(meta("attention.layer_norm_rms_epsilon"))
+    s["eps"] = f.number("attention.layer_norm_rms_epsilon")
   s["act"] = {"gemma2": "gelu_tanh", "gemma3": "gelu_tanh", "gpt2": "gelu_tanh",
               "gptneox": "gelu"}.get(arch, "silu")
   if arch == "gptneox":
@@ -277,7 +313,7 @@ def _attention_layout(f: _File, s: dict) -> None:
   if arch != "gpt2":   # GPT-2: learned positions, no RoPE
     rope = _rope(meta, f.refuse, arch, s["k"], f.by_name, f.reader, f.path)
   s["rope"] = None if rope is None else {"full_attention": rope}
-  window = meta("attention.sliding_window", 0)
+  window = f.size("attention.sliding_window", 0, lo=0)
   if arch in ("gemma2", "gemma3"):
     # llama.cpp's Gemma 2: even layers local (pattern 2), Gemma 3: every 6th layer global
     # (pattern 6), base 10000 without scaling on the local ones; a window of 4096 when
@@ -287,12 +323,12 @@ def _attention_layout(f: _File, s: dict) -> None:
     s["layer_types"] = ["sliding_attention" if i % pattern < pattern - 1 else "full_attention"
                         for i in range(n_layers)]
     if arch == "gemma2":
-      window = meta("attention.sliding_window", 4096)
+      window = f.size("attention.sliding_window", 4096)
       s["attn_softcap"] = float(meta("attn_logit_softcapping", 50.0))
       s["final_softcap"] = float(meta("final_logit_softcapping", 30.0))
       s["rope"]["sliding_attention"] = rope
     else:
-      window = meta("attention.sliding_window")
+      window = f.size("attention.sliding_window")
       s["rope"]["sliding_attention"] = {"type": "default", "base": 10000.0,
                                         "dim": rope["dim"]}
     s["window"] = int(window)
@@ -340,10 +376,10 @@ def _params(f: _File, s: dict, fam, dtype: str, place):
                        f"{arch}.feed_forward_length={s['f']} and embedding_length={d} "
                        f"say {want}", setting="file")
     qtypes[t.tensor_type.name] = qtypes.get(t.tensor_type.name, 0) + 1
-    if name.endswith("attn_q.weight") and arch == "llama":
-      w = unpermute_rope_rows(w, s["h"])
-    elif name.endswith("attn_k.weight") and arch == "llama":
-      w = unpermute_rope_rows(w, s["g"])
+    heads = s["h"] if name.endswith("attn_q.weight") else s["g"]
+    if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")) and (
+        w.ndim == 2 and w.shape[0] == heads * s["k"] and s["k"] % 2 == 0):
+      w = unpermute_rope_rows(w, heads)    # another shape: refused by its row's check
     return w
 
   names = [n for n in by_name if n not in _ROPE_FACTOR_TENSORS]
@@ -385,22 +421,34 @@ def _tokenizer(f: _File, vocab: int):
   tokens = f.field("tokenizer.ggml.tokens", required=True)
   model = f.field("tokenizer.ggml.model", required=True)
   types = f.field("tokenizer.ggml.token_type")
+  merges = f.field("tokenizer.ggml.merges", []) if model == "gpt2" else []
+  pre = f.field("tokenizer.ggml.pre", "default")
+  for key, value, kind in (("tokens", tokens, str), ("merges", merges, str),
+                           ("token_type", types or [], int)):
+    if not isinstance(value, list) or not all(isinstance(x, kind) for x in value):
+      raise UserError(f"file {path!r}: tokenizer.ggml.{key} must be a list of "
+                       f"{kind.__name__}s", setting="file")
+  if len(tokens) != vocab or types is not None and len(types) != vocab:
+    raise UserError(f"file {path!r}: {len(tokens)} tokens ({len(types or tokens)} token "
+                     f"types) but the embedding has {vocab} rows", setting="file")
+  if not isinstance(pre, str) or not isinstance(model, str):
+    raise UserError(f"file {path!r}: tokenizer.ggml.model and .pre must be strings",
+                     setting="file")
   if model == "gpt2":
-    tok = tk.from_gguf_vocab(tokens, f.field("tokenizer.ggml.merges", []), types,
-                             f.field("tokenizer.ggml.pre", "default"), f"file {path!r}")
+    tok = tk.from_gguf_vocab(tokens, merges, types, pre, f"file {path!r}")
   elif model == "llama" and arch in ("gemma2", "gemma3"):
     tok = tk.from_gguf_gemma(tokens, types, f"file {path!r}")
   else:
     raise UserError(f"file {path!r}: tokenizer.ggml.model={model!r} is not supported for "
                      f"{arch} (byte-level BPE 'gpt2', or Gemma's SentencePiece 'llama'; "
-                     f"Llama 2 style SentencePiece with a prefix space is not implemented)")
-  if len(tokens) != vocab:
-    raise UserError(f"file {path!r}: {len(tokens)} tokens but the embedding has "
-                     f"{vocab} rows", setting="file")
+                     f"Llama 2 style SentencePiece with a prefix space is not implemented)",
+                     setting="file")
 
   def tid(key):
+    from mha_jax.pretrained import adapters
     x = f.field(f"tokenizer.ggml.{key}")
-    return -1 if x is None else int(x)
+    return -1 if x is None else adapters.check_size(x, f"tokenizer.ggml.{key}",
+                                                    f"file {path!r}", lo=0)
 
   tok_cfg = dict(bos_id=tid("bos_token_id"), eos_id=tid("eos_token_id"),
                  pad_id=tid("padding_token_id"),

@@ -15,6 +15,7 @@ import numpy as np
 
 from mha_jax.errors import UserError
 from mha_jax.pretrained import adapters
+from mha_jax.pretrained.adapters import check_size
 
 
 def _load_config(folder: str) -> dict:
@@ -22,11 +23,21 @@ def _load_config(folder: str) -> dict:
   if not os.path.isfile(path):
     raise UserError(f"file {folder!r}: no config.json (expected the Hugging Face layout: "
                      f"config.json, model.safetensors, tokenizer.json)", setting="file")
+  return read_json(path, dict)
+
+
+def read_json(path: str, kind: type = dict):
+  """A JSON file of the folder that must hold a `kind` (dict or list); one UserError
+  naming it when it cannot be read, is not UTF-8 JSON or holds something else."""
   try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, json.JSONDecodeError) as e:
-    raise UserError(f"file {folder!r}: config.json cannot be read: {e}", setting="file") from None
+    with open(path, encoding="utf-8") as f:
+      out = json.load(f)
+  except (OSError, ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError
+    raise UserError(f"file {path!r} cannot be read as JSON: {e}", setting="file") from None
+  if not isinstance(out, kind):
+    raise UserError(f"file {path!r} must hold a JSON {'object' if kind is dict else 'list'}; "
+                     f"it holds {type(out).__name__}", setting="file")
+  return out
 
 
 def load_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -61,12 +72,15 @@ def weight_files(folder: str) -> list[str]:
   model.safetensors.index.json names (in order)."""
   index = os.path.join(folder, INDEX)
   if os.path.isfile(index):
-    try:
-      with open(index) as f:
-        wm = json.load(f)["weight_map"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-      raise UserError(f"file {folder!r}: {INDEX} cannot be read: {e}", setting="file") from None
+    wm = read_json(index).get("weight_map")
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+      raise UserError(f"file {index!r}: weight_map must map tensor names to shard file "
+                       f"names", setting="file")
     files = sorted(set(wm.values()))
+    outside = [f for f in files if os.path.basename(f) != f or f in ("", ".", "..")]
+    if outside:
+      raise UserError(f"file {index!r} names shards outside its folder: {outside[:3]}",
+                       setting="file")
     missing = [f for f in files if not os.path.isfile(os.path.join(folder, f))]
     if missing:
       raise UserError(f"file {folder!r}: {INDEX} names shards that are not there: "
@@ -74,8 +88,20 @@ def weight_files(folder: str) -> list[str]:
     return [os.path.join(folder, f) for f in files]
   path = os.path.join(folder, "model.safetensors")
   if not os.path.isfile(path):
+    pickles = [n for n in PICKLES if os.path.isfile(os.path.join(folder, n))]
+    if pickles:
+      raise UserError(f"file {folder!r}: no model.safetensors (nor {INDEX}), only "
+                       f"{', '.join(pickles)}: a pickle, which is never read (unpickling "
+                       f"runs whatever code the file holds). Convert it to safetensors "
+                       f"where you trust it, e.g. with transformers' save_pretrained",
+                       setting="file")
     raise UserError(f"file {folder!r}: no model.safetensors (nor {INDEX})", setting="file")
   return [path]
+
+
+# PyTorch's pickled checkpoints: refused by name, never opened.
+PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth",
+           "model.ckpt")
 
 
 class Weights:
@@ -122,13 +148,19 @@ def read(folder: str, dtype: str = "float32", place=None):
   adapters.build_params's (decoder families; each tensor placed as it is converted)."""
   from mha_jax.data import tokenizer_json
   cfg = _load_config(folder)
+  where = os.path.join(folder, "config.json")
+  for key, kind in (("model_type", str), ("architectures", list)):
+    v = cfg.get(key)
+    if v is not None and (not isinstance(v, kind) or kind is list and not all(
+        isinstance(a, str) for a in v)):
+      raise UserError(f"{where}: {key}={v!r} must be a {'string' if kind is str else 'list of strings'}",
+                      setting="file")
   arch = architecture(cfg)
   if arch not in adapters.FAMILIES and arch != "bert":
     raise UserError(f"file {folder!r}: config.json says model_type={cfg.get('model_type')!r}"
                      f" / architectures={cfg.get('architectures')}; supported: "
                      f"{sorted(adapters.FAMILIES) + ['bert']}", setting="file")
   tok_path = os.path.join(folder, "tokenizer.json")
-  where = os.path.join(folder, "config.json")
   if arch in adapters.FAMILIES:
     fam = adapters.FAMILIES[arch]
     if not cfg.get("model_type"):
@@ -143,28 +175,39 @@ def read(folder: str, dtype: str = "float32", place=None):
     params = adapters.build_params(fam, settings, t, _np_dtype(dtype), place=place)
     mcfg = adapters.model_config(settings, fam)
     tok = tokenizer_json.from_tokenizer_json(tok_path)
-    tok_cfg = dict(bos_id=_int_or(cfg.get("bos_token_id"), -1),
-                   eos_id=_int_or(_first(cfg.get("eos_token_id"), -1), -1),
-                   pad_id=_int_or(cfg.get("pad_token_id"), -1), add_bos=False,
-                   chat_template="")
+    tok_cfg = dict(bos_id=_token_id(cfg.get("bos_token_id"), "bos_token_id", where),
+                   eos_id=_token_id(_first(cfg.get("eos_token_id"), None), "eos_token_id",
+                                    where),
+                   pad_id=_token_id(cfg.get("pad_token_id"), "pad_token_id", where),
+                   add_bos=False, chat_template="")
     return params, mcfg, tok, tok_cfg, dict(format="safetensors", files=[
         os.path.basename(f) for f in files], tensor_dtypes=weights.dtypes)
   if place is not None:
     raise UserError(f"file {folder!r}: a BERT model is read whole; mesh places the "
                      f"decoder families' tensors as they stream (import it without mesh)",
                      setting=("file", "mesh", "mesh"))
-  weights = load_safetensors(os.path.join(folder, "model.safetensors"))
-  where = os.path.join(folder, "model.safetensors")
+  for key in _BERT_SIZES:
+    check_size(cfg.get(key), key, where)
+  weight_files(folder)             # a pickle alone is refused by name
+  cfg_where, where = where, os.path.join(folder, "model.safetensors")
+  weights = load_safetensors(where)
   if not os.path.isfile(tok_path):
     raise UserError(f"file {folder!r}: no tokenizer.json", setting="file")
-  params, mcfg = _bert(cfg, weights, where)
+  try:
+    params, mcfg = _bert(cfg, weights, where)
+  except UserError:
+    raise
+  except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as e:
+    raise UserError(f"{cfg_where}: a value cannot be read as the "
+                     f"setting it is for ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+                     ) from None
   max_seq = mcfg["max_len"]
   st = os.path.join(folder, "sentence_bert_config.json")
   if os.path.isfile(st):
-    with open(st) as f:
-      max_seq = int(json.load(f).get("max_seq_length", max_seq))
+    max_seq = check_size(read_json(st).get("max_seq_length", max_seq), "max_seq_length", st)
   tok = tokenizer_json.from_tokenizer_json(tok_path, max_len=max_seq)
-  tok_cfg = dict(pad_id=int(cfg.get("pad_token_id") or 0), max_seq_len=max_seq,
+  tok_cfg = dict(pad_id=max(_token_id(cfg.get("pad_token_id"), "pad_token_id", cfg_where), 0),
+                 max_seq_len=max_seq,
                  normalize=os.path.isdir(os.path.join(folder, "2_Normalize")) or
                  _lists_normalize(folder))
   return params, mcfg, tok, tok_cfg, dict(format="safetensors", files=["model.safetensors"])
@@ -182,8 +225,13 @@ def _np_dtype(name: str):
   return np.dtype(name)
 
 
-def _int_or(x, default):
-  return default if x is None else int(x)
+_BERT_SIZES = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers",
+               "vocab_size", "max_position_embeddings")
+
+
+def _token_id(x, key: str, where: str) -> int:
+  """A token id of config.json, -1 if unset (or set to -1, as some configs do)."""
+  return -1 if x is None else check_size(x, key, where, lo=-1)
 
 
 def _first(x, default):
@@ -196,8 +244,8 @@ def _lists_normalize(folder: str) -> bool:
   path = os.path.join(folder, "modules.json")
   if not os.path.isfile(path):
     return False
-  with open(path) as f:
-    return any(m.get("type", "").endswith("Normalize") for m in json.load(f))
+  return any(isinstance(m, dict) and str(m.get("type", "")).endswith("Normalize")
+             for m in read_json(path, list))
 
 
 class _Take:

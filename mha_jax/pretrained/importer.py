@@ -83,7 +83,10 @@ def read_model(name: str | None = None, file: str | None = None, dtype: str = "f
          "data": {"kind": "text", "text_files": []},
          "eval": dict(EVAL_DEFAULTS[task])}
   from mha_jax import config as mc
-  mc.validate(mc.from_dict(cfg))
+  try:
+    mc.validate(mc.from_dict(cfg))
+  except UserError as e:      # a setting the file gave: named as the file's
+    raise UserError(f"file {path!r}: {e}", setting="file") from None
   return params, cfg, tok
 
 

@@ -17,8 +17,26 @@ _LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
 CONTROL, USER_DEFINED = 3, 4
 
 
+def _built(build, where: str):
+  """build(), the errors of `tokenizers` on a vocabulary it cannot take (a duplicate
+  token, a merge of unknown tokens, ...; Rust panics included) as one UserError."""
+  try:
+    return build()
+  except UserError:
+    raise
+  except (KeyboardInterrupt, SystemExit, MemoryError):
+    raise
+  except BaseException as e:  # noqa: BLE001 - pyo3's PanicException is a BaseException
+    raise UserError(f"{where}: the tokenizer cannot be built from tokenizer.ggml.*: "
+                     f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+
+
 def from_gguf_vocab(tokens, merges, token_types, pre: str, where: str):
   """A byte-level BPE `tokenizers.Tokenizer` from GGUF metadata (tokenizer.ggml.*)."""
+  return _built(lambda: _from_gguf_vocab(tokens, merges, token_types, pre, where), where)
+
+
+def _from_gguf_vocab(tokens, merges, token_types, pre: str, where: str):
   from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
   vocab = {t: i for i, t in enumerate(tokens)}
   pairs = []
@@ -73,6 +91,11 @@ def sentencepiece_merges(tokens, order) -> list[tuple[str, str]]:
 
 
 def from_gguf_gemma(tokens, token_types, where: str):
+  """Gemma's SentencePiece BPE as a `tokenizers.Tokenizer` (_from_gguf_gemma)."""
+  return _built(lambda: _from_gguf_gemma(tokens, token_types, where), where)
+
+
+def _from_gguf_gemma(tokens, token_types, where: str):
   """Gemma's SentencePiece BPE (tokenizer.ggml.model 'llama' in a Gemma GGUF) as a
   `tokenizers.Tokenizer`: spaces become U+2581, byte fallback, no prefix space. The file
   has no merges: they are rebuilt from the vocabulary, in the order the tokens appear

@@ -41,8 +41,9 @@ from mha_jax.errors import UserError
 ENV = {"coordinator": "MHA_JAX_COORDINATOR", "num_processes": "MHA_JAX_NUM_PROCESSES",
        "process_id": "MHA_JAX_PROCESS_ID"}
 TIMEOUT_ENV = {"process_timeout": "MHA_JAX_PROCESS_TIMEOUT",
-               "startup_timeout": "MHA_JAX_STARTUP_TIMEOUT"}
-DEFAULT_TIMEOUTS = {"process_timeout": 60.0, "startup_timeout": 300.0}
+               "startup_timeout": "MHA_JAX_STARTUP_TIMEOUT",
+               "step_timeout": "MHA_JAX_STEP_TIMEOUT"}
+DEFAULT_TIMEOUTS = {"process_timeout": 60.0, "startup_timeout": 300.0, "step_timeout": 900.0}
 EXIT_LOST = 1
 PREFIX = "mha-jax/"
 
@@ -88,10 +89,11 @@ def settings(coordinator: str | None = None, num_processes: int | None = None,
 
 
 def timeouts(process_timeout: float | None = None, startup_timeout: float | None = None,
-             environ=os.environ) -> dict[str, float]:
-  """{"process_timeout", "startup_timeout"} in seconds: the arguments, else the
-  environment, else DEFAULT_TIMEOUTS. Each must be a number >= 1."""
-  given = {"process_timeout": process_timeout, "startup_timeout": startup_timeout}
+             step_timeout: float | None = None, environ=os.environ) -> dict[str, float]:
+  """{"process_timeout", "startup_timeout", "step_timeout"} in seconds: the arguments,
+  else the environment, else DEFAULT_TIMEOUTS. Each must be a number >= 1."""
+  given = {"process_timeout": process_timeout, "startup_timeout": startup_timeout,
+           "step_timeout": step_timeout}
   out = {}
   for name, var in TIMEOUT_ENV.items():
     v = given[name]
@@ -130,13 +132,14 @@ def _start_error(e: BaseException, s: dict | None, startup: float) -> UserError:
                    f"{text[:300]}")
 
 
-_state: dict[str, Any] = {"watchdog": None, "context": "", "counter": {}}
+_state: dict[str, Any] = {"watchdog": None, "context": "", "counter": {}, "progress": 0}
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, auto: bool = False,
                process_timeout: float | None = None,
-               startup_timeout: float | None = None) -> bool:
+               startup_timeout: float | None = None,
+               step_timeout: float | None = None) -> bool:
   """Starts JAX's multi-process runtime if asked to, and the lost-process watchdog;
   returns whether it did.
 
@@ -145,7 +148,7 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   UserError within startup_timeout.
   """
   s = settings(coordinator, num_processes, process_id)
-  tm = timeouts(process_timeout, startup_timeout)
+  tm = timeouts(process_timeout, startup_timeout, step_timeout)
   if s is None and not auto:
     return False
   # CPU devices of different processes talk through gloo (no effect on TPU/GPU devices).
@@ -173,7 +176,7 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   finally:
     guard.set()
   if jax.process_count() > 1:
-    _state["watchdog"] = Watchdog(tm["process_timeout"]).start()
+    _state["watchdog"] = Watchdog(tm["process_timeout"], tm["step_timeout"]).start()
   return True
 
 
@@ -318,23 +321,38 @@ def gather(name: str, value: Any) -> list:
           for i in range(jax.process_count())]
 
 
-class Watchdog:
-  """Heartbeats of every process through the coordination service's key-value store.
+def progress() -> None:
+  """Marks a step of this process's main thread (a training step, a save, an
+  evaluation begun or ended); the watchdog publishes the count with its heartbeat."""
+  _state["progress"] += 1
 
-  Every `timeout / 10` seconds this process increments its beat and reads everyone's.
-  A process whose beat has not moved for `timeout` seconds is lost; a process that
-  published a failure (`fail`) has failed; a coordinator that stops answering is lost
-  too. On any of them this process prints one line and exits EXIT_LOST at once
-  (os._exit: a collective or JAX's shutdown barrier would wait for the lost process).
+
+class Watchdog:
+  """Heartbeats and progress of every process through the coordination service's
+  key-value store.
+
+  Every `timeout / 10` seconds this process publishes its beat and its progress count
+  (`progress`) and reads everyone's. A process whose beat has not moved for `timeout`
+  seconds is lost (it died, or froze whole: SIGSTOP); a process that published a failure
+  (`fail`) has failed; a coordinator that stops answering is lost too. Once the steps
+  have begun, no progress on any process for `step_timeout` seconds is a stall: a main
+  thread frozen while its heartbeat goes on leaves the others waiting in a collective
+  for ever. The processes behind the others are named (or, all at one point, none). On
+  any of them this process prints one line and exits EXIT_LOST at once (os._exit: a
+  collective or JAX's shutdown barrier would wait for the lost process).
   """
 
-  def __init__(self, timeout: float):
-    self.timeout = float(timeout)
+  def __init__(self, timeout: float, step_timeout: float = DEFAULT_TIMEOUTS["step_timeout"],
+               lost: Callable[[int | None, str], bool] | None = None):
+    """lost(process or None, why): what a loss or a stall does (default: say it, exit)."""
+    self.timeout, self.step_timeout = float(timeout), float(step_timeout)
+    self.lost = lost or self._lost
     self.interval = max(0.2, self.timeout / 10)
     self.me, self.n = jax.process_index(), jax.process_count()
     self._stop = threading.Event()
     self._beats = 0
     self._seen: dict[int, tuple[str, float]] = {}
+    self._moved: tuple[tuple, float] = ((), time.monotonic())   # progress, when it moved
     self._thread = threading.Thread(target=self._run, daemon=True, name="mha-jax watchdog")
 
   def start(self) -> "Watchdog":
@@ -344,7 +362,8 @@ class Watchdog:
 
   def _beat(self) -> None:
     self._beats += 1
-    _client().key_value_set(f"{PREFIX}beat/{self.me}", str(self._beats), allow_overwrite=True)
+    _client().key_value_set(f"{PREFIX}beat/{self.me}", f"{self._beats} {_state['progress']}",
+                            allow_overwrite=True)
 
   def _run(self) -> None:
     while not self._stop.wait(self.interval):
@@ -357,30 +376,55 @@ class Watchdog:
         self._lost(0, f"(the coordinator) was lost: it stopped answering "
                       f"({' '.join(str(e).split())[:120]})")
         return
-      now = time.monotonic()
-      for i in range(self.n):
-        if i == self.me or f"{PREFIX}done/{i}" in entries:
-          continue
-        failed = entries.get(f"{PREFIX}failed/{i}")
-        if failed is not None:
-          self._lost(i, f"failed: {failed}")
-          return
-        beat = entries.get(f"{PREFIX}beat/{i}")
-        last = self._seen.get(i)
-        if last is None or last[0] != beat:
-          self._seen[i] = (beat, now)
-        elif now - last[1] > self.timeout:
-          self._lost(i, f"was lost: no heartbeat for {now - last[1]:.0f} s (it died, was "
-                        f"killed or froze; --process-timeout={self.timeout:g})")
-          return
+      if self.check(entries, time.monotonic()):
+        return
 
-  def _lost(self, i: int, why: str) -> None:
+  def check(self, entries: dict, now: float) -> bool:
+    """Whether a process was lost or failed, or the steps stalled (said, and exiting)."""
+    steps = {}
+    for i in range(self.n):
+      if f"{PREFIX}done/{i}" in entries:
+        continue
+      beat = entries.get(f"{PREFIX}beat/{i}")
+      steps[i] = int(beat.split()[1]) if beat and len(beat.split()) == 2 else 0
+      if i == self.me:
+        continue
+      failed = entries.get(f"{PREFIX}failed/{i}")
+      if failed is not None:
+        return self.lost(i, f"failed: {failed}")
+      last = self._seen.get(i)
+      if last is None or last[0] != beat:
+        self._seen[i] = (beat, now)
+      elif now - last[1] > self.timeout:
+        return self.lost(i, f"was lost: no heartbeat for {now - last[1]:.0f} s (it died, "
+                             f"was killed or froze; --process-timeout={self.timeout:g})")
+    key = tuple(sorted(steps.items()))
+    if key != self._moved[0]:
+      self._moved = (key, now)
+    elif max(steps.values(), default=0) > 0 and now - self._moved[1] > self.step_timeout:
+      return self._stalled(steps, now - self._moved[1])
+    return False
+
+  def _stalled(self, steps: dict, seconds: float) -> bool:
+    low, high = min(steps.values()), max(steps.values())
+    behind = [i for i, s in steps.items() if s == low]
+    how = f"no process made progress for {seconds:.0f} s (--step-timeout={self.step_timeout:g})"
+    if low == high:
+      return self.lost(None, f"{how}; every process is at the same point: a collective "
+                              f"that never completes, or a step that never ends")
+    who = ", ".join(map(str, behind))
+    return self.lost(None, f"{how}: process(es) {who} of {self.n} stopped behind the "
+                            f"others (frozen, or stuck in a call), which wait for them")
+
+  def _lost(self, i: int | None, why: str) -> bool:
     if self._stop.is_set():
-      return
+      return True
     ctx = _state["context"]
-    print(f"mha-jax: error: process {i} of {self.n} {why}; process {self.me} stops too. "
-          f"Run the same command on every process to resume from the last complete "
-          f"checkpoint{' in ' + ctx if ctx else ''}", file=sys.stderr, flush=True)
+    head = (f"{why}; process {self.me} of {self.n} stops" if i is None else
+            f"process {i} of {self.n} {why}; process {self.me} stops too")
+    print(f"mha-jax: error: {head}. Run the same command on every process to resume from "
+          f"the last complete checkpoint{' in ' + ctx if ctx else ''}", file=sys.stderr,
+          flush=True)
     sys.stdout.flush()
     os._exit(EXIT_LOST)
 

@@ -355,6 +355,7 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
         params, opt_state, last = train_step(params, opt_state, batch_at(step),
                                              jnp.int32(step), root_key)
         step += 1
+        distributed.progress()   # the watchdog's measure of a stall (distributed.Watchdog)
         window.append(last)
         if bar is not None:
           bar.update(1)
@@ -366,8 +367,10 @@ def _train(cfg, workdir, runs, run_tasks, mesh, n_data, log) -> dict:
           _report(bar, losses, step, t, st.multi, log)
         if step % t.checkpoint_every == 0 or step == t.steps:
           saved = _save(all_ckpts, st, step, saved, params, opt_state, last, initial_loss, t)
+          distributed.progress()
         if step % t.eval_every == 0 or step == t.steps:
           valid = _evaluate(task, st, params, writers, step, log)
+          distributed.progress()
   except BaseException:   # divergence or an error: that is what the user must see
     _close(bar, writers, all_ckpts, quiet=True)
     raise

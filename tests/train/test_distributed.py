@@ -149,10 +149,13 @@ def test_multi_process_settings_from_flags_or_environment():
 
 def test_fault_timeouts_from_flags_or_environment():
   assert distributed.timeouts(environ={}) == {"process_timeout": 60.0,
-                                              "startup_timeout": 300.0}
-  env = {"MHA_JAX_PROCESS_TIMEOUT": "15", "MHA_JAX_STARTUP_TIMEOUT": "20"}
+                                              "startup_timeout": 300.0,
+                                              "step_timeout": 900.0}
+  env = {"MHA_JAX_PROCESS_TIMEOUT": "15", "MHA_JAX_STARTUP_TIMEOUT": "20",
+         "MHA_JAX_STEP_TIMEOUT": "40"}
   assert distributed.timeouts(environ=env) == {"process_timeout": 15.0,
-                                               "startup_timeout": 20.0}
+                                               "startup_timeout": 20.0,
+                                               "step_timeout": 40.0}
   assert distributed.timeouts(process_timeout="7", environ=env)["process_timeout"] == 7.0
   for bad in ("soon", "0", "nan", "-3"):
     with pytest.raises(ValueError, match=r"process_timeout \(or MHA_JAX_PROCESS_TIMEOUT\) "
@@ -160,3 +163,50 @@ def test_fault_timeouts_from_flags_or_environment():
       distributed.timeouts(process_timeout=bad, environ={})
   with pytest.raises(ValueError, match="startup_timeout"):
     distributed.timeouts(environ={"MHA_JAX_STARTUP_TIMEOUT": "x"})
+  with pytest.raises(ValueError, match=r"step_timeout \(or MHA_JAX_STEP_TIMEOUT\)"):
+    distributed.timeouts(environ={"MHA_JAX_STEP_TIMEOUT": "0.5"})
+
+
+def test_the_watchdog_names_a_lost_heartbeat_and_a_stall_of_the_steps():
+  """The watchdog's decisions on made-up key-value entries of 3 processes (no JAX
+  cluster): a heartbeat that stops; a main thread frozen behind the others while its
+  heartbeat goes on; every process stuck at one point; a finished process ignored."""
+  said = []
+
+  def watchdog():
+    said.clear()
+    w = distributed.Watchdog(timeout=10, step_timeout=30,
+                             lost=lambda i, why: said.append((i, why)) or True)
+    w.me, w.n = 0, 3
+    return lambda t, beats, **extra: w.check(
+        {**{f"mha-jax/beat/{i}": b for i, b in beats.items()}, **extra}, t)
+  check = watchdog()
+  # every beat and step moves: nothing to say
+  for t in range(0, 60, 5):
+    assert not check(t, {0: f"{t} {t}", 1: f"{t} {t}", 2: f"{t} {t}"})
+  # process 2's main thread freezes at step 55 (its beat goes on); 0 and 1 run ahead to
+  # 57 and wait in a collective: a stall named after step_timeout, not before
+  for t in range(60, 91, 5):
+    assert not check(t, {0: f"{t} 57", 1: f"{t} 57", 2: f"{t} 55"})
+  assert check(95, {0: "95 57", 1: "95 57", 2: "95 55"})
+  (who, why), = said
+  assert who is None and "no process made progress for 35 s (--step-timeout=30)" in why
+  assert "process(es) 2 of 3 stopped behind the others" in why
+  # all at one point
+  check = watchdog()
+  for t in (100, 120):
+    assert not check(t, {0: f"{t} 60", 1: f"{t} 60", 2: f"{t} 60"})
+  assert check(131, {0: "131 60", 1: "131 60", 2: "131 60"})
+  assert "every process is at the same point" in said[0][1]
+  # a heartbeat that stops (SIGSTOP: the whole process froze) is named after timeout
+  check = watchdog()
+  assert not check(200, {0: "1 61", 1: "1 61", 2: "7 61"})
+  assert not check(209, {0: "2 62", 1: "2 62", 2: "7 61"})
+  assert check(211, {0: "3 63", 1: "3 63", 2: "7 61"})
+  assert said == [(2, "was lost: no heartbeat for 11 s (it died, was killed or froze; "
+                      "--process-timeout=10)")]
+  # before the first step (every count 0) nothing stalls; a finished process is ignored
+  check = watchdog()
+  for t in (300, 400, 500):
+    assert not check(t, {0: f"{t} 0", 1: f"{t} 0"}, **{"mha-jax/done/2": "ok"})
+  assert said == []

@@ -498,3 +498,107 @@ def test_a_write_cut_off_halfway_never_lists_the_checkpoint_and_a_resume_takes_t
   print(f"\ncut off {cut}: exit {rc}, stderr: {err.strip()}\nresumed after the cut: "
         f"max |param diff| vs uninterrupted: {diff:.3g}")   # after capsys's last read
   assert diff <= 1e-6
+
+
+# ---------------------------------------------------------------------------
+# A process frozen (SIGSTOP, or a main thread stuck while its heartbeat goes on), and a
+# process killed in the middle of a checkpoint write (issue 44).
+
+def _lines(out: str) -> list[str]:
+  return [l for l in out.splitlines() if l.startswith("mha-jax:")]
+
+
+def test_a_process_stopped_with_sigstop_ends_the_others_in_one_line_and_a_relaunch_resumes(
+    tmp_path, ref40):
+  wd = str(tmp_path / "run")
+  procs = _start(wd, 40, extra=["--config.train.checkpoint_every=5"])
+  _wait_for_checkpoint(wd, 10, procs)
+  procs[1].send_signal(signal.SIGSTOP)      # alive, frozen: the others wait in a collective
+  stopped = time.time()
+  (rc, out), = _wait(procs[:1], timeout=120)
+  seconds = time.time() - stopped
+  line = _lines(out)
+  print(f"\nSIGSTOP of process 1: process 0 exited {rc} after {seconds:.1f} s "
+        f"(--process-timeout={TIMEOUT}): {line}")
+  assert rc != 0 and len(line) == 1 and "process 1 of 2 was lost" in line[0], out[-3000:]
+  _no_dump(out)
+  assert seconds < TIMEOUT + 20      # a bound, not a timing: it would wait for ever
+  procs[1].send_signal(signal.SIGKILL)
+  _wait(procs[1:])
+  logs = _ok(_start(wd, 40))
+  assert "resumed from step" in logs[0]
+  diff = _max_diff(_params(wd, 40), ref40)
+  print(f"relaunch after SIGSTOP: max |param diff| vs uninterrupted: {diff:.3g}")
+  assert diff == 0.0
+
+
+def test_a_main_thread_frozen_with_its_heartbeat_alive_is_a_stall_every_process_ends(
+    tmp_path, ref40):
+  """Process 1's main thread stops before step 15; its watchdog thread keeps beating, so
+  only the watchdog on step progress (--step-timeout) ends the run."""
+  wd, step_timeout = str(tmp_path / "run"), 12
+  procs = _start(wd, 40, faults={1: {"freeze_at": 15}},
+                 env_extra={"MHA_JAX_STEP_TIMEOUT": str(step_timeout)})
+  _wait_for_checkpoint(wd, 10, procs)
+  began = time.time()
+  res = _wait(procs, timeout=180)
+  seconds = time.time() - began
+  for k, (rc, out) in enumerate(res):
+    line = _lines(out)
+    print(f"\nmain thread of process 1 frozen at step 15: process {k} exited {rc} "
+          f"{seconds:.1f} s after checkpoint 10 (--step-timeout={step_timeout}): {line}")
+    assert rc != 0 and "<killed: timed out>" not in out, out[-3000:]
+    assert len(line) == 1 and "no process made progress for" in line[0], out[-3000:]
+    assert f"--step-timeout={step_timeout}" in line[0] and "Run the same command" in line[0]
+    assert "process(es) 1 of 2 stopped behind" in line[0] or "same point" in line[0]
+    _no_dump(out)
+  logs = _ok(_start(wd, 40))
+  assert "resumed from step 10" in logs[0]
+  diff = _max_diff(_params(wd, 40), ref40)
+  print(f"relaunch after the stall: max |param diff| vs uninterrupted: {diff:.3g}")
+  assert diff == 0.0
+
+
+@pytest.mark.parametrize("who", ["process 0", "every process"])
+def test_sigkill_in_the_middle_of_a_checkpoint_write_never_lists_it_and_resumes_exactly(
+    tmp_path, ref40, who):
+  """The save of checkpoint 20 pauses once its items are written into orbax's temporary
+  folder (fault_runner's pause_in_save), and is killed there: on process 0 (which
+  commits; process 1 waits for it in orbax's barrier), or on both."""
+  from mha_jax.train import checkpoint as ckpt_lib
+  wd = str(tmp_path / "run")
+  victims = [0] if who == "process 0" else [0, 1]
+  markers = {i: str(tmp_path / f"paused-{i}") for i in victims}
+  procs = _start(wd, 40, faults={i: {"pause_in_save": 20, "marker": markers[i]}
+                                 for i in victims})
+  deadline = time.time() + 240
+  while not all(os.path.exists(m) for m in markers.values()):
+    assert time.time() < deadline and all(p.poll() is None for p in procs[:1]), \
+        "no paused save"
+    time.sleep(0.05)
+  for i in victims:
+    procs[i].send_signal(signal.SIGKILL)
+  res = _wait(procs, timeout=120)
+  ck = os.path.join(wd, "checkpoints")
+  left = sorted(os.listdir(ck))
+  print(f"\nSIGKILL of {who} in the write of checkpoint 20: left {left}; exits "
+        f"{[rc for rc, _ in res]}")
+  assert any(n.startswith("20.") and "tmp" in n for n in left), left   # killed mid-write
+  assert "20" not in left and ckpt_lib.step_dirs(wd) == [10]
+  c = ckpt_lib.Checkpoints(wd, read_only=True)
+  try:
+    assert c.all_steps() == [10]              # the half-written checkpoint is not listed
+  finally:
+    c.close()
+  if who == "process 0":                      # the other one ends in one line
+    rc, out = res[1]
+    line = _lines(out)
+    assert rc != 0 and len(line) == 1 and "process 0 of 2 was lost" in line[0], out[-3000:]
+    _no_dump(out)
+  logs = _ok(_start(wd, 40))
+  assert "resumed from step 10" in logs[0]
+  assert not [n for n in os.listdir(ck) if "tmp" in n]     # orbax removed the partial one
+  diff = _max_diff(_params(wd, 40), ref40)
+  print(f"relaunch after SIGKILL of {who} mid-write: max |param diff| vs uninterrupted: "
+        f"{diff:.3g}")
+  assert diff == 0.0
