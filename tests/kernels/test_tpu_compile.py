@@ -10,15 +10,21 @@ lives in its own venv (docs/guide/testing.md):
   /tmp/venv-tpu/bin/python -m pytest -m tpu
 """
 
-import jax
-import jax.numpy as jnp
-import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+import os
 
-from builders import tiny
-from mha_jax import attention, tasks
-from mha_jax.kernels import dispatch
-from mha_jax.train import loop, sharding
+# Several processes (xdist workers, other sessions) may load libtpu at once: without this
+# all but the first fail on libtpu's lockfile. Set before JAX first initialises libtpu.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import pytest  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+from builders import tiny  # noqa: E402
+from mha_jax import attention, tasks  # noqa: E402
+from mha_jax.kernels import dispatch  # noqa: E402
+from mha_jax.train import loop, sharding  # noqa: E402
 
 pytestmark = pytest.mark.tpu
 pytest.importorskip("libtpu", reason="the TPU compiler (libtpu) is not installed")
@@ -36,11 +42,10 @@ def real_precision():
 
 @pytest.fixture(scope="module")
 def v5e():
+  """Four compile-only v5e devices. With libtpu installed a failure here is an error,
+  not a skip."""
   from jax.experimental import topologies
-  try:
-    return topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices
-  except Exception as e:   # a libtpu that cannot describe the topology
-    pytest.skip(f"libtpu cannot describe v5e:2x2: {e}")
+  return topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices
 
 
 def _structs(tree, shardings):
