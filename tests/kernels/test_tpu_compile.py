@@ -143,3 +143,13 @@ def test_variants_the_pallas_kernels_do_not_serve_are_refused_by_name(v5e, varia
   mesh = sharding.make_mesh(2, 2, devices=v5e)
   with pytest.raises(ValueError, match=f"impl='pallas' does not serve variant='{variant}'"):
     _compile_layer(mesh, variant, 4, {})
+
+
+@pytest.mark.parametrize("impl", ["blocked", "xla", "reference"])
+def test_the_xla_kernels_partition_on_a_mesh_without_shard_map(v5e, impl):
+  """The kernels made of XLA ops (the blocked kernel's custom VJP included) compile on a
+  data x model mesh as they are: XLA partitions them."""
+  compiled, chosen = _compile_layer(sharding.make_mesh(2, 2, devices=v5e), "softmax", 2,
+                                    dict(causal=True), impl=impl)
+  assert chosen == [impl]
+  assert _mosaic_calls(compiled) == 0
