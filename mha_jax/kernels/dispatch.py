@@ -39,7 +39,13 @@ import numpy as np
 from mha_jax.kernels import blocked as blocked_lib
 from mha_jax.kernels import pallas as pallas_lib
 from mha_jax.kernels import reference as reference_lib
+from mha_jax.kernels import target as target_lib
 from mha_jax.kernels import xla as xla_lib
+from mha_jax.kernels.target import Target, compile_target, current_target, target_of
+
+__all__ = ["Target", "target_of", "compile_target", "current_target", "resolve_impl",
+           "run_kernel", "memory_limit", "score_memory_budget", "check_scores_fit",
+           "scores_fit", "check_variant_kernel"]
 
 IMPLS = ("auto", "reference", "xla", "cudnn", "blocked", "pallas")
 NO_WEIGHTS = ("xla", "cudnn", "blocked", "pallas")
@@ -95,17 +101,32 @@ SCORE_COPIES = 6
 _FALLBACK_BYTES = 4 * 2**30
 
 
+def memory_limit(target: Target | None = None) -> tuple[int, str]:
+  """(bytes, what they are) of the memory one device of `target` (None: the current
+  target, kernels/target.py) may use: for a known accelerator kind its HBM
+  (target.HBM_BYTES), the same on the machine that lowers a program as on the one that
+  runs it; for this process's own device of an unknown kind, its reported limit; for a
+  CPU, the host's available memory or the process's address-space limit (RLIMIT_AS),
+  whichever is smaller. Read once per process and target."""
+  return _memory_limit(current_target() if target is None else target)
+
+
 @functools.cache
-def memory_limit() -> tuple[int, str]:
-  """(bytes, what they are) of the memory a computation on the default device may use,
-  read once per process: the device's limit, else the host's available memory or the
-  process's address-space limit (RLIMIT_AS), whichever is smaller."""
-  try:
-    stats = jax.devices()[0].memory_stats() or {}
-  except Exception:  # backends without memory stats
-    stats = {}
-  if "bytes_limit" in stats:
-    return int(stats["bytes_limit"]), "the device's memory"
+def _memory_limit(target: Target) -> tuple[int, str]:
+  hbm = target_lib.hbm_bytes(target.device_kind)
+  if target.platform != "cpu" and hbm is not None:
+    return hbm, f"the memory of one {target.device_kind} device"
+  local = jax.devices()[0]
+  if target.platform != "cpu" and (target.platform, target.device_kind) == (
+      target_lib.target_of([local]).platform, local.device_kind):
+    try:
+      stats = local.memory_stats() or {}
+    except Exception:  # backends without memory stats
+      stats = {}
+    if "bytes_limit" in stats:
+      return int(stats["bytes_limit"]), "the device's memory"
+  if target.platform != "cpu":
+    return _FALLBACK_BYTES, f"a guess for {target.device_kind!r} (its memory is not known)"
   host, what = _FALLBACK_BYTES * 4, "the host's memory"
   try:
     with open("/proc/meminfo") as f:
@@ -120,13 +141,12 @@ def memory_limit() -> tuple[int, str]:
   return host, what
 
 
-@functools.cache
-def score_memory_budget() -> int:
-  """Bytes the (B, H, T, S) score tensors may take on the default device, read once per
-  process (so a kernel choice does not follow the machine's load): half the device's
-  limit, else a quarter of the host's memory limit (memory_limit)."""
-  limit, what = memory_limit()
-  return limit // 2 if what == "the device's memory" else limit // 4
+def score_memory_budget(target: Target | None = None) -> int:
+  """Bytes the (B, H, T, S) score tensors may take on one device of `target` (None: the
+  current one), fixed per process and target (so a kernel choice does not follow the
+  machine's load): half a device's memory, a quarter of the host's (memory_limit)."""
+  limit, what = memory_limit(target)
+  return limit // 4 if (target or current_target()).platform == "cpu" else limit // 2
 
 
 # float32 (B, H, T, S) tensors a forward pass of the reference kernel needs at least
@@ -134,14 +154,17 @@ def score_memory_budget() -> int:
 FORWARD_SCORE_COPIES = 2
 
 
-def check_scores_fit(kernel: str, b: int, h: int, t: int, s: int) -> None:
-  """A kernel that holds the (B, H, T, S) scores whole (reference; xla on CPU) is
-  refused, saying why, when even a forward pass's scores exceed the memory: otherwise
-  the run ends in an allocator's error deep inside XLA."""
-  if kernel != "reference" and not (kernel == "xla" and jax.default_backend() == "cpu"):
+def check_scores_fit(kernel: str, b: int, h: int, t: int, s: int,
+                     target: Target | None = None) -> None:
+  """A kernel that holds the (B, H, T, S) scores whole (reference; xla on a CPU target)
+  is refused, saying why, when even a forward pass's scores exceed one device's memory
+  (target None: the current target): otherwise the run ends in an allocator's error deep
+  inside XLA."""
+  target = current_target() if target is None else target
+  if kernel != "reference" and not (kernel == "xla" and target.platform == "cpu"):
     return
   need = FORWARD_SCORE_COPIES * 4 * b * h * t * s
-  limit, what = memory_limit()
+  limit, what = memory_limit(target)
   if need <= limit:
     return
   fix = ("Use impl='blocked' (or 'auto', which picks it at this size): the same "
@@ -153,35 +176,37 @@ def check_scores_fit(kernel: str, b: int, h: int, t: int, s: int) -> None:
                    f"({limit / 2**30:.1f} GiB). {fix}")
 
 
-def scores_fit(b: int, h: int, t: int, s: int, budget: int | None = None) -> bool:
-  """Whether SCORE_COPIES float32 (B, H, T, S) tensors fit in the budget."""
-  budget = score_memory_budget() if budget is None else budget
+def scores_fit(b: int, h: int, t: int, s: int, budget: int | None = None,
+               target: Target | None = None) -> bool:
+  """Whether SCORE_COPIES float32 (B, H, T, S) tensors fit in the budget (None: the
+  target's, score_memory_budget)."""
+  budget = score_memory_budget(target) if budget is None else budget
   return SCORE_COPIES * 4 * b * h * t * s <= budget
 
 
-def _cudnn_ok(q_BTHK, has_bias, has_softcap=False) -> bool:
+def _cudnn_ok(q_BTHK, has_bias, has_softcap=False, target: Target | None = None) -> bool:
+  target = current_target() if target is None else target
   if has_bias or has_softcap:
     return False
   try:
-    xla_lib.check_cudnn_supported(q_BTHK)
+    xla_lib.check_cudnn_supported(q_BTHK, platform=target.platform)
     return True
   except ValueError:
     return False
 
 
-def _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias, has_softcap=False) -> bool:
-  backend = jax.default_backend()
-  if backend == "gpu":
-    kernel = "gpu"
-  elif backend == "tpu":
-    kernel = "tpu_flash" if has_bias else "tpu_splash"
-  else:
+def _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias, has_softcap=False,
+               target: Target | None = None) -> bool:
+  target = current_target() if target is None else target
+  if target.platform not in ("gpu", "tpu"):
     return False
   try:
-    pallas_lib.check_supported(kernel, q_BTHK, k_BSGK, k_BSGK,
+    pallas_lib.check_supported(pallas_lib.kernel_for(target.platform, has_bias), q_BTHK,
+                               k_BSGK, k_BSGK,
                                mask_BHTS=np.zeros(()) if has_mask else None,
                                bias_BHTS=np.zeros(()) if has_bias else None,
-                               softcap=1.0 if has_softcap else None)
+                               softcap=1.0 if has_softcap else None,
+                               platform=target.platform)
     return True
   except ValueError:
     return False
@@ -190,7 +215,7 @@ def _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias, has_softcap=False) -> bool:
 def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: bool = False,
                  *, k_BSGK: jax.Array | None = None, has_mask: bool = False,
                  budget: int | None = None, has_softcap: bool = False,
-                 variant: str = "softmax") -> str:
+                 variant: str = "softmax", target: Target | None = None) -> str:
   """The kernel `impl` means for this call: one of IMPLS other than 'auto'.
 
   Args:
@@ -205,7 +230,20 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: b
       through TPU splash).
     variant: the attention variant; auto picks only kernels in VARIANT_KERNELS[variant]
       and a named kernel outside them is refused by name.
+    target: the devices the program is compiled for; None: the current target
+      (kernels/target.py: an active compile_target, else the mesh in context, else
+      jax.devices()[0]). The choice depends on the target alone, never on the process's
+      default backend. Inside compile_target the choice is appended to its list.
   """
+  target = current_target() if target is None else target
+  kernel = _resolve(impl, q_BTHK, return_weights, has_bias, k_BSGK, has_mask, budget,
+                    has_softcap, variant, target)
+  target_lib.record(kernel)
+  return kernel
+
+
+def _resolve(impl, q_BTHK, return_weights, has_bias, k_BSGK, has_mask, budget, has_softcap,
+             variant, target: Target) -> str:
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
   if impl != "auto":
@@ -217,19 +255,19 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: b
                        f"impl='reference' or 'auto' with return_weights=True")
     return "reference"
   if impl == "cudnn":
-    xla_lib.check_cudnn_supported(q_BTHK)
+    xla_lib.check_cudnn_supported(q_BTHK, platform=target.platform)
   if impl != "auto":
     return impl
   k_BSGK = q_BTHK if k_BSGK is None else k_BSGK
   b, t, h, _ = q_BTHK.shape
   s = k_BSGK.shape[1]
-  backend = jax.default_backend()
-  if backend == "gpu" and "cudnn" in served and _cudnn_ok(q_BTHK, has_bias, has_softcap):
+  if target.platform == "gpu" and "cudnn" in served and _cudnn_ok(
+      q_BTHK, has_bias, has_softcap, target):
     return "cudnn"
-  if backend in ("gpu", "tpu") and "pallas" in served and _pallas_ok(
-      q_BTHK, k_BSGK, has_mask, has_bias, has_softcap):
+  if "pallas" in served and _pallas_ok(q_BTHK, k_BSGK, has_mask, has_bias, has_softcap,
+                                       target):
     return "pallas"
-  if not scores_fit(b, h, t, s, budget):
+  if not scores_fit(b, h, t, s, budget, target):
     return "blocked"
   return "blocked" if b * h * t * s >= BLOCKED_FROM_SCORES else "reference"
 
@@ -264,7 +302,8 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
   t, s = q_BTHK.shape[1], k_BSGK.shape[1]
   if rel_bias_HR is not None and kernel not in TAKES_TABLE:
     raise ValueError(f"kernel {kernel!r} takes no rel_bias table; pass its dense bias")
-  check_scores_fit(kernel, q_BTHK.shape[0], q_BTHK.shape[2], t, s)
+  target = current_target()
+  check_scores_fit(kernel, q_BTHK.shape[0], q_BTHK.shape[2], t, s, target)
   if kernel == "reference":
     full = mask_BHTS
     if causal:
@@ -274,7 +313,7 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
                                           softcap=softcap, sigmoid_bias=sigmoid_bias,
                                           sink_H=sink_H)
   if kernel == "xla" and softcap is not None:   # the same XLA ops, without the weights
-    check_scores_fit("reference", q_BTHK.shape[0], q_BTHK.shape[2], t, s)
+    check_scores_fit("reference", q_BTHK.shape[0], q_BTHK.shape[2], t, s, target)
     full = mask_BHTS
     if causal:
       cm = xla_lib.causal_mask(t, s)
@@ -292,6 +331,8 @@ def run_kernel(kernel: str, q_BTHK, k_BSGK, v_BSGK, mask_BHTS, causal: bool, bia
                                          window=window, sigmoid_bias=sigmoid_bias,
                                          sink_H=sink_H), None
   if kernel == "pallas":
-    return pallas_lib.pallas_attention(q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS,
-                                       causal=causal, softcap=softcap), None
+    return pallas_lib.pallas_attention(
+        q_BTHK, k_BSGK, v_BSGK, mask_BHTS, bias_BHTS, causal=causal, softcap=softcap,
+        kernel=pallas_lib.kernel_for(target.platform, bias_BHTS is not None),
+        platform=target.platform), None
   raise ValueError(f"kernel must be one of {IMPLS[1:]}; got {kernel!r}")

@@ -1,4 +1,8 @@
-"""jax.nn.dot_product_attention: XLA's fused attention, and cuDNN's on NVIDIA GPUs."""
+"""jax.nn.dot_product_attention: XLA's fused attention, and cuDNN's on NVIDIA GPUs.
+
+On a mesh neither needs shard_map: XLA partitions the fused path like any other ops, and
+JAX gives cuDNN's custom call partitioning rules (batch and heads; jax._src.cudnn's
+custom_partitioning)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax import blocks
+from mha_jax.kernels import target as target_lib
 
 
 def gpu_available() -> bool:
@@ -17,11 +22,13 @@ def gpu_available() -> bool:
     return False
 
 
-def check_cudnn_supported(q_BTHK: jax.Array) -> None:
-  """Raises ValueError when cuDNN's attention cannot serve q (backend, dtype, width)."""
-  if not gpu_available():
-    raise ValueError(f"impl='cudnn' needs an NVIDIA GPU; this process has backend "
-                     f"{jax.default_backend()!r}. Use impl='auto', 'xla' or 'reference'")
+def check_cudnn_supported(q_BTHK: jax.Array, platform: str | None = None) -> None:
+  """Raises ValueError when cuDNN's attention cannot serve q on the target platform
+  (None: the current target's, kernels/target.py): platform, dtype, width."""
+  platform = target_lib.current_target().platform if platform is None else platform
+  if platform != "gpu":
+    raise ValueError(f"impl='cudnn' needs an NVIDIA GPU; the target's platform is "
+                     f"{platform!r}. Use impl='auto', 'xla' or 'reference'")
   if q_BTHK.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"impl='cudnn' needs bfloat16 or float16 inputs; got dtype "
                      f"{q_BTHK.dtype}. Cast x and params, or use impl='xla'")

@@ -281,7 +281,10 @@ def train(cfg, workdir: str, *, log: Callable[[str], None] = print) -> dict:
       lock_lib.write_marker(workdir)
     for (_c, w), new in zip(runs, news):
       write_workdir(w, new)
-    return _train(cfg, workdir, runs, run_tasks, mesh, n_data, log)
+    # Traced inside the mesh: the kernel choice reads its devices and the Pallas kernels
+    # run shard_map over it (kernels/target.py, kernels/pallas.py).
+    with jax.set_mesh(mesh):
+      return _train(cfg, workdir, runs, run_tasks, mesh, n_data, log)
 
 
 class _Stacked:

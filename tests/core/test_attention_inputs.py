@@ -49,7 +49,7 @@ def test_reference_scores_that_cannot_fit_are_explained_before_any_allocation(mo
   from mha_jax import attention
   from mha_jax.kernels import dispatch
   monkeypatch.setattr(dispatch, "memory_limit",
-                      lambda: (8 * 2**30, "the process's address-space limit (RLIMIT_AS)"),
+                      lambda target=None: (8 * 2**30, "the process's address-space limit (RLIMIT_AS)"),
                       raising=False)
   params = attention.init_attention_params(jax.random.PRNGKey(0), 16, 8)
   x = jax.ShapeDtypeStruct((1, 16384, 16), jnp.float32)       # never allocated

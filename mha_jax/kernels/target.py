@@ -1,0 +1,159 @@
+"""The devices a program is compiled for: what the kernel choice reads, never the
+process's default backend.
+
+A trace decides for, in this order:
+  1. the target of an active `compile_target(mesh_or_devices)` in this thread (how a
+     program is lowered ahead of time for a topology it does not run on);
+  2. the mesh in context (`jax.set_mesh(mesh)`, `jax.sharding.use_abstract_mesh`): its
+     abstract device names the platform and device kind, on a TPU VM as on a laptop that
+     lowers for a TPU topology;
+  3. else `jax.devices()[0]`, one device.
+
+`context_mesh()` is the mesh the Pallas kernels run `shard_map` over (kernels/pallas.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import threading
+from typing import Iterator
+
+import jax
+import numpy as np
+from jax.sharding import AbstractDevice, AbstractMesh, Mesh
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """What a program is compiled for: platform 'cpu', 'gpu' or 'tpu'; the device kind as
+  JAX names it ('TPU v5 lite', 'NVIDIA H100 80GB HBM3', 'cpu'); the devices it spans."""
+  platform: str
+  device_kind: str
+  num_devices: int
+
+  def __post_init__(self):
+    if self.platform not in PLATFORMS:
+      raise ValueError(f"Target.platform must be one of {PLATFORMS}; got {self.platform!r}")
+    if not isinstance(self.num_devices, int) or self.num_devices < 1:
+      raise ValueError(f"Target.num_devices must be an integer >= 1; got {self.num_devices!r}")
+
+
+def _platform(name: str) -> str:
+  name = str(name).lower()
+  return "gpu" if name in ("cuda", "rocm") else name
+
+
+def target_of(devices_or_mesh) -> Target:
+  """The Target of a jax.sharding.Mesh, an AbstractMesh that names its device, or a
+  sequence of devices (process devices or compile-only topology devices from
+  jax.experimental.topologies.get_topology_desc(...).devices)."""
+  if isinstance(devices_or_mesh, AbstractMesh):
+    dev = devices_or_mesh.abstract_device
+    if dev is None:
+      raise ValueError(f"devices_or_mesh: the abstract mesh {devices_or_mesh} names no "
+                       f"device; pass a Mesh or a sequence of devices")
+    return Target(_platform(dev.platform), dev.device_kind, max(1, devices_or_mesh.size))
+  devices = (list(devices_or_mesh.devices.flat) if isinstance(devices_or_mesh, Mesh)
+             else list(devices_or_mesh))
+  if not devices or not all(hasattr(d, "platform") and hasattr(d, "device_kind")
+                            for d in devices):
+    raise ValueError(f"devices_or_mesh must be a Mesh or a non-empty sequence of devices; "
+                     f"got {devices_or_mesh!r}")
+  return Target(_platform(devices[0].platform), devices[0].device_kind, len(devices))
+
+
+class _Active(threading.local):
+  def __init__(self):
+    self.stack: list[tuple[Target, list[str]]] = []
+
+
+_active = _Active()
+
+
+@contextlib.contextmanager
+def compile_target(mesh_or_devices) -> Iterator[list[str]]:
+  """Traces in this thread decide for `mesh_or_devices`' target; yields the list to which
+  every kernel choice (dispatch.resolve_impl) made meanwhile is appended.
+
+  The mesh is also put in context, so that the Pallas kernels run shard_map over it and
+  the jit caches keep this trace apart from one for other devices (the abstract mesh,
+  device kind included, is part of their key): a Mesh through jax.set_mesh, an
+  AbstractMesh through jax.sharding.use_abstract_mesh, and a sequence of devices as a
+  one-axis ("data",) mesh over them.
+  """
+  target = target_of(mesh_or_devices)
+  chosen: list[str] = []
+  _active.stack.append((target, chosen))
+  try:
+    with _mesh_context(mesh_or_devices):
+      yield chosen
+  finally:
+    _active.stack.pop()
+
+
+def _mesh_context(mesh_or_devices):
+  if isinstance(mesh_or_devices, Mesh):
+    return jax.set_mesh(mesh_or_devices)
+  if isinstance(mesh_or_devices, AbstractMesh):
+    return jax.sharding.use_abstract_mesh(mesh_or_devices)
+  devices = list(mesh_or_devices)
+  if all(isinstance(d, jax.Device) for d in devices):
+    return jax.set_mesh(Mesh(np.asarray(devices), ("data",)))
+  t = target_of(devices)    # device-like descriptions (tests): the abstract mesh only
+  return jax.sharding.use_abstract_mesh(AbstractMesh(
+      (len(devices),), ("data",), abstract_device=AbstractDevice(
+          device_kind=t.device_kind, num_cores=None, platform=t.platform)))
+
+
+def record(kernel: str) -> None:
+  """Appends a kernel choice to the active compile_target's list, if any."""
+  if _active.stack:
+    _active.stack[-1][1].append(kernel)
+
+
+def context_mesh() -> AbstractMesh | None:
+  """The mesh in context (jax.set_mesh or use_abstract_mesh), or None."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return None if mesh.empty else mesh
+
+
+def current_target() -> Target:
+  """The target a trace now decides for (the module's docstring says which)."""
+  if _active.stack:
+    return _active.stack[-1][0]
+  mesh = context_mesh()
+  if mesh is not None and mesh.abstract_device is not None:
+    return target_of(mesh)
+  d = jax.devices()[0]
+  return Target(_platform(d.platform), d.device_kind, mesh.size if mesh is not None else 1)
+
+
+# Memory per device (bytes) by device kind: Cloud TPU system architecture pages
+# (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e: HBM per chip; v2/v3 list it per chip of two
+# cores, and JAX's device there is a core) and NVIDIA's data sheets. The kernel choice reads
+# this, not the device's own report, so that a laptop lowering for a TPU and the TPU VM
+# itself choose the same kernels.
+HBM_BYTES = {
+    "TPU v2": 8 * 2**30, "TPU v3": 16 * 2**30, "TPU v4": 32 * 2**30,
+    "TPU v5 lite": 16 * 2**30, "TPU v5e": 16 * 2**30, "TPU v5": 95 * 2**30,
+    "TPU v5p": 95 * 2**30, "TPU v6 lite": 32 * 2**30, "TPU v6e": 32 * 2**30,
+    "NVIDIA H200": 141 * 10**9, "NVIDIA H100": 80 * 10**9, "NVIDIA A100": 40 * 10**9,
+}
+
+
+def hbm_bytes(device_kind: str) -> int | None:
+  """The memory of one device of this kind (HBM_BYTES), or None when unknown. A GPU kind
+  that names its memory ('NVIDIA A100-SXM4-80GB') is read from its name."""
+  if device_kind in HBM_BYTES:
+    return HBM_BYTES[device_kind]
+  m = re.search(r"(\d+)\s*GB", device_kind)
+  if device_kind.startswith("NVIDIA") and m:
+    return int(m.group(1)) * 10**9
+  for kind, n in HBM_BYTES.items():
+    if kind.startswith("NVIDIA") and device_kind.startswith(kind):
+      return n
+  return None
