@@ -30,6 +30,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from mha_jax.blocks import drop_masked_keys, relative_index, soft_cap
 
@@ -502,6 +503,65 @@ def _check_extra(name, arr, b, h, t, s):
   return arr
 
 
+def _mesh_axes(mesh) -> tuple:
+  """(mesh, its axes not already manual) of `mesh`, or of the mesh in context when None;
+  (None, ()) without one."""
+  mesh = jax.sharding.get_abstract_mesh() if mesh is None else mesh
+  if mesh is None or mesh.empty:
+    return None, ()
+  manual = set(getattr(mesh, "manual_axes", ()) or ())
+  return mesh, tuple(a for a in mesh.axis_names if a not in manual and mesh.shape[a] > 1)
+
+
+def shard_specs(mesh_shape: dict, free: tuple[str, ...], b: int, h: int, g: int):
+  """(batch axes or None, head axis or None, repeat kv to H): how a call is split over
+  a mesh of axis sizes `mesh_shape` whose axes `free` are not yet manual. The batch
+  goes over every free axis but "model" (when their product divides B), the heads over
+  "model": G key/value heads in blocks of G / m, so each key/value head's query heads
+  stay on its shard, or, when m does not divide G but divides H, the key/value heads
+  repeated to H first. What an axis does not divide stays whole on each of its devices.
+  """
+  batch = tuple(a for a in free if a != "model" and mesh_shape[a] > 1)
+  if not batch or b % math.prod(mesh_shape[a] for a in batch):
+    batch = None
+  m = mesh_shape.get("model", 1) if "model" in free else 1
+  if m > 1 and g % m == 0:
+    return batch, "model", False
+  if m > 1 and h % m == 0:
+    return batch, "model", True
+  return batch, None, False
+
+
+def _on_mesh(local, mesh, free, split, q, k, v, mask, bias, rel_bias_HR, sink_H):
+  """local(q, k, v, mask, bias, rel_bias_HR=, sink_H=) inside shard_map over `mesh`:
+  batch rows and heads as shard_specs says (masks and biases split where they are
+  full-size), so that no loop of the kernel slices a sharded axis (XLA would gather it
+  whole onto every device and run every device's rows on each)."""
+  batch, heads, repeat = split
+  b, h = q.shape[0], q.shape[2]
+  if repeat:
+    k, v = (jnp.repeat(x, h // x.shape[2], axis=2) for x in (k, v))
+  qkv = P(batch, None, heads, None)
+  full = lambda x: P(batch if x.shape[0] == b and b > 1 else None,
+                     heads if x.shape[1] == h and h > 1 else None, None, None)
+  opt = {"mask": (mask, full), "bias": (bias, full),
+         "rel_bias_HR": (rel_bias_HR, lambda _: P(heads, None)),
+         "sink_H": (sink_H, lambda _: P(heads))}
+  names = [n for n, (x, _) in opt.items() if x is not None]
+
+  def inner(q, k, v, *rest):
+    got = dict(zip(names, rest))
+    return local(q, k, v, got.get("mask"), got.get("bias"),
+                 rel_bias_HR=got.get("rel_bias_HR"), sink_H=got.get("sink_H"))
+
+  args = [jnp.asarray(opt[n][0]) for n in names]
+  specs = (qkv, qkv, qkv) + tuple(opt[n][1](a) for n, a in zip(names, args))
+  # check_vma=False: the loops' carries start unvarying; the transpose then psums the
+  # gradients of what a shard saw whole (the table, the sink, a broadcast bias).
+  return jax.shard_map(inner, mesh=mesh, in_specs=specs, out_specs=qkv,
+                       axis_names=set(free), check_vma=False)(q, k, v, *args)
+
+
 def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
                       mask_BHTS: jax.Array | None = None,
                       bias_BHTS: jax.Array | None = None, *, causal: bool = False,
@@ -509,7 +569,7 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
                       block_q: int | None = None, block_k: int | None = None,
                       block_heads: int | None = None, softcap: float | None = None,
                       window: int | None = None, sigmoid_bias: float | None = None,
-                      sink_H: jax.Array | None = None) -> jax.Array:
+                      sink_H: jax.Array | None = None, mesh=None) -> jax.Array:
   """Attention output without the (T, S) weights, in O(T + S) memory.
 
   Args:
@@ -535,6 +595,9 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
       not normalised over the keys (a plain blocked sum; no log-sum-exp).
     sink_H: (H,) one logit per head in the softmax's denominator, mixing no value (the
       running maximum starts at it); not with sigmoid_bias.
+    mesh: a Mesh or AbstractMesh to run on; None: the mesh in context (jax.set_mesh),
+      if any. On a mesh of more than one device the kernel runs inside shard_map
+      (shard_specs): each device blocks its own batch rows and heads.
 
   Returns:
     o_BTHK: (B, T, H, V) in v's dtype. Differentiable in q, k, v, bias, the table and
@@ -559,7 +622,6 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
   if mask is not None and mask.dtype != jnp.bool_:
     raise ValueError(f"mask_BHTS must be boolean (True = may attend); got dtype {mask.dtype}")
   bias = _check_extra("bias_BHTS", bias_BHTS, b, h, t, s)
-  k_BSHK, v_BSHK = drop_masked_keys(k_BSHK, v_BSHK, mask)
   if rel_bias_HR is not None:
     rel_bias_HR = jnp.asarray(rel_bias_HR)
     if rel_bias_HR.ndim != 2 or rel_bias_HR.shape[0] != h or rel_bias_HR.shape[1] % 2 != 1:
@@ -582,6 +644,16 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
                      "logit) exclude each other")
   if sink_H is not None and tuple(jnp.shape(sink_H)) != (h,):
     raise ValueError(f"sink_H must have shape (H,) = ({h},); got {jnp.shape(sink_H)}")
+  mesh, free = _mesh_axes(mesh)
+  split = shard_specs(dict(mesh.shape), free, b, h, g) if free else (None, None, False)
+  if split[:2] != (None, None):
+    local = functools.partial(
+        blocked_attention, causal=causal, scale=scale, block_q=block_q, block_k=block_k,
+        block_heads=block_heads, softcap=softcap, window=window,
+        sigmoid_bias=sigmoid_bias)
+    return _on_mesh(local, mesh, free, split, q_BTHK, k_BSHK, v_BSHK, mask, bias,
+                    rel_bias_HR, sink_H)
+  k_BSHK, v_BSHK = drop_masked_keys(k_BSHK, v_BSHK, mask)
   st = _Static(b, t, s, h, g, bq, bk, nq, nk, float(scale), bool(causal), nbc, ngc,
                None if softcap is None else float(softcap),
                None if window is None else int(window),
