@@ -19,6 +19,12 @@ no key to attend to gives a zero output, never NaN. Key blocks that no query of 
 block may see are never visited: above the diagonal (causal) and outside a sliding
 window (window: i - j < window), so a windowed call costs O(T * window), not O(T * S).
 Soft-capping (softcap * tanh(s / softcap), Gemma 2) is applied to each block's scores.
+
+On a mesh (the mesh in context, jax.set_mesh, or ``mesh=``) of more than one device the
+kernel runs inside ``shard_map``: batch rows over every axis but "model", heads over
+"model" (shard_specs). Its steps slice q, k and v by a loop counter, which XLA cannot
+partition over a sharded axis: left to XLA, every device gathered the whole batch and
+ran every step. Traced with no mesh in context, that is still what XLA does.
 """
 
 from __future__ import annotations
