@@ -19,6 +19,12 @@ no key to attend to gives a zero output, never NaN. Key blocks that no query of 
 block may see are never visited: above the diagonal (causal) and outside a sliding
 window (window: i - j < window), so a windowed call costs O(T * window), not O(T * S).
 Soft-capping (softcap * tanh(s / softcap), Gemma 2) is applied to each block's scores.
+
+On a mesh (the mesh in context, jax.set_mesh, or ``mesh=``) of more than one device the
+kernel runs inside ``shard_map``: batch rows over every axis but "model", heads over
+"model" (shard_specs). Its steps slice q, k and v by a loop counter, which XLA cannot
+partition over a sharded axis: left to XLA, every device gathered the whole batch and
+ran every step. Traced with no mesh in context, that is still what XLA does.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from mha_jax.blocks import drop_masked_keys, relative_index, soft_cap
+from mha_jax.kernels import target as target_lib
 
 # Default block sizes: one block up to these lengths; measured on the 2-core CPU
 # (docs/results/bench_attention_*.json): fewer, larger blocks win there because each
@@ -502,6 +510,36 @@ def _check_extra(name, arr, b, h, t, s):
   return arr
 
 
+def _on_mesh(local, mesh, free, split, q, k, v, mask, bias, rel_bias_HR, sink_H):
+  """local(q, k, v, mask, bias, rel_bias_HR=, sink_H=) inside shard_map over `mesh`:
+  batch rows and heads as shard_specs says (masks and biases split where they are
+  full-size), so that no loop of the kernel slices a sharded axis (XLA would gather it
+  whole onto every device and run every device's rows on each)."""
+  batch, heads, repeat = split
+  b, h = q.shape[0], q.shape[2]
+  if repeat:
+    k, v = (jnp.repeat(x, h // x.shape[2], axis=2) for x in (k, v))
+  qkv = P(batch, None, heads, None)
+  full = lambda x: P(batch if x.shape[0] == b and b > 1 else None,
+                     heads if x.shape[1] == h and h > 1 else None, None, None)
+  opt = {"mask": (mask, full), "bias": (bias, full),
+         "rel_bias_HR": (rel_bias_HR, lambda _: P(heads, None)),
+         "sink_H": (sink_H, lambda _: P(heads))}
+  names = [n for n, (x, _) in opt.items() if x is not None]
+
+  def inner(q, k, v, *rest):
+    got = dict(zip(names, rest))
+    return local(q, k, v, got.get("mask"), got.get("bias"),
+                 rel_bias_HR=got.get("rel_bias_HR"), sink_H=got.get("sink_H"))
+
+  args = [jnp.asarray(opt[n][0]) for n in names]
+  specs = (qkv, qkv, qkv) + tuple(opt[n][1](a) for n, a in zip(names, args))
+  # check_vma=False: the loops' carries start unvarying; the transpose then psums the
+  # gradients of what a shard saw whole (the table, the sink, a broadcast bias).
+  return jax.shard_map(inner, mesh=mesh, in_specs=specs, out_specs=qkv,
+                       axis_names=set(free), check_vma=False)(q, k, v, *args)
+
+
 def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
                       mask_BHTS: jax.Array | None = None,
                       bias_BHTS: jax.Array | None = None, *, causal: bool = False,
@@ -509,7 +547,7 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
                       block_q: int | None = None, block_k: int | None = None,
                       block_heads: int | None = None, softcap: float | None = None,
                       window: int | None = None, sigmoid_bias: float | None = None,
-                      sink_H: jax.Array | None = None) -> jax.Array:
+                      sink_H: jax.Array | None = None, mesh=None) -> jax.Array:
   """Attention output without the (T, S) weights, in O(T + S) memory.
 
   Args:
@@ -535,6 +573,9 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
       not normalised over the keys (a plain blocked sum; no log-sum-exp).
     sink_H: (H,) one logit per head in the softmax's denominator, mixing no value (the
       running maximum starts at it); not with sigmoid_bias.
+    mesh: a Mesh or AbstractMesh to run on; None: the mesh in context (jax.set_mesh),
+      if any. On a mesh of more than one device the kernel runs inside shard_map
+      (shard_specs): each device blocks its own batch rows and heads.
 
   Returns:
     o_BTHK: (B, T, H, V) in v's dtype. Differentiable in q, k, v, bias, the table and
@@ -559,7 +600,6 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
   if mask is not None and mask.dtype != jnp.bool_:
     raise ValueError(f"mask_BHTS must be boolean (True = may attend); got dtype {mask.dtype}")
   bias = _check_extra("bias_BHTS", bias_BHTS, b, h, t, s)
-  k_BSHK, v_BSHK = drop_masked_keys(k_BSHK, v_BSHK, mask)
   if rel_bias_HR is not None:
     rel_bias_HR = jnp.asarray(rel_bias_HR)
     if rel_bias_HR.ndim != 2 or rel_bias_HR.shape[0] != h or rel_bias_HR.shape[1] % 2 != 1:
@@ -582,6 +622,16 @@ def blocked_attention(q_BTHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array,
                      "logit) exclude each other")
   if sink_H is not None and tuple(jnp.shape(sink_H)) != (h,):
     raise ValueError(f"sink_H must have shape (H,) = ({h},); got {jnp.shape(sink_H)}")
+  mesh, free = target_lib.mesh_axes(mesh)
+  split = target_lib.shard_specs(dict(mesh.shape), free, b, h, g) if free else (None, None, False)
+  if split[:2] != (None, None):
+    local = functools.partial(
+        blocked_attention, causal=causal, scale=scale, block_q=block_q, block_k=block_k,
+        block_heads=block_heads, softcap=softcap, window=window,
+        sigmoid_bias=sigmoid_bias)
+    return _on_mesh(local, mesh, free, split, q_BTHK, k_BSHK, v_BSHK, mask, bias,
+                    rel_bias_HR, sink_H)
+  k_BSHK, v_BSHK = drop_masked_keys(k_BSHK, v_BSHK, mask)
   st = _Static(b, t, s, h, g, bq, bk, nq, nk, float(scale), bool(causal), nbc, ngc,
                None if softcap is None else float(softcap),
                None if window is None else int(window),

@@ -168,24 +168,10 @@ def _free_axes(mesh) -> tuple[str, ...]:
   return tuple(a for a in mesh.axis_names if a not in manual)
 
 
-def shard_specs(mesh_shape: dict, free: tuple[str, ...], b: int, h: int, g: int):
-  """(batch axes or None, head axis or None, repeat kv to H): how the kernel's call is
-  split over a mesh of axis sizes `mesh_shape` (module docstring)."""
-  batch = tuple(a for a in free if a != "model" and mesh_shape[a] > 1)
-  if not batch or b % math.prod(mesh_shape[a] for a in batch):
-    batch = None
-  m = mesh_shape.get("model", 1) if "model" in free else 1
-  if m > 1 and g % m == 0:
-    return batch, "model", False
-  if m > 1 and h % m == 0:
-    return batch, "model", True
-  return batch, None, False
-
-
 def _sharded(call, mesh, free, q_BTHK, k_BSHK, v_BSHK, bias):
   """call(q, k, v, bias) inside shard_map over `mesh` (module docstring)."""
   b, _, h, _ = q_BTHK.shape
-  batch, heads, repeat = shard_specs(dict(mesh.shape), free, b, h, k_BSHK.shape[2])
+  batch, heads, repeat = target_lib.shard_specs(dict(mesh.shape), free, b, h, k_BSHK.shape[2])
   if repeat:
     k_BSHK, v_BSHK = _repeat_kv(k_BSHK, h), _repeat_kv(v_BSHK, h)
   qkv = P(batch, None, heads, None)

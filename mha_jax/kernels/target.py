@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import re
 import threading
 from typing import Iterator
@@ -130,6 +131,35 @@ def current_target() -> Target:
     return target_of(mesh)
   d = jax.devices()[0]
   return Target(_platform(d.platform), d.device_kind, mesh.size if mesh is not None else 1)
+
+
+def mesh_axes(mesh=None) -> tuple:
+  """(mesh, its axes not already manual) of `mesh`, or of the mesh in context when None;
+  (None, ()) without one."""
+  mesh = context_mesh() if mesh is None else mesh
+  if mesh is None or mesh.empty:
+    return None, ()
+  manual = set(getattr(mesh, "manual_axes", ()) or ())
+  return mesh, tuple(a for a in mesh.axis_names if a not in manual and mesh.shape[a] > 1)
+
+
+def shard_specs(mesh_shape: dict, free: tuple[str, ...], b: int, h: int, g: int):
+  """(batch axes or None, head axis or None, repeat kv to H): how a call is split over
+  a mesh of axis sizes `mesh_shape` whose axes `free` are not yet manual. The batch
+  goes over every free axis but "model" (when their product divides B), the heads over
+  "model": G key/value heads in blocks of G / m, so each key/value head's query heads
+  stay on its shard, or, when m does not divide G but divides H, the key/value heads
+  repeated to H first. What an axis does not divide stays whole on each of its devices.
+  """
+  batch = tuple(a for a in free if a != "model" and mesh_shape[a] > 1)
+  if not batch or b % math.prod(mesh_shape[a] for a in batch):
+    batch = None
+  m = mesh_shape.get("model", 1) if "model" in free else 1
+  if m > 1 and g % m == 0:
+    return batch, "model", False
+  if m > 1 and h % m == 0:
+    return batch, "model", True
+  return batch, None, False
 
 
 # Memory per device (bytes) by device kind: Cloud TPU system architecture pages
