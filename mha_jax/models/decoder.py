@@ -61,7 +61,12 @@ class DecoderSpec:
   window: sliding window (int), None, or a tuple per layer (None = full attention).
   attn_scale: the score scale, None = 1 / sqrt(K), or a tuple per layer.
   attn_softcap / final_softcap: Gemma 2's soft-capping of the scores / of the logits.
-  embed_scale: multiplies the embeddings (Gemma: sqrt(D)); None = 1.
+  embed_scale: multiplies the embeddings (Gemma: sqrt(D), Granite's
+    embedding_multiplier); None = 1.
+  residual_scale: multiplies what attention and the MLP add to the stream, before the
+    attn_out / mlp_out sites (Granite's residual_multiplier); None = 1.
+  logit_scale: multiplies the logits, before final_softcap (Cohere's logit_scale,
+    Granite's 1 / logits_scaling); None = 1.
   impl: attention kernel (mha_jax.attention IMPLS).
   """
   norm: str = "rms"
@@ -74,6 +79,8 @@ class DecoderSpec:
   attn_softcap: float | None = None
   final_softcap: float | None = None
   embed_scale: float | None = None
+  residual_scale: float | None = None
+  logit_scale: float | None = None
   impl: str = "auto"
 
   def __post_init__(self):
@@ -127,6 +134,7 @@ def spec_from_config(m, impl: str = "auto") -> DecoderSpec:
                      parallel=bool(d.get("parallel", False)), rope=ropes, window=windows,
                      attn_scale=scales, attn_softcap=opt("attn_softcap"),
                      final_softcap=opt("final_softcap"), embed_scale=opt("embed_scale"),
+                     residual_scale=opt("residual_scale"), logit_scale=opt("logit_scale"),
                      impl=impl)
 
 
@@ -177,11 +185,14 @@ def mlp(p, x, act: str):
 
 
 def unembed(params, x_BTD):
-  """Logits (B, T, V) in float32: x @ unembed, or x @ embed.T when tied."""
+  """Logits (B, T, V) in float32: x @ unembed, or x @ embed.T when tied; plus
+  unembed_bias (V,) where the family has one (Phi, GPT-J)."""
   if "unembed" in params:
-    return (x_BTD @ params["unembed"].astype(x_BTD.dtype)).astype(jnp.float32)
-  return jnp.einsum("btd,vd->btv", x_BTD, params["embed"].astype(x_BTD.dtype)).astype(
-      jnp.float32)
+    y = (x_BTD @ params["unembed"].astype(x_BTD.dtype)).astype(jnp.float32)
+  else:
+    y = jnp.einsum("btd,vd->btv", x_BTD, params["embed"].astype(x_BTD.dtype)).astype(
+        jnp.float32)
+  return y if "unembed_bias" not in params else y + params["unembed_bias"].astype(y.dtype)
 
 
 def positions_from_mask(mask_BT):
@@ -240,27 +251,42 @@ def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
     a = attention.multi_head_attention(p["attn"], h, **kw)
   if "ln1_post" in p:      # its 1/rms is a site: DLA freezes it (attention then linear)
     a = norm(p["ln1_post"], a, spec, hook=hook, site=f"{name}.ln1_post.scale")
-  a = interventions.at(hook, f"{name}.attn_out", a)
+  a = interventions.at(hook, f"{name}.attn_out", _residual(a, spec))
   if spec.parallel:     # GPT-NeoX: the MLP reads the layer's input, not resid_mid
     m_in = interventions.at(hook, f"{name}.mlp_in", x)
-    m = mlp(p["mlp"], norm(p["ln2"], m_in, spec) if "ln2" in p else m_in, spec.act)
     mid = interventions.at(hook, f"{name}.resid_mid", x + a)
-    if "ln2_post" in p:
-      m = norm(p["ln2_post"], m, spec)
-    m = interventions.at(hook, f"{name}.mlp_out", m)
+    m = _mlp_out(p, m_in, spec, hook, name)
     return interventions.at(hook, f"{name}.resid_post", mid + m), new_cache
   x = interventions.at(hook, f"{name}.resid_mid", x + a)
   m_in = interventions.at(hook, f"{name}.mlp_in", x)     # what the MLP reads; the stream goes on as x
-  m = mlp(p["mlp"], norm(p["ln2"], m_in, spec) if "ln2" in p else m_in, spec.act)
+  m = _mlp_out(p, m_in, spec, hook, name)
+  return interventions.at(hook, f"{name}.resid_post", x + m), new_cache
+
+
+def _residual(y, spec: DecoderSpec):
+  """What a sublayer adds to the stream: y, times Granite's residual_multiplier."""
+  if spec.residual_scale is None:
+    return y
+  return y * jnp.asarray(spec.residual_scale, jnp.float32).astype(y.dtype)
+
+
+def _mlp_out(p, m_in, spec: DecoderSpec, hook, name: str):
+  """The MLP's output (site {name}.mlp_out) from what it reads: normed by ln2, or, in a
+  parallel block without ln2 (Phi, GPT-J, Cohere, Falcon), by ln1 (one norm for both);
+  then ln2_post and the residual multiplier."""
+  ln = p.get("ln2", p.get("ln1") if spec.parallel else None)
+  m = mlp(p["mlp"], norm(ln, m_in, spec) if ln is not None else m_in, spec.act)
   if "ln2_post" in p:
     m = norm(p["ln2_post"], m, spec)
-  m = interventions.at(hook, f"{name}.mlp_out", m)
-  return interventions.at(hook, f"{name}.resid_post", x + m), new_cache
+  return interventions.at(hook, f"{name}.mlp_out", _residual(m, spec))
 
 
 def _final(params, spec, x, hook=None):
   h = norm(params["lm"]["ln_final"], x, spec, hook=hook, site="lm.ln_final.scale")
-  return _softcap(unembed(params, h), spec.final_softcap)
+  logits = unembed(params, h)
+  if spec.logit_scale is not None:
+    logits = logits * jnp.float32(spec.logit_scale)
+  return _softcap(logits, spec.final_softcap)
 
 
 def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=None,

@@ -376,6 +376,154 @@ def _parse_neox(c: Config) -> dict:
                  legacy_partial_key="rotary_pct", default_partial=0.25)
 
 
+def _parse_opt(c: Config) -> dict:
+  d, h = int(c.need("hidden_size")), int(c.need("num_attention_heads"))
+  if int(c.get("word_embed_proj_dim", d)) != d:
+    c.refuse("word_embed_proj_dim", c.cfg["word_embed_proj_dim"], f"the project_in / "
+             f"project_out projections (width != hidden_size={d}) are not implemented")
+  s = dict(d=d, h=h, g=h, k=d // h, f=int(c.need("ffn_dim")), n=int(c.need("num_hidden_layers")),
+           v=int(c.need("vocab_size")), max_len=int(c.get("max_position_embeddings", 2048)),
+           eps=1e-5, tied=bool(c.get("tie_word_embeddings", True)))
+  s["act"] = _act(c, "activation_function", "relu")
+  s["attn_bias"] = s["o_bias"] = s["mlp_bias"] = bool(c.get("enable_bias", True))
+  s["layer_types"], s["window"], s["rope"] = ["full_attention"] * s["n"], None, None
+  return s
+
+
+def _parse_phi(c: Config) -> dict:
+  """Phi (1, 1.5, 2): one LayerNorm feeding attention and MLP in parallel, partial rotary."""
+  s = _settings(c)
+  s["eps"] = float(c.get("layer_norm_eps", 1e-5))
+  s["act"] = _act(c, "hidden_act", "gelu_new")
+  s["attn_bias"] = s["o_bias"] = s["mlp_bias"] = True
+  s["parallel"] = True
+  return _finish(c, s, ["full_attention"] * s["n"], None, default_partial=0.5)
+
+
+def _parse_stablelm(c: Config) -> dict:
+  s = _settings(c)
+  s["eps"] = float(c.get("layer_norm_eps", 1e-5))
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = bool(c.get("use_qkv_bias", False))
+  s["parallel"] = bool(c.get("use_parallel_residual", False))
+  s["sequential"] = not s["parallel"]
+  return _finish(c, s, ["full_attention"] * s["n"], None, default_partial=0.25)
+
+
+def _parse_gptj(c: Config) -> dict:
+  d, h = int(c.get("n_embd", 4096)), int(c.get("n_head", 16))
+  s = dict(d=d, h=h, g=h, k=d // h, f=int(c.get("n_inner") or 4 * d),
+           n=int(c.get("n_layer", 28)), v=int(c.get("vocab_size", 50400)),
+           max_len=int(c.get("n_positions", 2048)), eps=float(c.get("layer_norm_epsilon", 1e-5)),
+           tied=bool(c.get("tie_word_embeddings", False)))
+  s["act"] = _act(c, "activation_function", "gelu_new")
+  s["parallel"], s["rope_layout"] = True, "interleaved"
+  rot = c.cfg.get("rotary_dim")
+  if rot is None or int(rot) > s["k"] or int(rot) < 2 or int(rot) % 2:
+    c.refuse("rotary_dim", rot, f"expected an even number of rotated features <= the head "
+             f"width {s['k']}")
+  s = _finish(c, s, ["full_attention"] * s["n"], None)
+  s["rope"]["full_attention"]["dim"] = int(rot)
+  return s
+
+
+def _parse_falcon(c: Config) -> dict:
+  """Falcon's three attention layouts (new_decoder_architecture: grouped kv heads;
+  multi_query; per-head q, k, v) and its block (parallel with one or two LayerNorms, or
+  sequential)."""
+  d, h = int(c.need("hidden_size")), int(c.need("num_attention_heads"))
+  new, mq = bool(c.get("new_decoder_architecture", False)), bool(c.get("multi_query", True))
+  par = bool(c.get("parallel_attn", True))
+  n_ln = c.get("num_ln_in_parallel_attn")
+  n_ln = 2 if n_ln is None and new else n_ln
+  if c.get("alibi", False):
+    c.refuse("alibi", True, "Falcon's ALiBi (added before the 1 / sqrt(K) scale) is not "
+             "implemented; the RoPE Falcons are")
+  if new and not par:
+    c.refuse("parallel_attn", False, "transformers' new_decoder_architecture needs it")
+  if n_ln not in (None, 1, 2) or (n_ln == 2 and not new):
+    c.refuse("num_ln_in_parallel_attn", n_ln, "2 only with new_decoder_architecture, else 1")
+  g = int(c.get("num_kv_heads", h)) if new else (1 if mq else h)
+  if not new and not mq and int(c.get("num_kv_heads", h)) != h:
+    c.refuse("num_kv_heads", c.cfg["num_kv_heads"], "the per-head q, k, v layout has one "
+             "kv head per head")
+  s = dict(d=d, h=h, g=g, k=d // h, f=int(c.get("ffn_hidden_size") or 4 * d),
+           n=int(c.need("num_hidden_layers")), v=int(c.need("vocab_size")),
+           max_len=int(c.get("max_position_embeddings", 2048)),
+           eps=float(c.get("layer_norm_epsilon", 1e-5)),
+           tied=bool(c.get("tie_word_embeddings", True)))
+  s["act"] = _act(c, "activation", "gelu")
+  s["attn_bias"] = s["o_bias"] = s["mlp_bias"] = bool(c.get("bias", False))
+  s["falcon_layout"] = "grouped" if new else ("multi_query" if mq else "per_head")
+  s["parallel"] = par
+  s["two_ln"] = bool(new and n_ln == 2)
+  s["one_ln"] = not s["two_ln"]
+  s["sequential"] = not par
+  s = _finish(c, s, ["full_attention"] * s["n"], None)
+  if s["rope"]["full_attention"]["dim"] != s["k"]:
+    c.refuse("rope_parameters.partial_rotary_factor", s["rope"]["full_attention"]["dim"] /
+             s["k"], "Falcon rotates the whole head")
+  return s
+
+
+def _parse_smollm3(c: Config) -> dict:
+  """SmolLM3: LLaMA with no RoPE in the layers where no_rope_layers[i] is 0 (NoPE)."""
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  s["mlp_bias"] = bool(c.get("mlp_bias", False))
+  n = s["n"]
+  flags = c.cfg.get("no_rope_layers")
+  if flags is None:
+    every = int(c.get("no_rope_layer_interval", 4))
+    flags = [int((i + 1) % every != 0) for i in range(n)]
+  if len(flags) != n or any(f not in (0, 1) for f in flags):
+    c.refuse("no_rope_layers", flags, f"expected {n} entries of 0 / 1")
+  s["no_rope"] = [i for i, f in enumerate(flags) if not f]
+  window = c.get("sliding_window") if c.get("use_sliding_window", False) else None
+  lt = c.cfg.get("layer_types")
+  if lt is None:
+    lt = ["sliding_attention" if window and not flags[i] else "full_attention"
+          for i in range(n)]
+  lt = _layer_types(c, n, window) if c.cfg.get("layer_types") is not None else lt
+  if window is None:    # transformers: no window on any layer without use_sliding_window
+    lt = ["full_attention"] * n
+  return _finish(c, s, lt, window)
+
+
+def _parse_olmo3(c: Config) -> dict:
+  """OLMo 3: OLMo 2's block with sliding and full layers (layer_types), each type its
+  own RoPE."""
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  window = c.get("sliding_window")
+  return _finish(c, s, _layer_types(c, s["n"], window), window)
+
+
+def _parse_cohere(c: Config) -> dict:
+  """Cohere (Command-R): one bias-free LayerNorm feeding attention and MLP in parallel,
+  interleaved RoPE, logits times logit_scale."""
+  s = _settings(c)
+  s["eps"] = float(c.get("layer_norm_eps", 1e-5))
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  s["parallel"], s["rope_layout"] = True, "interleaved"
+  s["tied"] = bool(c.get("tie_word_embeddings", True))
+  s["logit_scale"] = float(c.get("logit_scale", 0.0625))
+  return _finish(c, s, ["full_attention"] * s["n"], None)
+
+
+def _parse_granite(c: Config) -> dict:
+  """Granite: LLaMA with embedding, residual, attention-score and logit multipliers."""
+  s = _parse_llama(c)
+  s["embed_scale"] = float(c.get("embedding_multiplier", 1.0))
+  s["residual_scale"] = float(c.get("residual_multiplier", 1.0))
+  s["scale"] = float(c.get("attention_multiplier", 1.0))
+  s["logit_scale"] = 1.0 / float(c.get("logits_scaling", 1.0))
+  return s
+
+
 # ---------------------------------------------------------------------------------------
 # The families.
 # ---------------------------------------------------------------------------------------
@@ -523,6 +671,142 @@ FAMILIES = {f.name: f for f in (
            prefixes=("gpt_neox.", ""), norm="layer",
            ignore_tensors=("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"),
            parse=_parse_neox),
+    Family("opt", ("opt",),
+           {"vocab_size": USE, "hidden_size": USE, "num_hidden_layers": USE, "ffn_dim": USE,
+            "num_attention_heads": USE, "activation_function": USE, "dropout": IGNORE,
+            "layerdrop": IGNORE, "init_std": IGNORE, "enable_bias": USE,
+            "word_embed_proj_dim": USE, "do_layer_norm_before": (True,),
+            "_remove_final_layer_norm": (False,), "layer_norm_elementwise_affine": (True,)},
+           (("embed_tokens.weight", "vec", "embed", None),
+            ("embed_positions.weight", "pos_offset", "pos_embed", None),
+            ("final_layer_norm.weight", "vec", "lm.ln_final.scale", None),
+            ("final_layer_norm.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied")),
+           (("self_attn_layer_norm.weight", "vec", "ln1.scale", None),
+            ("self_attn_layer_norm.bias", "vec", "ln1.bias", None),
+            ("self_attn.q_proj.weight", "q", "attn.wq", None),
+            ("self_attn.k_proj.weight", "kv", "attn.wk", None),
+            ("self_attn.v_proj.weight", "kv", "attn.wv", None),
+            ("self_attn.out_proj.weight", "o", "attn.wo", None),
+            ("self_attn.q_proj.bias", "bq", "attn.bq", "attn_bias"),
+            ("self_attn.k_proj.bias", "bkv", "attn.bk", "attn_bias"),
+            ("self_attn.v_proj.bias", "bkv", "attn.bv", "attn_bias"),
+            ("self_attn.out_proj.bias", "vec", "attn.bo", "o_bias"),
+            ("final_layer_norm.weight", "vec", "ln2.scale", None),
+            ("final_layer_norm.bias", "vec", "ln2.bias", None),
+            ("fc1.weight", "lin", "mlp.w_up", None), ("fc1.bias", "vec", "mlp.b_up", "mlp_bias"),
+            ("fc2.weight", "lin", "mlp.w_down", None),
+            ("fc2.bias", "vec", "mlp.b_down", "mlp_bias")),
+           prefixes=("model.decoder.", "decoder.", ""), norm="layer", parse=_parse_opt),
+    Family("phi", ("phi",),
+           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+            "head_dim": USE, "hidden_act": USE, "layer_norm_eps": USE, "resid_pdrop": IGNORE,
+            "embd_pdrop": IGNORE, "qk_layernorm": (False,), "partial_rotary_factor": USE},
+           (("embed_tokens.weight", "vec", "embed", None),
+            ("final_layernorm.weight", "vec", "lm.ln_final.scale", None),
+            ("final_layernorm.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied"),
+            ("lm_head.bias", "vec", "unembed_bias", None)),
+           (("input_layernorm.weight", "vec", "ln1.scale", None),
+            ("input_layernorm.bias", "vec", "ln1.bias", None)) + _ATTN[:3] + (
+               ("self_attn.dense.weight", "o", "attn.wo", None),) + _ATTN[4:7] + (
+               ("self_attn.dense.bias", "vec", "attn.bo", None),
+               ("mlp.fc1.weight", "lin", "mlp.w_up", None), ("mlp.fc1.bias", "vec", "mlp.b_up", None),
+               ("mlp.fc2.weight", "lin", "mlp.w_down", None),
+               ("mlp.fc2.bias", "vec", "mlp.b_down", None)),
+           norm="layer", parse=_parse_phi),
+    Family("stablelm", ("stablelm",),
+           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+            "hidden_act": USE, "layer_norm_eps": USE, "hidden_dropout": IGNORE,
+            "use_qkv_bias": USE, "use_parallel_residual": USE, "qk_layernorm": (False,),
+            "partial_rotary_factor": USE},
+           (("embed_tokens.weight", "vec", "embed", None),
+            ("norm.weight", "vec", "lm.ln_final.scale", None),
+            ("norm.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied")),
+           (("input_layernorm.weight", "vec", "ln1.scale", None),
+            ("input_layernorm.bias", "vec", "ln1.bias", None),
+            ("post_attention_layernorm.weight", "vec", "ln2.scale", "sequential"),
+            ("post_attention_layernorm.bias", "vec", "ln2.bias", "sequential"))
+           + _ATTN[:7] + _MLP[:3], norm="layer", parse=_parse_stablelm),
+    Family("gptj", ("gptj",),
+           {"vocab_size": USE, "n_positions": USE, "n_embd": USE, "n_layer": USE,
+            "n_head": USE, "rotary_dim": USE, "n_inner": USE, "activation_function": USE,
+            "resid_pdrop": IGNORE, "embd_pdrop": IGNORE, "attn_pdrop": IGNORE,
+            "layer_norm_epsilon": USE},
+           (("wte.weight", "vec", "embed", None),
+            ("ln_f.weight", "vec", "lm.ln_final.scale", None),
+            ("ln_f.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied"),
+            ("lm_head.bias", "vec", "unembed_bias", None)),
+           (("ln_1.weight", "vec", "ln1.scale", None), ("ln_1.bias", "vec", "ln1.bias", None),
+            ("attn.q_proj.weight", "q", "attn.wq", None),
+            ("attn.k_proj.weight", "kv", "attn.wk", None),
+            ("attn.v_proj.weight", "kv", "attn.wv", None),
+            ("attn.out_proj.weight", "o", "attn.wo", None),
+            ("mlp.fc_in.weight", "lin", "mlp.w_up", None),
+            ("mlp.fc_in.bias", "vec", "mlp.b_up", None),
+            ("mlp.fc_out.weight", "lin", "mlp.w_down", None),
+            ("mlp.fc_out.bias", "vec", "mlp.b_down", None)),
+           prefixes=("transformer.", ""), layer_prefix="h.{i}.", norm="layer",
+           ignore_tensors=("attn.bias", "attn.masked_bias", "embed_positions"),
+           parse=_parse_gptj),
+    Family("falcon", ("falcon",),
+           {"vocab_size": USE, "hidden_size": USE, "num_hidden_layers": USE,
+            "num_attention_heads": USE, "num_kv_heads": USE, "layer_norm_epsilon": USE,
+            "hidden_dropout": IGNORE, "activation": USE, "alibi": USE, "bias": USE,
+            "ffn_hidden_size": USE, "multi_query": USE, "new_decoder_architecture": USE,
+            "num_ln_in_parallel_attn": USE, "parallel_attn": USE},
+           (("word_embeddings.weight", "vec", "embed", None),
+            ("ln_f.weight", "vec", "lm.ln_final.scale", None),
+            ("ln_f.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied")),
+           (("input_layernorm.weight", "vec", "ln1.scale", "one_ln"),
+            ("input_layernorm.bias", "vec", "ln1.bias", "one_ln"),
+            ("ln_attn.weight", "vec", "ln1.scale", "two_ln"),
+            ("ln_attn.bias", "vec", "ln1.bias", "two_ln"),
+            ("ln_mlp.weight", "vec", "ln2.scale", "two_ln"),
+            ("ln_mlp.bias", "vec", "ln2.bias", "two_ln"),
+            ("post_attention_layernorm.weight", "vec", "ln2.scale", "sequential"),
+            ("post_attention_layernorm.bias", "vec", "ln2.bias", "sequential"),
+            ("self_attention.query_key_value.weight", "falcon_qkv", "attn", None),
+            ("self_attention.query_key_value.bias", "falcon_qkv", "attn.b", "attn_bias"),
+            ("self_attention.dense.weight", "o", "attn.wo", None),
+            ("self_attention.dense.bias", "vec", "attn.bo", "o_bias"),
+            ("mlp.dense_h_to_4h.weight", "lin", "mlp.w_up", None),
+            ("mlp.dense_h_to_4h.bias", "vec", "mlp.b_up", "mlp_bias"),
+            ("mlp.dense_4h_to_h.weight", "lin", "mlp.w_down", None),
+            ("mlp.dense_4h_to_h.bias", "vec", "mlp.b_down", "mlp_bias")),
+           prefixes=("transformer.", ""), layer_prefix="h.{i}.", norm="layer",
+           parse=_parse_falcon),
+    Family("smollm3", ("smollm3",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp", "head_dim")},
+            "use_sliding_window": USE, "sliding_window": USE, "layer_types": USE,
+            "no_rope_layers": USE, "no_rope_layer_interval": USE},
+           _TOP, _LLAMA_NORMS + _ATTN + _MLP, parse=_parse_smollm3),
+    Family("olmo3", ("olmo3",),
+           {k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp", "mlp_bias",
+                                                               "head_dim")}
+           | {"sliding_window": USE, "layer_types": USE},
+           _TOP, (("post_attention_layernorm.weight", "vec", "ln1_post.scale", None),
+                  ("post_feedforward_layernorm.weight", "vec", "ln2_post.scale", None),
+                  ("self_attn.q_norm.weight", "whole_q", "attn.q_norm", None),
+                  ("self_attn.k_norm.weight", "whole_k", "attn.k_norm", None))
+           + _ATTN + _MLP[:3], parse=_parse_olmo3),
+    Family("cohere", ("cohere",),
+           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+            "hidden_act": USE, "layer_norm_eps": USE, "attention_bias": USE,
+            "logit_scale": USE, "use_qk_norm": (False,)},
+           _TOP, (("input_layernorm.weight", "vec", "ln1.scale", None),) + _ATTN + _MLP[:3],
+           norm="layer", parse=_parse_cohere),
+    Family("granite", ("granite",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp", "head_dim")},
+            "embedding_multiplier": USE, "residual_multiplier": USE,
+            "attention_multiplier": USE, "logits_scaling": USE},
+           _TOP, _LLAMA_NORMS + _ATTN + _MLP, parse=_parse_granite),
 )}
 
 
@@ -556,8 +840,9 @@ def model_config(s: dict, family: Family) -> dict:
   """config.json's "model" section: sizes, and model.decoder (decoder.spec_from_config)."""
   layers = []
   scale = s.get("scale")
+  no_rope = set(s.get("no_rope", ()))
   for i, t in enumerate(s["layer_types"]):
-    rope = None if s["rope"] is None else s["rope"][t]
+    rope = None if s["rope"] is None or i in no_rope else s["rope"][t]
     sc = scale[i] if isinstance(scale, list) else scale
     layers.append({"type": t, "rope": rope,
                    "window": s["window"] if t == "sliding_attention" else None,
@@ -565,7 +850,8 @@ def model_config(s: dict, family: Family) -> dict:
   dec = {"norm": family.norm, "norm_eps": s["eps"], "act": s["act"],
          "parallel": bool(s.get("parallel", False)), "layers": layers,
          "attn_softcap": s.get("attn_softcap"), "final_softcap": s.get("final_softcap"),
-         "embed_scale": s.get("embed_scale")}
+         "embed_scale": s.get("embed_scale"), "rope_layout": s.get("rope_layout", "half"),
+         "residual_scale": s.get("residual_scale"), "logit_scale": s.get("logit_scale")}
   rope0 = next((l["rope"] for l in layers if l["rope"] is not None), None)
   return dict(family=family.name, d_model=s["d"], num_heads=s["h"], num_kv_heads=s["g"],
               head_dim=s["k"], num_layers=s["n"], d_ff=s["f"], vocab_size=s["v"],
@@ -658,6 +944,11 @@ def _convert(t: Tensors, name, kind, s, family, dt):
     w = t.take(name, (3 * h * k, d)).reshape(h, 3, k, d)
     return {"wq": cast(w[:, 0].transpose(2, 0, 1)), "wk": cast(w[:, 1].transpose(2, 0, 1)),
             "wv": cast(w[:, 2].transpose(2, 0, 1))}
+  if kind == "pos_offset":    # OPT: positions p read row p + 2; rows 0, 1 never read
+    x = t.take(name)
+    return {"": cast(x[2:])}
+  if kind == "falcon_qkv":
+    return _falcon_qkv(t, name, s, cast)
   if kind == "gpt2_qkv":
     if name.endswith(".bias"):
       b = t.take(name, (3 * d,)).reshape(3, h, k)
@@ -667,11 +958,34 @@ def _convert(t: Tensors, name, kind, s, family, dt):
   raise ValueError(f"unknown tensor kind {kind!r}")
 
 
+def _falcon_qkv(t: Tensors, name, s, cast):
+  """Falcon's query_key_value (weights or bias) -> q, k, v: new_decoder_architecture
+  rows per kv group [g][q_0 .. q_{H/G-1}, k, v][K]; multi_query [q (H K); k; v]; else
+  [h][q, k, v][K] (GPT-NeoX's)."""
+  d, h, g, k = s["d"], s["h"], s["g"], s["k"]
+  bias = name.endswith(".bias")
+  x = t.take(name, ((h + 2 * g) * k,) if bias else ((h + 2 * g) * k, d))
+  tail = x.shape[1:]
+  if s["falcon_layout"] == "grouped":
+    y = x.reshape(g, h // g + 2, k, *tail)
+    q, kk, v = y[:, :-2].reshape(h, k, *tail), y[:, -2], y[:, -1]
+  elif s["falcon_layout"] == "multi_query":
+    q, kk, v = x[:h * k].reshape(h, k, *tail), x[h * k:(h + 1) * k].reshape(1, k, *tail), \
+        x[(h + 1) * k:].reshape(1, k, *tail)
+  else:
+    y = x.reshape(h, 3, k, *tail)
+    q, kk, v = y[:, 0], y[:, 1], y[:, 2]
+  if bias:
+    return {"q": cast(q), "k": cast(kk), "v": cast(v)}
+  return {"wq": cast(q.transpose(2, 0, 1)), "wk": cast(kk.transpose(2, 0, 1)),
+          "wv": cast(v.transpose(2, 0, 1))}
+
+
 def _rows(family, s, rows, t, dt, out, prefix="", place=None, where=""):
-  flags = dict(attn_bias=s.get("attn_bias", False), o_bias=s.get("o_bias", False),
-               mlp_bias=s.get("mlp_bias", False), untied=not s["tied"])
+  def on(cond):   # a row's condition: a true setting of the family's parse ("untied")
+    return not s["tied"] if cond == "untied" else bool(s.get(cond, False))
   for name, kind, target, cond in rows:
-    if cond is not None and not flags[cond]:
+    if cond is not None and not on(cond):
       continue
     if cond == "untied" and not t.has(prefix + name):
       raise UserError(f"{t.where}: tie_word_embeddings is false but {name!r} is missing")

@@ -148,7 +148,9 @@ def test_rope_by_length_under_and_over_the_switch_and_in_generate(imported, case
 IMPLEMENTED_BY = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
     "gemma2": "gemma2", "gemma3": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2",
-    "gpt_neox": "gpt_neox"}
+    "gpt_neox": "gpt_neox", "opt": "opt", "phi": "phi", "stablelm": "stablelm",
+    "gptj": "gptj", "falcon": "falcon", "smollm3": "smollm3", "olmo3": "olmo3",
+    "cohere": "cohere", "granite": "granite"}
 
 
 def _hf_keys(family):
