@@ -56,6 +56,11 @@ IMPLS = _dispatch.IMPLS
 _WEIGHT_KEYS = ("wq", "wk", "wv", "wo")
 _BIAS_KEYS = ("bq", "bk", "bv", "bo")
 REL_BIAS = "rel_bias"
+# ALiBi (Press et al. 2022; BLOOM): "alibi" (H,) one slope per head, the score bias
+# slope_h * (j - i) for query i and key j (slots), built as a relative-position table
+# over every offset of the call (H, 2 max(T, S) - 1): the blocked kernel makes it per
+# block (O(H (T + S)), no dense bias), the others get it dense.
+ALIBI = "alibi"
 # QK-norm scales (RMSNorm of queries and keys after their projections, before RoPE):
 # (K,) shared by every head (Qwen3, Gemma 3) or (H, K) / (G, K) over the whole
 # projection at once (OLMo 2).
@@ -260,7 +265,7 @@ def check_attention_params(params: Params, variant: str | None = None
   missing = [k for k in _WEIGHT_KEYS if k not in params]
   if missing:
     raise ValueError(f"params is missing {missing}; it has keys {sorted(params)}")
-  allowed = (_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS,) + _QK_NORM_KEYS + _NORM_REST_KEYS
+  allowed = (_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS, ALIBI) + _QK_NORM_KEYS + _NORM_REST_KEYS
              + _VARIANT_ONLY_KEYS)
   unknown = sorted(set(params) - set(allowed))
   if unknown:
@@ -302,6 +307,12 @@ def check_attention_params(params: Params, variant: str | None = None
     if b in params and tuple(params[b].shape) != tuple(rest.shape[1:]):
       raise ValueError(f"params['{b}'] must have shape {tuple(rest.shape[1:])}; got "
                        f"{tuple(params[b].shape)}")
+  if ALIBI in params and tuple(params[ALIBI].shape) != (h,):
+    raise ValueError(f"params['alibi'] (ALiBi slopes) must have shape (H,) = ({h},); got "
+                     f"{tuple(params[ALIBI].shape)}")
+  if ALIBI in params and REL_BIAS in params:
+    raise ValueError("params has both 'alibi' and 'rel_bias': one relative-position bias "
+                     "per attention")
   if REL_BIAS in params:
     rb = params[REL_BIAS]
     if rb.ndim != 2 or rb.shape[0] != h or rb.shape[1] % 2 != 1:
@@ -940,6 +951,29 @@ def _differential_heads(params: Params, o1_BTHK, o2_BTHK, lambda_init: float):
   return o.astype(o1_BTHK.dtype)
 
 
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  """(H,) float32 ALiBi slopes as BLOOM makes them: 2^(-8 i / n) for i = 1..n, n the
+  largest power of two <= H, then every other slope of the 2n sequence for the rest."""
+  n = 2 ** int(math.floor(math.log2(num_heads)))
+  base = np.float32(2 ** (-(2 ** -(math.log2(n) - 3))))
+  slopes = [base ** np.float32(i) for i in range(1, n + 1)]
+  if n != num_heads:
+    extra = np.float32(2 ** (-(2 ** -(math.log2(2 * n) - 3))))
+    slopes += [extra ** np.float32(i) for i in range(1, 2 * (num_heads - n), 2)]
+  return np.asarray(slopes, np.float32)
+
+
+def position_table(params: Params, t: int, s: int):
+  """The (H, 2R + 1) relative-position table of the call: params' rel_bias, or ALiBi's
+  slope_h * offset over every offset of T queries and S keys (R = max(T, S) - 1, so no
+  offset is clipped; with a cache, S = S_max covers the cache's length); None."""
+  if ALIBI not in params:
+    return params.get(REL_BIAS)
+  r = max(t, s, 2) - 1
+  slopes = params[ALIBI].astype(jnp.float32)
+  return slopes[:, None] * jnp.arange(-r, r + 1, dtype=jnp.float32)[None]
+
+
 def _attend(params: Params, q_BTHK, k_BSGK, v_BSGK, c: _Call, mask, causal: bool, impl: str,
             return_weights: bool, window, scale, softcap, site, cached: bool):
   """(o (B, T, H, K), w (B, H, T, S) or None): the kernel's call (two for differential)."""
@@ -957,7 +991,7 @@ def _attend(params: Params, q_BTHK, k_BSGK, v_BSGK, c: _Call, mask, causal: bool
   if scale is not None:   # the kernels divide by sqrt(width): q carries the rest
     width = pairs[0][0].shape[-1]
     pairs = [(qi * jnp.asarray(scale * math.sqrt(width), qi.dtype), ki) for qi, ki in pairs]
-  table = params.get(REL_BIAS)
+  table = position_table(params, t, s)
   window_left = window is not None and not cached
   kernel = "reference" if site_pattern else resolve_impl(
       impl, pairs[0][0], return_weights, bias is not None or table is not None,

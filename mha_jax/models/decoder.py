@@ -3,11 +3,13 @@ OLMo 2, Phi-3, GPT-2, GPT-NeoX), driven by the params present and a DecoderSpec.
 
 params = {
   "embed": (V, D),
-  "pos_embed": (P, D)                        learned absolute positions (GPT-2) or absent
+  "pos_embed": (P, D)                        learned absolute positions (GPT-2, OPT) or absent
+  "ln_embed": norm                           on the embeddings (BLOOM) or absent
   "lm": {"layer_{i}": {
             "ln1": norm        before attention          (absent: OLMo 2)
             "attn": {"wq": (D, H, K), "wk", "wv": (D, G, K), "wo": (H, K, D),
                      optional "bq" (H, K), "bk", "bv" (G, K), "bo" (D,),
+                     optional "alibi" (H,) ALiBi slopes (BLOOM),
                      optional "q_norm", "k_norm": (K,) per head or (H, K) / (G, K)},
             "ln1_post": norm   on the attention's output (Gemma 2/3, OLMo 2) or absent
             "ln2": norm        before the MLP            (absent: OLMo 2)
@@ -210,6 +212,8 @@ def _embed(params, spec, tokens_BT, positions_BT):
     x = x * jnp.asarray(spec.embed_scale, jnp.float32).astype(x.dtype)
   if "pos_embed" in params:
     x = x + params["pos_embed"][positions_BT].astype(x.dtype)
+  if "ln_embed" in params:     # BLOOM: a LayerNorm on the embeddings
+    x = norm(params["ln_embed"], x, spec)
   return x
 
 

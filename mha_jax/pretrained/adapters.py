@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from mha_jax import attention
 from mha_jax.errors import UserError
 
 USE, IGNORE = "use", "ignore"
@@ -524,6 +525,19 @@ def _parse_granite(c: Config) -> dict:
   return s
 
 
+
+def _parse_bloom(c: Config) -> dict:
+  """BLOOM: ALiBi (no RoPE), a LayerNorm on the embeddings, per-head [q, k, v] rows."""
+  d, h = int(c.get("hidden_size", 64)), int(c.get("n_head", 8))
+  n = int(c.get("n_layer", 2))
+  s = dict(d=d, h=h, g=h, k=d // h, f=4 * d, n=n, v=int(c.get("vocab_size", 250880)),
+           max_len=int(c.get("seq_length", c.get("max_position_embeddings", 2048))),
+           eps=float(c.get("layer_norm_epsilon", 1e-5)),
+           tied=bool(c.get("tie_word_embeddings", True)))
+  s["act"], s["alibi"] = "gelu_tanh", True
+  s["layer_types"], s["window"], s["rope"] = ["full_attention"] * n, None, None
+  return s
+
 # ---------------------------------------------------------------------------------------
 # The families.
 # ---------------------------------------------------------------------------------------
@@ -802,6 +816,32 @@ FAMILIES = {f.name: f for f in (
             "logit_scale": USE, "use_qk_norm": (False,)},
            _TOP, (("input_layernorm.weight", "vec", "ln1.scale", None),) + _ATTN + _MLP[:3],
            norm="layer", parse=_parse_cohere),
+    Family("bloom", ("bloom",),
+           {"vocab_size": USE, "hidden_size": USE, "n_layer": USE, "n_head": USE,
+            "layer_norm_epsilon": USE, "hidden_dropout": IGNORE, "seq_length": IGNORE,
+            "apply_residual_connection_post_layernorm": (False,),
+            # tensor-parallel slicing of the same sums (rounding order only)
+            "pretraining_tp": IGNORE, "slow_but_exact": IGNORE},
+           (("word_embeddings.weight", "vec", "embed", None),
+            ("word_embeddings_layernorm.weight", "vec", "ln_embed.scale", None),
+            ("word_embeddings_layernorm.bias", "vec", "ln_embed.bias", None),
+            ("ln_f.weight", "vec", "lm.ln_final.scale", None),
+            ("ln_f.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied")),
+           (("input_layernorm.weight", "vec", "ln1.scale", None),
+            ("input_layernorm.bias", "vec", "ln1.bias", None),
+            ("post_attention_layernorm.weight", "vec", "ln2.scale", None),
+            ("post_attention_layernorm.bias", "vec", "ln2.bias", None),
+            ("self_attention.query_key_value.weight", "neox_qkv", "attn", None),
+            ("self_attention.query_key_value.bias", "neox_qkv", "attn.b", None),
+            ("self_attention.dense.weight", "o", "attn.wo", None),
+            ("self_attention.dense.bias", "vec", "attn.bo", None),
+            ("mlp.dense_h_to_4h.weight", "lin", "mlp.w_up", None),
+            ("mlp.dense_h_to_4h.bias", "vec", "mlp.b_up", None),
+            ("mlp.dense_4h_to_h.weight", "lin", "mlp.w_down", None),
+            ("mlp.dense_4h_to_h.bias", "vec", "mlp.b_down", None)),
+           prefixes=("transformer.", ""), layer_prefix="h.{i}.", norm="layer",
+           parse=_parse_bloom),
     Family("granite", ("granite",),
            {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp", "head_dim")},
             "embedding_multiplier": USE, "residual_multiplier": USE,
@@ -1010,6 +1050,10 @@ def build_params(family: Family, s: dict, t: Tensors, dtype=np.float32,
     layer: dict = {}
     _rows(family, s, family.layer, t, dtype, layer, family.layer_prefix.format(i=i),
           place=place, where=f"lm.layer_{i}.")
+    if s.get("alibi"):     # derived from H, not stored: BLOOM's slopes
+      slopes = attention.alibi_slopes(s["h"]).astype(dtype)
+      layer["attn"]["alibi"] = slopes if place is None else place(
+          f"lm.layer_{i}.attn.alibi", slopes)
     lm[f"layer_{i}"] = layer
   lm["ln_final"] = lm.pop("ln_final")
   left = sorted(n for n in t.left if not any(n.endswith(x) for x in family.ignore_tensors))

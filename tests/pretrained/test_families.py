@@ -92,6 +92,26 @@ def test_sliding_windows_matter_and_every_kernel_serves_them(imported):
     assert rel_err(got, ref) < RTOL, impl
 
 
+def test_alibi_on_every_kernel_and_with_left_padding_matches_transformers(imported):
+  """BLOOM's ALiBi: the blocked kernel (the slopes as a per-block table, no dense bias)
+  and xla give the reference's logits; a left-padded batch matches transformers with
+  its attention mask (bias from the real tokens' positions) on the real tokens."""
+  from mha_jax.models import decoder
+  model, loaded, _ = imported("bloom")
+  spec = loaded.task.spec
+  ref = hf_logits(model, TOKENS)
+  for impl in ("reference", "blocked", "xla"):
+    got = decoder.apply(loaded.params, dataclasses.replace(spec, impl=impl), TOKENS)
+    assert rel_err(np.asarray(got), ref) < RTOL, impl
+  mask = np.ones((B, T), bool)
+  mask[1, :5] = False
+  with torch.no_grad():
+    want = model(torch.as_tensor(TOKENS, dtype=torch.long),
+                 attention_mask=torch.as_tensor(mask, dtype=torch.long)).logits.double().numpy()
+  got = np.asarray(decoder.apply(loaded.params, spec, TOKENS, mask_BT=mask))
+  assert rel_err(got[mask], want[mask]) < RTOL
+
+
 def test_kv_cache_decoding_across_the_window_matches_transformers(imported):
   """Greedy decoding with the KV cache past the sliding window (Gemma 3: MQA, QK-norm,
   local/global RoPE) gives transformers' tokens and the full recomputation's logits."""
@@ -150,7 +170,7 @@ IMPLEMENTED_BY = {
     "gemma2": "gemma2", "gemma3": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2",
     "gpt_neox": "gpt_neox", "opt": "opt", "phi": "phi", "stablelm": "stablelm",
     "gptj": "gptj", "falcon": "falcon", "smollm3": "smollm3", "olmo3": "olmo3",
-    "cohere": "cohere", "granite": "granite"}
+    "cohere": "cohere", "granite": "granite", "bloom": "bloom"}
 
 
 def _hf_keys(family):
