@@ -48,6 +48,11 @@ from mha_jax.models import rope_scaling
 
 NORMS = ("rms", "layer")
 ACTS = ("silu", "gelu", "gelu_tanh", "relu")
+# How a mixture-of-experts router turns its float32 logits into the top-k experts'
+# weights: "softmax_renorm" softmax, top-k, renormalised to sum 1 (Mixtral; Qwen3-MoE and
+# OLMoE with norm_topk_prob); "softmax" softmax then top-k as they are (norm_topk_prob
+# false); "topk_softmax" top-k of the logits, then a softmax over those k (gpt-oss).
+ROUTINGS = ("softmax_renorm", "softmax", "topk_softmax")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +74,11 @@ class DecoderSpec:
     attn_out / mlp_out sites (Granite's residual_multiplier); None = 1.
   logit_scale: multiplies the logits, before final_softcap (Cohere's logit_scale,
     Granite's 1 / logits_scaling); None = 1.
+  moe_top_k, moe_routing: experts per token and how the router weighs them (ROUTINGS),
+    for the layers whose MLP has a "router" (mixture of experts).
+  swiglu_limit, swiglu_alpha: gpt-oss's clamped SwiGLU in the experts: gate clamped
+    to <= limit, up to [-limit, limit], out (up + 1) * gate * sigmoid(alpha gate);
+    None: act(gate) * up.
   impl: attention kernel (mha_jax.attention IMPLS).
   """
   norm: str = "rms"
@@ -83,6 +93,10 @@ class DecoderSpec:
   embed_scale: float | None = None
   residual_scale: float | None = None
   logit_scale: float | None = None
+  moe_top_k: int = 0
+  moe_routing: str = "softmax_renorm"
+  swiglu_limit: float | None = None
+  swiglu_alpha: float | None = None
   impl: str = "auto"
 
   def __post_init__(self):
@@ -90,6 +104,9 @@ class DecoderSpec:
       raise ValueError(f"DecoderSpec.norm must be one of {NORMS}; got {self.norm!r}")
     if self.act not in ACTS:
       raise ValueError(f"DecoderSpec.act must be one of {ACTS}; got {self.act!r}")
+    if self.moe_routing not in ROUTINGS:
+      raise ValueError(f"DecoderSpec.moe_routing must be one of {ROUTINGS}; got "
+                       f"{self.moe_routing!r}")
     if self.impl not in attention.IMPLS:
       raise ValueError(f"DecoderSpec.impl must be one of {attention.IMPLS}; got "
                        f"{self.impl!r}")
@@ -137,6 +154,9 @@ def spec_from_config(m, impl: str = "auto") -> DecoderSpec:
                      attn_scale=scales, attn_softcap=opt("attn_softcap"),
                      final_softcap=opt("final_softcap"), embed_scale=opt("embed_scale"),
                      residual_scale=opt("residual_scale"), logit_scale=opt("logit_scale"),
+                     moe_top_k=int(d.get("moe_top_k", 0)),
+                     moe_routing=d.get("moe_routing", "softmax_renorm"),
+                     swiglu_limit=opt("swiglu_limit"), swiglu_alpha=opt("swiglu_alpha"),
                      impl=impl)
 
 
@@ -184,6 +204,53 @@ def mlp(p, x, act: str):
       activation(act, up)
   out = hidden @ p["w_down"].astype(x.dtype)
   return out if "b_down" not in p else out + p["b_down"].astype(x.dtype)
+
+
+def _gated(spec: DecoderSpec, gate, up):
+  """act(gate) * up, or gpt-oss's clamped SwiGLU (spec.swiglu_limit)."""
+  if spec.swiglu_limit is None:
+    return activation(spec.act, gate) * up
+  lim = jnp.asarray(spec.swiglu_limit, gate.dtype)
+  gate, up = jnp.minimum(gate, lim), jnp.clip(up, -lim, lim)
+  return (up + 1) * gate * jax.nn.sigmoid(gate * jnp.asarray(spec.swiglu_alpha, gate.dtype))
+
+
+def route(p, x_BTD, spec: DecoderSpec):
+  """(B, T, E) float32: each expert's weight for each token, zero outside its top-k
+  (the router site's value). The router's logits x @ router (+ router_bias) are
+  computed in float32 and ranked by jax.lax.top_k (ties: the lower expert index)."""
+  logits = x_BTD.astype(jnp.float32) @ p["router"].astype(jnp.float32)
+  if "router_bias" in p:
+    logits = logits + p["router_bias"].astype(jnp.float32)
+  e, k = logits.shape[-1], spec.moe_top_k
+  if spec.moe_routing == "topk_softmax":
+    top, idx = jax.lax.top_k(logits, k)
+    top = jax.nn.softmax(top, axis=-1)
+  else:
+    top, idx = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
+    if spec.moe_routing == "softmax_renorm":
+      top = top / jnp.sum(top, axis=-1, keepdims=True)
+  return jnp.einsum("btk,btke->bte", top, jax.nn.one_hot(idx, e, dtype=jnp.float32))
+
+
+def moe(p, x_BTD, spec: DecoderSpec, hook=None, site: str | None = None):
+  """A mixture-of-experts MLP: sum over experts e of weight[e] * expert_e(x), the
+  weights from `route` through the site `{site}.router` (B, T, E) (read it to see the
+  router's choices; replace it to fix them). Every expert runs on every token and the
+  unchosen ones are weighted 0: the same sum as a sparse dispatch, E / k times its
+  FLOPs. Experts: w_gate, w_up (E, D, F), w_down (E, F, D), optional b_gate, b_up
+  (E, F), b_down (E, D)."""
+  w_BTE = route(p, x_BTD, spec)
+  if site is not None:
+    w_BTE = interventions.at(hook, f"{site}.router", w_BTE)
+  w_BTE = w_BTE.astype(x_BTD.dtype)
+
+  def lin(w, b):
+    y = jnp.einsum("btd,edf->btef", x_BTD, p[w].astype(x_BTD.dtype))
+    return y if b not in p else y + p[b].astype(x_BTD.dtype)
+  h_BTEF = _gated(spec, lin("w_gate", "b_gate"), lin("w_up", "b_up")) * w_BTE[..., None]
+  out = jnp.einsum("btef,efd->btd", h_BTEF, p["w_down"].astype(x_BTD.dtype))
+  return out if "b_down" not in p else out + w_BTE @ p["b_down"].astype(x_BTD.dtype)
 
 
 def unembed(params, x_BTD):
@@ -242,6 +309,7 @@ def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
   kw = dict(causal=True, mask=key_mask, rope=rope, impl=spec.impl,
             window=spec.layer("window", i), scale=spec.layer("attn_scale", i),
             softcap=spec.attn_softcap, qk_norm_eps=spec.norm_eps,
+            variant="sink" if "sink_logit" in p["attn"] else "softmax",
             site=interventions.scope(hook, f"{name}.attn"))
   if positions_BT is not None and rope is not None:
     kw["positions"] = positions_BT
@@ -279,7 +347,9 @@ def _mlp_out(p, m_in, spec: DecoderSpec, hook, name: str):
   parallel block without ln2 (Phi, GPT-J, Cohere, Falcon), by ln1 (one norm for both);
   then ln2_post and the residual multiplier."""
   ln = p.get("ln2", p.get("ln1") if spec.parallel else None)
-  m = mlp(p["mlp"], norm(ln, m_in, spec) if ln is not None else m_in, spec.act)
+  h = norm(ln, m_in, spec) if ln is not None else m_in
+  m = moe(p["mlp"], h, spec, hook, f"{name}.mlp") if "router" in p["mlp"] else \
+      mlp(p["mlp"], h, spec.act)
   if "ln2_post" in p:
     m = norm(p["ln2_post"], m, spec)
   return interventions.at(hook, f"{name}.mlp_out", _residual(m, spec))

@@ -538,6 +538,73 @@ def _parse_bloom(c: Config) -> dict:
   s["layer_types"], s["window"], s["rope"] = ["full_attention"] * n, None, None
   return s
 
+def _moe(c: Config, s: dict, experts_key: str, routing: str, f_key: str | None = None):
+  """The MoE settings: experts, top-k, routing, expert width, which layers are sparse."""
+  e = c.cfg.get(experts_key)
+  if e is None and experts_key == "num_experts":   # transformers' alias
+    e = c.cfg.get("num_local_experts")
+  s["experts"] = int(e if e is not None else c.need(experts_key))
+  s["top_k"] = int(c.need("num_experts_per_tok"))
+  if not 1 <= s["top_k"] <= s["experts"]:
+    c.refuse("num_experts_per_tok", s["top_k"], f"must be 1..{s['experts']} experts")
+  s["routing"] = routing
+  s["moe_f"] = int(c.need(f_key)) if f_key else s["f"]
+  s["moe_layers"] = list(range(s["n"]))
+  return s
+
+
+def _parse_mixtral(c: Config) -> dict:
+  s = _parse_llama(c)
+  window = c.get("sliding_window")
+  s = _finish(c, s, _layer_types(c, s["n"], window), window)
+  return _moe(c, s, "num_local_experts", "softmax_renorm")
+
+
+def _parse_qwen3_moe(c: Config) -> dict:
+  """Qwen3-MoE: Qwen3's attention; layer i is sparse unless in mlp_only_layers, and
+  only when (i + 1) % decoder_sparse_step == 0."""
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  window = c.get("sliding_window") if c.get("use_sliding_window", False) else None
+  s = _finish(c, s, _layer_types(c, s["n"], window), window)
+  s = _moe(c, s, "num_experts", "softmax_renorm" if c.get("norm_topk_prob", False)
+           else "softmax", "moe_intermediate_size")
+  step, only = int(c.get("decoder_sparse_step", 1)), c.get("mlp_only_layers", [])
+  if step < 1 or not isinstance(only, list):
+    c.refuse("decoder_sparse_step" if step < 1 else "mlp_only_layers", step if step < 1
+             else only, "expected a step >= 1 and a list of layer indices")
+  s["moe_layers"] = [i for i in range(s["n"]) if i not in only and (i + 1) % step == 0]
+  return s
+
+
+def _parse_olmoe(c: Config) -> dict:
+  """OLMoE: OLMo 2's whole-projection QK-norm with pre-norms; softmax routing,
+  renormalised with norm_topk_prob."""
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  s = _finish(c, s, ["full_attention"] * s["n"], None)
+  return _moe(c, s, "num_experts", "softmax_renorm" if c.get("norm_topk_prob", False)
+              else "softmax")
+
+
+def _parse_gpt_oss(c: Config) -> dict:
+  """gpt-oss: a sink logit per head, sliding and full layers, top-k of the router's
+  logits then a softmax over them, clamped SwiGLU experts with biases."""
+  s = _settings(c)
+  s["act"] = "silu"
+  if c.get("hidden_act", "silu") != "silu":
+    c.refuse("hidden_act", c.cfg["hidden_act"], "gpt-oss's experts run their own clamped "
+             "SwiGLU (swiglu_limit, swiglu_alpha)")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", True))
+  window = c.get("sliding_window")
+  s = _finish(c, s, _layer_types(c, s["n"], window), window)
+  s = _moe(c, s, "num_local_experts", "topk_softmax")
+  s["swiglu_limit"] = float(c.get("swiglu_limit", 7.0))
+  s["swiglu_alpha"] = float(c.get("swiglu_alpha", 1.702))
+  return s
+
 # ---------------------------------------------------------------------------------------
 # The families.
 # ---------------------------------------------------------------------------------------
@@ -561,6 +628,14 @@ _LLAMA_NORMS = (("input_layernorm.weight", "vec", "ln1.scale", None),
 _TOP = (("embed_tokens.weight", "vec", "embed", None),
         ("norm.weight", "vec", "lm.ln_final.scale", None),
         ("lm_head.weight", "lin", "unembed", "untied"))
+
+# Mixture-of-experts config keys used only in training (the auxiliary loss).
+_MOE_TRAINING_KEYS = {"output_router_logits": IGNORE, "router_aux_loss_coef": IGNORE}
+# Qwen-MoE / OLMoE experts: a router and per-expert SwiGLUs, taken on the sparse layers.
+_MOE_ROWS = (("mlp.gate.weight", "lin", "mlp.router", "moe"),
+             ("mlp.experts.{e}.gate_proj.weight", "experts_in", "mlp.w_gate", "moe"),
+             ("mlp.experts.{e}.up_proj.weight", "experts_in", "mlp.w_up", "moe"),
+             ("mlp.experts.{e}.down_proj.weight", "experts_out", "mlp.w_down", "moe"))
 
 _LLAMA_KEYS = {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
                "num_hidden_layers": USE, "num_attention_heads": USE,
@@ -842,6 +917,54 @@ FAMILIES = {f.name: f for f in (
             ("mlp.dense_4h_to_h.bias", "vec", "mlp.b_down", None)),
            prefixes=("transformer.", ""), layer_prefix="h.{i}.", norm="layer",
            parse=_parse_bloom),
+    Family("mixtral", ("mixtral",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp",
+                                                                   "attention_bias",
+                                                                   "mlp_bias")},
+            "sliding_window": USE, "num_local_experts": USE, "num_experts_per_tok": USE,
+            "router_jitter_noise": IGNORE, **_MOE_TRAINING_KEYS},
+           _TOP, _LLAMA_NORMS + _ATTN[:4] + (
+               ("block_sparse_moe.gate.weight", "lin", "mlp.router", None),
+               ("block_sparse_moe.experts.{e}.w1.weight", "experts_in", "mlp.w_gate", None),
+               ("block_sparse_moe.experts.{e}.w3.weight", "experts_in", "mlp.w_up", None),
+               ("block_sparse_moe.experts.{e}.w2.weight", "experts_out", "mlp.w_down", None)),
+           parse=_parse_mixtral),
+    Family("qwen3_moe", ("qwen3_moe",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp",
+                                                                   "mlp_bias")},
+            "use_sliding_window": USE, "sliding_window": USE, "layer_types": USE,
+            "max_window_layers": (None,), "num_experts": USE, "num_local_experts": USE,
+            "num_experts_per_tok": USE, "moe_intermediate_size": USE, "norm_topk_prob": USE,
+            "decoder_sparse_step": USE, "mlp_only_layers": USE, **_MOE_TRAINING_KEYS},
+           _TOP, _LLAMA_NORMS + _ATTN + (
+               ("self_attn.q_norm.weight", "head_norm", "attn.q_norm", None),
+               ("self_attn.k_norm.weight", "head_norm", "attn.k_norm", None))
+           + _MOE_ROWS + tuple((n, k, t, "dense") for n, k, t, _ in _MLP[:3]),
+           parse=_parse_qwen3_moe),
+    Family("olmoe", ("olmoe",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp",
+                                                                   "mlp_bias", "head_dim")},
+            "num_experts": USE, "num_experts_per_tok": USE, "norm_topk_prob": USE,
+            "clip_qkv": (None,), **_MOE_TRAINING_KEYS},
+           _TOP, _LLAMA_NORMS + _ATTN + (
+               ("self_attn.q_norm.weight", "whole_q", "attn.q_norm", None),
+               ("self_attn.k_norm.weight", "whole_k", "attn.k_norm", None)) + _MOE_ROWS,
+           parse=_parse_olmoe),
+    Family("gpt_oss", ("gpt_oss",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp",
+                                                                   "mlp_bias")},
+            "sliding_window": USE, "layer_types": USE, "num_local_experts": USE,
+            "num_experts_per_tok": USE, "swiglu_limit": USE, "swiglu_alpha": USE,
+            **_MOE_TRAINING_KEYS},
+           _TOP, _LLAMA_NORMS + _ATTN + (
+               ("self_attn.sinks", "vec", "attn.sink_logit", None),
+               ("mlp.router.weight", "lin", "mlp.router", None),
+               ("mlp.router.bias", "vec", "mlp.router_bias", None),
+               ("mlp.experts.gate_up_proj", "oss_gate_up", "mlp", None),
+               ("mlp.experts.gate_up_proj_bias", "oss_gate_up", "mlp", None),
+               ("mlp.experts.down_proj", "conv", "mlp.w_down", None),
+               ("mlp.experts.down_proj_bias", "vec", "mlp.b_down", None)),
+           parse=_parse_gpt_oss),
     Family("granite", ("granite",),
            {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp", "head_dim")},
             "embedding_multiplier": USE, "residual_multiplier": USE,
@@ -891,7 +1014,9 @@ def model_config(s: dict, family: Family) -> dict:
          "parallel": bool(s.get("parallel", False)), "layers": layers,
          "attn_softcap": s.get("attn_softcap"), "final_softcap": s.get("final_softcap"),
          "embed_scale": s.get("embed_scale"), "rope_layout": s.get("rope_layout", "half"),
-         "residual_scale": s.get("residual_scale"), "logit_scale": s.get("logit_scale")}
+         "residual_scale": s.get("residual_scale"), "logit_scale": s.get("logit_scale"),
+         "moe_top_k": s.get("top_k", 0), "moe_routing": s.get("routing", "softmax_renorm"),
+         "swiglu_limit": s.get("swiglu_limit"), "swiglu_alpha": s.get("swiglu_alpha")}
   rope0 = next((l["rope"] for l in layers if l["rope"] is not None), None)
   return dict(family=family.name, d_model=s["d"], num_heads=s["h"], num_kv_heads=s["g"],
               head_dim=s["k"], num_layers=s["n"], d_ff=s["f"], vocab_size=s["v"],
@@ -984,6 +1109,14 @@ def _convert(t: Tensors, name, kind, s, family, dt):
     w = t.take(name, (3 * h * k, d)).reshape(h, 3, k, d)
     return {"wq": cast(w[:, 0].transpose(2, 0, 1)), "wk": cast(w[:, 1].transpose(2, 0, 1)),
             "wv": cast(w[:, 2].transpose(2, 0, 1))}
+  if kind in ("experts_in", "experts_out"):   # per-expert nn.Linear, name with {e}
+    shape = (s["moe_f"], d) if kind == "experts_in" else (d, s["moe_f"])
+    return {"": cast(np.stack([t.take(name.format(e=e), shape).T
+                               for e in range(s["experts"])]))}
+  if kind == "oss_gate_up":     # gpt-oss (E, D, 2F) / (E, 2F): gate, up interleaved
+    x = t.take(name)
+    sub = ("b_gate", "b_up") if name.endswith("_bias") else ("w_gate", "w_up")
+    return {sub[0]: cast(x[..., 0::2]), sub[1]: cast(x[..., 1::2])}
   if kind == "pos_offset":    # OPT: positions p read row p + 2; rows 0, 1 never read
     x = t.take(name)
     return {"": cast(x[2:])}
@@ -1048,8 +1181,9 @@ def build_params(family: Family, s: dict, t: Tensors, dtype=np.float32,
   lm = params.setdefault("lm", {})
   for i in range(s["n"]):
     layer: dict = {}
-    _rows(family, s, family.layer, t, dtype, layer, family.layer_prefix.format(i=i),
-          place=place, where=f"lm.layer_{i}.")
+    sparse = i in s.get("moe_layers", ())
+    _rows(family, dict(s, moe=sparse, dense=not sparse), family.layer, t, dtype, layer,
+          family.layer_prefix.format(i=i), place=place, where=f"lm.layer_{i}.")
     if s.get("alibi"):     # derived from H, not stored: BLOOM's slopes
       slopes = attention.alibi_slopes(s["h"]).astype(dtype)
       layer["attn"]["alibi"] = slopes if place is None else place(
