@@ -612,3 +612,86 @@ def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
   mask["lm"][0][3] = 0
   assert rel_err(np.asarray(loaded.task.logits(twice, TOKENS)),
                  np.asarray(loaded.task.logits(masks.mask_params(loaded.params, mask), TOKENS))) < RTOL
+
+
+# --------------------------------------------------------------------------
+# Mixture of experts: the router's choices as a site.
+# --------------------------------------------------------------------------
+
+
+def _hf_router_weights(model, tokens, gate_of):
+  """transformers' router choices per layer as dense (B, T, E) weights (0 outside the
+  top-k), captured with forward hooks on each layer's router module."""
+  got = {}
+
+  def keep(i):
+    def hook(_mod, _inp, out):
+      _, scores, idx = out
+      dense = torch.zeros(idx.shape[0], gate_of(0).weight.shape[0], dtype=torch.float64)
+      got[i] = dense.scatter(1, idx, scores.double()).numpy().reshape(*tokens.shape, -1)
+    return hook
+  handles = [gate_of(i).register_forward_hook(keep(i))
+             for i in range(model.config.num_hidden_layers)]
+  try:
+    logits = hf_logits(model, tokens)
+  finally:
+    for h in handles:
+      h.remove()
+  return logits, got
+
+
+@pytest.mark.parametrize("case,gate", [("mixtral", "mlp.gate"),
+                                       ("gpt_oss", "mlp.router")])
+def test_router_site_reads_transformers_choices_and_fixing_them_reproduces_its_logits(
+    imported, case, gate):
+  """lm.L.mlp.router read: the same experts (and weights) as transformers' router;
+  replaced by transformers' own weights: its logits; replaced by other choices (each
+  token's experts rolled by one): different logits."""
+  from mha_jax import interventions
+  from mha_jax.models import decoder
+  model, loaded, _ = imported(case)
+  mod_of = lambda i: model.model.layers[i].get_submodule(gate)  # noqa: E731
+  ref, theirs = _hf_router_weights(model, TOKENS, mod_of)
+  n = model.config.num_hidden_layers
+  names = [f"lm.{i}.mlp.router" for i in range(n)]
+  assert set(names) <= set(interventions.site_names(loaded.params))
+  run = lambda hook: decoder.apply(loaded.params, loaded.task.spec, TOKENS, hook=hook)  # noqa: E731
+  _, acts = interventions.run_with_hook(run, read=names)
+  for i in range(n):
+    ours = np.asarray(acts[names[i]])
+    np.testing.assert_array_equal(ours > 0, theirs[i] > 0)
+    assert np.max(np.abs(ours - theirs[i])) < 1e-5
+  fixed, _ = interventions.run_with_hook(run, edits={
+      names[i]: interventions.replace(jnp_f32(theirs[i])) for i in range(n)})
+  assert rel_err(np.asarray(fixed), ref) < RTOL
+  other, _ = interventions.run_with_hook(run, edits={
+      names[i]: interventions.replace(jnp_f32(np.roll(theirs[i], 1, axis=-1)))
+      for i in range(n)})
+  assert rel_err(np.asarray(other), ref) > 1e-3
+
+
+def jnp_f32(x):
+  import jax.numpy as jnp
+  return jnp.asarray(x, jnp.float32)
+
+
+# Options of the new families that are not implemented: refused by name at import.
+NAMED_REFUSALS = [
+    ("falcon", {"alibi": True}, "alibi"),
+    ("falcon", {"new_decoder_architecture": True, "parallel_attn": False}, "parallel_attn"),
+    ("falcon", {"new_decoder_architecture": False, "multi_query": False, "num_kv_heads": 2},
+     "num_kv_heads"),
+    ("opt", {"word_embed_proj_dim": 32}, "word_embed_proj_dim"),
+    ("gptj", {"rotary_dim": None}, "rotary_dim"),
+    ("smollm3", {"no_rope_layers": [1, 2, 1]}, "no_rope_layers"),
+    ("gpt_oss", {"hidden_act": "gelu"}, "hidden_act"),
+    ("qwen3_moe", {"num_experts_per_tok": 9}, "num_experts_per_tok"),
+]
+
+
+@pytest.mark.parametrize("family,change,match", NAMED_REFUSALS)
+def test_unimplemented_options_of_the_new_families_are_refused_by_name(family, change, match):
+  cfg = _base_config(family)
+  cfg.update(change)
+  with pytest.raises(ValueError, match=match):
+    adapters.read_config(cfg, adapters.FAMILIES[family], "config.json")
