@@ -234,12 +234,15 @@ def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
 
 
 def param_shapes(d_model: int, num_heads: int, head_dim: int,
-                 num_kv_heads: int | None = None) -> dict[str, tuple[int, ...]]:
-  """Shapes of every attention param for (D, H, K) and G key/value heads (None = H)."""
+                 num_kv_heads: int | None = None, v_dim: int | None = None
+                 ) -> dict[str, tuple[int, ...]]:
+  """Shapes of every attention param for (D, H, K), G key/value heads (None = H) and
+  value heads of width V (None = K; DeepSeek's MLA has V != K)."""
   d, h, k = d_model, num_heads, head_dim
   g = h if num_kv_heads is None else num_kv_heads
-  return {"wq": (d, h, k), "wk": (d, g, k), "wv": (d, g, k), "wo": (h, k, d),
-          "bq": (h, k), "bk": (g, k), "bv": (g, k), "bo": (d,)}
+  v = k if v_dim is None else v_dim
+  return {"wq": (d, h, k), "wk": (d, g, k), "wv": (d, g, v), "wo": (h, v, d),
+          "bq": (h, k), "bk": (g, k), "bv": (g, v), "bo": (d,)}
 
 
 _in_init = jax.nn.initializers.variance_scaling(
@@ -280,11 +283,14 @@ def check_attention_params(params: Params, variant: str | None = None
     raise ValueError(f"params['wk'] {tuple(wk.shape)} has G={g} key/value heads, which must "
                      f"divide the H={h} query heads of params['wq'] {tuple(wq.shape)} "
                      f"(grouped-query attention)")
-  for name, shape in param_shapes(d, h, k, g).items():
+  wv = params["wv"]
+  _check_rank("params['wv']", wv, 3, "D, G, V")
+  for name, shape in param_shapes(d, h, k, g, wv.shape[2]).items():
     if name in params and tuple(params[name].shape) != shape:
       raise ValueError(f"params['{name}'] must have shape {shape} to match "
-                       f"params['wq'] {tuple(wq.shape)} (D, H, K) and params['wk'] "
-                       f"{tuple(wk.shape)} (D, G, K); got {tuple(params[name].shape)}")
+                       f"params['wq'] {tuple(wq.shape)} (D, H, K), params['wk'] "
+                       f"{tuple(wk.shape)} (D, G, K) and params['wv'] {tuple(wv.shape)} "
+                       f"(D, G, V); got {tuple(params[name].shape)}")
   if k < 1:
     raise ValueError(f"head width K read from params['wq'] must be >= 1; got shape {wq.shape}")
   for name, heads in (("q_norm", h), ("k_norm", g)):
@@ -319,6 +325,9 @@ def check_attention_params(params: Params, variant: str | None = None
       raise ValueError(f"params['rel_bias'] must have shape (H, 2R + 1) = ({h}, odd); got "
                        f"{tuple(rb.shape)}")
   _check_variant_params(params, variant, d, h, k)
+  if wv.shape[2] != k and variant in ("gated", "differential"):
+    raise ValueError(f"variant={variant!r} needs value heads as wide as the query/key "
+                     f"heads; params['wv'] {tuple(wv.shape)} has V={wv.shape[2]}, K={k}")
   return d, h, k
 
 
@@ -543,11 +552,13 @@ def apply_rope(x_BTHK: jax.Array, positions_BT: jax.Array, rope: RoPE) -> jax.Ar
 
 
 def init_kv_cache(batch: int, max_len: int, num_kv_heads: int, head_dim: int,
-                  dtype: Any = jnp.float32) -> dict[str, jax.Array]:
+                  dtype: Any = jnp.float32, v_dim: int | None = None
+                  ) -> dict[str, jax.Array]:
   """An empty cache for one self-attention layer (a plain pytree; jit-friendly).
 
   Returns:
-    {"k": (B, S_max, G, K) zeros, "v": (B, S_max, G, K) zeros, "length": int32 0}.
+    {"k": (B, S_max, G, K) zeros, "v": (B, S_max, G, V) zeros (V = v_dim, default K),
+    "length": int32 0}.
     Keys are stored after RoPE. Pass it as multi_head_attention(..., cache=cache);
     each call writes its T new keys and values at [length, length + T) and returns
     the cache with length + T.
@@ -556,12 +567,17 @@ def init_kv_cache(batch: int, max_len: int, num_kv_heads: int, head_dim: int,
                     ("head_dim", head_dim)):
     if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < 1:
       raise ValueError(f"{name} must be a positive integer; got {val!r}")
+  if v_dim is not None and (isinstance(v_dim, bool) or not isinstance(
+      v_dim, (int, np.integer)) or v_dim < 1):
+    raise ValueError(f"v_dim must be a positive integer or None; got {v_dim!r}")
   shape = (int(batch), int(max_len), int(num_kv_heads), int(head_dim))
-  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+  vshape = shape[:3] + (int(head_dim if v_dim is None else v_dim),)
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(vshape, dtype),
           "length": jnp.zeros((), jnp.int32)}
 
 
-def _check_cache(cache: Any, b: int, g: int, k: int, t: int) -> tuple[int, jax.Array]:
+def _check_cache(cache: Any, b: int, g: int, k: int, t: int, v: int | None = None
+                 ) -> tuple[int, jax.Array]:
   """Validates a KV cache for x (B, T, D); returns (S_max, length as int32)."""
   if not isinstance(cache, Mapping) or set(cache) != {"k", "v", "length"}:
     raise ValueError(f"cache must be a dict with keys ['k', 'length', 'v'] (from "
@@ -572,8 +588,9 @@ def _check_cache(cache: Any, b: int, g: int, k: int, t: int) -> tuple[int, jax.A
   if ck.shape[0] != b or ck.shape[2:] != (g, k):
     raise ValueError(f"cache['k'] must have shape (B, S_max, G, K) = ({b}, S_max, {g}, {k}) "
                      f"for x and params; got {tuple(ck.shape)}")
-  if getattr(cv, "shape", None) != ck.shape:
-    raise ValueError(f"cache['v'] must have cache['k']'s shape {tuple(ck.shape)}; got "
+  want_v = tuple(ck.shape[:3]) + (k if v is None else v,)
+  if tuple(getattr(cv, "shape", ())) != want_v:
+    raise ValueError(f"cache['v'] must have shape (B, S_max, G, V) = {want_v}; got "
                      f"{getattr(cv, 'shape', cv)}")
   s_max = ck.shape[1]
   if t > s_max:
@@ -802,7 +819,7 @@ def _check_call(params, x, context, value_input, mask, causal, bias, head_gates,
     if context is not None or value_input is not None:
       raise ValueError("cache is for self-attention (decoding); got it together with "
                        "context or value_input")
-    s, length = _check_cache(cache, b, g, k, t)
+    s, length = _check_cache(cache, b, g, k, t, params["wv"].shape[2])
   if mask is not None:
     mask = _check_mask(mask, b, h, t, s)
   gates = None if head_gates is None else _check_gates(head_gates, b, h)
@@ -888,7 +905,7 @@ def _write_cache(cache, k_BSGK, v_BSGK, c: _Call, causal: bool, window):
 
 def _zero_heads(params: Params, x: jax.Array, c: _Call, site, return_weights: bool):
   """Every head pruned: the layer adds only its output bias."""
-  b, t, s, d, k = c.b, c.t, c.s, c.d, c.k
+  b, t, s, d, k = c.b, c.t, c.s, c.d, params["wv"].shape[2]
   out = jnp.zeros((b, t, d), x.dtype) + params.get("bo", jnp.zeros((d,), x.dtype))
   if site is not None:
     for name, shape in (("pattern", (b, 0, t, s)), ("z", (b, t, 0, k))):
@@ -997,6 +1014,12 @@ def _attend(params: Params, q_BTHK, k_BSGK, v_BSGK, c: _Call, mask, causal: bool
       impl, pairs[0][0], return_weights, bias is not None or table is not None,
       k_BSGK=pairs[0][1], has_mask=mask is not None or window_left,
       has_softcap=softcap is not None, variant=c.variant)
+  if v_BSGK.shape[-1] != pairs[0][1].shape[-1] and kernel not in ("reference", "blocked"):
+    if impl != "auto":
+      raise ValueError(f"impl={impl!r} needs value heads as wide as the query/key heads; "
+                       f"V={v_BSGK.shape[-1]} != K={pairs[0][1].shape[-1]} is served by "
+                       f"'reference' and 'blocked' (or 'auto')")
+    kernel = "blocked"
   kernel_window = None
   if window_left and kernel in _dispatch.TAKES_WINDOW:
     kernel_window = window
@@ -1025,7 +1048,8 @@ def _attend(params: Params, q_BTHK, k_BSGK, v_BSGK, c: _Call, mask, causal: bool
 def _output(params: Params, x: jax.Array, o_BTHK, gate_BTHK, c: _Call, site):
   """(y (B, T, D), the heads (B, T, H, K) that W_O reads): the variant's gate, head
   gates, the z and result sites, W_O and bo."""
-  b, t, h, k, d = c.b, c.t, c.h, c.k, c.d
+  b, t, h, d = c.b, c.t, c.h, c.d
+  k = o_BTHK.shape[-1]     # V, the value heads' width
   if c.variant == "gated_head":
     gate_BTHK = (x.reshape(b * t, d) @ params["wg"].astype(x.dtype)).reshape(b, t, h)
     gate_BTHK = gate_BTHK + params["bg"].astype(x.dtype)
@@ -1076,8 +1100,11 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   """Multi-head attention of x over itself, or over `context` (cross-attention).
 
   Args:
-    params: {"wq": (D, H, K), "wk", "wv": (D, G, K), "wo": (H, K, D)}, optional
-      {"bq": (H, K), "bk", "bv": (G, K), "bo": (D,)}, optional "rel_bias" (H, 2R + 1).
+    params: {"wq": (D, H, K), "wk": (D, G, K), "wv": (D, G, V), "wo": (H, V, D)},
+      optional {"bq": (H, K), "bk": (G, K), "bv": (G, V), "bo": (D,)}, optional
+      "rel_bias" (H, 2R + 1) or "alibi" (H,). V, the value heads' width, is K unless
+      the model says otherwise (DeepSeek's MLA); V != K runs on the reference and
+      blocked kernels (auto picks among them) and not with gated / differential.
       H, G and K are read from the shapes; G (key/value heads) divides H, and query
       head i reads key/value head i // (H // G) (grouped-query attention).
     x: (B, T, D) queries' input.
@@ -1188,7 +1215,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   if new_cache is not None:  # a write past S_max (traced length) poisons the output
     y_BTD = jnp.where(c.length + c.t <= c.s, y_BTD, jnp.nan)
   chex.assert_shape(y_BTD, (c.b, c.t, c.d))
-  chex.assert_shape(o_BTHK, (c.b, c.t, c.h, c.k))
+  chex.assert_shape(o_BTHK, (c.b, c.t, c.h, params["wv"].shape[2]))
   if return_weights:
     return finish(AttentionOutput(y_BTD, w_BHTS, o_BTHK))
   return finish(y_BTD)

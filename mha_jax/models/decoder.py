@@ -439,7 +439,8 @@ def init_cache(params, batch: int, max_len: int, dtype=jnp.float32) -> dict:
   out = {}
   for name in common.layers_of(params["lm"]):
     _, h_kv, k = params["lm"][name]["attn"]["wk"].shape
-    out[name] = attention.init_kv_cache(batch, max_len, h_kv, k, dtype)
+    v = params["lm"][name]["attn"]["wv"].shape[2]
+    out[name] = attention.init_kv_cache(batch, max_len, h_kv, k, dtype, v_dim=v)
   return out
 
 
