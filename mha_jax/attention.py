@@ -61,6 +61,16 @@ REL_BIAS = "rel_bias"
 # over every offset of the call (H, 2 max(T, S) - 1): the blocked kernel makes it per
 # block (O(H (T + S)), no dense bias), the others get it dense.
 ALIBI = "alibi"
+# Multi-head latent attention (DeepSeek-V2/V3, MLA): keys and values are read from a
+# per-token latent, not from the residual itself: latent = [RMSNorm(x wkv_a) * kv_a_norm
+# (C features), x wk_rope (R features, shared by every head)], and wk (C + R, G, K),
+# wv (C + R, G, V) project it per head (G = H: each head its own decompressed key and
+# value). Queries read x, or the low-rank RMSNorm(x wq_a) * q_a_norm (Cq features) with
+# wq (Cq, H, K). The importer lays each head's key as [rotary R; non-rotary K - R]
+# (wk's rope rows an identity, so every head's rotary part is the shared x wk_rope) and
+# the query the same way, so RoPE(dim=R) rotates exactly those features.
+_MLA_KEYS = ("wq_a", "q_a_norm", "wkv_a", "kv_a_norm", "wk_rope")
+MLA_NORM_EPS = 1e-6     # DeepSeek's latent norms' epsilon (DeepseekV2RMSNorm's default)
 # QK-norm scales (RMSNorm of queries and keys after their projections, before RoPE):
 # (K,) shared by every head (Qwen3, Gemma 3) or (H, K) / (G, K) over the whole
 # projection at once (OLMo 2).
@@ -269,7 +279,7 @@ def check_attention_params(params: Params, variant: str | None = None
   if missing:
     raise ValueError(f"params is missing {missing}; it has keys {sorted(params)}")
   allowed = (_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS, ALIBI) + _QK_NORM_KEYS + _NORM_REST_KEYS
-             + _VARIANT_ONLY_KEYS)
+             + _VARIANT_ONLY_KEYS + _MLA_KEYS)
   unknown = sorted(set(params) - set(allowed))
   if unknown:
     raise ValueError(f"params has unknown keys {unknown}; allowed: {allowed}")
@@ -285,7 +295,12 @@ def check_attention_params(params: Params, variant: str | None = None
                      f"(grouped-query attention)")
   wv = params["wv"]
   _check_rank("params['wv']", wv, 3, "D, G, V")
+  ins = {}
+  if "wkv_a" in params:    # MLA: q and k/v project their own inputs
+    d = _check_mla(params)
+    ins = {"wq": wq.shape[0], "wk": wk.shape[0], "wv": wk.shape[0]}
   for name, shape in param_shapes(d, h, k, g, wv.shape[2]).items():
+    shape = (ins[name],) + shape[1:] if name in ins else shape
     if name in params and tuple(params[name].shape) != shape:
       raise ValueError(f"params['{name}'] must have shape {shape} to match "
                        f"params['wq'] {tuple(wq.shape)} (D, H, K), params['wk'] "
@@ -329,6 +344,47 @@ def check_attention_params(params: Params, variant: str | None = None
     raise ValueError(f"variant={variant!r} needs value heads as wide as the query/key "
                      f"heads; params['wv'] {tuple(wv.shape)} has V={wv.shape[2]}, K={k}")
   return d, h, k
+
+
+def _check_mla(params: Params) -> int:
+  """The model width D of an MLA attention's params, their shapes checked (_MLA_KEYS)."""
+  shape = lambda n: tuple(params[n].shape) if n in params else None  # noqa: E731
+  d = params["wo"].shape[-1]
+  c, r = (shape("wkv_a") or (0, 0))[1], (shape("wk_rope") or (0, 0))[-1]
+  q_in = shape("wq_a")[1] if "wq_a" in params else d
+  want = {"wkv_a": (d, c), "kv_a_norm": (c,), "wk_rope": (d, r)}
+  if "wq_a" in params or "q_a_norm" in params:
+    want.update({"wq_a": (d, q_in), "q_a_norm": (q_in,)})
+  bad = {n: shape(n) for n, w in want.items() if shape(n) != w}
+  if bad or params["wk"].shape[0] != c + r or params["wq"].shape[0] != q_in:
+    raise ValueError(f"MLA params must be wkv_a (D, C), kv_a_norm (C,), wk_rope (D, R), "
+                     f"wk / wv (C + R, G, .), optional wq_a (D, Cq) with q_a_norm (Cq,), "
+                     f"wq (Cq or D, H, K), D = {d} from wo; got "
+                     f"{ {n: shape(n) for n in _MLA_KEYS + ('wq', 'wk', 'wv')} }")
+  for n in _NORM_REST_KEYS + (REL_BIAS, ALIBI):
+    if n in params:
+      raise ValueError(f"params['{n}'] cannot be combined with MLA's latent keys")
+  return d
+
+
+def _mla_inputs(params: Params, x, ctx, val, eps: float = MLA_NORM_EPS):
+  """(queries' input, keys' input, values' input) of an MLA attention: x, or its
+  low-rank RMSNorm(x wq_a) * q_a_norm; the latent [RMSNorm(z wkv_a) * kv_a_norm,
+  z wk_rope] of the keys' and values' inputs z. Each (..., features): 3-D, or 4-D
+  per-head inputs (edge patching)."""
+  def rms(y, scale):
+    y32 = y.astype(jnp.float32)
+    y32 = y32 * jax.lax.rsqrt(jnp.mean(y32 * y32, axis=-1, keepdims=True) + eps)
+    return (y32 * scale.astype(jnp.float32)).astype(y.dtype)
+
+  def lin(z, w):
+    return jnp.einsum("...d,dc->...c", z, params[w].astype(z.dtype))
+
+  def latent(z):
+    return jnp.concatenate([rms(lin(z, "wkv_a"), params["kv_a_norm"]), lin(z, "wk_rope")], -1)
+  q_in = x if "wq_a" not in params else rms(lin(x, "wq_a"), params["q_a_norm"])
+  k_in = latent(ctx)
+  return q_in, k_in, k_in if val is ctx else latent(val)
 
 
 def _check_variant_params(params: Params, variant: str | None, d: int, h: int, k: int):
@@ -1195,7 +1251,11 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                        cache, params)
     x = head_inputs[0]
     c = c._replace(ctx=head_inputs[1], val=head_inputs[2])
-  q_BTHK, k_BSGK, v_BSGK, gate_BTHK = _prepare_qkv(params, x, c, rope, qk_norm_eps, site)
+  x_q = x
+  if "wkv_a" in params:
+    x_q, ctx, val = _mla_inputs(params, x, c.ctx, c.val)
+    c = c._replace(ctx=ctx, val=val)
+  q_BTHK, k_BSGK, v_BSGK, gate_BTHK = _prepare_qkv(params, x_q, c, rope, qk_norm_eps, site)
   mask, new_cache = c.mask, None
   if cache is not None:
     k_BSGK, v_BSGK, mask, causal, new_cache = _write_cache(cache, k_BSGK, v_BSGK, c, causal,

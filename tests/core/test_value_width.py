@@ -99,3 +99,106 @@ def test_kv_cache_holds_values_of_their_own_width():
   with pytest.raises(ValueError, match=r"cache\['v'\]"):
     attention.multi_head_attention(p, x[:, :1], causal=True,
                                    cache=attention.init_kv_cache(1, 10, G, K))
+
+
+# ------------------------------------------------------------- multi-head latent attention
+
+C, R, KN, CQ = 7, 4, 6, 9     # latent, rotary and non-rotary widths, low-rank query width
+
+
+def _mla_weights(rng, low_rank_q=True):
+  """DeepSeek's MLA weights in its own form (per head: W_q, W_kb, W_vb; shared W_kv_a,
+  W_k_rope), and the house params built from them (wk / wv as block matrices over the
+  latent [C normed; R rotary])."""
+  n = lambda *s: rng.standard_normal(s) * 0.4  # noqa: E731
+  w = {"wkv_a": n(D, C), "kv_a_norm": 1 + 0.2 * n(C), "wk_rope": n(D, R),
+       "wk_b": n(C, H, KN), "wv_b": n(C, H, V), "wo": n(H, V, D)}
+  if low_rank_q:
+    w.update({"wq_a": n(D, CQ), "q_a_norm": 1 + 0.2 * n(CQ), "wq": n(CQ, H, R + KN)})
+  else:
+    w["wq"] = n(D, H, R + KN)
+  wk = np.zeros((C + R, H, R + KN))
+  wv = np.zeros((C + R, H, V))
+  for h in range(H):
+    wk[C:, h, :R] = np.eye(R)
+    wk[:C, h, R:] = w["wk_b"][:, h]
+    wv[:C, h] = w["wv_b"][:, h]
+  house = {k: v for k, v in w.items() if k not in ("wk_b", "wv_b")}
+  house.update(wk=wk, wv=wv)
+  return w, {k: jnp.asarray(v, jnp.float32) for k, v in house.items()}
+
+
+def _rope_il(x_TK, base=50.0):
+  """Interleaved RoPE of every feature pair at positions 0..T-1 (float64)."""
+  t, k = x_TK.shape
+  ang = np.arange(t)[:, None] * base ** (-np.arange(0, k, 2) / k)[None]
+  a, b = x_TK[:, 0::2], x_TK[:, 1::2]
+  out = np.empty_like(x_TK)
+  out[:, 0::2], out[:, 1::2] = a * np.cos(ang) - b * np.sin(ang), b * np.cos(ang) + a * np.sin(ang)
+  return out
+
+
+def mla_oracle(w, x):
+  """DeepSeek-V2's attention as its paper writes it, float64, causal, per head."""
+  def rms(y, g):
+    return y / np.sqrt(np.mean(y * y, -1, keepdims=True) + 1e-6) * g
+  x = np.asarray(x, np.float64)
+  out = np.zeros_like(x)
+  for b in range(x.shape[0]):
+    xq = rms(x[b] @ w["wq_a"], w["q_a_norm"]) if "wq_a" in w else x[b]
+    lat = rms(x[b] @ w["wkv_a"], w["kv_a_norm"])
+    k_pe = _rope_il(x[b] @ w["wk_rope"])
+    t = x.shape[1]
+    for h in range(H):
+      q = xq @ w["wq"][:, h]
+      q_pe, q_nope = _rope_il(q[:, :R]), q[:, R:]
+      s = (q_nope @ (lat @ w["wk_b"][:, h]).T + q_pe @ k_pe.T) / np.sqrt(R + KN)
+      s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
+      p = np.exp(s - s.max(-1, keepdims=True))
+      p /= p.sum(-1, keepdims=True)
+      out[b] += (p @ (lat @ w["wv_b"][:, h])) @ w["wo"][h]
+  return out
+
+
+MLA_ROPE = attention.RoPE(base=50.0, dim=R, layout="interleaved")
+
+
+@pytest.mark.parametrize("low_rank_q", [True, False])
+def test_mla_equals_deepseek_s_attention_in_float64(low_rank_q):
+  rng = np.random.default_rng(4)
+  w, p = _mla_weights(rng, low_rank_q)
+  x = jnp.asarray(rng.standard_normal((2, 9, D)), jnp.float32)
+  want = mla_oracle(w, x)
+  for impl in ("reference", "blocked", "auto"):
+    got = attention.multi_head_attention(p, x, causal=True, rope=MLA_ROPE, impl=impl)
+    assert rel_err(got, want) < 1e-5, impl
+
+
+def test_mla_gradients_and_kv_cache():
+  rng = np.random.default_rng(5)
+  w, p = _mla_weights(rng)
+  x = jnp.asarray(rng.standard_normal((1, 6, D)), jnp.float32)
+  ct = rng.standard_normal((1, 6, D))
+  x64 = np.asarray(x, np.float64)
+  eps, picks = 1e-6, [(0, 1, 3), (0, 5, 20), (0, 3, 7)]
+  want = []
+  for ix in picks:
+    hi, lo = x64.copy(), x64.copy()
+    hi[ix] += eps
+    lo[ix] -= eps
+    want.append((np.sum(mla_oracle(w, hi) * ct) - np.sum(mla_oracle(w, lo) * ct)) / (2 * eps))
+  for impl in ("reference", "blocked"):
+    gx = jax.grad(lambda x: jnp.sum(attention.multi_head_attention(
+        p, x, causal=True, rope=MLA_ROPE, impl=impl) * jnp.asarray(ct, jnp.float32)))(x)
+    np.testing.assert_allclose([gx[ix] for ix in picks], want, rtol=2e-3, atol=1e-4)
+  cache = attention.init_kv_cache(1, 8, H, R + KN, v_dim=V)
+  y, cache = attention.multi_head_attention(p, x[:, :3], causal=True, rope=MLA_ROPE,
+                                            cache=cache)
+  outs = [y]
+  for i in range(3, 6):
+    y, cache = attention.multi_head_attention(p, x[:, i:i + 1], causal=True, rope=MLA_ROPE,
+                                              cache=cache)
+    outs.append(y)
+  assert rel_err(jnp.concatenate(outs, 1), mla_oracle(w, x)) < 1e-5
+  with pytest.raises(ValueError, match="MLA"):
+    attention.multi_head_attention({**p, "wk_rope": p["wk_rope"][:, :2]}, x)
