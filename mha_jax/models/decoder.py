@@ -76,6 +76,10 @@ class DecoderSpec:
     Granite's 1 / logits_scaling); None = 1.
   moe_top_k, moe_routing: experts per token and how the router weighs them (ROUTINGS),
     for the layers whose MLP has a "router" (mixture of experts).
+  moe_scale: multiplies the chosen experts' weights (DeepSeek's routed_scaling_factor);
+    None = 1. moe_groups: (n_group, topk_group): the top-k is taken among the experts of
+    the topk_group groups with the highest expert score (DeepSeek's
+    group_limited_greedy); None: among all.
   swiglu_limit, swiglu_alpha: gpt-oss's clamped SwiGLU in the experts: gate clamped
     to <= limit, up to [-limit, limit], out (up + 1) * gate * sigmoid(alpha gate);
     None: act(gate) * up.
@@ -95,6 +99,8 @@ class DecoderSpec:
   logit_scale: float | None = None
   moe_top_k: int = 0
   moe_routing: str = "softmax_renorm"
+  moe_scale: float | None = None
+  moe_groups: tuple | None = None
   swiglu_limit: float | None = None
   swiglu_alpha: float | None = None
   impl: str = "auto"
@@ -156,6 +162,8 @@ def spec_from_config(m, impl: str = "auto") -> DecoderSpec:
                      residual_scale=opt("residual_scale"), logit_scale=opt("logit_scale"),
                      moe_top_k=int(d.get("moe_top_k", 0)),
                      moe_routing=d.get("moe_routing", "softmax_renorm"),
+                     moe_scale=opt("moe_scale"), moe_groups=None if d.get(
+                         "moe_groups") is None else tuple(int(g) for g in d["moe_groups"]),
                      swiglu_limit=opt("swiglu_limit"), swiglu_alpha=opt("swiglu_alpha"),
                      impl=impl)
 
@@ -227,9 +235,17 @@ def route(p, x_BTD, spec: DecoderSpec):
     top, idx = jax.lax.top_k(logits, k)
     top = jax.nn.softmax(top, axis=-1)
   else:
-    top, idx = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
+    probs = jax.nn.softmax(logits, axis=-1)
+    if spec.moe_groups is not None:    # keep the experts of the best topk_group groups
+      n, keep = spec.moe_groups
+      best = jnp.max(probs.reshape(*probs.shape[:-1], n, e // n), axis=-1)
+      chosen = jnp.sum(jax.nn.one_hot(jax.lax.top_k(best, keep)[1], n), axis=-2)
+      probs = probs * jnp.repeat(chosen, e // n, axis=-1)
+    top, idx = jax.lax.top_k(probs, k)
     if spec.moe_routing == "softmax_renorm":
       top = top / jnp.sum(top, axis=-1, keepdims=True)
+  if spec.moe_scale is not None:
+    top = top * jnp.float32(spec.moe_scale)
   return jnp.einsum("btk,btke->bte", top, jax.nn.one_hot(idx, e, dtype=jnp.float32))
 
 
@@ -239,7 +255,8 @@ def moe(p, x_BTD, spec: DecoderSpec, hook=None, site: str | None = None):
   router's choices; replace it to fix them). Every expert runs on every token and the
   unchosen ones are weighted 0: the same sum as a sparse dispatch, E / k times its
   FLOPs. Experts: w_gate, w_up (E, D, F), w_down (E, F, D), optional b_gate, b_up
-  (E, F), b_down (E, D)."""
+  (E, F), b_down (E, D); optional "shared" {w_gate, w_up, w_down}: shared experts, a
+  dense MLP every token runs (DeepSeek), added."""
   w_BTE = route(p, x_BTD, spec)
   if site is not None:
     w_BTE = interventions.at(hook, f"{site}.router", w_BTE)
@@ -250,7 +267,9 @@ def moe(p, x_BTD, spec: DecoderSpec, hook=None, site: str | None = None):
     return y if b not in p else y + p[b].astype(x_BTD.dtype)
   h_BTEF = _gated(spec, lin("w_gate", "b_gate"), lin("w_up", "b_up")) * w_BTE[..., None]
   out = jnp.einsum("btef,efd->btd", h_BTEF, p["w_down"].astype(x_BTD.dtype))
-  return out if "b_down" not in p else out + w_BTE @ p["b_down"].astype(x_BTD.dtype)
+  if "b_down" in p:
+    out = out + w_BTE @ p["b_down"].astype(x_BTD.dtype)
+  return out if "shared" not in p else out + mlp(p["shared"], x_BTD, spec.act)
 
 
 def unembed(params, x_BTD):

@@ -605,6 +605,49 @@ def _parse_gpt_oss(c: Config) -> dict:
   s["swiglu_alpha"] = float(c.get("swiglu_alpha", 1.702))
   return s
 
+
+def _parse_deepseek_v2(c: Config) -> dict:
+  """DeepSeek-V2: multi-head latent attention (attention.py), interleaved RoPE on the
+  qk_rope_head_dim features, MoE with shared experts after first_k_dense_replace dense
+  layers, softmax routing (greedy or group-limited) times routed_scaling_factor."""
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  h = s["h"]
+  if int(c.get("num_key_value_heads", h)) != h:
+    c.refuse("num_key_value_heads", c.cfg["num_key_value_heads"], "MLA decompresses a key "
+             "and a value per head: it must equal num_attention_heads")
+  r, kn = int(c.need("qk_rope_head_dim")), int(c.need("qk_nope_head_dim"))
+  q = c.cfg.get("q_lora_rank")
+  s["mla"] = dict(c=int(c.need("kv_lora_rank")), r=r, kn=kn, v=int(c.need("v_head_dim")),
+                  cq=None if q is None else int(q))
+  s["low_rank_q"] = q is not None
+  s["full_q"] = q is None
+  s["g"], s["k"], s["rope_layout"] = h, r + kn, "interleaved"
+  s = _finish(c, s, ["full_attention"] * s["n"], None)
+  rope = s["rope"]["full_attention"]
+  rope["dim"] = r
+  scale = (r + kn) ** -0.5
+  if rope["type"] != "default" and rope.get("mscale_all_dim"):
+    m = rope.get("factor", 1.0)
+    m = 1.0 if m <= 1 else 0.1 * rope["mscale_all_dim"] * float(np.log(m)) + 1.0
+    scale = scale * m * m
+  s["scale"] = scale
+  s = _moe(c, s, "n_routed_experts", "softmax", "moe_intermediate_size")
+  s["moe_layers"] = list(range(int(c.get("first_k_dense_replace", 0)), s["n"]))
+  s["moe_scale"] = float(c.get("routed_scaling_factor", 1.0))
+  method = c.get("topk_method", "greedy")
+  if method not in ("greedy", "group_limited_greedy"):
+    c.refuse("topk_method", method, "implemented: greedy, group_limited_greedy")
+  if method == "group_limited_greedy":
+    n_group, keep = int(c.need("n_group")), int(c.need("topk_group"))
+    if s["experts"] % n_group or not 1 <= keep <= n_group:
+      c.refuse("n_group", n_group, f"must divide the {s['experts']} experts, with "
+               f"topk_group={keep} in 1..n_group")
+    s["moe_groups"] = [n_group, keep]
+  s["shared_f"] = s["moe_f"] * int(c.get("n_shared_experts") or 0)
+  s["shared"] = s["shared_f"] > 0
+  return s
+
 # ---------------------------------------------------------------------------------------
 # The families.
 # ---------------------------------------------------------------------------------------
@@ -965,6 +1008,34 @@ FAMILIES = {f.name: f for f in (
                ("mlp.experts.down_proj", "conv", "mlp.w_down", None),
                ("mlp.experts.down_proj_bias", "vec", "mlp.b_down", None)),
            parse=_parse_gpt_oss),
+    Family("deepseek_v2", ("deepseek_v2",),
+           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+            "hidden_act": USE, "rms_norm_eps": USE, "pretraining_tp": (1,),
+            "attention_bias": (False,), "mlp_bias": (False,), "kv_lora_rank": USE,
+            "q_lora_rank": USE, "qk_rope_head_dim": USE, "qk_nope_head_dim": USE,
+            "v_head_dim": USE, "qk_head_dim": IGNORE, "head_dim": IGNORE,   # derived
+            "n_routed_experts": USE, "num_experts_per_tok": USE, "n_shared_experts": USE,
+            "moe_intermediate_size": USE, "first_k_dense_replace": USE,
+            "routed_scaling_factor": USE, "topk_method": USE, "n_group": USE,
+            "topk_group": USE,
+            # transformers' DeepSeek-V2 router does not read it (no renormalisation)
+            "norm_topk_prob": IGNORE, **_MOE_TRAINING_KEYS},
+           _TOP, _LLAMA_NORMS + (
+               ("self_attn.q_proj.weight", "mla_q", "attn.wq", "full_q"),
+               ("self_attn.q_a_proj.weight", "lin", "attn.wq_a", "low_rank_q"),
+               ("self_attn.q_a_layernorm.weight", "vec", "attn.q_a_norm", "low_rank_q"),
+               ("self_attn.q_b_proj.weight", "mla_q", "attn.wq", "low_rank_q"),
+               ("self_attn.kv_a_proj_with_mqa.weight", "mla_kv_a", "attn", None),
+               ("self_attn.kv_a_layernorm.weight", "vec", "attn.kv_a_norm", None),
+               ("self_attn.kv_b_proj.weight", "mla_kv_b", "attn", None),
+               ("self_attn.o_proj.weight", "mla_o", "attn.wo", None))
+           + _MOE_ROWS + (
+               ("mlp.shared_experts.gate_proj.weight", "lin", "mlp.shared.w_gate", "moe_shared"),
+               ("mlp.shared_experts.up_proj.weight", "lin", "mlp.shared.w_up", "moe_shared"),
+               ("mlp.shared_experts.down_proj.weight", "lin", "mlp.shared.w_down", "moe_shared"))
+           + tuple((n, k, t, "dense") for n, k, t, _ in _MLP[:3]),
+           parse=_parse_deepseek_v2),
     Family("granite", ("granite",),
            {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp", "head_dim")},
             "embedding_multiplier": USE, "residual_multiplier": USE,
@@ -1016,6 +1087,7 @@ def model_config(s: dict, family: Family) -> dict:
          "embed_scale": s.get("embed_scale"), "rope_layout": s.get("rope_layout", "half"),
          "residual_scale": s.get("residual_scale"), "logit_scale": s.get("logit_scale"),
          "moe_top_k": s.get("top_k", 0), "moe_routing": s.get("routing", "softmax_renorm"),
+         "moe_scale": s.get("moe_scale"), "moe_groups": s.get("moe_groups"),
          "swiglu_limit": s.get("swiglu_limit"), "swiglu_alpha": s.get("swiglu_alpha")}
   rope0 = next((l["rope"] for l in layers if l["rope"] is not None), None)
   return dict(family=family.name, d_model=s["d"], num_heads=s["h"], num_kv_heads=s["g"],
@@ -1117,6 +1189,8 @@ def _convert(t: Tensors, name, kind, s, family, dt):
     x = t.take(name)
     sub = ("b_gate", "b_up") if name.endswith("_bias") else ("w_gate", "w_up")
     return {sub[0]: cast(x[..., 0::2]), sub[1]: cast(x[..., 1::2])}
+  if kind.startswith("mla_"):
+    return _mla(t, name, kind, s, cast)
   if kind == "pos_offset":    # OPT: positions p read row p + 2; rows 0, 1 never read
     x = t.take(name)
     return {"": cast(x[2:])}
@@ -1154,6 +1228,33 @@ def _falcon_qkv(t: Tensors, name, s, cast):
           "wv": cast(v.transpose(2, 0, 1))}
 
 
+def _mla(t: Tensors, name, kind, s, cast):
+  """DeepSeek's MLA tensors in the house layout (attention.py's MLA): queries per head
+  reordered [rotary R; non-rotary Kn]; kv_a_proj_with_mqa split into wkv_a (D, C) and
+  wk_rope (D, R); kv_b_proj into per-head blocks over the latent [C; R]: wk (C + R, H,
+  R + Kn) (rotary rows an identity), wv (C + R, H, V); o_proj (D, H V) -> (H, V, D)."""
+  d, h = s["d"], s["h"]
+  c, r, kn, v, cq = (s["mla"][x] for x in ("c", "r", "kn", "v", "cq"))
+  if kind == "mla_q":
+    w = t.take(name, (h * (kn + r), cq or d)).reshape(h, kn + r, -1)
+    w = np.concatenate([w[:, kn:], w[:, :kn]], axis=1)        # [rotary; non-rotary]
+    return {"": cast(w.transpose(2, 0, 1))}
+  if kind == "mla_kv_a":
+    w = t.take(name, (c + r, d))
+    return {"wkv_a": cast(w[:c].T), "wk_rope": cast(w[c:].T)}
+  if kind == "mla_kv_b":
+    w = t.take(name, (h * (kn + v), c)).reshape(h, kn + v, c)
+    wk = np.zeros((c + r, h, r + kn), w.dtype)
+    wk[c:, :, :r] = np.eye(r, dtype=w.dtype)[:, None, :]
+    wk[:c, :, r:] = w[:, :kn].transpose(2, 0, 1)
+    wv = np.zeros((c + r, h, v), w.dtype)
+    wv[:c] = w[:, kn:].transpose(2, 0, 1)
+    return {"wk": cast(wk), "wv": cast(wv)}
+  if kind == "mla_o":
+    return {"": cast(t.take(name, (d, h * v)).T.reshape(h, v, d))}
+  raise ValueError(f"unknown tensor kind {kind!r}")
+
+
 def _rows(family, s, rows, t, dt, out, prefix="", place=None, where=""):
   def on(cond):   # a row's condition: a true setting of the family's parse ("untied")
     return not s["tied"] if cond == "untied" else bool(s.get(cond, False))
@@ -1182,7 +1283,8 @@ def build_params(family: Family, s: dict, t: Tensors, dtype=np.float32,
   for i in range(s["n"]):
     layer: dict = {}
     sparse = i in s.get("moe_layers", ())
-    _rows(family, dict(s, moe=sparse, dense=not sparse), family.layer, t, dtype, layer,
+    _rows(family, dict(s, moe=sparse, dense=not sparse,
+                       moe_shared=sparse and bool(s.get("shared"))), family.layer, t, dtype, layer,
           family.layer_prefix.format(i=i), place=place, where=f"lm.layer_{i}.")
     if s.get("alibi"):     # derived from H, not stored: BLOOM's slopes
       slopes = attention.alibi_slopes(s["h"]).astype(dtype)

@@ -171,7 +171,8 @@ IMPLEMENTED_BY = {
     "gpt_neox": "gpt_neox", "opt": "opt", "phi": "phi", "stablelm": "stablelm",
     "gptj": "gptj", "falcon": "falcon", "smollm3": "smollm3", "olmo3": "olmo3",
     "cohere": "cohere", "granite": "granite", "bloom": "bloom", "mixtral": "mixtral",
-    "qwen3_moe": "qwen3_moe", "olmoe": "olmoe", "gpt_oss": "gpt_oss"}
+    "qwen3_moe": "qwen3_moe", "olmoe": "olmoe", "gpt_oss": "gpt_oss",
+    "deepseek_v2": "deepseek_v2"}
 
 
 def _hf_keys(family):
@@ -686,6 +687,9 @@ NAMED_REFUSALS = [
     ("smollm3", {"no_rope_layers": [1, 2, 1]}, "no_rope_layers"),
     ("gpt_oss", {"hidden_act": "gelu"}, "hidden_act"),
     ("qwen3_moe", {"num_experts_per_tok": 9}, "num_experts_per_tok"),
+    ("deepseek_v2", {"num_key_value_heads": 2}, "num_key_value_heads"),
+    ("deepseek_v2", {"topk_method": "noaux_tc"}, "topk_method"),
+    ("deepseek_v2", {"n_group": 3}, "n_group"),
 ]
 
 
