@@ -699,3 +699,24 @@ def test_unimplemented_options_of_the_new_families_are_refused_by_name(family, c
   cfg.update(change)
   with pytest.raises(ValueError, match=match):
     adapters.read_config(cfg, adapters.FAMILIES[family], "config.json")
+
+
+@pytest.mark.parametrize("case", ["deepseek_v2", "gpt_oss"])
+def test_export_pruned_on_mla_and_sink_heads_equals_the_masked_model(imported, case):
+  """Removing heads for real: MLA heads (each its own decompressed key and value; the
+  latent's weights shared and kept) and sink heads (their sink logits sliced)."""
+  from mha_jax.models import common
+  from mha_jax.toolkit import masks
+  _, loaded, _ = imported(case)
+  n = len(common.layers_of(loaded.params["lm"]))
+  h = loaded.params["lm"]["layer_0"]["attn"]["wq"].shape[1]
+  mask = {"lm": [np.ones(h, np.float32) for _ in range(n)]}
+  mask["lm"][0][[0, 2]] = 0
+  mask["lm"][1][1] = 0
+  masked = masks.mask_params(loaded.params, mask)
+  pruned = masks.export_pruned(masked, mask)
+  a0 = pruned["lm"]["layer_0"]["attn"]
+  assert a0["wq"].shape[1] == 2 and (case != "gpt_oss" or a0["sink_logit"].shape == (2,))
+  want = np.asarray(loaded.task.logits(masked, TOKENS))
+  assert rel_err(np.asarray(loaded.task.logits(pruned, TOKENS)), want) < RTOL
+  assert rel_err(want, np.asarray(loaded.task.logits(loaded.params, TOKENS))) > 1e-3

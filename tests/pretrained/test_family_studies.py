@@ -1,8 +1,8 @@
 """One study per new mechanism, through the CLI, against transformers: `mha-jax patch
---sites head_out` on tiny imported models of an MoE (mixtral), an ALiBi (bloom) and a
-NoPE (smollm3) family; each head's recovery equals the same patch done with torch
-forward hooks on the transformers model (the head's slice of the output projection's
-input taken from the clean run, in the corrupt run, at every position)."""
+--sites head_out` on tiny imported models of an MoE (mixtral), an ALiBi (bloom), a NoPE
+(smollm3) and an MLA (deepseek_v2) family; each head's recovery equals the same patch
+done with torch forward hooks on the transformers model (the head's slice of the output
+projection's input taken from the clean run, in the corrupt run, at every position)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.xdist_group("families")
 
 # family case -> the attention output projection, under model.layers[i] / transformer.h[i]
 O_PROJ = {"mixtral": "self_attn.o_proj", "bloom": "self_attention.dense",
+          "deepseek_v2": "self_attn.o_proj",
           "smollm3": "self_attn.o_proj"}
 
 
