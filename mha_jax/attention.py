@@ -56,6 +56,21 @@ IMPLS = _dispatch.IMPLS
 _WEIGHT_KEYS = ("wq", "wk", "wv", "wo")
 _BIAS_KEYS = ("bq", "bk", "bv", "bo")
 REL_BIAS = "rel_bias"
+# ALiBi (Press et al. 2022; BLOOM): "alibi" (H,) one slope per head, the score bias
+# slope_h * (j - i) for query i and key j (slots), built as a relative-position table
+# over every offset of the call (H, 2 max(T, S) - 1): the blocked kernel makes it per
+# block (O(H (T + S)), no dense bias), the others get it dense.
+ALIBI = "alibi"
+# Multi-head latent attention (DeepSeek-V2/V3, MLA): keys and values are read from a
+# per-token latent, not from the residual itself: latent = [RMSNorm(x wkv_a) * kv_a_norm
+# (C features), x wk_rope (R features, shared by every head)], and wk (C + R, G, K),
+# wv (C + R, G, V) project it per head (G = H: each head its own decompressed key and
+# value). Queries read x, or the low-rank RMSNorm(x wq_a) * q_a_norm (Cq features) with
+# wq (Cq, H, K). The importer lays each head's key as [rotary R; non-rotary K - R]
+# (wk's rope rows an identity, so every head's rotary part is the shared x wk_rope) and
+# the query the same way, so RoPE(dim=R) rotates exactly those features.
+_MLA_KEYS = ("wq_a", "q_a_norm", "wkv_a", "kv_a_norm", "wk_rope")
+MLA_NORM_EPS = 1e-6     # DeepSeek's latent norms' epsilon (DeepseekV2RMSNorm's default)
 # QK-norm scales (RMSNorm of queries and keys after their projections, before RoPE):
 # (K,) shared by every head (Qwen3, Gemma 3) or (H, K) / (G, K) over the whole
 # projection at once (OLMo 2).
@@ -229,12 +244,15 @@ def init_attention_params(key: jax.Array, d_model: int, num_heads: int, *,
 
 
 def param_shapes(d_model: int, num_heads: int, head_dim: int,
-                 num_kv_heads: int | None = None) -> dict[str, tuple[int, ...]]:
-  """Shapes of every attention param for (D, H, K) and G key/value heads (None = H)."""
+                 num_kv_heads: int | None = None, v_dim: int | None = None
+                 ) -> dict[str, tuple[int, ...]]:
+  """Shapes of every attention param for (D, H, K), G key/value heads (None = H) and
+  value heads of width V (None = K; DeepSeek's MLA has V != K)."""
   d, h, k = d_model, num_heads, head_dim
   g = h if num_kv_heads is None else num_kv_heads
-  return {"wq": (d, h, k), "wk": (d, g, k), "wv": (d, g, k), "wo": (h, k, d),
-          "bq": (h, k), "bk": (g, k), "bv": (g, k), "bo": (d,)}
+  v = k if v_dim is None else v_dim
+  return {"wq": (d, h, k), "wk": (d, g, k), "wv": (d, g, v), "wo": (h, v, d),
+          "bq": (h, k), "bk": (g, k), "bv": (g, v), "bo": (d,)}
 
 
 _in_init = jax.nn.initializers.variance_scaling(
@@ -260,8 +278,8 @@ def check_attention_params(params: Params, variant: str | None = None
   missing = [k for k in _WEIGHT_KEYS if k not in params]
   if missing:
     raise ValueError(f"params is missing {missing}; it has keys {sorted(params)}")
-  allowed = (_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS,) + _QK_NORM_KEYS + _NORM_REST_KEYS
-             + _VARIANT_ONLY_KEYS)
+  allowed = (_WEIGHT_KEYS + _BIAS_KEYS + (REL_BIAS, ALIBI) + _QK_NORM_KEYS + _NORM_REST_KEYS
+             + _VARIANT_ONLY_KEYS + _MLA_KEYS)
   unknown = sorted(set(params) - set(allowed))
   if unknown:
     raise ValueError(f"params has unknown keys {unknown}; allowed: {allowed}")
@@ -275,11 +293,19 @@ def check_attention_params(params: Params, variant: str | None = None
     raise ValueError(f"params['wk'] {tuple(wk.shape)} has G={g} key/value heads, which must "
                      f"divide the H={h} query heads of params['wq'] {tuple(wq.shape)} "
                      f"(grouped-query attention)")
-  for name, shape in param_shapes(d, h, k, g).items():
+  wv = params["wv"]
+  _check_rank("params['wv']", wv, 3, "D, G, V")
+  ins = {}
+  if "wkv_a" in params:    # MLA: q and k/v project their own inputs
+    d = _check_mla(params)
+    ins = {"wq": wq.shape[0], "wk": wk.shape[0], "wv": wk.shape[0]}
+  for name, shape in param_shapes(d, h, k, g, wv.shape[2]).items():
+    shape = (ins[name],) + shape[1:] if name in ins else shape
     if name in params and tuple(params[name].shape) != shape:
       raise ValueError(f"params['{name}'] must have shape {shape} to match "
-                       f"params['wq'] {tuple(wq.shape)} (D, H, K) and params['wk'] "
-                       f"{tuple(wk.shape)} (D, G, K); got {tuple(params[name].shape)}")
+                       f"params['wq'] {tuple(wq.shape)} (D, H, K), params['wk'] "
+                       f"{tuple(wk.shape)} (D, G, K) and params['wv'] {tuple(wv.shape)} "
+                       f"(D, G, V); got {tuple(params[name].shape)}")
   if k < 1:
     raise ValueError(f"head width K read from params['wq'] must be >= 1; got shape {wq.shape}")
   for name, heads in (("q_norm", h), ("k_norm", g)):
@@ -302,13 +328,63 @@ def check_attention_params(params: Params, variant: str | None = None
     if b in params and tuple(params[b].shape) != tuple(rest.shape[1:]):
       raise ValueError(f"params['{b}'] must have shape {tuple(rest.shape[1:])}; got "
                        f"{tuple(params[b].shape)}")
+  if ALIBI in params and tuple(params[ALIBI].shape) != (h,):
+    raise ValueError(f"params['alibi'] (ALiBi slopes) must have shape (H,) = ({h},); got "
+                     f"{tuple(params[ALIBI].shape)}")
+  if ALIBI in params and REL_BIAS in params:
+    raise ValueError("params has both 'alibi' and 'rel_bias': one relative-position bias "
+                     "per attention")
   if REL_BIAS in params:
     rb = params[REL_BIAS]
     if rb.ndim != 2 or rb.shape[0] != h or rb.shape[1] % 2 != 1:
       raise ValueError(f"params['rel_bias'] must have shape (H, 2R + 1) = ({h}, odd); got "
                        f"{tuple(rb.shape)}")
   _check_variant_params(params, variant, d, h, k)
+  if wv.shape[2] != k and variant in ("gated", "differential"):
+    raise ValueError(f"variant={variant!r} needs value heads as wide as the query/key "
+                     f"heads; params['wv'] {tuple(wv.shape)} has V={wv.shape[2]}, K={k}")
   return d, h, k
+
+
+def _check_mla(params: Params) -> int:
+  """The model width D of an MLA attention's params, their shapes checked (_MLA_KEYS)."""
+  shape = lambda n: tuple(params[n].shape) if n in params else None  # noqa: E731
+  d = params["wo"].shape[-1]
+  c, r = (shape("wkv_a") or (0, 0))[1], (shape("wk_rope") or (0, 0))[-1]
+  q_in = shape("wq_a")[1] if "wq_a" in params else d
+  want = {"wkv_a": (d, c), "kv_a_norm": (c,), "wk_rope": (d, r)}
+  if "wq_a" in params or "q_a_norm" in params:
+    want.update({"wq_a": (d, q_in), "q_a_norm": (q_in,)})
+  bad = {n: shape(n) for n, w in want.items() if shape(n) != w}
+  if bad or params["wk"].shape[0] != c + r or params["wq"].shape[0] != q_in:
+    raise ValueError(f"MLA params must be wkv_a (D, C), kv_a_norm (C,), wk_rope (D, R), "
+                     f"wk / wv (C + R, G, .), optional wq_a (D, Cq) with q_a_norm (Cq,), "
+                     f"wq (Cq or D, H, K), D = {d} from wo; got "
+                     f"{ {n: shape(n) for n in _MLA_KEYS + ('wq', 'wk', 'wv')} }")
+  for n in _NORM_REST_KEYS + (REL_BIAS, ALIBI):
+    if n in params:
+      raise ValueError(f"params['{n}'] cannot be combined with MLA's latent keys")
+  return d
+
+
+def _mla_inputs(params: Params, x, ctx, val, eps: float = MLA_NORM_EPS):
+  """(queries' input, keys' input, values' input) of an MLA attention: x, or its
+  low-rank RMSNorm(x wq_a) * q_a_norm; the latent [RMSNorm(z wkv_a) * kv_a_norm,
+  z wk_rope] of the keys' and values' inputs z. Each (..., features): 3-D, or 4-D
+  per-head inputs (edge patching)."""
+  def rms(y, scale):
+    y32 = y.astype(jnp.float32)
+    y32 = y32 * jax.lax.rsqrt(jnp.mean(y32 * y32, axis=-1, keepdims=True) + eps)
+    return (y32 * scale.astype(jnp.float32)).astype(y.dtype)
+
+  def lin(z, w):
+    return jnp.einsum("...d,dc->...c", z, params[w].astype(z.dtype))
+
+  def latent(z):
+    return jnp.concatenate([rms(lin(z, "wkv_a"), params["kv_a_norm"]), lin(z, "wk_rope")], -1)
+  q_in = x if "wq_a" not in params else rms(lin(x, "wq_a"), params["q_a_norm"])
+  k_in = latent(ctx)
+  return q_in, k_in, k_in if val is ctx else latent(val)
 
 
 def _check_variant_params(params: Params, variant: str | None, d: int, h: int, k: int):
@@ -532,11 +608,13 @@ def apply_rope(x_BTHK: jax.Array, positions_BT: jax.Array, rope: RoPE) -> jax.Ar
 
 
 def init_kv_cache(batch: int, max_len: int, num_kv_heads: int, head_dim: int,
-                  dtype: Any = jnp.float32) -> dict[str, jax.Array]:
+                  dtype: Any = jnp.float32, v_dim: int | None = None
+                  ) -> dict[str, jax.Array]:
   """An empty cache for one self-attention layer (a plain pytree; jit-friendly).
 
   Returns:
-    {"k": (B, S_max, G, K) zeros, "v": (B, S_max, G, K) zeros, "length": int32 0}.
+    {"k": (B, S_max, G, K) zeros, "v": (B, S_max, G, V) zeros (V = v_dim, default K),
+    "length": int32 0}.
     Keys are stored after RoPE. Pass it as multi_head_attention(..., cache=cache);
     each call writes its T new keys and values at [length, length + T) and returns
     the cache with length + T.
@@ -545,12 +623,17 @@ def init_kv_cache(batch: int, max_len: int, num_kv_heads: int, head_dim: int,
                     ("head_dim", head_dim)):
     if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < 1:
       raise ValueError(f"{name} must be a positive integer; got {val!r}")
+  if v_dim is not None and (isinstance(v_dim, bool) or not isinstance(
+      v_dim, (int, np.integer)) or v_dim < 1):
+    raise ValueError(f"v_dim must be a positive integer or None; got {v_dim!r}")
   shape = (int(batch), int(max_len), int(num_kv_heads), int(head_dim))
-  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+  vshape = shape[:3] + (int(head_dim if v_dim is None else v_dim),)
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(vshape, dtype),
           "length": jnp.zeros((), jnp.int32)}
 
 
-def _check_cache(cache: Any, b: int, g: int, k: int, t: int) -> tuple[int, jax.Array]:
+def _check_cache(cache: Any, b: int, g: int, k: int, t: int, v: int | None = None
+                 ) -> tuple[int, jax.Array]:
   """Validates a KV cache for x (B, T, D); returns (S_max, length as int32)."""
   if not isinstance(cache, Mapping) or set(cache) != {"k", "v", "length"}:
     raise ValueError(f"cache must be a dict with keys ['k', 'length', 'v'] (from "
@@ -561,8 +644,9 @@ def _check_cache(cache: Any, b: int, g: int, k: int, t: int) -> tuple[int, jax.A
   if ck.shape[0] != b or ck.shape[2:] != (g, k):
     raise ValueError(f"cache['k'] must have shape (B, S_max, G, K) = ({b}, S_max, {g}, {k}) "
                      f"for x and params; got {tuple(ck.shape)}")
-  if getattr(cv, "shape", None) != ck.shape:
-    raise ValueError(f"cache['v'] must have cache['k']'s shape {tuple(ck.shape)}; got "
+  want_v = tuple(ck.shape[:3]) + (k if v is None else v,)
+  if tuple(getattr(cv, "shape", ())) != want_v:
+    raise ValueError(f"cache['v'] must have shape (B, S_max, G, V) = {want_v}; got "
                      f"{getattr(cv, 'shape', cv)}")
   s_max = ck.shape[1]
   if t > s_max:
@@ -791,7 +875,7 @@ def _check_call(params, x, context, value_input, mask, causal, bias, head_gates,
     if context is not None or value_input is not None:
       raise ValueError("cache is for self-attention (decoding); got it together with "
                        "context or value_input")
-    s, length = _check_cache(cache, b, g, k, t)
+    s, length = _check_cache(cache, b, g, k, t, params["wv"].shape[2])
   if mask is not None:
     mask = _check_mask(mask, b, h, t, s)
   gates = None if head_gates is None else _check_gates(head_gates, b, h)
@@ -877,7 +961,7 @@ def _write_cache(cache, k_BSGK, v_BSGK, c: _Call, causal: bool, window):
 
 def _zero_heads(params: Params, x: jax.Array, c: _Call, site, return_weights: bool):
   """Every head pruned: the layer adds only its output bias."""
-  b, t, s, d, k = c.b, c.t, c.s, c.d, c.k
+  b, t, s, d, k = c.b, c.t, c.s, c.d, params["wv"].shape[2]
   out = jnp.zeros((b, t, d), x.dtype) + params.get("bo", jnp.zeros((d,), x.dtype))
   if site is not None:
     for name, shape in (("pattern", (b, 0, t, s)), ("z", (b, t, 0, k))):
@@ -940,6 +1024,29 @@ def _differential_heads(params: Params, o1_BTHK, o2_BTHK, lambda_init: float):
   return o.astype(o1_BTHK.dtype)
 
 
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  """(H,) float32 ALiBi slopes as BLOOM makes them: 2^(-8 i / n) for i = 1..n, n the
+  largest power of two <= H, then every other slope of the 2n sequence for the rest."""
+  n = 2 ** int(math.floor(math.log2(num_heads)))
+  base = np.float32(2 ** (-(2 ** -(math.log2(n) - 3))))
+  slopes = [base ** np.float32(i) for i in range(1, n + 1)]
+  if n != num_heads:
+    extra = np.float32(2 ** (-(2 ** -(math.log2(2 * n) - 3))))
+    slopes += [extra ** np.float32(i) for i in range(1, 2 * (num_heads - n), 2)]
+  return np.asarray(slopes, np.float32)
+
+
+def position_table(params: Params, t: int, s: int):
+  """The (H, 2R + 1) relative-position table of the call: params' rel_bias, or ALiBi's
+  slope_h * offset over every offset of T queries and S keys (R = max(T, S) - 1, so no
+  offset is clipped; with a cache, S = S_max covers the cache's length); None."""
+  if ALIBI not in params:
+    return params.get(REL_BIAS)
+  r = max(t, s, 2) - 1
+  slopes = params[ALIBI].astype(jnp.float32)
+  return slopes[:, None] * jnp.arange(-r, r + 1, dtype=jnp.float32)[None]
+
+
 def _attend(params: Params, q_BTHK, k_BSGK, v_BSGK, c: _Call, mask, causal: bool, impl: str,
             return_weights: bool, window, scale, softcap, site, cached: bool):
   """(o (B, T, H, K), w (B, H, T, S) or None): the kernel's call (two for differential)."""
@@ -957,12 +1064,18 @@ def _attend(params: Params, q_BTHK, k_BSGK, v_BSGK, c: _Call, mask, causal: bool
   if scale is not None:   # the kernels divide by sqrt(width): q carries the rest
     width = pairs[0][0].shape[-1]
     pairs = [(qi * jnp.asarray(scale * math.sqrt(width), qi.dtype), ki) for qi, ki in pairs]
-  table = params.get(REL_BIAS)
+  table = position_table(params, t, s)
   window_left = window is not None and not cached
   kernel = "reference" if site_pattern else resolve_impl(
       impl, pairs[0][0], return_weights, bias is not None or table is not None,
       k_BSGK=pairs[0][1], has_mask=mask is not None or window_left,
       has_softcap=softcap is not None, variant=c.variant)
+  if v_BSGK.shape[-1] != pairs[0][1].shape[-1] and kernel not in ("reference", "blocked"):
+    if impl != "auto":
+      raise ValueError(f"impl={impl!r} needs value heads as wide as the query/key heads; "
+                       f"V={v_BSGK.shape[-1]} != K={pairs[0][1].shape[-1]} is served by "
+                       f"'reference' and 'blocked' (or 'auto')")
+    kernel = "blocked"
   kernel_window = None
   if window_left and kernel in _dispatch.TAKES_WINDOW:
     kernel_window = window
@@ -991,7 +1104,8 @@ def _attend(params: Params, q_BTHK, k_BSGK, v_BSGK, c: _Call, mask, causal: bool
 def _output(params: Params, x: jax.Array, o_BTHK, gate_BTHK, c: _Call, site):
   """(y (B, T, D), the heads (B, T, H, K) that W_O reads): the variant's gate, head
   gates, the z and result sites, W_O and bo."""
-  b, t, h, k, d = c.b, c.t, c.h, c.k, c.d
+  b, t, h, d = c.b, c.t, c.h, c.d
+  k = o_BTHK.shape[-1]     # V, the value heads' width
   if c.variant == "gated_head":
     gate_BTHK = (x.reshape(b * t, d) @ params["wg"].astype(x.dtype)).reshape(b, t, h)
     gate_BTHK = gate_BTHK + params["bg"].astype(x.dtype)
@@ -1042,8 +1156,11 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   """Multi-head attention of x over itself, or over `context` (cross-attention).
 
   Args:
-    params: {"wq": (D, H, K), "wk", "wv": (D, G, K), "wo": (H, K, D)}, optional
-      {"bq": (H, K), "bk", "bv": (G, K), "bo": (D,)}, optional "rel_bias" (H, 2R + 1).
+    params: {"wq": (D, H, K), "wk": (D, G, K), "wv": (D, G, V), "wo": (H, V, D)},
+      optional {"bq": (H, K), "bk": (G, K), "bv": (G, V), "bo": (D,)}, optional
+      "rel_bias" (H, 2R + 1) or "alibi" (H,). V, the value heads' width, is K unless
+      the model says otherwise (DeepSeek's MLA); V != K runs on the reference and
+      blocked kernels (auto picks among them) and not with gated / differential.
       H, G and K are read from the shapes; G (key/value heads) divides H, and query
       head i reads key/value head i // (H // G) (grouped-query attention).
     x: (B, T, D) queries' input.
@@ -1134,7 +1251,11 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
                        cache, params)
     x = head_inputs[0]
     c = c._replace(ctx=head_inputs[1], val=head_inputs[2])
-  q_BTHK, k_BSGK, v_BSGK, gate_BTHK = _prepare_qkv(params, x, c, rope, qk_norm_eps, site)
+  x_q = x
+  if "wkv_a" in params:
+    x_q, ctx, val = _mla_inputs(params, x, c.ctx, c.val)
+    c = c._replace(ctx=ctx, val=val)
+  q_BTHK, k_BSGK, v_BSGK, gate_BTHK = _prepare_qkv(params, x_q, c, rope, qk_norm_eps, site)
   mask, new_cache = c.mask, None
   if cache is not None:
     k_BSGK, v_BSGK, mask, causal, new_cache = _write_cache(cache, k_BSGK, v_BSGK, c, causal,
@@ -1154,7 +1275,7 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   if new_cache is not None:  # a write past S_max (traced length) poisons the output
     y_BTD = jnp.where(c.length + c.t <= c.s, y_BTD, jnp.nan)
   chex.assert_shape(y_BTD, (c.b, c.t, c.d))
-  chex.assert_shape(o_BTHK, (c.b, c.t, c.h, c.k))
+  chex.assert_shape(o_BTHK, (c.b, c.t, c.h, params["wv"].shape[2]))
   if return_weights:
     return finish(AttentionOutput(y_BTD, w_BHTS, o_BTHK))
   return finish(y_BTD)

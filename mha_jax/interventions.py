@@ -24,6 +24,9 @@ Site names (stable; `{i}` is the layer index, the stack is `lm`, `encoder`,
   lm.{i}.resid_pre          (B, T, D)     the residual stream entering layer i
   lm.{i}.resid_mid          (B, T, D)     after the attention block's residual add
   lm.{i}.mlp_out            (B, T, D)     the MLP's output
+  lm.{i}.mlp.router         (B, T, E)     a mixture-of-experts MLP's expert weights per
+                                          token (float32; 0 outside the top-k): read
+                                          the router's choices, replace them to fix them
   lm.{i}.resid_post         (B, T, D)     after the MLP's residual add (= lm.{i+1}.resid_pre)
   lm.{i}.attn.in_q          (B, T, H, D)  the residual stream as query head h reads it, before
                                           the layer's norm (edge ends; computed only when
@@ -321,7 +324,10 @@ def site_names(params: Mapping) -> list[str]:
     for i, _ in enumerate(layers):
       out.append(f"{stack}.{i}.{LAYER_SITES[0]}")
       out += [f"{stack}.{i}.attn.{s}" for s in ATTN_SITES]
-      out += [f"{stack}.{i}.{s}" for s in LAYER_SITES[1:]]
+      after = [f"{stack}.{i}.{s}" for s in LAYER_SITES[1:]]
+      if "router" in params[top][layers[i]].get("mlp", {}):
+        after.insert(after.index(f"{stack}.{i}.mlp_out"), f"{stack}.{i}.mlp.router")
+      out += after
     if stack == "lm":
       out.append("lm.ln_final.scale")
   return out

@@ -68,7 +68,7 @@ def numpy_mha(params, x, context=None, mask=None, causal=False, gates=None, bias
     allowed &= np.broadcast_to(m, (B, H, T, S))
   if causal:
     allowed &= np.tril(np.ones((T, S), bool))[None, None]
-  heads = np.zeros((B, T, H, K))
+  heads = np.zeros((B, T, H, p["wv"].shape[2]))     # V: the value heads' width
   weights = np.zeros((B, H, T, S))
   for b in range(B):
     for h in range(H):

@@ -68,14 +68,16 @@ def at_positions(x_BTD, positions):
 
 
 def layer_norm(p, x, eps=1e-6, *, hook=None, site=None):
-  """(x - mean) / sqrt(var + eps) * scale + bias; the factor 1 / sqrt(var + eps) (..., 1)
-  is the intervention site `site` when named (lm.ln_final.scale)."""
+  """(x - mean) / sqrt(var + eps) * scale + bias (no bias where p has none: Cohere); the
+  factor 1 / sqrt(var + eps) (..., 1) is the intervention site `site` when named
+  (lm.ln_final.scale)."""
   mean = x.mean(-1, keepdims=True)
   var = ((x - mean) ** 2).mean(-1, keepdims=True)
   inv = jax.lax.rsqrt(var + eps)
   if site is not None:
     inv = interventions.at(hook, site, inv)
-  return (x - mean) * inv * p["scale"] + p["bias"]
+  y = (x - mean) * inv * p["scale"]
+  return y + p["bias"] if "bias" in p else y
 
 
 def init_layer_norm(d):

@@ -3,11 +3,13 @@ OLMo 2, Phi-3, GPT-2, GPT-NeoX), driven by the params present and a DecoderSpec.
 
 params = {
   "embed": (V, D),
-  "pos_embed": (P, D)                        learned absolute positions (GPT-2) or absent
+  "pos_embed": (P, D)                        learned absolute positions (GPT-2, OPT) or absent
+  "ln_embed": norm                           on the embeddings (BLOOM) or absent
   "lm": {"layer_{i}": {
             "ln1": norm        before attention          (absent: OLMo 2)
             "attn": {"wq": (D, H, K), "wk", "wv": (D, G, K), "wo": (H, K, D),
                      optional "bq" (H, K), "bk", "bv" (G, K), "bo" (D,),
+                     optional "alibi" (H,) ALiBi slopes (BLOOM),
                      optional "q_norm", "k_norm": (K,) per head or (H, K) / (G, K)},
             "ln1_post": norm   on the attention's output (Gemma 2/3, OLMo 2) or absent
             "ln2": norm        before the MLP            (absent: OLMo 2)
@@ -46,6 +48,11 @@ from mha_jax.models import rope_scaling
 
 NORMS = ("rms", "layer")
 ACTS = ("silu", "gelu", "gelu_tanh", "relu")
+# How a mixture-of-experts router turns its float32 logits into the top-k experts'
+# weights: "softmax_renorm" softmax, top-k, renormalised to sum 1 (Mixtral; Qwen3-MoE and
+# OLMoE with norm_topk_prob); "softmax" softmax then top-k as they are (norm_topk_prob
+# false); "topk_softmax" top-k of the logits, then a softmax over those k (gpt-oss).
+ROUTINGS = ("softmax_renorm", "softmax", "topk_softmax")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +68,21 @@ class DecoderSpec:
   window: sliding window (int), None, or a tuple per layer (None = full attention).
   attn_scale: the score scale, None = 1 / sqrt(K), or a tuple per layer.
   attn_softcap / final_softcap: Gemma 2's soft-capping of the scores / of the logits.
-  embed_scale: multiplies the embeddings (Gemma: sqrt(D)); None = 1.
+  embed_scale: multiplies the embeddings (Gemma: sqrt(D), Granite's
+    embedding_multiplier); None = 1.
+  residual_scale: multiplies what attention and the MLP add to the stream, before the
+    attn_out / mlp_out sites (Granite's residual_multiplier); None = 1.
+  logit_scale: multiplies the logits, before final_softcap (Cohere's logit_scale,
+    Granite's 1 / logits_scaling); None = 1.
+  moe_top_k, moe_routing: experts per token and how the router weighs them (ROUTINGS),
+    for the layers whose MLP has a "router" (mixture of experts).
+  moe_scale: multiplies the chosen experts' weights (DeepSeek's routed_scaling_factor);
+    None = 1. moe_groups: (n_group, topk_group): the top-k is taken among the experts of
+    the topk_group groups with the highest expert score (DeepSeek's
+    group_limited_greedy); None: among all.
+  swiglu_limit, swiglu_alpha: gpt-oss's clamped SwiGLU in the experts: gate clamped
+    to <= limit, up to [-limit, limit], out (up + 1) * gate * sigmoid(alpha gate);
+    None: act(gate) * up.
   impl: attention kernel (mha_jax.attention IMPLS).
   """
   norm: str = "rms"
@@ -74,6 +95,14 @@ class DecoderSpec:
   attn_softcap: float | None = None
   final_softcap: float | None = None
   embed_scale: float | None = None
+  residual_scale: float | None = None
+  logit_scale: float | None = None
+  moe_top_k: int = 0
+  moe_routing: str = "softmax_renorm"
+  moe_scale: float | None = None
+  moe_groups: tuple | None = None
+  swiglu_limit: float | None = None
+  swiglu_alpha: float | None = None
   impl: str = "auto"
 
   def __post_init__(self):
@@ -81,6 +110,9 @@ class DecoderSpec:
       raise ValueError(f"DecoderSpec.norm must be one of {NORMS}; got {self.norm!r}")
     if self.act not in ACTS:
       raise ValueError(f"DecoderSpec.act must be one of {ACTS}; got {self.act!r}")
+    if self.moe_routing not in ROUTINGS:
+      raise ValueError(f"DecoderSpec.moe_routing must be one of {ROUTINGS}; got "
+                       f"{self.moe_routing!r}")
     if self.impl not in attention.IMPLS:
       raise ValueError(f"DecoderSpec.impl must be one of {attention.IMPLS}; got "
                        f"{self.impl!r}")
@@ -127,6 +159,12 @@ def spec_from_config(m, impl: str = "auto") -> DecoderSpec:
                      parallel=bool(d.get("parallel", False)), rope=ropes, window=windows,
                      attn_scale=scales, attn_softcap=opt("attn_softcap"),
                      final_softcap=opt("final_softcap"), embed_scale=opt("embed_scale"),
+                     residual_scale=opt("residual_scale"), logit_scale=opt("logit_scale"),
+                     moe_top_k=int(d.get("moe_top_k", 0)),
+                     moe_routing=d.get("moe_routing", "softmax_renorm"),
+                     moe_scale=opt("moe_scale"), moe_groups=None if d.get(
+                         "moe_groups") is None else tuple(int(g) for g in d["moe_groups"]),
+                     swiglu_limit=opt("swiglu_limit"), swiglu_alpha=opt("swiglu_alpha"),
                      impl=impl)
 
 
@@ -176,12 +214,73 @@ def mlp(p, x, act: str):
   return out if "b_down" not in p else out + p["b_down"].astype(x.dtype)
 
 
+def _gated(spec: DecoderSpec, gate, up):
+  """act(gate) * up, or gpt-oss's clamped SwiGLU (spec.swiglu_limit)."""
+  if spec.swiglu_limit is None:
+    return activation(spec.act, gate) * up
+  lim = jnp.asarray(spec.swiglu_limit, gate.dtype)
+  gate, up = jnp.minimum(gate, lim), jnp.clip(up, -lim, lim)
+  return (up + 1) * gate * jax.nn.sigmoid(gate * jnp.asarray(spec.swiglu_alpha, gate.dtype))
+
+
+def route(p, x_BTD, spec: DecoderSpec):
+  """(B, T, E) float32: each expert's weight for each token, zero outside its top-k
+  (the router site's value). The router's logits x @ router (+ router_bias) are
+  computed in float32 and ranked by jax.lax.top_k (ties: the lower expert index)."""
+  logits = x_BTD.astype(jnp.float32) @ p["router"].astype(jnp.float32)
+  if "router_bias" in p:
+    logits = logits + p["router_bias"].astype(jnp.float32)
+  e, k = logits.shape[-1], spec.moe_top_k
+  if spec.moe_routing == "topk_softmax":
+    top, idx = jax.lax.top_k(logits, k)
+    top = jax.nn.softmax(top, axis=-1)
+  else:
+    probs = jax.nn.softmax(logits, axis=-1)
+    if spec.moe_groups is not None:    # keep the experts of the best topk_group groups
+      n, keep = spec.moe_groups
+      best = jnp.max(probs.reshape(*probs.shape[:-1], n, e // n), axis=-1)
+      chosen = jnp.sum(jax.nn.one_hot(jax.lax.top_k(best, keep)[1], n), axis=-2)
+      probs = probs * jnp.repeat(chosen, e // n, axis=-1)
+    top, idx = jax.lax.top_k(probs, k)
+    if spec.moe_routing == "softmax_renorm":
+      top = top / jnp.sum(top, axis=-1, keepdims=True)
+  if spec.moe_scale is not None:
+    top = top * jnp.float32(spec.moe_scale)
+  return jnp.einsum("btk,btke->bte", top, jax.nn.one_hot(idx, e, dtype=jnp.float32))
+
+
+def moe(p, x_BTD, spec: DecoderSpec, hook=None, site: str | None = None):
+  """A mixture-of-experts MLP: sum over experts e of weight[e] * expert_e(x), the
+  weights from `route` through the site `{site}.router` (B, T, E) (read it to see the
+  router's choices; replace it to fix them). Every expert runs on every token and the
+  unchosen ones are weighted 0: the same sum as a sparse dispatch, E / k times its
+  FLOPs. Experts: w_gate, w_up (E, D, F), w_down (E, F, D), optional b_gate, b_up
+  (E, F), b_down (E, D); optional "shared" {w_gate, w_up, w_down}: shared experts, a
+  dense MLP every token runs (DeepSeek), added."""
+  w_BTE = route(p, x_BTD, spec)
+  if site is not None:
+    w_BTE = interventions.at(hook, f"{site}.router", w_BTE)
+  w_BTE = w_BTE.astype(x_BTD.dtype)
+
+  def lin(w, b):
+    y = jnp.einsum("btd,edf->btef", x_BTD, p[w].astype(x_BTD.dtype))
+    return y if b not in p else y + p[b].astype(x_BTD.dtype)
+  h_BTEF = _gated(spec, lin("w_gate", "b_gate"), lin("w_up", "b_up")) * w_BTE[..., None]
+  out = jnp.einsum("btef,efd->btd", h_BTEF, p["w_down"].astype(x_BTD.dtype))
+  if "b_down" in p:
+    out = out + w_BTE @ p["b_down"].astype(x_BTD.dtype)
+  return out if "shared" not in p else out + mlp(p["shared"], x_BTD, spec.act)
+
+
 def unembed(params, x_BTD):
-  """Logits (B, T, V) in float32: x @ unembed, or x @ embed.T when tied."""
+  """Logits (B, T, V) in float32: x @ unembed, or x @ embed.T when tied; plus
+  unembed_bias (V,) where the family has one (Phi, GPT-J)."""
   if "unembed" in params:
-    return (x_BTD @ params["unembed"].astype(x_BTD.dtype)).astype(jnp.float32)
-  return jnp.einsum("btd,vd->btv", x_BTD, params["embed"].astype(x_BTD.dtype)).astype(
-      jnp.float32)
+    y = (x_BTD @ params["unembed"].astype(x_BTD.dtype)).astype(jnp.float32)
+  else:
+    y = jnp.einsum("btd,vd->btv", x_BTD, params["embed"].astype(x_BTD.dtype)).astype(
+        jnp.float32)
+  return y if "unembed_bias" not in params else y + params["unembed_bias"].astype(y.dtype)
 
 
 def positions_from_mask(mask_BT):
@@ -199,6 +298,8 @@ def _embed(params, spec, tokens_BT, positions_BT):
     x = x * jnp.asarray(spec.embed_scale, jnp.float32).astype(x.dtype)
   if "pos_embed" in params:
     x = x + params["pos_embed"][positions_BT].astype(x.dtype)
+  if "ln_embed" in params:     # BLOOM: a LayerNorm on the embeddings
+    x = norm(params["ln_embed"], x, spec)
   return x
 
 
@@ -227,6 +328,7 @@ def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
   kw = dict(causal=True, mask=key_mask, rope=rope, impl=spec.impl,
             window=spec.layer("window", i), scale=spec.layer("attn_scale", i),
             softcap=spec.attn_softcap, qk_norm_eps=spec.norm_eps,
+            variant="sink" if "sink_logit" in p["attn"] else "softmax",
             site=interventions.scope(hook, f"{name}.attn"))
   if positions_BT is not None and rope is not None:
     kw["positions"] = positions_BT
@@ -240,27 +342,44 @@ def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
     a = attention.multi_head_attention(p["attn"], h, **kw)
   if "ln1_post" in p:      # its 1/rms is a site: DLA freezes it (attention then linear)
     a = norm(p["ln1_post"], a, spec, hook=hook, site=f"{name}.ln1_post.scale")
-  a = interventions.at(hook, f"{name}.attn_out", a)
+  a = interventions.at(hook, f"{name}.attn_out", _residual(a, spec))
   if spec.parallel:     # GPT-NeoX: the MLP reads the layer's input, not resid_mid
     m_in = interventions.at(hook, f"{name}.mlp_in", x)
-    m = mlp(p["mlp"], norm(p["ln2"], m_in, spec) if "ln2" in p else m_in, spec.act)
     mid = interventions.at(hook, f"{name}.resid_mid", x + a)
-    if "ln2_post" in p:
-      m = norm(p["ln2_post"], m, spec)
-    m = interventions.at(hook, f"{name}.mlp_out", m)
+    m = _mlp_out(p, m_in, spec, hook, name)
     return interventions.at(hook, f"{name}.resid_post", mid + m), new_cache
   x = interventions.at(hook, f"{name}.resid_mid", x + a)
   m_in = interventions.at(hook, f"{name}.mlp_in", x)     # what the MLP reads; the stream goes on as x
-  m = mlp(p["mlp"], norm(p["ln2"], m_in, spec) if "ln2" in p else m_in, spec.act)
+  m = _mlp_out(p, m_in, spec, hook, name)
+  return interventions.at(hook, f"{name}.resid_post", x + m), new_cache
+
+
+def _residual(y, spec: DecoderSpec):
+  """What a sublayer adds to the stream: y, times Granite's residual_multiplier."""
+  if spec.residual_scale is None:
+    return y
+  return y * jnp.asarray(spec.residual_scale, jnp.float32).astype(y.dtype)
+
+
+def _mlp_out(p, m_in, spec: DecoderSpec, hook, name: str):
+  """The MLP's output (site {name}.mlp_out) from what it reads: normed by ln2, or, in a
+  parallel block without ln2 (Phi, GPT-J, Cohere, Falcon), by ln1 (one norm for both);
+  then ln2_post and the residual multiplier."""
+  ln = p.get("ln2", p.get("ln1") if spec.parallel else None)
+  h = norm(ln, m_in, spec) if ln is not None else m_in
+  m = moe(p["mlp"], h, spec, hook, f"{name}.mlp") if "router" in p["mlp"] else \
+      mlp(p["mlp"], h, spec.act)
   if "ln2_post" in p:
     m = norm(p["ln2_post"], m, spec)
-  m = interventions.at(hook, f"{name}.mlp_out", m)
-  return interventions.at(hook, f"{name}.resid_post", x + m), new_cache
+  return interventions.at(hook, f"{name}.mlp_out", _residual(m, spec))
 
 
 def _final(params, spec, x, hook=None):
   h = norm(params["lm"]["ln_final"], x, spec, hook=hook, site="lm.ln_final.scale")
-  return _softcap(unembed(params, h), spec.final_softcap)
+  logits = unembed(params, h)
+  if spec.logit_scale is not None:
+    logits = logits * jnp.float32(spec.logit_scale)
+  return _softcap(logits, spec.final_softcap)
 
 
 def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=None,
@@ -339,7 +458,8 @@ def init_cache(params, batch: int, max_len: int, dtype=jnp.float32) -> dict:
   out = {}
   for name in common.layers_of(params["lm"]):
     _, h_kv, k = params["lm"][name]["attn"]["wk"].shape
-    out[name] = attention.init_kv_cache(batch, max_len, h_kv, k, dtype)
+    v = params["lm"][name]["attn"]["wv"].shape[2]
+    out[name] = attention.init_kv_cache(batch, max_len, h_kv, k, dtype, v_dim=v)
   return out
 
 

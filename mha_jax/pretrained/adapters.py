@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from mha_jax import attention
 from mha_jax.errors import UserError
 
 USE, IGNORE = "use", "ignore"
@@ -376,6 +377,277 @@ def _parse_neox(c: Config) -> dict:
                  legacy_partial_key="rotary_pct", default_partial=0.25)
 
 
+def _parse_opt(c: Config) -> dict:
+  d, h = int(c.need("hidden_size")), int(c.need("num_attention_heads"))
+  if int(c.get("word_embed_proj_dim", d)) != d:
+    c.refuse("word_embed_proj_dim", c.cfg["word_embed_proj_dim"], f"the project_in / "
+             f"project_out projections (width != hidden_size={d}) are not implemented")
+  s = dict(d=d, h=h, g=h, k=d // h, f=int(c.need("ffn_dim")), n=int(c.need("num_hidden_layers")),
+           v=int(c.need("vocab_size")), max_len=int(c.get("max_position_embeddings", 2048)),
+           eps=1e-5, tied=bool(c.get("tie_word_embeddings", True)))
+  s["act"] = _act(c, "activation_function", "relu")
+  s["attn_bias"] = s["o_bias"] = s["mlp_bias"] = bool(c.get("enable_bias", True))
+  s["layer_types"], s["window"], s["rope"] = ["full_attention"] * s["n"], None, None
+  return s
+
+
+def _parse_phi(c: Config) -> dict:
+  """Phi (1, 1.5, 2): one LayerNorm feeding attention and MLP in parallel, partial rotary."""
+  s = _settings(c)
+  s["eps"] = float(c.get("layer_norm_eps", 1e-5))
+  s["act"] = _act(c, "hidden_act", "gelu_new")
+  s["attn_bias"] = s["o_bias"] = s["mlp_bias"] = True
+  s["parallel"] = True
+  return _finish(c, s, ["full_attention"] * s["n"], None, default_partial=0.5)
+
+
+def _parse_stablelm(c: Config) -> dict:
+  s = _settings(c)
+  s["eps"] = float(c.get("layer_norm_eps", 1e-5))
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = bool(c.get("use_qkv_bias", False))
+  s["parallel"] = bool(c.get("use_parallel_residual", False))
+  s["sequential"] = not s["parallel"]
+  return _finish(c, s, ["full_attention"] * s["n"], None, default_partial=0.25)
+
+
+def _parse_gptj(c: Config) -> dict:
+  d, h = int(c.get("n_embd", 4096)), int(c.get("n_head", 16))
+  s = dict(d=d, h=h, g=h, k=d // h, f=int(c.get("n_inner") or 4 * d),
+           n=int(c.get("n_layer", 28)), v=int(c.get("vocab_size", 50400)),
+           max_len=int(c.get("n_positions", 2048)), eps=float(c.get("layer_norm_epsilon", 1e-5)),
+           tied=bool(c.get("tie_word_embeddings", False)))
+  s["act"] = _act(c, "activation_function", "gelu_new")
+  s["parallel"], s["rope_layout"] = True, "interleaved"
+  rot = c.cfg.get("rotary_dim")
+  if rot is None or int(rot) > s["k"] or int(rot) < 2 or int(rot) % 2:
+    c.refuse("rotary_dim", rot, f"expected an even number of rotated features <= the head "
+             f"width {s['k']}")
+  s = _finish(c, s, ["full_attention"] * s["n"], None)
+  s["rope"]["full_attention"]["dim"] = int(rot)
+  return s
+
+
+def _parse_falcon(c: Config) -> dict:
+  """Falcon's three attention layouts (new_decoder_architecture: grouped kv heads;
+  multi_query; per-head q, k, v) and its block (parallel with one or two LayerNorms, or
+  sequential)."""
+  d, h = int(c.need("hidden_size")), int(c.need("num_attention_heads"))
+  new, mq = bool(c.get("new_decoder_architecture", False)), bool(c.get("multi_query", True))
+  par = bool(c.get("parallel_attn", True))
+  n_ln = c.get("num_ln_in_parallel_attn")
+  n_ln = 2 if n_ln is None and new else n_ln
+  if c.get("alibi", False):
+    c.refuse("alibi", True, "Falcon's ALiBi (added before the 1 / sqrt(K) scale) is not "
+             "implemented; the RoPE Falcons are")
+  if new and not par:
+    c.refuse("parallel_attn", False, "transformers' new_decoder_architecture needs it")
+  if n_ln not in (None, 1, 2) or (n_ln == 2 and not new):
+    c.refuse("num_ln_in_parallel_attn", n_ln, "2 only with new_decoder_architecture, else 1")
+  g = int(c.get("num_kv_heads", h)) if new else (1 if mq else h)
+  if not new and not mq and int(c.get("num_kv_heads", h)) != h:
+    c.refuse("num_kv_heads", c.cfg["num_kv_heads"], "the per-head q, k, v layout has one "
+             "kv head per head")
+  s = dict(d=d, h=h, g=g, k=d // h, f=int(c.get("ffn_hidden_size") or 4 * d),
+           n=int(c.need("num_hidden_layers")), v=int(c.need("vocab_size")),
+           max_len=int(c.get("max_position_embeddings", 2048)),
+           eps=float(c.get("layer_norm_epsilon", 1e-5)),
+           tied=bool(c.get("tie_word_embeddings", True)))
+  s["act"] = _act(c, "activation", "gelu")
+  s["attn_bias"] = s["o_bias"] = s["mlp_bias"] = bool(c.get("bias", False))
+  s["falcon_layout"] = "grouped" if new else ("multi_query" if mq else "per_head")
+  s["parallel"] = par
+  s["two_ln"] = bool(new and n_ln == 2)
+  s["one_ln"] = not s["two_ln"]
+  s["sequential"] = not par
+  s = _finish(c, s, ["full_attention"] * s["n"], None)
+  if s["rope"]["full_attention"]["dim"] != s["k"]:
+    c.refuse("rope_parameters.partial_rotary_factor", s["rope"]["full_attention"]["dim"] /
+             s["k"], "Falcon rotates the whole head")
+  return s
+
+
+def _parse_smollm3(c: Config) -> dict:
+  """SmolLM3: LLaMA with no RoPE in the layers where no_rope_layers[i] is 0 (NoPE)."""
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  s["mlp_bias"] = bool(c.get("mlp_bias", False))
+  n = s["n"]
+  flags = c.cfg.get("no_rope_layers")
+  if flags is None:
+    every = int(c.get("no_rope_layer_interval", 4))
+    flags = [int((i + 1) % every != 0) for i in range(n)]
+  if len(flags) != n or any(f not in (0, 1) for f in flags):
+    c.refuse("no_rope_layers", flags, f"expected {n} entries of 0 / 1")
+  s["no_rope"] = [i for i, f in enumerate(flags) if not f]
+  window = c.get("sliding_window") if c.get("use_sliding_window", False) else None
+  lt = c.cfg.get("layer_types")
+  if lt is None:
+    lt = ["sliding_attention" if window and not flags[i] else "full_attention"
+          for i in range(n)]
+  lt = _layer_types(c, n, window) if c.cfg.get("layer_types") is not None else lt
+  if window is None:    # transformers: no window on any layer without use_sliding_window
+    lt = ["full_attention"] * n
+  return _finish(c, s, lt, window)
+
+
+def _parse_olmo3(c: Config) -> dict:
+  """OLMo 3: OLMo 2's block with sliding and full layers (layer_types), each type its
+  own RoPE."""
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  window = c.get("sliding_window")
+  return _finish(c, s, _layer_types(c, s["n"], window), window)
+
+
+def _parse_cohere(c: Config) -> dict:
+  """Cohere (Command-R): one bias-free LayerNorm feeding attention and MLP in parallel,
+  interleaved RoPE, logits times logit_scale."""
+  s = _settings(c)
+  s["eps"] = float(c.get("layer_norm_eps", 1e-5))
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  s["parallel"], s["rope_layout"] = True, "interleaved"
+  s["tied"] = bool(c.get("tie_word_embeddings", True))
+  s["logit_scale"] = float(c.get("logit_scale", 0.0625))
+  return _finish(c, s, ["full_attention"] * s["n"], None)
+
+
+def _parse_granite(c: Config) -> dict:
+  """Granite: LLaMA with embedding, residual, attention-score and logit multipliers."""
+  s = _parse_llama(c)
+  s["embed_scale"] = float(c.get("embedding_multiplier", 1.0))
+  s["residual_scale"] = float(c.get("residual_multiplier", 1.0))
+  s["scale"] = float(c.get("attention_multiplier", 1.0))
+  s["logit_scale"] = 1.0 / float(c.get("logits_scaling", 1.0))
+  return s
+
+
+
+def _parse_bloom(c: Config) -> dict:
+  """BLOOM: ALiBi (no RoPE), a LayerNorm on the embeddings, per-head [q, k, v] rows."""
+  d, h = int(c.get("hidden_size", 64)), int(c.get("n_head", 8))
+  n = int(c.get("n_layer", 2))
+  s = dict(d=d, h=h, g=h, k=d // h, f=4 * d, n=n, v=int(c.get("vocab_size", 250880)),
+           max_len=int(c.get("seq_length", c.get("max_position_embeddings", 2048))),
+           eps=float(c.get("layer_norm_epsilon", 1e-5)),
+           tied=bool(c.get("tie_word_embeddings", True)))
+  s["act"], s["alibi"] = "gelu_tanh", True
+  s["layer_types"], s["window"], s["rope"] = ["full_attention"] * n, None, None
+  return s
+
+def _moe(c: Config, s: dict, experts_key: str, routing: str, f_key: str | None = None):
+  """The MoE settings: experts, top-k, routing, expert width, which layers are sparse."""
+  e = c.cfg.get(experts_key)
+  if e is None and experts_key == "num_experts":   # transformers' alias
+    e = c.cfg.get("num_local_experts")
+  s["experts"] = int(e if e is not None else c.need(experts_key))
+  s["top_k"] = int(c.need("num_experts_per_tok"))
+  if not 1 <= s["top_k"] <= s["experts"]:
+    c.refuse("num_experts_per_tok", s["top_k"], f"must be 1..{s['experts']} experts")
+  s["routing"] = routing
+  s["moe_f"] = int(c.need(f_key)) if f_key else s["f"]
+  s["moe_layers"] = list(range(s["n"]))
+  return s
+
+
+def _parse_mixtral(c: Config) -> dict:
+  s = _parse_llama(c)
+  window = c.get("sliding_window")
+  s = _finish(c, s, _layer_types(c, s["n"], window), window)
+  return _moe(c, s, "num_local_experts", "softmax_renorm")
+
+
+def _parse_qwen3_moe(c: Config) -> dict:
+  """Qwen3-MoE: Qwen3's attention; layer i is sparse unless in mlp_only_layers, and
+  only when (i + 1) % decoder_sparse_step == 0."""
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  window = c.get("sliding_window") if c.get("use_sliding_window", False) else None
+  s = _finish(c, s, _layer_types(c, s["n"], window), window)
+  s = _moe(c, s, "num_experts", "softmax_renorm" if c.get("norm_topk_prob", False)
+           else "softmax", "moe_intermediate_size")
+  step, only = int(c.get("decoder_sparse_step", 1)), c.get("mlp_only_layers", [])
+  if step < 1 or not isinstance(only, list):
+    c.refuse("decoder_sparse_step" if step < 1 else "mlp_only_layers", step if step < 1
+             else only, "expected a step >= 1 and a list of layer indices")
+  s["moe_layers"] = [i for i in range(s["n"]) if i not in only and (i + 1) % step == 0]
+  return s
+
+
+def _parse_olmoe(c: Config) -> dict:
+  """OLMoE: OLMo 2's whole-projection QK-norm with pre-norms; softmax routing,
+  renormalised with norm_topk_prob."""
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", False))
+  s = _finish(c, s, ["full_attention"] * s["n"], None)
+  return _moe(c, s, "num_experts", "softmax_renorm" if c.get("norm_topk_prob", False)
+              else "softmax")
+
+
+def _parse_gpt_oss(c: Config) -> dict:
+  """gpt-oss: a sink logit per head, sliding and full layers, top-k of the router's
+  logits then a softmax over them, clamped SwiGLU experts with biases."""
+  s = _settings(c)
+  s["act"] = "silu"
+  if c.get("hidden_act", "silu") != "silu":
+    c.refuse("hidden_act", c.cfg["hidden_act"], "gpt-oss's experts run their own clamped "
+             "SwiGLU (swiglu_limit, swiglu_alpha)")
+  s["attn_bias"] = s["o_bias"] = bool(c.get("attention_bias", True))
+  window = c.get("sliding_window")
+  s = _finish(c, s, _layer_types(c, s["n"], window), window)
+  s = _moe(c, s, "num_local_experts", "topk_softmax")
+  s["swiglu_limit"] = float(c.get("swiglu_limit", 7.0))
+  s["swiglu_alpha"] = float(c.get("swiglu_alpha", 1.702))
+  return s
+
+
+def _parse_deepseek_v2(c: Config) -> dict:
+  """DeepSeek-V2: multi-head latent attention (attention.py), interleaved RoPE on the
+  qk_rope_head_dim features, MoE with shared experts after first_k_dense_replace dense
+  layers, softmax routing (greedy or group-limited) times routed_scaling_factor."""
+  s = _settings(c)
+  s["act"] = _act(c, "hidden_act", "silu")
+  h = s["h"]
+  if int(c.get("num_key_value_heads", h)) != h:
+    c.refuse("num_key_value_heads", c.cfg["num_key_value_heads"], "MLA decompresses a key "
+             "and a value per head: it must equal num_attention_heads")
+  r, kn = int(c.need("qk_rope_head_dim")), int(c.need("qk_nope_head_dim"))
+  q = c.cfg.get("q_lora_rank")
+  s["mla"] = dict(c=int(c.need("kv_lora_rank")), r=r, kn=kn, v=int(c.need("v_head_dim")),
+                  cq=None if q is None else int(q))
+  s["low_rank_q"] = q is not None
+  s["full_q"] = q is None
+  s["g"], s["k"], s["rope_layout"] = h, r + kn, "interleaved"
+  s = _finish(c, s, ["full_attention"] * s["n"], None)
+  rope = s["rope"]["full_attention"]
+  rope["dim"] = r
+  scale = (r + kn) ** -0.5
+  if rope["type"] != "default" and rope.get("mscale_all_dim"):
+    m = rope.get("factor", 1.0)
+    m = 1.0 if m <= 1 else 0.1 * rope["mscale_all_dim"] * float(np.log(m)) + 1.0
+    scale = scale * m * m
+  s["scale"] = scale
+  s = _moe(c, s, "n_routed_experts", "softmax", "moe_intermediate_size")
+  s["moe_layers"] = list(range(int(c.get("first_k_dense_replace", 0)), s["n"]))
+  s["moe_scale"] = float(c.get("routed_scaling_factor", 1.0))
+  method = c.get("topk_method", "greedy")
+  if method not in ("greedy", "group_limited_greedy"):
+    c.refuse("topk_method", method, "implemented: greedy, group_limited_greedy")
+  if method == "group_limited_greedy":
+    n_group, keep = int(c.need("n_group")), int(c.need("topk_group"))
+    if s["experts"] % n_group or not 1 <= keep <= n_group:
+      c.refuse("n_group", n_group, f"must divide the {s['experts']} experts, with "
+               f"topk_group={keep} in 1..n_group")
+    s["moe_groups"] = [n_group, keep]
+  s["shared_f"] = s["moe_f"] * int(c.get("n_shared_experts") or 0)
+  s["shared"] = s["shared_f"] > 0
+  return s
+
 # ---------------------------------------------------------------------------------------
 # The families.
 # ---------------------------------------------------------------------------------------
@@ -399,6 +671,14 @@ _LLAMA_NORMS = (("input_layernorm.weight", "vec", "ln1.scale", None),
 _TOP = (("embed_tokens.weight", "vec", "embed", None),
         ("norm.weight", "vec", "lm.ln_final.scale", None),
         ("lm_head.weight", "lin", "unembed", "untied"))
+
+# Mixture-of-experts config keys used only in training (the auxiliary loss).
+_MOE_TRAINING_KEYS = {"output_router_logits": IGNORE, "router_aux_loss_coef": IGNORE}
+# Qwen-MoE / OLMoE experts: a router and per-expert SwiGLUs, taken on the sparse layers.
+_MOE_ROWS = (("mlp.gate.weight", "lin", "mlp.router", "moe"),
+             ("mlp.experts.{e}.gate_proj.weight", "experts_in", "mlp.w_gate", "moe"),
+             ("mlp.experts.{e}.up_proj.weight", "experts_in", "mlp.w_up", "moe"),
+             ("mlp.experts.{e}.down_proj.weight", "experts_out", "mlp.w_down", "moe"))
 
 _LLAMA_KEYS = {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
                "num_hidden_layers": USE, "num_attention_heads": USE,
@@ -523,6 +803,244 @@ FAMILIES = {f.name: f for f in (
            prefixes=("gpt_neox.", ""), norm="layer",
            ignore_tensors=("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"),
            parse=_parse_neox),
+    Family("opt", ("opt",),
+           {"vocab_size": USE, "hidden_size": USE, "num_hidden_layers": USE, "ffn_dim": USE,
+            "num_attention_heads": USE, "activation_function": USE, "dropout": IGNORE,
+            "layerdrop": IGNORE, "init_std": IGNORE, "enable_bias": USE,
+            "word_embed_proj_dim": USE, "do_layer_norm_before": (True,),
+            "_remove_final_layer_norm": (False,), "layer_norm_elementwise_affine": (True,)},
+           (("embed_tokens.weight", "vec", "embed", None),
+            ("embed_positions.weight", "pos_offset", "pos_embed", None),
+            ("final_layer_norm.weight", "vec", "lm.ln_final.scale", None),
+            ("final_layer_norm.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied")),
+           (("self_attn_layer_norm.weight", "vec", "ln1.scale", None),
+            ("self_attn_layer_norm.bias", "vec", "ln1.bias", None),
+            ("self_attn.q_proj.weight", "q", "attn.wq", None),
+            ("self_attn.k_proj.weight", "kv", "attn.wk", None),
+            ("self_attn.v_proj.weight", "kv", "attn.wv", None),
+            ("self_attn.out_proj.weight", "o", "attn.wo", None),
+            ("self_attn.q_proj.bias", "bq", "attn.bq", "attn_bias"),
+            ("self_attn.k_proj.bias", "bkv", "attn.bk", "attn_bias"),
+            ("self_attn.v_proj.bias", "bkv", "attn.bv", "attn_bias"),
+            ("self_attn.out_proj.bias", "vec", "attn.bo", "o_bias"),
+            ("final_layer_norm.weight", "vec", "ln2.scale", None),
+            ("final_layer_norm.bias", "vec", "ln2.bias", None),
+            ("fc1.weight", "lin", "mlp.w_up", None), ("fc1.bias", "vec", "mlp.b_up", "mlp_bias"),
+            ("fc2.weight", "lin", "mlp.w_down", None),
+            ("fc2.bias", "vec", "mlp.b_down", "mlp_bias")),
+           prefixes=("model.decoder.", "decoder.", ""), norm="layer", parse=_parse_opt),
+    Family("phi", ("phi",),
+           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+            "head_dim": USE, "hidden_act": USE, "layer_norm_eps": USE, "resid_pdrop": IGNORE,
+            "embd_pdrop": IGNORE, "qk_layernorm": (False,), "partial_rotary_factor": USE},
+           (("embed_tokens.weight", "vec", "embed", None),
+            ("final_layernorm.weight", "vec", "lm.ln_final.scale", None),
+            ("final_layernorm.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied"),
+            ("lm_head.bias", "vec", "unembed_bias", None)),
+           (("input_layernorm.weight", "vec", "ln1.scale", None),
+            ("input_layernorm.bias", "vec", "ln1.bias", None)) + _ATTN[:3] + (
+               ("self_attn.dense.weight", "o", "attn.wo", None),) + _ATTN[4:7] + (
+               ("self_attn.dense.bias", "vec", "attn.bo", None),
+               ("mlp.fc1.weight", "lin", "mlp.w_up", None), ("mlp.fc1.bias", "vec", "mlp.b_up", None),
+               ("mlp.fc2.weight", "lin", "mlp.w_down", None),
+               ("mlp.fc2.bias", "vec", "mlp.b_down", None)),
+           norm="layer", parse=_parse_phi),
+    Family("stablelm", ("stablelm",),
+           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+            "hidden_act": USE, "layer_norm_eps": USE, "hidden_dropout": IGNORE,
+            "use_qkv_bias": USE, "use_parallel_residual": USE, "qk_layernorm": (False,),
+            "partial_rotary_factor": USE},
+           (("embed_tokens.weight", "vec", "embed", None),
+            ("norm.weight", "vec", "lm.ln_final.scale", None),
+            ("norm.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied")),
+           (("input_layernorm.weight", "vec", "ln1.scale", None),
+            ("input_layernorm.bias", "vec", "ln1.bias", None),
+            ("post_attention_layernorm.weight", "vec", "ln2.scale", "sequential"),
+            ("post_attention_layernorm.bias", "vec", "ln2.bias", "sequential"))
+           + _ATTN[:7] + _MLP[:3], norm="layer", parse=_parse_stablelm),
+    Family("gptj", ("gptj",),
+           {"vocab_size": USE, "n_positions": USE, "n_embd": USE, "n_layer": USE,
+            "n_head": USE, "rotary_dim": USE, "n_inner": USE, "activation_function": USE,
+            "resid_pdrop": IGNORE, "embd_pdrop": IGNORE, "attn_pdrop": IGNORE,
+            "layer_norm_epsilon": USE},
+           (("wte.weight", "vec", "embed", None),
+            ("ln_f.weight", "vec", "lm.ln_final.scale", None),
+            ("ln_f.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied"),
+            ("lm_head.bias", "vec", "unembed_bias", None)),
+           (("ln_1.weight", "vec", "ln1.scale", None), ("ln_1.bias", "vec", "ln1.bias", None),
+            ("attn.q_proj.weight", "q", "attn.wq", None),
+            ("attn.k_proj.weight", "kv", "attn.wk", None),
+            ("attn.v_proj.weight", "kv", "attn.wv", None),
+            ("attn.out_proj.weight", "o", "attn.wo", None),
+            ("mlp.fc_in.weight", "lin", "mlp.w_up", None),
+            ("mlp.fc_in.bias", "vec", "mlp.b_up", None),
+            ("mlp.fc_out.weight", "lin", "mlp.w_down", None),
+            ("mlp.fc_out.bias", "vec", "mlp.b_down", None)),
+           prefixes=("transformer.", ""), layer_prefix="h.{i}.", norm="layer",
+           ignore_tensors=("attn.bias", "attn.masked_bias", "embed_positions"),
+           parse=_parse_gptj),
+    Family("falcon", ("falcon",),
+           {"vocab_size": USE, "hidden_size": USE, "num_hidden_layers": USE,
+            "num_attention_heads": USE, "num_kv_heads": USE, "layer_norm_epsilon": USE,
+            "hidden_dropout": IGNORE, "activation": USE, "alibi": USE, "bias": USE,
+            "ffn_hidden_size": USE, "multi_query": USE, "new_decoder_architecture": USE,
+            "num_ln_in_parallel_attn": USE, "parallel_attn": USE},
+           (("word_embeddings.weight", "vec", "embed", None),
+            ("ln_f.weight", "vec", "lm.ln_final.scale", None),
+            ("ln_f.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied")),
+           (("input_layernorm.weight", "vec", "ln1.scale", "one_ln"),
+            ("input_layernorm.bias", "vec", "ln1.bias", "one_ln"),
+            ("ln_attn.weight", "vec", "ln1.scale", "two_ln"),
+            ("ln_attn.bias", "vec", "ln1.bias", "two_ln"),
+            ("ln_mlp.weight", "vec", "ln2.scale", "two_ln"),
+            ("ln_mlp.bias", "vec", "ln2.bias", "two_ln"),
+            ("post_attention_layernorm.weight", "vec", "ln2.scale", "sequential"),
+            ("post_attention_layernorm.bias", "vec", "ln2.bias", "sequential"),
+            ("self_attention.query_key_value.weight", "falcon_qkv", "attn", None),
+            ("self_attention.query_key_value.bias", "falcon_qkv", "attn.b", "attn_bias"),
+            ("self_attention.dense.weight", "o", "attn.wo", None),
+            ("self_attention.dense.bias", "vec", "attn.bo", "o_bias"),
+            ("mlp.dense_h_to_4h.weight", "lin", "mlp.w_up", None),
+            ("mlp.dense_h_to_4h.bias", "vec", "mlp.b_up", "mlp_bias"),
+            ("mlp.dense_4h_to_h.weight", "lin", "mlp.w_down", None),
+            ("mlp.dense_4h_to_h.bias", "vec", "mlp.b_down", "mlp_bias")),
+           prefixes=("transformer.", ""), layer_prefix="h.{i}.", norm="layer",
+           parse=_parse_falcon),
+    Family("smollm3", ("smollm3",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp", "head_dim")},
+            "use_sliding_window": USE, "sliding_window": USE, "layer_types": USE,
+            "no_rope_layers": USE, "no_rope_layer_interval": USE},
+           _TOP, _LLAMA_NORMS + _ATTN + _MLP, parse=_parse_smollm3),
+    Family("olmo3", ("olmo3",),
+           {k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp", "mlp_bias",
+                                                               "head_dim")}
+           | {"sliding_window": USE, "layer_types": USE},
+           _TOP, (("post_attention_layernorm.weight", "vec", "ln1_post.scale", None),
+                  ("post_feedforward_layernorm.weight", "vec", "ln2_post.scale", None),
+                  ("self_attn.q_norm.weight", "whole_q", "attn.q_norm", None),
+                  ("self_attn.k_norm.weight", "whole_k", "attn.k_norm", None))
+           + _ATTN + _MLP[:3], parse=_parse_olmo3),
+    Family("cohere", ("cohere",),
+           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+            "hidden_act": USE, "layer_norm_eps": USE, "attention_bias": USE,
+            "logit_scale": USE, "use_qk_norm": (False,)},
+           _TOP, (("input_layernorm.weight", "vec", "ln1.scale", None),) + _ATTN + _MLP[:3],
+           norm="layer", parse=_parse_cohere),
+    Family("bloom", ("bloom",),
+           {"vocab_size": USE, "hidden_size": USE, "n_layer": USE, "n_head": USE,
+            "layer_norm_epsilon": USE, "hidden_dropout": IGNORE, "seq_length": IGNORE,
+            "apply_residual_connection_post_layernorm": (False,),
+            # tensor-parallel slicing of the same sums (rounding order only)
+            "pretraining_tp": IGNORE, "slow_but_exact": IGNORE},
+           (("word_embeddings.weight", "vec", "embed", None),
+            ("word_embeddings_layernorm.weight", "vec", "ln_embed.scale", None),
+            ("word_embeddings_layernorm.bias", "vec", "ln_embed.bias", None),
+            ("ln_f.weight", "vec", "lm.ln_final.scale", None),
+            ("ln_f.bias", "vec", "lm.ln_final.bias", None),
+            ("lm_head.weight", "lin", "unembed", "untied")),
+           (("input_layernorm.weight", "vec", "ln1.scale", None),
+            ("input_layernorm.bias", "vec", "ln1.bias", None),
+            ("post_attention_layernorm.weight", "vec", "ln2.scale", None),
+            ("post_attention_layernorm.bias", "vec", "ln2.bias", None),
+            ("self_attention.query_key_value.weight", "neox_qkv", "attn", None),
+            ("self_attention.query_key_value.bias", "neox_qkv", "attn.b", None),
+            ("self_attention.dense.weight", "o", "attn.wo", None),
+            ("self_attention.dense.bias", "vec", "attn.bo", None),
+            ("mlp.dense_h_to_4h.weight", "lin", "mlp.w_up", None),
+            ("mlp.dense_h_to_4h.bias", "vec", "mlp.b_up", None),
+            ("mlp.dense_4h_to_h.weight", "lin", "mlp.w_down", None),
+            ("mlp.dense_4h_to_h.bias", "vec", "mlp.b_down", None)),
+           prefixes=("transformer.", ""), layer_prefix="h.{i}.", norm="layer",
+           parse=_parse_bloom),
+    Family("mixtral", ("mixtral",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp",
+                                                                   "attention_bias",
+                                                                   "mlp_bias")},
+            "sliding_window": USE, "num_local_experts": USE, "num_experts_per_tok": USE,
+            "router_jitter_noise": IGNORE, **_MOE_TRAINING_KEYS},
+           _TOP, _LLAMA_NORMS + _ATTN[:4] + (
+               ("block_sparse_moe.gate.weight", "lin", "mlp.router", None),
+               ("block_sparse_moe.experts.{e}.w1.weight", "experts_in", "mlp.w_gate", None),
+               ("block_sparse_moe.experts.{e}.w3.weight", "experts_in", "mlp.w_up", None),
+               ("block_sparse_moe.experts.{e}.w2.weight", "experts_out", "mlp.w_down", None)),
+           parse=_parse_mixtral),
+    Family("qwen3_moe", ("qwen3_moe",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp",
+                                                                   "mlp_bias")},
+            "use_sliding_window": USE, "sliding_window": USE, "layer_types": USE,
+            "max_window_layers": (None,), "num_experts": USE, "num_local_experts": USE,
+            "num_experts_per_tok": USE, "moe_intermediate_size": USE, "norm_topk_prob": USE,
+            "decoder_sparse_step": USE, "mlp_only_layers": USE, **_MOE_TRAINING_KEYS},
+           _TOP, _LLAMA_NORMS + _ATTN + (
+               ("self_attn.q_norm.weight", "head_norm", "attn.q_norm", None),
+               ("self_attn.k_norm.weight", "head_norm", "attn.k_norm", None))
+           + _MOE_ROWS + tuple((n, k, t, "dense") for n, k, t, _ in _MLP[:3]),
+           parse=_parse_qwen3_moe),
+    Family("olmoe", ("olmoe",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp",
+                                                                   "mlp_bias", "head_dim")},
+            "num_experts": USE, "num_experts_per_tok": USE, "norm_topk_prob": USE,
+            "clip_qkv": (None,), **_MOE_TRAINING_KEYS},
+           _TOP, _LLAMA_NORMS + _ATTN + (
+               ("self_attn.q_norm.weight", "whole_q", "attn.q_norm", None),
+               ("self_attn.k_norm.weight", "whole_k", "attn.k_norm", None)) + _MOE_ROWS,
+           parse=_parse_olmoe),
+    Family("gpt_oss", ("gpt_oss",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp",
+                                                                   "mlp_bias")},
+            "sliding_window": USE, "layer_types": USE, "num_local_experts": USE,
+            "num_experts_per_tok": USE, "swiglu_limit": USE, "swiglu_alpha": USE,
+            **_MOE_TRAINING_KEYS},
+           _TOP, _LLAMA_NORMS + _ATTN + (
+               ("self_attn.sinks", "vec", "attn.sink_logit", None),
+               ("mlp.router.weight", "lin", "mlp.router", None),
+               ("mlp.router.bias", "vec", "mlp.router_bias", None),
+               ("mlp.experts.gate_up_proj", "oss_gate_up", "mlp", None),
+               ("mlp.experts.gate_up_proj_bias", "oss_gate_up", "mlp", None),
+               ("mlp.experts.down_proj", "conv", "mlp.w_down", None),
+               ("mlp.experts.down_proj_bias", "vec", "mlp.b_down", None)),
+           parse=_parse_gpt_oss),
+    Family("deepseek_v2", ("deepseek_v2",),
+           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+            "hidden_act": USE, "rms_norm_eps": USE, "pretraining_tp": (1,),
+            "attention_bias": (False,), "mlp_bias": (False,), "kv_lora_rank": USE,
+            "q_lora_rank": USE, "qk_rope_head_dim": USE, "qk_nope_head_dim": USE,
+            "v_head_dim": USE, "qk_head_dim": IGNORE, "head_dim": IGNORE,   # derived
+            "n_routed_experts": USE, "num_experts_per_tok": USE, "n_shared_experts": USE,
+            "moe_intermediate_size": USE, "first_k_dense_replace": USE,
+            "routed_scaling_factor": USE, "topk_method": USE, "n_group": USE,
+            "topk_group": USE,
+            # transformers' DeepSeek-V2 router does not read it (no renormalisation)
+            "norm_topk_prob": IGNORE, **_MOE_TRAINING_KEYS},
+           _TOP, _LLAMA_NORMS + (
+               ("self_attn.q_proj.weight", "mla_q", "attn.wq", "full_q"),
+               ("self_attn.q_a_proj.weight", "lin", "attn.wq_a", "low_rank_q"),
+               ("self_attn.q_a_layernorm.weight", "vec", "attn.q_a_norm", "low_rank_q"),
+               ("self_attn.q_b_proj.weight", "mla_q", "attn.wq", "low_rank_q"),
+               ("self_attn.kv_a_proj_with_mqa.weight", "mla_kv_a", "attn", None),
+               ("self_attn.kv_a_layernorm.weight", "vec", "attn.kv_a_norm", None),
+               ("self_attn.kv_b_proj.weight", "mla_kv_b", "attn", None),
+               ("self_attn.o_proj.weight", "mla_o", "attn.wo", None))
+           + _MOE_ROWS + (
+               ("mlp.shared_experts.gate_proj.weight", "lin", "mlp.shared.w_gate", "moe_shared"),
+               ("mlp.shared_experts.up_proj.weight", "lin", "mlp.shared.w_up", "moe_shared"),
+               ("mlp.shared_experts.down_proj.weight", "lin", "mlp.shared.w_down", "moe_shared"))
+           + tuple((n, k, t, "dense") for n, k, t, _ in _MLP[:3]),
+           parse=_parse_deepseek_v2),
+    Family("granite", ("granite",),
+           {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp", "head_dim")},
+            "embedding_multiplier": USE, "residual_multiplier": USE,
+            "attention_multiplier": USE, "logits_scaling": USE},
+           _TOP, _LLAMA_NORMS + _ATTN + _MLP, parse=_parse_granite),
 )}
 
 
@@ -590,8 +1108,9 @@ def model_config(s: dict, family: Family) -> dict:
   """config.json's "model" section: sizes, and model.decoder (decoder.spec_from_config)."""
   layers = []
   scale = s.get("scale")
+  no_rope = set(s.get("no_rope", ()))
   for i, t in enumerate(s["layer_types"]):
-    rope = None if s["rope"] is None else s["rope"][t]
+    rope = None if s["rope"] is None or i in no_rope else s["rope"][t]
     sc = scale[i] if isinstance(scale, list) else scale
     layers.append({"type": t, "rope": rope,
                    "window": s["window"] if t == "sliding_attention" else None,
@@ -599,7 +1118,11 @@ def model_config(s: dict, family: Family) -> dict:
   dec = {"norm": family.norm, "norm_eps": s["eps"], "act": s["act"],
          "parallel": bool(s.get("parallel", False)), "layers": layers,
          "attn_softcap": s.get("attn_softcap"), "final_softcap": s.get("final_softcap"),
-         "embed_scale": s.get("embed_scale")}
+         "embed_scale": s.get("embed_scale"), "rope_layout": s.get("rope_layout", "half"),
+         "residual_scale": s.get("residual_scale"), "logit_scale": s.get("logit_scale"),
+         "moe_top_k": s.get("top_k", 0), "moe_routing": s.get("routing", "softmax_renorm"),
+         "moe_scale": s.get("moe_scale"), "moe_groups": s.get("moe_groups"),
+         "swiglu_limit": s.get("swiglu_limit"), "swiglu_alpha": s.get("swiglu_alpha")}
   rope0 = next((l["rope"] for l in layers if l["rope"] is not None), None)
   return dict(family=family.name, d_model=s["d"], num_heads=s["h"], num_kv_heads=s["g"],
               head_dim=s["k"], num_layers=s["n"], d_ff=s["f"], vocab_size=s["v"],
@@ -720,6 +1243,21 @@ def _convert(t: Tensors, name, kind, s, family, dt):
     w = t.take(name, (3 * h * k, d)).reshape(h, 3, k, d)
     return {"wq": cast(w[:, 0].transpose(2, 0, 1)), "wk": cast(w[:, 1].transpose(2, 0, 1)),
             "wv": cast(w[:, 2].transpose(2, 0, 1))}
+  if kind in ("experts_in", "experts_out"):   # per-expert nn.Linear, name with {e}
+    shape = (s["moe_f"], d) if kind == "experts_in" else (d, s["moe_f"])
+    return {"": cast(np.stack([t.take(name.format(e=e), shape).T
+                               for e in range(s["experts"])]))}
+  if kind == "oss_gate_up":     # gpt-oss (E, D, 2F) / (E, 2F): gate, up interleaved
+    x = t.take(name)
+    sub = ("b_gate", "b_up") if name.endswith("_bias") else ("w_gate", "w_up")
+    return {sub[0]: cast(x[..., 0::2]), sub[1]: cast(x[..., 1::2])}
+  if kind.startswith("mla_"):
+    return _mla(t, name, kind, s, cast)
+  if kind == "pos_offset":    # OPT: positions p read row p + 2; rows 0, 1 never read
+    x = t.take(name)
+    return {"": cast(x[2:])}
+  if kind == "falcon_qkv":
+    return _falcon_qkv(t, name, s, cast)
   if kind == "gpt2_qkv":
     if name.endswith(".bias"):
       b = t.take(name, (3 * d,)).reshape(3, h, k)
@@ -729,11 +1267,61 @@ def _convert(t: Tensors, name, kind, s, family, dt):
   raise ValueError(f"unknown tensor kind {kind!r}")
 
 
+def _falcon_qkv(t: Tensors, name, s, cast):
+  """Falcon's query_key_value (weights or bias) -> q, k, v: new_decoder_architecture
+  rows per kv group [g][q_0 .. q_{H/G-1}, k, v][K]; multi_query [q (H K); k; v]; else
+  [h][q, k, v][K] (GPT-NeoX's)."""
+  d, h, g, k = s["d"], s["h"], s["g"], s["k"]
+  bias = name.endswith(".bias")
+  x = t.take(name, ((h + 2 * g) * k,) if bias else ((h + 2 * g) * k, d))
+  tail = x.shape[1:]
+  if s["falcon_layout"] == "grouped":
+    y = x.reshape(g, h // g + 2, k, *tail)
+    q, kk, v = y[:, :-2].reshape(h, k, *tail), y[:, -2], y[:, -1]
+  elif s["falcon_layout"] == "multi_query":
+    q, kk, v = x[:h * k].reshape(h, k, *tail), x[h * k:(h + 1) * k].reshape(1, k, *tail), \
+        x[(h + 1) * k:].reshape(1, k, *tail)
+  else:
+    y = x.reshape(h, 3, k, *tail)
+    q, kk, v = y[:, 0], y[:, 1], y[:, 2]
+  if bias:
+    return {"q": cast(q), "k": cast(kk), "v": cast(v)}
+  return {"wq": cast(q.transpose(2, 0, 1)), "wk": cast(kk.transpose(2, 0, 1)),
+          "wv": cast(v.transpose(2, 0, 1))}
+
+
+def _mla(t: Tensors, name, kind, s, cast):
+  """DeepSeek's MLA tensors in the house layout (attention.py's MLA): queries per head
+  reordered [rotary R; non-rotary Kn]; kv_a_proj_with_mqa split into wkv_a (D, C) and
+  wk_rope (D, R); kv_b_proj into per-head blocks over the latent [C; R]: wk (C + R, H,
+  R + Kn) (rotary rows an identity), wv (C + R, H, V); o_proj (D, H V) -> (H, V, D)."""
+  d, h = s["d"], s["h"]
+  c, r, kn, v, cq = (s["mla"][x] for x in ("c", "r", "kn", "v", "cq"))
+  if kind == "mla_q":
+    w = t.take(name, (h * (kn + r), cq or d)).reshape(h, kn + r, -1)
+    w = np.concatenate([w[:, kn:], w[:, :kn]], axis=1)        # [rotary; non-rotary]
+    return {"": cast(w.transpose(2, 0, 1))}
+  if kind == "mla_kv_a":
+    w = t.take(name, (c + r, d))
+    return {"wkv_a": cast(w[:c].T), "wk_rope": cast(w[c:].T)}
+  if kind == "mla_kv_b":
+    w = t.take(name, (h * (kn + v), c)).reshape(h, kn + v, c)
+    wk = np.zeros((c + r, h, r + kn), w.dtype)
+    wk[c:, :, :r] = np.eye(r, dtype=w.dtype)[:, None, :]
+    wk[:c, :, r:] = w[:, :kn].transpose(2, 0, 1)
+    wv = np.zeros((c + r, h, v), w.dtype)
+    wv[:c] = w[:, kn:].transpose(2, 0, 1)
+    return {"wk": cast(wk), "wv": cast(wv)}
+  if kind == "mla_o":
+    return {"": cast(t.take(name, (d, h * v)).T.reshape(h, v, d))}
+  raise ValueError(f"unknown tensor kind {kind!r}")
+
+
 def _rows(family, s, rows, t, dt, out, prefix="", place=None, where=""):
-  flags = dict(attn_bias=s.get("attn_bias", False), o_bias=s.get("o_bias", False),
-               mlp_bias=s.get("mlp_bias", False), untied=not s["tied"])
+  def on(cond):   # a row's condition: a true setting of the family's parse ("untied")
+    return not s["tied"] if cond == "untied" else bool(s.get(cond, False))
   for name, kind, target, cond in rows:
-    if cond is not None and not flags[cond]:
+    if cond is not None and not on(cond):
       continue
     if cond == "untied" and not t.has(prefix + name):
       raise UserError(f"{t.where}: tie_word_embeddings is false but {name!r} is missing")
@@ -756,8 +1344,14 @@ def build_params(family: Family, s: dict, t: Tensors, dtype=np.float32,
   lm = params.setdefault("lm", {})
   for i in range(s["n"]):
     layer: dict = {}
-    _rows(family, s, family.layer, t, dtype, layer, family.layer_prefix.format(i=i),
-          place=place, where=f"lm.layer_{i}.")
+    sparse = i in s.get("moe_layers", ())
+    _rows(family, dict(s, moe=sparse, dense=not sparse,
+                       moe_shared=sparse and bool(s.get("shared"))), family.layer, t, dtype, layer,
+          family.layer_prefix.format(i=i), place=place, where=f"lm.layer_{i}.")
+    if s.get("alibi"):     # derived from H, not stored: BLOOM's slopes
+      slopes = attention.alibi_slopes(s["h"]).astype(dtype)
+      layer["attn"]["alibi"] = slopes if place is None else place(
+          f"lm.layer_{i}.attn.alibi", slopes)
     lm[f"layer_{i}"] = layer
   lm["ln_final"] = lm.pop("ln_final")
   left = sorted(n for n in t.left if not any(n.endswith(x) for x in family.ignore_tensors))

@@ -83,7 +83,7 @@ def gqa_layout(m, num_heads: int, num_kv_heads: int):
 
 
 # Attention variants' per-query-head params, head on axis 0 (mha_jax.attention).
-_PER_QUERY_HEAD = ("bg", "sink_logit", "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+_PER_QUERY_HEAD = ("bg", "sink_logit", "alibi", "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 
 
 def export_pruned(params, mask: dict):

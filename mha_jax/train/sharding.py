@@ -18,7 +18,7 @@ from mha_jax.errors import UserError
 
 # Param name -> the axis that holds heads (attention) or hidden units (MLP: own models'
 # w1 / w2, the decoder families' w_gate / w_up / w_down).
-_HEAD_AXIS = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "bq": 0, "bk": 0, "bv": 0, "rel_bias": 0}
+_HEAD_AXIS = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "bq": 0, "bk": 0, "bv": 0, "rel_bias": 0, "alibi": 0}
 _MLP_AXIS = {"w1": 1, "b1": 0, "w2": 0, "w_gate": 1, "w_up": 1, "b_gate": 0, "b_up": 0,
              "w_down": 0}
 

@@ -92,6 +92,26 @@ def test_sliding_windows_matter_and_every_kernel_serves_them(imported):
     assert rel_err(got, ref) < RTOL, impl
 
 
+def test_alibi_on_every_kernel_and_with_left_padding_matches_transformers(imported):
+  """BLOOM's ALiBi: the blocked kernel (the slopes as a per-block table, no dense bias)
+  and xla give the reference's logits; a left-padded batch matches transformers with
+  its attention mask (bias from the real tokens' positions) on the real tokens."""
+  from mha_jax.models import decoder
+  model, loaded, _ = imported("bloom")
+  spec = loaded.task.spec
+  ref = hf_logits(model, TOKENS)
+  for impl in ("reference", "blocked", "xla"):
+    got = decoder.apply(loaded.params, dataclasses.replace(spec, impl=impl), TOKENS)
+    assert rel_err(np.asarray(got), ref) < RTOL, impl
+  mask = np.ones((B, T), bool)
+  mask[1, :5] = False
+  with torch.no_grad():
+    want = model(torch.as_tensor(TOKENS, dtype=torch.long),
+                 attention_mask=torch.as_tensor(mask, dtype=torch.long)).logits.double().numpy()
+  got = np.asarray(decoder.apply(loaded.params, spec, TOKENS, mask_BT=mask))
+  assert rel_err(got[mask], want[mask]) < RTOL
+
+
 def test_kv_cache_decoding_across_the_window_matches_transformers(imported):
   """Greedy decoding with the KV cache past the sliding window (Gemma 3: MQA, QK-norm,
   local/global RoPE) gives transformers' tokens and the full recomputation's logits."""
@@ -148,7 +168,11 @@ def test_rope_by_length_under_and_over_the_switch_and_in_generate(imported, case
 IMPLEMENTED_BY = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
     "gemma2": "gemma2", "gemma3": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2",
-    "gpt_neox": "gpt_neox"}
+    "gpt_neox": "gpt_neox", "opt": "opt", "phi": "phi", "stablelm": "stablelm",
+    "gptj": "gptj", "falcon": "falcon", "smollm3": "smollm3", "olmo3": "olmo3",
+    "cohere": "cohere", "granite": "granite", "bloom": "bloom", "mixtral": "mixtral",
+    "qwen3_moe": "qwen3_moe", "olmoe": "olmoe", "gpt_oss": "gpt_oss",
+    "deepseek_v2": "deepseek_v2"}
 
 
 def _hf_keys(family):
@@ -182,7 +206,8 @@ def test_every_implemented_key_is_exercised_by_a_parity_case(family, imported):
             "use_sliding_window", "_sliding_window_pattern", "head_dim", "layer_types",
             "original_max_position_embeddings", "n_inner", "scale_attn_weights",
             "sliding_window", "attention_bias", "mlp_bias", "query_pre_attn_scalar",
-            "final_logit_softcapping", "attn_logit_softcapping", "hidden_activation"}
+            "final_logit_softcapping", "attn_logit_softcapping", "hidden_activation",
+            "num_experts"}   # Qwen3-MoE's checkpoints' name; transformers 5 saves the alias
   used = [k for k, v in table.items() if v == adapters.USE]
   absent = [k for k in used if k not in saved and k not in legacy]
   assert not absent, absent
@@ -588,3 +613,110 @@ def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
   mask["lm"][0][3] = 0
   assert rel_err(np.asarray(loaded.task.logits(twice, TOKENS)),
                  np.asarray(loaded.task.logits(masks.mask_params(loaded.params, mask), TOKENS))) < RTOL
+
+
+# --------------------------------------------------------------------------
+# Mixture of experts: the router's choices as a site.
+# --------------------------------------------------------------------------
+
+
+def _hf_router_weights(model, tokens, gate_of):
+  """transformers' router choices per layer as dense (B, T, E) weights (0 outside the
+  top-k), captured with forward hooks on each layer's router module."""
+  got = {}
+
+  def keep(i):
+    def hook(_mod, _inp, out):
+      _, scores, idx = out
+      dense = torch.zeros(idx.shape[0], gate_of(0).weight.shape[0], dtype=torch.float64)
+      got[i] = dense.scatter(1, idx, scores.double()).numpy().reshape(*tokens.shape, -1)
+    return hook
+  handles = [gate_of(i).register_forward_hook(keep(i))
+             for i in range(model.config.num_hidden_layers)]
+  try:
+    logits = hf_logits(model, tokens)
+  finally:
+    for h in handles:
+      h.remove()
+  return logits, got
+
+
+@pytest.mark.parametrize("case,gate", [("mixtral", "mlp.gate"),
+                                       ("gpt_oss", "mlp.router")])
+def test_router_site_reads_transformers_choices_and_fixing_them_reproduces_its_logits(
+    imported, case, gate):
+  """lm.L.mlp.router read: the same experts (and weights) as transformers' router;
+  replaced by transformers' own weights: its logits; replaced by other choices (each
+  token's experts rolled by one): different logits."""
+  from mha_jax import interventions
+  from mha_jax.models import decoder
+  model, loaded, _ = imported(case)
+  mod_of = lambda i: model.model.layers[i].get_submodule(gate)  # noqa: E731
+  ref, theirs = _hf_router_weights(model, TOKENS, mod_of)
+  n = model.config.num_hidden_layers
+  names = [f"lm.{i}.mlp.router" for i in range(n)]
+  assert set(names) <= set(interventions.site_names(loaded.params))
+  run = lambda hook: decoder.apply(loaded.params, loaded.task.spec, TOKENS, hook=hook)  # noqa: E731
+  _, acts = interventions.run_with_hook(run, read=names)
+  for i in range(n):
+    ours = np.asarray(acts[names[i]])
+    np.testing.assert_array_equal(ours > 0, theirs[i] > 0)
+    assert np.max(np.abs(ours - theirs[i])) < 1e-5
+  fixed, _ = interventions.run_with_hook(run, edits={
+      names[i]: interventions.replace(jnp_f32(theirs[i])) for i in range(n)})
+  assert rel_err(np.asarray(fixed), ref) < RTOL
+  other, _ = interventions.run_with_hook(run, edits={
+      names[i]: interventions.replace(jnp_f32(np.roll(theirs[i], 1, axis=-1)))
+      for i in range(n)})
+  assert rel_err(np.asarray(other), ref) > 1e-3
+
+
+def jnp_f32(x):
+  import jax.numpy as jnp
+  return jnp.asarray(x, jnp.float32)
+
+
+# Options of the new families that are not implemented: refused by name at import.
+NAMED_REFUSALS = [
+    ("falcon", {"alibi": True}, "alibi"),
+    ("falcon", {"new_decoder_architecture": True, "parallel_attn": False}, "parallel_attn"),
+    ("falcon", {"new_decoder_architecture": False, "multi_query": False, "num_kv_heads": 2},
+     "num_kv_heads"),
+    ("opt", {"word_embed_proj_dim": 32}, "word_embed_proj_dim"),
+    ("gptj", {"rotary_dim": None}, "rotary_dim"),
+    ("smollm3", {"no_rope_layers": [1, 2, 1]}, "no_rope_layers"),
+    ("gpt_oss", {"hidden_act": "gelu"}, "hidden_act"),
+    ("qwen3_moe", {"num_experts_per_tok": 9}, "num_experts_per_tok"),
+    ("deepseek_v2", {"num_key_value_heads": 2}, "num_key_value_heads"),
+    ("deepseek_v2", {"topk_method": "noaux_tc"}, "topk_method"),
+    ("deepseek_v2", {"n_group": 3}, "n_group"),
+]
+
+
+@pytest.mark.parametrize("family,change,match", NAMED_REFUSALS)
+def test_unimplemented_options_of_the_new_families_are_refused_by_name(family, change, match):
+  cfg = _base_config(family)
+  cfg.update(change)
+  with pytest.raises(ValueError, match=match):
+    adapters.read_config(cfg, adapters.FAMILIES[family], "config.json")
+
+
+@pytest.mark.parametrize("case", ["deepseek_v2", "gpt_oss"])
+def test_export_pruned_on_mla_and_sink_heads_equals_the_masked_model(imported, case):
+  """Removing heads for real: MLA heads (each its own decompressed key and value; the
+  latent's weights shared and kept) and sink heads (their sink logits sliced)."""
+  from mha_jax.models import common
+  from mha_jax.toolkit import masks
+  _, loaded, _ = imported(case)
+  n = len(common.layers_of(loaded.params["lm"]))
+  h = loaded.params["lm"]["layer_0"]["attn"]["wq"].shape[1]
+  mask = {"lm": [np.ones(h, np.float32) for _ in range(n)]}
+  mask["lm"][0][[0, 2]] = 0
+  mask["lm"][1][1] = 0
+  masked = masks.mask_params(loaded.params, mask)
+  pruned = masks.export_pruned(masked, mask)
+  a0 = pruned["lm"]["layer_0"]["attn"]
+  assert a0["wq"].shape[1] == 2 and (case != "gpt_oss" or a0["sink_logit"].shape == (2,))
+  want = np.asarray(loaded.task.logits(masked, TOKENS))
+  assert rel_err(np.asarray(loaded.task.logits(pruned, TOKENS)), want) < RTOL
+  assert rel_err(want, np.asarray(loaded.task.logits(loaded.params, TOKENS))) > 1e-3

@@ -1,0 +1,100 @@
+"""Import and forward of a mixture-of-experts model at its real width: OLMoE-1B-7B's
+config (hidden 2048, 64 experts of 1024, top 8, vocabulary 50304) with random bf16
+weights and 2 layers, saved as a Hugging Face folder, then `mha-jax import` (--dtype)
+and one forward of 1 x 128 tokens, each in its own process under /usr/bin/time -v (wall
+time, peak resident memory). Writes the JSON (--out) with the machine record.
+
+  python scripts/measure_moe_import.py [--layers 2] [--dtype bfloat16] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+OLMOE_1B_7B = dict(vocab_size=50304, hidden_size=2048, intermediate_size=1024,
+                   num_attention_heads=16, num_key_value_heads=16, num_experts=64,
+                   num_experts_per_tok=8, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                   norm_topk_prob=False, tie_word_embeddings=False, pad_token_id=1,
+                   eos_token_id=50279)
+
+BUILD = r"""
+import sys, torch, transformers
+sys.path.insert(0, "tests")
+from hf_models import save_folder
+cfg = transformers.OlmoeConfig(**__KW__, num_hidden_layers=int(sys.argv[2]))
+torch.manual_seed(0)
+with torch.device("meta"):
+  model = transformers.OlmoeForCausalLM(cfg)
+model = model.to_empty(device="cpu").to(torch.bfloat16)
+with torch.no_grad():
+  for p in model.parameters():
+    p.normal_(0, 0.02) if p.ndim > 1 else p.fill_(1.0)
+save_folder(model, sys.argv[1])
+"""
+
+FORWARD = r"""
+import sys, time, numpy as np, mha_jax
+t0 = time.perf_counter()
+run = mha_jax.load(sys.argv[1])
+t1 = time.perf_counter()
+tok = np.random.default_rng(0).integers(0, 50304, (1, 128)).astype(np.int32)
+logits = np.asarray(run.task.logits(run.params, tok))
+t2 = time.perf_counter()
+logits = np.asarray(run.task.logits(run.params, tok))
+t3 = time.perf_counter()
+print("TIMES", t1 - t0, t2 - t1, t3 - t2, bool(np.isfinite(logits).all()))
+"""
+
+
+def timed(cmd: list[str]) -> tuple[dict, str]:
+  """{wall_s, peak_rss_gb} of a command run under /usr/bin/time -v, and its stdout."""
+  r = subprocess.run(["/usr/bin/time", "-v"] + cmd, capture_output=True, text=True,
+                     env={**os.environ, "PYTHONPATH": os.getcwd()})
+  if r.returncode:
+    raise SystemExit(f"{cmd[:4]} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+  rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr).group(1))
+  wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", r.stderr)
+  parts = [float(x) for x in wall.group(1).split(":")]
+  secs = sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+  return {"wall_s": round(secs, 1), "peak_rss_gb": round(rss / 2**20, 2)}, r.stdout
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--layers", type=int, default=2)
+  ap.add_argument("--out", default="docs/results/moe_import_cpu.json")
+  ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                  help="the import's --dtype")
+  a = ap.parse_args(argv)
+  from mha_jax.machine import machine
+  with tempfile.TemporaryDirectory() as tmp:
+    folder, wd = os.path.join(tmp, "hf"), os.path.join(tmp, "w")
+    build, _ = timed([sys.executable, "-c", BUILD.replace("__KW__", repr(OLMOE_1B_7B)),
+                      folder, str(a.layers)])
+    size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    imp, _ = timed([sys.executable, "-m", "mha_jax.cli", "import", "--file", folder,
+                    "--workdir", wd, "--dtype", a.dtype])
+    fwd, out = timed([sys.executable, "-c", FORWARD, wd])
+  load_s, first_s, second_s, finite = (float(x) if i < 3 else x == "True" for i, x in
+                                       enumerate(out.split("TIMES")[1].split()))
+  doc = {"what": f"OLMoE-1B-7B's config, random bf16 weights, imported as {a.dtype}",
+         "dtype": a.dtype,
+         "config": {**OLMOE_1B_7B, "num_hidden_layers": a.layers},
+         "folder_gb": round(size / 2**30, 2), "build_folder": build, "import": imp,
+         "forward_process": fwd, "load_s": round(load_s, 1),
+         "forward_1x128_first_s": round(first_s, 1), "forward_1x128_again_s": round(second_s, 2),
+         "logits_finite": finite, "machine": machine()}
+  with open(a.out, "w") as f:
+    json.dump(doc, f, indent=1)
+    f.write("\n")
+  print(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+  main()
