@@ -90,4 +90,4 @@ def test_smollm2_by_name_is_imported_once(tmp_path):
   b = mha_jax.load("smollm2-135m", cache=str(tmp_path), log=said.append)
   assert len([s for s in said if s.startswith("importing")]) == 1
   assert a.workdir == b.workdir and same_params(a.params, b.params)
-  assert a.config.source.name == "smollm2-135m"
+  assert a.config.source.path.endswith(KNOWN["smollm2-135m"].relpath)
