@@ -47,7 +47,7 @@ class Loaded:
 
   def _repr_html_(self) -> str:
     from mha_jax import views
-    return views.params_html(self.params, title=self.workdir)
+    return views.params_html(self.params, title=self.workdir).html
 
   def __iter__(self):  # config, task, params = mha_jax.load(workdir)
     return iter((self.config, self.task, self.params))

@@ -142,7 +142,7 @@ class Trace:
 
   def _repr_html_(self) -> str:
     from mha_jax import views
-    return views.attention_html(views.trace_data(self))
+    return views.attention_html(views.trace_data(self)).html
 
 
 def run(loaded, prompts, capture: Sequence[str] = ("attn.pattern",),
