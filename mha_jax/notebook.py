@@ -7,6 +7,7 @@
   a study's returned document       a circuit's (`circuit(...)`), roles (`taxonomy`), rows
                                     of a pruning curve
   {name: value}                     bars (a head table, DLA)
+  {head name: role}                 a roles table coloured by role
   a Loaded run or a params pytree   the tree with shapes (treescope where installed)
 
 In IPython the view is displayed (and None returned); elsewhere it is returned (a
@@ -105,6 +106,8 @@ def view_of(x) -> views.View:
     return views.roles_table(x["assigned"], ROLE_COLORS)
   if isinstance(x, dict) and x and all(isinstance(v, numbers.Real) for v in x.values()):
     return views.bars(x)
+  if isinstance(x, dict) and x and all(isinstance(v, str) for v in x.values()):
+    return views.roles_table(x, ROLE_COLORS)
   if isinstance(x, list) and x and isinstance(x[0], dict) and "kept" in x[0]:
     return curve_view(x)
   if isinstance(x, dict):

@@ -66,23 +66,11 @@ def bars(table: Mapping[str, float], title: str = "", top: int = 20, width: int 
   return View(_box(title or f"top {len(items)} by |value|", body, "bars"), title)
 
 
-def _head_grid(assigned: Mapping[str, str]) -> tuple[str, int, int]:
-  stacks = sorted({n.rsplit(".", 2)[0] for n in assigned})
-  layers = 1 + max(int(n.rsplit(".", 2)[1]) for n in assigned)
-  heads = 1 + max(int(n.rsplit(".", 2)[2]) for n in assigned)
-  return stacks[0], layers, heads
-
-
-def roles_table(assigned: Mapping[str, str], colors: Mapping[str, str],
-                title: str = "head roles") -> View:
-  """A layers x heads table of {head name: role}, each cell coloured by its role (the
-  role and head on hover), with a legend counting each role."""
-  if not assigned:
-    raise ValueError("roles_table: no head has a role (an empty table)")
-  stack, layers, heads = _head_grid(assigned)
-  counts: dict[str, int] = {}
-  for r in assigned.values():
-    counts[r] = counts.get(r, 0) + 1
+def _grid(stack: str, assigned: Mapping[str, str], colors: Mapping[str, str]) -> str:
+  """One stack's layers x heads table of roles."""
+  mine = [n.rsplit(".", 2) for n in assigned if n.rsplit(".", 2)[0] == stack]
+  layers = 1 + max(int(p[1]) for p in mine)
+  heads = 1 + max(int(p[2]) for p in mine)
   head_row = "".join(f'<th style="font-weight:normal;color:#555">{h}</th>' for h in range(heads))
   rows = [f"<tr><th>layer \\ head</th>{head_row}</tr>"]
   for layer in range(layers):
@@ -96,11 +84,25 @@ def roles_table(assigned: Mapping[str, str], colors: Mapping[str, str],
                    f'background:{colour};border:1px solid #fff"></td>')
     rows.append(f'<tr><th style="font-weight:normal;color:#555">{stack}.{layer}</th>'
                 f'{"".join(cells)}</tr>')
+  return f'<table style="border-collapse:collapse;margin:4px 0">{"".join(rows)}</table>'
+
+
+def roles_table(assigned: Mapping[str, str], colors: Mapping[str, str],
+                title: str = "head roles") -> View:
+  """A layers x heads table per stack of {head name ("stack.layer.head"): role}, each
+  cell coloured by its role (the role and head on hover), with a legend counting each
+  role."""
+  if not assigned:
+    raise ValueError("roles_table: no head has a role (an empty table)")
+  counts: dict[str, int] = {}
+  for r in assigned.values():
+    counts[r] = counts.get(r, 0) + 1
+  stacks = list(dict.fromkeys(n.rsplit(".", 2)[0] for n in assigned))
   legend = " ".join(f'<span class="legend" style="background:{colors.get(r, "#c7c7c7")};'
                     f'color:#fff;padding:1px 5px">{_esc(r)} ({n})</span>'
                     for r, n in sorted(counts.items(), key=lambda kv: -kv[1]))
   body = (f'<div style="margin-bottom:4px">{legend}</div>'
-          f'<table style="border-collapse:collapse">{"".join(rows)}</table>')
+          + "".join(_grid(s, assigned, colors) for s in stacks))
   return View(_box(title, body, "roles"), title)
 
 

@@ -24,10 +24,12 @@ def test_there_are_tutorials():
 
 @pytest.mark.tutorials
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
-def test_tutorial_runs(script, tmp_path):
+def test_tutorial_runs(script, tmp_path, tmp_path_factory):
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(
       [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-         "TMPDIR": str(tmp_path)}
+         "TMPDIR": str(tmp_path),
+         # one model cache for the run's tutorials (mha_jax.load imports each model once)
+         "MHA_JAX_MODELS": str(tmp_path_factory.getbasetemp() / "models")}
   t0 = time.time()
   proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=LIMIT_S)
