@@ -170,4 +170,5 @@ def params_html(params, title: str = "params") -> View:
     import treescope
   except ImportError:
     return View(_box(title, f"<pre>{_esc(text)}</pre>", "params"), title, text)
-  return View(treescope.render_to_html(params), title, text)
+  return View(f'<div class="mha-jax-view mha-jax-params">{treescope.render_to_html(params)}'
+              f'</div>', title, text)

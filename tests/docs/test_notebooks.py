@@ -104,9 +104,13 @@ def check_page(path, stem, tmp_path, model_cache):
           assert dict(cells) == pytest.approx(scores[next(iter(scores))], abs=1e-9)
       if stem in MODELS:
         assert checked >= 1, "no attention view of a prompt was checked"
+      drawn = page.query_selector_all(".mha-jax-view")   # frames, bars, roles, curves, params
+      assert drawn, "the notebook shows no view"
+      for v in drawn:
+        assert v.bounding_box() and v.bounding_box()["height"] > 20, "a view drew nothing"
       assert errors == [], errors
       assert requests == [], requests
-      return len(frames)
+      return len(drawn)
     finally:
       browser.close()
 
