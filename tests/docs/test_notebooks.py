@@ -67,6 +67,9 @@ def check_attention(frame, name, heads, model_cache) -> bool:
   from mha_jax import traces
   from mha_jax.toolkit.capture import captured
   loaded = mha_jax.load(name, cache=model_cache, log=lambda s: None)
+  switch = frame.query_selector("#views button[data-view='attention']")
+  if switch:                  # a patching or circuit page: its attention view
+    switch.click()
   tokens = frame.evaluate("D.sentences[+document.getElementById('sent').value].tokens")
   ids = traces.prompt_ids(loaded.task, "".join(tokens))
   if traces.token_strings(loaded.task, ids) != tokens:
