@@ -13,6 +13,7 @@ is printed.
 import json
 import os
 import pathlib
+import re
 import time
 
 import numpy as np
@@ -116,6 +117,19 @@ def check_page(path, stem, tmp_path, model_cache):
       return len(drawn)
     finally:
       browser.close()
+
+
+def code_lines(block: str) -> int:
+  return sum(1 for line in block.splitlines() if line.strip() and not line.strip().startswith("#"))
+
+
+def test_the_guide_counts_the_lines_it_shows():
+  # docs/guide/notebooks.md: the IOI head study here and in TransformerLens, and its table
+  page = (ROOT / "docs" / "guide" / "notebooks.md").read_text()
+  section = page[page.index("## The IOI head study"):]
+  ours, peer = [code_lines(b) for b in re.findall(r"```python\n(.*?)```", section, re.S)]
+  assert f"mha-jax ({ours} lines)" in section and f"TransformerLens ({peer} lines)" in section
+  assert f"comments and blank lines not) | {ours} | {peer} |" in section
 
 
 @pytest.mark.notebooks
