@@ -68,15 +68,16 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 def source_of(name_or_path: str) -> tuple[str, str]:
   """("workdir", path), ("name", known model) or ("file", GGUF file or HF folder) of what
-  `load` was given; anything else is refused with the known names."""
+  `load` was given (a file or folder that exists goes first: a workdir named like a
+  known model is that workdir); anything else is refused with the known names."""
   from mha_jax.pretrained import registry
   if not isinstance(name_or_path, str) or not name_or_path:
     raise UserError(f"name_or_path must be a known model name ({sorted(registry.KNOWN)}), "
                     f"a workdir, a GGUF file or a Hugging Face folder; got {name_or_path!r}",
                     setting="name_or_path")
-  if name_or_path in registry.KNOWN:
-    return "name", name_or_path
   p = name_or_path
+  if name_or_path in registry.KNOWN and not storage.exists(p):
+    return "name", name_or_path
   if storage.isfile(p):
     return "file", p
   if storage.isdir(p):

@@ -73,7 +73,7 @@ def test_a_gguf_file_is_imported_once(tmp_path):
   assert a.config.source.path == os.path.abspath(path)
 
 
-def test_a_bad_name_is_refused_with_the_names(tmp_path):
+def test_a_bad_name_is_refused_with_the_names(tmp_path, monkeypatch):
   with pytest.raises(UserError) as e:
     mha_jax.load("smollm3-135m", cache=str(tmp_path))
   for name in KNOWN:
@@ -81,6 +81,10 @@ def test_a_bad_name_is_refused_with_the_names(tmp_path):
   assert not os.listdir(tmp_path)
   with pytest.raises(UserError, match="has no config.json"):
     mha_jax.load(str(tmp_path / "nothing"))
+  (tmp_path / "smollm2-135m").mkdir()      # a folder named like a known model is a folder
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(UserError, match="'smollm2-135m' has no config.json"):
+    mha_jax.load("smollm2-135m", cache=str(tmp_path / "cache"))
 
 
 @pytest.mark.slow
