@@ -1,5 +1,7 @@
 """`loaded.run(prompts, capture=..., edits=...)`: a Trace of the model's own forward."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -29,6 +31,17 @@ def test_a_trace_of_strings(tiny_hf_run):
                              atol=1e-6)
   np.testing.assert_allclose(tr.logits[1, :3], alone.logits[0], atol=1e-5)
   assert np.allclose(tr["attn.pattern", 0].sum(-1)[0], 1.0, atol=1e-5)
+
+
+def test_strings_are_tokenised_as_the_model_expects(tiny_hf_run):
+  task = tiny_hf_run.task
+  plain = [int(i) for i in task.tokenizer.encode(PROMPTS[0])]
+  assert plain == [5, 9, 3, 7, 5, 9] and not task.adds_bos
+  assert traces.prompt_ids(task, PROMPTS[0]) == plain
+  with_bos = types.SimpleNamespace(tokenizer=task.tokenizer, adds_bos=True, bos_id=1)
+  assert traces.prompt_ids(with_bos, PROMPTS[0]) == [1] + plain
+  with pytest.raises(UserError, match="no tokenizer"):
+    traces.prompt_ids(types.SimpleNamespace(), "x")
 
 
 def test_a_trace_equals_captured_bit_for_bit(tiny_hf_run):
