@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from typing import Any, Callable, Iterator, Sequence
 
 import ml_collections
@@ -100,20 +101,24 @@ def _json_or_empty(path: str) -> dict:
 
 
 def load(name_or_path: str, step: int | None = None, *,
-         log: Callable[[str], None] = ckpt_lib.warn, cache: str | None = None) -> Loaded:
+         log: Callable[[str], None] | None = None, cache: str | None = None) -> Loaded:
   """Config, model and params of a run: `name_or_path` is a workdir, a known model's name
   (`mha_jax.pretrained.KNOWN`: "smollm2-135m", ...), a GGUF file or a Hugging Face folder.
   A name, file or folder is imported once into the model cache (`cache`, default
   `pretrained.importer.cache_root()`) and that workdir loaded; later calls, and other
   processes, reuse it. A workdir gives its newest good checkpoint by default (bad newer
-  ones are reported through `log` and skipped; see checkpoint.py). Never writes to a
-  workdir."""
+  ones are reported through `log` and skipped; see checkpoint.py). `log` (default: to
+  stderr) also hears of an import. Never writes to a workdir."""
   kind, src = source_of(name_or_path)
   if kind == "workdir":
-    return load_workdir(src, step, log=log)
+    return load_workdir(src, step, log=log or ckpt_lib.warn)
   from mha_jax.pretrained import importer
-  workdir = importer.cached_import(**{kind: src}, root=cache, log=log)
-  return load_workdir(workdir, step, log=log)
+  workdir = importer.cached_import(**{kind: src}, root=cache, log=log or _say)
+  return load_workdir(workdir, step, log=log or ckpt_lib.warn)
+
+
+def _say(message: str) -> None:
+  print(f"mha-jax: {message}", file=sys.stderr)
 
 
 def load_workdir(workdir: str, step: int | None = None, *,
