@@ -71,7 +71,7 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   sys.path.insert(0, ROOT)
   import mha_jax
-  from mha_jax import machine
+  from mha_jax.machine import machine
   models = tempfile.mkdtemp(prefix="models-")     # a fresh model cache: the import is timed
   t = time.perf_counter()
   mha_jax.load("smollm2-135m", cache=models, log=lambda s: None)
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         print(name, result[name][-1], flush=True)
   if args.ci_json:
     result["ci"] = json.load(open(args.ci_json))
-  result["machine"] = machine.machine()
+  result["machine"] = machine()
   import shutil
   shutil.rmtree(models, ignore_errors=True)
   with open(args.out, "w") as f:
