@@ -17,6 +17,7 @@ In IPython the view is displayed (and None returned); elsewhere it is returned (
 from __future__ import annotations
 
 import numbers
+import os
 
 from mha_jax import storage, views
 from mha_jax.errors import UserError
@@ -98,8 +99,8 @@ def view_of(x) -> views.View:
     return views.attention_html(views.trace_data(x))
   if isinstance(x, loader.Loaded):
     return views.params_html(x.params, x.workdir)
-  if isinstance(x, str):
-    return folder_view(x)
+  if isinstance(x, (str, os.PathLike)):
+    return folder_view(os.fspath(x))
   if isinstance(x, dict) and "curve" in x and "nodes" in x:
     return faithfulness_view(x)
   if isinstance(x, dict) and "assigned" in x:
