@@ -137,8 +137,8 @@ def writable_out(out: str, workdir: str | None = None) -> str:
 
 
 def _load(args, workdir: str | None = None):
-  from mha_jax.loader import load
-  return load(workdir or args.workdir, step=getattr(args, "step", None))
+  from mha_jax.loader import load_workdir     # --workdir is a workdir (names: `import`)
+  return load_workdir(workdir or args.workdir, step=getattr(args, "step", None))
 
 
 def _multi_seed(workdir: str):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import sys
 from typing import Any, Callable, Iterator, Sequence
 
 import ml_collections
@@ -12,6 +14,7 @@ from mha_jax.errors import BadCheckpoint, UserError
 from mha_jax import config as mc
 from mha_jax import storage
 from mha_jax import tasks
+from mha_jax import traces
 from mha_jax.models import common
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import seeds as seeds_lib
@@ -37,6 +40,16 @@ class Loaded:
   def head_names(self) -> list[str]:
     return common.head_names(self.params)
 
+  def run(self, prompts, capture: Sequence[str] = ("attn.pattern",), edits=None):
+    """A `traces.Trace` of `prompts` (strings or token ids) with `capture`'s sites read
+    ("attn.pattern", "lm.9.attn.z", ...) and `edits` ({site: interventions.Edit})
+    applied: `tr["attn.pattern", 9]`, `tr.tokens`, `tr.logits` (see mha_jax.traces)."""
+    return traces.run(self, prompts, capture, edits)
+
+  def _repr_html_(self) -> str:
+    from mha_jax import views
+    return views.params_html(self.params, title=self.workdir).html
+
   def __iter__(self):  # config, task, params = mha_jax.load(workdir)
     return iter((self.config, self.task, self.params))
 
@@ -54,11 +67,63 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     raise UserError(f"{path} is not valid JSON ({e})") from None
 
 
-def load(workdir: str, step: int | None = None, *,
-         log: Callable[[str], None] = ckpt_lib.warn) -> Loaded:
-  """Config, model and params of the run in `workdir`: the newest good checkpoint by
-  default (bad newer ones are reported through `log` and skipped; see checkpoint.py).
-  Never writes to the workdir."""
+def source_of(name_or_path: str) -> tuple[str, str]:
+  """("workdir", path), ("name", known model) or ("file", GGUF file or HF folder) of what
+  `load` was given (a file or folder that exists goes first: a workdir named like a
+  known model is that workdir); anything else is refused with the known names."""
+  from mha_jax.pretrained import registry
+  if not isinstance(name_or_path, str) or not name_or_path:
+    raise UserError(f"name_or_path must be a known model name ({sorted(registry.KNOWN)}), "
+                    f"a workdir, a GGUF file or a Hugging Face folder; got {name_or_path!r}",
+                    setting="name_or_path")
+  p = name_or_path
+  if name_or_path in registry.KNOWN and not storage.exists(p):
+    return "name", name_or_path
+  if storage.isfile(p):
+    return "file", p
+  if storage.isdir(p):
+    cfg = storage.join(p, "config.json")
+    hf = storage.exists(cfg) and "task" not in _json_or_empty(cfg)
+    return ("file", p) if hf else ("workdir", p)
+  if os.sep in p or "/" in p:          # a path: load_workdir names what is missing
+    return "workdir", p
+  raise UserError(f"{p!r} is not a known model (known: {', '.join(sorted(registry.KNOWN))}) "
+                  f"and no workdir, GGUF file or Hugging Face folder of that name exists",
+                  setting="name_or_path")
+
+
+def _json_or_empty(path: str) -> dict:
+  try:
+    d = storage.read_json(path)
+  except (ValueError, UnicodeDecodeError):
+    return {}
+  return d if isinstance(d, dict) else {}
+
+
+def load(name_or_path: str, step: int | None = None, *,
+         log: Callable[[str], None] | None = None, cache: str | None = None) -> Loaded:
+  """Config, model and params of a run: `name_or_path` is a workdir, a known model's name
+  (`mha_jax.pretrained.KNOWN`: "smollm2-135m", ...), a GGUF file or a Hugging Face folder.
+  A name, file or folder is imported once into the model cache (`cache`, default
+  `pretrained.importer.cache_root()`) and that workdir loaded; later calls, and other
+  processes, reuse it. A workdir gives its newest good checkpoint by default (bad newer
+  ones are reported through `log` and skipped; see checkpoint.py). `log` (default: to
+  stderr) also hears of an import. Never writes to a workdir."""
+  kind, src = source_of(name_or_path)
+  if kind == "workdir":
+    return load_workdir(src, step, log=log or ckpt_lib.warn)
+  from mha_jax.pretrained import importer
+  workdir = importer.cached_import(**{kind: src}, root=cache, log=log or _say)
+  return load_workdir(workdir, step, log=log or ckpt_lib.warn)
+
+
+def _say(message: str) -> None:
+  print(f"mha-jax: {message}", file=sys.stderr)
+
+
+def load_workdir(workdir: str, step: int | None = None, *,
+                 log: Callable[[str], None] = ckpt_lib.warn) -> Loaded:
+  """`load` of a workdir."""
   cfg = load_config(workdir)
   ckpts = ckpt_lib.Checkpoints(workdir, read_only=True)
   try:

@@ -159,3 +159,28 @@ def tiny_attn_lm(tmp_path_factory):
       "--config.eval.batch_size=4", "--config.eval.lm_batches=1"])
   loop.train(cfg, wd, log=lambda s: None)
   return wd, cfg
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_folder(tmp_path_factory) -> str:
+  """A tiny LLaMA in the Hugging Face layout (random weights, the WordLevel tokenizer of
+  hf_models: words t0 .. t95), written without torch."""
+  import json
+  import numpy as np
+  from safetensors.numpy import save_file
+  from hf_models import V, tiny_llama_hf, tokenizer_json
+  folder = tmp_path_factory.mktemp("hf") / "tiny-llama"
+  folder.mkdir()
+  w, cfg = tiny_llama_hf(np.random.default_rng(0), v=V)
+  save_file(w, str(folder / "model.safetensors"))
+  (folder / "config.json").write_text(json.dumps(cfg))
+  (folder / "tokenizer.json").write_text(tokenizer_json())
+  return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_run(tiny_hf_folder, tmp_path_factory):
+  """tiny_hf_folder loaded by `mha_jax.load` (imported into a model cache of its own)."""
+  import mha_jax
+  return mha_jax.load(tiny_hf_folder, cache=str(tmp_path_factory.mktemp("models")),
+                      log=lambda s: None)

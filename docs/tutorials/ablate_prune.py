@@ -64,3 +64,11 @@ for method in ("l0", "michel", "random"):
   info = prune_lib.prune(loaded, os.path.join(root, method), opts, log=lambda s: None)
   print(f"{method:>6}: kept {', '.join(info['kept_heads'])}; test loss "
         f"{info['after']['loss']:.3f} (all heads {info['base']['loss']:.3f})")
+
+# %% [markdown]
+# ## In a notebook
+#
+# `mha_jax.show` draws {head: importance} as bars.
+
+# %%
+mha_jax.show(imp["raw"])

@@ -67,3 +67,11 @@ print("encoder roles:", counts)
 best = max(enc, key=lambda r: r["positional_share"])
 print(f"most positional head {best['head']}: offset {best['positional_offset']:+d} "
       f"for {best['positional_share']:.0%} of tokens")
+
+# %% [markdown]
+# ## In a notebook
+#
+# `mha_jax.show` draws {head: role} as a table coloured by role.
+
+# %%
+mha_jax.show({r["head"]: r["role"] for r in rows})

@@ -57,3 +57,15 @@ for r in result["induction_heads"]:
 for row in result["term_importance"]:
   print(f"kept {row['orders_kept']}: loss {row['loss']:.3f} "
         f"({row['loss_change_vs_full']:+.3f} against the full model)")
+
+# %% [markdown]
+# ## In a notebook
+#
+# A trace of held-out repeated tokens draws the two heads' attention: the
+# previous-token head's diagonal just below the main one, the induction head's
+# stripe n - 1 positions back.
+
+# %%
+run = mha_jax.load(workdir)
+tokens, _ = run.task.repeated_tokens(0, 1, 10)
+run.run(tokens)

@@ -12,17 +12,11 @@
 # full study.
 
 # %%
-import tempfile
-
-
 import mha_jax
 from mha_jax import interventions
 from mha_jax.toolkit import activation_patching, pairs
-from mha_jax.pretrained import importer
 
-workdir = tempfile.mkdtemp(prefix="smollm2_") + "/smollm2"
-importer.import_model(workdir, name="smollm2-135m")       # from the pip package, offline
-loaded = mha_jax.load(workdir)
+loaded = mha_jax.load("smollm2-135m")    # from the pip package, imported once, offline
 ioi = pairs.ioi_pairs(loaded.task, n=2, seed=0)
 for t in ioi.text:
   print(t["clean"], "->", t["answer"], "| corrupt:", t["corrupt"])
@@ -71,3 +65,13 @@ print("top DLA:", activation_patching.top(activation_patching.head_table(dla["he
 print(f"heads + MLPs + embeddings = {dla['ld_frozen_sum']:.3f} = LD {dla['ld']:.3f}")
 atp = study.attribution(("z",))["z"]["heads"]
 print("AtP vs exact (layers 20-29):", activation_patching.agreement(atp[20:], res["recovery"][20:]))
+
+# %% [markdown]
+# ## In a notebook
+#
+# `mha_jax.show` draws the recovery table as bars, and a trace of the first clean prompt
+# draws its attention (pick layer 23, head 3).
+
+# %%
+mha_jax.show(table)
+loaded.run(ioi.text[0]["clean"])

@@ -205,13 +205,18 @@ def circuit_view(doc: dict, graph, keep, scores, edges) -> dict:
                       "faithfulness_nodes": n.get("faithfulness_nodes")}}
 
 
+VIEW_FILE = "circuit_view.json"
+
+
 def write_explorer(out, doc, es, keep, scores, study, task, pairs: int = 2) -> str:
   """DIR/explorer.html: the circuit view and the attention of the first `pairs` pairs
-  (clean and corrupt) from the study's own forward."""
+  (clean and corrupt) from the study's own forward; its data also as DIR/VIEW_FILE (what
+  `mha_jax.show(DIR)` draws without the model)."""
   from mha_jax import assets
   data = {**activation_patching.attention_data(study, task, pairs),
           "circuit": activation_patching.json_finite(
               circuit_view(doc, es.graph, keep, scores, es.edges))}
+  storage.write_json(storage.join(out, VIEW_FILE), data)
   path = storage.join(out, "explorer.html")
   storage.write_text(path, assets.page("explorer", data, title=html.escape(
       f"circuit of {doc['task']} on {doc['workdir']}")))

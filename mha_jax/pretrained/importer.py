@@ -135,3 +135,67 @@ def import_model(workdir: str, name: str | None = None, file: str | None = None,
     storage.rmtree(tmp, ignore_errors=True)
     raise
   return cfg
+
+
+# ------------------------------------------------------------------ the user's model cache
+
+MODELS_ENV = "MHA_JAX_MODELS"
+IMPORT_WAIT_S = 3600.0     # how long a second process waits for the first one's import
+
+
+def cache_root(environ=None) -> str:
+  """Where `mha_jax.load` keeps the models it imports: $MHA_JAX_MODELS, else
+  $XDG_CACHE_HOME/mha-jax/models (~/.cache/mha-jax/models)."""
+  import os
+  environ = os.environ if environ is None else environ
+  if environ.get(MODELS_ENV):
+    return os.path.abspath(os.path.expanduser(environ[MODELS_ENV]))
+  base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "mha-jax", "models")
+
+
+def cache_key(name: str | None = None, file: str | None = None) -> str:
+  """The cache folder's name of a known model (name and its package's version) or of a
+  file or HF folder (its name and a hash of its path, sizes and modification times: a
+  changed file is imported again)."""
+  import importlib.metadata
+  import os
+  if name is not None:
+    k = registry.KNOWN[name]
+    try:
+      version = importlib.metadata.version(k.pip_name)
+    except importlib.metadata.PackageNotFoundError:
+      version = "unknown"
+    return f"{name}-{version}"
+  path = os.path.abspath(file)
+  files = ([os.path.join(path, f) for f in sorted(os.listdir(path))] if os.path.isdir(path)
+           else [path])
+  h = hashlib.sha256(path.encode())
+  for f in files:
+    st = os.stat(f)
+    h.update(f"{os.path.basename(f)}:{st.st_size}:{st.st_mtime_ns}".encode())
+  return f"{os.path.basename(path.rstrip('/')) or 'model'}-{h.hexdigest()[:12]}"
+
+
+def cached_import(name: str | None = None, file: str | None = None, root: str | None = None,
+                  log=print) -> str:
+  """The workdir of a known model (`name`) or a file / HF folder (`file`) in the model
+  cache (`root`, default cache_root()): imported by the first call (import_model, under
+  the cache's lock: a second process waits for it and then reuses it), reused after."""
+  from mha_jax.train import lock as lock_lib
+  root = root or cache_root()
+  if name is not None:
+    registry.find_model(name)          # a missing package is named before anything is made
+  workdir = storage.join(root, cache_key(name, file))
+  done = lambda: storage.exists(storage.join(workdir, "config.json"))  # noqa: E731
+  if done():
+    return workdir
+  storage.makedirs(root)
+  lock = lock_lib.Lock(root, log=log).acquire(wait_s=IMPORT_WAIT_S)
+  try:
+    if not done():                     # import_model renames its folder in place at the end
+      log(f"importing {name or file} into {workdir} (once)")
+      import_model(workdir, name=name, file=file)
+  finally:
+    lock.release()
+  return workdir

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import interventions
+from mha_jax.traces import token_strings
 from mha_jax.errors import UserError
 from mha_jax.toolkit.pairs import Pairs
 from mha_jax.toolkit.roles import ROLE_COLORS
@@ -650,13 +651,6 @@ def json_finite(x):
   if isinstance(x, list):
     return [json_finite(v) for v in x]
   return x
-
-
-def token_strings(task, ids) -> list[str]:
-  tok = getattr(task, "tokenizer", None)
-  if tok is None:
-    return [str(int(i)) for i in ids]
-  return [tok.decode([int(i)]) or f"<{int(i)}>" for i in ids]
 
 
 def attention_data(study, task, pairs: int = 2, digits: int = 2) -> dict:

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 
-from mha_jax import storage
+from mha_jax import storage, traces
 from mha_jax.errors import UserError
 
 # Common first names; the IOI task keeps those that are one token (with their leading
@@ -69,13 +69,10 @@ def _tokenizer(task):
   return tok
 
 
-def _bos(task) -> list[int]:
-  return [int(task.bos_id)] if task.adds_bos and task.bos_id >= 0 else []
-
-
 def encode(task, text: str) -> list[int]:
   """The model's token ids of a prompt (its BOS first when its tokenizer adds one)."""
-  return _bos(task) + [int(i) for i in _tokenizer(task).encode(text)]
+  _tokenizer(task)
+  return traces.prompt_ids(task, text)
 
 
 def single_token(task, text: str) -> int | None:

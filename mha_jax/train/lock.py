@@ -174,8 +174,12 @@ class Lock:
   def _payload(self) -> bytes:
     return json.dumps({**self.info, "heartbeat": time.time()}).encode()
 
-  def acquire(self) -> "Lock":
-    for _ in range(3):
+  def acquire(self, wait_s: float = 0.0) -> "Lock":
+    """Takes the lock; while a live holder has it, waits up to wait_s seconds for it to
+    be released (0: refuses at once)."""
+    deadline, tries = time.time() + wait_s, 0
+    while tries < 3:
+      tries += 1
       try:
         created = storage.create_exclusive(self.path, self._payload())
       except StorageFault as e:
@@ -198,6 +202,10 @@ class Lock:
         self._thread.start()
         return self
       reason = stale_reason(holder)
+      if reason is None and time.time() < deadline:
+        tries -= 1
+        time.sleep(0.2)
+        continue
       if reason is None:
         raise UserError(f"workdir {self.workdir!r} is in use by another run: "
                         f"{describe(holder)} (lock {self.path}). Two runs would write "

@@ -197,3 +197,19 @@ def test_the_explorer_s_circuit_view_in_a_browser(made):
     np.testing.assert_allclose(np.asarray(rows), w[:t, :t], atol=0.006)
     assert errors == [] and requests == []
     browser.close()
+
+
+def test_show_draws_a_circuit_folder_from_its_json(made):
+  """`mha_jax.show(out)`: the explorer page of circuit_view.json (the data explorer.html
+  holds) and the faithfulness curve of circuit.json, point by point."""
+  import re
+  import mha_jax
+  _, out, _ = made
+  doc = json.load(open(os.path.join(out, "circuit.json")))
+  view = mha_jax.show(out)
+  data = json.load(open(os.path.join(out, "circuit_view.json")))
+  assert data["circuit"]["heads"] == doc["nodes"]["heads"] and "weights" in data
+  assert 'class="mha-jax-view"' in view.html and "cgraph" in view.html
+  pts = re.findall(r'data-x="([^"]+)" data-value="([^"]+)"', view.html)
+  assert [(float(x), float(y)) for x, y in pts] == [(p["edges"], p["faithfulness"])
+                                                    for p in doc["curve"]]
