@@ -178,10 +178,12 @@ def mlp(p, x, act: str):
 
 def unembed(params, x_BTD):
   """Logits (B, T, V) in float32: x @ unembed, or x @ embed.T when tied."""
+  # accumulated and returned in float32 (bfloat16 params: the metrics read these)
   if "unembed" in params:
-    return (x_BTD @ params["unembed"].astype(x_BTD.dtype)).astype(jnp.float32)
-  return jnp.einsum("btd,vd->btv", x_BTD, params["embed"].astype(x_BTD.dtype)).astype(
-      jnp.float32)
+    return jnp.matmul(x_BTD, params["unembed"].astype(x_BTD.dtype),
+                      preferred_element_type=jnp.float32)
+  return jnp.einsum("btd,vd->btv", x_BTD, params["embed"].astype(x_BTD.dtype),
+                    preferred_element_type=jnp.float32)
 
 
 def positions_from_mask(mask_BT):
