@@ -46,8 +46,11 @@ def _digest(x) -> str | None:
     x = x.addressable_data(0)
   a = np.ascontiguousarray(np.asarray(x))
   h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
-  h.update(a.tobytes())
+  h.update(a.reshape(-1).view(np.uint8))    # the bytes, not a copy of them
   return h.hexdigest()
+
+
+SAVE_CONCURRENT_GB = 1
 
 
 def checksums(tree) -> dict[str, str]:
@@ -164,7 +167,9 @@ class Checkpoints:
     if read_only and not storage.isdir(self.directory):
       raise UserError(f"workdir {storage.dirname(self.directory)!r} has no trained "
                        f"checkpoint (no {self.directory})")
-    handlers = {"params": ocp.StandardCheckpointHandler(),
+    # at most SAVE_CONCURRENT_GB of arrays in flight while writing: an imported model is
+    # not copied whole into the writer's buffers (the host would hold it twice)
+    handlers = {"params": ocp.StandardCheckpointHandler(save_concurrent_gb=SAVE_CONCURRENT_GB),
                 "opt_state": ocp.StandardCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
     self.manager = ocp.CheckpointManager(storage.path(self.directory), options=options,
