@@ -317,8 +317,9 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
                     f"{jnp.shape(stream)}")
   for i, name in enumerate(layers):
     def block(x, c, i=i, name=name):
-      return _block(params["lm"][name], x, spec, i, key_mask=key_mask,
+      y, c = _block(params["lm"][name], x, spec, i, key_mask=key_mask,
                     positions_BT=positions_BT, hook=hook, cache=c)
+      return y.astype(x.dtype), c      # the stream keeps its dtype
     c = None if cache is None else cache[name]
     if start is None:
       x, new_cache[name] = block(x, c)

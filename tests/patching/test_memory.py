@@ -127,3 +127,27 @@ def test_patch_command_takes_a_budget_and_a_dtype(tiny_attn_lm, tmp_path, capsys
   assert cli.main(args + ["--memory-budget", "1KB", "--out", str(tmp_path / "b")]) != 0
   err = capsys.readouterr().err
   assert "memory-budget of 1,000 bytes" in err and "needs at least" in err
+
+
+def test_bfloat16_on_an_imported_model_with_a_shared_prefix_and_depth(tmp_path):
+  """An imported LM (prefix cache, each intervention from its layer on): bf16 weights run
+  (the cache and the stream stay bf16) and the table stays within 0.1 of float32's (a
+  random model: a small clean-corrupt gap magnifies the recovery's error)."""
+  import mha_jax
+  from hf_models import build_hf, save_folder
+  folder = save_folder(build_hf("llama"), tmp_path / "hf")
+  wd = str(tmp_path / "wd")
+  assert cli.main(["import", "--file", folder, "--workdir", wd]) == 0
+  loaded = mha_jax.load(wd)
+  rng = np.random.default_rng(0)
+  clean = rng.integers(0, 200, (3, 8)).astype(np.int32)
+  corrupt = clean.copy()
+  corrupt[:, 4] = (corrupt[:, 4] + 7) % 200
+  from mha_jax.toolkit.pairs import Pairs
+  pairs = Pairs(clean, corrupt, np.asarray([3, 5, 7]), np.asarray([4, 6, 9]),
+                np.asarray([8, 8, 8]), [{}] * 3)
+  want = activation_patching.Study(loaded.task, loaded.params, pairs)
+  got = activation_patching.Study(loaded.task, memory.cast(loaded.params, "bfloat16"), pairs)
+  assert got.prefix == 4 and got.share_depth
+  a, b = got.patch("z")["recovery"], want.patch("z")["recovery"]
+  assert np.isfinite(a).all() and np.nanmax(np.abs(a - b)) < 0.1
