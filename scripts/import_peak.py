@@ -116,7 +116,9 @@ def measure(folder: str, workdir: str, dtype: str) -> dict:
   """Peak RSS of a fresh process importing `folder` into `workdir`."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", _CHILD, workdir, folder, dtype], env=env,
-                       capture_output=True, text=True, check=True)
+                       capture_output=True, text=True)
+  if out.returncode:
+    raise RuntimeError(f"the import failed:\n{out.stderr[-3000:]}")
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -50,9 +50,6 @@ def _digest(x) -> str | None:
   return h.hexdigest()
 
 
-SAVE_CONCURRENT_GB = 1
-
-
 def checksums(tree) -> dict[str, str]:
   """{path: SHA-256} of every array in a pytree."""
   return {jax.tree_util.keystr(p): _digest(x)
@@ -167,9 +164,7 @@ class Checkpoints:
     if read_only and not storage.isdir(self.directory):
       raise UserError(f"workdir {storage.dirname(self.directory)!r} has no trained "
                        f"checkpoint (no {self.directory})")
-    # at most SAVE_CONCURRENT_GB of arrays in flight while writing: an imported model is
-    # not copied whole into the writer's buffers (the host would hold it twice)
-    handlers = {"params": ocp.StandardCheckpointHandler(save_concurrent_gb=SAVE_CONCURRENT_GB),
+    handlers = {"params": ocp.StandardCheckpointHandler(),
                 "opt_state": ocp.StandardCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
     self.manager = ocp.CheckpointManager(storage.path(self.directory), options=options,
