@@ -383,7 +383,7 @@ def _bf16_drift(docs) -> list[str]:
           f"{d['what']}; {d['models'][0]['pairs']} pairs. Softmax, norms, logits and "
           "metrics stay float32 (`patch --dtype bfloat16`, "
           "[Patching](../guide/patching.md)).", "",
-          _table(["model", "table (recovery)", "max |bf16 - f32|", "max |f32|",
+          _table(["model", "table (recovery)", "max abs diff (bf16 - f32)", "max abs (f32)",
                   "top-10 overlap", "Pearson"], rows), "", _source(rel), ""]
 
 
