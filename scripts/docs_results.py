@@ -366,7 +366,42 @@ def real_models_page(docs):
     "### Pruning curve (cosine to the full model's embedding)", "",
     _curve_table(d, "cosine_to_full", 3), "", "![MiniLM curve](real_models/minilm_curve_curve.png)",
     "", _source(base + "minilm_analysis_summary.json", base + "minilm_curve_curve.json"), ""]
-  return "\n".join(parts)
+  return "\n".join(parts + _bf16_drift(docs) + _import_peak(docs))
+
+
+def _bf16_drift(docs) -> list[str]:
+  """bfloat16 weights against float32: how far the head tables move."""
+  rel = "results/bf16_drift_cpu.json"
+  if not (docs / rel).exists():
+    return []
+  d = _load(docs, rel)
+  rows = [[m["model"], k.replace("_", " "), _f(m[k]["max_abs_diff"], 4),
+           _f(m[k]["max_abs_float32"], 3), f"{m[k]['top10_overlap'] * 10:.0f}/10",
+           _f(m[k]["pearson"], 4)]
+          for m in d["models"] for k in ("patch_head_out", "atp_head_out")]
+  return ["## Studies in bfloat16 against float32", "",
+          f"{d['what']}; {d['models'][0]['pairs']} pairs. Softmax, norms, logits and "
+          "metrics stay float32 (`patch --dtype bfloat16`, "
+          "[Patching](../guide/patching.md)).", "",
+          _table(["model", "table (recovery)", "max abs diff (bf16 - f32)", "max abs (f32)",
+                  "top-10 overlap", "Pearson"], rows), "", _source(rel), ""]
+
+
+def _import_peak(docs) -> list[str]:
+  """Peak host memory of importing a sharded bf16 folder."""
+  rel = "results/import_peak_cpu.json"
+  if not (docs / rel).exists():
+    return []
+  d = _load(docs, rel)
+  gb = lambda b: f"{b / 1e9:.2f}"  # noqa: E731
+  return ["## Import: peak host memory", "",
+          f"`scripts/import_peak.py --shape {d['shape']}` ({d['params']:,} params, "
+          f"{len(d['shards_bytes'])} bf16 safetensors shards, imported as {d['dtype']}): "
+          f"the import added {gb(d['added_peak'])} GB to the process's peak RSS "
+          f"(base {gb(d['base_rss'])} GB); the bound 1.3 x the largest shard "
+          f"({gb(d['largest_shard'])} GB) + the model once ({gb(d['model_bytes'])} GB) is "
+          f"{gb(d['bound'])} GB: {'within' if d['within_bound'] else 'over'}.", "",
+          _source(rel), ""]
 
 
 def _num(v):

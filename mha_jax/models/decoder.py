@@ -275,11 +275,13 @@ def moe(p, x_BTD, spec: DecoderSpec, hook=None, site: str | None = None):
 def unembed(params, x_BTD):
   """Logits (B, T, V) in float32: x @ unembed, or x @ embed.T when tied; plus
   unembed_bias (V,) where the family has one (Phi, GPT-J)."""
+  # accumulated and returned in float32 (bfloat16 params: the metrics read these)
   if "unembed" in params:
-    y = (x_BTD @ params["unembed"].astype(x_BTD.dtype)).astype(jnp.float32)
+    y = jnp.matmul(x_BTD, params["unembed"].astype(x_BTD.dtype),
+                   preferred_element_type=jnp.float32)
   else:
-    y = jnp.einsum("btd,vd->btv", x_BTD, params["embed"].astype(x_BTD.dtype)).astype(
-        jnp.float32)
+    y = jnp.einsum("btd,vd->btv", x_BTD, params["embed"].astype(x_BTD.dtype),
+                   preferred_element_type=jnp.float32)
   return y if "unembed_bias" not in params else y + params["unembed_bias"].astype(y.dtype)
 
 
@@ -434,8 +436,9 @@ def apply(params, spec: DecoderSpec, tokens_BT, *, mask_BT=None, positions_BT=No
                     f"{jnp.shape(stream)}")
   for i, name in enumerate(layers):
     def block(x, c, i=i, name=name):
-      return _block(params["lm"][name], x, spec, i, key_mask=key_mask,
+      y, c = _block(params["lm"][name], x, spec, i, key_mask=key_mask,
                     positions_BT=positions_BT, hook=hook, cache=c)
+      return y.astype(x.dtype), c      # the stream keeps its dtype
     c = None if cache is None else cache[name]
     if start is None:
       x, new_cache[name] = block(x, c)

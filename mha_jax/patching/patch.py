@@ -35,7 +35,7 @@ import numpy as np
 
 from mha_jax import settings, storage
 from mha_jax.errors import UserError
-from mha_jax.toolkit import activation_patching, pairs as pairs_lib
+from mha_jax.toolkit import activation_patching, memory, pairs as pairs_lib
 from mha_jax.patching import explorer
 from mha_jax.toolkit import plots
 from mha_jax.settings import setting
@@ -126,6 +126,15 @@ class PatchOptions:
                                           "(direct logit attribution), the logit lens "
                                           "(in patching.json), explorer.html (default: "
                                           "none, only the methods' tables and heatmaps)")
+  memory_budget: str | None = setting(None, metavar="BYTES",
+                                      help="bytes a sweep's program may hold, e.g. 4GB or "
+                                           "512MiB: the chunk sizes (interventions per "
+                                           "group, pairs per batch) are chosen from it "
+                                           "before compiling (default: half the device's "
+                                           "free memory)")
+  dtype: str | None = setting(None, choices=memory.DTYPES,
+                              help="the params' dtype for the study (default: as stored); "
+                                   "softmax, norms, logits and metrics stay float32")
 
 
 def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -> dict:
@@ -141,7 +150,9 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
                     setting="method")
   _sweeps(sites, False)
   pairs = make_pairs(loaded, task, pairs_file, n_pairs, seed)
-  s = activation_patching.Study(loaded.task, loaded.params, pairs)
+  params = memory.cast(loaded.params, opts.dtype)
+  budget, budget_from = memory.budget(opts.memory_budget, memory.params_bytes(params))
+  s = activation_patching.Study(loaded.task, params, pairs, memory_budget=budget)
   failing = [] if keep_failing else failing_pairs(s, pairs)
   if failing:
     keep = np.asarray([i for i in range(len(pairs)) if i not in {f["index"] for f in failing}])
@@ -165,6 +176,7 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
                    for p, c, x in zip(pairs.to_json(), s.ld_clean, s.ld_corrupt)],
          "left_out": failing, "scores": {}}
   summary["left_out"] = len(failing)
+  summary["memory_budget"] = {"bytes": budget, "from": budget_from}
   w = _Writing(s, out, label, loaded.workdir, summary, doc, methods, sites, per_position,
                receivers, top, log)
   if "dla" in opts.outputs:
@@ -221,6 +233,7 @@ def _write_activation(w: _Writing) -> None:
   if sweeps:
     res, sec = _timed(lambda: s.patch_many([(site, pp) for _, site, pp in sweeps]))
     summary["seconds"]["patch_" + "+".join(n for n, _, _ in sweeps)] = round(sec, 2)
+    summary["plan"] = dataclasses.asdict(s.last_plan)
   for name, site, _ in sweeps:
     rec = res[site]["recovery"]
     if name == "resid":

@@ -104,9 +104,24 @@ PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "mod
            "model.ckpt")
 
 
+# safetensors dtype names -> NumPy's (BF16: ml_dtypes.bfloat16)
+_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64",
+              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def _st_dtype(name: str):
+  if name == "BF16":
+    import ml_dtypes
+    return np.dtype(ml_dtypes.bfloat16)
+  return np.dtype(_ST_DTYPES[name]) if name in _ST_DTYPES else None
+
+
 class Weights:
   """Tensors of one or more safetensors files, read one at a time (streaming: a tensor
-  is in memory only while it is converted). bf16 tensors come as ml_dtypes bfloat16."""
+  is in memory only while it is converted). Each tensor's bytes are read from the file
+  (`np.fromfile` at its offset), not through a memory map: mapped pages a read touches
+  stay in the process's resident memory while the file is open, the whole model over an
+  import. bf16 tensors come as ml_dtypes bfloat16."""
 
   def __init__(self, files: list[str]):
     from safetensors import safe_open
@@ -114,28 +129,33 @@ class Weights:
     self.handles = []
     for path in files:
       try:
-        h = safe_open(path, framework="numpy")
+        h = safe_open(path, framework="numpy")      # validates the header
         names = list(h.keys())
+        with open(path, "rb") as f:
+          n = int.from_bytes(f.read(8), "little")
+          header = json.loads(f.read(n))
       except Exception as e:  # noqa: BLE001 - SafetensorError and friends
         raise UserError(f"file {path!r} is not a readable safetensors file (corrupt or "
                          f"truncated?): {type(e).__name__}: {e}", setting="file") from None
       self.handles.append((path, h))
-      for n in names:
-        self.where[n] = (path, h)
+      for nm in names:
+        self.where[nm] = (path, h, 8 + n, header.get(nm))
     self.dtypes = {}
 
   def names(self):
     return list(self.where)
 
   def __call__(self, name):
-    path, h = self.where[name]
+    path, h, base, entry = self.where[name]
     try:
-      if h.get_slice(name).get_dtype() in ("BF16", "bfloat16"):
-        from safetensors import safe_open
-        with safe_open(path, framework="flax") as hf:
-          x = np.asarray(hf.get_tensor(name))
-      else:
+      dt = _st_dtype(entry["dtype"]) if entry else None
+      if dt is None:       # a dtype NumPy has no name for: safetensors reads it
         x = h.get_tensor(name)
+      else:
+        start, end = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        x = np.fromfile(path, dtype=dt, count=(end - start) // dt.itemsize,
+                        offset=base + start).reshape(shape)
     except Exception as e:  # noqa: BLE001
       raise UserError(f"file {path!r}: tensor {name!r} cannot be read (corrupt or "
                        f"truncated?): {type(e).__name__}: {e}", setting="file") from None

@@ -90,6 +90,21 @@ def read_model(name: str | None = None, file: str | None = None, dtype: str = "f
   return params, cfg, tok
 
 
+def _to_device(tree: dict) -> None:
+  """Each NumPy leaf of the nested dict replaced, in place and one at a time, by a jax
+  array (each NumPy copy dropped as its array is made): the checkpoint's writer then
+  copies nothing, and the host holds the model once, not twice."""
+  import jax
+  import numpy as np
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      _to_device(v)
+    elif isinstance(v, np.ndarray):
+      tree[k] = None
+      tree[k] = jax.device_put(v)
+      del v
+
+
 def import_model(workdir: str, name: str | None = None, file: str | None = None,
                  dtype: str = "float32", mesh: str | None = None) -> dict:
   """Writes the workdir; refuses one that exists and is not empty. Returns config dict.
@@ -113,6 +128,7 @@ def import_model(workdir: str, name: str | None = None, file: str | None = None,
   try:
     scratch = storage.join(tmp, ".source")      # a chunked model is assembled here
     params, cfg, tok = read_model(name, file, dtype, scratch=scratch, mesh=device_mesh)
+    _to_device(params)
     if storage.exists(scratch):
       storage.rmtree(scratch)
     storage.write_json(storage.join(tmp, "config.json"), cfg)

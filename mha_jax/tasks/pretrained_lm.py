@@ -77,7 +77,8 @@ class PretrainedLMTask(Imported):
   def prefix_cache(self, params, tokens_BT, max_len: int):
     """The KV cache after tokens_BT (B, P), with room for max_len tokens in all: apply's
     batch["cache"] continues from it (prompts that share a prefix compute it once)."""
-    cache = decoder.init_cache(params, tokens_BT.shape[0], max_len)
+    # in the embeddings' dtype: a float32 cache would turn bfloat16 runs float32
+    cache = decoder.init_cache(params, tokens_BT.shape[0], max_len, params["embed"].dtype)
     return decoder.apply(params, self.spec, tokens_BT, cache=cache, last_only=True)[1]
 
   def logits(self, params, tokens_BT, mask_BT=None):

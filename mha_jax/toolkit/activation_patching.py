@@ -37,6 +37,7 @@ import numpy as np
 from mha_jax import interventions
 from mha_jax.traces import token_strings
 from mha_jax.errors import UserError
+from mha_jax.toolkit import memory
 from mha_jax.toolkit.pairs import Pairs
 from mha_jax.toolkit.roles import ROLE_COLORS
 
@@ -96,7 +97,8 @@ class Study:
 
   task: the Task `mha_jax.load` returns (an LM: `apply(params, batch, hook=...)` with
     batch {"tokens", "logits_at"}); params: its params; pairs: Pairs.
-  memory_budget: bytes a sweep's chunk of interventions may take (default 2 GiB).
+  memory_budget: bytes one program of a sweep may hold (default 2 GiB): the chunk sizes
+    (interventions per group, pairs per batch) follow from it (`plan`, toolkit/memory.py).
   share_prefix: the positions before the first token where any clean and corrupt
     prompt differ are the same in every run, patched or not (causal attention): when
     the task has `prefix_cache` (imported LMs), the sweeps compute them once and run
@@ -127,6 +129,7 @@ class Study:
     p0 = min(int(np.argmax(differ)) if differ.any() else t, int(pairs.length.min()) - 1)
     self.prefix = p0 if share_prefix and hasattr(task, "prefix_cache") and p0 >= 1 else 0
     self._jit: dict = {}
+    self.last_plan: memory.Plan | None = None     # the last sweep's chunk sizes
     # the shapes from the trace the baseline runs then reuse (one trace, not two)
     vals = self._edited_fn(_SHAPE_SITES).eval_shape(params, self.tokens["clean"], {})[1]
     self.vocab = int(task.vocab_size)
@@ -194,12 +197,29 @@ class Study:
       return None
     return self.task.prefix_cache(params, self.tokens["clean"][:, :self.prefix], self.t)
 
+  def shapes(self, sites: int = 1, pairs: int | None = None) -> memory.PatchShapes:
+    """The shapes a sweep's memory depends on (memory.PatchShapes) for `sites` sites."""
+    leaves = [x for x in jax.tree.leaves(self.params) if hasattr(x, "dtype")]
+    big = max(leaves, key=lambda x: int(np.prod(np.shape(x))))
+    return memory.PatchShapes(
+        layers=self.layers, heads=max(self.heads), kv_heads=max(self.kv_heads),
+        head_dim=max(self.head_dim), d_model=self.d_model, d_mlp=_mlp_width(self.params,
+                                                                           self.d_model),
+        vocab=self.vocab, t=self.t - self.prefix, t_keys=self.t,
+        pairs=self.n if pairs is None else pairs, dtype_bytes=np.dtype(big.dtype).itemsize,
+        sites=sites)
+
+  def plan(self, interventions: int, sites: int = 1) -> memory.Plan:
+    """The chunk sizes of a sweep of `interventions` over `sites` sites in
+    memory_budget (memory.patch_plan): chosen before anything compiles."""
+    return memory.patch_plan(self.shapes(sites), interventions, self.memory_budget)
+
   def _chunk(self, m: int, factor: float = 1.0) -> int:
-    """Interventions per chunk: a rough per-intervention footprint of one forward."""
-    hmax = max(self.heads)
-    ts = self.t - self.prefix
-    per = 4 * self.n * (ts * (24 * self.d_model + 4 * hmax * self.t) + 2 * self.vocab)
-    return int(max(1, min(m, self.memory_budget // max(1, int(per * factor)))))
+    """Interventions per group on all N pairs (factor: programs that run `factor`
+    forwards per intervention)."""
+    sh = self.shapes()
+    free = self.memory_budget - self.n * sh.per_pair()
+    return int(max(1, min(m, free // max(1, int(self.n * sh.per_row() * factor)))))
 
   def _runs(self, direction):
     if direction not in DIRECTIONS:
@@ -254,11 +274,15 @@ class Study:
                            chunk=chunk)[site]
 
   def patch_many(self, sweeps: Sequence[tuple[str, bool]], *, direction: str = "denoise",
-                 layers: Sequence[int] | None = None, chunk: int | None = None) -> dict:
+                 layers: Sequence[int] | None = None, chunk: int | None = None,
+                 pairs_per_batch: int | None = None) -> dict:
     """Several activation-patching sweeps, each (site, per_position) as in `patch`, in
     one compiled program: the interventions of every sweep are one batch over a site
     axis (each intervention edits one site of one layer and head, the other edits are
-    the identity). Returns {site: what `patch(site, per_position=...)` returns}."""
+    the identity). chunk (interventions per group) and pairs_per_batch: from `plan`
+    unless given; batches of pairs run one after another (the same program) and their
+    per-pair results are joined. Returns {site: what `patch(site, per_position=...)`
+    returns}."""
     base_run, src_run = self._runs(direction)
     sweeps = tuple((s, bool(pp)) for s, pp in sweeps)
     sites = [s for s, _ in sweeps]
@@ -278,7 +302,13 @@ class Study:
            for h in range(counts[k][l]) for p in (range(pre, self.t) if pp else (-1,))]
     names = {s: tuple(_site(i, s) for i in range(self.layers)) for s in sites}
     flat = tuple(n for s in sites for n in names[s])
-    chunk = chunk or self._chunk(len(idx))
+    plan = self.last_plan = self.plan(len(idx), len(sites))
+    chunk = chunk or plan.interventions_per_group
+    pairs_per_batch = pairs_per_batch or plan.pairs_per_batch
+    if pairs_per_batch < self.n:
+      return self._by_pairs(pairs_per_batch, lambda sub: sub.patch_many(
+          sweeps, direction=direction, layers=layers, chunk=chunk,
+          pairs_per_batch=sub.n))
     starts, rows, where = self._groups(idx, chosen, chunk, self.share_depth)
     cols = tuple(jnp.asarray(np.asarray(c, np.int32)[rows]) for c in zip(*idx))  # (G, C)
     c, n = rows.shape[1], self.n
@@ -329,6 +359,18 @@ class Study:
                            max(counts[j]), per_head[j], pp, base_run)
     return out
 
+  def _by_pairs(self, size: int, run) -> dict:
+    """run(sub-study) on batches of <= size pairs, the per-pair "ld" and "logp" (last
+    axis) joined and the metrics taken over all pairs."""
+    parts = [run(self.subset(np.arange(i, min(i + size, self.n))))
+             for i in range(0, self.n, size)]
+    out = {}
+    for site in parts[0]:
+      ld = np.concatenate([p[site]["ld"] for p in parts], axis=-1)
+      lp = np.concatenate([p[site]["logp"] for p in parts], axis=-1)
+      out[site] = {**metrics(ld, lp, self.ld_clean, self.ld_corrupt), "ld": ld, "logp": lp}
+    return out
+
   @staticmethod
   def _groups(idx, chosen, chunk: int, by_layer: bool):
     """A sweep's batches: (starts (G,) or None, rows (G, C) into idx, where (len(idx),)).
@@ -372,7 +414,7 @@ class Study:
       key = (l,) + ((h,) if per_head else ()) + ((p,) if per_position else ())
       full_ld[key], full_lp[key] = ld[row], logp[row]
     out = metrics(full_ld, full_lp, self.ld_clean, self.ld_corrupt)
-    out["ld"] = full_ld
+    out["ld"], out["logp"] = full_ld, full_lp
     return out
 
   def patch_one(self, site: str, layer: int, head: int | None = None,
@@ -619,6 +661,13 @@ class Study:
     out = metrics(np.asarray(ld), np.asarray(logp), self.ld_clean, self.ld_corrupt)
     out["ld"] = np.asarray(ld)
     return out
+
+
+def _mlp_width(params, d_model: int) -> int:
+  """The widest MLP (its w_up's output width) of the params; 4 * d_model without one."""
+  widths = [int(np.shape(x)[-1]) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+            if getattr(path[-1], "key", None) == "w_up"]
+  return max(widths, default=4 * d_model)
 
 
 def head_table(arr_LH, counts: Sequence[int] | None = None, kv: bool = False) -> dict:

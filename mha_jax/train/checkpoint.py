@@ -46,7 +46,7 @@ def _digest(x) -> str | None:
     x = x.addressable_data(0)
   a = np.ascontiguousarray(np.asarray(x))
   h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
-  h.update(a.tobytes())
+  h.update(a.reshape(-1).view(np.uint8))    # the bytes, not a copy of them
   return h.hexdigest()
 
 

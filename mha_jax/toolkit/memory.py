@@ -1,0 +1,160 @@
+"""Memory plans of the studies' programs: chunk sizes chosen from shapes and a budget,
+before anything compiles (never by catching an out-of-memory error).
+
+    shapes = memory.PatchShapes(layers=16, heads=32, kv_heads=8, head_dim=64,
+                                d_model=2048, d_mlp=8192, vocab=128256, t=20, pairs=4,
+                                dtype_bytes=2)
+    plan = memory.patch_plan(shapes, interventions=512, budget=4 * 10**9)
+    plan.interventions_per_group, plan.pairs_per_batch, plan.bytes
+
+A byte model is an upper bound of what one program holds at once (forward only): per
+pair, the source run's sites and the base run's residual stream that every
+intervention reads; per (intervention, pair) row, one layer's activations (the stream
+and norms in float32, q/k/v/z, the float32 scores and weights, the MLP's hidden
+units), the row's logits and its copy of the patched sites. The plan takes the most
+pairs per batch (all of them when they fit with one intervention), then the most
+interventions per group that fit. A budget below one pair and one intervention is
+refused, naming the minimum.
+
+`budget(text)` reads `--memory-budget` ("4GB", "512MiB", "3e9", or None: the free memory,
+`kernels.dispatch.memory_limit()` less the params).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from mha_jax.errors import UserError
+from mha_jax.kernels import dispatch
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+# of the free memory a default budget takes (the rest: XLA's own buffers, fragmentation)
+DEFAULT_FRACTION = 0.5
+
+
+def parse_bytes(text: str, name: str = "memory_budget") -> int:
+  """Bytes of "4GB" (10^9), "4GiB" (2^30), "512MB", "3e9" or "1000"; refused by name."""
+  m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b|b)?\s*", str(text).lower())
+  if not m:
+    raise UserError(f"{name} must be a size such as 4GB, 512MiB or 3e9 (bytes); got "
+                    f"{text!r}", setting=name)
+  n = int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+  if n <= 0:
+    raise UserError(f"{name} must be more than 0 bytes; got {text!r}", setting=name)
+  return n
+
+
+def budget(text: str | None, params_bytes: int = 0) -> tuple[int, str]:
+  """(bytes, what they are): `text` parsed, else DEFAULT_FRACTION of the device's memory
+  (dispatch.memory_limit) less the params."""
+  if text is not None:
+    return parse_bytes(text), f"--memory-budget {text}"
+  limit, what = dispatch.memory_limit()
+  free = max(0, limit - int(params_bytes))
+  return int(free * DEFAULT_FRACTION), f"{DEFAULT_FRACTION:g} of {what} less the params"
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchShapes:
+  """What a patching sweep's memory depends on. t: the positions each run computes (after
+  a shared prefix); t_keys: the keys they attend (the whole prompt); sites: the sites
+  every layer patches in one program (one per sweep); dtype_bytes: the params'."""
+  layers: int
+  heads: int
+  kv_heads: int
+  head_dim: int
+  d_model: int
+  d_mlp: int
+  vocab: int
+  t: int
+  pairs: int
+  dtype_bytes: int = 4
+  t_keys: int | None = None
+  sites: int = 1
+
+  def per_pair(self) -> int:
+    """Bytes each pair holds for the whole program: the source run's sites of every layer
+    and the base run's stream entering each layer (depth sharing), both runs' keys and
+    values (a shared prefix's cache)."""
+    tk = self.t_keys or self.t
+    site = self.sites * self.layers * self.t * self.heads * self.head_dim
+    stream = self.layers * self.t * self.d_model
+    kv = 2 * 2 * self.layers * tk * self.kv_heads * self.head_dim
+    return self.dtype_bytes * (site + stream + kv)
+
+  def per_row(self) -> int:
+    """Bytes one (intervention, pair) row of a group holds: one layer's activations
+    (float32 stream and norms, q/k/v/z, float32 scores and weights, the MLP's hidden
+    units), its logits and log-probs (float32) and its copy of the patched sites and
+    of the stream (the group's rows are folded into the batch)."""
+    tk = self.t_keys or self.t
+    b = self.dtype_bytes
+    layer = (4 * 4 * self.t * self.d_model
+             + b * self.t * (2 * self.heads + 2 * self.kv_heads) * self.head_dim
+             + 4 * 2 * self.heads * self.t * tk
+             + b * 3 * self.t * self.d_mlp)
+    logits = 4 * 2 * self.vocab
+    copies = b * (self.sites * self.layers * self.t * self.heads * self.head_dim
+                  + self.layers * self.t * self.d_model)
+    return layer + logits + copies
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Chunk sizes of a sweep: interventions per group, pairs per batch, and the bytes one
+  group's program holds at those sizes (<= budget)."""
+  interventions_per_group: int
+  pairs_per_batch: int
+  bytes: int
+  budget: int
+
+
+def patch_bytes(shapes: PatchShapes, interventions: int, pairs: int) -> int:
+  """Bytes one group of `interventions` on a batch of `pairs` holds."""
+  return pairs * shapes.per_pair() + interventions * pairs * shapes.per_row()
+
+
+def patch_plan(shapes: PatchShapes, interventions: int, budget: int,
+               setting: str = "memory_budget") -> Plan:
+  """The chunk sizes of a patching sweep of `interventions` over shapes.pairs pairs in
+  `budget` bytes: the most pairs per batch that fit with one intervention, then the most
+  interventions per group. A budget below one pair and one intervention is refused."""
+  if interventions < 1:
+    raise ValueError(f"interventions must be >= 1; got {interventions}")
+  one = patch_bytes(shapes, 1, 1)
+  if budget < one:
+    raise UserError(f"{setting} of {budget:,} bytes ({budget / 2**20:.1f} MiB) is too small "
+                    f"for one intervention on one pair of this sweep: it needs at least "
+                    f"{one:,} bytes ({one / 2**20:.1f} MiB)", setting=setting)
+  pairs = min(shapes.pairs, budget // (shapes.per_pair() + shapes.per_row()))
+  per_group = (budget - pairs * shapes.per_pair()) // (pairs * shapes.per_row())
+  c = int(max(1, min(interventions, per_group)))
+  return Plan(c, int(pairs), patch_bytes(shapes, c, pairs), int(budget))
+
+
+DTYPES = ("float32", "bfloat16")
+
+
+def params_bytes(params) -> int:
+  """Bytes of the params' arrays."""
+  import jax
+  import numpy as np
+  return int(sum(np.prod(np.shape(x)) * np.dtype(x.dtype).itemsize
+                 for x in jax.tree.leaves(params) if hasattr(x, "dtype")))
+
+
+def cast(params, dtype: str | None, setting: str = "dtype"):
+  """The params' floating arrays in `dtype` (None: as they are). The forward keeps
+  float32 where precision matters whatever the params' dtype: softmax and its weights,
+  the norms, the logits (and so the metric), the metrics' pair means."""
+  import jax
+  import jax.numpy as jnp
+  if dtype is None:
+    return params
+  if dtype not in DTYPES:
+    raise UserError(f"{setting} must be one of {DTYPES}; got {dtype!r}", setting=setting)
+  dt = jnp.dtype(dtype)
+  return jax.tree.map(lambda x: x.astype(dt) if hasattr(x, "dtype") and jnp.issubdtype(
+      x.dtype, jnp.floating) else x, params)
