@@ -548,6 +548,13 @@ def _items(kind: type, choices: Sequence | None, what: str) -> Callable[[str], t
 _WHAT = {int: "integers", float: "numbers", str: "names"}
 
 
+class _Tuple(argparse.Action):
+  """Positional values (nargs="+") stored as the tuple a `tuple[...]` setting declares."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    setattr(namespace, self.dest, tuple(values))
+
+
 def flag_of(spec: settings.Spec) -> tuple[tuple, dict]:
   """add_argument's (names, keywords) for one setting."""
   kw: dict = {"help": spec.help, "default": spec.default}
@@ -563,7 +570,7 @@ def flag_of(spec: settings.Spec) -> tuple[tuple, dict]:
     if spec.metavar:
       kw["metavar"] = spec.metavar
   if spec.positional and spec.many:    # DIR...: one or more values, space-separated
-    return (spec.name,), {**kw, "type": spec.kind, "nargs": "+"}
+    return (spec.name,), {**kw, "type": spec.kind, "nargs": "+", "action": _Tuple}
   if spec.positional:
     return (spec.name,), {**kw, "nargs": "?"}
   return (spec.flag,), {**kw, "dest": spec.name, "required": spec.required}
@@ -673,7 +680,9 @@ def _config_argv(cfg, parser: argparse.ArgumentParser, spec: str, where: str) ->
     else:
       positional.append((a, text))
   for a, text in positional:    # used when the command line gives none
-    parser.set_defaults(**{a.dest: a.type(text) if a.type else text})
+    kind = a.type or str
+    parser.set_defaults(**{a.dest: tuple(kind(v) for v in text.split(",")) if a.nargs == "+"
+                           else kind(text)})
   return argv
 
 

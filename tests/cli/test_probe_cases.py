@@ -1,0 +1,55 @@
+"""The cases of the probe of bad input (issue 44), each a test: a verb that failed for
+every input, raw tracebacks, silent no-ops and refusals that came after the work. The
+verb x run-kind matrix is tests/cli/test_verb_matrix.py."""
+
+import json
+import os
+
+import pytest
+
+from mha_jax import cli as cli_mod
+
+# On the worker that trains conftest's ind_run and parallel_run (setup.cfg: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("trained_runs")
+
+
+def _value(spec, n: int) -> list[str]:
+  """n command-line values of `spec`'s item kind (its choices when it has some)."""
+  if spec.choices:
+    return [str(c) for c in spec.choices[:n]]
+  return {int: ["1", "2"], float: ["0.5", "0.25"], str: ["a", "b"]}[spec.kind][:n]
+
+
+def _sequence_cases():
+  """(verb name, verb, spec) for every sequence setting or input of every verb."""
+  cli_mod.build_parser()        # adds the harness's verbs
+  verbs = [(n, v) for n, v in cli_mod.VERBS.items()]
+  verbs += [(f"bench {n}", v) for n, v in cli_mod.BENCH.items()]
+  return [pytest.param(n, v, s, id=f"{n}:{s.name}") for n, v in verbs for s in v.specs()
+          if s.many]
+
+
+@pytest.mark.parametrize("name,verb,spec", _sequence_cases())
+def test_every_sequence_setting_reaches_its_verb_as_the_tuple_its_dataclass_declares(
+    name, verb, spec, tmp_path):
+  head = name.split()
+  argv = []
+  for s in verb.specs():
+    if s.required and s.name != spec.name:
+      argv += [str(tmp_path)] if s.positional else [s.flag, str(tmp_path)]
+  if spec.methods:
+    argv += ["--method", spec.methods[0]]
+  values = _value(spec, 2)
+  argv += values if spec.positional else [spec.flag, ",".join(values)]
+  args, _ = cli_mod.parse_args([*head, *argv])
+  got = getattr(args, spec.name)
+  assert isinstance(got, tuple) and got == tuple(spec.kind(v) for v in values), got
+
+
+def test_compare_runs_through_the_command_line(ind_run, tmp_path, capsys):
+  out = str(tmp_path / "cmp")
+  assert cli_mod.main(["compare-runs", ind_run, ind_run, "--out", out, "--prune-steps", "1",
+                       "--windows", "1", "--composition-samples", "1", "--no-track"]) == 0, \
+      capsys.readouterr().err
+  doc = json.load(open(os.path.join(out, "compare.json")))
+  assert doc["dirs"] == [ind_run, ind_run] and len(doc["rows"]) == 2
