@@ -53,3 +53,25 @@ def test_compare_runs_through_the_command_line(ind_run, tmp_path, capsys):
       capsys.readouterr().err
   doc = json.load(open(os.path.join(out, "compare.json")))
   assert doc["dirs"] == [ind_run, ind_run] and len(doc["rows"]) == 2
+
+
+def test_role_steps_checks_the_roles_causally_on_a_toy_induction_run(ind_run, tmp_path,
+                                                                      capsys):
+  # its window is 13 positions: the causal check's repeated tokens must fit it, as the
+  # scores' do
+  out = str(tmp_path / "rs")
+  assert cli_mod.main(["role-steps", "--workdir", ind_run, "--out", out, "--steps", "8",
+                       "--roles", "induction", "--draws", "1", "--top-k", "1"]) == 0, \
+      capsys.readouterr().err
+  doc = json.load(open(os.path.join(out, "role_steps.json")))
+  assert "effect" in doc["causal"][0]["checks"]["induction"]
+
+
+def test_role_steps_default_roles_leave_out_successor_without_a_tokenizer(ind_run, tmp_path,
+                                                                          capsys):
+  out = str(tmp_path / "rs")
+  assert cli_mod.main(["role-steps", "--workdir", ind_run, "--out", out, "--steps", "8",
+                       "--no-causal"]) == 0, capsys.readouterr().err
+  doc = json.load(open(os.path.join(out, "role_steps.json")))
+  assert doc["not_asked"]["successor"] == "no tokenizer"
+  assert "successor" not in doc["thresholds"] and "induction" in doc["thresholds"]
