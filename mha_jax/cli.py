@@ -774,6 +774,16 @@ def flagged(e: UserError, verb: Verb | None = None) -> str:
   return "".join(parts)
 
 
+def environment(args) -> None:
+  """The environment variables every verb reads, parsed now (before any work), each bad
+  one refused in a line naming it: MHA_JAX_STORAGE_RETRY_S, MHA_JAX_COMPILE_CACHE (train
+  reads its MHA_JAX_* process variables as its flags' defaults and checks them as it
+  checks the flags)."""
+  from mha_jax import compile_cache
+  storage.retry_budget()
+  compile_cache.resolve(args.compile_cache)
+
+
 def main(argv=None) -> int:
   """Runs one verb; returns the exit status (2: bad input, said in one line)."""
   machine.avoid_hugepage_stalls()
@@ -785,6 +795,7 @@ def main(argv=None) -> int:
     for spec in verb.inputs:       # the inputs: checked as the settings are
       settings.check_value(spec, getattr(args, spec.name))
     opts = options(verb, args)
+    environment(args)
   except SystemExit as e:    # argparse: --help (0) or a usage error (2), printed already
     return e.code if isinstance(e.code, int) else 0
   except UserError as e:

@@ -75,3 +75,23 @@ def test_role_steps_default_roles_leave_out_successor_without_a_tokenizer(ind_ru
   doc = json.load(open(os.path.join(out, "role_steps.json")))
   assert doc["not_asked"]["successor"] == "no tokenizer"
   assert "successor" not in doc["thresholds"] and "induction" in doc["thresholds"]
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+  """mha_jax.load fails the test: nothing may be loaded before the checks."""
+  from mha_jax import loader
+  monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("worked before checking"))
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "inf"])
+def test_a_bad_storage_retry_variable_is_one_line_naming_it_before_any_work(
+    value, tmp_path, monkeypatch, capsys, no_load):
+  from mha_jax import storage
+  monkeypatch.setenv(storage.RETRY_ENV, value)
+  assert cli_mod.main(["eval", "--workdir", str(tmp_path)]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1, err
+  assert f"MHA_JAX_STORAGE_RETRY_S must be a number of seconds >= 0; got {value!r}" in err
+  monkeypatch.setenv(storage.RETRY_ENV, "2.5")
+  assert storage.retry_budget() == 2.5
