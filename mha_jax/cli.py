@@ -360,6 +360,7 @@ def _patch(args, opts: patch_lib.PatchOptions) -> int:
 
 
 def _patch_explorer(args, opts: patch_explorer.ExplorerOptions) -> int:
+  patch_explorer.patching_data(args.out)       # its files checked before the run is loaded
   run = _load(args) if args.workdir else None
   print(patch_explorer.rewrite(run, args.out, opts))
   return 0

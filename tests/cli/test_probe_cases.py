@@ -95,3 +95,19 @@ def test_a_bad_storage_retry_variable_is_one_line_naming_it_before_any_work(
   assert f"MHA_JAX_STORAGE_RETRY_S must be a number of seconds >= 0; got {value!r}" in err
   monkeypatch.setenv(storage.RETRY_ENV, "2.5")
   assert storage.retry_budget() == 2.5
+
+
+@pytest.mark.parametrize("content", [None, '{"task": "ioi", "pairs": [', b"\xff\xfe\x00"])
+def test_patch_explorer_refuses_a_folder_without_a_readable_result_in_one_line(
+    content, tmp_path, capsys, no_load):
+  out = tmp_path / "result"
+  out.mkdir()
+  if content is not None:
+    (out / "patching.json").write_bytes(content.encode() if isinstance(content, str)
+                                        else content)
+  assert cli_mod.main(["patch-explorer", "--out", str(out), "--workdir", str(tmp_path)]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.startswith("mha-jax: error: --out"), err
+  assert ("no patching.json or dla.json" if content is None else
+          f"{out / 'patching.json'} is not") in err
+  assert sorted(os.listdir(out)) == ([] if content is None else ["patching.json"])
