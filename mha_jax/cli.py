@@ -115,17 +115,28 @@ def options(verb: Verb, args):
 
 # ------------------------------------------------------------------ outputs and runs
 
+# The folders writable_out created for this command, outermost first: a command refused
+# (UserError) removes those still empty, so a refusal leaves no empty --out behind.
+MADE: list[str] = []
+
+
 def writable_out(out: str, workdir: str | None = None) -> str:
   """Creates folder `out` (a command's output) and checks that it takes files, before any
-  work is done; never the source workdir itself or inside its managed folders."""
+  work is done; never the source workdir itself or inside its managed folders. The
+  folders it creates are removed again, while empty, if the command is refused."""
   from mha_jax.errors import StorageFault
   from mha_jax.train import lock as lock_lib
   if workdir is not None:
     lock_lib.check_out(out, workdir)
   if storage.exists(out) and not storage.isdir(out):
     raise UserError(f"--out {out!r} is a file, not a folder")
+  new, p = [], storage.normpath(out)
+  while p and not storage.exists(p) and p not in new:
+    new.insert(0, p)
+    p = storage.dirname(p)
   try:
     storage.makedirs(out)
+    MADE.extend(new)
   except StorageFault as e:
     raise UserError(f"--out {out!r} cannot be created ({storage.FAULTS[e.kind]}); a "
                     f"read-only workdir needs --out elsewhere") from None
@@ -133,6 +144,18 @@ def writable_out(out: str, workdir: str | None = None) -> str:
     raise UserError(f"--out {out!r} is not writable; a read-only workdir needs --out "
                     f"elsewhere")
   return out
+
+
+def unmake_out() -> None:
+  """Removes the folders writable_out created for this command that are still empty
+  (innermost first): a refused command leaves no empty --out."""
+  while MADE:
+    p = MADE.pop()
+    try:
+      if storage.isdir(p) and not storage.listdir(p):
+        storage.rmdir(p)
+    except (OSError, UserError):   # another process wrote there: kept
+      pass
 
 
 def _load(args, workdir: str | None = None):
@@ -807,8 +830,11 @@ def main(argv=None) -> int:
     compile_cache.enable(args.compile_cache)
     return verb.call(args, opts)
   except UserError as e:     # bad input: one line. Anything else is a bug: its traceback.
+    unmake_out()
     print(f"mha-jax: error: {flagged(e, verb)}", file=sys.stderr)
     return 2
+  finally:
+    MADE.clear()
 
 
 if __name__ == "__main__":   # python -m mha_jax.cli: the one module the harness extends

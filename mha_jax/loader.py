@@ -75,6 +75,33 @@ def load(workdir: str, step: int | None = None, *,
   return Loaded(cfg, tasks.build(cfg, workdir, read_only=True), params, step, workdir)
 
 
+def kind(run: Loaded) -> str:
+  """What kind of run `run` is, in the words a verb's refusal uses: "a translation run
+  (an encoder-decoder, task 'translation')", "an imported decoder LM (task
+  'pretrained_lm', family 'llama')", ... (", pruned by export-pruned" for an export)."""
+  t, m = run.task, run.config.model
+  if t.reports_bleu:
+    what = f"a translation run (an encoder-decoder, task {t.name!r})"
+  elif not t.decoder_only:
+    what = f"an imported encoder (task {t.name!r}: no decoder, no next-token logits)"
+  elif t.trainable:
+    what = (f"{'an attention-only' if m.get('attn_only') else 'a'} decoder LM trained here "
+            f"(task {t.name!r})")
+  else:
+    what = f"an imported decoder LM (task {t.name!r}, family {m.get('family', '?')!r})"
+  pruning = storage.join(run.workdir, "pruning.json")
+  if storage.exists(pruning) and "exported_from" in storage.read_json(pruning):
+    what += ", pruned by export-pruned"
+  return what
+
+
+def refuse(verb: str, run: Loaded, needs: str):
+  """Raises the one-line refusal of `verb` on a kind of run it does not take: the verb,
+  what it needs and the run's kind (`kind`)."""
+  raise UserError(f"{verb} needs {needs}; workdir {run.workdir!r} is {kind(run)}",
+                  setting="workdir")
+
+
 def each_checkpoint(loaded: Loaded, steps: Sequence[int] | None = None, *,
                     log: Callable[[str], None] = ckpt_lib.warn) -> Iterator[Loaded]:
   """`loaded` at every saved checkpoint of its workdir, oldest first (only `steps`, each

@@ -36,6 +36,7 @@ from mha_jax import settings as settings_lib, storage
 from mha_jax.analysis import taxonomy
 from mha_jax.errors import UserError
 from mha_jax.machine import machine
+from mha_jax import loader
 from mha_jax.loader import each_checkpoint
 from mha_jax.settings import setting
 from mha_jax.toolkit import head_roles, pairs as pairs_lib, stability
@@ -138,8 +139,8 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
   as it runs costs one step's scores per new checkpoint."""
   settings_lib.check(opts)
   if not (loaded.task.decoder_only and loaded.task.trainable):
-    raise UserError(f"role-steps follows the checkpoints of a decoder LM trained here; "
-                    f"{loaded.workdir!r} has task {loaded.task.name!r}", setting="workdir")
+    loader.refuse("role-steps", loaded, "a decoder LM trained here (it follows the "
+                  "checkpoints of its training)")
   tax = _taxonomy_settings(opts, loaded)
   out_dir = out or storage.join(loaded.workdir, "role_steps")
   storage.makedirs(out_dir)

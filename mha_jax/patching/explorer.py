@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 
-from mha_jax import assets, settings, storage
+from mha_jax import assets, loader, settings, storage
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching, pairs as pairs_lib
 from mha_jax.toolkit.activation_patching import attention_data, json_finite
@@ -116,6 +116,9 @@ def rewrite(loaded, out: str, opts: ExplorerOptions = ExplorerOptions(), *,
   patching_data(out)
   attention = None
   if loaded is not None:
+    if not loaded.task.decoder_only:
+      loader.refuse("patch-explorer --workdir", loaded, "the decoder LM `mha-jax patch` "
+                    "patched")
     study = rebuilt_study(out, loaded)
     if opts.attention_pairs > study.n:
       log(f"--attention-pairs {opts.attention_pairs}: the result has {study.n} pair(s); "
