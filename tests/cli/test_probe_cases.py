@@ -111,3 +111,41 @@ def test_patch_explorer_refuses_a_folder_without_a_readable_result_in_one_line(
   assert ("no patching.json or dla.json" if content is None else
           f"{out / 'patching.json'} is not") in err
   assert sorted(os.listdir(out)) == ([] if content is None else ["patching.json"])
+
+
+@pytest.mark.parametrize("verb,needs", [
+    ("patch", "a decoder LM (prompt pairs compared by their next-token logits)"),
+    ("circuit", "a decoder LM (prompt pairs compared by their next-token logits)"),
+    ("role-steps", "a decoder LM trained here")])
+def test_decoder_verbs_refuse_a_translation_run_by_name_and_leave_no_out(
+    verb, needs, parallel_run, tmp_path, capsys):
+  wd, _ = parallel_run
+  out = tmp_path / "new" / "out"
+  extra = ["--task", "induction"] if verb != "role-steps" else []
+  assert cli_mod.main([verb, "--workdir", wd, "--out", str(out), *extra]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1, err
+  assert f"{verb} needs {needs}" in err and f"--workdir {wd!r} is a translation run" in err
+  assert not (tmp_path / "new").exists()      # --out and the parent it made: removed
+
+
+@pytest.mark.parametrize("verb", ["patch", "circuit"])
+@pytest.mark.parametrize("pair,why", [
+    ({"clean": "abcab", "corrupt": "abcab", "answer": "c", "wrong": "d"},
+     "the corrupt prompt is the clean one"),
+    ({"clean": "abcab", "corrupt": "abdab", "answer": "c", "wrong": "c"},
+     "answer and wrong are the same token 'c'")])
+def test_pairs_that_cannot_move_the_metric_are_refused_before_any_compile(
+    verb, pair, why, tiny_attn_lm, tmp_path, capsys, monkeypatch):
+  from mha_jax.toolkit import activation_patching
+  monkeypatch.setattr(activation_patching, "Study",
+                      lambda *a, **k: pytest.fail("compiled before checking the pairs"))
+  wd, _ = tiny_attn_lm
+  good = {"clean": "abcab", "corrupt": "abdab", "answer": "c", "wrong": "d"}
+  path = tmp_path / "pairs.jsonl"
+  path.write_text(json.dumps(good) + "\n" + json.dumps(pair) + "\n")
+  out = tmp_path / "out"
+  assert cli_mod.main([verb, "--workdir", wd, "--out", str(out), "--pairs", str(path)]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and f"--pairs {path}, line 2: {why}" in err, err
+  assert not out.exists()
