@@ -149,3 +149,16 @@ def test_pairs_that_cannot_move_the_metric_are_refused_before_any_compile(
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and f"--pairs {path}, line 2: {why}" in err, err
   assert not out.exists()
+
+
+@pytest.mark.parametrize("override,said", [
+    ("--config.train.batch_size=0", "train.batch_size must be >= 1; got 0"),
+    ("--config.model.dropout=2", "model.dropout must be in [0, 1); got 2.0")])
+def test_a_config_range_error_names_the_config_key_not_a_flag_that_does_not_exist(
+    override, said, tmp_path, capsys):
+  from builders import ROOT
+  assert cli_mod.main(["train", "--config", os.path.join(ROOT, "configs/induction.py"),
+                       "--workdir", str(tmp_path / "w"), override]) == 2
+  err = capsys.readouterr().err
+  assert err == f"mha-jax: error: {said}\n", err
+  assert not (tmp_path / "w").exists()
