@@ -61,12 +61,18 @@ def write_workdir(loaded, out: str, params, info: dict) -> None:
     raise
 
 
-def _check(loaded, stacks, keep, start_mask):
-  counts = common_lib.head_counts(loaded.params)
+def check_stacks(params, stacks) -> None:
+  """Every stack of `stacks` is one of the model's, else a UserError naming --stacks."""
+  counts = common_lib.head_counts(params)
   for s in stacks:
     if s not in counts:
       raise UserError(f"stacks: {s!r} is not in this model; it has {sorted(counts)}",
                       setting="stacks")
+
+
+def _check(loaded, stacks, keep, start_mask):
+  counts = common_lib.head_counts(loaded.params)
+  check_stacks(loaded.params, stacks)
   available = masks.count(start_mask) if start_mask else sum(sum(counts[s]) for s in stacks)
   if keep is not None and not 0 <= keep <= available:
     raise UserError(f"keep must be between 0 and the {available} heads left in "

@@ -162,3 +162,11 @@ def test_a_config_range_error_names_the_config_key_not_a_flag_that_does_not_exis
   err = capsys.readouterr().err
   assert err == f"mha-jax: error: {said}\n", err
   assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("verb", ["prune", "prune-curve"])
+def test_a_stack_the_model_lacks_is_named_as_such(verb, ind_run, tmp_path, capsys):
+  # prune-curve said "--counts: 48 is outside 0..0 heads in ['encoder']" on an LM
+  assert cli_mod.main([verb, "--workdir", ind_run, "--out", str(tmp_path / "o")]) == 2
+  err = capsys.readouterr().err
+  assert err == "mha-jax: error: --stacks: 'encoder' is not in this model; it has ['lm']\n"
