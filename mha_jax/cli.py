@@ -161,14 +161,12 @@ def unmake_out() -> None:
 def _load(args, workdir: str | None = None):
   """The run at --workdir (or `workdir`); a multi-seed workdir is refused naming the verb
   (the verbs that take one, eval, analyze and prune-curve, load each seed)."""
-  from mha_jax.loader import load
+  from mha_jax import loader
   wd = workdir or args.workdir
   if workdir is None and _multi_seed(wd):
-    verb = " ".join(filter(None, (args.command, getattr(args, "bench", None))))
-    raise UserError(f"{verb} needs one run's workdir; workdir {wd!r} is a multi-seed run "
-                    f"(seeds.json): give one of its seeds, {wd.rstrip('/')}/seed_<s>",
-                    setting="workdir")
-  return load(wd, step=getattr(args, "step", None))
+    loader.refuse(args.command, wd, f"one run's workdir (one of its seeds, "
+                  f"{wd.rstrip('/')}/seed_<s>)")
+  return loader.load(wd, step=getattr(args, "step", None))
 
 
 def _multi_seed(workdir: str):
@@ -477,7 +475,7 @@ def _generate(args, opts: GenerateOptions) -> int:
   run = _load(args)
   if not (run.task.decoder_only and not run.task.trainable):   # an imported LM
     from mha_jax import loader
-    loader.refuse("generate", run, "an imported decoder LM (its tokenizer turns text into "
+    loader.refuse("generate", run.workdir, "an imported decoder LM (its tokenizer turns text into "
                   "tokens and back)")
   out = run.task.generate(run.params, opts.prompt, opts.max_new_tokens, chat=opts.chat)
   return _print({"prompt": opts.prompt, "chat": opts.chat, "continuation": out["text"],

@@ -75,30 +75,36 @@ def load(workdir: str, step: int | None = None, *,
   return Loaded(cfg, tasks.build(cfg, workdir, read_only=True), params, step, workdir)
 
 
-def kind(run: Loaded) -> str:
-  """What kind of run `run` is, in the words a verb's refusal uses: "a translation run
-  (an encoder-decoder, task 'translation')", "an imported decoder LM (task
-  'pretrained_lm', family 'llama')", ... (", pruned by export-pruned" for an export)."""
-  t, m = run.task, run.config.model
-  if t.reports_bleu:
-    what = f"a translation run (an encoder-decoder, task {t.name!r})"
-  elif not t.decoder_only:
-    what = f"an imported encoder (task {t.name!r}: no decoder, no next-token logits)"
-  elif t.trainable:
-    what = (f"{'an attention-only' if m.get('attn_only') else 'a'} decoder LM trained here "
-            f"(task {t.name!r})")
-  else:
-    what = f"an imported decoder LM (task {t.name!r}, family {m.get('family', '?')!r})"
-  pruning = storage.join(run.workdir, "pruning.json")
+KINDS = {"translation": "a translation run (an encoder-decoder, task 'translation')",
+         "embedding": "an imported encoder (task 'embedding': no decoder, no next-token "
+                      "logits)",
+         "lm": "a decoder LM trained here (task 'lm')",
+         "pretrained_lm": "an imported decoder LM (task 'pretrained_lm', family {family!r})"}
+
+
+def kind(workdir: str) -> str:
+  """What kind of run `workdir` holds, in the words a verb's refusal uses (from its
+  config.json, nothing loaded): "a translation run (an encoder-decoder, task
+  'translation')", "an imported decoder LM (task 'pretrained_lm', family 'llama')", "a
+  multi-seed run (seeds.json)"; ", pruned by export-pruned" for an export."""
+  if seeds_lib.is_multi_seed(workdir):
+    return "a multi-seed run (seeds.json)"
+  cfg = load_config(workdir)
+  m = cfg.get("model") or {}
+  what = KINDS.get(cfg.get("task"), f"a run of task {cfg.get('task')!r}").format(
+      family=m.get("family", "?"))
+  if cfg.get("task") == "lm" and m.get("attn_only"):
+    what = "an attention-only " + what[2:]
+  pruning = storage.join(workdir, "pruning.json")
   if storage.exists(pruning) and "exported_from" in storage.read_json(pruning):
     what += ", pruned by export-pruned"
   return what
 
 
-def refuse(verb: str, run: Loaded, needs: str):
+def refuse(verb: str, workdir: str, needs: str):
   """Raises the one-line refusal of `verb` on a kind of run it does not take: the verb,
   what it needs and the run's kind (`kind`)."""
-  raise UserError(f"{verb} needs {needs}; workdir {run.workdir!r} is {kind(run)}",
+  raise UserError(f"{verb} needs {needs}; workdir {workdir!r} is {kind(workdir)}",
                   setting="workdir")
 
 

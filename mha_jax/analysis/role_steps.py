@@ -139,7 +139,7 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
   as it runs costs one step's scores per new checkpoint."""
   settings_lib.check(opts)
   if not (loaded.task.decoder_only and loaded.task.trainable):
-    loader.refuse("role-steps", loaded, "a decoder LM trained here (it follows the "
+    loader.refuse("role-steps", loaded.workdir, "a decoder LM trained here (it follows the "
                   "checkpoints of its training)")
   tax = _taxonomy_settings(opts, loaded)
   out_dir = out or storage.join(loaded.workdir, "role_steps")

@@ -107,7 +107,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   DIR/circuit.json, faithfulness.png, circuit.png and returns the document."""
   settings.check(opts)
   if not loaded.task.decoder_only:
-    loader.refuse("circuit", loaded, "a decoder LM (prompt pairs compared by their "
+    loader.refuse("circuit", loaded.workdir, "a decoder LM (prompt pairs compared by their "
                   "next-token logits)")
   task, pairs_file, method, ablation = opts.task, opts.pairs, opts.method, \
       opts.ablation

@@ -117,7 +117,7 @@ def circuits(loaded, out: str | None = None, opts: CircuitsOptions = CircuitsOpt
   settings.check(opts)
   workdir, samples, track = loaded.workdir, opts.samples, opts.track
   if not loaded.task.decoder_only:
-    loader.refuse("circuits", loaded, "a decoder LM (one causal stack: induction heads, "
+    loader.refuse("circuits", loaded.workdir, "a decoder LM (one causal stack: induction heads, "
                   "composition)")
   if not loaded.task.trainable:        # an imported LM: GQA, RMSNorm, MLPs
     return real_lm_circuits(loaded, out or storage.join(workdir, "circuits"),

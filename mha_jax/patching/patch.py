@@ -133,7 +133,7 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
   in one program); writes the files in `out`; returns a summary."""
   settings.check(opts)
   if not loaded.task.decoder_only:
-    loader.refuse("patch", loaded, "a decoder LM (prompt pairs compared by their "
+    loader.refuse("patch", loaded.workdir, "a decoder LM (prompt pairs compared by their "
                   "next-token logits)")
   task, pairs_file, methods = opts.task, opts.pairs, opts.method
   n_pairs, seed, per_position, receivers = opts.n_pairs, opts.seed, opts.per_position, \

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from mha_jax import settings, storage
+from mha_jax import loader, settings, storage
 from mha_jax.errors import UserError
 from mha_jax.loader import set_dense_reference
 from mha_jax.models import common as common_lib
@@ -215,8 +215,8 @@ def check_export(workdir: str, out: str) -> None:
   """A pruned workdir, and an `out` that is a new folder outside it; before any work."""
   lock_lib.check_out(out, workdir)
   if masks.read_mask(workdir) is None:
-    raise UserError(f"workdir {workdir!r} has no pruning.json: prune it first "
-                    f"(mha-jax prune)", setting="workdir")
+    loader.refuse("export-pruned", workdir, "a workdir `mha-jax prune` wrote (its "
+                  "pruning.json: prune it first)")
   if storage.exists(out) and storage.listdir(out):
     raise UserError(f"out {out!r} exists and is not empty; refusing to overwrite it",
                     setting="out")
