@@ -164,7 +164,7 @@ def _load(args, workdir: str | None = None):
   from mha_jax import loader
   wd = workdir or args.workdir
   if workdir is None and _multi_seed(wd):
-    loader.refuse(args.command, wd, f"one run's workdir (one of its seeds, "
+    loader.refuse(args.command, wd, f"one run (one of its seeds, "
                   f"{wd.rstrip('/')}/seed_<s>)")
   return loader.load(wd, step=getattr(args, "step", None))
 

@@ -101,11 +101,12 @@ def kind(workdir: str) -> str:
   return what
 
 
-def refuse(verb: str, workdir: str, needs: str):
+def refuse(verb: str, workdir: str, needs: str, *, name: str = "workdir"):
   """Raises the one-line refusal of `verb` on a kind of run it does not take: the verb,
-  what it needs and the run's kind (`kind`)."""
-  raise UserError(f"{verb} needs {needs}; workdir {workdir!r} is {kind(workdir)}",
-                  setting="workdir")
+  what it needs and the run's kind (`kind`); `name`: what the command line calls the
+  folder (the input `workdir`, shown as --workdir, or a positional DIR)."""
+  raise UserError(f"{verb} needs {needs}; {name} {workdir!r} is {kind(workdir)}",
+                  setting=name if name == "workdir" else None)
 
 
 def each_checkpoint(loaded: Loaded, steps: Sequence[int] | None = None, *,

@@ -117,7 +117,7 @@ def rewrite(loaded, out: str, opts: ExplorerOptions = ExplorerOptions(), *,
   attention = None
   if loaded is not None:
     if not loaded.task.decoder_only:
-      loader.refuse("patch-explorer --workdir", loaded.workdir, "the decoder LM `mha-jax patch` "
+      loader.refuse("patch-explorer", loaded.workdir, "the decoder LM `mha-jax patch` "
                     "patched")
     study = rebuilt_study(out, loaded)
     if opts.attention_pairs > study.n:

@@ -215,7 +215,7 @@ def check_export(workdir: str, out: str) -> None:
   """A pruned workdir, and an `out` that is a new folder outside it; before any work."""
   lock_lib.check_out(out, workdir)
   if masks.read_mask(workdir) is None:
-    loader.refuse("export-pruned", workdir, "a workdir `mha-jax prune` wrote (its "
+    loader.refuse("export-pruned", workdir, "a run `mha-jax prune` wrote (its "
                   "pruning.json: prune it first)")
   if storage.exists(out) and storage.listdir(out):
     raise UserError(f"out {out!r} exists and is not empty; refusing to overwrite it",

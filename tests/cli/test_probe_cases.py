@@ -170,3 +170,23 @@ def test_a_stack_the_model_lacks_is_named_as_such(verb, ind_run, tmp_path, capsy
   assert cli_mod.main([verb, "--workdir", ind_run, "--out", str(tmp_path / "o")]) == 2
   err = capsys.readouterr().err
   assert err == "mha-jax: error: --stacks: 'encoder' is not in this model; it has ['lm']\n"
+
+
+def test_analyze_roles_on_a_translation_run_is_refused_not_ignored(parallel_run, tmp_path,
+                                                                   capsys):
+  wd, _ = parallel_run
+  out = tmp_path / "a"
+  assert cli_mod.main(["analyze", "--workdir", wd, "--out", str(out), "--roles", "retrieval",
+                       "--retrieval-len", "1000000000"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.startswith(
+      "mha-jax: error: analyze --roles needs a decoder LM (the head taxonomy's roles); "
+      f"--workdir {wd!r} is a translation run"), err
+  assert not out.exists()
+
+
+def test_a_retrieval_length_without_role_retrieval_is_refused(ind_run, tmp_path, capsys):
+  assert cli_mod.main(["analyze", "--workdir", ind_run, "--out", str(tmp_path / "a"),
+                       "--retrieval-len", "100"]) == 2
+  err = capsys.readouterr().err
+  assert "--retrieval-len is read by role retrieval only; give --roles with retrieval" in err

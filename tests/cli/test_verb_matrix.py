@@ -6,9 +6,9 @@ them: train, import, prune, export-pruned). The verbs that read no run (zoo, tra
 import, sweep, quickstart, the harness's) are tested where they live; train, import,
 prune and export-pruned also make the kinds here.
 
-The cells that take minutes (an imported model's full analysis, MiniLM's studies, the
-circuit's edge scores) are marked slow; the default run keeps every refusal and the
-cheap cells, on tiny runs made once per worker."""
+The default run keeps every refusal and each verb's cheapest working cells (`V.fast`),
+on tiny runs made once per worker; the other working cells (an imported model's
+analysis, MiniLM's studies, the circuit's edge scores on every decoder, ...) are slow."""
 
 import functools
 import json
@@ -111,12 +111,15 @@ def patched(runs, tmp_path_factory):
 
 class V:
   """A verb's cells: `argv(workdir, out, kind)`, the kinds it takes, what its refusal
-  says it needs (per refused kind: a multi-seed workdir is refused by the CLI), the kinds
-  whose cells are slow, and the files a working cell writes in --out."""
+  says it needs (a multi-seed workdir: `seeds_needs`, the CLI's refusal), the kinds whose
+  working cells run by default (`fast`: the others are slow; every refusal is a default
+  cell), and the files a working cell writes in --out."""
 
-  def __init__(self, argv, takes, needs, slow=(), files=(), seeds_needs="one run's workdir"):
-    self.argv, self.takes, self.needs, self.slow = argv, takes, needs, set(slow)
+  def __init__(self, argv, takes, needs, fast=("attn_only",), files=(), seeds_needs="one run",
+               seeds_files=None):
+    self.argv, self.takes, self.needs, self.fast = argv, takes, needs, set(fast)
     self.files, self.seeds_needs = files, seeds_needs
+    self.seeds_files = files if seeds_files is None else seeds_files
 
   def needs_of(self, kind):
     return self.seeds_needs if kind == "seeds" else self.needs
@@ -127,27 +130,29 @@ def _out(name):
 
 
 VERBS = {
-    "eval": V(lambda wd, o, k: ["eval", "--workdir", wd], KINDS, "", slow=("minilm",)),
+    "eval": V(lambda wd, o, k: ["eval", "--workdir", wd], KINDS, "",
+              fast=("translation", "lm", "attn_only", "llama", "pruned", "seeds")),
     "analyze": V(lambda wd, o, k: _out("analyze")(wd, o, k) + [
         "--no-ablations", "--bleu-limit", "2", "--role-limit", "4", "--importance-limit", "4"]
         + (["--roles", "attention_sink"] if k in ("llama", "gemma3") else []),
-        KINDS, "", slow=("llama", "gemma3", "minilm"),
-        files=("heads.json", "explorer.html")),
+        KINDS, "", fast=("lm", "attn_only"),
+        files=("heads.json", "explorer.html"), seeds_files=("stability.json",)),
     "ablate": V(lambda wd, o, k: _out("ablate")(wd, o, k) + ["--heads", HEAD[k]],
-                KINDS[:-1], "one run's workdir", slow=("minilm",)),
+                KINDS[:-1], "one run", fast=("translation", "lm", "attn_only", "llama")),
     "prune": V(lambda wd, o, k: _out("prune")(wd, o, k) + [
         "--method", "random", "--keep", "1", "--bleu-limit", "2", *STACKS[k]],
-        KINDS[:-1], "one run's workdir", slow=("minilm",), files=("pruning.json",)),
+        KINDS[:-1], "one run", fast=("lm", "attn_only", "pruned"), files=("pruning.json",)),
     "prune-curve": V(lambda wd, o, k: _out("prune-curve")(wd, o, k) + [
         "--counts", "1", "--steps", "1", "--bleu-limit", "2", *STACKS[k]],
-        KINDS, "", slow=("minilm", "llama", "gemma3"), files=("curve.json",)),
+        KINDS, "", files=("curve.json",),
+        seeds_files=("curve_stability.json",)),
     "export-pruned": V(_out("export-pruned"), ("pruned",),
-                       "a workdir `mha-jax prune` wrote (its pruning.json: prune it first)",
-                       files=("pruning.json", "config.json"),
-                       seeds_needs="a workdir `mha-jax prune` wrote"),
+                       "a run `mha-jax prune` wrote (its pruning.json: prune it first)",
+                       files=("pruning.json", "config.json"), fast=("pruned",),
+                       seeds_needs="a run `mha-jax prune` wrote"),
     "circuits": V(lambda wd, o, k: _out("circuits")(wd, o, k) + ["--no-track", "--samples", "2"],
                   DECODERS, "a decoder LM (one causal stack: induction heads, composition)",
-                  slow=("llama", "gemma3"), files=("circuits.json",)),
+                  fast=("pruned",), files=("circuits.json",)),
     "role-steps": V(lambda wd, o, k: _out("role-steps")(wd, o, k) + [
         "--roles", "induction", "--draws", "1", "--top-k", "1"],
         ("lm", "attn_only", "pruned"),
@@ -155,7 +160,8 @@ VERBS = {
         files=("role_steps.json",)),
     "generate": V(lambda wd, o, k: ["generate", "--workdir", wd, "--prompt", "hi",
                                     "--max-new-tokens", "2"], ("llama", "gemma3"),
-                  "an imported decoder LM (its tokenizer turns text into tokens and back)"),
+                  "an imported decoder LM (its tokenizer turns text into tokens and back)",
+                  fast=("llama",)),
     "patch": V(lambda wd, o, k: _out("patch")(wd, o, k) + [
         "--task", "induction", "--n-pairs", "2", "--keep-failing", "--method", "activation"],
         DECODERS, "a decoder LM (prompt pairs compared by their next-token logits)",
@@ -166,11 +172,13 @@ VERBS = {
         "--task", "induction", "--n-pairs", "2", "--steps", "1", "--sample", "4",
         "--keep-failing", "--method", "eap"],
         DECODERS, "a decoder LM (prompt pairs compared by their next-token logits)",
-        slow=("lm", "llama", "gemma3", "pruned"), files=("circuit.json",)),
+        files=("circuit.json",)),
     "compare-runs": V(lambda wd, o, k: [
         "compare-runs", wd, "--out", o, "--prune-steps", "1", "--windows", "1",
-        "--composition-samples", "1", "--no-track"], KINDS, "",
-        slow=("llama", "gemma3", "minilm"), files=("compare.json",)),
+        "--composition-samples", "1", "--no-track"],
+        ("translation", "lm", "attn_only", "pruned", "seeds"),
+        "runs trained here (a sweep's points: their training settings, checkpoints and "
+        "studies)", files=("compare.json",)),
 }
 
 
@@ -178,7 +186,7 @@ def _cells():
   for verb, v in VERBS.items():
     for kind in KINDS:
       works = kind in v.takes
-      slow = works and kind in v.slow or (kind == "minilm" and works)
+      slow = works and kind not in v.fast
       marks = [pytest.mark.slow] if slow else []
       yield pytest.param(verb, kind, works, marks=marks,
                          id=f"{verb}-{kind}-{'works' if works else 'refused'}")
@@ -207,14 +215,15 @@ def test_verb_on_kind(verb, kind, works, runs, patched, tmp_path, capsys):
   err = said.err
   if works:
     assert rc == 0, err[-3000:]
-    for f in v.files:
+    for f in (v.seeds_files if kind == "seeds" else v.files):
       assert os.path.exists(os.path.join(out, f)), (f, os.listdir(out))
-    if verb == "eval":
-      assert "loss" in json.loads(said.out.splitlines()[-1])
+    if verb == "eval":        # one JSON object (a multi-seed run: one per seed, then theirs)
+      assert json.loads(said.out.splitlines()[-1])["workdir"] == wd
     return
   assert rc == 2, err[-3000:]
   lines = err.splitlines()
   assert len(lines) == 1, err
   assert lines[0].startswith(f"mha-jax: error: {verb} needs {v.needs_of(kind)}"), lines[0]
-  assert f"; --workdir {wd!r} is {KIND_WORDS[kind]}" in lines[0], lines[0]
+  where = "DIR" if verb == "compare-runs" else "--workdir"      # a positional DIR...
+  assert f"; {where} {wd!r} is {KIND_WORDS[kind]}" in lines[0], lines[0]
   assert verb == "patch-explorer" or not os.path.exists(out)   # a refusal leaves no --out
