@@ -172,7 +172,7 @@ VERBS = {
         "--task", "induction", "--n-pairs", "2", "--steps", "1", "--sample", "4",
         "--keep-failing", "--method", "eap"],
         DECODERS, "a decoder LM (prompt pairs compared by their next-token logits)",
-        files=("circuit.json",)),
+        files=("circuit.json",), fast=()),
     "compare-runs": V(lambda wd, o, k: [
         "compare-runs", wd, "--out", o, "--prune-steps", "1", "--windows", "1",
         "--composition-samples", "1", "--no-track"],
