@@ -13,8 +13,10 @@ EPS32 = float(np.finfo(np.float32).eps)     # 2^-23: one float32 ulp at 1.0
 F32_ULPS = 64     # the float32 rounding two computations of one value may differ by
 
 
-def assert_f32_close(got, want, ulps: int = F32_ULPS, what: str = "") -> None:
-  """|got - want| <= `ulps` float32 ulps at the array's scale (max |want|). Two float32
+def assert_f32_close(got, want, ulps: int = F32_ULPS, what: str = "",
+                     scale: float | None = None) -> None:
+  """|got - want| <= `ulps` float32 ulps at the array's scale (max |want|, or `scale`:
+  the computation's, for an array that is 0 analytically and holds only noise). Two float32
   computations of the same values (another summation order, another program, another
   CPU's instruction set: FMA, vector width, XLA's exp and log) agree to a few dozen ulps
   of their scale, never bit for bit across machines: a golden file, a NumPy oracle or a
@@ -24,7 +26,8 @@ def assert_f32_close(got, want, ulps: int = F32_ULPS, what: str = "") -> None:
   assert got.shape == want.shape, (what, got.shape, want.shape)
   if not want.size:
     return
-  scale = max(float(np.max(np.abs(want))), np.finfo(np.float32).tiny)
+  scale = max(float(np.max(np.abs(want))) if scale is None else scale,
+              np.finfo(np.float32).tiny)
   err = float(np.max(np.abs(got - want)))
   assert err <= ulps * EPS32 * scale, (f"{what}: max error {err:.3g} > {ulps} float32 ulps "
                                        f"of the scale {scale:.3g} ({ulps * EPS32 * scale:.3g})")

@@ -74,8 +74,13 @@ def test_softmax_equals_the_code_before_the_variants_to_float32_rounding():
   want = np.load(_GOLDEN)
   got = golden_cases.compute_all()
   assert sorted(got) == sorted(want.files)
+  case = {}                  # each case's scale: its largest output or gradient
   for name in want.files:
-    assert_f32_close(got[name], want[name], what=name)
+    c = name.split("/")[0]
+    case[c] = max(case.get(c, 0.0), float(np.max(np.abs(want[name]))))
+  for name in want.files:     # d/dbk is 0 (softmax ignores a shift of every score): noise
+    assert_f32_close(got[name], want[name], what=name,
+                     scale=case[name.split("/")[0]] if name.endswith("/dbk") else None)
   again = golden_cases.compute_all()
   for name in want.files:
     np.testing.assert_array_equal(again[name], got[name], err_msg=name)
