@@ -116,17 +116,28 @@ def options(verb: Verb, args):
 
 # ------------------------------------------------------------------ outputs and runs
 
+# The folders writable_out created for this command, outermost first: a command refused
+# (UserError) removes those still empty, so a refusal leaves no empty --out behind.
+MADE: list[str] = []
+
+
 def writable_out(out: str, workdir: str | None = None) -> str:
   """Creates folder `out` (a command's output) and checks that it takes files, before any
-  work is done; never the source workdir itself or inside its managed folders."""
+  work is done; never the source workdir itself or inside its managed folders. The
+  folders it creates are removed again, while empty, if the command is refused."""
   from mha_jax.errors import StorageFault
   from mha_jax.train import lock as lock_lib
   if workdir is not None:
     lock_lib.check_out(out, workdir)
   if storage.exists(out) and not storage.isdir(out):
     raise UserError(f"--out {out!r} is a file, not a folder")
+  new, p = [], storage.normpath(out)
+  while p and not storage.exists(p) and p not in new:
+    new.insert(0, p)
+    p = storage.dirname(p)
   try:
     storage.makedirs(out)
+    MADE.extend(new)
   except StorageFault as e:
     raise UserError(f"--out {out!r} cannot be created ({storage.FAULTS[e.kind]}); a "
                     f"read-only workdir needs --out elsewhere") from None
@@ -136,9 +147,27 @@ def writable_out(out: str, workdir: str | None = None) -> str:
   return out
 
 
+def unmake_out() -> None:
+  """Removes the folders writable_out created for this command that are still empty
+  (innermost first): a refused command leaves no empty --out."""
+  while MADE:
+    p = MADE.pop()
+    try:
+      if storage.isdir(p) and not storage.listdir(p):
+        storage.rmdir(p)
+    except (OSError, UserError):   # another process wrote there: kept
+      pass
+
+
 def _load(args, workdir: str | None = None):
-  from mha_jax.loader import load_workdir     # --workdir is a workdir (names: `import`)
-  return load_workdir(workdir or args.workdir, step=getattr(args, "step", None))
+  """The run at --workdir (or `workdir`); a multi-seed workdir is refused naming the verb
+  (the verbs that take one, eval, analyze and prune-curve, load each seed)."""
+  from mha_jax import loader
+  wd = workdir or args.workdir
+  if workdir is None and _multi_seed(wd):
+    loader.refuse(args.command, wd, f"one run (one of its seeds, "
+                  f"{wd.rstrip('/')}/seed_<s>)")
+  return loader.load_workdir(wd, step=getattr(args, "step", None))
 
 
 def _multi_seed(workdir: str):
@@ -366,6 +395,7 @@ def _patch(args, opts: patch_lib.PatchOptions) -> int:
 
 
 def _patch_explorer(args, opts: patch_explorer.ExplorerOptions) -> int:
+  patch_explorer.patching_data(args.out)       # its files checked before the run is loaded
   run = _load(args) if args.workdir else None
   print(patch_explorer.rewrite(run, args.out, opts))
   return 0
@@ -450,8 +480,9 @@ class GenerateOptions:
 def _generate(args, opts: GenerateOptions) -> int:
   run = _load(args)
   if not (run.task.decoder_only and not run.task.trainable):   # an imported LM
-    raise UserError(f"--workdir {args.workdir!r} holds task {run.config.task!r}; generate "
-                    f"needs a language model (pretrained_lm)")
+    from mha_jax import loader
+    loader.refuse("generate", run.workdir, "an imported decoder LM (its tokenizer turns text into "
+                  "tokens and back)")
   out = run.task.generate(run.params, opts.prompt, opts.max_new_tokens, chat=opts.chat)
   return _print({"prompt": opts.prompt, "chat": opts.chat, "continuation": out["text"],
                  "tokens": out["tokens"]})
@@ -571,6 +602,13 @@ def _items(kind: type, choices: Sequence | None, what: str) -> Callable[[str], t
 _WHAT = {int: "integers", float: "numbers", str: "names"}
 
 
+class _Tuple(argparse.Action):
+  """Positional values (nargs="+") stored as the tuple a `tuple[...]` setting declares."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    setattr(namespace, self.dest, tuple(values))
+
+
 def flag_of(spec: settings.Spec) -> tuple[tuple, dict]:
   """add_argument's (names, keywords) for one setting."""
   kw: dict = {"help": spec.help, "default": spec.default}
@@ -586,7 +624,7 @@ def flag_of(spec: settings.Spec) -> tuple[tuple, dict]:
     if spec.metavar:
       kw["metavar"] = spec.metavar
   if spec.positional and spec.many:    # DIR...: one or more values, space-separated
-    return (spec.name,), {**kw, "type": spec.kind, "nargs": "+"}
+    return (spec.name,), {**kw, "type": spec.kind, "nargs": "+", "action": _Tuple}
   if spec.positional:
     return (spec.name,), {**kw, "nargs": "?"}
   return (spec.flag,), {**kw, "dest": spec.name, "required": spec.required}
@@ -696,7 +734,9 @@ def _config_argv(cfg, parser: argparse.ArgumentParser, spec: str, where: str) ->
     else:
       positional.append((a, text))
   for a, text in positional:    # used when the command line gives none
-    parser.set_defaults(**{a.dest: a.type(text) if a.type else text})
+    kind = a.type or str
+    parser.set_defaults(**{a.dest: tuple(kind(v) for v in text.split(",")) if a.nargs == "+"
+                           else kind(text)})
   return argv
 
 
@@ -788,6 +828,16 @@ def flagged(e: UserError, verb: Verb | None = None) -> str:
   return "".join(parts)
 
 
+def environment(args) -> None:
+  """The environment variables every verb reads, parsed now (before any work), each bad
+  one refused in a line naming it: MHA_JAX_STORAGE_RETRY_S, MHA_JAX_COMPILE_CACHE (train
+  reads its MHA_JAX_* process variables as its flags' defaults and checks them as it
+  checks the flags)."""
+  from mha_jax import compile_cache
+  storage.retry_budget()
+  compile_cache.resolve(args.compile_cache)
+
+
 def main(argv=None) -> int:
   """Runs one verb; returns the exit status (2: bad input, said in one line)."""
   machine.avoid_hugepage_stalls()
@@ -799,6 +849,7 @@ def main(argv=None) -> int:
     for spec in verb.inputs:       # the inputs: checked as the settings are
       settings.check_value(spec, getattr(args, spec.name))
     opts = options(verb, args)
+    environment(args)
   except SystemExit as e:    # argparse: --help (0) or a usage error (2), printed already
     return e.code if isinstance(e.code, int) else 0
   except UserError as e:
@@ -809,8 +860,11 @@ def main(argv=None) -> int:
     compile_cache.enable(args.compile_cache)
     return verb.call(args, opts)
   except UserError as e:     # bad input: one line. Anything else is a bug: its traceback.
+    unmake_out()
     print(f"mha-jax: error: {flagged(e, verb)}", file=sys.stderr)
     return 2
+  finally:
+    MADE.clear()
 
 
 if __name__ == "__main__":   # python -m mha_jax.cli: the one module the harness extends

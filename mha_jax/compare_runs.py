@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from mha_jax import settings as settings_lib, storage
+from mha_jax import loader, settings as settings_lib, storage, tasks
 from mha_jax.errors import UserError
 from mha_jax.machine import machine
 from mha_jax.settings import setting
@@ -233,6 +233,10 @@ def compare_runs(dirs: Sequence[str], out: str, settings: CompareSettings = Comp
   if storage.exists(out) and not storage.isdir(out):
     raise UserError(f"out {out!r} exists and is not a directory", setting="out")
   runs = expand(dirs)
+  for _, _, wd in runs:       # every run checked before any is measured
+    if not tasks.REGISTRY[loader.load_config(wd).task].trainable:
+      loader.refuse("compare-runs", wd, "runs trained here (a sweep's points: their "
+                    "training settings, checkpoints and studies)", name="DIR")
   storage.makedirs(storage.join(out, "runs"))
   rows = []
   for name, seed, wd in runs:

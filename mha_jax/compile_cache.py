@@ -17,6 +17,10 @@ set, so a folder shared between machines (a home folder on NFS) keeps one subfol
 kind of CPU. Every program is cached, however quick its compile (JAX's default skips
 those under a second), unless JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise.
 The library itself never turns the cache on: only `mha-jax` does.
+
+A cache that cannot be written (a read-only folder, a full disk) is said once, in one
+line, and the command goes on compiling as it would without it: JAX's own warning,
+one per compiled program, is not shown.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ import platform
 
 ENV = "MHA_JAX_COMPILE_CACHE"
 OFF = ("off", "none", "0", "false", "no")
+# JAX's warning when a cache entry cannot be read or written (jax._src.compiler)
+JAX_FAULT = ("Error writing persistent compilation cache entry",
+             "Error reading persistent compilation cache entry")
+_SAID: dict = {}       # "path": the cache now in use; "said": its fault said already
 
 
 def default_root(environ=None) -> str:
@@ -98,6 +106,31 @@ def enable(flag: str | None = None) -> str | None:
     return None
   jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", path)
+  say_faults_once(path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs",
                     float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 0)))
   return path
+
+
+def say_faults_once(path: str) -> None:
+  """JAX's warnings that a cache entry cannot be written or read become one line for
+  the cache at `path` (the first; the others are dropped); other warnings pass."""
+  import sys
+  import warnings
+  _SAID.update(path=path, said=False)
+  if _SAID.get("hooked"):
+    return
+  _SAID["hooked"] = True
+  shown = warnings.showwarning
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    text = str(message)
+    if not text.startswith(JAX_FAULT):
+      return shown(message, category, filename, lineno, file, line)
+    if not _SAID["said"]:
+      _SAID["said"] = True
+      why = " ".join(text.split("': ", 1)[-1].split())[:160]
+      print(f"mha-jax: warning: the compile cache {_SAID['path']} cannot be "
+            f"{'written' if 'writing' in text else 'read'} ({why}); programs are compiled "
+            f"as without it (--compile-cache off turns it off)", file=sys.stderr, flush=True)
+  warnings.showwarning = show

@@ -213,13 +213,18 @@ def incompatible_fields(saved: dict, new: dict) -> list[str]:
 
 def _check_range(cfg, key: str, lo=None, hi=None, *, lo_open=False, hi_open=False,
                  note: str = "") -> None:
-  """cfg[key] within [lo, hi] (see check_range); a field the config lacks is skipped."""
+  """cfg[key] within [lo, hi] (see check_range); a field the config lacks is skipped. The
+  error names the config key as it is (`train.batch_size`, set by
+  --config.train.batch_size=N), never as a flag of its own."""
   node = cfg
   for part in key.split("."):
     if not isinstance(node, ml_collections.ConfigDict) or part not in node:
       return
     node = node[part]
-  check_range(key, node, lo, hi, lo_open=lo_open, hi_open=hi_open, note=note)
+  try:
+    check_range(key, node, lo, hi, lo_open=lo_open, hi_open=hi_open, note=note)
+  except UserError as e:   # a config key (train.batch_size), not a flag of the verb
+    raise UserError(str(e)) from None
 
 
 def check_impl(cfg) -> None:

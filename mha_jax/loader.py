@@ -140,6 +140,40 @@ def load_workdir(workdir: str, step: int | None = None, *,
   return Loaded(cfg, tasks.build(cfg, workdir, read_only=True), params, step, workdir)
 
 
+KINDS = {"translation": "a translation run (an encoder-decoder, task 'translation')",
+         "embedding": "an imported encoder (task 'embedding': no decoder, no next-token "
+                      "logits)",
+         "lm": "a decoder LM trained here (task 'lm')",
+         "pretrained_lm": "an imported decoder LM (task 'pretrained_lm', family {family!r})"}
+
+
+def kind(workdir: str) -> str:
+  """What kind of run `workdir` holds, in the words a verb's refusal uses (from its
+  config.json, nothing loaded): "a translation run (an encoder-decoder, task
+  'translation')", "an imported decoder LM (task 'pretrained_lm', family 'llama')", "a
+  multi-seed run (seeds.json)"; ", pruned by export-pruned" for an export."""
+  if seeds_lib.is_multi_seed(workdir):
+    return "a multi-seed run (seeds.json)"
+  cfg = load_config(workdir)
+  m = cfg.get("model") or {}
+  what = KINDS.get(cfg.get("task"), f"a run of task {cfg.get('task')!r}").format(
+      family=m.get("family", "?"))
+  if cfg.get("task") == "lm" and m.get("attn_only"):
+    what = "an attention-only " + what[2:]
+  pruning = storage.join(workdir, "pruning.json")
+  if storage.exists(pruning) and "exported_from" in storage.read_json(pruning):
+    what += ", pruned by export-pruned"
+  return what
+
+
+def refuse(verb: str, workdir: str, needs: str, *, name: str = "workdir"):
+  """Raises the one-line refusal of `verb` on a kind of run it does not take: the verb,
+  what it needs and the run's kind (`kind`); `name`: what the command line calls the
+  folder (the input `workdir`, shown as --workdir, or a positional DIR)."""
+  raise UserError(f"{verb} needs {needs}; {name} {workdir!r} is {kind(workdir)}",
+                  setting=name if name == "workdir" else None)
+
+
 def each_checkpoint(loaded: Loaded, steps: Sequence[int] | None = None, *,
                     log: Callable[[str], None] = ckpt_lib.warn) -> Iterator[Loaded]:
   """`loaded` at every saved checkpoint of its workdir, oldest first (only `steps`, each

@@ -19,7 +19,7 @@ from typing import Any
 
 from etils import epath
 
-from mha_jax.errors import StorageFault
+from mha_jax.errors import StorageFault, UserError
 
 
 def path(p) -> epath.Path:
@@ -151,6 +151,23 @@ TRANSIENT_CODES = (408, 429, 500, 502, 503, 504)
 RETRY_ENV = "MHA_JAX_STORAGE_RETRY_S"
 RETRY_S = 60.0        # the default bound on the waits of one operation
 RETRIES: dict[str, int] = {}    # operation -> retries so far (this process)
+_BUDGETS: dict[str, float] = {}  # MHA_JAX_STORAGE_RETRY_S as given -> its seconds
+
+
+def retry_budget() -> float:
+  """The seconds of waiting one operation retries for: MHA_JAX_STORAGE_RETRY_S, else
+  RETRY_S. Parsed once per value; one that is not a number of seconds >= 0 is a
+  UserError naming the variable (the CLI asks before any work)."""
+  raw = os.environ.get(RETRY_ENV, "")
+  if raw not in _BUDGETS:
+    try:
+      v = float(raw) if raw.strip() else RETRY_S
+    except ValueError:
+      v = float("nan")
+    if not 0 <= v < float("inf"):
+      raise UserError(f"{RETRY_ENV} must be a number of seconds >= 0; got {raw!r}")
+    _BUDGETS[raw] = v
+  return _BUDGETS[raw]
 
 
 def transient(e: BaseException) -> bool:
@@ -183,7 +200,7 @@ def _retrying(what: str):
   def wrap(fn):
     @functools.wraps(fn)
     def run(p, *args, **kwargs):
-      budget = float(os.environ.get(RETRY_ENV) or RETRY_S)
+      budget = retry_budget()
       waited, delay, tries = 0.0, 0.5, 0
       while True:
         try:

@@ -9,6 +9,30 @@ import numpy as np
 from mha_jax.models import llama
 
 
+EPS32 = float(np.finfo(np.float32).eps)     # 2^-23: one float32 ulp at 1.0
+F32_ULPS = 64     # the float32 rounding two computations of one value may differ by
+
+
+def assert_f32_close(got, want, ulps: int = F32_ULPS, what: str = "",
+                     scale: float | None = None) -> None:
+  """|got - want| <= `ulps` float32 ulps at the array's scale (max |want|, or `scale`:
+  the computation's, for an array that is 0 analytically and holds only noise). Two float32
+  computations of the same values (another summation order, another program, another
+  CPU's instruction set: FMA, vector width, XLA's exp and log) agree to a few dozen ulps
+  of their scale, never bit for bit across machines: a golden file, a NumPy oracle or a
+  second program is compared with this; bit-identity only within one process or machine
+  (a resume, a cache hit, a program run twice)."""
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  assert got.shape == want.shape, (what, got.shape, want.shape)
+  if not want.size:
+    return
+  scale = max(float(np.max(np.abs(want))) if scale is None else scale,
+              np.finfo(np.float32).tiny)
+  err = float(np.max(np.abs(got - want)))
+  assert err <= ulps * EPS32 * scale, (f"{what}: max error {err:.3g} > {ulps} float32 ulps "
+                                       f"of the scale {scale:.3g} ({ulps * EPS32 * scale:.3g})")
+
+
 def rel_err(a, ref) -> float:
   """max |a - ref| / max |ref| over the compared entries, in float64."""
   a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)

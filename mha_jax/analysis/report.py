@@ -59,6 +59,19 @@ class AnalyzeOptions:
                                "needle-in-a-haystack input (at most the model's window)")
 
 
+def _check_roles(loaded, opts: AnalyzeOptions) -> None:
+  """--roles and --retrieval-len only where they are read: a decoder LM's taxonomy, and
+  its role retrieval; refused by name elsewhere (they were ignored without a word)."""
+  if opts.roles and not loaded.task.decoder_only:
+    loader.refuse("analyze --roles", loaded.workdir, "a decoder LM (the head taxonomy's "
+                  "roles)")
+  default = next(f.default for f in dataclasses.fields(opts) if f.name == "retrieval_len")
+  if opts.retrieval_len != default and "retrieval" not in (opts.roles or ""):
+    raise UserError(f"retrieval_len is read by role retrieval only; give roles with "
+                    f"retrieval (got roles {opts.roles!r})",
+                    setting=("retrieval_len", "roles"))
+
+
 def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(), *,
             log: Callable[[str], None] = print) -> dict:
   """Roles, importance and single-head ablations for a loaded run; writes the report in
@@ -71,6 +84,7 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
   split, conllu = opts.split, opts.conllu
   loo, loo_bleu_limit = opts.ablations, opts.bleu_limit
   role_limit, importance_limit = opts.role_limit, opts.importance_limit
+  _check_roles(loaded, opts)
   if conllu and loaded.task.role_family != "embedding":
     raise UserError(f"conllu is for imported encoders (task embedding); this run has "
                     f"task {loaded.task.name!r} (translation runs read data.conllu.<split> "

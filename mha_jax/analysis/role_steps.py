@@ -18,7 +18,7 @@ The IOI roles (name movers, negative name movers, S-inhibition) are asked only o
 model that has IOI prompts: names that are single tokens of a model of English. Asked
 of one that has not (a model of Python code over a 2,048-token BPE), the taxonomy
 refuses them by name; by default they are left out and the refusal is recorded under
-"not_asked". Duplicate-token's causal check is IOI's logit difference too: on such a
+"not_asked", as successor is on a model without a tokenizer (a toy induction run). Duplicate-token's causal check is IOI's logit difference too: on such a
 model its score is kept and its check reported as not run. Retrieval is left out: its
 haystack is longer than a 256-token window.
 
@@ -36,6 +36,7 @@ from mha_jax import settings as settings_lib, storage
 from mha_jax.analysis import taxonomy
 from mha_jax.errors import UserError
 from mha_jax.machine import machine
+from mha_jax import loader
 from mha_jax.loader import each_checkpoint
 from mha_jax.settings import setting
 from mha_jax.toolkit import head_roles, pairs as pairs_lib, stability
@@ -61,16 +62,20 @@ class RoleStepsOptions:
   draws: int = setting(5, lo=1, help="random head sets per role in a causal check")
 
 
-def _taxonomy_settings(opts: RoleStepsOptions) -> taxonomy.Settings:
-  return taxonomy.Settings(roles=opts.roles, top_k=opts.top_k, draws=opts.draws)
+def _taxonomy_settings(opts: RoleStepsOptions, loaded) -> taxonomy.Settings:
+  """The taxonomy's settings; the default roles leave out successor on a model without a
+  tokenizer (its numbered items are words), as they leave out the IOI roles."""
+  roles = opts.roles
+  if roles == STEP_ROLES and getattr(loaded.task, "tokenizer", None) is None:
+    roles = tuple(r for r in roles if r != "successor")
+  return taxonomy.Settings(roles=roles, top_k=opts.top_k, draws=opts.draws)
 
 
 def step_scores(at, tax: taxonomy.Settings, log: Callable[[str], None] = print) -> dict:
   """taxonomy.scores of one checkpoint (`at`, a Loaded), with the pattern roles' rows
   from real_lm_roles (repeated random tokens of the run's own vocabulary, 2 x 32 + BOS
   or as many as the window holds)."""
-  half = max(1, min(32, (int(at.config.model.max_len) - 1) // 2))  # [BOS] r r fits
-  rows = head_roles.real_lm_roles(at, half_len=half) if set(tax.roles) & {
+  rows = head_roles.real_lm_roles(at, half_len=head_roles.repeat_half_len(at)) if set(tax.roles) & {
       "previous_token", "induction", "duplicate_token"} else None
   return taxonomy.scores(at, tax, rows, log)
 
@@ -134,9 +139,9 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
   as it runs costs one step's scores per new checkpoint."""
   settings_lib.check(opts)
   if not (loaded.task.decoder_only and loaded.task.trainable):
-    raise UserError(f"role-steps follows the checkpoints of a decoder LM trained here; "
-                    f"{loaded.workdir!r} has task {loaded.task.name!r}", setting="workdir")
-  tax = _taxonomy_settings(opts)
+    loader.refuse("role-steps", loaded.workdir, "a decoder LM trained here (it follows the "
+                  "checkpoints of its training)")
+  tax = _taxonomy_settings(opts, loaded)
   out_dir = out or storage.join(loaded.workdir, "role_steps")
   storage.makedirs(out_dir)
   t0 = time.perf_counter()
@@ -167,6 +172,8 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
   refused = ioi_refusal(loaded, tax)
   if refused and not set(taxonomy.IOI_ROLES) & set(tax.roles):
     doc["not_asked"] = {",".join(taxonomy.IOI_ROLES): refused}
+  if set(opts.roles) - set(tax.roles):
+    doc.setdefault("not_asked", {})["successor"] = "no tokenizer"
   if opts.causal:
     bad = [s for s in opts.check_steps if s not in steps]
     if bad:

@@ -73,7 +73,8 @@ class Settings:
   seed: int = 0                  # the random draws' seed
   n_pairs: int = 8               # IOI pairs
   senders: int = 24              # S-inhibition: senders path-patched (screened by AtP)
-  repeat_batch: int = 4          # sequences of repeated random tokens (2 x 32 + BOS)
+  repeat_batch: int = 4          # sequences of repeated random tokens (2 x 32 + BOS, or
+                                 # as many as the window holds)
   text_windows: int = 2          # windows of the built-in text (sink, copy suppression)
   text_len: int = 128            # tokens per text window
   mean_windows: int = 4          # text windows (the first ones) the ablation means average
@@ -379,7 +380,9 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
     if not hasattr(task, "repeated_tokens"):
       raise UserError("roles previous_token, induction: their causal check needs repeated "
                       "random tokens of the model's own vocabulary (an imported LM)")
-    tok, m = task.repeated_tokens(settings.seed + 7_000_003, settings.repeat_batch, 32)
+    from mha_jax.toolkit.head_roles import repeat_half_len
+    tok, m = task.repeated_tokens(settings.seed + 7_000_003, settings.repeat_batch,
+                                  repeat_half_len(run))
     from mha_jax.data import repeated_tokens as rt
     inputs["repeat"] = (tok, rt.position_masks(m, tok.shape[1] - 1)["repeat"])
   inputs["text"] = _text_tokens(task, settings.text_windows, settings.text_len)

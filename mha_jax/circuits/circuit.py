@@ -28,7 +28,7 @@ import time
 import jax
 import numpy as np
 
-from mha_jax import settings, storage
+from mha_jax import loader, settings, storage
 from mha_jax.circuits import edges as edges_lib
 from mha_jax.circuits import search, circuit_tasks
 from mha_jax.errors import UserError
@@ -106,6 +106,9 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   """Scores every edge, draws the faithfulness curve, picks the target circuit; writes
   DIR/circuit.json, faithfulness.png, circuit.png and returns the document."""
   settings.check(opts)
+  if not loaded.task.decoder_only:
+    loader.refuse("circuit", loaded.workdir, "a decoder LM (prompt pairs compared by their "
+                  "next-token logits)")
   task, pairs_file, method, ablation = opts.task, opts.pairs, opts.method, \
       opts.ablation
   target, n_pairs, seed, steps, ig_on = opts.target, opts.n_pairs, opts.seed, opts.steps, \

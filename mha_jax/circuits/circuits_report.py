@@ -10,10 +10,9 @@ from typing import Callable
 
 import numpy as np
 
-from mha_jax import settings, storage
+from mha_jax import loader, settings, storage
 from mha_jax.circuits import behaviour, paths
 from mha_jax.toolkit import composition as scores
-from mha_jax.errors import UserError
 from mha_jax.loader import each_checkpoint
 from mha_jax.models import common
 from mha_jax.settings import setting
@@ -118,8 +117,8 @@ def circuits(loaded, out: str | None = None, opts: CircuitsOptions = CircuitsOpt
   settings.check(opts)
   workdir, samples, track = loaded.workdir, opts.samples, opts.track
   if not loaded.task.decoder_only:
-    raise UserError(f"circuits needs a decoder-only model (task lm or pretrained_lm); "
-                    f"{workdir!r} has task {loaded.task.name!r}")
+    loader.refuse("circuits", loaded.workdir, "a decoder LM (one causal stack: induction heads, "
+                  "composition)")
   if not loaded.task.trainable:        # an imported LM: GQA, RMSNorm, MLPs
     return real_lm_circuits(loaded, out or storage.join(workdir, "circuits"),
                             samples=samples, log=log)

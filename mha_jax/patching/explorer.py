@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 
-from mha_jax import assets, settings, storage
+from mha_jax import assets, loader, settings, storage
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching, pairs as pairs_lib
 from mha_jax.toolkit.activation_patching import attention_data, json_finite
@@ -25,19 +25,31 @@ FILES = ("patching", "dla", "attribution", "path")
 
 
 def _read(out: str, name: str):
+  """OUT/NAME.json read (None when absent); one that is not JSON is refused naming it."""
   path = storage.join(out, f"{name}.json")
   if not storage.exists(path):
     return None
-  return json_finite(json.loads(storage.read_text(path)))
+  try:
+    return json_finite(json.loads(storage.read_text(path)))
+  except UnicodeDecodeError:
+    raise UserError(f"out: {path} is not a JSON file `mha-jax patch` wrote (not UTF-8 "
+                    f"text)", setting="out") from None
+  except json.JSONDecodeError as e:
+    raise UserError(f"out: {path} is not valid JSON ({e.msg}, line {e.lineno}): not as "
+                    f"`mha-jax patch` wrote it; run the patch again", setting="out") from None
 
 
 def patching_data(out: str) -> dict:
   """{"patching": ..., "dla": ..., "attribution": ..., "path": ...}: the files of a
-  `mha-jax patch` folder as they are (those present)."""
+  `mha-jax patch` folder as they are (those present); refused by name unless the folder
+  holds patching.json or dla.json, each valid JSON."""
+  if not storage.isdir(out):
+    raise UserError(f"out {out!r} is not a folder; give the folder `mha-jax patch` wrote",
+                    setting="out")
   found = {name: _read(out, name) for name in FILES}
   if found["patching"] is None and found["dla"] is None:
-    raise ValueError(f"out must be a folder `mha-jax patch` wrote (patching.json or "
-                     f"dla.json); got {out!r}")
+    raise UserError(f"out {out!r} has no patching.json or dla.json: give a folder "
+                    f"`mha-jax patch` wrote", setting="out")
   return {k: v for k, v in found.items() if v is not None}
 
 
@@ -76,8 +88,8 @@ def write(out: str, attention: dict | None = None, title: str | None = None) -> 
   view = storage.join(out, "attention_view.json")
   if attention is not None:
     storage.write_json(view, attention)
-  elif storage.exists(view):
-    attention = storage.read_json(view)
+  else:
+    attention = _read(out, "attention_view")
   data = {**(attention or {}), "patching": patching_data(out)}
   path = storage.join(out, "explorer.html")
   doc = data["patching"].get("patching") or data["patching"]["dla"]
@@ -93,13 +105,23 @@ class ExplorerOptions:
                                  "view")
 
 
-def rewrite(loaded, out: str, opts: ExplorerOptions = ExplorerOptions()) -> str:
+def rewrite(loaded, out: str, opts: ExplorerOptions = ExplorerOptions(), *,
+            log=print) -> str:
   """(Re)writes OUT/explorer.html from a patching result's JSON files in `out`; with the
   loaded run (or None), the attention view of its first pairs too (checked to be the
-  same pairs and model). Returns the page's path."""
+  same pairs and model; more pairs asked than the result has: all of them, said in a
+  line). Returns the page's path."""
   settings.check(opts)
   out = storage.normpath(out)
+  patching_data(out)
   attention = None
   if loaded is not None:
-    attention = attention_data(rebuilt_study(out, loaded), loaded.task, opts.attention_pairs)
+    if not loaded.task.decoder_only:
+      loader.refuse("patch-explorer", loaded.workdir, "the decoder LM `mha-jax patch` "
+                    "patched")
+    study = rebuilt_study(out, loaded)
+    if opts.attention_pairs > study.n:
+      log(f"--attention-pairs {opts.attention_pairs}: the result has {study.n} pair(s); "
+          f"the attention view shows all {study.n}")
+    attention = attention_data(study, loaded.task, opts.attention_pairs)
   return write(out, attention)

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from mha_jax import settings, storage
+from mha_jax import loader, settings, storage
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching, memory, pairs as pairs_lib
 from mha_jax.patching import explorer
@@ -141,6 +141,9 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
   """Runs the asked methods on the pairs (activation patching: the sweeps of `sites`,
   in one program); writes the files in `out`; returns a summary."""
   settings.check(opts)
+  if not loaded.task.decoder_only:
+    loader.refuse("patch", loaded.workdir, "a decoder LM (prompt pairs compared by their "
+                  "next-token logits)")
   task, pairs_file, methods = opts.task, opts.pairs, opts.method
   n_pairs, seed, per_position, receivers = opts.n_pairs, opts.seed, opts.per_position, \
       opts.receivers

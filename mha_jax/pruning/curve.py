@@ -63,6 +63,7 @@ def prune_curve(loaded, out: str, opts: CurveOptions = CurveOptions(), *,
   bleu_limit, seed, random_draws = opts.bleu_limit, opts.seed, opts.random_draws
   save_workdirs, hc = opts.save_workdirs, gates_lib.HardConcrete()
   check_out(workdir, out_dir)
+  prune_lib.check_stacks(loaded.params, stacks)
   storage.makedirs(out_dir)
   set_dense_reference(loaded)       # embeddings: compare with the dense model
   total = masks_lib.count(masks_lib.ones_mask(loaded.params, stacks))

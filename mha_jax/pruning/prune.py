@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from mha_jax import settings, storage
+from mha_jax import loader, settings, storage
 from mha_jax.errors import UserError
 from mha_jax.loader import set_dense_reference
 from mha_jax.models import common as common_lib
@@ -61,12 +61,18 @@ def write_workdir(loaded, out: str, params, info: dict) -> None:
     raise
 
 
-def _check(loaded, stacks, keep, start_mask):
-  counts = common_lib.head_counts(loaded.params)
+def check_stacks(params, stacks) -> None:
+  """Every stack of `stacks` is one of the model's, else a UserError naming --stacks."""
+  counts = common_lib.head_counts(params)
   for s in stacks:
     if s not in counts:
       raise UserError(f"stacks: {s!r} is not in this model; it has {sorted(counts)}",
                       setting="stacks")
+
+
+def _check(loaded, stacks, keep, start_mask):
+  counts = common_lib.head_counts(loaded.params)
+  check_stacks(loaded.params, stacks)
   available = masks.count(start_mask) if start_mask else sum(sum(counts[s]) for s in stacks)
   if keep is not None and not 0 <= keep <= available:
     raise UserError(f"keep must be between 0 and the {available} heads left in "
@@ -209,8 +215,8 @@ def check_export(workdir: str, out: str) -> None:
   """A pruned workdir, and an `out` that is a new folder outside it; before any work."""
   lock_lib.check_out(out, workdir)
   if masks.read_mask(workdir) is None:
-    raise UserError(f"workdir {workdir!r} has no pruning.json: prune it first "
-                    f"(mha-jax prune)", setting="workdir")
+    loader.refuse("export-pruned", workdir, "a run `mha-jax prune` wrote (its "
+                  "pruning.json: prune it first)")
   if storage.exists(out) and storage.listdir(out):
     raise UserError(f"out {out!r} exists and is not empty; refusing to overwrite it",
                     setting="out")

@@ -78,6 +78,12 @@ def lm_roles(loaded, split: str, limit: int = 256, threshold: float = 0.4) -> li
   return rows
 
 
+def repeat_half_len(loaded, most: int = 32) -> int:
+  """The half length n of [BOS] r_1..r_n r_1..r_n that fits the model's window (at most
+  `most`): a toy model of 13 positions gets 6."""
+  return max(1, min(most, (int(loaded.config.model.max_len) - 1) // 2))
+
+
 def real_lm_roles(loaded, split: str = "test", *, batches: int = 2, batch_size: int = 8,
                   half_len: int = 32, text_windows: int = 8, threshold: float = 0.4,
                   sink: float = 0.8, seed: int = 7_000_003) -> list[dict]:

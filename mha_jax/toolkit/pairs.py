@@ -165,9 +165,10 @@ _FIELDS = ("clean", "corrupt", "answer", "wrong")
 
 def read_pairs(task, path: str) -> Pairs:
   """Pairs from a JSONL file, one {"clean", "corrupt", "answer", "wrong"} object a line
-  (blank lines skipped). Refused, naming the line: bad JSON, a missing or non-string
-  field, clean and corrupt of different token lengths, an answer or wrong that is not
-  one token."""
+  (blank lines skipped). Refused, naming the line, before any model is run: bad JSON, a
+  missing or non-string field, clean and corrupt of different token lengths or of the
+  same tokens, an answer or wrong that is not one token, or both the same token (a
+  constant metric)."""
   if not storage.exists(path):
     raise UserError(f"pairs {path!r} does not exist", setting="pairs")
   return parse_pairs(task, storage.read_text(path).splitlines(), f"--pairs {path}")
@@ -204,6 +205,13 @@ def parse_pairs(task, lines, source: str) -> Pairs:
         got = len(_tokenizer(task).encode(obj[f]))
         raise UserError(f"{where}: {f} {obj[f]!r} must be one token of the model's "
                         f"vocabulary; it is {got} tokens")
+    if ci == xi:
+      raise UserError(f"{where}: the corrupt prompt is the clean one ({len(ci)} identical "
+                      f"tokens): patching one into the other changes nothing")
+    if ids["answer"] == ids["wrong"]:
+      raise UserError(f"{where}: answer and wrong are the same token {obj['answer']!r}: "
+                      f"the metric (their logit or probability difference) is 0 whatever "
+                      f"the model does")
     rows.append((ci, xi, ids["answer"], ids["wrong"], {f: obj[f] for f in _FIELDS}))
   if not rows:
     raise UserError(f"{source} holds no pairs")

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from oracles import assert_f32_close
 from mha_jax import interventions
 from mha_jax.analysis import detectors
 from mha_jax.toolkit import roles
@@ -117,7 +118,7 @@ def test_copy_suppression_and_sink_scores_equal_their_definitions_by_hand():
   for l in range(2):
     w = np.asarray(vals[f"lm.{l}.attn.pattern"], np.float64)
     r = np.asarray(vals[f"lm.{l}.attn.result"], np.float64)
-    np.testing.assert_allclose(sink[l], roles.first_token_share(w), rtol=1e-6)
+    assert_f32_close(sink[l], roles.first_token_share(w), what=f"sink {l}")  # 2 programs
     for h in range(H):
       num = den = 0.0
       for b in range(tok.shape[0]):

@@ -94,3 +94,25 @@ def test_the_machine_key_names_the_cpu_and_its_flags():
   assert compile_cache.machine_key(a) == compile_cache.machine_key(a + "cpu MHz\t: 1234\n")
   assert compile_cache.machine_key(a) != compile_cache.machine_key(a.replace("avx2", "avx512f"))
   assert compile_cache.machine_key(a) != compile_cache.machine_key(a.replace(": X", ": Y"))
+
+
+def test_a_cache_that_cannot_be_written_is_said_once_not_per_program(tiny_attn_lm, tmp_path):
+  """A full disk under the cache (every entry's write fails): one line naming the cache,
+  none of JAX's per-program warnings, and the command's result."""
+  wd, _ = tiny_attn_lm
+  full = ("import errno, os, sys\n"
+          "import jax._src.compilation_cache as cc\n"
+          "def full(*a, **k):\n"
+          "  raise OSError(errno.ENOSPC, 'No space left on device')\n"
+          "cc.put_executable_and_time = full\n"
+          "from mha_jax import cli\n"
+          "sys.exit(cli.main(sys.argv[1:]))")
+  cache = str(tmp_path / "xla")
+  e = {**os.environ, "PYTHONPATH": ROOT}
+  p = subprocess.run([sys.executable, "-c", full, "eval", "--workdir", wd, "--compile-cache",
+                      cache], capture_output=True, text=True, env=e, cwd=ROOT, timeout=300)
+  assert p.returncode == 0 and json.loads(p.stdout)["loss"] > 0, p.stderr[-2000:]
+  assert "UserWarning" not in p.stderr and "Error writing" not in p.stderr, p.stderr[-2000:]
+  said = [l for l in p.stderr.splitlines() if l.startswith("mha-jax: warning: the compile")]
+  assert len(said) == 1 and compile_cache.resolve(cache) in said[0], p.stderr[-2000:]
+  assert "cannot be written (OSError: [Errno 28] No space left on device)" in said[0]

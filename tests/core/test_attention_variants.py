@@ -13,12 +13,16 @@ from mha_jax import attention
 
 sys.path.insert(0, os.path.dirname(__file__))
 import golden_cases  # noqa: E402
+from oracles import assert_f32_close  # noqa: E402
 
 _GOLDEN = os.path.join(os.path.dirname(__file__), "data", "attention_softmax_golden.npz")
 
 
-def _close(got, want, rtol=1e-6, what=""):
-  """|got - want| <= rtol * max|want| (float32 sums in another order)."""
+def _close(got, want, rtol=None, what=""):
+  """|got - want| <= rtol * max|want| (float32 sums in another order); rtol None: the
+  float32 ulps another CPU may round by (oracles.assert_f32_close)."""
+  if rtol is None:
+    return assert_f32_close(got, want, what=what)
   got, want = np.asarray(got), np.asarray(want)
   assert got.shape == want.shape, what
   scale = max(float(np.max(np.abs(want))), 1e-30)
@@ -32,7 +36,7 @@ def _close(got, want, rtol=1e-6, what=""):
 def test_fused_qkv_projection_equals_three_matmuls_with_gradients(h, g):
   """Self-attention projects q, k and v with one matmul of the concatenated weights;
   passing the same values as a distinct context array takes the unfused path (three
-  matmuls). Outputs and gradients agree to 1e-6 of their scale."""
+  matmuls). Outputs and gradients agree to float32 ulps of their scale."""
   rng = np.random.default_rng(h * 100 + g)
   d, k = 96, 96 // h
   shapes = attention.param_shapes(d, h, k, g)
@@ -61,14 +65,25 @@ def test_fused_qkv_projection_equals_three_matmuls_with_gradients(h, g):
       _close(a, b, what=jax.tree_util.keystr(path))
 
 
-def test_softmax_is_bit_identical_to_the_code_before_the_variants():
+def test_softmax_equals_the_code_before_the_variants_to_float32_rounding():
   """The golden file holds outputs and gradients of the default (softmax) attention from
-  before the variants existed (scripts/make_attention_golden.py, the tests' XLA flags)."""
+  before the variants existed (scripts/make_attention_golden.py, the tests' XLA flags),
+  written on one machine: another CPU's instruction set rounds float32 otherwise (3.6e-7
+  on an AMD EPYC), so they agree to float32 ulps of their scale, and bit for bit only
+  with a second computation in this process."""
   want = np.load(_GOLDEN)
   got = golden_cases.compute_all()
   assert sorted(got) == sorted(want.files)
+  case = {}                  # each case's scale: its largest output or gradient
   for name in want.files:
-    np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    c = name.split("/")[0]
+    case[c] = max(case.get(c, 0.0), float(np.max(np.abs(want[name]))))
+  for name in want.files:     # d/dbk is 0 (softmax ignores a shift of every score): noise
+    assert_f32_close(got[name], want[name], what=name,
+                     scale=case[name.split("/")[0]] if name.endswith("/dbk") else None)
+  again = golden_cases.compute_all()
+  for name in want.files:
+    np.testing.assert_array_equal(again[name], got[name], err_msg=name)
 
 
 # ---------------------------------------------------------------- the variants

@@ -628,8 +628,22 @@ def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tm
     assert _cells(page) == json.load(open(os.path.join(out, "dla.json")))["mlp"]
     assert errors == [] and requests == []
     browser.close()
-  with pytest.raises(ValueError, match="out must be a folder"):
+  with pytest.raises(UserError, match="has no patching.json or dla.json"):
     explorer.write(str(tmp_path))
+
+
+def test_more_attention_pairs_than_the_result_has_are_said_not_clamped_silently(
+    patched, tmp_path, capsys):
+  import shutil
+  wd, out, _ = patched
+  copy = str(tmp_path / "copy")
+  shutil.copytree(out, copy)
+  capsys.readouterr()
+  assert cli.main(["patch-explorer", "--out", copy, "--workdir", wd,
+                   "--attention-pairs", "99"]) == 0
+  said = capsys.readouterr().out
+  assert "--attention-pairs 99: the result has 3 pair(s); the attention view shows all 3" \
+      in said, said
 
 
 def test_both_directions_share_each_compiled_program(setup):

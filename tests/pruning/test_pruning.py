@@ -170,7 +170,8 @@ def test_prune_cli_and_bad_input(loaded, tmp_path, capsys):
   assert "no config.json" in capsys.readouterr().err
   assert cli.main(["export-pruned", "--workdir", loaded.workdir, "--out",
                    str(tmp_path / "e")]) == 2
-  assert "has no pruning.json" in capsys.readouterr().err
+  assert "export-pruned needs a run `mha-jax prune` wrote (its pruning.json" in \
+      capsys.readouterr().err
 
 
 def test_pruning_curve_joins_roles_and_writes_outputs(loaded, tmp_path):

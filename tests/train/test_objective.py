@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from oracles import assert_f32_close
 from mha_jax import config as mc
 from mha_jax.train import checkpoint as ckpt_lib
 from mha_jax.train import loop
@@ -66,4 +67,4 @@ def test_lm_label_smoothing_changes_the_objective_as_the_formula_says():
   want = optax.softmax_cross_entropy(logits, labels).mean()
   assert float(smooth) == pytest.approx(float(want), rel=1e-5)
   assert float(smooth) != pytest.approx(float(plain), rel=1e-4)
-  assert float(m["loss"]) == pytest.approx(float(m2["loss"]))       # the metric is plain NLL
+  assert_f32_close(m["loss"], m2["loss"])       # the metric is plain NLL (two programs)
