@@ -2,9 +2,13 @@
 
   DIR/circuit.json   "graph" (node and edge counts), "edges" (ranked {"from", "to",
                      "score"}: the change of the pair-mean metric when the edge is
-                     ablated), "curve" (per size: edges, faithfulness, nodes), "cpr",
-                     "cmd", "agreement" (EAP and EAP-IG against exact patching on a
-                     sample of edges), "nodes" ({"heads", "mlps", "faithfulness_nodes"}
+                     ablated), "curve" (per size, |score| ranking: edges, faithfulness,
+                     nodes), MIB's evaluation: "curve_signed" and "curve_absolute"
+                     ({"fraction", "edges" (MIB's count, after its first pruning pass),
+                     "edges_pruned" (the circuit evaluated), "faithfulness"} at MIB's
+                     ten fractions), "cpr" (signed ranking), "cmd" (|score| ranking),
+                     "cpr_absolute_ranking", "agreement" (EAP and EAP-IG against exact
+                     patching on a sample of edges), "nodes" ({"heads", "mlps", "faithfulness_nodes"}
                      of the smallest circuit on the curve reaching the target),
                      "seconds", and the pairs (those left out: "failing")
   DIR/faithfulness.png   the curve
@@ -132,7 +136,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   if method == "greedy":
     keep = timed("greedy", lambda: search.greedy(es, threshold, log=log))
     candidates = {"greedy": np.where(keep[es.edges[:, 0], es.edges[:, 1]],
-                                     np.abs(eap) + 1e-9, 0.0)}
+                                     -np.abs(eap) - 1e-9, 0.0)}   # kept: first in both rankings
   else:
     candidates = scored if method == "auto" else {method: scored[method]}
   agreement = {name: timed(f"agreement_{name}", lambda est=est: es.agreement(
@@ -144,7 +148,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
     log("auto: " + ", ".join(f"{n} CPR {t['cpr']:.4f}" for n, t in tried.items())
         + f"; kept {chosen}")
   scores, points, best, at = (tried[chosen][k] for k in ("scores", "points", "keep", "at"))
-  area = {k: tried[chosen][k] for k in ("cpr", "cmd")}
+  area = {k: tried[chosen][k] for k in ("cpr", "cmd", "cpr_absolute_ranking")}
   view = search.touched(es.graph, best)
   nodes = {"heads": view["heads"], "mlps": view["mlps"], "edges": int(best.sum()),
            "faithfulness": points[at if at is not None else -1]["faithfulness"],
@@ -153,16 +157,17 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   names = es.graph.nodes, es.graph.ends
   order = np.argsort(-np.abs(scores), kind="stable")
   doc = {"workdir": loaded.workdir, "task": task or pairs_file, "method": method,
-         "chosen": chosen, "methods": {n: {k: t[k] for k in ("cpr", "cmd", "edges",
-                                                             "faithfulness", "reached")}
-                                       for n, t in tried.items()},
+         "chosen": chosen, "methods": {n: {k: t[k] for k in (
+             "cpr", "cmd", "cpr_absolute_ranking", "edges", "faithfulness", "reached")}
+             for n, t in tried.items()},
          "ablation": ablation, "target": target, "steps": steps, "ig_on": ig_on,
          "metric": spec["name"] if isinstance(spec, dict) else spec,
          "metric_full": es.m_full, "metric_empty": es.m_empty,
          "graph": es.graph.size(),
          "edges": [{"from": names[0][es.edges[r, 0]], "to": names[1][es.edges[r, 1]],
                     "score": round(float(scores[r]), 7)} for r in order],
-         "curve": points, **area, "agreement": agreement, "nodes": nodes,
+         "curve": points, **area, "curve_signed": tried[chosen]["curve_signed"],
+         "curve_absolute": tried[chosen]["curve_absolute"], "agreement": agreement, "nodes": nodes,
          "pairs": len(s.pairs), "failing": failing, "seconds": seconds}
   doc["seconds"]["total"] = round(time.perf_counter() - t0, 3)
   storage.makedirs(out)
@@ -176,13 +181,17 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
 
 
 def _circuit_at(es, scores, target, timed, name) -> dict:
-  """One method's curve, CPR / CMD and its smallest circuit reaching target (else the
+  """One method's curve (|score| ranking), MIB's evaluation (search.mib: the signed
+  and absolute curves, CPR and CMD) and its smallest circuit reaching target (else the
   whole graph's)."""
-  points, keeps = timed(f"curve_{name}", lambda: search.curve(es, scores))
-  area = search.curve_areas(points)
+  points, keeps, mib = timed(f"curve_{name}", lambda: search.curve(es, scores,
+                                                                   with_mib=True))
+  area = {"cpr": mib["cpr"], "cmd": mib["cmd"],
+          "cpr_absolute_ranking": search.curve_areas(points)["cpr"]}
   at = search.smallest_reaching(points, target)
   keep = keeps[at] if at is not None else keeps[-1]
   return {"scores": scores, "points": points, "keep": keep, "at": at, **area,
+          "curve_signed": mib["curve_signed"], "curve_absolute": mib["curve_absolute"],
           "edges": int(keep.sum()), "reached": at is not None,
           "faithfulness": points[at if at is not None else -1]["faithfulness"]}
 
