@@ -68,6 +68,9 @@ class CircuitOptions:
                        "for the agreement report)")
   ig_on: str = setting("inputs", choices=edges_lib.IG_ON, help="EAP-IG interpolates the input "
                        "embedding or every edge together")
+  ig_points: str = setting("left", choices=edges_lib.IG_POINTS, help="EAP-IG's points: "
+                           "left k/steps, k = 0..steps-1 (the EAP-IG library's and MIB's), "
+                           "or midpoint (k + 1/2)/steps")
   sample: int = setting(200, lo=1, help="edges exact patching checks EAP and EAP-IG on")
   keep_failing: bool = setting(False, help="keep pairs whose clean prompt the model gets "
                                "wrong")
@@ -129,7 +132,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
     return v
 
   eap = timed("eap", es.eap)
-  ig = timed("eap_ig", lambda: es.eap_ig(steps, ig_on))
+  ig = timed("eap_ig", lambda: es.eap_ig(steps, ig_on, opts.ig_points))
   scored = {"eap": eap, "eap-ig": ig}
   if method == "exact" or (method == "auto" and len(es.edges) <= AUTO_EXACT_EDGES):
     scored["exact"] = timed("exact", es.exact)
@@ -161,6 +164,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
              "cpr", "cmd", "cpr_absolute_ranking", "edges", "faithfulness", "reached")}
              for n, t in tried.items()},
          "ablation": ablation, "target": target, "steps": steps, "ig_on": ig_on,
+         "ig_points": opts.ig_points,
          "metric": spec["name"] if isinstance(spec, dict) else spec,
          "metric_full": es.m_full, "metric_empty": es.m_empty,
          "graph": es.graph.size(),

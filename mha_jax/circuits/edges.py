@@ -11,8 +11,10 @@ of the forward with graph.edge_edits:
                  forward for the node outputs, one ablation forward, one backward to a
                  zero `add` at every end's site, then one product; Syed et al. 2023).
                  It is minus the gradient of metric(keep) at keep = 1 (tested)
-  eap_ig(m, on)  the gradient averaged over m points between the ablated and clean runs
-                 (Hanna et al. 2024): on="inputs" interpolates the input embedding, the
+  eap_ig(m, on, points)  the gradient averaged over m points alpha between the ablated
+                 (0) and clean (1) runs (Hanna et al. 2024): points "left" alpha = k/m,
+                 k = 0..m-1 (the EAP-IG library's and MIB's), or "midpoint" (k + 1/2)/m;
+                 on="inputs" interpolates the input embedding, the
                  scores keeping (A_u - a_u(clean)) fixed; on="activations" moves every
                  edge's keep from 0 to 1 together (integrated gradients of the edge mask:
                  the scores sum to m(M) - m(empty))
@@ -39,6 +41,16 @@ from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit import ablations
 
 IG_ON = ("inputs", "activations")
+IG_POINTS = ("left", "midpoint")
+
+
+def ig_alphas(steps: int, points: str = "left") -> np.ndarray:
+  """(steps,) EAP-IG's interpolation points: left k/steps (the library's), or midpoint
+  (k + 1/2)/steps."""
+  if points not in IG_POINTS:
+    raise UserError(f"ig_points must be one of {IG_POINTS}; got {points!r}",
+                    setting="ig_points")
+  return (np.arange(steps) + (0.5 if points == "midpoint" else 0.0)) / steps
 
 
 class EdgeStudy:
@@ -185,15 +197,15 @@ class EdgeStudy:
     g = self._cached("eap", build)(self.params, self.ablated, self.clean_out)
     return np.asarray(g, np.float64)[self.edges[:, 0], self.edges[:, 1]]
 
-  def eap_ig(self, steps: int = 5, on: str = "inputs") -> np.ndarray:
-    """(E,) EAP-IG's estimate: the gradient averaged over `steps` midpoints alpha between
-    the ablated run (alpha 0) and the clean run (alpha 1); on "inputs" or
-    "activations" (see the module docstring)."""
+  def eap_ig(self, steps: int = 5, on: str = "inputs", points: str = "left") -> np.ndarray:
+    """(E,) EAP-IG's estimate: the gradient averaged over `steps` points alpha
+    (ig_alphas) between the ablated run (alpha 0) and the clean run (alpha 1); on
+    "inputs" or "activations" (see the module docstring)."""
     if on not in IG_ON:
       raise UserError(f"ig_on must be one of {IG_ON}; got {on!r}", setting="ig_on")
     if steps < 1:
       raise UserError(f"steps must be >= 1; got {steps}", setting="steps")
-    alphas = (jnp.arange(steps, dtype=jnp.float32) + 0.5) / steps
+    alphas = jnp.asarray(ig_alphas(steps, points), jnp.float32)
     ones = jnp.ones(self.mask.shape, jnp.float32)
 
     def build():

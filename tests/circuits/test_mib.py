@@ -104,3 +104,38 @@ def test_signed_ranking_keeps_the_edges_that_help_the_metric(setup, es):
   assert search.order(scores).tolist() == [1, 0, 2, 3]
   assert search.trapezoid([0, 0.5, 1], [1, 0, 1]) == pytest.approx(0.5)
   assert search.mib_counts(1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+
+
+def test_eap_ig_left_points_equal_a_float64_numpy_ig(setup, es):
+  """EAP-IG on the inputs with alpha = k/steps (k = 0..steps-1): for each edge
+  u -> e, (A_u - a_u) . mean_k d m / d input_e at the embedding corrupt + alpha_k
+  (clean - corrupt), the derivative a float64 central difference of the NumPy forward."""
+  _, params, pairs = setup
+  names = es.graph.edge_names()
+  steps = 3
+  _, clean_out = numpy_edges(params, pairs.clean)
+  _, corrupt_out = numpy_edges(params, pairs.corrupt)
+  got = es.eap_ig(steps, on="inputs", points="left")
+  rows = [0, 9, 21, 40, 61, len(names) - 1]
+  eps = 1e-3
+  for r in rows:
+    u = names[r].split(" -> ")[0]
+    d = corrupt_out[u] - clean_out[u]
+    total = 0.0
+    for k in range(steps):
+      x = corrupt_out["embed"] + k / steps * (clean_out["embed"] - corrupt_out["embed"])
+      _, out = numpy_edges(params, pairs.clean, embed=x)
+      m = [ld_np(numpy_edges(params, pairs.clean, [names[r]], {u: out[u] + s * eps * d},
+                             embed=x)[0], pairs).mean() for s in (1, -1)]
+      total += (m[0] - m[1]) / (2 * eps)
+    np.testing.assert_allclose(got[r], total / steps, atol=2e-4, rtol=1e-3)
+  assert np.abs(got[rows]).max() > 1e-2
+  mid = es.eap_ig(steps, on="inputs", points="midpoint")
+  assert np.abs(mid - got).max() > 1e-3           # the points matter
+  # on the edge mask: keep = alpha_k everywhere, the same points
+  import jax
+  ones = np.ones(es.mask.shape, np.float32)
+  gs = [jax.grad(lambda k: es.pairs_metric(params, k, es.ablated).mean())(ones * k / steps)
+        for k in range(steps)]
+  want = -np.asarray(sum(gs) / steps)[es.edges[:, 0], es.edges[:, 1]]
+  np.testing.assert_allclose(es.eap_ig(steps, on="activations"), want, atol=1e-5)
