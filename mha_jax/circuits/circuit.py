@@ -34,6 +34,7 @@ import numpy as np
 
 from mha_jax import settings, storage
 from mha_jax.circuits import edges as edges_lib
+from mha_jax.circuits import graph as graph_lib
 from mha_jax.circuits import search, circuit_tasks
 from mha_jax.errors import UserError
 from mha_jax.settings import setting
@@ -60,6 +61,10 @@ class CircuitOptions:
                              "and, on small graphs, exact, by CPR), eap, eap-ig, exact "
                              "patching, or greedy (ACDC-style pruning with exact "
                              "patching; small graphs)")
+  graph: str = setting("grouped", choices=graph_lib.GRAPHS,
+                       help="grouped (default: one key and one value end per key/value "
+                            "head) or mib (ends per query head, as the EAP-IG library and "
+                            "MIB build it; the same on MHA models)")
   ablation: str = setting("corrupt", choices=ablations.KINDS,
                           help="what an edge outside the circuit carries")
   target: float = setting(0.8, lo=0, hi=1, lo_open=True,
@@ -87,11 +92,16 @@ def _clean_metric(s: activation_patching.Study, metric) -> np.ndarray:
   return np.asarray(fn(s.params, s.tokens["clean"]), np.float64)
 
 
-def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print):
+def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print,
+            graph: str = "grouped"):
   """(Study, metric fn, metric spec, pairs doc, failing doc): the pairs with those the
-  model fails on the clean prompt (metric <= 0) left out unless keep_failing."""
+  model fails on the clean prompt (metric <= 0) left out unless keep_failing; graph
+  "mib": the study's params ungrouped (graph.ungroup)."""
+  if graph not in graph_lib.GRAPHS:
+    raise UserError(f"graph must be one of {graph_lib.GRAPHS}; got {graph!r}", setting="graph")
+  params = graph_lib.ungroup(loaded.params) if graph == "mib" else loaded.params
   pairs, spec = circuit_tasks.make(loaded, task, pairs_file, n_pairs, seed)
-  s = activation_patching.Study(loaded.task, loaded.params, pairs, share_prefix=False)
+  s = activation_patching.Study(loaded.task, params, pairs, share_prefix=False)
   m_clean = _clean_metric(s, circuit_tasks.metric_of(pairs, spec))
   bad = np.nonzero(m_clean <= 0)[0]
   failing = [{**pairs.to_json()[i], "metric_clean": float(m_clean[i])} for i in bad]
@@ -103,7 +113,7 @@ def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print):
     if not len(good):
       raise UserError("the model fails every clean prompt (metric <= 0): no circuit to find")
     pairs, spec = pairs.subset(good), circuit_tasks.subset_metric(spec, good)
-    s = activation_patching.Study(loaded.task, loaded.params, pairs, share_prefix=False)
+    s = activation_patching.Study(loaded.task, params, pairs, share_prefix=False)
     m_clean = m_clean[good]
   return s, circuit_tasks.metric_of(pairs, spec), spec, failing
 
@@ -119,7 +129,8 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
       opts.ig_on
   keep_failing, sample, threshold = opts.keep_failing, opts.sample, opts.threshold
   t0 = time.perf_counter()
-  s, metric, spec, failing = prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log)
+  s, metric, spec, failing = prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log,
+                                     opts.graph)
   es = edges_lib.EdgeStudy(s, metric=metric, ablation=ablation)
   seconds = {}
   log(f"graph: {es.graph.size()}; metric full {es.m_full:.4f}, empty {es.m_empty:.4f}")
@@ -164,7 +175,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
              "cpr", "cmd", "cpr_absolute_ranking", "edges", "faithfulness", "reached")}
              for n, t in tried.items()},
          "ablation": ablation, "target": target, "steps": steps, "ig_on": ig_on,
-         "ig_points": opts.ig_points,
+         "ig_points": opts.ig_points, "graph_kind": opts.graph,
          "metric": spec["name"] if isinstance(spec, dict) else spec,
          "metric_full": es.m_full, "metric_empty": es.m_empty,
          "graph": es.graph.size(),

@@ -139,3 +139,42 @@ def test_eap_ig_left_points_equal_a_float64_numpy_ig(setup, es):
         for k in range(steps)]
   want = -np.asarray(sum(gs) / steps)[es.edges[:, 0], es.edges[:, 1]]
   np.testing.assert_allclose(es.eap_ig(steps, on="activations"), want, atol=1e-5)
+
+
+def test_the_mib_graph_has_key_and_value_ends_per_query_head(setup, es):
+  """--graph mib on a GQA model (4 query heads, 2 key/value heads): the same model, 4
+  key and 4 value ends per layer; an edge into query head h's key end changes head h
+  alone, and a grouped key end's EAP score is the sum of its query heads' ends'."""
+  import jax
+  from mha_jax import interventions
+  from mha_jax.circuits import edges as edges_lib
+  from mha_jax.circuits import graph as graph_lib
+  from mha_jax.toolkit import activation_patching
+  from oracles import H, LlamaTask
+  s, params, pairs = setup
+  up = graph_lib.ungroup(params)
+  su = activation_patching.Study(LlamaTask(), up, pairs)
+  eu = edges_lib.EdgeStudy(su)
+  g = eu.graph
+  assert g.kv_heads == g.heads == (H, H) and es.graph.kv_heads == (2, 2)
+  assert "lm.1.3.k" in g.ends and g.end_node(g.ends.index("lm.1.3.k")) == [
+      g.nodes.index("lm.1.3")]
+  np.testing.assert_allclose(eu.m_full, es.m_full, atol=1e-5)
+  np.testing.assert_allclose(eu.m_empty, es.m_empty, atol=1e-5)
+  names = g.edge_names()
+  z_of = jax.jit(lambda keep: interventions.run_with_hook(
+      lambda hook: su.task.apply(up, {"tokens": su.tokens["clean"]}, hook=hook),
+      graph_lib.edge_edits(g, up, keep, eu.ablated),
+      read=eu.sites + ("lm.1.attn.z",))[1]["lm.1.attn.z"])
+  base = np.asarray(z_of(np.ones(eu.mask.shape, np.float32)))
+  for h in range(H):
+    for c in "kv":
+      r = names.index(f"lm.0.1 -> lm.1.{h}.{c}")
+      moved = np.abs(np.asarray(z_of(eu.keep_of([i for i in range(len(names)) if i != r])))
+                     - base).max(axis=(0, 1, 3))
+      assert [j for j in range(H) if moved[j] > 1e-3] == [h], (h, c, moved)
+  # EAP is linear in the end's gradient: a grouped k end = the sum over its query heads
+  eg, ev = dict(zip(es.graph.edge_names(), es.eap())), dict(zip(names, eu.eap()))
+  for grp, heads in ((0, (0, 1)), (1, (2, 3))):
+    want = sum(ev[f"embed -> lm.1.{h}.k"] for h in heads)
+    np.testing.assert_allclose(eg[f"embed -> lm.1.{grp}.k"], want, rtol=1e-3, atol=1e-5)
