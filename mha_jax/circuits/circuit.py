@@ -153,8 +153,8 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
                                      -np.abs(eap) - 1e-9, 0.0)}   # kept: first in both rankings
   else:
     candidates = scored if method == "auto" else {method: scored[method]}
-  agreement = {name: timed(f"agreement_{name}", lambda est=est: es.agreement(
-      est, sample=sample, seed=seed)) for name, est in (("eap", eap), ("eap-ig", ig))}
+  agreement = timed("agreement", lambda: es.agreements({"eap": eap, "eap-ig": ig},
+                                                       sample=sample, seed=seed))
   tried = {name: _circuit_at(es, sc, target, timed, name)
            for name, sc in candidates.items()}
   chosen = max(tried, key=lambda n: (tried[n]["cpr"], -tried[n]["cmd"]))

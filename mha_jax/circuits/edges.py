@@ -42,6 +42,7 @@ from mha_jax.toolkit import ablations
 
 IG_ON = ("inputs", "activations")
 IG_POINTS = ("left", "midpoint")
+END_KINDS = ("q", "k", "v", "mlp", "logits")
 
 
 def ig_alphas(steps: int, points: str = "left") -> np.ndarray:
@@ -130,20 +131,73 @@ class EdgeStudy:
   # ------------------------------------------------------------------ scores
   def exact(self, edge_rows=None) -> np.ndarray:
     """(len,) m(M without e) - m(M) for the edges self.edges[edge_rows] (default all),
-    one batched program."""
+    one batched program. Ablating one edge u -> e leaves every node upstream of e as in
+    the clean run, so it is the clean run with A_u - a_u added to e's input alone: the
+    edges are folded into the rows, grouped by e's layer, each group run from that layer
+    on from the clean residual stream (share_depth, as `patch` does; the edge ends'
+    per-head inputs cannot run from a KV cache, so every position runs)."""
     rows = np.arange(len(self.edges)) if edge_rows is None else np.asarray(edge_rows)
-    sel = jnp.asarray(self.edges[rows], jnp.int32)
-    chunk = self._chunk(len(rows))
+    info = self._end_info()[self.edges[rows, 1]]            # (R, 3) layer, kind, slot
+    by_layer = self.s.share_depth
+    idx = [(0, int(l), r) for r, l in enumerate(info[:, 0])]
+    starts, groups, where = activation_patching.Study._groups(
+        idx, sorted(set(info[:, 0].tolist())), self.s._chunk(len(rows), 2.0), by_layer)
+    cols = [jnp.asarray(c[groups], jnp.int32) for c in
+            (self.edges[rows, 0], info[:, 0], info[:, 1], info[:, 2])]
+    key = ("exact", groups.shape, by_layer)
+    got = self._cached(key, lambda: self._exact_program(by_layer))(
+        self.params, self.ablated, self.clean_out,
+        None if starts is None else jnp.asarray(starts), *cols)
+    return np.asarray(got, np.float64).reshape(-1)[where] - self.m_full
 
-    def build():
-      def fn(p, sel, a):
-        def one(ue):
-          keep = jnp.ones(self.mask.shape, jnp.float32).at[ue[0], ue[1]].set(0.0)
-          return self.pairs_metric(p, keep, a).mean()
-        return jax.lax.map(one, sel, batch_size=chunk)
-      return fn
-    got = self._cached(("exact", len(rows), chunk), build)(self.params, sel, self.ablated)
-    return np.asarray(got, np.float64) - self.m_full
+  def _end_info(self) -> np.ndarray:
+    """(N_ends, 3) int: each end's layer, kind (END_KINDS index) and head slot."""
+    out = []
+    for i, grp in enumerate(self.graph.end_groups()):
+      for kind in END_KINDS[:4]:
+        lo, hi = grp[kind]
+        out += [(i, END_KINDS.index(kind), j) for j in range(hi - lo)]
+    return np.asarray(out + [(self.graph.layers - 1, 4, 0)], np.int64)
+
+  def _exact_program(self, by_layer: bool):
+    """fn(params, ablated, clean, starts (G,) or None, u, layer, kind, slot (G, C)) ->
+    (G, C) pair-mean metric of each edge's ablation (see exact)."""
+    g, s, n = self.graph, self.s, self.s.n
+
+    def fn(p, abl, clean, starts, us, ls, ks, hs):
+      tok = s.tokens["clean"]
+      stream = None
+      if by_layer:
+        names = tuple(f"lm.{i}.resid_pre" for i in range(g.layers))
+        vals = s._forward(p, tok, read=names)[1]
+        stream = jnp.stack([vals[k] for k in names])
+      d = abl - clean                                              # (N, T, N_nodes, D)
+
+      def group(grp):
+        start, u, l, k, h = grp
+        c = u.shape[0]
+        val = jnp.moveaxis(d[:, :, u], 2, 0).reshape((c * n,) + d.shape[1:2] + d.shape[3:])
+        row = lambda a: jnp.repeat(a, n)          # noqa: E731 row c * N + n: edge c
+        edits = {}
+        for i in range(g.layers):
+          on = row(l == i)
+          for j, kind in enumerate("qkv"):
+            heads = g.heads[i] if kind == "q" else g.kv_heads[i]
+            m = (on & (row(k) == j))[:, None] & (jnp.arange(heads)[None] == row(h)[:, None])
+            edits[f"lm.{i}.attn.in_{kind}"] = interventions.add(val[:, :, None],
+                                                                where=m[:, None, :, None])
+          if g.mlp[i]:
+            edits[f"lm.{i}.mlp_in"] = interventions.add(val, where=(on & (row(k) == 3))[:, None,
+                                                                                       None])
+        edits[f"lm.{g.layers - 1}.resid_post"] = interventions.add(
+            val, where=row(k == 4)[:, None, None])
+        logits = s._forward(p, jnp.tile(tok, (c, 1)), edits,
+                            start=start if by_layer else None,
+                            stream=stream)[0]
+        return jax.vmap(self._metric)(logits.reshape(c, n, -1)).mean(1)
+
+      return jax.lax.map(group, (starts, us, ls, ks, hs))
+    return fn
 
   def _grad_keep(self, params, keep, ablated, base=None, embed=None):
     def f(k):
@@ -230,15 +284,28 @@ class EdgeStudy:
   def agreement(self, estimate, *, sample: int = 200, top: int = 20, seed: int = 0) -> dict:
     """activation_patching.agreement of estimate (E,) with exact patching on a sample of edges: the
     `top` largest by |estimate| plus random others, `sample` in all."""
+    return self.agreements({"x": estimate}, sample=sample, top=top, seed=seed)["x"]
+
+  def agreements(self, estimates: dict, *, sample: int = 200, top: int = 20,
+                 seed: int = 0) -> dict:
+    """{name: agreement(estimate)} with the exact patching of every sample's edges in one
+    program (each edge once)."""
     n = len(self.edges)
     top = min(top, sample)
-    order = np.argsort(-np.abs(estimate))
-    rng = np.random.default_rng(seed)
-    rest = rng.permutation(order[top:])[:max(0, sample - top)]
-    rows = np.concatenate([order[:top], rest])
-    ex = self.exact(rows)
-    out = activation_patching.agreement(estimate[rows], ex, top=min(top, len(rows)))
-    out["sampled_of"] = n
+    picks = {}
+    for name, est in estimates.items():
+      order = np.argsort(-np.abs(est))
+      rng = np.random.default_rng(seed)
+      rest = rng.permutation(order[top:])[:max(0, sample - top)]
+      picks[name] = np.concatenate([order[:top], rest])
+    union = np.unique(np.concatenate(list(picks.values())))
+    ex = dict(zip(union.tolist(), self.exact(union)))
+    out = {}
+    for name, rows in picks.items():
+      out[name] = activation_patching.agreement(estimates[name][rows],
+                                                np.asarray([ex[r] for r in rows]),
+                                                top=min(top, len(rows)))
+      out[name]["sampled_of"] = n
     return out
 
   def keep_of(self, edge_rows) -> np.ndarray:

@@ -178,3 +178,43 @@ def test_the_mib_graph_has_key_and_value_ends_per_query_head(setup, es):
   for grp, heads in ((0, (0, 1)), (1, (2, 3))):
     want = sum(ev[f"embed -> lm.1.{h}.k"] for h in heads)
     np.testing.assert_allclose(eg[f"embed -> lm.1.{grp}.k"], want, rtol=1e-3, atol=1e-5)
+
+
+def test_exact_patching_from_the_edge_s_layer_changes_nothing(setup):
+  """exact() runs each edge from its end's layer on, from the clean stream: equal to the
+  full forward's and to the edge-mask forward's."""
+  from mha_jax.circuits import edges as edges_lib
+  from mha_jax.models import llama
+  from mha_jax.toolkit import activation_patching
+  from mha_jax.toolkit.pairs import Pairs
+  from oracles import SPEC, LlamaTask
+
+  class Cached(LlamaTask):
+    def apply(self, params, batch, *, key=None, hook=None):
+      kw = dict(hook=hook, logits_at=batch.get("logits_at"), start=batch.get("start"),
+                stream=batch.get("stream"))
+      if "cache" in batch:
+        return llama.apply(params, SPEC, batch["tokens"][:, :-1], cache=batch["cache"],
+                           **kw)[0]
+      return llama.apply(params, SPEC, batch["tokens"][:, :-1], **kw)
+
+    def prefix_cache(self, params, tokens_BT, max_len):
+      cache = llama.init_cache(params, tokens_BT.shape[0], max_len)
+      return llama.apply(params, SPEC, tokens_BT, cache=cache, last_only=True)[1]
+
+  _, params, pairs = setup
+  corrupt = pairs.clean.copy()
+  corrupt[:, 3] = (corrupt[:, 3] + 5) % 37
+  p = Pairs(pairs.clean, corrupt, pairs.answer, pairs.wrong, pairs.length, pairs.text)
+  plain = edges_lib.EdgeStudy(activation_patching.Study(LlamaTask(), params, p))
+  fast = edges_lib.EdgeStudy(activation_patching.Study(Cached(), params, p))
+  assert fast.s.share_depth and not plain.s.share_depth
+  a, b = fast.exact(), plain.exact()
+  np.testing.assert_allclose(a, b, atol=2e-5)
+  assert np.abs(b).max() > 1e-2
+  for r in (0, 9, 14, 30, 47, 60, len(b) - 1):     # q, k, v, MLP and logits ends
+    keep = np.asarray(plain.mask, np.float32)
+    keep[tuple(plain.edges[r])] = 0
+    np.testing.assert_allclose(b[r], plain.metric(keep) - plain.m_full, atol=2e-5)
+  ag = fast.agreements({"a": b, "b": -b}, sample=10, top=3)
+  assert ag["a"]["pearson"] == pytest.approx(1, abs=1e-4) and ag["b"]["pearson"] < 0
