@@ -11,6 +11,8 @@
                      patching on a sample of edges), "nodes" ({"heads", "mlps", "faithfulness_nodes"}
                      of the smallest circuit on the curve reaching the target),
                      "seconds", and the pairs (those left out: "failing")
+  DIR/mib_graph.json     with --export mib: the chosen scores (and the target circuit as
+                         in_graph) in the EAP-IG library's graph JSON (circuits.mib_graph)
   DIR/faithfulness.png   the curve
   DIR/circuit.png        the target circuit, layer by layer
   DIR/explorer.html      the explorer's circuit view (the graph layer by layer; a click on
@@ -35,6 +37,7 @@ import numpy as np
 from mha_jax import settings, storage
 from mha_jax.circuits import edges as edges_lib
 from mha_jax.circuits import graph as graph_lib
+from mha_jax.circuits import mib_graph
 from mha_jax.circuits import search, circuit_tasks
 from mha_jax.errors import UserError
 from mha_jax.settings import setting
@@ -77,6 +80,12 @@ class CircuitOptions:
                            "left k/steps, k = 0..steps-1 (the EAP-IG library's and MIB's), "
                            "or midpoint (k + 1/2)/steps")
   sample: int = setting(200, lo=1, help="edges exact patching checks EAP and EAP-IG on")
+  export: str | None = setting(None, choices=("mib",), help="also write DIR/mib_graph.json: "
+                               "the scores in the EAP-IG library's graph JSON (MIB's "
+                               "leaderboard format; needs --graph mib on GQA models)")
+  evaluate: str | None = setting(None, path=True, help="score a graph another tool found "
+                                 "(the EAP-IG library's graph JSON) with this evaluation "
+                                 "instead of scoring edges (on the mib graph)")
   keep_failing: bool = setting(False, help="keep pairs whose clean prompt the model gets "
                                "wrong")
   n_pairs: int = setting(8, lo=1, help="built-in tasks: pairs drawn")
@@ -127,11 +136,14 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
       opts.ablation
   target, n_pairs, seed, steps, ig_on = opts.target, opts.n_pairs, opts.seed, opts.steps, \
       opts.ig_on
-  keep_failing, sample, threshold = opts.keep_failing, opts.sample, opts.threshold
+  keep_failing, sample = opts.keep_failing, opts.sample
   t0 = time.perf_counter()
+  graph = "mib" if opts.evaluate else opts.graph     # the library's graph is MIB's
   s, metric, spec, failing = prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log,
-                                     opts.graph)
+                                     graph)
   es = edges_lib.EdgeStudy(s, metric=metric, ablation=ablation)
+  if opts.export:
+    mib_graph.edge_names(es.graph, es.edges[:0])      # refused before the work
   seconds = {}
   log(f"graph: {es.graph.size()}; metric full {es.m_full:.4f}, empty {es.m_empty:.4f}")
 
@@ -142,19 +154,8 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
     log(f"{name}: {seconds[name]:.1f} s")
     return v
 
-  eap = timed("eap", es.eap)
-  ig = timed("eap_ig", lambda: es.eap_ig(steps, ig_on, opts.ig_points))
-  scored = {"eap": eap, "eap-ig": ig}
-  if method == "exact" or (method == "auto" and len(es.edges) <= AUTO_EXACT_EDGES):
-    scored["exact"] = timed("exact", es.exact)
-  if method == "greedy":
-    keep = timed("greedy", lambda: search.greedy(es, threshold, log=log))
-    candidates = {"greedy": np.where(keep[es.edges[:, 0], es.edges[:, 1]],
-                                     -np.abs(eap) - 1e-9, 0.0)}   # kept: first in both rankings
-  else:
-    candidates = scored if method == "auto" else {method: scored[method]}
-  agreement = timed("agreement", lambda: es.agreements({"eap": eap, "eap-ig": ig},
-                                                       sample=sample, seed=seed))
+  estimates, candidates = _scores(es, opts, timed, log)
+  agreement = timed("agreement", lambda: es.agreements(estimates, sample=sample, seed=seed))
   tried = {name: _circuit_at(es, sc, target, timed, name)
            for name, sc in candidates.items()}
   chosen = max(tried, key=lambda n: (tried[n]["cpr"], -tried[n]["cmd"]))
@@ -175,7 +176,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
              "cpr", "cmd", "cpr_absolute_ranking", "edges", "faithfulness", "reached")}
              for n, t in tried.items()},
          "ablation": ablation, "target": target, "steps": steps, "ig_on": ig_on,
-         "ig_points": opts.ig_points, "graph_kind": opts.graph,
+         "ig_points": opts.ig_points, "graph_kind": graph, "evaluated": opts.evaluate,
          "metric": spec["name"] if isinstance(spec, dict) else spec,
          "metric_full": es.m_full, "metric_empty": es.m_empty,
          "graph": es.graph.size(),
@@ -192,7 +193,31 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
                            + f", {ablation} ablation")
   plots.circuit_graph(es.graph, best, scores, es.edges, storage.join(out, "circuit.png"))
   write_explorer(out, doc, es, best, scores, s, loaded.task)
+  if opts.export:
+    mib_graph.write(storage.join(out, "mib_graph.json"), es.graph, es.edges, scores,
+                    len(s.pairs), s.d_model, best)
   return doc
+
+
+def _scores(es, opts, timed, log) -> tuple[dict, dict]:
+  """({name: scores} checked against exact patching, {name: scores} whose curves are
+  drawn): EAP and EAP-IG (and exact, greedy as --method asks), or --evaluate's."""
+  if opts.evaluate:
+    got = timed("import", lambda: mib_graph.read(opts.evaluate, es.graph, es.edges,
+                                                 len(es.s.pairs)))
+    return {"imported": got}, {"imported": got}
+  method = opts.method
+  eap = timed("eap", es.eap)
+  ig = timed("eap_ig", lambda: es.eap_ig(opts.steps, opts.ig_on, opts.ig_points))
+  scored = {"eap": eap, "eap-ig": ig}
+  if method == "exact" or (method == "auto" and len(es.edges) <= AUTO_EXACT_EDGES):
+    scored["exact"] = timed("exact", es.exact)
+  if method == "greedy":
+    keep = timed("greedy", lambda: search.greedy(es, opts.threshold, log=log))
+    return scored, {"greedy": np.where(keep[es.edges[:, 0], es.edges[:, 1]],
+                                       -np.abs(eap) - 1e-9, 0.0)}  # kept: first in both rankings
+  return ({"eap": eap, "eap-ig": ig},
+          scored if method == "auto" else {method: scored[method]})
 
 
 def _circuit_at(es, scores, target, timed, name) -> dict:

@@ -218,3 +218,44 @@ def test_exact_patching_from_the_edge_s_layer_changes_nothing(setup):
     np.testing.assert_allclose(b[r], plain.metric(keep) - plain.m_full, atol=2e-5)
   ag = fast.agreements({"a": b, "b": -b}, sample=10, top=3)
   assert ag["a"]["pearson"] == pytest.approx(1, abs=1e-4) and ag["b"]["pearson"] < 0
+
+
+def test_export_then_import_gives_the_same_scores_and_curve(setup):
+  """The EAP-IG library's graph JSON of the ungrouped graph: its edge set is the
+  library's (counted from its Graph.from_model), the scores carry its sign and units,
+  and reading the file back gives the same scores and MIB curves."""
+  import json
+  from mha_jax.circuits import edges as edges_lib
+  from mha_jax.circuits import graph as graph_lib
+  from mha_jax.circuits import mib_graph
+  from mha_jax.errors import UserError
+  from mha_jax.toolkit import activation_patching
+  from oracles import H, L, LlamaTask
+  s, params, pairs = setup
+  with pytest.raises(UserError, match="--graph mib"):
+    mib_graph.edge_names(edges_lib.EdgeStudy(s).graph, np.zeros((0, 2), int))
+  eu = edges_lib.EdgeStudy(activation_patching.Study(LlamaTask(), graph_lib.ungroup(params),
+                                                     pairs))
+  scores = eu.eap()
+  keep = search.top_n(eu.graph, eu.edges, scores, 10)
+  doc = json.loads(json.dumps(mib_graph.to_doc(eu.graph, eu.edges, scores, 3, 16, keep)))
+  # the library's edges: every earlier node -> each head's q, k, v; -> the MLP (its own
+  # layer's heads too); every node -> logits
+  n = sum((1 + i * (H + 1)) * 3 * H + 1 + i * (H + 1) + H for i in range(L)) + 1 + L * (H + 1)
+  assert len(doc["edges"]) == n and doc["cfg"] == {"n_layers": L, "n_heads": H,
+                                                   "parallel_attn_mlp": False, "d_model": 16}
+  names = mib_graph.edge_names(eu.graph, eu.edges)
+  r = eu.graph.edge_names().index("lm.0.1 -> lm.1.3.k")
+  assert names[r] == "a0.h1->a1.h3<k>" and doc["edges"][names[r]]["score"] == pytest.approx(
+      -scores[r] / 3)
+  assert {"input->a0.h0<q>", "a0.h2->m0", "m1->logits"} <= set(doc["edges"])
+  assert sum(e["in_graph"] for e in doc["edges"].values()) == keep.sum()
+  back = mib_graph.scores_of(doc, eu.graph, eu.edges, 3)
+  np.testing.assert_allclose(back, scores, rtol=1e-12)
+  assert search.mib(eu, back) == search.mib(eu, scores)
+  bad = dict(doc, cfg=dict(doc["cfg"], n_layers=5))
+  with pytest.raises(UserError, match="another model"):
+    mib_graph.scores_of(bad, eu.graph, eu.edges, 3)
+  del doc["edges"][names[0]]
+  with pytest.raises(UserError, match="missing"):
+    mib_graph.scores_of(doc, eu.graph, eu.edges, 3)
