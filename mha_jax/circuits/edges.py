@@ -289,15 +289,16 @@ class EdgeStudy:
   def agreements(self, estimates: dict, *, sample: int = 200, top: int = 20,
                  seed: int = 0) -> dict:
     """{name: agreement(estimate)} with the exact patching of every sample's edges in one
-    program (each edge once)."""
+    program (each edge once): each estimate's `top` edges by |estimate| and the same
+    uniformly drawn others, `sample` in all."""
     n = len(self.edges)
     top = min(top, sample)
-    picks = {}
-    for name, est in estimates.items():
-      order = np.argsort(-np.abs(est))
-      rng = np.random.default_rng(seed)
-      rest = rng.permutation(order[top:])[:max(0, sample - top)]
-      picks[name] = np.concatenate([order[:top], rest])
+    tops = {name: np.argsort(-np.abs(est), kind="stable")[:top]
+            for name, est in estimates.items()}
+    rng = np.random.default_rng(seed)
+    pool = np.setdiff1d(np.arange(n), np.concatenate(list(tops.values())))
+    rest = rng.permutation(pool)[:max(0, sample - top)]
+    picks = {name: np.concatenate([t, rest]) for name, t in tops.items()}
     union = np.unique(np.concatenate(list(picks.values())))
     ex = dict(zip(union.tolist(), self.exact(union)))
     out = {}
