@@ -169,6 +169,8 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
            "faithfulness": points[at if at is not None else -1]["faithfulness"],
            "reached_target": at is not None,
            **timed("nodes", lambda: search.node_view(s, view["heads"]))}
+  nodes["fewest_heads"] = timed("fewest_heads", lambda: search.fewest_heads(
+      s, es.graph, es.edges, scores, target))
   names = es.graph.nodes, es.graph.ends
   order = np.argsort(-np.abs(scores), kind="stable")
   doc = {"workdir": loaded.workdir, "task": task or pairs_file, "method": method,
@@ -276,6 +278,11 @@ def format_summary(doc: dict) -> str:
            f"{len(n['mlps'])} MLPs, faithfulness {n['faithfulness']:.3f}, "
            f"faithfulness_nodes {n['faithfulness_nodes']:.3f}",
            f"CPR {doc['cpr']:.3f}, CMD {doc['cmd']:.3f}"]
+  fh = n.get("fewest_heads")
+  if fh:
+    lines.append(f"fewest heads reaching {doc['target']}: {fh['count']} "
+                 f"(faithfulness_nodes {fh['faithfulness_nodes']:.3f})"
+                 + ("" if fh["reached"] else ", not reached"))
   for k, v in a.items():
     lines.append(f"{k} vs exact on {v['n']} edges: Pearson {v['pearson']:.3f}, Spearman "
                  f"{v['spearman']:.3f}, top-20 overlap {v.get('top20_overlap', float('nan')):.2f}")

@@ -26,6 +26,8 @@
   greedy(es, threshold)    ACDC-style: edges visited from the logits backwards, each
                            removed when the metric moves by less than threshold *
                            |m(M) - m(empty)| (exact patching, one forward per edge)
+  fewest_heads(...)        MIB's node track: the fewest heads, ranked by their edges'
+                           scores, whose node view reaches the target
   node_view(...)           the heads a circuit touches and faithfulness_nodes: the clean
                            run with every other head's z (every position) from the paired
                            corrupt run, MLPs and embeddings recomputing, as
@@ -269,17 +271,64 @@ def greedy(es, threshold: float = 0.01, max_edges: int = 5000, log=None) -> np.n
   return prune(es.graph, keep > 0)
 
 
-def node_view(study, heads: list[str]) -> dict:
-  """faithfulness_nodes of a head set (names lm.l.h), through the patching Study."""
-  keep = {(int(a), int(b)) for a, b in (n.split(".")[1:] for n in heads)}
+def node_faithfulness(study):
+  """heads (names lm.l.h) -> node_view's document, the corrupt z and LD_none computed
+  once."""
   zc = study.values("corrupt", tuple(f"lm.{i}.attn.z" for i in range(study.layers)))
 
   def edits(kept):
     return {f"lm.{i}.attn.z": interventions.replace(zc[f"lm.{i}.attn.z"], heads=np.asarray(
         [(i, h) not in kept for h in range(study.heads[i])])) for i in range(study.layers)}
 
-  ld_set = float(np.mean(study.edited("clean", edits(keep))["ld"]))
   ld_none = float(np.mean(study.edited("clean", edits(set()))["ld"]))
   ld_clean = float(np.mean(study.ld_clean))
-  return {"ld_set": ld_set, "ld_none": ld_none, "ld_clean": ld_clean,
-          "faithfulness_nodes": (ld_set - ld_none) / (ld_clean - ld_none)}
+
+  def of(heads):
+    keep = {(int(a), int(b)) for a, b in (n.split(".")[1:] for n in heads)}
+    ld_set = float(np.mean(study.edited("clean", edits(keep))["ld"]))
+    return {"ld_set": ld_set, "ld_none": ld_none, "ld_clean": ld_clean,
+            "faithfulness_nodes": (ld_set - ld_none) / (ld_clean - ld_none)}
+  return of
+
+
+def node_view(study, heads: list[str]) -> dict:
+  """faithfulness_nodes of a head set (names lm.l.h), through the patching Study."""
+  return node_faithfulness(study)(heads)
+
+
+def head_scores(graph, edges, scores) -> dict[str, float]:
+  """{head: the sum of its outgoing edges' scores} (this library's sign: negative where
+  ablating the head's edges lowers the metric)."""
+  out = np.zeros(len(graph.nodes))
+  np.add.at(out, edges[:, 0], np.asarray(scores, np.float64))
+  return {n: float(out[i]) for i, n in enumerate(graph.nodes)
+          if n != "embed" and not n.endswith(".mlp")}
+
+
+def fewest_heads(study, graph, edges, scores, target: float) -> dict:
+  """The fewest heads whose node view reaches target: heads ranked by head_scores,
+  signed (the most helpful first, as MIB's node track ranks), the smallest k whose top k
+  reach faithfulness_nodes >= target (a bisection, then down while k - 1 still reaches;
+  one forward per k tried). {"heads", "count", "faithfulness_nodes", "reached", "tried":
+  {k: faithfulness}}."""
+  hs = head_scores(graph, edges, scores)
+  ranked = sorted(hs, key=lambda n: hs[n])
+  of = node_faithfulness(study)
+  tried: dict[int, float] = {}
+
+  def f(k):
+    if k not in tried:
+      tried[k] = of(ranked[:k])["faithfulness_nodes"]
+    return tried[k]
+
+  lo, hi = 0, len(ranked)
+  if f(hi) < target:
+    return {"heads": ranked, "count": hi, "faithfulness_nodes": f(hi), "reached": False,
+            "tried": tried}
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if f(mid) >= target else (mid, hi)
+  while hi > 1 and f(hi - 1) >= target:
+    hi -= 1
+  return {"heads": ranked[:hi], "count": hi, "faithfulness_nodes": f(hi), "reached": True,
+          "tried": {int(k): v for k, v in sorted(tried.items())}}

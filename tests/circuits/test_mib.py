@@ -259,3 +259,21 @@ def test_export_then_import_gives_the_same_scores_and_curve(setup):
   del doc["edges"][names[0]]
   with pytest.raises(UserError, match="missing"):
     mib_graph.scores_of(doc, eu.graph, eu.edges, 3)
+
+
+def test_fewest_heads_is_the_smallest_prefix_of_the_ranking_reaching_the_target(setup, es):
+  s, _, _ = setup
+  scores = es.eap()
+  hs = search.head_scores(es.graph, es.edges, scores)
+  names = es.graph.nodes
+  want = {names[u]: 0.0 for u in range(len(names))}
+  for (u, _), v in zip(es.edges, scores):
+    want[names[u]] += v
+  assert hs == pytest.approx({k: v for k, v in want.items() if k.count(".") == 2
+                              and not k.endswith("mlp")})
+  ranked = sorted(hs, key=hs.get)
+  got = search.fewest_heads(s, es.graph, es.edges, scores, 0.5)
+  k = got["count"]
+  assert got["heads"] == ranked[:k] and got["reached"]
+  assert search.node_view(s, ranked[:k])["faithfulness_nodes"] >= 0.5
+  assert k == 1 or search.node_view(s, ranked[:k - 1])["faithfulness_nodes"] < 0.5
