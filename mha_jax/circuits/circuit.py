@@ -110,7 +110,7 @@ def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print,
     raise UserError(f"graph must be one of {graph_lib.GRAPHS}; got {graph!r}", setting="graph")
   params = graph_lib.ungroup(loaded.params) if graph == "mib" else loaded.params
   pairs, spec = circuit_tasks.make(loaded, task, pairs_file, n_pairs, seed)
-  s = activation_patching.Study(loaded.task, params, pairs, share_prefix=False)
+  s = activation_patching.Study(loaded.task, params, pairs)
   m_clean = _clean_metric(s, circuit_tasks.metric_of(pairs, spec))
   bad = np.nonzero(m_clean <= 0)[0]
   failing = [{**pairs.to_json()[i], "metric_clean": float(m_clean[i])} for i in bad]
@@ -122,7 +122,7 @@ def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print,
     if not len(good):
       raise UserError("the model fails every clean prompt (metric <= 0): no circuit to find")
     pairs, spec = pairs.subset(good), circuit_tasks.subset_metric(spec, good)
-    s = activation_patching.Study(loaded.task, params, pairs, share_prefix=False)
+    s = activation_patching.Study(loaded.task, params, pairs)
     m_clean = m_clean[good]
   return s, circuit_tasks.metric_of(pairs, spec), spec, failing
 

@@ -134,18 +134,19 @@ class EdgeStudy:
     one batched program. Ablating one edge u -> e leaves every node upstream of e as in
     the clean run, so it is the clean run with A_u - a_u added to e's input alone: the
     edges are folded into the rows, grouped by e's layer, each group run from that layer
-    on from the clean residual stream (share_depth, as `patch` does; the edge ends'
-    per-head inputs cannot run from a KV cache, so every position runs)."""
+    on from the clean residual stream (share_depth, as `patch` does) and, where every
+    A_u - a_u vanishes on the prompts' shared prefix, from its KV cache."""
     rows = np.arange(len(self.edges)) if edge_rows is None else np.asarray(edge_rows)
     info = self._end_info()[self.edges[rows, 1]]            # (R, 3) layer, kind, slot
     by_layer = self.s.share_depth
     idx = [(0, int(l), r) for r, l in enumerate(info[:, 0])]
     starts, groups, where = activation_patching.Study._groups(
         idx, sorted(set(info[:, 0].tolist())), self.s._chunk(len(rows), 2.0), by_layer)
+    pre = self._shared_prefix()
     cols = [jnp.asarray(c[groups], jnp.int32) for c in
             (self.edges[rows, 0], info[:, 0], info[:, 1], info[:, 2])]
-    key = ("exact", groups.shape, by_layer)
-    got = self._cached(key, lambda: self._exact_program(by_layer))(
+    key = ("exact", groups.shape, by_layer, pre)
+    got = self._cached(key, lambda: self._exact_program(pre, by_layer))(
         self.params, self.ablated, self.clean_out,
         None if starts is None else jnp.asarray(starts), *cols)
     return np.asarray(got, np.float64).reshape(-1)[where] - self.m_full
@@ -159,19 +160,28 @@ class EdgeStudy:
         out += [(i, END_KINDS.index(kind), j) for j in range(hi - lo)]
     return np.asarray(out + [(self.graph.layers - 1, 4, 0)], np.int64)
 
-  def _exact_program(self, by_layer: bool):
+  def _shared_prefix(self) -> int:
+    """The study's shared prefix when every node's ablated value equals its clean one
+    there (corrupt, mean per position, resample: the same tokens), else 0."""
+    p = self.s.prefix
+    if p and np.array_equal(np.asarray(self.ablated[:, :p]), np.asarray(self.clean_out[:, :p])):
+      return p
+    return 0
+
+  def _exact_program(self, pre: int, by_layer: bool):
     """fn(params, ablated, clean, starts (G,) or None, u, layer, kind, slot (G, C)) ->
     (G, C) pair-mean metric of each edge's ablation (see exact)."""
     g, s, n = self.graph, self.s, self.s.n
 
     def fn(p, abl, clean, starts, us, ls, ks, hs):
+      cache = s._prefix_cache(p) if pre else None
       tok = s.tokens["clean"]
       stream = None
       if by_layer:
         names = tuple(f"lm.{i}.resid_pre" for i in range(g.layers))
-        vals = s._forward(p, tok, read=names)[1]
+        vals = s._forward(p, tok, read=names, cache=cache)[1]
         stream = jnp.stack([vals[k] for k in names])
-      d = abl - clean                                              # (N, T, N_nodes, D)
+      d = (abl - clean)[:, pre:]                                   # (N, T', N_nodes, D)
 
       def group(grp):
         start, u, l, k, h = grp
@@ -191,7 +201,7 @@ class EdgeStudy:
                                                                                        None])
         edits[f"lm.{g.layers - 1}.resid_post"] = interventions.add(
             val, where=row(k == 4)[:, None, None])
-        logits = s._forward(p, jnp.tile(tok, (c, 1)), edits,
+        logits = s._forward(p, jnp.tile(tok, (c, 1)), edits, cache=cache,
                             start=start if by_layer else None,
                             stream=stream)[0]
         return jax.vmap(self._metric)(logits.reshape(c, n, -1)).mean(1)
