@@ -142,7 +142,7 @@ class EdgeStudy:
     idx = [(0, int(l), r) for r, l in enumerate(info[:, 0])]
     starts, groups, where = activation_patching.Study._groups(
         idx, sorted(set(info[:, 0].tolist())), self.s._chunk(len(rows), 2.0), by_layer)
-    pre = self._shared_prefix()
+    pre = self.shared_prefix()
     cols = [jnp.asarray(c[groups], jnp.int32) for c in
             (self.edges[rows, 0], info[:, 0], info[:, 1], info[:, 2])]
     key = ("exact", groups.shape, by_layer, pre)
@@ -160,7 +160,7 @@ class EdgeStudy:
         out += [(i, END_KINDS.index(kind), j) for j in range(hi - lo)]
     return np.asarray(out + [(self.graph.layers - 1, 4, 0)], np.int64)
 
-  def _shared_prefix(self) -> int:
+  def shared_prefix(self) -> int:
     """The study's shared prefix when every node's ablated value equals its clean one
     there (corrupt, mean per position, resample: the same tokens), else 0."""
     p = self.s.prefix

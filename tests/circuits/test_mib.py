@@ -180,7 +180,7 @@ def test_the_mib_graph_has_key_and_value_ends_per_query_head(setup, es):
     np.testing.assert_allclose(eg[f"embed -> lm.1.{grp}.k"], want, rtol=1e-3, atol=1e-5)
 
 
-def test_exact_patching_from_the_edge_s_layer_and_the_shared_prefix_changes_nothing(setup):
+def test_exact_patching_from_the_edge_s_layer_and_theshared_prefix_changes_nothing(setup):
   """exact() runs each edge from its end's layer on, from the clean stream and the shared
   prefix's KV cache: equal to the full forward's and to the edge-mask forward's."""
   from mha_jax.circuits import edges as edges_lib
@@ -209,7 +209,7 @@ def test_exact_patching_from_the_edge_s_layer_and_the_shared_prefix_changes_noth
   plain = edges_lib.EdgeStudy(activation_patching.Study(LlamaTask(), params, p))
   fast = edges_lib.EdgeStudy(activation_patching.Study(Cached(), params, p))
   assert fast.s.share_depth and fast.s.prefix == 3 and not plain.s.share_depth
-  assert fast._shared_prefix() == 3
+  assert fast.shared_prefix() == 3
   a, b = fast.exact(), plain.exact()
   np.testing.assert_allclose(a, b, atol=2e-5)
   assert np.abs(b).max() > 1e-2
