@@ -1129,10 +1129,10 @@ def _output(params: Params, x: jax.Array, o_BTHK, gate_BTHK, c: _Call, site):
   return y_BTD, o_BTHK
 
 
-def _check_head_inputs(inputs, q_shape, kv_shape, context, cache, params) -> None:
-  if context is not None or cache is not None or "wq_rest" in params or "wk_rest" in params:
-    raise ValueError("head_inputs are for self-attention without a cache or removed "
-                     "heads' QK-norm statistics")
+def _check_head_inputs(inputs, q_shape, kv_shape, context, params) -> None:
+  if context is not None or "wq_rest" in params or "wk_rest" in params:
+    raise ValueError("head_inputs are for self-attention without removed heads' QK-norm "
+                     "statistics")
   if not isinstance(inputs, (tuple, list)) or len(inputs) != 3:
     raise ValueError("head_inputs must be (q (B, T, H, D), k (B, S, G, D), v (B, S, G, D))")
   for name, arr, shape in zip("qkv", inputs, (q_shape, kv_shape, kv_shape)):
@@ -1234,7 +1234,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
       is then their sum plus bo). Whatever it returns flows on.
     head_inputs: None, or (q (B, T, H, D), k (B, S, G, D), v (B, S, G, D)): each head's
       own input to its projection in place of x / context / value_input (edge patching:
-      every head reads its own residual); self-attention without a cache.
+      every head reads its own residual); self-attention (with a cache: the T new
+      tokens' inputs, S = T).
 
   Returns:
     y_BTD (B, T, D), or AttentionOutput(out, weights (B, H, T, S), heads (B, T, H, K))
@@ -1247,8 +1248,8 @@ def multi_head_attention(params: Params, x: jax.Array, context: jax.Array | None
   if c.h == 0 and cache is None:
     return _zero_heads(params, x, c, site, return_weights)
   if head_inputs is not None:    # edge patching: each head reads its own input
-    _check_head_inputs(head_inputs, (c.b, c.t, c.h, c.d), (c.b, c.s, c.g, c.d), context,
-                       cache, params)
+    _check_head_inputs(head_inputs, (c.b, c.t, c.h, c.d),   # with a cache: the T new keys
+                       (c.b, c.t if cache is not None else c.s, c.g, c.d), context, params)
     x = head_inputs[0]
     c = c._replace(ctx=head_inputs[1], val=head_inputs[2])
   x_q = x

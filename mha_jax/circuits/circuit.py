@@ -2,11 +2,17 @@
 
   DIR/circuit.json   "graph" (node and edge counts), "edges" (ranked {"from", "to",
                      "score"}: the change of the pair-mean metric when the edge is
-                     ablated), "curve" (per size: edges, faithfulness, nodes), "cpr",
-                     "cmd", "agreement" (EAP and EAP-IG against exact patching on a
-                     sample of edges), "nodes" ({"heads", "mlps", "faithfulness_nodes"}
+                     ablated), "curve" (per size, |score| ranking: edges, faithfulness,
+                     nodes), MIB's evaluation: "curve_signed" and "curve_absolute"
+                     ({"fraction", "edges" (MIB's count, after its first pruning pass),
+                     "edges_pruned" (the circuit evaluated), "faithfulness"} at MIB's
+                     ten fractions), "cpr" (signed ranking), "cmd" (|score| ranking),
+                     "cpr_absolute_ranking", "agreement" (EAP and EAP-IG against exact
+                     patching on a sample of edges), "nodes" ({"heads", "mlps", "faithfulness_nodes"}
                      of the smallest circuit on the curve reaching the target),
                      "seconds", and the pairs (those left out: "failing")
+  DIR/mib_graph.json     with --export mib: the chosen scores (and the target circuit as
+                         in_graph) in the EAP-IG library's graph JSON (circuits.mib_graph)
   DIR/faithfulness.png   the curve
   DIR/circuit.png        the target circuit, layer by layer
   DIR/explorer.html      the explorer's circuit view (the graph layer by layer; a click on
@@ -30,6 +36,8 @@ import numpy as np
 
 from mha_jax import loader, settings, storage
 from mha_jax.circuits import edges as edges_lib
+from mha_jax.circuits import graph as graph_lib
+from mha_jax.circuits import mib_graph
 from mha_jax.circuits import search, circuit_tasks
 from mha_jax.errors import UserError
 from mha_jax.settings import setting
@@ -56,6 +64,10 @@ class CircuitOptions:
                              "and, on small graphs, exact, by CPR), eap, eap-ig, exact "
                              "patching, or greedy (ACDC-style pruning with exact "
                              "patching; small graphs)")
+  graph: str = setting("grouped", choices=graph_lib.GRAPHS,
+                       help="grouped (default: one key and one value end per key/value "
+                            "head) or mib (ends per query head, as the EAP-IG library and "
+                            "MIB build it; the same on MHA models)")
   ablation: str = setting("corrupt", choices=ablations.KINDS,
                           help="what an edge outside the circuit carries")
   target: float = setting(0.8, lo=0, hi=1, lo_open=True,
@@ -64,7 +76,16 @@ class CircuitOptions:
                        "for the agreement report)")
   ig_on: str = setting("inputs", choices=edges_lib.IG_ON, help="EAP-IG interpolates the input "
                        "embedding or every edge together")
+  ig_points: str = setting("left", choices=edges_lib.IG_POINTS, help="EAP-IG's points: "
+                           "left k/steps, k = 0..steps-1 (the EAP-IG library's and MIB's), "
+                           "or midpoint (k + 1/2)/steps")
   sample: int = setting(200, lo=1, help="edges exact patching checks EAP and EAP-IG on")
+  export: str | None = setting(None, choices=("mib",), help="also write DIR/mib_graph.json: "
+                               "the scores in the EAP-IG library's graph JSON (MIB's "
+                               "leaderboard format; needs --graph mib on GQA models)")
+  evaluate: str | None = setting(None, path=True, help="score a graph another tool found "
+                                 "(the EAP-IG library's graph JSON) with this evaluation "
+                                 "instead of scoring edges (on the mib graph)")
   keep_failing: bool = setting(False, help="keep pairs whose clean prompt the model gets "
                                "wrong")
   n_pairs: int = setting(8, lo=1, help="built-in tasks: pairs drawn")
@@ -80,11 +101,16 @@ def _clean_metric(s: activation_patching.Study, metric) -> np.ndarray:
   return np.asarray(fn(s.params, s.tokens["clean"]), np.float64)
 
 
-def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print):
+def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print,
+            graph: str = "grouped"):
   """(Study, metric fn, metric spec, pairs doc, failing doc): the pairs with those the
-  model fails on the clean prompt (metric <= 0) left out unless keep_failing."""
+  model fails on the clean prompt (metric <= 0) left out unless keep_failing; graph
+  "mib": the study's params ungrouped (graph.ungroup)."""
+  if graph not in graph_lib.GRAPHS:
+    raise UserError(f"graph must be one of {graph_lib.GRAPHS}; got {graph!r}", setting="graph")
+  params = graph_lib.ungroup(loaded.params) if graph == "mib" else loaded.params
   pairs, spec = circuit_tasks.make(loaded, task, pairs_file, n_pairs, seed)
-  s = activation_patching.Study(loaded.task, loaded.params, pairs, share_prefix=False)
+  s = activation_patching.Study(loaded.task, params, pairs)
   m_clean = _clean_metric(s, circuit_tasks.metric_of(pairs, spec))
   bad = np.nonzero(m_clean <= 0)[0]
   failing = [{**pairs.to_json()[i], "metric_clean": float(m_clean[i])} for i in bad]
@@ -96,7 +122,7 @@ def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print):
     if not len(good):
       raise UserError("the model fails every clean prompt (metric <= 0): no circuit to find")
     pairs, spec = pairs.subset(good), circuit_tasks.subset_metric(spec, good)
-    s = activation_patching.Study(loaded.task, loaded.params, pairs, share_prefix=False)
+    s = activation_patching.Study(loaded.task, params, pairs)
     m_clean = m_clean[good]
   return s, circuit_tasks.metric_of(pairs, spec), spec, failing
 
@@ -113,10 +139,14 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
       opts.ablation
   target, n_pairs, seed, steps, ig_on = opts.target, opts.n_pairs, opts.seed, opts.steps, \
       opts.ig_on
-  keep_failing, sample, threshold = opts.keep_failing, opts.sample, opts.threshold
+  keep_failing, sample = opts.keep_failing, opts.sample
   t0 = time.perf_counter()
-  s, metric, spec, failing = prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log)
+  graph = "mib" if opts.evaluate else opts.graph     # the library's graph is MIB's
+  s, metric, spec, failing = prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log,
+                                     graph)
   es = edges_lib.EdgeStudy(s, metric=metric, ablation=ablation)
+  if opts.export:
+    mib_graph.edge_names(es.graph, es.edges[:0])      # refused before the work
   seconds = {}
   log(f"graph: {es.graph.size()}; metric full {es.m_full:.4f}, empty {es.m_empty:.4f}")
 
@@ -127,19 +157,8 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
     log(f"{name}: {seconds[name]:.1f} s")
     return v
 
-  eap = timed("eap", es.eap)
-  ig = timed("eap_ig", lambda: es.eap_ig(steps, ig_on))
-  scored = {"eap": eap, "eap-ig": ig}
-  if method == "exact" or (method == "auto" and len(es.edges) <= AUTO_EXACT_EDGES):
-    scored["exact"] = timed("exact", es.exact)
-  if method == "greedy":
-    keep = timed("greedy", lambda: search.greedy(es, threshold, log=log))
-    candidates = {"greedy": np.where(keep[es.edges[:, 0], es.edges[:, 1]],
-                                     np.abs(eap) + 1e-9, 0.0)}
-  else:
-    candidates = scored if method == "auto" else {method: scored[method]}
-  agreement = {name: timed(f"agreement_{name}", lambda est=est: es.agreement(
-      est, sample=sample, seed=seed)) for name, est in (("eap", eap), ("eap-ig", ig))}
+  estimates, candidates = _scores(es, opts, timed, log)
+  agreement = timed("agreement", lambda: es.agreements(estimates, sample=sample, seed=seed))
   tried = {name: _circuit_at(es, sc, target, timed, name)
            for name, sc in candidates.items()}
   chosen = max(tried, key=lambda n: (tried[n]["cpr"], -tried[n]["cmd"]))
@@ -147,25 +166,29 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
     log("auto: " + ", ".join(f"{n} CPR {t['cpr']:.4f}" for n, t in tried.items())
         + f"; kept {chosen}")
   scores, points, best, at = (tried[chosen][k] for k in ("scores", "points", "keep", "at"))
-  area = {k: tried[chosen][k] for k in ("cpr", "cmd")}
+  area = {k: tried[chosen][k] for k in ("cpr", "cmd", "cpr_absolute_ranking")}
   view = search.touched(es.graph, best)
   nodes = {"heads": view["heads"], "mlps": view["mlps"], "edges": int(best.sum()),
            "faithfulness": points[at if at is not None else -1]["faithfulness"],
            "reached_target": at is not None,
            **timed("nodes", lambda: search.node_view(s, view["heads"]))}
+  nodes["fewest_heads"] = timed("fewest_heads", lambda: search.fewest_heads(
+      s, es.graph, es.edges, scores, target))
   names = es.graph.nodes, es.graph.ends
   order = np.argsort(-np.abs(scores), kind="stable")
   doc = {"workdir": loaded.workdir, "task": task or pairs_file, "method": method,
-         "chosen": chosen, "methods": {n: {k: t[k] for k in ("cpr", "cmd", "edges",
-                                                             "faithfulness", "reached")}
-                                       for n, t in tried.items()},
+         "chosen": chosen, "methods": {n: {k: t[k] for k in (
+             "cpr", "cmd", "cpr_absolute_ranking", "edges", "faithfulness", "reached")}
+             for n, t in tried.items()},
          "ablation": ablation, "target": target, "steps": steps, "ig_on": ig_on,
+         "ig_points": opts.ig_points, "graph_kind": graph, "evaluated": opts.evaluate,
          "metric": spec["name"] if isinstance(spec, dict) else spec,
          "metric_full": es.m_full, "metric_empty": es.m_empty,
          "graph": es.graph.size(),
          "edges": [{"from": names[0][es.edges[r, 0]], "to": names[1][es.edges[r, 1]],
                     "score": round(float(scores[r]), 7)} for r in order],
-         "curve": points, **area, "agreement": agreement, "nodes": nodes,
+         "curve": points, **area, "curve_signed": tried[chosen]["curve_signed"],
+         "curve_absolute": tried[chosen]["curve_absolute"], "agreement": agreement, "nodes": nodes,
          "pairs": len(s.pairs), "failing": failing, "seconds": seconds}
   doc["seconds"]["total"] = round(time.perf_counter() - t0, 3)
   storage.makedirs(out)
@@ -175,17 +198,45 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
                            + f", {ablation} ablation")
   plots.circuit_graph(es.graph, best, scores, es.edges, storage.join(out, "circuit.png"))
   write_explorer(out, doc, es, best, scores, s, loaded.task)
+  if opts.export:
+    mib_graph.write(storage.join(out, "mib_graph.json"), es.graph, es.edges, scores,
+                    len(s.pairs), s.d_model, best)
   return doc
 
 
+def _scores(es, opts, timed, log) -> tuple[dict, dict]:
+  """({name: scores} checked against exact patching, {name: scores} whose curves are
+  drawn): EAP and EAP-IG (and exact, greedy as --method asks), or --evaluate's."""
+  if opts.evaluate:
+    got = timed("import", lambda: mib_graph.read(opts.evaluate, es.graph, es.edges,
+                                                 len(es.s.pairs)))
+    return {"imported": got}, {"imported": got}
+  method = opts.method
+  eap = timed("eap", es.eap)
+  ig = timed("eap_ig", lambda: es.eap_ig(opts.steps, opts.ig_on, opts.ig_points))
+  scored = {"eap": eap, "eap-ig": ig}
+  if method == "exact" or (method == "auto" and len(es.edges) <= AUTO_EXACT_EDGES):
+    scored["exact"] = timed("exact", es.exact)
+  if method == "greedy":
+    keep = timed("greedy", lambda: search.greedy(es, opts.threshold, log=log))
+    return scored, {"greedy": np.where(keep[es.edges[:, 0], es.edges[:, 1]],
+                                       -np.abs(eap) - 1e-9, 0.0)}  # kept: first in both rankings
+  return ({"eap": eap, "eap-ig": ig},
+          scored if method == "auto" else {method: scored[method]})
+
+
 def _circuit_at(es, scores, target, timed, name) -> dict:
-  """One method's curve, CPR / CMD and its smallest circuit reaching target (else the
+  """One method's curve (|score| ranking), MIB's evaluation (search.mib: the signed
+  and absolute curves, CPR and CMD) and its smallest circuit reaching target (else the
   whole graph's)."""
-  points, keeps = timed(f"curve_{name}", lambda: search.curve(es, scores))
-  area = search.curve_areas(points)
+  points, keeps, mib = timed(f"curve_{name}", lambda: search.curve(es, scores,
+                                                                   with_mib=True))
+  area = {"cpr": mib["cpr"], "cmd": mib["cmd"],
+          "cpr_absolute_ranking": search.curve_areas(points)["cpr"]}
   at = search.smallest_reaching(points, target)
   keep = keeps[at] if at is not None else keeps[-1]
   return {"scores": scores, "points": points, "keep": keep, "at": at, **area,
+          "curve_signed": mib["curve_signed"], "curve_absolute": mib["curve_absolute"],
           "edges": int(keep.sum()), "reached": at is not None,
           "faithfulness": points[at if at is not None else -1]["faithfulness"]}
 
@@ -235,6 +286,11 @@ def format_summary(doc: dict) -> str:
            f"{len(n['mlps'])} MLPs, faithfulness {n['faithfulness']:.3f}, "
            f"faithfulness_nodes {n['faithfulness_nodes']:.3f}",
            f"CPR {doc['cpr']:.3f}, CMD {doc['cmd']:.3f}"]
+  fh = n.get("fewest_heads")
+  if fh:
+    lines.append(f"fewest heads reaching {doc['target']}: {fh['count']} "
+                 f"(faithfulness_nodes {fh['faithfulness_nodes']:.3f})"
+                 + ("" if fh["reached"] else ", not reached"))
   for k, v in a.items():
     lines.append(f"{k} vs exact on {v['n']} edges: Pearson {v['pearson']:.3f}, Spearman "
                  f"{v['spearman']:.3f}, top-20 overlap {v.get('top20_overlap', float('nan')):.2f}")

@@ -7,6 +7,8 @@
                   are those tokens; where digits are single tokens (SmolLM2, Gemma) the
                   next token is the tens digit, and the metric is P(tens digit above the
                   start's) - P(below). Corrupt: the start year's last two digits 01.
+  mib-*           MIB's tasks (circuits.mib_tasks): mib-ioi, mib-mcqa,
+                  mib-arithmetic-add, mib-arithmetic-sub, MIB's logit difference
   a JSONL file    patch's format, one {"clean", "corrupt", "answer", "wrong"} a line, with
                   an optional "metric": "logit_diff" (default) or "prob_diff"
                   (p(answer) - p(wrong)), the same on every line
@@ -23,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import storage
+from mha_jax.circuits import mib_tasks
 from mha_jax.errors import UserError
 from mha_jax.toolkit import pairs as pairs_lib
 
-TASKS = ("ioi", "induction", "greater-than")
+TASKS = ("ioi", "induction", "greater-than") + mib_tasks.TASKS
 FILE_METRICS = ("logit_diff", "prob_diff")
 NOUNS = ("war", "expedition", "contract", "drought", "reign", "famine", "strike",
          "journey", "siege", "truce")
@@ -138,6 +141,8 @@ def make(loaded, task: str | None, pairs_file: str | None, n: int, seed: int):
     return pairs_lib.induction_pairs(loaded.task, n, seed=seed), "logit_diff"
   if task == "greater-than":
     return greater_than(loaded.task, n, seed)
+  if task in mib_tasks.TASKS:
+    return mib_tasks.make(loaded.task, task, n, seed), "logit_diff"
   raise UserError(f"task must be one of {TASKS}; got {task!r}", setting="task")
 
 

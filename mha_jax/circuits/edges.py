@@ -11,8 +11,10 @@ of the forward with graph.edge_edits:
                  forward for the node outputs, one ablation forward, one backward to a
                  zero `add` at every end's site, then one product; Syed et al. 2023).
                  It is minus the gradient of metric(keep) at keep = 1 (tested)
-  eap_ig(m, on)  the gradient averaged over m points between the ablated and clean runs
-                 (Hanna et al. 2024): on="inputs" interpolates the input embedding, the
+  eap_ig(m, on, points)  the gradient averaged over m points alpha between the ablated
+                 (0) and clean (1) runs (Hanna et al. 2024): points "left" alpha = k/m,
+                 k = 0..m-1 (the EAP-IG library's and MIB's), or "midpoint" (k + 1/2)/m;
+                 on="inputs" interpolates the input embedding, the
                  scores keeping (A_u - a_u(clean)) fixed; on="activations" moves every
                  edge's keep from 0 to 1 together (integrated gradients of the edge mask:
                  the scores sum to m(M) - m(empty))
@@ -39,6 +41,17 @@ from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit import ablations
 
 IG_ON = ("inputs", "activations")
+IG_POINTS = ("left", "midpoint")
+END_KINDS = ("q", "k", "v", "mlp", "logits")
+
+
+def ig_alphas(steps: int, points: str = "left") -> np.ndarray:
+  """(steps,) EAP-IG's interpolation points: left k/steps (the library's), or midpoint
+  (k + 1/2)/steps."""
+  if points not in IG_POINTS:
+    raise UserError(f"ig_points must be one of {IG_POINTS}; got {points!r}",
+                    setting="ig_points")
+  return (np.arange(steps) + (0.5 if points == "midpoint" else 0.0)) / steps
 
 
 class EdgeStudy:
@@ -118,20 +131,83 @@ class EdgeStudy:
   # ------------------------------------------------------------------ scores
   def exact(self, edge_rows=None) -> np.ndarray:
     """(len,) m(M without e) - m(M) for the edges self.edges[edge_rows] (default all),
-    one batched program."""
+    one batched program. Ablating one edge u -> e leaves every node upstream of e as in
+    the clean run, so it is the clean run with A_u - a_u added to e's input alone: the
+    edges are folded into the rows, grouped by e's layer, each group run from that layer
+    on from the clean residual stream (share_depth, as `patch` does) and, where every
+    A_u - a_u vanishes on the prompts' shared prefix, from its KV cache."""
     rows = np.arange(len(self.edges)) if edge_rows is None else np.asarray(edge_rows)
-    sel = jnp.asarray(self.edges[rows], jnp.int32)
-    chunk = self._chunk(len(rows))
+    info = self._end_info()[self.edges[rows, 1]]            # (R, 3) layer, kind, slot
+    by_layer = self.s.share_depth
+    idx = [(0, int(l), r) for r, l in enumerate(info[:, 0])]
+    starts, groups, where = activation_patching.Study._groups(
+        idx, sorted(set(info[:, 0].tolist())), self.s._chunk(len(rows), 2.0), by_layer)
+    pre = self.shared_prefix()
+    cols = [jnp.asarray(c[groups], jnp.int32) for c in
+            (self.edges[rows, 0], info[:, 0], info[:, 1], info[:, 2])]
+    key = ("exact", groups.shape, by_layer, pre)
+    got = self._cached(key, lambda: self._exact_program(pre, by_layer))(
+        self.params, self.ablated, self.clean_out,
+        None if starts is None else jnp.asarray(starts), *cols)
+    return np.asarray(got, np.float64).reshape(-1)[where] - self.m_full
 
-    def build():
-      def fn(p, sel, a):
-        def one(ue):
-          keep = jnp.ones(self.mask.shape, jnp.float32).at[ue[0], ue[1]].set(0.0)
-          return self.pairs_metric(p, keep, a).mean()
-        return jax.lax.map(one, sel, batch_size=chunk)
-      return fn
-    got = self._cached(("exact", len(rows), chunk), build)(self.params, sel, self.ablated)
-    return np.asarray(got, np.float64) - self.m_full
+  def _end_info(self) -> np.ndarray:
+    """(N_ends, 3) int: each end's layer, kind (END_KINDS index) and head slot."""
+    out = []
+    for i, grp in enumerate(self.graph.end_groups()):
+      for kind in END_KINDS[:4]:
+        lo, hi = grp[kind]
+        out += [(i, END_KINDS.index(kind), j) for j in range(hi - lo)]
+    return np.asarray(out + [(self.graph.layers - 1, 4, 0)], np.int64)
+
+  def shared_prefix(self) -> int:
+    """The study's shared prefix when every node's ablated value equals its clean one
+    there (corrupt, mean per position, resample: the same tokens), else 0."""
+    p = self.s.prefix
+    if p and np.array_equal(np.asarray(self.ablated[:, :p]), np.asarray(self.clean_out[:, :p])):
+      return p
+    return 0
+
+  def _exact_program(self, pre: int, by_layer: bool):
+    """fn(params, ablated, clean, starts (G,) or None, u, layer, kind, slot (G, C)) ->
+    (G, C) pair-mean metric of each edge's ablation (see exact)."""
+    g, s, n = self.graph, self.s, self.s.n
+
+    def fn(p, abl, clean, starts, us, ls, ks, hs):
+      cache = s._prefix_cache(p) if pre else None
+      tok = s.tokens["clean"]
+      stream = None
+      if by_layer:
+        names = tuple(f"lm.{i}.resid_pre" for i in range(g.layers))
+        vals = s._forward(p, tok, read=names, cache=cache)[1]
+        stream = jnp.stack([vals[k] for k in names])
+      d = (abl - clean)[:, pre:]                                   # (N, T', N_nodes, D)
+
+      def group(grp):
+        start, u, l, k, h = grp
+        c = u.shape[0]
+        val = jnp.moveaxis(d[:, :, u], 2, 0).reshape((c * n,) + d.shape[1:2] + d.shape[3:])
+        row = lambda a: jnp.repeat(a, n)          # noqa: E731 row c * N + n: edge c
+        edits = {}
+        for i in range(g.layers):
+          on = row(l == i)
+          for j, kind in enumerate("qkv"):
+            heads = g.heads[i] if kind == "q" else g.kv_heads[i]
+            m = (on & (row(k) == j))[:, None] & (jnp.arange(heads)[None] == row(h)[:, None])
+            edits[f"lm.{i}.attn.in_{kind}"] = interventions.add(val[:, :, None],
+                                                                where=m[:, None, :, None])
+          if g.mlp[i]:
+            edits[f"lm.{i}.mlp_in"] = interventions.add(val, where=(on & (row(k) == 3))[:, None,
+                                                                                       None])
+        edits[f"lm.{g.layers - 1}.resid_post"] = interventions.add(
+            val, where=row(k == 4)[:, None, None])
+        logits = s._forward(p, jnp.tile(tok, (c, 1)), edits, cache=cache,
+                            start=start if by_layer else None,
+                            stream=stream)[0]
+        return jax.vmap(self._metric)(logits.reshape(c, n, -1)).mean(1)
+
+      return jax.lax.map(group, (starts, us, ls, ks, hs))
+    return fn
 
   def _grad_keep(self, params, keep, ablated, base=None, embed=None):
     def f(k):
@@ -185,15 +261,15 @@ class EdgeStudy:
     g = self._cached("eap", build)(self.params, self.ablated, self.clean_out)
     return np.asarray(g, np.float64)[self.edges[:, 0], self.edges[:, 1]]
 
-  def eap_ig(self, steps: int = 5, on: str = "inputs") -> np.ndarray:
-    """(E,) EAP-IG's estimate: the gradient averaged over `steps` midpoints alpha between
-    the ablated run (alpha 0) and the clean run (alpha 1); on "inputs" or
-    "activations" (see the module docstring)."""
+  def eap_ig(self, steps: int = 5, on: str = "inputs", points: str = "left") -> np.ndarray:
+    """(E,) EAP-IG's estimate: the gradient averaged over `steps` points alpha
+    (ig_alphas) between the ablated run (alpha 0) and the clean run (alpha 1); on
+    "inputs" or "activations" (see the module docstring)."""
     if on not in IG_ON:
       raise UserError(f"ig_on must be one of {IG_ON}; got {on!r}", setting="ig_on")
     if steps < 1:
       raise UserError(f"steps must be >= 1; got {steps}", setting="steps")
-    alphas = (jnp.arange(steps, dtype=jnp.float32) + 0.5) / steps
+    alphas = jnp.asarray(ig_alphas(steps, points), jnp.float32)
     ones = jnp.ones(self.mask.shape, jnp.float32)
 
     def build():
@@ -218,15 +294,29 @@ class EdgeStudy:
   def agreement(self, estimate, *, sample: int = 200, top: int = 20, seed: int = 0) -> dict:
     """activation_patching.agreement of estimate (E,) with exact patching on a sample of edges: the
     `top` largest by |estimate| plus random others, `sample` in all."""
+    return self.agreements({"x": estimate}, sample=sample, top=top, seed=seed)["x"]
+
+  def agreements(self, estimates: dict, *, sample: int = 200, top: int = 20,
+                 seed: int = 0) -> dict:
+    """{name: agreement(estimate)} with the exact patching of every sample's edges in one
+    program (each edge once): each estimate's `top` edges by |estimate| and the same
+    uniformly drawn others, `sample` in all."""
     n = len(self.edges)
     top = min(top, sample)
-    order = np.argsort(-np.abs(estimate))
+    tops = {name: np.argsort(-np.abs(est), kind="stable")[:top]
+            for name, est in estimates.items()}
     rng = np.random.default_rng(seed)
-    rest = rng.permutation(order[top:])[:max(0, sample - top)]
-    rows = np.concatenate([order[:top], rest])
-    ex = self.exact(rows)
-    out = activation_patching.agreement(estimate[rows], ex, top=min(top, len(rows)))
-    out["sampled_of"] = n
+    pool = np.setdiff1d(np.arange(n), np.concatenate(list(tops.values())))
+    rest = rng.permutation(pool)[:max(0, sample - top)]
+    picks = {name: np.concatenate([t, rest]) for name, t in tops.items()}
+    union = np.unique(np.concatenate(list(picks.values())))
+    ex = dict(zip(union.tolist(), self.exact(union)))
+    out = {}
+    for name, rows in picks.items():
+      out[name] = activation_patching.agreement(estimates[name][rows],
+                                                np.asarray([ex[r] for r in rows]),
+                                                top=min(top, len(rows)))
+      out[name]["sampled_of"] = n
     return out
 
   def keep_of(self, edge_rows) -> np.ndarray:

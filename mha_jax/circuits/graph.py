@@ -135,6 +135,37 @@ class Graph:
     return []
 
 
+GRAPHS = ("grouped", "mib")
+
+
+def ungroup(params):
+  """params whose every query head has its own key/value head (GQA/MQA: wk, wv, bk, bv
+  and a per-head k_norm repeated H/G times; query head h reads copy h of its group's):
+  the same model, whose graph has key and value ends per query head, as the EAP-IG
+  library builds it (TransformerLens' ungroup_grouped_query_attention, MIB's graph).
+  MHA params come back as they are."""
+  layers = dict(params["lm"])
+  for name, lp in params["lm"].items():
+    a = lp.get("attn") if isinstance(lp, dict) else None
+    if a is None:
+      continue
+    if "wk_rest" in a:
+      raise UserError("--graph mib: this model's key heads were pruned (wk_rest); "
+                      "ungroup the dense model")
+    h, g = a["wq"].shape[1], a["wk"].shape[1]
+    if h == g:
+      continue
+    r = h // g
+    new = dict(a)
+    for k, axis in (("wk", 1), ("wv", 1), ("bk", 0), ("bv", 0)):
+      if k in a:
+        new[k] = jnp.repeat(a[k], r, axis=axis)
+    if "k_norm" in a and jnp.ndim(a["k_norm"]) == 2:
+      new["k_norm"] = jnp.repeat(a["k_norm"], r, axis=0)
+    layers[name] = {**lp, "attn": new}
+  return {**params, "lm": layers}
+
+
 def graph_of(study, params) -> Graph:
   """The Graph of a patching Study's model; refuses a model whose forward lacks the
   edge-end sites."""

@@ -334,9 +334,9 @@ def _block(p, x, spec: DecoderSpec, i: int, *, key_mask=None, positions_BT=None,
             site=interventions.scope(hook, f"{name}.attn"))
   if positions_BT is not None and rope is not None:
     kw["positions"] = positions_BT
-  if cache is None:    # edge ends: every head reads its own residual
-    kw["head_inputs"] = head_inputs(hook, f"{name}.attn", x, p["attn"], lambda r: norm(
-        p["ln1"], r, spec) if "ln1" in p else r)
+  # edge ends: every head reads its own residual (with a cache: the new tokens')
+  kw["head_inputs"] = head_inputs(hook, f"{name}.attn", x, p["attn"], lambda r: norm(
+      p["ln1"], r, spec) if "ln1" in p else r)
   new_cache = None
   if cache is not None:
     a, new_cache = attention.multi_head_attention(p["attn"], h, cache=cache, **kw)

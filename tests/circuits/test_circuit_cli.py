@@ -132,8 +132,8 @@ def test_a_model_without_the_edge_sites_is_refused():
 
 def test_auto_keeps_the_most_faithful_method(tiny_attn_lm, tmp_path):
   """The default --method auto on a graph small enough for exact patching: every
-  method's CPR is its own curve's area (recomputed here), and the one kept is the
-  largest."""
+  method's CPR and CMD are MIB's of its scores (recomputed here), and the one kept is
+  the largest CPR."""
   from mha_jax.circuits import search
   wd, _ = tiny_attn_lm
   out = str(tmp_path / "auto")
@@ -145,9 +145,11 @@ def test_auto_keeps_the_most_faithful_method(tiny_attn_lm, tmp_path):
   es = edges_lib.EdgeStudy(s, metric=metric)
   for name, scores in (("eap", es.eap()), ("eap-ig", es.eap_ig(2)), ("exact", es.exact())):
     points, _ = search.curve(es, scores)
-    want = search.curve_areas(points)
+    want = search.mib(es, scores)       # MIB's: signed CPR, absolute CMD
     assert abs(doc["methods"][name]["cpr"] - want["cpr"]) < 1e-4, name
     assert abs(doc["methods"][name]["cmd"] - want["cmd"]) < 1e-4, name
+    assert abs(doc["methods"][name]["cpr_absolute_ranking"]
+               - search.curve_areas(points)["cpr"]) < 1e-4, name
   best = max(doc["methods"], key=lambda n: doc["methods"][n]["cpr"])
   assert doc["chosen"] == best and doc["cpr"] == doc["methods"][best]["cpr"]
   got = {f"{e['from']} -> {e['to']}": e["score"] for e in doc["edges"]}

@@ -43,10 +43,11 @@ def es(setup):
 # ------------------------------------------------------------------ the NumPy reference
 
 
-def numpy_edges(params, tokens, ablated_edges=(), ablated=None):
+def numpy_edges(params, tokens, ablated_edges=(), ablated=None, embed=None):
   """Float64 LLaMA forward from the formulas in which each named end reads
   sum over upstream nodes of (ablated[u] if "u -> end" is in ablated_edges else the
-  node's output in this run). Returns (logits (B, T, V), {node name: output (B, T, D)})."""
+  node's output in this run); embed (B, T, D) replaces the input embedding. Returns
+  (logits (B, T, V), {node name: output (B, T, D)})."""
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   cut = set(ablated_edges)
   out, order = {}, []
@@ -57,7 +58,7 @@ def numpy_edges(params, tokens, ablated_edges=(), ablated=None):
   def rms(s, x):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + SPEC.norm_eps) * s
 
-  out["embed"] = p["embed"][np.asarray(tokens)]
+  out["embed"] = p["embed"][np.asarray(tokens)] if embed is None else embed
   order.append("embed")
   b, t, _ = out["embed"].shape
   tri = np.tril(np.ones((t, t), bool))
@@ -207,7 +208,7 @@ def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_edge():
       np.ones(es.mask.shape, np.float32))
   np.testing.assert_allclose(eap, -np.asarray(g)[es.edges[:, 0], es.edges[:, 1]],
                              rtol=1e-3, atol=1e-3)     # float32 sums in another order
-  ig1 = es.eap_ig(1, on="inputs")     # one step at alpha 1/2: not EAP
+  ig1 = es.eap_ig(1, on="inputs", points="midpoint")     # alpha 1/2: not EAP
   assert np.abs(ig1 - eap).max() > 1e-3
 
 
@@ -222,14 +223,14 @@ def test_eap_ig_on_the_edge_mask_is_complete():
                          num_layers=2, d_ff=8, max_len=8, layer_norm=False, attn_only=True)
   params["embed"] = params["embed"] * 30.0
   es = edges_lib.EdgeStudy(activation_patching.Study(LinearTask(), params, pairs))
-  iga = es.eap_ig(16, on="activations")
+  iga = es.eap_ig(16, on="activations", points="midpoint")
   np.testing.assert_allclose(-iga.sum(), es.m_full - es.m_empty, rtol=1e-2)
 
 
 @pytest.mark.slow
 def test_eap_ig_on_inputs_is_the_averaged_gradient(setup, es):
   s, params, pairs = setup
-  ig = es.eap_ig(2, on="inputs")
+  ig = es.eap_ig(2, on="inputs", points="midpoint")
   # by hand: at alpha in (1/4, 3/4), the embedding between corrupt and clean, the edge
   # deltas (A_u - a_u(clean)) fixed; minus the mean gradient of the metric
   import jax.numpy as jnp
@@ -241,7 +242,7 @@ def test_eap_ig_on_inputs_is_the_averaged_gradient(setup, es):
   want = -np.asarray((gs[0] + gs[1]) / 2)[es.edges[:, 0], es.edges[:, 1]]
   np.testing.assert_allclose(ig, want, atol=1e-5)
   ag = es.agreement(ig, sample=30, top=5)
-  iga = es.eap_ig(2, on="activations")     # on the edge mask: keep = alpha everywhere
+  iga = es.eap_ig(2, on="activations", points="midpoint")     # on the edge mask: keep = alpha everywhere
   gs = [jax.grad(lambda k: es.pairs_metric(params, k, es.ablated).mean())(ones * a)
         for a in (0.25, 0.75)]
   want = -np.asarray((gs[0] + gs[1]) / 2)[es.edges[:, 0], es.edges[:, 1]]

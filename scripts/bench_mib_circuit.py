@@ -1,0 +1,107 @@
+"""`mha-jax circuit` with MIB's evaluation: its time cold and warm, and MIB's tasks.
+
+    python scripts/bench_mib_circuit.py --workdir W [--tasks mib-ioi,mib-mcqa,...]
+        [--out docs/results/circuits/mib_smollm2.json] [--skip-timing]
+
+1. The default `circuit` (IOI, 4 pairs) as a fresh process twice on one compile-cache
+   folder: cold (empty) and warm. Reported: wall seconds, circuit.json's own seconds, and
+   the command's total over its EAP-IG + that method's curve (the issue's target: <= 3x).
+2. Each MIB task (circuits.mib_tasks) with --graph mib (MIB's edge count) and
+   --method eap-ig (left points, MIB's): CPR, CMD, the pairs kept, the graph's size.
+Each entry records the date and the load average; the machine record is added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(argv, cache: str) -> tuple[float, dict]:
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+  t0 = time.perf_counter()
+  p = subprocess.run([sys.executable, "-m", "mha_jax.cli", *argv, "--compile-cache", cache],
+                     capture_output=True, text=True, env=env, cwd=ROOT)
+  if p.returncode != 0:
+    raise SystemExit(f"{' '.join(argv)} failed:\n{p.stderr[-3000:]}")
+  with open(os.path.join(argv[argv.index("--out") + 1], "circuit.json")) as f:
+    return round(time.perf_counter() - t0, 2), json.load(f)
+
+
+def stamp() -> dict:
+  return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+          "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def timing(workdir: str, tmp: str) -> dict:
+  out = {}
+  cache = os.path.join(tmp, "xla")
+  for run_name in ("cold", "warm"):
+    argv = ["circuit", "--workdir", workdir, "--task", "ioi", "--n-pairs", "4",
+            "--out", os.path.join(tmp, run_name)]
+    wall, doc = run(argv, cache)
+    sec = doc["seconds"]
+    own = sec["eap_ig"] + sec["curve_eap-ig"]
+    out[run_name] = {"argv": argv[:-2], "wall_s": wall, "seconds": sec,
+                     "eap_ig_plus_curve_s": round(own, 2),
+                     "total_over_eap_ig_plus_curve": round(sec["total"] / own, 2),
+                     "wall_over_eap_ig_plus_curve": round(wall / own, 2),
+                     "cpr": doc["cpr"], "cmd": doc["cmd"], "chosen": doc["chosen"], **stamp()}
+    print(run_name, json.dumps(out[run_name]), flush=True)
+  return out
+
+
+def tasks(workdir: str, tmp: str, names) -> dict:
+  out = {}
+  for name in names:
+    argv = ["circuit", "--workdir", workdir, "--task", name, "--n-pairs", "8",
+            "--graph", "mib", "--method", "eap-ig", "--sample", "20",
+            "--out", os.path.join(tmp, name)]
+    wall, doc = run(argv, os.path.join(tmp, "xla"))
+    out[name] = {"argv": argv[:-2], "cpr": doc["cpr"], "cmd": doc["cmd"],
+                 "cpr_absolute_ranking": doc["cpr_absolute_ranking"],
+                 "pairs": doc["pairs"], "failing": len(doc["failing"]),
+                 "graph": doc["graph"], "metric_full": doc["metric_full"],
+                 "metric_empty": doc["metric_empty"], "wall_s": wall,
+                 "curve_signed": doc["curve_signed"], "curve_absolute": doc["curve_absolute"],
+                 **stamp()}
+    print(name, out[name]["cpr"], out[name]["cmd"], flush=True)
+  return out
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--workdir", required=True)
+  p.add_argument("--tasks", default="mib-ioi,mib-mcqa,mib-arithmetic-add,mib-arithmetic-sub")
+  p.add_argument("--out", default="docs/results/circuits/mib_smollm2.json")
+  p.add_argument("--skip-timing", action="store_true")
+  args = p.parse_args(argv)
+  sys.path.insert(0, ROOT)
+  from experiments import bench
+  from mha_jax.machine import machine
+  result = {"workdir": args.workdir}
+  if os.path.exists(args.out):
+    with open(args.out) as f:
+      result.update(json.load(f))
+  with tempfile.TemporaryDirectory() as tmp:
+    if not args.skip_timing:
+      result["timing"] = timing(args.workdir, tmp)
+      result["machine"] = machine()
+      bench.write_json(result, args.out)
+    for name in [t for t in args.tasks.split(",") if t]:
+      result.setdefault("tasks", {}).update(tasks(args.workdir, tmp, [name]))
+      bench.write_json(result, args.out)
+  result["machine"] = machine()
+  bench.write_json(result, args.out)
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()
