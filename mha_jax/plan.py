@@ -20,9 +20,12 @@ Per program (the train step, the eval step, the forward, a study's sweep):
                `memory_analysis().temp_size_in_bytes` (memory space 0 only) leaves out
                (it reads 0 there); `memory_spaces` gives the split.
   flops, bytes_accessed   the compiled program's cost analysis, per device.
-  est_seconds  max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth) from CHIPS
-               (a roofline bound; None on CPU, which has no published peak).
-  attention_kernels   the kernels dispatch chose while the program was traced.
+  est_seconds  max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth) from
+               (a roofline bound from mha_jax.chips, the one table of published chip numbers;
+               None on CPU, which has no published peak).
+  attention_kernels   the kernels dispatch chose while the program was traced: every
+               program is lowered inside `dispatch.compile_target(mesh)`, so the choice is
+               the one the topology's own devices make (kernels/target.py).
 A job that does not fit is a plan with fits false and `suggestion`: the first of the
 same topology with a model axis over the heads, then the next larger slices of the same
 generation, on which every program fits (each compiled to know).
@@ -46,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from mha_jax import chips
 from mha_jax import config as mc
 from mha_jax import storage
 from mha_jax.errors import UserError
@@ -57,26 +61,6 @@ JOBS = ("train", "forward", "patch", "circuit")
 DTYPES = ("float32", "bfloat16")
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-  """A TPU chip's published numbers (one JAX device per chip: v4 and v5p as megacore)."""
-  device_kind: str
-  peak_flops: float        # bf16 FLOP/s
-  hbm_bandwidth: float     # bytes/s
-  hbm_bytes: int
-  source: str
-
-
-# Cloud TPU's system architecture pages (2025): peak bf16 compute, HBM bandwidth and
-# capacity per chip.
-CHIPS = {
-    "v4": Chip("TPU v4", 275e12, 1200e9, 32 * 2**30, "https://cloud.google.com/tpu/docs/v4"),
-    "v5e": Chip("TPU v5 lite", 197e12, 819e9, 16 * 2**30,
-                "https://cloud.google.com/tpu/docs/v5e"),
-    "v5p": Chip("TPU v5", 459e12, 2765e9, 95 * 2**30, "https://cloud.google.com/tpu/docs/v5p"),
-    "v6e": Chip("TPU v6 lite", 918e12, 1638e9, 32 * 2**30,
-                "https://cloud.google.com/tpu/docs/v6e"),
-}
 # The slice shapes Cloud TPU offers, smallest first (chips = the product).
 _2D = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 _3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16",
@@ -117,7 +101,7 @@ class Topology:
   platform: str
   device_kind: str
   devices: list
-  chip: Chip | None
+  chip: chips.Chip | None
   hbm: int
 
 
@@ -167,7 +151,7 @@ def topology(name: str) -> Topology:
   if math.prod(int(x) for x in shape.split("x")) == 1:
     kw["chips_per_host_bounds"] = (1, 1, 1)
   devs = list(topologies.get_topology_desc(topology_name=name, platform="tpu", **kw).devices)
-  chip = CHIPS[gen]
+  chip = chips.CHIPS[gen]
   return Topology(name, "tpu", devs[0].device_kind, devs, chip, chip.hbm_bytes)
 
 
@@ -178,31 +162,6 @@ def larger(name: str) -> list[str]:
     return []
   shapes = SLICES[gen]
   return [f"{gen}:{s}" for s in shapes[shapes.index(shape) + 1:]]
-
-
-# ------------------------------------------------------------------ kernels by target
-
-@contextlib.contextmanager
-def _recording_kernels(devices):
-  """Until dispatch.compile_target lands (the accel branch): the kernels run_kernel is
-  asked for while tracing, the choice still by this process's backend."""
-  del devices
-  chosen, real = [], dispatch.run_kernel
-
-  def record(kernel, *a, **k):
-    chosen.append(kernel)
-    return real(kernel, *a, **k)
-  dispatch.run_kernel = record
-  try:
-    yield chosen
-  finally:
-    dispatch.run_kernel = real
-
-
-def compile_target(devices):
-  """dispatch.compile_target(devices): kernels chosen for these devices, recorded."""
-  target = getattr(dispatch, "compile_target", None)
-  return (target or _recording_kernels)(devices)
 
 
 # ------------------------------------------------------------------ one program
@@ -266,7 +225,7 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
   """One program of a plan: `fn` jitted, traced under the topology's kernel choice,
   compiled for its devices from `args` (ShapeDtypeStructs), measured."""
   jitted = jax.jit(fn, donate_argnums=donate, out_shardings=out_shardings)
-  with compile_target(topo.devices) as chosen:
+  with dispatch.compile_target(mesh) as chosen:
     lowered = jitted.lower(*args)
   with tempfile.TemporaryDirectory(prefix="mha-jax-plan-") as d, _no_compile_cache():
     compiled = lowered.compile(compiler_options={"xla_dump_to": d})
