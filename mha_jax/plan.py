@@ -19,7 +19,13 @@ Per program (the train step, the eval step, the forward, a study's sweep):
                XLA places a program's temporaries in VMEM (memory space 1), which
                `memory_analysis().temp_size_in_bytes` (memory space 0 only) leaves out
                (it reads 0 there); `memory_spaces` gives the split.
-  flops, bytes_accessed   the compiled program's cost analysis, per device.
+  flops        per device: XLA's cost analysis (`xla_flops`), which counts a while
+               loop's body once whatever its trip count (a scan, a fori_loop, the blocked
+               kernel's key blocks), with the dots of each loop body added for its other
+               iterations, counted from the optimised HLO (`matmul_flops`); `loops` lists
+               the trip counts (None: unknown, counted once). The loops' other ops
+               (elementwise) and bytes_accessed stay as XLA counts them, once a body.
+  bytes_accessed   the compiled program's cost analysis, per device.
   est_seconds  max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth) from
                (a roofline bound from mha_jax.chips, the one table of published chip numbers;
                None on CPU, which has no published peak).
@@ -36,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import glob
 import importlib.util
 import math
@@ -220,6 +227,73 @@ def _cost(compiled) -> dict:
   return c or {}
 
 
+_COMP = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s+->\s+.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*\w+\[([\d,]*)\]\S*\s+([\w\-]+)"
+                    r"\(([^)]*)\)(.*)$")
+_CALLS = re.compile(r"\b(calls|to_apply|body|condition|true_computation|false_computation)"
+                    r"=%([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def _dims(text: str) -> list[int]:
+  return [int(x) for x in text.split(",") if x]
+
+
+def _dot_flops(out: str, operands: str, attrs: str, shapes: dict) -> int:
+  """2 x output elements x contracted size of one dot."""
+  lhs = shapes.get(operands.split(",")[0].strip().lstrip("%"))
+  m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
+  if lhs is None or m is None:
+    return 0
+  return 2 * math.prod(_dims(out)) * math.prod(lhs[i] for i in _dims(m.group(1)))
+
+
+def _hlo_graph(hlo: str):
+  """(entry, {computation: (dot FLOPs, [(callee, trip count or None for a while body;
+  1 otherwise)])}) of an HLO module's text."""
+  graph, shapes, entry, cur, loops = {}, {}, None, None, []
+  for line in hlo.splitlines():
+    m = _COMP.match(line)
+    if m:
+      cur = m.group(2)
+      graph[cur] = [0, []]
+      entry = cur if m.group(1) else entry
+      continue
+    if cur is None:
+      continue
+    i = _INSTR.match(line)
+    if i:
+      shapes[i.group(1)] = _dims(i.group(2))
+      if i.group(3) == "dot":
+        graph[cur][0] += _dot_flops(i.group(2), i.group(4), i.group(5), shapes)
+    trips = _TRIPS.search(line)
+    for kind, callee in _CALLS.findall(line):
+      n = (int(trips.group(1)) if trips else None) if kind == "body" else 1
+      if kind == "body":
+        loops.append(n)
+      graph[cur][1].append((callee, n))
+    for b in _BRANCHES.findall(line):
+      graph[cur][1].extend((c.strip().lstrip("%"), 1) for c in b.split(","))
+  return entry, graph, loops
+
+
+def matmul_flops(hlo: str) -> dict:
+  """The dots of an optimised HLO module's text, counted two ways: `once` (every
+  computation once, as XLA's cost analysis counts a while body) and `counted` (a while
+  body times its known trip count; an unknown one once); `loops`: the trip counts of
+  its while loops (None: unknown)."""
+  entry, graph, loops = _hlo_graph(hlo)
+
+  @functools.cache
+  def total(comp: str, trips: bool) -> int:
+    own, calls = graph.get(comp, (0, []))
+    return own + sum(total(c, trips) * ((n or 1) if trips else 1) for c, n in calls)
+  if entry is None:
+    return {"once": 0, "counted": 0, "loops": loops}
+  return {"once": total(entry, False), "counted": total(entry, True), "loops": loops}
+
+
 def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, *,
                     donate: tuple = (), out_shardings=None) -> dict:
   """One program of a plan: `fn` jitted, traced under the topology's kernel choice,
@@ -235,11 +309,14 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
   total = (mem.argument_size_in_bytes + mem.output_size_in_bytes + temps
            - mem.alias_size_in_bytes)
   cost = _cost(compiled)
-  flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+  xla_flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+  mm = matmul_flops(compiled.as_text())
+  flops = xla_flops + mm["counted"] - mm["once"]   # the loops' dots times their trips
   est = None
   if topo.chip is not None:
     est = max(flops / topo.chip.peak_flops, accessed / topo.chip.hbm_bandwidth)
-  return {"name": name, "mesh": dict(mesh.shape), "flops": flops, "bytes_accessed": accessed,
+  return {"name": name, "mesh": dict(mesh.shape), "flops": flops, "xla_flops": xla_flops,
+          "loops": mm["loops"], "bytes_accessed": accessed,
           "per_device": {"arguments": int(mem.argument_size_in_bytes),
                          "outputs": int(mem.output_size_in_bytes), "temps": int(temps),
                          "total": int(total), "hbm": int(topo.hbm)},
