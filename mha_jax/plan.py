@@ -5,7 +5,10 @@ shapes alone (no weights, no accelerator), with their memory, FLOPs, kernels and
 
 A topology is a TPU slice under its standard name (`v5e:2x2`, `v5p:2x2x1`, `v4:2x2x1`,
 `v6e:2x4`; TOPOLOGIES), compiled for through libtpu's compile-only devices
-(`jax.experimental.topologies`, the `tpu` extra), or `cpu:N` (N host devices). Params
+(`jax.experimental.topologies`, the `tpu` extra), `h100:N`, `h200:N` or `a100:N` (N
+compile-only GPUs through mha_jax.gpu_targets, the CUDA plugin; FLOPs from its
+`cost_analysis`, the custom calls it cannot count listed in `uncounted`), or `cpu:N`
+(N host devices). Params
 come from `jax.eval_shape` (a config trained here), from the family adapter's tensor
 table (a Hugging Face config.json) or from a checkpoint's metadata (a workdir); every
 argument is a `jax.ShapeDtypeStruct` with its NamedSharding on a (data, model) mesh of
@@ -26,7 +29,7 @@ Per program (the train step, the eval step, the forward, a study's sweep):
                the trip counts (None: unknown, counted once). The loops' other ops
                (elementwise) and bytes_accessed stay as XLA counts them, once a body.
   bytes_accessed   the compiled program's cost analysis, per device.
-  est_seconds  max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth) from
+  est_seconds  max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth)
                (a roofline bound from mha_jax.chips, the one table of published chip numbers;
                None on CPU, which has no published peak).
   attention_kernels   the kernels dispatch chose while the program was traced: every
@@ -58,6 +61,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mha_jax import chips
 from mha_jax import config as mc
+from mha_jax import gpu_targets
 from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.kernels import dispatch
@@ -113,8 +117,23 @@ class Topology:
 
 
 def _refuse_topology(name) -> None:
-  raise UserError(f"topology must be cpu:N or one of {', '.join(TOPOLOGIES)}; got {name!r}",
-                  setting="topology")
+  gpus = ", ".join(f"{g}:N" for g in gpu_targets.GPUS)
+  raise UserError(f"topology must be cpu:N, {gpus} (N GPUs) or one of "
+                  f"{', '.join(TOPOLOGIES)}; got {name!r}", setting="topology")
+
+
+def _gpu_topology(name: str, gpu: str, n: int) -> Topology:
+  """n compile-only GPUs (gpu_targets: needs the CUDA plugin, refused with its install
+  line without it)."""
+  try:
+    gpu_targets.topology_shape(n)
+    devs = gpu_targets.gpu_devices(gpu, n)
+  except ValueError as e:
+    raise UserError(f"topology {name!r}: {e}", setting="topology") from None
+  except gpu_targets.GpuTargetsUnavailable as e:
+    raise UserError(f"topology {name!r}: {e}", setting="topology") from None
+  chip = gpu_targets.chip(gpu)
+  return Topology(name, "gpu", devs[0].device_kind, devs, chip, chip.hbm_bytes)
 
 
 def _host_memory() -> int:
@@ -147,6 +166,8 @@ def topology(name: str) -> Topology:
     devs = _cpu_devices(n)
     return Topology(name, "cpu", devs[0].device_kind, devs, None, _host_memory() // n)
   gen, _, shape = str(name).partition(":")
+  if gen in gpu_targets.GPUS and re.fullmatch(r"\d+", shape):
+    return _gpu_topology(name, gen, int(shape))
   if gen not in SLICES or shape not in SLICES[gen]:
     _refuse_topology(name)
   if importlib.util.find_spec("libtpu") is None:
@@ -221,7 +242,9 @@ def _no_compile_cache():
     compilation_cache.reset_cache()
 
 
-def _cost(compiled) -> dict:
+def _cost(compiled, platform: str) -> dict:
+  if platform == "gpu":    # the CUDA plugin has no cost analysis
+    return gpu_targets.cost_analysis(compiled)
   c = compiled.cost_analysis()
   c = c[0] if isinstance(c, (list, tuple)) else c
   return c or {}
@@ -308,7 +331,7 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
   temps = sum(spaces.values())
   total = (mem.argument_size_in_bytes + mem.output_size_in_bytes + temps
            - mem.alias_size_in_bytes)
-  cost = _cost(compiled)
+  cost = _cost(compiled, topo.platform)
   xla_flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
   mm = matmul_flops(compiled.as_text())
   flops = xla_flops + mm["counted"] - mm["once"]   # the loops' dots times their trips
@@ -321,7 +344,8 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
                          "outputs": int(mem.output_size_in_bytes), "temps": int(temps),
                          "total": int(total), "hbm": int(topo.hbm)},
           "memory_spaces": spaces, "fits": bool(total <= topo.hbm),
-          "attention_kernels": sorted(set(chosen)), "est_seconds": est}
+          "attention_kernels": sorted(set(chosen)), "est_seconds": est,
+          **({"uncounted": cost["uncounted"]} if cost.get("uncounted") else {})}
 
 
 # ------------------------------------------------------------------ what is planned

@@ -116,6 +116,17 @@ def test_memory_and_score_checks_read_the_target():
                                target=dispatch.Target("gpu", "NVIDIA H100", 1)) == "cudnn"
 
 
+def test_gpu_pallas_only_where_triton_lowers_its_blocks():
+  """Triton lowers arrays whose sizes are powers of 2 only: on a GPU, auto picks the
+  Pallas kernel for float32 at T 64 or 256 and K 64, not at T 48 or K 48 (planning
+  configs/induction.py for an H100 failed to compile before)."""
+  h100 = dispatch.Target("gpu", "NVIDIA H100 80GB HBM3", 1)
+  f32 = np.float32
+  pick = lambda **kw: dispatch.resolve_impl("auto", _q(dtype=f32, **kw), False, target=h100)
+  assert pick(t=64) == pick(t=256) == "pallas"
+  assert pick(t=48) != "pallas" and pick(t=192) != "pallas" and pick(k=48) != "pallas"
+
+
 def test_no_kernel_module_reads_the_default_backend():
   for mod in (dispatch, pallas, target, xla):
     assert "default_backend" not in inspect.getsource(mod), mod.__name__

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from builders import ROOT, with_devices
 
-from mha_jax import accounting, attention, cli, plan
+from mha_jax import accounting, attention, chips, cli, gpu_targets, plan
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 LLAMA_8B = os.path.join(ROOT, "docs", "data", "llama-3.1-8b.config.json")
@@ -136,6 +136,33 @@ def test_a_tpu_topology_without_libtpu_says_how_to_get_it(tmp_path, capsys):
   rc = cli.main(["plan", "--topology", "v5e:2x2", "--config", "configs/induction.py",
                  "--out", str(tmp_path / "p")])
   assert rc == 2 and "pip install 'mha-jax[tpu]'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(gpu_targets.plugin_installed(), reason="the CUDA plugin is installed")
+def test_a_gpu_topology_without_the_plugin_says_how_to_get_it(tmp_path, capsys):
+  rc = cli.main(["plan", "--topology", "h100:1", "--config", "configs/induction.py",
+                 "--out", str(tmp_path / "p")])
+  assert rc == 2 and "jax-cuda12-plugin==" in capsys.readouterr().err
+
+
+@pytest.mark.gpu_compile
+@pytest.mark.skipif(not gpu_targets.plugin_installed(), reason="needs the CUDA plugin")
+def test_the_verb_on_a_compile_only_h100(tmp_path):
+  """plan --topology h100:1 through the CLI: the H100's device kind and memory, FLOPs from
+  gpu_targets.cost_analysis, a roofline time from mha_jax.chips."""
+  out = tmp_path / "p"
+  rc = cli.main(["plan", "--topology", "h100:1", "--config", "configs/induction.py",
+                 "--config.model.num_heads=8", "--job", "forward", "--out", str(out)])
+  assert rc == 0
+  doc = json.loads((out / "plan.json").read_text())
+  h100 = chips.CHIPS["h100"]
+  assert (doc["platform"], doc["device_kind"], doc["devices"]) == ("gpu", h100.device_kind, 1)
+  (prog,) = doc["programs"]
+  assert prog["per_device"]["hbm"] == h100.hbm_bytes and prog["fits"]
+  # the batch's forward: at least the attention layers' matmuls (accounting's count)
+  b, t = 32, 48    # 32 rows of 49 tokens: 48 positions at least
+  assert prog["flops"] >= 2 * accounting.attention_flops(64, t, batch=b)["total"]
+  assert prog["est_seconds"] > 0
 
 
 def test_hf_config_param_shapes_are_the_importers(tmp_path):
