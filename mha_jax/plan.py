@@ -596,8 +596,45 @@ def job_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
   return study_programs(src, topo, mesh, job)
 
 
+def _study(src: Source, mesh):
+  """A patching Study of the job's pairs (rows x seq tokens) from shapes alone: params
+  ShapeDtypeStructs placed as training places them, the unpatched runs not run. The
+  clean and corrupt prompts differ at every position (no shared prefix: the most
+  work)."""
+  from mha_jax.toolkit import activation_patching, pairs as pairs_lib
+  tokens = src.batches["forward"]["tokens"]
+  n, t = tokens.shape[0], tokens.shape[1] - 1
+  z = np.zeros(n, np.int32)
+  pairs = pairs_lib.Pairs(np.zeros((n, t), np.int32), np.ones((n, t), np.int32), z, z + 1,
+                          np.full(n, t, np.int32), [{}] * n)
+  base = {r: {"ld": np.zeros(n), "logp": np.zeros(n)} for r in ("clean", "corrupt")}
+  params = _placed(src.params, sharding.shardings(src.params, mesh))
+  return activation_patching.Study(src.task, params, pairs, baseline=base)
+
+
+def _shapes(args, mesh) -> tuple:
+  """Program arguments as ShapeDtypeStructs: those already one kept, the rest (tokens,
+  indices, node values) replicated over the mesh."""
+  rep = NamedSharding(mesh, P())
+  return jax.tree.map(lambda a: a if isinstance(a, jax.ShapeDtypeStruct) else
+                      jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=rep), args)
+
+
 def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
-  raise UserError(f"job {job!r} is not planned yet", setting="job")
+  """patch: the activation-patching sweep of `patch --sites head_out` (Study.patch_many
+  at the chunk its memory budget gives); circuit: the EAP and EAP-IG (5 steps on the
+  inputs) gradient programs of `circuit` (circuits/edges.py) on the corrupt ablation."""
+  with dispatch.compile_target(mesh):
+    study = _study(src, mesh)
+  if job == "patch":
+    prog = study.sweep_program([("z", False)])
+    out = compile_program("patch_sweep", prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
+    return [dict(out, chunk=prog["chunk"], groups=prog["groups"])]
+  from mha_jax.circuits import edges
+  with dispatch.compile_target(mesh):
+    es = edges.EdgeStudy(study, run=False)
+  return [compile_program(name, prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
+          for name, prog in (("eap", es.eap_program()), ("eap_ig", es.eap_ig_program()))]
 
 
 # ------------------------------------------------------------------ the plan

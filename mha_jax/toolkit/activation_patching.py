@@ -258,6 +258,25 @@ class Study:
     one compiled program: the interventions of every sweep are one batch over a site
     axis (each intervention edits one site of one layer and head, the other edits are
     the identity). Returns {site: what `patch(site, per_position=...)` returns}."""
+    prog = self.sweep_program(sweeps, direction=direction, layers=layers, chunk=chunk)
+    ld, logp = self._cached(prog["key"], lambda: prog["fn"])(*prog["args"])
+    idx, n = prog["idx"], self.n
+    ld = np.asarray(ld).reshape(-1, n)[prog["where"]]   # idx's order, padding left out
+    logp = np.asarray(logp).reshape(-1, n)[prog["where"]]
+    out = {}
+    for j, (s, pp) in enumerate(prog["sweeps"]):
+      rows = [r for r, ix in enumerate(idx) if ix[0] == j]
+      out[s] = self._table([idx[r][1:] for r in rows], ld[rows], logp[rows],
+                           max(prog["counts"][j]), prog["per_head"][j], pp,
+                           prog["base_run"])
+    return out
+
+  def sweep_program(self, sweeps: Sequence[tuple[str, bool]], *, direction: str = "denoise",
+                    layers: Sequence[int] | None = None, chunk: int | None = None) -> dict:
+    """The program `patch_many` runs, not run: {"fn" (not jitted), "args" (its
+    arguments, self.params first), "key" (its cache key), "chunk" (interventions per
+    group C), "groups" (G), "idx", "where", "counts", "per_head", "sweeps", "base_run"}.
+    `mha-jax plan` compiles fn from the args' shapes."""
     base_run, src_run = self._runs(direction)
     sweeps = tuple((s, bool(pp)) for s, pp in sweeps)
     sites = [s for s, _ in sweeps]
@@ -315,18 +334,12 @@ class Study:
         return jax.lax.map(group, (starts, ks, ls, hs, ps))
       return fn
 
-    key = ("patch", sweeps, rows.shape, starts is None)   # direction: the prompts passed
-    ld, logp = self._cached(key, build)(
-        self.params, self.tokens[base_run], self.tokens[src_run],
-        None if starts is None else jnp.asarray(starts), *cols)
-    ld = np.asarray(ld).reshape(-1, n)[where]       # back to idx's order, padding left out
-    logp = np.asarray(logp).reshape(-1, n)[where]
-    out = {}
-    for j, (s, pp) in enumerate(sweeps):
-      rows = [r for r, ix in enumerate(idx) if ix[0] == j]
-      out[s] = self._table([idx[r][1:] for r in rows], ld[rows], logp[rows],
-                           max(counts[j]), per_head[j], pp, base_run)
-    return out
+    args = (self.params, self.tokens[base_run], self.tokens[src_run],
+            None if starts is None else jnp.asarray(starts), *cols)
+    return {"fn": build(), "args": args, "chunk": c, "groups": rows.shape[0],
+            "key": ("patch", sweeps, rows.shape, starts is None),  # direction: the prompts
+            "idx": idx, "where": where, "counts": counts, "per_head": per_head,
+            "sweeps": sweeps, "base_run": base_run}
 
   @staticmethod
   def _groups(idx, chosen, chunk: int, by_layer: bool):

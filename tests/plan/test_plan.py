@@ -201,6 +201,33 @@ def test_the_verb_on_4_host_devices_with_a_model_axis(tmp_path):
   assert "train_step" in r.stdout
 
 
+def test_circuit_job_counts_eap_igs_five_gradients():
+  """job circuit from shapes alone: EAP (one backward to every end) and EAP-IG (5 of them
+  in a scan, the edge product once, as in EAP). With each trip counted, EAP-IG's FLOPs
+  pass 2.5 EAPs' (XLA's own count, the scan body once, is about one EAP's)."""
+  p = _induction_plan(job="circuit", batch=4)
+  eap, ig = p["programs"]
+  assert (eap["name"], ig["name"]) == ("eap", "eap_ig") and 5 in ig["loops"]
+  assert 2.5 * eap["flops"] < ig["flops"] < 5 * eap["flops"]
+  assert ig["xla_flops"] < 1.5 * eap["flops"]
+
+
+def test_the_patch_job_on_2_host_devices(tmp_path):
+  """job patch through the CLI on cpu:2 with the heads over model=2: one sweep program
+  whose groups of `chunk` interventions cover every layer and head (2 x 8)."""
+  out = tmp_path / "p"
+  r = subprocess.run([sys.executable, "-m", "mha_jax.cli", "plan", "--topology", "cpu:2",
+                      "--config", "configs/induction.py", "--config.model.num_heads=8",
+                      "--mesh", "model=2", "--job", "patch", "--batch", "4", "--out", str(out)],
+                     cwd=ROOT, env=with_devices(1), capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr
+  doc = json.loads((out / "plan.json").read_text())
+  (prog,) = doc["programs"]
+  assert prog["name"] == "patch_sweep" and doc["mesh"] == {"data": 1, "model": 2}
+  assert prog["chunk"] >= 1 and prog["chunk"] * prog["groups"] >= 2 * 8
+  assert prog["flops"] > 0 and prog["fits"]
+
+
 # ------------------------------------------------------------------ TPU topologies
 
 @pytest.mark.tpu
