@@ -62,6 +62,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from mha_jax import chips
 from mha_jax import config as mc
 from mha_jax import gpu_targets
+from mha_jax import machine
 from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.kernels import dispatch
@@ -691,6 +692,7 @@ def make_plan(opts: PlanOptions, *, config: str | None = None, overrides=(),
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
           **_versions()}
   plan["source"] = src.where
+  plan["machine"] = machine.machine()     # the machine that compiled the plan
   if topo.chip is not None:
     plan["chip"] = dataclasses.asdict(topo.chip)
   if not plan["fits"]:
