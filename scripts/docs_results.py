@@ -770,10 +770,15 @@ def plan_page(docs):
                      _f(dev["temps"] / 2**30, 2), _f(dev["total"] / 2**30, 2),
                      _f(dev["hbm"] / 2**30, 0), "yes" if g["fits"] else "no",
                      _f(g["flops"] / 1e12, 2),
-                     "" if g["est_seconds"] is None else _f(g["est_seconds"] * 1e3, 1)])
-    parts += ["## Plans", "", "Per device, GiB; TFLOP per device.", "",
+                     "" if g.get("xla_flops") is None else _f(g["xla_flops"] / 1e12, 2),
+                     "" if g["est_seconds"] is None else _f(g["est_seconds"] * 1e3, 1),
+                     ", ".join(g["attention_kernels"]), g.get("chunk", "")])
+    parts += ["## Plans", "", "Per device, GiB; TFLOP per device (TFLOP: every loop trip "
+              "counted; XLA: XLA's cost analysis, a loop body once); chunk: a patch "
+              "sweep's interventions per group.", "",
               _table(["plan", "topology", "mesh", "program", "params", "args", "temps",
-                      "total", "HBM", "fits", "TFLOP", "est ms"], prow), "",
+                      "total", "HBM", "fits", "TFLOP", "XLA TFLOP", "est ms", "kernels",
+                      "chunk"], prow), "",
               _source(*[f"results/plans/{p.name}" for p in plans]), ""]
   return "\n".join(parts)
 

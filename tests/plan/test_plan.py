@@ -165,6 +165,7 @@ def test_the_verb_on_a_compile_only_h100(tmp_path):
   assert prog["est_seconds"] > 0
 
 
+@pytest.mark.slow   # 8 families' transformers models built and saved: 27 s under load
 def test_hf_config_param_shapes_are_the_importers(tmp_path):
   """For each decoder family, the shapes plan reads from a config.json are those the
   importer builds from the same model's tensors."""
