@@ -261,3 +261,15 @@ def test_tpu_llama_8b_forward_plan_has_the_published_param_count():
                                       dtype="bfloat16", batch=4, seq=128, mesh="model=4"))
   assert p["params"]["count"] == 8_030_261_248      # Llama-3.1-8B's published size
   assert p["devices"] == 4 and np.isfinite(p["programs"][0]["est_seconds"])
+
+
+@pytest.mark.tpu
+@pytest.mark.skipif(not HAS_LIBTPU, reason="needs libtpu (pip install 'mha-jax[tpu]')")
+def test_tpu_lm_train_step_runs_pallas_under_auto():
+  """configs/lm.py (T 128, impl auto) planned for v5e:2x2 on this CPU machine: the train
+  and eval steps are traced for the slice, so auto's choice is the Pallas kernel (inside
+  shard_map over the data axis), as on the TPU VM."""
+  p = plan.make_plan(plan.PlanOptions(topology="v5e:2x2", job="train"),
+                     config=os.path.join(ROOT, "configs", "lm.py"))
+  assert [g["attention_kernels"] for g in p["programs"]] == [["pallas"], ["pallas"]]
+  assert p["fits"] and p["device_kind"] == chips.CHIPS["v5e"].device_kind
