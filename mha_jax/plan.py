@@ -318,6 +318,37 @@ def matmul_flops(hlo: str) -> dict:
   return {"once": total(entry, False), "counted": total(entry, True), "loops": loops}
 
 
+_OOM_TEMPS = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _shard_bytes(tree) -> int:
+  """Bytes on one device of a tree of ShapeDtypeStructs (their sharding's shard shape;
+  the whole array without one)."""
+  def one(a):
+    sh = getattr(a, "sharding", None)
+    shape = sh.shard_shape(a.shape) if sh is not None else a.shape
+    return math.prod(shape) * jnp.dtype(a.dtype).itemsize
+  return int(sum(one(a) for a in jax.tree.leaves(tree) if hasattr(a, "shape")))
+
+
+def _out_of_memory(name, message, args, lowered, donate, topo, mesh, chosen) -> dict:
+  """A program the compiler refused for want of memory (libtpu does, when the
+  temporaries pass the HBM): fits false, arguments and outputs from the shapes, temps
+  from the compiler's message (None when it gives none); no FLOPs."""
+  m = _OOM_TEMPS.search(message)
+  temps = None if m is None else int(float(m.group(1)) * _UNITS[m.group(2)])
+  arguments, outputs = _shard_bytes(args), _shard_bytes(lowered.out_info)
+  donated = _shard_bytes([args[i] for i in donate])
+  total = arguments + outputs - min(donated, outputs) + (temps or 0)
+  return {"name": name, "mesh": dict(mesh.shape), "flops": None, "xla_flops": None,
+          "loops": [], "bytes_accessed": None,
+          "per_device": {"arguments": arguments, "outputs": outputs, "temps": temps,
+                         "total": total, "hbm": int(topo.hbm)},
+          "memory_spaces": {}, "fits": False, "attention_kernels": sorted(set(chosen)),
+          "est_seconds": None, "compiler": message.splitlines()[0][:300]}
+
+
 def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, *,
                     donate: tuple = (), out_shardings=None) -> dict:
   """One program of a plan: `fn` jitted, traced under the topology's kernel choice,
@@ -326,7 +357,12 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
   with dispatch.compile_target(mesh) as chosen:
     lowered = jitted.lower(*args)
   with tempfile.TemporaryDirectory(prefix="mha-jax-plan-") as d, _no_compile_cache():
-    compiled = lowered.compile(compiler_options={"xla_dump_to": d})
+    try:
+      compiled = lowered.compile(compiler_options={"xla_dump_to": d})
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      return _out_of_memory(name, str(e), args, lowered, donate, topo, mesh, chosen)
     spaces = temp_bytes(d)
   mem = compiled.memory_analysis()
   temps = sum(spaces.values())
@@ -748,10 +784,12 @@ def format_plan(plan: dict) -> str:
   for p in plan["programs"]:
     d = p["per_device"]
     est = "-" if p["est_seconds"] is None else f"{p['est_seconds'] * 1e3:.2f}"
+    tf = "-" if p["flops"] is None else f"{p['flops'] / 1e12:.3f}"
+    acc = "-" if p["bytes_accessed"] is None else f"{p['bytes_accessed'] / 1e9:.2f}"
+    temps = "-" if d["temps"] is None else _gib(d["temps"])
     lines.append(f"{p['name']:<14} {_gib(d['arguments']):>8} {_gib(d['outputs']):>8} "
-                 f"{_gib(d['temps']):>8} {_gib(d['total']):>8} {_gib(d['hbm']):>7} "
-                 f"{'yes' if p['fits'] else 'NO':>4} {p['flops'] / 1e12:>9.3f} "
-                 f"{p['bytes_accessed'] / 1e9:>8.2f} {est:>9}  "
+                 f"{temps:>8} {_gib(d['total']):>8} {_gib(d['hbm']):>7} "
+                 f"{'yes' if p['fits'] else 'NO':>4} {tf:>9} {acc:>8} {est:>9}  "
                  f"{','.join(p['attention_kernels']) or '-'}")
   s = plan.get("suggestion")
   if s is not None and s["fits"]:

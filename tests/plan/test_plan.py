@@ -123,6 +123,25 @@ def test_a_job_too_big_is_a_plan_that_does_not_fit(tmp_path, capsys):
   assert "does not fit" in capsys.readouterr().out
 
 
+def test_a_compile_refused_for_memory_is_a_plan_that_does_not_fit(monkeypatch):
+  """libtpu refuses to compile a program whose temporaries pass the HBM (RESOURCE_EXHAUSTED,
+  as Llama-3.1-8B's train step on v5e:2x4 did): the plan says fits false, with the
+  compiler's temporaries and the arguments' bytes from their shapes."""
+  msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+         "temporaries (37.86G) exceeds available HBM (15.75G).")
+
+  def refuse(self, *a, **k):
+    raise jax.errors.JaxRuntimeError(msg)
+  monkeypatch.setattr(jax.stages.Lowered, "compile", refuse)
+  p = _induction_plan(search=0)
+  (prog,) = p["programs"]
+  dev = prog["per_device"]
+  assert p["fits"] is False and prog["fits"] is False and prog["flops"] is None
+  assert dev["temps"] == int(37.86 * 2**30) and dev["arguments"] >= p["params"]["bytes"]
+  assert dev["total"] >= dev["temps"] + dev["arguments"]
+  assert "does not fit" in plan.format_plan(p)
+
+
 def test_a_bad_topology_is_refused_by_name(tmp_path, capsys):
   rc = cli.main(["plan", "--topology", "v5x:2x2", "--config", "configs/induction.py",
                  "--out", str(tmp_path / "p")])
