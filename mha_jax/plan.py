@@ -661,17 +661,20 @@ def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
   """patch: the activation-patching sweep of `patch --sites head_out` (Study.patch_many
   at the chunk its memory budget gives); circuit: the EAP and EAP-IG (5 steps on the
   inputs) gradient programs of `circuit` (circuits/edges.py) on the corrupt ablation."""
-  with dispatch.compile_target(mesh):
+  # the study's tokens and indices are host arrays (a TPU compile-only client runs none)
+  with dispatch.compile_target(mesh), jax.default_device(jax.devices("cpu")[0]):
     study = _study(src, mesh)
   if job == "patch":
-    prog = study.sweep_program([("z", False)])
+    with jax.default_device(jax.devices("cpu")[0]):
+      prog = study.sweep_program([("z", False)])
     out = compile_program("patch_sweep", prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
     return [dict(out, chunk=prog["chunk"], groups=prog["groups"])]
   from mha_jax.circuits import edges
-  with dispatch.compile_target(mesh):
+  with dispatch.compile_target(mesh), jax.default_device(jax.devices("cpu")[0]):
     es = edges.EdgeStudy(study, run=False)
+    progs = (("eap", es.eap_program()), ("eap_ig", es.eap_ig_program()))
   return [compile_program(name, prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
-          for name, prog in (("eap", es.eap_program()), ("eap_ig", es.eap_ig_program()))]
+          for name, prog in progs]
 
 
 # ------------------------------------------------------------------ the plan
