@@ -661,8 +661,9 @@ def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
   """patch: the activation-patching sweep of `patch --sites head_out` (Study.patch_many
   at the chunk its memory budget gives); circuit: the EAP and EAP-IG (5 steps on the
   inputs) gradient programs of `circuit` (circuits/edges.py) on the corrupt ablation."""
-  # the study's tokens and indices are host arrays (a TPU compile-only client runs none)
-  with dispatch.compile_target(mesh), jax.default_device(jax.devices("cpu")[0]):
+  # host arrays, outside the target's mesh (a TPU compile-only client runs nothing);
+  # the programs are traced for the target in compile_program
+  with jax.default_device(jax.devices("cpu")[0]):
     study = _study(src, mesh)
   if job == "patch":
     with jax.default_device(jax.devices("cpu")[0]):
@@ -670,7 +671,7 @@ def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
     out = compile_program("patch_sweep", prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
     return [dict(out, chunk=prog["chunk"], groups=prog["groups"])]
   from mha_jax.circuits import edges
-  with dispatch.compile_target(mesh), jax.default_device(jax.devices("cpu")[0]):
+  with jax.default_device(jax.devices("cpu")[0]):
     es = edges.EdgeStudy(study, run=False)
     progs = (("eap", es.eap_program()), ("eap_ig", es.eap_ig_program()))
   return [compile_program(name, prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
