@@ -18,8 +18,8 @@ does not have: gemm autotuning (default tilings), cuDNN's graph (built when the 
 is first run on the GPU; its workspace is 0 here) and `compiled.cost_analysis()`, which
 the plugin does not implement (`cost_analysis` below counts the optimised HLO instead).
 
-The target descriptions are written here from the published numbers (CHIPS, with their
-sources); the same fields as the device specs XLA keeps for its own ahead-of-time tests
+The target descriptions are written here from the published numbers (mha_jax.chips, with
+their sources, and SPECS); the same fields as the device specs XLA keeps for its own ahead-of-time tests
 (xla/tools/hlo_opt/gpu_specs/, e.g. h100_sxm.txtpb, a100_sxm_80.txtpb).
 """
 
@@ -33,6 +33,8 @@ import re
 
 import jax
 
+from mha_jax import chips
+
 PLUGIN = "jax_plugins.xla_cuda12"
 INSTALL = (f'pip install "jax-cuda12-plugin=={jax.__version__}" '
            f'"jax-cuda12-pjrt=={jax.__version__}" nvidia-cudnn-cu12')
@@ -40,17 +42,10 @@ DEVICES_PER_HOST = 8  # an HGX/DGX node
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuChip:
-  """One GPU model: what the roofline and `fits` read, and the target description.
-
-  peak_flops: dense bf16 tensor-core FLOP/s. hbm_bytes: the device memory XLA sees
-  (what the driver reports, a little under the marketed size). hbm_bandwidth: bytes/s.
-  The rest are the GpuDeviceInfoProto fields XLA's GPU compiler reads.
-  """
-  device_kind: str
-  peak_flops: float
-  hbm_bytes: int
-  hbm_bandwidth: float
+class GpuSpec:
+  """What XLA's GPU compiler reads of one GPU model beyond mha_jax.chips' published
+  numbers (peak FLOP/s, HBM size and bandwidth, device kind, which `chip` reads there):
+  the GpuDeviceInfoProto fields, from NVIDIA's tuning guides."""
   compute_capability: tuple[int, int]
   sm_count: int
   fpus_per_sm: int
@@ -61,32 +56,20 @@ class GpuChip:
   source: str
 
 
-_HOPPER = dict(compute_capability=(9, 0), sm_count=132, fpus_per_sm=128,
-               shared_memory_per_sm=228 * 1024, shared_memory_per_block_optin=227 * 1024,
-               l2_bytes=50 * 2**20, clock_ghz=1.98, peak_flops=989.4e12)
+_HOPPER = GpuSpec(compute_capability=(9, 0), sm_count=132, fpus_per_sm=128,
+                  shared_memory_per_sm=228 * 1024, shared_memory_per_block_optin=227 * 1024,
+                  l2_bytes=50 * 2**20, clock_ghz=1.98,
+                  source="SMs, shared memory and L2 from the Hopper tuning guide (CUDA 12)")
 
-CHIPS: dict[str, GpuChip] = {
-    "h100": GpuChip(
-        device_kind="NVIDIA H100 80GB HBM3", hbm_bytes=84_978_434_048,
-        hbm_bandwidth=3.35e12, **_HOPPER,
-        source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM5 80GB: 989.4 TFLOP/s "
-               "bf16 dense, 3.35 TB/s HBM3; SMs, shared memory and L2 from the "
-               "Hopper tuning guide (CUDA 12); memory as the driver reports it"),
-    "h200": GpuChip(
-        device_kind="NVIDIA H200", hbm_bytes=143_771 * 2**20,
-        hbm_bandwidth=4.8e12, **_HOPPER,
-        source="NVIDIA H200 Tensor Core GPU datasheet, H200 SXM 141GB: 989 TFLOP/s "
-               "bf16 dense, 4.8 TB/s HBM3e; the H100's GH100 (132 SMs) otherwise; "
-               "memory 143,771 MiB as nvidia-smi lists it"),
-    "a100": GpuChip(
-        device_kind="NVIDIA A100-SXM4-80GB", peak_flops=312e12,
-        hbm_bytes=85_100_068_864, hbm_bandwidth=2.039e12, compute_capability=(8, 0),
-        sm_count=108, fpus_per_sm=64, shared_memory_per_sm=164 * 1024,
-        shared_memory_per_block_optin=163 * 1024, l2_bytes=40 * 2**20, clock_ghz=1.41,
-        source="NVIDIA A100 Tensor Core GPU datasheet, A100 SXM4 80GB: 312 TFLOP/s "
-               "bf16 dense, 2,039 GB/s HBM2e; SMs, shared memory and L2 from the "
-               "Ampere tuning guide; memory as the driver reports it"),
+SPECS: dict[str, GpuSpec] = {
+    "h100": _HOPPER,
+    "h200": _HOPPER,   # the H100's GH100 (132 SMs) with more, faster memory
+    "a100": GpuSpec(compute_capability=(8, 0), sm_count=108, fpus_per_sm=64,
+                    shared_memory_per_sm=164 * 1024, shared_memory_per_block_optin=163 * 1024,
+                    l2_bytes=40 * 2**20, clock_ghz=1.41,
+                    source="SMs, shared memory and L2 from the Ampere tuning guide"),
 }
+GPUS = tuple(SPECS)
 
 
 class GpuTargetsUnavailable(RuntimeError):
@@ -94,17 +77,17 @@ class GpuTargetsUnavailable(RuntimeError):
 
 
 def target_config(name: str) -> str:
-  """The GpuTargetConfigProto text XLA compiles for, for chip `name` (a CHIPS key)."""
-  c = chip(name)
-  major, minor = c.compute_capability
+  """The GpuTargetConfigProto text XLA compiles for, for GPU `name` (one of GPUS)."""
+  c, g = chip(name), SPECS[name]
+  major, minor = g.compute_capability
   info = {"threads_per_block_limit": 1024, "threads_per_warp": 32,
           "shared_memory_per_block": 48 * 1024, "shared_memory_per_core":
-          c.shared_memory_per_sm, "threads_per_core_limit": 2048, "core_count": c.sm_count,
-          "fpus_per_core": c.fpus_per_sm, "block_dim_limit_x": 2**31 - 1,
+          g.shared_memory_per_sm, "threads_per_core_limit": 2048, "core_count": g.sm_count,
+          "fpus_per_core": g.fpus_per_sm, "block_dim_limit_x": 2**31 - 1,
           "block_dim_limit_y": 65535, "block_dim_limit_z": 65535,
-          "memory_bandwidth": int(c.hbm_bandwidth), "l2_cache_size": c.l2_bytes,
-          "clock_rate_ghz": c.clock_ghz, "device_memory_size": c.hbm_bytes,
-          "shared_memory_per_block_optin": c.shared_memory_per_block_optin,
+          "memory_bandwidth": int(c.hbm_bandwidth), "l2_cache_size": g.l2_bytes,
+          "clock_rate_ghz": g.clock_ghz, "device_memory_size": c.hbm_bytes,
+          "shared_memory_per_block_optin": g.shared_memory_per_block_optin,
           "registers_per_core_limit": 65536, "registers_per_block_limit": 65536}
   lines = [f"  {k}: {v}" for k, v in info.items()]
   lines.append(f"  cuda_compute_capability {{ major: {major} minor: {minor} }}")
@@ -112,11 +95,11 @@ def target_config(name: str) -> str:
           f'platform_name: "CUDA"\ndevice_description_str: "{c.device_kind}"\n')
 
 
-def chip(name: str) -> GpuChip:
-  """CHIPS[name], refusing an unknown name with the list."""
-  if name not in CHIPS:
-    raise ValueError(f"GPU name must be one of {tuple(CHIPS)}; got {name!r}")
-  return CHIPS[name]
+def chip(name: str) -> chips.Chip:
+  """mha_jax.chips.CHIPS[name] for a GPU of GPUS, refusing another name with the list."""
+  if name not in SPECS:
+    raise ValueError(f"GPU name must be one of {GPUS}; got {name!r}")
+  return chips.CHIPS[name]
 
 
 def topology_shape(n: int) -> str:

@@ -5,7 +5,10 @@ shapes alone (no weights, no accelerator), with their memory, FLOPs, kernels and
 
 A topology is a TPU slice under its standard name (`v5e:2x2`, `v5p:2x2x1`, `v4:2x2x1`,
 `v6e:2x4`; TOPOLOGIES), compiled for through libtpu's compile-only devices
-(`jax.experimental.topologies`, the `tpu` extra), or `cpu:N` (N host devices). Params
+(`jax.experimental.topologies`, the `tpu` extra), `h100:N`, `h200:N` or `a100:N` (N
+compile-only GPUs through mha_jax.gpu_targets, the CUDA plugin; FLOPs from its
+`cost_analysis`, the custom calls it cannot count listed in `uncounted`), or `cpu:N`
+(N host devices). Params
 come from `jax.eval_shape` (a config trained here), from the family adapter's tensor
 table (a Hugging Face config.json) or from a checkpoint's metadata (a workdir); every
 argument is a `jax.ShapeDtypeStruct` with its NamedSharding on a (data, model) mesh of
@@ -19,10 +22,19 @@ Per program (the train step, the eval step, the forward, a study's sweep):
                XLA places a program's temporaries in VMEM (memory space 1), which
                `memory_analysis().temp_size_in_bytes` (memory space 0 only) leaves out
                (it reads 0 there); `memory_spaces` gives the split.
-  flops, bytes_accessed   the compiled program's cost analysis, per device.
-  est_seconds  max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth) from CHIPS
-               (a roofline bound; None on CPU, which has no published peak).
-  attention_kernels   the kernels dispatch chose while the program was traced.
+  flops        per device: XLA's cost analysis (`xla_flops`), which counts a while
+               loop's body once whatever its trip count (a scan, a fori_loop, the blocked
+               kernel's key blocks), with the dots of each loop body added for its other
+               iterations, counted from the optimised HLO (`matmul_flops`); `loops` lists
+               the trip counts (None: unknown, counted once). The loops' other ops
+               (elementwise) and bytes_accessed stay as XLA counts them, once a body.
+  bytes_accessed   the compiled program's cost analysis, per device.
+  est_seconds  max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth)
+               (a roofline bound from mha_jax.chips, the one table of published chip numbers;
+               None on CPU, which has no published peak).
+  attention_kernels   the kernels dispatch chose while the program was traced: every
+               program is lowered inside `dispatch.compile_target(mesh)`, so the choice is
+               the one the topology's own devices make (kernels/target.py).
 A job that does not fit is a plan with fits false and `suggestion`: the first of the
 same topology with a model axis over the heads, then the next larger slices of the same
 generation, on which every program fits (each compiled to know).
@@ -33,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import glob
 import importlib.util
 import math
@@ -46,7 +59,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from mha_jax import chips
 from mha_jax import config as mc
+from mha_jax import gpu_targets
+from mha_jax import machine
 from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.kernels import dispatch
@@ -57,26 +73,6 @@ JOBS = ("train", "forward", "patch", "circuit")
 DTYPES = ("float32", "bfloat16")
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-  """A TPU chip's published numbers (one JAX device per chip: v4 and v5p as megacore)."""
-  device_kind: str
-  peak_flops: float        # bf16 FLOP/s
-  hbm_bandwidth: float     # bytes/s
-  hbm_bytes: int
-  source: str
-
-
-# Cloud TPU's system architecture pages (2025): peak bf16 compute, HBM bandwidth and
-# capacity per chip.
-CHIPS = {
-    "v4": Chip("TPU v4", 275e12, 1200e9, 32 * 2**30, "https://cloud.google.com/tpu/docs/v4"),
-    "v5e": Chip("TPU v5 lite", 197e12, 819e9, 16 * 2**30,
-                "https://cloud.google.com/tpu/docs/v5e"),
-    "v5p": Chip("TPU v5", 459e12, 2765e9, 95 * 2**30, "https://cloud.google.com/tpu/docs/v5p"),
-    "v6e": Chip("TPU v6 lite", 918e12, 1638e9, 32 * 2**30,
-                "https://cloud.google.com/tpu/docs/v6e"),
-}
 # The slice shapes Cloud TPU offers, smallest first (chips = the product).
 _2D = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 _3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16",
@@ -117,13 +113,28 @@ class Topology:
   platform: str
   device_kind: str
   devices: list
-  chip: Chip | None
+  chip: chips.Chip | None
   hbm: int
 
 
 def _refuse_topology(name) -> None:
-  raise UserError(f"topology must be cpu:N or one of {', '.join(TOPOLOGIES)}; got {name!r}",
-                  setting="topology")
+  gpus = ", ".join(f"{g}:N" for g in gpu_targets.GPUS)
+  raise UserError(f"topology must be cpu:N, {gpus} (N GPUs) or one of "
+                  f"{', '.join(TOPOLOGIES)}; got {name!r}", setting="topology")
+
+
+def _gpu_topology(name: str, gpu: str, n: int) -> Topology:
+  """n compile-only GPUs (gpu_targets: needs the CUDA plugin, refused with its install
+  line without it)."""
+  try:
+    gpu_targets.topology_shape(n)
+    devs = gpu_targets.gpu_devices(gpu, n)
+  except ValueError as e:
+    raise UserError(f"topology {name!r}: {e}", setting="topology") from None
+  except gpu_targets.GpuTargetsUnavailable as e:
+    raise UserError(f"topology {name!r}: {e}", setting="topology") from None
+  chip = gpu_targets.chip(gpu)
+  return Topology(name, "gpu", devs[0].device_kind, devs, chip, chip.hbm_bytes)
 
 
 def _host_memory() -> int:
@@ -156,6 +167,8 @@ def topology(name: str) -> Topology:
     devs = _cpu_devices(n)
     return Topology(name, "cpu", devs[0].device_kind, devs, None, _host_memory() // n)
   gen, _, shape = str(name).partition(":")
+  if gen in gpu_targets.GPUS and re.fullmatch(r"\d+", shape):
+    return _gpu_topology(name, gen, int(shape))
   if gen not in SLICES or shape not in SLICES[gen]:
     _refuse_topology(name)
   if importlib.util.find_spec("libtpu") is None:
@@ -167,7 +180,7 @@ def topology(name: str) -> Topology:
   if math.prod(int(x) for x in shape.split("x")) == 1:
     kw["chips_per_host_bounds"] = (1, 1, 1)
   devs = list(topologies.get_topology_desc(topology_name=name, platform="tpu", **kw).devices)
-  chip = CHIPS[gen]
+  chip = chips.CHIPS[gen]
   return Topology(name, "tpu", devs[0].device_kind, devs, chip, chip.hbm_bytes)
 
 
@@ -178,31 +191,6 @@ def larger(name: str) -> list[str]:
     return []
   shapes = SLICES[gen]
   return [f"{gen}:{s}" for s in shapes[shapes.index(shape) + 1:]]
-
-
-# ------------------------------------------------------------------ kernels by target
-
-@contextlib.contextmanager
-def _recording_kernels(devices):
-  """Until dispatch.compile_target lands (the accel branch): the kernels run_kernel is
-  asked for while tracing, the choice still by this process's backend."""
-  del devices
-  chosen, real = [], dispatch.run_kernel
-
-  def record(kernel, *a, **k):
-    chosen.append(kernel)
-    return real(kernel, *a, **k)
-  dispatch.run_kernel = record
-  try:
-    yield chosen
-  finally:
-    dispatch.run_kernel = real
-
-
-def compile_target(devices):
-  """dispatch.compile_target(devices): kernels chosen for these devices, recorded."""
-  target = getattr(dispatch, "compile_target", None)
-  return (target or _recording_kernels)(devices)
 
 
 # ------------------------------------------------------------------ one program
@@ -255,10 +243,110 @@ def _no_compile_cache():
     compilation_cache.reset_cache()
 
 
-def _cost(compiled) -> dict:
+def _cost(compiled, platform: str) -> dict:
+  if platform == "gpu":    # the CUDA plugin has no cost analysis
+    return gpu_targets.cost_analysis(compiled)
   c = compiled.cost_analysis()
   c = c[0] if isinstance(c, (list, tuple)) else c
   return c or {}
+
+
+_COMP = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s+->\s+.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*\w+\[([\d,]*)\]\S*\s+([\w\-]+)"
+                    r"\(([^)]*)\)(.*)$")
+_CALLS = re.compile(r"\b(calls|to_apply|body|condition|true_computation|false_computation)"
+                    r"=%([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def _dims(text: str) -> list[int]:
+  return [int(x) for x in text.split(",") if x]
+
+
+def _dot_flops(out: str, operands: str, attrs: str, shapes: dict) -> int:
+  """2 x output elements x contracted size of one dot."""
+  lhs = shapes.get(operands.split(",")[0].strip().lstrip("%"))
+  m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
+  if lhs is None or m is None:
+    return 0
+  return 2 * math.prod(_dims(out)) * math.prod(lhs[i] for i in _dims(m.group(1)))
+
+
+def _hlo_graph(hlo: str):
+  """(entry, {computation: (dot FLOPs, [(callee, trip count or None for a while body;
+  1 otherwise)])}) of an HLO module's text."""
+  graph, shapes, entry, cur, loops = {}, {}, None, None, []
+  for line in hlo.splitlines():
+    m = _COMP.match(line)
+    if m:
+      cur = m.group(2)
+      graph[cur] = [0, []]
+      entry = cur if m.group(1) else entry
+      continue
+    if cur is None:
+      continue
+    i = _INSTR.match(line)
+    if i:
+      shapes[i.group(1)] = _dims(i.group(2))
+      if i.group(3) == "dot":
+        graph[cur][0] += _dot_flops(i.group(2), i.group(4), i.group(5), shapes)
+    trips = _TRIPS.search(line)
+    for kind, callee in _CALLS.findall(line):
+      n = (int(trips.group(1)) if trips else None) if kind == "body" else 1
+      if kind == "body":
+        loops.append(n)
+      graph[cur][1].append((callee, n))
+    for b in _BRANCHES.findall(line):
+      graph[cur][1].extend((c.strip().lstrip("%"), 1) for c in b.split(","))
+  return entry, graph, loops
+
+
+def matmul_flops(hlo: str) -> dict:
+  """The dots of an optimised HLO module's text, counted two ways: `once` (every
+  computation once, as XLA's cost analysis counts a while body) and `counted` (a while
+  body times its known trip count; an unknown one once); `loops`: the trip counts of
+  its while loops (None: unknown)."""
+  entry, graph, loops = _hlo_graph(hlo)
+
+  @functools.cache
+  def total(comp: str, trips: bool) -> int:
+    own, calls = graph.get(comp, (0, []))
+    return own + sum(total(c, trips) * ((n or 1) if trips else 1) for c, n in calls)
+  if entry is None:
+    return {"once": 0, "counted": 0, "loops": loops}
+  return {"once": total(entry, False), "counted": total(entry, True), "loops": loops}
+
+
+_OOM_TEMPS = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _shard_bytes(tree) -> int:
+  """Bytes on one device of a tree of ShapeDtypeStructs (their sharding's shard shape;
+  the whole array without one)."""
+  def one(a):
+    sh = getattr(a, "sharding", None)
+    shape = sh.shard_shape(a.shape) if sh is not None else a.shape
+    return math.prod(shape) * jnp.dtype(a.dtype).itemsize
+  return int(sum(one(a) for a in jax.tree.leaves(tree) if hasattr(a, "shape")))
+
+
+def _out_of_memory(name, message, args, lowered, donate, topo, mesh, chosen) -> dict:
+  """A program the compiler refused for want of memory (libtpu does, when the
+  temporaries pass the HBM): fits false, arguments and outputs from the shapes, temps
+  from the compiler's message (None when it gives none); no FLOPs."""
+  m = _OOM_TEMPS.search(message)
+  temps = None if m is None else int(float(m.group(1)) * _UNITS[m.group(2)])
+  arguments, outputs = _shard_bytes(args), _shard_bytes(lowered.out_info)
+  donated = _shard_bytes([args[i] for i in donate])
+  total = arguments + outputs - min(donated, outputs) + (temps or 0)
+  return {"name": name, "mesh": dict(mesh.shape), "flops": None, "xla_flops": None,
+          "loops": [], "bytes_accessed": None,
+          "per_device": {"arguments": arguments, "outputs": outputs, "temps": temps,
+                         "total": total, "hbm": int(topo.hbm)},
+          "memory_spaces": {}, "fits": False, "attention_kernels": sorted(set(chosen)),
+          "est_seconds": None, "compiler": message.splitlines()[0][:300]}
 
 
 def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, *,
@@ -266,26 +354,35 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
   """One program of a plan: `fn` jitted, traced under the topology's kernel choice,
   compiled for its devices from `args` (ShapeDtypeStructs), measured."""
   jitted = jax.jit(fn, donate_argnums=donate, out_shardings=out_shardings)
-  with compile_target(topo.devices) as chosen:
+  with dispatch.compile_target(mesh) as chosen:
     lowered = jitted.lower(*args)
   with tempfile.TemporaryDirectory(prefix="mha-jax-plan-") as d, _no_compile_cache():
-    compiled = lowered.compile(compiler_options={"xla_dump_to": d})
+    try:
+      compiled = lowered.compile(compiler_options={"xla_dump_to": d})
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      return _out_of_memory(name, str(e), args, lowered, donate, topo, mesh, chosen)
     spaces = temp_bytes(d)
   mem = compiled.memory_analysis()
   temps = sum(spaces.values())
   total = (mem.argument_size_in_bytes + mem.output_size_in_bytes + temps
            - mem.alias_size_in_bytes)
-  cost = _cost(compiled)
-  flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+  cost = _cost(compiled, topo.platform)
+  xla_flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+  mm = matmul_flops(compiled.as_text())
+  flops = xla_flops + mm["counted"] - mm["once"]   # the loops' dots times their trips
   est = None
   if topo.chip is not None:
     est = max(flops / topo.chip.peak_flops, accessed / topo.chip.hbm_bandwidth)
-  return {"name": name, "mesh": dict(mesh.shape), "flops": flops, "bytes_accessed": accessed,
+  return {"name": name, "mesh": dict(mesh.shape), "flops": flops, "xla_flops": xla_flops,
+          "loops": mm["loops"], "bytes_accessed": accessed,
           "per_device": {"arguments": int(mem.argument_size_in_bytes),
                          "outputs": int(mem.output_size_in_bytes), "temps": int(temps),
                          "total": int(total), "hbm": int(topo.hbm)},
           "memory_spaces": spaces, "fits": bool(total <= topo.hbm),
-          "attention_kernels": sorted(set(chosen)), "est_seconds": est}
+          "attention_kernels": sorted(set(chosen)), "est_seconds": est,
+          **({"uncounted": cost["uncounted"]} if cost.get("uncounted") else {})}
 
 
 # ------------------------------------------------------------------ what is planned
@@ -536,8 +633,49 @@ def job_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
   return study_programs(src, topo, mesh, job)
 
 
+def _study(src: Source, mesh):
+  """A patching Study of the job's pairs (rows x seq tokens) from shapes alone: params
+  ShapeDtypeStructs placed as training places them, the unpatched runs not run. The
+  clean and corrupt prompts differ at every position (no shared prefix: the most
+  work)."""
+  from mha_jax.toolkit import activation_patching, pairs as pairs_lib
+  tokens = src.batches["forward"]["tokens"]
+  n, t = tokens.shape[0], tokens.shape[1] - 1
+  z = np.zeros(n, np.int32)
+  pairs = pairs_lib.Pairs(np.zeros((n, t), np.int32), np.ones((n, t), np.int32), z, z + 1,
+                          np.full(n, t, np.int32), [{}] * n)
+  base = {r: {"ld": np.zeros(n), "logp": np.zeros(n)} for r in ("clean", "corrupt")}
+  params = _placed(src.params, sharding.shardings(src.params, mesh))
+  return activation_patching.Study(src.task, params, pairs, baseline=base)
+
+
+def _shapes(args, mesh) -> tuple:
+  """Program arguments as ShapeDtypeStructs: those already one kept, the rest (tokens,
+  indices, node values) replicated over the mesh."""
+  rep = NamedSharding(mesh, P())
+  return jax.tree.map(lambda a: a if isinstance(a, jax.ShapeDtypeStruct) else
+                      jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=rep), args)
+
+
 def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
-  raise UserError(f"job {job!r} is not planned yet", setting="job")
+  """patch: the activation-patching sweep of `patch --sites head_out` (Study.patch_many
+  at the chunk its memory budget gives); circuit: the EAP and EAP-IG (5 steps on the
+  inputs) gradient programs of `circuit` (circuits/edges.py) on the corrupt ablation."""
+  # host arrays, outside the target's mesh (a TPU compile-only client runs nothing);
+  # the programs are traced for the target in compile_program
+  with jax.default_device(jax.devices("cpu")[0]):
+    study = _study(src, mesh)
+  if job == "patch":
+    with jax.default_device(jax.devices("cpu")[0]):
+      prog = study.sweep_program([("z", False)])
+    out = compile_program("patch_sweep", prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
+    return [dict(out, chunk=prog["chunk"], groups=prog["groups"])]
+  from mha_jax.circuits import edges
+  with jax.default_device(jax.devices("cpu")[0]):
+    es = edges.EdgeStudy(study, run=False)
+    progs = (("eap", es.eap_program()), ("eap_ig", es.eap_ig_program()))
+  return [compile_program(name, prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
+          for name, prog in progs]
 
 
 # ------------------------------------------------------------------ the plan
@@ -594,6 +732,7 @@ def make_plan(opts: PlanOptions, *, config: str | None = None, overrides=(),
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
           **_versions()}
   plan["source"] = src.where
+  plan["machine"] = machine.machine()     # the machine that compiled the plan
   if topo.chip is not None:
     plan["chip"] = dataclasses.asdict(topo.chip)
   if not plan["fits"]:
@@ -649,10 +788,12 @@ def format_plan(plan: dict) -> str:
   for p in plan["programs"]:
     d = p["per_device"]
     est = "-" if p["est_seconds"] is None else f"{p['est_seconds'] * 1e3:.2f}"
+    tf = "-" if p["flops"] is None else f"{p['flops'] / 1e12:.3f}"
+    acc = "-" if p["bytes_accessed"] is None else f"{p['bytes_accessed'] / 1e9:.2f}"
+    temps = "-" if d["temps"] is None else _gib(d["temps"])
     lines.append(f"{p['name']:<14} {_gib(d['arguments']):>8} {_gib(d['outputs']):>8} "
-                 f"{_gib(d['temps']):>8} {_gib(d['total']):>8} {_gib(d['hbm']):>7} "
-                 f"{'yes' if p['fits'] else 'NO':>4} {p['flops'] / 1e12:>9.3f} "
-                 f"{p['bytes_accessed'] / 1e9:>8.2f} {est:>9}  "
+                 f"{temps:>8} {_gib(d['total']):>8} {_gib(d['hbm']):>7} "
+                 f"{'yes' if p['fits'] else 'NO':>4} {tf:>9} {acc:>8} {est:>9}  "
                  f"{','.join(p['attention_kernels']) or '-'}")
   s = plan.get("suggestion")
   if s is not None and s["fits"]:

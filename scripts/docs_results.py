@@ -802,13 +802,19 @@ def plan_page(docs):
         dev = g["per_device"]
         prow.append([path.stem, p["topology"], ",".join(f"{k}={v}" for k, v in p["mesh"].items()),
                      g["name"], f"{p['params']['count']:,}", _f(dev["arguments"] / 2**30, 2),
-                     _f(dev["temps"] / 2**30, 2), _f(dev["total"] / 2**30, 2),
+                     "" if dev["temps"] is None else _f(dev["temps"] / 2**30, 2),
+                     _f(dev["total"] / 2**30, 2),
                      _f(dev["hbm"] / 2**30, 0), "yes" if g["fits"] else "no",
-                     _f(g["flops"] / 1e12, 2),
-                     "" if g["est_seconds"] is None else _f(g["est_seconds"] * 1e3, 1)])
-    parts += ["## Plans", "", "Per device, GiB; TFLOP per device.", "",
+                     "" if g["flops"] is None else _f(g["flops"] / 1e12, 2),
+                     "" if g.get("xla_flops") is None else _f(g["xla_flops"] / 1e12, 2),
+                     "" if g["est_seconds"] is None else _f(g["est_seconds"] * 1e3, 1),
+                     ", ".join(g["attention_kernels"]), g.get("chunk", "")])
+    parts += ["## Plans", "", "Per device, GiB; TFLOP per device (TFLOP: every loop trip "
+              "counted; XLA: XLA's cost analysis, a loop body once); chunk: a patch "
+              "sweep's interventions per group.", "",
               _table(["plan", "topology", "mesh", "program", "params", "args", "temps",
-                      "total", "HBM", "fits", "TFLOP", "est ms"], prow), "",
+                      "total", "HBM", "fits", "TFLOP", "XLA TFLOP", "est ms", "kernels",
+                      "chunk"], prow), "",
               _source(*[f"results/plans/{p.name}" for p in plans]), ""]
   return "\n".join(parts)
 

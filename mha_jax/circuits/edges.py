@@ -59,11 +59,13 @@ class EdgeStudy:
 
   study: toolkit.activation_patching.Study; metric: (N, V) logits -> (N,) per pair (default: the
   Study's logit difference); ablation: toolkit.ablations KINDS; mean_per_position: the
-  mean ablation's mean per position (else over positions).
+  mean ablation's mean per position (else over positions). run=False: nothing runs (the
+  study's params may be ShapeDtypeStructs; `mha-jax plan`): clean_out and ablated are
+  shapes, m_full and m_empty None, and only the *_program methods serve.
   """
 
   def __init__(self, study: activation_patching.Study, *, metric: Callable | None = None,
-               ablation: str = "corrupt", mean_per_position: bool = True):
+               ablation: str = "corrupt", mean_per_position: bool = True, run: bool = True):
     ablations.check_kind(ablation)
     self.s, self.params = study, study.params
     self.graph = graph_lib.graph_of(study, study.params)
@@ -75,6 +77,13 @@ class EdgeStudy:
     self._jit: dict = {}
     outs = self._cached("outputs", lambda: lambda p, tok: graph_lib.node_outputs(
         self.graph, p, self.s._forward(p, tok, read=self.sites)[1]))
+    if not run:
+      self.clean_out = outs.eval_shape(self.params, study.tokens["clean"])
+      self.ablated = jax.eval_shape(lambda c: ablations.values(
+          ablation, c, corrupt=c if ablation == "corrupt" else None,
+          per_position=mean_per_position), self.clean_out)
+      self.m_full = self.m_empty = None
+      return
     self.clean_out = outs(self.params, study.tokens["clean"])
     corrupt = outs(self.params, study.tokens["corrupt"]) if ablation == "corrupt" else None
     self.ablated = ablations.values(ablation, self.clean_out, corrupt=corrupt,
@@ -253,18 +262,27 @@ class EdgeStudy:
   def eap(self) -> np.ndarray:
     """(E,) EAP's estimate of exact(): (A_u - a_u) . dm/d(input_e) at the clean run, from
     one backward to every end (the node outputs and ablated values are the study's)."""
-    def build():
-      def fn(p, abl, clean):
-        grads = self._end_grads(p)
-        return jnp.einsum("btnd,bted->ne", abl - clean, grads)
-      return fn
-    g = self._cached("eap", build)(self.params, self.ablated, self.clean_out)
+    prog = self.eap_program()
+    g = self._cached(prog["key"], lambda: prog["fn"])(*prog["args"])
     return np.asarray(g, np.float64)[self.edges[:, 0], self.edges[:, 1]]
+
+  def eap_program(self) -> dict:
+    """eap()'s program, not run: {"fn" (not jitted), "args", "key"}."""
+    def fn(p, abl, clean):
+      grads = self._end_grads(p)
+      return jnp.einsum("btnd,bted->ne", abl - clean, grads)
+    return {"fn": fn, "args": (self.params, self.ablated, self.clean_out), "key": "eap"}
 
   def eap_ig(self, steps: int = 5, on: str = "inputs", points: str = "left") -> np.ndarray:
     """(E,) EAP-IG's estimate: the gradient averaged over `steps` points alpha
     (ig_alphas) between the ablated run (alpha 0) and the clean run (alpha 1); on
     "inputs" or "activations" (see the module docstring)."""
+    prog = self.eap_ig_program(steps, on, points)
+    g = self._cached(prog["key"], lambda: prog["fn"])(*prog["args"])
+    return np.asarray(g, np.float64)[self.edges[:, 0], self.edges[:, 1]]
+
+  def eap_ig_program(self, steps: int = 5, on: str = "inputs", points: str = "left") -> dict:
+    """eap_ig()'s program, not run: {"fn" (not jitted), "args", "key"}."""
     if on not in IG_ON:
       raise UserError(f"ig_on must be one of {IG_ON}; got {on!r}", setting="ig_on")
     if steps < 1:
@@ -287,9 +305,8 @@ class EdgeStudy:
         total, _ = jax.lax.scan(one, jnp.zeros_like(ones), alphas)
         return total / steps
       return fn
-    g = self._cached(("ig", on, steps), build)(self.params, alphas, self.ablated,
-                                               self.clean_out)
-    return np.asarray(g, np.float64)[self.edges[:, 0], self.edges[:, 1]]
+    return {"fn": build(), "args": (self.params, alphas, self.ablated, self.clean_out),
+            "key": ("ig", on, steps, points)}
 
   def agreement(self, estimate, *, sample: int = 200, top: int = 20, seed: int = 0) -> dict:
     """activation_patching.agreement of estimate (E,) with exact patching on a sample of edges: the

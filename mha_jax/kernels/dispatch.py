@@ -104,7 +104,7 @@ _FALLBACK_BYTES = 4 * 2**30
 def memory_limit(target: Target | None = None) -> tuple[int, str]:
   """(bytes, what they are) of the memory one device of `target` (None: the current
   target, kernels/target.py) may use: for a known accelerator kind its HBM
-  (target.HBM_BYTES), the same on the machine that lowers a program as on the one that
+  (mha_jax.chips), the same on the machine that lowers a program as on the one that
   runs it; for this process's own device of an unknown kind, its reported limit; for a
   CPU, the host's available memory or the process's address-space limit (RLIMIT_AS),
   whichever is smaller. Read once per process and target."""

@@ -91,12 +91,14 @@ def check_supported(kernel: str, q_BTHK, k_BSHK, v_BSHK, mask_BHTS=None, bias_BH
     raise ValueError(f"Pallas kernel {kernel!r} takes no score bias (bias or rel_bias). "
                      f"Use impl='blocked' (or 'tpu_flash' on TPU)")
   if kernel == "gpu":
-    if dk > 256:
-      raise ValueError(f"Pallas GPU kernel needs head width K <= 256; got K={dk}")
+    # Triton lowers only arrays whose sizes are powers of 2: the head width and every
+    # block (min(128, n) and min(32, n) of T and S; found by compiling for an H100)
+    if dk > 256 or dk & (dk - 1):
+      raise ValueError(f"Pallas GPU kernel needs head width K a power of 2 <= 256; got K={dk}")
     for name, n in (("T", t), ("S", s)):
-      blk = min(128, n)
-      if n % blk:
-        raise ValueError(f"Pallas GPU kernel needs {name} a multiple of {blk}; got {name}={n}")
+      if n % 128 and n & (n - 1):
+        raise ValueError(f"Pallas GPU kernel needs {name} a multiple of 128 or a power of 2 "
+                         f"below it; got {name}={n}")
   else:
     for name, n in (("T", t), ("S", s)):
       if n % _TPU_BLOCK:

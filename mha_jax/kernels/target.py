@@ -17,13 +17,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import re
 import threading
 from typing import Iterator
 
 import jax
 import numpy as np
 from jax.sharding import AbstractDevice, AbstractMesh, Mesh
+
+from mha_jax import chips
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 
@@ -162,28 +163,9 @@ def shard_specs(mesh_shape: dict, free: tuple[str, ...], b: int, h: int, g: int)
   return batch, None, False
 
 
-# Memory per device (bytes) by device kind: Cloud TPU system architecture pages
-# (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e: HBM per chip; v2/v3 list it per chip of two
-# cores, and JAX's device there is a core) and NVIDIA's data sheets. The kernel choice reads
-# this, not the device's own report, so that a laptop lowering for a TPU and the TPU VM
-# itself choose the same kernels.
-HBM_BYTES = {
-    "TPU v2": 8 * 2**30, "TPU v3": 16 * 2**30, "TPU v4": 32 * 2**30,
-    "TPU v5 lite": 16 * 2**30, "TPU v5e": 16 * 2**30, "TPU v5": 95 * 2**30,
-    "TPU v5p": 95 * 2**30, "TPU v6 lite": 32 * 2**30, "TPU v6e": 32 * 2**30,
-    "NVIDIA H200": 141 * 10**9, "NVIDIA H100": 80 * 10**9, "NVIDIA A100": 40 * 10**9,
-}
-
-
 def hbm_bytes(device_kind: str) -> int | None:
-  """The memory of one device of this kind (HBM_BYTES), or None when unknown. A GPU kind
-  that names its memory ('NVIDIA A100-SXM4-80GB') is read from its name."""
-  if device_kind in HBM_BYTES:
-    return HBM_BYTES[device_kind]
-  m = re.search(r"(\d+)\s*GB", device_kind)
-  if device_kind.startswith("NVIDIA") and m:
-    return int(m.group(1)) * 10**9
-  for kind, n in HBM_BYTES.items():
-    if kind.startswith("NVIDIA") and device_kind.startswith(kind):
-      return n
-  return None
+  """The memory of one device of this kind (mha_jax.chips, the one table of published
+  chip numbers), or None when unknown. The kernel choice reads this, not the device's
+  own report, so that a laptop lowering for a TPU and the TPU VM choose the same."""
+  chip = chips.of_kind(device_kind)
+  return None if chip is None else chip.hbm_bytes

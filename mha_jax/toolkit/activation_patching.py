@@ -283,6 +283,45 @@ class Study:
     unless given; batches of pairs run one after another (the same program) and their
     per-pair results are joined. Returns {site: what `patch(site, per_position=...)`
     returns}."""
+    n_idx, n_sites = self._sweep_size(sweeps, layers)
+    plan = self.last_plan = self.plan(n_idx, n_sites)
+    chunk = chunk or plan.interventions_per_group
+    pairs_per_batch = pairs_per_batch or plan.pairs_per_batch
+    if pairs_per_batch < self.n:
+      return self._by_pairs(pairs_per_batch, lambda sub: sub.patch_many(
+          sweeps, direction=direction, layers=layers, chunk=chunk,
+          pairs_per_batch=sub.n))
+    prog = self.sweep_program(sweeps, direction=direction, layers=layers, chunk=chunk)
+    ld, logp = self._cached(prog["key"], lambda: prog["fn"])(*prog["args"])
+    idx, n = prog["idx"], self.n
+    ld = np.asarray(ld).reshape(-1, n)[prog["where"]]   # idx's order, padding left out
+    logp = np.asarray(logp).reshape(-1, n)[prog["where"]]
+    out = {}
+    for j, (s, pp) in enumerate(prog["sweeps"]):
+      rows = [r for r, ix in enumerate(idx) if ix[0] == j]
+      out[s] = self._table([idx[r][1:] for r in rows], ld[rows], logp[rows],
+                           max(prog["counts"][j]), prog["per_head"][j], pp,
+                           prog["base_run"])
+    return out
+
+  def _sweep_size(self, sweeps, layers) -> tuple[int, int]:
+    """(interventions, sites) of a sweep, as sweep_program counts them."""
+    pre = self.prefix
+    chosen = range(self.layers) if layers is None else {int(l) for l in layers}
+    total = 0
+    for s, pp in sweeps:
+      ph = s in HEAD_SITES or s in KV_SITES
+      per_layer = (self.kv_heads if s in KV_SITES else self.heads) if ph else [1] * self.layers
+      total += sum(per_layer[l] for l in chosen if 0 <= l < self.layers) * (
+          (self.t - pre) if pp else 1)
+    return total, len(sweeps)
+
+  def sweep_program(self, sweeps: Sequence[tuple[str, bool]], *, direction: str = "denoise",
+                    layers: Sequence[int] | None = None, chunk: int | None = None) -> dict:
+    """The program `patch_many` runs, not run: {"fn" (not jitted), "args" (its
+    arguments, self.params first), "key" (its cache key), "chunk" (interventions per
+    group C), "groups" (G), "idx", "where", "counts", "per_head", "sweeps", "base_run"}.
+    `mha-jax plan` compiles fn from the args' shapes."""
     base_run, src_run = self._runs(direction)
     sweeps = tuple((s, bool(pp)) for s, pp in sweeps)
     sites = [s for s, _ in sweeps]
@@ -302,13 +341,7 @@ class Study:
            for h in range(counts[k][l]) for p in (range(pre, self.t) if pp else (-1,))]
     names = {s: tuple(_site(i, s) for i in range(self.layers)) for s in sites}
     flat = tuple(n for s in sites for n in names[s])
-    plan = self.last_plan = self.plan(len(idx), len(sites))
-    chunk = chunk or plan.interventions_per_group
-    pairs_per_batch = pairs_per_batch or plan.pairs_per_batch
-    if pairs_per_batch < self.n:
-      return self._by_pairs(pairs_per_batch, lambda sub: sub.patch_many(
-          sweeps, direction=direction, layers=layers, chunk=chunk,
-          pairs_per_batch=sub.n))
+    chunk = chunk or self.plan(len(idx), len(sites)).interventions_per_group
     starts, rows, where = self._groups(idx, chosen, chunk, self.share_depth)
     cols = tuple(jnp.asarray(np.asarray(c, np.int32)[rows]) for c in zip(*idx))  # (G, C)
     c, n = rows.shape[1], self.n
@@ -346,18 +379,12 @@ class Study:
         return jax.lax.map(group, (starts, ks, ls, hs, ps))
       return fn
 
-    key = ("patch", sweeps, rows.shape, starts is None)   # direction: the prompts passed
-    ld, logp = self._cached(key, build)(
-        self.params, self.tokens[base_run], self.tokens[src_run],
-        None if starts is None else jnp.asarray(starts), *cols)
-    ld = np.asarray(ld).reshape(-1, n)[where]       # back to idx's order, padding left out
-    logp = np.asarray(logp).reshape(-1, n)[where]
-    out = {}
-    for j, (s, pp) in enumerate(sweeps):
-      rows = [r for r, ix in enumerate(idx) if ix[0] == j]
-      out[s] = self._table([idx[r][1:] for r in rows], ld[rows], logp[rows],
-                           max(counts[j]), per_head[j], pp, base_run)
-    return out
+    args = (self.params, self.tokens[base_run], self.tokens[src_run],
+            None if starts is None else jnp.asarray(starts), *cols)
+    return {"fn": build(), "args": args, "chunk": c, "groups": rows.shape[0],
+            "key": ("patch", sweeps, rows.shape, starts is None),  # direction: the prompts
+            "idx": idx, "where": where, "counts": counts, "per_head": per_head,
+            "sweeps": sweeps, "base_run": base_run}
 
   def _by_pairs(self, size: int, run) -> dict:
     """run(sub-study) on batches of <= size pairs, the per-pair "ld" and "logp" (last

@@ -21,15 +21,15 @@ needs_plugin = pytest.mark.skipif(not gpu_targets.plugin_installed(),
                                   reason="the CUDA plugin is not installed")
 
 
-@pytest.mark.parametrize("name", sorted(gpu_targets.CHIPS))
+@pytest.mark.parametrize("name", gpu_targets.GPUS)
 def test_target_config_carries_the_chip(name):
-  chip = gpu_targets.CHIPS[name]
+  chip, spec = gpu_targets.chip(name), gpu_targets.SPECS[name]
   text = gpu_targets.target_config(name)
   field = lambda key: re.search(rf"\b{key}: ([0-9.e+]+)", text).group(1)
   assert int(field("device_memory_size")) == chip.hbm_bytes
   assert int(field("memory_bandwidth")) == int(chip.hbm_bandwidth)
-  assert int(field("core_count")) == chip.sm_count
-  assert int(field("major")) == chip.compute_capability[0]
+  assert int(field("core_count")) == spec.sm_count
+  assert int(field("major")) == spec.compute_capability[0]
   assert f'device_description_str: "{chip.device_kind}"' in text
   assert chip.source and chip.peak_flops > 1e14
 
@@ -62,12 +62,12 @@ def _compile(fn, *structs):
 
 @needs_plugin
 @pytest.mark.gpu_compile
-@pytest.mark.parametrize("name", sorted(gpu_targets.CHIPS))
+@pytest.mark.parametrize("name", gpu_targets.GPUS)
 def test_attention_train_step_compiles_for_the_gpu(name):
   """multi_head_attention's forward+backward (blocked kernel, bf16) compiled for the GPU:
   the devices are the chip's; argument and output bytes are the shapes' bytes."""
   (dev,) = gpu_targets.gpu_devices(name, 1)
-  assert dev.platform == "gpu" and dev.device_kind == gpu_targets.CHIPS[name].device_kind
+  assert dev.platform == "gpu" and dev.device_kind == gpu_targets.chip(name).device_kind
   b, t, d, h = 2, 256, 256, 4
   sh = jax.sharding.SingleDeviceSharding(dev)
   params = jax.eval_shape(lambda: attention.init_attention_params(jax.random.key(0), d, h))

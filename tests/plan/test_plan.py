@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from builders import ROOT, with_devices
 
-from mha_jax import accounting, attention, cli, plan
+from mha_jax import accounting, attention, chips, cli, gpu_targets, plan
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 LLAMA_8B = os.path.join(ROOT, "docs", "data", "llama-3.1-8b.config.json")
@@ -75,6 +75,32 @@ def test_temps_hold_the_reference_kernels_scores():
   assert prog["attention_kernels"] == ["reference"]
 
 
+def test_flops_count_every_trip_of_a_loop():
+  """XLA's cost analysis counts a while body once; the plan's FLOPs count the blocked
+  kernel's key-block loop at every trip: within 2% of the analytic matmul count (the rest
+  is the softmax's elementwise work), where XLA's own count is under half of it."""
+  topo = plan.topology("cpu:1")
+  mesh = plan.sharding.make_mesh(1, 1, devices=topo.devices)
+  b, t, d, h = 2, 1024, 64, 4
+  params = jax.eval_shape(lambda k: attention.init_attention_params(k, d, h),
+                          jax.random.PRNGKey(0))
+  x = jax.ShapeDtypeStruct((b, t, d), jnp.float32)
+  prog = plan.compile_program("blocked", lambda p, x: attention.multi_head_attention(
+      p, x, x, impl="blocked"), (params, x), topo, mesh)
+  want = accounting.attention_flops(d, t, batch=b, num_heads=h)["total"]
+  assert prog["loops"] and all(n and n > 1 for n in prog["loops"])
+  assert want <= prog["flops"] <= 1.02 * want
+  assert prog["xla_flops"] < want / 2
+
+
+def test_matmul_flops_of_a_fori_loop():
+  m, k, trips = 16, 32, 7
+  f = lambda x, w: jax.lax.fori_loop(0, trips, lambda i, x: jnp.tanh(x @ w), x)
+  hlo = jax.jit(f).lower(jnp.ones((m, k)), jnp.ones((k, k))).compile().as_text()
+  got = plan.matmul_flops(hlo)
+  assert got == {"once": 2 * m * k * k, "counted": 2 * m * k * k * trips, "loops": [trips]}
+
+
 def test_a_job_too_big_is_a_plan_that_does_not_fit(tmp_path, capsys):
   """A config.json whose embeddings alone (16 Mi tokens x 8,192 floats, twice) pass any
   host's memory: fits false with the numbers, exit status 0."""
@@ -97,6 +123,25 @@ def test_a_job_too_big_is_a_plan_that_does_not_fit(tmp_path, capsys):
   assert "does not fit" in capsys.readouterr().out
 
 
+def test_a_compile_refused_for_memory_is_a_plan_that_does_not_fit(monkeypatch):
+  """libtpu refuses to compile a program whose temporaries pass the HBM (RESOURCE_EXHAUSTED,
+  as Llama-3.1-8B's train step on v5e:2x4 did): the plan says fits false, with the
+  compiler's temporaries and the arguments' bytes from their shapes."""
+  msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+         "temporaries (37.86G) exceeds available HBM (15.75G).")
+
+  def refuse(self, *a, **k):
+    raise jax.errors.JaxRuntimeError(msg)
+  monkeypatch.setattr(jax.stages.Lowered, "compile", refuse)
+  p = _induction_plan(search=0)
+  (prog,) = p["programs"]
+  dev = prog["per_device"]
+  assert p["fits"] is False and prog["fits"] is False and prog["flops"] is None
+  assert dev["temps"] == int(37.86 * 2**30) and dev["arguments"] >= p["params"]["bytes"]
+  assert dev["total"] >= dev["temps"] + dev["arguments"]
+  assert "does not fit" in plan.format_plan(p)
+
+
 def test_a_bad_topology_is_refused_by_name(tmp_path, capsys):
   rc = cli.main(["plan", "--topology", "v5x:2x2", "--config", "configs/induction.py",
                  "--out", str(tmp_path / "p")])
@@ -112,6 +157,34 @@ def test_a_tpu_topology_without_libtpu_says_how_to_get_it(tmp_path, capsys):
   assert rc == 2 and "pip install 'mha-jax[tpu]'" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(gpu_targets.plugin_installed(), reason="the CUDA plugin is installed")
+def test_a_gpu_topology_without_the_plugin_says_how_to_get_it(tmp_path, capsys):
+  rc = cli.main(["plan", "--topology", "h100:1", "--config", "configs/induction.py",
+                 "--out", str(tmp_path / "p")])
+  assert rc == 2 and "jax-cuda12-plugin==" in capsys.readouterr().err
+
+
+@pytest.mark.gpu_compile
+@pytest.mark.skipif(not gpu_targets.plugin_installed(), reason="needs the CUDA plugin")
+def test_the_verb_on_a_compile_only_h100(tmp_path):
+  """plan --topology h100:1 through the CLI: the H100's device kind and memory, FLOPs from
+  gpu_targets.cost_analysis, a roofline time from mha_jax.chips."""
+  out = tmp_path / "p"
+  rc = cli.main(["plan", "--topology", "h100:1", "--config", "configs/induction.py",
+                 "--config.model.num_heads=8", "--job", "forward", "--out", str(out)])
+  assert rc == 0
+  doc = json.loads((out / "plan.json").read_text())
+  h100 = chips.CHIPS["h100"]
+  assert (doc["platform"], doc["device_kind"], doc["devices"]) == ("gpu", h100.device_kind, 1)
+  (prog,) = doc["programs"]
+  assert prog["per_device"]["hbm"] == h100.hbm_bytes and prog["fits"]
+  # the batch's forward: at least the attention layers' matmuls (accounting's count)
+  b, t = 32, 48    # 32 rows of 49 tokens: 48 positions at least
+  assert prog["flops"] >= 2 * accounting.attention_flops(64, t, batch=b)["total"]
+  assert prog["est_seconds"] > 0
+
+
+@pytest.mark.slow   # 8 families' transformers models built and saved: 27 s under load
 def test_hf_config_param_shapes_are_the_importers(tmp_path):
   """For each decoder family, the shapes plan reads from a config.json are those the
   importer builds from the same model's tensors."""
@@ -148,6 +221,33 @@ def test_the_verb_on_4_host_devices_with_a_model_axis(tmp_path):
   assert "train_step" in r.stdout
 
 
+def test_circuit_job_counts_eap_igs_five_gradients():
+  """job circuit from shapes alone: EAP (one backward to every end) and EAP-IG (5 of them
+  in a scan, the edge product once, as in EAP). With each trip counted, EAP-IG's FLOPs
+  pass 2.5 EAPs' (XLA's own count, the scan body once, is about one EAP's)."""
+  p = _induction_plan(job="circuit", batch=4)
+  eap, ig = p["programs"]
+  assert (eap["name"], ig["name"]) == ("eap", "eap_ig") and 5 in ig["loops"]
+  assert 2.5 * eap["flops"] < ig["flops"] < 5 * eap["flops"]
+  assert ig["xla_flops"] < 1.5 * eap["flops"]
+
+
+def test_the_patch_job_on_2_host_devices(tmp_path):
+  """job patch through the CLI on cpu:2 with the heads over model=2: one sweep program
+  whose groups of `chunk` interventions cover every layer and head (2 x 8)."""
+  out = tmp_path / "p"
+  r = subprocess.run([sys.executable, "-m", "mha_jax.cli", "plan", "--topology", "cpu:2",
+                      "--config", "configs/induction.py", "--config.model.num_heads=8",
+                      "--mesh", "model=2", "--job", "patch", "--batch", "4", "--out", str(out)],
+                     cwd=ROOT, env=with_devices(1), capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr
+  doc = json.loads((out / "plan.json").read_text())
+  (prog,) = doc["programs"]
+  assert prog["name"] == "patch_sweep" and doc["mesh"] == {"data": 1, "model": 2}
+  assert prog["chunk"] >= 1 and prog["chunk"] * prog["groups"] >= 2 * 8
+  assert prog["flops"] > 0 and prog["fits"]
+
+
 # ------------------------------------------------------------------ TPU topologies
 
 @pytest.mark.tpu
@@ -180,3 +280,15 @@ def test_tpu_llama_8b_forward_plan_has_the_published_param_count():
                                       dtype="bfloat16", batch=4, seq=128, mesh="model=4"))
   assert p["params"]["count"] == 8_030_261_248      # Llama-3.1-8B's published size
   assert p["devices"] == 4 and np.isfinite(p["programs"][0]["est_seconds"])
+
+
+@pytest.mark.tpu
+@pytest.mark.skipif(not HAS_LIBTPU, reason="needs libtpu (pip install 'mha-jax[tpu]')")
+def test_tpu_lm_train_step_runs_pallas_under_auto():
+  """configs/lm.py (T 128, impl auto) planned for v5e:2x2 on this CPU machine: the train
+  and eval steps are traced for the slice, so auto's choice is the Pallas kernel (inside
+  shard_map over the data axis), as on the TPU VM."""
+  p = plan.make_plan(plan.PlanOptions(topology="v5e:2x2", job="train"),
+                     config=os.path.join(ROOT, "configs", "lm.py"))
+  assert [g["attention_kernels"] for g in p["programs"]] == [["pallas"], ["pallas"]]
+  assert p["fits"] and p["device_kind"] == chips.CHIPS["v5e"].device_kind
