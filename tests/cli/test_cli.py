@@ -125,7 +125,7 @@ def prune_calls(monkeypatch):
   from mha_jax.pruning import prune as prune_lib
   calls = []
   from mha_jax import loader
-  monkeypatch.setattr(loader, "load", lambda workdir, step=None: types.SimpleNamespace(
+  monkeypatch.setattr(loader, "load_workdir", lambda workdir, step=None: types.SimpleNamespace(
       workdir=workdir))
   monkeypatch.setattr(prune_lib, "prune", lambda loaded, out, opts: calls.append(
       dict(workdir=loaded.workdir, out=out, **dataclasses.asdict(opts))) or

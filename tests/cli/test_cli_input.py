@@ -53,7 +53,7 @@ def no_load(monkeypatch):
   """mha_jax.load fails the test: nothing may be loaded before the checks."""
   from mha_jax import loader
   # The studies take a loaded run; the CLI loads it, through loader.load, after the checks.
-  monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("worked before checking"))
+  monkeypatch.setattr(loader, "load_workdir", lambda *a, **k: pytest.fail("worked before checking"))
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -81,7 +81,7 @@ def test_role_steps_default_roles_leave_out_successor_without_a_tokenizer(ind_ru
 def no_load(monkeypatch):
   """mha_jax.load fails the test: nothing may be loaded before the checks."""
   from mha_jax import loader
-  monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("worked before checking"))
+  monkeypatch.setattr(loader, "load_workdir", lambda *a, **k: pytest.fail("worked before checking"))
 
 
 @pytest.mark.parametrize("value", ["soon", "-1", "inf"])
