@@ -1168,28 +1168,41 @@ def _set(tree, path, value):
   tree[parts[-1]] = value
 
 
-def _vec_shape(name: str, s: dict) -> tuple:
-  """The shape a "vec" tensor must have: the embeddings (V, D) / (max_len, D), an MLP's
-  hidden biases (F,), every other vector (D,)."""
+def _vec_shape(name: str, s: dict) -> tuple | None:
+  """The shape a "vec" tensor must have, where its name says: the embeddings (V, D) /
+  (max_len, D), an MLP's hidden biases (F,), a norm's (D,); None (not checked here; the
+  model's own shapes check it) for a name of another family's layout."""
   if name.endswith(("embed_tokens.weight", "wte.weight", "embed_in.weight",
                     "token_embd.weight")):
     return (s["v"], s["d"])
   if name.endswith(("wpe.weight", "position_embd.weight")):
     return (s["max_len"], s["d"])
+  if "expert" in name:
+    return None
   if name.endswith(("gate_proj.bias", "up_proj.bias", "c_fc.bias", "dense_h_to_4h.bias",
                     "ffn_up.bias")):
     return (s["f"],)
-  return (s["d"],)
+  module = (name.rsplit(".", 2) + ["", ""])[-3] if name.count(".") < 1 else name.rsplit(".", 2)[-2]
+  if ("norm" in module or module.startswith("ln_")) and "attn" not in name:
+    return (s["d"],)
+  return None
 
 
-def _lin_shape(name: str, s: dict) -> tuple:
-  """The (out, in) shape of a "lin" tensor: the unembedding (V, D), an MLP's up / gate
-  (F, D) or down (D, F) projection."""
-  if "down" in name or name.endswith(("c_proj.weight", "dense_4h_to_h.weight")):
+def _lin_shape(name: str, s: dict) -> tuple | None:
+  """The (out, in) shape of a "lin" tensor where its name says: the unembedding (V, D),
+  an MLP's up / gate (F, D) or down (D, F) projection; None for other names (experts
+  have widths of their own)."""
+  if "expert" in name:
+    return None
+  if name.endswith(("down_proj.weight", "c_proj.weight", "dense_4h_to_h.weight",
+                    "ffn_down.weight")) and "attn" not in name:
     return (s["d"], s["f"])
   if name.endswith(("lm_head.weight", "embed_out.weight", "output.weight")):
     return (s["v"], s["d"])
-  return (s["f"], s["d"])
+  if name.endswith(("gate_proj.weight", "up_proj.weight", "c_fc.weight",
+                    "dense_h_to_4h.weight", "ffn_up.weight", "ffn_gate.weight")):
+    return (s["f"], s["d"])
+  return None
 
 
 def _convert(t: Tensors, name, kind, s, family, dt):
@@ -1211,7 +1224,8 @@ def _convert(t: Tensors, name, kind, s, family, dt):
   if kind == "lin":
     return {"": cast(t.take(name, _lin_shape(name, s)).T)}
   if kind == "conv":
-    return {"": cast(t.take(name, _lin_shape(name, s)[::-1]))}
+    shape = _lin_shape(name, s)
+    return {"": cast(t.take(name, None if shape is None else shape[::-1]))}
   if kind == "q":
     return {"": cast(t.take(name, (h * k, d)).T.reshape(d, h, k))}
   if kind == "kv":

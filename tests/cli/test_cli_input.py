@@ -33,7 +33,7 @@ def test_cli_prints_one_line_for_bad_input_and_a_traceback_for_bugs(ind_run, tmp
 
   def bug(*a, **k):
     raise ValueError("an internal shape bug")        # e.g. raised inside JAX
-  monkeypatch.setattr(mha_jax.loader, "load", bug)
+  monkeypatch.setattr(mha_jax.loader, "load_workdir", bug)
   with pytest.raises(ValueError, match="an internal shape bug"):
     cli_mod.main(["eval", "--workdir", ind_run])
 
