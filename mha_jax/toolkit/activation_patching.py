@@ -307,12 +307,15 @@ class Study:
   def _sweep_size(self, sweeps, layers) -> tuple[int, int]:
     """(interventions, sites) of a sweep, as sweep_program counts them."""
     pre = self.prefix
-    chosen = range(self.layers) if layers is None else {int(l) for l in layers}
+    chosen = range(self.layers) if layers is None else sorted({int(l) for l in layers})
+    bad = [l for l in chosen if not 0 <= l < self.layers]
+    if bad:
+      raise UserError(f"layers: {bad} are not layers of this model (0..{self.layers - 1})")
     total = 0
     for s, pp in sweeps:
       ph = s in HEAD_SITES or s in KV_SITES
       per_layer = (self.kv_heads if s in KV_SITES else self.heads) if ph else [1] * self.layers
-      total += sum(per_layer[l] for l in chosen if 0 <= l < self.layers) * (
+      total += sum(per_layer[l] for l in chosen) * (
           (self.t - pre) if pp else 1)
     return total, len(sweeps)
 

@@ -81,7 +81,7 @@ def test_bad_target_and_pairs_are_refused_by_name(tiny_attn_lm, tmp_path, capsys
                      "--out", str(tmp_path / "o")]) == 2
     assert f"--target must be in (0, 1]; got {float(t)}" in capsys.readouterr().err
   bad = tmp_path / "bad.jsonl"
-  bad.write_text('{"clean": "ab", "corrupt": "ab", "answer": "d", "wrong": "e"}\n'
+  bad.write_text('{"clean": "ab", "corrupt": "ac", "answer": "d", "wrong": "e"}\n'
                  '{"clean": "ab", "corrupt": "abc", "answer": "d", "wrong": "e"}\n')
   assert cli.main(["circuit", "--workdir", wd, "--pairs", str(bad), "--out",
                    str(tmp_path / "o")]) == 2

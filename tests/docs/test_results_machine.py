@@ -134,10 +134,12 @@ def test_machine_of_renames_the_older_keys_and_keeps_the_record():
 
 
 def _is_record(node) -> bool:
-  """machine(...), or {**machine(...), more keys}: the one record (a name holding one is
-  trusted)."""
-  call = lambda n: (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-                    and n.func.id == "machine")
+  """machine(...) (or machine.machine(...)), or {**machine(...), more keys}: the one
+  record (a name holding one is trusted)."""
+  call = lambda n: (isinstance(n, ast.Call) and (
+      isinstance(n.func, ast.Name) and n.func.id == "machine"
+      or isinstance(n.func, ast.Attribute) and n.func.attr == "machine"
+      and isinstance(n.func.value, ast.Name) and n.func.value.id == "machine"))
   return (call(node) or isinstance(node, ast.Name)
           or isinstance(node, ast.Dict) and any(k is None and call(v)
                                                for k, v in zip(node.keys, node.values)))
