@@ -276,8 +276,15 @@ def test_tpu_temps_count_every_memory_space():
 @pytest.mark.tpu
 @pytest.mark.skipif(not HAS_LIBTPU, reason="needs libtpu (pip install 'mha-jax[tpu]')")
 def test_tpu_llama_8b_forward_plan_has_the_published_param_count():
-  p = plan.make_plan(plan.PlanOptions(topology="v5e:2x2", job="forward", hf_config=LLAMA_8B,
-                                      dtype="bfloat16", batch=4, seq=128, mesh="model=4"))
+  # a real run's matmul precision (the CLI's), not the tests' 'highest' (conftest.py):
+  # Mosaic refuses fp32 contract precision on bfloat16 operands
+  before = jax.config.jax_default_matmul_precision
+  jax.config.update("jax_default_matmul_precision", None)
+  try:
+    p = plan.make_plan(plan.PlanOptions(topology="v5e:2x2", job="forward", hf_config=LLAMA_8B,
+                                        dtype="bfloat16", batch=4, seq=128, mesh="model=4"))
+  finally:
+    jax.config.update("jax_default_matmul_precision", before)
   assert p["params"]["count"] == 8_030_261_248      # Llama-3.1-8B's published size
   assert p["devices"] == 4 and np.isfinite(p["programs"][0]["est_seconds"])
 
