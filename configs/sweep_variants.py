@@ -14,9 +14,10 @@ VARIANT_hH, e.g. gated_h8.
 
 import ml_collections
 
+from mha_jax import attention_variants
 from mha_jax import config as mc
 
-VARIANTS = "softmax+gated+gated_head+differential+sigmoid+sink+qk_norm"
+VARIANTS = "+".join(attention_variants.NAMES)   # every registered variant
 _BASE_ARGS = {"attn_only_text.py": "head_dim=0", "translation.py": "quickstart"}
 
 

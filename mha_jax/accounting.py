@@ -12,8 +12,9 @@ W_V shrink to D x h_kv d_k: params 2 D^2 + 2 D h_kv d_k, the K and V projections
 shrink alike, scores and mixing stay per query head, and the KV cache a decoder keeps
 (2 L T h_kv d_k numbers per sequence) shrinks by h / h_kv.
 
-The attention variants (mha_jax.attention.VARIANTS) add (variant_extra_params,
-attention_flops(variant=...), score_memory_bytes(variant=...)):
+The attention variants add what their registry entries declare
+(mha_jax/attention_variants.py: params, flops, maps; variant_extra_params,
+attention_flops(variant=...), score_memory_bytes(variant=...)). The built-in ones:
   gated         params + D^2 + D (wg, bg)       FLOPs + 2 T D^2 (the gate's projection)
   gated_head    params + D h + h                FLOPs + 2 T D h
   differential  params + 2 D + d_k (lambdas of (h, d_k / 2), diff_norm (d_k,))
@@ -32,6 +33,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax import attention_variants as variants
 from mha_jax.errors import UserError
 
 
@@ -87,21 +89,17 @@ def _kv_width(d_model: int, num_heads: int | None, num_kv_heads: int | None) -> 
   return num_kv_heads * (d_model // num_heads)
 
 
-_VARIANTS = ("softmax", "gated", "gated_head", "differential", "sigmoid", "sink", "qk_norm")
-
-
-def _check_variant(variant):
-  if variant not in _VARIANTS:
-    raise UserError(f"variant must be one of {_VARIANTS}; got {variant!r}")
+def _variant(name) -> variants.Variant:
+  """The registry's entry, an unknown name refused as a UserError."""
+  try:
+    return variants.get(name)
+  except ValueError as e:
+    raise UserError(str(e)) from None
 
 
 def variant_extra_params(variant: str, d_model: int, num_heads: int) -> int:
-  """Params a variant adds to one layer (see the module docstring)."""
-  _check_variant(variant)
-  d, h = d_model, num_heads
-  k = d // h
-  return {"softmax": 0, "sigmoid": 0, "gated": d * h * k + h * k, "gated_head": d * h + h,
-          "differential": 4 * h * (k // 2) + k, "sink": h, "qk_norm": 2 * k}[variant]
+  """Params a variant adds to one layer: its registry entry's params at d_k = D / h."""
+  return _variant(variant).param_count(d_model, num_heads, d_model // num_heads)
 
 
 def attention_params(d_model: int, num_heads: int, *, use_bias: bool = False,
@@ -131,11 +129,9 @@ def attention_flops(d_model: int, seq_len: int, *, kv_len: int | None = None,
   (2 T S D) and "total". Without GQA none depends on h; scores and mixing are per
   query head, so GQA changes only the K and V projections. variant: gated adds its
   gate's projection (2 T D^2), gated_head 2 T D h (needs num_heads); differential
-  mixes values with two maps (mixing 4 T S D).
+  mixes values with two maps (mixing 4 T S D): the registry entry's flops and maps.
   """
-  _check_variant(variant)
-  if variant == "gated_head" and num_heads is None:
-    raise UserError("variant='gated_head' needs num_heads (its gate is D x h)")
+  var = _variant(variant)
   _positive("d_model", d_model)
   _positive("seq_len", seq_len)
   _positive("batch", batch)
@@ -143,13 +139,13 @@ def attention_flops(d_model: int, seq_len: int, *, kv_len: int | None = None,
   _positive("kv_len", s)
   t, d = seq_len, d_model
   kv = _kv_width(d, num_heads, num_kv_heads)
-  proj = batch * (4 * t * d * d + 4 * s * d * kv)
-  if variant == "gated":
-    proj += batch * 2 * t * d * d
-  elif variant == "gated_head":
-    proj += batch * 2 * t * d * num_heads
+  try:
+    extra = var.flops(t, s, d, num_heads)
+  except ValueError as e:   # e.g. a gate of D x h without num_heads
+    raise UserError(str(e)) from None
+  proj = batch * (4 * t * d * d + 4 * s * d * kv + extra)
   scores = batch * 2 * t * s * d
-  mixing = batch * 2 * t * s * d * (2 if variant == "differential" else 1)
+  mixing = batch * 2 * t * s * d * var.maps
   return {"projections": proj, "scores": scores, "mixing": mixing,
           "total": proj + scores + mixing}
 
@@ -161,9 +157,8 @@ def score_memory_bytes(batch: int, num_heads: int, seq_len: int, *,
   twice that for variant="differential" (two maps per head)."""
   for name, val in (("batch", batch), ("num_heads", num_heads), ("seq_len", seq_len)):
     _positive(name, val)
-  _check_variant(variant)
+  maps = _variant(variant).maps
   s = seq_len if kv_len is None else kv_len
-  maps = 2 if variant == "differential" else 1
   return maps * batch * num_heads * seq_len * s * jnp.dtype(dtype).itemsize
 
 

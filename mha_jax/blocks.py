@@ -24,14 +24,15 @@ def _shape_error(name: str, value: Any, expected: str) -> ValueError:
                     if hasattr(value, "shape") else f"{name} must be {expected}; got {value!r}")
 
 
-def _check_rank(name: str, x: Any, rank: int, letters: str) -> None:
+def check_rank(name: str, x: Any, rank: int, letters: str) -> None:
+  """Refuses x unless it is an array of that rank (letters name its axes, e.g. "B, T, D")."""
   if not hasattr(x, "shape") or x.ndim != rank:
     raise _shape_error(name, x, f"a rank-{rank} array ({letters})")
 
 
 def split_heads(x_BTD: jax.Array, num_heads: int) -> jax.Array:
   """(B, T, H*K) -> (B, T, H, K) by reshape only: head i owns features [i*K, (i+1)*K)."""
-  _check_rank("x_BTD", x_BTD, 3, "B, T, D")
+  check_rank("x_BTD", x_BTD, 3, "B, T, D")
   if not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
     raise ValueError(f"num_heads must be a positive integer; got {num_heads!r}")
   d = x_BTD.shape[-1]
@@ -44,12 +45,12 @@ def split_heads(x_BTD: jax.Array, num_heads: int) -> jax.Array:
 
 def merge_heads(x_BTHK: jax.Array) -> jax.Array:
   """(B, T, H, K) -> (B, T, H*K) by reshape only: the concatenation of the heads."""
-  _check_rank("x_BTHK", x_BTHK, 4, "B, T, H, K")
+  check_rank("x_BTHK", x_BTHK, 4, "B, T, H, K")
   b, t, h, k = x_BTHK.shape
   return x_BTHK.reshape(b, t, h * k)
 
 
-def _group(h: int, g: int, what: str) -> int:
+def kv_group_size(h: int, g: int, what: str) -> int:
   """H // G, the query heads per key/value head; refuses G not dividing H."""
   if g < 1 or h % g:
     raise ValueError(f"{what}: the number of key/value heads G={g} must divide the number "
@@ -70,14 +71,14 @@ def attention_scores(q_BTHK: jax.Array, k_BSGK: jax.Array,
   Returns:
     s_BHTS: (B, H, T, S) scores in float32.
   """
-  _check_rank("q_BTHK", q_BTHK, 4, "B, T, H, K")
-  _check_rank("k_BSGK", k_BSGK, 4, "B, S, G, K")
+  check_rank("q_BTHK", q_BTHK, 4, "B, T, H, K")
+  check_rank("k_BSGK", k_BSGK, 4, "B, S, G, K")
   bq, t, hq, kq = q_BTHK.shape
   bk, s, hk, kk = k_BSGK.shape
   if kq != kk:
     raise ValueError(f"q_BTHK and k_BSGK must have the same head width K; got q "
                      f"K={kq} (shape {q_BTHK.shape}) and k K={kk} (shape {k_BSGK.shape})")
-  r = _group(hq, hk, "q_BTHK and k_BSGK")
+  r = kv_group_size(hq, hk, "q_BTHK and k_BSGK")
   if bq != bk:
     raise ValueError(f"q_BTHK and k_BSGK must have the same batch size; got {bq} and {bk}")
   if scale is None:
@@ -185,13 +186,13 @@ def mix_values(w_BHTS: jax.Array, v_BSGK: jax.Array) -> jax.Array:
   (B, H, T, S) x (B, S, G, K) -> (B, T, H, K), G dividing H; query head i reads value
   head i // (H // G).
   """
-  _check_rank("w_BHTS", w_BHTS, 4, "B, H, T, S")
-  _check_rank("v_BSGK", v_BSGK, 4, "B, S, G, K")
+  check_rank("w_BHTS", w_BHTS, 4, "B, H, T, S")
+  check_rank("v_BSGK", v_BSGK, 4, "B, S, G, K")
   b, h, t, s = w_BHTS.shape
   g, k = v_BSGK.shape[2], v_BSGK.shape[3]
   if s != v_BSGK.shape[1]:
     raise ValueError(f"w_BHTS {w_BHTS.shape} and v_BSGK {v_BSGK.shape} disagree on S")
-  r = _group(h, g, "w_BHTS and v_BSGK")
+  r = kv_group_size(h, g, "w_BHTS and v_BSGK")
   w_BHTS = w_BHTS.astype(v_BSGK.dtype)
   if r == 1:
     return jnp.einsum("bhts,bshk->bthk", w_BHTS, v_BSGK)

@@ -53,7 +53,7 @@ class MultiHeadAttention(nn.Module):
                        f"num_heads={self.num_heads}")
     k = self.head_dim or d // self.num_heads
     shapes = attention.param_shapes(d, self.num_heads, k, g)
-    names = attention._WEIGHT_KEYS + (attention._BIAS_KEYS if self.use_bias else ())
+    names = attention.WEIGHT_KEYS + (attention.BIAS_KEYS if self.use_bias else ())
     params = {n: self.param(n, attention.PARAM_INITS[n], shapes[n], self.param_dtype)
               for n in names}
     return attention.multi_head_attention(
@@ -79,7 +79,7 @@ def from_flax_linen(flax_params: Mapping[str, Any]) -> dict[str, jax.Array]:
     out[w_name] = jnp.asarray(sub["kernel"])
     if "bias" in sub:
       out[b_name] = jnp.asarray(sub["bias"])
-  has_bias = [b for b in attention._BIAS_KEYS if b in out]
+  has_bias = [b for b in attention.BIAS_KEYS if b in out]
   if has_bias and len(has_bias) != 4:
     raise UserError(f"flax_params has biases for {has_bias} only; expected all or none")
   attention.check_attention_params(out)

@@ -22,20 +22,22 @@ impl names:
      reference and xla need about SCORE_COPIES float32 copies of them in
      forward+backward; when that exceeds score_memory_budget(), blocked.
   Soft-capping (has_softcap) rules out cudnn and every Pallas kernel but TPU splash.
-  4. Otherwise the faster of reference and blocked on this backend, by the
-     measurements in CPU_MEASURED_MS: blocked once B * H * T * S reaches
+  4. Otherwise the faster of reference and blocked on this backend, as measured
+     (docs/results/attention.md): blocked once B * H * T * S reaches
      BLOCKED_FROM_SCORES, reference below (small problems: one block, the custom VJP's
      recomputation does not pay).
 """
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import resource
 
 import jax
 import numpy as np
 
+from mha_jax import attention_variants as variants
 from mha_jax.kernels import blocked as blocked_lib
 from mha_jax.kernels import pallas as pallas_lib
 from mha_jax.kernels import reference as reference_lib
@@ -45,7 +47,7 @@ from mha_jax.kernels.target import Target, compile_target, current_target, targe
 
 __all__ = ["Target", "target_of", "compile_target", "current_target", "resolve_impl",
            "run_kernel", "memory_limit", "score_memory_budget", "check_scores_fit",
-           "scores_fit", "check_variant_kernel"]
+           "scores_fit", "check_variant_kernel", "served_kernels"]
 
 IMPLS = ("auto", "reference", "xla", "cudnn", "blocked", "pallas")
 NO_WEIGHTS = ("xla", "cudnn", "blocked", "pallas")
@@ -55,43 +57,51 @@ TAKES_WINDOW = ("blocked",)  # skips the key blocks outside a sliding window
 # runs the building blocks (jax.nn.dot_product_attention takes no cap); pallas only
 # through TPU splash; cudnn refuses it.
 TAKES_SOFTCAP = ("reference", "xla", "blocked", "pallas")
-# The kernels that serve each attention variant (mha_jax.attention.VARIANTS). Gates and
-# QK-norm act outside the kernel, so every kernel serves them; sigmoid weights and the
-# sink logit change the kernel's own sums, and differential attention calls the kernel
-# twice with query/key halves narrower than the values: reference and blocked only.
+# Kernels that take the variants' kernel arguments (attention_variants.Variant.kernel_args):
+# sigmoid weights and the sink logit change the kernel's own sums.
 TAKES_SIGMOID = ("reference", "blocked")
 TAKES_SINK = ("reference", "blocked")
-VARIANT_KERNELS = {"softmax": IMPLS[1:], "gated": IMPLS[1:], "gated_head": IMPLS[1:],
-                   "qk_norm": IMPLS[1:], "differential": ("reference", "blocked"),
-                   "sigmoid": TAKES_SIGMOID, "sink": TAKES_SINK}
+
+
+def served_kernels(variant: str) -> tuple[str, ...]:
+  """The kernels that serve `variant`, from its registry entry (mha_jax/attention_variants.py):
+  every kernel when it acts outside them (gates, QK-norm), else the ones it names."""
+  kernels = variants.get(variant).kernels
+  return IMPLS[1:] if kernels is None else tuple(kernels)
+
+
+class _VariantKernels(collections.abc.Mapping):
+  """{variant: the kernels that serve it}, read from the registry at each use (a variant
+  registered later is in it)."""
+
+  def __getitem__(self, variant):
+    if variant not in variants.NAMES:
+      raise KeyError(variant)
+    return served_kernels(variant)
+
+  def __iter__(self):
+    return iter(tuple(variants.NAMES))
+
+  def __len__(self):
+    return len(variants.NAMES)
+
+
+VARIANT_KERNELS = _VariantKernels()
 
 
 def check_variant_kernel(kernel: str, variant: str) -> None:
   """Refuses, by name, a kernel that does not serve the variant."""
-  served = VARIANT_KERNELS.get(variant)
-  if served is None:
+  if variant not in VARIANT_KERNELS:
     raise ValueError(f"variant must be one of {tuple(VARIANT_KERNELS)}; got {variant!r}")
+  served = VARIANT_KERNELS[variant]
   if kernel not in served:
     raise ValueError(f"impl={kernel!r} does not serve variant={variant!r}; the kernels "
                      f"that do: {served} (or impl='auto', which picks among them)")
 
-# Forward+backward ms of the attention layer, d_model 768, T = S = 512, batch 4,
-# float32, on the 2-core CPU (docs/results/bench_attention_cpu.json, median of 7
-# interleaved rounds, 2026-12-02, the gradient of <y, ct> for a random ct). Keyed by h
-# (B * H * T * S = h * 2^20).
-CPU_MEASURED_MS: dict[int, dict[str, float]] = {
-    8: {"reference": 202, "blocked": 162, "flax.linen": 209},
-    12: {"reference": 238, "blocked": 176, "flax.linen": 241},
-    16: {"reference": 277, "blocked": 187, "flax.linen": 283},
-    32: {"reference": 455, "blocked": 229, "flax.linen": 450},
-    64: {"reference": 765, "blocked": 277, "flax.linen": 760},
-    96: {"reference": 1035, "blocked": 345, "flax.linen": 1051},
-}
-# B * H * T * S from which blocked is used on CPU: the table above (blocked ahead from
-# 2^23) and self-attention layers with a padding mask, forward+backward, median of 9
-# (2026-11-30): (B, T, D, H) = (4, 256, 512, 8), 2^21 scores: blocked 29 ms, reference
-# 39 ms (causal: 31 against 40); (8, 128, 512, 8), 2^20: blocked 24, reference 21;
-# (64, 24, 64, 8), 2^18 (the quickstart's size): blocked 2.7, reference 2.1.
+
+# B * H * T * S from which `auto` picks blocked over reference on a CPU: below it one
+# block covers the problem and the custom VJP's recomputation does not pay. Chosen from
+# `mha-jax bench attention` (docs/results/attention.md, from bench_attention_cpu.json).
 BLOCKED_FROM_SCORES = 2**21
 # float32 (B, H, T, S) tensors alive at once in the reference path's forward+backward:
 # measured, --scale-t at T = 4096 (docs/results/bench_attention_scale_t_cpu.json):
@@ -228,7 +238,7 @@ def resolve_impl(impl: str, q_BTHK: jax.Array, return_weights: bool, has_bias: b
     budget: bytes for score tensors; None asks the device (score_memory_budget).
     has_softcap: attention-logit soft-capping is asked for (not cudnn; pallas only
       through TPU splash).
-    variant: the attention variant; auto picks only kernels in VARIANT_KERNELS[variant]
+    variant: the attention variant; auto picks only kernels in served_kernels(variant)
       and a named kernel outside them is refused by name.
     target: the devices the program is compiled for; None: the current target
       (kernels/target.py: an active compile_target, else the mesh in context, else
@@ -248,7 +258,7 @@ def _resolve(impl, q_BTHK, return_weights, has_bias, k_BSGK, has_mask, budget, h
     raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
   if impl != "auto":
     check_variant_kernel(impl, variant)
-  served = VARIANT_KERNELS.get(variant, ())
+  served = VARIANT_KERNELS.get(variant, ())   # an unknown one is refused by attention
   if return_weights:
     if impl in NO_WEIGHTS:
       raise ValueError(f"impl={impl!r} does not expose attention weights; use "
