@@ -1,8 +1,19 @@
 """The building blocks of attention: the textbook's lines as pure functions.
 
-A leaf module: it imports nothing of the project, so attention.py and every kernel
-(kernels/) can use these without an import cycle. attention.py re-exports the public
-names; read them there or here.
+One function per line of the seven (mha_jax/attention/'s docstring):
+
+  line 1  q = x @ W_Q              linear           (attention/params.py calls it)
+  line 2  split the heads          split_heads      (attention/params.py)
+  line 3  scores q . k / sqrt(K)   attention_scores (kernels/reference.py)
+  line 4  softmax                  attention_weights, masked_softmax (kernels/reference.py)
+  line 5  mix the values           mix_values       (kernels/reference.py)
+  line 6  concatenate the heads    merge_heads      (attention/mixing.py)
+  line 7  y = o @ W_O              linear           (attention/mixing.py)
+
+The other kernels (kernels/) compute lines 3-5 their own way and are tested against
+these. A leaf module: it imports nothing of the project, so the attention package and
+every kernel can use these without an import cycle; mha_jax.attention re-exports the
+public names.
 
 Shape letters: B batch, T queries, S keys, D d_model, H query heads, G key/value heads,
 K head width.
@@ -28,6 +39,19 @@ def check_rank(name: str, x: Any, rank: int, letters: str) -> None:
   """Refuses x unless it is an array of that rank (letters name its axes, e.g. "B, T, D")."""
   if not hasattr(x, "shape") or x.ndim != rank:
     raise _shape_error(name, x, f"a rank-{rank} array ({letters})")
+
+
+def linear(x_BTD: jax.Array, w_DN: jax.Array) -> jax.Array:
+  """(B, T, D) @ (D, N) -> (B, T, N), in x's dtype: lines 1 and 7 (W_Q, W_K, W_V and W_O
+  as D x H*K and H*K x D matrices). One 2-D (B*T, D) x (D, N) matmul: XLA:CPU then needs
+  no transposes of the residual stream's gradient, which it was fusing, recomputed,
+  into every consumer."""
+  check_rank("x_BTD", x_BTD, 3, "B, T, D")
+  check_rank("w_DN", w_DN, 2, "D, N")
+  b, t, d = x_BTD.shape
+  if w_DN.shape[0] != d:
+    raise ValueError(f"w_DN has {w_DN.shape[0]} input features for x_BTD's D={d}")
+  return (x_BTD.reshape(b * t, d) @ w_DN.astype(x_BTD.dtype)).reshape(b, t, w_DN.shape[1])
 
 
 def split_heads(x_BTD: jax.Array, num_heads: int) -> jax.Array:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax.attention.params import Call, Params
+from mha_jax.blocks import linear, merge_heads
 
 
 class AttentionOutput(NamedTuple):
@@ -29,7 +30,7 @@ class AttentionOutput(NamedTuple):
 def output(params: Params, x: jax.Array, o_BTHK, gate_BTHK, c: Call, site):
   """(y (B, T, D), the heads (B, T, H, K) that W_O reads): the variant's gate, head
   gates, the z and result sites, W_O and bo."""
-  b, t, h, d = c.b, c.t, c.h, c.d
+  h, d = c.h, c.d
   k = o_BTHK.shape[-1]     # V, the value heads' width
   if c.variant.gate is not None:
     gate = c.variant.gate(params, x, gate_BTHK)
@@ -45,8 +46,7 @@ def output(params: Params, x: jax.Array, o_BTHK, gate_BTHK, c: Call, site):
     r_BTHD = jnp.einsum("bthk,hkd->bthd", o_BTHK, params["wo"].astype(o_BTHK.dtype))
     y_BTD = site("result", r_BTHD).sum(axis=2)
   else:
-    y_BTD = (o_BTHK.reshape(b * t, h * k) @ params["wo"].reshape(h * k, d).astype(
-        o_BTHK.dtype)).reshape(b, t, d)
+    y_BTD = linear(merge_heads(o_BTHK), params["wo"].reshape(h * k, d))
   if "bo" in params:
     y_BTD = y_BTD + params["bo"].astype(y_BTD.dtype)
   return y_BTD, o_BTHK

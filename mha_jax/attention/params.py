@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import attention_variants as variants
-from mha_jax.blocks import check_rank, kv_group_size
+from mha_jax.blocks import check_rank, kv_group_size, linear, split_heads
 
 Params = Mapping[str, jax.Array]
 
@@ -328,16 +328,13 @@ def num_kv_heads_of(params: Params) -> int:
 
 def project(inp_BTD: jax.Array, w_DHK: jax.Array, b_HK: jax.Array | None = None
             ) -> jax.Array:
-  """(B, T, D) x (D, H, K) (+ (H, K)) -> (B, T, H, K) as one full-width (B*T, D) x
-  (D, H*K) matmul; the heads are a reshape of its output (split_heads' reshape, done on
-  the matmul's 2-D result). (2-D matmuls: XLA:CPU then needs no transposes of the
-  residual stream's gradient, which it was fusing, recomputed, into every consumer.)"""
+  """(B, T, D) x (D, H, K) (+ (H, K)) -> (B, T, H, K): lines 1 and 2, W as the full-width
+  D x H*K matrix (blocks.linear), then split_heads."""
   if inp_BTD.ndim == 4:    # head_inputs: head n projects its own input (B, T, N, D)
     y = jnp.einsum("btnd,dnk->btnk", inp_BTD, w_DHK.astype(inp_BTD.dtype))
     return y if b_HK is None else y + b_HK.astype(inp_BTD.dtype)
-  bb, tt, dd = inp_BTD.shape
-  w2 = w_DHK.reshape(dd, w_DHK.shape[1] * w_DHK.shape[2]).astype(inp_BTD.dtype)
-  y_BTHK = (inp_BTD.reshape(bb * tt, dd) @ w2).reshape(bb, tt, *w_DHK.shape[1:])
+  d, h, k = w_DHK.shape
+  y_BTHK = split_heads(linear(inp_BTD, w_DHK.reshape(d, h * k)), h)
   return y_BTHK if b_HK is None else y_BTHK + b_HK.astype(inp_BTD.dtype)
 
 
