@@ -166,6 +166,12 @@ class Names(collections.abc.Sequence):
   def __hash__(self):
     return hash(tuple(self))
 
+  def __add__(self, other):
+    return tuple(self) + tuple(other)
+
+  def __radd__(self, other):
+    return tuple(other) + tuple(self)
+
   def __repr__(self):
     return repr(tuple(self))
 
