@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from mha_jax.cli import DTYPES, Verb, input_spec
-from mha_jax.settings import setting
+from mha_jax.cli import Verb, input_spec
+from mha_jax.settings import DTYPES, setting
 from experiments import bench
 from experiments.claims import run as claims_run
 
