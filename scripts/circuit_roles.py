@@ -25,9 +25,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def thresholds() -> dict:
-  """The taxonomy's attention thresholds (mha_jax.analysis.taxonomy.Settings)."""
+  """The taxonomy's attention thresholds (mha_jax.analysis.taxonomy.TaxonomyOptions)."""
   from mha_jax.analysis import taxonomy
-  t = taxonomy.Settings().thresholds()
+  t = taxonomy.TaxonomyOptions().thresholds()
   return {k: t[k] for k in ("previous_token", "induction", "duplicate_token")}
 
 
