@@ -11,7 +11,7 @@ import dataclasses
 
 from mha_jax.cli import Verb, input_spec
 from mha_jax.settings import DTYPES, setting
-from experiments import bench
+from experiments import bench, benchmarks
 from experiments.claims import run as claims_run
 
 IMPLS = bench.impl_names(with_cudnn=True)
@@ -160,4 +160,5 @@ BENCH = {
                              "workdirs/bench_train"),
                       input_spec("out", "the JSON file", "results/bench_train.json")),
                   config="training"),
+    **benchmarks.verbs(),
 }

@@ -1,0 +1,76 @@
+"""The benchmarks of `mha-jax bench NAME` (experiments/benchmarks/), each run through
+`mha_jax.cli.main` at tiny sizes: what they write is checked against numbers computed
+here (FLOPs from the shapes, head counts from the checkpoints), never against a time."""
+
+import json
+
+import numpy as np
+import pytest
+
+import mha_jax
+from mha_jax import cli
+from mha_jax.models import common
+from mha_jax.pruning import prune as prune_lib
+
+# On the worker that trains conftest's ind_run (setup.cfg: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("trained_runs")
+
+
+def test_every_benchmark_is_a_bench_verb_with_flags_from_its_options():
+  from experiments import benchmarks
+  cli.build_parser()
+  for name in benchmarks.NAMES:
+    verb = cli.BENCH[name]
+    assert verb.opts.__name__.endswith("Options") and verb.help
+    assert "out" in {s.name for s in verb.specs()}
+
+
+@pytest.mark.slow    # compiles five forward+backward programs per h and times a 2048 matmul
+def test_bench_attention_parts_counts_each_parts_flops(tmp_path, capsys):
+  out = tmp_path / "parts.json"
+  d, t, b = 16, 8, 1
+  assert cli.main(["bench", "attention-parts", "--heads", "2,4", "--d-model", str(d),
+                   "--seq-len", str(t), "--batch", str(b), "--rounds", "1",
+                   "--out", str(out)]) == 0, capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  proj = 4 * 2 * b * t * d * d               # x @ W_Q, W_K, W_V and the heads @ W_O
+  core = 2 * 2 * b * t * t * d               # scores and mixing, over all heads
+  w_o = 2 * b * t * d * d                    # dead in the gradient of <y, ct>
+  want = {"layer": 3 * (proj + core) - w_o, "projections": 3 * proj - w_o,
+          "core": 3 * core, "bare matmuls": 2 * proj}
+  assert list(doc["heads"]) == ["2", "4"]
+  for h, r in doc["heads"].items():
+    for name, flops in want.items():
+      assert r["rows"][name]["gflop"] == pytest.approx(flops / 1e9), (h, name)
+    assert r["rows"]["layer"]["share_of_layer"] == 1.0
+    med = {n: row["median_ms"] for n, row in r["rows"].items()}
+    assert r["ratio_to_linen"] == pytest.approx(med["flax.linen MHDPA"] / med["layer"])
+    assert r["rest_ms"] == pytest.approx(med["layer"] - med["projections"] - med["core"])
+  assert doc["machine"]["backend"] and "| 4 | layer |" in capsys.readouterr().out
+
+
+def test_bench_pruned_times_the_dense_run_against_its_export(ind_run, tmp_path, capsys):
+  loaded = mha_jax.load(ind_run)
+  counts = common.head_counts(loaded.params)
+  mask = {s: [np.asarray([1.0, 1.0] + [0.0] * (n - 2), np.float32) for n in layers]
+          for s, layers in counts.items()}
+  masked, exported = str(tmp_path / "masked"), str(tmp_path / "exported")
+  prune_lib.save_pruned(loaded, masked, loaded.params, mask, {"method": "manual"}, 0,
+                        log=lambda s: None)
+  prune_lib.export_pruned(mha_jax.load(masked), exported, log=lambda s: None)
+  out = tmp_path / "pruned.json"
+  assert cli.main(["bench", "pruned", "--dense", ind_run, "--pruned", exported,
+                   "--batch", "2", "--seq-len", "8", "--rounds", "2",
+                   "--out", str(out)]) == 0, capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  assert doc["head_counts"] == {"dense": counts,
+                                "pruned": {s: [2] * len(c) for s, c in counts.items()}}
+  assert doc["stacks"] == list(counts)
+  assert [r["part"] for r in doc["rows"]] == ["attention", "model"]
+  for r in doc["rows"]:
+    assert r["speedup"] == pytest.approx(r["dense_ms"] / r["pruned_ms"])
+    assert len(doc["times_ms"][f"{r['part']}/dense"]) == 2
+  # the same run as both: nothing was pruned, and the bench says so naming its flags
+  assert cli.main(["bench", "pruned", "--dense", ind_run, "--pruned", ind_run,
+                   "--out", str(tmp_path / "x.json")]) == 2
+  assert "--pruned has the same head counts as --dense" in capsys.readouterr().err
