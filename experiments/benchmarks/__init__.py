@@ -10,10 +10,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-from mha_jax.cli import Verb
-
 # `mha-jax bench NAME` -> experiments.benchmarks.bench_NAME (NAME with "_" for "-")
-NAMES = ("attention-parts", "pruned")
+NAMES = ("attention-parts", "pruned", "window")
 
 
 def options_of(module) -> type:
@@ -25,12 +23,13 @@ def options_of(module) -> type:
   return found[0]
 
 
-def verb(name: str) -> Verb:
+def verb(name: str):
   """The `bench NAME` verb: flags from the module's options, its call the module's run."""
+  from mha_jax.cli import Verb    # not at import: a benchmark's subprocess stays light
   module = importlib.import_module(f"{__name__}.bench_{name.replace('-', '_')}")
   return Verb(module.__doc__.strip().splitlines()[0], lambda args, opts: module.run(opts),
               options_of(module), config=None)
 
 
-def verbs() -> dict[str, Verb]:
+def verbs() -> dict:
   return {name: verb(name) for name in NAMES}

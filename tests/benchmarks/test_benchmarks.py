@@ -74,3 +74,24 @@ def test_bench_pruned_times_the_dense_run_against_its_export(ind_run, tmp_path, 
   assert cli.main(["bench", "pruned", "--dense", ind_run, "--pruned", ind_run,
                    "--out", str(tmp_path / "x.json")]) == 2
   assert "--pruned has the same head counts as --dense" in capsys.readouterr().err
+
+
+def _allowed_pairs(t: int, window: int) -> int:
+  """Causal (query, key) pairs with i - j < window, counted from the band itself."""
+  i, j = np.meshgrid(np.arange(t), np.arange(t), indexing="ij")
+  return int(((j <= i) & (i - j < window)).sum())
+
+
+@pytest.mark.slow    # one subprocess per (T, mode): four JAX start-ups
+def test_bench_window_times_both_modes_and_counts_the_band(tmp_path, capsys):
+  out = tmp_path / "window.json"
+  assert cli.main(["bench", "window", "--seq-lens", "64,96", "--window", "16",
+                   "--rounds", "1", "--out", str(out)]) == 0, capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  rows = {(r["mode"], r["seq_len"]): r for r in doc["rows"]}
+  assert set(rows) == {(m, t) for m in ("dense mask", "skipping") for t in (64, 96)}
+  for (mode, t), r in rows.items():
+    assert r["status"] == "ok" and r["max_rss_mb"] > 0, r
+    flops = 2.5 * 4 * 1 * 4 * 64 * _allowed_pairs(t, 16)    # B H K
+    assert r["useful_gflops"] == pytest.approx(flops / (r["median_ms"] / 1e3) / 1e9)
+  assert doc["config"]["window"] == 16 and doc["machine"]["matmul_gflops"] > 0
