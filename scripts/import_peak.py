@@ -129,8 +129,9 @@ def main() -> None:
   ap.add_argument("--folder")
   ap.add_argument("--out")
   a = ap.parse_args()
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-  from hf_models import tokenizer_json
+  from experiments import module_at
+  tokenizer_json = module_at("hf_models", os.path.join(os.path.dirname(__file__), "..",
+                                                       "tests")).tokenizer_json
   from mha_jax.machine import machine
   tmp = tempfile.mkdtemp(prefix="import_peak_")
   folder = a.folder or os.path.join(tmp, "hf")
