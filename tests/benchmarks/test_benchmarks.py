@@ -90,8 +90,38 @@ def test_bench_window_times_both_modes_and_counts_the_band(tmp_path, capsys):
   doc = json.loads(out.read_text())
   rows = {(r["mode"], r["seq_len"]): r for r in doc["rows"]}
   assert set(rows) == {(m, t) for m in ("dense mask", "skipping") for t in (64, 96)}
-  for (mode, t), r in rows.items():
+  for (_, t), r in rows.items():
     assert r["status"] == "ok" and r["max_rss_mb"] > 0, r
     flops = 2.5 * 4 * 1 * 4 * 64 * _allowed_pairs(t, 16)    # B H K
     assert r["useful_gflops"] == pytest.approx(flops / (r["median_ms"] / 1e3) / 1e9)
   assert doc["config"]["window"] == 16 and doc["machine"]["matmul_gflops"] > 0
+
+
+@pytest.mark.slow    # SmolLM2-135M's edge study
+def test_bench_circuit_times_eap_against_one_forward_backward(smollm2_workdir, tmp_path,
+                                                               capsys):
+  out = tmp_path / "circuit.json"
+  assert cli.main(["bench", "circuit", "--workdir", smollm2_workdir, "--pairs", "2",
+                   "--steps", "1", "--rounds", "1", "--no-curve",
+                   "--out", str(out)]) == 0, capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  assert (doc["pairs"], doc["steps"], doc["eap_ig_bound"]) == (2, 1, 3)
+  assert doc["eap_ratio"] == pytest.approx(doc["eap_s"] / doc["forward_backward_s"])
+  assert doc["eap_ig_ratio"] == pytest.approx(doc["eap_ig_s"] / doc["forward_backward_s"])
+  assert np.isnan(doc["curve_s"])                  # --no-curve
+  assert f"| {doc['graph']['edges']} edges, 2 IOI pairs |" in doc["table"]
+
+
+@pytest.mark.slow    # imports SmolLM2-135M and patches every head twice
+def test_bench_bf16_drift_compares_the_two_dtypes_tables(tmp_path, capsys):
+  out = tmp_path / "drift.json"
+  assert cli.main(["bench", "bf16-drift", "--models", "smollm2-135m", "--pairs", "2",
+                   "--out", str(out)]) == 0, capsys.readouterr().err
+  (m,) = json.loads(out.read_text())["models"]
+  assert (m["model"], m["pairs"]) == ("smollm2-135m", 2)
+  for k in ("patch_head_out", "atp_head_out"):
+    r = m[k]
+    assert 0 <= r["top10_overlap"] <= 1 and -1 <= r["pearson"] <= 1
+    assert 0 <= r["max_abs_diff"] and len(r["top10_float32"]) == 10
+    # a table in bfloat16 weights stays near the float32 one: its largest entry's size
+    assert r["max_abs_diff"] < r["max_abs_float32"]
