@@ -395,7 +395,7 @@ def _import_peak(docs) -> list[str]:
   d = _load(docs, rel)
   gb = lambda b: f"{b / 1e9:.2f}"  # noqa: E731
   return ["## Import: peak host memory", "",
-          f"`scripts/import_peak.py --shape {d['shape']}` ({d['params']:,} params, "
+          f"`mha-jax bench import-peak --shape {d['shape']}` ({d['params']:,} params, "
           f"{len(d['shards_bytes'])} bf16 safetensors shards, imported as {d['dtype']}): "
           f"the import added {gb(d['added_peak'])} GB to the process's peak RSS "
           f"(base {gb(d['base_rss'])} GB); the bound 1.3 x the largest shard "

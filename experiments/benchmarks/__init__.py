@@ -11,7 +11,7 @@ import dataclasses
 import importlib
 
 # `mha-jax bench NAME` -> experiments.benchmarks.bench_NAME (NAME with "_" for "-")
-NAMES = ("attention-parts", "bf16-drift", "circuit", "pruned", "window")
+NAMES = ("attention-parts", "bf16-drift", "circuit", "import-peak", "pruned", "window")
 
 
 def options_of(module) -> type:

@@ -3,6 +3,7 @@
 here (FLOPs from the shapes, head counts from the checkpoints), never against a time."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -125,3 +126,25 @@ def test_bench_bf16_drift_compares_the_two_dtypes_tables(tmp_path, capsys):
     assert 0 <= r["max_abs_diff"] and len(r["top10_float32"]) == 10
     # a table in bfloat16 weights stays near the float32 one: its largest entry's size
     assert r["max_abs_diff"] < r["max_abs_float32"]
+
+
+def _llama_params(d: int, layers: int, heads: int, kv: int, f: int, v: int) -> int:
+  """A LlamaForCausalLM's weights, counted from its config (untied head)."""
+  k = d // heads
+  per_layer = 2 * d * d + 2 * d * kv * k + 3 * d * f + 2 * d   # q, o; k, v; MLP; 2 norms
+  return 2 * v * d + layers * per_layer + d                     # embed, lm_head; final norm
+
+
+def test_bench_import_peak_writes_the_folder_and_states_the_bound(tmp_path, capsys):
+  folder, out = str(tmp_path / "hf"), tmp_path / "peak.json"
+  assert cli.main(["bench", "import-peak", "--shape", "tiny", "--dtype", "float32",
+                   "--folder", folder, "--out", str(out)]) == 0, capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  n = _llama_params(64, 2, 4, 2, 96, 256)
+  shards = sorted(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
+                  if f.endswith(".safetensors"))
+  assert (doc["params"], doc["model_bytes"]) == (n, 4 * n)
+  assert doc["shards_bytes"] == shards and doc["largest_shard"] == shards[-1]
+  assert doc["bound"] == int(1.3 * shards[-1] + 4 * n)
+  assert doc["added_peak"] == doc["peak_rss"] - doc["base_rss"]
+  assert doc["within_bound"] == (doc["added_peak"] <= doc["bound"])
