@@ -32,7 +32,7 @@ class Study:
   seeds: over_seeds.SeedStudy | None = None
 
   def default_out(self, workdir: str, opts) -> str | None:
-    if self.out is None or isinstance(self.out, str) and not self.out:
+    if self.out is None:
       return None
     if callable(self.out):
       return self.out(workdir, opts)

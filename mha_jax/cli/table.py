@@ -66,6 +66,11 @@ def _patch_files(res, out, opts) -> str:
           f"JSON, *.png{''.join(extra.get(o, '') for o in opts.outputs)})")
 
 
+def _curve_files(rows, out, opts) -> str:
+  return (f"{curve_lib.format_curve(rows, 'bleu' in rows[0])}\nwrote {out}/curve.json, "
+          f"curve.md, curve.png")
+
+
 def _summary(module, files: str, seconds: bool = False):
   """show: `module.format_summary(result)`, then the files written (and the time)."""
   def show(res, out, opts):
@@ -86,8 +91,7 @@ STUDIES = {
                    show=_keys("kept", "kept_heads", "base", "after", "lambdas")),
     "prune-curve": Study(curve_lib.prune_curve, out="pruning_curve", check=_curve_check,
                          seeds=over_seeds.CURVE,
-                         show=lambda rows, out, opts: f"{curve_lib.format_curve(rows, 'bleu' in rows[0])}"
-                         f"\nwrote {out}/curve.json, curve.md, curve.png"),
+                         show=_curve_files),
     "export-pruned": Study(prune_lib.export_pruned, check=_export_check,
                            show=_keys("head_counts", "max_abs_diff_vs_masked",
                                       "relative_diff_vs_masked", "forward_speed")),
