@@ -9,6 +9,7 @@ memory release does not land in the next one's time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -25,6 +26,7 @@ from mha_jax import accounting, attention, layers
 from mha_jax.kernels import xla as xla_kernels
 from mha_jax.errors import UserError
 from mha_jax.machine import machine
+from mha_jax.settings import DTYPES, setting
 
 DEFAULT_HEADS = (8, 12, 16, 32, 64, 96)
 
@@ -124,6 +126,36 @@ def impl_names(with_cudnn: bool) -> tuple[str, ...]:
   """The rows build_impls makes, in order, without building them."""
   ours = OURS + (("cudnn",) if with_cudnn else ())
   return tuple(f"mha_jax impl={i}" for i in ours) + PEERS
+
+
+IMPLS = impl_names(with_cudnn=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchAttentionOptions:
+  """The settings of `bench attention`; None: the mode's default."""
+  d_model: int | None = setting(None, lo=1, help="default 768 (512 with --scale-t)")
+  seq_len: int = setting(512, lo=1, help="the sequence length T")
+  batch: int | None = setting(None, lo=1, help="default 4 (1 with --scale-t)")
+  heads: tuple[int, ...] | None = setting(None, lo=1, help="comma-separated head counts "
+                                          "(default: 8,12,16,32,64,96; 8 with --scale-t "
+                                          "or --variants)")
+  scale_t: bool = setting(False, help="time and peak memory against T (512 .. 32768), "
+                          "one capped subprocess per implementation and T")
+  seq_lens: tuple[int, ...] | None = setting(None, lo=1, help="with --scale-t: "
+                                             "comma-separated T values")
+  impls: tuple[str, ...] | None = setting(None, choices=IMPLS,
+                                          metavar="IMPL[,IMPL...]",
+                                          help=f"of {', '.join(IMPLS)} "
+                                               f"(default: all; without --scale-t the "
+                                               f"peers always run)")
+  variants: bool = setting(False, help="each attention variant's forward and "
+                           "forward+backward against softmax (h = 8 unless --heads)")
+  max_mem_gb: float = setting(6.0, lo=0, lo_open=True, help="with --scale-t: "
+                              "address-space cap per subprocess (default 6)")
+  rounds: int = setting(5, lo=1, help="timed rounds")
+  warmup: int = setting(1, lo=0, help="untimed rounds first")
+  dtype: str = setting("float32", choices=DTYPES, help="the inputs' dtype")
 
 
 def build_impls(d_model: int, num_heads: int, *, with_cudnn: bool,

@@ -10,6 +10,7 @@ rate against the machine's measured matmul rate.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 import time
@@ -25,6 +26,7 @@ from mha_jax.errors import UserError
 from mha_jax.machine import machine
 from experiments import bench
 from mha_jax import tasks
+from mha_jax.settings import setting
 from mha_jax import config as mc
 from mha_jax.data import vocab
 from mha_jax.train import loop
@@ -83,6 +85,15 @@ class LinenSeq2Seq(nn.Module):
       y = _LinenBlock(self.num_heads, self.d_ff, self.max_rel, True)(
           y, enc, self_mask=causal, cross_mask=src_mask)
     return embed.attend(nn.LayerNorm(epsilon=1e-6)(y))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchTrainOptions:
+  """The settings of `bench train`."""
+  rounds: int = setting(10, lo=1, help="timed rounds")
+  warmup: int = setting(2, lo=0, help="untimed rounds first")
+  matmul_size: int = setting(2048, lo=1, help="n of the n x n matmul that measures the "
+                             "machine's rate")
 
 
 def _smoothed_loss(logits, targets, smoothing):

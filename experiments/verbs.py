@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from mha_jax.cli import DTYPES, Verb, input_spec
+from mha_jax.cli import Verb, input_spec
 from mha_jax.settings import setting
-from experiments import bench
+from experiments import bench, bench_train, benchmarks
 from experiments.claims import run as claims_run
-
-IMPLS = bench.impl_names(with_cudnn=True)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClaimsOptions:
@@ -71,34 +68,7 @@ def _primer(args, opts: PrimerOptions) -> int:
   return 0
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BenchAttentionOptions:
-  """The settings of `bench attention`; None: the mode's default."""
-  d_model: int | None = setting(None, lo=1, help="default 768 (512 with --scale-t)")
-  seq_len: int = setting(512, lo=1, help="the sequence length T")
-  batch: int | None = setting(None, lo=1, help="default 4 (1 with --scale-t)")
-  heads: tuple[int, ...] | None = setting(None, lo=1, help="comma-separated head counts "
-                                          "(default: 8,12,16,32,64,96; 8 with --scale-t "
-                                          "or --variants)")
-  scale_t: bool = setting(False, help="time and peak memory against T (512 .. 32768), "
-                          "one capped subprocess per implementation and T")
-  seq_lens: tuple[int, ...] | None = setting(None, lo=1, help="with --scale-t: "
-                                             "comma-separated T values")
-  impls: tuple[str, ...] | None = setting(None, choices=IMPLS,
-                                          metavar="IMPL[,IMPL...]",
-                                          help=f"of {', '.join(IMPLS)} "
-                                               f"(default: all; without --scale-t the "
-                                               f"peers always run)")
-  variants: bool = setting(False, help="each attention variant's forward and "
-                           "forward+backward against softmax (h = 8 unless --heads)")
-  max_mem_gb: float = setting(6.0, lo=0, lo_open=True, help="with --scale-t: "
-                              "address-space cap per subprocess (default 6)")
-  rounds: int = setting(5, lo=1, help="timed rounds")
-  warmup: int = setting(1, lo=0, help="untimed rounds first")
-  dtype: str = setting("float32", choices=DTYPES, help="the inputs' dtype")
-
-
-def _bench_attention(args, opts: BenchAttentionOptions) -> int:
+def _bench_attention(args, opts: bench.BenchAttentionOptions) -> int:
   o = opts
   if o.scale_t:
     result = bench.run_scale_t(d_model=o.d_model or 512, num_heads=(o.heads or (8,))[0],
@@ -121,17 +91,7 @@ def _bench_attention(args, opts: BenchAttentionOptions) -> int:
   return 0
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BenchTrainOptions:
-  """The settings of `bench train`."""
-  rounds: int = setting(10, lo=1, help="timed rounds")
-  warmup: int = setting(2, lo=0, help="untimed rounds first")
-  matmul_size: int = setting(2048, lo=1, help="n of the n x n matmul that measures the "
-                             "machine's rate")
-
-
-def _bench_train(args, opts: BenchTrainOptions) -> int:
-  from experiments import bench_train
+def _bench_train(args, opts: bench_train.BenchTrainOptions) -> int:
   result = bench_train.run_train_steps(args.config, args.extra, rounds=opts.rounds, warmup=opts.warmup,
                            workdir=args.workdir, matmul_size=opts.matmul_size)
   print(bench_train.format_table(result))
@@ -149,15 +109,16 @@ VERBS = {
 }
 BENCH = {
     "attention": Verb("this layer vs flax.linen, flax.nnx, jax.nn", _bench_attention,
-                      BenchAttentionOptions,
+                      bench.BenchAttentionOptions,
                       (input_spec("out", "the JSON file (default: results/bench_attention"
                               "[_scale_t|_variants].json)"),), config=None),
     "train": Verb("the quickstart model's training step, ours vs flax.linen",
-                  _bench_train, BenchTrainOptions, (
+                  _bench_train, bench_train.BenchTrainOptions, (
                       input_spec("config", "a training config (default: the quickstart's)",
                              "configs/translation.py:quickstart"),
                       input_spec("workdir", "where the task writes its generated data",
                              "workdirs/bench_train"),
                       input_spec("out", "the JSON file", "results/bench_train.json")),
                   config="training"),
+    **benchmarks.verbs(),
 }

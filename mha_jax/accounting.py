@@ -35,6 +35,7 @@ import numpy as np
 
 from mha_jax import attention_variants as variants
 from mha_jax.errors import UserError
+from mha_jax.settings import setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,3 +218,24 @@ def format_head_sweep(d_model: int, seq_len: int = 2048, batch: int = 1) -> str:
     lines.append(f"{h:>5} {d_model // h:>5} {attention_params(d_model, h):>13,} "
                  f"{flops:>9.1f} {score_memory_bytes(batch, h, seq_len) / 2**20:>10.2f}")
   return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ZooOptions:
+  """The settings of `zoo`."""
+  seq_len: int = setting(2048, lo=1, help="the sequence length T")
+  batch: int = setting(1, lo=1, help="the batch size")
+  d_model: int | None = setting(None, lo=1, help="instead of the zoo, every h dividing "
+                                "this width")
+
+
+def zoo(opts: ZooOptions = ZooOptions()) -> str:
+  """`mha-jax zoo`: the zoo's table (or every h of `opts.d_model`) and what it shows."""
+  if opts.d_model is not None:
+    return (format_head_sweep(opts.d_model, seq_len=opts.seq_len, batch=opts.batch)
+            + "\n\nAt d_k = 1 a query and a key are single numbers: a head can then only "
+              "favour the key with the largest or the smallest k.")
+  return (format_zoo(seq_len=opts.seq_len, batch=opts.batch)
+          + "\n\nParams and FLOPs are the same for every h at a given d_model; the score "
+            "tensor grows with h. Grouped-query attention (h_kv < h) shrinks W_K, W_V and "
+            "the KV cache by h / h_kv.")

@@ -12,7 +12,7 @@ entropy from `toolkit.head_roles.sink_and_entropy`, the head roles from
 `circuits.circuits_report.circuit_scores`, the phase change from `circuits.circuits_report.over_checkpoints`
 and the pruning from the L0 gates of `pruning.methods.train_gates` ranked by
 `pruning.methods.top_k_mask`. The taxonomy's causal head checks are not on this branch:
-`CompareSettings` has no field for them yet, and the table leaves them out. A
+`CompareOptions` has no field for them yet, and the table leaves them out. A
 translation run has loss, BLEU, roles and the pruning of its encoder heads (at
 `bleu_tolerance`); the attention and circuit columns are for decoders.
 
@@ -36,7 +36,7 @@ from mha_jax.toolkit import plots, stability
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CompareSettings:
+class CompareOptions:
   """The settings of `compare-runs`: what it measures and how."""
   loss_tolerance: float = setting(0.05, lo=0, help="LM: heads kept = the fewest whose "
                                   "test loss is <= the full model's + this (nats)")
@@ -93,7 +93,7 @@ def phase_change_step(over_steps: list[dict], threshold: float) -> int | None:
                               threshold)
 
 
-def heads_kept(loaded, base: float, metric: str, tolerance: float, settings: CompareSettings,
+def heads_kept(loaded, base: float, metric: str, tolerance: float, settings: CompareOptions,
                stacks: Sequence[str], log: Callable[[str], None] = lambda s: None) -> dict:
   """L0 gates trained on the run (pruning.methods.train_gates), heads ranked by them
   (top_k_mask); the fewest heads K whose test `metric` stays within `tolerance` of
@@ -118,7 +118,7 @@ def heads_kept(loaded, base: float, metric: str, tolerance: float, settings: Com
           "kept_heads": masks.kept_names(masks.ones_mask(loaded.params, stacks))}
 
 
-def run_row(name: str, seed, wd: str, settings: CompareSettings,
+def run_row(name: str, seed, wd: str, settings: CompareOptions,
             log: Callable[[str], None] = print, load_fn: Callable | None = None) -> dict:
   """The studies' numbers of one run; load_fn(wd): mha_jax.load by default (a caller that
   keeps the loaded runs passes its own, so their compiled functions are reused)."""
@@ -166,7 +166,7 @@ def run_row(name: str, seed, wd: str, settings: CompareSettings,
   return row
 
 
-def _circuits(loaded, settings: CompareSettings, log, name) -> dict:
+def _circuits(loaded, settings: CompareOptions, log, name) -> dict:
   from mha_jax.circuits import behaviour
   from mha_jax.circuits import circuits_report as circuits
   log(f"  [{name}] circuit scores ...")
@@ -225,7 +225,7 @@ def format_table(rows: list[dict]) -> str:
   return "\n".join(out)
 
 
-def compare_runs(dirs: Sequence[str], out: str, settings: CompareSettings = CompareSettings(),
+def compare_runs(dirs: Sequence[str], out: str, settings: CompareOptions = CompareOptions(),
                  *, setting_text: str = "", log: Callable[[str], None] = print,
                  load_fn: Callable | None = None) -> dict:
   """Tables every run under `dirs` (expand) into OUT/compare.json, compare.md, compare.png."""

@@ -24,6 +24,9 @@ from typing import Any, Sequence
 
 from mha_jax.errors import UserError
 
+# The dtypes a verb's `dtype` setting takes (a model's params, a benchmark's inputs).
+DTYPES = ("float32", "bfloat16", "float16")
+
 _KEY = "mha_jax.setting"
 
 

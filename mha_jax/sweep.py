@@ -8,6 +8,7 @@ Extra `--config.a.b=v` arguments apply to every run's base config.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from typing import Callable, Sequence
 
@@ -15,7 +16,15 @@ from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax import config as mc
 from mha_jax.train import metrics as metrics_lib
+from mha_jax.settings import setting
 from mha_jax.toolkit import plots
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepOptions:
+  """The settings of `sweep`."""
+  print_commands: bool = setting(False, help="print one `mha-jax train` command per run "
+                                 "instead")
 
 
 def plan(sweep_spec: str, workdir: str, extra: Sequence[str]) -> list[dict]:

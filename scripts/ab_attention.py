@@ -16,6 +16,8 @@ loaded, kernels included, so a kernel change is compared too:
 
 import argparse
 import importlib
+import importlib.machinery
+import importlib.util
 import statistics
 import subprocess
 import sys
@@ -38,11 +40,12 @@ def _old_attention(rev: str):
   ours = {n: m for n, m in sys.modules.items() if n == "mha_jax" or n.startswith("mha_jax.")}
   for n in ours:
     del sys.modules[n]
-  sys.path.insert(0, root)
-  try:
+  try:    # the revision's package, found in its folder (sys.path unchanged)
+    spec = importlib.machinery.PathFinder.find_spec("mha_jax", [root])
+    sys.modules["mha_jax"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["mha_jax"])
     return importlib.import_module("mha_jax.attention")
   finally:
-    sys.path.remove(root)
     for n in [n for n in sys.modules if n == "mha_jax" or n.startswith("mha_jax.")]:
       del sys.modules[n]
     sys.modules.update(ours)

@@ -92,7 +92,6 @@ def main(argv=None):
   p.add_argument("--out", default="docs/results/compile_cache.json")
   args = p.parse_args(argv)
   names = [c for c in args.commands.split(",") if c]
-  sys.path.insert(0, ROOT)
   from experiments import bench
   from mha_jax import cli
   result = {"workdir": args.workdir, "commands": {}}

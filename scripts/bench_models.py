@@ -17,13 +17,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _median_time(fn, rounds: int) -> float:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 
@@ -69,7 +68,6 @@ def main(argv=None) -> int:
   p.add_argument("--repeats", type=int, default=2, help="cold + warm pairs, each in a "
                  "new cache folder")
   args = p.parse_args(argv)
-  sys.path.insert(0, ROOT)
   import mha_jax
   from mha_jax.machine import machine
   models = tempfile.mkdtemp(prefix="models-")     # a fresh model cache: the import is timed

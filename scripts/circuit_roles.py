@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def thresholds() -> dict:
-  """The taxonomy's attention thresholds (mha_jax.analysis.taxonomy.Settings)."""
+  """The taxonomy's attention thresholds (mha_jax.analysis.taxonomy.TaxonomyOptions)."""
   from mha_jax.analysis import taxonomy
-  t = taxonomy.Settings().thresholds()
+  t = taxonomy.TaxonomyOptions().thresholds()
   return {k: t[k] for k in ("previous_token", "induction", "duplicate_token")}
 
 
@@ -95,7 +93,6 @@ def main(argv=None):
   p.add_argument("--relabel", action="store_true",
                  help="only name DIR/roles.json's heads again at the current thresholds")
   a = p.parse_args(argv)
-  sys.path.insert(0, ROOT)
   if a.relabel:
     return relabel(a.out)
   if not a.workdir:

@@ -125,7 +125,7 @@ def attention_page(docs):
 
 def _attention_parts(docs):
   """The layer against its parts, the best peer and its FLOP floor
-  (scripts/bench_attention_parts.py)."""
+  (`mha-jax bench attention-parts`)."""
   rel = "results/attention_parts_cpu.json"
   d = _load(docs, rel)
   c, m = d["config"], machine_of(d)
@@ -142,7 +142,7 @@ def _attention_parts(docs):
                  f"here; the layer less its projections and core: {r['rest_ms']:.1f} ms.")
   return [
     "", "## Where the time goes", "",
-    f"`scripts/bench_attention_parts.py`: d_model {c['d_model']}, T {c['seq_len']}, batch "
+    f"`mha-jax bench attention-parts`: d_model {c['d_model']}, T {c['seq_len']}, batch "
     f"{c['batch']}, {c['dtype']}, {c['mode']}, median of {c['rounds']} interleaved rounds; "
     f"{m['backend']}, {m['cpu_count']} cores, {m['date']}, load average "
     f"{m['load_average'][0]:.1f} at the end. Each row is a forward+backward with a fixed "
@@ -343,7 +343,7 @@ def real_models_page(docs):
   b = _load(docs, base + "smol_l0135_bench_pruned.json")
   rows = [["whole forward, tokens/s (`export-pruned`)", _f(fs["masked_tokens_per_s"], 0),
            _f(fs["exported_tokens_per_s"], 0), f"{fs['speedup']:.2f}x"]]
-  rows += [[f"{r['part']}, ms (`scripts/bench_pruned.py`)", _f(r["dense_ms"], 0),
+  rows += [[f"{r['part']}, ms (`mha-jax bench pruned`)", _f(r["dense_ms"], 0),
             _f(r["pruned_ms"], 0), f"{r['speedup']:.2f}x"] for r in b["rows"]]
   parts += ["### The exported pruned model", "",
             f"L0 at {e['kept']} heads; query heads per layer "
@@ -395,7 +395,7 @@ def _import_peak(docs) -> list[str]:
   d = _load(docs, rel)
   gb = lambda b: f"{b / 1e9:.2f}"  # noqa: E731
   return ["## Import: peak host memory", "",
-          f"`scripts/import_peak.py --shape {d['shape']}` ({d['params']:,} params, "
+          f"`mha-jax bench import-peak --shape {d['shape']}` ({d['params']:,} params, "
           f"{len(d['shards_bytes'])} bf16 safetensors shards, imported as {d['dtype']}): "
           f"the import added {gb(d['added_peak'])} GB to the process's peak RSS "
           f"(base {gb(d['base_rss'])} GB); the bound 1.3 x the largest shard "

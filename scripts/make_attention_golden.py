@@ -12,12 +12,13 @@ The cases live in tests/core/golden_cases.py; the test recomputes them and compa
 """
 
 import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "core"))
-import golden_cases  # noqa: E402
+from experiments import module_at
+
+golden_cases = module_at("golden_cases", os.path.join(os.path.dirname(__file__), "..",
+                                                      "tests", "core"))
 
 if __name__ == "__main__":
   out = os.path.join(os.path.dirname(__file__), "..", "tests", "core", "data",

@@ -25,8 +25,8 @@ OLMOE_1B_7B = dict(vocab_size=50304, hidden_size=2048, intermediate_size=1024,
 
 BUILD = r"""
 import sys, torch, transformers
-sys.path.insert(0, "tests")
-from hf_models import save_folder
+from experiments import module_at
+save_folder = module_at("hf_models", "tests").save_folder
 cfg = transformers.OlmoeConfig(**__KW__, num_hidden_layers=int(sys.argv[2]))
 torch.manual_seed(0)
 with torch.device("meta"):

@@ -11,13 +11,13 @@ build outputs.
 from __future__ import annotations
 
 import pathlib
-import sys
 
 import jupytext
 
+from experiments import module_at
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import docs_results  # noqa: E402
+docs_results = module_at("docs_results", str(ROOT / "scripts"))
 
 
 def write_tutorials(docs):

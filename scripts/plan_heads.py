@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 HEADS = (8, 16, 32, 64, 96)
 IMPLS = ("reference", "blocked")

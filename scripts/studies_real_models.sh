@@ -31,7 +31,7 @@ mha prune-curve --workdir "$W/smol" --stacks lm --counts 270,200,135,68,34 \
 # the best method at 135 heads (lowest perplexity), exported: fewer heads for real
 best=$(python -c "import json; r=[x for x in json.load(open('$W/smol_curve/curve.json'))['rows'] if x['kept'] == 135]; print(min(r, key=lambda x: x['perplexity'])['method'])")
 mha export-pruned --workdir "$W/smol_curve/${best}_k135" --out "$W/smol_${best}135_exported"
-python scripts/bench_pruned.py --dense "$W/smol" --pruned "$W/smol_${best}135_exported" \
+mha-jax bench pruned --dense "$W/smol" --pruned "$W/smol_${best}135_exported" \
   --batch 16 --seq-len 128 --rounds 9 --out "$OUT/smol_${best}135_bench_pruned.json"
 
 # all-MiniLM-L6-v2: roles (syntactic ones on the hand-written CoNLL-U sample), pruning

@@ -3,7 +3,7 @@ seconds of each detector; the roles next to the IOI circuit's heads (CIRCUIT.jso
 
   python scripts/taxonomy_study.py WORKDIR OUT [CIRCUIT.json] [SETTING=VALUE ...]
 
-SETTING=VALUE sets a field of analysis.taxonomy.Settings (roles=retrieval,
+SETTING=VALUE sets a field of analysis.taxonomy.TaxonomyOptions (roles=retrieval,
 retrieval_len=1024, depths=0.25,0.5,0.75). With roles= a subset and OUT/roles.json
 already there, the new roles are merged into it (taxonomy.merge: the other roles kept,
 every head assigned again).
@@ -21,10 +21,10 @@ from mha_jax.machine import machine
 from experiments import bench
 
 
-def settings_of(pairs) -> taxonomy.Settings:
-  """taxonomy.Settings from ["name=value", ...], each value cast to the field's default's
+def settings_of(pairs) -> taxonomy.TaxonomyOptions:
+  """taxonomy.TaxonomyOptions from ["name=value", ...], each value cast to the field's default's
   type (tuples: comma-separated)."""
-  fields = {f.name: f.default for f in dataclasses.fields(taxonomy.Settings)}
+  fields = {f.name: f.default for f in dataclasses.fields(taxonomy.TaxonomyOptions)}
   kw = {}
   for p in pairs:
     name, _, value = p.partition("=")
@@ -34,7 +34,7 @@ def settings_of(pairs) -> taxonomy.Settings:
     kw[name] = (taxonomy.parse_roles(value) if name == "roles" else
                 tuple(type(d[0])(v) for v in value.split(",")) if isinstance(d, tuple) else
                 type(d)(value))
-  return taxonomy.Settings(**kw)
+  return taxonomy.TaxonomyOptions(**kw)
 
 
 def main(argv):

@@ -104,7 +104,7 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
   rows = head_roles(loaded, split, role_limit, conllu=conllu)
   if loaded.task.decoder_only and (loaded.task.role_family == "real_lm" or opts.roles):
     from mha_jax.analysis import taxonomy
-    doc = taxonomy.taxonomy(loaded, rows, taxonomy.Settings(
+    doc = taxonomy.taxonomy(loaded, rows, taxonomy.TaxonomyOptions(
         roles=taxonomy.parse_roles(opts.roles), retrieval_len=opts.retrieval_len), log)
     taxonomy.write(doc, out_dir, f"head roles, {loaded.workdir}")
     for r in rows:

@@ -62,16 +62,16 @@ class RoleStepsOptions:
   draws: int = setting(5, lo=1, help="random head sets per role in a causal check")
 
 
-def _taxonomy_settings(opts: RoleStepsOptions, loaded) -> taxonomy.Settings:
+def _taxonomy_settings(opts: RoleStepsOptions, loaded) -> taxonomy.TaxonomyOptions:
   """The taxonomy's settings; the default roles leave out successor on a model without a
   tokenizer (its numbered items are words), as they leave out the IOI roles."""
   roles = opts.roles
   if roles == STEP_ROLES and getattr(loaded.task, "tokenizer", None) is None:
     roles = tuple(r for r in roles if r != "successor")
-  return taxonomy.Settings(roles=roles, top_k=opts.top_k, draws=opts.draws)
+  return taxonomy.TaxonomyOptions(roles=roles, top_k=opts.top_k, draws=opts.draws)
 
 
-def step_scores(at, tax: taxonomy.Settings, log: Callable[[str], None] = print) -> dict:
+def step_scores(at, tax: taxonomy.TaxonomyOptions, log: Callable[[str], None] = print) -> dict:
   """taxonomy.scores of one checkpoint (`at`, a Loaded), with the pattern roles' rows
   from real_lm_roles (repeated random tokens of the run's own vocabulary, 2 x 32 + BOS
   or as many as the window holds)."""
@@ -109,7 +109,7 @@ def default_check_steps(steps: list[int], appears: dict) -> list[int]:
   return sorted(out)
 
 
-def ioi_refusal(run, tax: taxonomy.Settings) -> str | None:
+def ioi_refusal(run, tax: taxonomy.TaxonomyOptions) -> str | None:
   """Why the run cannot have the IOI roles (the pairs' refusal), or None."""
   if getattr(run.task, "tokenizer", None) is None:
     return "no tokenizer"
@@ -120,7 +120,7 @@ def ioi_refusal(run, tax: taxonomy.Settings) -> str | None:
   return None
 
 
-def _scored_already(path: str, workdir: str, tax: taxonomy.Settings) -> dict:
+def _scored_already(path: str, workdir: str, tax: taxonomy.TaxonomyOptions) -> dict:
   """{step: row} of an earlier role_steps.json in OUT for the same workdir and roles."""
   if not storage.exists(path):
     return {}

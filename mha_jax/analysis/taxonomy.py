@@ -65,7 +65,7 @@ BEHAVIOUR = {"previous_token": ("repeat_loss", +1), "induction": ("repeat_loss",
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class TaxonomyOptions:
   """The taxonomy's settings (one name and one check each)."""
   roles: tuple = DEFAULT_ROLES   # roles to compute (retrieval only when named)
   top_k: int = 3                 # heads per role in the causal check
@@ -116,7 +116,7 @@ class Settings:
 
 
 def parse_roles(text: str | None) -> tuple:
-  """"a,b" -> ("a", "b"); None or "" -> DEFAULT_ROLES (checked by Settings)."""
+  """"a,b" -> ("a", "b"); None or "" -> DEFAULT_ROLES (checked by TaxonomyOptions)."""
   if not text:
     return DEFAULT_ROLES
   return tuple(r.strip() for r in text.split(",") if r.strip())
@@ -191,7 +191,7 @@ def _successor_prompts(ids_by_seq):
   return np.asarray(rows, np.int32), np.asarray(ans), np.asarray(cur)
 
 
-def behaviours(run, settings: Settings, inputs: dict) -> dict[str, Callable]:
+def behaviours(run, settings: TaxonomyOptions, inputs: dict) -> dict[str, Callable]:
   """{behaviour name: fn(edits) -> float}, each one compiled program over the inputs
   (bound as default arguments: each closure keeps its own)."""
   task, params = run.task, run.params
@@ -280,7 +280,7 @@ def receivers(dla_share, attn_io, attn_s, threshold: float, k: int) -> list[tupl
   return [tuple(int(x) for x in np.unravel_index(f, m.shape)) for f in order if m.flat[f]]
 
 
-def ioi_scores(run, settings: Settings, pairs, log=print) -> dict[str, np.ndarray]:
+def ioi_scores(run, settings: TaxonomyOptions, pairs, log=print) -> dict[str, np.ndarray]:
   """{"dla_share", "attn_io", "attn_s", "s_inhibition": (L, H_max), "receivers": [...]}:
   each head's DLA on logit(IO) - logit(S) over the clean logit difference, its attention
   from the end to the IO and to S (both mentions), and the path-patching recovery (clean
@@ -338,7 +338,7 @@ def _needs_tokenizer(run, role: str) -> None:
                     f"trained on text); this run has task {run.task.name!r}")
 
 
-def _ioi_inputs(run, settings: Settings, want: Sequence[str]) -> dict:
+def _ioi_inputs(run, settings: TaxonomyOptions, want: Sequence[str]) -> dict:
   """{"ioi": IOI pairs} for the IOI roles (refused by name where the model cannot have
   them) and duplicate-token's check. Duplicate-token's score is the attention's; only
   its check needs the pairs: a model without them (no single-token names: a model of
@@ -357,7 +357,7 @@ def _ioi_inputs(run, settings: Settings, want: Sequence[str]) -> dict:
     return {"unchecked": {"duplicate_token": str(e)}}
 
 
-def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -> dict:
+def scores(run, settings: TaxonomyOptions, rows: Sequence[Mapping] | None, log=print) -> dict:
   """{"lm_roles": {role: {head: score}}, "qualifies": {role: [heads]}, "seconds",
   "extra", "inputs"} for settings.roles (see the module docstring)."""
   task, params = run.task, run.params
@@ -440,7 +440,7 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
   return {"lm_roles": out, "qualifies": ok, "seconds": sec, "extra": extra, "inputs": inputs}
 
 
-def needle(run, settings: Settings) -> dict:
+def needle(run, settings: TaxonomyOptions) -> dict:
   """The needle-in-a-haystack inputs (refused where the window is too short)."""
   task = run.task
   detectors.check_window(task, settings.retrieval_len)
@@ -468,7 +468,7 @@ def assign(heads: Sequence[str], qualifies: Mapping[str, Sequence[str]]) -> dict
   return {h: next((r for r in ROLES if h in sets.get(r, ())), "other") for h in heads}
 
 
-def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
+def causal(run, settings: TaxonomyOptions, table: Mapping[str, Mapping[str, float]],
            inputs: dict, log=print) -> dict:
   """{role: {"top", "scores", "behaviour", "base", "ablated", "effect", "random",
   "random_heads", "verdict"}} (the module docstring's checks)."""
@@ -514,7 +514,7 @@ def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
   return out
 
 
-def taxonomy(run, rows: Sequence[Mapping] | None = None, settings: Settings = Settings(),
+def taxonomy(run, rows: Sequence[Mapping] | None = None, settings: TaxonomyOptions = TaxonomyOptions(),
              log: Callable[[str], None] = print, check: bool = True,
              on_scores: Callable[[dict], None] | None = None) -> dict:
   """The roles.json document: "lm_roles", "thresholds", "assigned", "counts", "causal",

@@ -3,12 +3,31 @@ workdir: config.json, an orbax checkpoint (step 0, float32 params), tokenizer.js
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import uuid
 
 from mha_jax import storage
 from mha_jax.errors import StorageFault, UserError
 from mha_jax.pretrained import adapters, gguf_file, hf_folder, registry
+from mha_jax.settings import DTYPES, setting
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImportOptions:
+  """The settings of `import` (`import_model`'s): which model, its dtype and how its
+  params are placed."""
+  name: str | None = setting(None, choices=tuple(registry.KNOWN), positional=True,
+                             help="a packaged model (or give --file)")
+  file: str | None = setting(None, path=True, help="a GGUF file (llama, qwen2, qwen3, "
+                             "gemma3), or a Hugging Face folder (config.json + "
+                             "model.safetensors or shards) of a family in "
+                             "docs/guide/model-families.md")
+  dtype: str = setting("float32", choices=DTYPES, help="the params' dtype (bfloat16 keeps "
+                       "bf16 weights as they are)")
+  mesh: str | None = setting(None, help="place the params sharded as they load: model=4 "
+                             "or data=2,model=4 (heads over model; "
+                             "docs/guide/model-families.md)")
 
 TASK_OF_FAMILY = {"bert": "embedding", **{f: "pretrained_lm" for f in adapters.FAMILIES}}
 # Evaluation defaults written into config.json (eval = perplexity on the built-in text).

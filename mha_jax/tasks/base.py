@@ -8,6 +8,7 @@ task can do, so a study asks the task instead of testing which task it holds.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator, Protocol, runtime_checkable
 
 import jax
@@ -18,6 +19,7 @@ from mha_jax import interventions
 from mha_jax.errors import UserError
 from mha_jax.data import vocab as vocab_lib
 from mha_jax.models import common as common_lib
+from mha_jax.settings import setting
 
 SPLITS = ("train", "valid", "test")
 
@@ -27,6 +29,12 @@ def check_split(split: str, what: str = "split") -> str:
   if split not in SPLITS:
     raise UserError(f"{what} must be one of {', '.join(SPLITS)}; got {split!r}")
   return split
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalOptions:
+  """The settings of `eval` (a task's `evaluate`)."""
+  split: str = setting("test", choices=SPLITS, help="the data split (default: test)")
 
 
 

@@ -9,6 +9,8 @@ with the model's own tokenizer.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -18,7 +20,16 @@ from mha_jax.errors import UserError
 from mha_jax.models import common
 from mha_jax.models import decoder
 from mha_jax.tasks import base
+from mha_jax.settings import setting
 from mha_jax.tasks.imported import Imported, gate_batch, tokenizer_of
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GenerateOptions:
+  """The settings of `generate` (`PretrainedLMTask.generate`)."""
+  prompt: str = setting(help="the text to continue")
+  max_new_tokens: int = setting(16, lo=1, help="tokens to generate")
+  chat: bool = setting(False, help="wrap the prompt in the chat template")
 
 
 class PretrainedLMTask(Imported):

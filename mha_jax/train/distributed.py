@@ -26,6 +26,7 @@ Faults (docs/guide/faults.md):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -37,6 +38,30 @@ from typing import Any, Callable
 import jax
 
 from mha_jax.errors import UserError
+from mha_jax.settings import setting
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+  """The settings of `train`: the processes of a multi-process run (`initialize`'s)."""
+  multihost: bool = setting(False, help="call jax.distributed.initialize() and let JAX "
+                            "find the cluster (Cloud TPU VM slices)")
+  coordinator: str | None = setting(None, help="HOST:PORT of process 0, for a "
+                                    "multi-process run (or MHA_JAX_COORDINATOR)")
+  num_processes: str | None = setting(None, help="number of processes (or "
+                                      "MHA_JAX_NUM_PROCESSES)")
+  process_id: str | None = setting(None, help="this process's id, 0..N-1 (or "
+                                   "MHA_JAX_PROCESS_ID)")
+  process_timeout: str | None = setting(None, help="seconds without a heartbeat after "
+                                        "which a process counts as lost and every other "
+                                        "one stops (or MHA_JAX_PROCESS_TIMEOUT; default 60)")
+  startup_timeout: str | None = setting(None, help="seconds to wait for the coordinator "
+                                        "and every process at start-up (or "
+                                        "MHA_JAX_STARTUP_TIMEOUT; default 300)")
+  step_timeout: str | None = setting(None, help="seconds without progress on any process "
+                                     "(a main thread frozen while its heartbeat goes on) "
+                                     "after which every process stops (or "
+                                     "MHA_JAX_STEP_TIMEOUT; default 900)")
 
 ENV = {"coordinator": "MHA_JAX_COORDINATOR", "num_processes": "MHA_JAX_NUM_PROCESSES",
        "process_id": "MHA_JAX_PROCESS_ID"}

@@ -195,15 +195,15 @@ def test_roles_that_cannot_exist_are_refused_by_name():
 
 
 def test_settings_are_checked_by_name():
-  assert taxonomy.Settings().roles == taxonomy.DEFAULT_ROLES and "retrieval" not in taxonomy.DEFAULT_ROLES
-  assert taxonomy.Settings(roles=taxonomy.parse_roles("sink,induction".replace("sink", "attention_sink"))
+  assert taxonomy.TaxonomyOptions().roles == taxonomy.DEFAULT_ROLES and "retrieval" not in taxonomy.DEFAULT_ROLES
+  assert taxonomy.TaxonomyOptions(roles=taxonomy.parse_roles("sink,induction".replace("sink", "attention_sink"))
                     ).roles == ("attention_sink", "induction")
   with pytest.raises(UserError, match="roles must be a non-empty subset.*got bogus"):
-    taxonomy.Settings(roles=("bogus",))
+    taxonomy.TaxonomyOptions(roles=("bogus",))
   with pytest.raises(UserError, match="top_k must be >= 1; got 0"):
-    taxonomy.Settings(top_k=0)
+    taxonomy.TaxonomyOptions(top_k=0)
   with pytest.raises(UserError, match="depths must be fractions"):
-    taxonomy.Settings(depths=(1.5,))
+    taxonomy.TaxonomyOptions(depths=(1.5,))
 
 
 def test_needle_inputs_place_the_needle_and_the_answer():
@@ -260,7 +260,7 @@ def test_each_behaviour_reads_its_own_inputs():
   mask = np.zeros((2, 8), np.float32)
   mask[:, 5:] = 1.0
   txt = text(7, b=3, t=6)
-  fns = taxonomy.behaviours(types.SimpleNamespace(task=task, params=p), taxonomy.Settings(),
+  fns = taxonomy.behaviours(types.SimpleNamespace(task=task, params=p), taxonomy.TaxonomyOptions(),
                      {"repeat": (rep, mask), "text": txt})
 
   def nll(tok):
@@ -300,7 +300,7 @@ def test_ioi_scores_path_patch_only_into_name_movers():
   corrupt[:, [1, 2, 4]] = [9, 10, 10]
   pairs = Pairs(clean, corrupt, ans, wrong, np.full(3, 7), [{}] * 3)
   run = types.SimpleNamespace(task=LlamaTask(), params=params)
-  got = taxonomy.ioi_scores(run, taxonomy.Settings(top_k=3), pairs, log=lambda m: None)
+  got = taxonomy.ioi_scores(run, taxonomy.TaxonomyOptions(top_k=3), pairs, log=lambda m: None)
   dla, io, s = got["dla_share"], got["attn_io"], got["attn_s"]
   by_hand = sorted(((dla[l, h], f"lm.{l}.{h}") for l in range(2) for h in range(4)
                     if dla[l, h] >= 0.1 and io[l, h] > s[l, h]), reverse=True)
@@ -308,7 +308,7 @@ def test_ioi_scores_path_patch_only_into_name_movers():
   assert 0 < len(got["receivers"]) < 3          # fewer name movers than top_k: no padding
   top = max(int(n.split(".")[1]) for n in got["receivers"])
   assert np.isfinite(got["s_inhibition"][:top]).any() and np.isnan(got["s_inhibition"][top:]).all()
-  none = taxonomy.ioi_scores(run, taxonomy.Settings(name_mover_threshold=50.0), pairs,
+  none = taxonomy.ioi_scores(run, taxonomy.TaxonomyOptions(name_mover_threshold=50.0), pairs,
                              log=lambda m: None)
   assert none["receivers"] == [] and np.isnan(none["s_inhibition"]).all()
 

@@ -222,7 +222,7 @@ def test_circuit_roles_names_heads_at_the_taxonomys_thresholds(tmp_path, capsys)
   root = pathlib.Path(__file__).resolve().parents[2]
   sys.path.insert(0, str(root / "scripts"))
   import circuit_roles
-  t = taxonomy.Settings().thresholds()
+  t = taxonomy.TaxonomyOptions().thresholds()
   head = {"previous_token": 0.0, "prefix_matching": t["induction"], "duplicate_token": 0.0,
           "logit_edge": 0.5, "dla": -0.2}
   th = circuit_roles.thresholds()

@@ -216,3 +216,27 @@ def test_the_new_figures_in_a_real_browser(tmp_path, text_lm):
     assert errors == [] and requests == []
     browser.close()
   assert assets.read("primer.js", P.ASSETS).strip() in html
+
+
+@pytest.mark.slow    # the seven lines at every zoo width (GPT-3's 12288 included)
+def test_the_primer_verb_writes_the_page_once(tmp_path, text_lm, capsys):
+  from mha_jax import cli
+  wd = _planted_translation(tmp_path, LOG_ALPHA, KEPT, ROLES)
+  out = str(tmp_path / "page")
+  argv = ["primer", "--out", out, "--pruning-workdir", wd, "--text-workdir", text_lm]
+  assert cli.main(argv) == 0, capsys.readouterr().err
+  path = os.path.join(out, "primer.html")
+  assert capsys.readouterr().out.strip() == f"wrote {path}"
+  html = open(path).read()
+  data = json.loads(html.split('<script id="data" type="application/json">', 1)[1]
+                    .split("</script>", 1)[0])
+  assert data["sentence"] == list(E.SENTENCE)
+  assert sorted(data["pruning"]["kept"]) == sorted(KEPT)
+  assert (data["pruning"]["bleu_all"], data["pruning"]["bleu_kept"]) == (30.0, 28.5)
+  assert data["text_circuit"]["induction_head"].startswith("lm.1.")
+  assert [r["params"] for r in data["seven_lines"]["rows"]] == [
+      z["params"] for z in accounting.zoo_rows()]
+  # a second run never overwrites the page
+  assert cli.main(argv) == 2
+  assert "already has primer.html; refusing to overwrite it" in capsys.readouterr().err
+  assert open(path).read() == html

@@ -19,7 +19,7 @@ from experiments.claims import variants as V
 from mha_jax.errors import UserError
 
 H, F, I = R.HOLDS, R.FAILS, R.INCONCLUSIVE
-CHEAP = C.CompareSettings(prune_steps=3, windows=4, composition_samples=4)
+CHEAP = C.CompareOptions(prune_steps=3, windows=4, composition_samples=4)
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +95,9 @@ def test_compare_runs_tables_the_studies_values(sweep, tmp_path):
 def test_compare_runs_cli_and_bad_input(sweep, tmp_path):
   d, _ = sweep
   with pytest.raises(UserError, match="phase_threshold must be in"):
-    settings.check(C.CompareSettings(phase_threshold=1.5))
+    settings.check(C.CompareOptions(phase_threshold=1.5))
   with pytest.raises(UserError, match="prune_steps must be >= 1; got 0"):
-    settings.check(C.CompareSettings(prune_steps=0))
+    settings.check(C.CompareOptions(prune_steps=0))
   with pytest.raises(UserError, match="holds no run"):
     C.expand([str(tmp_path)])
   assert [n for n, _, _ in C.expand([d])] == sorted(os.listdir(d))

@@ -1,7 +1,6 @@
 """Import streams: a sharded bf16 safetensors folder is read one tensor at a time from the
-file (no memory map) and the host holds the model once (scripts/import_peak.py)."""
+file (no memory map) and the host holds the model once (`mha-jax bench import-peak`)."""
 
-import importlib.util
 import os
 
 import ml_dtypes
@@ -9,17 +8,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from builders import ROOT
 from hf_models import tokenizer_json
+from experiments.benchmarks import bench_import_peak
 from mha_jax.pretrained import hf_folder
 
 
 def _script():
-  spec = importlib.util.spec_from_file_location(
-      "import_peak", os.path.join(ROOT, "scripts", "import_peak.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return bench_import_peak
 
 
 def test_the_reader_returns_the_files_tensors(tmp_path):

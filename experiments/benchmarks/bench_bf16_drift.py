@@ -1,8 +1,8 @@
 """How far the patch head table moves when a study runs in bfloat16 weights (softmax,
 norms, logits and metrics in float32) against float32, on real models.
 
-    python scripts/bf16_drift.py [--models smollm2-135m,gemma3-270m] [--pairs 8]
-                                 [--out docs/results/bf16_drift_cpu.json]
+    mha-jax bench bf16-drift [--models smollm2-135m,gemma3-270m] [--pairs 8]
+                             [--out docs/results/bf16_drift_cpu.json]
 
 Per model: `import` (float32) into a temporary workdir, IOI pairs (seed 0, the pairs the
 float32 model gets wrong kept), then activation patching of head_out and AtP of head_out,
@@ -14,12 +14,26 @@ and the seconds of each sweep.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import tempfile
 import time
 
 import numpy as np
+
+from mha_jax.pretrained import registry
+from mha_jax.settings import setting
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Bf16DriftOptions:
+  """The settings of `bench bf16-drift`."""
+  models: tuple[str, ...] = setting(("smollm2-135m", "gemma3-270m"),
+                                    choices=tuple(registry.KNOWN),
+                                    help="comma-separated packaged models")
+  pairs: int = setting(8, lo=1, help="IOI pairs per model")
+  out: str | None = setting(None, path=True, help="the JSON file (rewritten after each "
+                            "model; default: printed only)")
 
 
 def drift(name: str, n_pairs: int) -> dict:
@@ -53,24 +67,16 @@ def drift(name: str, n_pairs: int) -> dict:
   return out
 
 
-def main() -> None:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--models", default="smollm2-135m,gemma3-270m")
-  ap.add_argument("--pairs", type=int, default=8)
-  ap.add_argument("--out")
-  a = ap.parse_args()
+def run(a: Bf16DriftOptions) -> int:
   from mha_jax.machine import machine
   doc = {"what": "patch head_out recovery and AtP head_out: bfloat16 weights against "
                  "float32 (IOI, seed 0, failing pairs kept)", "models": [],
          "machine": machine()}
-  for m in a.models.split(","):
+  for m in a.models:
     r = drift(m, a.pairs)
     print(json.dumps(r, indent=1))
     doc["models"].append(r)
     if a.out:
       with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
-
-
-if __name__ == "__main__":
-  main()
+  return 0

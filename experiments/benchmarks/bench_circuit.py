@@ -1,7 +1,7 @@
 """Speed of edge attribution on a decoder LM (default SmolLM2-135M's IOI pairs).
 
-    python scripts/bench_circuit.py [--workdir DIR] [--pairs 8] [--steps 5] [--rounds 2]
-                                    [--out results/bench_circuit.json]
+    mha-jax bench circuit [--workdir DIR] [--pairs 8] [--steps 5] [--rounds 2]
+                          [--out results/bench_circuit.json]
 
   forward+backward   one forward and backward of the mean logit difference
                      (toolkit.activation_patching.Study.forward_backward_seconds): the unit
@@ -19,26 +19,27 @@ Prints a table and writes JSON with the machine's matmul rate.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mha_jax.settings import setting
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CircuitBenchOptions:
+  """The settings of `bench circuit`."""
+  workdir: str = setting("workdirs/smollm2", path=True, help="an imported decoder LM")
+  pairs: int = setting(8, lo=1, help="IOI pairs")
+  steps: int = setting(5, lo=1, help="EAP-IG's steps")
+  rounds: int = setting(2, lo=1, help="timed rounds after a warm-up")
+  curve: bool = setting(True, help="time the faithfulness curve (--no-curve: leave it out)")
+  out: str = setting("results/bench_circuit.json", path=True, help="the JSON file")
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--workdir", default="workdirs/smollm2")
-  p.add_argument("--pairs", type=int, default=8)
-  p.add_argument("--steps", type=int, default=5)
-  p.add_argument("--rounds", type=int, default=2)
-  p.add_argument("--no-curve", action="store_true", help="leave the curve out")
-  p.add_argument("--out", default="results/bench_circuit.json")
-  args = p.parse_args(argv)
+
+def run(args: CircuitBenchOptions) -> int:
   import jax
   import jax.numpy as jnp
   from experiments import bench
@@ -60,7 +61,7 @@ def main(argv=None):
   scores = es.eap()
   counts = search.sizes(len(es.edges))
   curve = curve_first = float("nan")
-  if not args.no_curve:
+  if args.curve:
     keeps = np.stack([search.top_n(es.graph, es.edges, scores, n) for n in counts]).astype(
         np.float32)
     _, curve_first, curve, _ = bench.first_and_rounds(lambda: jax.block_until_ready(es.curve(keeps)),
@@ -89,7 +90,4 @@ def main(argv=None):
   print(f"matmul rate {rate:.0f} GFLOP/s (load average {os.getloadavg()[0]:.1f})")
   bench.write_json(result, args.out)
   print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-  main()
+  return 0

@@ -1,8 +1,8 @@
 """Where one attention layer's forward+backward goes: the layer against its parts and the
 best peer, with the matmul rate, in one process.
 
-    python scripts/bench_attention_parts.py [--heads 8,96] [--rounds 7]
-                                            [--out docs/results/attention_parts_cpu.json]
+    mha-jax bench attention-parts [--heads 8,96] [--rounds 7]
+                                  [--out docs/results/attention_parts_cpu.json]
 
 Shapes as `mha-jax bench attention` (d_model 768, T 512, batch 4, float32, biases); each
 row is a forward+backward (the gradient of <y, ct> with respect to every input and
@@ -36,21 +36,29 @@ machine.
 
 from __future__ import annotations
 
-import argparse
-import os
+import dataclasses
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+from experiments import bench
+from mha_jax import accounting, attention
+from mha_jax.kernels import blocked
+from mha_jax.machine import machine
+from mha_jax.settings import setting
 
-from experiments import bench  # noqa: E402
-from mha_jax import accounting, attention  # noqa: E402
-from mha_jax.kernels import blocked  # noqa: E402
-from mha_jax.machine import machine  # noqa: E402
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttentionPartsOptions:
+  """The settings of `bench attention-parts`."""
+  heads: tuple[int, ...] = setting((8, 96), lo=1, help="comma-separated head counts")
+  d_model: int = setting(768, lo=1, help="the width D")
+  seq_len: int = setting(512, lo=1, help="the sequence length T")
+  batch: int = setting(4, lo=1, help="the batch size")
+  rounds: int = setting(7, lo=1, help="timed rounds (interleaved over the rows)")
+  out: str = setting("results/attention_parts.json", path=True, help="the JSON file")
 
 
 def parts(d: int, h: int, t: int, b: int):
@@ -89,20 +97,12 @@ def parts(d: int, h: int, t: int, b: int):
           "flax.linen MHDPA": (linen_f, (linen_p, x), 3 * (proj + core) - w_o)}
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--heads", default="8,96")
-  ap.add_argument("--d-model", type=int, default=768)
-  ap.add_argument("--seq-len", type=int, default=512)
-  ap.add_argument("--batch", type=int, default=4)
-  ap.add_argument("--rounds", type=int, default=7)
-  ap.add_argument("--out", default="results/attention_parts.json")
-  args = ap.parse_args(argv)
+def run(args: AttentionPartsOptions) -> int:
   d, t, b = args.d_model, args.seq_len, args.batch
   matmul, matmul_flops = bench.matmul_row()
   result = {"config": {"d_model": d, "seq_len": t, "batch": b, "rounds": args.rounds,
                        "dtype": "float32", "mode": "forward+backward"}, "heads": {}}
-  for h in (int(x) for x in args.heads.split(",")):
+  for h in args.heads:
     fns = {"matmul 2048": (matmul, (), matmul_flops)}      # forward only
     for name, (f, a, flops) in parts(d, h, t, b).items():
       fns[name] = (*bench.forward_backward(f, a), flops)
@@ -135,6 +135,7 @@ def main(argv=None):
   print(result["table"])
   bench.write_json(result, args.out)
   print(f"wrote {args.out}")
+  return 0
 
 
 def table_of(result: dict) -> str:
@@ -153,7 +154,3 @@ def table_of(result: dict) -> str:
                  f"{r['ratio_bound']:.2f}x; layer - projections - core = "
                  f"{r['rest_ms']:.1f} ms.")
   return "\n".join(lines)
-
-
-if __name__ == "__main__":
-  main()

@@ -1,46 +1,51 @@
 #!/usr/bin/env python
 """Forward-pass speed of a pruned (exported) checkpoint against its dense source.
 
-  python scripts/bench_pruned.py --dense runs/qs --pruned runs/qs_exported
+  mha-jax bench pruned --dense runs/qs --pruned runs/qs_exported
 
 Times, side by side in one process with interleaved rounds (median of --rounds):
   attention  every attention block of the pruned stacks alone, on the same inputs
   model      the whole forward pass (teacher-forced logits) on a test batch
 Prints a table and writes JSON.
 """
-import argparse
+import dataclasses
 import json
 import os
 import statistics
-import sys
 import time
 
 import jax
 
 from mha_jax import attention
+from mha_jax.errors import UserError
 from mha_jax.loader import load
 from mha_jax.models import common
+from mha_jax.settings import setting
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrunedOptions:
+  """The settings of `bench pruned`."""
+  dense: str = setting(path=True, help="the dense run's workdir")
+  pruned: str = setting(path=True, help="its pruned, exported workdir (mha-jax "
+                        "export-pruned)")
+  batch: int = setting(64, lo=1, help="the batch size")
+  seq_len: int = setting(64, lo=1, help="the attention inputs' T")
+  rounds: int = setting(15, lo=1, help="timed rounds (interleaved)")
+  out: str = setting("results/bench_pruned.json", path=True, help="the JSON file")
 
 
 def blocks(params, stacks):
   return [p for s, _, p in common.attention_blocks(params) if s in stacks]
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__)
-  ap.add_argument("--dense", required=True)
-  ap.add_argument("--pruned", required=True)
-  ap.add_argument("--batch", type=int, default=64)
-  ap.add_argument("--seq-len", type=int, default=64)
-  ap.add_argument("--rounds", type=int, default=15)
-  ap.add_argument("--out", default="results/bench_pruned.json")
-  a = ap.parse_args(argv)
+def run(a: PrunedOptions) -> int:
   dense, pruned = load(a.dense), load(a.pruned)
   counts_d, counts_p = common.head_counts(dense.params), common.head_counts(pruned.params)
   stacks = [s for s in counts_p if counts_p[s] != counts_d[s]]
   if not stacks:
-    raise SystemExit("--pruned has the same head counts as --dense: export it first "
-                     "(mha-jax export-pruned)")
+    raise UserError("pruned has the same head counts as dense: export it first "
+                    "(mha-jax export-pruned)", setting=("pruned", "dense"))
   d = dense.params["embed"].shape[1]
   x = jax.random.normal(jax.random.PRNGKey(0), (a.batch, a.seq_len, d))
 
@@ -81,7 +86,3 @@ def main(argv=None):
                "times_ms": {f"{k[0]}/{k[1]}": [t * 1e3 for t in v] for k, v in times.items()}},
               f, indent=1)
   return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -1,8 +1,8 @@
 """Sliding-window attention in the blocked kernel: the window as a dense band mask
 against skipping the key blocks outside it.
 
-    python scripts/bench_window.py [--seq-lens 4096 8192 16384] [--window 512]
-                                   [--rounds 2] [--out results/bench_window.json]
+    mha-jax bench window [--seq-lens 4096,8192,16384] [--window 512]
+                         [--rounds 2] [--out results/bench_window.json]
 
 Both run kernels.blocked.blocked_attention, causal, forward+backward (jax.grad of the
 sum of the output) on random q, k, v of (B, T, H, K) = (1, T, 4, 64), float32:
@@ -25,17 +25,32 @@ the scores).
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mha_jax.settings import setting
 
 B, H, K = 1, 4, 64
 MODES = ("dense mask", "skipping")
+# Each (mode, T) runs in a subprocess: `python -m THIS time T W ROUNDS CAP_GB` or
+# `python -m THIS memory MODE T W CAP_GB` (address space capped at CAP_GB).
+ME = [sys.executable, "-m", "experiments.benchmarks.bench_window"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WindowOptions:
+  """The settings of `bench window`."""
+  seq_lens: tuple[int, ...] = setting((4096, 8192, 16384), lo=1,
+                                      help="comma-separated sequence lengths T")
+  window: int = setting(512, lo=1, help="the sliding window W")
+  rounds: int = setting(2, lo=1, help="timed rounds (interleaved)")
+  max_mem_gb: float = setting(8.0, lo=0, lo_open=True, help="address-space cap per "
+                              "subprocess")
+  out: str = setting("results/bench_window.json", path=True, help="the JSON file")
 
 
 def _pairs(t: int, window: int) -> int:
@@ -109,14 +124,7 @@ def _sub(argv1, cap_gb):
                 (err.strip().splitlines() or ["error"])[-1][:300])
 
 
-def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192, 16384])
-  ap.add_argument("--window", type=int, default=512)
-  ap.add_argument("--rounds", type=int, default=2)
-  ap.add_argument("--max-mem-gb", type=float, default=8.0)
-  ap.add_argument("--out", default="results/bench_window.json")
-  args = ap.parse_args(argv)
+def run(args: WindowOptions) -> int:
   import jax
 
   from experiments import bench
@@ -125,15 +133,14 @@ def main(argv=None) -> int:
   print(f"backend {jax.default_backend()}, {os.cpu_count()} CPUs, float32 matmul rate "
         f"{gflops:.1f} GFLOP/s")
   rows = []
-  me = os.path.abspath(__file__)
   for t in args.seq_lens:
-    timed, why = _sub([sys.executable, me, "time", str(t), str(args.window),
-                       str(args.rounds)], args.max_mem_gb)
+    timed, why = _sub([*ME, "time", str(t), str(args.window), str(args.rounds)],
+                      args.max_mem_gb)
     for mode in MODES:
       row = {"mode": mode, "seq_len": t, "status": "ok" if timed else why}
       if timed:
         row.update(next(r for r in timed if r["mode"] == mode))
-        mem, why_m = _sub([sys.executable, me, "memory", mode, str(t), str(args.window)],
+        mem, why_m = _sub([*ME, "memory", mode, str(t), str(args.window)],
                           args.max_mem_gb)
         row.update(mem if mem else {"status": why_m})
       rows.append(row)
@@ -185,4 +192,5 @@ if __name__ == "__main__":
       _, _, mode, t, w, _cap = sys.argv
       print(json.dumps(memory_one(mode, int(t), int(w))))
   else:
-    sys.exit(main())
+    sys.exit("usage: python -m experiments.benchmarks.bench_window time T W ROUNDS CAP_GB "
+             "| memory MODE T W CAP_GB (the benchmark is `mha-jax bench window`)")

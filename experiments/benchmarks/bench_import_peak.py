@@ -1,8 +1,8 @@
 """Peak host memory of `mha-jax import` of a random Llama model written as sharded bf16
 safetensors (an HF folder), against the bound: 1.3 x the largest shard + the model once.
 
-    python scripts/import_peak.py [--shape llama31_8b_2layers] [--dtype bfloat16]
-                                  [--folder DIR] [--out docs/results/import_peak_cpu.json]
+    mha-jax bench import-peak [--shape llama31_8b_2layers] [--dtype bfloat16]
+                              [--folder DIR] [--out docs/results/import_peak_cpu.json]
 
 The folder is written one tensor at a time (random normal * 0.02, in row blocks), then a
 fresh process imports it (`importer.import_model`) and reports its peak RSS
@@ -12,12 +12,14 @@ added. "model once" is the params' bytes in the import's dtype.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
+
+from mha_jax.settings import setting
 
 SHAPES = {
     # Llama-3.1-8B's width with 2 layers (issue 47, item 6)
@@ -32,6 +34,19 @@ SHAPES = {
                  num_key_value_heads=2, intermediate_size=96, vocab_size=256,
                  tie_word_embeddings=False),
 }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImportPeakOptions:
+  """The settings of `bench import-peak`."""
+  shape: str = setting("llama31_8b_2layers", choices=tuple(sorted(SHAPES)),
+                       help="the random model's shapes")
+  dtype: str = setting("bfloat16", choices=("bfloat16", "float32"),
+                       help="the import's dtype")
+  folder: str | None = setting(None, path=True, help="the HF folder to import (written "
+                               "there first when it has no config.json; default: a "
+                               "temporary one)")
+  out: str | None = setting(None, path=True, help="the JSON file (default: printed only)")
 
 
 def tensors(s: dict) -> list[tuple[str, tuple]]:
@@ -122,15 +137,10 @@ def measure(folder: str, workdir: str, dtype: str) -> dict:
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--shape", default="llama31_8b_2layers", choices=sorted(SHAPES))
-  ap.add_argument("--dtype", default="bfloat16")
-  ap.add_argument("--folder")
-  ap.add_argument("--out")
-  a = ap.parse_args()
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-  from hf_models import tokenizer_json
+def run(a: ImportPeakOptions) -> int:
+  from experiments import module_at     # the tests' WordLevel tokenizer (a checkout's)
+  tokenizer_json = module_at("hf_models", os.path.join(os.path.dirname(__file__), "..",
+                                                       "..", "tests")).tokenizer_json
   from mha_jax.machine import machine
   tmp = tempfile.mkdtemp(prefix="import_peak_")
   folder = a.folder or os.path.join(tmp, "hf")
@@ -151,7 +161,4 @@ def main() -> None:
   if a.out:
     with open(a.out, "w") as f:
       json.dump(doc, f, indent=1)
-
-
-if __name__ == "__main__":
-  main()
+  return 0
