@@ -130,6 +130,7 @@ def test_a_model_without_the_edge_sites_is_refused():
     edges_lib.EdgeStudy(s)
 
 
+@pytest.mark.slow
 def test_auto_keeps_the_most_faithful_method(tiny_attn_lm, tmp_path):
   """The default --method auto on a graph small enough for exact patching: every
   method's CPR and CMD are MIB's of its scores (recomputed here), and the one kept is

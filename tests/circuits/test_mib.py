@@ -106,6 +106,7 @@ def test_signed_ranking_keeps_the_edges_that_help_the_metric(setup, es):
   assert search.mib_counts(1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
 
 
+@pytest.mark.slow
 def test_eap_ig_left_points_equal_a_float64_numpy_ig(setup, es):
   """EAP-IG on the inputs with alpha = k/steps (k = 0..steps-1): for each edge
   u -> e, (A_u - a_u) . mean_k d m / d input_e at the embedding corrupt + alpha_k

@@ -316,6 +316,7 @@ def tiny_gemma(tmp_path_factory):
   return model, str(base / "w")
 
 
+@pytest.mark.slow
 def test_real_lm_circuit_claims_on_a_tiny_gemma(tiny_gemma, tmp_path):
   from experiments.claims import studies as S
   model, wd = tiny_gemma

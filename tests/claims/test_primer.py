@@ -142,6 +142,7 @@ def test_the_text_circuit_against_numpy(text_lm):
   np.testing.assert_allclose(pat.sum(-1), 1.0, atol=0.01)
 
 
+@pytest.mark.slow
 def test_the_new_figures_in_a_real_browser(tmp_path, text_lm):
   wd = _planted_translation(tmp_path, LOG_ALPHA, KEPT, ROLES)
   ctx = E.Context(out=str(tmp_path / "out"))

@@ -49,6 +49,7 @@ def test_bench_attention_writes_json_and_table(tmp_path, capsys):
   assert "| 8 | 4 | flax.linen MHDPA |" in text
 
 
+@pytest.mark.slow
 def test_bench_scale_t_reports_time_memory_and_over_cap(tmp_path, capsys):
   """Each (impl, T) in its own capped subprocess; an allocation over the cap is reported."""
   out = tmp_path / "s.json"

@@ -96,6 +96,7 @@ def test_the_machine_key_names_the_cpu_and_its_flags():
   assert compile_cache.machine_key(a) != compile_cache.machine_key(a.replace(": X", ": Y"))
 
 
+@pytest.mark.slow
 def test_a_cache_that_cannot_be_written_is_said_once_not_per_program(tiny_attn_lm, tmp_path):
   """A full disk under the cache (every entry's write fails): one line naming the cache,
   none of JAX's per-program warnings, and the command's result."""
