@@ -25,6 +25,8 @@ model-level ones; a row with a condition is taken only when the config enables i
   gpt2_qkv      GPT-2's Conv1D c_attn (D, 3 D) columns [q; k; v] (weights and bias)
   gpt2_o        GPT-2's Conv1D c_proj (H K, D) -> (H, K, D)
   gate_up       Phi-3's fused rows [gate (F); up (F)]
+  experts_in / experts_out   per-expert nn.Linear (name with {e}), stacked to (E, D, F) / (E, F, D)
+  exps_in / exps_out         GGUF's stacked experts (E, F, D) / (E, D, F), the same
   head_norm     QK-norm (K,) shared by the heads     whole_q / whole_k  OLMo 2's (H K,) / (G K,)
 Every tensor of the file must be taken (or be a known buffer); leftovers are refused.
 """
@@ -1261,6 +1263,10 @@ def _convert(t: Tensors, name, kind, s, family, dt):
     shape = (s["moe_f"], d) if kind == "experts_in" else (d, s["moe_f"])
     return {"": cast(np.stack([t.take(name.format(e=e), shape).T
                                for e in range(s["experts"])]))}
+  if kind in ("exps_in", "exps_out"):   # stacked (E, F, D) / (E, D, F), GGUF's _exps
+    fi = s["moe_f"]
+    shape = (s["experts"], fi, d) if kind == "exps_in" else (s["experts"], d, fi)
+    return {"": cast(t.take(name, shape).transpose(0, 2, 1))}
   if kind == "oss_gate_up":     # gpt-oss (E, D, 2F) / (E, 2F): gate, up interleaved
     x = t.take(name)
     sub = ("b_gate", "b_up") if name.endswith("_bias") else ("w_gate", "w_up")
