@@ -40,27 +40,35 @@ def hf_logits(model, tokens):
 TOKENS = np.random.default_rng(5).integers(0, V, (B, T)).astype(np.int32)
 
 
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-  """case -> (HF model, mha_jax.load of its import); built once per case."""
-  cache = {}
-
-  def get(case):
-    if case not in cache:
-      base = tmp_path_factory.mktemp(case)
-      model = build_hf(case)
-      folder = save_folder(model, base / "hf")
-      importer.import_model(str(base / "w"), file=folder)
-      cache[case] = (model, mha_jax.load(str(base / "w")), folder)
-    return cache[case]
-
-  return get
-
-
 PARITY = {}   # case -> max relative error (printed as the parity table)
 
+# The default run: one case per mechanism (the `imported` fixture of conftest.py builds
+# each once per session); every other case of hf_models.CASES runs with `-m slow`.
+DEFAULT_CASES = (
+    "llama",          # GQA, head_dim != D/H, biases, transformers-5 rope_parameters
+    "gemma3",         # MQA, (1 + w) QK-norm, local / global RoPE, sliding layers
+    "mistral",        # sliding window (every kernel: test_sliding_windows_...)
+    "dynamic_rope",   # RoPE that depends on the length
+    "olmo2",          # post-norms, whole-projection QK-norm
+    "gpt2",           # learned positions, LayerNorm, Conv1D
+    "opt",            # position offset, ReLU MLP
+    "phi",            # partial rotary (half-split), parallel block with one LayerNorm
+    "gptj",           # interleaved partial rotary, logit bias
+    "falcon",         # Falcon's grouped KV layout, two LayerNorms in parallel
+    "granite",        # embedding / residual / score / logit multipliers
+    "smollm3",        # NoPE layers
+    "bloom",          # ALiBi
+    "mixtral",        # MoE
+    "gpt_oss",        # sink logits, clamped SwiGLU experts
+    "deepseek_v2",    # MLA, shared experts, group-limited routing
+)
 
-@pytest.mark.parametrize("case", sorted(CASES))
+
+def _cases(default):
+  return [c if c in default else pytest.param(c, marks=pytest.mark.slow) for c in sorted(CASES)]
+
+
+@pytest.mark.parametrize("case", _cases(DEFAULT_CASES))
 def test_logits_match_transformers(imported, case):
   model, loaded, _ = imported(case)
   ref = hf_logits(model, TOKENS)
@@ -78,7 +86,7 @@ def test_sliding_windows_matter_and_every_kernel_serves_them(imported):
   for case, want in (("qwen2_sliding", (None, WINDOW)), ("phi3", (WINDOW, WINDOW)),
                      ("gemma2", (WINDOW, None, WINDOW)), ("gemma3", (WINDOW, None, WINDOW)),
                      ("qwen2", (None, None))):
-    assert imported(case)[1].task.spec.window == want, case
+    assert _spec_of_config(case).window == want, case
   model, loaded, _ = imported("mistral")
   spec = loaded.task.spec
   assert set(spec.window) == {WINDOW}
@@ -128,7 +136,8 @@ def test_kv_cache_decoding_across_the_window_matches_transformers(imported):
   assert rel_err(logits[0], ref) < RTOL
 
 
-@pytest.mark.parametrize("case", ["dynamic_rope", "phi3_longrope"])
+@pytest.mark.parametrize("case", ["dynamic_rope", pytest.param("phi3_longrope",
+                                                                marks=pytest.mark.slow)])
 def test_rope_by_length_under_and_over_the_switch_and_in_generate(imported, case):
   """Dynamic NTK and LongRoPE change the frequencies with the call's length: logits
   match transformers under the switch length (16) and over it, and greedy decoding with
@@ -175,6 +184,23 @@ IMPLEMENTED_BY = {
     "deepseek_v2": "deepseek_v2"}
 
 
+def _saved_config(case) -> dict:
+  """config.json as save_pretrained writes it for the case (its diff from the defaults),
+  without building the model."""
+  cfg_cls, _, kw = CASES[case]
+  return getattr(transformers, cfg_cls)(**kw).to_diff_dict()
+
+
+def _spec_of_config(case):
+  """The decoder spec the import makes of the case's config (no weights read)."""
+  from mha_jax.models import decoder
+  cfg_cls, _, kw = CASES[case]
+  cfg = getattr(transformers, cfg_cls)(**kw).to_dict()
+  fam = adapters.family_of(cfg)
+  s = adapters.read_config(cfg, fam, "config.json")
+  return decoder.spec_from_config(adapters.model_config(s, fam))
+
+
 def _hf_keys(family):
   cfg_cls = CASES[IMPLEMENTED_BY[family]][0]
   full = getattr(transformers, cfg_cls)().to_dict()
@@ -192,12 +218,10 @@ def test_every_key_transformers_defines_is_in_the_adapters_table(family):
 
 
 @pytest.mark.parametrize("family", sorted(adapters.FAMILIES))
-def test_every_implemented_key_is_exercised_by_a_parity_case(family, imported):
-  """Each USE key appears in the saved config.json of the family's parity case (whose
+def test_every_implemented_key_is_exercised_by_a_parity_case(family):
+  """Each USE key appears in the config.json that the family's parity case saves (whose
   logits match transformers), so its implementation is checked against the reference."""
-  _, _, folder = imported(IMPLEMENTED_BY[family])
-  with open(os.path.join(folder, "config.json")) as f:
-    saved = json.load(f)
+  saved = _saved_config(IMPLEMENTED_BY[family])
   table = adapters.FAMILIES[family].keys
   # Keys with transformers-4 or alternative spellings that the 5.x save does not write;
   # those are checked by test_transformers4_spellings_give_the_same_model.
@@ -302,8 +326,9 @@ def _as_transformers4(cfg: dict) -> dict:
   return cfg
 
 
-@pytest.mark.parametrize("case", ["llama3_rope", "gemma3"] + [
-    pytest.param(c, marks=pytest.mark.slow) for c in ("llama", "yarn_rope", "gpt_neox", "phi3")])
+@pytest.mark.parametrize("case", ["llama3_rope"] + [
+    pytest.param(c, marks=pytest.mark.slow) for c in ("gemma3", "llama", "yarn_rope",
+                                                      "gpt_neox", "phi3")])
 def test_transformers4_spellings_give_the_same_model(imported, case, tmp_path):
   """config.json as transformers 4.x wrote it imports to the same logits."""
   model, loaded, folder = imported(case)
@@ -432,7 +457,8 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
 
 
 # The default run's export on a grouped family: SmolLM2's own export test is slow.
-@pytest.mark.parametrize("case,h,g", [("llama", 4, 2), ("gemma3", 4, 1)])
+@pytest.mark.parametrize("case,h,g", [("llama", 4, 2),
+                                      pytest.param("gemma3", 4, 1, marks=pytest.mark.slow)])
 def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   from mha_jax.toolkit import head_roles
   from mha_jax.models import common
@@ -667,8 +693,8 @@ def _hf_router_weights(model, tokens, gate_of):
   return logits, got
 
 
-@pytest.mark.parametrize("case,gate", [("mixtral", "mlp.gate"),
-                                       ("gpt_oss", "mlp.router")])
+@pytest.mark.parametrize("case,gate", [("mixtral", "mlp.gate"), pytest.param(
+    "gpt_oss", "mlp.router", marks=pytest.mark.slow)])
 def test_router_site_reads_transformers_choices_and_fixing_them_reproduces_its_logits(
     imported, case, gate):
   """lm.L.mlp.router read: the same experts (and weights) as transformers' router;
