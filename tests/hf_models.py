@@ -258,6 +258,21 @@ CASES = {
                               n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                               first_k_dense_replace=0, kv_lora_rank=16, q_lora_rank=None,
                               qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(TINY_LLAMA_KW, num_key_value_heads=4, moe_intermediate_size=24,
+                         n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2,
+                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=20,
+                         qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10,
+                         routed_scaling_factor=1.7, n_group=4, topk_group=2,
+                         norm_topk_prob=True,
+                         rope_parameters={"rope_theta": 300.0, "rope_type": "default"})),
+    "deepseek_v3_half": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                         dict(TINY_LLAMA_KW, num_key_value_heads=4, moe_intermediate_size=24,
+                              n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                              first_k_dense_replace=0, kv_lora_rank=16, q_lora_rank=None,
+                              qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                              n_group=1, topk_group=1, norm_topk_prob=False,
+                              rope_interleave=False)),
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(TINY_LLAMA_KW, embedding_multiplier=3.0, residual_multiplier=0.4,
                      attention_multiplier=0.2, logits_scaling=2.5, attention_bias=True,
@@ -281,6 +296,9 @@ def build_hf(case: str, seed: int = 0):
         p.add_(0.3 * torch.randn(p.shape, generator=g))
       else:
         p.add_(0.08 * torch.randn(p.shape, generator=g))
+    for name, b in model.named_buffers():   # DeepSeek-V3's router correction (a buffer)
+      if name.endswith("e_score_correction_bias"):
+        b.add_(0.3 * torch.randn(b.shape, generator=g))
   return model
 
 

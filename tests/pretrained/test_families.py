@@ -61,6 +61,7 @@ DEFAULT_CASES = (
     "mixtral",        # MoE
     "gpt_oss",        # sink logits, clamped SwiGLU experts
     "deepseek_v2",    # MLA, shared experts, group-limited routing
+    "deepseek_v3",    # sigmoid routing with the correction bias, group top-2 sums
 )
 
 
@@ -181,7 +182,7 @@ IMPLEMENTED_BY = {
     "gptj": "gptj", "falcon": "falcon", "smollm3": "smollm3", "olmo3": "olmo3",
     "cohere": "cohere", "granite": "granite", "bloom": "bloom", "mixtral": "mixtral",
     "qwen3_moe": "qwen3_moe", "olmoe": "olmoe", "gpt_oss": "gpt_oss",
-    "deepseek_v2": "deepseek_v2"}
+    "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3"}
 
 
 def _saved_config(case) -> dict:
@@ -723,6 +724,42 @@ def test_router_site_reads_transformers_choices_and_fixing_them_reproduces_its_l
   assert rel_err(np.asarray(other), ref) > 1e-3
 
 
+def test_deepseek_v3_router_reads_transformers_choices_and_its_correction_bias_matters(
+    imported):
+  """DeepSeek-V3's sigmoid router (noaux_tc): the router site of the sparse layer holds
+  transformers' choices and weights; without the e_score_correction_bias, or without
+  the group restriction, the logits differ (so both are exercised)."""
+  import jax
+  from mha_jax import interventions
+  from mha_jax.models import decoder
+  model, loaded, _ = imported("deepseek_v3")          # layer 0 dense, layer 1 sparse
+  got = {}
+  gate = model.model.layers[1].mlp.gate
+
+  def hook(_mod, _inp, out):
+    _, w, idx = out
+    dense = torch.zeros(idx.shape[0], gate.weight.shape[0], dtype=torch.float64)
+    got["w"] = dense.scatter(1, idx, w.double()).numpy().reshape(*TOKENS.shape, -1)
+  h = gate.register_forward_hook(hook)
+  try:
+    ref = hf_logits(model, TOKENS)
+  finally:
+    h.remove()
+  run = lambda params, spec_: decoder.apply(params, spec_, TOKENS)  # noqa: E731
+  spec = loaded.task.spec
+  _, acts = interventions.run_with_hook(
+      lambda hook: decoder.apply(loaded.params, spec, TOKENS, hook=hook), read=["lm.1.mlp.router"])
+  ours = np.asarray(acts["lm.1.mlp.router"])
+  np.testing.assert_array_equal(ours > 0, got["w"] > 0)
+  assert np.max(np.abs(ours - got["w"])) < 1e-5
+  no_bias = jax.tree_util.tree_map(lambda x: x, loaded.params)
+  no_bias["lm"]["layer_1"]["mlp"] = {k: v for k, v in no_bias["lm"]["layer_1"]["mlp"].items()
+                                     if k != "router_correction"}
+  assert rel_err(np.asarray(run(no_bias, spec)), ref) > 1e-3
+  no_groups = dataclasses.replace(spec, moe_groups=None)
+  assert rel_err(np.asarray(run(loaded.params, no_groups)), ref) > 1e-3
+
+
 def jnp_f32(x):
   import jax.numpy as jnp
   return jnp.asarray(x, jnp.float32)
@@ -742,6 +779,11 @@ NAMED_REFUSALS = [
     ("deepseek_v2", {"num_key_value_heads": 2}, "num_key_value_heads"),
     ("deepseek_v2", {"topk_method": "noaux_tc"}, "topk_method"),
     ("deepseek_v2", {"n_group": 3}, "n_group"),
+    ("deepseek_v3", {"n_group": 8}, "n_group"),          # groups of one expert: no top-2
+    ("deepseek_v3", {"topk_group": 1, "num_experts_per_tok": 3}, "num_experts_per_tok"),
+    ("deepseek_v3", {"n_shared_experts": 0}, "n_shared_experts"),
+    ("deepseek_v3", {"topk_method": "greedy"}, "topk_method"),
+    ("deepseek_v3", {"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
 ]
 
 
