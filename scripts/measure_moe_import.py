@@ -67,16 +67,19 @@ print("TIMES", t1 - t0, t2 - t1, t3 - t2, bool(np.isfinite(logits).all()))
 
 
 def timed(cmd: list[str]) -> tuple[dict, str]:
-  """{wall_s, peak_rss_gb} of a command run under /usr/bin/time -v, and its stdout."""
+  """{wall_s, peak_rss_gb} of a command run under /usr/bin/time -v (and "failed": its
+  last lines, e.g. "Command terminated by signal 9" when the shared machine's memory ran
+  out), and its stdout."""
   r = subprocess.run(["/usr/bin/time", "-v"] + cmd, capture_output=True, text=True,
                      env={**os.environ, "PYTHONPATH": os.getcwd()})
-  if r.returncode:
-    raise SystemExit(f"{cmd[:4]} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
   rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr).group(1))
   wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", r.stderr)
   parts = [float(x) for x in wall.group(1).split(":")]
   secs = sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
-  return {"wall_s": round(secs, 1), "peak_rss_gb": round(rss / 2**20, 2)}, r.stdout
+  out = {"wall_s": round(secs, 1), "peak_rss_gb": round(rss / 2**20, 2)}
+  if r.returncode:
+    out["failed"] = r.stderr.split("\tCommand being timed")[0].strip()[-600:]
+  return out, r.stdout
 
 
 def main(argv=None):
@@ -97,16 +100,19 @@ def main(argv=None):
     size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
     imp, _ = timed([sys.executable, "-m", "mha_jax.cli", "import", "--file", folder,
                     "--workdir", wd, "--dtype", a.dtype])
-    fwd, out = timed([sys.executable, "-c", FORWARD, wd, str(kw["vocab_size"])])
-  load_s, first_s, second_s, finite = (float(x) if i < 3 else x == "True" for i, x in
-                                       enumerate(out.split("TIMES")[1].split()))
+    fwd, out = ({"failed": "not run: the import failed"}, "") if "failed" in imp else timed(
+        [sys.executable, "-c", FORWARD, wd, str(kw["vocab_size"])])
   doc = {"what": f"{name}'s config, random bf16 weights, imported as {a.dtype}",
          "dtype": a.dtype, "model": name,
          "config": {**kw, "num_hidden_layers": a.layers},
          "folder_gb": round(size / 2**30, 2), "build_folder": build, "import": imp,
-         "forward_process": fwd, "load_s": round(load_s, 1),
-         "forward_1x128_first_s": round(first_s, 1), "forward_1x128_again_s": round(second_s, 2),
-         "logits_finite": finite, "machine": machine()}
+         "forward_process": fwd}
+  if "TIMES" in out:
+    load_s, first_s, second_s, finite = (float(x) if i < 3 else x == "True" for i, x in
+                                         enumerate(out.split("TIMES")[1].split()))
+    doc.update(load_s=round(load_s, 1), forward_1x128_first_s=round(first_s, 1),
+               forward_1x128_again_s=round(second_s, 2), logits_finite=finite)
+  doc["machine"] = machine()
   with open(out_path, "w") as f:
     json.dump(doc, f, indent=1)
     f.write("\n")

@@ -422,8 +422,10 @@ def _arch_settings(f: _File, s: dict) -> None:
     e, top = f.size("expert_count"), f.size("expert_used_count")
     if top > e:
       f.refuse("expert_used_count", top, f"is more than expert_count={e}")
+    # llama.cpp's qwen3moe without the key: feed_forward_length / expert_used_count
+    ff = max(s["f"] // top, 1) if arch == "qwen3moe" else s["f"]
     s.update(experts=e, top_k=top, routing=_MOE_ARCH[kind], moe_layers=list(range(s["n"])),
-             moe_f=f.size("expert_feed_forward_length", s["f"]))
+             moe_f=f.size("expert_feed_forward_length", ff))
   elif f.meta("expert_count", 0, required=False):
     f.refuse("expert_count", f.meta("expert_count"), "without the experts' tensors")
   if arch == "bloom":
