@@ -52,8 +52,8 @@ DEFAULT_CASES = (
     "olmo2",          # post-norms, whole-projection QK-norm
     "gpt2",           # learned positions, LayerNorm, Conv1D
     "opt",            # position offset, ReLU MLP
-    "phi",            # partial rotary (half-split), parallel block with one LayerNorm
-    "gptj",           # interleaved partial rotary, logit bias
+    "phi",            # partial rotary (half-split), parallel block with one LayerNorm,
+                      # logit bias (interleaved RoPE: deepseek_v2's MLA)
     "falcon",         # Falcon's grouped KV layout, two LayerNorms in parallel
     "granite",        # embedding / residual / score / logit multipliers
     "smollm3",        # NoPE layers
@@ -458,7 +458,8 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
 
 
 # The default run's export on a grouped family: SmolLM2's own export test is slow.
-@pytest.mark.parametrize("case,h,g", [("llama", 4, 2), ("gemma3", 4, 1)])
+@pytest.mark.parametrize("case,h,g", [("llama", 4, 2),
+                                      pytest.param("gemma3", 4, 1, marks=pytest.mark.slow)])
 def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   from mha_jax.toolkit import head_roles
   from mha_jax.models import common
