@@ -335,6 +335,9 @@ class _File:
   def __init__(self, path: str):
     self.path, self.reader = path, open_reader(path)
     self.arch = arch = self.field("general.architecture", required=True)
+    if not isinstance(arch, str):
+      raise UserError(f"file {path!r}: general.architecture is {arch!r}, not a string",
+                      setting="file")
     if arch in REFUSED_ARCH:
       raise UserError(f"file {path!r}: general.architecture is {arch!r}: "
                        f"{REFUSED_ARCH[arch]} (refused, not approximated)", setting="file")
