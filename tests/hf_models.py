@@ -258,6 +258,21 @@ CASES = {
                               n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                               first_k_dense_replace=0, kv_lora_rank=16, q_lora_rank=None,
                               qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(TINY_LLAMA_KW, num_key_value_heads=4, moe_intermediate_size=24,
+                         n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2,
+                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=20,
+                         qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10,
+                         routed_scaling_factor=1.7, n_group=4, topk_group=2,
+                         norm_topk_prob=True,
+                         rope_parameters={"rope_theta": 300.0, "rope_type": "default"})),
+    "deepseek_v3_half": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                         dict(TINY_LLAMA_KW, num_key_value_heads=4, moe_intermediate_size=24,
+                              n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                              first_k_dense_replace=0, kv_lora_rank=16, q_lora_rank=None,
+                              qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                              n_group=1, topk_group=1, norm_topk_prob=False,
+                              rope_interleave=False)),
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(TINY_LLAMA_KW, embedding_multiplier=3.0, residual_multiplier=0.4,
                      attention_multiplier=0.2, logits_scaling=2.5, attention_bias=True,
@@ -281,6 +296,9 @@ def build_hf(case: str, seed: int = 0):
         p.add_(0.3 * torch.randn(p.shape, generator=g))
       else:
         p.add_(0.08 * torch.randn(p.shape, generator=g))
+    for name, b in model.named_buffers():   # DeepSeek-V3's router correction (a buffer)
+      if name.endswith("e_score_correction_bias"):
+        b.add_(0.3 * torch.randn(b.shape, generator=g))
   return model
 
 
@@ -320,10 +338,38 @@ GGUF_CASES = {
                                                                   "rope_theta": 3000.0}})),
     "olmo2": ("olmo2", dict(intermediate_size=96)),
     "qwen3": ("qwen3", dict(intermediate_size=256)),
+    # The newer families, as far as llama.cpp's format has them (an id "arch:variant"
+    # where one architecture has two cases). The overrides keep what the converter
+    # carries: no window (not written for these), RoPE base 10000 where the converter
+    # writes none (StableLM, Phi-2, Falcon), Phi-2 / BLOOM / Falcon's 4 D MLP, every
+    # layer sparse (llama.cpp has no dense MoE layers), OLMoE with as many kv heads as
+    # heads (llama.cpp's k_norm is D wide), no biases where llama.cpp loads none;
+    # SmolLM3's NoPE layer where llama.cpp's fixed step puts it (every 4th).
+    "llama:mixtral": ("mixtral", dict(sliding_window=None, intermediate_size=96)),
+    "qwen3moe": ("qwen3_moe", dict(mlp_only_layers=[], intermediate_size=96,
+                                   moe_intermediate_size=64, use_sliding_window=False,
+                                   sliding_window=None)),
+    "olmoe": ("olmoe", dict(num_key_value_heads=4, intermediate_size=96)),
+    "stablelm": ("stablelm", dict(intermediate_size=96, rope_parameters={
+        "rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.25})),
+    "stablelm:parallel": ("stablelm_parallel", dict(intermediate_size=96)),
+    "phi2": ("phi", dict(intermediate_size=256, num_key_value_heads=4, rope_parameters={
+        "rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.5})),
+    "gptj": ("gptj", dict(n_inner=None)),
+    "bloom": ("bloom", dict(hidden_size=96)),
+    "falcon": ("falcon", dict(ffn_hidden_size=None, rope_parameters={
+        "rope_theta": 10000.0, "rope_type": "default"})),
+    "falcon:mq": ("falcon_mq", dict(bias=False)),
+    "command-r": ("cohere", dict(attention_bias=False, intermediate_size=96)),
+    "granite": ("granite", dict(attention_bias=False, mlp_bias=False, intermediate_size=96)),
+    "smollm3": ("smollm3", dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0],
+                                use_sliding_window=False, sliding_window=None,
+                                attention_bias=False, intermediate_size=96)),
 }
 
 
 def build_hf_for_gguf(arch: str, seed: int = 0):
+  """GGUF_CASES[arch]'s transformers model (arch: an id, "arch" or "arch:variant")."""
   case, kw = GGUF_CASES[arch]
   cfg_cls, model_cls, base = CASES[case]
   CASES[f"_gguf_{arch}"] = (cfg_cls, model_cls, dict(base, **kw))
@@ -356,6 +402,8 @@ def _gguf_layout(model):
 
   mt = c.model_type
   rp = getattr(c, "rope_parameters", None) or {}
+  if mt in _NEW_ARCH:
+    return _gguf_new_layout(model, sd)
   if mt == "gpt2":
     arch = "gpt2"
     meta = [("add_block_count", c.n_layer), ("add_context_length", c.n_positions),
@@ -459,6 +507,145 @@ def _gguf_layout(model):
   return arch, meta, out
 
 
+# transformers model_type -> llama.cpp architecture, for the newer families
+_NEW_ARCH = {"mixtral": "llama", "qwen3_moe": "qwen3moe", "olmoe": "olmoe",
+             "stablelm": "stablelm", "phi": "phi2", "gptj": "gptj", "bloom": "bloom",
+             "falcon": "falcon", "cohere": "command-r", "granite": "granite",
+             "smollm3": "smollm3"}
+
+
+def _new_meta(c, arch):
+  """The metadata llama.cpp's converter writes for the newer families (its TextModel's
+  generic keys, or the class's own set_gguf_parameters)."""
+  g = lambda *keys: next(getattr(c, k) for k in keys if getattr(c, k, None) is not None)  # noqa: E731
+  d, h = g("hidden_size", "n_embd"), g("num_attention_heads", "n_head")
+  k = d // h
+  rp = getattr(c, "rope_parameters", None) or {}
+  meta = [("add_block_count", g("num_hidden_layers", "n_layer")), ("add_embedding_length", d),
+          ("add_head_count", h)]
+  if arch in ("bloom", "falcon", "phi2"):       # their classes: 4 D, no RoPE base written
+    ctx = 2048 if arch == "falcon" else getattr(c, "seq_length", d) if arch == "bloom" \
+        else c.max_position_embeddings
+    kv = _falcon_kv(c) if arch == "falcon" else h
+    meta += [("add_context_length", ctx), ("add_feed_forward_length", 4 * d),
+             ("add_head_count_kv", kv),
+             ("add_layer_norm_eps", g("layer_norm_epsilon", "layer_norm_eps"))]
+    if arch == "falcon":
+      meta.append(("add_tensor_data_layout", "jploski"))
+    if arch == "phi2":
+      meta.append(("add_rope_dimension_count", int(rp["partial_rotary_factor"] * d) // h))
+    return meta
+  if arch == "stablelm":
+    return meta + [("add_context_length", c.max_position_embeddings),
+                   ("add_feed_forward_length", c.intermediate_size),
+                   ("add_rope_dimension_count", int(rp["partial_rotary_factor"] * k)),
+                   ("add_head_count_kv", c.num_key_value_heads),
+                   ("add_parallel_residual", c.use_parallel_residual),
+                   ("add_layer_norm_eps", c.layer_norm_eps)]
+  if arch == "gptj":    # no converter class: GPT-J's own sizes
+    return meta + [("add_context_length", c.n_positions),
+                   ("add_feed_forward_length", c.n_inner or 4 * d),
+                   ("add_rope_dimension_count", c.rotary_dim),
+                   ("add_layer_norm_eps", c.layer_norm_epsilon)]
+  meta += [("add_context_length", c.max_position_embeddings),
+           ("add_feed_forward_length", c.intermediate_size),
+           ("add_head_count_kv", c.num_key_value_heads), ("add_rope_freq_base", rp["rope_theta"])]
+  meta.append(("add_layer_norm_eps", c.layer_norm_eps) if arch == "command-r"
+              else ("add_layer_norm_rms_eps", c.rms_norm_eps))
+  if getattr(c, "num_experts_per_tok", None):
+    meta += [("add_expert_count", getattr(c, "num_local_experts", None) or c.num_experts),
+             ("add_expert_used_count", c.num_experts_per_tok)]
+  if getattr(c, "moe_intermediate_size", None):
+    meta.append(("add_expert_feed_forward_length", c.moe_intermediate_size))
+  if getattr(c, "head_dim", None) and arch != "granite":
+    meta += [("add_key_length", c.head_dim), ("add_value_length", c.head_dim)]
+  if arch in ("llama", "granite", "smollm3"):     # LlamaModel's
+    meta += [("add_vocab_size", c.vocab_size),
+             ("add_rope_dimension_count", getattr(c, "head_dim", None) or k)]
+  if arch == "command-r":
+    import gguf
+    meta += [("add_logit_scale", c.logit_scale),
+             ("add_rope_scaling_type", gguf.RopeScalingType.NONE)]
+  if arch == "granite":
+    meta += [("add_attention_scale", c.attention_multiplier),
+             ("add_embedding_scale", c.embedding_multiplier),
+             ("add_residual_scale", c.residual_multiplier),
+             ("add_logit_scale", c.logits_scaling)]
+  return meta
+
+
+def _gguf_new_layout(model, sd):
+  """(arch, metadata, tensors) of a newer family, following convert_hf_to_gguf.py: its
+  tensor names from gguf's TensorNameMap (what the converter maps with), Q / K rows
+  permuted for LlamaModel's subclasses, experts stacked, BLOOM's and Falcon's fused
+  QKV reordered to [q; k; v]."""
+  import gguf
+  c = model.config
+  arch = _NEW_ARCH[c.model_type]
+  names = gguf.get_tensor_name_map({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch],
+                                   c.num_hidden_layers if hasattr(c, "num_hidden_layers")
+                                   else c.n_layer)
+  h = getattr(c, "num_attention_heads", None) or c.n_head
+  g = getattr(c, "num_key_value_heads", None) or h
+  if arch == "falcon":
+    g = _falcon_kv(c)
+  same = lambda x: x  # noqa: E731
+  out = []
+  for hname, x in sd.items():
+    if hname == "lm_head.weight" and c.tie_word_embeddings:
+      continue
+    to = back = same
+    if arch in ("llama", "granite", "smollm3") and hname.endswith(("q_proj.weight",
+                                                                   "k_proj.weight")):
+      n = h if "q_proj" in hname else g
+      to = lambda x, n=n: converter_permute(x, n)   # noqa: E731
+      back = lambda x, n=n: _unpermute(x, n)   # noqa: E731
+    if arch == "bloom" and "query_key_value" in hname:
+      to, back = (lambda x: _neox_to_gguf(x, h)), (lambda x: _neox_from_gguf(x, h))
+    if arch == "falcon" and "query_key_value" in hname:
+      to, back = (lambda x: _group_qkv_to_gguf(x, h, g)), (lambda x: _group_qkv_from_gguf(x, h, g))
+    key = hname.replace("transformer.", "") if arch == "bloom" else hname
+    if ".experts." in hname:    # stacked (E, 2F, D) [gate; up] and (E, D, F)
+      blk = f"blk.{hname.split('.layers.')[1].split('.')[0]}."
+      if hname.endswith("gate_up_proj"):
+        f = x.shape[1] // 2
+        out.append((blk + "ffn_gate_exps.weight", hname + "#0", np.ascontiguousarray(x[:, :f]),
+                    same))
+        out.append((blk + "ffn_up_exps.weight", hname + "#1", np.ascontiguousarray(x[:, f:]),
+                    same))
+      else:
+        out.append((blk + "ffn_down_exps.weight", hname, x, same))
+      continue
+    gname = names.get_name(key, try_suffixes=(".weight", ".bias"))
+    assert gname is not None, (arch, hname)
+    out.append((gname, hname, np.ascontiguousarray(to(x)), back))
+  return arch, _new_meta(c, arch), out
+
+
+def _falcon_kv(c):
+  return c.num_kv_heads if c.new_decoder_architecture else 1 if c.multi_query else \
+      c.num_attention_heads
+
+
+def _unpermute(w, n_head):
+  return w.reshape(n_head, w.shape[0] // n_head // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+def _group_qkv_to_gguf(x, h, g):
+  k = x.shape[0] // (h + 2 * g)
+  y = x.reshape(g, h // g + 2, k, *x.shape[1:])
+  return np.concatenate([y[:, :-2].reshape(h * k, *x.shape[1:]), y[:, -2].reshape(
+      g * k, *x.shape[1:]), y[:, -1].reshape(g * k, *x.shape[1:])])
+
+
+def _group_qkv_from_gguf(x, h, g):
+  k = x.shape[0] // (h + 2 * g)
+  q = x[:h * k].reshape(g, h // g, k, *x.shape[1:])
+  kk = x[h * k:(h + g) * k].reshape(g, 1, k, *x.shape[1:])
+  v = x[(h + g) * k:].reshape(g, 1, k, *x.shape[1:])
+  return np.concatenate([q, kk, v], axis=1).reshape(x.shape)
+
+
 def _put_tensor(writer, name, x, qtype):
   import gguf
   t = getattr(gguf.GGMLQuantizationType, qtype)
@@ -497,8 +684,8 @@ def write_gguf(model, path, types: dict | None = None, extra_meta=()):
   for gname, _, x, _ in tensors:
     qt = (types or {}).get(gname)
     if qt is None:
-      qt = GGUF_CYCLE[n2 % len(GGUF_CYCLE)] if x.ndim == 2 else "F32"
-      n2 += x.ndim == 2
+      qt = GGUF_CYCLE[n2 % len(GGUF_CYCLE)] if x.ndim >= 2 else "F32"
+      n2 += x.ndim >= 2
     _put_tensor(w, gname, x, qt)
   w.write_header_to_file()
   w.write_kv_data_to_file()
@@ -508,6 +695,8 @@ def write_gguf(model, path, types: dict | None = None, extra_meta=()):
                              np.float32) for t in gguf.GGUFReader(str(path)).tensors}
   held = {hname: np.ascontiguousarray(to_hf(back[gname]))
           for gname, hname, _, to_hf in tensors if hname is not None}
+  for part in sorted(n for n in held if n.endswith("#0")):   # stacked gate / up -> gate_up
+    held[part[:-2]] = np.concatenate([held.pop(part), held.pop(part[:-2] + "#1")], axis=1)
   return arch, held
 
 

@@ -51,8 +51,11 @@ ACTS = ("silu", "gelu", "gelu_tanh", "relu")
 # How a mixture-of-experts router turns its float32 logits into the top-k experts'
 # weights: "softmax_renorm" softmax, top-k, renormalised to sum 1 (Mixtral; Qwen3-MoE and
 # OLMoE with norm_topk_prob); "softmax" softmax then top-k as they are (norm_topk_prob
-# false); "topk_softmax" top-k of the logits, then a softmax over those k (gpt-oss).
-ROUTINGS = ("softmax_renorm", "softmax", "topk_softmax")
+# false); "topk_softmax" top-k of the logits, then a softmax over those k (gpt-oss);
+# "sigmoid" / "sigmoid_renorm" DeepSeek-V3's: sigmoid scores, the top-k of score +
+# router_correction (among the moe_groups groups with the best sum of their two best),
+# weighted by their scores (renormalised to sum 1).
+ROUTINGS = ("softmax_renorm", "softmax", "topk_softmax", "sigmoid", "sigmoid_renorm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,7 +234,9 @@ def route(p, x_BTD, spec: DecoderSpec):
   if "router_bias" in p:
     logits = logits + p["router_bias"].astype(jnp.float32)
   e, k = logits.shape[-1], spec.moe_top_k
-  if spec.moe_routing == "topk_softmax":
+  if spec.moe_routing.startswith("sigmoid"):
+    top, idx = _sigmoid_route(p, logits, spec)
+  elif spec.moe_routing == "topk_softmax":
     top, idx = jax.lax.top_k(logits, k)
     top = jax.nn.softmax(top, axis=-1)
   else:
@@ -247,6 +252,28 @@ def route(p, x_BTD, spec: DecoderSpec):
   if spec.moe_scale is not None:
     top = top * jnp.float32(spec.moe_scale)
   return jnp.einsum("btk,btke->bte", top, jax.nn.one_hot(idx, e, dtype=jnp.float32))
+
+
+def _sigmoid_route(p, logits, spec: DecoderSpec):
+  """DeepSeek-V3's top-k (weights (B, T, k), expert indices): the sigmoid scores' top-k
+  of score + router_correction (E,) within the moe_groups (n_group, topk_group) groups
+  ranked by the sum of their two best corrected scores; each chosen expert weighs its
+  score (not the corrected one), renormalised for "sigmoid_renorm" (sum + 1e-20, as
+  transformers)."""
+  e, k = logits.shape[-1], spec.moe_top_k
+  scores = jax.nn.sigmoid(logits)
+  choice = scores + p["router_correction"].astype(jnp.float32) if "router_correction" in p \
+      else scores
+  if spec.moe_groups is not None:
+    n, keep = spec.moe_groups
+    best = jnp.sum(jax.lax.top_k(choice.reshape(*choice.shape[:-1], n, e // n), 2)[0], -1)
+    chosen = jnp.sum(jax.nn.one_hot(jax.lax.top_k(best, keep)[1], n), axis=-2)
+    choice = jnp.where(jnp.repeat(chosen, e // n, axis=-1) > 0, choice, -jnp.inf)
+  idx = jax.lax.top_k(choice, k)[1]
+  top = jnp.take_along_axis(scores, idx, axis=-1)
+  if spec.moe_routing == "sigmoid_renorm":
+    top = top / (jnp.sum(top, axis=-1, keepdims=True) + jnp.float32(1e-20))
+  return top, idx
 
 
 def moe(p, x_BTD, spec: DecoderSpec, hook=None, site: str | None = None):

@@ -25,6 +25,8 @@ model-level ones; a row with a condition is taken only when the config enables i
   gpt2_qkv      GPT-2's Conv1D c_attn (D, 3 D) columns [q; k; v] (weights and bias)
   gpt2_o        GPT-2's Conv1D c_proj (H K, D) -> (H, K, D)
   gate_up       Phi-3's fused rows [gate (F); up (F)]
+  experts_in / experts_out   per-expert nn.Linear (name with {e}), stacked to (E, D, F) / (E, F, D)
+  exps_in / exps_out         GGUF's stacked experts (E, F, D) / (E, D, F), the same
   head_norm     QK-norm (K,) shared by the heads     whole_q / whole_k  OLMo 2's (H K,) / (G K,)
 Every tensor of the file must be taken (or be a known buffer); leftovers are refused.
 """
@@ -610,6 +612,45 @@ def _parse_deepseek_v2(c: Config) -> dict:
   """DeepSeek-V2: multi-head latent attention (attention.py), interleaved RoPE on the
   qk_rope_head_dim features, MoE with shared experts after first_k_dense_replace dense
   layers, softmax routing (greedy or group-limited) times routed_scaling_factor."""
+  s = _deepseek(c)
+  method = c.get("topk_method", "greedy")
+  if method not in ("greedy", "group_limited_greedy"):
+    c.refuse("topk_method", method, "implemented: greedy, group_limited_greedy")
+  if method == "group_limited_greedy":
+    n_group, keep = int(c.need("n_group")), int(c.need("topk_group"))
+    if s["experts"] % n_group or not 1 <= keep <= n_group:
+      c.refuse("n_group", n_group, f"must divide the {s['experts']} experts, with "
+               f"topk_group={keep} in 1..n_group")
+    s["moe_groups"] = [n_group, keep]
+  return s
+
+
+def _parse_deepseek_v3(c: Config) -> dict:
+  """DeepSeek-V3: V2's attention and experts; the router (noaux_tc) scores experts with a
+  sigmoid, keeps the topk_group of n_group groups whose two best scores + the
+  e_score_correction_bias sum highest, takes the top-k of score + bias there, and weighs
+  them by their scores (renormalised with norm_topk_prob) times routed_scaling_factor.
+  rope_interleave false: half-split RoPE."""
+  s = _deepseek(c)
+  s["routing"] = "sigmoid_renorm" if c.get("norm_topk_prob", True) else "sigmoid"
+  e, n_group, keep = s["experts"], int(c.get("n_group") or 1), int(c.get("topk_group") or 1)
+  if e % n_group or e // n_group < 2 or not 1 <= keep <= n_group:
+    c.refuse("n_group", n_group, f"must divide the {e} experts into groups of 2 or more, "
+             f"with topk_group={keep} in 1..n_group")
+  if s["top_k"] > keep * (e // n_group):
+    c.refuse("num_experts_per_tok", s["top_k"], f"more than the {keep * (e // n_group)} "
+             f"experts of the topk_group={keep} groups")
+  s["moe_groups"] = [n_group, keep]
+  if not c.get("rope_interleave", True):
+    s["rope_layout"] = "half"
+  if not s["shared"]:
+    c.refuse("n_shared_experts", c.cfg.get("n_shared_experts"), "DeepSeek-V3's MoE "
+             "always runs its shared experts")
+  return s
+
+
+def _deepseek(c: Config) -> dict:
+  """The settings DeepSeek-V2 and V3 share: MLA, experts, dense first layers."""
   s = _settings(c)
   s["act"] = _act(c, "hidden_act", "silu")
   h = s["h"]
@@ -635,15 +676,6 @@ def _parse_deepseek_v2(c: Config) -> dict:
   s = _moe(c, s, "n_routed_experts", "softmax", "moe_intermediate_size")
   s["moe_layers"] = list(range(int(c.get("first_k_dense_replace", 0)), s["n"]))
   s["moe_scale"] = float(c.get("routed_scaling_factor", 1.0))
-  method = c.get("topk_method", "greedy")
-  if method not in ("greedy", "group_limited_greedy"):
-    c.refuse("topk_method", method, "implemented: greedy, group_limited_greedy")
-  if method == "group_limited_greedy":
-    n_group, keep = int(c.need("n_group")), int(c.need("topk_group"))
-    if s["experts"] % n_group or not 1 <= keep <= n_group:
-      c.refuse("n_group", n_group, f"must divide the {s['experts']} experts, with "
-               f"topk_group={keep} in 1..n_group")
-    s["moe_groups"] = [n_group, keep]
   s["shared_f"] = s["moe_f"] * int(c.get("n_shared_experts") or 0)
   s["shared"] = s["shared_f"] > 0
   return s
@@ -698,6 +730,31 @@ _GEMMA_NORMS = (("input_layernorm.weight", "vec", "ln1.scale", None),
                 ("post_attention_layernorm.weight", "vec", "ln1_post.scale", None),
                 ("pre_feedforward_layernorm.weight", "vec", "ln2.scale", None),
                 ("post_feedforward_layernorm.weight", "vec", "ln2_post.scale", None))
+# DeepSeek-V2 and V3: their shared config keys and tensors (MLA, experts, shared experts,
+# dense first layers).
+_DEEPSEEK_KEYS = {
+    "vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
+    "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
+    "hidden_act": USE, "rms_norm_eps": USE, "pretraining_tp": (1,),
+    "attention_bias": (False,), "mlp_bias": (False,), "kv_lora_rank": USE,
+    "q_lora_rank": USE, "qk_rope_head_dim": USE, "qk_nope_head_dim": USE,
+    "v_head_dim": USE, "qk_head_dim": IGNORE, "head_dim": IGNORE,   # derived
+    "n_routed_experts": USE, "num_experts_per_tok": USE, "n_shared_experts": USE,
+    "moe_intermediate_size": USE, "first_k_dense_replace": USE,
+    "routed_scaling_factor": USE, "n_group": USE, "topk_group": USE, **_MOE_TRAINING_KEYS}
+_DEEPSEEK_LAYER = _LLAMA_NORMS + (
+    ("self_attn.q_proj.weight", "mla_q", "attn.wq", "full_q"),
+    ("self_attn.q_a_proj.weight", "lin", "attn.wq_a", "low_rank_q"),
+    ("self_attn.q_a_layernorm.weight", "vec", "attn.q_a_norm", "low_rank_q"),
+    ("self_attn.q_b_proj.weight", "mla_q", "attn.wq", "low_rank_q"),
+    ("self_attn.kv_a_proj_with_mqa.weight", "mla_kv_a", "attn", None),
+    ("self_attn.kv_a_layernorm.weight", "vec", "attn.kv_a_norm", None),
+    ("self_attn.kv_b_proj.weight", "mla_kv_b", "attn", None),
+    ("self_attn.o_proj.weight", "mla_o", "attn.wo", None)) + _MOE_ROWS + (
+    ("mlp.shared_experts.gate_proj.weight", "lin", "mlp.shared.w_gate", "moe_shared"),
+    ("mlp.shared_experts.up_proj.weight", "lin", "mlp.shared.w_up", "moe_shared"),
+    ("mlp.shared_experts.down_proj.weight", "lin", "mlp.shared.w_down", "moe_shared")) + tuple(
+    (n, k, t, "dense") for n, k, t, _ in _MLP[:3])
 FAMILIES = {f.name: f for f in (
     Family("llama", ("llama",), _LLAMA_KEYS, _TOP, _LLAMA_NORMS + _ATTN + _MLP,
            parse=_parse_llama),
@@ -1008,34 +1065,19 @@ FAMILIES = {f.name: f for f in (
                ("mlp.experts.down_proj", "conv", "mlp.w_down", None),
                ("mlp.experts.down_proj_bias", "vec", "mlp.b_down", None)),
            parse=_parse_gpt_oss),
-    Family("deepseek_v2", ("deepseek_v2",),
-           {"vocab_size": USE, "hidden_size": USE, "intermediate_size": USE,
-            "num_hidden_layers": USE, "num_attention_heads": USE, "num_key_value_heads": USE,
-            "hidden_act": USE, "rms_norm_eps": USE, "pretraining_tp": (1,),
-            "attention_bias": (False,), "mlp_bias": (False,), "kv_lora_rank": USE,
-            "q_lora_rank": USE, "qk_rope_head_dim": USE, "qk_nope_head_dim": USE,
-            "v_head_dim": USE, "qk_head_dim": IGNORE, "head_dim": IGNORE,   # derived
-            "n_routed_experts": USE, "num_experts_per_tok": USE, "n_shared_experts": USE,
-            "moe_intermediate_size": USE, "first_k_dense_replace": USE,
-            "routed_scaling_factor": USE, "topk_method": USE, "n_group": USE,
-            "topk_group": USE,
-            # transformers' DeepSeek-V2 router does not read it (no renormalisation)
-            "norm_topk_prob": IGNORE, **_MOE_TRAINING_KEYS},
-           _TOP, _LLAMA_NORMS + (
-               ("self_attn.q_proj.weight", "mla_q", "attn.wq", "full_q"),
-               ("self_attn.q_a_proj.weight", "lin", "attn.wq_a", "low_rank_q"),
-               ("self_attn.q_a_layernorm.weight", "vec", "attn.q_a_norm", "low_rank_q"),
-               ("self_attn.q_b_proj.weight", "mla_q", "attn.wq", "low_rank_q"),
-               ("self_attn.kv_a_proj_with_mqa.weight", "mla_kv_a", "attn", None),
-               ("self_attn.kv_a_layernorm.weight", "vec", "attn.kv_a_norm", None),
-               ("self_attn.kv_b_proj.weight", "mla_kv_b", "attn", None),
-               ("self_attn.o_proj.weight", "mla_o", "attn.wo", None))
-           + _MOE_ROWS + (
-               ("mlp.shared_experts.gate_proj.weight", "lin", "mlp.shared.w_gate", "moe_shared"),
-               ("mlp.shared_experts.up_proj.weight", "lin", "mlp.shared.w_up", "moe_shared"),
-               ("mlp.shared_experts.down_proj.weight", "lin", "mlp.shared.w_down", "moe_shared"))
-           + tuple((n, k, t, "dense") for n, k, t, _ in _MLP[:3]),
-           parse=_parse_deepseek_v2),
+    Family("deepseek_v2", ("deepseek_v2",), _DEEPSEEK_KEYS | {
+        "topk_method": USE,
+        # transformers' DeepSeek-V2 router does not read it (no renormalisation)
+        "norm_topk_prob": IGNORE}, _TOP, _DEEPSEEK_LAYER, parse=_parse_deepseek_v2),
+    Family("deepseek_v3", ("deepseek_v3",), _DEEPSEEK_KEYS | {
+        "norm_topk_prob": USE, "rope_interleave": USE,
+        # the multi-token-prediction layers are not part of transformers' model
+        "num_nextn_predict_layers": IGNORE, "num_mtp_layers": IGNORE,
+        # DeepSeek's own config.json spellings of what V3 always does
+        "topk_method": ("noaux_tc",), "scoring_func": ("sigmoid",), "moe_layer_freq": (1,)},
+        _TOP, _DEEPSEEK_LAYER + (
+            ("mlp.gate.e_score_correction_bias", "vec", "mlp.router_correction", "moe"),),
+        parse=_parse_deepseek_v3),
     Family("granite", ("granite",),
            {**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("pretraining_tp", "head_dim")},
             "embedding_multiplier": USE, "residual_multiplier": USE,
@@ -1261,6 +1303,10 @@ def _convert(t: Tensors, name, kind, s, family, dt):
     shape = (s["moe_f"], d) if kind == "experts_in" else (d, s["moe_f"])
     return {"": cast(np.stack([t.take(name.format(e=e), shape).T
                                for e in range(s["experts"])]))}
+  if kind in ("exps_in", "exps_out"):   # stacked (E, F, D) / (E, D, F), GGUF's _exps
+    fi = s["moe_f"]
+    shape = (s["experts"], fi, d) if kind == "exps_in" else (s["experts"], d, fi)
+    return {"": cast(t.take(name, shape).transpose(0, 2, 1))}
   if kind == "oss_gate_up":     # gpt-oss (E, D, 2F) / (E, 2F): gate, up interleaved
     x = t.take(name)
     sub = ("b_gate", "b_up") if name.endswith("_bias") else ("w_gate", "w_up")

@@ -1,7 +1,9 @@
 """A GGUF file -> mha-jax decoder params, config and tokenizer, for llama.cpp's
-architectures llama, qwen2, qwen3, gemma2, gemma3, olmo2, phi3, gpt2 and gptneox (mapped
-onto the Hugging Face families llama, qwen2, qwen3, gemma2, gemma3, olmo2, phi3, gpt2,
-gpt_neox: the same adapter tables and the one decoder forward).
+architectures llama (and llama with experts: Mixtral), qwen2, qwen3, qwen3moe, olmoe,
+gemma2, gemma3, olmo2, phi3, phi2, stablelm, gptj, bloom, falcon, command-r, granite,
+smollm3, gpt2 and gptneox (mapped onto the Hugging Face families of adapters.FAMILIES:
+the same adapter tables and the one decoder forward). deepseek2, gpt-oss and qwen2moe
+files are refused by name (REFUSED_ARCH says why).
 
 Tensors are dequantized with `gguf` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the
 K-quants: whatever gguf.quants can dequantize). GGUF stores a linear layer as (out, in),
@@ -20,6 +22,21 @@ like torch. The conventions of llama.cpp's converter (convert_hf_to_gguf.py) und
   phi3      qkv_proj kept fused as attn_qkv (or split as attn_q / attn_k / attn_v),
             gate_up_proj as ffn_up `[gate (F); up (F)]`; LongRoPE as the tensors
             rope_factors_long / rope_factors_short and rope.scaling.attn_factor.
+  granite, smollm3, llama with experts: llama's Q / K permutation. Experts (Mixtral,
+            qwen3moe, olmoe) stacked as ffn_{gate,up}_exps (E, F, D) and ffn_down_exps
+            (E, D, F), the router as ffn_gate_inp; llama.cpp renormalises the top-k
+            weights for llama and qwen3moe, not for olmoe, and has no dense layers.
+  bloom     query_key_value reordered per head to `[q; k; v]` as gptneox; ALiBi (max
+            bias 8: BLOOM's slopes); token_embd_norm is the embedding LayerNorm.
+  falcon    query_key_value per kv group `[q..., k, v]` reordered to `[q; k; v]`
+            (tensor_data_layout "jploski"); attn_norm feeds the MLP, attn_norm_2 (when
+            there: Falcon-40B's ln_attn) the attention; the RoPE base is not written.
+  phi2, gptj, command-r, stablelm: stored as the HF tensors (GPT-J and Command-R run
+            the interleaved RoPE, as their HF models do); Phi-2 / GPT-J logit bias as
+            output.bias; Command-R's LayerNorm has no bias and its logits x logit_scale.
+  granite   attention.scale, embedding_scale, residual_scale, and logit_scale (llama.cpp
+            divides the logits by it). smollm3: no RoPE in every 4th layer (llama.cpp's
+            fixed step; the file carries no key).
 
 Metadata: every `{arch}.*` key is in the architecture's table (_GGUF_KEYS) or refused by
 name; a value that cannot be run exactly is refused naming the file, key and value.
@@ -110,9 +127,62 @@ _LN_BIASED = (("attn_norm.weight", "vec", "ln1.scale", False),
               ("ffn_up.weight", "lin", "mlp.w_up", False), ("ffn_up.bias", "vec", "mlp.b_up", True),
               ("ffn_down.weight", "lin", "mlp.w_down", False),
               ("ffn_down.bias", "vec", "mlp.b_down", True))
+# Mixture of experts: the router and the experts stacked (E, F, D) / (E, D, F) as
+# llama.cpp's converter merges them (every layer sparse: llama.cpp has no dense layers
+# in these architectures).
+_EXPERTS = (("ffn_gate_inp.weight", "lin", "mlp.router", False),
+            ("ffn_gate_exps.weight", "exps_in", "mlp.w_gate", False),
+            ("ffn_up_exps.weight", "exps_in", "mlp.w_up", False),
+            ("ffn_down_exps.weight", "exps_out", "mlp.w_down", False))
+_LLAMA_ATTN = _NORMS[:1] + (("attn_q.weight", "q*", "attn.wq", False),
+                            ("attn_k.weight", "kv*", "attn.wk", False)) + _QKVO[2:]
+
+
+def _ln(name: str, target: str, optional=False):
+  """A LayerNorm's weight and bias (the bias optional where the family may lack it)."""
+  return ((f"{name}.weight", "vec", f"{target}.scale", optional),
+          (f"{name}.bias", "vec", f"{target}.bias", True))
+
+
+def _biased(name: str, kind: str, target: str, bias_kind: str = "vec", bias_target=None):
+  return ((f"{name}.weight", kind, target, False),
+          (f"{name}.bias", bias_kind, bias_target or target.replace(".w", ".b", 1), True))
+
+
+_LN_MLP = _biased("ffn_up", "lin", "mlp.w_up") + _biased("ffn_down", "lin", "mlp.w_down")
 _GGUF_LAYER = {
-    "llama": _NORMS + (("attn_q.weight", "q*", "attn.wq", False),
-                       ("attn_k.weight", "kv*", "attn.wk", False)) + _QKVO[2:] + _MLP,
+    "llama": _LLAMA_ATTN + _NORMS[1:] + _MLP,
+    # Mixtral: llama with experts (LlamaModel's converter merges block_sparse_moe)
+    "mixtral": _LLAMA_ATTN + _NORMS[1:] + _EXPERTS,
+    "granite": _LLAMA_ATTN + _NORMS[1:] + _MLP,
+    "smollm3": _LLAMA_ATTN + _NORMS[1:] + _MLP,
+    "qwen3moe": _NORMS + _QKVO + _QK_NORM + _EXPERTS,
+    "olmoe": _NORMS + _QKVO + (("attn_q_norm.weight", "whole_q", "attn.q_norm", False),
+                               ("attn_k_norm.weight", "whole_k", "attn.k_norm", False))
+    + _EXPERTS,
+    # StableLM: ffn_norm only in the sequential block (use_parallel_residual false)
+    "stablelm": _ln("attn_norm", "ln1") + _ln("ffn_norm", "ln2", True) + (
+        ("attn_q.bias", "bq", "attn.bq", True), ("attn_k.bias", "bkv", "attn.bk", True),
+        ("attn_v.bias", "bkv", "attn.bv", True)) + _QKVO + _MLP,
+    # Phi-2: one LayerNorm, q / k / v (or fused attn_qkv) with biases, biased MLP
+    "phi2": _ln("attn_norm", "ln1") + (
+        ("attn_qkv.weight", "qkv", "attn", True), ("attn_qkv.bias", "qkv", "attn.b", True),
+        ("attn_q.weight", "q", "attn.wq", True), ("attn_k.weight", "kv", "attn.wk", True),
+        ("attn_v.weight", "kv", "attn.wv", True), ("attn_q.bias", "bq", "attn.bq", True),
+        ("attn_k.bias", "bkv", "attn.bk", True), ("attn_v.bias", "bkv", "attn.bv", True))
+    + _biased("attn_output", "o", "attn.wo", bias_target="attn.bo") + _LN_MLP,
+    "gptj": _ln("attn_norm", "ln1") + _QKVO + _LN_MLP,
+    # BLOOM: the converter reorders query_key_value per head to [q; k; v]
+    "bloom": _ln("attn_norm", "ln1") + _ln("ffn_norm", "ln2") + (
+        ("attn_qkv.weight", "qkv", "attn", False), ("attn_qkv.bias", "qkv", "attn.b", True))
+    + _biased("attn_output", "o", "attn.wo", bias_target="attn.bo") + _LN_MLP,
+    # Falcon: attn_qkv reordered to [q; k; v] ("jploski"); attn_norm feeds the MLP, and
+    # the attention too unless attn_norm_2 (Falcon-40B's ln_attn) is there
+    "falcon": _ln("attn_norm", "ln2") + _ln("attn_norm_2", "ln1", True) + (
+        ("attn_qkv.weight", "qkv", "attn", False), ("attn_output.weight", "o", "attn.wo", False),
+        ("ffn_up.weight", "lin", "mlp.w_up", False),
+        ("ffn_down.weight", "lin", "mlp.w_down", False)),
+    "command-r": (("attn_norm.weight", "vec", "ln1.scale", False),) + _QKVO + _MLP,
     "qwen2": _NORMS + _QKVO + (("attn_q.bias", "bq", "attn.bq", False),
                                ("attn_k.bias", "bkv", "attn.bk", False),
                                ("attn_v.bias", "bkv", "attn.bv", False)) + _MLP,
@@ -134,12 +204,31 @@ _GGUF_LAYER = {
     "gpt2": _LN_BIASED,
     "gptneox": _LN_BIASED,
 }
-SUPPORTED_ARCH = tuple(_GGUF_LAYER)
-# llama.cpp's architecture -> the Hugging Face family it maps onto (adapters.FAMILIES)
+# llama.cpp's architecture (or "mixtral": llama with experts) -> the Hugging Face family
+# it maps onto (adapters.FAMILIES)
 _FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
            "gemma3": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2",
-           "gptneox": "gpt_neox"}
-_LAYER_NORM_ARCH = ("gpt2", "gptneox")   # LayerNorm (with bias), not RMSNorm
+           "gptneox": "gpt_neox", "mixtral": "mixtral", "qwen3moe": "qwen3_moe",
+           "olmoe": "olmoe", "stablelm": "stablelm", "phi2": "phi", "gptj": "gptj",
+           "bloom": "bloom", "falcon": "falcon", "command-r": "cohere",
+           "granite": "granite", "smollm3": "smollm3"}
+SUPPORTED_ARCH = tuple(a for a in _GGUF_LAYER if a != "mixtral")
+# Architectures llama.cpp has whose files are refused, and why (named in the refusal).
+REFUSED_ARCH = {
+    "deepseek2": "DeepSeek-V2/V3's GGUF layout (attn_kv_b split into attn_k_b / attn_v_b, "
+                 "the expert gating and group keys) is not implemented; import the HF folder",
+    "gpt-oss": "gpt-oss's GGUF (MXFP4 experts, its SwiGLU limit fixed by llama.cpp, YaRN "
+               "keys) is not implemented; import the HF folder",
+    "qwen2moe": "Qwen2-MoE (a gated shared expert) is not a family here",
+}
+_LAYER_NORM_ARCH = ("gpt2", "gptneox", "stablelm", "phi2", "gptj", "bloom", "falcon",
+                    "command-r")   # LayerNorm (with bias, but command-r's), not RMSNorm
+_FUSED_QKV_ARCH = ("gpt2", "gptneox")   # Q, K, V as views of one (3 D) projection
+# The converter's LlamaModel (and its subclasses) permute Q / K rows (see the docstring).
+_PERMUTED_ARCH = ("llama", "granite", "smollm3")
+_MOE_ARCH = {"mixtral": "softmax_renorm", "qwen3moe": "softmax_renorm", "olmoe": "softmax"}
+_ACT = {"gemma2": "gelu_tanh", "gemma3": "gelu_tanh", "gpt2": "gelu_tanh", "gptneox": "gelu",
+        "phi2": "gelu_tanh", "gptj": "gelu_tanh", "bloom": "gelu_tanh", "falcon": "gelu"}
 
 # Metadata keys read per architecture (besides general.* and tokenizer.*); any other
 # "{arch}.*" key is refused by name.
@@ -151,8 +240,21 @@ _ROPE = ("rope.freq_base", "rope.dimension_count", "rope.scaling.type",
          "rope.scaling.finetuned")
 _RMS = ("attention.layer_norm_rms_epsilon",)
 _WINDOW = ("attention.sliding_window",)
+_EXPERT_KEYS = ("expert_count", "expert_used_count")
+_LN = ("attention.layer_norm_epsilon",)
 _GGUF_KEYS = {
-    "llama": _SIZES + _ROPE + _RMS + _WINDOW, "qwen2": _SIZES + _ROPE + _RMS + _WINDOW,
+    "llama": _SIZES + _ROPE + _RMS + _WINDOW + _EXPERT_KEYS,
+    "qwen2": _SIZES + _ROPE + _RMS + _WINDOW,
+    "qwen3moe": _SIZES + _ROPE + _RMS + _EXPERT_KEYS + ("expert_feed_forward_length",),
+    "olmoe": _SIZES + _ROPE + _RMS + _EXPERT_KEYS,
+    "stablelm": _SIZES + _ROPE + _LN + ("use_parallel_residual",),
+    "phi2": _SIZES + _ROPE + _LN, "gptj": _SIZES + _ROPE + _LN,
+    "bloom": _SIZES + _LN + ("attention.max_alibi_bias",),
+    "falcon": _SIZES + _ROPE + _LN + ("tensor_data_layout",),
+    "command-r": _SIZES + _ROPE + _LN + ("logit_scale",),
+    "granite": _SIZES + _ROPE + _RMS + ("attention.scale", "embedding_scale",
+                                        "residual_scale", "logit_scale"),
+    "smollm3": _SIZES + _ROPE + _RMS,
     "qwen3": _SIZES + _ROPE + _RMS + _WINDOW, "gemma3": _SIZES + _ROPE + _RMS + _WINDOW,
     "gemma2": _SIZES + _ROPE + _RMS + _WINDOW + ("attn_logit_softcapping",
                                                  "final_logit_softcapping"),
@@ -170,8 +272,7 @@ def read(path: str, dtype: str = "float32", place=None):
   """(params as NumPy, model config dict, tokenizers.Tokenizer, tokenizer config, info).
   place: adapters.build_params's (each tensor placed as it is converted).
 
-  Architectures: llama (SmolLM2, Llama 3, Mistral's GGUFs), qwen2, qwen3, gemma2, gemma3,
-  olmo2, phi3, gpt2, gptneox."""
+  Architectures: SUPPORTED_ARCH (llama: SmolLM2, Llama 3, Mistral's and Mixtral's GGUFs)."""
   from mha_jax.pretrained import adapters
   f = _File(path)
   s, fam = _metadata(f, _layout, f)
@@ -234,6 +335,12 @@ class _File:
   def __init__(self, path: str):
     self.path, self.reader = path, open_reader(path)
     self.arch = arch = self.field("general.architecture", required=True)
+    if not isinstance(arch, str):
+      raise UserError(f"file {path!r}: general.architecture is {arch!r}, not a string",
+                      setting="file")
+    if arch in REFUSED_ARCH:
+      raise UserError(f"file {path!r}: general.architecture is {arch!r}: "
+                       f"{REFUSED_ARCH[arch]} (refused, not approximated)", setting="file")
     if arch not in SUPPORTED_ARCH:
       raise UserError(f"file {path!r}: general.architecture is {arch!r}; only "
                        f"{SUPPORTED_ARCH} GGUF files are supported", setting="file")
@@ -243,6 +350,9 @@ class _File:
                          f"(= {self.field(key)!r}) is not implemented for "
                          f"{arch}; refused rather than ignored", setting="file")
     self.by_name = {t.name: t for t in self.reader.tensors}
+    # the row table: llama with experts is Mixtral
+    self.kind = "mixtral" if arch == "llama" and (
+        "blk.0.ffn_gate_inp.weight" in self.by_name) else arch
 
   def field(self, key, default=None, required=False):
     return _field(self.reader, key, default, path=self.path, required=required)
@@ -284,7 +394,7 @@ def _sizes(f: _File) -> dict:
            f"differs from the key length {k}")
   if h_kv < 1 or h % h_kv:
     refuse("attention.head_count_kv", h_kv, f"must divide attention.head_count={h}")
-  if arch in _LAYER_NORM_ARCH:
+  if arch in _FUSED_QKV_ARCH:
     # llama.cpp's GPT-2 and GPT-NeoX graphs take Q, K, V as views of one (3 D) projection.
     if h_kv != h:
       refuse("attention.head_count_kv", h_kv, f"(grouped heads) with {arch}'s fused QKV")
@@ -296,13 +406,48 @@ def _sizes(f: _File) -> dict:
     s["eps"] = f.number("attention.layer_norm_epsilon")
   else:
     s["eps"] = f.number("attention.layer_norm_rms_epsilon")
-  s["act"] = {"gemma2": "gelu_tanh", "gemma3": "gelu_tanh", "gpt2": "gelu_tanh",
-              "gptneox": "gelu"}.get(arch, "silu")
-  if arch == "gptneox":
+  s["act"] = _ACT.get(arch, "silu")
+  if arch in ("gptneox", "stablelm"):
     s["parallel"] = bool(meta("use_parallel_residual"))
+  s["parallel"] = s.get("parallel", False) or arch in ("phi2", "gptj", "falcon", "command-r")
+  if arch in ("gptj", "command-r"):
+    s["rope_layout"] = "interleaved"   # llama.cpp's NORM RoPE, stored unpermuted
   if arch == "gpt2":
     s["scale"] = k ** -0.5
+  _arch_settings(f, s)
   return s
+
+
+def _arch_settings(f: _File, s: dict) -> None:
+  """The settings of the newer architectures: experts, multipliers, ALiBi, NoPE layers."""
+  arch, kind = f.arch, f.kind
+  if kind in _MOE_ARCH:
+    e, top = f.size("expert_count"), f.size("expert_used_count")
+    if top > e:
+      f.refuse("expert_used_count", top, f"is more than expert_count={e}")
+    # llama.cpp's qwen3moe without the key: feed_forward_length / expert_used_count
+    ff = max(s["f"] // top, 1) if arch == "qwen3moe" else s["f"]
+    s.update(experts=e, top_k=top, routing=_MOE_ARCH[kind], moe_layers=list(range(s["n"])),
+             moe_f=f.size("expert_feed_forward_length", ff))
+  elif f.meta("expert_count", 0, required=False):
+    f.refuse("expert_count", f.meta("expert_count"), "without the experts' tensors")
+  if arch == "bloom":
+    s["alibi"] = True
+    if f.number("attention.max_alibi_bias", 8.0) != 8.0:   # BLOOM's slopes: 8
+      f.refuse("attention.max_alibi_bias", f.meta("attention.max_alibi_bias"),
+               "is not BLOOM's 8")
+  if arch == "falcon" and f.meta("tensor_data_layout", "jploski") != "jploski":
+    f.refuse("tensor_data_layout", f.meta("tensor_data_layout"), "(only the converter's "
+             "'jploski' [q; k; v] layout is implemented)")
+  if arch == "command-r":
+    s["logit_scale"] = f.number("logit_scale", 1.0)
+  if arch == "granite":   # llama.cpp divides the logits by logit_scale
+    s.update(scale=f.number("attention.scale", s["k"] ** -0.5),
+             embed_scale=f.number("embedding_scale", 1.0),
+             residual_scale=f.number("residual_scale", 1.0),
+             logit_scale=1.0 / f.number("logit_scale", 1.0))
+  if arch == "smollm3":   # llama.cpp: no RoPE in every 4th layer (n_no_rope_layer_step)
+    s["no_rope"] = [i for i in range(s["n"]) if (i + 1) % 4 == 0]
 
 
 def _attention_layout(f: _File, s: dict) -> None:
@@ -310,7 +455,7 @@ def _attention_layout(f: _File, s: dict) -> None:
   meta, arch, n_layers = f.meta, f.arch, s["n"]
   s["layer_types"], s["window"] = ["full_attention"] * n_layers, None
   rope = None
-  if arch != "gpt2":   # GPT-2: learned positions, no RoPE
+  if arch not in ("gpt2", "bloom"):   # learned positions / ALiBi, no RoPE
     rope = _rope(meta, f.refuse, arch, s["k"], f.by_name, f.reader, f.path)
   s["rope"] = None if rope is None else {"full_attention": rope}
   window = f.size("attention.sliding_window", 0, lo=0)
@@ -358,6 +503,8 @@ def _params(f: _File, s: dict, fam, dtype: str, place):
   lin_shapes = {"ffn_gate.weight": (s["f"], d), "ffn_down.weight": (d, s["f"])}
   if arch != "phi3":
     lin_shapes["ffn_up.weight"] = (s["f"], d)
+  if arch in ("bloom", "falcon", "phi2", "gptj"):    # feed_forward_length: 4 D, no gate
+    lin_shapes.pop("ffn_gate.weight")
 
   def get(name):
     t = by_name[name]
@@ -377,7 +524,7 @@ def _params(f: _File, s: dict, fam, dtype: str, place):
                        f"say {want}", setting="file")
     qtypes[t.tensor_type.name] = qtypes.get(t.tensor_type.name, 0) + 1
     heads = s["h"] if name.endswith("attn_q.weight") else s["g"]
-    if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")) and (
+    if arch in _PERMUTED_ARCH and name.endswith(("attn_q.weight", "attn_k.weight")) and (
         w.ndim == 2 and w.shape[0] == heads * s["k"] and s["k"] % 2 == 0):
       w = unpermute_rope_rows(w, heads)    # another shape: refused by its row's check
     return w
@@ -395,8 +542,11 @@ def _family(f: _File):
   """The adapters.Family of the file's tensors: its top rows and layer rows."""
   from mha_jax.pretrained import adapters
   arch, by_name = f.arch, f.by_name
+  rows = _GGUF_LAYER[f.kind]
+  if arch == "falcon" and "blk.0.attn_norm_2.weight" not in by_name:
+    rows = _ln("attn_norm", "ln1") + rows[4:]    # one LayerNorm for attention and MLP
   layer_rows = tuple((n, kind.rstrip("*"), target, None)
-                     for n, kind, target, optional in _GGUF_LAYER[arch]
+                     for n, kind, target, optional in rows
                      if not optional or f"blk.0.{n}" in by_name)
   if arch == "phi3" and ("blk.0.attn_qkv.weight" in by_name) == ("blk.0.attn_q.weight"
                                                                   in by_name):
@@ -406,10 +556,15 @@ def _family(f: _File):
   if arch == "gpt2":
     top.append(("position_embd.weight", "vec", "pos_embed", None))
   top.append(("output_norm.weight", "vec", "lm.ln_final.scale", None))
-  if arch in _LAYER_NORM_ARCH:
-    top.append(("output_norm.bias", "vec", "lm.ln_final.bias", None))
+  present = [(n, t) for n, t in (("output_norm.bias", "lm.ln_final.bias"),
+                                 ("token_embd_norm.weight", "ln_embed.scale"),
+                                 ("token_embd_norm.bias", "ln_embed.bias"),
+                                 ("output.bias", "unembed_bias")) if n in by_name]
+  if arch not in _LAYER_NORM_ARCH + ("bloom",):
+    present = []    # left over: refused by name with the file's other unknown tensors
+  top += [(n, "vec", t, None) for n, t in present]
   top.append(("output.weight", "lin", "unembed", "untied"))
-  return adapters.Family(_FAMILY[arch], (), {}, tuple(top), layer_rows, prefixes=("",),
+  return adapters.Family(_FAMILY[f.kind], (), {}, tuple(top), layer_rows, prefixes=("",),
                          layer_prefix="blk.{i}.", ignore_tensors=(),
                          norm="layer" if arch in _LAYER_NORM_ARCH else "rms")
 

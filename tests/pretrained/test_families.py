@@ -40,27 +40,36 @@ def hf_logits(model, tokens):
 TOKENS = np.random.default_rng(5).integers(0, V, (B, T)).astype(np.int32)
 
 
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-  """case -> (HF model, mha_jax.load of its import); built once per case."""
-  cache = {}
-
-  def get(case):
-    if case not in cache:
-      base = tmp_path_factory.mktemp(case)
-      model = build_hf(case)
-      folder = save_folder(model, base / "hf")
-      importer.import_model(str(base / "w"), file=folder)
-      cache[case] = (model, mha_jax.load(str(base / "w")), folder)
-    return cache[case]
-
-  return get
-
-
 PARITY = {}   # case -> max relative error (printed as the parity table)
 
+# The default run: one case per mechanism (the `imported` fixture of conftest.py builds
+# each once per session); every other case of hf_models.CASES runs with `-m slow`.
+DEFAULT_CASES = (
+    "llama",          # GQA, head_dim != D/H, biases, transformers-5 rope_parameters
+    "gemma3",         # MQA, (1 + w) QK-norm, local / global RoPE, sliding layers
+    "mistral",        # sliding window (every kernel: test_sliding_windows_...)
+    "dynamic_rope",   # RoPE that depends on the length
+    "olmo2",          # post-norms, whole-projection QK-norm
+    "gpt2",           # learned positions, LayerNorm, Conv1D
+    "opt",            # position offset, ReLU MLP
+    "phi",            # partial rotary (half-split), parallel block with one LayerNorm,
+                      # logit bias (interleaved RoPE: deepseek_v2's MLA)
+    "falcon",         # Falcon's grouped KV layout, two LayerNorms in parallel
+    "granite",        # embedding / residual / score / logit multipliers
+    "smollm3",        # NoPE layers
+    "bloom",          # ALiBi
+    "mixtral",        # MoE
+    "gpt_oss",        # sink logits, clamped SwiGLU experts
+    "deepseek_v2",    # MLA, shared experts, group-limited routing
+    "deepseek_v3",    # sigmoid routing with the correction bias, group top-2 sums
+)
 
-@pytest.mark.parametrize("case", sorted(CASES))
+
+def _cases(default):
+  return [c if c in default else pytest.param(c, marks=pytest.mark.slow) for c in sorted(CASES)]
+
+
+@pytest.mark.parametrize("case", _cases(DEFAULT_CASES))
 def test_logits_match_transformers(imported, case):
   model, loaded, _ = imported(case)
   ref = hf_logits(model, TOKENS)
@@ -78,7 +87,7 @@ def test_sliding_windows_matter_and_every_kernel_serves_them(imported):
   for case, want in (("qwen2_sliding", (None, WINDOW)), ("phi3", (WINDOW, WINDOW)),
                      ("gemma2", (WINDOW, None, WINDOW)), ("gemma3", (WINDOW, None, WINDOW)),
                      ("qwen2", (None, None))):
-    assert imported(case)[1].task.spec.window == want, case
+    assert _spec_of_config(case).window == want, case
   model, loaded, _ = imported("mistral")
   spec = loaded.task.spec
   assert set(spec.window) == {WINDOW}
@@ -128,7 +137,8 @@ def test_kv_cache_decoding_across_the_window_matches_transformers(imported):
   assert rel_err(logits[0], ref) < RTOL
 
 
-@pytest.mark.parametrize("case", ["dynamic_rope", "phi3_longrope"])
+@pytest.mark.parametrize("case", ["dynamic_rope", pytest.param("phi3_longrope",
+                                                                marks=pytest.mark.slow)])
 def test_rope_by_length_under_and_over_the_switch_and_in_generate(imported, case):
   """Dynamic NTK and LongRoPE change the frequencies with the call's length: logits
   match transformers under the switch length (16) and over it, and greedy decoding with
@@ -172,7 +182,24 @@ IMPLEMENTED_BY = {
     "gptj": "gptj", "falcon": "falcon", "smollm3": "smollm3", "olmo3": "olmo3",
     "cohere": "cohere", "granite": "granite", "bloom": "bloom", "mixtral": "mixtral",
     "qwen3_moe": "qwen3_moe", "olmoe": "olmoe", "gpt_oss": "gpt_oss",
-    "deepseek_v2": "deepseek_v2"}
+    "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3"}
+
+
+def _saved_config(case) -> dict:
+  """config.json as save_pretrained writes it for the case (its diff from the defaults),
+  without building the model."""
+  cfg_cls, _, kw = CASES[case]
+  return getattr(transformers, cfg_cls)(**kw).to_diff_dict()
+
+
+def _spec_of_config(case):
+  """The decoder spec the import makes of the case's config (no weights read)."""
+  from mha_jax.models import decoder
+  cfg_cls, _, kw = CASES[case]
+  cfg = getattr(transformers, cfg_cls)(**kw).to_dict()
+  fam = adapters.family_of(cfg)
+  s = adapters.read_config(cfg, fam, "config.json")
+  return decoder.spec_from_config(adapters.model_config(s, fam))
 
 
 def _hf_keys(family):
@@ -192,12 +219,10 @@ def test_every_key_transformers_defines_is_in_the_adapters_table(family):
 
 
 @pytest.mark.parametrize("family", sorted(adapters.FAMILIES))
-def test_every_implemented_key_is_exercised_by_a_parity_case(family, imported):
-  """Each USE key appears in the saved config.json of the family's parity case (whose
+def test_every_implemented_key_is_exercised_by_a_parity_case(family):
+  """Each USE key appears in the config.json that the family's parity case saves (whose
   logits match transformers), so its implementation is checked against the reference."""
-  _, _, folder = imported(IMPLEMENTED_BY[family])
-  with open(os.path.join(folder, "config.json")) as f:
-    saved = json.load(f)
+  saved = _saved_config(IMPLEMENTED_BY[family])
   table = adapters.FAMILIES[family].keys
   # Keys with transformers-4 or alternative spellings that the 5.x save does not write;
   # those are checked by test_transformers4_spellings_give_the_same_model.
@@ -302,8 +327,9 @@ def _as_transformers4(cfg: dict) -> dict:
   return cfg
 
 
-@pytest.mark.parametrize("case", ["llama3_rope", "gemma3"] + [
-    pytest.param(c, marks=pytest.mark.slow) for c in ("llama", "yarn_rope", "gpt_neox", "phi3")])
+@pytest.mark.parametrize("case", ["llama3_rope"] + [
+    pytest.param(c, marks=pytest.mark.slow) for c in ("gemma3", "llama", "yarn_rope",
+                                                      "gpt_neox", "phi3")])
 def test_transformers4_spellings_give_the_same_model(imported, case, tmp_path):
   """config.json as transformers 4.x wrote it imports to the same logits."""
   model, loaded, folder = imported(case)
@@ -432,7 +458,8 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
 
 
 # The default run's export on a grouped family: SmolLM2's own export test is slow.
-@pytest.mark.parametrize("case,h,g", [("llama", 4, 2), ("gemma3", 4, 1)])
+@pytest.mark.parametrize("case,h,g", [("llama", 4, 2),
+                                      pytest.param("gemma3", 4, 1, marks=pytest.mark.slow)])
 def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   from mha_jax.toolkit import head_roles
   from mha_jax.models import common
@@ -483,7 +510,13 @@ TRANSFORMERS_READS = {
     "phi3": ("sliding_window", "rope_parameters", "original_max_position_embeddings",
              "pad_token_id"),
     "gemma2": ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"),
-    "gemma3": ("query_pre_attn_scalar", "layer_types", "rope_parameters")}
+    "gemma3": ("query_pre_attn_scalar", "layer_types", "rope_parameters"),
+    # (Falcon: only the multi-query layout, where [q; k; v] is also HF's order: the
+    # reader does not undo the grouped layout's reordering)
+    "bloom": ("tie_word_embeddings",), "falcon:mq": (), "stablelm": ("rope_parameters",),
+    # llama.cpp renormalises qwen3moe's top-k weights; transformers' reader leaves
+    # norm_topk_prob at its default (false) and does not read the experts' width
+    "qwen3moe": ("norm_topk_prob", "head_dim", "moe_intermediate_size")}
 GGUF_PARITY = {}   # arch -> (tensor types, references and their max relative errors)
 
 
@@ -514,12 +547,12 @@ def gguf_imported(tmp_path_factory):
 
   def get(arch):
     if arch not in cache:
-      base = tmp_path_factory.mktemp(f"gguf_{arch}")
+      base = tmp_path_factory.mktemp(f"gguf_{arch.replace(':', '_')}")
       model = build_hf_for_gguf(arch)
-      path = base / "model" / f"{arch}.gguf"
+      path = base / "model" / f"{arch.replace(':', '_')}.gguf"
       path.parent.mkdir()
       got_arch, held = write_gguf(model, path)
-      assert got_arch == arch
+      assert got_arch == arch.split(":")[0]
       importer.import_model(str(base / "w"), file=str(path))
       loaded = mha_jax.load(str(base / "w"))
       cache[arch] = (load_held(model, held), loaded, path)
@@ -528,8 +561,17 @@ def gguf_imported(tmp_path_factory):
   return get
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "gpt2", "gptneox", "olmo2", "phi3",
-                                  "qwen3"])
+# The default run: one file per mechanism the GGUF reader undoes (llama's permuted
+# rows with experts, ALiBi with BLOOM's reordered QKV, Gemma's 1 + w norms with its
+# fixed layer pattern, GPT-2's transposed Conv1D); every other architecture in the slow run.
+GGUF_DEFAULT = ("llama:mixtral", "bloom", "gemma3", "gpt2")
+GGUF_SLOW = ("gemma2", "gptneox", "olmo2", "phi3", "qwen3", "qwen3moe", "olmoe", "stablelm",
+             "stablelm:parallel", "phi2", "gptj", "falcon", "falcon:mq", "command-r",
+             "granite", "smollm3")
+
+
+@pytest.mark.parametrize("arch", list(GGUF_DEFAULT) + [
+    pytest.param(a, marks=pytest.mark.slow) for a in GGUF_SLOW])
 def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
   """The import of the GGUF file matches transformers running the weights the file holds
   (dequantized); where transformers reads that architecture's GGUF itself, it matches
@@ -573,6 +615,17 @@ _SIZES = [("add_embedding_length", 64), ("add_head_count", 4), ("add_block_count
      r"phi3\.rope\.scaling\.type='yarn' is not implemented"),
     ("olmo2", [("add_layer_norm_rms_eps", 1e-5), ("add_rope_dimension_count", 8)],
      r"olmo2\.rope\.dimension_count=8 \(partial rotary\)"),
+    # llama.cpp architectures of the families that are not read from GGUF
+    ("deepseek2", [], r"'deepseek2'.*attn_k_b.*import the HF folder"),
+    ("gpt-oss", [], r"'gpt-oss'.*MXFP4.*import the HF folder"),
+    # keys the newer architectures' graphs read that are not implemented
+    ("qwen3moe", [("add_expert_weights_scale", 2.0)], r"'qwen3moe\.expert_weights_scale'"),
+    ("bloom", [("add_layer_norm_eps", 1e-5), ("add_max_alibi_bias", 4.0)],
+     r"bloom\.attention\.max_alibi_bias=4\.0 is not BLOOM's 8"),
+    ("falcon", [("add_layer_norm_eps", 1e-5), ("add_tensor_data_layout", "other")],
+     r"falcon\.tensor_data_layout='other'"),
+    ("olmoe", [("add_layer_norm_rms_eps", 1e-5), ("add_expert_count", 4),
+               ("add_expert_used_count", 6)], r"olmoe\.expert_used_count=6 is more than"),
 ])
 def test_gguf_refuses_unimplemented_keys_and_settings_by_name(tmp_path, arch, meta, match):
   from hf_models import write_gguf_header
@@ -641,8 +694,8 @@ def _hf_router_weights(model, tokens, gate_of):
   return logits, got
 
 
-@pytest.mark.parametrize("case,gate", [("mixtral", "mlp.gate"),
-                                       ("gpt_oss", "mlp.router")])
+@pytest.mark.parametrize("case,gate", [("mixtral", "mlp.gate"), pytest.param(
+    "gpt_oss", "mlp.router", marks=pytest.mark.slow)])
 def test_router_site_reads_transformers_choices_and_fixing_them_reproduces_its_logits(
     imported, case, gate):
   """lm.L.mlp.router read: the same experts (and weights) as transformers' router;
@@ -671,6 +724,42 @@ def test_router_site_reads_transformers_choices_and_fixing_them_reproduces_its_l
   assert rel_err(np.asarray(other), ref) > 1e-3
 
 
+def test_deepseek_v3_router_reads_transformers_choices_and_its_correction_bias_matters(
+    imported):
+  """DeepSeek-V3's sigmoid router (noaux_tc): the router site of the sparse layer holds
+  transformers' choices and weights; without the e_score_correction_bias, or without
+  the group restriction, the logits differ (so both are exercised)."""
+  import jax
+  from mha_jax import interventions
+  from mha_jax.models import decoder
+  model, loaded, _ = imported("deepseek_v3")          # layer 0 dense, layer 1 sparse
+  got = {}
+  gate = model.model.layers[1].mlp.gate
+
+  def hook(_mod, _inp, out):
+    _, w, idx = out
+    dense = torch.zeros(idx.shape[0], gate.weight.shape[0], dtype=torch.float64)
+    got["w"] = dense.scatter(1, idx, w.double()).numpy().reshape(*TOKENS.shape, -1)
+  h = gate.register_forward_hook(hook)
+  try:
+    ref = hf_logits(model, TOKENS)
+  finally:
+    h.remove()
+  run = lambda params, spec_: decoder.apply(params, spec_, TOKENS)  # noqa: E731
+  spec = loaded.task.spec
+  _, acts = interventions.run_with_hook(
+      lambda hook: decoder.apply(loaded.params, spec, TOKENS, hook=hook), read=["lm.1.mlp.router"])
+  ours = np.asarray(acts["lm.1.mlp.router"])
+  np.testing.assert_array_equal(ours > 0, got["w"] > 0)
+  assert np.max(np.abs(ours - got["w"])) < 1e-5
+  no_bias = jax.tree_util.tree_map(lambda x: x, loaded.params)
+  no_bias["lm"]["layer_1"]["mlp"] = {k: v for k, v in no_bias["lm"]["layer_1"]["mlp"].items()
+                                     if k != "router_correction"}
+  assert rel_err(np.asarray(run(no_bias, spec)), ref) > 1e-3
+  no_groups = dataclasses.replace(spec, moe_groups=None)
+  assert rel_err(np.asarray(run(loaded.params, no_groups)), ref) > 1e-3
+
+
 def jnp_f32(x):
   import jax.numpy as jnp
   return jnp.asarray(x, jnp.float32)
@@ -690,6 +779,11 @@ NAMED_REFUSALS = [
     ("deepseek_v2", {"num_key_value_heads": 2}, "num_key_value_heads"),
     ("deepseek_v2", {"topk_method": "noaux_tc"}, "topk_method"),
     ("deepseek_v2", {"n_group": 3}, "n_group"),
+    ("deepseek_v3", {"n_group": 8}, "n_group"),          # groups of one expert: no top-2
+    ("deepseek_v3", {"topk_group": 1, "num_experts_per_tok": 3}, "num_experts_per_tok"),
+    ("deepseek_v3", {"n_shared_experts": 0}, "n_shared_experts"),
+    ("deepseek_v3", {"topk_method": "greedy"}, "topk_method"),
+    ("deepseek_v3", {"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
 ]
 
 

@@ -11,10 +11,9 @@ import os
 
 import numpy as np
 import pytest
-from hf_models import V, build_hf, save_folder
+from hf_models import V
 
 from mha_jax import cli
-from mha_jax.pretrained import importer
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -93,11 +92,9 @@ def _torch_head_recovery(model, pairs, o_proj):
 # mixtral in the default run; the other three (CLI runs of ~30 s each) are slow
 @pytest.mark.parametrize("case", ["mixtral"] + [pytest.param(c, marks=pytest.mark.slow)
                                                 for c in ("bloom", "deepseek_v2", "smollm3")])
-def test_patch_head_out_through_the_cli_equals_torch_hooks(case, tmp_path):
-  model = build_hf(case)
-  folder = save_folder(model, tmp_path / "hf")
-  wd = str(tmp_path / "w")
-  importer.import_model(wd, file=folder)
+def test_patch_head_out_through_the_cli_equals_torch_hooks(imported, case, tmp_path):
+  model, _, folder = imported(case)          # conftest.py's: shared with test_families
+  wd = os.path.join(os.path.dirname(folder), "w")
   pairs = _pairs()
   lines = [json.dumps({"clean": " ".join(f"t{i}" for i in c),
                        "corrupt": " ".join(f"t{i}" for i in x),

@@ -403,8 +403,8 @@ def test_corrupt_and_truncated_files_are_refused(tmp_path):
 
 
 def test_wrong_architecture_is_refused(tmp_path):
-  path = write_gguf_header(tmp_path / "bloom.gguf", "bloom", [("add_block_count", 1)])
-  with pytest.raises(ValueError, match=r"bloom.gguf.*architecture is 'bloom'"):
+  path = write_gguf_header(tmp_path / "mamba.gguf", "mamba", [("add_block_count", 1)])
+  with pytest.raises(ValueError, match=r"mamba.gguf.*architecture is 'mamba'"):
     importer.import_model(str(tmp_path / "w"), file=path)
   folder = tmp_path / "t5"
   folder.mkdir()
