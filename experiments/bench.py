@@ -66,7 +66,7 @@ def first_and_rounds(fn: Callable[[], object], rounds: int):
   return out, first, statistics.median(times or [first]), times
 
 
-def _round_seconds(fn: Callable[[], object], rounds: int) -> list[float]:
+def round_seconds(fn: Callable[[], object], rounds: int) -> list[float]:
   """Wall seconds of each of `rounds` calls (the caller takes the median), each
   started on a settled process (settle)."""
   out = []
@@ -90,7 +90,7 @@ def matmul_row(n: int = 2048, dtype=jnp.float32) -> tuple[Callable[[], object], 
 def matmul_gflops(n: int = 2048, rounds: int = 7, dtype=jnp.float32) -> float:
   """The machine's measured (n x n) @ (n x n) rate, GFLOP/s, median of `rounds`."""
   fn, flops = matmul_row(n, dtype)
-  return flops / statistics.median(_round_seconds(fn, rounds)) / 1e9
+  return flops / statistics.median(round_seconds(fn, rounds)) / 1e9
 
 
 def forward_backward(f: Callable, args: tuple, key: int = 9) -> tuple[Callable, tuple]:
@@ -201,7 +201,7 @@ def run_attention(*, d_model: int = 768, seq_len: int = 512, batch: int = 4,
     times = {(n, m): [] for n in compiled for m in ("forward", "forward+backward")}
     for _ in range(rounds):  # interleaved
       for (n, m) in times:
-        times[(n, m)] += _round_seconds(compiled[n][m], 1)
+        times[(n, m)] += round_seconds(compiled[n][m], 1)
     for mode in ("forward", "forward+backward"):
       meds = {n: statistics.median(times[(n, mode)]) for n in compiled}
       peers = [v for n, v in meds.items() if not n.startswith("mha_jax")]
@@ -302,7 +302,7 @@ def run_variants(*, d_model: int = 768, seq_len: int = 512, batch: int = 4, head
     times = {(v, m): [] for v in compiled for m in ("forward", "forward+backward")}
     for _ in range(rounds):  # interleaved
       for key in times:
-        times[key] += _round_seconds(compiled[key[0]][key[1]], 1)
+        times[key] += round_seconds(compiled[key[0]][key[1]], 1)
     for mode in ("forward", "forward+backward"):
       base = statistics.median(times[("softmax", mode)])
       for v in compiled:
@@ -365,13 +365,13 @@ def _scale_t_one(name: str, *, d_model: int, num_heads: int, seq_len: int, batch
   t0 = time.perf_counter()
   compiled = grad.lower(p, x).compile()
   compile_s = time.perf_counter() - t0
-  times = _round_seconds(lambda: compiled(p, x), rounds)
+  times = round_seconds(lambda: compiled(p, x), rounds)
   return {"impl": name, "seq_len": seq_len, "median_ms": statistics.median(times) * 1e3,
           "times_ms": [t * 1e3 for t in times], "compile_s": compile_s,
-          "max_rss_mb": _peak_rss_mb()}
+          "max_rss_mb": peak_rss_mb()}
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
   """This process's peak resident memory, MB. VmHWM belongs to the process image (Linux
   carries ru_maxrss over from the parent across fork + exec, so a child started by a big
   process would report the parent's peak)."""
@@ -385,7 +385,7 @@ def _peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _run_capped(argv: list[str], max_mem_gb: float, timeout_s: float):
+def run_capped(argv: list[str], max_mem_gb: float, timeout_s: float):
   """Runs argv with its address space capped; returns (exit code, stdout, stderr).
 
   The cap (RLIMIT_AS) makes an over-large allocation fail inside the child instead of
@@ -430,7 +430,7 @@ def run_scale_t(*, d_model: int = 512, num_heads: int = 8, batch: int = 1,
       r = rounds if t <= 4096 else 1
       argv = [sys.executable, "-m", "experiments.bench", "scale-t-one", name, str(d_model),
               str(num_heads), str(t), str(batch), str(r)]
-      code, out, err = _run_capped(argv, max_mem_gb, timeout_s)
+      code, out, err = run_capped(argv, max_mem_gb, timeout_s)
       line = [l for l in out.splitlines() if l.startswith("{")]
       if code == 0 and line:
         row = json.loads(line[-1])

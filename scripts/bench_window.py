@@ -75,7 +75,7 @@ def memory_one(mode: str, t: int, window: int) -> dict:
   compiled, args, compile_s = _compiled(mode, t, window)
   jax.block_until_ready(compiled(*args))
   return {"mode": mode, "seq_len": t, "compile_s": compile_s,
-          "max_rss_mb": bench._peak_rss_mb()}
+          "max_rss_mb": bench.peak_rss_mb()}
 
 
 def time_both(t: int, window: int, rounds: int) -> list[dict]:
@@ -89,7 +89,7 @@ def time_both(t: int, window: int, rounds: int) -> list[dict]:
   times = {m: [] for m in MODES}
   for _ in range(rounds):
     for m, (compiled, args, _) in fns.items():
-      times[m] += bench._round_seconds(lambda: compiled(*args), 1)
+      times[m] += bench.round_seconds(lambda: compiled(*args), 1)
   flops = 2.5 * 4 * B * H * K * _pairs(t, window)
   out = []
   for m in MODES:
@@ -101,7 +101,7 @@ def time_both(t: int, window: int, rounds: int) -> list[dict]:
 
 def _sub(argv1, cap_gb):
   from experiments import bench
-  code, out, err = bench._run_capped(argv1, cap_gb, 3600)
+  code, out, err = bench.run_capped(argv1, cap_gb, 3600)
   line = [x for x in out.splitlines() if x.startswith(("{", "["))]
   if code == 0 and line:
     return json.loads(line[-1]), ""

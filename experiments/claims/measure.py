@@ -353,7 +353,7 @@ def dk1_argmax_share(params, tokens) -> float:
   input is the model's x0 (circuits.paths), its weights the model's capture."""
   from mha_jax.circuits import paths
   w = toy.weights(params, tokens)                                     # (B, H, T, T)
-  x0 = paths._x0(params, np.asarray(tokens), pos_in_residual=True)    # (B, T, D)
+  x0 = paths.residual_input(params, np.asarray(tokens), pos_in_residual=True)    # (B, T, D)
   attn = params["lm"]["layer_0"]["attn"]
   q = np.einsum("btd,dh->bht", x0, np.asarray(attn["wq"], np.float64)[..., 0])
   k = np.einsum("btd,dh->bht", x0, np.asarray(attn["wk"], np.float64)[..., 0])
@@ -371,7 +371,7 @@ def dk1_example(params, tokens_1T, share, loss_by_h, head: int = 0) -> dict:
   """One sequence, one head of the d_k=1 model: scalar keys, queries, weights."""
   from mha_jax.circuits import paths
   w = toy.weights(params, tokens_1T)[0, head]
-  x0 = paths._x0(params, np.asarray(tokens_1T), pos_in_residual=True)[0]
+  x0 = paths.residual_input(params, np.asarray(tokens_1T), pos_in_residual=True)[0]
   attn = params["lm"]["layer_0"]["attn"]
   return {"keys": (x0 @ np.asarray(attn["wk"], np.float64)[:, head, 0]).tolist(),
           "queries": (x0 @ np.asarray(attn["wq"], np.float64)[:, head, 0]).tolist(),

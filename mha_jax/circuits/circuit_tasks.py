@@ -92,7 +92,7 @@ def greater_than(task, n: int = 8, seed: int = 0):
                   "wrong": f"before 17{yy:02d}"}))
   if not rows:
     raise UserError("no greater-than pair tokenized to equal lengths for this tokenizer")
-  pairs = pairs_lib._pack(rows)
+  pairs = pairs_lib.pack_pairs(rows)
   return pairs, {"name": "P(after) - P(before)", "ids": ids, "sign": np.stack(signs)}
 
 
