@@ -45,10 +45,10 @@ from mha_jax.pruning import curve as curve_lib, prune as prune_lib
 from mha_jax.settings import setting
 from mha_jax.tasks.base import SPLITS
 
-# The experiment harness (claims, benchmarks: experiments/ beside mha_jax/) adds its verbs
+# The experiment harness (claims, benchmarks: mha_jax/harness/) adds its verbs
 # through this one module, `VERBS` and `BENCH` tables of `Verb`; the library never
 # imports it otherwise (tests/docs/test_architecture.py checks this edge).
-HARNESS = "experiments.verbs"
+HARNESS = "mha_jax.harness.verbs"
 DTYPES = ("float32", "bfloat16", "float16")
 
 

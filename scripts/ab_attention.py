@@ -23,7 +23,7 @@ import tempfile
 
 import jax
 
-from experiments import bench
+from mha_jax.harness import bench
 from mha_jax import attention
 from mha_jax.machine import machine
 

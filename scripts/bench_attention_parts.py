@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from experiments import bench  # noqa: E402
+from mha_jax.harness import bench  # noqa: E402
 from mha_jax import accounting, attention  # noqa: E402
 from mha_jax.kernels import blocked  # noqa: E402
 from mha_jax.machine import machine  # noqa: E402

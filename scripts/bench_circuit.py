@@ -41,7 +41,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   import jax
   import jax.numpy as jnp
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax import load
   from mha_jax.machine import machine
   from mha_jax.circuits import edges as edges_lib, search

@@ -93,7 +93,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   names = [c for c in args.commands.split(",") if c]
   sys.path.insert(0, ROOT)
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax import cli
   result = {"workdir": args.workdir, "commands": {}}
   if os.path.exists(args.out):             # keep the commands measured before

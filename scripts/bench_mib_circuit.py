@@ -84,7 +84,7 @@ def main(argv=None):
   p.add_argument("--skip-timing", action="store_true")
   args = p.parse_args(argv)
   sys.path.insert(0, ROOT)
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax.machine import machine
   result = {"workdir": args.workdir}
   if os.path.exists(args.out):

@@ -71,7 +71,7 @@ def memory_one(mode: str, t: int, window: int) -> dict:
   """In a fresh subprocess: compile and run one mode once; its peak resident memory."""
   import jax
 
-  from experiments import bench
+  from mha_jax.harness import bench
   compiled, args, compile_s = _compiled(mode, t, window)
   jax.block_until_ready(compiled(*args))
   return {"mode": mode, "seq_len": t, "compile_s": compile_s,
@@ -82,7 +82,7 @@ def time_both(t: int, window: int, rounds: int) -> list[dict]:
   """In a subprocess: both modes at length t, rounds interleaved; medians."""
   import jax
 
-  from experiments import bench
+  from mha_jax.harness import bench
   fns = {m: _compiled(m, t, window) for m in MODES}
   for compiled, args, _ in fns.values():
     jax.block_until_ready(compiled(*args))
@@ -100,7 +100,7 @@ def time_both(t: int, window: int, rounds: int) -> list[dict]:
 
 
 def _sub(argv1, cap_gb):
-  from experiments import bench
+  from mha_jax.harness import bench
   code, out, err = bench.run_capped(argv1, cap_gb, 3600)
   line = [x for x in out.splitlines() if x.startswith(("{", "["))]
   if code == 0 and line:
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
   args = ap.parse_args(argv)
   import jax
 
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax.machine import machine
   gflops = bench.matmul_gflops()
   print(f"backend {jax.default_backend()}, {os.cpu_count()} CPUs, float32 matmul rate "

@@ -72,7 +72,7 @@ def edge_mass(doc: dict) -> tuple[dict, dict]:
 def relabel(out: str) -> dict:
   """DIR/roles.json's top heads named again at the current thresholds, from the scores
   it holds (nothing runs; the scores, their machine and date stay)."""
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax import storage
   path = os.path.join(out, "roles.json")
   res = storage.read_json(path)
@@ -100,7 +100,7 @@ def main(argv=None):
     return relabel(a.out)
   if not a.workdir:
     p.error("--workdir is required (unless --relabel)")
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax import storage
   from mha_jax.circuits import behaviour, circuit
   from mha_jax.loader import load

@@ -18,7 +18,7 @@ from mha_jax import load, storage
 from mha_jax.toolkit import head_roles
 from mha_jax.analysis import taxonomy
 from mha_jax.machine import machine
-from experiments import bench
+from mha_jax.harness import bench
 
 
 def settings_of(pairs) -> taxonomy.Settings:

@@ -25,7 +25,7 @@ def uniform_first_token_share(t: int) -> float:
 def variant_runs(ctx, setting: str) -> list[tuple[int, dict]]:
   """[(seed, {"h": h, variant: that seed's workdir, ...})] for every h of the variants
   workdir that has a softmax point and every seed of it."""
-  from experiments.claims.studies import runs_of
+  from mha_jax.harness.claims.studies import runs_of
   wd = ctx.variants_workdir
   points = {}
   for name in sorted(storage.listdir(wd)):

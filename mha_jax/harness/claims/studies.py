@@ -13,8 +13,8 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax.errors import UserError
-from experiments.claims.measure import Context
-from experiments.claims import rules as R
+from mha_jax.harness.claims.measure import Context
+from mha_jax.harness.claims import rules
 
 SPECIALISED = ("positional", "syntactic", "rare")
 REGISTRY = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m", "minilm": "minilm-l6"}
@@ -273,12 +273,12 @@ def claim_induction_k_causal(ctx: Context, setting: str, seed, wd: str,
   the numbers. Denoising would be the wrong way round here: a clean previous-token
   head in the corrupt run moves the keys to the corrupt copy's token, which is the
   logit difference's wrong answer."""
-  from mha_jax.toolkit import activation_patching as core, pairs as P
+  from mha_jax.toolkit import activation_patching as core, pairs as pairs_lib
   f = head_facts(ctx, setting, seed, wd)
   res, run = f["res"], f["run"]
   heads = res["heads"]
   half = max(2, min(10, (run.task.vocab_size - 2) // 2))
-  pairs = P.induction_pairs(run.task, 8, half_len=half, seed=0 if seed is None else seed)
+  pairs = pairs_lib.induction_pairs(run.task, 8, half_len=half, seed=0 if seed is None else seed)
   s = core.Study(run.task, run.params, pairs)
   judged = []
   for ind in induction_candidates(res, top):
@@ -299,11 +299,11 @@ def claim_induction_k_causal(ctx: Context, setting: str, seed, wd: str,
          "best_other_effect": others[best] if best else float("-inf"),
          "layer_row": row, "sender_layers": layers,
          "top_senders": sorted(scanned.items(), key=lambda kv: -kv[1])[:5]}
-    r["verdict"] = R.induction_k_causal_one(r)
+    r["verdict"] = rules.induction_k_causal_one(r)
     judged.append(r)
   n = {"workdir": res["workdir"], **{k: v for k, v in judged[0].items() if k != "verdict"},
-       "receivers": judged, "receivers_holding": sum(r["verdict"] == R.HOLDS for r in judged),
-       "receivers_failing": sum(r["verdict"] == R.FAILS for r in judged),
+       "receivers": judged, "receivers_holding": sum(r["verdict"] == rules.HOLDS for r in judged),
+       "receivers_failing": sum(r["verdict"] == rules.FAILS for r in judged),
        "pairs": len(pairs), "ld_clean": float(np.mean(s.ld_clean)),
        "ld_corrupt": float(np.mean(s.ld_corrupt)),
        "method": "noising path patching: sender z from the corrupt run, other heads "
@@ -385,7 +385,7 @@ def claim_michel(ctx: Context, setting: str, seed, wd: str,
   from mha_jax.toolkit import importance
   from mha_jax.loader import load, set_dense_reference
   from mha_jax.tasks import gates_hook
-  from mha_jax.toolkit import masks as M
+  from mha_jax.toolkit import masks
   run = load(wd)
   if not getattr(run.task, "compares_to_dense", False):
     raise UserError(f"{wd!r} holds task {run.task.name!r}; Michel's MiniLM claim needs a "
@@ -394,13 +394,13 @@ def claim_michel(ctx: Context, setting: str, seed, wd: str,
   ctx.log("  Michel importance and cosine to the full model, head by head ...")
   imp = importance.michel_importance(run, "valid")["normalized"]
   order = sorted(imp, key=imp.get)
-  mask = M.ones_mask(run.params, ("encoder",))
-  total = M.count(mask)
+  mask = masks.ones_mask(run.params, ("encoder",))
+  total = masks.count(mask)
   cos = [1.0]
   for name in order:
     _, layer, head = name.split(".")
     mask["encoder"][int(layer)][int(head)] = 0.0
-    hook = gates_hook(run.task, M.full_gates(run.params, mask))
+    hook = gates_hook(run.task, masks.full_gates(run.params, mask))
     cos.append(run.task.evaluate(run.params, "test", hook=hook)["cosine_to_full"])
     if cos[-1] < min(levels):
       break

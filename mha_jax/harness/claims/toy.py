@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from mha_jax.errors import UserError
-from mha_jax.models import common as C
+from mha_jax.models import common
 from mha_jax.models import lm as lm_model
 
 
@@ -48,8 +48,8 @@ def two_target_batch(seed: int, batch: int, length: int, vocab: int):
           "partner": partner}
 
 
-def spec() -> C.ModelSpec:
-  return C.ModelSpec(kind="lm", layer_norm=False, attn_only=True, pos="learned",
+def spec() -> common.ModelSpec:
+  return common.ModelSpec(kind="lm", layer_norm=False, attn_only=True, pos="learned",
                      impl="reference")
 
 

@@ -23,7 +23,7 @@ import optax
 
 from mha_jax.errors import UserError
 from mha_jax.machine import machine
-from experiments import bench
+from mha_jax.harness import bench
 from mha_jax import tasks
 from mha_jax import config as mc
 from mha_jax.data import vocab

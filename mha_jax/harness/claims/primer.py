@@ -4,7 +4,7 @@ Every number on the page is computed here by the project's own code (the attenti
 function and its building blocks, the accounting, the trained toy models of the claims
 run) and embedded as JSON; the page's script only draws and looks up precomputed grids
 as sliders move. No network request: inline script and style, no external resource.
-The page itself is experiments/claims/primer_assets/primer.{html,css,js}.
+The page itself is mha_jax/harness/claims/primer_assets/primer.{html,css,js}.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 
 from mha_jax import assets, storage
 from mha_jax import accounting
-from mha_jax import attention as A
-from experiments.claims import measure as E
+from mha_jax import attention
+from mha_jax.harness.claims import measure
 from mha_jax.errors import UserError
 
 
@@ -26,45 +26,45 @@ def _r(x, nd: int = 4):
   return np.round(np.asarray(x, np.float64), nd).tolist()
 
 
-def page_data(ctx: E.Context, *, pruning_workdir: str | None = None,
+def page_data(ctx: measure.Context, *, pruning_workdir: str | None = None,
               pruned: str | None = None, text_workdir: str | None = None) -> dict:
   """The page's JSON. pruning_workdir: a translation run with a prune result (`pruned`,
   default the claims run's or the quickstart's, see find_pruned) for Voita's figure;
   default the claims run's quickstart workdir when it pruned one. text_workdir: the
   two-layer natural-text model (configs/attn_only_text.py) for its circuit; without
   one that section says so."""
-  params, x, r, names = E.sentence_layer()
+  params, x, r, names = measure.sentence_layer()
   w = np.asarray(r.weights)[0]                                       # (H, T, S)
   heads = np.asarray(r.heads)[0]                                     # (T, H, K)
   wo = np.asarray(params["wo"])
-  data = {"sentence": list(E.SENTENCE), "head_names": names, "weights": _r(w),
-          "head_outputs": _r(heads), "signal": E.SIGNAL}
-  mix = E.mixture_curve()
+  data = {"sentence": list(measure.SENTENCE), "head_names": names, "weights": _r(w),
+          "head_outputs": _r(heads), "signal": measure.SIGNAL}
+  mix = measure.mixture_curve()
   grid = np.linspace(0, 1, 21)
   rows_by_query = []
-  for q in range(len(E.SENTENCE)):
-    rows_by_query.append(_r(E.mixture_curve(q, grid)["rows"]))
+  for q in range(len(measure.SENTENCE)):
+    rows_by_query.append(_r(measure.mixture_curve(q, grid)["rows"]))
   data["mixture"] = {"ratios": _r(mix["ratios"]), "peak": _r(mix["peak"]),
                      "rows_by_query": rows_by_query}
   d = 8
   cuts = {}
   xq = jax.random.normal(jax.random.PRNGKey(3), (d,))
-  wq = E.init_params(jax.random.PRNGKey(1), d, 1)["wq"]
+  wq = measure.init_params(jax.random.PRNGKey(1), d, 1)["wq"]
   for h in (1, 2, 4, 8):
-    shapes = A.param_shapes(d, h, d // h)
+    shapes = attention.param_shapes(d, h, d // h)
     cuts[str(h)] = {"d_k": d // h, "shapes": {k: list(v) for k, v in shapes.items()},
                     "params": accounting.attention_params(d, h),
-                    "reads": _r(E.q_jacobian({"wq": wq.reshape(d, h, d // h)}, xq) > 0, 0)}               # (D, H)
+                    "reads": _r(measure.q_jacobian({"wq": wq.reshape(d, h, d // h)}, xq) > 0, 0)}               # (D, H)
   data["cuts"] = {"d_model": d, "by_h": cuts}
-  data["divisor"] = _r_tree(ctx.cache.get("divisor_curves") or E.divisor_curves())
-  slider = E.wo_slider(heads[4], wo, head=0)
-  data["wo"] = {"token": E.SENTENCE[4], "trained": ctx.cache.get("wo_slider") is not None,
+  data["divisor"] = _r_tree(ctx.cache.get("divisor_curves") or measure.divisor_curves())
+  slider = measure.wo_slider(heads[4], wo, head=0)
+  data["wo"] = {"token": measure.SENTENCE[4], "trained": ctx.cache.get("wo_slider") is not None,
                 "sentence": _r_tree(slider)}
   if ctx.cache.get("wo_slider"):
     data["wo"]["trained_layer"] = _r_tree(ctx.cache["wo_slider"])
   cost = ctx.cache.get("cost_table")
   if cost is None:                                    # formulas + pytrees, no compile
-    hs = list(E.COST_HEADS)
+    hs = list(measure.COST_HEADS)
     cost = {"d_model": 768, "seq_len": 256, "heads": hs,
             "params": [accounting.attention_params(768, h) for h in hs],
             "flops_xla": None,
@@ -76,7 +76,7 @@ def page_data(ctx: E.Context, *, pruning_workdir: str | None = None,
   dk1 = ctx.cache.get("dk1_example")
   if dk1 is not None:
     data["dk1"] = _r_tree(dk1)
-  data["matrices"] = four_matrices(E.init_params(jax.random.PRNGKey(0), 8, len(names)))
+  data["matrices"] = four_matrices(measure.init_params(jax.random.PRNGKey(0), 8, len(names)))
   if "seven_lines_zoo" not in ctx.cache:
     ctx.cache["seven_lines_zoo"] = seven_lines_zoo()
   data["seven_lines"] = {"code": seven_lines_code(), "rows": ctx.cache["seven_lines_zoo"]}
@@ -117,7 +117,7 @@ def four_matrices(params, cuts=(1, 2, 4, 8)) -> dict:
 
 def seven_lines_code() -> list[str]:
   """The seven lines as attention.py's docstring writes them (the function runs them)."""
-  return [ln.strip() for ln in A.__doc__.splitlines()
+  return [ln.strip() for ln in attention.__doc__.splitlines()
           if re.match(r"\s+\w+_B\w+ = ", ln)]
 
 
@@ -127,7 +127,7 @@ def seven_lines_zoo(seq_len: int = 4, entries=accounting.ZOO) -> list[dict]:
   that ran, beside accounting's formulas. The weights are zeros (the shapes are the
   point; drawing GPT-3's 0.6 G random numbers would take longer than running it)."""
   rows, rng = [], np.random.default_rng(0)
-  fn = jax.jit(lambda p, x: A.multi_head_attention(p, x, causal=True, impl="reference"))
+  fn = jax.jit(lambda p, x: attention.multi_head_attention(p, x, causal=True, impl="reference"))
   for e in entries:
     d, h, g, k = e.d_model, e.num_heads, e.kv_heads, e.head_dim
     wq = jnp.zeros((d, h, k), jnp.float32)
@@ -153,7 +153,7 @@ def seven_lines_zoo(seq_len: int = 4, entries=accounting.ZOO) -> list[dict]:
 # ---------------------------------------------------------------- Voita's pruning figure
 
 
-def find_pruned(ctx: E.Context, workdir: str, pruned: str | None = None) -> str | None:
+def find_pruned(ctx: measure.Context, workdir: str, pruned: str | None = None) -> str | None:
   """The prune result for `workdir`: `pruned` when given (it must hold pruning.json or
   curve.json), else the claims run's (work/pruned/toy[/seed_0]_keep10) when it pruned
   this workdir,
@@ -306,10 +306,10 @@ def _r_tree(x):
   return x
 
 
-ASSETS = "experiments.claims.primer_assets"   # primer.html, .css, .js (package data)
+ASSETS = "mha_jax.harness.claims.primer_assets"   # primer.html, .css, .js (package data)
 
 
-def write(ctx: E.Context, path: str, **inputs) -> dict:
+def write(ctx: measure.Context, path: str, **inputs) -> dict:
   """Writes the page to `path`; `inputs` are page_data's (pruning_workdir, pruned,
   text_workdir)."""
   data = page_data(ctx, **inputs)
@@ -325,6 +325,6 @@ def standalone(out: str, *, pruning_workdir: str | None = None, pruned: str | No
   path = storage.join(out, "primer.html")
   if storage.exists(path):
     raise UserError(f"--out {out!r} already has primer.html; refusing to overwrite it")
-  write(E.Context(out=out), path, pruning_workdir=pruning_workdir, pruned=pruned,
+  write(measure.Context(out=out), path, pruning_workdir=pruning_workdir, pruned=pruned,
         text_workdir=text_workdir)
   return path

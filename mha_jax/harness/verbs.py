@@ -2,7 +2,7 @@
 `claims`, `primer`, `bench attention`, `bench train`. Their flags are generated from the
 settings dataclasses below, as the library's verbs' are.
 
-`python -m experiments.bench scale-t-one NAME D H T B ROUNDS CAP_GB` is no verb: it is
+`python -m mha_jax.harness.bench scale-t-one NAME D H T B ROUNDS CAP_GB` is no verb: it is
 the capped subprocess `bench attention --scale-t` starts for each (implementation, T)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import dataclasses
 
 from mha_jax.cli import DTYPES, Verb, input_spec
 from mha_jax.settings import setting
-from experiments import bench
-from experiments.claims import run as claims_run
+from mha_jax.harness import bench
+from mha_jax.harness.claims import run as claims_run
 
 IMPLS = bench.impl_names(with_cudnn=True)
 
@@ -66,7 +66,7 @@ class PrimerOptions:
 
 
 def _primer(args, opts: PrimerOptions) -> int:
-  from experiments.claims import primer
+  from mha_jax.harness.claims import primer
   print(f"wrote {primer.standalone(args.out, **dataclasses.asdict(opts))}")
   return 0
 
@@ -131,7 +131,7 @@ class BenchTrainOptions:
 
 
 def _bench_train(args, opts: BenchTrainOptions) -> int:
-  from experiments import bench_train
+  from mha_jax.harness import bench_train
   result = bench_train.run_train_steps(args.config, args.extra, rounds=opts.rounds, warmup=opts.warmup,
                            workdir=args.workdir, matmul_size=opts.matmul_size)
   print(bench_train.format_table(result))

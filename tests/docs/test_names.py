@@ -1,15 +1,21 @@
-"""No private name crosses a module line: a `_name` of a project module is used only in
+"""Names that read across the project.
+
+No private name crosses a module line: a `_name` of a project module is used only in
 that module. Another module (the library's, the harness's, a script's, a config's or a
 tutorial's) that imports one (`from mha_jax.x import _y`) or reaches one as an attribute
 of an imported project module (`x._y`, `mha_jax.x._y`) is listed. Read with `ast`; nothing
-is imported. (Tests are held to the same rule by tests/docs/test_repository.py.)"""
+is imported. (Tests are held to the same rule by tests/docs/test_repository.py.)
+
+No module is imported under a one-letter alias (`import ... as R`): `P` meant pairs in
+one file and the primer in the next."""
 
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PACKAGES = ("mha_jax", "experiments")
+PACKAGES = ("mha_jax",)
 USERS = ("scripts", "configs", "docs/tutorials")
+SOURCES = ("mha_jax", "tests", *USERS)
 
 # The attention package is being rebuilt on another branch (issue 45, item 1), which makes
 # these names public; the lead removes them from here when that branch lands.
@@ -106,3 +112,29 @@ def test_the_check_can_fail():
                  "from mha_jax import a\na.__name__", "from mha_jax.a import x\nx._y",
                  "def _own():\n  pass\n_own()"):
     assert crossings("mha_jax.sub.b", source, known) == [], source
+
+
+def one_letter_aliases(source: str) -> list[str]:
+  """Imports of a module under a one-letter name: every `import x as Y`, and a
+  `from x import y as Y` of a lower-case name (a module; classes such as
+  `PartitionSpec as P` are CamelCase)."""
+  bad = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+      for a in node.names:
+        if a.asname and len(a.asname) == 1 and (isinstance(node, ast.Import)
+                                                 or a.name.islower()):
+          bad.append(f"{ast.unparse(node)} (line {node.lineno})")
+  return bad
+
+
+def test_no_module_has_a_one_letter_alias():
+  found = {str(p.relative_to(ROOT)): one_letter_aliases(p.read_text())
+           for d in SOURCES for p in sorted((ROOT / d).rglob("*.py"))}
+  assert {p: b for p, b in found.items() if b} == {}
+  for source in ("from mha_jax.claims import rules as R", "import numpy.linalg as L",
+                 "from mha_jax.toolkit import pairs as p"):
+    assert one_letter_aliases(source), source
+  for source in ("from jax.sharding import PartitionSpec as P", "import numpy as np",
+                 "from mha_jax.toolkit import pairs as pairs_lib"):
+    assert one_letter_aliases(source) == [], source

@@ -18,8 +18,8 @@ import numpy as np
 
 from mha_jax import storage
 from mha_jax import accounting
-from mha_jax import attention as A
-from experiments.claims import toy
+from mha_jax import attention
+from mha_jax.harness.claims import toy
 
 # The first seed's sentence and its heads. Partner = the query's dependency partner
 # (it -> ran: its verb, one ahead; ate -> cat: its subject, one behind).
@@ -92,7 +92,7 @@ def sentence_layer(seed: int = 0, d_model: int = 8):
   params["wk"] = jnp.zeros_like(params["wk"])
   x = jax.random.normal(jax.random.PRNGKey(seed + 1), (1, len(SENTENCE), d_model))
   bias = jnp.asarray(np.stack(list(pats.values())))[None]          # (1, H, T, S)
-  r = A.multi_head_attention(params, x, bias=bias, return_weights=True)
+  r = attention.multi_head_attention(params, x, bias=bias, return_weights=True)
   return params, x, r, list(pats)
 
 
@@ -102,7 +102,7 @@ def mixture_curve(query: int = 4, ratios=None) -> dict:
   ratios = np.linspace(0, 1, 21) if ratios is None else np.asarray(ratios)
   p = head_patterns()
   s = np.stack([(1 - m) * p["positional"] + m * p["syntactic"] for m in ratios])
-  w = np.asarray(A.attention_weights(jnp.asarray(s)[:, None]))[:, 0]   # (M, T, S)
+  w = np.asarray(attention.attention_weights(jnp.asarray(s)[:, None]))[:, 0]   # (M, T, S)
   return {"ratios": ratios.tolist(), "rows": w[:, query].tolist(),
           "peak": w[:, query].max(-1).tolist()}
 
@@ -183,7 +183,7 @@ def q_jacobian(params, x_1D: jax.Array) -> np.ndarray:
   function's projection: split_heads(x @ W_Q viewed as (D, H*K))."""
   d, h, k = params["wq"].shape
   def q(x):
-    return A.split_heads((x @ params["wq"].reshape(d, h * k))[None, None], h)[0, 0]
+    return attention.split_heads((x @ params["wq"].reshape(d, h * k))[None, None], h)[0, 0]
   jac = jax.jacobian(q)(x_1D)                                     # (H, K, D)
   return np.asarray(jnp.abs(jac).sum(1)).T
 
@@ -208,13 +208,13 @@ DIVISORS = ("1/sqrt(d_k)", "1/sqrt(d_model)", "1")
 @jax.jit
 def _peak_entropy(q_BTHK, k_BSHK, scale):
   """Mean peak weight and entropy of attention_weights(attention_scores(q, k, scale))."""
-  w = A.attention_weights(A.attention_scores(q_BTHK, k_BSHK, scale))
+  w = attention.attention_weights(attention.attention_scores(q_BTHK, k_BSHK, scale))
   return w.max(-1).mean(), (-(w * jnp.log(jnp.maximum(w, 1e-30))).sum(-1)).mean()
 
 
 def init_params(key, d_model: int, heads: int) -> dict:
   """init_attention_params, compiled once per shape (eager init is slow on CPU)."""
-  return dict(jax.jit(A.init_attention_params, static_argnums=(1, 2))(key, d_model, heads))
+  return dict(jax.jit(attention.init_attention_params, static_argnums=(1, 2))(key, d_model, heads))
 
 
 def divisor_curves(d_model: int = 128, keys: int = 16, queries: int = 2048, seed: int = 0,
@@ -265,7 +265,7 @@ def claim_divisor_real_widths(ctx: Context, d_model: int = 768, t: int = 64) -> 
   x = jax.random.normal(jax.random.PRNGKey(0), (1, t, d_model))
   ent = {d: [] for d in DIVISORS[:2]}
   peak = {d: [] for d in DIVISORS[:2]}
-  fn = jax.jit(lambda p, x: A.multi_head_attention(p, x, causal=True,
+  fn = jax.jit(lambda p, x: attention.multi_head_attention(p, x, causal=True,
                                                    return_weights=True).weights)
   for h in REAL_HEADS:
     p = init_params(jax.random.PRNGKey(h), d_model, h)
@@ -302,12 +302,12 @@ def cost_table(d_model: int = 768, seq_len: int = 256, heads=COST_HEADS) -> dict
   x = jax.ShapeDtypeStruct((1, seq_len, d_model), jnp.float32)
   params, flops, mem = [], [], []
   for h in heads:
-    p = jax.eval_shape(lambda k: A.init_attention_params(k, d_model, h),
+    p = jax.eval_shape(lambda k: attention.init_attention_params(k, d_model, h),
                        jax.random.PRNGKey(0))
     params.append(int(sum(int(np.prod(a.shape)) for a in jax.tree.leaves(p))))
-    flops.append(_xla_flops(lambda p, x: A.multi_head_attention(p, x, impl="reference"),
+    flops.append(_xla_flops(lambda p, x: attention.multi_head_attention(p, x, impl="reference"),
                             p, x))
-    w = jax.eval_shape(lambda p, x: A.multi_head_attention(p, x, return_weights=True)
+    w = jax.eval_shape(lambda p, x: attention.multi_head_attention(p, x, return_weights=True)
                        .weights, p, x)
     mem.append(int(np.prod(w.shape)) * jnp.dtype(w.dtype).itemsize)
   return {"d_model": d_model, "seq_len": seq_len, "heads": list(heads), "params": params,
@@ -481,11 +481,11 @@ def claim_worked_example(ctx: Context) -> dict:
   q = jnp.asarray([[[[1.0, 0.0, 2.0]]]])                          # (1, 1, 1, 3)
   k = jnp.asarray([[2.0, 1.0, 1.0], [0.0, 3.0, 0.0], [1.0, 1.0, 1.0]])[None, :, None]
   v = jnp.asarray([[2.0, 5.0, 1.0], [0.0, 1.0, 3.0], [4.0, 0.0, 2.0]])[None, :, None]
-  s = A.attention_scores(q, k, scale=1.0)                          # (1, 1, 1, 3)
+  s = attention.attention_scores(q, k, scale=1.0)                          # (1, 1, 1, 3)
   w = s / s.sum(-1, keepdims=True)              # the article's plain division
-  out = A.mix_values(w, v)[0, 0, 0]
-  w_soft = A.attention_weights(s)
-  out_soft = A.mix_values(w_soft, v)[0, 0, 0]
+  out = attention.mix_values(w, v)[0, 0, 0]
+  w_soft = attention.attention_weights(s)
+  out_soft = attention.mix_values(w_soft, v)[0, 0, 0]
   llama = {f"{e.d_model}/{e.num_heads}": e.head_dim for e in accounting.ZOO
            if e.name.startswith(("LLaMA", "Transformer-base"))}
   n = {"scores": np.asarray(s).ravel().tolist(), "scores_expected": [4.0, 0.0, 3.0],

@@ -9,10 +9,10 @@ from typing import Callable, Sequence
 from mha_jax import storage
 from mha_jax.errors import UserError
 from mha_jax.machine import machine
-from experiments.claims import measure as E
-from experiments.claims import rules as R
-from experiments.claims import studies as S
-from experiments.claims import variants as variant_claims
+from mha_jax.harness.claims import measure
+from mha_jax.harness.claims import rules
+from mha_jax.harness.claims import studies
+from mha_jax.harness.claims import variants as variant_claims
 
 SETTINGS = {
     "toy": "the built-in toys: one-layer two-target models (d_model 32), the quickstart "
@@ -54,97 +54,97 @@ CLAIMS = {
     "one_head_compromises": (
         "One head asked for two tokens at once compromises: h=1 loses to h=2, 4 at equal "
         "params, and its weight splits between the targets",
-        _seeded(E.claim_one_head_compromises), R.one_head_compromises,
+        _seeded(measure.claim_one_head_compromises), rules.one_head_compromises,
         ("loss_h1", "loss_h2", "h1_weight_previous", "h1_weight_partner"), ("toy",),
         "toy_seeds", "the primer's thought experiment"),
     "mixture_dip": (
         "Mixing a positional and a syntactic score pattern in one head: the peak weight "
-        "dips lowest near the 50/50 mix", _at(E.claim_mixture_dip), R.mixture_dip,
+        "dips lowest near the 50/50 mix", _at(measure.claim_mixture_dip), rules.mixture_dip,
         ("peak_at_0", "peak_at_half", "peak_at_1", "argmin_mix"), ("toy",), None, ""),
     "whole_token": (
         "Every head reads the whole token: its projection uses all d_model inputs",
-        _at(E.claim_whole_token), R.whole_token,
+        _at(measure.claim_whole_token), rules.whole_token,
         ("min_share_of_features_read",), ("toy",), None, ""),
     "divisor": (
         "Each head divides by its own sqrt(d_k): flat with the right divisor, flattening "
-        "as d_k shrinks with sqrt(d_model)", _at(E.claim_divisor), R.divisor,
+        "as d_k shrinks with sqrt(d_model)", _at(measure.claim_divisor), rules.divisor,
         ("d_k", "peak"), ("toy",), None, ""),
     "divisor_real_widths": (
         "The same at real widths (d_model 768, h = 8..96) at initialisation",
-        _at(E.claim_divisor_real_widths), R.divisor_real_widths,
+        _at(measure.claim_divisor_real_widths), rules.divisor_real_widths,
         ("heads", "entropy"), ("toy",), None, ""),
     "cost": (
         "Params and FLOPs do not depend on h; the score memory does (d_model 768 = "
-        "GPT-2 small)", _at(E.claim_cost), R.cost,
+        "GPT-2 small)", _at(measure.claim_cost), rules.cost,
         ("params", "score_bytes", "gpt2_small_params"), ("toy",), None, ""),
     "dk1": (
         "At d_k = 1 only two directions remain: each query's argmax is the largest or "
-        "smallest scalar key; the loss suffers", _seeded(E.claim_dk1), R.dk1,
+        "smallest scalar key; the loss suffers", _seeded(measure.claim_dk1), rules.dk1,
         ("argmax_at_extreme_share", "loss_dk1", "best_loss"), ("toy",), "toy_seeds", ""),
     "wo_mixes": (
         "W_O mixes the heads: it is not block-diagonal in a trained layer",
-        _seeded(E.claim_wo_mixes), R.wo_mixes,
+        _seeded(measure.claim_wo_mixes), rules.wo_mixes,
         ("mean_share_outside_slot",), ("toy",), "toy_seeds", ""),
     "pruning": (
         "Specialised heads survive pruning: keeping 10 of 48 encoder heads costs little "
-        "and keeps positional/syntactic/rare heads", S.claim_pruning, R.pruning,
+        "and keeps positional/syntactic/rare heads", studies.claim_pruning, rules.pruning,
         ("bleu_all", "bleu_kept", "specialised_share_all", "specialised_share_kept",
-         "last_heads_roles"), ("toy", "voita"), S.translation_runs,
+         "last_heads_roles"), ("toy", "voita"), studies.translation_runs,
         "Voita et al. 2019: a 6-layer Transformer-base encoder (48 heads) with sinusoidal "
         "positions on WMT EN-RU; positional, syntactic and rare-token heads are the last "
         "to go"),
     "worked_example": (
         "The QKV document's worked example: scores (4, 0, 3), weights (4/7, 0, 3/7), "
-        "output (20/7, 20/7, 10/7)", _at(E.claim_worked_example), R.worked_example,
+        "output (20/7, 20/7, 10/7)", _at(measure.claim_worked_example), rules.worked_example,
         ("scores", "weights", "output"), ("toy",), None, ""),
     "induction_k_composition": (
         "Induction heads form by K-composition with a previous-token head",
-        S.claim_induction_k_composition, R.induction_k_composition,
+        studies.claim_induction_k_composition, rules.induction_k_composition,
         ("induction_head", "prefix_matching", "k_partner", "k_partner_previous_token",
-         "k_partner_score", "k_row_median"), DECODERS, S.decoder_runs,
+         "k_partner_score", "k_row_median"), DECODERS, studies.decoder_runs,
         "Elhage et al. 2021, Olsson et al. 2022: two-layer attention-only models with 12 "
         "heads per layer trained on natural text; a previous-token head (>= 0.9 on t-1), "
         "an induction head (prefix matching >= 0.8) K-composing with it"),
     "induction_k_causal": (
         "Causally, the previous-token head moves the induction head's keys more than "
-        "the other heads of its layer do", S.claim_induction_k_causal, R.induction_k_causal,
+        "the other heads of its layer do", studies.claim_induction_k_causal, rules.induction_k_causal,
         ("induction_head", "previous_token_head", "path_k_effect", "best_other",
-         "best_other_effect", "receivers_holding"), DECODERS, S.decoder_runs,
+         "best_other_effect", "receivers_holding"), DECODERS, studies.decoder_runs,
         "Olsson et al. 2022: the K-composition circuit, judged here by path patching into "
         "the induction head's key input instead of the weights"),
     "positivity_corner": (
         "Induction heads sit alone where OV (copying) and K-composition (matching) "
-        "eigenvalue positivity are both positive", S.claim_positivity_corner,
-        R.positivity_corner, ("induction_heads", "corner_heads", "heads_scored"),
-        DECODERS, S.decoder_runs,
+        "eigenvalue positivity are both positive", studies.claim_positivity_corner,
+        rules.positivity_corner, ("induction_heads", "corner_heads", "heads_scored"),
+        DECODERS, studies.decoder_runs,
         "Elhage et al. 2021: the two-layer attention-only model of natural text, whose "
         "layer-1 heads other than the induction heads do not copy"),
     "composition_sparse": (
         "Composition is sparse: most composition scores sit near the random baseline",
-        S.claim_composition_sparse, R.composition_sparse,
-        ("pairs", "share_near_baseline", "max_over_baseline"), DECODERS, S.decoder_runs,
+        studies.claim_composition_sparse, rules.composition_sparse,
+        ("pairs", "share_near_baseline", "max_over_baseline"), DECODERS, studies.decoder_runs,
         "Elhage et al. 2021: the two-layer attention-only model of natural text"),
     "term_importance": (
         "Most of the effect is in single-head terms, little in virtual heads",
-        S.claim_term_importance, R.term_importance,
+        studies.claim_term_importance, rules.term_importance,
         ("loss_direct", "loss_direct_single", "loss_full"), ("toy", "text"),
-        S.decoder_runs, "Elhage et al. 2021: the two-layer attention-only model of "
+        studies.decoder_runs, "Elhage et al. 2021: the two-layer attention-only model of "
         "natural text (path expansion is exact only without norms and MLPs)"),
     "rests_on_first_token": (
         "An induction head rests on the first token when the current token has not "
-        "appeared before", S.claim_rests_on_first_token, R.rests_on_first_token,
+        "appeared before", studies.claim_rests_on_first_token, rules.rests_on_first_token,
         ("induction_head", "weight_on_bos", "max_weight_elsewhere"), DECODERS,
-        S.decoder_runs, "Elhage et al. 2021, Olsson et al. 2022"),
+        studies.decoder_runs, "Elhage et al. 2021, Olsson et al. 2022"),
     "michel": (
         "Many heads can go: a large share of a trained model's heads can be removed "
-        "(Michel's importance order) at little cost", S.claim_michel, R.michel,
+        "(Michel's importance order) at little cost", studies.claim_michel, rules.michel,
         ("share_at_0.99", "share_at_0.95"), ("minilm",),
-        lambda ctx, setting: [(None, S.imported_workdir(ctx, setting))],
+        lambda ctx, setting: [(None, studies.imported_workdir(ctx, setting))],
         "Michel et al. 2019: BERT fine-tuned on MNLI and WMT Transformer-large; 20-40 % "
         "of the heads pruned with a small drop in accuracy / BLEU"),
     "gating_removes_sink": (
         "Gating removes the first-token sink: its share falls at least 5-fold",
-        variant_claims.claim_gating_removes_sink, R.gating_removes_sink,
+        variant_claims.claim_gating_removes_sink, rules.gating_removes_sink,
         ("h", "softmax_first_token_share", "gated_first_token_share", "fold"),
         ("variants",), variant_claims.variant_runs,
         "Qiu et al. 2025 (Gated Attention for LLMs): 1.7B dense and 15B MoE models with "
@@ -154,7 +154,7 @@ CLAIMS = {
     "differential_less_sink": (
         "Differential attention cancels common-mode attention noise: the effective map "
         "puts less weight on the first token", variant_claims.claim_differential_less_sink,
-        R.differential_less_sink,
+        rules.differential_less_sink,
         ("h", "softmax_first_token_share", "differential_effective_first_token_share",
          "ratio"), ("variants",), variant_claims.variant_runs,
         "Ye et al. 2025 (Differential Transformer): 3B-13B LMs with MLPs; the difference "
@@ -163,7 +163,7 @@ CLAIMS = {
         "which carries no content)"),
     "sink_takes_first_token": (
         "A sink logit takes the weight the first token took", variant_claims.claim_sink_takes_first_token,
-        R.sink_takes_first_token,
+        rules.sink_takes_first_token,
         ("h", "softmax_first_token_share", "sink_first_token_share", "sink_logit_weight"),
         ("variants",), variant_claims.variant_runs,
         "gpt-oss (OpenAI 2025) and 'softmax + 1' (Miller 2023); Xiao et al. 2024 "
@@ -217,16 +217,16 @@ def aggregate(units: list[dict], keys: Sequence[str], seeded: bool) -> dict:
   seeds" for trained runs), each verdict's count, and the spread [min, max] of every
   number that is a scalar in every run."""
   verdicts = [u["verdict"] for u in units]
-  counts = {v: verdicts.count(v) for v in (R.HOLDS, R.FAILS, R.INCONCLUSIVE)
+  counts = {v: verdicts.count(v) for v in (rules.HOLDS, rules.FAILS, rules.INCONCLUSIVE)
             if v in verdicts}
   n = len(units)
   if not seeded:
-    verdict = verdicts[0] if n == 1 else f"holds in {counts.get(R.HOLDS, 0)} of {n} runs"
+    verdict = verdicts[0] if n == 1 else f"holds in {counts.get(rules.HOLDS, 0)} of {n} runs"
   elif len(counts) == 1:
     verdict = f"{verdicts[0]} in {n} of {n} seed{'s' if n > 1 else ''}"
   else:
-    rest = ", ".join(f"{v} in {c}" for v, c in counts.items() if v != R.HOLDS)
-    verdict = f"holds in {counts.get(R.HOLDS, 0)} of {n} seeds ({rest})"
+    rest = ", ".join(f"{v} in {c}" for v, c in counts.items() if v != rules.HOLDS)
+    verdict = f"holds in {counts.get(rules.HOLDS, 0)} of {n} seeds ({rest})"
   spread = {}
   for k in units[0]["numbers"]:
     vals = [u["numbers"].get(k) for u in units]
@@ -242,20 +242,20 @@ def primer_inputs(ctx) -> dict:
   claims run made of it; its circuit from the text setting's first run."""
   inputs = {}
   if ctx.voita_workdir:
-    seed, wd = S.runs_of(ctx.voita_workdir)[0]
+    seed, wd = studies.runs_of(ctx.voita_workdir)[0]
     inputs["pruning_workdir"] = wd
-    done = storage.join(ctx.work, "pruned", f"{S.label('voita', seed)}_keep10")
+    done = storage.join(ctx.work, "pruned", f"{studies.label('voita', seed)}_keep10")
     if storage.exists(storage.join(done, "pruning.json")):
       inputs["pruned"] = done
   if ctx.text_workdir:
-    inputs["text_workdir"] = S.runs_of(ctx.text_workdir)[0][1]
+    inputs["text_workdir"] = studies.runs_of(ctx.text_workdir)[0][1]
   return inputs
 
 
 def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None,
                induction_workdir: str | None = None, sweep_workdir: str | None = None,
                text_workdir: str | None = None, voita_workdir: str | None = None,
-               variants_workdir: str | None = None, toy_seeds=E.TOY_SEEDS, primer: bool = True,
+               variants_workdir: str | None = None, toy_seeds=measure.TOY_SEEDS, primer: bool = True,
                log: Callable[[str], None] = print) -> dict:
   names = parse_only(only)
   chosen = parse_settings(settings, [s for s, wd in (("text", text_workdir),
@@ -271,7 +271,7 @@ def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None
   if storage.exists(out) and not storage.isdir(out):
     raise UserError(f"--out {out!r} exists and is not a directory")
   storage.makedirs(out)
-  ctx = E.Context(out=out, workdir=workdir, induction_workdir=induction_workdir,
+  ctx = measure.Context(out=out, workdir=workdir, induction_workdir=induction_workdir,
                   sweep_workdir=sweep_workdir, text_workdir=text_workdir,
                   voita_workdir=voita_workdir, variants_workdir=variants_workdir,
                   toy_seeds=seeds, log=log)
@@ -320,8 +320,8 @@ def run_claims(out: str, *, only=None, settings=None, workdir: str | None = None
                          "text": ctx.text_workdir, "voita": ctx.voita_workdir,
                          "variants": ctx.variants_workdir}}
   if primer:
-    from experiments.claims import primer as P
-    P.write(ctx, storage.join(out, "primer.html"), **primer_inputs(ctx))
+    from mha_jax.harness.claims import primer as primer_lib
+    primer_lib.write(ctx, storage.join(out, "primer.html"), **primer_inputs(ctx))
     report["primer"] = "primer.html"
   report["seconds"] = round(time.time() - t0, 1)
   report["machine"] = machine()
@@ -393,7 +393,7 @@ def format_report(report: dict) -> str:
   short = []
   for r in report["claims"]:
     bad = [(s, c) for s, c in r["settings"].items() if "per_seed" in c and
-           c["counts"].get(R.HOLDS, 0) < c["runs"]]
+           c["counts"].get(rules.HOLDS, 0) < c["runs"]]
     if not bad:
       continue
     rule_fn = CLAIMS[r["name"]][2] if r["name"] in CLAIMS else None
@@ -402,9 +402,9 @@ def format_report(report: dict) -> str:
     for s, c in bad:
       whys = []
       for u in c["per_seed"]:
-        if u["verdict"] == R.HOLDS:
+        if u["verdict"] == rules.HOLDS:
           continue
-        w = R.why(rule_fn, u["numbers"]) if rule_fn else ""
+        w = rules.why(rule_fn, u["numbers"]) if rule_fn else ""
         who = "" if u["seed"] is None else f"seed {u['seed']}: "
         whys.append(who + (w or u["verdict"]))
       text.append(f"In **{s}** ({c['verdict']}): " + "; ".join(whys) + ".")

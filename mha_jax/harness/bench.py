@@ -428,7 +428,7 @@ def run_scale_t(*, d_model: int = 512, num_heads: int = 8, batch: int = 1,
         rows.append({"impl": name, "seq_len": t, "status": stop + " (at a smaller T)"})
         continue
       r = rounds if t <= 4096 else 1
-      argv = [sys.executable, "-m", "experiments.bench", "scale-t-one", name, str(d_model),
+      argv = [sys.executable, "-m", "mha_jax.harness.bench", "scale-t-one", name, str(d_model),
               str(num_heads), str(t), str(batch), str(r)]
       code, out, err = run_capped(argv, max_mem_gb, timeout_s)
       line = [l for l in out.splitlines() if l.startswith("{")]
@@ -491,4 +491,4 @@ if __name__ == "__main__":
     print(json.dumps(_scale_t_one(name, d_model=int(d), num_heads=int(h), seq_len=int(t),
                                   batch=int(b), rounds=int(r))))
   else:
-    sys.exit("usage: python -m experiments.bench scale-t-one NAME D H T B ROUNDS CAP_GB")
+    sys.exit("usage: python -m mha_jax.harness.bench scale-t-one NAME D H T B ROUNDS CAP_GB")
