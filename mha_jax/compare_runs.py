@@ -100,22 +100,22 @@ def heads_kept(loaded, base: float, metric: str, tolerance: float, settings: Com
   `base` (loss: <= base + tol; bleu: >= base - tol), with the metric at every K tried."""
   from mha_jax.pruning import methods
   from mha_jax.tasks import gates_hook
-  from mha_jax.toolkit import masks
+  from mha_jax.toolkit import head_masks
   log_alpha, _, _ = methods.train_gates(loaded, settings.prune_lambda, stacks=stacks,
                                         steps=settings.prune_steps, log=log)
-  total = masks.count(masks.ones_mask(loaded.params, stacks))
+  total = head_masks.count(head_masks.ones_head_mask(loaded.params, stacks))
   is_bleu = metric == "bleu"
   by_k = {}
   for k in range(1, total + 1):
     mask = methods.top_k_mask(log_alpha, k)
-    hook = gates_hook(loaded.task, masks.full_gates(loaded.params, mask))
+    hook = gates_hook(loaded.task, head_masks.full_head_gates(loaded.params, mask))
     m = loaded.task.evaluate(loaded.params, "test", bleu=is_bleu, hook=hook)[metric]
     by_k[k] = float(m)
     if (m >= base - tolerance) if is_bleu else (m <= base + tolerance):
-      return {"kept": k, "total": total, "kept_heads": masks.kept_names(mask),
+      return {"kept": k, "total": total, "kept_heads": head_masks.kept_names(mask),
               "metric": metric, "by_k": by_k}
   return {"kept": total, "total": total, "metric": metric, "by_k": by_k,
-          "kept_heads": masks.kept_names(masks.ones_mask(loaded.params, stacks))}
+          "kept_heads": head_masks.kept_names(head_masks.ones_head_mask(loaded.params, stacks))}
 
 
 def run_row(name: str, seed, wd: str, settings: CompareSettings,

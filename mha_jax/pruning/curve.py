@@ -14,8 +14,8 @@ from mha_jax.errors import UserError
 from mha_jax.toolkit import head_roles
 from mha_jax.loader import set_dense_reference
 from mha_jax.models import common
-from mha_jax.pruning import gates as gates_lib
-from mha_jax.toolkit import masks as masks_lib
+from mha_jax.pruning import hard_concrete
+from mha_jax.toolkit import head_masks
 from mha_jax.pruning import methods
 from mha_jax.pruning import prune as prune_lib
 from mha_jax.settings import setting
@@ -61,12 +61,12 @@ def prune_curve(loaded, out: str, opts: CurveOptions = CurveOptions(), *,
   workdir, out_dir = loaded.workdir, out
   counts, stacks, lam, steps = opts.counts, opts.stacks, opts.l0_lambda, opts.steps
   bleu_limit, seed, random_draws = opts.bleu_limit, opts.seed, opts.random_draws
-  save_workdirs, hc = opts.save_workdirs, gates_lib.HardConcrete()
+  save_workdirs, hc = opts.save_workdirs, hard_concrete.HardConcrete()
   check_out(workdir, out_dir)
   prune_lib.check_stacks(loaded.params, stacks)
   storage.makedirs(out_dir)
   set_dense_reference(loaded)       # embeddings: compare with the dense model
-  total = masks_lib.count(masks_lib.ones_mask(loaded.params, stacks))
+  total = head_masks.count(head_masks.ones_head_mask(loaded.params, stacks))
   for k in counts:
     if not 0 <= k <= total:
       raise UserError(f"counts: {k} is outside 0..{total} heads in {list(stacks)}",
@@ -110,7 +110,7 @@ def prune_curve(loaded, out: str, opts: CurveOptions = CurveOptions(), *,
         res = {m: (float(np.mean([e[m] for e in each])) if isinstance(v, float) else v)
                for m, v in res.items()}
         res["draws"] = [{m: v for m, v in e.items() if isinstance(v, float)} for e in each]
-      kept = masks_lib.kept_names(mask)
+      kept = head_masks.kept_names(mask)
       role_counts: dict[str, int] = {}
       for h in kept:
         role_counts[roles.get(h, "other")] = role_counts.get(roles.get(h, "other"), 0) + 1
@@ -120,10 +120,10 @@ def prune_curve(loaded, out: str, opts: CurveOptions = CurveOptions(), *,
                                               if isinstance(v, float)))
       if k in save_workdirs:
         prune_lib.write_workdir(loaded, storage.join(out_dir, f"{method}_k{k}"),
-                              masks_lib.mask_params(loaded.params, mask),
+                              head_masks.mask_params(loaded.params, mask),
                               {"source": storage.abspath(workdir), "stacks": list(stacks),
-                               "method": method, "keep": k, "mask": masks_lib.mask_to_json(mask),
-                               "kept": masks_lib.count(mask), "kept_heads": kept, "after": first,
+                               "method": method, "keep": k, "mask": head_masks.head_mask_to_json(mask),
+                               "kept": head_masks.count(mask), "kept_heads": kept, "after": first,
                                "from_curve": storage.abspath(out_dir)})
   seconds["evaluations"] = time.perf_counter() - t0
   storage.makedirs(out_dir)
@@ -137,7 +137,7 @@ def prune_curve(loaded, out: str, opts: CurveOptions = CurveOptions(), *,
 
 
 def _evaluate(loaded, mask, is_tr, bleu_limit) -> dict:
-  hook = gates_hook(loaded.task, masks_lib.full_gates(loaded.params, mask))
+  hook = gates_hook(loaded.task, head_masks.full_head_gates(loaded.params, mask))
   return loaded.task.evaluate(loaded.params, "test", bleu=is_tr, bleu_limit=bleu_limit,
                               hook=hook)
 

@@ -163,6 +163,32 @@ def induction_pairs(task, n: int = 8, half_len: int = 10, seed: int = 0) -> Pair
   return pack_pairs(rows)
 
 
+# The behaviours the toolkit draws pairs for: name -> fn(task, n, seed) -> Pairs. A
+# behaviour is what a pair tests (its name is a study's --task); the `task` these
+# functions take is the run's Task object (its tokenizer).
+BUILDERS = {"ioi": lambda task, n, seed: ioi_pairs(task, n, seed),
+            "induction": lambda task, n, seed: induction_pairs(task, n, seed=seed)}
+BEHAVIOURS = tuple(BUILDERS)
+
+
+def select_pairs(task, behaviour: str | None, pairs_file: str | None, n: int, seed: int,
+                 builders: dict | None = None):
+  """The pairs of exactly one of a built-in behaviour (n drawn with seed by
+  `builders[behaviour]`, default BUILDERS) and a JSONL pairs file (read_pairs). Returns
+  what the builder returns (Pairs for BUILDERS'), Pairs for a file; refuses both, neither
+  and an unknown behaviour naming the setting (task, pairs)."""
+  builders = BUILDERS if builders is None else builders
+  if (behaviour is None) == (pairs_file is None):
+    raise UserError(f"give exactly one of task ({', '.join(builders)}) and pairs "
+                    "FILE.jsonl", setting=("task", "pairs"))
+  if pairs_file is not None:
+    return read_pairs(task, pairs_file)
+  if behaviour not in builders:
+    raise UserError(f"task must be one of {tuple(builders)}; got {behaviour!r}",
+                    setting="task")
+  return builders[behaviour](task, n, seed)
+
+
 _FIELDS = ("clean", "corrupt", "answer", "wrong")
 
 

@@ -111,7 +111,7 @@ def test_michel_importance_matches_a_finite_difference(loaded):
   loss = lambda g: float(loaded.task.loss(loaded.params, batch,
                                           hook=tasks.gates_hook(loaded.task, g))[0])
   eps = 1e-2
-  up, down = common.ones_gates(loaded.params), common.ones_gates(loaded.params)
+  up, down = common.ones_head_gates(loaded.params), common.ones_head_gates(loaded.params)
   up["encoder"][0] = up["encoder"][0].at[1].add(eps)
   down["encoder"][0] = down["encoder"][0].at[1].add(-eps)
   fd = abs(loss(up) - loss(down)) / (2 * eps)

@@ -18,7 +18,7 @@ from mha_jax.models import llama
 
 V, DM, H, K = 12, 16, 3, 16
 SEQ = [1, 2, 3, 4, 5, 6]             # the planted ordinal sequence
-SPEC = llama.LlamaSpec(rope_base=1e9)  # the last RoPE pair barely turns (the sink's q, k)
+SPEC = llama.llama_spec(rope_base=1e9)  # the last RoPE pair barely turns (the sink's q, k)
 
 
 class Task:

@@ -42,7 +42,7 @@ def test_compare_runs_tables_the_studies_values(sweep, tmp_path):
   from mha_jax.loader import load
   from mha_jax.pruning import methods
   from mha_jax import tasks
-  from mha_jax.toolkit import head_roles, masks
+  from mha_jax.toolkit import head_roles, head_masks
   d, heads = sweep
   out = str(tmp_path / "cmp")
   load = functools.cache(load)             # the direct calls reuse the runs' compilations
@@ -73,7 +73,7 @@ def test_compare_runs_tables_the_studies_values(sweep, tmp_path):
                                    steps=CHEAP.prune_steps, log=lambda s: None)
     k = row["heads_kept"]
     loss_k = loaded.task.evaluate(loaded.params, "test", hook=tasks.gates_hook(
-        loaded.task, masks.full_gates(loaded.params, methods.top_k_mask(la, k))))["loss"]
+        loaded.task, head_masks.full_head_gates(loaded.params, methods.top_k_mask(la, k))))["loss"]
     assert row["pruning"]["by_k"][k] == pytest.approx(loss_k, rel=1e-6)
     assert row["heads_total"] == 2 * heads
     assert all(v > row["loss"] + CHEAP.loss_tolerance

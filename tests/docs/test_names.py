@@ -6,7 +6,8 @@ tutorial's) that imports one (`from mha_jax.x import _y`) or reaches one as an a
 of an imported project module (`x._y`, `mha_jax.x._y`) is listed. Read with `ast`; nothing
 is imported. (Tests are held to the same rule by tests/docs/test_repository.py.)
 
-No module is imported under a one-letter alias (`import ... as R`): `P` meant pairs in
+No function is named like a class (`LlamaSpec` was one). No module is imported under a
+one-letter alias (`import ... as R`): `P` meant pairs in
 one file and the primer in the next."""
 
 import ast
@@ -138,3 +139,10 @@ def test_no_module_has_a_one_letter_alias():
   for source in ("from jax.sharding import PartitionSpec as P", "import numpy as np",
                  "from mha_jax.toolkit import pairs as pairs_lib"):
     assert one_letter_aliases(source) == [], source
+
+
+def test_no_function_is_named_like_a_class():
+  bad = [f"{p.relative_to(ROOT)}: {node.name}" for p in sorted((ROOT / "mha_jax").rglob("*.py"))
+         for node in ast.walk(ast.parse(p.read_text()))
+         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name[:1].isupper()]
+  assert bad == []

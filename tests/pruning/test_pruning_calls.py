@@ -16,16 +16,16 @@ pytestmark = pytest.mark.xdist_group("trained_runs")
 
 
 def test_michel_and_random_masks_leave_the_callers_mask_alone(ind_run):
-  from mha_jax.toolkit import masks
+  from mha_jax.toolkit import head_masks
   from mha_jax.pruning import methods
   loaded = mha_jax.load(ind_run, **QUIET)
-  start = masks.ones_mask(loaded.params, ["lm"])
+  start = head_masks.ones_head_mask(loaded.params, ["lm"])
   start["lm"][0][1] = 0.0
   snapshot = {s: [m.copy() for m in ls] for s, ls in start.items()}
   rnd = methods.random_masks(loaded, stacks=["lm"], counts=[2], start_mask=start)
   mic = methods.michel_masks(loaded, stacks=["lm"], counts=[5], start_mask=start, limit=8,
                              log=lambda s: None)
-  assert masks.count(rnd[2]) == 2 and masks.count(mic[5]) == 5 and mic[5]["lm"][0][1] == 0
+  assert head_masks.count(rnd[2]) == 2 and head_masks.count(mic[5]) == 5 and mic[5]["lm"][0][1] == 0
   for s in start:
     for a, b in zip(start[s], snapshot[s]):
       np.testing.assert_array_equal(a, b)

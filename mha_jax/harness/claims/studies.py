@@ -385,7 +385,7 @@ def claim_michel(ctx: Context, setting: str, seed, wd: str,
   from mha_jax.toolkit import importance
   from mha_jax.loader import load, set_dense_reference
   from mha_jax.tasks import gates_hook
-  from mha_jax.toolkit import masks
+  from mha_jax.toolkit import head_masks
   run = load(wd)
   if not getattr(run.task, "compares_to_dense", False):
     raise UserError(f"{wd!r} holds task {run.task.name!r}; Michel's MiniLM claim needs a "
@@ -394,13 +394,13 @@ def claim_michel(ctx: Context, setting: str, seed, wd: str,
   ctx.log("  Michel importance and cosine to the full model, head by head ...")
   imp = importance.michel_importance(run, "valid")["normalized"]
   order = sorted(imp, key=imp.get)
-  mask = masks.ones_mask(run.params, ("encoder",))
-  total = masks.count(mask)
+  mask = head_masks.ones_head_mask(run.params, ("encoder",))
+  total = head_masks.count(mask)
   cos = [1.0]
   for name in order:
     _, layer, head = name.split(".")
     mask["encoder"][int(layer)][int(head)] = 0.0
-    hook = gates_hook(run.task, masks.full_gates(run.params, mask))
+    hook = gates_hook(run.task, head_masks.full_head_gates(run.params, mask))
     cos.append(run.task.evaluate(run.params, "test", hook=hook)["cosine_to_full"])
     if cos[-1] < min(levels):
       break

@@ -1,4 +1,5 @@
-"""Tasks for circuit search: prompt pairs and the metric each is judged by.
+"""Behaviours for circuit search (a study's --task): prompt pairs and the metric each is
+judged by.
 
   ioi, induction  toolkit.pairs' pairs; the metric is the logit difference
   greater-than    Hanna et al. 2023: "The war lasted from the year 1732 to the year 17";
@@ -29,7 +30,6 @@ from mha_jax.circuits import mib_tasks
 from mha_jax.errors import UserError
 from mha_jax.toolkit import pairs as pairs_lib
 
-TASKS = ("ioi", "induction", "greater-than") + mib_tasks.TASKS
 FILE_METRICS = ("logit_diff", "prob_diff")
 NOUNS = ("war", "expedition", "contract", "drought", "reign", "famine", "strike",
          "journey", "siege", "truce")
@@ -127,23 +127,23 @@ def file_metric(path: str) -> str:
   return seen or "logit_diff"
 
 
-def make(loaded, task: str | None, pairs_file: str | None, n: int, seed: int):
-  """(Pairs, metric spec) of a built-in task or a pairs file."""
-  if (task is None) == (pairs_file is None):
-    raise UserError(f"give exactly one of task ({', '.join(TASKS)}) and pairs FILE.jsonl",
-                    setting=("task", "pairs"))
-  if pairs_file is not None:
-    pairs = pairs_lib.read_pairs(loaded.task, pairs_file)
-    return pairs, file_metric(pairs_file)
-  if task == "ioi":
-    return pairs_lib.ioi_pairs(loaded.task, n, seed), "logit_diff"
-  if task == "induction":
-    return pairs_lib.induction_pairs(loaded.task, n, seed=seed), "logit_diff"
-  if task == "greater-than":
-    return greater_than(loaded.task, n, seed)
-  if task in mib_tasks.TASKS:
-    return mib_tasks.make(loaded.task, task, n, seed), "logit_diff"
-  raise UserError(f"task must be one of {TASKS}; got {task!r}", setting="task")
+def _logit_diff(build):
+  return lambda task, n, seed: (build(task, n, seed), "logit_diff")
+
+
+# behaviour -> fn(task, n, seed) -> (Pairs, metric spec)
+BUILDERS = {**{name: _logit_diff(build) for name, build in pairs_lib.BUILDERS.items()},
+            "greater-than": greater_than,
+            **{name: _logit_diff(lambda task, n, seed, name=name: mib_tasks.make(
+                task, name, n, seed)) for name in mib_tasks.TASKS}}
+BEHAVIOURS = tuple(BUILDERS)
+
+
+def make(loaded, behaviour: str | None, pairs_file: str | None, n: int, seed: int):
+  """(Pairs, metric spec) of a built-in behaviour or a pairs file (toolkit.pairs'
+  select_pairs)."""
+  got = pairs_lib.select_pairs(loaded.task, behaviour, pairs_file, n, seed, BUILDERS)
+  return (got, file_metric(pairs_file)) if pairs_file is not None else got
 
 
 def subset_metric(spec, rows):

@@ -1,6 +1,7 @@
 """Head masks: turning gates into pruned params, exporting pruned checkpoints.
 
-A mask is {stack: [(H_l,) 0/1 arrays]}. `mask_params` zeroes the W_O rows of masked
+A head mask (`head_mask`, not an attention mask) is {stack: [(H_l,) 0/1 arrays]}, 1 for a
+kept head. `mask_params` zeroes the W_O rows of masked
 heads, which is exactly a gate of 0 (the gate multiplies the head's output before W_O),
 so a masked checkpoint runs everywhere a normal one does. `export_pruned` then removes
 those heads from W_Q, W_K, W_V, W_O for real: layers may end with different head counts,
@@ -18,25 +19,25 @@ from mha_jax import storage
 from mha_jax.models import common
 
 
-def ones_mask(params, stacks=None) -> dict:
+def ones_head_mask(params, stacks=None) -> dict:
   return {s: [np.ones(n, np.float32) for n in c] for s, c in common.head_counts(params).items()
           if stacks is None or s in stacks}
 
 
-def full_gates(params, partial: dict) -> dict:
+def full_head_gates(params, partial: dict) -> dict:
   """Gates for every stack: `partial` where given, ones elsewhere."""
-  gates = common.ones_gates(params)
+  gates = common.ones_head_gates(params)
   for s, layers in partial.items():
     gates[s] = [jnp.asarray(g) for g in layers]
   return gates
 
 
-def count(mask: dict) -> int:
-  return int(sum(float(np.sum(m)) for layers in mask.values() for m in layers))
+def count(head_mask: dict) -> int:
+  return int(sum(float(np.sum(m)) for layers in head_mask.values() for m in layers))
 
 
-def kept_names(mask: dict) -> list[str]:
-  return [f"{s}.{i}.{h}" for s, layers in mask.items() for i, m in enumerate(layers)
+def kept_names(head_mask: dict) -> list[str]:
+  return [f"{s}.{i}.{h}" for s, layers in head_mask.items() for i, m in enumerate(layers)
           for h in np.flatnonzero(np.asarray(m) > 0)]
 
 
@@ -53,9 +54,9 @@ def _with_block(params, stack, layer, blk):
   return new
 
 
-def mask_params(params, mask: dict):
+def mask_params(params, head_mask: dict):
   """Params whose masked heads write nothing (W_O rows zeroed)."""
-  for stack, layers in mask.items():
+  for stack, layers in head_mask.items():
     for i, m in enumerate(layers):
       blk = dict(_block(params, stack, i))
       blk["wo"] = blk["wo"] * jnp.asarray(m, blk["wo"].dtype)[:, None, None]
@@ -64,7 +65,7 @@ def mask_params(params, mask: dict):
 
 
 def gqa_layout(m, num_heads: int, num_kv_heads: int):
-  """How a layer's mask becomes grouped-query shapes: (query heads kept, kv heads kept,
+  """How a layer's head mask becomes grouped-query shapes: (query heads kept, kv heads kept,
   real (1) or padding (0) per kept query head). A kv head goes once all its query heads
   are gone. Groups must stay equal in size (query head i reads kv head i // (H' / G')),
   so a group with fewer survivors than the largest keeps some of its removed query heads
@@ -86,7 +87,7 @@ def gqa_layout(m, num_heads: int, num_kv_heads: int):
 _PER_QUERY_HEAD = ("bg", "sink_logit", "alibi", "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 
 
-def export_pruned(params, mask: dict):
+def export_pruned(params, head_mask: dict):
   """Params with the masked heads physically removed. With grouped-query attention a
   key/value head is removed once all its query heads are (see gqa_layout).
 
@@ -96,7 +97,7 @@ def export_pruned(params, mask: dict):
   computed for the norm's statistics only (attention.qk_rms_norm), never attended with.
   The export stays exact; it saves the removed heads' attention and W_O rows, not their
   Q (K) columns."""
-  for stack, layers in mask.items():
+  for stack, layers in head_mask.items():
     for i, m in enumerate(layers):
       blk = _block(params, stack, i)
       h, g = int(blk["wq"].shape[1]), int(blk["wk"].shape[1])
@@ -140,10 +141,11 @@ def export_pruned(params, mask: dict):
   return params
 
 
-def exported_mask(params, mask: dict) -> dict:
-  """The mask of export_pruned(params, mask): 1 for kept heads, 0 for GQA padding."""
+def exported_head_mask(params, head_mask: dict) -> dict:
+  """The head mask of export_pruned(params, head_mask): 1 for kept heads, 0 for GQA
+  padding."""
   out = {}
-  for stack, layers in mask.items():
+  for stack, layers in head_mask.items():
     out[stack] = []
     for i, m in enumerate(layers):
       blk = _block(params, stack, i)
@@ -153,8 +155,8 @@ def exported_mask(params, mask: dict) -> dict:
   return out
 
 
-def read_mask(workdir: str) -> dict | None:
-  """The mask a pruning run recorded in DIR/pruning.json, if any."""
+def read_head_mask(workdir: str) -> dict | None:
+  """The head mask a pruning run recorded in DIR/pruning.json, if any."""
   path = storage.join(workdir, "pruning.json")
   if not storage.exists(path):
     return None
@@ -162,8 +164,9 @@ def read_mask(workdir: str) -> dict | None:
   return {s: [np.asarray(m, np.float32) for m in layers] for s, layers in info["mask"].items()}
 
 
-def mask_to_json(mask: dict) -> dict:
-  return {s: [np.asarray(m).astype(int).tolist() for m in layers] for s, layers in mask.items()}
+def head_mask_to_json(head_mask: dict) -> dict:
+  return {s: [np.asarray(m).astype(int).tolist() for m in layers]
+          for s, layers in head_mask.items()}
 
 
 def jsonable(tree):
