@@ -1,7 +1,7 @@
 """mha-jax: train, study and benchmark multi-head attention (one verb per job).
 
 Every verb's flags are generated from dataclasses of settings (`mha_jax.settings`): a
-study's options (`analysis.report.AnalyzeOptions`, `pruning.prune.PruneOptions`, ...) and
+study's options (`analysis.analyze.AnalyzeOptions`, `pruning.prune.PruneOptions`, ...) and
 the verb's inputs (`--workdir`, `--step`, `--out`). A setting's flag is its name with `-`
 for `_` (`bleu_limit` is `--bleu-limit`); its type, default, choices (per item for a
 comma-separated list), range and help come from its field, and `settings.check` checks
@@ -34,14 +34,14 @@ import ml_collections
 from mha_jax import config as mc
 from mha_jax import machine, settings, storage
 from mha_jax import plan as plan_lib
-from mha_jax.analysis import ablate as ablate_lib, report as analysis_report
+from mha_jax.analysis import ablate as ablate_lib, analyze as analysis_report
 from mha_jax.analysis import role_steps as role_steps_lib
 from mha_jax import compare_runs as compare_runs_lib
-from mha_jax.circuits import circuit as circuit_lib, circuits_report
+from mha_jax.circuits import circuit as circuit_lib, induction_circuits as circuits_report
 from mha_jax.errors import UserError
-from mha_jax.patching import explorer as patch_explorer, patch as patch_lib
+from mha_jax.patching import patch as patch_lib, patch_explorer
 from mha_jax.pretrained import registry
-from mha_jax.pruning import curve as curve_lib, prune as prune_lib
+from mha_jax.pruning import prune as prune_lib, prune_curve as curve_lib
 from mha_jax.settings import setting
 from mha_jax.tasks.base import SPLITS
 

@@ -9,7 +9,7 @@ A DIR is a sweep workdir (one workdir per point, VARIANT_hH), a multi-seed workd
 that owns it: the loss (and BLEU) from the task's `evaluate`, the first-token share and
 entropy from `toolkit.head_roles.sink_and_entropy`, the head roles from
 `toolkit.head_roles.head_roles`, induction heads and K-composition from
-`circuits.circuits_report.circuit_scores`, the phase change from `circuits.circuits_report.over_checkpoints`
+`circuits.induction_circuits.circuit_scores`, the phase change from `circuits.induction_circuits.over_checkpoints`
 and the pruning from the L0 gates of `pruning.methods.train_gates` ranked by
 `pruning.methods.top_k_mask`. The taxonomy's causal head checks are not on this branch:
 `CompareSettings` has no field for them yet, and the table leaves them out. A
@@ -168,7 +168,7 @@ def run_row(name: str, seed, wd: str, settings: CompareSettings,
 
 def _circuits(loaded, settings: CompareSettings, log, name) -> dict:
   from mha_jax.circuits import behaviour
-  from mha_jax.circuits import circuits_report as circuits
+  from mha_jax.circuits import induction_circuits as circuits
   log(f"  [{name}] circuit scores ...")
   tokens, lengths = behaviour.eval_tokens(loaded)
   res = circuits.circuit_scores(loaded, tokens, samples=settings.composition_samples,

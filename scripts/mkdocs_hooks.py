@@ -51,9 +51,9 @@ def write_index(docs):
 
 
 def write_patching_pages(docs):
-  """docs/results/patching/*/explorer.html from their JSON (patching.explorer.write)."""
-  from mha_jax.patching import explorer
-  return [explorer.write(str(d)) for d in sorted((docs / "results" / "patching").glob("*/"))
+  """docs/results/patching/*/explorer.html from their JSON (patching.patch_patch_explorer.write)."""
+  from mha_jax.patching import patch_explorer
+  return [patch_explorer.write(str(d)) for d in sorted((docs / "results" / "patching").glob("*/"))
           if (d / "patching.json").exists() or (d / "dla.json").exists()]
 
 

@@ -2,7 +2,7 @@
 
 `taxonomy(run, rows, settings)` scores every head for each role (analysis.detectors;
 previous-token, induction and duplicate-token from the existing `rows` of
-report.real_lm_roles), assigns each head its first qualifying role in ROLES' order, and
+head_roles.real_lm_roles), assigns each head its first qualifying role in ROLES' order, and
 checks every role causally: the role's top-k heads are mean-ablated together (their z
 replaced by their mean over text windows, through the interventions) against `draws`
 sets of k random heads drawn from the same layers (never a tested head, no head twice),
@@ -374,7 +374,7 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
     if role in want:
       if not by_head or role not in next(iter(by_head.values())):
         raise UserError(f"role {role}: needs the existing role rows (rows=, from "
-                        f"report.real_lm_roles)")
+                        f"head_roles.real_lm_roles)")
       out[role] = {h: round(float(r[role]), 6) for h, r in by_head.items()}
   if {"previous_token", "induction"} & set(want):
     if not hasattr(task, "repeated_tokens"):

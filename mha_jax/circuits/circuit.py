@@ -1,4 +1,5 @@
-"""`mha-jax circuit`: the circuit of one behaviour, found by edge scores and checked.
+"""`mha-jax circuit`: the circuit of one behaviour, found by edge scores and checked (not
+`mha-jax circuits`, induction_circuits.py: a decoder's induction circuits).
 
   DIR/circuit.json   "graph" (node and edge counts), "edges" (ranked {"from", "to",
                      "score"}: the change of the pair-mean metric when the edge is

@@ -18,7 +18,7 @@
   DIR/*.png             layer x head heatmaps
   DIR/explorer.html     (--outputs explorer; later: `mha-jax patch-explorer`) the
                         explorer's patching view of these files, with the attention
-                        view of the first pairs (patching/explorer.py)
+                        view of the first pairs (patching/patch_explorer.py)
 
 Only what is asked runs: DLA, the logit lens and the explorer page's attention view
 each compile programs of their own (seconds each on SmolLM2), so they are outputs to
@@ -36,7 +36,7 @@ import numpy as np
 from mha_jax import loader, settings, storage
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching, memory, pairs as pairs_lib
-from mha_jax.patching import explorer
+from mha_jax.patching import patch_explorer
 from mha_jax.toolkit import plots
 from mha_jax.settings import setting
 
@@ -183,7 +183,7 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
   storage.write_json(storage.join(out, "patching.json"), doc)
   storage.write_json(storage.join(out, "summary.json"), summary)
   if "explorer" in opts.outputs:
-    explorer.write(out, explorer.attention_data(s, loaded.task))
+    patch_explorer.write(out, patch_explorer.attention_data(s, loaded.task))
   return summary
 
 

@@ -220,10 +220,10 @@ def test_needle_inputs_place_the_needle_and_the_answer():
 def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
   import json
   import mha_jax
-  from mha_jax.analysis import report
+  from mha_jax.analysis import analyze
   loaded = mha_jax.load(ind_run)
   out = str(tmp_path / "analysis")
-  report.analyze(loaded, out, report.AnalyzeOptions(
+  analyze.analyze(loaded, out, analyze.AnalyzeOptions(
       ablations=False, roles="attention_sink,copy_suppression"), log=lambda m: None)
   doc = json.load(open(f"{out}/roles.json"))
   heads = [r["head"] for r in json.load(open(f"{out}/heads.json"))]
@@ -238,7 +238,7 @@ def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
   assert rows == doc["assigned"]                       # the explorer's colours
   assert (tmp_path / "analysis" / "taxonomy.png").exists()
   with pytest.raises(UserError, match="roles must be a non-empty subset"):
-    report.analyze(loaded, out, report.AnalyzeOptions(ablations=False, roles="sinks"),
+    analyze.analyze(loaded, out, analyze.AnalyzeOptions(ablations=False, roles="sinks"),
                    log=lambda m: None)
 
 

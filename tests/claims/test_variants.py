@@ -38,7 +38,7 @@ def sweep(tiny_attn_lm, tmp_path_factory):
 
 def test_compare_runs_tables_the_studies_values(sweep, tmp_path):
   from mha_jax.circuits import behaviour
-  from mha_jax.circuits import circuits_report as circuits
+  from mha_jax.circuits import induction_circuits as circuits
   from mha_jax.loader import load
   from mha_jax.pruning import methods
   from mha_jax import tasks

@@ -175,9 +175,9 @@ def test_prune_cli_and_bad_input(loaded, tmp_path, capsys):
 
 
 def test_pruning_curve_joins_roles_and_writes_outputs(loaded, tmp_path):
-  from mha_jax.pruning import curve
+  from mha_jax.pruning import prune_curve
   out = str(tmp_path / "curve")
-  rows = curve.prune_curve(loaded, out, curve.CurveOptions(counts=(8, 4, 0), steps=3,
+  rows = prune_curve.prune_curve(loaded, out, prune_curve.CurveOptions(counts=(8, 4, 0), steps=3,
                                                       random_draws=3, save_workdirs=(4,)),
                            log=lambda s: None)
   assert {(r["method"], r["kept"]) for r in rows} == {
@@ -210,10 +210,10 @@ def test_pruning_curve_joins_roles_and_writes_outputs(loaded, tmp_path):
   assert sum(ex["head_counts"]["encoder"]) == 4 and ex["max_abs_diff_vs_masked"] < 1e-4
   assert ex["forward_speed"]["interleaved"] and ex["forward_speed"]["exported_tokens_per_s"] > 0
   with pytest.raises(ValueError, match="save_workdirs: .*l0_k4.* not empty"):
-    curve.prune_curve(loaded, out, curve.CurveOptions(counts=(8, 4), save_workdirs=(4,)),
+    prune_curve.prune_curve(loaded, out, prune_curve.CurveOptions(counts=(8, 4), save_workdirs=(4,)),
                       log=lambda s: None)
   with pytest.raises(ValueError, match=r"counts: 9 is outside 0..8"):
-    curve.prune_curve(loaded, out, curve.CurveOptions(counts=(9,)), log=lambda s: None)
+    prune_curve.prune_curve(loaded, out, prune_curve.CurveOptions(counts=(9,)), log=lambda s: None)
 
 
 def test_lambda_sweep_records_heads_kept_and_bleu(loaded, tmp_path):

@@ -32,12 +32,12 @@ def test_michel_and_random_masks_leave_the_callers_mask_alone(ind_run):
 
 
 def test_prune_curve_trains_the_gates_once(ind_run, tmp_path, monkeypatch):
-  from mha_jax.pruning import curve, methods
+  from mha_jax.pruning import methods, prune_curve
   calls = []
   real = methods.train_gates
   monkeypatch.setattr(methods, "train_gates", lambda *a, **k: calls.append(1) or real(*a, **k))
-  rows = curve.prune_curve(mha_jax.load(ind_run, **QUIET), str(tmp_path / "c"),
-                           curve.CurveOptions(counts=(8, 4, 1), stacks=("lm",), steps=2),
+  rows = prune_curve.prune_curve(mha_jax.load(ind_run, **QUIET), str(tmp_path / "c"),
+                           prune_curve.CurveOptions(counts=(8, 4, 1), stacks=("lm",), steps=2),
                            log=lambda s: None)
   assert len(calls) == 1
   l0 = {r["kept"]: set(r["kept_heads"]) for r in rows if r["method"] == "l0"}

@@ -147,22 +147,22 @@ def _decoder_run(setting: str, wd: str):
 
 
 def circuit_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
-  """The circuit scores of one run (circuits.circuits_report.circuit_scores), computed once per
+  """The circuit scores of one run (circuits.induction_circuits.circuit_scores), computed once per
   run: a trained two-layer model through `circuits` (its figures and term importance in
   OUT/circuits/<setting>[/seed_<s>]), an imported LM on 8 sequences of repeated tokens,
   its composition in float32."""
   key = ("circuits", wd)
   if key not in ctx.cache:
-    from mha_jax.circuits import circuits_report
+    from mha_jax.circuits import induction_circuits
     run, tokens = _decoder_run(setting, wd)
     ctx.log(f"  circuit scores of {wd} ...")
     if run.task.trainable:
-      res = circuits_report.circuits(run, storage.join(ctx.out, "circuits", label(setting, seed)),
-                                     circuits_report.CircuitsOptions(track=False),
+      res = induction_circuits.circuits(run, storage.join(ctx.out, "circuits", label(setting, seed)),
+                                     induction_circuits.CircuitsOptions(track=False),
                                      log=lambda s: None)
     else:
       res = {"workdir": wd, "step": run.step,
-             **circuits_report.circuit_scores(run, tokens, samples=50, dtype=np.float32,
+             **induction_circuits.circuit_scores(run, tokens, samples=50, dtype=np.float32,
                                      log=lambda s: None)}
     layers = [v for k, v in run.params["lm"].items() if k.startswith("layer_")]
     approx = any(("ln1" in l or "mlp" in l) for l in layers)

@@ -1,7 +1,7 @@
 """`mha-jax circuits --workdir DIR`: behavioural and weight-based circuit scores of a
 decoder-only model, the phase change over its checkpoints, path expansion and term
 importance. Writes DIR/circuits/circuits.json and composition.png, positivity.png,
-icl.png."""
+icl.png. (`mha-jax circuit`, circuit.py, is the edge circuit of one behaviour.)"""
 
 from __future__ import annotations
 
