@@ -92,8 +92,6 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
   out_dir = out or storage.join(loaded.workdir, "analysis")
   storage.makedirs(out_dir)
   is_tr = loaded.task.reports_bleu
-  if loaded.task.compares_to_dense:   # the loss: a distance to the dense model's outputs
-    loader.set_dense_reference(loaded)
   if not loaded.task.trainable:       # imported models: 270 / 72 heads
     importance_limit = min(importance_limit, loaded.config.eval.batch_size * 2)
     if loaded.task.decoder_only and loo:

@@ -15,7 +15,6 @@ import numpy as np
 
 from mha_jax import loader, settings, storage
 from mha_jax.errors import UserError
-from mha_jax.loader import set_dense_reference
 from mha_jax.models import common as common_lib
 from mha_jax.pruning import hard_concrete
 from mha_jax.toolkit import head_masks
@@ -143,7 +142,6 @@ def prune(loaded, out: str, opts: PruneOptions, *, log: Callable[[str], None] = 
   if storage.exists(out) and storage.listdir(out):
     raise UserError(f"out {out!r} exists and is not empty; refusing to overwrite it",
                     setting="out")
-  set_dense_reference(loaded)
   start_mask = head_masks.read_head_mask(workdir)
   if start_mask:
     start_mask = {s: m for s, m in start_mask.items() if s in stacks}

@@ -12,7 +12,6 @@ import numpy as np
 from mha_jax import settings, storage
 from mha_jax.errors import UserError
 from mha_jax.toolkit import head_roles
-from mha_jax.loader import set_dense_reference
 from mha_jax.models import common
 from mha_jax.pruning import hard_concrete
 from mha_jax.toolkit import head_masks
@@ -65,7 +64,6 @@ def prune_curve(loaded, out: str, opts: CurveOptions = CurveOptions(), *,
   check_out(workdir, out_dir)
   prune_lib.check_stacks(loaded.params, stacks)
   storage.makedirs(out_dir)
-  set_dense_reference(loaded)       # embeddings: compare with the dense model
   total = head_masks.count(head_masks.ones_head_mask(loaded.params, stacks))
   for k in counts:
     if not 0 <= k <= total:

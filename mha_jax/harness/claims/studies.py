@@ -383,14 +383,13 @@ def claim_michel(ctx: Context, setting: str, seed, wd: str,
   valid split with all heads on) one at a time, until the mean cosine similarity of the
   test paragraphs' embeddings to the full model's drops below the lowest level."""
   from mha_jax.toolkit import importance
-  from mha_jax.loader import load, set_dense_reference
+  from mha_jax.loader import load
   from mha_jax.tasks import gates_hook
   from mha_jax.toolkit import head_masks
   run = load(wd)
   if not getattr(run.task, "compares_to_dense", False):
     raise UserError(f"{wd!r} holds task {run.task.name!r}; Michel's MiniLM claim needs a "
                     f"sentence-embedding model")
-  set_dense_reference(run)
   ctx.log("  Michel importance and cosine to the full model, head by head ...")
   imp = importance.michel_importance(run, "valid")["normalized"]
   order = sorted(imp, key=imp.get)
