@@ -35,7 +35,8 @@ from mha_jax import config as mc
 from mha_jax import machine, settings, storage
 from mha_jax import plan as plan_lib
 from mha_jax.analysis import ablate as ablate_lib, analyze as analysis_report
-from mha_jax.analysis import role_steps as role_steps_lib
+from mha_jax.roles import role_steps as role_steps_lib
+from mha_jax.roles import taxonomy as taxonomy_lib
 from mha_jax import compare_runs as compare_runs_lib
 from mha_jax.circuits import circuit as circuit_lib, induction_circuits as circuits_report
 from mha_jax.errors import UserError
@@ -306,7 +307,8 @@ def _analyze(args, opts: analysis_report.AnalyzeOptions) -> int:
     print(f"wrote {out}/ (heads.json, heads.csv, *.png, explorer.html)")
     return 0
   # Several seeds: each seed's report, then the role stability across seeds into out.
-  from mha_jax.toolkit import head_roles, stability
+  from mha_jax.toolkit import stability
+  from mha_jax.roles import head_roles
   heads = {}
   for s, wd in seeds:
     run, seed_out = _load(args, wd), _seed_out(args, s, wd, "analysis")
@@ -381,6 +383,14 @@ def _role_steps(args, opts: role_steps_lib.RoleStepsOptions) -> int:
   doc = role_steps_lib.role_steps(_load(args), out, opts)
   print(role_steps_lib.format_summary(doc))
   print(f"wrote {out}/ (role_steps.json, role_steps.png) in {doc['seconds']['this_run']:.0f} s")
+  return 0
+
+
+def _taxonomy(args, opts: taxonomy_lib.TaxonomyOptions) -> int:
+  out = writable_out(args.out or storage.join(args.workdir, "taxonomy"), args.workdir)
+  doc = taxonomy_lib.taxonomy(_load(args), out, opts)
+  print(taxonomy_lib.format_summary(doc))
+  print(f"wrote {out}/ (roles.json, taxonomy.png)")
   return 0
 
 
@@ -526,6 +536,10 @@ VERBS = {
                        _role_steps, role_steps_lib.RoleStepsOptions,
                        (WORKDIR, _out("WORKDIR/role_steps; a read-only workdir needs one "
                                       "elsewhere"))),
+    "taxonomy": Verb("every head of a decoder LM named by its role, each role checked "
+                     "causally", _taxonomy, taxonomy_lib.TaxonomyOptions,
+                     (WORKDIR, _out("WORKDIR/taxonomy; a read-only workdir needs one "
+                                    "elsewhere"))),
     "sweep": Verb("run the runs a sweep config lists", _sweep, SweepOptions,
                   (input_spec("config", "a sweep config", required=True), WORKDIR),
                   config="training"),

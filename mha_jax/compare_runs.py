@@ -7,8 +7,8 @@ the project's own studies, and figures against h with one line per variant.
 A DIR is a sweep workdir (one workdir per point, VARIANT_hH), a multi-seed workdir
 (seeds.json: one row per seed) or one run's workdir. Every number comes from the study
 that owns it: the loss (and BLEU) from the task's `evaluate`, the first-token share and
-entropy from `toolkit.head_roles.sink_and_entropy`, the head roles from
-`toolkit.head_roles.head_roles`, induction heads and K-composition from
+entropy from `roles.head_roles.sink_and_entropy`, the head roles from
+`roles.head_roles.head_roles`, induction heads and K-composition from
 `circuits.induction_circuits.circuit_scores`, the phase change from `circuits.induction_circuits.over_checkpoints`
 and the pruning from the L0 gates of `pruning.methods.train_gates` ranked by
 `pruning.methods.top_k_mask`. The taxonomy's causal head checks are not on this branch:
@@ -123,7 +123,7 @@ def run_row(name: str, seed, wd: str, settings: CompareSettings,
   """The studies' numbers of one run; load_fn(wd): mha_jax.load by default (a caller that
   keeps the loaded runs passes its own, so their compiled functions are reused)."""
   from mha_jax.loader import load
-  from mha_jax.toolkit import head_roles
+  from mha_jax.roles import head_roles
   loaded = (load_fn or load)(wd)
   m = loaded.config.model
   row = {"run": name, "seed": seed, "workdir": wd, "task": loaded.task.name,
@@ -167,7 +167,7 @@ def run_row(name: str, seed, wd: str, settings: CompareSettings,
 
 
 def _circuits(loaded, settings: CompareSettings, log, name) -> dict:
-  from mha_jax.circuits import behaviour
+  from mha_jax.roles import behaviour
   from mha_jax.circuits import induction_circuits as circuits
   log(f"  [{name}] circuit scores ...")
   tokens, lengths = behaviour.eval_tokens(loaded)

@@ -21,7 +21,7 @@ import os
 
 from mha_jax import storage, views
 from mha_jax.errors import UserError
-from mha_jax.toolkit.roles import ROLE_COLORS
+from mha_jax.roles.role_scores import ROLE_COLORS
 
 
 def _read(out: str, name: str):

@@ -8,7 +8,7 @@ seed 0, the same pairs left out). For every head: its edge mass (the sum of |sco
 its edges in circuit.json, as sender or through its query), its edge to the logits, its
 direct logit attribution on the clean prompts and its activation-patching recovery (head
 output, corrupt -> clean) on the same pairs (toolkit.activation_patching.Study), and its attention on
-repeated random tokens (circuits.behaviour.head_scores: previous token, prefix matching,
+repeated random tokens (roles.behaviour.head_scores: previous token, prefix matching,
 duplicate token). The top heads by edge mass get a role by role_rule, at the taxonomy's
 attention thresholds. Writes DIR/roles.json (with the machine and date) and prints a
 table. --relabel names the heads of an existing DIR/roles.json again from its scores.
@@ -25,9 +25,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def thresholds() -> dict:
-  """The taxonomy's attention thresholds (mha_jax.analysis.taxonomy.Settings)."""
-  from mha_jax.analysis import taxonomy
-  t = taxonomy.Settings().thresholds()
+  """The taxonomy's attention thresholds (mha_jax.roles.head_taxonomy.Settings)."""
+  from mha_jax.roles import head_taxonomy
+  t = head_taxonomy.Settings().thresholds()
   return {k: t[k] for k in ("previous_token", "induction", "duplicate_token")}
 
 
@@ -102,7 +102,8 @@ def main(argv=None):
     p.error("--workdir is required (unless --relabel)")
   from mha_jax.harness import bench
   from mha_jax import storage
-  from mha_jax.circuits import behaviour, circuit
+  from mha_jax.circuits import circuit
+  from mha_jax.roles import behaviour
   from mha_jax.loader import load
   from mha_jax.machine import machine
   doc = storage.read_json(os.path.join(a.out, "circuit.json"))

@@ -685,7 +685,7 @@ def _role_steps_section(docs, key="text",
 def taxonomy_page(docs):
   parts = ["# Head taxonomy of the real models, and of the natural-text model over "
            "its checkpoints", "",
-           "Every head named by `analysis.taxonomy` (guide: "
+           "Every head named by `roles.head_taxonomy` (guide: "
            "[head taxonomy](../guide/taxonomy.md)), written by "
            "`python scripts/taxonomy_study.py WORKDIR docs/results/taxonomy/NAME "
            "docs/results/circuits/NAME_ioi/circuit.json`.", ""]

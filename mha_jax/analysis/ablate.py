@@ -10,7 +10,8 @@ from mha_jax import settings, storage
 from mha_jax.errors import UserError
 from mha_jax.settings import setting
 from mha_jax.tasks.base import SPLITS
-from mha_jax.toolkit import head_roles, importance, plots
+from mha_jax.toolkit import importance, plots
+from mha_jax.roles import head_roles
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

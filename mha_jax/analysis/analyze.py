@@ -18,7 +18,7 @@ from mha_jax.errors import UserError
 from mha_jax.settings import setting
 from mha_jax.tasks.base import SPLITS
 from mha_jax.toolkit import importance
-from mha_jax.toolkit.head_roles import head_roles
+from mha_jax.roles.head_roles import head_roles
 from mha_jax.toolkit import plots
 
 
@@ -53,8 +53,8 @@ class AnalyzeOptions:
   role_limit: int = setting(0, lo=0, help="sentences for the roles (0 = all)")
   importance_limit: int = setting(512, lo=1, help="valid sentences for the importance")
   roles: str | None = setting(None, help="LMs: only these head roles, a,b "
-                              "(analysis.taxonomy.ROLES; default all but retrieval); "
-                              "writes roles.json and taxonomy.png")
+                              "(roles.head_taxonomy.ROLES; default all but retrieval); "
+                              "writes roles.json and head_taxonomy.png")
   retrieval_len: int = setting(384, lo=16, help="LMs, role retrieval: tokens of each "
                                "needle-in-a-haystack input (at most the model's window)")
 
@@ -78,7 +78,7 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
   `out` (default WORKDIR/analysis). `opts.conllu`: a CoNLL-U file of input sentences
   for the syntactic roles of an encoder without its own arcs (an imported BERT;
   translation runs take data.conllu). Imported LMs (and LMs given `opts.roles`, "a,b"):
-  analysis.taxonomy's roles, checked causally, into roles.json and taxonomy.png; the
+  roles.head_taxonomy's roles, checked causally, into roles.json and head_taxonomy.png; the
   rows take its roles."""
   settings.check(opts)
   split, conllu = opts.split, opts.conllu
@@ -101,10 +101,10 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
   log("roles ...")
   rows = head_roles(loaded, split, role_limit, conllu=conllu)
   if loaded.task.decoder_only and (loaded.task.role_family == "real_lm" or opts.roles):
-    from mha_jax.analysis import taxonomy
-    doc = taxonomy.taxonomy(loaded, rows, taxonomy.Settings(
-        roles=taxonomy.parse_roles(opts.roles), retrieval_len=opts.retrieval_len), log)
-    taxonomy.write(doc, out_dir, f"head roles, {loaded.workdir}")
+    from mha_jax.roles import head_taxonomy
+    doc = head_taxonomy.classify(loaded, rows, head_taxonomy.Settings(
+        roles=head_taxonomy.parse_roles(opts.roles), retrieval_len=opts.retrieval_len), log)
+    head_taxonomy.write(doc, out_dir, f"head roles, {loaded.workdir}")
     for r in rows:
       r["role"] = doc["assigned"].get(r["head"], r["role"])
   by_name = {r["head"]: r for r in rows}

@@ -14,7 +14,7 @@ import numpy as np
 
 from mha_jax import assets, storage
 from mha_jax.toolkit import capture as capture_lib
-from mha_jax.toolkit import roles as roles_lib
+from mha_jax.roles import role_scores as roles_lib
 from mha_jax.data import vocab as vocab_lib
 from mha_jax.models import common
 from mha_jax.models.common import STACKS

@@ -11,7 +11,8 @@ from typing import Callable
 import numpy as np
 
 from mha_jax import loader, settings, storage
-from mha_jax.circuits import behaviour, paths
+from mha_jax.circuits import paths
+from mha_jax.roles import behaviour
 from mha_jax.toolkit import composition as scores
 from mha_jax.loader import each_checkpoint
 from mha_jax.models import common

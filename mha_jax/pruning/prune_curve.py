@@ -11,7 +11,7 @@ import numpy as np
 
 from mha_jax import settings, storage
 from mha_jax.errors import UserError
-from mha_jax.toolkit import head_roles
+from mha_jax.roles import head_roles
 from mha_jax.models import common
 from mha_jax.pruning import hard_concrete
 from mha_jax.toolkit import head_masks

@@ -13,7 +13,7 @@ from mha_jax import cli, interventions, tasks
 from mha_jax.toolkit import ablations
 from mha_jax.toolkit import capture, importance
 from mha_jax.analysis import analyze, attention_explorer
-from mha_jax.toolkit import head_roles
+from mha_jax.roles import head_roles
 from mha_jax.models import common
 from builders import trained_translation
 

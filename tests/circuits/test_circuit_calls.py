@@ -12,7 +12,8 @@ pytestmark = pytest.mark.xdist_group("trained_runs")
 
 def test_circuits_over_checkpoints_builds_the_task_once(ind_run, monkeypatch):
   from mha_jax import tasks
-  from mha_jax.circuits import behaviour, induction_circuits
+  from mha_jax.circuits import induction_circuits
+  from mha_jax.roles import behaviour
   loaded = mha_jax.load(ind_run, **QUIET)
   tokens, lengths = behaviour.eval_tokens(loaded, batch=8)
   built = []

@@ -139,7 +139,7 @@ def test_natural_text_model_grows_a_previous_token_head_then_an_induction_head(t
   tokens, neither of which the model has at its first checkpoint (docs/guide/circuits.md:
   0.56 and 0.29 at step 700 of the committed seed 0)."""
   import dataclasses
-  from mha_jax.circuits import behaviour
+  from mha_jax.roles import behaviour
   from mha_jax.train import checkpoint as ckpt_lib
   wd = str(tmp_path / "text")
   cfg = tiny("configs/attn_only_text.py:steps=700", ["--config.train.progress=false",
@@ -218,11 +218,11 @@ def test_circuit_roles_names_heads_at_the_taxonomys_thresholds(tmp_path, capsys)
   import pathlib
   import shutil
   import sys
-  from mha_jax.analysis import taxonomy
+  from mha_jax.roles import head_taxonomy
   root = pathlib.Path(__file__).resolve().parents[2]
   sys.path.insert(0, str(root / "scripts"))
   import circuit_roles
-  t = taxonomy.Settings().thresholds()
+  t = head_taxonomy.Settings().thresholds()
   head = {"previous_token": 0.0, "prefix_matching": t["induction"], "duplicate_token": 0.0,
           "logit_edge": 0.5, "dla": -0.2}
   th = circuit_roles.thresholds()

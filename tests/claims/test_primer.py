@@ -118,7 +118,7 @@ def text_lm(tiny_attn_lm):
 
 def test_the_text_circuit_against_numpy(text_lm):
   from mha_jax.loader import load
-  from mha_jax.circuits import behaviour
+  from mha_jax.roles import behaviour
   t = primer.text_circuit(text_lm, samples=20)
   loaded = load(text_lm)
   # The previous-token head: layer 0's largest mean weight on t-1, from the patterns.

@@ -37,12 +37,13 @@ def sweep(tiny_attn_lm, tmp_path_factory):
 
 
 def test_compare_runs_tables_the_studies_values(sweep, tmp_path):
-  from mha_jax.circuits import behaviour
+  from mha_jax.roles import behaviour
   from mha_jax.circuits import induction_circuits as circuits
   from mha_jax.loader import load
   from mha_jax.pruning import methods
   from mha_jax import tasks
-  from mha_jax.toolkit import head_roles, head_masks
+  from mha_jax.toolkit import head_masks
+  from mha_jax.roles import head_roles
   d, heads = sweep
   out = str(tmp_path / "cmp")
   load = functools.cache(load)             # the direct calls reuse the runs' compilations

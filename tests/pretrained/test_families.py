@@ -434,7 +434,7 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
 # The default run's export on a grouped family: SmolLM2's own export test is slow.
 @pytest.mark.parametrize("case,h,g", [("llama", 4, 2), ("gemma3", 4, 1)])
 def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
-  from mha_jax.toolkit import head_roles
+  from mha_jax.roles import head_roles
   from mha_jax.models import common
   from mha_jax.toolkit import head_masks
   _, loaded, _ = imported(case)

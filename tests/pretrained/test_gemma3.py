@@ -178,7 +178,7 @@ def test_gemma3_tokenizer_matches_transformers(gemma, hf_tokenizer):
 def test_gemma3_studies_roles_and_mqa_export(gemma):
   """Roles score all 72 heads; export-pruned on MQA: one key/value head serves the four
   query heads, and it goes only with all four."""
-  from mha_jax.toolkit import head_roles
+  from mha_jax.roles import head_roles
   from mha_jax.models import common
   from mha_jax.toolkit import head_masks
   _, model, params = gemma

@@ -13,7 +13,7 @@ import mha_jax
 from mha_jax import config as mc
 from mha_jax import tasks
 from mha_jax.analysis import attention_explorer
-from mha_jax.toolkit import head_roles
+from mha_jax.roles import head_roles
 from mha_jax.toolkit import importance
 from mha_jax.toolkit import composition as scores
 from mha_jax.models import common
@@ -234,8 +234,8 @@ def _planted(word_ids, arcs):
 
 def test_conllu_words_align_to_wordpieces_and_a_head_along_the_arcs_scores_1(
     minilm, tmp_path):
-  from mha_jax.toolkit import roles
-  from mha_jax.toolkit import syntax
+  from mha_jax.roles import role_scores
+  from mha_jax.roles import syntax
   from mha_jax.data import parallel
   path = tmp_path / "s.conllu"
   path.write_text(CONLLU)
@@ -274,8 +274,8 @@ def test_conllu_words_align_to_wordpieces_and_a_head_along_the_arcs_scores_1(
   assert arc["syntactic_margin"] >= 0.5 > max(prev["syntactic_margin"],
                                              cls["syntactic_margin"])
   row = {**arc, "positional_share": 0.0, "rare_share": 0.0}
-  assert roles.assign_role(row) == "syntactic"
-  assert roles.assign_role({**prev, "positional_share": 0.0, "rare_share": 0.0}) == "other"
+  assert role_scores.assign_role(row) == "syntactic"
+  assert role_scores.assign_role({**prev, "positional_share": 0.0, "rare_share": 0.0}) == "other"
 
 
 def test_bert_syntactic_roles_from_a_conllu_file(minilm, tmp_path, capsys):

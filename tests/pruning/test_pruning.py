@@ -12,7 +12,7 @@ import pytest
 import mha_jax
 from mha_jax import cli
 from mha_jax.toolkit import importance
-from mha_jax.toolkit import head_roles
+from mha_jax.roles import head_roles
 from mha_jax.models import common
 from mha_jax.pruning import hard_concrete
 from mha_jax.toolkit import head_masks

@@ -174,7 +174,7 @@ def find_pruned(ctx: measure.Context, workdir: str, pruned: str | None = None) -
 
 
 def _roles(workdir: str) -> dict:
-  from mha_jax.toolkit import head_roles
+  from mha_jax.roles import head_roles
   path = storage.join(workdir, "analysis", "heads.json")
   if storage.exists(path):
     return head_roles.role_of(storage.read_json(path))
@@ -235,7 +235,7 @@ def pruning_grid(workdir: str, pruned: str, *, stack: str = "encoder", method: s
   order = sorted(rank, key=lambda n: (rank[n], n))
   counts = lambda hs: {r: sum(roles.get(n) == r for n in hs)  # noqa: E731
                        for r in sorted({roles.get(n, "other") for n in names})}
-  from mha_jax.toolkit import roles as roles_lib
+  from mha_jax.roles import role_scores as roles_lib
   return {"workdir": workdir, "pruned": pruned, "method": how, "stack": stack,
           "layers": layers, "heads": heads, "roles": {n: roles[n] for n in names},
           "kept": kept, "removed_rank": {n: rank[n] for n in order},
@@ -252,11 +252,11 @@ def pruning_grid(workdir: str, pruned: str, *, stack: str = "encoder", method: s
 def text_circuit(workdir: str, *, half_len: int = 8, batch: int = 16, samples: int = 50,
                  seed: int = 7_000_003) -> dict:
   """The natural-text model's previous-token head -> induction head: their scores on
-  held-out repeated random tokens (circuits.behaviour), their attention patterns on one
+  held-out repeated random tokens (roles.behaviour), their attention patterns on one
   short [BOS] r r sequence, and the K-composition row of the induction head (every
   earlier head, the random baseline subtracted)."""
   from mha_jax.toolkit import capture
-  from mha_jax.circuits import behaviour
+  from mha_jax.roles import behaviour
   from mha_jax.toolkit import composition as scores
   from mha_jax.data import repeated_tokens
   from mha_jax.loader import load

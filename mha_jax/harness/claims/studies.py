@@ -91,7 +91,7 @@ def claim_pruning(ctx: Context, setting: str, seed, wd: str, keep: int = 10,
   if run.task.role_family != "translation":
     raise UserError(f"{wd!r} is not a translation run (the pruning claim's {setting} "
                     f"setting)")
-  from mha_jax.toolkit import head_roles
+  from mha_jax.roles import head_roles
   roles = head_roles.role_of(head_roles.saved_or_head_roles(run, "test", log=lambda m: None))
   out = storage.join(ctx.work, "pruned", f"{label(setting, seed)}_keep{keep}")
   info = None
@@ -135,7 +135,7 @@ def claim_pruning(ctx: Context, setting: str, seed, wd: str, keep: int = 10,
 def _decoder_run(setting: str, wd: str):
   """(the loaded decoder-only run, its repeated-token eval tokens: the trained run's own
   batch, 8 sequences of an imported LM's); another task is refused by name."""
-  from mha_jax.circuits import behaviour
+  from mha_jax.roles import behaviour
   from mha_jax.loader import load
   run = load(wd)
   if not run.task.decoder_only:
@@ -183,7 +183,7 @@ def head_facts(ctx: Context, setting: str, seed, wd: str) -> dict:
     return ctx.cache[("circuits", wd)]
   key = ("heads", wd)
   if key not in ctx.cache:
-    from mha_jax.circuits import behaviour
+    from mha_jax.roles import behaviour
     run, tokens = _decoder_run(setting, wd)
     ctx.cache[key] = {"res": {"workdir": wd, "heads": behaviour.head_scores(run, tokens)},
                       "run": run}

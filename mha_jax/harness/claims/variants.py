@@ -2,7 +2,7 @@
 sweep workdir (configs/sweep_variants.py) whose points VARIANT_hH are multi-seed runs
 (`--config.train.seeds=3`), given as `--variants-workdir`. Each claim compares a variant
 with softmax at the same h and seed; every number comes from
-`toolkit.head_roles.sink_and_entropy` (first-token share, weight on no key) or, for the
+`roles.head_roles.sink_and_entropy` (first-token share, weight on no key) or, for the
 differential map, from the one interventions mechanism reading `attn.pattern` and
 `attn.pattern2` and `attention.diff_lambda`."""
 
@@ -57,7 +57,7 @@ def attention_facts(ctx, wd: str) -> dict:
   if key in ctx.cache:
     return ctx.cache[key]
   from mha_jax.loader import load
-  from mha_jax.toolkit import head_roles
+  from mha_jax.roles import head_roles
   loaded = load(wd)
   text = head_roles.sink_and_entropy(loaded, "test", windows=VARIANT_WINDOWS)
   mean = lambda k: float(np.mean(np.concatenate([t[k] for t in text.values()])))
@@ -78,7 +78,7 @@ def differential_first_token_share(loaded, windows: int = VARIANT_WINDOWS) -> fl
   attn.pattern2 read through interventions.run_with_hook, lambda_h from attention.diff_lambda."""
   import jax
   from mha_jax import attention, interventions
-  from mha_jax.toolkit import roles
+  from mha_jax.roles import role_scores
   task = loaded.task
   layers = [k for k in loaded.params["lm"] if k.startswith("layer_")]
   names = [f"lm.{i}.attn.{s}" for i in range(len(layers)) for s in ("pattern", "pattern2")]
@@ -92,7 +92,7 @@ def differential_first_token_share(loaded, windows: int = VARIANT_WINDOWS) -> fl
     for i, lam_H in enumerate(lam):
       eff = got[f"lm.{i}.attn.pattern"] - lam_H[None, :, None, None] * \
           got[f"lm.{i}.attn.pattern2"]                              # (B, H, T, S)
-      shares.append((roles.first_token_share(eff[keep]), len(keep)))
+      shares.append((role_scores.first_token_share(eff[keep]), len(keep)))
     seen += len(keep)
     if seen >= windows:
       break

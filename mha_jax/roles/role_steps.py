@@ -3,15 +3,15 @@ checkpoints of a decoder LM trained here (the natural-text model's phase change,
 role).
 
 At every saved checkpoint (`loader.each_checkpoint`, the one walker) each head is scored
-for each role by the head taxonomy (`analysis.taxonomy.scores`): previous-token,
+for each role by the head taxonomy (`roles.head_taxonomy.scores`): previous-token,
 induction and duplicate-token on repeated random tokens of the run's own vocabulary
-(`toolkit.head_roles.real_lm_roles`), the attention sink, successor and copy suppression
-(`analysis.detectors`). A role **appears** at the first checkpoint from which its best
+(`roles.head_roles.real_lm_roles`), the attention sink, successor and copy suppression
+(`roles.detectors`). A role **appears** at the first checkpoint from which its best
 head's score is >= the taxonomy's threshold at every later checkpoint
 (`toolkit.stability.appears_at`: a transient is no appearance). At the `check_steps`
 (default: the last checkpoint and those before, at and after the induction role's
 appearance) every role is checked causally as the taxonomy checks it
-(`taxonomy.causal`: its top-k heads mean-ablated against random heads of the same
+(`head_taxonomy.causal`: its top-k heads mean-ablated against random heads of the same
 layers).
 
 The IOI roles (name movers, negative name movers, S-inhibition) are asked only of a
@@ -33,13 +33,14 @@ import time
 from typing import Callable
 
 from mha_jax import settings as settings_lib, storage
-from mha_jax.analysis import taxonomy
+from mha_jax.roles import head_taxonomy
 from mha_jax.errors import UserError
 from mha_jax.machine import machine
 from mha_jax import loader
 from mha_jax.loader import each_checkpoint
 from mha_jax.settings import setting
-from mha_jax.toolkit import head_roles, pairs as pairs_lib, stability
+from mha_jax.toolkit import pairs as pairs_lib, stability
+from mha_jax.roles import head_roles
 
 # The roles a model of any text can have (the IOI roles need names; retrieval a long window).
 STEP_ROLES = ("previous_token", "induction", "duplicate_token", "attention_sink",
@@ -49,9 +50,9 @@ STEP_ROLES = ("previous_token", "induction", "duplicate_token", "attention_sink"
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RoleStepsOptions:
   """The settings of `role-steps`."""
-  roles: tuple[str, ...] = setting(STEP_ROLES, choices=taxonomy.ROLES,
+  roles: tuple[str, ...] = setting(STEP_ROLES, choices=head_taxonomy.ROLES,
                                    help="the roles scored at every checkpoint "
-                                   "(analysis.taxonomy.ROLES)")
+                                   "(roles.head_taxonomy.ROLES)")
   steps: tuple[int, ...] = setting((), lo=0, help="the checkpoints to score (default: "
                                    "every saved one)")
   check_steps: tuple[int, ...] = setting((), lo=0, help="the scored steps of the causal "
@@ -62,22 +63,22 @@ class RoleStepsOptions:
   draws: int = setting(5, lo=1, help="random head sets per role in a causal check")
 
 
-def _taxonomy_settings(opts: RoleStepsOptions, loaded) -> taxonomy.Settings:
+def _taxonomy_settings(opts: RoleStepsOptions, loaded) -> head_taxonomy.Settings:
   """The taxonomy's settings; the default roles leave out successor on a model without a
   tokenizer (its numbered items are words), as they leave out the IOI roles."""
   roles = opts.roles
   if roles == STEP_ROLES and getattr(loaded.task, "tokenizer", None) is None:
     roles = tuple(r for r in roles if r != "successor")
-  return taxonomy.Settings(roles=roles, top_k=opts.top_k, draws=opts.draws)
+  return head_taxonomy.Settings(roles=roles, top_k=opts.top_k, draws=opts.draws)
 
 
-def step_scores(at, tax: taxonomy.Settings, log: Callable[[str], None] = print) -> dict:
-  """taxonomy.scores of one checkpoint (`at`, a Loaded), with the pattern roles' rows
+def step_scores(at, tax: head_taxonomy.Settings, log: Callable[[str], None] = print) -> dict:
+  """head_taxonomy.scores of one checkpoint (`at`, a Loaded), with the pattern roles' rows
   from real_lm_roles (repeated random tokens of the run's own vocabulary, 2 x 32 + BOS
   or as many as the window holds)."""
   rows = head_roles.real_lm_roles(at, half_len=head_roles.repeat_half_len(at)) if set(tax.roles) & {
       "previous_token", "induction", "duplicate_token"} else None
-  return taxonomy.scores(at, tax, rows, log)
+  return head_taxonomy.scores(at, tax, rows, log)
 
 
 def summary(step: int, sc: dict, top: int = 3) -> dict:
@@ -109,18 +110,18 @@ def default_check_steps(steps: list[int], appears: dict) -> list[int]:
   return sorted(out)
 
 
-def ioi_refusal(run, tax: taxonomy.Settings) -> str | None:
+def ioi_refusal(loaded, tax: head_taxonomy.Settings) -> str | None:
   """Why the run cannot have the IOI roles (the pairs' refusal), or None."""
-  if getattr(run.task, "tokenizer", None) is None:
+  if getattr(loaded.task, "tokenizer", None) is None:
     return "no tokenizer"
   try:
-    pairs_lib.ioi_pairs(run.task, tax.n_pairs, tax.seed)
+    pairs_lib.ioi_pairs(loaded.task, tax.n_pairs, tax.seed)
   except UserError as e:
     return str(e)
   return None
 
 
-def _scored_already(path: str, workdir: str, tax: taxonomy.Settings) -> dict:
+def _scored_already(path: str, workdir: str, tax: head_taxonomy.Settings) -> dict:
   """{step: row} of an earlier role_steps.json in OUT for the same workdir and roles."""
   if not storage.exists(path):
     return {}
@@ -146,7 +147,7 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
   storage.makedirs(out_dir)
   t0 = time.perf_counter()
   done = _scored_already(storage.join(out_dir, "role_steps.json"), loaded.workdir, tax)
-  by_step, scored = [], {}       # scored: this run's taxonomy.scores, for the causal checks
+  by_step, scored = [], {}       # scored: this run's head_taxonomy.scores, for the causal checks
   for at in each_checkpoint(loaded, opts.steps or None):
     if at.step in done:                # a saved checkpoint does not change: reuse its row
       by_step.append(done[at.step])
@@ -170,8 +171,8 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
          # the scores' seconds: each step's, summed (measured when it was scored)
          "seconds": {"scores": round(sum(r["seconds"] for r in by_step), 1)}}
   refused = ioi_refusal(loaded, tax)
-  if refused and not set(taxonomy.IOI_ROLES) & set(tax.roles):
-    doc["not_asked"] = {",".join(taxonomy.IOI_ROLES): refused}
+  if refused and not set(head_taxonomy.IOI_ROLES) & set(tax.roles):
+    doc["not_asked"] = {",".join(head_taxonomy.IOI_ROLES): refused}
   if set(opts.roles) - set(tax.roles):
     doc.setdefault("not_asked", {})["successor"] = "no tokenizer"
   if opts.causal:
@@ -185,7 +186,7 @@ def role_steps(loaded, out: str | None = None, opts: RoleStepsOptions = RoleStep
     for at in each_checkpoint(loaded, checks):
       log(f"causal checks at step {at.step} ...")
       sc = scored.get(at.step) or step_scores(at, tax, log)   # a reused row: scored again
-      doc["causal"].append({"step": at.step, "checks": taxonomy.causal(
+      doc["causal"].append({"step": at.step, "checks": head_taxonomy.causal(
           at, tax, sc["lm_roles"], sc["inputs"], log)})
     doc["seconds"]["causal"] = round(time.perf_counter() - t1, 1)
   doc["seconds"]["this_run"] = round(time.perf_counter() - t0, 1)   # reused rows excluded
@@ -201,7 +202,7 @@ def plot(doc: dict, path: str, title: str = "") -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  from mha_jax.toolkit import roles as roles_lib
+  from mha_jax.roles import role_scores as roles_lib
   roles = list(doc["thresholds"])
   cols = min(3, len(roles))
   rows = -(-len(roles) // cols)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import attention
-from mha_jax.toolkit import roles
+from mha_jax.roles import role_scores
 
 
 def _sentences(n=40, seed=0):
@@ -32,7 +32,7 @@ def test_planted_heads_are_classified_exactly():
   sents = _sentences()
   rng = np.random.default_rng(1)
   s = 12
-  stats = roles.RoleStats(num_layers=1, num_heads=[4], max_len=s)
+  stats = role_scores.RoleStats(num_layers=1, num_heads=[4], max_len=s)
   for ln, arcs, rarest in sents:
     w = np.zeros((4, s, s))
     w[0, :ln] = _one_hot_rows(np.maximum(np.arange(ln) - 1, 0), ln, s)     # previous token
@@ -61,20 +61,20 @@ def test_lm_scores_on_planted_patterns_through_the_attention_function():
   p = {"wq": wq, "wk": wk, "wv": wk, "wo": jnp.zeros((1, d, d))}
   w = attention.multi_head_attention(p, x, causal=True, return_weights=True).weights
   tokens = np.array([[0, 5, 6, 7, 5, 6, 7, 5, 6, 7]])
-  s = roles.lm_scores(np.asarray(w), tokens)
+  s = role_scores.lm_scores(np.asarray(w), tokens)
   assert s["previous_token"][0] > 0.99
   # Hand-made induction head: attends to the token after the previous copy.
   ind = np.zeros((1, 1, t, t))
   for q in range(t):
     cands = [j for j in range(1, q) if tokens[0, j - 1] == tokens[0, q]]
     ind[0, 0, q, cands[-1] if cands else 0] = 1.0
-  si = roles.lm_scores(ind, tokens)
+  si = role_scores.lm_scores(ind, tokens)
   assert si["induction"][0] == 1.0 and si["previous_token"][0] < 0.2
   dup = np.zeros((1, 1, t, t))
   for q in range(t):
     cands = [j for j in range(q) if tokens[0, j] == tokens[0, q]]
     dup[0, 0, q, cands[-1] if cands else 0] = 1.0
-  assert roles.lm_scores(dup, tokens)["duplicate_token"][0] == 1.0
+  assert role_scores.lm_scores(dup, tokens)["duplicate_token"][0] == 1.0
 
 
 def test_planted_model_through_the_report_pipeline(tmp_path_factory):
@@ -92,7 +92,7 @@ def test_planted_model_through_the_report_pipeline(tmp_path_factory):
   import json
   import os
 
-  from mha_jax.toolkit import head_roles
+  from mha_jax.roles import head_roles
   from mha_jax.data import synthetic_translation as st
   from builders import trained_translation
 

@@ -1,7 +1,7 @@
 """Behavioural scores on repeated random tokens with BOS, from the model's own forward.
 
   prefix matching  attention to the token after earlier copies of the current token
-                   (the induction score of `toolkit.roles.lm_scores`)
+                   (the induction score of `roles.role_scores.lm_scores`)
   previous token   attention to the previous position
   copying          the head's direct effect on the logit of the token it attends to,
                    minus its mean effect over the vocabulary (row convention:
@@ -17,7 +17,8 @@ import numpy as np
 import optax
 import jax.numpy as jnp
 
-from mha_jax.toolkit import capture, roles
+from mha_jax.toolkit import capture
+from mha_jax.roles import role_scores
 from mha_jax.toolkit import composition as scores
 from mha_jax.errors import UserError
 from mha_jax.tasks import jitted
@@ -42,7 +43,7 @@ def head_scores(loaded, tokens: np.ndarray) -> dict[str, dict[str, float]]:
   out = {}
   for layer, r in enumerate(cap["lm"]):
     w = np.asarray(r.weights)
-    s = roles.lm_scores(w, x)
+    s = role_scores.lm_scores(w, x)
     attn = loaded.params["lm"][f"layer_{layer}"]["attn"]
     wo = np.asarray(attn["wo"], np.float64)
     heads = np.asarray(r.heads, np.float64)                         # (B, T, H, K)

@@ -16,7 +16,7 @@ the one decoder forward (`task.apply`) and the interventions' read sites.
                    weights: the mean z-score of each frequent token's own logit in the
                    head's OV circuit on the effective embeddings (negative: suppression).
   sink             the share of attention on key 0 (the first token), over queries 1..
-                   (roles.first_token_share), on text windows.
+                   (role_scores.first_token_share), on text windows.
   name movers, S-inhibition (Wang et al. 2022) live in taxonomy.ioi_scores (patching's
   DLA and path patching); retrieval (Wu et al. 2025) in retrieval_scores below.
 
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import interventions
-from mha_jax.toolkit import roles
+from mha_jax.roles import role_scores
 from mha_jax.toolkit import composition
 from mha_jax.errors import UserError
 from mha_jax.models import common
@@ -221,12 +221,12 @@ def copy_suppression_text(task, params, tokens_BT: np.ndarray, sample: np.ndarra
 
 
 def sink_scores(task, params, tokens_BT: np.ndarray) -> np.ndarray:
-  """(L, H_max): roles.first_token_share (attention on key 0 over queries 1..) on tokens
+  """(L, H_max): role_scores.first_token_share (attention on key 0 over queries 1..) on tokens
   (B, T + 1)."""
   layers = len(common.layers_of(params["lm"]))
   read = tuple(f"lm.{i}.attn.pattern" for i in range(layers))
   _, vals = jax.jit(lambda p, t: _forward(task, p, t, read=read))(params, jnp.asarray(tokens_BT))
-  per = [roles.first_token_share(np.asarray(vals[n])) for n in read]
+  per = [role_scores.first_token_share(np.asarray(vals[n])) for n in read]
   arr = np.full((layers, max(len(x) for x in per)), np.nan)
   for i, x in enumerate(per):
     arr[i, :len(x)] = x

@@ -1,6 +1,6 @@
 """Every head of a decoder LM named by what it does, and each name checked causally.
 
-`taxonomy(run, rows, settings)` scores every head for each role (analysis.detectors;
+`classify(loaded, rows, settings)` scores every head for each role (roles.detectors;
 previous-token, induction and duplicate-token from the existing `rows` of
 head_roles.real_lm_roles), assigns each head its first qualifying role in ROLES' order, and
 checks every role causally: the role's top-k heads are mean-ablated together (their z
@@ -43,8 +43,8 @@ import numpy as np
 from mha_jax import interventions
 from mha_jax import storage
 from mha_jax.machine import machine
-from mha_jax.analysis import detectors
-from mha_jax.toolkit import roles as roles_lib
+from mha_jax.roles import detectors
+from mha_jax.roles import role_scores as roles_lib
 from mha_jax.errors import UserError
 from mha_jax.models import common
 from mha_jax.toolkit.importance import random_draws
@@ -191,10 +191,10 @@ def _successor_prompts(ids_by_seq):
   return np.asarray(rows, np.int32), np.asarray(ans), np.asarray(cur)
 
 
-def behaviours(run, settings: Settings, inputs: dict) -> dict[str, Callable]:
+def behaviours(loaded, settings: Settings, inputs: dict) -> dict[str, Callable]:
   """{behaviour name: fn(edits) -> float}, each one compiled program over the inputs
   (bound as default arguments: each closure keeps its own)."""
-  task, params = run.task, run.params
+  task, params = loaded.task, loaded.params
   out = {}
 
   def compiled(fn):
@@ -280,7 +280,7 @@ def receivers(dla_share, attn_io, attn_s, threshold: float, k: int) -> list[tupl
   return [tuple(int(x) for x in np.unravel_index(f, m.shape)) for f in order if m.flat[f]]
 
 
-def ioi_scores(run, settings: Settings, pairs, log=print) -> dict[str, np.ndarray]:
+def ioi_scores(loaded, settings: Settings, pairs, log=print) -> dict[str, np.ndarray]:
   """{"dla_share", "attn_io", "attn_s", "s_inhibition": (L, H_max), "receivers": [...]}:
   each head's DLA on logit(IO) - logit(S) over the clean logit difference, its attention
   from the end to the IO and to S (both mentions), and the path-patching recovery (clean
@@ -288,7 +288,7 @@ def ioi_scores(run, settings: Settings, pairs, log=print) -> dict[str, np.ndarra
   them. Without a name mover (or with every one in layer 0), S-inhibition has no path
   to score: all NaN."""
   from mha_jax.toolkit import activation_patching
-  s = activation_patching.Study(run.task, run.params, pairs)
+  s = activation_patching.Study(loaded.task, loaded.params, pairs)
   dla = s.dla("clean")["heads"] / max(abs(float(np.mean(s.ld_clean))), 1e-9)
   read = tuple(f"lm.{i}.attn.pattern" for i in range(s.layers))
   vals = s.values("clean", read)
@@ -332,13 +332,13 @@ def _table(arr, counts) -> dict[str, float]:
           for h in range(n) if np.isfinite(arr[l, h])}
 
 
-def _needs_tokenizer(run, role: str) -> None:
-  if getattr(run.task, "tokenizer", None) is None:
+def _needs_tokenizer(loaded, role: str) -> None:
+  if getattr(loaded.task, "tokenizer", None) is None:
     raise UserError(f"role {role} needs a model with a tokenizer (an imported LM, or one "
-                    f"trained on text); this run has task {run.task.name!r}")
+                    f"trained on text); this run has task {loaded.task.name!r}")
 
 
-def _ioi_inputs(run, settings: Settings, want: Sequence[str]) -> dict:
+def _ioi_inputs(loaded, settings: Settings, want: Sequence[str]) -> dict:
   """{"ioi": IOI pairs} for the IOI roles (refused by name where the model cannot have
   them) and duplicate-token's check. Duplicate-token's score is the attention's; only
   its check needs the pairs: a model without them (no single-token names: a model of
@@ -346,21 +346,21 @@ def _ioi_inputs(run, settings: Settings, want: Sequence[str]) -> dict:
   ({"unchecked": {"duplicate_token": why}})."""
   if set(IOI_ROLES) & set(want):
     role = next(r for r in IOI_ROLES if r in want)
-    _needs_tokenizer(run, role)
-    return {"ioi": role_ioi_pairs(run.task, settings.n_pairs, settings.seed, role)}
+    _needs_tokenizer(loaded, role)
+    return {"ioi": role_ioi_pairs(loaded.task, settings.n_pairs, settings.seed, role)}
   if "duplicate_token" not in want:
     return {}
   try:
-    _needs_tokenizer(run, "duplicate_token")
-    return {"ioi": role_ioi_pairs(run.task, settings.n_pairs, settings.seed, "duplicate_token")}
+    _needs_tokenizer(loaded, "duplicate_token")
+    return {"ioi": role_ioi_pairs(loaded.task, settings.n_pairs, settings.seed, "duplicate_token")}
   except UserError as e:
     return {"unchecked": {"duplicate_token": str(e)}}
 
 
-def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -> dict:
+def scores(loaded, settings: Settings, rows: Sequence[Mapping] | None, log=print) -> dict:
   """{"lm_roles": {role: {head: score}}, "qualifies": {role: [heads]}, "seconds",
   "extra", "inputs"} for settings.roles (see the module docstring)."""
-  task, params = run.task, run.params
+  task, params = loaded.task, loaded.params
   counts = common.head_counts(params)["lm"]
   th = settings.thresholds()
   want = settings.roles
@@ -380,9 +380,9 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
     if not hasattr(task, "repeated_tokens"):
       raise UserError("roles previous_token, induction: their causal check needs repeated "
                       "random tokens of the model's own vocabulary (an imported LM)")
-    from mha_jax.toolkit.head_roles import repeat_half_len
+    from mha_jax.roles.head_roles import repeat_half_len
     tok, m = task.repeated_tokens(settings.seed + 7_000_003, settings.repeat_batch,
-                                  repeat_half_len(run))
+                                  repeat_half_len(loaded))
     from mha_jax.data import repeated_tokens as rt
     inputs["repeat"] = (tok, rt.position_masks(m, tok.shape[1] - 1)["repeat"])
   inputs["text"] = _text_tokens(task, settings.text_windows, settings.text_len)
@@ -391,7 +391,7 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
     out["attention_sink"] = _table(detectors.sink_scores(task, params, inputs["text"]), counts)
     sec["attention_sink"] = time.perf_counter() - t0
   if "successor" in want:
-    _needs_tokenizer(run, "successor")
+    _needs_tokenizer(loaded, "successor")
     t0 = time.perf_counter()
     arr, ids = detectors.successor_scores(task, params)
     out["successor"] = _table(arr, counts)
@@ -408,10 +408,10 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
     ok["copy_suppression"] = [h for h, v in out["copy_suppression"].items()
                               if v >= th["copy_suppression"] and extra["ov_self"][h] < 0]
     sec["copy_suppression"] = time.perf_counter() - t0
-  inputs.update(_ioi_inputs(run, settings, want))
+  inputs.update(_ioi_inputs(loaded, settings, want))
   if set(IOI_ROLES) & set(want):
     t0 = time.perf_counter()
-    ioi = ioi_scores(run, settings, inputs["ioi"], log)
+    ioi = ioi_scores(loaded, settings, inputs["ioi"], log)
     for role, arr, sign in (("name_mover", ioi["dla_share"], 1),
                             ("negative_name_mover", -ioi["dla_share"], -1)):
       if role in want:
@@ -428,7 +428,7 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
     sec["ioi"] = time.perf_counter() - t0
   if "retrieval" in want:
     t0 = time.perf_counter()
-    nd = needle(run, settings)
+    nd = needle(loaded, settings)
     arr, recall = detectors.retrieval_scores(task, params, nd["tokens"], nd["start"], nd["answer"],
                                      nd["len"])
     out["retrieval"] = _table(arr, counts)
@@ -440,11 +440,11 @@ def scores(run, settings: Settings, rows: Sequence[Mapping] | None, log=print) -
   return {"lm_roles": out, "qualifies": ok, "seconds": sec, "extra": extra, "inputs": inputs}
 
 
-def needle(run, settings: Settings) -> dict:
+def needle(loaded, settings: Settings) -> dict:
   """The needle-in-a-haystack inputs (refused where the window is too short)."""
-  task = run.task
+  task = loaded.task
   detectors.check_window(task, settings.retrieval_len)
-  _needs_tokenizer(run, "retrieval")
+  _needs_tokenizer(loaded, "retrieval")
   nd = [int(i) for i in task.tokenizer.encode(detectors.NEEDLE)]
   qd = [int(i) for i in task.tokenizer.encode(detectors.QUESTION)]
   tok, start, ans = detectors.needle_inputs(task, task.stream("test"), settings.retrieval_len,
@@ -468,14 +468,14 @@ def assign(heads: Sequence[str], qualifies: Mapping[str, Sequence[str]]) -> dict
   return {h: next((r for r in ROLES if h in sets.get(r, ())), "other") for h in heads}
 
 
-def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
+def causal(loaded, settings: Settings, table: Mapping[str, Mapping[str, float]],
            inputs: dict, log=print) -> dict:
   """{role: {"top", "scores", "behaviour", "base", "ablated", "effect", "random",
   "random_heads", "verdict"}} (the module docstring's checks)."""
-  params = run.params
+  params = loaded.params
   heads = head_list(params)
-  fns = behaviours(run, settings, inputs)
-  means = text_means(run.task, params, _text_tokens(run.task, settings.mean_windows,
+  fns = behaviours(loaded, settings, inputs)
+  means = text_means(loaded.task, params, _text_tokens(loaded.task, settings.mean_windows,
                                                     settings.text_len))
   base_cache: dict = {}
   out = {}
@@ -514,19 +514,19 @@ def causal(run, settings: Settings, table: Mapping[str, Mapping[str, float]],
   return out
 
 
-def taxonomy(run, rows: Sequence[Mapping] | None = None, settings: Settings = Settings(),
+def classify(loaded, rows: Sequence[Mapping] | None = None, settings: Settings = Settings(),
              log: Callable[[str], None] = print, check: bool = True,
              on_scores: Callable[[dict], None] | None = None) -> dict:
   """The roles.json document: "lm_roles", "thresholds", "assigned", "counts", "causal",
   "seconds" (per detector and per causal check), "extra" (second checks), "machine"
   (mha_jax.machine.machine(), when the document was written).
   on_scores(doc) is called before the causal checks (to save the scores early)."""
-  if not run.task.decoder_only:
+  if not loaded.task.decoder_only:
     raise UserError(f"the head taxonomy is for decoder LMs; this run has task "
-                    f"{run.task.name!r}")
+                    f"{loaded.task.name!r}")
   log("taxonomy: scores ...")
-  sc = scores(run, settings, rows, log)
-  heads = head_list(run.params)
+  sc = scores(loaded, settings, rows, log)
+  heads = head_list(loaded.params)
   assigned = assign(heads, sc["qualifies"])
   counts: dict[str, int] = {}
   for r in assigned.values():
@@ -542,7 +542,7 @@ def taxonomy(run, rows: Sequence[Mapping] | None = None, settings: Settings = Se
   if check:
     log("taxonomy: causal checks ...")
     t0 = time.perf_counter()
-    doc["causal"] = causal(run, settings, sc["lm_roles"], sc["inputs"], log)
+    doc["causal"] = causal(loaded, settings, sc["lm_roles"], sc["inputs"], log)
     doc["seconds"]["causal"] = time.perf_counter() - t0
   doc["machine"] = machine()
   return doc

@@ -1,4 +1,4 @@
-"""Head-role detectors and the taxonomy (analysis.detectors, analysis.taxonomy) on
+"""Head-role detectors and the taxonomy (roles.detectors, roles.head_taxonomy) on
 planted tiny LLaMAs: weights that make layer 1's head 0 a successor head, head 1 a
 copy-suppression head and head 2 a sink head; each detector finds exactly that head,
 and the same model without them finds none. Scores against their definitions by hand."""
@@ -10,9 +10,9 @@ import pytest
 
 from oracles import assert_f32_close
 from mha_jax import interventions
-from mha_jax.analysis import detectors
-from mha_jax.toolkit import roles
-from mha_jax.analysis import taxonomy
+from mha_jax.roles import detectors
+from mha_jax.roles import role_scores
+from mha_jax.roles import head_taxonomy
 from mha_jax.errors import UserError
 from mha_jax.models import llama
 
@@ -118,7 +118,7 @@ def test_copy_suppression_and_sink_scores_equal_their_definitions_by_hand():
   for l in range(2):
     w = np.asarray(vals[f"lm.{l}.attn.pattern"], np.float64)
     r = np.asarray(vals[f"lm.{l}.attn.result"], np.float64)
-    assert_f32_close(sink[l], roles.first_token_share(w), what=f"sink {l}")  # 2 programs
+    assert_f32_close(sink[l], role_scores.first_token_share(w), what=f"sink {l}")  # 2 programs
     for h in range(H):
       num = den = 0.0
       for b in range(tok.shape[0]):
@@ -134,16 +134,16 @@ def test_copy_suppression_and_sink_scores_equal_their_definitions_by_hand():
 def test_random_draws_never_include_the_tested_heads():
   heads = [f"lm.{l}.{h}" for l in range(3) for h in range(4)]
   top = ["lm.0.1", "lm.0.2", "lm.2.3"]
-  draws = taxonomy.random_draws(top, heads, draws=20, seed=3)
+  draws = head_taxonomy.random_draws(top, heads, draws=20, seed=3)
   assert len(draws) == 20
   for d in draws:
     assert len(d) == 3 and len(set(d)) == 3 and not set(d) & set(top)
     assert [x.split(".")[1] for x in d] == ["0", "0", "2"]      # the top heads' layers
   # a layer with no head left: drawn from the others, still never a top head
-  d = taxonomy.random_draws(["lm.0.0", "lm.0.1", "lm.0.2", "lm.0.3", "lm.1.0"], heads, 10)
+  d = head_taxonomy.random_draws(["lm.0.0", "lm.0.1", "lm.0.2", "lm.0.3", "lm.1.0"], heads, 10)
   assert all(not set(x) & {"lm.0.0", "lm.0.1", "lm.0.2", "lm.0.3", "lm.1.0"} for x in d)
   with pytest.raises(UserError, match="top_k 3"):
-    taxonomy.random_draws(top, top + ["lm.1.1"], 1)
+    head_taxonomy.random_draws(top, top + ["lm.1.1"], 1)
 
 
 def test_mean_and_sink_edits_touch_only_the_chosen_heads():
@@ -153,19 +153,19 @@ def test_mean_and_sink_edits_touch_only_the_chosen_heads():
   _, base = interventions.run_with_hook(lambda hk: task.apply(p, {"tokens": tok}, hook=hk), read=read)
   means = [np.full((H, K), 0.5), np.full((H, K), 0.25)]
   _, got = interventions.run_with_hook(lambda hk: task.apply(p, {"tokens": tok}, hook=hk),
-                 taxonomy.mean_edits(p, ["lm.1.1"], means), read)
+                 head_taxonomy.mean_edits(p, ["lm.1.1"], means), read)
   z, z0 = np.asarray(got["lm.1.attn.z"]), np.asarray(base["lm.1.attn.z"])
   np.testing.assert_allclose(z[:, :, 1], 0.25)
   np.testing.assert_allclose(z[:, :, [0, 2]], z0[:, :, [0, 2]], atol=1e-6)
   _, got = interventions.run_with_hook(lambda hk: task.apply(p, {"tokens": tok}, hook=hk),
-                 taxonomy.sink_edits(p, ["lm.1.2"]), read)
+                 head_taxonomy.sink_edits(p, ["lm.1.2"]), read)
   w, w0 = np.asarray(got["lm.1.attn.pattern"]), np.asarray(base["lm.1.attn.pattern"])
   assert np.all(w[:, 2, :, 0] == 0) and w0[:, 2, 1:, 0].min() > 0.99
   np.testing.assert_allclose(w[:, :2], w0[:, :2], atol=1e-6)
 
 
 def test_assign_takes_the_first_qualifying_role():
-  got = taxonomy.assign(["lm.0.0", "lm.0.1", "lm.0.2"],
+  got = head_taxonomy.assign(["lm.0.0", "lm.0.1", "lm.0.2"],
                  {"induction": ["lm.0.0", "lm.0.1"], "name_mover": ["lm.0.1"]})
   assert got == {"lm.0.0": "induction", "lm.0.1": "name_mover", "lm.0.2": "other"}
 
@@ -189,21 +189,21 @@ def test_roles_that_cannot_exist_are_refused_by_name():
                                       "than this model's window \\(64 tokens\\)"):
     detectors.check_window(_TextTask(), 384)
   with pytest.raises(UserError, match="role name_mover: the IOI task needs two names"):
-    taxonomy.role_ioi_pairs(_TextTask(), 4, 0, "name_mover")
+    head_taxonomy.role_ioi_pairs(_TextTask(), 4, 0, "name_mover")
   with pytest.raises(UserError, match="role successor: no ordinal sequence"):
     detectors.ordinal_ids(_TextTask())
 
 
 def test_settings_are_checked_by_name():
-  assert taxonomy.Settings().roles == taxonomy.DEFAULT_ROLES and "retrieval" not in taxonomy.DEFAULT_ROLES
-  assert taxonomy.Settings(roles=taxonomy.parse_roles("sink,induction".replace("sink", "attention_sink"))
+  assert head_taxonomy.Settings().roles == head_taxonomy.DEFAULT_ROLES and "retrieval" not in head_taxonomy.DEFAULT_ROLES
+  assert head_taxonomy.Settings(roles=head_taxonomy.parse_roles("sink,induction".replace("sink", "attention_sink"))
                     ).roles == ("attention_sink", "induction")
   with pytest.raises(UserError, match="roles must be a non-empty subset.*got bogus"):
-    taxonomy.Settings(roles=("bogus",))
+    head_taxonomy.Settings(roles=("bogus",))
   with pytest.raises(UserError, match="top_k must be >= 1; got 0"):
-    taxonomy.Settings(top_k=0)
+    head_taxonomy.Settings(top_k=0)
   with pytest.raises(UserError, match="depths must be fractions"):
-    taxonomy.Settings(depths=(1.5,))
+    head_taxonomy.Settings(depths=(1.5,))
 
 
 def test_needle_inputs_place_the_needle_and_the_answer():
@@ -225,7 +225,7 @@ def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
   out = str(tmp_path / "analysis")
   analyze.analyze(loaded, out, analyze.AnalyzeOptions(
       ablations=False, roles="attention_sink,copy_suppression"), log=lambda m: None)
-  doc = json.load(open(f"{out}/roles.json"))
+  doc = json.load(open(f"{out}/role_scores.json"))
   heads = [r["head"] for r in json.load(open(f"{out}/heads.json"))]
   assert set(doc["lm_roles"]) == {"attention_sink", "copy_suppression"}
   assert sorted(doc["assigned"]) == sorted(heads)
@@ -236,7 +236,7 @@ def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
     assert c["verdict"] == ("holds" if c["effect"] > max(0, *c["random"]) else "fails")
   rows = {r["head"]: r["role"] for r in json.load(open(f"{out}/heads.json"))}
   assert rows == doc["assigned"]                       # the explorer's colours
-  assert (tmp_path / "analysis" / "taxonomy.png").exists()
+  assert (tmp_path / "analysis" / "head_taxonomy.png").exists()
   with pytest.raises(UserError, match="roles must be a non-empty subset"):
     analyze.analyze(loaded, out, analyze.AnalyzeOptions(ablations=False, roles="sinks"),
                    log=lambda m: None)
@@ -260,7 +260,7 @@ def test_each_behaviour_reads_its_own_inputs():
   mask = np.zeros((2, 8), np.float32)
   mask[:, 5:] = 1.0
   txt = text(7, b=3, t=6)
-  fns = taxonomy.behaviours(types.SimpleNamespace(task=task, params=p), taxonomy.Settings(),
+  fns = head_taxonomy.behaviours(types.SimpleNamespace(task=task, params=p), head_taxonomy.Settings(),
                      {"repeat": (rep, mask), "text": txt})
 
   def nll(tok):
@@ -279,12 +279,12 @@ def test_s_inhibition_receivers_are_the_name_movers_only():
   dla = np.array([[0.02, -0.1, 0.05], [0.3, -0.5, 0.9]])
   attn_io = np.array([[0.1, 0.1, 0.6], [0.7, 0.8, 0.1]])
   attn_s = np.array([[0.2, 0.3, 0.1], [0.1, 0.1, 0.6]])
-  assert taxonomy.receivers(dla, attn_io, attn_s, 0.1, 3) == [(1, 0)]
-  assert taxonomy.receivers(dla, attn_io, attn_s, 0.0, 3) == [(1, 0), (0, 2)]
-  np.testing.assert_array_equal(taxonomy.name_movers(dla, attn_io, attn_s, 0.1, -1),
+  assert head_taxonomy.receivers(dla, attn_io, attn_s, 0.1, 3) == [(1, 0)]
+  assert head_taxonomy.receivers(dla, attn_io, attn_s, 0.0, 3) == [(1, 0), (0, 2)]
+  np.testing.assert_array_equal(head_taxonomy.name_movers(dla, attn_io, attn_s, 0.1, -1),
                                 [[False, False, False], [False, True, False]])
-  assert taxonomy.receivers(dla, attn_io, attn_s, 0.5, 3) == []        # no name mover
-  assert taxonomy.receivers(np.where(dla > 0.2, np.nan, dla), attn_io, attn_s, 0.0, 3) == [(0, 2)]
+  assert head_taxonomy.receivers(dla, attn_io, attn_s, 0.5, 3) == []        # no name mover
+  assert head_taxonomy.receivers(np.where(dla > 0.2, np.nan, dla), attn_io, attn_s, 0.0, 3) == [(0, 2)]
 
 
 @pytest.mark.slow      # four compiled Study programs: ~35 s on 2 loaded cores
@@ -300,7 +300,7 @@ def test_ioi_scores_path_patch_only_into_name_movers():
   corrupt[:, [1, 2, 4]] = [9, 10, 10]
   pairs = Pairs(clean, corrupt, ans, wrong, np.full(3, 7), [{}] * 3)
   run = types.SimpleNamespace(task=LlamaTask(), params=params)
-  got = taxonomy.ioi_scores(run, taxonomy.Settings(top_k=3), pairs, log=lambda m: None)
+  got = head_taxonomy.ioi_scores(run, head_taxonomy.Settings(top_k=3), pairs, log=lambda m: None)
   dla, io, s = got["dla_share"], got["attn_io"], got["attn_s"]
   by_hand = sorted(((dla[l, h], f"lm.{l}.{h}") for l in range(2) for h in range(4)
                     if dla[l, h] >= 0.1 and io[l, h] > s[l, h]), reverse=True)
@@ -308,7 +308,7 @@ def test_ioi_scores_path_patch_only_into_name_movers():
   assert 0 < len(got["receivers"]) < 3          # fewer name movers than top_k: no padding
   top = max(int(n.split(".")[1]) for n in got["receivers"])
   assert np.isfinite(got["s_inhibition"][:top]).any() and np.isnan(got["s_inhibition"][top:]).all()
-  none = taxonomy.ioi_scores(run, taxonomy.Settings(name_mover_threshold=50.0), pairs,
+  none = head_taxonomy.ioi_scores(run, head_taxonomy.Settings(name_mover_threshold=50.0), pairs,
                              log=lambda m: None)
   assert none["receivers"] == [] and np.isnan(none["s_inhibition"]).all()
 
@@ -345,7 +345,7 @@ def test_merge_adds_a_role_and_assigns_every_head_again():
   heads = ["lm.0.0", "lm.0.1", "lm.0.2"]
   doc = {"roles": ["induction"], "lm_roles": {"induction": {h: 0.5 for h in heads}},
          "thresholds": {"induction": 0.4}, "qualifies": {"induction": ["lm.0.0", "lm.0.1"]},
-         "assigned": taxonomy.assign(heads, {"induction": ["lm.0.0", "lm.0.1"]}),
+         "assigned": head_taxonomy.assign(heads, {"induction": ["lm.0.0", "lm.0.1"]}),
          "extra": {}, "seconds": {"detectors": {}, "causal": 2.0},
          "causal": {"induction": {"verdict": "holds"}}, "settings": {"retrieval_len": 384}}
   new = {"roles": ["retrieval"], "lm_roles": {"retrieval": {"lm.0.1": 0.3, "lm.0.2": 0.2}},
@@ -354,7 +354,7 @@ def test_merge_adds_a_role_and_assigns_every_head_again():
                                                      "causal": 3.0},
          "causal": {"retrieval": {"verdict": "fails"}}, "settings": {"retrieval_len": 1024},
          "machine": {}}
-  got = taxonomy.merge(doc, new)
+  got = head_taxonomy.merge(doc, new)
   assert got["roles"] == ["retrieval", "induction"]           # ROLES' order
   assert got["assigned"] == {"lm.0.0": "induction", "lm.0.1": "retrieval",
                              "lm.0.2": "retrieval"}

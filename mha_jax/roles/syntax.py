@@ -5,7 +5,7 @@ the attention a word receives is the sum over its pieces (columns added), the at
 word pays is the mean over its pieces (rows averaged), so every word row still sums to 1.
 [CLS] and [SEP] stay units of their own: a head whose argmax lands on them misses.
 Then each head is scored per relation and direction (dependent -> head, head ->
-dependent) by roles.RoleStats, against the relation's most frequent offset, and is
+dependent) by role_scores.RoleStats, against the relation's most frequent offset, and is
 syntactic under the same rule as the translation models' encoders.
 """
 
@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from mha_jax.toolkit import capture as capture_lib
-from mha_jax.toolkit import roles
+from mha_jax.roles import role_scores
 from mha_jax.data import parallel
 from mha_jax.errors import UserError
 
@@ -74,18 +74,18 @@ def encode_words(tokenizer, words: Sequence[str], what: str) -> tuple[np.ndarray
 
 def score_sentences(sentences: Iterable[tuple[Sequence[np.ndarray], Sequence, dict]],
                     max_units: int, relations: Sequence[str] | None = None,
-                    th: roles.Thresholds = roles.Thresholds(), stack: str = "encoder"
+                    th: role_scores.Thresholds = role_scores.Thresholds(), stack: str = "encoder"
                     ) -> dict[str, dict]:
   """{head name: {syn_<rel>_<dh|hd>: accuracy, ..._baseline, syntactic_best,
   syntactic_margin}} from (weights, word_ids, arcs) per sentence: weights[l] (H, T, T)
   over the sentence's T wordpieces in layer l, word_ids per wordpiece (None for special
   tokens), arcs {"heads", "rels"} over its words. max_units bounds the units per
-  sentence; relations: those to report (default roles.SYNTAX_RELATIONS)."""
+  sentence; relations: those to report (default role_scores.SYNTAX_RELATIONS)."""
   stats = None
   for weights, word_ids, arcs in sentences:
     groups, unit_of = word_groups(word_ids)
     if stats is None:
-      stats = roles.RoleStats(len(weights), [np.shape(w)[0] for w in weights], max_units,
+      stats = role_scores.RoleStats(len(weights), [np.shape(w)[0] for w in weights], max_units,
                               relations=relations)
     ws = [word_attention(w, groups)[None] for w in weights]
     stats.update(ws, np.asarray([len(groups)]), [unit_arcs(arcs, unit_of, len(groups))],
@@ -96,15 +96,15 @@ def score_sentences(sentences: Iterable[tuple[Sequence[np.ndarray], Sequence, di
           for r in stats.results(stack, th)}
 
 
-def conllu_syntax(loaded, path: str, th: roles.Thresholds = roles.Thresholds(),
+def conllu_syntax(loaded, path: str, th: role_scores.Thresholds = role_scores.Thresholds(),
                   batch_size: int = 16) -> dict[str, dict]:
   """score_sentences on the sentences of the CoNLL-U file at `path`, attention from the
   encoder's own forward (capture); accuracy is reported for every relation the file
-  uses, the role judged on roles.SYNTAX_RELATIONS."""
+  uses, the role judged on role_scores.SYNTAX_RELATIONS."""
   task = loaded.task
   sentences, arcs = parallel.read_conllu(path, None, "--conllu")
   encoded = [encode_words(task.tokenizer, s, "--conllu") for s in sentences]
-  relations = sorted({roles.relation(r) for a in arcs for r, h in zip(a["rels"], a["heads"])
+  relations = sorted({role_scores.relation(r) for a in arcs for r, h in zip(a["rels"], a["heads"])
                       if h >= 0})
 
   t = max(len(ids) for ids, _ in encoded)

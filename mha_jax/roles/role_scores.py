@@ -36,7 +36,7 @@ ROLE_COLORS = {"positional": "#1f77b4", "syntactic": "#2ca02c", "rare": "#d62728
                "other": "#c7c7c7", "previous_token": "#1f77b4", "induction": "#9467bd",
                "duplicate_token": "#ff7f0e", "attention_sink": "#8c564b", "cls": "#e377c2",
                "sep": "#17becf", "n/a": "#999999",
-               # analysis.taxonomy's roles
+               # roles.head_taxonomy's roles
                "name_mover": "#e41a1c", "negative_name_mover": "#000000",
                "s_inhibition": "#4daf4a", "successor": "#984ea3",
                "copy_suppression": "#bcbd22", "retrieval": "#f781bf"}

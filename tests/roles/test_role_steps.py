@@ -1,4 +1,4 @@
-"""The step at which each head role appears (analysis.role_steps) on conftest's tiny
+"""The step at which each head role appears (roles.role_steps) on conftest's tiny
 induction run (checkpoints at steps 4 and 8): each step's scores against the scores
 recomputed by hand from that checkpoint's attention, the appearance step against its
 recomputation from them, and the one checkpoint walker (loader.each_checkpoint)."""
@@ -9,7 +9,7 @@ import pytest
 
 import mha_jax
 from builders import QUIET
-from mha_jax.analysis import role_steps
+from mha_jax.roles import role_steps
 from mha_jax.errors import UserError
 from mha_jax.loader import each_checkpoint
 from mha_jax.machine import machine

@@ -1,5 +1,5 @@
 """Every head's role statistics and role for a loaded run, by its task: the capture of
-toolkit.capture scored by toolkit.roles' detectors (what `mha-jax analyze` reports and
+toolkit.capture scored by roles.role_scores' detectors (what `mha-jax analyze` reports and
 the pruning curve and the claims read)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 from mha_jax import storage
 from mha_jax.data import vocab
 from mha_jax.toolkit import capture as capture_lib
-from mha_jax.toolkit import roles, syntax
+from mha_jax.roles import role_scores, syntax
 
 
 def _rarest(words: list[str], freqs: dict[str, int]) -> int:
@@ -19,7 +19,7 @@ def _rarest(words: list[str], freqs: dict[str, int]) -> int:
 
 
 def translation_roles(loaded, split: str, limit: int = 0,
-                      th: roles.Thresholds = roles.Thresholds()) -> list[dict]:
+                      th: role_scores.Thresholds = role_scores.Thresholds()) -> list[dict]:
   """Role statistics of the encoder's and the decoder's self-attention heads."""
   task = loaded.task
   freqs_path = storage.join(loaded.workdir, "data", "train_freqs.json")
@@ -40,7 +40,7 @@ def translation_roles(loaded, split: str, limit: int = 0,
     for stack in ("encoder", "decoder_self"):
       if stack not in stats:   # head counts as captured (pruned layers may differ)
         heads = [np.asarray(cap[stack][l].weights).shape[1] for l in sorted(cap[stack])]
-        stats[stack] = roles.RoleStats(len(heads), heads, max_len)
+        stats[stack] = role_scores.RoleStats(len(heads), heads, max_len)
     enc = cap["encoder"]
     stats["encoder"].update([np.asarray(enc[l].weights)[:n] for l in sorted(enc)], lengths,
                             arcs, rarest)
@@ -62,7 +62,7 @@ def lm_roles(loaded, split: str, limit: int = 256, threshold: float = 0.4) -> li
   for batch, cap, _weight in capture_lib.iter_captures(loaded, split, stacks=("lm",), limit=limit):
     tokens = np.asarray(batch["tokens"])[:, :-1]
     for layer, r in cap["lm"].items():
-      s = roles.lm_scores(np.asarray(r.weights), tokens)
+      s = role_scores.lm_scores(np.asarray(r.weights), tokens)
       acc = sums.setdefault(layer, {k: 0 for k in s})
       for k, v in s.items():
         acc[k] = acc[k] + v
@@ -72,7 +72,7 @@ def lm_roles(loaded, split: str, limit: int = 256, threshold: float = 0.4) -> li
     for h in range(len(sums[layer]["induction"])):
       row = {"head": f"lm.{layer}.{h}", "stack": "lm", "layer": layer, "index": h,
              **{k: float(v[h] / n) for k, v in sums[layer].items()}}
-      best = max(roles.LM_ROLES, key=lambda k: row[k])
+      best = max(role_scores.LM_ROLES, key=lambda k: row[k])
       row["role"] = best if row[best] >= threshold else "other"
       rows.append(row)
   return rows
@@ -100,7 +100,7 @@ def real_lm_roles(loaded, split: str = "test", *, batches: int = 2, batch_size: 
     cap = capture_lib.captured(loaded.task, loaded.params, {"tokens": tokens})
     for layer, r in enumerate(cap["lm"]):
       acc = sums.setdefault(layer, {})
-      for k, v in roles.lm_scores(np.asarray(r.weights), tokens[:, :-1]).items():
+      for k, v in role_scores.lm_scores(np.asarray(r.weights), tokens[:, :-1]).items():
         acc[k] = acc.get(k, 0) + v
     n += 1
   text = sink_and_entropy(loaded, split, windows=text_windows)
@@ -111,7 +111,7 @@ def real_lm_roles(loaded, split: str = "test", *, batches: int = 2, batch_size: 
       row = {"head": f"lm.{layer}.{h}", "stack": "lm", "layer": layer, "index": h,
              **{k: float(v[h] / n) for k, v in sums[layer].items()},
              "sink_share": float(t["sink_share"][h]), "entropy": float(t["entropy"][h])}
-      best = max(roles.LM_ROLES, key=lambda k: row[k])
+      best = max(role_scores.LM_ROLES, key=lambda k: row[k])
       row["role"] = (best if row[best] >= threshold else
                      "attention_sink" if row["sink_share"] >= sink else "other")
       rows.append(row)
@@ -122,8 +122,8 @@ def sink_and_entropy(loaded, split: str = "test", *, windows: int = 8,
                      batch_size: int | None = None) -> dict[int, dict[str, np.ndarray]]:
   """{layer: {"sink_share": (H,), "entropy": (H,), "off_keys": (H,)}} of a decoder's
   heads on the first `windows` windows of its text (split): the mean weight on the first
-  token over real queries 1.. (roles.first_token_share), the mean entropy in nats over
-  real queries (roles.entropy) and the mean weight on no key, 1 - the row's sum over real
+  token over real queries 1.. (role_scores.first_token_share), the mean entropy in nats over
+  real queries (role_scores.entropy) and the mean weight on no key, 1 - the row's sum over real
   queries 1.. (variant="sink": the sink logit's weight; 0 for softmax).
   batch_size: the run's eval batch size by default."""
   text = {}
@@ -134,8 +134,8 @@ def sink_and_entropy(loaded, split: str = "test", *, windows: int = 8,
     for layer, r in cap["lm"].items():
       acc = text.setdefault(layer, {"sink": 0, "entropy": 0, "off": 0, "n": 0, "n_sink": 0})
       w = np.asarray(r.weights)
-      acc["sink"] = acc["sink"] + roles.first_token_share(w, valid) * valid[:, 1:].sum()
-      acc["entropy"] = acc["entropy"] + roles.entropy(w, valid) * valid.sum()
+      acc["sink"] = acc["sink"] + role_scores.first_token_share(w, valid) * valid[:, 1:].sum()
+      acc["entropy"] = acc["entropy"] + role_scores.entropy(w, valid) * valid.sum()
       q = valid[:, None, 1:]                                     # queries 1..
       acc["off"] = acc["off"] + ((1.0 - w.sum(-1, dtype=np.float64))[:, :, 1:] * q).sum((0, 2))
       acc["n"] += valid.sum()
@@ -146,7 +146,7 @@ def sink_and_entropy(loaded, split: str = "test", *, windows: int = 8,
 
 
 def embedding_roles(loaded, split: str = "test", limit: int = 0,
-                    th: roles.Thresholds = roles.Thresholds(), special: float = 0.5,
+                    th: role_scores.Thresholds = role_scores.Thresholds(), special: float = 0.5,
                     conllu: str | None = None) -> list[dict]:
   """Roles of every encoder head of a BERT encoder on paragraphs of the built-in text:
   Voita et al.'s positional (90 % rule) and rare-token statistics over the real tokens
@@ -155,7 +155,7 @@ def embedding_roles(loaded, split: str = "test", limit: int = 0,
   [SEP]. Role: positional > syntactic > cls > sep > rare > other ("cls"/"sep" when that
   share >= `special`). Syntactic needs arcs: with `conllu` (a CoNLL-U file of input
   sentences) each head's dependency accuracy is measured on those sentences, words
-  aligned to wordpieces (toolkit.syntax), and a head is syntactic by the translation
+  aligned to wordpieces (roles.syntax), and a head is syntactic by the translation
   models' rule; without it no head is syntactic."""
   syn = syntax.conllu_syntax(loaded, conllu, th) if conllu else {}
   task = loaded.task
@@ -173,12 +173,12 @@ def embedding_roles(loaded, split: str = "test", limit: int = 0,
     enc = cap["encoder"]
     if stats is None:
       heads = [np.asarray(enc[l].weights).shape[1] for l in sorted(enc)]
-      stats = roles.RoleStats(len(heads), heads, int(loaded.config.eval.seq_len))
+      stats = role_scores.RoleStats(len(heads), heads, int(loaded.config.eval.seq_len))
     ws = [np.asarray(enc[l].weights)[:n] for l in sorted(enc)]
     stats.update(ws, lengths, None, rarest)
     q = int(lengths.sum())
     for l, w in enumerate(ws):
-      for k, v in roles.special_token_shares(w, lengths).items():
+      for k, v in role_scores.special_token_shares(w, lengths).items():
         special_sums.setdefault(l, {}).setdefault(k, 0)
         special_sums[l][k] = special_sums[l][k] + v * q
     n_q += q
@@ -186,7 +186,7 @@ def embedding_roles(loaded, split: str = "test", limit: int = 0,
   for r in rows:
     if syn:
       r.update(syn[r["head"]])
-      r["role"] = roles.assign_role(r, th)
+      r["role"] = role_scores.assign_role(r, th)
     for k in ("cls_share", "sep_share"):
       r[k] = float(special_sums[r["layer"]][k][r["index"]] / max(n_q, 1))
     if r["role"] in ("rare", "other"):
