@@ -89,7 +89,7 @@ class CircuitOptions:
                                  "instead of scoring edges (on the mib graph)")
   keep_failing: bool = setting(False, help="keep pairs whose clean prompt the model gets "
                                "wrong")
-  n_pairs: int = setting(8, lo=1, help="built-in tasks: pairs drawn")
+  n_pairs: int = setting(8, lo=1, help="built-in behaviours: pairs drawn")
   seed: int = setting(0, lo=0, help="the random seed (default: 0)")
   threshold: float = setting(0.01, lo=0, hi=1, lo_open=True, hi_open=True,
                              methods=("greedy",),

@@ -95,7 +95,7 @@ class PatchOptions:
                                     metavar="METHOD[,METHOD...]",
                                     help=f"of {', '.join(METHODS)} (default: "
                                          f"activation,attribution)")
-  n_pairs: int = setting(8, lo=1, help="built-in tasks: pairs drawn")
+  n_pairs: int = setting(8, lo=1, help="built-in behaviours: pairs drawn")
   seed: int = setting(0, lo=0, help="the random seed (default: 0)")
   keep_failing: bool = setting(False, help="keep the pairs whose clean prompt the model "
                                "gets wrong (clean logit difference < 0; left out by "
