@@ -7,9 +7,9 @@ the project's own studies, and figures against h with one line per variant.
 A DIR is a sweep workdir (one workdir per point, VARIANT_hH), a multi-seed workdir
 (seeds.json: one row per seed) or one run's workdir. Every number comes from the study
 that owns it: the loss (and BLEU) from the task's `evaluate`, the first-token share and
-entropy from `toolkit.head_roles.sink_and_entropy`, the head roles from
-`toolkit.head_roles.head_roles`, induction heads and K-composition from
-`circuits.circuits_report.circuit_scores`, the phase change from `circuits.circuits_report.over_checkpoints`
+entropy from `roles.head_roles.sink_and_entropy`, the head roles from
+`roles.head_roles.head_roles`, induction heads and K-composition from
+`circuits.induction_circuits.circuit_scores`, the phase change from `circuits.induction_circuits.over_checkpoints`
 and the pruning from the L0 gates of `pruning.methods.train_gates` ranked by
 `pruning.methods.top_k_mask`. The taxonomy's causal head checks are not on this branch:
 `CompareOptions` has no field for them yet, and the table leaves them out. A
@@ -100,22 +100,22 @@ def heads_kept(loaded, base: float, metric: str, tolerance: float, settings: Com
   `base` (loss: <= base + tol; bleu: >= base - tol), with the metric at every K tried."""
   from mha_jax.pruning import methods
   from mha_jax.tasks import gates_hook
-  from mha_jax.toolkit import masks
+  from mha_jax.toolkit import head_masks
   log_alpha, _, _ = methods.train_gates(loaded, settings.prune_lambda, stacks=stacks,
                                         steps=settings.prune_steps, log=log)
-  total = masks.count(masks.ones_mask(loaded.params, stacks))
+  total = head_masks.count(head_masks.ones_head_mask(loaded.params, stacks))
   is_bleu = metric == "bleu"
   by_k = {}
   for k in range(1, total + 1):
     mask = methods.top_k_mask(log_alpha, k)
-    hook = gates_hook(loaded.task, masks.full_gates(loaded.params, mask))
+    hook = gates_hook(loaded.task, head_masks.full_head_gates(loaded.params, mask))
     m = loaded.task.evaluate(loaded.params, "test", bleu=is_bleu, hook=hook)[metric]
     by_k[k] = float(m)
     if (m >= base - tolerance) if is_bleu else (m <= base + tolerance):
-      return {"kept": k, "total": total, "kept_heads": masks.kept_names(mask),
+      return {"kept": k, "total": total, "kept_heads": head_masks.kept_names(mask),
               "metric": metric, "by_k": by_k}
   return {"kept": total, "total": total, "metric": metric, "by_k": by_k,
-          "kept_heads": masks.kept_names(masks.ones_mask(loaded.params, stacks))}
+          "kept_heads": head_masks.kept_names(head_masks.ones_head_mask(loaded.params, stacks))}
 
 
 def run_row(name: str, seed, wd: str, settings: CompareOptions,
@@ -123,7 +123,7 @@ def run_row(name: str, seed, wd: str, settings: CompareOptions,
   """The studies' numbers of one run; load_fn(wd): mha_jax.load by default (a caller that
   keeps the loaded runs passes its own, so their compiled functions are reused)."""
   from mha_jax.loader import load
-  from mha_jax.toolkit import head_roles
+  from mha_jax.roles import head_roles
   loaded = (load_fn or load)(wd)
   m = loaded.config.model
   row = {"run": name, "seed": seed, "workdir": wd, "task": loaded.task.name,
@@ -167,8 +167,8 @@ def run_row(name: str, seed, wd: str, settings: CompareOptions,
 
 
 def _circuits(loaded, settings: CompareOptions, log, name) -> dict:
-  from mha_jax.circuits import behaviour
-  from mha_jax.circuits import circuits_report as circuits
+  from mha_jax.roles import behaviour
+  from mha_jax.circuits import induction_circuits as circuits
   log(f"  [{name}] circuit scores ...")
   tokens, lengths = behaviour.eval_tokens(loaded)
   res = circuits.circuit_scores(loaded, tokens, samples=settings.composition_samples,

@@ -137,7 +137,9 @@ def load_workdir(workdir: str, step: int | None = None, *,
                                 storage.join(workdir, "config.json"))
   finally:
     ckpts.close()
-  return Loaded(cfg, tasks.build(cfg, workdir, read_only=True), params, step, workdir)
+  loaded = Loaded(cfg, tasks.build(cfg, workdir, read_only=True), params, step, workdir)
+  set_dense_reference(loaded)      # once, here: no study has to remember it
+  return loaded
 
 
 KINDS = {"translation": "a translation run (an encoder-decoder, task 'translation')",
@@ -203,7 +205,8 @@ def each_checkpoint(loaded: Loaded, steps: Sequence[int] | None = None, *,
 
 def set_dense_reference(loaded) -> None:
   """Embedding models: the loss and the metrics compare with the dense model's
-  embeddings (the source run of a pruned workdir, else these params)."""
+  embeddings (the source run of a pruned workdir, else these params). `load` calls it
+  on every run it loads."""
   if not loaded.task.compares_to_dense:
     return
   path = storage.join(loaded.workdir, "pruning.json")

@@ -4,7 +4,7 @@ of keys, so a page reads every benchmark's and study's machine the same way.
     from mha_jax.machine import machine
     doc = {"rows": rows, "machine": machine(matmul_gflops=rate)}
 
-A matmul rate is measured by the caller (experiments.bench.matmul_gflops, the harness)
+A matmul rate is measured by the caller (mha_jax.harness.bench.matmul_gflops, the harness)
 and passed in; this module never times anything.
 """
 

@@ -21,7 +21,7 @@ import os
 
 from mha_jax import storage, views
 from mha_jax.errors import UserError
-from mha_jax.toolkit.roles import ROLE_COLORS
+from mha_jax.roles.role_scores import ROLE_COLORS
 
 
 def _read(out: str, name: str):
@@ -32,8 +32,8 @@ def _read(out: str, name: str):
 def patching_view(out: str) -> views.View:
   """A `mha-jax patch` folder: the explorer's heatmap of every score table (values on
   hover; the attention of the first pairs when the folder has it) and DLA bars."""
-  from mha_jax.patching import explorer
-  data = {**(_read(out, "attention_view.json") or {}), "patching": explorer.patching_data(out)}
+  from mha_jax.patching import patch_explorer
+  data = {**(_read(out, "attention_view.json") or {}), "patching": patch_explorer.patching_data(out)}
   doc = data["patching"].get("patching") or data["patching"]["dla"]
   view = views.explorer_html(data, f"{doc.get('task', '')} on {doc.get('workdir', '')}")
   dla = data["patching"].get("dla")
@@ -65,8 +65,8 @@ def faithfulness_view(doc: dict) -> views.View:
 
 def curve_view(rows: list) -> views.View:
   """A pruning curve's rows: the metric of each method against the heads kept."""
-  from mha_jax.pruning import curve
-  metric = curve.curve_metric(rows, "bleu" in (rows[0] if rows else {}))
+  from mha_jax.pruning import prune_curve
+  metric = prune_curve.curve_metric(rows, "bleu" in (rows[0] if rows else {}))
   series: dict[str, list] = {}
   for r in rows:
     series.setdefault(r["method"], []).append((r["kept"], r.get(metric)))

@@ -10,10 +10,11 @@ import json
 from typing import Callable
 
 from mha_jax import loader, storage
-from mha_jax.analysis import report as analysis_report
-from mha_jax.pruning import curve as curve_lib
+from mha_jax.analysis import analyze as analysis_report
+from mha_jax.pruning import prune_curve as curve_lib
 from mha_jax.tasks.base import EvalOptions
-from mha_jax.toolkit import head_roles, stability
+from mha_jax.roles import head_roles
+from mha_jax.toolkit import stability
 from mha_jax.train import seeds as seeds_lib
 
 

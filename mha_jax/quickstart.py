@@ -42,9 +42,9 @@ def quickstart(workdir: str, extra: Sequence[str] = (), log=print, analyze: bool
       f"{result['copy_baseline_bleu']:.1f}), test loss {test['loss']:.3f}, "
       f"accuracy {test['accuracy']:.3f}")
   if analyze:
-    from mha_jax.analysis import report
+    from mha_jax.analysis import analyze as analyze_lib
     log("\nanalysis: head roles and importance (ablations: `mha-jax analyze`) ...")
-    a = report.analyze(loaded, None, report.AnalyzeOptions(ablations=False),
+    a = analyze_lib.analyze(loaded, None, analyze_lib.AnalyzeOptions(ablations=False),
                             log=lambda s: None)
     result["analysis"] = a
     for stack, counts in a["role_counts"].items():

@@ -25,7 +25,7 @@ import tempfile
 
 import jax
 
-from experiments import bench
+from mha_jax.harness import bench
 from mha_jax import attention
 from mha_jax.machine import machine
 
@@ -83,7 +83,7 @@ def main():
     times = {n: [] for n in comp}
     for _ in range(a.rounds):      # interleaved: each round times every row once
       for n in comp:
-        times[n] += bench._round_seconds(comp[n], 1)
+        times[n] += bench.round_seconds(comp[n], 1)
     rate = mm_flops / statistics.median(times.pop("matmul 2048")) / 1e9
     med = {n: statistics.median(t) * 1e3 for n, t in times.items()}
     peer = min(v for n, v in med.items() if not n.startswith("mha_jax"))

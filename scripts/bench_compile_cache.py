@@ -92,7 +92,7 @@ def main(argv=None):
   p.add_argument("--out", default="docs/results/compile_cache.json")
   args = p.parse_args(argv)
   names = [c for c in args.commands.split(",") if c]
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax import cli
   result = {"workdir": args.workdir, "commands": {}}
   if os.path.exists(args.out):             # keep the commands measured before

@@ -83,7 +83,7 @@ def main(argv=None):
   p.add_argument("--out", default="docs/results/circuits/mib_smollm2.json")
   p.add_argument("--skip-timing", action="store_true")
   args = p.parse_args(argv)
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax.machine import machine
   result = {"workdir": args.workdir}
   if os.path.exists(args.out):

@@ -288,7 +288,7 @@ def main(argv=None):
     cores = cores[:args.cores]
     os.sched_setaffinity(0, set(cores))
   import mha_jax
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax.machine import machine
   from mha_jax.toolkit import activation_patching, pairs as pairs_lib
   from mha_jax.pretrained import importer

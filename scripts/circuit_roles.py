@@ -8,7 +8,7 @@ seed 0, the same pairs left out). For every head: its edge mass (the sum of |sco
 its edges in circuit.json, as sender or through its query), its edge to the logits, its
 direct logit attribution on the clean prompts and its activation-patching recovery (head
 output, corrupt -> clean) on the same pairs (toolkit.activation_patching.Study), and its attention on
-repeated random tokens (circuits.behaviour.head_scores: previous token, prefix matching,
+repeated random tokens (roles.behaviour.head_scores: previous token, prefix matching,
 duplicate token). The top heads by edge mass get a role by role_rule, at the taxonomy's
 attention thresholds. Writes DIR/roles.json (with the machine and date) and prints a
 table. --relabel names the heads of an existing DIR/roles.json again from its scores.
@@ -23,9 +23,9 @@ import time
 
 
 def thresholds() -> dict:
-  """The taxonomy's attention thresholds (mha_jax.analysis.taxonomy.TaxonomyOptions)."""
-  from mha_jax.analysis import taxonomy
-  t = taxonomy.TaxonomyOptions().thresholds()
+  """The taxonomy's attention thresholds (mha_jax.roles.head_taxonomy.ClassifyOptions)."""
+  from mha_jax.roles import head_taxonomy
+  t = head_taxonomy.ClassifyOptions().thresholds()
   return {k: t[k] for k in ("previous_token", "induction", "duplicate_token")}
 
 
@@ -70,7 +70,7 @@ def edge_mass(doc: dict) -> tuple[dict, dict]:
 def relabel(out: str) -> dict:
   """DIR/roles.json's top heads named again at the current thresholds, from the scores
   it holds (nothing runs; the scores, their machine and date stay)."""
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax import storage
   path = os.path.join(out, "roles.json")
   res = storage.read_json(path)
@@ -97,9 +97,10 @@ def main(argv=None):
     return relabel(a.out)
   if not a.workdir:
     p.error("--workdir is required (unless --relabel)")
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax import storage
-  from mha_jax.circuits import behaviour, circuit
+  from mha_jax.circuits import circuit
+  from mha_jax.roles import behaviour
   from mha_jax.loader import load
   from mha_jax.machine import machine
   doc = storage.read_json(os.path.join(a.out, "circuit.json"))

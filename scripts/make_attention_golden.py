@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from experiments import module_at
+from mha_jax.harness import module_at
 
 golden_cases = module_at("golden_cases", os.path.join(os.path.dirname(__file__), "..",
                                                       "tests", "core"))

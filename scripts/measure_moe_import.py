@@ -39,7 +39,7 @@ MODELS = {"olmoe": ("OLMoE-1B-7B", "Olmoe", OLMOE_1B_7B),
 
 BUILD = r"""
 import sys, torch, transformers
-from experiments import module_at
+from mha_jax.harness import module_at
 save_folder = module_at("hf_models", "tests").save_folder
 cfg = transformers.__CLS__Config(**__KW__, num_hidden_layers=int(sys.argv[2]))
 torch.manual_seed(0)

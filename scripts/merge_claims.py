@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from experiments.claims import run as claims_run
+from mha_jax.harness.claims import run as claims_run
 from mha_jax.machine import machine
 
 

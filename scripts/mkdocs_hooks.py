@@ -14,7 +14,7 @@ import pathlib
 
 import jupytext
 
-from experiments import module_at
+from mha_jax.harness import module_at
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 docs_results = module_at("docs_results", str(ROOT / "scripts"))
@@ -51,9 +51,9 @@ def write_index(docs):
 
 
 def write_patching_pages(docs):
-  """docs/results/patching/*/explorer.html from their JSON (patching.explorer.write)."""
-  from mha_jax.patching import explorer
-  return [explorer.write(str(d)) for d in sorted((docs / "results" / "patching").glob("*/"))
+  """docs/results/patching/*/explorer.html from their JSON (patching.patch_patch_explorer.write)."""
+  from mha_jax.patching import patch_explorer
+  return [patch_explorer.write(str(d)) for d in sorted((docs / "results" / "patching").glob("*/"))
           if (d / "patching.json").exists() or (d / "dla.json").exists()]
 
 

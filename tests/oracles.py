@@ -121,7 +121,7 @@ def numpy_mha(params, x, context=None, mask=None, causal=False, gates=None, bias
   return out, weights
 
 
-SPEC = llama.LlamaSpec(rope_base=10000.0)
+SPEC = llama.llama_spec(rope_base=10000.0)
 
 
 def tiny_llama_pairs(corrupt_cols: slice, length):

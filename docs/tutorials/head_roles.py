@@ -15,7 +15,7 @@ import numpy as np
 import mha_jax
 from mha_jax import config as mc
 from mha_jax.toolkit import capture
-from mha_jax.toolkit import head_roles
+from mha_jax.roles import head_roles
 from mha_jax.train import loop
 
 workdir = tempfile.mkdtemp(prefix="head_roles_")

@@ -14,7 +14,7 @@ import tempfile
 
 import mha_jax
 from mha_jax import config as mc
-from mha_jax.circuits import circuits_report
+from mha_jax.circuits import induction_circuits
 from mha_jax.train import loop
 
 workdir = tempfile.mkdtemp(prefix="induction_")
@@ -27,14 +27,14 @@ print(summary["status"], "at step", summary["step"])
 # %% [markdown]
 # ## Behaviour, composition and term importance
 #
-# `circuits_report.circuits` scores every head on held-out repeated tokens (prefix matching,
+# `induction_circuits.circuits` scores every head on held-out repeated tokens (prefix matching,
 # copying, previous-token attention), computes Q-, K- and V-composition against a
 # random-matrix baseline, and splits the logits into direct path, single heads and
 # virtual heads.
 
 # %%
-result = circuits_report.circuits(mha_jax.load(workdir), None,
-                                  circuits_report.CircuitsOptions(samples=50, track=False),
+result = induction_circuits.circuits(mha_jax.load(workdir), None,
+                                  induction_circuits.CircuitsOptions(samples=50, track=False),
                                   log=lambda s: None)
 heads = result["heads"]
 for name in sorted(heads):

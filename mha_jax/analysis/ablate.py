@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from mha_jax import loader, settings, storage
+from mha_jax import settings, storage
 from mha_jax.errors import UserError
 from mha_jax.settings import setting
 from mha_jax.tasks.base import SPLITS
-from mha_jax.toolkit import head_roles, importance, plots
+from mha_jax.toolkit import importance, plots
+from mha_jax.roles import head_roles
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,7 +49,6 @@ def ablate(loaded, out: str, opts: AblateOptions, *,
   heads = None if opts.each else importance.parse_heads(loaded.params, opts.heads)
   is_tr = loaded.task.reports_bleu                 # names checked above, before this pass
   storage.makedirs(out)
-  loader.set_dense_reference(loaded)   # an encoder's loss: the distance to the dense model's
   base = loaded.task.evaluate(loaded.params, opts.split, bleu=is_tr, bleu_limit=0)
   if loaded.task.decoder_only and not loaded.task.trainable:   # as importance.ablate's
     base.update(importance.repeated_loss(loaded))

@@ -14,7 +14,7 @@ import numpy as np
 
 from mha_jax import assets, storage
 from mha_jax.toolkit import capture as capture_lib
-from mha_jax.toolkit import roles as roles_lib
+from mha_jax.roles import role_scores as roles_lib
 from mha_jax.data import vocab as vocab_lib
 from mha_jax.models import common
 from mha_jax.models.common import STACKS
@@ -58,7 +58,7 @@ def real_page_data(loaded, rows, split: str = "test", sentences: int = 2, max_to
   pieces of the built-in text cut to max_tokens tokens (and, for an LM, one sequence of
   repeated random tokens), tokens shown as the tokenizer's strings, weights to 2 places
   (SmolLM2's 270 heads stay well under 5 MB)."""
-  from mha_jax.toolkit import masks
+  from mha_jax.toolkit import head_masks
   model = loaded.task
   roles = {r["head"]: r.get("role", "other") for r in rows}
   batches = []
@@ -81,8 +81,8 @@ def real_page_data(loaded, rows, split: str = "test", sentences: int = 2, max_to
                                for i in ids]})
       weights.append({stack: [np.round(np.asarray(r.weights[b])[:, :n, :n], 2).tolist()
                               for r in cap[stack]]})
-  mask = masks.read_mask(loaded.workdir)
-  pruned = ([n for n in common.head_names(loaded.params) if n not in set(masks.kept_names(mask))]
+  mask = head_masks.read_head_mask(loaded.workdir)
+  pruned = ([n for n in common.head_names(loaded.params) if n not in set(head_masks.kept_names(mask))]
             if mask else [])
   return {"sentences": sents, "weights": weights, "roles": roles,
           "colors": roles_lib.ROLE_COLORS,

@@ -1,4 +1,5 @@
-"""`mha-jax circuit`: the circuit of one behaviour, found by edge scores and checked.
+"""`mha-jax circuit`: the circuit of one behaviour, found by edge scores and checked (not
+`mha-jax circuits`, induction_circuits.py: a decoder's induction circuits).
 
   DIR/circuit.json   "graph" (node and edge counts), "edges" (ranked {"from", "to",
                      "score"}: the change of the pair-mean metric when the edge is
@@ -38,7 +39,7 @@ from mha_jax import loader, settings, storage
 from mha_jax.circuits import edges as edges_lib
 from mha_jax.circuits import graph as graph_lib
 from mha_jax.circuits import mib_graph
-from mha_jax.circuits import search, circuit_tasks
+from mha_jax.circuits import search, circuit_behaviours
 from mha_jax.errors import UserError
 from mha_jax.settings import setting
 from mha_jax.toolkit import activation_patching
@@ -54,8 +55,8 @@ AUTO_EXACT_EDGES = 2000
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CircuitOptions:
   """The settings of `circuit`; `methods=` marks those only some methods read."""
-  task: str | None = setting(None, choices=circuit_tasks.TASKS, help="a built-in task (or give "
-                             "pairs)")
+  task: str | None = setting(None, choices=circuit_behaviours.BEHAVIOURS,
+                             help="a built-in behaviour (or give pairs)")
   pairs: str | None = setting(None, path=True, help="a JSONL file, one {clean, corrupt, "
                               "answer, wrong[, metric]} a line (metric: logit_diff or "
                               "prob_diff)")
@@ -88,7 +89,7 @@ class CircuitOptions:
                                  "instead of scoring edges (on the mib graph)")
   keep_failing: bool = setting(False, help="keep pairs whose clean prompt the model gets "
                                "wrong")
-  n_pairs: int = setting(8, lo=1, help="built-in tasks: pairs drawn")
+  n_pairs: int = setting(8, lo=1, help="built-in behaviours: pairs drawn")
   seed: int = setting(0, lo=0, help="the random seed (default: 0)")
   threshold: float = setting(0.01, lo=0, hi=1, lo_open=True, hi_open=True,
                              methods=("greedy",),
@@ -101,7 +102,7 @@ def _clean_metric(s: activation_patching.Study, metric) -> np.ndarray:
   return np.asarray(fn(s.params, s.tokens["clean"]), np.float64)
 
 
-def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print,
+def prepare(loaded, behaviour, pairs_file, n_pairs, seed, keep_failing, log=print,
             graph: str = "grouped"):
   """(Study, metric fn, metric spec, pairs doc, failing doc): the pairs with those the
   model fails on the clean prompt (metric <= 0) left out unless keep_failing; graph
@@ -109,9 +110,9 @@ def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print,
   if graph not in graph_lib.GRAPHS:
     raise UserError(f"graph must be one of {graph_lib.GRAPHS}; got {graph!r}", setting="graph")
   params = graph_lib.ungroup(loaded.params) if graph == "mib" else loaded.params
-  pairs, spec = circuit_tasks.make(loaded, task, pairs_file, n_pairs, seed)
+  pairs, spec = circuit_behaviours.make(loaded, behaviour, pairs_file, n_pairs, seed)
   s = activation_patching.Study(loaded.task, params, pairs)
-  m_clean = _clean_metric(s, circuit_tasks.metric_of(pairs, spec))
+  m_clean = _clean_metric(s, circuit_behaviours.metric_of(pairs, spec))
   bad = np.nonzero(m_clean <= 0)[0]
   failing = [{**pairs.to_json()[i], "metric_clean": float(m_clean[i])} for i in bad]
   if len(bad):
@@ -121,10 +122,10 @@ def prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log=print,
     good = np.nonzero(m_clean > 0)[0]
     if not len(good):
       raise UserError("the model fails every clean prompt (metric <= 0): no circuit to find")
-    pairs, spec = pairs.subset(good), circuit_tasks.subset_metric(spec, good)
+    pairs, spec = pairs.subset(good), circuit_behaviours.subset_metric(spec, good)
     s = activation_patching.Study(loaded.task, params, pairs)
     m_clean = m_clean[good]
-  return s, circuit_tasks.metric_of(pairs, spec), spec, failing
+  return s, circuit_behaviours.metric_of(pairs, spec), spec, failing
 
 
 def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
@@ -135,14 +136,14 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   if not loaded.task.decoder_only:
     loader.refuse("circuit", loaded.workdir, "a decoder LM (prompt pairs compared by their "
                   "next-token logits)")
-  task, pairs_file, method, ablation = opts.task, opts.pairs, opts.method, \
+  behaviour, pairs_file, method, ablation = opts.task, opts.pairs, opts.method, \
       opts.ablation
   target, n_pairs, seed, steps, ig_on = opts.target, opts.n_pairs, opts.seed, opts.steps, \
       opts.ig_on
   keep_failing, sample = opts.keep_failing, opts.sample
   t0 = time.perf_counter()
   graph = "mib" if opts.evaluate else opts.graph     # the library's graph is MIB's
-  s, metric, spec, failing = prepare(loaded, task, pairs_file, n_pairs, seed, keep_failing, log,
+  s, metric, spec, failing = prepare(loaded, behaviour, pairs_file, n_pairs, seed, keep_failing, log,
                                      graph)
   es = edges_lib.EdgeStudy(s, metric=metric, ablation=ablation)
   if opts.export:
@@ -176,7 +177,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
       s, es.graph, es.edges, scores, target))
   names = es.graph.nodes, es.graph.ends
   order = np.argsort(-np.abs(scores), kind="stable")
-  doc = {"workdir": loaded.workdir, "task": task or pairs_file, "method": method,
+  doc = {"workdir": loaded.workdir, "task": behaviour or pairs_file, "method": method,
          "chosen": chosen, "methods": {n: {k: t[k] for k in (
              "cpr", "cmd", "cpr_absolute_ranking", "edges", "faithfulness", "reached")}
              for n, t in tried.items()},

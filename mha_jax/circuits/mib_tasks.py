@@ -61,7 +61,7 @@ OTHER_LABELS = ("E", "F", "G", "H", "W", "X", "Y", "Z")
 
 
 def _first(task, text: str) -> int:
-  ids = pairs_lib._tokenizer(task).encode(text)
+  ids = pairs_lib.task_tokenizer(task).encode(text)
   return int(ids[0])
 
 
@@ -148,7 +148,7 @@ def _packed(rows, name: str) -> pairs_lib.Pairs:
   if not rows:
     raise UserError(f"task {name}: no pair tokenized to equal lengths with distinct answers "
                     f"for this tokenizer", setting="task")
-  return pairs_lib._pack(rows)
+  return pairs_lib.pack_pairs(rows)
 
 
 def make(task, name: str, n: int, seed: int) -> pairs_lib.Pairs:

@@ -29,7 +29,9 @@ def _check_linear(params):
     raise UserError("path expansion needs attention without biases (model.use_bias=false)")
 
 
-def _x0(params, tok, pos_in_residual):
+def residual_input(params, tok, pos_in_residual):
+  """The residual stream's input x0 (B, T, D), float64: token embeddings, plus the
+  positions' when they enter the residual stream."""
   e = np.asarray(params["embed"], np.float64)
   x0 = e[tok]
   if pos_in_residual:
@@ -49,7 +51,7 @@ def expand(params, tokens_BT, patterns: list[np.ndarray], *, pos_in_residual: bo
   """
   _check_linear(params)
   tok = np.asarray(tokens_BT)
-  x0 = _x0(params, tok, pos_in_residual)
+  x0 = residual_input(params, tok, pos_in_residual)
   orders = [x0]
   for l, name in enumerate(common.layers_of(params["lm"])):
     attn = {k: np.asarray(v, np.float64) for k, v in params["lm"][name]["attn"].items()}
@@ -70,7 +72,7 @@ def single_head_terms(params, tokens_BT, patterns, *, pos_in_residual: bool = Tr
   """Order-1 logits of each head alone: A^h x0 OV^h U, keyed "lm.layer.head"."""
   _check_linear(params)
   tok = np.asarray(tokens_BT)
-  x0 = _x0(params, tok, pos_in_residual)
+  x0 = residual_input(params, tok, pos_in_residual)
   u = np.asarray(params["unembed"], np.float64)
   out = {}
   for l, name in enumerate(common.layers_of(params["lm"])):

@@ -12,26 +12,27 @@ import sys
 from mha_jax import accounting, compare_runs, storage, sweep as sweep_lib
 from mha_jax import config as mc
 from mha_jax import over_seeds, plan as plan_lib
-from mha_jax.analysis import ablate as ablate_lib, report as analysis_report
-from mha_jax.analysis import role_steps as role_steps_lib
-from mha_jax.circuits import circuit as circuit_lib, circuits_report
+from mha_jax.analysis import ablate as ablate_lib, analyze as analysis_report
+from mha_jax.roles import role_steps as role_steps_lib
+from mha_jax.roles import taxonomy as taxonomy_lib
+from mha_jax.circuits import circuit as circuit_lib, induction_circuits as circuits_report
 from mha_jax.cli import outputs
 from mha_jax.cli.runner import Study, study_verb
 from mha_jax.cli.verb import STEP, WORKDIR, Verb, flagged, input_spec, out_spec
 from mha_jax.errors import UserError
-from mha_jax.patching import explorer as patch_explorer, patch as patch_lib
+from mha_jax.patching import patch as patch_lib, patch_explorer
 from mha_jax.pretrained import importer
-from mha_jax.pruning import curve as curve_lib, prune as prune_lib
+from mha_jax.pruning import prune as prune_lib, prune_curve as curve_lib
 from mha_jax.tasks import pretrained_lm
 from mha_jax.tasks.base import EvalOptions
 from mha_jax.train import distributed
 
 DESCRIPTION = "mha-jax: train, study and benchmark multi-head attention (one verb per job)."
 
-# The experiment harness (claims, benchmarks: experiments/ beside mha_jax/) adds its verbs
+# The experiment harness (claims, benchmarks: mha_jax/harness/) adds its verbs
 # through this one module, `VERBS` and `BENCH` tables of `Verb`; the library never
 # imports it otherwise (tests/docs/test_architecture.py checks this edge).
-HARNESS = "experiments.verbs"
+HARNESS = "mha_jax.harness.verbs"
 
 
 def _json(obj) -> int:
@@ -99,6 +100,9 @@ STUDIES = {
         circuits_report, "circuits.json, composition.png, positivity.png, icl.png")),
     "role-steps": Study(role_steps_lib.role_steps, out="role_steps", show=_summary(
         role_steps_lib, "role_steps.json, role_steps.png", seconds=True)),
+    "taxonomy": Study(taxonomy_lib.taxonomy, out="taxonomy", show=lambda res, out, opts:
+                      f"{taxonomy_lib.format_summary(res)}\nwrote {out}/ (roles.json, "
+                      f"taxonomy.png)"),
     "patch": Study(patch_lib.patch, show=_patch_files),
     "circuit": Study(circuit_lib.circuit, show=_summary(
         circuit_lib, "circuit.json, faithfulness.png, circuit.png")),
@@ -255,6 +259,10 @@ VERBS = {
                              "checkpoints", STUDIES["role-steps"],
                              role_steps_lib.RoleStepsOptions,
                              (WORKDIR, out_spec(_read_only("WORKDIR/role_steps")))),
+    "taxonomy": study_verb("every head of a decoder LM named by its role, each role "
+                           "checked causally", STUDIES["taxonomy"],
+                           taxonomy_lib.TaxonomyOptions,
+                           (WORKDIR, out_spec(_read_only("WORKDIR/taxonomy")))),
     "sweep": Verb("run the runs a sweep config lists", _sweep, sweep_lib.SweepOptions,
                   (input_spec("config", "a sweep config", required=True), WORKDIR),
                   config="training"),

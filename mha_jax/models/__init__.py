@@ -6,7 +6,7 @@ imported by their users, not here: they are only needed for imported runs.)"""
 
 from mha_jax.models import common, lm, seq2seq
 from mha_jax.models.common import (STACKS, ModelSpec, attention_blocks, head_counts,
-                                   head_names, ones_gates)
+                                   head_names, ones_head_gates)
 
 __all__ = ["common", "lm", "seq2seq", "STACKS", "ModelSpec", "attention_blocks",
-           "head_counts", "head_names", "ones_gates"]
+           "head_counts", "head_names", "ones_head_gates"]

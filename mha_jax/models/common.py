@@ -157,7 +157,7 @@ def head_names(params: Mapping) -> list[str]:
           for i, n in enumerate(counts) for h in range(n)]
 
 
-def ones_gates(params: Mapping) -> dict[str, list[jax.Array]]:
+def ones_head_gates(params: Mapping) -> dict[str, list[jax.Array]]:
   """Gates of 1 for every head: {stack: [(H_0,), (H_1,), ...]}."""
   return {s: [jnp.ones((n,), jnp.float32) for n in counts]
           for s, counts in head_counts(params).items()}

@@ -122,7 +122,7 @@ class DecoderSpec:
 
   @property
   def rope_base(self) -> float:
-    """The RoPE base of layer 0 (LlamaSpec's field, for code written against it)."""
+    """The RoPE base of layer 0 (llama_spec's setting, for code written against it)."""
     r = self.layer("rope", 0)
     return 0.0 if r is None else float(r.base)
 

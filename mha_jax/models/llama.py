@@ -2,7 +2,7 @@
 
 The llama adapter of the one decoder forward (mha_jax/models/decoder.py): the forward,
 the KV cache and greedy decoding are decoder's; this module gives LLaMA's settings
-(LlamaSpec) and fresh params in LLaMA's layout.
+(llama_spec) and fresh params in LLaMA's layout.
 
 params = {
   "embed": (V, D),
@@ -28,8 +28,8 @@ from mha_jax.models.decoder import (DecoderSpec, prefill_jit, step_jit, apply,  
                                     unembed)
 
 
-def LlamaSpec(norm_eps: float = 1e-5, rope_base: float = 10000.0, rope_layout: str = "half",
-              impl: str = "auto") -> DecoderSpec:
+def llama_spec(norm_eps: float = 1e-5, rope_base: float = 10000.0, rope_layout: str = "half",
+               impl: str = "auto") -> DecoderSpec:
   """LLaMA's decoder settings: RMSNorm, SiLU-gated MLP, RoPE of one base on every layer."""
   return DecoderSpec(norm="rms", norm_eps=norm_eps, act="silu",
                      rope=attention.RoPE(base=rope_base, layout=rope_layout), impl=impl)

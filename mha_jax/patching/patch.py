@@ -18,7 +18,7 @@
   DIR/*.png             layer x head heatmaps
   DIR/explorer.html     (--outputs explorer; later: `mha-jax patch-explorer`) the
                         explorer's patching view of these files, with the attention
-                        view of the first pairs (patching/explorer.py)
+                        view of the first pairs (patching/patch_explorer.py)
 
 Only what is asked runs: DLA, the logit lens and the explorer page's attention view
 each compile programs of their own (seconds each on SmolLM2), so they are outputs to
@@ -36,12 +36,12 @@ import numpy as np
 from mha_jax import loader, settings, storage
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching, memory, pairs as pairs_lib
-from mha_jax.patching import explorer
+from mha_jax.patching import patch_explorer
 from mha_jax.toolkit import plots
 from mha_jax.settings import setting
 
 METHODS = ("activation", "path", "attribution")
-TASKS = ("ioi", "induction")
+BEHAVIOURS = pairs_lib.BEHAVIOURS    # --task: what the pairs test
 # --sites: the activation-patching sweeps; kv is k and v per key/value head (GQA models)
 SITES = ("head_out", "q", "k", "v", "kv", "resid")
 # --outputs: what the command adds to the asked methods' tables and heatmaps
@@ -59,19 +59,6 @@ def _sweeps(sites: Sequence[str], gqa: bool) -> list[tuple[str, str, bool]]:
     raise UserError(f"sites must be a comma-separated subset of {SITES}; got "
                     f"{','.join(sites)!r}", setting="sites")
   return [sw for x in SITES if x in sites and (x != "kv" or gqa) for sw in _SWEEPS[x]]
-
-
-def make_pairs(loaded, task: str | None, pairs_file: str | None, n: int, seed: int):
-  if (task is None) == (pairs_file is None):
-    raise UserError("give exactly one of task (ioi, induction) and pairs FILE.jsonl",
-                    setting=("task", "pairs"))
-  if pairs_file is not None:
-    return pairs_lib.read_pairs(loaded.task, pairs_file)
-  if task == "ioi":
-    return pairs_lib.ioi_pairs(loaded.task, n, seed)
-  if task == "induction":
-    return pairs_lib.induction_pairs(loaded.task, n, seed=seed)
-  raise UserError(f"task must be one of {TASKS}; got {task!r}", setting="task")
 
 
 def _per_layer_positions(arr_LT) -> dict:
@@ -100,14 +87,15 @@ def failing_pairs(s, pairs) -> list[dict]:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PatchOptions:
   """The settings of `patch`; `methods=` marks those only some methods read."""
-  task: str | None = setting(None, choices=TASKS, help="a built-in task (or give pairs)")
+  task: str | None = setting(None, choices=BEHAVIOURS, help="a built-in behaviour the pairs "
+                             "test (or give pairs)")
   pairs: str | None = setting(None, path=True, help="a JSONL file, one {clean, corrupt, "
                               "answer, wrong} a line")
   method: tuple[str, ...] = setting(("activation", "attribution"), choices=METHODS,
                                     metavar="METHOD[,METHOD...]",
                                     help=f"of {', '.join(METHODS)} (default: "
                                          f"activation,attribution)")
-  n_pairs: int = setting(8, lo=1, help="built-in tasks: pairs drawn")
+  n_pairs: int = setting(8, lo=1, help="built-in behaviours: pairs drawn")
   seed: int = setting(0, lo=0, help="the random seed (default: 0)")
   keep_failing: bool = setting(False, help="keep the pairs whose clean prompt the model "
                                "gets wrong (clean logit difference < 0; left out by "
@@ -144,7 +132,7 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
   if not loaded.task.decoder_only:
     loader.refuse("patch", loaded.workdir, "a decoder LM (prompt pairs compared by their "
                   "next-token logits)")
-  task, pairs_file, methods = opts.task, opts.pairs, opts.method
+  behaviour, pairs_file, methods = opts.task, opts.pairs, opts.method
   n_pairs, seed, per_position, receivers = opts.n_pairs, opts.seed, opts.per_position, \
       opts.receivers
   top, sites, keep_failing = opts.top, opts.sites, opts.keep_failing
@@ -152,7 +140,7 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
     raise UserError(f"method must be a comma-separated subset of {METHODS}; got ''",
                     setting="method")
   _sweeps(sites, False)
-  pairs = make_pairs(loaded, task, pairs_file, n_pairs, seed)
+  pairs = pairs_lib.select_pairs(loaded.task, behaviour, pairs_file, n_pairs, seed)
   params = memory.cast(loaded.params, opts.dtype)
   budget, budget_from = memory.budget(opts.memory_budget, memory.params_bytes(params))
   s = activation_patching.Study(loaded.task, params, pairs, memory_budget=budget)
@@ -165,7 +153,7 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
     pairs = pairs.subset(keep)
     s = s.subset(keep)
   storage.makedirs(out)
-  label = task or "pairs"
+  label = behaviour or "pairs"
   summary = {"pairs": len(pairs), "layers": s.layers, "heads": s.heads[0],
              "kv_heads": s.kv_heads[0], "ld_clean": float(np.mean(s.ld_clean)),
              "ld_corrupt": float(np.mean(s.ld_corrupt)), "seconds": {}}
@@ -195,7 +183,7 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
   storage.write_json(storage.join(out, "patching.json"), doc)
   storage.write_json(storage.join(out, "summary.json"), summary)
   if "explorer" in opts.outputs:
-    explorer.write(out, explorer.attention_data(s, loaded.task))
+    patch_explorer.write(out, patch_explorer.attention_data(s, loaded.task))
   return summary
 
 

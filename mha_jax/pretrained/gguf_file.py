@@ -498,7 +498,7 @@ def _params(f: _File, s: dict, fam, dtype: str, place):
   import gguf
   from mha_jax.pretrained import adapters, hf_folder
   path, arch, by_name, d = f.path, f.arch, f.by_name, s["d"]
-  np_dtype = hf_folder._np_dtype(dtype)
+  np_dtype = hf_folder.numpy_dtype(dtype)
   qtypes: dict[str, int] = {}
   lin_shapes = {"ffn_gate.weight": (s["f"], d), "ffn_down.weight": (d, s["f"])}
   if arch != "phi3":

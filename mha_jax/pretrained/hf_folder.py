@@ -191,8 +191,8 @@ def read(folder: str, dtype: str = "float32", place=None):
     if not os.path.isfile(tok_path):
       raise UserError(f"file {folder!r}: no tokenizer.json", setting="file")
     t = adapters.Tensors(weights, weights.names(), os.path.join(folder, os.path.basename(
-        files[0]) if len(files) == 1 else INDEX), fam.prefixes, _np_dtype(dtype))
-    params = adapters.build_params(fam, settings, t, _np_dtype(dtype), place=place)
+        files[0]) if len(files) == 1 else INDEX), fam.prefixes, numpy_dtype(dtype))
+    params = adapters.build_params(fam, settings, t, numpy_dtype(dtype), place=place)
     mcfg = adapters.model_config(settings, fam)
     tok = tokenizer_json.from_tokenizer_json(tok_path)
     tok_cfg = dict(bos_id=_token_id(cfg.get("bos_token_id"), "bos_token_id", where),
@@ -236,7 +236,8 @@ def read(folder: str, dtype: str = "float32", place=None):
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _np_dtype(name: str):
+def numpy_dtype(name: str):
+  """The NumPy dtype of a `dtype` setting (float32, bfloat16, float16); else a UserError."""
   if name not in DTYPES:
     raise UserError(f"dtype must be one of {DTYPES}; got {name!r}", setting="dtype")
   if name == "bfloat16":

@@ -19,14 +19,14 @@ import optax
 
 from mha_jax.errors import UserError
 from mha_jax.toolkit import importance
-from mha_jax.pruning import gates as gates_lib
-from mha_jax.toolkit import masks
+from mha_jax.pruning import hard_concrete
+from mha_jax.toolkit import head_masks
 from mha_jax.tasks import gates_hook, jitted
 
 
 def train_gates(loaded, lam: float, *, stacks, steps: int = 300, lr: float = 0.05,
                 finetune: bool = False, param_lr: float = 1e-4, seed: int = 0,
-                hc: gates_lib.HardConcrete = gates_lib.HardConcrete(), start_mask: dict | None = None,
+                hc: hard_concrete.HardConcrete = hard_concrete.HardConcrete(), start_mask: dict | None = None,
                 log: Callable[[str], None] = print):
   """Trains log_alpha (and the params when finetune) on loss + lam * L0. Returns
   (log_alpha, params, history)."""
@@ -36,19 +36,19 @@ def train_gates(loaded, lam: float, *, stacks, steps: int = 300, lr: float = 0.0
     raise UserError(f"steps must be >= 1; got {steps}", setting="steps")
   hc.validate()
   task = loaded.task
-  counts = masks.ones_mask(loaded.params, stacks)
-  log_alpha = gates_lib.init_log_alpha({s: [len(m) for m in c] for s, c in counts.items()}, hc)
+  counts = head_masks.ones_head_mask(loaded.params, stacks)
+  log_alpha = hard_concrete.init_log_alpha({s: [len(m) for m in c] for s, c in counts.items()}, hc)
   # Heads removed by an earlier prune stay closed; a mask argument, not a constant.
   fixed = {s: [jnp.asarray(start_mask[s][i] if start_mask and s in start_mask else m)
                for i, m in enumerate(c)] for s, c in counts.items()}
   smoothing = loaded.config.get("train", {}).get("label_smoothing", 0.0)
 
   def objective(params, log_alpha, batch, key, lam, fixed):
-    g = gates_lib.sample(log_alpha, key, hc)
+    g = hard_concrete.sample(log_alpha, key, hc)
     g = {s: [gi * fixed[s][i] for i, gi in enumerate(layers)] for s, layers in g.items()}
-    loss, _ = task.loss(params, batch, hook=gates_hook(task, masks.full_gates(params, g)),
+    loss, _ = task.loss(params, batch, hook=gates_hook(task, head_masks.full_head_gates(params, g)),
                         label_smoothing=smoothing)
-    pen = gates_lib.l0_penalty(log_alpha, hc)
+    pen = hard_concrete.l0_penalty(log_alpha, hc)
     return loss + lam * pen, (loss, pen)
 
   if finetune:      # gates and model: one optimizer over both
@@ -96,7 +96,7 @@ def train_gates(loaded, lam: float, *, stacks, steps: int = 300, lr: float = 0.0
                                          lam_arg, fixed)
     losses.append(loss)
     if (i + 1) % max(1, steps // 5) == 0 or i + 1 == steps:
-      kept = masks.count(gates_lib.binary(state["log_alpha"], hc))
+      kept = head_masks.count(hard_concrete.binary(state["log_alpha"], hc))
       mean = float(np.mean(jax.device_get(losses)))   # over the steps since the last line
       history.append({"step": i + 1, "loss": float(loss), "loss_mean": mean,
                       "l0": float(pen), "kept": kept})
@@ -106,8 +106,8 @@ def train_gates(loaded, lam: float, *, stacks, steps: int = 300, lr: float = 0.0
   return state["log_alpha"], state["params"], history
 
 
-def l0_mask(log_alpha, hc: gates_lib.HardConcrete, start_mask=None) -> dict:
-  mask = {s: [np.asarray(m) for m in layers] for s, layers in gates_lib.binary(log_alpha, hc).items()}
+def l0_mask(log_alpha, hc: hard_concrete.HardConcrete, start_mask=None) -> dict:
+  mask = {s: [np.asarray(m) for m in layers] for s, layers in hard_concrete.binary(log_alpha, hc).items()}
   return _and(mask, start_mask)
 
 
@@ -140,11 +140,11 @@ def michel_masks(loaded, *, stacks, counts: list[int], keep_one_per_layer: bool 
                  ) -> dict[int, dict]:
   """Masks at each requested head count, removing the least important heads by I_h
   (re-scored after every removal step)."""
-  mask = _copy(start_mask or masks.ones_mask(loaded.params, stacks))   # never the caller's lists
+  mask = _copy(start_mask or head_masks.ones_head_mask(loaded.params, stacks))   # never the caller's lists
   out = {}
   for target in sorted(counts, reverse=True):
-    while masks.count(mask) > target:
-      gates = masks.full_gates(loaded.params, mask)
+    while head_masks.count(mask) > target:
+      gates = head_masks.full_head_gates(loaded.params, mask)
       imp = importance.michel_importance(loaded, "valid", limit=limit, gates=gates)["normalized"]
       cands = []
       for s, layers in mask.items():
@@ -155,10 +155,10 @@ def michel_masks(loaded, *, stacks, counts: list[int], keep_one_per_layer: bool 
           cands += [(imp[f"{s}.{i}.{h}"], s, i, h) for h in alive]
       if not cands:
         break
-      n_remove = min(masks.count(mask) - target, max(1, int(round(0.1 * _total(mask)))))
+      n_remove = min(head_masks.count(mask) - target, max(1, int(round(0.1 * _total(mask)))))
       for _, s, i, h in sorted(cands)[:n_remove]:
         mask[s][i][h] = 0.0
-      log(f"  michel: {masks.count(mask)} heads left")
+      log(f"  michel: {head_masks.count(mask)} heads left")
     out[target] = {s: [m.copy() for m in layers] for s, layers in mask.items()}
   return out
 
@@ -173,13 +173,13 @@ def _total(mask):
 
 def random_masks(loaded, *, stacks, counts: list[int], seed: int = 0, start_mask=None
                  ) -> dict[int, dict]:
-  mask = _copy(start_mask or masks.ones_mask(loaded.params, stacks))
+  mask = _copy(start_mask or head_masks.ones_head_mask(loaded.params, stacks))
   order = [(s, i, h) for s, layers in mask.items() for i, m in enumerate(layers)
            for h in np.flatnonzero(m > 0)]
   np.random.default_rng(seed).shuffle(order)
   out = {}
   for target in sorted(counts, reverse=True):
-    while masks.count(mask) > target and order:
+    while head_masks.count(mask) > target and order:
       s, i, h = order.pop()
       mask[s][i][h] = 0.0
     out[target] = {s: [m.copy() for m in layers] for s, layers in mask.items()}

@@ -15,10 +15,9 @@ import numpy as np
 
 from mha_jax import loader, settings, storage
 from mha_jax.errors import UserError
-from mha_jax.loader import set_dense_reference
 from mha_jax.models import common as common_lib
-from mha_jax.pruning import gates as gates_lib
-from mha_jax.toolkit import masks
+from mha_jax.pruning import hard_concrete
+from mha_jax.toolkit import head_masks
 from mha_jax.pruning import methods
 from mha_jax.settings import setting
 from mha_jax.train import checkpoint as ckpt_lib
@@ -73,7 +72,7 @@ def check_stacks(params, stacks) -> None:
 def _check(loaded, stacks, keep, start_mask):
   counts = common_lib.head_counts(loaded.params)
   check_stacks(loaded.params, stacks)
-  available = masks.count(start_mask) if start_mask else sum(sum(counts[s]) for s in stacks)
+  available = head_masks.count(start_mask) if start_mask else sum(sum(counts[s]) for s in stacks)
   if keep is not None and not 0 <= keep <= available:
     raise UserError(f"keep must be between 0 and the {available} heads left in "
                     f"{list(stacks)}; got {keep}", setting="keep")
@@ -107,16 +106,18 @@ class PruneOptions:
   init_log_alpha: float = setting(2.0, methods=("l0",), help="the gates' initial log alpha")
   per_layer_mean: bool = setting(False, methods=("l0",),
                                  help="average the L0 penalty per layer")
-  binarize: str = setting("nonzero", choices=gates_lib.BINARIZE, methods=("l0",),
+  binarize: str = setting("nonzero", choices=hard_concrete.BINARIZE, methods=("l0",),
                           help="a head is kept when its gate is nonzero, or above 0.5")
   keep_one_per_layer: bool = setting(False, methods=("michel",), help="never empty a layer")
   seed: int = setting(0, lo=0, methods=("l0", "random"),
                       help="the random seed (default: 0)")
 
   @property
-  def hard_concrete(self) -> gates_lib.HardConcrete:
-    return gates_lib.HardConcrete(beta=self.beta, init_log_alpha=self.init_log_alpha,
-                          per_layer_mean=self.per_layer_mean, binarize=self.binarize)
+  def concrete_gates(self) -> hard_concrete.HardConcrete:
+    """The Hard Concrete gates' settings (l0)."""
+    return hard_concrete.HardConcrete(beta=self.beta, init_log_alpha=self.init_log_alpha,
+                                      per_layer_mean=self.per_layer_mean,
+                                      binarize=self.binarize)
 
 
 def default_out(workdir: str, opts: PruneOptions) -> str:
@@ -135,14 +136,13 @@ def prune(loaded, out: str, opts: PruneOptions, *, log: Callable[[str], None] = 
   stacks, lam, lambdas, bleu_limit = list(opts.stacks), opts.l0_lambda, opts.lambdas, \
       opts.bleu_limit
   steps, lr, finetune, seed, hc = opts.steps, opts.lr, opts.finetune, opts.seed, \
-      opts.hard_concrete
+      opts.concrete_gates
   keep_one_per_layer = opts.keep_one_per_layer
   lock_lib.check_out(out, workdir)
   if storage.exists(out) and storage.listdir(out):
     raise UserError(f"out {out!r} exists and is not empty; refusing to overwrite it",
                     setting="out")
-  set_dense_reference(loaded)
-  start_mask = masks.read_mask(workdir)
+  start_mask = head_masks.read_head_mask(workdir)
   if start_mask:
     start_mask = {s: m for s, m in start_mask.items() if s in stacks}
   available = _check(loaded, stacks, keep, start_mask)
@@ -188,7 +188,7 @@ def _prune_l0(loaded, out, lam, keep, stacks, steps, lr, finetune, seed, hc, sta
           else methods.l0_mask(log_alpha, hc, start_mask))
   info = {**common, "lambda": lam, "keep": keep, "steps": steps, "finetune": finetune,
           "beta": hc.beta, "stretch": [hc.low, hc.high], "history": history,
-          "log_alpha": masks.jsonable(log_alpha), "gates": masks.jsonable(gates_lib.deterministic(log_alpha, hc))}
+          "log_alpha": head_masks.jsonable(log_alpha), "gates": head_masks.jsonable(hard_concrete.deterministic(log_alpha, hc))}
   return save_pruned(loaded, out, params, mask, info, bleu_limit, log)
 
 
@@ -196,10 +196,10 @@ def save_pruned(loaded, out, params, mask, info, bleu_limit, log):
   """Writes `out`, the workdir of `params` with the heads where `mask` is 0 removed
   (masked), evaluated on test; returns `info` with the mask, kept, kept_heads and the
   test metrics ("after")."""
-  masked = masks.mask_params(params, mask)
+  masked = head_masks.mask_params(params, mask)
   after = _evaluate(loaded, masked, bleu_limit)
-  info = {**info, "mask": masks.mask_to_json(mask), "kept": masks.count(mask),
-          "kept_heads": masks.kept_names(mask), "after": after}
+  info = {**info, "mask": head_masks.head_mask_to_json(mask), "kept": head_masks.count(mask),
+          "kept_heads": head_masks.kept_names(mask), "after": after}
   write_workdir(loaded, out, masked, info)
   log(f"kept {info['kept']} heads -> {out}: test " +
       " ".join(f"{k} {v:.4g}" for k, v in after.items()))
@@ -214,7 +214,7 @@ class ExportOptions:
 def check_export(workdir: str, out: str) -> None:
   """A pruned workdir, and an `out` that is a new folder outside it; before any work."""
   lock_lib.check_out(out, workdir)
-  if masks.read_mask(workdir) is None:
+  if head_masks.read_head_mask(workdir) is None:
     loader.refuse("export-pruned", workdir, "a run `mha-jax prune` wrote (its "
                   "pruning.json: prune it first)")
   if storage.exists(out) and storage.listdir(out):
@@ -227,8 +227,8 @@ def export_pruned(loaded, out: str, opts: ExportOptions = ExportOptions(), *,
   """Writes `out` with the masked heads of a loaded pruned run physically removed."""
   workdir = loaded.workdir
   check_export(workdir, out)
-  mask = masks.read_mask(workdir)
-  pruned = masks.export_pruned(loaded.params, mask)
+  mask = head_masks.read_head_mask(workdir)
+  pruned = head_masks.export_pruned(loaded.params, mask)
   batch = next(loaded.task.eval_batches("test", 16))[0]
   speed, (masked_out, exported_out) = forward_speedup(loaded.task, loaded.params, pruned, batch)
   diff = float(np.max(np.abs(masked_out - exported_out)))
@@ -239,9 +239,9 @@ def export_pruned(loaded, out: str, opts: ExportOptions = ExportOptions(), *,
               head_counts=common_lib.head_counts(pruned), source_mask=info["mask"],
               kv_head_counts={s: [int(p["wk"].shape[1]) for st, _, p in
                                   common_lib.attention_blocks(pruned) if st == s] for s in mask},
-              mask=masks.mask_to_json(masks.exported_mask(loaded.params, mask)), forward_speed=speed)
+              mask=head_masks.head_mask_to_json(head_masks.exported_head_mask(loaded.params, mask)), forward_speed=speed)
   write_workdir(loaded, out, pruned, info)
-  log(f"exported {masks.count(mask)} heads -> {out}; head counts {common_lib.head_counts(pruned)}; "
+  log(f"exported {head_masks.count(mask)} heads -> {out}; head counts {common_lib.head_counts(pruned)}; "
       f"max |output difference| vs the masked model {diff:.2e} (max |output| {scale:.3g}); "
       f"forward {speed['masked_s']:.4f} s -> {speed['exported_s']:.4f} s "
       f"(x{speed['speedup']:.2f}, {speed['masked_tokens_per_s']:.0f} -> "

@@ -39,7 +39,7 @@ from mha_jax.traces import token_strings
 from mha_jax.errors import UserError
 from mha_jax.toolkit import memory
 from mha_jax.toolkit.pairs import Pairs
-from mha_jax.toolkit.roles import ROLE_COLORS
+from mha_jax.roles.role_scores import ROLE_COLORS
 
 HEAD_SITES = ("z", "q", "k_q", "v_q", "result")     # per query head
 KV_SITES = ("k", "v")                                # per key/value head

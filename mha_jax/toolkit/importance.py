@@ -48,7 +48,7 @@ def parse_heads(params, names: str | Sequence[str]) -> list[tuple[str, int, int]
 
 
 def gates_without(params, heads: Sequence[tuple[str, int, int]]):
-  gates = common.ones_gates(params)
+  gates = common.ones_head_gates(params)
   for stack, layer, head in heads:
     gates[stack][layer] = gates[stack][layer].at[head].set(0.0)
   return gates
@@ -177,7 +177,7 @@ def michel_importance(loaded, split: str = "valid", *, limit: int = 512,
   "examples": n}, from per-example gate gradients taken at `gates` (default: all 1)."""
   model = loaded.task
   params = loaded.params if params is None else params
-  ones = common.ones_gates(params) if gates is None else gates
+  ones = common.ones_head_gates(params) if gates is None else gates
   if not loaded.task.trainable:   # imported real models: memory-bound
     batch_size = min(batch_size, int(loaded.config.eval.batch_size))
 

@@ -61,7 +61,8 @@ class Pairs:
             for t, a, w, n in zip(self.text, self.answer, self.wrong, self.length)]
 
 
-def _tokenizer(task):
+def task_tokenizer(task):
+  """The task's tokenizer; a UserError (setting task) when the model has none."""
   tok = getattr(task, "tokenizer", None)
   if tok is None:
     raise UserError("this model has no tokenizer (a run on repeated random tokens): use "
@@ -71,17 +72,19 @@ def _tokenizer(task):
 
 def encode(task, text: str) -> list[int]:
   """The model's token ids of a prompt (its BOS first when its tokenizer adds one)."""
-  _tokenizer(task)
+  task_tokenizer(task)
   return traces.prompt_ids(task, text)
 
 
 def single_token(task, text: str) -> int | None:
   """The id of `text` when it is exactly one token of the model's vocabulary, else None."""
-  ids = [int(i) for i in _tokenizer(task).encode(text)]
+  ids = [int(i) for i in task_tokenizer(task).encode(text)]
   return ids[0] if len(ids) == 1 else None
 
 
-def _pack(rows: list[tuple[list[int], list[int], int, int, dict]]) -> Pairs:
+def pack_pairs(rows: list[tuple[list[int], list[int], int, int, dict]]) -> Pairs:
+  """Pairs from rows (clean ids, corrupt ids, answer, wrong, meta), each padded to the
+  longest with its last token: clean and corrupt (N, T) int32."""
   n = len(rows)
   t = max(len(r[0]) for r in rows)
   clean = np.zeros((n, t), np.int32)
@@ -127,7 +130,7 @@ def ioi_pairs(task, n: int = 8, seed: int = 0) -> Pairs:
                  {"clean": clean, "corrupt": corrupt, "answer": " " + a, "wrong": " " + b}))
   if not rows:
     raise UserError("no IOI pair tokenized to equal lengths for this tokenizer")
-  return _pack(rows)
+  return pack_pairs(rows)
 
 
 def induction_pairs(task, n: int = 8, half_len: int = 10, seed: int = 0) -> Pairs:
@@ -157,7 +160,33 @@ def induction_pairs(task, n: int = 8, half_len: int = 10, seed: int = 0) -> Pair
     corrupt = bos + s + r[:-1]
     rows.append(([int(i) for i in clean], [int(i) for i in corrupt], int(r[-1]), int(s[-1]),
                  {"clean": "repeated random tokens", "corrupt": "fresh first half"}))
-  return _pack(rows)
+  return pack_pairs(rows)
+
+
+# The behaviours the toolkit draws pairs for: name -> fn(task, n, seed) -> Pairs. A
+# behaviour is what a pair tests (its name is a study's --task); the `task` these
+# functions take is the run's Task object (its tokenizer).
+BUILDERS = {"ioi": lambda task, n, seed: ioi_pairs(task, n, seed),
+            "induction": lambda task, n, seed: induction_pairs(task, n, seed=seed)}
+BEHAVIOURS = tuple(BUILDERS)
+
+
+def select_pairs(task, behaviour: str | None, pairs_file: str | None, n: int, seed: int,
+                 builders: dict | None = None):
+  """The pairs of exactly one of a built-in behaviour (n drawn with seed by
+  `builders[behaviour]`, default BUILDERS) and a JSONL pairs file (read_pairs). Returns
+  what the builder returns (Pairs for BUILDERS'), Pairs for a file; refuses both, neither
+  and an unknown behaviour naming the setting (task, pairs)."""
+  builders = BUILDERS if builders is None else builders
+  if (behaviour is None) == (pairs_file is None):
+    raise UserError(f"give exactly one of task ({', '.join(builders)}) and pairs "
+                    "FILE.jsonl", setting=("task", "pairs"))
+  if pairs_file is not None:
+    return read_pairs(task, pairs_file)
+  if behaviour not in builders:
+    raise UserError(f"task must be one of {tuple(builders)}; got {behaviour!r}",
+                    setting="task")
+  return builders[behaviour](task, n, seed)
 
 
 _FIELDS = ("clean", "corrupt", "answer", "wrong")
@@ -202,7 +231,7 @@ def parse_pairs(task, lines, source: str) -> Pairs:
     for f in ("answer", "wrong"):
       ids[f] = single_token(task, obj[f])
       if ids[f] is None:
-        got = len(_tokenizer(task).encode(obj[f]))
+        got = len(task_tokenizer(task).encode(obj[f]))
         raise UserError(f"{where}: {f} {obj[f]!r} must be one token of the model's "
                         f"vocabulary; it is {got} tokens")
     if ci == xi:
@@ -215,4 +244,4 @@ def parse_pairs(task, lines, source: str) -> Pairs:
     rows.append((ci, xi, ids["answer"], ids["wrong"], {f: obj[f] for f in _FIELDS}))
   if not rows:
     raise UserError(f"{source} holds no pairs")
-  return _pack(rows)
+  return pack_pairs(rows)

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from mha_jax import storage
-from mha_jax.toolkit.roles import ROLE_COLORS
+from mha_jax.roles.role_scores import ROLE_COLORS
 
 
 def _pyplot():

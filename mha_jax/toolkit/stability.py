@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from mha_jax import storage
-from mha_jax.toolkit.roles import ROLE_ORDER, STACK_ROLES
+from mha_jax.roles.role_scores import ROLE_ORDER, STACK_ROLES
 from mha_jax.toolkit import plots
 
 
@@ -33,7 +33,7 @@ def appears_at(by_step: Sequence[tuple[int, float | None]], threshold: float) ->
   """The step from which a score stays >= threshold at every later checkpoint, the last
   included, over (step, score) pairs in step order; None if the last is below it (or
   None): a transient, e.g. near initialisation, is no appearance. The phase change
-  (compare_runs) and the step at which a head role appears (analysis.role_steps)."""
+  (compare_runs) and the step at which a head role appears (roles.role_steps)."""
   step = None
   for s, v in by_step:
     ok = v is not None and v >= threshold

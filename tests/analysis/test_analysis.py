@@ -12,8 +12,8 @@ import mha_jax
 from mha_jax import cli, interventions, tasks
 from mha_jax.toolkit import ablations
 from mha_jax.toolkit import capture, importance
-from mha_jax.analysis import attention_explorer, report
-from mha_jax.toolkit import head_roles
+from mha_jax.analysis import analyze, attention_explorer
+from mha_jax.roles import head_roles
 from mha_jax.models import common
 from builders import trained_translation
 
@@ -111,7 +111,7 @@ def test_michel_importance_matches_a_finite_difference(loaded):
   loss = lambda g: float(loaded.task.loss(loaded.params, batch,
                                           hook=tasks.gates_hook(loaded.task, g))[0])
   eps = 1e-2
-  up, down = common.ones_gates(loaded.params), common.ones_gates(loaded.params)
+  up, down = common.ones_head_gates(loaded.params), common.ones_head_gates(loaded.params)
   up["encoder"][0] = up["encoder"][0].at[1].add(eps)
   down["encoder"][0] = down["encoder"][0].at[1].add(-eps)
   fd = abs(loss(up) - loss(down)) / (2 * eps)
@@ -139,8 +139,8 @@ def test_ablate_cli_writes_json_and_plot(loaded, capsys):
 
 
 def test_analyze_writes_the_report(loaded):
-  opts = report.AnalyzeOptions(split="valid", bleu_limit=8, importance_limit=16)
-  summary = report.analyze(loaded, None, opts, log=lambda s: None)
+  opts = analyze.AnalyzeOptions(split="valid", bleu_limit=8, importance_limit=16)
+  summary = analyze.analyze(loaded, None, opts, log=lambda s: None)
   d = os.path.join(loaded.workdir, "analysis")
   rows = json.load(open(os.path.join(d, "heads.json")))
   assert len(rows) == len(loaded.head_names) == 6

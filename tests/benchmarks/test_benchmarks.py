@@ -1,4 +1,4 @@
-"""The benchmarks of `mha-jax bench NAME` (experiments/benchmarks/), each run through
+"""The benchmarks of `mha-jax bench NAME` (mha_jax/harness/benchmarks/), each run through
 `mha_jax.cli.main` at tiny sizes: what they write is checked against numbers computed
 here (FLOPs from the shapes, head counts from the checkpoints), never against a time."""
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.xdist_group("trained_runs")
 
 
 def test_every_benchmark_is_a_bench_verb_with_flags_from_its_options():
-  from experiments import benchmarks
+  from mha_jax.harness import benchmarks
   cli.build_parser()
   for name in benchmarks.NAMES:
     verb = cli.BENCH[name]

@@ -9,7 +9,7 @@ import pytest
 
 from mha_jax import cli
 from mha_jax import interventions
-from mha_jax.circuits import circuit, edges as edges_lib, circuit_tasks
+from mha_jax.circuits import circuit, edges as edges_lib, circuit_behaviours
 from mha_jax.errors import UserError
 from mha_jax.loader import load
 from mha_jax.toolkit import activation_patching
@@ -90,19 +90,19 @@ def test_bad_target_and_pairs_are_refused_by_name(tiny_attn_lm, tmp_path, capsys
   bad.write_text('{"clean": "ab", "corrupt": "ac", "answer": "d", "wrong": "e", '
                  '"metric": "kl"}\n')
   with pytest.raises(UserError, match="line 1: metric must be one of"):
-    circuit_tasks.file_metric(str(bad))
+    circuit_behaviours.file_metric(str(bad))
 
 
 def test_greater_than_pairs_and_metric(tiny_attn_lm):
   loaded = load(tiny_attn_lm[0])             # bytes: every digit is one token
-  pairs, spec = circuit_tasks.greater_than(loaded.task, 3, seed=1)
+  pairs, spec = circuit_behaviours.greater_than(loaded.task, 3, seed=1)
   assert pairs.text[0]["clean"].startswith("The war lasted from the year 17")
   assert pairs.text[0]["corrupt"] == "The war lasted from the year 1701 to the year 17"
   yy = [int(t["clean"].split(" to ")[0][-2:]) for t in pairs.text]
   digits = [loaded.task.tokenizer.encode(str(d))[0] for d in range(10)]
   assert list(spec["ids"]) == digits
   logits = np.random.default_rng(0).normal(size=(3, loaded.task.vocab_size)).astype(np.float32)
-  got = np.asarray(circuit_tasks.metric_of(pairs, spec)(logits))
+  got = np.asarray(circuit_behaviours.metric_of(pairs, spec)(logits))
   p = np.exp(logits - logits.max(1, keepdims=True))
   p /= p.sum(1, keepdims=True)
   for n, y in enumerate(yy):

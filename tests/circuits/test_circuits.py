@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha_jax.circuits import paths, circuits_report
+from mha_jax.circuits import paths, induction_circuits
 from mha_jax.toolkit import composition as scores
 from mha_jax.data import repeated_tokens
 from mha_jax.loader import load
@@ -108,7 +108,7 @@ def test_trained_two_layer_model_has_an_induction_head(tmp_path):
   cfg = tiny("configs/induction.py", ["--config.train.progress=false",
                                       "--config.train.checkpoint_every=500"])
   loop.train(cfg, wd, log=lambda s: None)
-  res = circuits_report.circuits(load(wd), log=lambda s: None)
+  res = induction_circuits.circuits(load(wd), log=lambda s: None)
   prev = res["previous_token_head"]
   heads = [r for r in res["induction_heads"] if r["head"].startswith("lm.1.")]
   assert heads, res["heads"]
@@ -139,7 +139,7 @@ def test_natural_text_model_grows_a_previous_token_head_then_an_induction_head(t
   tokens, neither of which the model has at its first checkpoint (docs/guide/circuits.md:
   0.56 and 0.29 at step 700 of the committed seed 0)."""
   import dataclasses
-  from mha_jax.circuits import behaviour
+  from mha_jax.roles import behaviour
   from mha_jax.train import checkpoint as ckpt_lib
   wd = str(tmp_path / "text")
   cfg = tiny("configs/attn_only_text.py:steps=700", ["--config.train.progress=false",
@@ -169,7 +169,7 @@ def test_circuits_runs_on_a_text_model_with_layernorm(tmp_path):
       "--config.model.d_model=16", "--config.model.max_len=32", "--config.train.batch_size=4",
       "--config.eval.batch_size=4", "--config.eval.lm_batches=1", "--config.model.pos=qk"])
   loop.train(cfg, wd, log=lambda s: None)
-  res = circuits_report.circuits(load(wd), None, circuits_report.CircuitsOptions(samples=20),
+  res = induction_circuits.circuits(load(wd), None, induction_circuits.CircuitsOptions(samples=20),
                         log=lambda s: None)
   assert len(res["heads"]) == 16 and "term_importance" not in res    # LayerNorm: no paths
   # Olsson et al.'s ICL score on the run's own text: token 32 (the context) minus token 6.
@@ -199,8 +199,8 @@ def test_a_text_model_without_layernorm_has_its_terms_measured_on_its_own_text(t
                  "--config.eval.lm_batches=1"])
   assert cfg.model.pos == "qk_sinusoidal" and not cfg.model.layer_norm
   loop.train(cfg, wd, log=lambda s: None)
-  res = circuits_report.circuits(load(wd), None,
-                        circuits_report.CircuitsOptions(samples=20, track=False), log=lambda s: None)
+  res = induction_circuits.circuits(load(wd), None,
+                        induction_circuits.CircuitsOptions(samples=20, track=False), log=lambda s: None)
   assert res["term_importance_on"] == "text" and res["path_expansion_max_error"] < 1e-4
   loaded = load(wd)
   w = loaded.task.text_windows("valid", 16)        # the full model's loss on those windows
@@ -218,11 +218,11 @@ def test_circuit_roles_names_heads_at_the_taxonomys_thresholds(tmp_path, capsys)
   import pathlib
   import shutil
   import sys
-  from mha_jax.analysis import taxonomy
+  from mha_jax.roles import head_taxonomy
   root = pathlib.Path(__file__).resolve().parents[2]
   sys.path.insert(0, str(root / "scripts"))
   import circuit_roles
-  t = taxonomy.TaxonomyOptions().thresholds()
+  t = head_taxonomy.ClassifyOptions().thresholds()
   head = {"previous_token": 0.0, "prefix_matching": t["induction"], "duplicate_token": 0.0,
           "logit_edge": 0.5, "dla": -0.2}
   th = circuit_roles.thresholds()

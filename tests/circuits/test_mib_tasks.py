@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from mha_jax.circuits import circuit_tasks, mib_tasks
+from mha_jax.circuits import circuit_behaviours, mib_tasks
 from mha_jax.toolkit import pairs as pairs_lib
 
 
@@ -64,13 +64,13 @@ def test_mib_pairs_align_and_the_counterfactual_flips_the_answer(name):
     assert all(re.fullmatch(r"\d\d[+-]\d\d=", t["clean"]) for t in pairs.text)
 
 
-def test_mib_tasks_are_circuit_tasks_with_mib_s_logit_difference():
+def test_mib_tasks_are_circuit_behaviours_with_mib_s_logit_difference():
   class Loaded:
     task = FakeTask()
-  pairs, spec = circuit_tasks.make(Loaded(), "mib-mcqa", None, 4, 0)
-  assert spec == "logit_diff" and "mib-ioi" in circuit_tasks.TASKS
+  pairs, spec = circuit_behaviours.make(Loaded(), "mib-mcqa", None, 4, 0)
+  assert spec == "logit_diff" and "mib-ioi" in circuit_behaviours.BEHAVIOURS
   logits = np.random.default_rng(0).normal(size=(len(pairs), 50))
   rows = np.arange(len(pairs))
   want = logits[rows, pairs.answer] - logits[rows, pairs.wrong]   # MIB's logit_diff
-  got = np.asarray(circuit_tasks.metric_of(pairs, spec)(logits))
+  got = np.asarray(circuit_behaviours.metric_of(pairs, spec)(logits))
   np.testing.assert_allclose(got, want, rtol=1e-6)

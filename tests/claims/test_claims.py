@@ -10,15 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha_jax import attention as A
+from mha_jax import attention
 from mha_jax import cli
 from mha_jax.machine import machine
-from experiments.claims import measure as E
-from experiments.claims import rules as R
-from experiments.claims import run as claims_run
-from experiments.claims import toy
+from mha_jax.harness.claims import measure
+from mha_jax.harness.claims import rules
+from mha_jax.harness.claims import run as claims_run
+from mha_jax.harness.claims import toy
 
-H, F, I = R.HOLDS, R.FAILS, R.INCONCLUSIVE
+H, F, I = rules.HOLDS, rules.FAILS, rules.INCONCLUSIVE
 
 
 def test_cheap_claims_end_to_end(tmp_path, capsys):
@@ -45,7 +45,7 @@ def test_cheap_claims_end_to_end(tmp_path, capsys):
   assert all(r["settings"]["toy"]["verdict"] == H == r["settings"]["toy"]["per_seed"][0][
       "verdict"] for r in rep.values())
   md = open(os.path.join(out, "REPORT.md")).read()
-  assert sum(l.startswith("| **") for l in md.splitlines()) == 3 and "**holds**" in md and R.mixture_dip.text in md
+  assert sum(l.startswith("| **") for l in md.splitlines()) == 3 and "**holds**" in md and rules.mixture_dip.text in md
   assert os.path.getsize(os.path.join(out, "mixture_dip.png")) > 1000
 
 
@@ -56,60 +56,60 @@ def test_only_rejects_unknown_names(tmp_path):
 
 
 def test_whole_token_flips_when_heads_read_slices():
-  p = dict(A.init_attention_params(jax.random.PRNGKey(0), 8, 4))
+  p = dict(attention.init_attention_params(jax.random.PRNGKey(0), 8, 4))
   x = jax.random.normal(jax.random.PRNGKey(1), (8,))
-  g = E.q_jacobian(p, x)
+  g = measure.q_jacobian(p, x)
   assert (g > 0).all()
   sliced = np.zeros((8, 4, 2), np.float32)          # head h reads only its own 2 inputs
   for h in range(4):
     sliced[2 * h:2 * h + 2, h] = np.asarray(p["wq"])[2 * h:2 * h + 2, h]
-  g2 = E.q_jacobian({**p, "wq": jnp.asarray(sliced)}, x)
+  g2 = measure.q_jacobian({**p, "wq": jnp.asarray(sliced)}, x)
   share = ((g2 > 1e-9 * g2.max()).sum(0) / 8).min()
   assert share == 0.25
-  assert R.whole_token({"min_share_of_features_read": {"4": 1.0}}) == H
-  assert R.whole_token({"min_share_of_features_read": {"4": float(share)}}) == F
+  assert rules.whole_token({"min_share_of_features_read": {"4": 1.0}}) == H
+  assert rules.whole_token({"min_share_of_features_read": {"4": float(share)}}) == F
 
 
 def test_mixture_rule_flips():
-  c = E.mixture_curve()
+  c = measure.mixture_curve()
   n = {"peak_at_0": c["peak"][0], "peak_at_half": c["peak"][10], "peak_at_1": c["peak"][-1],
        "argmin_mix": c["ratios"][int(np.argmin(c["peak"]))]}
-  assert R.mixture_dip(n) == H
-  assert R.mixture_dip({**n, "peak_at_half": n["peak_at_0"]}) == F
-  assert R.mixture_dip({**n, "argmin_mix": 0.9}) == F
+  assert rules.mixture_dip(n) == H
+  assert rules.mixture_dip({**n, "peak_at_half": n["peak_at_0"]}) == F
+  assert rules.mixture_dip({**n, "argmin_mix": 0.9}) == F
 
 
 def test_divisor_rule_flips_when_the_divisors_swap():
-  c = E.divisor_curves(queries=256, keys=8, dk_grid=(1, 8, 64))
-  assert R.divisor(c) == H
+  c = measure.divisor_curves(queries=256, keys=8, dk_grid=(1, 8, 64))
+  assert rules.divisor(c) == H
   swapped = {"peak": {"1/sqrt(d_k)": c["peak"]["1/sqrt(d_model)"],
                       "1/sqrt(d_model)": c["peak"]["1/sqrt(d_k)"]},
              "entropy": {"1/sqrt(d_k)": c["entropy"]["1/sqrt(d_model)"],
                          "1/sqrt(d_model)": c["entropy"]["1/sqrt(d_k)"]}}
-  assert R.divisor(swapped) == F
+  assert rules.divisor(swapped) == F
   n = {"entropy": {"1/sqrt(d_k)": [4.0, 4.1], "1/sqrt(d_model)": [4.4, 4.5]}}
-  assert R.divisor_real_widths(n) == H
-  assert R.divisor_real_widths({"entropy": {"1/sqrt(d_k)": [3.0, 4.1],
+  assert rules.divisor_real_widths(n) == H
+  assert rules.divisor_real_widths({"entropy": {"1/sqrt(d_k)": [3.0, 4.1],
                                             "1/sqrt(d_model)": [4.4, 4.5]}}) == F
 
 
 def test_cost_rule_on_real_pytrees_and_a_broken_count():
-  n = E.cost_table(d_model=128, seq_len=16, heads=(1, 4, 16))
+  n = measure.cost_table(d_model=128, seq_len=16, heads=(1, 4, 16))
   n["gpt2_small_params"] = 2_359_296
-  assert R.cost(n) == H
+  assert rules.cost(n) == H
   assert n["score_bytes"] == [h * 16 * 16 * 4 for h in (1, 4, 16)]
-  assert R.cost({**n, "params": [n["params"][0], n["params"][1] + 4, n["params"][2]]}) == F
-  assert R.cost({**n, "score_bytes": [1, 2, 3]}) == F
+  assert rules.cost({**n, "params": [n["params"][0], n["params"][1] + 4, n["params"][2]]}) == F
+  assert rules.cost({**n, "score_bytes": [1, 2, 3]}) == F
 
 
 def test_dk1_rule_and_argmax_on_a_rank_one_layer():
   params = toy.init(jax.random.PRNGKey(0), vocab=8, d_model=4, heads=4, length=6)
   tokens = toy.two_target_batch(0, 8, 6, 8)["tokens"]
-  assert E.dk1_argmax_share(params, tokens) == 1.0       # any d_k=1 layer, trained or not
+  assert measure.dk1_argmax_share(params, tokens) == 1.0       # any d_k=1 layer, trained or not
   n = {"argmax_at_extreme_share": 1.0, "loss_dk1": 1.2, "best_loss": 1.0}
-  assert R.dk1(n) == H
-  assert R.dk1({**n, "loss_dk1": 1.01}) == I
-  assert R.dk1({**n, "argmax_at_extreme_share": 0.7}) == F
+  assert rules.dk1(n) == H
+  assert rules.dk1({**n, "loss_dk1": 1.01}) == I
+  assert rules.dk1({**n, "argmax_at_extreme_share": 0.7}) == F
 
 
 def test_wo_share_is_zero_for_block_diagonal_and_the_rule_flips():
@@ -119,21 +119,21 @@ def test_wo_share_is_zero_for_block_diagonal_and_the_rule_flips():
   block = np.zeros_like(wo)
   for h in range(4):
     block[h, :, 2 * h:2 * h + 2] = wo[h, :, 2 * h:2 * h + 2]
-  assert np.allclose(E.wo_outside_share(heads, block), 0.0)
-  full = E.wo_outside_share(heads, wo)
-  assert R.wo_mixes({"mean_share_outside_slot": float(full.mean())}) == H
-  assert R.wo_mixes({"mean_share_outside_slot": 0.0}) == F
-  s = E.wo_slider(heads[0, 0], wo, alphas=[0.0, 1.0])
+  assert np.allclose(measure.wo_outside_share(heads, block), 0.0)
+  full = measure.wo_outside_share(heads, wo)
+  assert rules.wo_mixes({"mean_share_outside_slot": float(full.mean())}) == H
+  assert rules.wo_mixes({"mean_share_outside_slot": 0.0}) == F
+  s = measure.wo_slider(heads[0, 0], wo, alphas=[0.0, 1.0])
   assert s["other_share"][0] == 0.0 and s["other_share"][1] > 0.3
 
 
 def test_compromise_rule_flips():
   n = {"loss_h1": 1.6, "loss_h2": 1.2, "loss_h4": 0.8, "chance_loss": 5.5,
        "h1_weight_previous": 0.35, "h1_weight_partner": 0.2}
-  assert R.one_head_compromises(n) == H
-  assert R.one_head_compromises({**n, "loss_h1": 0.85}) == F
-  assert R.one_head_compromises({**n, "h1_weight_partner": 0.01}) == F
-  assert R.one_head_compromises({**n, "loss_h2": 5.0, "loss_h4": 5.0}) == I
+  assert rules.one_head_compromises(n) == H
+  assert rules.one_head_compromises({**n, "loss_h1": 0.85}) == F
+  assert rules.one_head_compromises({**n, "h1_weight_partner": 0.01}) == F
+  assert rules.one_head_compromises({**n, "loss_h2": 5.0, "loss_h4": 5.0}) == I
 
 
 def test_two_target_data():
@@ -151,54 +151,54 @@ def test_two_target_data():
 def test_study_rules_flip():
   n = {"specialised_share_all": 0.4, "specialised_share_kept": 0.6,
        "last_heads_roles": ["positional", "other"], "bleu_all": 95.0, "bleu_kept": 93.0}
-  assert R.pruning(n) == H
-  assert R.pruning({**n, "bleu_kept": 80.0}) == F
-  assert R.pruning({**n, "specialised_share_kept": 0.2}) == F
+  assert rules.pruning(n) == H
+  assert rules.pruning({**n, "bleu_kept": 80.0}) == F
+  assert rules.pruning({**n, "specialised_share_kept": 0.2}) == F
   k = {"k_partner": "lm.0.1", "previous_token_head": "lm.0.1", "k_row_median": 0.01,
        "k_partner_score": 0.15, "previous_token_score": 0.95, "prefix_matching": 0.85,
        "k_partner_previous_token": 0.95, "induction_head": "lm.1.0"}
-  assert R.induction_k_composition(k) == H and R.why(R.induction_k_composition, k) == ""
-  assert R.induction_k_composition({**k, "k_partner_previous_token": 0.5}) == I
-  assert R.induction_k_composition({**k, "k_row_median": 0.1}) == I
-  assert "3x" in R.why(R.induction_k_composition, {**k, "k_row_median": 0.1})
-  assert R.induction_k_composition({**k, "k_partner_previous_token": 0.2}) == F
+  assert rules.induction_k_composition(k) == H and rules.why(rules.induction_k_composition, k) == ""
+  assert rules.induction_k_composition({**k, "k_partner_previous_token": 0.5}) == I
+  assert rules.induction_k_composition({**k, "k_row_median": 0.1}) == I
+  assert "3x" in rules.why(rules.induction_k_composition, {**k, "k_row_median": 0.1})
+  assert rules.induction_k_composition({**k, "k_partner_previous_token": 0.2}) == F
   c = {"induction_head": "lm.1.0", "previous_token_head": "lm.0.1", "path_k_effect": 0.4,
        "best_other": "lm.0.2", "best_other_effect": 0.1}
-  assert R.induction_k_causal(c) == H
-  assert R.induction_k_causal({**c, "best_other_effect": 0.3}) == I
-  assert R.induction_k_causal({**c, "path_k_effect": 0.04, "best_other_effect": 0.0}) == I
-  assert R.induction_k_causal({**c, "best_other_effect": 0.5}) == F
-  assert "lm.0.2" in R.why(R.induction_k_causal, c)
+  assert rules.induction_k_causal(c) == H
+  assert rules.induction_k_causal({**c, "best_other_effect": 0.3}) == I
+  assert rules.induction_k_causal({**c, "path_k_effect": 0.04, "best_other_effect": 0.0}) == I
+  assert rules.induction_k_causal({**c, "best_other_effect": 0.5}) == F
+  assert "lm.0.2" in rules.why(rules.induction_k_causal, c)
   # several induction heads: the majority's verdict, else inconclusive
   fail = {**c, "induction_head": "lm.1.3", "best_other_effect": 0.5}
   soft = {**c, "induction_head": "lm.1.2", "path_k_effect": 0.01, "best_other_effect": 0.0}
-  assert R.induction_k_causal({"receivers": [c, fail, c]}) == H
-  assert R.induction_k_causal({"receivers": [fail, c, fail]}) == F
-  assert R.induction_k_causal({"receivers": [c, fail, soft]}) == I
-  assert "lm.1.3" in R.why(R.induction_k_causal, {"receivers": [c, fail]})
+  assert rules.induction_k_causal({"receivers": [c, fail, c]}) == H
+  assert rules.induction_k_causal({"receivers": [fail, c, fail]}) == F
+  assert rules.induction_k_causal({"receivers": [c, fail, soft]}) == I
+  assert "lm.1.3" in rules.why(rules.induction_k_causal, {"receivers": [c, fail]})
   m = {"share_at_0.99": 0.25, "share_at_0.95": 0.4, "heads": 72}
-  assert R.michel(m) == H
-  assert R.michel({**m, "share_at_0.99": 0.1}) == I
-  assert R.michel({**m, "share_at_0.99": 0.05, "share_at_0.95": 0.1}) == F
+  assert rules.michel(m) == H
+  assert rules.michel({**m, "share_at_0.99": 0.1}) == I
+  assert rules.michel({**m, "share_at_0.99": 0.05, "share_at_0.95": 0.1}) == F
   c = {"corner_heads": ["lm.1.1"], "induction_heads": ["lm.1.1"]}
-  assert R.positivity_corner(c) == H
-  assert R.positivity_corner({**c, "corner_heads": ["lm.1.1", "lm.1.2"]}) == F
-  assert R.positivity_corner({"corner_heads": [], "induction_heads": []}) == F
+  assert rules.positivity_corner(c) == H
+  assert rules.positivity_corner({**c, "corner_heads": ["lm.1.1", "lm.1.2"]}) == F
+  assert rules.positivity_corner({"corner_heads": [], "induction_heads": []}) == F
   s = {"share_near_baseline": 0.8, "max_over_baseline": 0.2}
-  assert R.composition_sparse(s) == H and R.composition_sparse(
+  assert rules.composition_sparse(s) == H and rules.composition_sparse(
       {**s, "share_near_baseline": 0.3}) == F
   t = {"loss_direct": 4.1, "loss_direct_single": 2.9, "loss_full": 2.8}
-  assert R.term_importance(t) == H
-  assert R.term_importance({**t, "loss_direct_single": 3.9}) == F
-  assert R.term_importance({**t, "loss_direct": 2.82}) == I
+  assert rules.term_importance(t) == H
+  assert rules.term_importance({**t, "loss_direct_single": 3.9}) == F
+  assert rules.term_importance({**t, "loss_direct": 2.82}) == I
   b = {"weight_on_bos": 0.7, "max_weight_elsewhere": 0.2}
-  assert R.rests_on_first_token(b) == H
-  assert R.rests_on_first_token({**b, "weight_on_bos": 0.3}) == F
+  assert rules.rests_on_first_token(b) == H
+  assert rules.rests_on_first_token({**b, "weight_on_bos": 0.3}) == F
   w = {"scores": [4, 0, 3], "scores_expected": [4, 0, 3], "weights": [4 / 7, 0, 3 / 7],
        "weights_expected": [4 / 7, 0, 3 / 7], "output": [2.86, 2.85, 1.43],
        "output_expected": [20 / 7, 20 / 7, 10 / 7]}
-  assert R.worked_example(w) == F                       # the seed's printed rounding
-  assert R.worked_example({**w, "output": w["output_expected"]}) == H
+  assert rules.worked_example(w) == F                       # the seed's printed rounding
+  assert rules.worked_example({**w, "output": w["output_expected"]}) == H
 
 
 def test_every_claim_has_a_rule_with_text():
@@ -236,7 +236,7 @@ def test_report_has_one_column_per_setting_and_says_why(tmp_path):
   cells = {"toy": claims_run.aggregate([_unit(s, H, **good) for s in range(3)],
                                        ("prefix_matching",), True),
            "text": {"verdict": "not run", "reason": "no --text-workdir given"},
-           "smollm2": claims_run.aggregate([_unit(None, R.induction_k_composition(soft),
+           "smollm2": claims_run.aggregate([_unit(None, rules.induction_k_composition(soft),
                                                   **soft)], ("prefix_matching",), False),
            "voita": {"verdict": "n/a"}}
   rep = {"seconds": 1.0, "toy_seeds": [0, 1, 2], "settings": {s: s for s in cells},
@@ -275,12 +275,12 @@ def test_settings_columns_in_a_run(tmp_path):
 
 
 def test_random_start_places_both_copies_and_masks_follow():
-  from mha_jax.data import repeated_tokens as RT
-  plain = RT.repeated_tokens(5, 2, 16, 8, 30, 4, return_lengths=True)
-  np.testing.assert_array_equal(plain[0], RT.repeated_tokens(5, 2, 16, 8, 30, 4))
-  x, m, p = RT.repeated_tokens(5, 2, 16, 8, 30, 4, return_lengths=True, random_start=True)
+  from mha_jax.data import repeated_tokens
+  plain = repeated_tokens.repeated_tokens(5, 2, 16, 8, 30, 4, return_lengths=True)
+  np.testing.assert_array_equal(plain[0], repeated_tokens.repeated_tokens(5, 2, 16, 8, 30, 4))
+  x, m, p = repeated_tokens.repeated_tokens(5, 2, 16, 8, 30, 4, return_lengths=True, random_start=True)
   assert (p >= 0).all() and (p + 2 * m <= 16).all() and p.max() > 0
-  masks = RT.position_masks(m, 16, p)
+  masks = repeated_tokens.position_masks(m, 16, p)
   for r in range(16):
     s = 1 + p[r]
     np.testing.assert_array_equal(x[r, s:s + m[r]], x[r, s + m[r]:s + 2 * m[r]])
@@ -318,10 +318,10 @@ def tiny_gemma(tmp_path_factory):
 
 @pytest.mark.slow
 def test_real_lm_circuit_claims_on_a_tiny_gemma(tiny_gemma, tmp_path):
-  from experiments.claims import studies as S
+  from mha_jax.harness.claims import studies
   model, wd = tiny_gemma
-  ctx = E.Context(out=str(tmp_path), log=lambda s: None)
-  n = S.claim_induction_k_composition(ctx, "gemma3", None, wd)["numbers"]
+  ctx = measure.Context(out=str(tmp_path), log=lambda s: None)
+  n = studies.claim_induction_k_composition(ctx, "gemma3", None, wd)["numbers"]
   assert n["weight_scores"].startswith("approximate")
   # The row recomputed from transformers' weights, Gemma's (1 + w) norm scales applied
   # by hand (input norm on Q, K, V; q/k norms on each head's K columns; the
@@ -350,16 +350,16 @@ def test_real_lm_circuit_claims_on_a_tiny_gemma(tiny_gemma, tmp_path):
     assert got == pytest.approx(want - n["baseline"], abs=1e-5), early
   assert n["k_partner"] == max(n["k_row"], key=n["k_row"].get)
   assert n["k_row_median"] == pytest.approx(np.median(list(n["k_row"].values())))
-  sp = S.claim_composition_sparse(ctx, "gemma3", None, wd)["numbers"]
+  sp = studies.claim_composition_sparse(ctx, "gemma3", None, wd)["numbers"]
   assert sp["pairs"] == 3 * 16 * 3                        # 3 kinds x pairs of layers
-  pc = S.claim_positivity_corner(ctx, "gemma3", None, wd)["numbers"]
+  pc = studies.claim_positivity_corner(ctx, "gemma3", None, wd)["numbers"]
   prev_layer = int(n["previous_token_head"].split(".")[1])
   assert pc["heads_scored"] == 4 * (3 - 1 - prev_layer)
   assert set(pc["corner_heads"]) <= set(pc["positivity"])
-  b = S.claim_rests_on_first_token(ctx, "gemma3", None, wd)["numbers"]
+  b = studies.claim_rests_on_first_token(ctx, "gemma3", None, wd)["numbers"]
   assert 0.0 <= b["weight_on_bos"] <= 1.0 and b["positions"] > 0
-  kc = S.claim_induction_k_causal(ctx, "gemma3", None, wd)["numbers"]
-  heads = S.circuit_facts(ctx, "gemma3", None, wd)["res"]["heads"]
+  kc = studies.claim_induction_k_causal(ctx, "gemma3", None, wd)["numbers"]
+  heads = studies.circuit_facts(ctx, "gemma3", None, wd)["res"]["heads"]
   assert kc["receivers"][0]["induction_head"] == n["induction_head"]
   for r in kc["receivers"]:
     li = int(r["induction_head"].split(".")[1])
@@ -368,7 +368,7 @@ def test_real_lm_circuit_claims_on_a_tiny_gemma(tiny_gemma, tmp_path):
     lp = r["previous_token_head"].split(".")[1]
     assert sorted(r["layer_row"]) == [f"lm.{lp}.{j}" for j in range(4)]
     assert all(np.isfinite(v) for v in r["layer_row"].values())
-    assert r["verdict"] == R.induction_k_causal_one(r)
+    assert r["verdict"] == rules.induction_k_causal_one(r)
   for name, fn in (("induction_k_composition", n), ("composition_sparse", sp),
                    ("positivity_corner", pc), ("rests_on_first_token", b),
                    ("induction_k_causal", kc)):
@@ -388,9 +388,9 @@ def test_the_causal_induction_rule_takes_a_single_seed_text_workdir(tiny_attn_lm
   assert list(claim["settings"]) == ["text"] and cell["runs"] == 1
   assert cell["seeds"] == [None] and cell["numbers"]["workdir"] == wd
   unit = cell["per_seed"][0]
-  assert unit["verdict"] == R.induction_k_causal(unit["numbers"])
+  assert unit["verdict"] == rules.induction_k_causal(unit["numbers"])
   assert cell["verdict"] == f"{unit['verdict']} in 1 of 1 seed"
   for r in unit["numbers"]["receivers"]:
-    assert r["verdict"] == R.induction_k_causal_one(r)
+    assert r["verdict"] == rules.induction_k_causal_one(r)
     assert r["path_k_effect"] == r["layer_row"][r["previous_token_head"]]
   assert rep["workdirs"]["text"] == wd

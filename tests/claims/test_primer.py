@@ -1,4 +1,4 @@
-"""The primer's figures (experiments/claims/primer.py) against independent computations, and
+"""The primer's figures (mha_jax/harness/claims/primer.py) against independent computations, and
 the page in a real browser: the four matrices, the seven lines at the zoo's widths,
 Voita's pruning grid, the natural-text model's circuit."""
 
@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 
 from mha_jax import accounting, assets
-from mha_jax import attention as A
+from mha_jax import attention
 from mha_jax.toolkit import capture
-from experiments.claims import measure as E
-from experiments.claims import primer as P
+from mha_jax.harness.claims import measure
+from mha_jax.harness.claims import primer
 from mha_jax.errors import UserError
 from browser import open_page
 
 
 def test_the_four_matrices_are_the_layer_and_run_the_seven_lines_in_numpy():
-  params = E.init_params(jax.random.PRNGKey(0), 8, 4)
-  m = P.four_matrices(params)
+  params = measure.init_params(jax.random.PRNGKey(0), 8, 4)
+  m = primer.four_matrices(params)
   assert m["d_model"] == 8 and m["d_k"] == 2 and m["cuts"] == {"1": 8, "2": 4, "4": 2, "8": 1}
   mats = {k: np.asarray(v) for k, v in m["matrices"].items()}
   assert all(v.shape == (8, 8) for v in mats.values())
@@ -38,15 +38,15 @@ def test_the_four_matrices_are_the_layer_and_run_the_seven_lines_in_numpy():
     w = np.exp(s - s.max(-1, keepdims=True))
     heads.append((w / w.sum(-1, keepdims=True)) @ v[:, b])
   y = np.concatenate(heads, -1) @ full["W_O"]
-  got = A.multi_head_attention(params, x[None].astype(np.float32))[0]
+  got = attention.multi_head_attention(params, x[None].astype(np.float32))[0]
   np.testing.assert_allclose(got, y, atol=1e-5)
   with pytest.raises(ValueError, match="params must be one standard layer"):
-    P.four_matrices({**params, "wo": params["wo"][:, :1]})
+    primer.four_matrices({**params, "wo": params["wo"][:, :1]})
 
 
 def test_the_seven_lines_run_at_zoo_widths_with_accountings_shapes():
   entries = [e for e in accounting.ZOO if e.name in ("Transformer-base", "LLaMA-3 8B")]
-  rows = P.seven_lines_zoo(entries=entries)
+  rows = primer.seven_lines_zoo(entries=entries)
   zoo = {r["model"]: r for r in accounting.zoo_rows(seq_len=4)}
   for r in rows:
     z = zoo[r["model"]]
@@ -56,7 +56,7 @@ def test_the_seven_lines_run_at_zoo_widths_with_accountings_shapes():
     assert r["params"] == z["params"] == r["params_formula"]
     assert r["stored"]["wk"] == [z["d_model"], z["kv_heads"], z["d_k"]]
     assert 1.0 <= r["flops"] / (z["gflops"] * 1e9) < 1.01    # matmuls + softmax, scaling
-  code = P.seven_lines_code()
+  code = primer.seven_lines_code()
   assert len(code) == 7 and code[0].startswith("q_BTD = ") and code[-1].startswith("y_BTD = ")
 
 
@@ -80,10 +80,10 @@ KEPT = ["encoder.0.0", "encoder.1.0", "encoder.0.2"]        # the top 3 of LOG_A
 
 def test_the_pruning_grid_is_the_prune_result(tmp_path):
   wd = _planted_translation(tmp_path, LOG_ALPHA, KEPT, ROLES)
-  ctx = E.Context(out=str(tmp_path / "out"))
-  found = P.find_pruned(ctx, wd)
+  ctx = measure.Context(out=str(tmp_path / "out"))
+  found = primer.find_pruned(ctx, wd)
   assert found == os.path.join(wd, "pruned_l0")
-  g = P.pruning_grid(wd, found)
+  g = primer.pruning_grid(wd, found)
   assert (g["layers"], g["heads"]) == (2, 4) and g["kept"] == KEPT     # strongest gate first
   flat = {f"encoder.{l}.{h}": v for l, row in enumerate(LOG_ALPHA) for h, v in enumerate(row)}
   gone = sorted((n for n in flat if n not in KEPT), key=flat.get)    # lowest gate first
@@ -100,14 +100,14 @@ def test_the_pruning_grid_is_the_prune_result(tmp_path):
           {"method": "l0", "kept": 1, "kept_heads": KEPT[:1]},
           {"method": "random", "kept": 3, "kept_heads": list(flat)[:3]}]
   (curve / "curve.json").write_text(json.dumps({"rows": rows}))
-  c = P.pruning_grid(wd, str(curve), keep=3)
+  c = primer.pruning_grid(wd, str(curve), keep=3)
   assert sorted(c["kept"]) == sorted(KEPT) and c["bleu_kept"] == 27.0
   assert c["removed_rank"] == {"encoder.0.1": 1, "encoder.0.3": 1, "encoder.1.2": 1,
                                "encoder.1.1": 2, "encoder.1.3": 2}
   with pytest.raises(UserError, match="no l0 row keeping 4 heads"):
-    P.pruning_grid(wd, str(curve), keep=4)
+    primer.pruning_grid(wd, str(curve), keep=4)
   with pytest.raises(UserError, match="has no pruning.json or curve.json"):
-    P.find_pruned(ctx, wd, str(tmp_path))
+    primer.find_pruned(ctx, wd, str(tmp_path))
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +118,8 @@ def text_lm(tiny_attn_lm):
 
 def test_the_text_circuit_against_numpy(text_lm):
   from mha_jax.loader import load
-  from mha_jax.circuits import behaviour
-  t = P.text_circuit(text_lm, samples=20)
+  from mha_jax.roles import behaviour
+  t = primer.text_circuit(text_lm, samples=20)
   loaded = load(text_lm)
   # The previous-token head: layer 0's largest mean weight on t-1, from the patterns.
   tokens, _ = behaviour.eval_tokens(loaded, 16)
@@ -145,16 +145,16 @@ def test_the_text_circuit_against_numpy(text_lm):
 @pytest.mark.slow
 def test_the_new_figures_in_a_real_browser(tmp_path, text_lm):
   wd = _planted_translation(tmp_path, LOG_ALPHA, KEPT, ROLES)
-  ctx = E.Context(out=str(tmp_path / "out"))
-  ctx.cache["seven_lines_zoo"] = P.seven_lines_zoo(entries=accounting.ZOO[:2])
+  ctx = measure.Context(out=str(tmp_path / "out"))
+  ctx.cache["seven_lines_zoo"] = primer.seven_lines_zoo(entries=accounting.ZOO[:2])
   path = str(tmp_path / "primer.html")
-  data = P.write(ctx, path, pruning_workdir=wd, text_workdir=text_lm)
+  data = primer.write(ctx, path, pruning_workdir=wd, text_workdir=text_lm)
   html = open(path).read()
   assert "http" not in html and "<link" not in html and "src=" not in html
   assert json.loads(html.split('<script id="data" type="application/json">', 1)[1]
                     .split("</script>", 1)[0]) == json.loads(json.dumps(data))
-  assert data["sentence"] == list(E.SENTENCE)
-  assert data["cost"]["params"] == [4 * 768 * 768] * len(E.COST_HEADS)
+  assert data["sentence"] == list(measure.SENTENCE)
+  assert data["cost"]["params"] == [4 * 768 * 768] * len(measure.COST_HEADS)
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:
     browser, page, errors, requests = open_page(p, path)
@@ -193,7 +193,7 @@ def test_the_new_figures_in_a_real_browser(tmp_path, text_lm):
         assert at == list(range(0, 9, dk)), (h, name)
     outs = page.eval_on_selector_all("#zoo tr.zrow td.out", "ts => ts.map(t => t.textContent)")
     assert outs == [json.dumps([1, 4, e.d_model]).replace(" ", "") for e in accounting.ZOO[:2]]
-    assert page.inner_text("#code").splitlines() == P.seven_lines_code()
+    assert page.inner_text("#code").splitlines() == primer.seven_lines_code()
     ranks = dict(page.eval_on_selector_all("#s-prune rect.phead", "rs => rs.map(r => "
                                            "[r.dataset.head, r.dataset.rank])"))
     assert sorted(n for n, r in ranks.items() if r == "") == sorted(KEPT)
@@ -216,7 +216,7 @@ def test_the_new_figures_in_a_real_browser(tmp_path, text_lm):
         + [t["prefix_matching_all"][f"lm.1.{h}"] for h in range(heads)], abs=1e-5)
     assert errors == [] and requests == []
     browser.close()
-  assert assets.read("primer.js", P.ASSETS).strip() in html
+  assert assets.read("primer.js", primer.ASSETS).strip() in html
 
 
 @pytest.mark.slow    # the seven lines at every zoo width (GPT-3's 12288 included)
@@ -231,7 +231,7 @@ def test_the_primer_verb_writes_the_page_once(tmp_path, text_lm, capsys):
   html = open(path).read()
   data = json.loads(html.split('<script id="data" type="application/json">', 1)[1]
                     .split("</script>", 1)[0])
-  assert data["sentence"] == list(E.SENTENCE)
+  assert data["sentence"] == list(measure.SENTENCE)
   assert sorted(data["pruning"]["kept"]) == sorted(KEPT)
   assert (data["pruning"]["bleu_all"], data["pruning"]["bleu_kept"]) == (30.0, 28.5)
   assert data["text_circuit"]["induction_head"].startswith("lm.1.")

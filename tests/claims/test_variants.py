@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from mha_jax import cli
-from mha_jax import compare_runs as C
+from mha_jax import compare_runs as compare_runs_lib
 from mha_jax import settings
-from experiments.claims import rules as R
-from experiments.claims import variants as V
+from mha_jax.harness.claims import rules
+from mha_jax.harness.claims import variants as variant_claims
 from mha_jax.errors import UserError
 
-H, F, I = R.HOLDS, R.FAILS, R.INCONCLUSIVE
-CHEAP = C.CompareOptions(prune_steps=3, windows=4, composition_samples=4)
+H, F, I = rules.HOLDS, rules.FAILS, rules.INCONCLUSIVE
+CHEAP = compare_runs_lib.CompareOptions(prune_steps=3, windows=4, composition_samples=4)
 
 
 @pytest.fixture(scope="module")
@@ -37,16 +37,17 @@ def sweep(tiny_attn_lm, tmp_path_factory):
 
 
 def test_compare_runs_tables_the_studies_values(sweep, tmp_path):
-  from mha_jax.circuits import behaviour
-  from mha_jax.circuits import circuits_report as circuits
+  from mha_jax.roles import behaviour
+  from mha_jax.circuits import induction_circuits as circuits
   from mha_jax.loader import load
   from mha_jax.pruning import methods
   from mha_jax import tasks
-  from mha_jax.toolkit import head_roles, masks
+  from mha_jax.toolkit import head_masks
+  from mha_jax.roles import head_roles
   d, heads = sweep
   out = str(tmp_path / "cmp")
   load = functools.cache(load)             # the direct calls reuse the runs' compilations
-  res = C.compare_runs([d], out, CHEAP, log=lambda s: None, load_fn=load)
+  res = compare_runs_lib.compare_runs([d], out, CHEAP, log=lambda s: None, load_fn=load)
   rows = {r["variant"]: r for r in res["rows"]}
   assert set(rows) == {"softmax", "gated"} and all(r["heads"] == heads for r in rows.values())
   for variant, row in rows.items():
@@ -67,20 +68,20 @@ def test_compare_runs_tables_the_studies_values(sweep, tmp_path):
     assert row["k_composition_max"] == pytest.approx(max(scores["composition"]["k"].values()))
     steps = circuits.over_checkpoints(loaded, tokens, lengths, lambda s: None)
     assert [r["step"] for r in row["over_steps"]] == [r["step"] for r in steps]
-    assert row["phase_change_step"] == C.phase_change_step(steps, CHEAP.phase_threshold)
+    assert row["phase_change_step"] == compare_runs_lib.phase_change_step(steps, CHEAP.phase_threshold)
     # the pruning: the same gates, the fewest heads within the tolerance
     la, _, _ = methods.train_gates(loaded, CHEAP.prune_lambda, stacks=("lm",),
                                    steps=CHEAP.prune_steps, log=lambda s: None)
     k = row["heads_kept"]
     loss_k = loaded.task.evaluate(loaded.params, "test", hook=tasks.gates_hook(
-        loaded.task, masks.full_gates(loaded.params, methods.top_k_mask(la, k))))["loss"]
+        loaded.task, head_masks.full_head_gates(loaded.params, methods.top_k_mask(la, k))))["loss"]
     assert row["pruning"]["by_k"][k] == pytest.approx(loss_k, rel=1e-6)
     assert row["heads_total"] == 2 * heads
     assert all(v > row["loss"] + CHEAP.loss_tolerance
                for kk, v in row["pruning"]["by_k"].items() if kk < k)
     assert loss_k <= row["loss"] + CHEAP.loss_tolerance or k == row["heads_total"]
   seen = []                                # a rerun reuses each run's row
-  again = C.compare_runs([d], out, CHEAP, log=seen.append, load_fn=load)
+  again = compare_runs_lib.compare_runs([d], out, CHEAP, log=seen.append, load_fn=load)
   assert sum("measured already" in m for m in seen) == 2
   assert [r["loss"] for r in again["rows"]] == [r["loss"] for r in res["rows"]]
   with open(os.path.join(out, "compare.json")) as f:
@@ -95,22 +96,22 @@ def test_compare_runs_tables_the_studies_values(sweep, tmp_path):
 def test_compare_runs_cli_and_bad_input(sweep, tmp_path):
   d, _ = sweep
   with pytest.raises(UserError, match="phase_threshold must be in"):
-    settings.check(C.CompareOptions(phase_threshold=1.5))
+    settings.check(compare_runs_lib.CompareOptions(phase_threshold=1.5))
   with pytest.raises(UserError, match="prune_steps must be >= 1; got 0"):
-    settings.check(C.CompareOptions(prune_steps=0))
+    settings.check(compare_runs_lib.CompareOptions(prune_steps=0))
   with pytest.raises(UserError, match="holds no run"):
-    C.expand([str(tmp_path)])
-  assert [n for n, _, _ in C.expand([d])] == sorted(os.listdir(d))
+    compare_runs_lib.expand([str(tmp_path)])
+  assert [n for n, _, _ in compare_runs_lib.expand([d])] == sorted(os.listdir(d))
 
 
 def test_phase_change_step():
   row = lambda step, pm: {"step": step, "max_prefix_matching": pm}
   rows = [row(50, 0.1), row(100, 0.3), row(150, 0.2), row(200, 0.4), row(250, 0.5)]
-  assert C.phase_change_step(rows, 0.3) == 200          # stays from 200 on; 100 was a blip
-  assert C.phase_change_step(rows, 0.5) == 250
-  assert C.phase_change_step(rows, 0.51) is None
-  assert C.phase_change_step(rows[:3], 0.3) is None     # a transient is no phase change
-  assert C.phase_change_step([row(5, None)], 0.1) is None
+  assert compare_runs_lib.phase_change_step(rows, 0.3) == 200          # stays from 200 on; 100 was a blip
+  assert compare_runs_lib.phase_change_step(rows, 0.5) == 250
+  assert compare_runs_lib.phase_change_step(rows, 0.51) is None
+  assert compare_runs_lib.phase_change_step(rows[:3], 0.3) is None     # a transient is no phase change
+  assert compare_runs_lib.phase_change_step([row(5, None)], 0.1) is None
 
 
 def _pair(variant, share, soft=0.5, uniform=0.06, **more):
@@ -119,43 +120,43 @@ def _pair(variant, share, soft=0.5, uniform=0.06, **more):
 
 
 def test_gating_rule_boundaries():
-  assert R.gating_removes_sink(_pair("gated", 0.1)) == H          # exactly 5-fold
-  assert R.gating_removes_sink(_pair("gated", 0.1001)) == F
-  assert R.gating_removes_sink(_pair("gated", 0.01, soft=0.119)) == I   # < 2 x 0.06: no sink
-  assert R.gating_removes_sink(_pair("gated", 0.01, soft=0.12)) == H
-  assert "0.2" in R.why(R.gating_removes_sink, _pair("gated", 0.2))
+  assert rules.gating_removes_sink(_pair("gated", 0.1)) == H          # exactly 5-fold
+  assert rules.gating_removes_sink(_pair("gated", 0.1001)) == F
+  assert rules.gating_removes_sink(_pair("gated", 0.01, soft=0.119)) == I   # < 2 x 0.06: no sink
+  assert rules.gating_removes_sink(_pair("gated", 0.01, soft=0.12)) == H
+  assert "0.2" in rules.why(rules.gating_removes_sink, _pair("gated", 0.2))
 
 
 def test_differential_rule_boundaries():
   d = lambda eff, **kw: _pair("differential", 0.3,
                               differential_effective_first_token_share=eff, **kw)
-  assert R.differential_less_sink(d(0.25)) == H
-  assert R.differential_less_sink(d(0.26)) == I
-  assert R.differential_less_sink(d(0.5)) == F
-  assert R.differential_less_sink(d(0.0, soft=0.1)) == I
+  assert rules.differential_less_sink(d(0.25)) == H
+  assert rules.differential_less_sink(d(0.26)) == I
+  assert rules.differential_less_sink(d(0.5)) == F
+  assert rules.differential_less_sink(d(0.0, soft=0.1)) == I
 
 
 def test_sink_rule_boundaries():
   s = lambda share, weight, **kw: _pair("sink", share, sink_logit_weight=weight, **kw)
-  assert R.sink_takes_first_token(s(0.25, 0.25)) == H
-  assert R.sink_takes_first_token(s(0.26, 0.4)) == F              # the share did not halve
-  assert R.sink_takes_first_token(s(0.1, 0.24)) == F              # the logit took too little
-  assert R.sink_takes_first_token(s(0.0, 0.0, soft=0.1)) == I
-  assert "sink logit takes 0.24" in R.why(R.sink_takes_first_token, s(0.1, 0.24))
+  assert rules.sink_takes_first_token(s(0.25, 0.25)) == H
+  assert rules.sink_takes_first_token(s(0.26, 0.4)) == F              # the share did not halve
+  assert rules.sink_takes_first_token(s(0.1, 0.24)) == F              # the logit took too little
+  assert rules.sink_takes_first_token(s(0.0, 0.0, soft=0.1)) == I
+  assert "sink logit takes 0.24" in rules.why(rules.sink_takes_first_token, s(0.1, 0.24))
 
 
 def test_uniform_share():
-  assert V.uniform_first_token_share(3) == pytest.approx((1 / 2 + 1 / 3) / 2)
+  assert variant_claims.uniform_first_token_share(3) == pytest.approx((1 / 2 + 1 / 3) / 2)
 
 
 def test_variants_setting_pairs_runs(sweep, tmp_path):
   d, heads = sweep
   ctx = type("Ctx", (), {"variants_workdir": d})()
-  (seed, unit), = V.variant_runs(ctx, "variants")
+  (seed, unit), = variant_claims.variant_runs(ctx, "variants")
   assert seed is None and unit["h"] == heads
   assert unit["gated"].endswith(f"gated_h{heads}")
   with pytest.raises(UserError, match="no softmax_hH point"):
-    V.variant_runs(type("Ctx", (), {"variants_workdir": str(tmp_path)})(), "variants")
+    variant_claims.variant_runs(type("Ctx", (), {"variants_workdir": str(tmp_path)})(), "variants")
 
 
 @pytest.mark.slow
@@ -167,8 +168,8 @@ def test_claims_cli_variants_setting(sweep, tmp_path):
   with open(os.path.join(out, "claims.json")) as f:
     cell = json.load(f)["claims"][0]["settings"]["variants"]
   n = cell["numbers"]
-  rows = {v: V.attention_facts(type("Ctx", (), {"cache": {}})(), os.path.join(d, f"{v}_h{heads}"))
+  rows = {v: variant_claims.attention_facts(type("Ctx", (), {"cache": {}})(), os.path.join(d, f"{v}_h{heads}"))
           for v in ("softmax", "gated")}
   assert n["softmax_first_token_share"] == pytest.approx(rows["softmax"]["first_token_share"])
   assert n["gated_first_token_share"] == pytest.approx(rows["gated"]["first_token_share"])
-  assert cell["per_seed"][0]["verdict"] == R.gating_removes_sink(n)
+  assert cell["per_seed"][0]["verdict"] == rules.gating_removes_sink(n)

@@ -227,6 +227,7 @@ STUDY_SETTINGS = {   # verb: (a setting that is not its default, the flags it st
     "export-pruned": (dict(out="o2"), ["--workdir", "w"]),
     "circuits": (dict(track=False), ["--workdir", "w"]),
     "role-steps": (dict(draws=2, check_steps=(100, 200)), ["--workdir", "w"]),
+    "taxonomy": (dict(top_k=2, roles=("induction", "successor")), ["--workdir", "w"]),
     "claims": (dict(out="c2"), []),
     "patch": (dict(n_pairs=3, receivers=4, method="path"), ["--workdir", "w", "--out", "o"]),
     "circuit": (dict(n_pairs=3, ablation="mean", target=0.5), ["--workdir", "w", "--out", "o"]),

@@ -158,6 +158,10 @@ VERBS = {
         ("lm", "attn_only", "pruned"),
         "a decoder LM trained here (it follows the checkpoints of its training)",
         files=("role_steps.json",)),
+    "taxonomy": V(lambda wd, o, k: _out("taxonomy")(wd, o, k) + [
+        "--roles", "previous_token,attention_sink", "--no-causal"],
+        DECODERS, "a decoder LM (its heads' roles are read on next-token prediction)",
+        files=("roles.json", "taxonomy.png")),
     "generate": V(lambda wd, o, k: ["generate", "--workdir", wd, "--prompt", "hi",
                                     "--max-new-tokens", "2"], ("llama", "gemma3"),
                   "an imported decoder LM (its tokenizer turns text into tokens and back)",

@@ -402,7 +402,7 @@ def test_variant_param_shapes_are_documented_and_slice_with_heads():
 
 @pytest.mark.slow
 def test_bench_variants_times_every_variant_against_softmax(tmp_path):
-  from experiments import bench
+  from mha_jax.harness import bench
   r = bench.run_variants(d_model=16, seq_len=8, batch=1, heads=(2,), rounds=1,
                          variants=("gated", "sink"), log=lambda s: None)
   got = {(row["variant"], row["mode"]): row for row in r["rows"]}

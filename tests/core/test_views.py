@@ -12,7 +12,7 @@ from browser import open_page
 from mha_jax import views
 from mha_jax.errors import UserError
 from mha_jax.toolkit.capture import captured
-from mha_jax.toolkit.roles import ROLE_COLORS
+from mha_jax.roles.role_scores import ROLE_COLORS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PATCHING = str(ROOT / "docs" / "results" / "patching" / "ioi")       # committed results

@@ -3,8 +3,8 @@ imports another, and the core keeps its internal order.
 
 Read from the source with `ast` (nothing is imported), function-level imports included.
 The floors and the core's order are docs/architecture.md's table and list, parsed here:
-a new module must find its floor on that page. The experiment harness (experiments/)
-sits above the library: nothing in mha_jax/ imports it, except the CLI's one hook,
+a new module must find its floor on that page. The experiment harness (mha_jax/harness/)
+sits above the library: nothing else in mha_jax/ imports it, except the CLI's one hook,
 `mha_jax.cli.HARNESS`, a module name imported by importlib.
 """
 
@@ -18,7 +18,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "mha_jax"
 PAGE = ROOT / "docs" / "architecture.md"
-HARNESS = ROOT / "experiments"
+HARNESS = "mha_jax.harness"
 # A module named on the page followed by this sits on that floor alone (its package's
 # __init__), not with its submodules.
 INIT_ONLY = " (its `__init__` only"
@@ -32,7 +32,7 @@ def page_floors(text: str):
     n = int(m.group(1))
     names[n] = m.group(2)
     cell = m.group(3)
-    for mod in re.finditer(r"`((?:mha_jax|experiments)(?:\.\w+)*)`", cell):
+    for mod in re.finditer(r"`(mha_jax(?:\.\w+)*)`", cell):
       target = exact if cell[mod.end():].startswith(INIT_ONLY) else floors
       if mod.group(1) in target:
         raise AssertionError(f"docs/architecture.md: {mod.group(1)} is on two floors")
@@ -55,7 +55,7 @@ STUDIES = next(n for n, name in NAMES.items() if name == "studies")
 
 def modules() -> dict[str, pathlib.Path]:
   out = {}
-  for path in sorted([*PACKAGE.rglob("*.py"), *HARNESS.rglob("*.py")]):
+  for path in sorted(PACKAGE.rglob("*.py")):
     parts = path.relative_to(ROOT).with_suffix("").parts
     if parts[-1] == "__init__":
       parts = parts[:-1]
@@ -213,13 +213,13 @@ def test_the_checks_can_fail():
   g = graph()
   g["mha_jax.blocks"] = {"mha_jax.attention"}
   assert any("mha_jax.blocks" in c and "mha_jax.attention" in c for c in cycles(g))
-  assert floor("mha_jax.cli") > floor("mha_jax.analysis.report") > floor("mha_jax.toolkit")
+  assert floor("mha_jax.cli") > floor("mha_jax.analysis.analyze") > floor("mha_jax.toolkit")
   assert floor("mha_jax.toolkit") > floor("mha_jax.tasks")
   with pytest.raises(AssertionError, match="no floor"):
     floor("elsewhere.module")
   # A study importing another study, and a core module importing a later line, are found.
-  g["mha_jax.pruning.curve"] = g["mha_jax.pruning.curve"] | {"mha_jax.analysis.report"}
-  assert sideways(g) == ["mha_jax.pruning.curve imports mha_jax.analysis.report"]
+  g["mha_jax.pruning.prune_curve"] = g["mha_jax.pruning.prune_curve"] | {"mha_jax.analysis.analyze"}
+  assert sideways(g) == ["mha_jax.pruning.prune_curve imports mha_jax.analysis.analyze"]
   g["mha_jax.blocks"] = {"mha_jax.layers"}
   assert core_order_violations(g) == ["mha_jax.blocks (line 1) imports mha_jax.layers (line 4)"]
 
@@ -236,16 +236,17 @@ def test_the_page_is_parsed():
 
 def test_the_library_reaches_the_harness_through_the_one_hook_only():
   g = graph()
-  up = sorted(f"{a} imports {b}" for a, deps in g.items() if a.startswith("mha_jax")
-              for b in deps if b.startswith("experiments"))
+  inside = lambda name: name == HARNESS or name.startswith(HARNESS + ".")
+  up = sorted(f"{a} imports {b}" for a, deps in g.items() if not inside(a)
+              for b in deps if inside(b))
   assert up == []
-  named = sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+  named = sorted(str(p.relative_to(ROOT)) for n, p in modules().items() if not inside(n)
                  for node in ast.walk(ast.parse(p.read_text()))
                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                 and re.fullmatch(r"experiments(\.\w+)*", node.value))
-  assert named == ["mha_jax/cli/table.py"]  # HARNESS = "experiments.verbs"
-  assert floor("experiments.verbs") > floor("mha_jax.cli")
-  assert "mha_jax.cli" in g["experiments.verbs"]
+                 and inside(node.value))
+  assert named == ["mha_jax/cli/table.py"]        # HARNESS = "mha_jax.harness.verbs"
+  assert floor("mha_jax.harness.verbs") > floor("mha_jax.cli")
+  assert "mha_jax.cli" in g["mha_jax.harness.verbs"]
 
 
 def test_relative_and_function_level_imports_are_seen(tmp_path):
@@ -281,11 +282,10 @@ def _module_names(tree):
 def test_no_dead_module_names():
   # A constant or private helper that nothing reads (mha_jax, tests, scripts, configs,
   # tutorials) is stale: it says something the code no longer does.
-  sources = [p for d in ("mha_jax", "experiments", "tests", "scripts", "configs",
+  sources = [p for d in ("mha_jax", "tests", "scripts", "configs",
                          "docs/tutorials") for p in (ROOT / d).rglob("*.py")]
   words = collections.Counter(re.findall(r"\w+", "\n".join(p.read_text() for p in sources)))
-  dead = [f"{p.relative_to(ROOT)}: {n}" for p in sorted([*PACKAGE.rglob("*.py"),
-                                                          *HARNESS.rglob("*.py")])
+  dead = [f"{p.relative_to(ROOT)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
           for n in _module_names(ast.parse(p.read_text())) if words[n] <= 1]
   assert dead == []
 

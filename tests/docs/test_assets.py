@@ -1,5 +1,5 @@
 """Pages out of Python: the explorer (mha_jax/assets/) and the harness's primer
-(experiments/claims/primer_assets/) are package data, put together by assets.page with the data
+(mha_jax/harness/claims/primer_assets/) are package data, put together by assets.page with the data
 injected as JSON."""
 
 import ast
@@ -16,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name,package", [(n, "mha_jax.assets") for n in assets.PAGES] +
-                         [("primer", "experiments.claims.primer_assets")])
+                         [("primer", "mha_jax.harness.claims.primer_assets")])
 def test_a_page_is_one_self_contained_file_with_its_data(name, package):
   data = {"text": "a </script><script>alert(1)</script> b", "n": [1, 2.5]}
   page = assets.page(name, data, package=package, title="t &amp; u")
@@ -38,14 +38,14 @@ def test_placeholders_are_filled_once_and_checked():
 
 
 def test_no_page_lives_in_a_python_string_and_the_assets_are_package_data():
-  for path in [*(ROOT / "mha_jax").rglob("*.py"), *(ROOT / "experiments").rglob("*.py")]:
+  for path in (ROOT / "mha_jax").rglob("*.py"):
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.Constant) and isinstance(node.value, str):
         assert "<!doctype" not in node.value.lower() and "<script" not in node.value, path
   cfg = configparser.ConfigParser()
   cfg.read(ROOT / "setup.cfg")
   for package, names in (("mha_jax.assets", assets.PAGES),
-                         ("experiments.claims.primer_assets", ("primer",))):
+                         ("mha_jax.harness.claims.primer_assets", ("primer",))):
     patterns = cfg["options.package_data"][package]
     for ext in ("html", "css", "js"):
       assert f"*.{ext}" in patterns

@@ -71,7 +71,7 @@ def test_every_committed_results_json_records_its_machine_and_date():
     assert isinstance(date, str) and re.match(r"20\d\d-\d\d-\d\d", date), (name, date)
 
 
-# Private names of other libraries that tests reach (never a name of mha_jax or experiments).
+# Private names of other libraries that tests reach (never a name of mha_jax).
 OTHERS_PRIVATE = {"_attn_implementation": "transformers' model config",
                   "_registry": "fsspec's registry", "_get_filesystem": "etils.epath's backend",
                   "_cache_size": "a jax.jit function's count of compiled programs"}
@@ -84,13 +84,13 @@ def _private(name: str) -> bool:
 
 
 def private_uses(source: str) -> list[str]:
-  """The private names of mha_jax or experiments a test's source uses: imported
+  """The private names of mha_jax (its harness included) a test's source uses: imported
   (`from mha_jax.x import _y`, `mha_jax._x`), or reached as an attribute or an attribute
   string (monkeypatch.setattr(obj, "_y", ...)) of anything but the test's own objects
   (self, cls, its helper modules) and OTHERS_PRIVATE."""
   import ast
   tree = ast.parse(source)
-  ours = ("mha_jax", "experiments")
+  ours = ("mha_jax",)
   helpers = {a.asname or a.name for n in ast.walk(tree)
              if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names
              if (getattr(n, "module", None) or a.name).split(".")[0] in TEST_HELPERS}

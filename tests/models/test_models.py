@@ -36,7 +36,7 @@ def test_param_paths_and_head_names(s2s):
                                          ("decoder_cross", 1)])
 def test_gate_zero_equals_removing_the_head_in_every_block_type(s2s, stack, layer):
   p, src, tgt = s2s
-  gates = common.ones_gates(p)
+  gates = common.ones_head_gates(p)
   gates[stack][layer] = jnp.array([1.0, 0.0, 1.0, 1.0])
   gated = seq2seq.apply(p, SPEC, src, tgt, gates=gates)
   top, attn = common.STACKS[stack]
@@ -137,7 +137,7 @@ def test_model_with_a_layer_of_zero_heads_runs(s2s):
   p0["encoder"]["layer_0"]["self_attn"] = {"wq": blk["wq"][:, :0], "wk": blk["wk"][:, :0],
                                            "wv": blk["wv"][:, :0], "wo": blk["wo"][:0]}
   out = seq2seq.apply(p0, SPEC, src, tgt)
-  gates = common.ones_gates(p)
+  gates = common.ones_head_gates(p)
   gates["encoder"][0] = jnp.zeros(4)
   np.testing.assert_allclose(out, seq2seq.apply(p, SPEC, src, tgt, gates=gates), atol=1e-5)
   assert common.head_counts(p0)["encoder"] == [0, 4]
@@ -205,7 +205,7 @@ def test_generation_compiles_prompt_and_step_once():
   from mha_jax.models import llama
   params = llama.init(jax.random.PRNGKey(0), vocab_size=16, d_model=8, num_heads=2,
                       num_kv_heads=1, head_dim=4, num_layers=2, d_ff=16)
-  spec = llama.LlamaSpec()
+  spec = llama.llama_spec()
   prompt = jnp.asarray([[1, 2, 3]], jnp.int32)
   before = (llama.prefill_jit._cache_size(), llama.step_jit._cache_size())
   a = llama.generate(params, spec, prompt, 5)
@@ -224,7 +224,7 @@ def test_resuming_at_a_layer_from_the_stream_equals_the_whole_forward():
   from mha_jax.models import llama
   params = llama.init(jax.random.PRNGKey(1), vocab_size=37, d_model=16, num_heads=4,
                       num_kv_heads=2, head_dim=4, num_layers=4, d_ff=24)
-  spec = llama.LlamaSpec()
+  spec = llama.llama_spec()
   tok = jnp.asarray(np.random.default_rng(0).integers(0, 37, (3, 7)), jnp.int32)
   names = [f"lm.{i}.resid_pre" for i in range(4)]
   edit = {"lm.2.attn.z": interventions.replace(0.0, heads=1)}

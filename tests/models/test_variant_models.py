@@ -78,13 +78,13 @@ def test_sweep_variants_plans_h_times_variant(tmp_path):
 
 @pytest.mark.parametrize("variant", ["gated", "gated_head", "differential", "sink"])
 def test_export_pruned_slices_the_variant_params_with_their_heads(variant):
-  from mha_jax.toolkit import masks
+  from mha_jax.toolkit import head_masks
   p = lm.init(jax.random.PRNGKey(1), vocab_size=11, d_model=16, num_heads=4, num_layers=2,
               d_ff=0, max_len=8, attn_only=True, variant=variant)
   spec = common.ModelSpec(kind="lm", attn_only=True, attention=variant)
   tokens = jnp.asarray(np.random.default_rng(3).integers(0, 11, (2, 8)))
   mask = {"lm": [jnp.array([1.0, 0.0, 1.0, 1.0]), jnp.array([0.0, 1.0, 0.0, 1.0])]}
   gated = lm.apply(p, spec, tokens, gates=mask)
-  small = masks.export_pruned(p, mask)
+  small = head_masks.export_pruned(p, mask)
   assert small["lm"]["layer_1"]["attn"]["wq"].shape[1] == 2
   np.testing.assert_allclose(lm.apply(small, spec, tokens), gated, atol=2e-5)

@@ -567,7 +567,7 @@ def test_the_explorer_shows_what_patch_wrote(patched):
 
 def test_a_written_result_gets_its_attention_view_from_the_same_run_only(patched, tmp_path):
   import shutil
-  from mha_jax.patching import explorer
+  from mha_jax.patching import patch_explorer
   wd, out, _ = patched
   copy = str(tmp_path / "copy")
   shutil.copytree(out, copy)
@@ -589,11 +589,11 @@ def test_a_written_result_gets_its_attention_view_from_the_same_run_only(patched
   with open(os.path.join(copy, "patching.json"), "w") as f:
     json.dump(doc, f)
   with pytest.raises(UserError, match="other logit differences"):
-    explorer.rewrite(load(wd), copy)
+    patch_explorer.rewrite(load(wd), copy)
 
 
 def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tmp_path):
-  from mha_jax.patching import explorer
+  from mha_jax.patching import patch_explorer
   from browser import open_page
   src = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "patching", "ioi")
   out = str(tmp_path / "ioi")
@@ -609,7 +609,7 @@ def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tm
   doc["scores"]["q"]["lm.0.0"] = float("nan")       # a NaN the JSON may hold: a blank cell
   with open(os.path.join(out, "patching.json"), "w") as f:
     json.dump(doc, f)
-  path = explorer.write(out)
+  path = patch_explorer.write(out)
   playwright = pytest.importorskip("playwright.sync_api")
   with playwright.sync_playwright() as p:
     browser, page, errors, requests = open_page(p, path)
@@ -629,7 +629,7 @@ def test_the_explorer_of_a_committed_gqa_result_has_its_key_value_head_tables(tm
     assert errors == [] and requests == []
     browser.close()
   with pytest.raises(UserError, match="has no patching.json or dla.json"):
-    explorer.write(str(tmp_path))
+    patch_explorer.write(str(tmp_path))
 
 
 def test_more_attention_pairs_than_the_result_has_are_said_not_clamped_silently(

@@ -461,9 +461,9 @@ def test_import_onto_a_mesh_places_heads_over_model(imported, tmp_path):
 @pytest.mark.parametrize("case,h,g", [("llama", 4, 2),
                                       pytest.param("gemma3", 4, 1, marks=pytest.mark.slow)])
 def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
-  from mha_jax.toolkit import head_roles
+  from mha_jax.roles import head_roles
   from mha_jax.models import common
-  from mha_jax.toolkit import masks
+  from mha_jax.toolkit import head_masks
   _, loaded, _ = imported(case)
   assert loaded.params["lm"]["layer_0"]["attn"]["wk"].shape[1] == g
   rows = head_roles.real_lm_roles(loaded, "test", batches=1, batch_size=2, half_len=8,
@@ -473,8 +473,8 @@ def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   mask = {"lm": [np.ones(h, np.float32) for _ in range(n)]}
   mask["lm"][0][[0, 1]] = 0
   mask["lm"][1][:] = 0
-  masked = masks.mask_params(loaded.params, mask)
-  pruned = masks.export_pruned(masked, mask)
+  masked = head_masks.mask_params(loaded.params, mask)
+  pruned = head_masks.export_pruned(masked, mask)
   kv = [int(p["wk"].shape[1]) for _, _, p in common.attention_blocks(pruned)]
   assert kv[1] == 0 and kv[0] == (1 if g == 2 else 1)
   a = np.asarray(loaded.task.logits(masked, TOKENS))
@@ -484,12 +484,12 @@ def test_roles_and_export_pruned_on_gqa_and_mqa(imported, case, h, g):
   # (padded with zero-output heads); every key/value head stays
   uneven = {"lm": [np.ones(h, np.float32) for _ in range(n)]}
   uneven["lm"][0][0] = 0
-  masked = masks.mask_params(loaded.params, uneven)
-  pruned = masks.export_pruned(masked, uneven)
+  masked = head_masks.mask_params(loaded.params, uneven)
+  pruned = head_masks.export_pruned(masked, uneven)
   assert [int(p["wk"].shape[1]) for _, _, p in common.attention_blocks(pruned)][0] == g
   # kept heads, then the padding, group by group: {1, pad}, {2, 3} (GQA); {1, 2, 3} (MQA)
   want = [1, 0, 1, 1] if g == 2 else [1, 1, 1]
-  assert [int(x) for x in masks.exported_mask(masked, uneven)["lm"][0]] == want
+  assert [int(x) for x in head_masks.exported_head_mask(masked, uneven)["lm"][0]] == want
   a = np.asarray(loaded.task.logits(masked, TOKENS))
   b = np.asarray(loaded.task.logits(pruned, TOKENS))
   assert rel_err(b, a) < RTOL
@@ -642,13 +642,13 @@ def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
   equal the masked model's (a whole kv head removed in layer 0, GQA padding in layer 1;
   exported twice over)."""
   from mha_jax.models import common
-  from mha_jax.toolkit import masks
+  from mha_jax.toolkit import head_masks
   _, loaded, _ = imported("olmo2")                     # H = 4, G = 2
   mask = {"lm": [np.ones(4, np.float32) for _ in common.layers_of(loaded.params["lm"])]}
   mask["lm"][0][[0, 1]] = 0
   mask["lm"][1][2] = 0
-  masked = masks.mask_params(loaded.params, mask)
-  pruned = masks.export_pruned(masked, mask)
+  masked = head_masks.mask_params(loaded.params, mask)
+  pruned = head_masks.export_pruned(masked, mask)
   a0, a1 = pruned["lm"]["layer_0"]["attn"], pruned["lm"]["layer_1"]["attn"]
   assert a0["wq"].shape[1] == 2 and a0["wk"].shape[1] == 1 and a0["q_norm"].shape == (2, 16)
   assert a0["wq_rest"].shape[1] == 2 and a0["wk_rest"].shape[1] == 1
@@ -661,11 +661,11 @@ def test_export_pruned_keeps_whole_projection_qk_norm_exact(imported):
       k: v for k, v in a0.items() if not k.endswith("_rest")}}}}
   assert rel_err(np.asarray(loaded.task.logits(without, TOKENS)), want) > 1e-3
   mask2 = {"lm": [np.array([1.0, 0.0], np.float32), np.ones(4, np.float32)]}
-  twice = masks.export_pruned(masks.mask_params(pruned, mask2), mask2)
+  twice = head_masks.export_pruned(head_masks.mask_params(pruned, mask2), mask2)
   assert twice["lm"]["layer_0"]["attn"]["wq_rest"].shape[1] == 3
   mask["lm"][0][3] = 0
   assert rel_err(np.asarray(loaded.task.logits(twice, TOKENS)),
-                 np.asarray(loaded.task.logits(masks.mask_params(loaded.params, mask), TOKENS))) < RTOL
+                 np.asarray(loaded.task.logits(head_masks.mask_params(loaded.params, mask), TOKENS))) < RTOL
 
 
 # --------------------------------------------------------------------------
@@ -800,15 +800,15 @@ def test_export_pruned_on_mla_and_sink_heads_equals_the_masked_model(imported, c
   """Removing heads for real: MLA heads (each its own decompressed key and value; the
   latent's weights shared and kept) and sink heads (their sink logits sliced)."""
   from mha_jax.models import common
-  from mha_jax.toolkit import masks
+  from mha_jax.toolkit import head_masks
   _, loaded, _ = imported(case)
   n = len(common.layers_of(loaded.params["lm"]))
   h = loaded.params["lm"]["layer_0"]["attn"]["wq"].shape[1]
   mask = {"lm": [np.ones(h, np.float32) for _ in range(n)]}
   mask["lm"][0][[0, 2]] = 0
   mask["lm"][1][1] = 0
-  masked = masks.mask_params(loaded.params, mask)
-  pruned = masks.export_pruned(masked, mask)
+  masked = head_masks.mask_params(loaded.params, mask)
+  pruned = head_masks.export_pruned(masked, mask)
   a0 = pruned["lm"]["layer_0"]["attn"]
   assert a0["wq"].shape[1] == 2 and (case != "gpt_oss" or a0["sink_logit"].shape == (2,))
   want = np.asarray(loaded.task.logits(masked, TOKENS))

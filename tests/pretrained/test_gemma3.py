@@ -178,9 +178,9 @@ def test_gemma3_tokenizer_matches_transformers(gemma, hf_tokenizer):
 def test_gemma3_studies_roles_and_mqa_export(gemma):
   """Roles score all 72 heads; export-pruned on MQA: one key/value head serves the four
   query heads, and it goes only with all four."""
-  from mha_jax.toolkit import head_roles
+  from mha_jax.roles import head_roles
   from mha_jax.models import common
-  from mha_jax.toolkit import masks
+  from mha_jax.toolkit import head_masks
   _, model, params = gemma
   rows = head_roles.real_lm_roles(gemma, "test", batches=1, batch_size=2, half_len=16,
                               text_windows=1)
@@ -192,8 +192,8 @@ def test_gemma3_studies_roles_and_mqa_export(gemma):
   mask = {"lm": [np.ones(4, np.float32) for _ in range(18)]}
   mask["lm"][0][[0, 1]] = 0
   mask["lm"][1][:] = 0
-  masked = masks.mask_params(params, mask)
-  pruned = masks.export_pruned(masked, mask)
+  masked = head_masks.mask_params(params, mask)
+  pruned = head_masks.export_pruned(masked, mask)
   kv = [int(p["wk"].shape[1]) for _, _, p in common.attention_blocks(pruned)]
   assert kv[:3] == [1, 0, 1]
   ids = np.concatenate([[2], model.stream("test")[:40]]).astype(np.int32)[None]

@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from hf_models import tokenizer_json
-from experiments.benchmarks import bench_import_peak
+from mha_jax.harness.benchmarks import bench_import_peak
 from mha_jax.pretrained import hf_folder
 
 

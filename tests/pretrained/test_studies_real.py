@@ -13,11 +13,11 @@ import mha_jax
 from mha_jax import config as mc
 from mha_jax import tasks
 from mha_jax.analysis import attention_explorer
-from mha_jax.toolkit import head_roles
+from mha_jax.roles import head_roles
 from mha_jax.toolkit import importance
 from mha_jax.toolkit import composition as scores
 from mha_jax.models import common
-from mha_jax.toolkit import masks
+from mha_jax.toolkit import head_masks
 from mha_jax.pruning import methods
 from mha_jax.pruning import prune as prune_lib
 
@@ -114,20 +114,20 @@ def test_gqa_export_removes_kv_heads_and_matches_the_masked_model(smol):
   mask["lm"][0][[0, 1, 2]] = 0      # all of kv group 0: the kv head goes
   mask["lm"][1][[0, 4]] = 0         # uneven groups: padded with zero-output heads
   mask["lm"][2][:] = 0              # the whole layer
-  masked = masks.mask_params(smol.params, mask)
-  pruned = masks.export_pruned(masked, mask)
+  masked = head_masks.mask_params(smol.params, mask)
+  pruned = head_masks.export_pruned(masked, mask)
   counts = [int(p["wq"].shape[1]) for _, _, p in common.attention_blocks(pruned)]
   kv = [int(p["wk"].shape[1]) for _, _, p in common.attention_blocks(pruned)]
   assert counts[:3] == [6, 9, 0] and kv[:3] == [2, 3, 0]
   # layer 1 keeps groups {1, 2}, {3, 5}, {6, 7, 8}: heads 0 and 4 stay as padding
-  assert [list(x) for x in masks.exported_mask(masked, mask)["lm"][:2]] == [
+  assert [list(x) for x in head_masks.exported_head_mask(masked, mask)["lm"][:2]] == [
       [1] * 6, [1, 1, 0, 1, 1, 0, 1, 1, 1]]
   batch = {"tokens": smol.task.windows("test")[:2]}
   a = np.asarray(smol.task.apply(masked, batch))
   b = np.asarray(smol.task.apply(pruned, batch))
   np.testing.assert_allclose(a, b, atol=2e-3, rtol=1e-4)
   gated = np.asarray(smol.task.apply(smol.params, batch, hook=mha_jax.tasks.gates_hook(
-      smol.task, masks.full_gates(smol.params, mask))))
+      smol.task, head_masks.full_head_gates(smol.params, mask))))
   np.testing.assert_allclose(a, gated, atol=2e-3, rtol=1e-4)
 
 
@@ -234,8 +234,8 @@ def _planted(word_ids, arcs):
 
 def test_conllu_words_align_to_wordpieces_and_a_head_along_the_arcs_scores_1(
     minilm, tmp_path):
-  from mha_jax.toolkit import roles
-  from mha_jax.toolkit import syntax
+  from mha_jax.roles import role_scores
+  from mha_jax.roles import syntax
   from mha_jax.data import parallel
   path = tmp_path / "s.conllu"
   path.write_text(CONLLU)
@@ -274,8 +274,8 @@ def test_conllu_words_align_to_wordpieces_and_a_head_along_the_arcs_scores_1(
   assert arc["syntactic_margin"] >= 0.5 > max(prev["syntactic_margin"],
                                              cls["syntactic_margin"])
   row = {**arc, "positional_share": 0.0, "rare_share": 0.0}
-  assert roles.assign_role(row) == "syntactic"
-  assert roles.assign_role({**prev, "positional_share": 0.0, "rare_share": 0.0}) == "other"
+  assert role_scores.assign_role(row) == "syntactic"
+  assert role_scores.assign_role({**prev, "positional_share": 0.0, "rare_share": 0.0}) == "other"
 
 
 def test_bert_syntactic_roles_from_a_conllu_file(minilm, tmp_path, capsys):
@@ -315,13 +315,13 @@ def test_frozen_gate_step_forms_no_weight_gradient_and_cosine_loss_needs_a_cut(m
   # the cosine-distance loss: 0 with every head, > 0 once heads are gone
   minilm.task.set_reference(minilm.params)
   batch = jax.tree.map(jnp.asarray, minilm.task.train_batch(0))
-  ones = masks.ones_mask(minilm.params, ["encoder"])
+  ones = head_masks.ones_head_mask(minilm.params, ["encoder"])
   full, _ = minilm.task.loss(minilm.params, batch, hook=tasks.gates_hook(
-      minilm.task, masks.full_gates(minilm.params, ones)))
+      minilm.task, head_masks.full_head_gates(minilm.params, ones)))
   cut = {"encoder": [m.copy() for m in ones["encoder"]]}
   cut["encoder"][0][:6] = 0.0
   less, _ = minilm.task.loss(minilm.params, batch, hook=tasks.gates_hook(
-      minilm.task, masks.full_gates(minilm.params, cut)))
+      minilm.task, head_masks.full_head_gates(minilm.params, cut)))
   assert abs(float(full)) < 1e-5 and float(less) > 1e-3
   # L0 gate training with the model frozen: the step differentiates log_alpha alone, so
   # no value shaped like a weight matrix (the embedding, W_Q, the MLP) is ever computed

@@ -12,10 +12,10 @@ import pytest
 import mha_jax
 from mha_jax import cli
 from mha_jax.toolkit import importance
-from mha_jax.toolkit import head_roles
+from mha_jax.roles import head_roles
 from mha_jax.models import common
-from mha_jax.pruning import gates as gates_lib
-from mha_jax.toolkit import masks
+from mha_jax.pruning import hard_concrete
+from mha_jax.toolkit import head_masks
 from mha_jax.pruning import methods
 from mha_jax.pruning import prune as prune_lib
 from mha_jax.train import checkpoint as ckpt_lib
@@ -25,30 +25,30 @@ from builders import trained_translation
 # One worker builds this module's trained fixture once (see setup.cfg: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group('pruning')
 
-HC = gates_lib.HardConcrete()
+HC = hard_concrete.HardConcrete()
 
 
 def test_hard_concrete_sample_gate_and_penalty_formulas():
   la = {"encoder": [jnp.array([-8.0, 0.0, 8.0])]}
-  det = gates_lib.deterministic(la, HC)["encoder"][0]
+  det = hard_concrete.deterministic(la, HC)["encoder"][0]
   np.testing.assert_allclose(det, np.clip(1 / (1 + np.exp(-np.array([-8.0, 0, 8]))) * 1.2 - 0.1,
                                           0, 1), atol=1e-6)
   assert det[0] == 0.0 and det[2] == 1.0
-  assert gates_lib.binary(la, HC)["encoder"][0].tolist() == [0.0, 1.0, 1.0]
-  thr = gates_lib.HardConcrete(binarize="threshold")
-  assert gates_lib.binary({"e": [jnp.array([-1.0])]}, thr)["e"][0].tolist() == [0.0]  # gate 0.23
+  assert hard_concrete.binary(la, HC)["encoder"][0].tolist() == [0.0, 1.0, 1.0]
+  thr = hard_concrete.HardConcrete(binarize="threshold")
+  assert hard_concrete.binary({"e": [jnp.array([-1.0])]}, thr)["e"][0].tolist() == [0.0]  # gate 0.23
   shift = (1 / 3) * math.log(0.1 / 1.1)
   want = sum(1 / (1 + math.exp(-(v - shift))) for v in (-8.0, 0.0, 8.0))
-  assert abs(float(gates_lib.l0_penalty(la, HC)) - want) < 1e-5
+  assert abs(float(hard_concrete.l0_penalty(la, HC)) - want) < 1e-5
   # The expected L0 is the probability that a sampled gate is non-zero.
   la1 = {"e": [jnp.full((200_000,), 0.5)]}
-  g = gates_lib.sample(la1, jax.random.PRNGKey(0), HC)["e"][0]
+  g = hard_concrete.sample(la1, jax.random.PRNGKey(0), HC)["e"][0]
   assert float(g.min()) >= 0.0 and float(g.max()) <= 1.0
-  p_open = float(gates_lib.l0_penalty(la1, HC)) / 200_000
+  p_open = float(hard_concrete.l0_penalty(la1, HC)) / 200_000
   assert abs(float((g > 0).mean()) - p_open) < 0.005
   assert 0.05 < float((g == 0).mean()) and 0.05 < float((g == 1).mean())   # hard zeros and ones
   with pytest.raises(ValueError, match="stretch limits"):
-    gates_lib.HardConcrete(low=0.1).validate()
+    hard_concrete.HardConcrete(low=0.1).validate()
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +61,16 @@ def test_gate_training_freezes_the_model_and_lambda_prunes(loaded):
   la, params, hist = methods.train_gates(loaded, 0.5, stacks=["encoder"], steps=40, lr=0.2,
                                          log=lambda s: None)
   assert ckpt_lib.tree_equal(params, loaded.params)        # multi_transform froze the rest
-  kept_strong = masks.count(methods.l0_mask(la, HC))
+  kept_strong = head_masks.count(methods.l0_mask(la, HC))
   la0, _, _ = methods.train_gates(loaded, 0.0, stacks=["encoder"], steps=40, lr=0.2,
                                   log=lambda s: None)
-  assert masks.count(methods.l0_mask(la0, HC)) == 8 > kept_strong
+  assert head_masks.count(methods.l0_mask(la0, HC)) == 8 > kept_strong
   assert hist[-1]["l0"] < hist[0]["l0"]
   _, tuned, _ = methods.train_gates(loaded, 0.1, stacks=["encoder"], steps=3, finetune=True,
                                     log=lambda s: None)
   assert not ckpt_lib.tree_equal(tuned, loaded.params)
   top = methods.top_k_mask(la, 3)
-  assert masks.count(top) == 3
+  assert head_masks.count(top) == 3
   best = sorted(((float(v), i, h) for i, l in enumerate(la["encoder"])
                  for h, v in enumerate(np.asarray(l))), reverse=True)[:3]
   assert {(i, h) for _, i, h in best} == {(i, h) for i, m in enumerate(top["encoder"])
@@ -80,14 +80,14 @@ def test_gate_training_freezes_the_model_and_lambda_prunes(loaded):
 def test_baselines_reach_exact_counts(loaded):
   ms = methods.michel_masks(loaded, stacks=["encoder"], counts=[6, 1], limit=16,
                             log=lambda s: None)
-  assert masks.count(ms[6]) == 6 and masks.count(ms[1]) == 1
-  kept6 = set(masks.kept_names(ms[6]))
-  assert set(masks.kept_names(ms[1])) <= kept6                  # iterative: nested
+  assert head_masks.count(ms[6]) == 6 and head_masks.count(ms[1]) == 1
+  kept6 = set(head_masks.kept_names(ms[6]))
+  assert set(head_masks.kept_names(ms[1])) <= kept6                  # iterative: nested
   one = methods.michel_masks(loaded, stacks=["encoder"], counts=[2], keep_one_per_layer=True,
                              limit=16, log=lambda s: None)[2]
   assert [int(m.sum()) for m in one["encoder"]] == [1, 1]
   rnd = methods.random_masks(loaded, stacks=["encoder"], counts=[5, 0], seed=3)
-  assert masks.count(rnd[5]) == 5 and masks.count(rnd[0]) == 0
+  assert head_masks.count(rnd[5]) == 5 and head_masks.count(rnd[0]) == 0
   assert methods.schedule(48) == [48, 43, 38, 33, 28, 23, 18, 13, 8, 3, 0]
 
 
@@ -100,7 +100,7 @@ def test_prune_export_and_reuse_with_an_empty_layer(loaded, tmp_path):
   assert info["kept"] == 3 and info["kept_heads"] == ["encoder.0.0", "encoder.0.1",
                                                       "encoder.0.3"]
   gated = loaded.task.evaluate(loaded.params, "valid", bleu=False, hook=mha_jax.tasks.gates_hook(
-      loaded.task, masks.full_gates(loaded.params, mask)))
+      loaded.task, head_masks.full_head_gates(loaded.params, mask)))
   masked = mha_jax.load(out)
   assert abs(masked.task.evaluate(masked.params, "valid", bleu=False)["loss"]
              - gated["loss"]) < 1e-5
@@ -109,7 +109,7 @@ def test_prune_export_and_reuse_with_an_empty_layer(loaded, tmp_path):
   assert common.head_counts(ex.params)["encoder"] == [3, 0]
   assert ex.params["encoder"]["layer_1"]["self_attn"]["wq"].shape == (16, 0, 4)
   batch = next(loaded.task.eval_batches("valid", 8))[0]
-  gated_hook = mha_jax.tasks.gates_hook(loaded.task, masks.full_gates(loaded.params, mask))
+  gated_hook = mha_jax.tasks.gates_hook(loaded.task, head_masks.full_head_gates(loaded.params, mask))
   np.testing.assert_allclose(ex.task.apply(ex.params, batch),
                              loaded.task.apply(loaded.params, batch, hook=gated_hook), atol=1e-5)
   # The exported model works everywhere: eval, analysis, ablation, further pruning.
@@ -128,7 +128,7 @@ def test_prune_export_and_reuse_with_an_empty_layer(loaded, tmp_path):
   abl = importance.ablate(ex, [("encoder", 0, 0)], split="valid", bleu_limit=4)
   closed = {"encoder": [np.array([0, 1, 0, 1], np.float32), np.zeros(4, np.float32)]}
   want = loaded.task.evaluate(loaded.params, "valid", bleu=False, hook=mha_jax.tasks.gates_hook(
-      loaded.task, masks.full_gates(loaded.params, closed)))
+      loaded.task, head_masks.full_head_gates(loaded.params, closed)))
   assert abl["loss"] == pytest.approx(want["loss"], abs=1e-5)
   again = prune_lib.prune(ex, str(tmp_path / "again"),
                           prune_lib.PruneOptions(method="l0", l0_lambda=0.1, keep=2, steps=3),
@@ -175,9 +175,9 @@ def test_prune_cli_and_bad_input(loaded, tmp_path, capsys):
 
 
 def test_pruning_curve_joins_roles_and_writes_outputs(loaded, tmp_path):
-  from mha_jax.pruning import curve
+  from mha_jax.pruning import prune_curve
   out = str(tmp_path / "curve")
-  rows = curve.prune_curve(loaded, out, curve.CurveOptions(counts=(8, 4, 0), steps=3,
+  rows = prune_curve.prune_curve(loaded, out, prune_curve.CurveOptions(counts=(8, 4, 0), steps=3,
                                                       random_draws=3, save_workdirs=(4,)),
                            log=lambda s: None)
   assert {(r["method"], r["kept"]) for r in rows} == {
@@ -210,10 +210,10 @@ def test_pruning_curve_joins_roles_and_writes_outputs(loaded, tmp_path):
   assert sum(ex["head_counts"]["encoder"]) == 4 and ex["max_abs_diff_vs_masked"] < 1e-4
   assert ex["forward_speed"]["interleaved"] and ex["forward_speed"]["exported_tokens_per_s"] > 0
   with pytest.raises(ValueError, match="save_workdirs: .*l0_k4.* not empty"):
-    curve.prune_curve(loaded, out, curve.CurveOptions(counts=(8, 4), save_workdirs=(4,)),
+    prune_curve.prune_curve(loaded, out, prune_curve.CurveOptions(counts=(8, 4), save_workdirs=(4,)),
                       log=lambda s: None)
   with pytest.raises(ValueError, match=r"counts: 9 is outside 0..8"):
-    curve.prune_curve(loaded, out, curve.CurveOptions(counts=(9,)), log=lambda s: None)
+    prune_curve.prune_curve(loaded, out, prune_curve.CurveOptions(counts=(9,)), log=lambda s: None)
 
 
 def test_lambda_sweep_records_heads_kept_and_bleu(loaded, tmp_path):

@@ -73,7 +73,7 @@ def test_token_ids_beyond_the_vocabulary_are_refused_where_they_enter(ind_run):
 def test_the_bos_and_the_window_come_from_the_typed_interface(ind_run):
   import ml_collections
   from mha_jax import tasks
-  from mha_jax.analysis import detectors
+  from mha_jax.roles import detectors
   from mha_jax.toolkit import pairs
   loaded = mha_jax.load(ind_run, **QUIET)
   trained = loaded.task                          # runs trained here: BOS id 0, never added

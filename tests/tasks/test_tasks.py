@@ -61,7 +61,7 @@ def test_lm_objective_with_zero_weights_is_zero_not_nan(ind_run):
 def test_loss_and_evaluate_take_every_intervention_as_a_hook(ind_run):
   loaded = mha_jax.load(ind_run, **QUIET)
   task, params = loaded.task, loaded.params
-  gates = common.ones_gates(params)
+  gates = common.ones_head_gates(params)
   gates["lm"][0] = gates["lm"][0].at[0].set(0.0)
   by_gates = task.evaluate(params, "valid", hook=tasks.gates_hook(task, gates))
   by_edit = task.evaluate(params, "valid", hook=interventions.Hook(

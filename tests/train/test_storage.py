@@ -40,7 +40,7 @@ ALLOWED = {   # (module, what it calls): why it is not workdir I/O
     ("mha_jax/storage.py", "*"): "the one module that does workdir I/O",
     ("mha_jax/config.py", "os.path"): "config files (Python) found and imported by path",
     ("mha_jax/kernels/dispatch.py", "open"): "/proc/meminfo, for the memory budget",
-    ("experiments/bench.py", "open"): "/proc/self/status, for peak memory readings",
+    ("mha_jax/harness/bench.py", "open"): "/proc/self/status, for peak memory readings",
     ("mha_jax/pretrained/registry.py", "os.path"): "model files inside pip packages",
     ("mha_jax/pretrained/hf_folder.py", "os.path"):
         "the user's --file folder, read by safetensors (a local file)",

@@ -1,3 +1,0 @@
-"""The seed documents' claims, each measured by a small experiment and judged by a
-stated rule: `mha-jax claims` (run.py), the rules (rules.py), the experiments
-(experiments.py, studies.py) and the primer page (primer.py)."""

@@ -1,0 +1,63 @@
+"""`mha-jax taxonomy` (roles.taxonomy) through `mha_jax.cli.main` on conftest's tiny
+induction run: the previous-token scores it writes against their recomputation by hand
+from the run's attention, the assignment against the thresholds, and the refusal of a
+run that is not a decoder LM."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import mha_jax
+from builders import QUIET
+from mha_jax import cli
+from mha_jax.errors import UserError
+from mha_jax.roles import head_roles, taxonomy
+from mha_jax.toolkit import capture
+
+# On the worker that trains conftest's ind_run (setup.cfg: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("trained_runs")
+
+
+def previous_token_by_hand(wd: str) -> dict[str, float]:
+  """Each head's mean weight on key t - 1 (queries 1..) over the repeated random tokens
+  the taxonomy reads (2 batches of 8, seeds 7_000_003 and + 1, BOS + 2 x half_len)."""
+  run = mha_jax.load(wd, **QUIET)
+  half = head_roles.repeat_half_len(run)
+  per_batch = []
+  for i in range(2):
+    tok, _ = run.task.repeated_tokens(7_000_003 + i, 8, half)
+    cap = capture.captured(run.task, run.params, {"tokens": tok})
+    per_batch.append({f"lm.{l}.{h}": np.mean([w[b, h, t, t - 1] for b in range(w.shape[0])
+                                              for t in range(1, w.shape[2])])
+                      for l, r in enumerate(cap["lm"])
+                      for w in [np.asarray(r.weights, np.float64)] for h in range(w.shape[1])})
+  return {name: float(np.mean([b[name] for b in per_batch])) for name in per_batch[0]}
+
+
+def test_the_taxonomy_verb_writes_scores_equal_to_their_recomputation(ind_run, tmp_path,
+                                                                      capsys):
+  out = str(tmp_path / "tax")
+  rc = cli.main(["taxonomy", "--workdir", ind_run, "--out", out,
+                 "--roles", "previous_token,attention_sink", "--no-causal"])
+  assert rc == 0, capsys.readouterr()
+  doc = json.load(open(os.path.join(out, "roles.json")))
+  assert os.path.getsize(os.path.join(out, "taxonomy.png")) > 1000
+  assert doc["roles"] == ["previous_token", "attention_sink"] and "causal" not in doc
+  assert doc["workdir"] == ind_run
+  hand = previous_token_by_hand(ind_run)
+  assert doc["lm_roles"]["previous_token"] == pytest.approx(hand, abs=1e-5)
+  th = doc["thresholds"]
+  for head, role in doc["assigned"].items():     # a head's role is one it qualifies for
+    if role != "other":
+      assert doc["lm_roles"][role][head] >= th[role]
+  assert sorted(doc["qualifies"]["previous_token"]) == sorted(
+      h for h, v in hand.items() if v >= th["previous_token"])
+  assert "wrote" in capsys.readouterr().out
+
+
+def test_the_taxonomy_refuses_a_run_that_is_not_a_decoder_lm(parallel_run):
+  loaded = mha_jax.load(parallel_run[0], **QUIET)
+  with pytest.raises(UserError, match="taxonomy needs a decoder LM"):
+    taxonomy.taxonomy(loaded, None, taxonomy.TaxonomyOptions(roles=("previous_token",)))
