@@ -199,15 +199,12 @@ class Study:
 
   def shapes(self, sites: int = 1, pairs: int | None = None) -> memory.PatchShapes:
     """The shapes a sweep's memory depends on (memory.PatchShapes) for `sites` sites."""
-    leaves = [x for x in jax.tree.leaves(self.params) if hasattr(x, "dtype")]
-    big = max(leaves, key=lambda x: int(np.prod(np.shape(x))))
     return memory.PatchShapes(
         layers=self.layers, heads=max(self.heads), kv_heads=max(self.kv_heads),
-        head_dim=max(self.head_dim), d_model=self.d_model, d_mlp=_mlp_width(self.params,
-                                                                           self.d_model),
-        vocab=self.vocab, t=self.t - self.prefix, t_keys=self.t,
-        pairs=self.n if pairs is None else pairs, dtype_bytes=np.dtype(big.dtype).itemsize,
-        sites=sites)
+        head_dim=max(self.head_dim), d_model=self.d_model,
+        d_mlp=memory.mlp_width(self.params, self.d_model), vocab=self.vocab,
+        t=self.t - self.prefix, t_keys=self.t, pairs=self.n if pairs is None else pairs,
+        dtype_bytes=memory.dtype_bytes(self.params), sites=sites)
 
   def plan(self, interventions: int, sites: int = 1) -> memory.Plan:
     """The chunk sizes of a sweep of `interventions` over `sites` sites in
@@ -691,13 +688,6 @@ class Study:
     out = metrics(np.asarray(ld), np.asarray(logp), self.ld_clean, self.ld_corrupt)
     out["ld"] = np.asarray(ld)
     return out
-
-
-def _mlp_width(params, d_model: int) -> int:
-  """The widest MLP (its w_up's output width) of the params; 4 * d_model without one."""
-  widths = [int(np.shape(x)[-1]) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
-            if getattr(path[-1], "key", None) == "w_up"]
-  return max(widths, default=4 * d_model)
 
 
 def head_table(arr_LH, counts: Sequence[int] | None = None, kv: bool = False) -> dict:

@@ -236,19 +236,22 @@ def rows_plan(s: PatchShapes, rows: int, budget: int, *, kept_per_row: int = 0,
   return RowsPlan(int(r), forward_bytes(s, r, kept_per_row, logits_positions), int(budget))
 
 
-def capture_row_bytes(s: PatchShapes, stacks: int = 1) -> int:
-  """Bytes `capture` keeps per sequence: every layer's weights (H, T, S) and z (T, H, K)
-  and attention output (T, D), float32 on the way to the host."""
-  tk = s.t_keys or s.t
-  return 4 * stacks * s.layers * (s.heads * s.t * tk + s.t * s.heads * s.head_dim
-                                  + s.t * s.d_model)
+def mlp_width(params, d_model: int) -> int:
+  """The widest MLP (its w_up's output width) of the params; 4 * d_model without one."""
+  import jax
+  import numpy as np
+  widths = [int(np.shape(x)[-1]) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+            if getattr(path[-1], "key", None) == "w_up"]
+  return max(widths, default=4 * d_model)
 
 
-def capture_plan(s: PatchShapes, rows: int, budget: int,
-                 setting: str = "memory_budget") -> RowsPlan:
-  """Sequences per captured batch (every layer's pattern, z and output kept)."""
-  return rows_plan(s, rows, budget, kept_per_row=capture_row_bytes(s), logits_positions=s.t,
-                   what="one captured sequence", setting=setting)
+def dtype_bytes(params) -> int:
+  """Bytes per element of the params' largest array (their dtype's size)."""
+  import jax
+  import numpy as np
+  leaves = [x for x in jax.tree.leaves(params) if hasattr(x, "dtype")]
+  big = max(leaves, key=lambda x: int(np.prod(np.shape(x))))
+  return int(np.dtype(big.dtype).itemsize)
 
 
 DTYPES = ("float32", "bfloat16")
