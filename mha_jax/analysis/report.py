@@ -57,6 +57,11 @@ class AnalyzeOptions:
                               "writes roles.json and taxonomy.png")
   retrieval_len: int = setting(384, lo=16, help="LMs, role retrieval: tokens of each "
                                "needle-in-a-haystack input (at most the model's window)")
+  memory_budget: str | None = setting(None, metavar="BYTES",
+                                      help="LMs: bytes each causal check of the head "
+                                           "taxonomy may hold, e.g. 4GB: its rows per "
+                                           "batch are chosen from it before compiling "
+                                           "(default: half the device's free memory)")
 
 
 def _check_roles(loaded, opts: AnalyzeOptions) -> None:
@@ -104,8 +109,11 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
   rows = head_roles(loaded, split, role_limit, conllu=conllu)
   if loaded.task.decoder_only and (loaded.task.role_family == "real_lm" or opts.roles):
     from mha_jax.analysis import taxonomy
+    from mha_jax.toolkit import memory
+    budget = memory.budget(opts.memory_budget, memory.params_bytes(loaded.params))[0]
     doc = taxonomy.taxonomy(loaded, rows, taxonomy.Settings(
-        roles=taxonomy.parse_roles(opts.roles), retrieval_len=opts.retrieval_len), log)
+        roles=taxonomy.parse_roles(opts.roles), retrieval_len=opts.retrieval_len,
+        memory_budget=budget), log)
     taxonomy.write(doc, out_dir, f"head roles, {loaded.workdir}")
     for r in rows:
       r["role"] = doc["assigned"].get(r["head"], r["role"])
