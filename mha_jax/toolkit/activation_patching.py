@@ -109,18 +109,26 @@ class Study:
     (exact; about half of the layers' work over a sweep of every layer).
   baseline: the unpatched runs as `baseline()` returns them, when already known (`subset`
     passes its rows of them); None runs them.
+  mesh: a jax Mesh with axes "data" and "model" (train.sharding.make_mesh): the params
+    placed as training places them (heads and MLP units over "model") and every
+    program's rows (the pairs, with a sweep's interventions folded into them) over
+    "data" where they divide it; the tables are the single-device ones.
   """
 
   def __init__(self, task, params, pairs: Pairs, *, memory_budget: int = 2 << 30,
                share_prefix: bool = True, share_depth: bool = True,
-               baseline: dict | None = None):
+               baseline: dict | None = None, mesh=None):
+    self.mesh = mesh
+    if mesh is not None:      # heads (and MLP units) over "model", as training places them
+      from mha_jax.train import sharding
+      params = jax.device_put(params, sharding.shardings(params, mesh))
     self.task, self.params, self.pairs = task, params, pairs
     self.memory_budget, self.share_prefix = int(memory_budget), share_prefix
     self.share_depth = bool(share_depth) and hasattr(task, "prefix_cache")
     n, t = pairs.clean.shape
     extra = lambda a: np.concatenate([a, a[:, -1:]], axis=1)  # noqa: E731 apply shifts by 1
-    self.tokens = {"clean": jnp.asarray(extra(pairs.clean)),
-                   "corrupt": jnp.asarray(extra(pairs.corrupt))}
+    self.tokens = {"clean": self._rows(jnp.asarray(extra(pairs.clean))),
+                   "corrupt": self._rows(jnp.asarray(extra(pairs.corrupt)))}
     self.at = jnp.asarray(pairs.length - 1, jnp.int32)
     self.answer = jnp.asarray(pairs.answer)
     self.wrong = jnp.asarray(pairs.wrong)
@@ -155,7 +163,18 @@ class Study:
     base = {r: {k: v[keep] for k, v in self._base[r].items()} for r in self._base}
     return Study(self.task, self.params, self.pairs.subset(keep),
                  memory_budget=self.memory_budget, share_prefix=self.share_prefix,
-                 share_depth=self.share_depth, baseline=base)
+                 share_depth=self.share_depth, baseline=base, mesh=self.mesh)
+
+  def _rows(self, a):
+    """a (R, ...) with its rows over the mesh's "data" axis where they divide it (a
+    sweep's interventions and pairs are folded into the rows); a itself without a mesh."""
+    if self.mesh is None or a.shape[0] % self.mesh.shape["data"]:
+      return a
+    from jax.sharding import NamedSharding, PartitionSpec
+    spec = NamedSharding(self.mesh, PartitionSpec("data"))
+    if isinstance(a, jax.core.Tracer):
+      return jax.lax.with_sharding_constraint(a, spec)
+    return jax.device_put(a, spec)
 
   # ------------------------------------------------------------------ forward
   def _forward(self, params, tokens, edits=None, read=(), cache=None, start=None,
@@ -167,6 +186,7 @@ class Study:
     layers start.. (share_depth)."""
     repeat = tokens.shape[0] // self.n
     at = _tile(self.at, repeat)
+    tokens = self._rows(tokens)
     batch = {"tokens": tokens, "logits_at": at}
     if cache is not None:
       cache = jax.tree.map(lambda a: _tile(a, repeat) if jnp.ndim(a) else a, cache)
