@@ -270,14 +270,26 @@ def behaviours(run, settings: Settings, inputs: dict,
                budget: int | None = None) -> dict[str, Callable]:
   """{behaviour name: fn(edits) -> float}, each one compiled program over the inputs,
   their rows `plan(run, inputs, budget)`'s rows per batch at a time (None: all at once)."""
+  out = {}
+  for name, fn in check_programs(run, inputs, budget).items():
+    if name == "needle_recall":
+      out[name] = fn
+    else:
+      out[name] = lambda edits, j=jax.jit(fn): float(j(run.params, edits))
+  return out
+
+
+def check_programs(run, inputs: dict, budget: int | None = None) -> dict[str, Callable]:
+  """{behaviour name: fn(params, edits) -> scalar} (not compiled; `needle_recall`: a
+  run function) over the inputs, `plan`'s rows per batch at a time (None: all at once);
+  what `behaviours` compiles and `mha-jax plan --job taxonomy` compiles for a target."""
   task, params = run.task, run.params
   rows = {k: v.rows_per_batch for k, v in plan(run, inputs, budget).items()} \
       if budget is not None else {k: r for k, (r, _) in _check_rows(inputs).items()}
   out = {}
 
   def compiled(name, fn, *arrays):
-    j = jax.jit(_by_rows(fn, arrays, rows[name]))
-    return lambda edits: float(j(params, edits))
+    return _by_rows(fn, arrays, rows[name])
 
   def fwd(p, tok, edits, **batch):
     return interventions.run_with_hook(lambda hook: task.apply(p, {"tokens": tok, **batch}, hook=hook), edits)[0]
@@ -319,6 +331,26 @@ def behaviours(run, settings: Settings, inputs: dict,
                                        nd["len"])
     out["needle_recall"] = lambda edits, prog=prog: prog(edits)[1]
   return out
+
+
+def plan_programs(run, rows: int, seq: int, budget: int,
+                  settings: Settings = Settings()) -> list[tuple[str, Callable, tuple, int]]:
+  """[(name, fn, args, rows per batch)] of the causal checks at `rows` rows of `seq` tokens each (the
+  repeated tokens, the text windows and the IOI pairs all of that shape), each with
+  settings.top_k heads mean-ablated, from the params' shapes alone (run.params may be
+  ShapeDtypeStructs; `mha-jax plan --job taxonomy` compiles them for a target)."""
+  from mha_jax.toolkit.pairs import Pairs
+  tok = np.ones((rows, seq + 1), np.int32)
+  z = np.zeros(rows, np.int32)
+  inputs = {"repeat": (tok, np.ones((rows, seq), np.float32)), "text": tok,
+            "ioi": Pairs(tok[:, :seq], tok[:, :seq], z, z + 1, np.full(rows, seq, np.int32),
+                         [{}] * rows)}
+  sh = model_shapes(run, seq)
+  means = [np.zeros((h, sh.head_dim), np.float32) for h in common.head_counts(run.params)["lm"]]
+  edits = mean_edits(run.params, head_list(run.params)[:settings.top_k], means)
+  rows_of = plan(run, inputs, budget)
+  return [(f"taxonomy_{name}", fn, (run.params, edits), rows_of[name].rows_per_batch)
+          for name, fn in check_programs(run, inputs, budget).items()]
 
 
 def _text_checks(fwd, compiled, text) -> dict[str, Callable]:
