@@ -77,6 +77,15 @@ def _check_roles(loaded, opts: AnalyzeOptions) -> None:
                     setting=("retrieval_len", "roles"))
 
 
+def _taxonomy_settings(loaded, opts: AnalyzeOptions):
+  """The taxonomy's Settings of `analyze`'s options (its budget: memory.budget's)."""
+  from mha_jax.analysis import taxonomy
+  from mha_jax.toolkit import memory
+  budget = memory.budget(opts.memory_budget, memory.params_bytes(loaded.params))[0]
+  return taxonomy.Settings(roles=taxonomy.parse_roles(opts.roles),
+                           retrieval_len=opts.retrieval_len, memory_budget=budget)
+
+
 def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(), *,
             log: Callable[[str], None] = print) -> dict:
   """Roles, importance and single-head ablations for a loaded run; writes the report in
@@ -109,11 +118,7 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
   rows = head_roles(loaded, split, role_limit, conllu=conllu)
   if loaded.task.decoder_only and (loaded.task.role_family == "real_lm" or opts.roles):
     from mha_jax.analysis import taxonomy
-    from mha_jax.toolkit import memory
-    budget = memory.budget(opts.memory_budget, memory.params_bytes(loaded.params))[0]
-    doc = taxonomy.taxonomy(loaded, rows, taxonomy.Settings(
-        roles=taxonomy.parse_roles(opts.roles), retrieval_len=opts.retrieval_len,
-        memory_budget=budget), log)
+    doc = taxonomy.taxonomy(loaded, rows, _taxonomy_settings(loaded, opts), log)
     taxonomy.write(doc, out_dir, f"head roles, {loaded.workdir}")
     for r in rows:
       r["role"] = doc["assigned"].get(r["head"], r["role"])
