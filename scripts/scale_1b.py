@@ -81,9 +81,10 @@ print(json.dumps({"rc": rc, "base_rss": base, "peak_rss": rss(), "added_rss": rs
 """
 
 
-def child(args: list[str]) -> dict:
+def child(args: list[str], record: str | None = None) -> dict:
   """A fresh, niced process running `args` (the CLI, or "import WORKDIR FOLDER DTYPE"):
-  its return code, wall time and peak RSS."""
+  its return code, wall time and peak RSS (also written to `record`, a JSON file, so a
+  later stage's failure keeps it)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
   out = subprocess.run(["nice", sys.executable, "-c", _CHILD, *args], env=env,
                        capture_output=True, text=True, cwd=REPO)
@@ -91,6 +92,9 @@ def child(args: list[str]) -> dict:
     raise RuntimeError(f"{args[:1]} failed:\n{out.stderr[-4000:]}")
   r = json.loads(out.stdout.strip().splitlines()[-1])
   r["log_tail"] = out.stdout.strip().splitlines()[-12:-1]
+  if record:
+    with open(record, "w") as f:
+      json.dump(r, f)
   return r
 
 
@@ -166,8 +170,9 @@ def run(shape: str, work: str, budget: str = "4GB", sample: int = 40) -> dict:
     doc["build"] = build(folder, shape)
   shards = sorted(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
                   if f.endswith(".safetensors"))
+  rec = lambda stage: os.path.join(work, f"{stage}.json")  # noqa: E731
   if not os.path.exists(wd):
-    doc["import"] = child(["import", wd, folder, "float32"])
+    doc["import"] = child(["import", wd, folder, "float32"], rec("import"))
   from mha_jax.pretrained import hf_folder  # noqa: F401 (the reader the import used)
   n = sum(int(np.prod(s)) for s in _shapes(folder).values())
   model = 4 * n
@@ -180,10 +185,13 @@ def run(shape: str, work: str, budget: str = "4GB", sample: int = 40) -> dict:
   pout, cout = os.path.join(work, "patch"), os.path.join(work, "circuit")
   if not os.path.exists(os.path.join(pout, "patching.json")):
     doc["patch"] = child(["patch", *common, "--method", "activation", "--sites", "head_out",
-                          "--out", pout])
+                          "--out", pout], rec("patch"))
   if not os.path.exists(os.path.join(cout, "circuit.json")):
     doc["circuit"] = child(["circuit", *common, "--method", "eap-ig", "--sample", str(sample),
-                            "--out", cout])
+                            "--out", cout], rec("circuit"))
+  for stage in ("import", "patch", "circuit"):     # from an earlier, interrupted run
+    if stage not in doc and os.path.exists(rec(stage)):
+      doc[stage] = json.load(open(rec(stage)))
   pj = json.load(open(os.path.join(pout, "patching.json")))
   cj = json.load(open(os.path.join(cout, "circuit.json")))
   doc["patch_plan"] = json.load(open(os.path.join(pout, "summary.json"))).get("plan")
