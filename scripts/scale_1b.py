@@ -160,8 +160,10 @@ def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dic
           "ld_clean": float(c), "ld_corrupt": float(x), "max_abs_diff": max(diff.values())}
 
 
-def run(shape: str, work: str, budget: str = "4GB", sample: int = 40) -> dict:
-  """Every stage (see the module docstring); returns the results document."""
+def run(shape: str, work: str, budget: str = "4GB", sample: int = 40,
+        with_circuit: bool = True) -> dict:
+  """Every stage (see the module docstring; the circuit last, unless with_circuit is
+  False); returns the results document."""
   import numpy as np
   folder, wd = os.path.join(work, "hf"), os.path.join(work, "wd")
   doc: dict = {"shape": shape, "config": SHAPES[shape], "vocab": 49152, "pairs": PAIRS,
@@ -186,18 +188,22 @@ def run(shape: str, work: str, budget: str = "4GB", sample: int = 40) -> dict:
   if not os.path.exists(os.path.join(pout, "patching.json")):
     doc["patch"] = child(["patch", *common, "--method", "activation", "--sites", "head_out",
                           "--out", pout], rec("patch"))
-  if not os.path.exists(os.path.join(cout, "circuit.json")):
+  pj = json.load(open(os.path.join(pout, "patching.json")))
+  doc["patch_plan"] = json.load(open(os.path.join(pout, "summary.json"))).get("plan")
+  if not os.path.exists(rec("reference")):     # before the circuit: the longest stage
+    with open(rec("reference"), "w") as f:
+      json.dump(reference(folder, wd, pj["scores"]["head_out"]), f)
+  doc["reference"] = json.load(open(rec("reference")))
+  if with_circuit and not os.path.exists(os.path.join(cout, "circuit.json")):
     doc["circuit"] = child(["circuit", *common, "--method", "eap-ig", "--sample", str(sample),
                             "--out", cout], rec("circuit"))
   for stage in ("import", "patch", "circuit"):     # from an earlier, interrupted run
     if stage not in doc and os.path.exists(rec(stage)):
       doc[stage] = json.load(open(rec(stage)))
-  pj = json.load(open(os.path.join(pout, "patching.json")))
-  cj = json.load(open(os.path.join(cout, "circuit.json")))
-  doc["patch_plan"] = json.load(open(os.path.join(pout, "summary.json"))).get("plan")
-  doc["circuit_summary"] = {k: cj.get(k) for k in ("graph", "cpr", "cmd", "memory_budget",
-                                                   "seconds", "metric_full", "metric_empty")}
-  doc["reference"] = reference(folder, wd, pj["scores"]["head_out"])
+  if os.path.exists(os.path.join(cout, "circuit.json")):
+    cj = json.load(open(os.path.join(cout, "circuit.json")))
+    doc["circuit_summary"] = {k: cj.get(k) for k in (
+        "graph", "cpr", "cmd", "memory_budget", "seconds", "metric_full", "metric_empty")}
   return doc
 
 
@@ -219,10 +225,11 @@ def main() -> None:
   ap.add_argument("--work", default="/tmp/scale_1b")
   ap.add_argument("--budget", default="4GB")
   ap.add_argument("--sample", type=int, default=40)
+  ap.add_argument("--no-circuit", action="store_true")
   ap.add_argument("--out")
   a = ap.parse_args()
   from mha_jax.machine import machine
-  doc = run(a.shape, a.work, a.budget, a.sample)
+  doc = run(a.shape, a.work, a.budget, a.sample, not a.no_circuit)
   doc["machine"] = machine()
   print(json.dumps({k: v for k, v in doc.items() if k != "machine"}, indent=1, default=str))
   if a.out:
