@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from builders import ROOT, with_devices
 
 _SCRIPT = r"""
@@ -59,6 +61,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow      # a fresh 8-device process: ~2 min on 2 loaded cores
 def test_patch_tables_and_eap_on_a_mesh_equal_one_device():
   r = subprocess.run([sys.executable, "-c", _SCRIPT, ROOT], env=with_devices(8),
                      capture_output=True, text=True, timeout=900)
