@@ -414,7 +414,11 @@ def _scale_1b(docs) -> list[str]:
   gb = lambda b: f"{b / 1e9:.2f}"  # noqa: E731
   rows = [[stage, f"{d[stage]['wall_s']:.0f}", gb(d[stage]["peak_rss"]),
            gb(d[stage]["added_rss"])] for stage in ("import", "patch", "circuit") if stage in d]
-  ref = d["reference"]
+  ref = d.get("reference")
+  agree = ([f"The head table against torch forward hooks on the same transformers model "
+            f"({len(ref['heads'])} heads with the largest |recovery|): max |difference| "
+            f"{ref['max_abs_diff']:.1e}.", ""] if ref else
+           [f"Not finished: {d.get('unfinished', 'the studies')}.", ""])
   return ["## A 1B model on 2 CPU cores", "",
           f"`scripts/scale_1b.py`: a random Llama-3.2-1B-shaped model ({d['params']:,} params; "
           f"SmolLM2's tokenizer and vocabulary) saved by transformers as "
@@ -423,9 +427,7 @@ def _scale_1b(docs) -> list[str]:
           f"with `--memory-budget {d['memory_budget']}`, each in a fresh process. Import "
           f"bound (1.3 x the largest shard + the model once): {gb(d['import_bound'])} GB.", "",
           _table(["stage", "wall s", "peak RSS GB", "added by the stage GB"], rows), "",
-          f"The head table against torch forward hooks on the same transformers model "
-          f"({len(ref['heads'])} heads with the largest |recovery|): max |difference| "
-          f"{ref['max_abs_diff']:.1e}.", "", _source(rel), ""]
+          *agree, _source(rel), ""]
 
 
 def _num(v):
