@@ -191,8 +191,9 @@ def run(shape: str, work: str, budget: str = "4GB", sample: int = 40,
   pj = json.load(open(os.path.join(pout, "patching.json")))
   doc["patch_plan"] = json.load(open(os.path.join(pout, "summary.json"))).get("plan")
   if not os.path.exists(rec("reference")):     # before the circuit: the longest stage
+    ref = reference(folder, wd, pj["scores"]["head_out"])
     with open(rec("reference"), "w") as f:
-      json.dump(reference(folder, wd, pj["scores"]["head_out"]), f)
+      json.dump(ref, f)
   doc["reference"] = json.load(open(rec("reference")))
   if with_circuit and not os.path.exists(os.path.join(cout, "circuit.json")):
     doc["circuit"] = child(["circuit", *common, "--method", "eap-ig", "--sample", str(sample),
