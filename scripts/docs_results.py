@@ -415,10 +415,14 @@ def _scale_1b(docs) -> list[str]:
   rows = [[stage, f"{d[stage]['wall_s']:.0f}", gb(d[stage]["peak_rss"]),
            gb(d[stage]["added_rss"])] for stage in ("import", "patch", "circuit") if stage in d]
   ref = d.get("reference")
-  agree = ([f"The head table against torch forward hooks on the same transformers model "
-            f"({len(ref['heads'])} heads with the largest |recovery|): max |difference| "
-            f"{ref['max_abs_diff']:.1e}.", ""] if ref else
-           [f"Not finished: {d.get('unfinished', 'the studies')}.", ""])
+  agree = [f"The head table against torch forward hooks on the same transformers model "
+           f"({len(ref['heads'])} heads with the largest |recovery|): max |difference| "
+           f"{ref['max_abs_diff']:.1e} of the recovery, "
+           f"{ref.get('max_abs_diff_logit_units', float('nan')):.1e} in logit-difference "
+           f"units (the random model's clean-corrupt gap is "
+           f"{ref.get('gap_clean_corrupt', float('nan')):.3f}).", ""] if ref else []
+  if d.get("unfinished"):
+    agree += [f"Not finished: {d['unfinished']}.", ""]
   return ["## A 1B model on 2 CPU cores", "",
           f"`scripts/scale_1b.py`: a random Llama-3.2-1B-shaped model ({d['params']:,} params; "
           f"SmolLM2's tokenizer and vocabulary) saved by transformers as "
