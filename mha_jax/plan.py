@@ -69,7 +69,7 @@ from mha_jax.kernels import dispatch
 from mha_jax.settings import setting
 from mha_jax.train import sharding
 
-JOBS = ("train", "forward", "patch", "circuit")
+JOBS = ("train", "forward", "patch", "circuit", "taxonomy")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -88,7 +88,8 @@ class PlanOptions:
   topology: str = setting(help="a TPU slice (v5e:2x2, v5p:2x2x1, v4:2x2x1, v6e:2x4, ...) "
                           "or cpu:N (N host devices)")
   job: str = setting("train", choices=JOBS, help="the programs planned: train (train and "
-                     "eval steps), forward, patch (the patching sweep) or circuit (EAP)")
+                     "eval steps), forward, patch (the patching sweep), circuit (EAP) or "
+                     "taxonomy (the head taxonomy's causal checks)")
   hf_config: str | None = setting(None, path=True, help="a Hugging Face config.json of a "
                                   "supported decoder family (instead of --config)")
   batch: int | None = setting(None, lo=1, help="the batch (pairs for patch and circuit; "
@@ -521,7 +522,7 @@ def from_hf_config(path: str, opts: PlanOptions) -> Source:
 
 
 def _imported_source(cfg, task, params, opts: PlanOptions, where: str) -> Source:
-  study = opts.job in ("patch", "circuit")
+  study = opts.job in ("patch", "circuit", "taxonomy")
   rows, seq = opts.batch or 8, opts.seq or (32 if study else min(2048, int(cfg.model.max_len)))
   train = mc.train_defaults()
   return Source(cfg, task, params, int(cfg.model.num_heads), train,
@@ -665,6 +666,8 @@ def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
   # the programs are traced for the target in compile_program
   with jax.default_device(jax.devices("cpu")[0]):
     study = _study(src, mesh)
+  if job == "taxonomy":
+    return taxonomy_programs(src, topo, mesh)
   if job == "patch":
     with jax.default_device(jax.devices("cpu")[0]):
       prog = study.sweep_program([("z", False)])
@@ -676,6 +679,21 @@ def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
     progs = (("eap", es.eap_program()), ("eap_ig", es.eap_ig_program()))
   return [compile_program(name, prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
           for name, prog in progs]
+
+
+def taxonomy_programs(src: Source, topo: Topology, mesh) -> list[dict]:
+  """The head taxonomy's causal checks (roles.head_taxonomy.plan_programs: repeat loss,
+  IOI logit difference, context logit, text loss, top-k heads mean-ablated) at the job's
+  rows x seq tokens, their rows per batch from the Study's default budget."""
+  import types
+  from mha_jax.roles import head_taxonomy as taxonomy
+  tokens = src.batches["forward"]["tokens"]
+  with jax.default_device(jax.devices("cpu")[0]):
+    params = _placed(src.params, sharding.shardings(src.params, mesh))
+    progs = taxonomy.plan_programs(types.SimpleNamespace(task=src.task, params=params),
+                                   tokens.shape[0], tokens.shape[1] - 1, 2 << 30)
+  return [dict(compile_program(name, fn, _shapes(args, mesh), topo, mesh), rows_per_batch=r)
+          for name, fn, args, r in progs]
 
 
 # ------------------------------------------------------------------ the plan

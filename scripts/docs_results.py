@@ -366,7 +366,7 @@ def real_models_page(docs):
     "### Pruning curve (cosine to the full model's embedding)", "",
     _curve_table(d, "cosine_to_full", 3), "", "![MiniLM curve](real_models/minilm_curve_curve.png)",
     "", _source(base + "minilm_analysis_summary.json", base + "minilm_curve_curve.json"), ""]
-  return "\n".join(parts + _bf16_drift(docs) + _import_peak(docs))
+  return "\n".join(parts + _bf16_drift(docs) + _import_peak(docs) + _scale_1b(docs))
 
 
 def _bf16_drift(docs) -> list[str]:
@@ -402,6 +402,36 @@ def _import_peak(docs) -> list[str]:
           f"({gb(d['largest_shard'])} GB) + the model once ({gb(d['model_bytes'])} GB) is "
           f"{gb(d['bound'])} GB: {'within' if d['within_bound'] else 'over'}.", "",
           _source(rel), ""]
+
+
+def _scale_1b(docs) -> list[str]:
+  """The 1B run (scripts/scale_1b.py): import, patch and circuit times and peak RSS, and
+  the head table against torch hooks."""
+  rel = "results/scale_1b_cpu.json"
+  if not (docs / rel).exists():
+    return []
+  d = _load(docs, rel)
+  gb = lambda b: f"{b / 1e9:.2f}"  # noqa: E731
+  rows = [[stage, f"{d[stage]['wall_s']:.0f}", gb(d[stage]["peak_rss"]),
+           gb(d[stage]["added_rss"])] for stage in ("import", "patch", "circuit") if stage in d]
+  ref = d.get("reference")
+  agree = [f"The head table against torch forward hooks on the same transformers model "
+           f"({len(ref['heads'])} heads with the largest |recovery|): max |difference| "
+           f"{ref['max_abs_diff']:.1e} of the recovery, "
+           f"{ref.get('max_abs_diff_logit_units', float('nan')):.1e} in logit-difference "
+           f"units (the random model's clean-corrupt gap is "
+           f"{ref.get('gap_clean_corrupt', float('nan')):.3f}).", ""] if ref else []
+  if d.get("unfinished"):
+    agree += [f"Not finished: {d['unfinished']}.", ""]
+  return ["## A 1B model on 2 CPU cores", "",
+          f"`scripts/scale_1b.py`: a random Llama-3.2-1B-shaped model ({d['params']:,} params; "
+          f"SmolLM2's tokenizer and vocabulary) saved by transformers as "
+          f"{len(d['shards_bytes'])} bf16 safetensors shards, imported in float32, then "
+          f"`patch --sites head_out` and `circuit --method eap-ig` on {d['pairs']} IOI pairs "
+          f"with `--memory-budget {d['memory_budget']}`, each in a fresh process. Import "
+          f"bound (1.3 x the largest shard + the model once): {gb(d['import_bound'])} GB.", "",
+          _table(["stage", "wall s", "peak RSS GB", "added by the stage GB"], rows), "",
+          *agree, _source(rel), ""]
 
 
 def _num(v):

@@ -57,6 +57,11 @@ class AnalyzeOptions:
                               "writes roles.json and head_taxonomy.png")
   retrieval_len: int = setting(384, lo=16, help="LMs, role retrieval: tokens of each "
                                "needle-in-a-haystack input (at most the model's window)")
+  memory_budget: str | None = setting(None, metavar="BYTES",
+                                      help="LMs: bytes each causal check of the head "
+                                           "taxonomy may hold, e.g. 4GB: its rows per "
+                                           "batch are chosen from it before compiling "
+                                           "(default: half the device's free memory)")
 
 
 def _check_roles(loaded, opts: AnalyzeOptions) -> None:
@@ -70,6 +75,15 @@ def _check_roles(loaded, opts: AnalyzeOptions) -> None:
     raise UserError(f"retrieval_len is read by role retrieval only; give roles with "
                     f"retrieval (got roles {opts.roles!r})",
                     setting=("retrieval_len", "roles"))
+
+
+def _taxonomy_settings(loaded, opts: AnalyzeOptions):
+  """The classifier's options of `analyze`'s options (its budget: memory.budget's)."""
+  from mha_jax.roles import head_taxonomy
+  from mha_jax.toolkit import memory
+  budget = memory.budget(opts.memory_budget, memory.params_bytes(loaded.params))[0]
+  return head_taxonomy.ClassifyOptions(roles=head_taxonomy.parse_roles(opts.roles),
+                                       retrieval_len=opts.retrieval_len, memory_budget=budget)
 
 
 def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOptions(), *,
@@ -102,8 +116,7 @@ def analyze(loaded, out: str | None = None, opts: AnalyzeOptions = AnalyzeOption
   rows = head_roles(loaded, split, role_limit, conllu=conllu)
   if loaded.task.decoder_only and (loaded.task.role_family == "real_lm" or opts.roles):
     from mha_jax.roles import head_taxonomy
-    doc = head_taxonomy.classify(loaded, rows, head_taxonomy.ClassifyOptions(
-        roles=head_taxonomy.parse_roles(opts.roles), retrieval_len=opts.retrieval_len), log)
+    doc = head_taxonomy.classify(loaded, rows, _taxonomy_settings(loaded, opts), log)
     head_taxonomy.write(doc, out_dir, f"head roles, {loaded.workdir}")
     for r in rows:
       r["role"] = doc["assigned"].get(r["head"], r["role"])

@@ -44,6 +44,7 @@ from mha_jax.errors import UserError
 from mha_jax.settings import setting
 from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit import ablations
+from mha_jax.toolkit import memory
 from mha_jax.toolkit import plots
 
 METHODS = ("auto", "eap", "eap-ig", "exact", "greedy")
@@ -89,6 +90,14 @@ class CircuitOptions:
                                  "instead of scoring edges (on the mib graph)")
   keep_failing: bool = setting(False, help="keep pairs whose clean prompt the model gets "
                                "wrong")
+  memory_budget: str | None = setting(None, metavar="BYTES",
+                                      help="bytes EAP's and EAP-IG's gradient programs may "
+                                           "hold, e.g. 4GB: the ends per gradient chunk are "
+                                           "chosen from it before compiling (default: half "
+                                           "the device's free memory)")
+  dtype: str | None = setting(None, choices=memory.DTYPES,
+                              help="the params' dtype for the study (default: as stored); "
+                                   "softmax, norms, logits and metrics stay float32")
   n_pairs: int = setting(8, lo=1, help="built-in behaviours: pairs drawn")
   seed: int = setting(0, lo=0, help="the random seed (default: 0)")
   threshold: float = setting(0.01, lo=0, hi=1, lo_open=True, hi_open=True,
@@ -103,15 +112,17 @@ def _clean_metric(s: activation_patching.Study, metric) -> np.ndarray:
 
 
 def prepare(loaded, behaviour, pairs_file, n_pairs, seed, keep_failing, log=print,
-            graph: str = "grouped"):
+            graph: str = "grouped", memory_budget: int = 2 << 30, dtype: str | None = None):
   """(Study, metric fn, metric spec, pairs doc, failing doc): the pairs with those the
   model fails on the clean prompt (metric <= 0) left out unless keep_failing; graph
-  "mib": the study's params ungrouped (graph.ungroup)."""
+  "mib": the study's params ungrouped (graph.ungroup); dtype: the params cast
+  (memory.cast)."""
   if graph not in graph_lib.GRAPHS:
     raise UserError(f"graph must be one of {graph_lib.GRAPHS}; got {graph!r}", setting="graph")
   params = graph_lib.ungroup(loaded.params) if graph == "mib" else loaded.params
+  params = memory.cast(params, dtype)
   pairs, spec = circuit_behaviours.make(loaded, behaviour, pairs_file, n_pairs, seed)
-  s = activation_patching.Study(loaded.task, params, pairs)
+  s = activation_patching.Study(loaded.task, params, pairs, memory_budget=memory_budget)
   m_clean = _clean_metric(s, circuit_behaviours.metric_of(pairs, spec))
   bad = np.nonzero(m_clean <= 0)[0]
   failing = [{**pairs.to_json()[i], "metric_clean": float(m_clean[i])} for i in bad]
@@ -123,7 +134,7 @@ def prepare(loaded, behaviour, pairs_file, n_pairs, seed, keep_failing, log=prin
     if not len(good):
       raise UserError("the model fails every clean prompt (metric <= 0): no circuit to find")
     pairs, spec = pairs.subset(good), circuit_behaviours.subset_metric(spec, good)
-    s = activation_patching.Study(loaded.task, params, pairs)
+    s = activation_patching.Study(loaded.task, params, pairs, memory_budget=memory_budget)
     m_clean = m_clean[good]
   return s, circuit_behaviours.metric_of(pairs, spec), spec, failing
 
@@ -143,8 +154,10 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   keep_failing, sample = opts.keep_failing, opts.sample
   t0 = time.perf_counter()
   graph = "mib" if opts.evaluate else opts.graph     # the library's graph is MIB's
+  budget, budget_from = memory.budget(opts.memory_budget,
+                                      memory.params_bytes(loaded.params, opts.dtype))
   s, metric, spec, failing = prepare(loaded, behaviour, pairs_file, n_pairs, seed, keep_failing, log,
-                                     graph)
+                                     graph, budget, opts.dtype)
   es = edges_lib.EdgeStudy(s, metric=metric, ablation=ablation)
   if opts.export:
     mib_graph.edge_names(es.graph, es.edges[:0])      # refused before the work
@@ -190,7 +203,11 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
                     "score": round(float(scores[r]), 7)} for r in order],
          "curve": points, **area, "curve_signed": tried[chosen]["curve_signed"],
          "curve_absolute": tried[chosen]["curve_absolute"], "agreement": agreement, "nodes": nodes,
-         "pairs": len(s.pairs), "failing": failing, "seconds": seconds}
+         "pairs": len(s.pairs), "failing": failing, "seconds": seconds,
+         "memory_budget": {"bytes": budget, "from": budget_from,
+                           "eap": dataclasses.asdict(es.plan("eap")),
+                           "eap_ig": dataclasses.asdict(es.plan(
+                               "ig" if ig_on == "inputs" else "activations"))}}
   doc["seconds"]["total"] = round(time.perf_counter() - t0, 3)
   storage.makedirs(out)
   storage.write_json(storage.join(out, "circuit.json"), doc)

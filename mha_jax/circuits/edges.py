@@ -28,6 +28,7 @@ difference of the Study.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
@@ -39,6 +40,7 @@ from mha_jax.circuits import graph as graph_lib
 from mha_jax.errors import UserError
 from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit import ablations
+from mha_jax.toolkit import memory
 
 IG_ON = ("inputs", "activations")
 IG_POINTS = ("left", "midpoint")
@@ -75,6 +77,7 @@ class EdgeStudy:
     self.ablation = ablation
     self._metric = metric or (lambda logits: study._score(logits)[0])
     self._jit: dict = {}
+    self.last_plan: memory.EapPlan | None = None   # the last gradient program's chunks
     outs = self._cached("outputs", lambda: lambda p, tok: graph_lib.node_outputs(
         self.graph, p, self.s._forward(p, tok, read=self.sites)[1]))
     if not run:
@@ -223,29 +226,40 @@ class EdgeStudy:
       return self.pairs_metric(params, k, ablated, base, embed).mean()
     return jax.grad(f)(keep)
 
-  def _end_grads(self, params, embed=None):
-    """(B, T, N_ends, D) dm/d(input_e) at the clean run (embed (B, T, D) replacing the
-    input embedding): one backward through zero `add`s at every end's site."""
-    g = self.graph
-    L = g.layers
-    shapes = self._end_shapes()
-    zeros = {n: jnp.zeros(sh, jnp.float32) for n, sh in shapes.items()}
+  def _end_grads(self, params, embed=None, ends=None):
+    """(B, T, hi - lo, D) dm/d(input_e) at the clean run for the ends lo..hi-1 (ends
+    (lo, hi); None: all), embed (B, T, D) replacing the input embedding: one backward
+    through zero `add`s at those ends' sites (a site's other ends get none)."""
+    parts = self._end_parts(ends)
+    zeros = {n: jnp.zeros(sh[:2] + (b - a,) + sh[-1:], jnp.float32)
+             for n, a, b, sh in parts}
 
     def f(deltas):
-      edits = {n: interventions.add(d) for n, d in deltas.items()}
+      edits = {}
+      for n, a, b, sh in parts:
+        d = deltas[n]
+        edits[n] = interventions.add(jnp.pad(d, ((0, 0), (0, 0), (a, sh[2] - b), (0, 0)))
+                                     if len(sh) == 4 else d[:, :, 0])
       if embed is not None:
         edits["lm.0.resid_pre"] = interventions.replace(embed)
       logits, _ = self.s._forward(params, self.s.tokens["clean"], edits)
       return self._metric(logits).mean()
 
     gr = jax.grad(f)(zeros)
-    cols = []
-    for i in range(L):
-      cols += [gr[f"lm.{i}.attn.in_{c}"] for c in "qkv"]
-      if g.mlp[i]:
-        cols.append(gr[f"lm.{i}.mlp_in"][:, :, None])
-    cols.append(gr[f"lm.{L - 1}.resid_post"][:, :, None])
-    return jnp.concatenate(cols, axis=2)
+    return jnp.concatenate([gr[n] for n, *_ in parts], axis=2)
+
+  def _end_parts(self, ends=None) -> list:
+    """[(site, a, b, site shape)]: the sites holding ends lo..hi-1, in end order, and the
+    slots a..b-1 of each (a site without a head axis is one end)."""
+    lo, hi = (0, len(self.graph.ends)) if ends is None else ends
+    out, at = [], 0
+    for n, sh in self._end_shapes().items():
+      k = sh[2] if len(sh) == 4 else 1
+      a, b = max(lo, at), min(hi, at + k)
+      if a < b:
+        out.append((n, a - at, b - at, sh))
+      at += k
+    return out
 
   def _end_shapes(self) -> dict:
     b, t, _, d = self.clean_out.shape
@@ -259,45 +273,78 @@ class EdgeStudy:
     out[f"lm.{g.layers - 1}.resid_post"] = (b, t, d)
     return out
 
+  # ------------------------------------------------------------------ memory
+  def shapes(self, program: str = "eap") -> memory.EapShapes:
+    """What a gradient program's memory depends on (memory.EapShapes)."""
+    model = dataclasses.replace(self.s.shapes(), t=self.s.t, t_keys=self.s.t)  # no prefix
+    return memory.EapShapes(model, len(self.graph.nodes), len(self.graph.ends), program)
+
+  def plan(self, program: str = "eap") -> memory.EapPlan:
+    """Ends per gradient chunk of `program` ("eap", "ig", "activations") in the study's
+    memory budget (memory.eap_plan), chosen from the shapes before anything compiles."""
+    return memory.eap_plan(self.shapes(program), self.s.memory_budget)
+
+  def _by_chunks(self, program: str, build, args) -> np.ndarray:
+    """(N_nodes, N_ends) scores: build(ends) -> the chunk's program ((N_nodes, hi - lo)),
+    one compiled program per chunk of the plan, run one after another."""
+    plan = self.last_plan = self.plan(program)
+    cols = [np.asarray(self._cached((program, args[0], ends), lambda e=ends: build(e))(
+        *args[1:]), np.float64) for ends in plan.chunks]
+    return np.concatenate(cols, axis=1)
+
   def eap(self) -> np.ndarray:
     """(E,) EAP's estimate of exact(): (A_u - a_u) . dm/d(input_e) at the clean run, from
-    one backward to every end (the node outputs and ablated values are the study's)."""
-    prog = self.eap_program()
-    g = self._cached(prog["key"], lambda: prog["fn"])(*prog["args"])
-    return np.asarray(g, np.float64)[self.edges[:, 0], self.edges[:, 1]]
+    one backward per chunk of ends (the node outputs and ablated values are the
+    study's; the chunks are the memory budget's, `plan`)."""
+    g = self._by_chunks("eap", lambda ends: self.eap_program(ends)["fn"],
+                        ("eap", self.params, self.ablated, self.clean_out))
+    return g[self.edges[:, 0], self.edges[:, 1]]
 
-  def eap_program(self) -> dict:
-    """eap()'s program, not run: {"fn" (not jitted), "args", "key"}."""
+  def eap_program(self, ends=None) -> dict:
+    """eap()'s program for the ends (lo, hi) (None: the plan's first chunk), not run:
+    {"fn" (not jitted), "args", "key", "ends"}."""
+    ends = self.plan("eap").chunks[0] if ends is None else tuple(ends)
+
     def fn(p, abl, clean):
-      grads = self._end_grads(p)
-      return jnp.einsum("btnd,bted->ne", abl - clean, grads)
-    return {"fn": fn, "args": (self.params, self.ablated, self.clean_out), "key": "eap"}
+      return jnp.einsum("btnd,bted->ne", abl - clean, self._end_grads(p, ends=ends))
+    return {"fn": fn, "args": (self.params, self.ablated, self.clean_out),
+            "key": ("eap", "eap", ends), "ends": ends}
 
   def eap_ig(self, steps: int = 5, on: str = "inputs", points: str = "left") -> np.ndarray:
     """(E,) EAP-IG's estimate: the gradient averaged over `steps` points alpha
     (ig_alphas) between the ablated run (alpha 0) and the clean run (alpha 1); on
-    "inputs" or "activations" (see the module docstring)."""
+    "inputs" or "activations" (see the module docstring). On the inputs, one program per
+    chunk of ends (`plan`)."""
     prog = self.eap_ig_program(steps, on, points)
-    g = self._cached(prog["key"], lambda: prog["fn"])(*prog["args"])
-    return np.asarray(g, np.float64)[self.edges[:, 0], self.edges[:, 1]]
+    if on == "activations":
+      g = np.asarray(self._cached(prog["key"], lambda: prog["fn"])(*prog["args"]), np.float64)
+    else:
+      g = self._by_chunks("ig", lambda ends: self.eap_ig_program(steps, on, points,
+                                                                 ends)["fn"],
+                          (("ig", steps, points),) + prog["args"])
+    return g[self.edges[:, 0], self.edges[:, 1]]
 
-  def eap_ig_program(self, steps: int = 5, on: str = "inputs", points: str = "left") -> dict:
-    """eap_ig()'s program, not run: {"fn" (not jitted), "args", "key"}."""
+  def eap_ig_program(self, steps: int = 5, on: str = "inputs", points: str = "left",
+                     ends=None) -> dict:
+    """eap_ig()'s program, not run: {"fn" (not jitted), "args", "key", "ends"}; on the
+    inputs, for the ends (lo, hi) (None: the plan's first chunk)."""
     if on not in IG_ON:
       raise UserError(f"ig_on must be one of {IG_ON}; got {on!r}", setting="ig_on")
     if steps < 1:
       raise UserError(f"steps must be >= 1; got {steps}", setting="steps")
     alphas = jnp.asarray(ig_alphas(steps, points), jnp.float32)
     ones = jnp.ones(self.mask.shape, jnp.float32)
+    if on == "inputs":
+      ends = self.plan("ig").chunks[0] if ends is None else tuple(ends)
 
     def build():
       def fn(p, alphas, abl, clean):
         clean_e, abl_e = clean[:, :, 0], abl[:, :, 0]
         if on == "inputs":    # the end gradients averaged, then one product
           def one(carry, a):
-            return carry + self._end_grads(p, abl_e + a * (clean_e - abl_e)), None
+            return carry + self._end_grads(p, abl_e + a * (clean_e - abl_e), ends), None
           b, t, _, d = clean.shape
-          total, _ = jax.lax.scan(one, jnp.zeros((b, t, len(self.graph.ends), d)), alphas)
+          total, _ = jax.lax.scan(one, jnp.zeros((b, t, ends[1] - ends[0], d)), alphas)
           return jnp.einsum("btnd,bted->ne", abl - clean, total / steps)
 
         def one(carry, a):
@@ -306,7 +353,8 @@ class EdgeStudy:
         return total / steps
       return fn
     return {"fn": build(), "args": (self.params, alphas, self.ablated, self.clean_out),
-            "key": ("ig", on, steps, points)}
+            "key": ("ig", on, steps, points, ends if on == "inputs" else None),
+            "ends": ends if on == "inputs" else None}
 
   def agreement(self, estimate, *, sample: int = 200, top: int = 20, seed: int = 0) -> dict:
     """activation_patching.agreement of estimate (E,) with exact patching on a sample of edges: the

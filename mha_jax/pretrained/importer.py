@@ -129,6 +129,7 @@ def import_model(workdir: str, name: str | None = None, file: str | None = None,
   """Writes the workdir; refuses one that exists and is not empty. Returns config dict.
   mesh: None, or "model=4" / "data=2,model=4": the params are placed sharded over that
   device mesh as they load (read_model) and the checkpoint is written from the shards."""
+  import jax
   from mha_jax.train import checkpoint as ckpt_lib
   from mha_jax.train import sharding
   device_mesh = None
@@ -152,7 +153,9 @@ def import_model(workdir: str, name: str | None = None, file: str | None = None,
       storage.rmtree(scratch)
     storage.write_json(storage.join(tmp, "config.json"), cfg)
     storage.write_text(storage.join(tmp, "tokenizer.json"), tok.to_str(pretty=True))
-    ckpts = ckpt_lib.Checkpoints(tmp, max_to_keep=1)
+    # the save copies one largest array to the host at a time, not the whole model
+    ckpts = ckpt_lib.Checkpoints(tmp, max_to_keep=1, host_bytes=max(
+        int(x.nbytes) for x in jax.tree.leaves(params)))
     try:
       ckpts.save_params(0, params, {"imported_from": cfg["source"]["path"]})
     finally:

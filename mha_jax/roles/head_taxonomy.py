@@ -44,6 +44,7 @@ from mha_jax import interventions
 from mha_jax import storage
 from mha_jax.machine import machine
 from mha_jax.roles import detectors
+from mha_jax.toolkit import memory
 from mha_jax.roles import role_scores as roles_lib
 from mha_jax.errors import UserError
 from mha_jax.models import common
@@ -88,6 +89,8 @@ class ClassifyOptions:
   name_mover_threshold: float = 0.1   # |DLA| / clean logit difference
   s_inhibition_threshold: float = 0.05  # path-patching recovery into the name movers
   retrieval_threshold: float = 0.1    # copy-paste score (Wu et al.)
+  memory_budget: int | None = None    # bytes a causal check's program may hold (None: no
+                                      # plan, every row at once)
 
   def __post_init__(self):
     roles = tuple(self.roles)
@@ -191,72 +194,185 @@ def _successor_prompts(ids_by_seq):
   return np.asarray(rows, np.int32), np.asarray(ans), np.asarray(cur)
 
 
-def behaviours(loaded, settings: ClassifyOptions, inputs: dict) -> dict[str, Callable]:
-  """{behaviour name: fn(edits) -> float}, each one compiled program over the inputs
-  (bound as default arguments: each closure keeps its own)."""
+def model_shapes(loaded, t: int) -> memory.PatchShapes:
+  """The shapes a forward of t tokens holds (memory.PatchShapes, one row), traced from
+  the model's own sites (nothing compiles)."""
   task, params = loaded.task, loaded.params
+  sites = ("lm.0.attn.z", "lm.0.attn.k", "lm.0.resid_pre")
+  tok = jax.ShapeDtypeStruct((1, t + 1), jnp.int32)
+  vals = jax.eval_shape(lambda p, x: interventions.run_with_hook(
+      lambda hook: task.apply(p, {"tokens": x}, hook=hook), None, sites)[1], params, tok)
+  z, k = vals["lm.0.attn.z"], vals["lm.0.attn.k"]
+  heads = common.head_counts(params)["lm"]
+  d = int(vals["lm.0.resid_pre"].shape[-1])
+  return memory.PatchShapes(layers=len(heads), heads=max(heads), kv_heads=int(k.shape[2]),
+                            head_dim=int(z.shape[3]), d_model=d,
+                            d_mlp=memory.mlp_width(params, d), vocab=int(task.vocab_size),
+                            t=t, pairs=1, dtype_bytes=memory.dtype_bytes(params))
+
+
+# behaviour -> (the inputs it reads, whether its logits are at every position)
+CHECKS = {"repeat_loss": ("repeat", True), "ioi_logit_diff": ("ioi", False),
+          "successor_logit": ("successor", False), "context_logit": ("text", True),
+          "text_loss": ("text", True)}
+
+
+def _check_rows(inputs: dict) -> dict[str, tuple[int, int]]:
+  """{behaviour: (rows, positions each row runs)} of the causal checks' inputs (the
+  forward reads tokens[:, :-1]; successor prompts may take a BOS: counted)."""
+  out = {}
+  for name, (key, _) in CHECKS.items():
+    if key not in inputs:
+      continue
+    x, extra = inputs[key], -1
+    if key == "repeat":
+      x = x[0]
+    elif key == "ioi":
+      x, extra = x.clean, 0
+    elif key == "successor":
+      x, extra = _successor_prompts(x)[0], 0
+    out[name] = (int(np.shape(x)[0]), int(np.shape(x)[1]) + extra)
+  return out
+
+
+def plan(loaded, inputs: dict, budget: int) -> dict[str, memory.RowsPlan]:
+  """{behaviour: memory.RowsPlan}: the rows per batch of each causal check's forward
+  (its inputs' rows, their logits at every position or one) in `budget` bytes, chosen
+  from the shapes before anything compiles; a budget below one row is refused."""
+  out = {}
+  for name, (rows, t) in _check_rows(inputs).items():
+    every = CHECKS[name][1]
+    out[name] = memory.rows_plan(model_shapes(loaded, t), rows, budget,
+                                 logits_positions=t if every else 1,
+                                 kept_per_row=4 * t * t if name == "context_logit" else 0,
+                                 what=f"one row of the {name} check")
+  return out
+
+
+def _by_rows(fn, arrays: tuple, rows: int):
+  """fn(p, edits, *row_arrays, weight) -> (numerator, denominator) summed over a batch of
+  rows; returns g(p, edits) -> their ratio over every row, `rows` at a time (lax.map;
+  padding rows weigh 0)."""
+  n = int(np.shape(arrays[0])[0])
+  g = -(-n // rows)
+  pad = g * rows - n
+  w = jnp.concatenate([jnp.ones(n), jnp.zeros(pad)]).reshape(g, rows)
+  xs = tuple(jnp.concatenate([jnp.asarray(a), jnp.repeat(jnp.asarray(a)[:1], pad, 0)])
+             .reshape((g, rows) + np.shape(a)[1:]) for a in arrays)
+
+  def run(p, edits):
+    num, den = jax.lax.map(lambda c: fn(p, edits, *c), xs + (w,))
+    return num.sum() / den.sum()
+  return run
+
+
+def behaviours(loaded, settings: ClassifyOptions, inputs: dict,
+               budget: int | None = None) -> dict[str, Callable]:
+  """{behaviour name: fn(edits) -> float}, each one compiled program over the inputs,
+  their rows `plan(loaded, inputs, budget)`'s rows per batch at a time (None: all at once)."""
+  out = {}
+  for name, fn in check_programs(loaded, inputs, budget).items():
+    if name == "needle_recall":
+      out[name] = fn
+    else:
+      out[name] = lambda edits, j=jax.jit(fn): float(j(loaded.params, edits))
+  return out
+
+
+def check_programs(loaded, inputs: dict, budget: int | None = None) -> dict[str, Callable]:
+  """{behaviour name: fn(params, edits) -> scalar} (not compiled; `needle_recall`: a
+  run function) over the inputs, `plan`'s rows per batch at a time (None: all at once);
+  what `behaviours` compiles and `mha-jax plan --job taxonomy` compiles for a target."""
+  task, params = loaded.task, loaded.params
+  rows = {k: v.rows_per_batch for k, v in plan(loaded, inputs, budget).items()} \
+      if budget is not None else {k: r for k, (r, _) in _check_rows(inputs).items()}
   out = {}
 
-  def compiled(fn):
-    j = jax.jit(fn)
-    return lambda edits: float(j(params, edits))
+  def compiled(name, fn, *arrays):
+    return _by_rows(fn, arrays, rows[name])
 
   def fwd(p, tok, edits, **batch):
     return interventions.run_with_hook(lambda hook: task.apply(p, {"tokens": tok, **batch}, hook=hook), edits)[0]
 
-  if "repeat" in inputs:
-    tok, mask = (jnp.asarray(x) for x in inputs["repeat"])
+  def ld_of(lg, a, w):
+    r = jnp.arange(lg.shape[0])
+    return lg[r, a] - lg[r, w]
 
-    def repeat_loss(p, edits, tok=tok, mask=mask):
+  if "repeat" in inputs:
+    def repeat_loss(p, edits, tok, mask, wt):
       logp = jax.nn.log_softmax(fwd(p, tok, edits).astype(jnp.float32), -1)
       nll = -jnp.take_along_axis(logp, tok[:, 1:, None], -1)[..., 0]
-      return (nll * mask).sum() / mask.sum()
-    out["repeat_loss"] = compiled(repeat_loss)
+      return (nll * mask * wt[:, None]).sum(), (mask * wt[:, None]).sum()
+    out["repeat_loss"] = compiled("repeat_loss", repeat_loss, *inputs["repeat"])
   if "ioi" in inputs:
     pairs = inputs["ioi"]
-    tok = jnp.asarray(np.concatenate([pairs.clean, pairs.clean[:, -1:]], 1))
-    at, a, w = (jnp.asarray(x) for x in (pairs.length - 1, pairs.answer, pairs.wrong))
+    tok = np.concatenate([pairs.clean, pairs.clean[:, -1:]], 1)
 
-    def ioi(p, edits, tok=tok, at=at, a=a, w=w):
+    def ioi(p, edits, tok, at, a, w, wt):
       lg = fwd(p, tok, edits, logits_at=at)[:, 0].astype(jnp.float32)
-      r = jnp.arange(lg.shape[0])
-      return (lg[r, a] - lg[r, w]).mean()
-    out["ioi_logit_diff"] = compiled(ioi)
+      return (ld_of(lg, a, w) * wt).sum(), wt.sum()
+    out["ioi_logit_diff"] = compiled("ioi_logit_diff", ioi, tok, pairs.length - 1,
+                                     pairs.answer, pairs.wrong)
   if "successor" in inputs:
-    tok, ans, cur = (jnp.asarray(x) for x in _successor_prompts(inputs["successor"]))
+    tok, ans, cur = (np.asarray(x) for x in _successor_prompts(inputs["successor"]))
     bos = detectors.bos_of(task)
     if bos:
-      tok = jnp.concatenate([jnp.full((tok.shape[0], 1), bos[0], tok.dtype), tok], 1)
+      tok = np.concatenate([np.full((tok.shape[0], 1), bos[0], tok.dtype), tok], 1)
 
-    def succ(p, edits, tok=tok, ans=ans, cur=cur):
+    def succ(p, edits, tok, ans, cur, wt):
       lg = fwd(p, tok, edits)[:, -1].astype(jnp.float32)
-      r = jnp.arange(lg.shape[0])
-      return (lg[r, ans] - lg[r, cur]).mean()
-    out["successor_logit"] = compiled(succ)
+      return (ld_of(lg, ans, cur) * wt).sum(), wt.sum()
+    out["successor_logit"] = compiled("successor_logit", succ, tok, ans, cur)
   if "text" in inputs:
-    tok = jnp.asarray(inputs["text"])
-    inp = tok[:, :-1]
-    t = inp.shape[1]
-    earlier = (jnp.arange(t)[None, :] >= 1) & (jnp.arange(t)[None, :] < jnp.arange(t)[:, None])
-
-    def context_logit(p, edits, tok=tok, inp=inp, t=t, earlier=earlier):
-      lg = fwd(p, tok, edits).astype(jnp.float32)                    # (B, T, V)
-      got = jnp.take_along_axis(lg, jnp.broadcast_to(inp[:, None, :], lg.shape[:2] + (t,)), -1)
-      cen = got - lg.mean(-1, keepdims=True)                          # (B, T, T)
-      m = earlier[None] & (jnp.arange(t) >= 2)[None, :, None]
-      return (cen * m).sum() / m.sum()
-
-    def text_loss(p, edits, tok=tok):
-      logp = jax.nn.log_softmax(fwd(p, tok, edits).astype(jnp.float32), -1)
-      return -jnp.take_along_axis(logp, tok[:, 1:, None], -1).mean()
-    out["context_logit"] = compiled(context_logit)
-    out["text_loss"] = compiled(text_loss)
+    out.update(_text_checks(fwd, compiled, np.asarray(inputs["text"])))
   if "needle" in inputs:
     nd = inputs["needle"]
     prog = detectors.retrieval_program(task, params, nd["tokens"], nd["start"], nd["answer"],
                                        nd["len"])
     out["needle_recall"] = lambda edits, prog=prog: prog(edits)[1]
   return out
+
+
+def plan_programs(loaded, rows: int, seq: int, budget: int,
+                  settings: ClassifyOptions = ClassifyOptions()) -> list[tuple[str, Callable, tuple, int]]:
+  """[(name, fn, args, rows per batch)] of the causal checks at `rows` rows of `seq` tokens each (the
+  repeated tokens, the text windows and the IOI pairs all of that shape), each with
+  settings.top_k heads mean-ablated, from the params' shapes alone (loaded.params may be
+  ShapeDtypeStructs; `mha-jax plan --job taxonomy` compiles them for a target)."""
+  from mha_jax.toolkit.pairs import Pairs
+  tok = np.ones((rows, seq + 1), np.int32)
+  z = np.zeros(rows, np.int32)
+  inputs = {"repeat": (tok, np.ones((rows, seq), np.float32)), "text": tok,
+            "ioi": Pairs(tok[:, :seq], tok[:, :seq], z, z + 1, np.full(rows, seq, np.int32),
+                         [{}] * rows)}
+  sh = model_shapes(loaded, seq)
+  means = [np.zeros((h, sh.head_dim), np.float32) for h in common.head_counts(loaded.params)["lm"]]
+  edits = mean_edits(loaded.params, head_list(loaded.params)[:settings.top_k], means)
+  rows_of = plan(loaded, inputs, budget)
+  return [(f"taxonomy_{name}", fn, (loaded.params, edits), rows_of[name].rows_per_batch)
+          for name, fn in check_programs(loaded, inputs, budget).items()]
+
+
+def _text_checks(fwd, compiled, text) -> dict[str, Callable]:
+  """context_logit and text_loss over text windows (see `behaviours`)."""
+  t = text.shape[1] - 1
+  earlier = (jnp.arange(t)[None, :] >= 1) & (jnp.arange(t)[None, :] < jnp.arange(t)[:, None])
+  m = earlier[None] & (jnp.arange(t) >= 2)[None, :, None]
+
+  def context_logit(p, edits, tok, wt):
+    inp = tok[:, :-1]
+    lg = fwd(p, tok, edits).astype(jnp.float32)                    # (B, T, V)
+    got = jnp.take_along_axis(lg, jnp.broadcast_to(inp[:, None, :], lg.shape[:2] + (t,)), -1)
+    cen = got - lg.mean(-1, keepdims=True)                          # (B, T, T)
+    # as before the chunking: every row's sum over one row's count of the mask
+    return (cen * m * wt[:, None, None]).sum(), m.sum() * wt.sum() / text.shape[0]
+
+  def text_loss(p, edits, tok, wt):
+    logp = jax.nn.log_softmax(fwd(p, tok, edits).astype(jnp.float32), -1)
+    nll = -jnp.take_along_axis(logp, tok[:, 1:, None], -1)[..., 0]
+    return (nll * wt[:, None]).sum(), wt.sum() * t
+  return {"context_logit": compiled("context_logit", context_logit, text),
+          "text_loss": compiled("text_loss", text_loss, text)}
 
 
 # ------------------------------------------------------------------ IOI roles
@@ -474,7 +590,7 @@ def causal(loaded, settings: ClassifyOptions, table: Mapping[str, Mapping[str, f
   "random_heads", "verdict"}} (the module docstring's checks)."""
   params = loaded.params
   heads = head_list(params)
-  fns = behaviours(loaded, settings, inputs)
+  fns = behaviours(loaded, settings, inputs, settings.memory_budget)
   means = text_means(loaded.task, params, _text_tokens(loaded.task, settings.mean_windows,
                                                     settings.text_len))
   base_cache: dict = {}

@@ -109,18 +109,26 @@ class Study:
     (exact; about half of the layers' work over a sweep of every layer).
   baseline: the unpatched runs as `baseline()` returns them, when already known (`subset`
     passes its rows of them); None runs them.
+  mesh: a jax Mesh with axes "data" and "model" (train.sharding.make_mesh): the params
+    placed as training places them (heads and MLP units over "model") and every
+    program's rows (the pairs, with a sweep's interventions folded into them) over
+    "data" where they divide it; the tables are the single-device ones.
   """
 
   def __init__(self, task, params, pairs: Pairs, *, memory_budget: int = 2 << 30,
                share_prefix: bool = True, share_depth: bool = True,
-               baseline: dict | None = None):
+               baseline: dict | None = None, mesh=None):
+    self.mesh = mesh
+    if mesh is not None:      # heads (and MLP units) over "model", as training places them
+      from mha_jax.train import sharding
+      params = jax.device_put(params, sharding.shardings(params, mesh))
     self.task, self.params, self.pairs = task, params, pairs
     self.memory_budget, self.share_prefix = int(memory_budget), share_prefix
     self.share_depth = bool(share_depth) and hasattr(task, "prefix_cache")
     n, t = pairs.clean.shape
     extra = lambda a: np.concatenate([a, a[:, -1:]], axis=1)  # noqa: E731 apply shifts by 1
-    self.tokens = {"clean": jnp.asarray(extra(pairs.clean)),
-                   "corrupt": jnp.asarray(extra(pairs.corrupt))}
+    self.tokens = {"clean": self._rows(jnp.asarray(extra(pairs.clean))),
+                   "corrupt": self._rows(jnp.asarray(extra(pairs.corrupt)))}
     self.at = jnp.asarray(pairs.length - 1, jnp.int32)
     self.answer = jnp.asarray(pairs.answer)
     self.wrong = jnp.asarray(pairs.wrong)
@@ -155,7 +163,18 @@ class Study:
     base = {r: {k: v[keep] for k, v in self._base[r].items()} for r in self._base}
     return Study(self.task, self.params, self.pairs.subset(keep),
                  memory_budget=self.memory_budget, share_prefix=self.share_prefix,
-                 share_depth=self.share_depth, baseline=base)
+                 share_depth=self.share_depth, baseline=base, mesh=self.mesh)
+
+  def _rows(self, a):
+    """a (R, ...) with its rows over the mesh's "data" axis where they divide it (a
+    sweep's interventions and pairs are folded into the rows); a itself without a mesh."""
+    if self.mesh is None or a.shape[0] % self.mesh.shape["data"]:
+      return a
+    from jax.sharding import NamedSharding, PartitionSpec
+    spec = NamedSharding(self.mesh, PartitionSpec("data"))
+    if isinstance(a, jax.core.Tracer):
+      return jax.lax.with_sharding_constraint(a, spec)
+    return jax.device_put(a, spec)
 
   # ------------------------------------------------------------------ forward
   def _forward(self, params, tokens, edits=None, read=(), cache=None, start=None,
@@ -167,6 +186,7 @@ class Study:
     layers start.. (share_depth)."""
     repeat = tokens.shape[0] // self.n
     at = _tile(self.at, repeat)
+    tokens = self._rows(tokens)
     batch = {"tokens": tokens, "logits_at": at}
     if cache is not None:
       cache = jax.tree.map(lambda a: _tile(a, repeat) if jnp.ndim(a) else a, cache)
@@ -199,15 +219,12 @@ class Study:
 
   def shapes(self, sites: int = 1, pairs: int | None = None) -> memory.PatchShapes:
     """The shapes a sweep's memory depends on (memory.PatchShapes) for `sites` sites."""
-    leaves = [x for x in jax.tree.leaves(self.params) if hasattr(x, "dtype")]
-    big = max(leaves, key=lambda x: int(np.prod(np.shape(x))))
     return memory.PatchShapes(
         layers=self.layers, heads=max(self.heads), kv_heads=max(self.kv_heads),
-        head_dim=max(self.head_dim), d_model=self.d_model, d_mlp=_mlp_width(self.params,
-                                                                           self.d_model),
-        vocab=self.vocab, t=self.t - self.prefix, t_keys=self.t,
-        pairs=self.n if pairs is None else pairs, dtype_bytes=np.dtype(big.dtype).itemsize,
-        sites=sites)
+        head_dim=max(self.head_dim), d_model=self.d_model,
+        d_mlp=memory.mlp_width(self.params, self.d_model), vocab=self.vocab,
+        t=self.t - self.prefix, t_keys=self.t, pairs=self.n if pairs is None else pairs,
+        dtype_bytes=memory.dtype_bytes(self.params), sites=sites)
 
   def plan(self, interventions: int, sites: int = 1) -> memory.Plan:
     """The chunk sizes of a sweep of `interventions` over `sites` sites in
@@ -691,13 +708,6 @@ class Study:
     out = metrics(np.asarray(ld), np.asarray(logp), self.ld_clean, self.ld_corrupt)
     out["ld"] = np.asarray(ld)
     return out
-
-
-def _mlp_width(params, d_model: int) -> int:
-  """The widest MLP (its w_up's output width) of the params; 4 * d_model without one."""
-  widths = [int(np.shape(x)[-1]) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
-            if getattr(path[-1], "key", None) == "w_up"]
-  return max(widths, default=4 * d_model)
 
 
 def head_table(arr_LH, counts: Sequence[int] | None = None, kv: bool = False) -> dict:

@@ -89,12 +89,8 @@ class PatchShapes:
     (float32 stream and norms, q/k/v/z, float32 scores and weights, the MLP's hidden
     units), its logits and log-probs (float32) and its copy of the patched sites and
     of the stream (the group's rows are folded into the batch)."""
-    tk = self.t_keys or self.t
     b = self.dtype_bytes
-    layer = (4 * 4 * self.t * self.d_model
-             + b * self.t * (2 * self.heads + 2 * self.kv_heads) * self.head_dim
-             + 4 * 2 * self.heads * self.t * tk
-             + b * 3 * self.t * self.d_mlp)
+    layer = layer_bytes(self, 1)
     logits = 4 * 2 * self.vocab
     copies = b * (self.sites * self.layers * self.t * self.heads * self.head_dim
                   + self.layers * self.t * self.d_model)
@@ -125,24 +121,155 @@ def patch_plan(shapes: PatchShapes, interventions: int, budget: int,
     raise ValueError(f"interventions must be >= 1; got {interventions}")
   one = patch_bytes(shapes, 1, 1)
   if budget < one:
-    raise UserError(f"{setting} of {budget:,} bytes ({budget / 2**20:.1f} MiB) is too small "
-                    f"for one intervention on one pair of this sweep: it needs at least "
-                    f"{one:,} bytes ({one / 2**20:.1f} MiB)", setting=setting)
+    raise _too_small(setting, budget, one, "one intervention on one pair of this sweep")
   pairs = min(shapes.pairs, budget // (shapes.per_pair() + shapes.per_row()))
   per_group = (budget - pairs * shapes.per_pair()) // (pairs * shapes.per_row())
   c = int(max(1, min(interventions, per_group)))
   return Plan(c, int(pairs), patch_bytes(shapes, c, pairs), int(budget))
 
 
+def _too_small(setting: str, budget: int, one: int, what: str) -> UserError:
+  return UserError(f"{setting} of {budget:,} bytes ({budget / 2**20:.1f} MiB) is too small "
+                   f"for {what}: it needs at least {one:,} bytes ({one / 2**20:.1f} MiB)",
+                   setting=setting)
+
+
+def layer_bytes(s: PatchShapes, rows: int, t_keys: int | None = None) -> int:
+  """Bytes one layer's activations of `rows` rows hold (PatchShapes.per_row's layer
+  term): the float32 stream and norms, q/k/v/z, float32 scores and weights, the MLP."""
+  tk = t_keys or s.t_keys or s.t
+  b = s.dtype_bytes
+  return rows * (4 * 4 * s.t * s.d_model + b * s.t * (2 * s.heads + 2 * s.kv_heads) * s.head_dim
+                 + 4 * 2 * s.heads * s.t * tk + b * 3 * s.t * s.d_mlp)
+
+
+@dataclasses.dataclass(frozen=True)
+class EapShapes:
+  """What an EAP / EAP-IG gradient program's memory depends on: the model's PatchShapes
+  (t: the positions run, pairs: the batch B), the graph's nodes and ends, and the
+  program: "eap" (one backward), "ig" (EAP-IG on the inputs: the gradients summed over
+  the steps, a carry beside each step's) or "activations" (EAP-IG on the edge mask: no
+  end gradients kept)."""
+  model: PatchShapes
+  nodes: int
+  ends: int
+  program: str = "eap"
+
+  def fixed(self) -> int:
+    """Bytes of a chunk's program whatever its ends: the clean and ablated node values
+    and their difference (B, T, N_nodes, D) float32 and, for the backward, every
+    layer's activations and the float32 logits."""
+    s = self.model
+    nodes = 3 * 4 * s.pairs * s.t * self.nodes * s.d_model
+    return nodes + s.layers * layer_bytes(s, s.pairs) + 4 * 2 * s.pairs * s.vocab
+
+  def per_end(self) -> int:
+    """Bytes each end of a chunk adds: its zero delta and its gradient (B, T, D) float32
+    (and the steps' carry for "ig"), and its column of the scores (N_nodes,)."""
+    s = self.model
+    if self.program == "activations":
+      return 0
+    store = (3 if self.program == "ig" else 2) * 4 * s.pairs * s.t * s.d_model
+    return store + 4 * self.nodes
+
+
+EAP_PROGRAMS = ("eap", "ig", "activations")
+
+
+@dataclasses.dataclass(frozen=True)
+class EapPlan:
+  """Ends per gradient chunk, the chunks ((lo, hi) end ranges, in end order) and the
+  bytes one chunk's program holds (<= budget)."""
+  ends_per_chunk: int
+  chunks: tuple
+  bytes: int
+  budget: int
+
+
+def eap_bytes(shapes: EapShapes, ends: int) -> int:
+  """Bytes one chunk of `ends` ends' gradients holds."""
+  return shapes.fixed() + ends * shapes.per_end()
+
+
+def eap_plan(shapes: EapShapes, budget: int, setting: str = "memory_budget") -> EapPlan:
+  """The most ends per gradient chunk that fit `budget` (every end when they do); a
+  budget below one end is refused, naming the minimum."""
+  if shapes.program not in EAP_PROGRAMS:
+    raise ValueError(f"program must be one of {EAP_PROGRAMS}; got {shapes.program!r}")
+  one = eap_bytes(shapes, 1)
+  if budget < one:
+    raise _too_small(setting, budget, one, f"one end's gradient of this {shapes.program} "
+                     "program")
+  c = shapes.ends if shapes.per_end() == 0 else min(
+      shapes.ends, (budget - shapes.fixed()) // shapes.per_end())
+  c = int(max(1, c))
+  chunks = tuple((lo, min(lo + c, shapes.ends)) for lo in range(0, shapes.ends, c))
+  return EapPlan(c, chunks, eap_bytes(shapes, c), int(budget))
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsPlan:
+  """Rows (sequences) per batch of a forward-only program, and the bytes one batch holds."""
+  rows_per_batch: int
+  bytes: int
+  budget: int
+
+
+def forward_bytes(s: PatchShapes, rows: int, kept_per_row: int = 0,
+                  logits_positions: int = 1) -> int:
+  """Bytes a forward of `rows` sequences of s.t tokens holds: one layer's activations,
+  the float32 logits (and log-probs) at `logits_positions` positions, and what it keeps
+  per row (`kept_per_row` bytes: captured sites)."""
+  return (layer_bytes(s, rows) + rows * 4 * 2 * logits_positions * s.vocab
+          + rows * kept_per_row)
+
+
+def rows_plan(s: PatchShapes, rows: int, budget: int, *, kept_per_row: int = 0,
+              logits_positions: int = 1, what: str = "one sequence",
+              setting: str = "memory_budget") -> RowsPlan:
+  """The most of `rows` sequences per batch whose forward (forward_bytes) fits budget;
+  a budget below one sequence is refused, naming the minimum."""
+  one = forward_bytes(s, 1, kept_per_row, logits_positions)
+  if budget < one:
+    raise _too_small(setting, budget, one, what)
+  r = max(1, min(rows, budget // one))
+  return RowsPlan(int(r), forward_bytes(s, r, kept_per_row, logits_positions), int(budget))
+
+
+def mlp_width(params, d_model: int) -> int:
+  """The widest MLP (its w_up's output width) of the params; 4 * d_model without one."""
+  import jax
+  import numpy as np
+  widths = [int(np.shape(x)[-1]) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+            if getattr(path[-1], "key", None) == "w_up"]
+  return max(widths, default=4 * d_model)
+
+
+def dtype_bytes(params) -> int:
+  """Bytes per element of the params' largest array (their dtype's size)."""
+  import jax
+  import numpy as np
+  leaves = [x for x in jax.tree.leaves(params) if hasattr(x, "dtype")]
+  big = max(leaves, key=lambda x: int(np.prod(np.shape(x))))
+  return int(np.dtype(big.dtype).itemsize)
+
+
 DTYPES = ("float32", "bfloat16")
 
 
-def params_bytes(params) -> int:
-  """Bytes of the params' arrays."""
+def params_bytes(params, dtype: str | None = None) -> int:
+  """Bytes of the params' arrays (their floating ones in `dtype` when given, as `cast`
+  makes them)."""
   import jax
+  import jax.numpy as jnp
   import numpy as np
-  return int(sum(np.prod(np.shape(x)) * np.dtype(x.dtype).itemsize
-                 for x in jax.tree.leaves(params) if hasattr(x, "dtype")))
+
+  def size(x):
+    dt = jnp.dtype(x.dtype)
+    if dtype is not None and jnp.issubdtype(dt, jnp.floating):
+      dt = jnp.dtype(dtype)
+    return int(np.prod(np.shape(x))) * dt.itemsize
+  return int(sum(size(x) for x in jax.tree.leaves(params) if hasattr(x, "dtype")))
 
 
 def cast(params, dtype: str | None, setting: str = "dtype"):

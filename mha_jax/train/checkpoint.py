@@ -99,8 +99,8 @@ class _QuietStorageFaults(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     exc = record.exc_info[1] if record.exc_info else None
-    if exc is None:
-      return True
+    if exc is None:   # the saves _params_handler batches on purpose say so: not a fault
+      return not str(record.msg).startswith("No prioritized params found for saving")
     # orbax's other threads still writing into a partial checkpoint that was removed
     if any(p in str(exc) for p in self.removed):
       return False
@@ -137,14 +137,44 @@ def has_train_state(workdir: str, step: int) -> bool:
   return storage.isdir(storage.join(workdir, "checkpoints", str(step), "opt_state"))
 
 
+def _params_handler(host_bytes: int | None, mp) -> ocp.StandardCheckpointHandler:
+  """The params item's handler: orbax's, or with host_bytes, one whose save copies the
+  arrays from the devices to the host in batches of at most host_bytes, each written
+  before the next is copied (orbax's device-host limit, which its Standard handler does
+  not pass on, and every array "deprioritized": by default orbax copies them all to the
+  host first). The checkpoint's format is the same."""
+  h = ocp.StandardCheckpointHandler(multiprocessing_options=mp)
+  if host_bytes is None:
+    return h
+  import copy
+  from orbax.checkpoint._src.serialization import type_handler_registry as thr
+  from orbax.checkpoint._src.serialization import types as ser
+
+  class Later(ser.DefaultSerializationStatusCallback):
+    def key_priority(self, _):
+      return ser.TransferPriority.ASYNCHRONOUS_DEPRIORITIZED
+  registry = copy.copy(thr.GLOBAL_TYPE_HANDLER_REGISTRY)
+  registry._type_registry = list(registry._type_registry)
+  registry._typestr_registry = dict(registry._typestr_registry)
+  registry.add(jax.Array, ocp.type_handlers.ArrayHandler(callback=Later()), override=True,
+               ignore_warnings=True)
+  h._impl = ocp.PyTreeCheckpointHandler(
+      save_device_host_concurrent_gb=(int(host_bytes) + 1) / 1e9,
+      type_handler_registry=registry, multiprocessing_options=mp, use_ocdbt=True)
+  return h
+
+
 class Checkpoints:
   """A thin wrapper over `orbax.checkpoint.CheckpointManager` (synchronous saves)."""
 
   def __init__(self, workdir: str, *, max_to_keep: int = 3, read_only: bool = False,
-               this_process_only: bool = False):
+               this_process_only: bool = False, host_bytes: int | None = None):
     """this_process_only: a read-only manager that process 0 of a multi-process run
     uses alone (its restores wait for no other process), to decide what every process
-    then does (train/loop.py)."""
+    then does (train/loop.py). host_bytes: the most bytes a params save copies from the
+    devices to the host at once (orbax's device-host limit; it must exceed the largest
+    array): an import then writes its arrays a few at a time instead of copying the
+    whole model first (None: no limit)."""
     quiet_storage_faults()
     self.directory = storage.abspath(storage.join(workdir, "checkpoints"))
     # "read_only" here means: never create, delete or clean anything up.
@@ -164,7 +194,7 @@ class Checkpoints:
     if read_only and not storage.isdir(self.directory):
       raise UserError(f"workdir {storage.dirname(self.directory)!r} has no trained "
                        f"checkpoint (no {self.directory})")
-    handlers = {"params": ocp.StandardCheckpointHandler(),
+    handlers = {"params": _params_handler(host_bytes, mp),
                 "opt_state": ocp.StandardCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
     self.manager = ocp.CheckpointManager(storage.path(self.directory), options=options,

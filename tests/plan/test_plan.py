@@ -232,6 +232,19 @@ def test_circuit_job_counts_eap_igs_five_gradients():
   assert ig["xla_flops"] < 1.5 * eap["flops"]
 
 
+def test_taxonomy_job_compiles_the_causal_checks():
+  """job taxonomy from shapes alone: the head taxonomy's four causal checks (repeat loss,
+  IOI logit difference, context logit, text loss) with top-k heads mean-ablated, their
+  rows per batch planned (all 4 rows fit the default budget); the checks that read
+  logits at every position cost more than the one that reads one."""
+  p = _induction_plan(job="taxonomy", batch=4)
+  progs = {q["name"]: q for q in p["programs"]}
+  assert set(progs) == {"taxonomy_repeat_loss", "taxonomy_ioi_logit_diff",
+                        "taxonomy_context_logit", "taxonomy_text_loss"}
+  assert all(q["fits"] and q["flops"] > 0 and q["rows_per_batch"] == 4 for q in progs.values())
+  assert progs["taxonomy_text_loss"]["flops"] > progs["taxonomy_ioi_logit_diff"]["flops"]
+
+
 def test_the_patch_job_on_2_host_devices(tmp_path):
   """job patch through the CLI on cpu:2 with the heads over model=2: one sweep program
   whose groups of `chunk` interventions cover every layer and head (2 x 8)."""

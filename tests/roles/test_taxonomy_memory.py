@@ -1,0 +1,73 @@
+"""The taxonomy's causal checks' memory plan (roles.head_taxonomy.plan): rows per batch of
+each check chosen from the shapes and a budget, its bytes within the budget, the same
+behaviour values at any batching, and a budget below one row refused with the minimum."""
+
+import types
+
+import numpy as np
+import pytest
+
+from mha_jax.roles import head_taxonomy as taxonomy
+from mha_jax.errors import UserError
+from mha_jax.toolkit import memory
+from oracles import D, G, H, K, L, LlamaTask, tiny_llama_pairs
+
+
+@pytest.fixture(scope="module")
+def run_inputs():
+  params, pairs = tiny_llama_pairs(slice(1, 3), [7, 6, 7])
+  rng = np.random.default_rng(0)
+  rep = rng.integers(1, 37, (5, 9)).astype(np.int32)
+  mask = np.zeros((5, 8), np.float32)
+  mask[:, 4:] = 1.0
+  text = rng.integers(1, 37, (3, 7)).astype(np.int32)
+  run = types.SimpleNamespace(task=LlamaTask(), params=params)
+  return run, {"repeat": (rep, mask), "text": text, "ioi": pairs}
+
+
+def row_bytes(t: int, positions: int, kept: int = 0) -> int:
+  """One row's forward, from the tiny LLaMA's sizes (memory.layer_bytes, forward_bytes)."""
+  layer = 16 * t * D + 4 * t * (2 * H + 2 * G) * K + 8 * H * t * t + 3 * 4 * t * 24
+  return layer + 8 * positions * 37 + kept
+
+
+def test_the_plan_is_each_check_s_rows_within_the_budget(run_inputs):
+  run, inputs = run_inputs
+  sh = taxonomy.model_shapes(run, 8)
+  assert (sh.layers, sh.heads, sh.kv_heads, sh.head_dim, sh.d_model, sh.d_mlp, sh.vocab) == \
+      (L, H, G, K, D, 24, 37)
+  want = {"repeat_loss": (5, row_bytes(8, 8)), "text_loss": (3, row_bytes(6, 6)),
+          "context_logit": (3, row_bytes(6, 6, 4 * 36)), "ioi_logit_diff": (3, row_bytes(7, 1))}
+  for budget in (10**5, 2 * 10**5, 10**9):
+    got = taxonomy.plan(run, inputs, budget)
+    assert set(got) == set(want)
+    for name, (rows, one) in want.items():
+      r = got[name].rows_per_batch
+      assert got[name].bytes == r * one <= budget
+      assert r == rows or (r + 1) * one > budget, name
+
+
+def test_the_checks_are_the_same_at_any_batching(run_inputs):
+  run, inputs = run_inputs
+  settings = taxonomy.ClassifyOptions()
+  full = taxonomy.behaviours(run, settings, inputs)
+  one = max(p.bytes for p in taxonomy.plan(run, inputs, 10**9).values()) // 5
+  need = {n: p.bytes // p.rows_per_batch for n, p in taxonomy.plan(run, inputs, 10**9).items()}
+  budget = max(need.values())          # one row of the largest check: 1-2 rows of each
+  small = taxonomy.behaviours(run, settings, inputs, budget)
+  rows = {n: p.rows_per_batch for n, p in taxonomy.plan(run, inputs, budget).items()}
+  assert rows["repeat_loss"] == 1 and max(rows.values()) < 5 and one > 0
+  edits = taxonomy.mean_edits(run.params, ["lm.1.2"], [np.zeros((H, K), np.float32)] * L)
+  for name in ("repeat_loss", "text_loss", "context_logit", "ioi_logit_diff"):
+    for e in ({}, edits):
+      assert small[name](e) == pytest.approx(full[name](e), rel=1e-5, abs=1e-6), name
+
+
+def test_a_budget_below_one_row_is_refused_by_name(run_inputs):
+  run, inputs = run_inputs
+  one = row_bytes(8, 8)
+  with pytest.raises(UserError, match=f"memory_budget of {one - 1:,} bytes.*repeat_loss.*"
+                                      f"at least {one:,} bytes"):
+    taxonomy.plan(run, {"repeat": inputs["repeat"]}, one - 1)
+  assert taxonomy.plan(run, {"repeat": inputs["repeat"]}, one)["repeat_loss"].bytes == one
+  assert memory.rows_plan(taxonomy.model_shapes(run, 8), 5, one).rows_per_batch == 1
