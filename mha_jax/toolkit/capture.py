@@ -41,8 +41,10 @@ def captured(task, params, batch, hook=None) -> dict:
 
 def captured_rows(task, params, batch, hook=None, rows: int | None = None) -> dict:
   """`captured` of `batch`, `rows` sequences at a time (None: all at once), joined."""
-  n = int(np.shape(batch["tokens"])[0])
-  if rows is None or rows >= n:
+  if rows is None:
+    return captured(task, params, batch, hook)
+  n = max(int(np.shape(a)[0]) for a in jax.tree.leaves(batch) if np.ndim(a))  # sequences
+  if rows >= n:
     return captured(task, params, batch, hook)
   part = lambda a, lo: a[lo:lo + rows] if np.ndim(a) and np.shape(a)[0] == n else a  # noqa: E731
   caps = [captured(task, params, {k: part(v, lo) for k, v in batch.items()}, hook)
