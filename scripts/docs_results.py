@@ -120,7 +120,62 @@ def attention_page(docs):
     "",
     _source(rel),
   ]
-  return "\n".join(parts + _attention_parts(docs)) + "\n"
+  return "\n".join(parts + _attention_parts(docs) + _window(docs) + _variant_speed(docs)) + "\n"
+
+
+def _window(docs):
+  """The blocked kernel under a sliding window: a dense band mask against skipped blocks
+  (scripts/bench_window.py)."""
+  rel = "results/bench_window_cpu.json"
+  d = _load(docs, rel)
+  c, m = d["config"], machine_of(d)
+  cells = {(r["seq_len"], r["mode"]): r for r in d["rows"]}
+  rows = []
+  for t in sorted({r["seq_len"] for r in d["rows"]}):
+    a, b = cells.get((t, "dense mask")), cells.get((t, "skipping"))
+    if not (a and b and a["status"] == b["status"] == "ok"):
+      continue
+    pct = 100 * b["useful_gflops"] / m["matmul_gflops"]
+    rows.append([t, _f(a["median_ms"], 0), _f(b["median_ms"], 0),
+                 _f(a["median_ms"] / b["median_ms"], 1), _f(a["max_rss_mb"], 0),
+                 _f(b["max_rss_mb"], 0), f"{b['useful_gflops']:.1f} ({pct:.0f} %)"])
+  return [
+    "", "## Sliding windows", "",
+    f"`scripts/bench_window.py`: the {c['kernel']} kernel, causal, window {c['window']}, "
+    f"(B, H, K) = ({c['batch']}, {c['heads']}, {c['head_dim']}), {c['dtype']} {c['mode']}; "
+    f"the window as a dense band mask against the kernel that skips the blocks outside it; "
+    f"{c['timing']}, median of {c['rounds']}; memory: {c['memory']}. {m['backend']}, "
+    f"{m.get('cpu_count')} cores, jax {m['jax']}, measured matmul rate "
+    f"{m['matmul_gflops']:.0f} GFLOP/s. \"Useful\" GFLOP/s counts only the allowed "
+    f"(query, key) pairs.", "",
+    _table(["T", "dense mask ms", "skipping ms", "dense / skipping", "dense mask peak MB",
+            "skipping peak MB", "skipping, useful GFLOP/s (% of matmul)"], rows), "",
+    _source(rel)]
+
+
+def _variant_speed(docs):
+  """Each attention variant's forward and forward+backward against softmax
+  (`mha-jax bench attention --variants`)."""
+  rel = "results/bench_attention_variants_cpu.json"
+  d = _load(docs, rel)
+  c, m = d["config"], machine_of(d)
+  by = {}
+  for r in d["rows"]:
+    by.setdefault((r["heads"], r["variant"], r["kernel"]), {})[r["mode"]] = r
+  rows = [[h, v, k, _f(x["forward"]["median_ms"]), _f(x["forward"]["ratio_to_softmax"], 2),
+           _f(x["forward+backward"]["median_ms"]),
+           _f(x["forward+backward"]["ratio_to_softmax"], 2)]
+          for (h, v, k), x in by.items() if {"forward", "forward+backward"} <= set(x)]
+  return [
+    "", "## Attention variants", "",
+    f"`mha-jax bench attention --variants`: d_model {c['d_model']}, T {c['seq_len']}, batch "
+    f"{c['batch']}, {c['dtype']}, causal self-attention, impl={c['impl']}, median of "
+    f"{c['rounds']} interleaved rounds; {m['backend']}, {m.get('cpu_count')} cores, "
+    f"{m.get('date', '')}, measured matmul rate {m['matmul_gflops']:.0f} GFLOP/s. "
+    f"Note recorded with the run: {d.get('note', '')}.", "",
+    _table(["h", "variant", "kernel", "fwd ms", "fwd / softmax", "fwd+bwd ms",
+            "fwd+bwd / softmax"], rows), "",
+    _source(rel)]
 
 
 def _attention_parts(docs):
