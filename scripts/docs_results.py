@@ -125,7 +125,7 @@ def attention_page(docs):
 
 def _window(docs):
   """The blocked kernel under a sliding window: a dense band mask against skipped blocks
-  (scripts/bench_window.py)."""
+  (`mha-jax bench window`)."""
   rel = "results/bench_window_cpu.json"
   d = _load(docs, rel)
   c, m = d["config"], machine_of(d)
@@ -141,7 +141,7 @@ def _window(docs):
                  _f(b["max_rss_mb"], 0), f"{b['useful_gflops']:.1f} ({pct:.0f} %)"])
   return [
     "", "## Sliding windows", "",
-    f"`scripts/bench_window.py`: the {c['kernel']} kernel, causal, window {c['window']}, "
+    f"`mha-jax bench window`: the {c['kernel']} kernel, causal, window {c['window']}, "
     f"(B, H, K) = ({c['batch']}, {c['heads']}, {c['head_dim']}), {c['dtype']} {c['mode']}; "
     f"the window as a dense band mask against the kernel that skips the blocks outside it; "
     f"{c['timing']}, median of {c['rounds']}; memory: {c['memory']}. {m['backend']}, "
@@ -421,7 +421,8 @@ def real_models_page(docs):
     "### Pruning curve (cosine to the full model's embedding)", "",
     _curve_table(d, "cosine_to_full", 3), "", "![MiniLM curve](real_models/minilm_curve_curve.png)",
     "", _source(base + "minilm_analysis_summary.json", base + "minilm_curve_curve.json"), ""]
-  return "\n".join(parts + _bf16_drift(docs) + _import_peak(docs) + _scale_1b(docs))
+  return "\n".join(parts + _bf16_drift(docs) + _import_peak(docs) + _scale_1b(docs)
+                   + _moe_sizes(docs))
 
 
 def _bf16_drift(docs) -> list[str]:
@@ -457,6 +458,36 @@ def _import_peak(docs) -> list[str]:
           f"({gb(d['largest_shard'])} GB) + the model once ({gb(d['model_bytes'])} GB) is "
           f"{gb(d['bound'])} GB: {'within' if d['within_bound'] else 'over'}.", "",
           _source(rel), ""]
+
+
+def _moe_sizes(docs) -> list[str]:
+  """Mixture-of-experts models at full width, 2 layers, random bf16 weights
+  (scripts/measure_moe_import.py): import, load and forward times and peak memory."""
+  rows, rels = [], []
+  for rel in ("results/moe_import_bf16_cpu.json", "results/moe_import_qwen3_30b_a3b_bf16_cpu.json"):
+    if not (docs / rel).exists():
+      continue
+    d, rels = _load(docs, rel), rels + [rel]
+    m, c = machine_of(d), d["config"]
+    experts = c.get("num_experts", c.get("n_routed_experts"))
+    rows.append([d.get("model", d["what"].split("'")[0]), f"{d['parameters']:,}" if d.get('parameters') else "",
+                 f"{experts} / {c.get('num_experts_per_tok')}", _f(d["folder_gb"], 2),
+                 _f(d["import"]["wall_s"]), _f(d["import"]["peak_rss_gb"], 2), _f(d["load_s"]),
+                 _f(d["forward_1x128_first_s"]), _f(d["forward_1x128_again_s"]),
+                 _f(d["forward_process"]["peak_rss_gb"], 2), m.get("date", ""),
+                 " / ".join(f"{x:.1f}" for x in m.get("load_average", [])[:1])])
+  if not rows:
+    return []
+  return ["## Mixture-of-experts models at full width, 2 layers", "",
+          "`scripts/measure_moe_import.py [--model qwen3_moe]`: the published config with 2 "
+          "layers and random bf16 weights, saved by transformers, imported with "
+          "`mha-jax import --dtype bfloat16`, then loaded and run on 1 x 128 tokens (every "
+          "expert on every token); peaks are the processes' peak resident sets. Times on a "
+          "shared 2-core CPU (the load average at the end of each run is given).", "",
+          _table(["model", "params", "experts / top-k", "folder GB", "import s",
+                  "import peak GiB", "load s", "forward s (first)", "forward s (again)",
+                  "forward process peak GiB", "date", "load"], rows), "",
+          _source(*rels), ""]
 
 
 def _scale_1b(docs) -> list[str]:
