@@ -190,10 +190,11 @@ def run(args) -> dict:
   sec["library_model_build"] = round(time.perf_counter() - t0, 2)
   data = [(t["clean"], t["corrupt"], [int(a), int(w)])
           for t, a, w in zip(pairs.text, pairs.answer, pairs.wrong)]
-  for (c, x, _), ci, n in zip(data, pairs.clean, pairs.length):
-    got = model.to_tokens(c, prepend_bos=False)[0].tolist()
-    if got != [int(v) for v in ci[:n]]:
-      raise SystemExit(f"the library's tokens of {c!r} differ from the project's: {got}")
+  for (c, x, _), ci, xi, n in zip(data, pairs.clean, pairs.corrupt, pairs.length):
+    for text, ids in ((c, ci), (x, xi)):
+      got = model.to_tokens(text, prepend_bos=False)[0].tolist()
+      if got != [int(v) for v in ids[:n]]:
+        raise SystemExit(f"the library's tokens of {text!r} differ from the project's: {got}")
   loader_ = DataLoader(data, batch_size=len(data), collate_fn=collate_EAP)
   metric = get_metric("logit_diff", "ioi", model.tokenizer, model)
   n = len(data)

@@ -162,8 +162,8 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
 
   estimates, candidates = _scores(es, opts, timed, log)
   agreement = timed("agreement", lambda: es.agreements(estimates, sample=sample, seed=seed))
-  tried = {name: _circuit_at(es, sc, target, timed, name)
-           for name, sc in candidates.items()}
+  drawn = timed("curves", lambda: search.curves(es, candidates, with_mib=True))
+  tried = {name: _circuit_at(candidates[name], drawn[name], target) for name in candidates}
   chosen = max(tried, key=lambda n: (tried[n]["cpr"], -tried[n]["cmd"]))
   if len(tried) > 1:
     log("auto: " + ", ".join(f"{n} CPR {t['cpr']:.4f}" for n, t in tried.items())
@@ -247,12 +247,11 @@ def _scores(es, opts, timed, log) -> tuple[dict, dict]:
           scored if method == "auto" else {method: scored[method]})
 
 
-def _circuit_at(es, scores, target, timed, name) -> dict:
+def _circuit_at(scores, drawn, target) -> dict:
   """One method's curve (|score| ranking), MIB's evaluation (search.mib: the signed
-  and absolute curves, CPR and CMD) and its smallest circuit reaching target (else the
-  whole graph's)."""
-  points, keeps, mib = timed(f"curve_{name}", lambda: search.curve(es, scores,
-                                                                   with_mib=True))
+  and absolute curves, CPR and CMD), as search.curves drew them, and its smallest
+  circuit reaching target (else the whole graph's)."""
+  points, keeps, mib = drawn
   area = {"cpr": mib["cpr"], "cmd": mib["cmd"],
           "cpr_absolute_ranking": search.curve_areas(points)["cpr"]}
   at = search.smallest_reaching(points, target)
