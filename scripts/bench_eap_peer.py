@@ -16,8 +16,9 @@ The same weights: the workdir's params written into transformers' LlamaForCausal
 CPU, grouped-query attention ungrouped (`ungroup_grouped_query_attention`, as MIB runs
 it). The same pairs: `circuit --task ioi`'s first --pairs pairs (those the model gets
 right), as text; the library tokenizes them itself, without a BOS (its `tokenize_plus`
-prepends one; the project's prompts have none: the one change made to the library, a
-wrapper passing prepend_bos=False), and its tokens are checked equal to the project's.
+prepends one; the project's prompts have none: a wrapper passing prepend_bos=False), and
+its tokens are checked equal to the project's; its score matrices, which it allocates
+with device='cuda', are made on the CPU (on_cpu). Those are the only changes.
 
 1. Edge agreement. The library's scores (`attribute`, EAP and EAP-IG-inputs with
    --steps steps: its points k/steps, `--ig-points left` here) against the project's
@@ -108,6 +109,24 @@ def no_bos(eap_modules):
   return tokenize_plus
 
 
+def on_cpu(eap_modules):
+  """The library allocates its score matrices with device='cuda' (7af394a): its modules'
+  `torch` is given a torch whose zeros() maps that to the CPU (the one other change)."""
+  import torch
+
+  class TorchOnCPU:
+    def __getattr__(self, name):
+      return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*a, **kw):
+      if kw.get("device") == "cuda":
+        kw["device"] = "cpu"
+      return torch.zeros(*a, **kw)
+  for m in eap_modules:
+    m.torch = TorchOnCPU()
+
+
 def agreement(a, b, top: int = 100) -> dict:
   from scipy.stats import pearsonr, spearmanr
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -150,16 +169,17 @@ def main(argv=None):
   p.add_argument("--out", default="docs/results/circuits/eap_peer_smollm2.json")
   args = p.parse_args(argv)
   sys.path[:0] = [os.path.join(args.eap_ig, "src"), args.mib]
-  result = run(args)
   from experiments import bench
   from mha_jax.machine import machine
+  result = run(args, lambda partial: bench.write_json(partial, args.out))
   result["machine"] = machine()
   bench.write_json(result, args.out)
   print(table(result))
   print(f"wrote {args.out}")
 
 
-def run(args) -> dict:
+def run(args, save=lambda doc: None) -> dict:
+  """The measurements (see the module docstring); save(doc) after each step."""
   import torch
   from functools import partial
   from torch.utils.data import DataLoader
@@ -173,6 +193,8 @@ def run(args) -> dict:
   from mha_jax.circuits import circuit, edges as edges_lib, mib_graph, search
   torch.set_num_threads(os.cpu_count() or 1)
   no_bos([eap.attribute, eap.evaluate])
+  import eap.utils
+  on_cpu([eap.attribute, eap.evaluate, eap.utils])
   out = {"workdir": args.workdir, "pairs_requested": args.pairs, "steps": args.steps,
          "ig_points": "left", "seconds": {}, "started": stamp()}
   sec = out["seconds"]
@@ -221,11 +243,14 @@ def run(args) -> dict:
            "mib_graph": agreement(lib, mine["mib"]),
            "grouped_graph_gqa_sum": agreement(lib_grouped, mine["grouped"]), **stamp()}
     print(m, json.dumps(row), flush=True)
+    out["methods"][m] = row
+    save(out)
     if m in args.mib_eval.split(","):
       row["mib_evaluation"] = mib_eval(model, graph, loader_, metric, es, lib, search,
                                        evaluate_area_under_curve)
       print(m, "MIB evaluation", json.dumps(row["mib_evaluation"]), flush=True)
     out["methods"][m] = row
+    save(out)
   if args.command:
     out["command"] = command_times(args)
   return out

@@ -778,7 +778,8 @@ def _mib_sections(base, srcs) -> list[str]:
   for path in sorted(base.glob("mib_*.json")):
     d = json.loads(path.read_text())
     srcs.append(f"results/circuits/{path.name}")
-    t = d.get("timing", {})
+    t = {f"{key} {name}": r for key in sorted(d) if key.startswith("timing")
+         for name, r in d[key].items()}
     if t:
       rows = [[name, _f(r["wall_s"]), _f(r["seconds"]["total"]),
                _f(r["eap_ig_plus_curve_s"]), f"{r['total_over_eap_ig_plus_curve']:.2f}",
@@ -788,7 +789,9 @@ def _mib_sections(base, srcs) -> list[str]:
       parts += [f"## `mha-jax circuit`'s time: {path.stem}", "",
                 f"`circuit --task ioi --n-pairs 4` on `{d['workdir']}`, a fresh process with "
                 "the compile cache empty (cold) and filled (warm); the target is total <= 3x "
-                "its EAP-IG + curve.", "",
+                "its EAP-IG + curve (the curve: EAP-IG's, `curve_eap-ig`, before the curves "
+                "were one step; every method's, `curves`, after). " + d.get("timing_note", ""),
+                "",
                 _table(["run", "wall s", "total s", "EAP-IG + curve s", "total / (EAP-IG + "
                         "curve)", "steps (s)", "load average", "date"], rows), ""]
     rows = [[name, r.get("model", d["workdir"]), f"{r['pairs']} ({r['failing']} left out)",
