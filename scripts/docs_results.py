@@ -779,10 +779,13 @@ def _mib_sections(base, srcs) -> list[str]:
     d = json.loads(path.read_text())
     srcs.append(f"results/circuits/{path.name}")
     t = {f"{key} {name}": r for key in sorted(d) if key.startswith("timing")
+         and isinstance(d[key], dict)
          for name, r in d[key].items()}
     if t:
       rows = [[name, _f(r["wall_s"]), _f(r["seconds"]["total"]),
                _f(r["eap_ig_plus_curve_s"]), f"{r['total_over_eap_ig_plus_curve']:.2f}",
+               _f(r["seconds"]["total"] - r["seconds"]["eap_ig"] - sum(
+                   v for k, v in r["seconds"].items() if k.startswith("curve"))),
                ", ".join(f"{k} {v:.1f}" for k, v in r["seconds"].items() if k != "total"),
                " / ".join(f"{x:.1f}" for x in r["load_average"]), r["date"]]
               for name, r in t.items()]
@@ -793,7 +796,8 @@ def _mib_sections(base, srcs) -> list[str]:
                 "were one step; every method's, `curves`, after). " + d.get("timing_note", ""),
                 "",
                 _table(["run", "wall s", "total s", "EAP-IG + curve s", "total / (EAP-IG + "
-                        "curve)", "steps (s)", "load average", "date"], rows), ""]
+                        "curve)", "the rest: total - EAP-IG - every curve (s)", "steps (s)",
+                        "load average", "date"], rows), ""]
     rows = [[name, r.get("model", d["workdir"]), f"{r['pairs']} ({r['failing']} left out)",
              f"{r['graph']['edges']:,}", f"{r['cpr']:.3f}", f"{r['cmd']:.3f}",
              f"{r['cpr_absolute_ranking']:.3f}", f"{r['metric_full']:.3f}",
@@ -804,7 +808,7 @@ def _mib_sections(base, srcs) -> list[str]:
                 "Faithfulness divides by m(full) - m(empty): where that is not positive the "
                 "areas mean nothing.", "",
                 _table(["task", "model", "pairs", "graph edges", "CPR", "CMD",
-                        "CPR (|score| ranking)", "m(full)", "m(empty)"], rows), ""]
+                        "CPR (absolute ranking)", "m(full)", "m(empty)"], rows), ""]
   for path in sorted(base.glob("eap_peer_*.json")):
     d = json.loads(path.read_text())
     srcs.append(f"results/circuits/{path.name}")
