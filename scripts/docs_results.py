@@ -829,7 +829,7 @@ def _mib_sections(base, srcs) -> list[str]:
               f"hannamw/EAP-IG (7af394a, MIB's pin) on TransformerLens over the same "
               f"weights, {len(d['pairs'])} IOI pairs, no BOS, {d['steps']} left IG points; "
               "scores mapped by name, the library's sign and 1/N undone "
-              "(`scripts/bench_eap_peer.py`).", "",
+              "(`scripts/bench_eap_peer.py`). " + d.get("note", ""), "",
               _table(["method", "graph", "edges", "Pearson", "Spearman", "top-100",
                       "max diff / max", "library s"], rows), ""]
     if evals:
