@@ -1,7 +1,7 @@
 """`mha-jax circuit` with MIB's evaluation: its time cold and warm, and MIB's tasks.
 
     python scripts/bench_mib_circuit.py --workdir W [--tasks mib-ioi,mib-mcqa,...]
-        [--out docs/results/circuits/mib_smollm2.json] [--skip-timing]
+        [--out docs/results/circuits/mib_smollm2.json] [--skip-timing] [--model NAME]
 
 1. The default `circuit` (IOI, 4 pairs) as a fresh process twice on one compile-cache
    folder: cold (empty) and warm. Reported: wall seconds, circuit.json's own seconds, and
@@ -48,7 +48,8 @@ def timing(workdir: str, tmp: str) -> dict:
             "--out", os.path.join(tmp, run_name)]
     wall, doc = run(argv, cache)
     sec = doc["seconds"]
-    own = sec["eap_ig"] + sec["curve_eap-ig"]
+    # the curves: one step for every method since search.curves (before: curve_NAME)
+    own = sec["eap_ig"] + sec.get("curves", sec.get("curve_eap-ig", 0.0))
     out[run_name] = {"argv": argv[:-2], "wall_s": wall, "seconds": sec,
                      "eap_ig_plus_curve_s": round(own, 2),
                      "total_over_eap_ig_plus_curve": round(sec["total"] / own, 2),
@@ -58,14 +59,14 @@ def timing(workdir: str, tmp: str) -> dict:
   return out
 
 
-def tasks(workdir: str, tmp: str, names) -> dict:
+def tasks(workdir: str, tmp: str, names, model: str | None = None) -> dict:
   out = {}
   for name in names:
     argv = ["circuit", "--workdir", workdir, "--task", name, "--n-pairs", "8",
             "--graph", "mib", "--method", "eap-ig", "--sample", "20",
             "--out", os.path.join(tmp, name)]
     wall, doc = run(argv, os.path.join(tmp, "xla"))
-    out[name] = {"argv": argv[:-2], "cpr": doc["cpr"], "cmd": doc["cmd"],
+    out[name] = {"argv": argv[:-2], "model": model or workdir, "cpr": doc["cpr"], "cmd": doc["cmd"],
                  "cpr_absolute_ranking": doc["cpr_absolute_ranking"],
                  "pairs": doc["pairs"], "failing": len(doc["failing"]),
                  "graph": doc["graph"], "metric_full": doc["metric_full"],
@@ -76,12 +77,28 @@ def tasks(workdir: str, tmp: str, names) -> dict:
   return out
 
 
+def table(t: dict) -> str:
+  """The timing as a markdown table: seconds per step, the total and its ratio."""
+  steps = list(next(iter(t.values()))["seconds"])
+  rows = ["| run | " + " | ".join(steps) + " | wall | total / (EAP-IG + curve) | load |",
+          "|---" * (len(steps) + 4) + "|"]
+  for name, r in t.items():
+    rows.append(f"| {name} | " + " | ".join(f"{r['seconds'].get(k, 0):.1f}" for k in steps)
+                + f" | {r['wall_s']:.1f} | {r['total_over_eap_ig_plus_curve']:.2f} | "
+                + " / ".join(f"{x:.1f}" for x in r["load_average"]) + " |")
+  return "\n".join(rows)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--workdir", required=True)
   p.add_argument("--tasks", default="mib-ioi,mib-mcqa,mib-arithmetic-add,mib-arithmetic-sub")
   p.add_argument("--out", default="docs/results/circuits/mib_smollm2.json")
   p.add_argument("--skip-timing", action="store_true")
+  p.add_argument("--label", default="timing", help="the key the timing is stored under "
+                 "(e.g. timing_before, to keep a measurement before a change)")
+  p.add_argument("--model", default=None, help="the model's name in the results "
+                 "(default: the workdir)")
   args = p.parse_args(argv)
   from mha_jax.harness import bench
   from mha_jax.machine import machine
@@ -91,11 +108,12 @@ def main(argv=None):
       result.update(json.load(f))
   with tempfile.TemporaryDirectory() as tmp:
     if not args.skip_timing:
-      result["timing"] = timing(args.workdir, tmp)
+      result[args.label] = timing(args.workdir, tmp)
       result["machine"] = machine()
       bench.write_json(result, args.out)
+      print(table(result[args.label]))
     for name in [t for t in args.tasks.split(",") if t]:
-      result.setdefault("tasks", {}).update(tasks(args.workdir, tmp, [name]))
+      result.setdefault("tasks", {}).update(tasks(args.workdir, tmp, [name], args.model))
       bench.write_json(result, args.out)
   result["machine"] = machine()
   bench.write_json(result, args.out)

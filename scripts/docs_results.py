@@ -859,6 +859,7 @@ def circuits_page(docs):
     for fig in ("faithfulness.png", "circuit.png"):
       if (path.parent / fig).exists():
         parts += [f"![{name} {fig}](circuits/{name}/{fig})", ""]
+  parts += _mib_sections(base, srcs)
   causal = base / "induction_k_causal" / "claims.json"
   if causal.exists():
     d = json.loads(causal.read_text())
@@ -883,6 +884,81 @@ def circuits_page(docs):
                      rows), ""]
   parts += [_source(*srcs), ""]
   return "\n".join(parts)
+
+
+def _mib_sections(base, srcs) -> list[str]:
+  """MIB's evaluation and tasks (mib_*.json of scripts/bench_mib_circuit.py: the
+  command's cold and warm time, each MIB task's CPR / CMD per model) and the EAP-IG
+  library as a peer (eap_peer_*.json of scripts/bench_eap_peer.py)."""
+  parts = []
+  for path in sorted(base.glob("mib_*.json")):
+    d = json.loads(path.read_text())
+    srcs.append(f"results/circuits/{path.name}")
+    t = {f"{key} {name}": r for key in sorted(d) if key.startswith("timing")
+         and isinstance(d[key], dict)
+         for name, r in d[key].items()}
+    if t:
+      rows = [[name, _f(r["wall_s"]), _f(r["seconds"]["total"]),
+               _f(r["eap_ig_plus_curve_s"]), f"{r['total_over_eap_ig_plus_curve']:.2f}",
+               _f(r["seconds"]["total"] - r["seconds"]["eap_ig"] - sum(
+                   v for k, v in r["seconds"].items() if k.startswith("curve"))),
+               ", ".join(f"{k} {v:.1f}" for k, v in r["seconds"].items() if k != "total"),
+               " / ".join(f"{x:.1f}" for x in r["load_average"]), r["date"]]
+              for name, r in t.items()]
+      parts += [f"## `mha-jax circuit`'s time: {path.stem}", "",
+                f"`circuit --task ioi --n-pairs 4` on `{d['workdir']}`, a fresh process with "
+                "the compile cache empty (cold) and filled (warm); the target is total <= 3x "
+                "its EAP-IG + curve (the curve: EAP-IG's, `curve_eap-ig`, before the curves "
+                "were one step; every method's, `curves`, after). " + d.get("timing_note", ""),
+                "",
+                _table(["run", "wall s", "total s", "EAP-IG + curve s", "total / (EAP-IG + "
+                        "curve)", "the rest: total - EAP-IG - every curve (s)", "steps (s)",
+                        "load average", "date"], rows), ""]
+    rows = [[name, r.get("model", d["workdir"]), f"{r['pairs']} ({r['failing']} left out)",
+             f"{r['graph']['edges']:,}", f"{r['cpr']:.3f}", f"{r['cmd']:.3f}",
+             f"{r['cpr_absolute_ranking']:.3f}", f"{r['metric_full']:.3f}",
+             f"{r['metric_empty']:.3f}"] for name, r in d.get("tasks", {}).items()]
+    if rows:
+      parts += [f"## MIB's tasks: {path.stem}", "",
+                "`--graph mib --method eap-ig` (5 left points), 8 generated pairs each. "
+                "Faithfulness divides by m(full) - m(empty): where that is not positive the "
+                "areas mean nothing.", "",
+                _table(["task", "model", "pairs", "graph edges", "CPR", "CMD",
+                        "CPR (absolute ranking)", "m(full)", "m(empty)"], rows), ""]
+  for path in sorted(base.glob("eap_peer_*.json")):
+    d = json.loads(path.read_text())
+    srcs.append(f"results/circuits/{path.name}")
+    rows, evals = [], []
+    for m, r in d["methods"].items():
+      for g, a in (("mib", r["mib_graph"]), ("grouped (GQA sum)", r["grouped_graph_gqa_sum"])):
+        rows.append([m, g, f"{a['n']:,}", f"{a['pearson']:.7f}", f"{a['spearman']:.5f}",
+                     f"{a['top100']}/100", f"{a['max_abs_diff_over_max']:.1e}",
+                     _f(r["library_seconds"])])
+      e = r.get("mib_evaluation")
+      if e:
+        evals.append([m, f"{e['mib']['cpr']:.4f}", f"{e['ours']['cpr']:.4f}",
+                      f"{e['mib']['cmd']:.4f}", f"{e['ours']['cmd']:.4f}",
+                      _f(e["mib"]["curves"]["signed"]["seconds"]
+                         + e["mib"]["curves"]["absolute"]["seconds"]),
+                      _f(e["ours"]["seconds"])])
+    parts += [f"## The EAP-IG library as a peer: {path.stem}", "",
+              f"hannamw/EAP-IG (7af394a, MIB's pin) on TransformerLens over the same "
+              f"weights, {len(d['pairs'])} IOI pairs, no BOS, {d['steps']} left IG points; "
+              "scores mapped by name, the library's sign and 1/N undone "
+              "(`scripts/bench_eap_peer.py`). " + d.get("note", ""), "",
+              _table(["method", "graph", "edges", "Pearson", "Spearman", "top-100",
+                      "max diff / max", "library s"], rows), ""]
+    if evals:
+      parts += ["MIB's own `evaluate_area_under_curve` on the library's scores against "
+                "`circuits.search.mib` on the same scores:", "",
+                _table(["method", "CPR (MIB)", "CPR (ours)", "CMD (MIB)", "CMD (ours)",
+                        "MIB's evaluation s", "ours s"], evals), ""]
+    if d.get("command"):
+      parts += [_table(["mha-jax circuit", "wall s", "its total s", "load average"],
+                       [[k, _f(v["wall_s"]), _f(v["seconds"]["total"]),
+                         " / ".join(f"{x:.1f}" for x in v["load_average"])]
+                        for k, v in d["command"].items()]), ""]
+  return parts
 
 
 def _mib(b):

@@ -286,17 +286,23 @@ function patchingView(){
 
 // ---------------------------------------------------------------- the circuit view
 const C = D.circuit;
-function circuitPlaces(g){   // node name -> [x, y]: layer rows upwards, heads across
-  const dx=26, dy=30, W=dx*(Math.max(...g.heads)+2)+60, H=dy*(g.layers+2)+20, at={};
+function circuitPlaces(g, width){   // node name -> [x, y]: layer rows upwards, heads across the width
+  const cols=Math.max(...g.heads)+2, dx=Math.max(30, (width-110)/cols), dy=30;
+  const W=dx*cols+90, H=dy*(g.layers+2)+20, at={};
   at.embed=[W/2, H-20]; at.logits=[W/2, 20];
   for(let l=0;l<g.layers;l++){ const y=H-20-dy*(l+1);
     for(let h=0;h<g.heads[l];h++) at['lm.'+l+'.'+h]=[50+dx*h, y];
-    if(g.mlp[l]) at['lm.'+l+'.mlp']=[50+dx*(Math.max(...g.heads)+0.6), y-8]; }
+    if(g.mlp[l]) at['lm.'+l+'.mlp']=[50+dx*(Math.max(...g.heads)+0.6), y]; }
   return {at, W, H};
 }
-function circuitView(){
-  const g=C.graph, sm=C.summary, svg=$('cgraph'), ns=svg.namespaceURI;
-  const box=$('csummary'); box.innerHTML='';
+function circuitNodes(edges){   // the nodes a circuit touches: senders, and the node of a one-node end
+  const on=new Set();
+  edges.forEach(e=>{ on.add(e.from); if(e.into.length===1) on.add(e.into[0]); });
+  on.delete('embed'); on.delete('logits'); return on;
+}
+function roleColor(n){ const r=(C.roles||{})[n]; return r===undefined ? null : ((C.colors||{})[r]||'#999'); }
+function circuitSummary(){
+  const g=C.graph, sm=C.summary, box=$('csummary'); box.innerHTML='';
   const line=t=>box.appendChild(el('div', {}, t));
   line('task: '+sm.task+' · workdir: '+sm.workdir+' · '+sm.pairs+' pairs · ablation: '+sm.ablation);
   line('method: '+sm.method+(sm.method==='auto' ? ' (kept: '+sm.chosen+')' : '')+' · graph: '+
@@ -304,32 +310,59 @@ function circuitView(){
   line('circuit at target '+sm.target+': '+C.edges.length+' edges, '+C.heads.length+' heads, '+
        C.mlps.length+' MLPs · faithfulness '+sm.faithfulness.toFixed(3)+
        ' · faithfulness_nodes '+(sm.faithfulness_nodes===null ? 'n/a' : sm.faithfulness_nodes.toFixed(3)));
-  const {at, W, H}=circuitPlaces(g);
+  const lg=$('clegend'); lg.innerHTML='';
+  [...new Set(Object.values(C.roles||{}))].sort().forEach(r=>{
+    const s=el('span', {'class':'crole', 'data-role':r}, r); s.style.borderLeft='12px solid '+(C.colors[r]||'#999');
+    lg.appendChild(s); });
+}
+function circuitDraw(edges){
+  const g=C.graph, svg=$('cgraph'), ns=svg.namespaceURI;
+  const {at, W, H}=circuitPlaces(g, Math.max(400, svg.parentNode.clientWidth||720));
   svg.setAttribute('width', W); svg.setAttribute('height', H); svg.innerHTML='';
   const mk=(tag, attrs, text)=>{ const e=document.createElementNS(ns, tag);
     Object.entries(attrs).forEach(([k,v])=>e.setAttribute(k,v));
     if(text!==undefined) e.textContent=text; return e; };
-  const lim=Math.max(1e-12, ...C.edges.map(e=>Math.abs(e.score)));
-  C.edges.forEach(e=>e.into.forEach(n=>{ const a=at[e.from], b=at[n];
+  const lim=Math.max(1e-12, ...edges.map(e=>Math.abs(e.score)));
+  edges.forEach(e=>e.into.forEach(n=>{ const a=at[e.from], b=at[n];
     const ln=mk('line', {x1:a[0], y1:a[1], x2:b[0], y2:b[1], 'class':'cedge',
       stroke: e.score<0 ? '#d62728' : '#1f77b4', 'stroke-width': 0.4+3*Math.abs(e.score)/lim,
       'data-from': e.from, 'data-to': e.to, 'data-score': e.score});
     ln.onmouseenter=()=>{ $('chover').textContent=e.from+' -> '+e.to+': '+fmt(e.score); };
     svg.appendChild(ln); }));
-  const on=new Set(C.heads.concat(C.mlps));
+  const on=circuitNodes(edges), labels=mk('g', {'class':'clabels'});
   Object.entries(at).forEach(([n,[x,y]])=>{
     if(n==='embed' || n==='logits'){ svg.appendChild(mk('rect', {x:x-20, y:y-7, width:40, height:14, fill:'#000'}));
       svg.appendChild(mk('text', {x:x+24, y:y+3}, n)); return; }
-    const p=n.split('.');
+    const p=n.split('.'), role=(C.roles||{})[n], col=roleColor(n);
+    const tip=n+(role!==undefined ? ' ('+role+')' : '')+(on.has(n) ? ' in the circuit' : '');
     if(p[2]==='mlp'){ const r=mk('rect', {x:x-8, y:y-5, width:16, height:10, 'class':'cmlp'+(on.has(n)?' on':''), 'data-name':n});
       r.appendChild(mk('title', {}, n)); svg.appendChild(r); return; }
     const c=mk('circle', {cx:x, cy:y, r:on.has(n)?6:3, 'class':'cnode'+(on.has(n)?' on':''), 'data-name':n});
-    c.appendChild(mk('title', {}, n+(on.has(n) ? ' (in the circuit)' : '')));
-    c.onmouseenter=()=>{ $('chover').textContent=n+(on.has(n) ? ' in the circuit' : ''); };
+    if(col!==null){ c.style.fill=col; c.setAttribute('data-role', role);
+      if(on.has(n)){ c.style.stroke='#000'; c.style.strokeWidth='1.5'; } else c.style.fillOpacity='.45'; }
+    c.appendChild(mk('title', {}, tip));
+    c.onmouseenter=()=>{ $('chover').textContent=tip; };
     if(D.weights) c.onclick=()=>{ st.layer=+p[1]; st.head=+p[2]; layers(); $('layer').value=st.layer;
       show('attention'); draw(); $('info').scrollIntoView(); };
     svg.appendChild(c);
-    if(on.has(n)) svg.appendChild(mk('text', {x:x+5, y:y-6}, p[1]+'.'+p[2])); });
+    // a label under its own node, no wider than a column: labels never overlap
+    if(on.has(n)) labels.appendChild(mk('text', {x:x, y:y+14, 'text-anchor':'middle', 'class':'clabel'}, p[1]+'.'+p[2])); });
+  svg.appendChild(labels);
+}
+function circuitView(){
+  circuitSummary();
+  const S=C.sizes||[], box=$('csizebox');
+  if(S.length<2){ box.style.display='none'; circuitDraw(C.edges); return; }
+  const at=(C.at===null || C.at===undefined) ? S.length-1 : C.at, slider=$('csize');
+  slider.min=0; slider.max=S.length-1; slider.step=1; slider.value=at;
+  const pick=j=>{ const sz=S[j], edges=sz.rows.map(r=>C.ranked[r]), on=circuitNodes(edges);
+    const heads=[...on].filter(n=>!n.endsWith('.mlp')).length;
+    $('csizeinfo').textContent=sz.kept+' edges ('+(100*sz.fraction).toPrecision(2)+' % of the graph), '+heads+
+      ' heads, faithfulness '+sz.faithfulness.toFixed(3)+(j===C.at ? ' · the target circuit' : '');
+    slider.dataset.kept=sz.kept; slider.dataset.faithfulness=sz.faithfulness;
+    circuitDraw(edges); };
+  slider.oninput=()=>pick(+slider.value);
+  pick(at);
 }
 
 // ---------------------------------------------------------------- the views

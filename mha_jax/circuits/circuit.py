@@ -88,6 +88,8 @@ class CircuitOptions:
   evaluate: str | None = setting(None, path=True, help="score a graph another tool found "
                                  "(the EAP-IG library's graph JSON) with this evaluation "
                                  "instead of scoring edges (on the mib graph)")
+  roles: str | None = setting(None, path=True, help="a roles.json (mha-jax analyze --roles) "
+                             "whose assigned roles colour the circuit view's heads")
   keep_failing: bool = setting(False, help="keep pairs whose clean prompt the model gets "
                                "wrong")
   memory_budget: str | None = setting(None, metavar="BYTES",
@@ -161,6 +163,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   es = edges_lib.EdgeStudy(s, metric=metric, ablation=ablation)
   if opts.export:
     mib_graph.edge_names(es.graph, es.edges[:0])      # refused before the work
+  roles = read_roles(opts.roles, es.graph)
   seconds = {}
   log(f"graph: {es.graph.size()}; metric full {es.m_full:.4f}, empty {es.m_empty:.4f}")
 
@@ -173,8 +176,8 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
 
   estimates, candidates = _scores(es, opts, timed, log)
   agreement = timed("agreement", lambda: es.agreements(estimates, sample=sample, seed=seed))
-  tried = {name: _circuit_at(es, sc, target, timed, name)
-           for name, sc in candidates.items()}
+  drawn = timed("curves", lambda: search.curves(es, candidates, with_mib=True))
+  tried = {name: _circuit_at(candidates[name], drawn[name], target) for name in candidates}
   chosen = max(tried, key=lambda n: (tried[n]["cpr"], -tried[n]["cmd"]))
   if len(tried) > 1:
     log("auto: " + ", ".join(f"{n} CPR {t['cpr']:.4f}" for n, t in tried.items())
@@ -215,11 +218,30 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
                            f"{doc['task']}: {chosen}" + (" (auto)" if method == "auto" else "")
                            + f", {ablation} ablation")
   plots.circuit_graph(es.graph, best, scores, es.edges, storage.join(out, "circuit.png"))
-  write_explorer(out, doc, es, best, scores, s, loaded.task)
+  write_explorer(out, doc, es, best, scores, s, loaded.task,
+                 curve=(tried[chosen]["keeps"], points, at), roles=roles)
   if opts.export:
     mib_graph.write(storage.join(out, "mib_graph.json"), es.graph, es.edges, scores,
                     len(s.pairs), s.d_model, best)
   return doc
+
+
+def read_roles(path: str | None, graph) -> dict:
+  """{head name: role} of a roles.json's "assigned" for the graph's heads ({} without a
+  path); a file without "assigned" or naming none of the graph's heads is refused."""
+  if path is None:
+    return {}
+  try:
+    doc = storage.read_json(path)
+  except (OSError, ValueError) as e:
+    raise UserError(f"roles: cannot read {path!r} as JSON ({e})", setting="roles") from e
+  got = doc.get("assigned") if isinstance(doc, dict) else None
+  heads = set(graph.nodes)
+  if not isinstance(got, dict) or not heads & set(got):
+    raise UserError(f"roles: {path!r} holds no \"assigned\" roles of this model's heads "
+                    f"(lm.LAYER.HEAD; the roles.json of mha-jax analyze --roles)",
+                    setting="roles")
+  return {n: str(r) for n, r in got.items() if n in heads}
 
 
 def _scores(es, opts, timed, log) -> tuple[dict, dict]:
@@ -243,51 +265,90 @@ def _scores(es, opts, timed, log) -> tuple[dict, dict]:
           scored if method == "auto" else {method: scored[method]})
 
 
-def _circuit_at(es, scores, target, timed, name) -> dict:
+def _circuit_at(scores, drawn, target) -> dict:
   """One method's curve (|score| ranking), MIB's evaluation (search.mib: the signed
-  and absolute curves, CPR and CMD) and its smallest circuit reaching target (else the
-  whole graph's)."""
-  points, keeps, mib = timed(f"curve_{name}", lambda: search.curve(es, scores,
-                                                                   with_mib=True))
+  and absolute curves, CPR and CMD), as search.curves drew them, and its smallest
+  circuit reaching target (else the whole graph's)."""
+  points, keeps, mib = drawn
   area = {"cpr": mib["cpr"], "cmd": mib["cmd"],
           "cpr_absolute_ranking": search.curve_areas(points)["cpr"]}
   at = search.smallest_reaching(points, target)
   keep = keeps[at] if at is not None else keeps[-1]
-  return {"scores": scores, "points": points, "keep": keep, "at": at, **area,
+  return {"scores": scores, "points": points, "keep": keep, "at": at, "keeps": keeps, **area,
           "curve_signed": mib["curve_signed"], "curve_absolute": mib["curve_absolute"],
           "edges": int(keep.sum()), "reached": at is not None,
           "faithfulness": points[at if at is not None else -1]["faithfulness"]}
 
 
-def circuit_view(doc: dict, graph, keep, scores, edges) -> dict:
-  """The explorer's circuit data: the graph's shape, the target circuit's edges
-  ({"from", "to", "score", "into": the nodes the end feeds}) and the summary."""
-  score = {(int(u), int(e)): float(v) for (u, e), v in zip(edges, scores)}
+VIEW_MAX_EDGES = 5000     # the size slider's largest circuit (more is drawn as a hairball)
+
+
+def _edge_rows(graph, keep, score) -> list[dict]:
+  """The edges of a circuit keep, by |score|: {"from", "to", "score", "into": the nodes
+  the end feeds (["logits"] for the logits)}."""
   nodes, ends = graph.nodes, graph.ends
   rows = sorted(zip(*np.nonzero(keep)), key=lambda ue: -abs(score.get((int(ue[0]), int(ue[1])), 0.0)))
-  out = [{"from": nodes[u], "to": ends[e], "score": round(score.get((int(u), int(e)), 0.0), 7),
-          "into": [nodes[n] for n in graph.end_node(int(e))] or ["logits"]} for u, e in rows]
+  return [{"from": nodes[u], "to": ends[e], "score": round(score.get((int(u), int(e)), 0.0), 7),
+           "into": [nodes[n] for n in graph.end_node(int(e))] or ["logits"]} for u, e in rows]
+
+
+def view_sizes(graph, keeps, points, score) -> tuple[list[dict], list[dict]]:
+  """The size slider's data: (ranked: the edges of every curve circuit of at most
+  VIEW_MAX_EDGES edges, as _edge_rows, by |score|; sizes: per such curve point
+  {"edges", "kept", "fraction", "faithfulness", "point": its index in the curve, "rows":
+  indices into ranked of its kept edges})."""
+  use = [i for i, p in enumerate(points) if p["kept"] <= VIEW_MAX_EDGES]
+  union = np.zeros(graph.mask().shape, bool)
+  for i in use:
+    union |= np.asarray(keeps[i], bool)
+  ranked = _edge_rows(graph, union, score)
+  index = {(r["from"], r["to"]): j for j, r in enumerate(ranked)}
+  nodes, ends = graph.nodes, graph.ends
+  sizes = [{**{k: points[i][k] for k in ("edges", "kept", "fraction", "faithfulness")},
+            "point": i, "rows": sorted(index[(nodes[u], ends[e])]
+                                       for u, e in zip(*np.nonzero(keeps[i])))}
+           for i in use]
+  return ranked, sizes
+
+
+def circuit_view(doc: dict, graph, keep, scores, edges, curve=None,
+                 roles: dict | None = None) -> dict:
+  """The explorer's circuit data: the graph's shape, the target circuit's edges
+  (_edge_rows), the summary; with curve (keeps (S, N_nodes, N_ends), points, at: the
+  target's index in points or None), the size slider's "ranked" and "sizes" (view_sizes)
+  and "at" (the target's index in sizes; None when it is larger than VIEW_MAX_EDGES or
+  did not reach the target); roles {head name: role} colour the heads (ROLE_COLORS)."""
+  from mha_jax.toolkit.roles import ROLE_COLORS
+  score = {(int(u), int(e)): float(v) for (u, e), v in zip(edges, scores)}
   n = doc["nodes"]
   keys = ("task", "workdir", "pairs", "ablation", "method", "chosen", "target", "cpr", "cmd")
-  return {"graph": {"layers": graph.layers, "heads": list(graph.heads),
-                    "kv_heads": list(graph.kv_heads), "mlp": [bool(m) for m in graph.mlp],
-                    "edges_total": doc["graph"]["edges"]},
-          "edges": out, "heads": n["heads"], "mlps": n["mlps"],
-          "summary": {**{k: doc[k] for k in keys}, "faithfulness": n["faithfulness"],
-                      "faithfulness_nodes": n.get("faithfulness_nodes")}}
+  out = {"graph": {"layers": graph.layers, "heads": list(graph.heads),
+                   "kv_heads": list(graph.kv_heads), "mlp": [bool(m) for m in graph.mlp],
+                   "edges_total": doc["graph"]["edges"]},
+         "edges": _edge_rows(graph, keep, score), "heads": n["heads"], "mlps": n["mlps"],
+         "summary": {**{k: doc[k] for k in keys}, "faithfulness": n["faithfulness"],
+                     "faithfulness_nodes": n.get("faithfulness_nodes")},
+         "roles": dict(roles or {}), "colors": ROLE_COLORS if roles else {}}
+  if curve is not None:
+    keeps, points, at = curve
+    out["ranked"], out["sizes"] = view_sizes(graph, keeps, points, score)
+    out["at"] = next((j for j, sz in enumerate(out["sizes"]) if sz["point"] == at), None)
+  return out
 
 
 VIEW_FILE = "circuit_view.json"
 
 
-def write_explorer(out, doc, es, keep, scores, study, task, pairs: int = 2) -> str:
+def write_explorer(out, doc, es, keep, scores, study, task, pairs: int = 2, curve=None,
+                   roles: dict | None = None) -> str:
   """DIR/explorer.html: the circuit view and the attention of the first `pairs` pairs
   (clean and corrupt) from the study's own forward; its data also as DIR/VIEW_FILE (what
   `mha_jax.show(DIR)` draws without the model)."""
   from mha_jax import assets
   data = {**activation_patching.attention_data(study, task, pairs),
           "circuit": activation_patching.json_finite(
-              circuit_view(doc, es.graph, keep, scores, es.edges))}
+              circuit_view(doc, es.graph, keep, scores, es.edges, curve, roles))}
+  data["roles"] = dict(roles or {})
   storage.write_json(storage.join(out, VIEW_FILE), data)
   path = storage.join(out, "explorer.html")
   storage.write_text(path, assets.page("explorer", data, title=html.escape(

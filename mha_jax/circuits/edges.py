@@ -18,7 +18,7 @@ of the forward with graph.edge_edits:
                  scores keeping (A_u - a_u(clean)) fixed; on="activations" moves every
                  edge's keep from 0 to 1 together (integrated gradients of the edge mask:
                  the scores sum to m(M) - m(empty))
-  curve(keeps)   the metric of many circuits (S, N, E) as one batched program
+  curve(keeps)   the metric of many circuits (S, N, E), blocks of one shared program
 
 Scores are in the metric's units: the change of the pair-mean metric when the edge is
 ablated (negative where the edge carries the behaviour). The metric is a function of the
@@ -91,9 +91,8 @@ class EdgeStudy:
     corrupt = outs(self.params, study.tokens["corrupt"]) if ablation == "corrupt" else None
     self.ablated = ablations.values(ablation, self.clean_out, corrupt=corrupt,
                                     per_position=mean_per_position)
-    ones = jnp.ones(self.mask.shape, jnp.float32)
-    self.m_full = self.metric(ones)
-    self.m_empty = self.metric(jnp.zeros_like(ones))
+    ones = np.ones((1,) + self.mask.shape, np.float32)
+    self.m_full, self.m_empty = (float(v) for v in self.curve(np.concatenate([ones, 0 * ones])))
 
   def _cached(self, key, build):
     if key not in self._jit:
@@ -126,19 +125,26 @@ class EdgeStudy:
     per = 4 * b * t * d * (3 * n + 8 * max(self.s.heads))
     return int(max(1, min(m, self.s.memory_budget // per)))
 
+  CURVE_BLOCK = 4     # circuits per call of curve()'s one program
+
   def curve(self, keeps) -> np.ndarray:
-    """(S,) the pair-mean metric of S circuits keeps (S, N_nodes, N_ends), in one
-    program (chunked to the study's memory budget)."""
-    keeps = jnp.asarray(keeps, jnp.float32)
-    chunk = self._chunk(keeps.shape[0])
+    """(S,) the pair-mean metric of S circuits keeps (S, N_nodes, N_ends): blocks of
+    CURVE_BLOCK circuits (fewer where the study's memory budget says so; the last one
+    padded), each a call of the same compiled program, so every curve, size and method
+    shares one program."""
+    keeps = np.asarray(keeps, np.float32)
+    block = self._chunk(self.CURVE_BLOCK)
+    n = keeps.shape[0]
+    pad = np.concatenate([keeps, np.repeat(keeps[-1:], -n % block, 0)])
 
     def build():
       def fn(p, ks, a):
-        return jax.lax.map(lambda k: self.pairs_metric(p, k, a).mean(), ks,
-                           batch_size=chunk)
+        return jax.vmap(lambda k: self.pairs_metric(p, k, a).mean())(ks)
       return fn
-    return np.asarray(self._cached(("curve", keeps.shape[0], chunk), build)(
-        self.params, keeps, self.ablated), np.float64)
+    fn = self._cached(("curve", block), build)
+    got = [fn(self.params, jnp.asarray(pad[i:i + block]), self.ablated)
+           for i in range(0, len(pad), block)]
+    return np.asarray(jnp.concatenate(got), np.float64)[:n]
 
   # ------------------------------------------------------------------ scores
   def exact(self, edge_rows=None) -> np.ndarray:

@@ -125,14 +125,50 @@ def sizes(total: int) -> list[int]:
 
 def faithfulness_of(es, keeps) -> tuple[np.ndarray, np.ndarray]:
   """(faithfulness (S,), metric (S,)) of circuits keeps (S, N_nodes, N_ends), each
-  distinct circuit run once, all in one batched program."""
+  distinct circuit run once, all in one batched program; the empty circuit and the whole
+  graph are m(empty) and m(M) by definition (not run)."""
   keeps = np.asarray(keeps, bool)
   flat = keeps.reshape(len(keeps), -1)
   uniq, inv = np.unique(flat, axis=0, return_inverse=True)
-  pad = -len(uniq) % 4      # counts in steps of 4: fewer distinct programs to compile
-  uniq = np.concatenate([uniq, np.repeat(uniq[-1:], pad, 0)])
-  m = es.curve(uniq.reshape((-1,) + keeps.shape[1:]).astype(np.float32))[inv.reshape(-1)]
+  inv = inv.reshape(-1)
+  full = es.mask.reshape(-1).astype(bool)
+  known = {i: es.m_full if np.array_equal(u, full) else es.m_empty
+           for i, u in enumerate(uniq) if not u.any() or np.array_equal(u, full)}
+  run = [i for i in range(len(uniq)) if i not in known]
+  m_u = np.zeros(len(uniq))
+  for i, v in known.items():
+    m_u[i] = v
+  if run:
+    m_u[run] = es.curve(uniq[run].reshape((-1,) + keeps.shape[1:]).astype(np.float32))
+  m = m_u[inv]
   return es.faithfulness(m), m
+
+
+def _curve_keeps(es, scores, counts=None, with_mib: bool = False):
+  """(ks, counts, keeps (S, N_nodes, N_ends), mib_keeps' triple or None): the circuits
+  of curve() before they run."""
+  total = len(es.edges)
+  if counts is None:
+    ks, counts = fractions(), sizes(total)
+  else:
+    counts = list(counts)
+    ks = [n / total for n in counts]
+  keeps = np.stack([top_n(es.graph, es.edges, scores, n) for n in counts])
+  return ks, counts, keeps, (mib_keeps(es.graph, es.edges, scores) if with_mib else None)
+
+
+def _curve_doc(es, built, f, m):
+  """curve()'s return value from _curve_keeps' circuits and their faithfulness f and
+  metric m (S,) (the curve's circuits, then mib_keeps')."""
+  ks, counts, keeps, extra = built
+  total = len(es.edges)
+  points = [{"edges": int(n), "requested": float(k), "kept": int(kp.sum()),
+             "fraction": float(kp.sum() / total), "faithfulness": float(fi),
+             "metric": float(mi), "nodes": len(touched(es.graph, kp)["nodes"])}
+            for n, k, kp, fi, mi in zip(counts, ks, keeps, f, m)]
+  if extra is None:
+    return points, keeps
+  return points, keeps, mib_curves(f[len(keeps):], extra[1], extra[2])
 
 
 def curve(es, scores, counts=None, with_mib: bool = False):
@@ -141,22 +177,21 @@ def curve(es, scores, counts=None, with_mib: bool = False):
   touched}], keeps (S, N_nodes, N_ends)) of the top-n circuits by |scores|; by default
   at sizes(total). with_mib: also mib()'s document, the circuits of both in one
   program (a third element)."""
-  total = len(es.edges)
-  if counts is None:
-    ks, counts = fractions(), sizes(total)
-  else:
-    counts = list(counts)
-    ks = [n / total for n in counts]
-  keeps = np.stack([top_n(es.graph, es.edges, scores, n) for n in counts])
-  extra = mib_keeps(es.graph, es.edges, scores) if with_mib else None
-  f, m = faithfulness_of(es, keeps if extra is None else np.concatenate([keeps, extra[0]]))
-  points = [{"edges": int(n), "requested": float(k), "kept": int(kp.sum()),
-             "fraction": float(kp.sum() / total), "faithfulness": float(fi),
-             "metric": float(mi), "nodes": len(touched(es.graph, kp)["nodes"])}
-            for n, k, kp, fi, mi in zip(counts, ks, keeps, f, m)]
-  if extra is None:
-    return points, keeps
-  return points, keeps, mib_curves(f[len(keeps):], extra[1], extra[2])
+  return curves(es, {"x": scores}, counts, with_mib)["x"]
+
+
+def curves(es, scored: dict, counts=None, with_mib: bool = False) -> dict:
+  """{name: curve(es, scores, counts, with_mib)} of several methods' scores, every
+  method's circuits in one batched program (a circuit two methods share runs once)."""
+  built = {name: _curve_keeps(es, sc, counts, with_mib) for name, sc in scored.items()}
+  parts = [np.concatenate([b[2]] + ([b[3][0]] if b[3] is not None else []))
+           for b in built.values()]
+  f, m = faithfulness_of(es, np.concatenate(parts))
+  out, at = {}, 0
+  for (name, b), part in zip(built.items(), parts):
+    out[name] = _curve_doc(es, b, f[at:at + len(part)], m[at:at + len(part)])
+    at += len(part)
+  return out
 
 
 def areas(ks, faith) -> dict[str, float]:

@@ -19,11 +19,17 @@ from mha_jax.toolkit.pairs import Pairs
 @pytest.fixture(scope="module")
 def made(tiny_attn_lm, tmp_path_factory):
   wd, cfg = tiny_attn_lm
-  out = str(tmp_path_factory.mktemp("circuit") / "c")
+  tmp = tmp_path_factory.mktemp("circuit")
+  out = str(tmp / "c")
+  (tmp / "roles.json").write_text(json.dumps({"assigned": ROLES}))
   assert cli.main(["circuit", "--workdir", wd, "--task", "induction", "--n-pairs", "4",
                    "--method", "eap", "--keep-failing", "--sample", "12", "--steps", "1",
-                   "--out", out]) == 0
+                   "--roles", str(tmp / "roles.json"), "--out", out]) == 0
   return wd, out, cfg
+
+
+ROLES = {"lm.0.0": "previous_token", "lm.1.0": "induction", "lm.1.1": "other",
+         "lm.9.9": "induction"}        # a head the model lacks: left out
 
 
 def test_the_circuit_command_writes_its_files(made):
@@ -200,6 +206,64 @@ def test_the_explorer_s_circuit_view_in_a_browser(made):
     np.testing.assert_allclose(np.asarray(rows), w[:t, :t], atol=0.006)
     assert errors == [] and requests == []
     browser.close()
+
+
+def test_the_circuit_view_s_size_slider_and_role_colours(made):
+  """The slider starts at the target circuit and walks the curve: at each size the drawn
+  edges are the top n by |score| of circuit.json, pruned (search.top_n over the file's
+  own scores), and the large nodes those edges touch; heads with a role take its colour."""
+  from browser import open_page
+  from mha_jax.circuits import graph as graph_lib, search
+  from mha_jax.toolkit.roles import ROLE_COLORS
+  wd, out, _ = made
+  doc = json.load(open(os.path.join(out, "circuit.json")))
+  data = json.load(open(os.path.join(out, "circuit_view.json")))["circuit"]
+  loaded = load(wd)
+  s, _, _, _ = circuit.prepare(loaded, "induction", None, 4, 0, True, log=lambda m: 0)
+  g = graph_lib.graph_of(s, s.params)
+  names = g.edge_names()
+  rows = np.argwhere(g.mask())
+  score = {f"{e['from']} -> {e['to']}": e["score"] for e in doc["edges"]}
+  scores = np.asarray([score[n] for n in names])
+  playwright = pytest.importorskip("playwright.sync_api")
+  with playwright.sync_playwright() as p:
+    browser, page, errors, requests = open_page(p, os.path.join(out, "explorer.html"))
+    start = data["at"] if data["at"] is not None else len(data["sizes"]) - 1
+    assert page.eval_on_selector("#csize", "s => [+s.value, +s.max]") == [
+        start, len(data["sizes"]) - 1]
+    assert len(data["sizes"]) > 2 and doc["nodes"]["reached_target"] == (data["at"] is not None)
+    for j, sz in enumerate(data["sizes"]):
+      page.eval_on_selector("#csize", f"s => {{ s.value = {j}; s.dispatchEvent("
+                            f"new Event('input')); }}")
+      point = doc["curve"][sz["point"]]
+      keep = search.top_n(g, rows, scores, point["edges"])
+      want = {f"{g.nodes[u]} -> {g.ends[e]}" for u, e in zip(*np.nonzero(keep))}
+      drawn = page.eval_on_selector_all("#cgraph line.cedge", "ls => ls.map(l => "
+                                        "l.dataset.from + ' -> ' + l.dataset.to)")
+      assert set(drawn) == want and point["kept"] == len(want)
+      assert float(page.get_attribute("#csize", "data-faithfulness")) == pytest.approx(
+          point["faithfulness"])
+      on = page.eval_on_selector_all("#cgraph circle.cnode.on", "cs => cs.map(c => "
+                                     "c.dataset.name)")
+      assert sorted(on) == sorted(search.touched(g, keep)["heads"])
+    fills = page.eval_on_selector_all("#cgraph circle.cnode[data-role]", "cs => cs.map(c => "
+                                      "[c.dataset.name, c.dataset.role, getComputedStyle(c).fill])")
+    want = {n: r for n, r in ROLES.items() if n in g.nodes}
+    assert {n: r for n, r, _ in fills} == want
+    rgb = lambda h: f"rgb({int(h[1:3], 16)}, {int(h[3:5], 16)}, {int(h[5:7], 16)})"  # noqa: E731
+    assert all(f == rgb(ROLE_COLORS[r]) for _, r, f in fills)
+    assert sorted(page.eval_on_selector_all("#clegend .crole", "ss => ss.map(s => "
+                                            "s.dataset.role)")) == sorted(set(want.values()))
+    assert errors == [] and requests == []
+    browser.close()
+
+
+def test_a_roles_file_without_roles_is_refused(tiny_attn_lm, tmp_path, capsys):
+  bad = tmp_path / "roles.json"
+  bad.write_text(json.dumps({"assigned": {"layer 0": "induction"}}))
+  assert cli.main(["circuit", "--workdir", tiny_attn_lm[0], "--task", "induction",
+                   "--roles", str(bad), "--out", str(tmp_path / "o")]) != 0
+  assert "roles" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
 def test_show_draws_a_circuit_folder_from_its_json(made):

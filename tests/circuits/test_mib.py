@@ -279,3 +279,29 @@ def test_fewest_heads_is_the_smallest_prefix_of_the_ranking_reaching_the_target(
   assert got["heads"] == ranked[:k] and got["reached"]
   assert search.node_view(s, ranked[:k])["faithfulness_nodes"] >= 0.5
   assert k == 1 or search.node_view(s, ranked[:k - 1])["faithfulness_nodes"] < 0.5
+
+
+def test_several_methods_curves_in_one_call_equal_a_numpy_recomputation(setup, es):
+  """search.curves runs every method's circuits in one batched call (a circuit two
+  methods share once; the empty and whole graph not run): each method's MIB curves still
+  equal the NumPy recomputation, and the whole graph's faithfulness is 1."""
+  _, params, pairs = setup
+  names = es.graph.edge_names()
+  _, corrupt_out = numpy_edges(params, pairs.corrupt)
+  rng = np.random.default_rng(5)
+  scored = {"a": rng.normal(size=len(es.edges)), "b": rng.normal(size=len(es.edges))}
+
+  def metric(keep):
+    cut = [n for n, (u, e) in zip(names, es.edges) if not keep[u, e]]
+    return ld_np(numpy_edges(params, pairs.clean, cut, corrupt_out)[0], pairs).mean()
+
+  got = search.curves(es, scored, with_mib=True)
+  assert set(got) == {"a", "b"}
+  for name, scores in scored.items():
+    points, keeps, mib = got[name]
+    assert len(points) == len(keeps) == 19 and points[-1]["kept"] == len(es.edges)
+    assert points[-1]["faithfulness"] == 1.0 and points[0]["edges"] == int(0.001 * len(es.edges))
+    fs, _ = library_curve(es.graph, es.edges, -scores, metric, absolute=False)
+    fa, _ = library_curve(es.graph, es.edges, -scores, metric, absolute=True)
+    np.testing.assert_allclose([p["faithfulness"] for p in mib["curve_signed"]], fs, atol=2e-4)
+    np.testing.assert_allclose([p["faithfulness"] for p in mib["curve_absolute"]], fa, atol=2e-4)
