@@ -51,8 +51,6 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 
 def stamp() -> dict:
@@ -67,7 +65,8 @@ def peer_model(loaded, tokenizer_file: str):
   import transformers
   from transformer_lens import HookedTransformer, HookedTransformerConfig
   from transformer_lens.pretrained.weight_conversions import convert_llama_weights
-  from bench_models import to_transformers
+  from mha_jax.harness import module_at
+  to_transformers = module_at("bench_models", os.path.join(ROOT, "scripts")).to_transformers
   hf = to_transformers(loaded).float().eval()
   c = hf.config
   cfg = HookedTransformerConfig(
@@ -169,7 +168,7 @@ def main(argv=None):
   p.add_argument("--out", default="docs/results/circuits/eap_peer_smollm2.json")
   args = p.parse_args(argv)
   sys.path[:0] = [os.path.join(args.eap_ig, "src"), args.mib]
-  from experiments import bench
+  from mha_jax.harness import bench
   from mha_jax.machine import machine
   result = run(args, lambda partial: bench.write_json(partial, args.out))
   result["machine"] = machine()

@@ -23,21 +23,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 TEXT_ROLES = ("copy_suppression", "attention_sink")
 
 
 def per_window(run, windows, text_len: int, seed: int) -> dict[str, np.ndarray]:
   """{role: (W, L, H_max)} each window's score by the taxonomy's detectors."""
-  from mha_jax.analysis import detectors, taxonomy
-  sample = taxonomy._vocab_sample(run.task, seed)     # the taxonomy's own sample
+  from mha_jax.roles import detectors, head_taxonomy as taxonomy
+  sample = taxonomy.vocab_sample(run.task, seed)     # the taxonomy's own sample
   out = {r: [] for r in TEXT_ROLES}
   for i, w in enumerate(windows):
     tok = np.asarray(w[None, :text_len + 1])
@@ -71,7 +68,7 @@ def main(argv=None):
   p.add_argument("--out", default=None)
   args = p.parse_args(argv)
   from mha_jax import loader
-  from mha_jax.analysis import taxonomy
+  from mha_jax.roles import head_taxonomy as taxonomy
   from mha_jax.machine import machine
   doc = json.load(open(args.roles))
   text_len = int(doc["settings"]["text_len"])

@@ -318,7 +318,7 @@ def circuit_view(doc: dict, graph, keep, scores, edges, curve=None,
   target's index in points or None), the size slider's "ranked" and "sizes" (view_sizes)
   and "at" (the target's index in sizes; None when it is larger than VIEW_MAX_EDGES or
   did not reach the target); roles {head name: role} colour the heads (ROLE_COLORS)."""
-  from mha_jax.toolkit.roles import ROLE_COLORS
+  from mha_jax.roles.role_scores import ROLE_COLORS
   score = {(int(u), int(e)): float(v) for (u, e), v in zip(edges, scores)}
   n = doc["nodes"]
   keys = ("task", "workdir", "pairs", "ablation", "method", "chosen", "target", "cpr", "cmd")

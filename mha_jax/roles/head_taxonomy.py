@@ -517,7 +517,7 @@ def scores(loaded, settings: ClassifyOptions, rows: Sequence[Mapping] | None, lo
   if "copy_suppression" in want:
     t0 = time.perf_counter()
     out["copy_suppression"] = _table(detectors.copy_suppression_text(
-        task, params, inputs["text"], _vocab_sample(task, settings.seed)), counts)
+        task, params, inputs["text"], vocab_sample(task, settings.seed)), counts)
     freq = detectors.frequent_tokens(inputs["text"], settings.frequent, _specials(task))
     ov = detectors.ov_self_scores(params, detectors.effective_embeddings(task, params, freq), freq)
     extra["ov_self"] = _table(ov, counts)
@@ -572,7 +572,7 @@ def _specials(task) -> list[int]:
   return [int(i) for i in task.special_ids()] if hasattr(task, "special_ids") else []
 
 
-def _vocab_sample(task, seed: int, n: int = 256) -> np.ndarray:
+def vocab_sample(task, seed: int, n: int = 256) -> np.ndarray:
   rng = np.random.default_rng(seed + 11)
   pool = np.setdiff1d(np.arange(task.vocab_size), np.asarray(_specials(task), np.int64))
   return np.sort(rng.choice(pool, min(n, len(pool)), replace=False))

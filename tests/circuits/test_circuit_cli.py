@@ -214,7 +214,7 @@ def test_the_circuit_view_s_size_slider_and_role_colours(made):
   own scores), and the large nodes those edges touch; heads with a role take its colour."""
   from browser import open_page
   from mha_jax.circuits import graph as graph_lib, search
-  from mha_jax.toolkit.roles import ROLE_COLORS
+  from mha_jax.roles.role_scores import ROLE_COLORS
   wd, out, _ = made
   doc = json.load(open(os.path.join(out, "circuit.json")))
   data = json.load(open(os.path.join(out, "circuit_view.json")))["circuit"]

@@ -26,7 +26,7 @@ def prose(text):
 
 def offenders(path):
   out = []
-  for i, line in enumerate(prose(path.read_text()).splitlines(), 1):
+  for line in prose(path.read_text()).splitlines():
     for pat, what in MEASURED:
       m = re.search(pat, line)
       if m:
