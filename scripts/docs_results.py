@@ -883,7 +883,30 @@ def circuits_page(docs):
                       "strongest sender of the layers scanned", "this head's verdict"],
                      rows), ""]
   parts += [_source(*srcs), ""]
-  return "\n".join(parts)
+  return "\n".join(parts + _circuit_speed(docs))
+
+
+def _circuit_speed(docs) -> list[str]:
+  """EAP and EAP-IG against one forward+backward (`mha-jax bench circuit`)."""
+  rel = "results/bench_circuit_cpu.json"
+  if not (docs / rel).exists():
+    return []
+  d = _load(docs, rel)
+  m = machine_of(d)
+  fb = d["forward_backward_s"]
+  rows = [["forward + backward of the mean LD (plain)", _f(fb, 2), "1.00"],
+          ["EAP, every edge", _f(d["eap_s"], 2), f"{d['eap_s'] / fb:.2f} (bound: 3)"],
+          [f"EAP-IG, {d['steps']} steps on the inputs", _f(d["eap_ig_s"], 2),
+           f"{d['eap_ig_s'] / fb:.2f} (bound: m + 2 = {d['eap_ig_bound']})"],
+          ["one edge-masked forward (what each exact patch costs)",
+           _f(d["edge_forward_s"], 2), f"{d['edge_forward_s'] / fb:.2f}"]]
+  return ["## Speed of the edge scores", "",
+          f"`mha-jax bench circuit`: {d['graph']['edges']:,} edges, {d['pairs']} IOI pairs of "
+          f"{d['tokens']} tokens, float32, medians after a warm-up; {m['backend']}, "
+          f"{m.get('cpu_count')} cores, {m.get('date', '')}, load average "
+          f"{m['load_average'][0]:.1f}, measured matmul rate {m['matmul_gflops']:.0f} GFLOP/s.",
+          "", _table(["", "seconds", "ratio to one forward + backward"], rows), "",
+          _source(rel), ""]
 
 
 def _mib_sections(base, srcs) -> list[str]:
