@@ -32,6 +32,8 @@ Per program (the train step, the eval step, the forward, a study's sweep):
   est_seconds  max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth)
                (a roofline bound from mha_jax.chips, the one table of published chip numbers;
                None on CPU, which has no published peak).
+  mosaic_calls  the Pallas TPU kernel calls (Mosaic custom calls) in the compiled
+               program; 0 on other platforms.
   attention_kernels   the kernels dispatch chose while the program was traced: every
                program is lowered inside `dispatch.compile_target(mesh)`, so the choice is
                the one the topology's own devices make (kernels/target.py).
@@ -370,7 +372,8 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
            - mem.alias_size_in_bytes)
   cost = _cost(compiled, topo.platform)
   xla_flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
-  mm = matmul_flops(compiled.as_text())
+  text = compiled.as_text()
+  mm = matmul_flops(text)
   flops = xla_flops + mm["counted"] - mm["once"]   # the loops' dots times their trips
   est = None
   if topo.chip is not None:
@@ -382,6 +385,7 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
                          "total": int(total), "hbm": int(topo.hbm)},
           "memory_spaces": spaces, "fits": bool(total <= topo.hbm),
           "attention_kernels": sorted(set(chosen)), "est_seconds": est,
+          "mosaic_calls": text.count('custom_call_target="tpu_custom_call"'),
           **({"uncounted": cost["uncounted"]} if cost.get("uncounted") else {})}
 
 

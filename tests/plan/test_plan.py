@@ -20,6 +20,7 @@ import pytest
 from builders import ROOT, with_devices
 
 from mha_jax import accounting, attention, chips, cli, gpu_targets, plan
+from mha_jax import config as mha_config
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 LLAMA_8B = os.path.join(ROOT, "docs", "data", "llama-3.1-8b.config.json")
@@ -42,7 +43,8 @@ def test_param_bytes_equal_the_accounting_modules_count():
 
 def test_a_job_planned_twice_is_the_same_plan():
   a, b = _induction_plan(), _induction_plan()
-  a.pop("date"), b.pop("date")
+  for k in ("date", "machine"):        # when, and the load average then
+    a.pop(k), b.pop(k)
   assert a == b
   assert set(a) >= {"topology", "platform", "device_kind", "devices", "mesh", "job",
                     "params", "programs", "fits", "jax", "libtpu"}
@@ -290,12 +292,45 @@ def test_tpu_llama_8b_forward_plan_has_the_published_param_count():
 
 
 @pytest.mark.tpu
-@pytest.mark.skipif(not HAS_LIBTPU, reason="needs libtpu (pip install 'mha-jax[tpu]')")
-def test_tpu_lm_train_step_runs_pallas_under_auto():
+@pytest.mark.xdist_group("v5e_lm_train")
+def test_tpu_lm_train_step_runs_pallas_under_auto(v5e_lm_train_plan):
   """configs/lm.py (T 128, impl auto) planned for v5e:2x2 on this CPU machine: the train
   and eval steps are traced for the slice, so auto's choice is the Pallas kernel (inside
-  shard_map over the data axis), as on the TPU VM."""
-  p = plan.make_plan(plan.PlanOptions(topology="v5e:2x2", job="train"),
-                     config=os.path.join(ROOT, "configs", "lm.py"))
+  shard_map over the data axis), as on the TPU VM, and the compiled steps hold its Mosaic
+  calls (the train step: forward, dq and dkv of each layer)."""
+  p = v5e_lm_train_plan
+  layers = mha_config.load_config(os.path.join(ROOT, "configs", "lm.py")).model.num_layers
   assert [g["attention_kernels"] for g in p["programs"]] == [["pallas"], ["pallas"]]
+  assert p["mesh"] == {"data": 4, "model": 1}
+  assert p["programs"][0]["mosaic_calls"] >= 3 * layers
+  assert p["programs"][1]["mosaic_calls"] >= layers
   assert p["fits"] and p["device_kind"] == chips.CHIPS["v5e"].device_kind
+
+
+SMOLLM2 = os.path.join(ROOT, "docs", "data", "smollm2-135m.config.json")
+
+
+@pytest.fixture(scope="module")
+def smollm2_study_plans():
+  """The patching sweep and the EAP / EAP-IG programs at SmolLM2-135M's published shapes
+  (its config.json), compiled for v5e:2x2, 8 pairs of 32 tokens over the data axis."""
+  if not HAS_LIBTPU:
+    pytest.skip("needs libtpu (pip install 'mha-jax[tpu]')")
+  topo = plan.topology("v5e:2x2")
+  return {job: plan.make_plan(plan.PlanOptions(topology="v5e:2x2", job=job,
+                                               hf_config=SMOLLM2), topo=topo)
+          for job in ("patch", "circuit")}
+
+
+@pytest.mark.tpu
+@pytest.mark.xdist_group("v5e_smollm2_studies")
+@pytest.mark.parametrize("job,names", [("patch", ["patch_sweep"]),
+                                       ("circuit", ["eap", "eap_ig"])])
+def test_tpu_studies_at_smollm2_shapes_compile_for_v5e(smollm2_study_plans, job, names):
+  p = smollm2_study_plans[job]
+  assert p["params"]["count"] == 134_515_008          # SmolLM2-135M's published size
+  assert p["mesh"] == {"data": 4, "model": 1} and p["device_kind"] == chips.CHIPS["v5e"].device_kind
+  assert [g["name"] for g in p["programs"]] == names
+  for g in p["programs"]:
+    assert g["fits"] and g["flops"] > 0 and g["per_device"]["arguments"] > 0
+    assert "pallas" not in g["attention_kernels"]     # T = 32: no Pallas block fits
