@@ -275,10 +275,31 @@ def _dot_flops(out: str, operands: str, attrs: str, shapes: dict) -> int:
   return 2 * math.prod(_dims(out)) * math.prod(lhs[i] for i in _dims(m.group(1)))
 
 
+def _conv_flops(out: str, operands: str, attrs: str, shapes: dict) -> int:
+  """2 x output elements x (input features per group x window) of one convolution (the
+  TPU compiler writes dots as convolutions: dim_labels=bf_io->bf)."""
+  names = [o.strip().lstrip("%") for o in operands.split(",")]
+  m = re.search(r"dim_labels=(\w+)_(\w+)->\w+", attrs)
+  if len(names) < 2 or m is None or names[0] not in shapes or names[1] not in shapes:
+    return 0
+  lhs, rhs = shapes[names[0]], shapes[names[1]]
+  groups = re.search(r"feature_group_count=(\d+)", attrs)
+  window = math.prod(rhs[i] for i, c in enumerate(m.group(2)) if c.isdigit())
+  feats = lhs[m.group(1).index("f")] // (int(groups.group(1)) if groups else 1)
+  return 2 * math.prod(_dims(out)) * feats * window
+
+
+_CONST = re.compile(r"^\s*%([\w.\-]+)\s*=\s*s32\[\]\S*\s+constant\((-?\d+)\)")
+_BOUND = re.compile(r"^\s*ROOT\s+%[\w.\-]+\s*=\s*pred\[\]\S*\s+compare\(%[\w.\-]+,\s*"
+                    r"%([\w.\-]+)\),\s*direction=LT")
+
+
 def _hlo_graph(hlo: str):
   """(entry, {computation: (dot FLOPs, [(callee, trip count or None for a while body;
-  1 otherwise)])}) of an HLO module's text."""
-  graph, shapes, entry, cur, loops = {}, {}, None, None, []
+  1 otherwise)])}, the while loops' trip counts) of an HLO module's text. A loop's trip
+  count is XLA's known_trip_count where it gives one (CPU, GPU), else its condition's
+  `i < constant` bound (TPU; a scan, map or fori_loop from 0 by 1)."""
+  graph, shapes, entry, cur, whiles, consts, bound = {}, {}, None, None, [], {}, {}
   for line in hlo.splitlines():
     m = _COMP.match(line)
     if m:
@@ -288,19 +309,31 @@ def _hlo_graph(hlo: str):
       continue
     if cur is None:
       continue
+    c, b = _CONST.match(line), _BOUND.match(line)
+    if c:
+      consts[(cur, c.group(1))] = int(c.group(2))
+    if b and (cur, b.group(1)) in consts:
+      bound[cur] = consts[(cur, b.group(1))]
     i = _INSTR.match(line)
     if i:
       shapes[i.group(1)] = _dims(i.group(2))
-      if i.group(3) == "dot":
-        graph[cur][0] += _dot_flops(i.group(2), i.group(4), i.group(5), shapes)
+      flops = {"dot": _dot_flops, "convolution": _conv_flops}.get(i.group(3))
+      if flops:
+        graph[cur][0] += flops(i.group(2), i.group(4), i.group(5), shapes)
     trips = _TRIPS.search(line)
+    calls = dict((kind, callee) for kind, callee in _CALLS.findall(line))
     for kind, callee in _CALLS.findall(line):
-      n = (int(trips.group(1)) if trips else None) if kind == "body" else 1
       if kind == "body":
-        loops.append(n)
-      graph[cur][1].append((callee, n))
-    for b in _BRANCHES.findall(line):
-      graph[cur][1].extend((c.strip().lstrip("%"), 1) for c in b.split(","))
+        whiles.append((cur, len(graph[cur][1]), calls.get("condition"),
+                       int(trips.group(1)) if trips else None))
+      graph[cur][1].append((callee, 1))
+    for br in _BRANCHES.findall(line):
+      graph[cur][1].extend((c.strip().lstrip("%"), 1) for c in br.split(","))
+  loops = []
+  for caller, at, cond, n in whiles:
+    n = n if n is not None else bound.get(cond)
+    graph[caller][1][at] = (graph[caller][1][at][0], n)
+    loops.append(n)
   return entry, graph, loops
 
 

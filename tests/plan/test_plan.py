@@ -334,3 +334,20 @@ def test_tpu_studies_at_smollm2_shapes_compile_for_v5e(smollm2_study_plans, job,
   for g in p["programs"]:
     assert g["fits"] and g["flops"] > 0 and g["per_device"]["arguments"] > 0
     assert "pallas" not in g["attention_kernels"]     # T = 32: no Pallas block fits
+
+
+@pytest.mark.tpu
+def test_tpu_matmul_flops_count_a_maps_dots_times_its_trips():
+  """The TPU compiler writes dots as convolutions and gives its while loops no known trip
+  count: a lax.map of two matmuls over 16 rows is counted from the loop's bound."""
+  if not HAS_LIBTPU:
+    pytest.skip("needs libtpu (pip install 'mha-jax[tpu]')")
+  topo = plan.topology("v5e:2x2")
+  rep = jax.sharding.NamedSharding(jax.sharding.Mesh(topo.devices[:1], ("data",)),
+                                   jax.sharding.PartitionSpec())
+  n, m = 16, 128
+  f = jax.jit(lambda w, xs: jax.lax.map(lambda a: jnp.tanh(a @ w[0]) @ w[1], xs))
+  hlo = f.lower(jax.ShapeDtypeStruct((2, m, m), jnp.float32, sharding=rep),
+                jax.ShapeDtypeStruct((n, m, m), jnp.float32, sharding=rep)).compile().as_text()
+  one = 2 * (2 * m * m * m)
+  assert plan.matmul_flops(hlo) == {"once": one, "counted": n * one, "loops": [n]}
