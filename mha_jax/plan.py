@@ -565,6 +565,14 @@ def _imported_source(cfg, task, params, opts: PlanOptions, where: str) -> Source
                 _token_batches(task, rows, seq), where)
 
 
+def _plain_shapes(meta):
+  """A checkpoint's param metadata (orbax's tree, whose own pytree nodes do not survive
+  jit's flatten and unflatten) as plain dicts of ShapeDtypeStructs."""
+  if hasattr(meta, "shape") and hasattr(meta, "dtype"):
+    return _sds(meta.shape, meta.dtype)
+  return {k: _plain_shapes(v) for k, v in meta.items()}
+
+
 def from_workdir(workdir: str, opts: PlanOptions) -> Source:
   """A run's workdir (trained here or imported): its config, and its params' shapes
   from the newest checkpoint's metadata (nothing is restored)."""
@@ -582,7 +590,7 @@ def from_workdir(workdir: str, opts: PlanOptions) -> Source:
     meta = ckpts.manager.item_metadata(step)["params"]
   finally:
     ckpts.close()
-  params = jax.tree.map(lambda m: _sds(m.shape, m.dtype), meta)
+  params = _plain_shapes(meta)
   task = tasks.build(cfg, workdir, read_only=True)
   if cfg.task == "pretrained_lm":
     return _imported_source(cfg, task, params, opts, workdir)

@@ -250,6 +250,21 @@ def test_the_patch_job_on_2_host_devices(tmp_path):
   assert prog["flops"] > 0 and prog["fits"]
 
 
+def test_the_verb_on_a_workdir_plans_its_checkpoints_shapes(tiny_attn_lm, tmp_path):
+  """`plan --workdir W --job patch`: the run's config and its checkpoint's param shapes
+  (nothing restored), counted against the config's own init."""
+  from mha_jax import tasks
+  wd, cfg = tiny_attn_lm
+  out = tmp_path / "plan"
+  assert cli.main(["plan", "--topology", "cpu:1", "--workdir", wd, "--job", "patch",
+                   "--batch", "2", "--out", str(out)]) == 0
+  doc = json.loads((out / "plan.json").read_text())
+  shapes = jax.eval_shape(tasks.build(cfg, None).init_params, jax.random.PRNGKey(0))
+  assert doc["params"]["count"] == sum(int(np.prod(a.shape)) for a in jax.tree.leaves(shapes))
+  assert doc["source"] == wd and doc["job"] == "patch"
+  assert [p["name"] for p in doc["programs"]] == ["patch_sweep"] and doc["fits"]
+
+
 # ------------------------------------------------------------------ TPU topologies
 
 @pytest.mark.tpu
