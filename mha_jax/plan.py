@@ -275,18 +275,43 @@ def _dot_flops(out: str, operands: str, attrs: str, shapes: dict) -> int:
   return 2 * math.prod(_dims(out)) * math.prod(lhs[i] for i in _dims(m.group(1)))
 
 
+def _window(attrs: str, n: int) -> list[dict]:
+  """A convolution's window, per spatial dimension: size, stride, pad (low), lhs and rhs
+  dilation (XLA's `window={size=AxB stride=.. pad=lo_hi.. lhs_dilate=.. rhs_dilate=..}`)."""
+  m = re.search(r"window=\{([^}]*)\}", attrs)
+  fields = dict(f.split("=", 1) for f in (m.group(1).split() if m else []))
+  get = lambda key, d: [int(x.split("_")[0]) for x in fields[key].split("x")] if key in fields \
+      else [d] * n
+  return [dict(size=a, stride=b, pad=c, lhs=d, rhs=e) for a, b, c, d, e in zip(
+      get("size", 1), get("stride", 1), get("pad", 0), get("lhs_dilate", 1),
+      get("rhs_dilate", 1))]
+
+
+def _valid_taps(w: dict, lhs: int, out: int) -> int:
+  """The (output position, window tap) pairs of one spatial dimension that read an input
+  element (not padding, not a hole of the lhs dilation): a dot written as a convolution
+  with a dilated or padded window does no work on the others (XLA counts the same)."""
+  pos = (np.arange(out)[:, None] * w["stride"] + np.arange(w["size"])[None] * w["rhs"]
+         - w["pad"])
+  return int(np.sum((pos >= 0) & (pos % w["lhs"] == 0) & (pos // w["lhs"] < lhs)))
+
+
 def _conv_flops(out: str, operands: str, attrs: str, shapes: dict) -> int:
-  """2 x output elements x (input features per group x window) of one convolution (the
-  TPU compiler writes dots as convolutions: dim_labels=bf_io->bf)."""
+  """2 x (batch x output features) x input features per group x the valid window taps of
+  one convolution (the TPU compiler writes dots as convolutions, batched ones with
+  dilated windows: dim_labels=01bf_01oi->01bf)."""
   names = [o.strip().lstrip("%") for o in operands.split(",")]
-  m = re.search(r"dim_labels=(\w+)_(\w+)->\w+", attrs)
-  if len(names) < 2 or m is None or names[0] not in shapes or names[1] not in shapes:
+  m = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", attrs)
+  if len(names) < 2 or m is None or names[0] not in shapes:
     return 0
-  lhs, rhs = shapes[names[0]], shapes[names[1]]
+  lhs, o = shapes[names[0]], _dims(out)
+  ll, ol = m.group(1), m.group(3)
+  spatial = sorted(c for c in ll if c.isdigit())
   groups = re.search(r"feature_group_count=(\d+)", attrs)
-  window = math.prod(rhs[i] for i, c in enumerate(m.group(2)) if c.isdigit())
-  feats = lhs[m.group(1).index("f")] // (int(groups.group(1)) if groups else 1)
-  return 2 * math.prod(_dims(out)) * feats * window
+  taps = math.prod(_valid_taps(w, lhs[ll.index(c)], o[ol.index(c)])
+                   for c, w in zip(spatial, _window(attrs, len(spatial))))
+  feats = lhs[ll.index("f")] // (int(groups.group(1)) if groups else 1)
+  return 2 * o[ol.index("b")] * o[ol.index("f")] * feats * taps
 
 
 _CONST = re.compile(r"^\s*%([\w.\-]+)\s*=\s*s32\[\]\S*\s+constant\((-?\d+)\)")

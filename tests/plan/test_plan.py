@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -366,3 +367,27 @@ def test_tpu_matmul_flops_count_a_maps_dots_times_its_trips():
                 jax.ShapeDtypeStruct((n, m, m), jnp.float32, sharding=rep)).compile().as_text()
   one = 2 * (2 * m * m * m)
   assert plan.matmul_flops(hlo) == {"once": one, "counted": n * one, "loops": [n]}
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("spec,a,b", [
+    ("bhqd,bhkd->bhqk", (8, 4, 32, 64), (8, 4, 32, 64)),     # batched: dilated windows
+    ("btd,dhk->bthk", (8, 32, 512), (512, 8, 64)),           # a padded window over heads
+    ("bthk,hkd->btd", (8, 32, 8, 64), (8, 64, 512))])
+def test_tpu_matmul_flops_of_dots_written_as_convolutions_are_xlas(spec, a, b):
+  """XLA's cost analysis counts the valid taps of a convolution; so does matmul_flops, and
+  both give the einsum's 2 x output x contracted size."""
+  if not HAS_LIBTPU:
+    pytest.skip("needs libtpu (pip install 'mha-jax[tpu]')")
+  topo = plan.topology("v5e:2x2")
+  rep = jax.sharding.NamedSharding(jax.sharding.Mesh(topo.devices[:1], ("data",)),
+                                   jax.sharding.PartitionSpec())
+  s = lambda shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=rep)
+  compiled = jax.jit(lambda x, y: jnp.einsum(spec, x, y)).lower(s(a), s(b)).compile()
+  ins, out = spec.split("->")
+  size = dict(zip(ins.split(",")[0] + ins.split(",")[1], a + b))
+  want = 2 * math.prod(size[c] for c in set(ins.replace(",", "")))
+  assert "convolution(" in compiled.as_text()
+  assert plan.matmul_flops(compiled.as_text())["once"] == want
+  cost = compiled.cost_analysis()
+  assert (cost[0] if isinstance(cost, list) else cost)["flops"] == want
