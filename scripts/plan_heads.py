@@ -18,6 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 HEADS = (8, 16, 32, 64, 96)
+ORDER = (8, 96, 16, 32, 64)     # the ends first: an interrupted run has the range
 IMPLS = ("reference", "auto")
 D_MODEL = 768
 RESULT = "docs/results/plan_heads_v5e.json"
@@ -51,8 +52,8 @@ def main() -> None:
   args = ap.parse_args()
   from mha_jax import machine, plan
   rows, versions = [], {}
-  for impl in IMPLS:
-    for h in HEADS:
+  for h in ORDER:
+    for impl in IMPLS:
       path = os.path.join(args.out, f"{impl}_h{h}", "plan.json")
       if not os.path.exists(path) and args.collect:
         continue
