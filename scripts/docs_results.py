@@ -812,6 +812,42 @@ def splash_buffers_section(docs):
       _source(rel), ""]
 
 
+def llama70b_section(docs):
+  """Llama-3.1-70B on v5p: the lowered program's size against 8B's, and its train state's
+  bytes per device per slice (scripts/plan_llama70b.py)."""
+  rel = "results/plan_llama70b_v5p.json"
+  if not (docs / rel).exists():
+    return []
+  d = _load(docs, rel)
+  low = [[r["model"], r["layers"], f"{r['stablehlo_lines']:,}", r["dot_general"],
+          r["while_loops"], _f(r["lower_cpu_s"], 1)] for r in d["lowered"]]
+  gib = lambda b: _f(b / 2**30, 1)
+  st = [[r["topology"], ",".join(f"{k}={v}" for k, v in r["mesh"].items()), gib(r["params"]),
+         gib(r["train_state"]), gib(r["hbm"]), "yes" if r["state_fits"] else "no"]
+        for r in d["train_state_70b"]]
+  a, b = d["lowered"]
+  return [
+      "## Llama-3.1-70B on v5p", "",
+      "Not compiled whole here. The decoder runs its layers as a Python loop over "
+      "`params['lm']['layer_i']` (no `scan` over stacked layers), so the program XLA "
+      "compiles holds every layer: 70B's lowered forward is "
+      f"{b['stablehlo_lines'] / a['stablehlo_lines']:.2f}x 8B's ({b['layers']} layers "
+      f"against {a['layers']}; no while loop in either), and the compile grows with it. "
+      "8B's 32-layer programs took 151-168 s of CPU (14-17 min wall at load average ~16) "
+      "per compile on this 2-core machine, so a 70B plan is about 2.5x that per program, "
+      "and the plan's search for a slice where train fits compiles each candidate again. "
+      "A `scan` over stacked layers (one layer compiled once) is the fix, in the model, "
+      "not in the plan.", "",
+      _table(["model", "layers", "StableHLO lines", "dot_general", "while", "lower CPU s"],
+             low), "",
+      "What 70B's train state needs per device (params, gradients and AdamW's two moments, "
+      "bfloat16, laid out as training lays them out; a lower bound: activations and "
+      "temporaries come on top). Params do not shrink as 1/devices: the leaves the model "
+      "axis does not split (`train/sharding.py`) stay whole on every device.", "",
+      _table(["slice", "mesh", "params GiB", "train state GiB", "HBM GiB", "state fits"],
+             st), "", _source(rel), ""]
+
+
 def plan_page(docs):
   """`mha-jax plan` results: the head sweep of configs/lm.py on a TPU slice, and the
   plans under results/plans/ (one plan.json each)."""
@@ -835,7 +871,7 @@ def plan_page(docs):
            _table(["kernel", "h", "d_k", "params", "GFLOP", "args MiB", "scores MiB",
                    "temps MiB", "total MiB", "est ms", "kernels chosen"], rows), "",
            _source(rel), ""]
-  parts += splash_buffers_section(docs)
+  parts += splash_buffers_section(docs) + llama70b_section(docs)
   folder = docs / "results" / "plans"
   plans = sorted(folder.glob("*.json")) if folder.exists() else []
   if plans:
@@ -852,13 +888,15 @@ def plan_page(docs):
                      "" if g["flops"] is None else _f(g["flops"] / 1e12, 2),
                      "" if g.get("xla_flops") is None else _f(g["xla_flops"] / 1e12, 2),
                      "" if g["est_seconds"] is None else _f(g["est_seconds"] * 1e3, 1),
-                     ", ".join(g["attention_kernels"]), g.get("chunk", "")])
+                     ", ".join(g["attention_kernels"]), g.get("chunk", ""),
+                     ", ".join("?" if n is None else str(n) for n in g.get("loops", []))])
     parts += ["## Plans", "", "Per device, GiB; TFLOP per device (TFLOP: every loop trip "
               "counted; XLA: XLA's cost analysis, a loop body once); chunk: a patch "
-              "sweep's interventions per group.", "",
+              "sweep's interventions per group; loops: the trip counts of the program's while "
+              "loops (?: unknown, its body counted once).", "",
               _table(["plan", "topology", "mesh", "program", "params", "args", "temps",
                       "total", "HBM", "fits", "TFLOP", "XLA TFLOP", "est ms", "kernels",
-                      "chunk"], prow), "",
+                      "chunk", "loops"], prow), "",
               _source(*[f"results/plans/{p.name}" for p in plans]), ""]
   return "\n".join(parts)
 
