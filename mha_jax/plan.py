@@ -32,6 +32,8 @@ Per program (the train step, the eval step, the forward, a study's sweep):
   est_seconds  max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth)
                (a roofline bound from mha_jax.chips, the one table of published chip numbers;
                None on CPU, which has no published peak).
+  mosaic_calls  the Pallas TPU kernel calls (Mosaic custom calls) in the compiled
+               program; 0 on other platforms.
   attention_kernels   the kernels dispatch chose while the program was traced: every
                program is lowered inside `dispatch.compile_target(mesh)`, so the choice is
                the one the topology's own devices make (kernels/target.py).
@@ -274,10 +276,56 @@ def _dot_flops(out: str, operands: str, attrs: str, shapes: dict) -> int:
   return 2 * math.prod(_dims(out)) * math.prod(lhs[i] for i in _dims(m.group(1)))
 
 
+def _window(attrs: str, n: int) -> list[dict]:
+  """A convolution's window, per spatial dimension: size, stride, pad (low), lhs and rhs
+  dilation (XLA's `window={size=AxB stride=.. pad=lo_hi.. lhs_dilate=.. rhs_dilate=..}`)."""
+  m = re.search(r"window=\{([^}]*)\}", attrs)
+  fields = dict(f.split("=", 1) for f in (m.group(1).split() if m else []))
+  get = lambda key, d: [int(x.split("_")[0]) for x in fields[key].split("x")] if key in fields \
+      else [d] * n
+  return [dict(size=a, stride=b, pad=c, lhs=d, rhs=e) for a, b, c, d, e in zip(
+      get("size", 1), get("stride", 1), get("pad", 0), get("lhs_dilate", 1),
+      get("rhs_dilate", 1))]
+
+
+def _valid_taps(w: dict, lhs: int, out: int) -> int:
+  """The (output position, window tap) pairs of one spatial dimension that read an input
+  element (not padding, not a hole of the lhs dilation): a dot written as a convolution
+  with a dilated or padded window does no work on the others (XLA counts the same)."""
+  pos = (np.arange(out)[:, None] * w["stride"] + np.arange(w["size"])[None] * w["rhs"]
+         - w["pad"])
+  return int(np.sum((pos >= 0) & (pos % w["lhs"] == 0) & (pos // w["lhs"] < lhs)))
+
+
+def _conv_flops(out: str, operands: str, attrs: str, shapes: dict) -> int:
+  """2 x (batch x output features) x input features per group x the valid window taps of
+  one convolution (the TPU compiler writes dots as convolutions, batched ones with
+  dilated windows: dim_labels=01bf_01oi->01bf)."""
+  names = [o.strip().lstrip("%") for o in operands.split(",")]
+  m = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", attrs)
+  if len(names) < 2 or m is None or names[0] not in shapes:
+    return 0
+  lhs, o = shapes[names[0]], _dims(out)
+  ll, ol = m.group(1), m.group(3)
+  spatial = sorted(c for c in ll if c.isdigit())
+  groups = re.search(r"feature_group_count=(\d+)", attrs)
+  taps = math.prod(_valid_taps(w, lhs[ll.index(c)], o[ol.index(c)])
+                   for c, w in zip(spatial, _window(attrs, len(spatial))))
+  feats = lhs[ll.index("f")] // (int(groups.group(1)) if groups else 1)
+  return 2 * o[ol.index("b")] * o[ol.index("f")] * feats * taps
+
+
+_CONST = re.compile(r"^\s*%([\w.\-]+)\s*=\s*s32\[\]\S*\s+constant\((-?\d+)\)")
+_BOUND = re.compile(r"^\s*ROOT\s+%[\w.\-]+\s*=\s*pred\[\]\S*\s+compare\(%[\w.\-]+,\s*"
+                    r"%([\w.\-]+)\),\s*direction=LT")
+
+
 def _hlo_graph(hlo: str):
   """(entry, {computation: (dot FLOPs, [(callee, trip count or None for a while body;
-  1 otherwise)])}) of an HLO module's text."""
-  graph, shapes, entry, cur, loops = {}, {}, None, None, []
+  1 otherwise)])}, the while loops' trip counts) of an HLO module's text. A loop's trip
+  count is XLA's known_trip_count where it gives one (CPU, GPU), else its condition's
+  `i < constant` bound (TPU; a scan, map or fori_loop from 0 by 1)."""
+  graph, shapes, entry, cur, whiles, consts, bound = {}, {}, None, None, [], {}, {}
   for line in hlo.splitlines():
     m = _COMP.match(line)
     if m:
@@ -287,19 +335,31 @@ def _hlo_graph(hlo: str):
       continue
     if cur is None:
       continue
+    c, b = _CONST.match(line), _BOUND.match(line)
+    if c:
+      consts[(cur, c.group(1))] = int(c.group(2))
+    if b and (cur, b.group(1)) in consts:
+      bound[cur] = consts[(cur, b.group(1))]
     i = _INSTR.match(line)
     if i:
       shapes[i.group(1)] = _dims(i.group(2))
-      if i.group(3) == "dot":
-        graph[cur][0] += _dot_flops(i.group(2), i.group(4), i.group(5), shapes)
+      flops = {"dot": _dot_flops, "convolution": _conv_flops}.get(i.group(3))
+      if flops:
+        graph[cur][0] += flops(i.group(2), i.group(4), i.group(5), shapes)
     trips = _TRIPS.search(line)
+    calls = dict((kind, callee) for kind, callee in _CALLS.findall(line))
     for kind, callee in _CALLS.findall(line):
-      n = (int(trips.group(1)) if trips else None) if kind == "body" else 1
       if kind == "body":
-        loops.append(n)
-      graph[cur][1].append((callee, n))
-    for b in _BRANCHES.findall(line):
-      graph[cur][1].extend((c.strip().lstrip("%"), 1) for c in b.split(","))
+        whiles.append((cur, len(graph[cur][1]), calls.get("condition"),
+                       int(trips.group(1)) if trips else None))
+      graph[cur][1].append((callee, 1))
+    for br in _BRANCHES.findall(line):
+      graph[cur][1].extend((c.strip().lstrip("%"), 1) for c in br.split(","))
+  loops = []
+  for caller, at, cond, n in whiles:
+    n = n if n is not None else bound.get(cond)
+    graph[caller][1][at] = (graph[caller][1][at][0], n)
+    loops.append(n)
   return entry, graph, loops
 
 
@@ -371,7 +431,8 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
            - mem.alias_size_in_bytes)
   cost = _cost(compiled, topo.platform)
   xla_flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
-  mm = matmul_flops(compiled.as_text())
+  text = compiled.as_text()
+  mm = matmul_flops(text)
   flops = xla_flops + mm["counted"] - mm["once"]   # the loops' dots times their trips
   est = None
   if topo.chip is not None:
@@ -383,6 +444,7 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
                          "total": int(total), "hbm": int(topo.hbm)},
           "memory_spaces": spaces, "fits": bool(total <= topo.hbm),
           "attention_kernels": sorted(set(chosen)), "est_seconds": est,
+          "mosaic_calls": text.count('custom_call_target="tpu_custom_call"'),
           **({"uncounted": cost["uncounted"]} if cost.get("uncounted") else {})}
 
 
@@ -529,6 +591,14 @@ def _imported_source(cfg, task, params, opts: PlanOptions, where: str) -> Source
                 _token_batches(task, rows, seq), where)
 
 
+def _plain_shapes(meta):
+  """A checkpoint's param metadata (orbax's tree, whose own pytree nodes do not survive
+  jit's flatten and unflatten) as plain dicts of ShapeDtypeStructs."""
+  if hasattr(meta, "shape") and hasattr(meta, "dtype"):
+    return _sds(meta.shape, meta.dtype)
+  return {k: _plain_shapes(v) for k, v in meta.items()}
+
+
 def from_workdir(workdir: str, opts: PlanOptions) -> Source:
   """A run's workdir (trained here or imported): its config, and its params' shapes
   from the newest checkpoint's metadata (nothing is restored)."""
@@ -546,7 +616,7 @@ def from_workdir(workdir: str, opts: PlanOptions) -> Source:
     meta = ckpts.manager.item_metadata(step)["params"]
   finally:
     ckpts.close()
-  params = jax.tree.map(lambda m: _sds(m.shape, m.dtype), meta)
+  params = _plain_shapes(meta)
   task = tasks.build(cfg, workdir, read_only=True)
   if cfg.task == "pretrained_lm":
     return _imported_source(cfg, task, params, opts, workdir)

@@ -988,6 +988,81 @@ def _mib(b):
   return f"{b / 2**20:,.1f}"
 
 
+def splash_buffers_section(docs):
+  """Which of the splash kernel's buffers grow with h (scripts/splash_buffers.py)."""
+  rel = "results/splash_buffers_v5e.json"
+  if not (docs / rel).exists():
+    return []
+  d = _load(docs, rel)
+  by = {(r["heads"], r["layout"]): r for r in d["rows"]}
+  rows = [[r["heads"], r["d_k"], r["layout"].replace("_", " "), _mib(r["qkv_bytes_unpadded"]),
+           _mib(r["temps_total"]), _mib(r["temps"].get("default", 0)),
+           _mib(r["temps"].get("vmem", 0))] for r in d["rows"]]
+  big = by[(96, "head_dim_minor")]
+  bufs = [[b["name"], f"`{b['shape']}`", _mib(b["bytes"])] for b in big["buffers"][:14]]
+  s = d["shapes"]
+  lo, hi = by[(8, "ours")], by[(96, "ours")]
+  lanes = [by[(h, "head_dim_minor")]["temps_total"] for h in (8, 96)]
+  return [
+      "## Why splash's temporaries grow with h at d_model 768", "",
+      f"One attention layer's forward+backward through the splash kernel ({d['program']}; "
+      f"B {s['B']}, T {s['T']}, d_model {s['d_model']}; {d['topology']}, data 4; jax "
+      f"{d['jax']}), read from XLA's buffer assignment. A TPU array's minor dimension is "
+      "tiled to 128 lanes (`T(8,128)` in the layouts below): the kernel's default layout "
+      "(heads, T, K) puts the head dimension there, so at d_k 8 every q, k and v copy, "
+      "residual and gradient takes 16x its bytes (at d_k 96, 4/3). The wrapper now hands q, "
+      "k and v to the kernel as (heads, K, T) whenever K is not a multiple of 128 "
+      "(`pallas.splash_blocks`; the kernel's `SEQ_MINOR` layout; logical shapes unchanged): "
+      f"temporaries at h 96 {_mib(lanes[1])} -> {_mib(hi['temps_total'])} MiB "
+      f"(h 8: {_mib(lanes[0])} -> {_mib(lo['temps_total'])}). What still grows is the "
+      "kernel's own design: its output o and the gradients dq, dk, dv are always (heads, T, "
+      "K) (16x at d_k 8), and the logsumexp it keeps for the backward is (heads, T, 128 "
+      "lanes) per head, as large as the T x S scores when T = 128. So at configs/lm.py's "
+      "T = 128 splash holds no less than the reference kernel's scores; its saving starts "
+      "where S exceeds 128 (the scores grow with S, its residual does not).", "",
+      _table(["h", "d_k", "q, k, v layout", "q per device MiB (unpadded)", "temps MiB",
+              "HBM MiB", "VMEM MiB"], rows), "",
+      "The buffers of at least 1 MiB at h 96 in the kernel's default layout (per device; "
+      "`S(1)`: in VMEM):", "", _table(["buffer", "shape and layout", "MiB"], bufs), "",
+      _source(rel), ""]
+
+
+def llama70b_section(docs):
+  """Llama-3.1-70B on v5p: the lowered program's size against 8B's, and its train state's
+  bytes per device per slice (scripts/plan_llama70b.py)."""
+  rel = "results/plan_llama70b_v5p.json"
+  if not (docs / rel).exists():
+    return []
+  d = _load(docs, rel)
+  low = [[r["model"], r["layers"], f"{r['stablehlo_lines']:,}", r["dot_general"],
+          r["while_loops"], _f(r["lower_cpu_s"], 1)] for r in d["lowered"]]
+  gib = lambda b: _f(b / 2**30, 1)
+  st = [[r["topology"], ",".join(f"{k}={v}" for k, v in r["mesh"].items()), gib(r["params"]),
+         gib(r["train_state"]), gib(r["hbm"]), "yes" if r["state_fits"] else "no"]
+        for r in d["train_state_70b"]]
+  a, b = d["lowered"]
+  return [
+      "## Llama-3.1-70B on v5p", "",
+      "Not compiled whole here. The decoder runs its layers as a Python loop over "
+      "`params['lm']['layer_i']` (no `scan` over stacked layers), so the program XLA "
+      "compiles holds every layer: 70B's lowered forward is "
+      f"{b['stablehlo_lines'] / a['stablehlo_lines']:.2f}x 8B's ({b['layers']} layers "
+      f"against {a['layers']}; no while loop in either), and the compile grows with it. "
+      "8B's 32-layer programs took 151-168 s of CPU (14-17 min wall at load average ~16) "
+      "per compile on this 2-core machine, so a 70B plan is about 2.5x that per program, "
+      "and the plan's search for a slice where train fits compiles each candidate again. "
+      "A `scan` over stacked layers (one layer compiled once) is the fix, in the model, "
+      "not in the plan.", "",
+      _table(["model", "layers", "StableHLO lines", "dot_general", "while", "lower CPU s"],
+             low), "",
+      "What 70B's train state needs per device (params, gradients and AdamW's two moments, "
+      "bfloat16, laid out as training lays them out; a lower bound: activations and "
+      "temporaries come on top). Params do not shrink as 1/devices: the leaves the model "
+      "axis does not split (`train/sharding.py`) stay whole on every device.", "",
+      _table(["slice", "mesh", "params GiB", "train state GiB", "HBM GiB", "state fits"],
+             st), "", _source(rel), ""]
+
+
 def plan_page(docs):
   """`mha-jax plan` results: the head sweep of configs/lm.py on a TPU slice, and the
   plans under results/plans/ (one plan.json each)."""
@@ -995,9 +1070,10 @@ def plan_page(docs):
   d = _load(docs, rel)
   rows = [[r["impl"], r["heads"], r["d_k"], f"{r['params']:,}",
            _f(r["train_step"]["flops"] / 1e9, 1), _mib(r["train_step"]["arguments"]),
+           _mib(r["scores_bytes"]) if "scores_bytes" in r else "",
            _mib(r["train_step"]["temps"]), _mib(r["train_step"]["total"]),
            _f(r["train_step"]["est_seconds"] * 1e3, 2), ", ".join(r["kernels"])]
-          for r in d["rows"]]
+          for r in sorted(d["rows"], key=lambda r: (r["impl"], r["heads"]))]
   parts = ["# Results: plans for TPU slices", "",
            "Generated by `scripts/docs_results.py` from `mha-jax plan` runs; see "
            "[Performance](../guide/performance.md#plans-for-a-tpu-slice).", "",
@@ -1005,8 +1081,12 @@ def plan_page(docs):
            f"The train step compiled for {d['topology']} ({d['device_kind']}, mesh "
            f"{d['mesh']}) by libtpu {d['libtpu']} and jax {d['jax']}, {d['date']}; "
            f"per device. Kernels: {d['kernel_choice']}.", "",
-           _table(["kernel", "h", "d_k", "params", "GFLOP", "args MiB", "temps MiB",
-                   "total MiB", "est ms", "kernels chosen"], rows), "", _source(rel), ""]
+           "scores MiB: the attention probabilities a reference-kernel step keeps for its "
+           "backward, counted (float32 (B / data, h, T, T), every layer), not measured.", "",
+           _table(["kernel", "h", "d_k", "params", "GFLOP", "args MiB", "scores MiB",
+                   "temps MiB", "total MiB", "est ms", "kernels chosen"], rows), "",
+           _source(rel), ""]
+  parts += splash_buffers_section(docs) + llama70b_section(docs)
   folder = docs / "results" / "plans"
   plans = sorted(folder.glob("*.json")) if folder.exists() else []
   if plans:
@@ -1023,13 +1103,15 @@ def plan_page(docs):
                      "" if g["flops"] is None else _f(g["flops"] / 1e12, 2),
                      "" if g.get("xla_flops") is None else _f(g["xla_flops"] / 1e12, 2),
                      "" if g["est_seconds"] is None else _f(g["est_seconds"] * 1e3, 1),
-                     ", ".join(g["attention_kernels"]), g.get("chunk", "")])
+                     ", ".join(g["attention_kernels"]), g.get("chunk", ""),
+                     ", ".join("?" if n is None else str(n) for n in g.get("loops", []))])
     parts += ["## Plans", "", "Per device, GiB; TFLOP per device (TFLOP: every loop trip "
               "counted; XLA: XLA's cost analysis, a loop body once); chunk: a patch "
-              "sweep's interventions per group.", "",
+              "sweep's interventions per group; loops: the trip counts of the program's while "
+              "loops (?: unknown, its body counted once).", "",
               _table(["plan", "topology", "mesh", "program", "params", "args", "temps",
                       "total", "HBM", "fits", "TFLOP", "XLA TFLOP", "est ms", "kernels",
-                      "chunk"], prow), "",
+                      "chunk", "loops"], prow), "",
               _source(*[f"results/plans/{p.name}" for p in plans]), ""]
   return "\n".join(parts)
 

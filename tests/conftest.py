@@ -184,3 +184,25 @@ def tiny_hf_run(tiny_hf_folder, tmp_path_factory):
   import mha_jax
   return mha_jax.load(tiny_hf_folder, cache=str(tmp_path_factory.mktemp("models")),
                       log=lambda s: None)
+
+
+# --------------------------------------------------------------------------
+# TPU compile checks (marker `tpu`, libtpu in its own venv): programs compiled for v5e:2x2
+# once and read by more than one test (their tests share an xdist group, so one worker).
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def v5e_lm_train_plan():
+  """configs/lm.py's train job (impl auto) planned for v5e:2x2 on its default mesh (data
+  4), at a real run's matmul precision: the train and eval steps' plan.json dict."""
+  pytest.importorskip("libtpu", reason="the TPU compiler (libtpu) is not installed")
+  from builders import ROOT
+  from mha_jax import plan
+  before = jax.config.jax_default_matmul_precision
+  jax.config.update("jax_default_matmul_precision", None)
+  try:
+    return plan.make_plan(plan.PlanOptions(topology="v5e:2x2", job="train"),
+                          config=os.path.join(ROOT, "configs", "lm.py"))
+  finally:
+    jax.config.update("jax_default_matmul_precision", before)

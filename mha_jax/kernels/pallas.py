@@ -28,6 +28,7 @@ kernels are traced after the forward returns.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -217,7 +218,23 @@ def _local_attention(q_BTHK, k_BSHK, v_BSHK, bias, kernel, causal, scale, interp
   # 0.10.2) fails on a vmapped splash kernel with more than one row.
   kern = splash.make_splash_mha_single_device(
       splash_mask.MultiHeadMask([one] * (b * h)), interpret=interpret,
+      block_sizes=splash_blocks(q.shape[-1]),
       attn_logits_soft_cap=None if softcap is None else float(softcap))
   fold = lambda x: x.reshape(b * h, *x.shape[2:])
   o = kern(fold(q * jnp.asarray(scale, q.dtype)), fold(k), fold(v))
   return to_bhtk(o.reshape(b, h, t, -1))
+
+
+def splash_blocks(head_dim: int):
+  """The splash kernel's block sizes (its defaults, 128) and the physical layout of q, k
+  and v. A TPU array's minor dimension is tiled to 128 lanes, so (heads, T, K) with K = 8
+  takes 16x its bytes in HBM (q, k, v, their residuals and gradients); (heads, K, T)
+  (SEQ_MINOR) puts T, a multiple of 128 here, on the lanes. So the head dimension goes
+  minor only when it fills whole lanes. The logical shapes do not change (the kernel
+  transposes), nor the output's layout (always (heads, T, K))."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+      splash_attention_kernel as splash)
+  layout = (splash.QKVLayout.HEAD_DIM_MINOR if head_dim % _TPU_BLOCK == 0
+            else splash.QKVLayout.SEQ_MINOR)
+  return dataclasses.replace(splash.BlockSizes.get_default(), q_layout=layout,
+                             k_layout=layout, v_layout=layout)

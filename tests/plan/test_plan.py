@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 from builders import ROOT, with_devices
 
 from mha_jax import accounting, attention, chips, cli, gpu_targets, plan
+from mha_jax import config as mha_config
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 LLAMA_8B = os.path.join(ROOT, "docs", "data", "llama-3.1-8b.config.json")
@@ -42,7 +44,8 @@ def test_param_bytes_equal_the_accounting_modules_count():
 
 def test_a_job_planned_twice_is_the_same_plan():
   a, b = _induction_plan(), _induction_plan()
-  a.pop("date"), b.pop("date")
+  for k in ("date", "machine"):        # when, and the load average then
+    a.pop(k), b.pop(k)
   assert a == b
   assert set(a) >= {"topology", "platform", "device_kind", "devices", "mesh", "job",
                     "params", "programs", "fits", "jax", "libtpu"}
@@ -261,6 +264,21 @@ def test_the_patch_job_on_2_host_devices(tmp_path):
   assert prog["flops"] > 0 and prog["fits"]
 
 
+def test_the_verb_on_a_workdir_plans_its_checkpoints_shapes(tiny_attn_lm, tmp_path):
+  """`plan --workdir W --job patch`: the run's config and its checkpoint's param shapes
+  (nothing restored), counted against the config's own init."""
+  from mha_jax import tasks
+  wd, cfg = tiny_attn_lm
+  out = tmp_path / "plan"
+  assert cli.main(["plan", "--topology", "cpu:1", "--workdir", wd, "--job", "patch",
+                   "--batch", "2", "--out", str(out)]) == 0
+  doc = json.loads((out / "plan.json").read_text())
+  shapes = jax.eval_shape(tasks.build(cfg, None).init_params, jax.random.PRNGKey(0))
+  assert doc["params"]["count"] == sum(int(np.prod(a.shape)) for a in jax.tree.leaves(shapes))
+  assert doc["source"] == wd and doc["job"] == "patch"
+  assert [p["name"] for p in doc["programs"]] == ["patch_sweep"] and doc["fits"]
+
+
 # ------------------------------------------------------------------ TPU topologies
 
 @pytest.mark.tpu
@@ -303,12 +321,86 @@ def test_tpu_llama_8b_forward_plan_has_the_published_param_count():
 
 
 @pytest.mark.tpu
-@pytest.mark.skipif(not HAS_LIBTPU, reason="needs libtpu (pip install 'mha-jax[tpu]')")
-def test_tpu_lm_train_step_runs_pallas_under_auto():
+@pytest.mark.xdist_group("v5e_lm_train")
+def test_tpu_lm_train_step_runs_pallas_under_auto(v5e_lm_train_plan):
   """configs/lm.py (T 128, impl auto) planned for v5e:2x2 on this CPU machine: the train
   and eval steps are traced for the slice, so auto's choice is the Pallas kernel (inside
-  shard_map over the data axis), as on the TPU VM."""
-  p = plan.make_plan(plan.PlanOptions(topology="v5e:2x2", job="train"),
-                     config=os.path.join(ROOT, "configs", "lm.py"))
+  shard_map over the data axis), as on the TPU VM, and the compiled steps hold its Mosaic
+  calls (the train step: forward, dq and dkv of each layer)."""
+  p = v5e_lm_train_plan
+  layers = mha_config.load_config(os.path.join(ROOT, "configs", "lm.py")).model.num_layers
   assert [g["attention_kernels"] for g in p["programs"]] == [["pallas"], ["pallas"]]
+  assert p["mesh"] == {"data": 4, "model": 1}
+  assert p["programs"][0]["mosaic_calls"] >= 3 * layers
+  assert p["programs"][1]["mosaic_calls"] >= layers
   assert p["fits"] and p["device_kind"] == chips.CHIPS["v5e"].device_kind
+
+
+SMOLLM2 = os.path.join(ROOT, "docs", "data", "smollm2-135m.config.json")
+
+
+@pytest.fixture(scope="module")
+def smollm2_study_plans():
+  """The patching sweep and the EAP / EAP-IG programs at SmolLM2-135M's published shapes
+  (its config.json), compiled for v5e:2x2, 8 pairs of 32 tokens over the data axis."""
+  if not HAS_LIBTPU:
+    pytest.skip("needs libtpu (pip install 'mha-jax[tpu]')")
+  topo = plan.topology("v5e:2x2")
+  return {job: plan.make_plan(plan.PlanOptions(topology="v5e:2x2", job=job,
+                                               hf_config=SMOLLM2), topo=topo)
+          for job in ("patch", "circuit")}
+
+
+@pytest.mark.tpu
+@pytest.mark.xdist_group("v5e_smollm2_studies")
+@pytest.mark.parametrize("job,names", [("patch", ["patch_sweep"]),
+                                       ("circuit", ["eap", "eap_ig"])])
+def test_tpu_studies_at_smollm2_shapes_compile_for_v5e(smollm2_study_plans, job, names):
+  p = smollm2_study_plans[job]
+  assert p["params"]["count"] == 134_515_008          # SmolLM2-135M's published size
+  assert p["mesh"] == {"data": 4, "model": 1} and p["device_kind"] == chips.CHIPS["v5e"].device_kind
+  assert [g["name"] for g in p["programs"]] == names
+  for g in p["programs"]:
+    assert g["fits"] and g["flops"] > 0 and g["per_device"]["arguments"] > 0
+    assert "pallas" not in g["attention_kernels"]     # T = 32: no Pallas block fits
+
+
+@pytest.mark.tpu
+def test_tpu_matmul_flops_count_a_maps_dots_times_its_trips():
+  """The TPU compiler writes dots as convolutions and gives its while loops no known trip
+  count: a lax.map of two matmuls over 16 rows is counted from the loop's bound."""
+  if not HAS_LIBTPU:
+    pytest.skip("needs libtpu (pip install 'mha-jax[tpu]')")
+  topo = plan.topology("v5e:2x2")
+  rep = jax.sharding.NamedSharding(jax.sharding.Mesh(topo.devices[:1], ("data",)),
+                                   jax.sharding.PartitionSpec())
+  n, m = 16, 128
+  f = jax.jit(lambda w, xs: jax.lax.map(lambda a: jnp.tanh(a @ w[0]) @ w[1], xs))
+  hlo = f.lower(jax.ShapeDtypeStruct((2, m, m), jnp.float32, sharding=rep),
+                jax.ShapeDtypeStruct((n, m, m), jnp.float32, sharding=rep)).compile().as_text()
+  one = 2 * (2 * m * m * m)
+  assert plan.matmul_flops(hlo) == {"once": one, "counted": n * one, "loops": [n]}
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("spec,a,b", [
+    ("bhqd,bhkd->bhqk", (8, 4, 32, 64), (8, 4, 32, 64)),     # batched: dilated windows
+    ("btd,dhk->bthk", (8, 32, 512), (512, 8, 64)),           # a padded window over heads
+    ("bthk,hkd->btd", (8, 32, 8, 64), (8, 64, 512))])
+def test_tpu_matmul_flops_of_dots_written_as_convolutions_are_xlas(spec, a, b):
+  """XLA's cost analysis counts the valid taps of a convolution; so does matmul_flops, and
+  both give the einsum's 2 x output x contracted size."""
+  if not HAS_LIBTPU:
+    pytest.skip("needs libtpu (pip install 'mha-jax[tpu]')")
+  topo = plan.topology("v5e:2x2")
+  rep = jax.sharding.NamedSharding(jax.sharding.Mesh(topo.devices[:1], ("data",)),
+                                   jax.sharding.PartitionSpec())
+  s = lambda shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=rep)
+  compiled = jax.jit(lambda x, y: jnp.einsum(spec, x, y)).lower(s(a), s(b)).compile()
+  ins, out = spec.split("->")
+  size = dict(zip(ins.split(",")[0] + ins.split(",")[1], a + b))
+  want = 2 * math.prod(size[c] for c in set(ins.replace(",", "")))
+  assert "convolution(" in compiled.as_text()
+  assert plan.matmul_flops(compiled.as_text())["once"] == want
+  cost = compiled.cost_analysis()
+  assert (cost[0] if isinstance(cost, list) else cost)["flops"] == want
