@@ -383,7 +383,7 @@ _OOM_TEMPS = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\)")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def _shard_bytes(tree) -> int:
+def shard_bytes(tree) -> int:
   """Bytes on one device of a tree of ShapeDtypeStructs (their sharding's shard shape;
   the whole array without one)."""
   def one(a):
@@ -399,8 +399,8 @@ def _out_of_memory(name, message, args, lowered, donate, topo, mesh, chosen) -> 
   from the compiler's message (None when it gives none); no FLOPs."""
   m = _OOM_TEMPS.search(message)
   temps = None if m is None else int(float(m.group(1)) * _UNITS[m.group(2)])
-  arguments, outputs = _shard_bytes(args), _shard_bytes(lowered.out_info)
-  donated = _shard_bytes([args[i] for i in donate])
+  arguments, outputs = shard_bytes(args), shard_bytes(lowered.out_info)
+  donated = shard_bytes([args[i] for i in donate])
   total = arguments + outputs - min(donated, outputs) + (temps or 0)
   return {"name": name, "mesh": dict(mesh.shape), "flops": None, "xla_flops": None,
           "loops": [], "bytes_accessed": None,
@@ -638,12 +638,12 @@ def from_config_task(cfg, task, opts: PlanOptions, where: str) -> Source:
 
 # ------------------------------------------------------------------ the programs
 
-def _placed(tree, shardings):
+def placed(tree, shardings):
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       tree, shardings)
 
 
-def _batch_on(batch: dict, mesh) -> dict:
+def batch_on(batch: dict, mesh) -> dict:
   """A batch's ShapeDtypeStructs with their rows over the mesh's data axis."""
   n = mesh.shape["data"]
   for k, v in batch.items():
@@ -671,7 +671,7 @@ def train_programs(src: Source, topo: Topology, mesh) -> list[dict]:
   shard = sharding.shardings(state, mesh)
   rep = NamedSharding(mesh, P())
   step = loop.make_train_step(src.task, opt, _step_cfg(src))
-  args = (*_placed(state, shard), _batch_on(src.batches["train"], mesh),
+  args = (*placed(state, shard), batch_on(src.batches["train"], mesh),
           jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
           jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep))
   train = compile_program("train_step", step, args, topo, mesh, donate=(0, 1),
@@ -681,8 +681,8 @@ def train_programs(src: Source, topo: Topology, mesh) -> list[dict]:
     b = {k: v for k, v in batch.items() if k != "weight"}
     return src.task.loss(params, b, example_weight=batch["weight"])[1]
   evaluate = compile_program("eval_step", eval_step,
-                             (_placed(src.params, shard[0]),
-                              _batch_on(src.batches["eval"], mesh)), topo, mesh)
+                             (placed(src.params, shard[0]),
+                              batch_on(src.batches["eval"], mesh)), topo, mesh)
   return [train, evaluate]
 
 
@@ -690,7 +690,7 @@ def forward_programs(src: Source, topo: Topology, mesh) -> list[dict]:
   """The model's forward: logits (B, T, V) of a batch."""
   shard = sharding.shardings(src.params, mesh)
   return [compile_program("forward", lambda p, b: src.task.apply(p, b),
-                          (_placed(src.params, shard), _batch_on(src.batches["forward"], mesh)),
+                          (placed(src.params, shard), batch_on(src.batches["forward"], mesh)),
                           topo, mesh)]
 
 
@@ -716,7 +716,7 @@ def _study(src: Source, mesh):
   pairs = pairs_lib.Pairs(np.zeros((n, t), np.int32), np.ones((n, t), np.int32), z, z + 1,
                           np.full(n, t, np.int32), [{}] * n)
   base = {r: {"ld": np.zeros(n), "logp": np.zeros(n)} for r in ("clean", "corrupt")}
-  params = _placed(src.params, sharding.shardings(src.params, mesh))
+  params = placed(src.params, sharding.shardings(src.params, mesh))
   return activation_patching.Study(src.task, params, pairs, baseline=base)
 
 
@@ -759,7 +759,7 @@ def taxonomy_programs(src: Source, topo: Topology, mesh) -> list[dict]:
   from mha_jax.roles import head_taxonomy as taxonomy
   tokens = src.batches["forward"]["tokens"]
   with jax.default_device(jax.devices("cpu")[0]):
-    params = _placed(src.params, sharding.shardings(src.params, mesh))
+    params = placed(src.params, sharding.shardings(src.params, mesh))
     progs = taxonomy.plan_programs(types.SimpleNamespace(task=src.task, params=params),
                                    tokens.shape[0], tokens.shape[1] - 1, 2 << 30)
   return [dict(compile_program(name, fn, _shapes(args, mesh), topo, mesh), rows_per_batch=r)
@@ -776,7 +776,7 @@ def _mesh_shape(opts: PlanOptions, src: Source) -> tuple[int, int]:
   return 0, 1
 
 
-def _versions() -> dict:
+def versions() -> dict:
   from importlib import metadata
   try:
     libtpu = metadata.version("libtpu")
@@ -818,7 +818,7 @@ def make_plan(opts: PlanOptions, *, config: str | None = None, overrides=(),
                      "bytes": int(sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves))},
           "programs": programs, "fits": all(p["fits"] for p in programs),
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          **_versions()}
+          **versions()}
   plan["source"] = src.where
   plan["machine"] = machine.machine()     # the machine that compiled the plan
   if topo.chip is not None:

@@ -95,14 +95,14 @@ def peer_model(loaded, tokenizer_file: str):
 def no_bos(eap_modules):
   """The library's tokenize_plus with prepend_bos=False, put in every module that
   imported it."""
-  import eap.utils as u
+  import eap.utils as eap_utils
   from transformer_lens.utils import get_attention_mask
 
   def tokenize_plus(model, inputs, max_length=None):
     tokens = model.to_tokens(inputs, prepend_bos=False, padding_side="right")
     mask = get_attention_mask(model.tokenizer, tokens, False)
     return tokens, mask, mask.sum(1), mask.size(1)
-  for m in [u, *eap_modules]:
+  for m in [eap_utils, *eap_modules]:
     if hasattr(m, "tokenize_plus"):
       m.tokenize_plus = tokenize_plus
   return tokenize_plus

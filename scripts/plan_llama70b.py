@@ -43,8 +43,8 @@ def lowered(name: str) -> dict:
   from mha_jax.train import sharding
   src = _source(name, "data=1,model=4")
   mesh = sharding.make_mesh(1, 4, devices=plan.topology("v5p:2x2x1").devices)
-  args = (plan._placed(src.params, sharding.shardings(src.params, mesh)),
-          plan._batch_on(src.batches["forward"], mesh))
+  args = (plan.placed(src.params, sharding.shardings(src.params, mesh)),
+          plan.batch_on(src.batches["forward"], mesh))
   t0, c0 = time.time(), time.process_time()
   with dispatch.compile_target(mesh):
     text = jax.jit(lambda p, b: src.task.apply(p, b)).lower(*args).as_text()
@@ -64,7 +64,7 @@ def state_bytes(name: str) -> list[dict]:
     n = len(topo.devices)
     model = max(m for m in range(1, n + 1) if n % m == 0 and src.heads % m == 0)
     mesh = sharding.make_mesh(n // model, model, devices=topo.devices)
-    params = plan._shard_bytes(plan._placed(src.params, sharding.shardings(src.params, mesh)))
+    params = plan.shard_bytes(plan.placed(src.params, sharding.shardings(src.params, mesh)))
     rows.append({"topology": topo_name, "devices": n, "mesh": dict(mesh.shape),
                  "params": params, "train_state": 4 * params, "hbm": topo.hbm,
                  "state_fits": 4 * params <= topo.hbm})
@@ -74,9 +74,9 @@ def state_bytes(name: str) -> list[dict]:
 def main() -> None:
   import jax
   from mha_jax import machine
-  from mha_jax.plan import _versions
+  from mha_jax.plan import versions
   out = {"lowered": [lowered(m) for m in ("llama-3.1-8b", "llama-3.1-70b")],
-         "train_state_70b": state_bytes("llama-3.1-70b"), **_versions(),
+         "train_state_70b": state_bytes("llama-3.1-70b"), **versions(),
          "machine": machine.machine()}
   jax.config.update("jax_default_matmul_precision", None)
   with open(RESULT, "w") as f:
