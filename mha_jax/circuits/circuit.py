@@ -153,13 +153,12 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
       opts.ablation
   target, n_pairs, seed, steps, ig_on = opts.target, opts.n_pairs, opts.seed, opts.steps, \
       opts.ig_on
-  keep_failing, sample = opts.keep_failing, opts.sample
   t0 = time.perf_counter()
   graph = "mib" if opts.evaluate else opts.graph     # the library's graph is MIB's
   budget, budget_from = memory.budget(opts.memory_budget,
                                       memory.params_bytes(loaded.params, opts.dtype))
-  s, metric, spec, failing = prepare(loaded, behaviour, pairs_file, n_pairs, seed, keep_failing, log,
-                                     graph, budget, opts.dtype)
+  s, metric, spec, failing = prepare(loaded, behaviour, pairs_file, n_pairs, seed,
+                                     opts.keep_failing, log, graph, budget, opts.dtype)
   es = edges_lib.EdgeStudy(s, metric=metric, ablation=ablation)
   if opts.export:
     mib_graph.edge_names(es.graph, es.edges[:0])      # refused before the work
@@ -175,7 +174,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
     return v
 
   estimates, candidates = _scores(es, opts, timed, log)
-  agreement = timed("agreement", lambda: es.agreements(estimates, sample=sample, seed=seed))
+  agreement = timed("agreement", lambda: es.agreements(estimates, sample=opts.sample, seed=seed))
   drawn = timed("curves", lambda: search.curves(es, candidates, with_mib=True))
   tried = {name: _circuit_at(candidates[name], drawn[name], target) for name in candidates}
   chosen = max(tried, key=lambda n: (tried[n]["cpr"], -tried[n]["cmd"]))

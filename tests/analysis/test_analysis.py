@@ -74,6 +74,7 @@ def test_zero_ablation_of_all_heads_equals_physically_removing_them(loaded):
     assert abs(zeroed[k] - removed[k]) < 1e-4, k
 
 
+@pytest.mark.slow
 def test_mean_ablation_replaces_the_output_by_its_mean(loaded):
   means = importance.mean_head_outputs(loaded, "valid")
   heads = [("decoder_cross", 0, 1)]

@@ -162,6 +162,7 @@ def test_natural_text_model_grows_a_previous_token_head_then_an_induction_head(t
   assert prev > 0.5 and prefix > 0.2, (prev, prefix)
 
 
+@pytest.mark.slow
 def test_circuits_runs_on_a_text_model_with_layernorm(tmp_path):
   wd = str(tmp_path / "text")
   cfg = tiny("configs/lm.py:attn_only,layers=2", [

@@ -120,6 +120,7 @@ def test_the_shapes_are_the_study_s(tiny):
   assert dataclasses.asdict(sh.model)["t"] == big.s.t
 
 
+@pytest.mark.slow
 def test_the_circuit_command_takes_a_budget(tiny_attn_lm, tmp_path, capsys):
   import json
   from mha_jax import cli

@@ -36,6 +36,7 @@ def sweep(tiny_attn_lm, tmp_path_factory):
   return d, heads
 
 
+@pytest.mark.slow
 def test_compare_runs_tables_the_studies_values(sweep, tmp_path):
   from mha_jax.roles import behaviour
   from mha_jax.circuits import induction_circuits as circuits

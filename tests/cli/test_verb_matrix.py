@@ -131,14 +131,14 @@ def _out(name):
 
 VERBS = {
     "eval": V(lambda wd, o, k: ["eval", "--workdir", wd], KINDS, "",
-              fast=("attn_only", "pruned")),
+              fast=("attn_only",)),
     "analyze": V(lambda wd, o, k: _out("analyze")(wd, o, k) + [
         "--no-ablations", "--bleu-limit", "2", "--role-limit", "4", "--importance-limit", "4"]
         + (["--roles", "attention_sink"] if k in ("llama", "gemma3") else []),
         KINDS, "", fast=("attn_only",),
         files=("heads.json", "explorer.html"), seeds_files=("stability.json",)),
     "ablate": V(lambda wd, o, k: _out("ablate")(wd, o, k) + ["--heads", HEAD[k]],
-                KINDS[:-1], "one run", fast=("attn_only", "llama")),
+                KINDS[:-1], "one run", fast=("attn_only",)),
     "prune": V(lambda wd, o, k: _out("prune")(wd, o, k) + [
         "--method", "random", "--keep", "1", "--bleu-limit", "2", *STACKS[k]],
         KINDS[:-1], "one run", fast=("attn_only",), files=("pruning.json",)),

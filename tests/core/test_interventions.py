@@ -167,6 +167,7 @@ def test_final_norm_scale_site_and_logits_at(tiny):
   np.testing.assert_allclose(some[:, 0], np.asarray(full)[np.arange(3), at], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_other_models_have_sites():
   key = jax.random.PRNGKey(1)
   tokens = jnp.asarray(np.random.default_rng(1).integers(1, 20, (2, 5)), jnp.int32)

@@ -49,6 +49,7 @@ def test_alibi_matches_the_dense_bias_oracle(impl):
   assert rel_err(without, want) > 1e-2        # the bias matters at this length
 
 
+@pytest.mark.slow
 def test_alibi_gradients_blocked_equal_reference():
   rng = np.random.default_rng(1)
   p = _params(rng)

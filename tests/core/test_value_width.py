@@ -45,6 +45,7 @@ def test_kernels_that_need_equal_widths_are_refused_by_name():
     attention.multi_head_attention({**p, "wo": p["wo"][:, :K]}, x)
 
 
+@pytest.mark.slow
 def test_gradients_equal_the_oracle_s_central_differences():
   """d sum(out * ct) / d x and / d wv (a few entries) of the float32 function (reference
   and blocked) against central differences of the float64 oracle."""
@@ -174,6 +175,7 @@ def test_mla_equals_deepseek_s_attention_in_float64(low_rank_q):
     assert rel_err(got, want) < 1e-5, impl
 
 
+@pytest.mark.slow
 def test_mla_gradients_and_kv_cache():
   rng = np.random.default_rng(5)
   w, p = _mla_weights(rng)

@@ -216,6 +216,7 @@ def test_generation_compiles_prompt_and_step_once():
   assert (llama.prefill_jit._cache_size(), llama.step_jit._cache_size()) == after
 
 
+@pytest.mark.slow
 def test_resuming_at_a_layer_from_the_stream_equals_the_whole_forward():
   """decoder.apply(start=, stream=): layers before start skipped (a cond per layer),
   the result the whole forward's, with edits from start on and with a prefix cache."""

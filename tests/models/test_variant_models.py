@@ -34,6 +34,7 @@ def test_lm_trains_a_step_with_every_variant(variant):
     assert float(jnp.abs(g["lm"]["layer_0"]["attn"][n]).sum()) > 0, n
 
 
+@pytest.mark.slow
 def test_seq2seq_uses_the_variant_in_every_attention_and_lambda_init_by_layer():
   p = seq2seq.init(jax.random.PRNGKey(0), vocab_size=13, d_model=16, num_heads=2,
                    enc_layers=2, dec_layers=1, d_ff=16, variant="differential")

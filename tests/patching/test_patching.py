@@ -149,6 +149,7 @@ class CachedLlamaTask(LlamaTask):
     return llama.apply(params, SPEC, tokens_BT, cache=cache, last_only=True)[1]
 
 
+@pytest.mark.slow
 def test_a_shared_prefix_computed_once_changes_no_result(setup):
   _, params, pairs = setup
   corrupt = pairs.clean.copy()

@@ -208,6 +208,7 @@ def test_hf_config_param_shapes_are_the_importers(tmp_path):
     assert got == want, case
 
 
+@pytest.mark.slow
 def test_the_verb_on_4_host_devices_with_a_model_axis(tmp_path):
   """cpu:4 in a fresh process (plan asks JAX for the 4 devices), heads over model=2."""
   out = tmp_path / "p"

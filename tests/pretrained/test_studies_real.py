@@ -66,6 +66,7 @@ def test_real_lm_roles_score_every_head(smol, smol_rows):
   assert rep["loss_repeat"] < rep["loss_first"] - 1.0
 
 
+@pytest.mark.slow
 def test_top_induction_head_costs_more_repeat_loss_than_random_heads_of_its_layer(
     smol, smol_rows):
   top = max(smol_rows, key=lambda r: r["induction"])
@@ -150,6 +151,7 @@ def test_prune_and_export_an_imported_lm(smol, tmp_path):
   assert not np.allclose(np.asarray(la["lm"][0]), 2.0)
 
 
+@pytest.mark.slow
 def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
   rows = head_roles.embedding_roles(minilm, "test")
   assert len(rows) == 72
@@ -171,6 +173,7 @@ def test_bert_roles_importance_and_cosine_pruning(minilm, tmp_path):
   assert 0.0 < info["after"]["cosine_to_full"] < 0.999
 
 
+@pytest.mark.slow
 def test_explorer_model_and_head_view_in_a_real_browser(smol, smol_rows, tmp_path):
   from browser import open_page
   path = str(tmp_path / "explorer.html")
@@ -311,6 +314,7 @@ def _shapes_in(jaxpr) -> set:
   return out
 
 
+@pytest.mark.slow
 def test_frozen_gate_step_forms_no_weight_gradient_and_cosine_loss_needs_a_cut(minilm):
   # the cosine-distance loss: 0 with every head, > 0 once heads are gone
   minilm.task.set_reference(minilm.params)

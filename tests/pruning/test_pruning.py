@@ -91,6 +91,7 @@ def test_baselines_reach_exact_counts(loaded):
   assert methods.schedule(48) == [48, 43, 38, 33, 28, 23, 18, 13, 8, 3, 0]
 
 
+@pytest.mark.slow
 def test_prune_export_and_reuse_with_an_empty_layer(loaded, tmp_path):
   out, exp = str(tmp_path / "pruned"), str(tmp_path / "exported")
   # Keep 3 encoder heads chosen at random with a seed that empties layer 1? Force it:
@@ -174,6 +175,7 @@ def test_prune_cli_and_bad_input(loaded, tmp_path, capsys):
       capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_pruning_curve_joins_roles_and_writes_outputs(loaded, tmp_path):
   from mha_jax.pruning import prune_curve
   out = str(tmp_path / "curve")

@@ -77,6 +77,7 @@ def test_lm_scores_on_planted_patterns_through_the_attention_function():
   assert role_scores.lm_scores(dup, tokens)["duplicate_token"][0] == 1.0
 
 
+@pytest.mark.slow
 def test_planted_model_through_the_report_pipeline(tmp_path_factory):
   """A real encoder whose layer-0 heads are set by hand, analysed from its workdir by
   `head_roles.translation_roles` (capture -> detectors), like any checkpoint:

@@ -47,6 +47,7 @@ def test_the_plan_is_each_check_s_rows_within_the_budget(run_inputs):
       assert r == rows or (r + 1) * one > budget, name
 
 
+@pytest.mark.slow
 def test_the_checks_are_the_same_at_any_batching(run_inputs):
   run, inputs = run_inputs
   settings = taxonomy.ClassifyOptions()

@@ -134,6 +134,7 @@ def _truncate_params(wd, step):
     open(f, "r+b").truncate(100)
 
 
+@pytest.mark.slow
 def test_the_checkpoint_fallback_prints_its_warnings_and_no_asyncio_tracebacks(ind_run,
                                                                               tmp_path):
   wd = copy_run(ind_run, tmp_path)

@@ -92,6 +92,7 @@ def test_three_seeds_write_ordinary_workdirs(three):
     mha_jax.load(wd)
 
 
+@pytest.mark.slow
 def test_seed_of_the_vmapped_run_equals_a_plain_run_of_its_config(three, tmp_path):
   # seed 2: another init key and another data order than the config's own (seed 0)
   wd, _ = three
@@ -114,6 +115,7 @@ def test_seeds_have_their_own_data_order(three):
   assert np.array_equal(base, batches[0])     # seed 0 keeps data.seed=0's order
 
 
+@pytest.mark.slow
 def test_resumed_multi_seed_run_matches_an_uninterrupted_one(three, tmp_path):
   # A copy of the 4-step run interrupted after its step-2 save: step 4 set aside.
   wd, _ = three

@@ -95,6 +95,7 @@ def _run_meshes(tmp_path, meshes):
   return res
 
 
+@pytest.mark.slow
 def test_heads_split_four_ways_give_the_one_device_loss_curve(tmp_path):
   _run_meshes(tmp_path, [(1, 1), (2, 4)])
 

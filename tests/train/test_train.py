@@ -63,6 +63,7 @@ def test_loss_falls_when_training(tmp_path):
   assert train[-1] < train[0] - 1.0
 
 
+@pytest.mark.slow
 def test_wsd_schedule_is_the_constant_one_until_its_linear_decay_to_zero():
   import ml_collections
   from mha_jax import config as mc
@@ -137,6 +138,7 @@ def _params_at(wd, step):
   return ckpt_lib.Checkpoints(wd, read_only=True).restore_params(step)[0]
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path):
   args = ["train", "--config", "configs/induction.py", *TINY_INDUCTION,
           "--config.train.steps=120", "--config.train.checkpoint_every=20",
@@ -164,6 +166,7 @@ def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path):
   assert ckpt_lib.tree_equal(_params_at(ref, 120), _params_at(wd, 120))
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_cleanly(tmp_path):
   wd = str(tmp_path / "run")
   p = subprocess.Popen([sys.executable, "-m", "mha_jax.cli", "train", "--config",
