@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from mha_jax import attention
 from mha_jax.roles import role_scores
