@@ -353,6 +353,7 @@ def smollm2_study_plans():
 
 
 @pytest.mark.tpu
+@pytest.mark.slow     # 30 layers compiled for v5e: CPU-minutes; the TPU CI step runs the rest
 @pytest.mark.xdist_group("v5e_smollm2_studies")
 @pytest.mark.parametrize("job,names", [("patch", ["patch_sweep"]),
                                        ("circuit", ["eap", "eap_ig"])])
