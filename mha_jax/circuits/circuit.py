@@ -92,14 +92,9 @@ class CircuitOptions:
                              "whose assigned roles colour the circuit view's heads")
   keep_failing: bool = setting(False, help="keep pairs whose clean prompt the model gets "
                                "wrong")
-  memory_budget: str | None = setting(None, metavar="BYTES",
-                                      help="bytes EAP's and EAP-IG's gradient programs may "
-                                           "hold, e.g. 4GB: the ends per gradient chunk are "
-                                           "chosen from it before compiling (default: half "
-                                           "the device's free memory)")
-  dtype: str | None = setting(None, choices=memory.DTYPES,
-                              help="the params' dtype for the study (default: as stored); "
-                                   "softmax, norms, logits and metrics stay float32")
+  memory_budget: str | None = memory.budget_setting(
+      "EAP's and EAP-IG's gradient programs", "the ends per gradient chunk are")
+  dtype: str | None = memory.dtype_setting()
   n_pairs: int = setting(8, lo=1, help="built-in behaviours: pairs drawn")
   seed: int = setting(0, lo=0, help="the random seed (default: 0)")
   threshold: float = setting(0.01, lo=0, hi=1, lo_open=True, hi_open=True,

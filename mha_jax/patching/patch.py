@@ -114,15 +114,9 @@ class PatchOptions:
                                           "(direct logit attribution), the logit lens "
                                           "(in patching.json), explorer.html (default: "
                                           "none, only the methods' tables and heatmaps)")
-  memory_budget: str | None = setting(None, metavar="BYTES",
-                                      help="bytes a sweep's program may hold, e.g. 4GB or "
-                                           "512MiB: the chunk sizes (interventions per "
-                                           "group, pairs per batch) are chosen from it "
-                                           "before compiling (default: half the device's "
-                                           "free memory)")
-  dtype: str | None = setting(None, choices=memory.DTYPES,
-                              help="the params' dtype for the study (default: as stored); "
-                                   "softmax, norms, logits and metrics stay float32")
+  memory_budget: str | None = memory.budget_setting(
+      "a sweep's program", "the chunk sizes (interventions per group, pairs per batch) are")
+  dtype: str | None = memory.dtype_setting()
 
 
 def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -> dict:

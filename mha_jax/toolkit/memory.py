@@ -27,6 +27,7 @@ import re
 
 from mha_jax.errors import UserError
 from mha_jax.kernels import dispatch
+from mha_jax.settings import setting
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -255,6 +256,20 @@ def dtype_bytes(params) -> int:
 
 
 DTYPES = ("float32", "bfloat16")
+
+
+def budget_setting(holds: str, chosen: str):
+  """A study's `memory_budget` setting: the bytes `holds` may hold; `chosen` is what is
+  chosen from it before compiling."""
+  return setting(None, metavar="BYTES", help=f"bytes {holds} may hold, e.g. 4GB or 512MiB: "
+                 f"{chosen} chosen from it before compiling (default: half the device's "
+                 "free memory)")
+
+
+def dtype_setting():
+  """A study's `dtype` setting: the params' dtype for the study."""
+  return setting(None, choices=DTYPES, help="the params' dtype for the study (default: as "
+                 "stored); softmax, norms, logits and metrics stay float32")
 
 
 def params_bytes(params, dtype: str | None = None) -> int:
