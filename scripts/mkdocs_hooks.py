@@ -10,14 +10,25 @@ build outputs.
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
+import sys
 
 import jupytext
 
-from mha_jax.harness import module_at
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-docs_results = module_at("docs_results", str(ROOT / "scripts"))
+
+
+def _module(path: pathlib.Path):
+  """The module of a file (mkdocs runs this hook in its own process: the checkout's
+  mha_jax need not be installed, as mkdocstrings' `paths: [.]` reads it from the tree)."""
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+docs_results = _module(ROOT / "scripts" / "docs_results.py")
 
 
 def write_tutorials(docs):
@@ -51,7 +62,9 @@ def write_index(docs):
 
 
 def write_patching_pages(docs):
-  """docs/results/patching/*/explorer.html from their JSON (patching.patch_patch_explorer.write)."""
+  """docs/results/patching/*/explorer.html from their JSON (patching.patch_explorer.write)."""
+  if sys.path[:1] != [str(ROOT)]:    # this checkout's mha_jax, installed or not
+    sys.path.insert(0, str(ROOT))
   from mha_jax.patching import patch_explorer
   return [patch_explorer.write(str(d)) for d in sorted((docs / "results" / "patching").glob("*/"))
           if (d / "patching.json").exists() or (d / "dla.json").exists()]
