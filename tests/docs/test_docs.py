@@ -104,3 +104,22 @@ def test_every_test_file_the_docs_name_exists():
   named = {m for p in pages for m in re.findall(r"tests/[\w/]+\.py", p.read_text())}
   assert "tests/conftest.py" in named and "tests/docs/test_docs.py" in named
   assert sorted(n for n in named if not (ROOT / n).exists()) == []
+
+
+def test_every_relative_link_in_the_docs_resolves():
+  """A page's relative link names a file of the tree or a page made before the build (what
+  `mkdocs build --strict` refuses, caught here in seconds)."""
+  docs = ROOT / "docs"
+  made = ({docs / "index.md"} | {docs / "results" / f"{p}.md" for p in docs_results.PAGES}
+          | {docs / "tutorials" / f"{p.stem}.md" for p in (docs / "tutorials").glob("*.py")})
+  broken = []
+  for page in docs.rglob("*.md"):
+    if page in made:
+      continue
+    for target in re.findall(r"\]\(([^)\s#]+\.md)(?:#[^)]*)?\)", page.read_text()):
+      if "://" in target:
+        continue
+      path = (page.parent / target).resolve()
+      if not path.exists() and path not in made:
+        broken.append(f"{page.relative_to(ROOT)} -> {target}")
+  assert broken == []
