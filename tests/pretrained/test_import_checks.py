@@ -51,6 +51,9 @@ def test_a_full_disk_during_import_is_one_line_and_leaves_nothing(tiny_llama, tm
   real = ocp.CheckpointManager.save
 
   def fill_up(self, step, *a, **k):
+    # as the real save does first: wait for orbax's start-up sweep of old tmp folders
+    # (a thread that would otherwise race the half-written folder made here)
+    getattr(self, "_maybe_await_cleanup_tmp_directory", lambda: None)()
     os.makedirs(os.path.join(str(self.directory), f"{step}.orbax-checkpoint-tmp-7", "params"))
     raise ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device")
   monkeypatch.setattr(ocp.CheckpointManager, "save", fill_up)
