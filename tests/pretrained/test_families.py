@@ -121,20 +121,36 @@ def test_alibi_on_every_kernel_and_with_left_padding_matches_transformers(import
   assert rel_err(got[mask], want[mask]) < RTOL
 
 
-def test_kv_cache_decoding_across_the_window_matches_transformers(imported):
-  """Greedy decoding with the KV cache past the sliding window (Gemma 3: MQA, QK-norm,
-  local/global RoPE) gives transformers' tokens and the full recomputation's logits."""
+@pytest.mark.parametrize("case", ["gemma3", "deepseek_v3"])
+def test_kv_cache_decoding_matches_transformers_generate_and_the_uncached_forward(
+    imported, case):
+  """Greedy decoding with the KV cache gives transformers' generate tokens and logits
+  and the logits of the uncached forward over the same tokens. gemma3: past the sliding
+  window (MQA, QK-norm, local/global RoPE); deepseek_v3: MLA, whose cache holds each
+  head's decompressed key (B, S, H, R + Kn) and value (B, S, H, V), with MoE layers."""
   from mha_jax.models import decoder
-  model, loaded, _ = imported("gemma3")
+  model, loaded, _ = imported(case)
+  spec = loaded.task.spec
   prompt = TOKENS[:1, :6]
-  new, logits = decoder.generate(loaded.params, loaded.task.spec, prompt, 12, return_logits=True)
+  new, logits = decoder.generate(loaded.params, spec, prompt, 12, return_logits=True)
+  model.generation_config.eos_token_id = None    # no stop, no eos suppression
   with torch.no_grad():
-    want = model.generate(torch.as_tensor(prompt, dtype=torch.long), max_new_tokens=12,
-                          do_sample=False, min_new_tokens=12)[0, 6:].numpy()
-  np.testing.assert_array_equal(new[0], want)
+    out = model.generate(torch.as_tensor(prompt, dtype=torch.long), max_new_tokens=12,
+                         do_sample=False, return_dict_in_generate=True, output_logits=True)
+  np.testing.assert_array_equal(new[0], out.sequences[0, 6:].numpy())
   full = np.concatenate([prompt, new], 1)
-  ref = hf_logits(model, full)[0, 5:-1]
-  assert rel_err(logits[0], ref) < RTOL
+  errs = {"generate": rel_err(logits[0], torch.stack(out.logits, 1)[0].double().numpy()),
+          "uncached": rel_err(logits[0], np.asarray(decoder.apply(
+              loaded.params, spec, full))[0, 5:-1]),
+          "forward": rel_err(logits[0], hf_logits(model, full)[0, 5:-1])}
+  if case == "deepseek_v3":
+    cache = decoder.init_cache(loaded.params, 1, 18)
+    attn = loaded.params["lm"]["layer_0"]["attn"]
+    h, k, v = attn["wq"].shape[1], attn["wq"].shape[2], attn["wv"].shape[2]
+    assert k != v and cache["layer_0"]["k"].shape == (1, 18, h, k)
+    assert cache["layer_0"]["v"].shape == (1, 18, h, v)
+  print(f"\n{case}: max relative logit error of cached decoding {errs}")
+  assert max(errs.values()) < RTOL, errs
 
 
 @pytest.mark.parametrize("case", ["dynamic_rope", pytest.param("phi3_longrope",
