@@ -203,7 +203,26 @@ _GGUF_LAYER = {
                       ("ffn_down.weight", "lin", "mlp.w_down", False)),
     "gpt2": _LN_BIASED,
     "gptneox": _LN_BIASED,
+    # DeepSeek-V2/V3 (MLA): the row's condition (a string) is a setting of the layer
+    # (adapters.build_params: dense / moe / moe_shared; low_rank_q / full_q by the file);
+    # attn_kv_b is rebuilt from the converter's attn_k_b / attn_v_b (_mla_kv_b)
+    "deepseek2": _NORMS + (
+        ("attn_q.weight", "mla_q", "attn.wq", "full_q"),
+        ("attn_q_a.weight", "lin", "attn.wq_a", "low_rank_q"),
+        ("attn_q_a_norm.weight", "vec", "attn.q_a_norm", "low_rank_q"),
+        ("attn_q_b.weight", "mla_q", "attn.wq", "low_rank_q"),
+        ("attn_kv_a_mqa.weight", "mla_kv_a", "attn", False),
+        ("attn_kv_a_norm.weight", "vec", "attn.kv_a_norm", False),
+        ("attn_kv_b.weight", "mla_kv_b", "attn", False),
+        ("attn_output.weight", "mla_o", "attn.wo", False))
+    + tuple((n, k, t, "dense") for n, k, t, _ in _MLP)
+    + tuple((n, k, t, "moe") for n, k, t, _ in _EXPERTS) + (
+        ("ffn_gate_shexp.weight", "lin", "mlp.shared.w_gate", "moe_shared"),
+        ("ffn_up_shexp.weight", "lin", "mlp.shared.w_up", "moe_shared"),
+        ("ffn_down_shexp.weight", "lin", "mlp.shared.w_down", "moe_shared")),
 }
+# DeepSeek-V3's expert-selection bias, on the sparse layers of the files that have it
+_EXP_PROBS_B = ("exp_probs_b.bias", "vec", "mlp.router_correction", "moe")
 # llama.cpp's architecture (or "mixtral": llama with experts) -> the Hugging Face family
 # it maps onto (adapters.FAMILIES)
 _FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
@@ -211,12 +230,10 @@ _FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemm
            "gptneox": "gpt_neox", "mixtral": "mixtral", "qwen3moe": "qwen3_moe",
            "olmoe": "olmoe", "stablelm": "stablelm", "phi2": "phi", "gptj": "gptj",
            "bloom": "bloom", "falcon": "falcon", "command-r": "cohere",
-           "granite": "granite", "smollm3": "smollm3"}
+           "granite": "granite", "smollm3": "smollm3", "deepseek2": "deepseek_v2"}
 SUPPORTED_ARCH = tuple(a for a in _GGUF_LAYER if a != "mixtral")
 # Architectures llama.cpp has whose files are refused, and why (named in the refusal).
 REFUSED_ARCH = {
-    "deepseek2": "DeepSeek-V2/V3's GGUF layout (attn_kv_b split into attn_k_b / attn_v_b, "
-                 "the expert gating and group keys) is not implemented; import the HF folder",
     "gpt-oss": "gpt-oss's GGUF (MXFP4 experts, its SwiGLU limit fixed by llama.cpp, YaRN "
                "keys) is not implemented; import the HF folder",
     "qwen2moe": "Qwen2-MoE (a gated shared expert) is not a family here",
@@ -262,6 +279,12 @@ _GGUF_KEYS = {
     "phi3": _SIZES + _ROPE + _RMS + _WINDOW + ("rope.scaling.attn_factor",),
     "gpt2": _SIZES + ("attention.layer_norm_epsilon",),
     "gptneox": _SIZES + _ROPE + ("attention.layer_norm_epsilon", "use_parallel_residual"),
+    "deepseek2": _SIZES + _ROPE + _RMS + _EXPERT_KEYS + (
+        "leading_dense_block_count", "attention.q_lora_rank", "attention.kv_lora_rank",
+        "attention.key_length_mla", "attention.value_length_mla",
+        "expert_feed_forward_length", "expert_shared_count", "expert_weights_scale",
+        "expert_weights_norm", "expert_gating_func", "expert_group_count",
+        "expert_group_used_count"),
 }
 # llama.cpp's Gemma 2 / 3 27B (46 / 62 layers) scale queries by 1 / sqrt(D / H), the other
 # sizes by 1 / sqrt(K) (llama-model.cpp, load_hparams): the files carry no scale key.
@@ -388,10 +411,14 @@ def _sizes(f: _File) -> dict:
   d = size("embedding_length")
   h = size("attention.head_count")
   h_kv = size("attention.head_count_kv", h)
-  k = size("attention.key_length", max(d // h, 1))
-  if size("attention.value_length", k) != k:
-    refuse("attention.value_length", meta("attention.value_length"),
-           f"differs from the key length {k}")
+  mla = _mla_sizes(f, h) if arch == "deepseek2" else None
+  if mla is not None:     # one decompressed key and value per head
+    k, h_kv = mla["r"] + mla["kn"], h
+  else:
+    k = size("attention.key_length", max(d // h, 1))
+    if size("attention.value_length", k) != k:
+      refuse("attention.value_length", meta("attention.value_length"),
+             f"differs from the key length {k}")
   if h_kv < 1 or h % h_kv:
     refuse("attention.head_count_kv", h_kv, f"must divide attention.head_count={h}")
   if arch in _FUSED_QKV_ARCH:
@@ -402,6 +429,8 @@ def _sizes(f: _File) -> dict:
       refuse("attention.key_length", k, f"with {h} heads of embedding_length {d}")
   s = dict(d=d, h=h, g=h_kv, k=k, n=size("block_count"), f=size("feed_forward_length"),
            max_len=size("context_length", 2048), tied="output.weight" not in f.by_name)
+  if mla is not None:
+    s["mla"] = mla
   if arch in _LAYER_NORM_ARCH:
     s["eps"] = f.number("attention.layer_norm_epsilon")
   else:
@@ -418,10 +447,72 @@ def _sizes(f: _File) -> dict:
   return s
 
 
+def _mla_sizes(f: _File, h: int) -> dict:
+  """DeepSeek-V2/V3's MLA widths (adapters' s["mla"]) from a deepseek2 file as the
+  converter writes it for the absorbed form: key_length C + R and value_length C (the
+  cached latent, one "kv head"), key_length_mla R + Kn and value_length_mla V (a head's
+  decompressed key and value), kv_lora_rank C, rope.dimension_count R, q_lora_rank Cq
+  when the queries are low-rank (attn_q_a)."""
+  c, r = f.size("attention.kv_lora_rank"), f.size("rope.dimension_count")
+  if f.meta("attention.key_length_mla", None, required=False) is None:
+    f.refuse("attention.key_length_mla", None, "is missing: the older converters' layout "
+             "(attn_kv_b whole, MHA key lengths) is not implemented; convert again with a "
+             "current convert_hf_to_gguf.py")
+  k, v = f.size("attention.key_length_mla"), f.size("attention.value_length_mla")
+  for key, want in (("attention.key_length", c + r), ("attention.value_length", c),
+                    ("attention.head_count_kv", 1)):
+    if f.size(key, want) != want:
+      f.refuse(key, f.meta(key), f"(MLA's cached latent: kv_lora_rank {c} + rope "
+               f"{r}, value {c}, one kv head) must be {want}")
+  if k <= r:
+    f.refuse("attention.key_length_mla", k, f"must exceed rope.dimension_count={r}")
+  low_rank = "blk.0.attn_q_a.weight" in f.by_name
+  return dict(c=c, r=r, kn=k - r, v=v, cq=f.size("attention.q_lora_rank") if low_rank
+              else None)
+
+
+def _deepseek2_settings(f: _File, s: dict) -> None:
+  """llama.cpp's deepseek2 graph as settings: MLA (interleaved RoPE on R features, scores
+  scaled by 1 / sqrt(R + Kn)), leading dense layers, then MoE layers with shared
+  experts; routing by expert_gating_func (softmax, the default, or sigmoid), the top-k
+  within expert_group_used_count of expert_group_count groups ranked by their two best
+  scores (+ exp_probs_b), weights renormalised with expert_weights_norm, times
+  expert_weights_scale."""
+  mla, e, top = s["mla"], f.size("expert_count"), f.size("expert_used_count")
+  if top > e:
+    f.refuse("expert_used_count", top, f"is more than expert_count={e}")
+  if np.float32(s["eps"]) != np.float32(1e-6):   # llama.cpp: the file's eps for them too
+    f.refuse("attention.layer_norm_rms_epsilon", s["eps"], "is not 1e-6: llama.cpp "
+             "normalises MLA's latents with it, transformers' DeepSeek (and this import) "
+             "with 1e-6")
+  gating, norm = f.meta("expert_gating_func", 1, required=False), bool(
+      f.meta("expert_weights_norm", False, required=False))
+  if gating not in (1, 2):
+    f.refuse("expert_gating_func", gating, "(implemented: 1 softmax, 2 sigmoid)")
+  groups, used = f.size("expert_group_count", 1), f.size("expert_group_used_count", 1)
+  if groups > 1 and gating == 1:
+    f.refuse("expert_group_count", groups, "with softmax gating: llama.cpp ranks the "
+             "groups by their two best scores, DeepSeek-V2 by the best one")
+  if groups > 1 and (e % groups or e // groups < 2 or not 1 <= used <= groups
+                     or top > used * (e // groups)):
+    f.refuse("expert_group_count", groups, f"must split the {e} experts into groups of 2 "
+             f"or more, with expert_group_used_count={used} groups holding the top {top}")
+  scale = f.number("expert_weights_scale", 1.0)
+  moe_f, shared = f.size("expert_feed_forward_length"), f.size("expert_shared_count", 0, lo=0)
+  s.update(experts=e, top_k=top, moe_f=moe_f, moe_groups=[groups, used] if groups > 1 else None,
+           routing=("sigmoid" if gating == 2 else "softmax") + ("_renorm" if norm else ""),
+           moe_layers=list(range(f.size("leading_dense_block_count", 0, lo=0), s["n"])),
+           moe_scale=None if scale in (0.0, 1.0) else scale, shared_f=moe_f * shared,
+           shared=shared > 0, rope_layout="interleaved", scale=s["k"] ** -0.5,
+           low_rank_q=mla["cq"] is not None, full_q=mla["cq"] is None)
+
+
 def _arch_settings(f: _File, s: dict) -> None:
   """The settings of the newer architectures: experts, multipliers, ALiBi, NoPE layers."""
   arch, kind = f.arch, f.kind
-  if kind in _MOE_ARCH:
+  if arch == "deepseek2":
+    _deepseek2_settings(f, s)
+  elif kind in _MOE_ARCH:
     e, top = f.size("expert_count"), f.size("expert_used_count")
     if top > e:
       f.refuse("expert_used_count", top, f"is more than expert_count={e}")
@@ -530,12 +621,44 @@ def _params(f: _File, s: dict, fam, dtype: str, place):
     return w
 
   names = [n for n in by_name if n not in _ROPE_FACTOR_TENSORS]
+  if arch == "deepseek2":
+    names, get = _mla_kv_b(f, s, names, get)
   t = adapters.Tensors(get, names, f"file {path!r}", ("",), np_dtype)
   params = adapters.build_params(fam, s, t, np_dtype, place=place)
   if arch == "gpt2" and params["pos_embed"].shape[0] != s["max_len"]:
     raise UserError(f"file {path!r}: position_embd has {params['pos_embed'].shape[0]} "
                      f"rows, {arch}.context_length={s['max_len']}", setting="file")
   return params, qtypes
+
+
+def _mla_kv_b(f: _File, s: dict, names: list, get):
+  """(names, get) with each layer's attn_k_b (H, C, Kn) and attn_v_b (H, V, C), as the
+  converter splits transformers' kv_b_proj for llama.cpp's absorbed MLA, replaced by the
+  whole blk.{i}.attn_kv_b.weight (H (Kn + V), C) that the MLA rows read."""
+  h, m = s["h"], s["mla"]
+  out = [n for n in names if not n.endswith(("attn_k_b.weight", "attn_v_b.weight"))]
+  for i in range(s["n"]):
+    if f"blk.{i}.attn_kv_b.weight" in f.by_name:
+      raise UserError(f"file {f.path!r}: tensor 'blk.{i}.attn_kv_b.weight' (the older "
+                       f"converters' whole kv_b) is not implemented; this reader takes "
+                       f"attn_k_b / attn_v_b", setting="file")
+    out.append(f"blk.{i}.attn_kv_b.weight")
+
+  def get_kv_b(name):
+    if not name.endswith("attn_kv_b.weight"):
+      return get(name)
+    blk = name[:-len("attn_kv_b.weight")]
+    for part in ("attn_k_b.weight", "attn_v_b.weight"):
+      if blk + part not in f.by_name:
+        raise UserError(f"file {f.path!r}: tensor {blk + part!r} is missing", setting="file")
+    kb, vb = get(blk + "attn_k_b.weight"), get(blk + "attn_v_b.weight")
+    if kb.shape != (h, m["c"], m["kn"]) or vb.shape != (h, m["v"], m["c"]):
+      raise UserError(f"file {f.path!r}: {blk}attn_k_b / attn_v_b have shapes {kb.shape} / "
+                       f"{vb.shape}; the metadata says (H, C, Kn) = {(h, m['c'], m['kn'])} "
+                       f"and (H, V, C) = {(h, m['v'], m['c'])}", setting="file")
+    return np.concatenate([kb.transpose(0, 2, 1), vb], axis=1).reshape(-1, m["c"])
+
+  return out, get_kv_b
 
 
 def _family(f: _File):
@@ -545,9 +668,11 @@ def _family(f: _File):
   rows = _GGUF_LAYER[f.kind]
   if arch == "falcon" and "blk.0.attn_norm_2.weight" not in by_name:
     rows = _ln("attn_norm", "ln1") + rows[4:]    # one LayerNorm for attention and MLP
-  layer_rows = tuple((n, kind.rstrip("*"), target, None)
-                     for n, kind, target, optional in rows
-                     if not optional or f"blk.0.{n}" in by_name)
+  if arch == "deepseek2" and any(n.endswith(_EXP_PROBS_B[0]) for n in by_name):
+    rows = rows + (_EXP_PROBS_B,)
+  layer_rows = tuple((n, kind.rstrip("*"), target, optional if isinstance(optional, str)
+                      else None) for n, kind, target, optional in rows
+                     if optional is not True or f"blk.0.{n}" in by_name)
   if arch == "phi3" and ("blk.0.attn_qkv.weight" in by_name) == ("blk.0.attn_q.weight"
                                                                   in by_name):
     raise UserError(f"file {f.path!r}: a phi3 layer needs attn_qkv.weight or attn_q / "
@@ -564,7 +689,10 @@ def _family(f: _File):
     present = []    # left over: refused by name with the file's other unknown tensors
   top += [(n, "vec", t, None) for n, t in present]
   top.append(("output.weight", "lin", "unembed", "untied"))
-  return adapters.Family(_FAMILY[f.kind], (), {}, tuple(top), layer_rows, prefixes=("",),
+  name = _FAMILY[f.kind]
+  if arch == "deepseek2" and f.meta("expert_gating_func", 1, required=False) == 2:
+    name = "deepseek_v3"       # sigmoid routing: V3's
+  return adapters.Family(name, (), {}, tuple(top), layer_rows, prefixes=("",),
                          layer_prefix="blk.{i}.", ignore_tensors=(),
                          norm="layer" if arch in _LAYER_NORM_ARCH else "rms")
 
