@@ -221,6 +221,19 @@ _GGUF_LAYER = {
         ("ffn_up_shexp.weight", "lin", "mlp.shared.w_up", "moe_shared"),
         ("ffn_down_shexp.weight", "lin", "mlp.shared.w_down", "moe_shared")),
 }
+# gpt-oss: attention with biases and a sink logit per head, post_attention_norm before
+# the experts (with biases, gate / up split by the converter from the interleaved
+# gate_up_proj), the router with its bias
+_GGUF_LAYER["gpt-oss"] = (
+    ("attn_norm.weight", "vec", "ln1.scale", False),
+    ("post_attention_norm.weight", "vec", "ln2.scale", False)) + _QKVO + (
+    ("attn_q.bias", "bq", "attn.bq", False), ("attn_k.bias", "bkv", "attn.bk", False),
+    ("attn_v.bias", "bkv", "attn.bv", False), ("attn_output.bias", "vec", "attn.bo", False),
+    ("attn_sinks.weight", "vec", "attn.sink_logit", False),
+    ("ffn_gate_inp.bias", "vec", "mlp.router_bias", False)) + _EXPERTS + (
+    ("ffn_gate_exps.bias", "vec", "mlp.b_gate", False),
+    ("ffn_up_exps.bias", "vec", "mlp.b_up", False),
+    ("ffn_down_exps.bias", "vec", "mlp.b_down", False))
 # DeepSeek-V3's expert-selection bias, on the sparse layers of the files that have it
 _EXP_PROBS_B = ("exp_probs_b.bias", "vec", "mlp.router_correction", "moe")
 # llama.cpp's architecture (or "mixtral": llama with experts) -> the Hugging Face family
@@ -230,12 +243,10 @@ _FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemm
            "gptneox": "gpt_neox", "mixtral": "mixtral", "qwen3moe": "qwen3_moe",
            "olmoe": "olmoe", "stablelm": "stablelm", "phi2": "phi", "gptj": "gptj",
            "bloom": "bloom", "falcon": "falcon", "command-r": "cohere",
-           "granite": "granite", "smollm3": "smollm3", "deepseek2": "deepseek_v2"}
+           "granite": "granite", "smollm3": "smollm3", "deepseek2": "deepseek_v2", "gpt-oss": "gpt_oss"}
 SUPPORTED_ARCH = tuple(a for a in _GGUF_LAYER if a != "mixtral")
 # Architectures llama.cpp has whose files are refused, and why (named in the refusal).
 REFUSED_ARCH = {
-    "gpt-oss": "gpt-oss's GGUF (MXFP4 experts, its SwiGLU limit fixed by llama.cpp, YaRN "
-               "keys) is not implemented; import the HF folder",
     "qwen2moe": "Qwen2-MoE (a gated shared expert) is not a family here",
 }
 _LAYER_NORM_ARCH = ("gpt2", "gptneox", "stablelm", "phi2", "gptj", "bloom", "falcon",
@@ -243,7 +254,8 @@ _LAYER_NORM_ARCH = ("gpt2", "gptneox", "stablelm", "phi2", "gptj", "bloom", "fal
 _FUSED_QKV_ARCH = ("gpt2", "gptneox")   # Q, K, V as views of one (3 D) projection
 # The converter's LlamaModel (and its subclasses) permute Q / K rows (see the docstring).
 _PERMUTED_ARCH = ("llama", "granite", "smollm3")
-_MOE_ARCH = {"mixtral": "softmax_renorm", "qwen3moe": "softmax_renorm", "olmoe": "softmax"}
+_MOE_ARCH = {"mixtral": "softmax_renorm", "qwen3moe": "softmax_renorm", "olmoe": "softmax",
+             "gpt-oss": "topk_softmax"}
 _ACT = {"gemma2": "gelu_tanh", "gemma3": "gelu_tanh", "gpt2": "gelu_tanh", "gptneox": "gelu",
         "phi2": "gelu_tanh", "gptj": "gelu_tanh", "bloom": "gelu_tanh", "falcon": "gelu"}
 
@@ -279,6 +291,7 @@ _GGUF_KEYS = {
     "phi3": _SIZES + _ROPE + _RMS + _WINDOW + ("rope.scaling.attn_factor",),
     "gpt2": _SIZES + ("attention.layer_norm_epsilon",),
     "gptneox": _SIZES + _ROPE + ("attention.layer_norm_epsilon", "use_parallel_residual"),
+    "gpt-oss": _SIZES + _ROPE + _RMS + _WINDOW + _EXPERT_KEYS + ("expert_feed_forward_length",),
     "deepseek2": _SIZES + _ROPE + _RMS + _EXPERT_KEYS + (
         "leading_dense_block_count", "attention.q_lora_rank", "attention.kv_lora_rank",
         "attention.key_length_mla", "attention.value_length_mla",
@@ -537,6 +550,8 @@ def _arch_settings(f: _File, s: dict) -> None:
              embed_scale=f.number("embedding_scale", 1.0),
              residual_scale=f.number("residual_scale", 1.0),
              logit_scale=1.0 / f.number("logit_scale", 1.0))
+  if arch == "gpt-oss":   # llama.cpp's swiglu_oai: alpha and limit are constants
+    s.update(swiglu_limit=7.0, swiglu_alpha=1.702, attn_bias=True, o_bias=True)
   if arch == "smollm3":   # llama.cpp: no RoPE in every 4th layer (n_no_rope_layer_step)
     s["no_rope"] = [i for i in range(s["n"]) if (i + 1) % 4 == 0]
 
@@ -572,6 +587,11 @@ def _attention_layout(f: _File, s: dict) -> None:
     big = n_layers == _GEMMA_27B_LAYERS[arch]
     s.update(scale=(d // h if big else s["k"]) ** -0.5,
              embed_scale=float(np.float32(d ** 0.5)))
+  elif arch == "gpt-oss":   # llama.cpp's swa pattern 2: even layers slide
+    s["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                        for i in range(n_layers)]
+    s["window"] = f.size("attention.sliding_window")
+    s["rope"]["sliding_attention"] = rope
   elif arch == "phi3":
     # Phi-3: one window for every layer (0: none, Phi-4). llama.cpp currently runs Phi-3
     # without its window (llama_model_phi3::load_arch_hparams); transformers' Phi-3,
