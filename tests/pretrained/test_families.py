@@ -756,6 +756,42 @@ def test_router_site_reads_transformers_choices_and_fixing_them_reproduces_its_l
   assert rel_err(np.asarray(other), ref) > 1e-3
 
 
+def test_deepseek_v3_mtp_layer_tensors_are_skipped_with_a_note(imported, tmp_path):
+  """A DeepSeek-V3 folder with a multi-token-prediction layer (num_nextn_predict_layers 1,
+  its tensors stored as layer n): the import skips them, says so in the workdir's
+  config, and gives the same logits (transformers' model has no such layer); without
+  the config key the same tensors are refused as unknown."""
+  import shutil
+  from safetensors.numpy import load_file, save_file
+  from mha_jax.errors import UserError
+  model, loaded, folder = imported("deepseek_v3")
+  n = model.config.num_hidden_layers
+  rng = np.random.default_rng(0)
+  for mtp in (1, 0):
+    src = tmp_path / f"hf{mtp}"
+    shutil.copytree(folder, src)
+    st = load_file(str(src / "model.safetensors"))
+    extra = {f"model.layers.{n}.{k}": rng.standard_normal(shape).astype(np.float32)
+             for k, shape in (("enorm.weight", (64,)), ("hnorm.weight", (64,)),
+                              ("eh_proj.weight", (64, 128)), ("shared_head.norm.weight", (64,)),
+                              ("self_attn.q_a_proj.weight", (20, 64)),
+                              ("mlp.gate.weight", (8, 64)))}
+    save_file({**st, **extra}, str(src / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_nextn_predict_layers"] = mtp
+    (src / "config.json").write_text(json.dumps(cfg))
+    if not mtp:
+      with pytest.raises(UserError, match=rf"does not know.*model\.layers\.{n}\."):
+        importer.import_model(str(tmp_path / "w0"), file=str(src))
+      continue
+    importer.import_model(str(tmp_path / "w1"), file=str(src))
+    got = mha_jax.load(str(tmp_path / "w1"))
+    src_cfg = json.loads((tmp_path / "w1" / "config.json").read_text())["source"]
+    assert src_cfg["skipped"].startswith("6 tensors of the 1 multi-token-prediction layer")
+    np.testing.assert_array_equal(np.asarray(got.task.logits(got.params, TOKENS)),
+                                  np.asarray(loaded.task.logits(loaded.params, TOKENS)))
+
+
 def test_deepseek_v3_router_reads_transformers_choices_and_its_correction_bias_matters(
     imported):
   """DeepSeek-V3's sigmoid router (noaux_tc): the router site of the sparse layer holds
