@@ -355,12 +355,11 @@ GGUF_CASES = {
     "stablelm:parallel": ("stablelm_parallel", dict(intermediate_size=96)),
     "phi2": ("phi", dict(intermediate_size=256, num_key_value_heads=4, rope_parameters={
         "rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.5})),
-    "gptj": ("gptj", dict(n_inner=None)),
     "bloom": ("bloom", dict(hidden_size=96)),
     "falcon": ("falcon", dict(ffn_hidden_size=None, rope_parameters={
         "rope_theta": 10000.0, "rope_type": "default"})),
     "falcon:mq": ("falcon_mq", dict(bias=False)),
-    "command-r": ("cohere", dict(attention_bias=False, intermediate_size=96)),
+    "command-r": ("cohere", dict(intermediate_size=96)),     # with q / k / v / o biases
     "granite": ("granite", dict(attention_bias=False, mlp_bias=False, intermediate_size=96)),
     "smollm3": ("smollm3", dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0],
                                 use_sliding_window=False, sliding_window=None,
@@ -525,7 +524,7 @@ def _gguf_layout(model):
 
 # transformers model_type -> llama.cpp architecture, for the newer families
 _NEW_ARCH = {"mixtral": "llama", "qwen3_moe": "qwen3moe", "olmoe": "olmoe",
-             "stablelm": "stablelm", "phi": "phi2", "gptj": "gptj", "bloom": "bloom",
+             "stablelm": "stablelm", "phi": "phi2", "bloom": "bloom",
              "falcon": "falcon", "cohere": "command-r", "granite": "granite",
              "smollm3": "smollm3", "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2",
              "gpt_oss": "gpt-oss"}
@@ -561,11 +560,6 @@ def _new_meta(c, arch):
                    ("add_head_count_kv", c.num_key_value_heads),
                    ("add_parallel_residual", c.use_parallel_residual),
                    ("add_layer_norm_eps", c.layer_norm_eps)]
-  if arch == "gptj":    # no converter class: GPT-J's own sizes
-    return meta + [("add_context_length", c.n_positions),
-                   ("add_feed_forward_length", c.n_inner or 4 * d),
-                   ("add_rope_dimension_count", c.rotary_dim),
-                   ("add_layer_norm_eps", c.layer_norm_epsilon)]
   meta += [("add_context_length", c.max_position_embeddings),
            ("add_feed_forward_length", c.intermediate_size),
            ("add_head_count_kv", c.num_key_value_heads), ("add_rope_freq_base", rp["rope_theta"])]

@@ -1,13 +1,13 @@
 """A GGUF file -> mha-jax decoder params, config and tokenizer, for llama.cpp's
 architectures llama (and llama with experts: Mixtral), qwen2, qwen3, qwen3moe, olmoe,
-gemma2, gemma3, olmo2, phi3, phi2, stablelm, gptj, bloom, falcon, command-r, granite,
-smollm3, gpt2 and gptneox (mapped onto the Hugging Face families of adapters.FAMILIES:
-the same adapter tables and the one decoder forward). deepseek2, gpt-oss and qwen2moe
-files are refused by name (REFUSED_ARCH says why).
+gemma2, gemma3, olmo2, phi3, phi2, stablelm, bloom, falcon, command-r, granite, smollm3,
+deepseek2, gpt-oss, gpt2 and gptneox (mapped onto the Hugging Face families of
+adapters.FAMILIES: the same adapter tables and the one decoder forward). gptj and
+qwen2moe files are refused by name (REFUSED_ARCH says why).
 
 Tensors are dequantized with `gguf` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the
-K-quants: whatever gguf.quants can dequantize). GGUF stores a linear layer as (out, in),
-like torch. The conventions of llama.cpp's converter (convert_hf_to_gguf.py) undone here:
+K-quants, MXFP4: whatever gguf.quants can dequantize, as ggml does). GGUF stores a
+linear layer as (out, in), like torch. The conventions of llama.cpp's converter (convert_hf_to_gguf.py) undone here:
 
   llama     Q and K rows permuted within each head, turning Hugging Face's half-split
             RoPE layout (pairs (j, j + K/2)) into the interleaved one llama.cpp's llama
@@ -31,11 +31,20 @@ like torch. The conventions of llama.cpp's converter (convert_hf_to_gguf.py) und
   falcon    query_key_value per kv group `[q..., k, v]` reordered to `[q; k; v]`
             (tensor_data_layout "jploski"); attn_norm feeds the MLP, attn_norm_2 (when
             there: Falcon-40B's ln_attn) the attention; the RoPE base is not written.
-  phi2, gptj, command-r, stablelm: stored as the HF tensors (GPT-J and Command-R run
-            the interleaved RoPE, as their HF models do); Phi-2 / GPT-J logit bias as
-            output.bias; Command-R's LayerNorm has no bias and its logits x logit_scale.
-  granite   attention.scale, embedding_scale, residual_scale, and logit_scale (llama.cpp
-            divides the logits by it). smollm3: no RoPE in every 4th layer (llama.cpp's
+  phi2, command-r, stablelm: stored as the HF tensors (Command-R runs the interleaved
+            RoPE, llama.cpp's NORM, as its HF model does); Phi-2's logit bias as
+            output.bias; Command-R's LayerNorm has no bias, its q / k / v / output biases
+            are optional and its logits x logit_scale (0: not applied).
+  granite   attention.scale, embedding_scale, residual_scale (0: llama.cpp's defaults),
+            and logit_scale (llama.cpp divides the logits by it); rope.scaling.finetuned
+            false: no RoPE (llama.cpp's switch).
+  deepseek2 attn_kv_b split by the converter into attn_k_b (H, C, Kn) and attn_v_b
+            (H, V, C) for llama.cpp's absorbed MLA: joined back into each head's
+            decompressed key and value; the latent's key/value lengths (C + R, C, one kv
+            head) and the heads' (key_length_mla, value_length_mla); interleaved RoPE.
+  gpt-oss   experts in MXFP4, gate / up split from the interleaved gate_up_proj, with
+            biases; sink logits (attn_sinks); even layers sliding; SwiGLU limit 7 and
+            alpha 1.702 (llama.cpp's constants). smollm3: no RoPE in every 4th layer (llama.cpp's
             fixed step; the file carries no key).
 
 Metadata: every `{arch}.*` key is in the architecture's table (_GGUF_KEYS) or refused by
@@ -171,7 +180,6 @@ _GGUF_LAYER = {
         ("attn_v.weight", "kv", "attn.wv", True), ("attn_q.bias", "bq", "attn.bq", True),
         ("attn_k.bias", "bkv", "attn.bk", True), ("attn_v.bias", "bkv", "attn.bv", True))
     + _biased("attn_output", "o", "attn.wo", bias_target="attn.bo") + _LN_MLP,
-    "gptj": _ln("attn_norm", "ln1") + _QKVO + _LN_MLP,
     # BLOOM: the converter reorders query_key_value per head to [q; k; v]
     "bloom": _ln("attn_norm", "ln1") + _ln("ffn_norm", "ln2") + (
         ("attn_qkv.weight", "qkv", "attn", False), ("attn_qkv.bias", "qkv", "attn.b", True))
@@ -182,7 +190,11 @@ _GGUF_LAYER = {
         ("attn_qkv.weight", "qkv", "attn", False), ("attn_output.weight", "o", "attn.wo", False),
         ("ffn_up.weight", "lin", "mlp.w_up", False),
         ("ffn_down.weight", "lin", "mlp.w_down", False)),
-    "command-r": (("attn_norm.weight", "vec", "ln1.scale", False),) + _QKVO + _MLP,
+    # Command-R: q / k / v / output biases when the file has them (llama.cpp's optional)
+    "command-r": (("attn_norm.weight", "vec", "ln1.scale", False),) + _QKVO + (
+        ("attn_q.bias", "bq", "attn.bq", True), ("attn_k.bias", "bkv", "attn.bk", True),
+        ("attn_v.bias", "bkv", "attn.bv", True), ("attn_output.bias", "vec", "attn.bo", True))
+    + _MLP,
     "qwen2": _NORMS + _QKVO + (("attn_q.bias", "bq", "attn.bq", False),
                                ("attn_k.bias", "bkv", "attn.bk", False),
                                ("attn_v.bias", "bkv", "attn.bv", False)) + _MLP,
@@ -241,15 +253,18 @@ _EXP_PROBS_B = ("exp_probs_b.bias", "vec", "mlp.router_correction", "moe")
 _FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
            "gemma3": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2",
            "gptneox": "gpt_neox", "mixtral": "mixtral", "qwen3moe": "qwen3_moe",
-           "olmoe": "olmoe", "stablelm": "stablelm", "phi2": "phi", "gptj": "gptj",
+           "olmoe": "olmoe", "stablelm": "stablelm", "phi2": "phi",
            "bloom": "bloom", "falcon": "falcon", "command-r": "cohere",
            "granite": "granite", "smollm3": "smollm3", "deepseek2": "deepseek_v2", "gpt-oss": "gpt_oss"}
 SUPPORTED_ARCH = tuple(a for a in _GGUF_LAYER if a != "mixtral")
 # Architectures llama.cpp has whose files are refused, and why (named in the refusal).
 REFUSED_ARCH = {
     "qwen2moe": "Qwen2-MoE (a gated shared expert) is not a family here",
+    "gptj": "llama.cpp defines no GPT-J graph (no model class runs it, its rope type for "
+            "gptj is NONE, and convert_hf_to_gguf.py has no GPT-J class), so a gptj file "
+            "has no computation to be exact to; import the HF folder",
 }
-_LAYER_NORM_ARCH = ("gpt2", "gptneox", "stablelm", "phi2", "gptj", "bloom", "falcon",
+_LAYER_NORM_ARCH = ("gpt2", "gptneox", "stablelm", "phi2", "bloom", "falcon",
                     "command-r")   # LayerNorm (with bias, but command-r's), not RMSNorm
 _FUSED_QKV_ARCH = ("gpt2", "gptneox")   # Q, K, V as views of one (3 D) projection
 # The converter's LlamaModel (and its subclasses) permute Q / K rows (see the docstring).
@@ -257,7 +272,7 @@ _PERMUTED_ARCH = ("llama", "granite", "smollm3")
 _MOE_ARCH = {"mixtral": "softmax_renorm", "qwen3moe": "softmax_renorm", "olmoe": "softmax",
              "gpt-oss": "topk_softmax"}
 _ACT = {"gemma2": "gelu_tanh", "gemma3": "gelu_tanh", "gpt2": "gelu_tanh", "gptneox": "gelu",
-        "phi2": "gelu_tanh", "gptj": "gelu_tanh", "bloom": "gelu_tanh", "falcon": "gelu"}
+        "phi2": "gelu_tanh", "bloom": "gelu_tanh", "falcon": "gelu"}
 
 # Metadata keys read per architecture (besides general.* and tokenizer.*); any other
 # "{arch}.*" key is refused by name.
@@ -277,7 +292,7 @@ _GGUF_KEYS = {
     "qwen3moe": _SIZES + _ROPE + _RMS + _EXPERT_KEYS + ("expert_feed_forward_length",),
     "olmoe": _SIZES + _ROPE + _RMS + _EXPERT_KEYS,
     "stablelm": _SIZES + _ROPE + _LN + ("use_parallel_residual",),
-    "phi2": _SIZES + _ROPE + _LN, "gptj": _SIZES + _ROPE + _LN,
+    "phi2": _SIZES + _ROPE + _LN,
     "bloom": _SIZES + _LN + ("attention.max_alibi_bias",),
     "falcon": _SIZES + _ROPE + _LN + ("tensor_data_layout",),
     "command-r": _SIZES + _ROPE + _LN + ("logit_scale",),
@@ -451,8 +466,8 @@ def _sizes(f: _File) -> dict:
   s["act"] = _ACT.get(arch, "silu")
   if arch in ("gptneox", "stablelm"):
     s["parallel"] = bool(meta("use_parallel_residual"))
-  s["parallel"] = s.get("parallel", False) or arch in ("phi2", "gptj", "falcon", "command-r")
-  if arch in ("gptj", "command-r"):
+  s["parallel"] = s.get("parallel", False) or arch in ("phi2", "falcon", "command-r")
+  if arch == "command-r":
     s["rope_layout"] = "interleaved"   # llama.cpp's NORM RoPE, stored unpermuted
   if arch == "gpt2":
     s["scale"] = k ** -0.5
@@ -543,17 +558,30 @@ def _arch_settings(f: _File, s: dict) -> None:
   if arch == "falcon" and f.meta("tensor_data_layout", "jploski") != "jploski":
     f.refuse("tensor_data_layout", f.meta("tensor_data_layout"), "(only the converter's "
              "'jploski' [q; k; v] layout is implemented)")
-  if arch == "command-r":
-    s["logit_scale"] = f.number("logit_scale", 1.0)
-  if arch == "granite":   # llama.cpp divides the logits by logit_scale
-    s.update(scale=f.number("attention.scale", s["k"] ** -0.5),
-             embed_scale=f.number("embedding_scale", 1.0),
-             residual_scale=f.number("residual_scale", 1.0),
-             logit_scale=1.0 / f.number("logit_scale", 1.0))
+  if arch == "command-r":     # llama.cpp: a logit_scale of 0 is not applied
+    s["logit_scale"] = f.number("logit_scale", 1.0) or None
+  if arch == "granite":
+    _granite_settings(f, s)
   if arch == "gpt-oss":   # llama.cpp's swiglu_oai: alpha and limit are constants
     s.update(swiglu_limit=7.0, swiglu_alpha=1.702, attn_bias=True, o_bias=True)
   if arch == "smollm3":   # llama.cpp: no RoPE in every 4th layer (n_no_rope_layer_step)
     s["no_rope"] = [i for i in range(s["n"]) if (i + 1) % 4 == 0]
+
+
+def _granite_settings(f: _File, s: dict) -> None:
+  """llama.cpp's granite graph: the score scale attention.scale (0: 1 / sqrt(K)), the
+  embeddings times embedding_scale and each sublayer's output times residual_scale (0:
+  not applied), the logits divided by logit_scale, and no RoPE at all when
+  rope.scaling.finetuned is false (its switch for RoPE; true when absent)."""
+  attn, embed, resid = (f.number(key, 0.0) for key in ("attention.scale", "embedding_scale",
+                                                       "residual_scale"))
+  logit = f.number("logit_scale", 1.0)
+  if logit == 0:
+    f.refuse("logit_scale", 0.0, "(llama.cpp divides the logits by it)")
+  s.update(scale=attn or s["k"] ** -0.5, embed_scale=embed or 1.0,
+           residual_scale=resid or 1.0, logit_scale=1.0 / logit)
+  if not f.meta("rope.scaling.finetuned", True, required=False):
+    s["no_rope"] = list(range(s["n"]))
 
 
 def _attention_layout(f: _File, s: dict) -> None:
@@ -614,7 +642,7 @@ def _params(f: _File, s: dict, fam, dtype: str, place):
   lin_shapes = {"ffn_gate.weight": (s["f"], d), "ffn_down.weight": (d, s["f"])}
   if arch != "phi3":
     lin_shapes["ffn_up.weight"] = (s["f"], d)
-  if arch in ("bloom", "falcon", "phi2", "gptj"):    # feed_forward_length: 4 D, no gate
+  if arch in ("bloom", "falcon", "phi2"):    # feed_forward_length: 4 D, no gate
     lin_shapes.pop("ffn_gate.weight")
 
   def get(name):

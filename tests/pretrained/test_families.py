@@ -583,7 +583,7 @@ def gguf_imported(tmp_path_factory):
 # fixed layer pattern, GPT-2's transposed Conv1D); every other architecture in the slow run.
 GGUF_DEFAULT = ("llama:mixtral", "bloom", "gemma3", "gpt2", "deepseek2", "gpt-oss")
 GGUF_SLOW = ("gemma2", "gptneox", "olmo2", "phi3", "qwen3", "qwen3moe", "olmoe", "stablelm",
-             "stablelm:parallel", "phi2", "gptj", "falcon", "falcon:mq", "command-r",
+             "stablelm:parallel", "phi2", "falcon", "falcon:mq", "command-r",
              "granite", "smollm3", "deepseek2:lite")
 
 
@@ -615,6 +615,44 @@ def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
   print(f"\n{arch} GGUF round trip: {'; '.join(refs)}")
 
 
+def test_granite_gguf_reads_llama_cpp_s_zero_scales_and_rope_switch(tmp_path):
+  """llama.cpp's granite graph: attention.scale, embedding_scale and residual_scale of 0
+  mean its defaults (1 / sqrt(K), 1, 1), and rope.scaling.finetuned false runs no RoPE:
+  the import matches transformers' Granite with those defaults and its rotary
+  frequencies zeroed (cos 1, sin 0: no rotation)."""
+  from hf_models import build_hf_for_gguf, load_held, write_gguf
+  model = build_hf_for_gguf("granite")
+  c = model.config
+  want = dict(attention_multiplier=(c.hidden_size // c.num_attention_heads) ** -0.5,
+              embedding_multiplier=1.0, residual_multiplier=1.0)
+  for k, v in want.items():        # the transformers model runs the defaults...
+    setattr(c, k, v)
+  for mod in model.modules():
+    for k, v in want.items():
+      if hasattr(mod, k):
+        setattr(mod, k, v)
+    if hasattr(mod, "scaling") and hasattr(mod, "attention_dropout"):
+      mod.scaling = want["attention_multiplier"]
+    if hasattr(mod, "inv_freq"):
+      mod.inv_freq.zero_()
+  saved = {k: getattr(c, k) for k in want}
+  for k in want:                   # ...while the file says 0
+    setattr(c, k, 0.0)
+  try:
+    _, held = write_gguf(model, tmp_path / "g.gguf",
+                         extra_meta=[("add_rope_scaling_finetuned", False)])
+  finally:
+    for k, v in saved.items():
+      setattr(c, k, v)
+  importer.import_model(str(tmp_path / "w"), file=str(tmp_path / "g.gguf"))
+  loaded = mha_jax.load(str(tmp_path / "w"))
+  assert all(lay["rope"] is None for lay in loaded.config.model.decoder["layers"])
+  err = rel_err(np.asarray(loaded.task.logits(loaded.params, TOKENS)),
+                hf_logits(load_held(model, held), TOKENS))
+  print(f"\ngranite GGUF with zero scales, no RoPE: max relative logit error {err:.1e}")
+  assert err < RTOL, err
+
+
 _SIZES = [("add_embedding_length", 64), ("add_head_count", 4), ("add_block_count", 2),
           ("add_feed_forward_length", 96)]
 _Gating = collections.namedtuple("_Gating", "value")   # a gating number gguf has no name for
@@ -639,6 +677,8 @@ _MLA = [("add_kv_lora_rank", 32), ("add_rope_dimension_count", 8), ("add_head_co
      r"phi3\.rope\.scaling\.type='yarn' is not implemented"),
     ("olmo2", [("add_layer_norm_rms_eps", 1e-5), ("add_rope_dimension_count", 8)],
      r"olmo2\.rope\.dimension_count=8 \(partial rotary\)"),
+    # llama.cpp has the name but no graph (nor converter) for GPT-J
+    ("gptj", [], r"'gptj': llama.cpp defines no GPT-J graph.*import the HF folder"),
     # DeepSeek-V2/V3 files whose layout or settings are not run exactly
     ("deepseek2", [("add_layer_norm_rms_eps", 1e-6), ("add_kv_lora_rank", 32),
                    ("add_rope_dimension_count", 8)],
