@@ -355,17 +355,32 @@ GGUF_CASES = {
     "stablelm:parallel": ("stablelm_parallel", dict(intermediate_size=96)),
     "phi2": ("phi", dict(intermediate_size=256, num_key_value_heads=4, rope_parameters={
         "rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.5})),
-    "gptj": ("gptj", dict(n_inner=None)),
     "bloom": ("bloom", dict(hidden_size=96)),
     "falcon": ("falcon", dict(ffn_hidden_size=None, rope_parameters={
         "rope_theta": 10000.0, "rope_type": "default"})),
     "falcon:mq": ("falcon_mq", dict(bias=False)),
-    "command-r": ("cohere", dict(attention_bias=False, intermediate_size=96)),
+    "command-r": ("cohere", dict(intermediate_size=96)),     # with q / k / v / o biases
     "granite": ("granite", dict(attention_bias=False, mlp_bias=False, intermediate_size=96)),
     "smollm3": ("smollm3", dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0],
                                 use_sliding_window=False, sliding_window=None,
                                 attention_bias=False, intermediate_size=96)),
+    # DeepSeek-V3 as the converter writes it for llama.cpp's absorbed MLA (kv_b split into
+    # attn_k_b / attn_v_b), widths of 32 for the quantization blocks, rms_norm_eps 1e-6
+    # (llama.cpp normalises the latents with it; transformers with 1e-6); the sigmoid
+    # gating its config.json names (scoring_func), groups ranked by their two best scores
+    "deepseek2": ("deepseek_v3", dict(rms_norm_eps=1e-6, intermediate_size=96, q_lora_rank=32,
+                                      kv_lora_rank=32, qk_nope_head_dim=32, v_head_dim=16,
+                                      moe_intermediate_size=32)),
+    # DeepSeek-V2-Lite's shape: full-rank queries (attn_q), softmax routing, no groups
+    "deepseek2:lite": ("deepseek_v2_lite", dict(rms_norm_eps=1e-6, intermediate_size=96,
+                                                kv_lora_rank=32, qk_nope_head_dim=32,
+                                                v_head_dim=32, moe_intermediate_size=32)),
+    # gpt-oss with MXFP4 experts (as the converter repacks the checkpoint's own MXFP4
+    # blocks); llama.cpp's fixed SwiGLU limit 7 and alpha 1.702
+    "gpt-oss": ("gpt_oss", dict(intermediate_size=64, swiglu_limit=7.0, swiglu_alpha=1.702)),
 }
+# Tensor types a GGUF test file of an architecture takes by name (others: GGUF_CYCLE)
+GGUF_TYPES = {"gpt-oss": lambda gname: "MXFP4" if gname.endswith("_exps.weight") else None}
 
 
 def build_hf_for_gguf(arch: str, seed: int = 0):
@@ -509,9 +524,10 @@ def _gguf_layout(model):
 
 # transformers model_type -> llama.cpp architecture, for the newer families
 _NEW_ARCH = {"mixtral": "llama", "qwen3_moe": "qwen3moe", "olmoe": "olmoe",
-             "stablelm": "stablelm", "phi": "phi2", "gptj": "gptj", "bloom": "bloom",
+             "stablelm": "stablelm", "phi": "phi2", "bloom": "bloom",
              "falcon": "falcon", "cohere": "command-r", "granite": "granite",
-             "smollm3": "smollm3"}
+             "smollm3": "smollm3", "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2",
+             "gpt_oss": "gpt-oss"}
 
 
 def _new_meta(c, arch):
@@ -523,6 +539,8 @@ def _new_meta(c, arch):
   rp = getattr(c, "rope_parameters", None) or {}
   meta = [("add_block_count", g("num_hidden_layers", "n_layer")), ("add_embedding_length", d),
           ("add_head_count", h)]
+  if arch == "deepseek2":
+    return meta + _deepseek2_meta(c)
   if arch in ("bloom", "falcon", "phi2"):       # their classes: 4 D, no RoPE base written
     ctx = 2048 if arch == "falcon" else getattr(c, "seq_length", d) if arch == "bloom" \
         else c.max_position_embeddings
@@ -542,11 +560,6 @@ def _new_meta(c, arch):
                    ("add_head_count_kv", c.num_key_value_heads),
                    ("add_parallel_residual", c.use_parallel_residual),
                    ("add_layer_norm_eps", c.layer_norm_eps)]
-  if arch == "gptj":    # no converter class: GPT-J's own sizes
-    return meta + [("add_context_length", c.n_positions),
-                   ("add_feed_forward_length", c.n_inner or 4 * d),
-                   ("add_rope_dimension_count", c.rotary_dim),
-                   ("add_layer_norm_eps", c.layer_norm_epsilon)]
   meta += [("add_context_length", c.max_position_embeddings),
            ("add_feed_forward_length", c.intermediate_size),
            ("add_head_count_kv", c.num_key_value_heads), ("add_rope_freq_base", rp["rope_theta"])]
@@ -566,12 +579,76 @@ def _new_meta(c, arch):
     import gguf
     meta += [("add_logit_scale", c.logit_scale),
              ("add_rope_scaling_type", gguf.RopeScalingType.NONE)]
+  if arch == "gpt-oss":
+    meta += [("add_sliding_window", c.sliding_window),
+             ("add_expert_feed_forward_length", c.intermediate_size)]
   if arch == "granite":
     meta += [("add_attention_scale", c.attention_multiplier),
              ("add_embedding_scale", c.embedding_multiplier),
              ("add_residual_scale", c.residual_multiplier),
              ("add_logit_scale", c.logits_scaling)]
   return meta
+
+
+def _deepseek2_meta(c):
+  """DeepseekV2Model.set_gguf_parameters's keys (and its TextModel's): one kv head of
+  the latent's width, the per-head widths as *_mla, the experts, groups and gating."""
+  import gguf
+  rp = c.rope_parameters
+  meta = [("add_context_length", c.max_position_embeddings),
+          ("add_feed_forward_length", c.intermediate_size), ("add_head_count_kv", 1),
+          ("add_rope_freq_base", rp["rope_theta"]), ("add_layer_norm_rms_eps", c.rms_norm_eps),
+          ("add_expert_count", c.n_routed_experts), ("add_expert_used_count", c.num_experts_per_tok),
+          ("add_leading_dense_block_count", c.first_k_dense_replace),
+          ("add_vocab_size", c.vocab_size), ("add_kv_lora_rank", c.kv_lora_rank),
+          ("add_key_length", c.kv_lora_rank + c.qk_rope_head_dim),
+          ("add_value_length", c.kv_lora_rank),
+          ("add_key_length_mla", c.qk_nope_head_dim + c.qk_rope_head_dim),
+          ("add_value_length_mla", c.v_head_dim),
+          ("add_expert_feed_forward_length", c.moe_intermediate_size),
+          ("add_expert_shared_count", c.n_shared_experts),
+          ("add_expert_weights_scale", c.routed_scaling_factor),
+          ("add_rope_dimension_count", c.qk_rope_head_dim)]
+  if c.q_lora_rank is not None:
+    meta.append(("add_q_lora_rank", c.q_lora_rank))
+  if c.n_group is not None:
+    meta += [("add_expert_group_count", c.n_group), ("add_expert_group_used_count", c.topk_group)]
+  # DeepSeek's config.json names its scoring_func: sigmoid (V3), softmax (V2)
+  meta.append(("add_expert_gating_func", gguf.ExpertGatingFuncType.SIGMOID
+               if c.model_type == "deepseek_v3" else gguf.ExpertGatingFuncType.SOFTMAX))
+  if c.model_type == "deepseek_v3" and c.norm_topk_prob:
+    meta.append(("add_expert_weights_norm", True))
+  return meta
+
+
+def _deepseek2_tensors(c, hname, x, blk):
+  """The converter's split of kv_b_proj (H (Kn + V), C) into attn_k_b (H, C, Kn) and
+  attn_v_b (H, V, C); DeepSeek-V3's correction bias as exp_probs_b.bias; None for others."""
+  if hname.endswith("kv_b_proj.weight"):
+    kv = x.reshape(c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, -1)
+    kb = np.ascontiguousarray(kv[:, :c.qk_nope_head_dim].transpose(0, 2, 1))
+    vb = np.ascontiguousarray(kv[:, c.qk_nope_head_dim:])
+    return [(blk + "attn_k_b.weight", hname + "#0", kb, lambda y: y.transpose(0, 2, 1)),
+            (blk + "attn_v_b.weight", hname + "#1", vb, lambda y: y)]
+  if hname.endswith("e_score_correction_bias"):
+    return [(blk + "exp_probs_b.bias", hname, x, lambda y: y)]
+  return None
+
+
+def _gpt_oss_experts(hname, x, blk):
+  """gpt-oss's experts as the converter writes them: gate_up_proj (E, D, 2F) with gate /
+  up interleaved -> ffn_gate_exps / ffn_up_exps (E, F, D), down_proj (E, F, D) ->
+  ffn_down_exps (E, D, F); their biases split the same way ("#i": interleaved back)."""
+  if "gate_up_proj" in hname:
+    bias = hname.endswith("_bias")
+    part = (lambda y: y) if bias else (lambda y: y.transpose(0, 2, 1))
+    suffix = "bias" if bias else "weight"
+    return [(f"{blk}ffn_{n}_exps.{suffix}", f"{hname}#i{j}",
+             np.ascontiguousarray(part(x[..., j::2])), part) for j, n in enumerate(("gate", "up"))]
+  if hname.endswith("down_proj_bias"):
+    return [(blk + "ffn_down_exps.bias", hname, x, lambda y: y)]
+  return [(blk + "ffn_down_exps.weight", hname, np.ascontiguousarray(x.transpose(0, 2, 1)),
+           lambda y: y.transpose(0, 2, 1))]
 
 
 def _gguf_new_layout(model, sd):
@@ -605,8 +682,15 @@ def _gguf_new_layout(model, sd):
     if arch == "falcon" and "query_key_value" in hname:
       to, back = (lambda x: _group_qkv_to_gguf(x, h, g)), (lambda x: _group_qkv_from_gguf(x, h, g))
     key = hname.replace("transformer.", "") if arch == "bloom" else hname
+    blk = f"blk.{hname.split('.layers.')[1].split('.')[0]}." if ".layers." in hname else ""
+    special = _deepseek2_tensors(c, hname, x, blk) if arch == "deepseek2" else \
+        _gpt_oss_experts(hname, x, blk) if arch == "gpt-oss" and ".experts." in hname else None
+    if special is not None:
+      out += special
+      continue
+    if arch == "gpt-oss" and hname.endswith("sinks"):
+      key = hname + ".weight"      # the converter's name for it
     if ".experts." in hname:    # stacked (E, 2F, D) [gate; up] and (E, D, F)
-      blk = f"blk.{hname.split('.layers.')[1].split('.')[0]}."
       if hname.endswith("gate_up_proj"):
         f = x.shape[1] // 2
         out.append((blk + "ffn_gate_exps.weight", hname + "#0", np.ascontiguousarray(x[:, :f]),
@@ -681,8 +765,9 @@ def write_gguf(model, path, types: dict | None = None, extra_meta=()):
     getattr(w, method)(value)
   _add_byte_level_vocab(w, model.get_input_embeddings().weight.shape[0])
   n2 = 0
+  by_name = GGUF_TYPES.get(arch, lambda gname: None)
   for gname, _, x, _ in tensors:
-    qt = (types or {}).get(gname)
+    qt = (types or {}).get(gname) or by_name(gname)
     if qt is None:
       qt = GGUF_CYCLE[n2 % len(GGUF_CYCLE)] if x.ndim >= 2 else "F32"
       n2 += x.ndim >= 2
@@ -695,8 +780,13 @@ def write_gguf(model, path, types: dict | None = None, extra_meta=()):
                              np.float32) for t in gguf.GGUFReader(str(path)).tensors}
   held = {hname: np.ascontiguousarray(to_hf(back[gname]))
           for gname, hname, _, to_hf in tensors if hname is not None}
+  shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
   for part in sorted(n for n in held if n.endswith("#0")):   # stacked gate / up -> gate_up
-    held[part[:-2]] = np.concatenate([held.pop(part), held.pop(part[:-2] + "#1")], axis=1)
+    joined = np.concatenate([held.pop(part), held.pop(part[:-2] + "#1")], axis=1)
+    held[part[:-2]] = joined.reshape(shapes[part[:-2]])
+  for part in sorted(n for n in held if n.endswith("#i0")):  # interleaved back (gpt-oss)
+    a, b = held.pop(part), held.pop(part[:-3] + "#i1")
+    held[part[:-3]] = np.stack([a, b], axis=-1).reshape(*a.shape[:-1], 2 * a.shape[-1])
   return arch, held
 
 

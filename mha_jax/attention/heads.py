@@ -293,7 +293,9 @@ def init_kv_cache(batch: int, max_len: int, num_kv_heads: int, head_dim: int,
     "length": int32 0}.
     Keys are stored after RoPE. Pass it as multi_head_attention(..., cache=cache);
     each call writes its T new keys and values at [length, length + T) and returns
-    the cache with length + T.
+    the cache with length + T. An MLA layer (params with "wkv_a") caches each head's
+    decompressed key and value (G = H, V = its value width), written after the k / v
+    sites, not the shared latent: a head keeps keys and values of its own.
   """
   for name, val in (("batch", batch), ("max_len", max_len), ("num_kv_heads", num_kv_heads),
                     ("head_dim", head_dim)):

@@ -641,6 +641,7 @@ def _parse_deepseek_v3(c: Config) -> dict:
     c.refuse("num_experts_per_tok", s["top_k"], f"more than the {keep * (e // n_group)} "
              f"experts of the topk_group={keep} groups")
   s["moe_groups"] = [n_group, keep]
+  s["mtp_layers"] = int(c.get("num_nextn_predict_layers", 0))
   if not c.get("rope_interleave", True):
     s["rope_layout"] = "half"
   if not s["shared"]:
@@ -1071,8 +1072,8 @@ FAMILIES = {f.name: f for f in (
         "norm_topk_prob": IGNORE}, _TOP, _DEEPSEEK_LAYER, parse=_parse_deepseek_v2),
     Family("deepseek_v3", ("deepseek_v3",), _DEEPSEEK_KEYS | {
         "norm_topk_prob": USE, "rope_interleave": USE,
-        # the multi-token-prediction layers are not part of transformers' model
-        "num_nextn_predict_layers": IGNORE, "num_mtp_layers": IGNORE,
+        # the multi-token-prediction layers: their tensors are skipped (build_params)
+        "num_nextn_predict_layers": USE, "num_mtp_layers": IGNORE,
         # DeepSeek's own config.json spellings of what V3 always does
         "topk_method": ("noaux_tc",), "scoring_func": ("sigmoid",), "moe_layer_freq": (1,)},
         _TOP, _DEEPSEEK_LAYER + (
@@ -1390,6 +1391,21 @@ def _rows(family, s, rows, t, dt, out, prefix="", place=None, where=""):
       _set(out, path, arr if place is None else place(where + path, arr))
 
 
+def _skip_mtp(family: Family, s: dict, t: Tensors) -> None:
+  """DeepSeek-V3's multi-token-prediction layers (num_nextn_predict_layers, stored as the
+  layers after the last one): not read, their count noted in s["skipped"]. Exact for
+  the model's logits: the MTP module reads the last layer's output to predict a further
+  token and feeds nothing back (transformers' model has no such layer)."""
+  n, mtp = s["n"], s.get("mtp_layers", 0)
+  heads = [p + family.layer_prefix.format(i=j) for j in range(n, n + mtp)
+           for p in family.prefixes]
+  skipped = sorted(name for name in t.left if name.startswith(tuple(heads)))
+  t.left.difference_update(skipped)
+  if skipped:
+    s["skipped"] = (f"{len(skipped)} tensors of the {mtp} multi-token-prediction layer(s) "
+                    f"(layers {n}..{n + mtp - 1}): not part of the model's forward")
+
+
 def build_params(family: Family, s: dict, t: Tensors, dtype=np.float32,
                  place: Callable | None = None) -> dict:
   """mha-jax params from the tensors (each taken once); refuses leftovers by name.
@@ -1414,6 +1430,7 @@ def build_params(family: Family, s: dict, t: Tensors, dtype=np.float32,
           f"lm.layer_{i}.attn.alibi", slopes)
     lm[f"layer_{i}"] = layer
   lm["ln_final"] = lm.pop("ln_final")
+  _skip_mtp(family, s, t)
   left = sorted(n for n in t.left if not any(n.endswith(x) for x in family.ignore_tensors))
   if left:
     raise UserError(f"{t.where}: tensors the {family.name} adapter does not know: "

@@ -1,13 +1,13 @@
 """A GGUF file -> mha-jax decoder params, config and tokenizer, for llama.cpp's
 architectures llama (and llama with experts: Mixtral), qwen2, qwen3, qwen3moe, olmoe,
-gemma2, gemma3, olmo2, phi3, phi2, stablelm, gptj, bloom, falcon, command-r, granite,
-smollm3, gpt2 and gptneox (mapped onto the Hugging Face families of adapters.FAMILIES:
-the same adapter tables and the one decoder forward). deepseek2, gpt-oss and qwen2moe
-files are refused by name (REFUSED_ARCH says why).
+gemma2, gemma3, olmo2, phi3, phi2, stablelm, bloom, falcon, command-r, granite, smollm3,
+deepseek2, gpt-oss, gpt2 and gptneox (mapped onto the Hugging Face families of
+adapters.FAMILIES: the same adapter tables and the one decoder forward). gptj and
+qwen2moe files are refused by name (REFUSED_ARCH says why).
 
 Tensors are dequantized with `gguf` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the
-K-quants: whatever gguf.quants can dequantize). GGUF stores a linear layer as (out, in),
-like torch. The conventions of llama.cpp's converter (convert_hf_to_gguf.py) undone here:
+K-quants, MXFP4: whatever gguf.quants can dequantize, as ggml does). GGUF stores a
+linear layer as (out, in), like torch. The conventions of llama.cpp's converter (convert_hf_to_gguf.py) undone here:
 
   llama     Q and K rows permuted within each head, turning Hugging Face's half-split
             RoPE layout (pairs (j, j + K/2)) into the interleaved one llama.cpp's llama
@@ -31,11 +31,20 @@ like torch. The conventions of llama.cpp's converter (convert_hf_to_gguf.py) und
   falcon    query_key_value per kv group `[q..., k, v]` reordered to `[q; k; v]`
             (tensor_data_layout "jploski"); attn_norm feeds the MLP, attn_norm_2 (when
             there: Falcon-40B's ln_attn) the attention; the RoPE base is not written.
-  phi2, gptj, command-r, stablelm: stored as the HF tensors (GPT-J and Command-R run
-            the interleaved RoPE, as their HF models do); Phi-2 / GPT-J logit bias as
-            output.bias; Command-R's LayerNorm has no bias and its logits x logit_scale.
-  granite   attention.scale, embedding_scale, residual_scale, and logit_scale (llama.cpp
-            divides the logits by it). smollm3: no RoPE in every 4th layer (llama.cpp's
+  phi2, command-r, stablelm: stored as the HF tensors (Command-R runs the interleaved
+            RoPE, llama.cpp's NORM, as its HF model does); Phi-2's logit bias as
+            output.bias; Command-R's LayerNorm has no bias, its q / k / v / output biases
+            are optional and its logits x logit_scale (0: not applied).
+  granite   attention.scale, embedding_scale, residual_scale (0: llama.cpp's defaults),
+            and logit_scale (llama.cpp divides the logits by it); rope.scaling.finetuned
+            false: no RoPE (llama.cpp's switch).
+  deepseek2 attn_kv_b split by the converter into attn_k_b (H, C, Kn) and attn_v_b
+            (H, V, C) for llama.cpp's absorbed MLA: joined back into each head's
+            decompressed key and value; the latent's key/value lengths (C + R, C, one kv
+            head) and the heads' (key_length_mla, value_length_mla); interleaved RoPE.
+  gpt-oss   experts in MXFP4, gate / up split from the interleaved gate_up_proj, with
+            biases; sink logits (attn_sinks); even layers sliding; SwiGLU limit 7 and
+            alpha 1.702 (llama.cpp's constants). smollm3: no RoPE in every 4th layer (llama.cpp's
             fixed step; the file carries no key).
 
 Metadata: every `{arch}.*` key is in the architecture's table (_GGUF_KEYS) or refused by
@@ -171,7 +180,6 @@ _GGUF_LAYER = {
         ("attn_v.weight", "kv", "attn.wv", True), ("attn_q.bias", "bq", "attn.bq", True),
         ("attn_k.bias", "bkv", "attn.bk", True), ("attn_v.bias", "bkv", "attn.bv", True))
     + _biased("attn_output", "o", "attn.wo", bias_target="attn.bo") + _LN_MLP,
-    "gptj": _ln("attn_norm", "ln1") + _QKVO + _LN_MLP,
     # BLOOM: the converter reorders query_key_value per head to [q; k; v]
     "bloom": _ln("attn_norm", "ln1") + _ln("ffn_norm", "ln2") + (
         ("attn_qkv.weight", "qkv", "attn", False), ("attn_qkv.bias", "qkv", "attn.b", True))
@@ -182,7 +190,11 @@ _GGUF_LAYER = {
         ("attn_qkv.weight", "qkv", "attn", False), ("attn_output.weight", "o", "attn.wo", False),
         ("ffn_up.weight", "lin", "mlp.w_up", False),
         ("ffn_down.weight", "lin", "mlp.w_down", False)),
-    "command-r": (("attn_norm.weight", "vec", "ln1.scale", False),) + _QKVO + _MLP,
+    # Command-R: q / k / v / output biases when the file has them (llama.cpp's optional)
+    "command-r": (("attn_norm.weight", "vec", "ln1.scale", False),) + _QKVO + (
+        ("attn_q.bias", "bq", "attn.bq", True), ("attn_k.bias", "bkv", "attn.bk", True),
+        ("attn_v.bias", "bkv", "attn.bv", True), ("attn_output.bias", "vec", "attn.bo", True))
+    + _MLP,
     "qwen2": _NORMS + _QKVO + (("attn_q.bias", "bq", "attn.bq", False),
                                ("attn_k.bias", "bkv", "attn.bk", False),
                                ("attn_v.bias", "bkv", "attn.bv", False)) + _MLP,
@@ -203,32 +215,64 @@ _GGUF_LAYER = {
                       ("ffn_down.weight", "lin", "mlp.w_down", False)),
     "gpt2": _LN_BIASED,
     "gptneox": _LN_BIASED,
+    # DeepSeek-V2/V3 (MLA): the row's condition (a string) is a setting of the layer
+    # (adapters.build_params: dense / moe / moe_shared; low_rank_q / full_q by the file);
+    # attn_kv_b is rebuilt from the converter's attn_k_b / attn_v_b (_mla_kv_b)
+    "deepseek2": _NORMS + (
+        ("attn_q.weight", "mla_q", "attn.wq", "full_q"),
+        ("attn_q_a.weight", "lin", "attn.wq_a", "low_rank_q"),
+        ("attn_q_a_norm.weight", "vec", "attn.q_a_norm", "low_rank_q"),
+        ("attn_q_b.weight", "mla_q", "attn.wq", "low_rank_q"),
+        ("attn_kv_a_mqa.weight", "mla_kv_a", "attn", False),
+        ("attn_kv_a_norm.weight", "vec", "attn.kv_a_norm", False),
+        ("attn_kv_b.weight", "mla_kv_b", "attn", False),
+        ("attn_output.weight", "mla_o", "attn.wo", False))
+    + tuple((n, k, t, "dense") for n, k, t, _ in _MLP)
+    + tuple((n, k, t, "moe") for n, k, t, _ in _EXPERTS) + (
+        ("ffn_gate_shexp.weight", "lin", "mlp.shared.w_gate", "moe_shared"),
+        ("ffn_up_shexp.weight", "lin", "mlp.shared.w_up", "moe_shared"),
+        ("ffn_down_shexp.weight", "lin", "mlp.shared.w_down", "moe_shared")),
 }
+# gpt-oss: attention with biases and a sink logit per head, post_attention_norm before
+# the experts (with biases, gate / up split by the converter from the interleaved
+# gate_up_proj), the router with its bias
+_GGUF_LAYER["gpt-oss"] = (
+    ("attn_norm.weight", "vec", "ln1.scale", False),
+    ("post_attention_norm.weight", "vec", "ln2.scale", False)) + _QKVO + (
+    ("attn_q.bias", "bq", "attn.bq", False), ("attn_k.bias", "bkv", "attn.bk", False),
+    ("attn_v.bias", "bkv", "attn.bv", False), ("attn_output.bias", "vec", "attn.bo", False),
+    ("attn_sinks.weight", "vec", "attn.sink_logit", False),
+    ("ffn_gate_inp.bias", "vec", "mlp.router_bias", False)) + _EXPERTS + (
+    ("ffn_gate_exps.bias", "vec", "mlp.b_gate", False),
+    ("ffn_up_exps.bias", "vec", "mlp.b_up", False),
+    ("ffn_down_exps.bias", "vec", "mlp.b_down", False))
+# DeepSeek-V3's expert-selection bias, on the sparse layers of the files that have it
+_EXP_PROBS_B = ("exp_probs_b.bias", "vec", "mlp.router_correction", "moe")
 # llama.cpp's architecture (or "mixtral": llama with experts) -> the Hugging Face family
 # it maps onto (adapters.FAMILIES)
 _FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
            "gemma3": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2",
            "gptneox": "gpt_neox", "mixtral": "mixtral", "qwen3moe": "qwen3_moe",
-           "olmoe": "olmoe", "stablelm": "stablelm", "phi2": "phi", "gptj": "gptj",
+           "olmoe": "olmoe", "stablelm": "stablelm", "phi2": "phi",
            "bloom": "bloom", "falcon": "falcon", "command-r": "cohere",
-           "granite": "granite", "smollm3": "smollm3"}
+           "granite": "granite", "smollm3": "smollm3", "deepseek2": "deepseek_v2", "gpt-oss": "gpt_oss"}
 SUPPORTED_ARCH = tuple(a for a in _GGUF_LAYER if a != "mixtral")
 # Architectures llama.cpp has whose files are refused, and why (named in the refusal).
 REFUSED_ARCH = {
-    "deepseek2": "DeepSeek-V2/V3's GGUF layout (attn_kv_b split into attn_k_b / attn_v_b, "
-                 "the expert gating and group keys) is not implemented; import the HF folder",
-    "gpt-oss": "gpt-oss's GGUF (MXFP4 experts, its SwiGLU limit fixed by llama.cpp, YaRN "
-               "keys) is not implemented; import the HF folder",
     "qwen2moe": "Qwen2-MoE (a gated shared expert) is not a family here",
+    "gptj": "llama.cpp defines no GPT-J graph (no model class runs it, its rope type for "
+            "gptj is NONE, and convert_hf_to_gguf.py has no GPT-J class), so a gptj file "
+            "has no computation to be exact to; import the HF folder",
 }
-_LAYER_NORM_ARCH = ("gpt2", "gptneox", "stablelm", "phi2", "gptj", "bloom", "falcon",
+_LAYER_NORM_ARCH = ("gpt2", "gptneox", "stablelm", "phi2", "bloom", "falcon",
                     "command-r")   # LayerNorm (with bias, but command-r's), not RMSNorm
 _FUSED_QKV_ARCH = ("gpt2", "gptneox")   # Q, K, V as views of one (3 D) projection
 # The converter's LlamaModel (and its subclasses) permute Q / K rows (see the docstring).
 _PERMUTED_ARCH = ("llama", "granite", "smollm3")
-_MOE_ARCH = {"mixtral": "softmax_renorm", "qwen3moe": "softmax_renorm", "olmoe": "softmax"}
+_MOE_ARCH = {"mixtral": "softmax_renorm", "qwen3moe": "softmax_renorm", "olmoe": "softmax",
+             "gpt-oss": "topk_softmax"}
 _ACT = {"gemma2": "gelu_tanh", "gemma3": "gelu_tanh", "gpt2": "gelu_tanh", "gptneox": "gelu",
-        "phi2": "gelu_tanh", "gptj": "gelu_tanh", "bloom": "gelu_tanh", "falcon": "gelu"}
+        "phi2": "gelu_tanh", "bloom": "gelu_tanh", "falcon": "gelu"}
 
 # Metadata keys read per architecture (besides general.* and tokenizer.*); any other
 # "{arch}.*" key is refused by name.
@@ -248,7 +292,7 @@ _GGUF_KEYS = {
     "qwen3moe": _SIZES + _ROPE + _RMS + _EXPERT_KEYS + ("expert_feed_forward_length",),
     "olmoe": _SIZES + _ROPE + _RMS + _EXPERT_KEYS,
     "stablelm": _SIZES + _ROPE + _LN + ("use_parallel_residual",),
-    "phi2": _SIZES + _ROPE + _LN, "gptj": _SIZES + _ROPE + _LN,
+    "phi2": _SIZES + _ROPE + _LN,
     "bloom": _SIZES + _LN + ("attention.max_alibi_bias",),
     "falcon": _SIZES + _ROPE + _LN + ("tensor_data_layout",),
     "command-r": _SIZES + _ROPE + _LN + ("logit_scale",),
@@ -262,6 +306,13 @@ _GGUF_KEYS = {
     "phi3": _SIZES + _ROPE + _RMS + _WINDOW + ("rope.scaling.attn_factor",),
     "gpt2": _SIZES + ("attention.layer_norm_epsilon",),
     "gptneox": _SIZES + _ROPE + ("attention.layer_norm_epsilon", "use_parallel_residual"),
+    "gpt-oss": _SIZES + _ROPE + _RMS + _WINDOW + _EXPERT_KEYS + ("expert_feed_forward_length",),
+    "deepseek2": _SIZES + _ROPE + _RMS + _EXPERT_KEYS + (
+        "leading_dense_block_count", "attention.q_lora_rank", "attention.kv_lora_rank",
+        "attention.key_length_mla", "attention.value_length_mla",
+        "expert_feed_forward_length", "expert_shared_count", "expert_weights_scale",
+        "expert_weights_norm", "expert_gating_func", "expert_group_count",
+        "expert_group_used_count"),
 }
 # llama.cpp's Gemma 2 / 3 27B (46 / 62 layers) scale queries by 1 / sqrt(D / H), the other
 # sizes by 1 / sqrt(K) (llama-model.cpp, load_hparams): the files carry no scale key.
@@ -388,10 +439,14 @@ def _sizes(f: _File) -> dict:
   d = size("embedding_length")
   h = size("attention.head_count")
   h_kv = size("attention.head_count_kv", h)
-  k = size("attention.key_length", max(d // h, 1))
-  if size("attention.value_length", k) != k:
-    refuse("attention.value_length", meta("attention.value_length"),
-           f"differs from the key length {k}")
+  mla = _mla_sizes(f, h) if arch == "deepseek2" else None
+  if mla is not None:     # one decompressed key and value per head
+    k, h_kv = mla["r"] + mla["kn"], h
+  else:
+    k = size("attention.key_length", max(d // h, 1))
+    if size("attention.value_length", k) != k:
+      refuse("attention.value_length", meta("attention.value_length"),
+             f"differs from the key length {k}")
   if h_kv < 1 or h % h_kv:
     refuse("attention.head_count_kv", h_kv, f"must divide attention.head_count={h}")
   if arch in _FUSED_QKV_ARCH:
@@ -402,6 +457,8 @@ def _sizes(f: _File) -> dict:
       refuse("attention.key_length", k, f"with {h} heads of embedding_length {d}")
   s = dict(d=d, h=h, g=h_kv, k=k, n=size("block_count"), f=size("feed_forward_length"),
            max_len=size("context_length", 2048), tied="output.weight" not in f.by_name)
+  if mla is not None:
+    s["mla"] = mla
   if arch in _LAYER_NORM_ARCH:
     s["eps"] = f.number("attention.layer_norm_epsilon")
   else:
@@ -409,8 +466,8 @@ def _sizes(f: _File) -> dict:
   s["act"] = _ACT.get(arch, "silu")
   if arch in ("gptneox", "stablelm"):
     s["parallel"] = bool(meta("use_parallel_residual"))
-  s["parallel"] = s.get("parallel", False) or arch in ("phi2", "gptj", "falcon", "command-r")
-  if arch in ("gptj", "command-r"):
+  s["parallel"] = s.get("parallel", False) or arch in ("phi2", "falcon", "command-r")
+  if arch == "command-r":
     s["rope_layout"] = "interleaved"   # llama.cpp's NORM RoPE, stored unpermuted
   if arch == "gpt2":
     s["scale"] = k ** -0.5
@@ -418,10 +475,72 @@ def _sizes(f: _File) -> dict:
   return s
 
 
+def _mla_sizes(f: _File, h: int) -> dict:
+  """DeepSeek-V2/V3's MLA widths (adapters' s["mla"]) from a deepseek2 file as the
+  converter writes it for the absorbed form: key_length C + R and value_length C (the
+  cached latent, one "kv head"), key_length_mla R + Kn and value_length_mla V (a head's
+  decompressed key and value), kv_lora_rank C, rope.dimension_count R, q_lora_rank Cq
+  when the queries are low-rank (attn_q_a)."""
+  c, r = f.size("attention.kv_lora_rank"), f.size("rope.dimension_count")
+  if f.meta("attention.key_length_mla", None, required=False) is None:
+    f.refuse("attention.key_length_mla", None, "is missing: the older converters' layout "
+             "(attn_kv_b whole, MHA key lengths) is not implemented; convert again with a "
+             "current convert_hf_to_gguf.py")
+  k, v = f.size("attention.key_length_mla"), f.size("attention.value_length_mla")
+  for key, want in (("attention.key_length", c + r), ("attention.value_length", c),
+                    ("attention.head_count_kv", 1)):
+    if f.size(key, want) != want:
+      f.refuse(key, f.meta(key), f"(MLA's cached latent: kv_lora_rank {c} + rope "
+               f"{r}, value {c}, one kv head) must be {want}")
+  if k <= r:
+    f.refuse("attention.key_length_mla", k, f"must exceed rope.dimension_count={r}")
+  low_rank = "blk.0.attn_q_a.weight" in f.by_name
+  return dict(c=c, r=r, kn=k - r, v=v, cq=f.size("attention.q_lora_rank") if low_rank
+              else None)
+
+
+def _deepseek2_settings(f: _File, s: dict) -> None:
+  """llama.cpp's deepseek2 graph as settings: MLA (interleaved RoPE on R features, scores
+  scaled by 1 / sqrt(R + Kn)), leading dense layers, then MoE layers with shared
+  experts; routing by expert_gating_func (softmax, the default, or sigmoid), the top-k
+  within expert_group_used_count of expert_group_count groups ranked by their two best
+  scores (+ exp_probs_b), weights renormalised with expert_weights_norm, times
+  expert_weights_scale."""
+  mla, e, top = s["mla"], f.size("expert_count"), f.size("expert_used_count")
+  if top > e:
+    f.refuse("expert_used_count", top, f"is more than expert_count={e}")
+  if np.float32(s["eps"]) != np.float32(1e-6):   # llama.cpp: the file's eps for them too
+    f.refuse("attention.layer_norm_rms_epsilon", s["eps"], "is not 1e-6: llama.cpp "
+             "normalises MLA's latents with it, transformers' DeepSeek (and this import) "
+             "with 1e-6")
+  gating, norm = f.meta("expert_gating_func", 1, required=False), bool(
+      f.meta("expert_weights_norm", False, required=False))
+  if gating not in (1, 2):
+    f.refuse("expert_gating_func", gating, "(implemented: 1 softmax, 2 sigmoid)")
+  groups, used = f.size("expert_group_count", 1), f.size("expert_group_used_count", 1)
+  if groups > 1 and gating == 1:
+    f.refuse("expert_group_count", groups, "with softmax gating: llama.cpp ranks the "
+             "groups by their two best scores, DeepSeek-V2 by the best one")
+  if groups > 1 and (e % groups or e // groups < 2 or not 1 <= used <= groups
+                     or top > used * (e // groups)):
+    f.refuse("expert_group_count", groups, f"must split the {e} experts into groups of 2 "
+             f"or more, with expert_group_used_count={used} groups holding the top {top}")
+  scale = f.number("expert_weights_scale", 1.0)
+  moe_f, shared = f.size("expert_feed_forward_length"), f.size("expert_shared_count", 0, lo=0)
+  s.update(experts=e, top_k=top, moe_f=moe_f, moe_groups=[groups, used] if groups > 1 else None,
+           routing=("sigmoid" if gating == 2 else "softmax") + ("_renorm" if norm else ""),
+           moe_layers=list(range(f.size("leading_dense_block_count", 0, lo=0), s["n"])),
+           moe_scale=None if scale in (0.0, 1.0) else scale, shared_f=moe_f * shared,
+           shared=shared > 0, rope_layout="interleaved", scale=s["k"] ** -0.5,
+           low_rank_q=mla["cq"] is not None, full_q=mla["cq"] is None)
+
+
 def _arch_settings(f: _File, s: dict) -> None:
   """The settings of the newer architectures: experts, multipliers, ALiBi, NoPE layers."""
   arch, kind = f.arch, f.kind
-  if kind in _MOE_ARCH:
+  if arch == "deepseek2":
+    _deepseek2_settings(f, s)
+  elif kind in _MOE_ARCH:
     e, top = f.size("expert_count"), f.size("expert_used_count")
     if top > e:
       f.refuse("expert_used_count", top, f"is more than expert_count={e}")
@@ -439,15 +558,30 @@ def _arch_settings(f: _File, s: dict) -> None:
   if arch == "falcon" and f.meta("tensor_data_layout", "jploski") != "jploski":
     f.refuse("tensor_data_layout", f.meta("tensor_data_layout"), "(only the converter's "
              "'jploski' [q; k; v] layout is implemented)")
-  if arch == "command-r":
-    s["logit_scale"] = f.number("logit_scale", 1.0)
-  if arch == "granite":   # llama.cpp divides the logits by logit_scale
-    s.update(scale=f.number("attention.scale", s["k"] ** -0.5),
-             embed_scale=f.number("embedding_scale", 1.0),
-             residual_scale=f.number("residual_scale", 1.0),
-             logit_scale=1.0 / f.number("logit_scale", 1.0))
+  if arch == "command-r":     # llama.cpp: a logit_scale of 0 is not applied
+    s["logit_scale"] = f.number("logit_scale", 1.0) or None
+  if arch == "granite":
+    _granite_settings(f, s)
+  if arch == "gpt-oss":   # llama.cpp's swiglu_oai: alpha and limit are constants
+    s.update(swiglu_limit=7.0, swiglu_alpha=1.702, attn_bias=True, o_bias=True)
   if arch == "smollm3":   # llama.cpp: no RoPE in every 4th layer (n_no_rope_layer_step)
     s["no_rope"] = [i for i in range(s["n"]) if (i + 1) % 4 == 0]
+
+
+def _granite_settings(f: _File, s: dict) -> None:
+  """llama.cpp's granite graph: the score scale attention.scale (0: 1 / sqrt(K)), the
+  embeddings times embedding_scale and each sublayer's output times residual_scale (0:
+  not applied), the logits divided by logit_scale, and no RoPE at all when
+  rope.scaling.finetuned is false (its switch for RoPE; true when absent)."""
+  attn, embed, resid = (f.number(key, 0.0) for key in ("attention.scale", "embedding_scale",
+                                                       "residual_scale"))
+  logit = f.number("logit_scale", 1.0)
+  if logit == 0:
+    f.refuse("logit_scale", 0.0, "(llama.cpp divides the logits by it)")
+  s.update(scale=attn or s["k"] ** -0.5, embed_scale=embed or 1.0,
+           residual_scale=resid or 1.0, logit_scale=1.0 / logit)
+  if not f.meta("rope.scaling.finetuned", True, required=False):
+    s["no_rope"] = list(range(s["n"]))
 
 
 def _attention_layout(f: _File, s: dict) -> None:
@@ -481,6 +615,11 @@ def _attention_layout(f: _File, s: dict) -> None:
     big = n_layers == _GEMMA_27B_LAYERS[arch]
     s.update(scale=(d // h if big else s["k"]) ** -0.5,
              embed_scale=float(np.float32(d ** 0.5)))
+  elif arch == "gpt-oss":   # llama.cpp's swa pattern 2: even layers slide
+    s["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                        for i in range(n_layers)]
+    s["window"] = f.size("attention.sliding_window")
+    s["rope"]["sliding_attention"] = rope
   elif arch == "phi3":
     # Phi-3: one window for every layer (0: none, Phi-4). llama.cpp currently runs Phi-3
     # without its window (llama_model_phi3::load_arch_hparams); transformers' Phi-3,
@@ -503,7 +642,7 @@ def _params(f: _File, s: dict, fam, dtype: str, place):
   lin_shapes = {"ffn_gate.weight": (s["f"], d), "ffn_down.weight": (d, s["f"])}
   if arch != "phi3":
     lin_shapes["ffn_up.weight"] = (s["f"], d)
-  if arch in ("bloom", "falcon", "phi2", "gptj"):    # feed_forward_length: 4 D, no gate
+  if arch in ("bloom", "falcon", "phi2"):    # feed_forward_length: 4 D, no gate
     lin_shapes.pop("ffn_gate.weight")
 
   def get(name):
@@ -530,12 +669,44 @@ def _params(f: _File, s: dict, fam, dtype: str, place):
     return w
 
   names = [n for n in by_name if n not in _ROPE_FACTOR_TENSORS]
+  if arch == "deepseek2":
+    names, get = _mla_kv_b(f, s, names, get)
   t = adapters.Tensors(get, names, f"file {path!r}", ("",), np_dtype)
   params = adapters.build_params(fam, s, t, np_dtype, place=place)
   if arch == "gpt2" and params["pos_embed"].shape[0] != s["max_len"]:
     raise UserError(f"file {path!r}: position_embd has {params['pos_embed'].shape[0]} "
                      f"rows, {arch}.context_length={s['max_len']}", setting="file")
   return params, qtypes
+
+
+def _mla_kv_b(f: _File, s: dict, names: list, get):
+  """(names, get) with each layer's attn_k_b (H, C, Kn) and attn_v_b (H, V, C), as the
+  converter splits transformers' kv_b_proj for llama.cpp's absorbed MLA, replaced by the
+  whole blk.{i}.attn_kv_b.weight (H (Kn + V), C) that the MLA rows read."""
+  h, m = s["h"], s["mla"]
+  out = [n for n in names if not n.endswith(("attn_k_b.weight", "attn_v_b.weight"))]
+  for i in range(s["n"]):
+    if f"blk.{i}.attn_kv_b.weight" in f.by_name:
+      raise UserError(f"file {f.path!r}: tensor 'blk.{i}.attn_kv_b.weight' (the older "
+                       f"converters' whole kv_b) is not implemented; this reader takes "
+                       f"attn_k_b / attn_v_b", setting="file")
+    out.append(f"blk.{i}.attn_kv_b.weight")
+
+  def get_kv_b(name):
+    if not name.endswith("attn_kv_b.weight"):
+      return get(name)
+    blk = name[:-len("attn_kv_b.weight")]
+    for part in ("attn_k_b.weight", "attn_v_b.weight"):
+      if blk + part not in f.by_name:
+        raise UserError(f"file {f.path!r}: tensor {blk + part!r} is missing", setting="file")
+    kb, vb = get(blk + "attn_k_b.weight"), get(blk + "attn_v_b.weight")
+    if kb.shape != (h, m["c"], m["kn"]) or vb.shape != (h, m["v"], m["c"]):
+      raise UserError(f"file {f.path!r}: {blk}attn_k_b / attn_v_b have shapes {kb.shape} / "
+                       f"{vb.shape}; the metadata says (H, C, Kn) = {(h, m['c'], m['kn'])} "
+                       f"and (H, V, C) = {(h, m['v'], m['c'])}", setting="file")
+    return np.concatenate([kb.transpose(0, 2, 1), vb], axis=1).reshape(-1, m["c"])
+
+  return out, get_kv_b
 
 
 def _family(f: _File):
@@ -545,9 +716,11 @@ def _family(f: _File):
   rows = _GGUF_LAYER[f.kind]
   if arch == "falcon" and "blk.0.attn_norm_2.weight" not in by_name:
     rows = _ln("attn_norm", "ln1") + rows[4:]    # one LayerNorm for attention and MLP
-  layer_rows = tuple((n, kind.rstrip("*"), target, None)
-                     for n, kind, target, optional in rows
-                     if not optional or f"blk.0.{n}" in by_name)
+  if arch == "deepseek2" and any(n.endswith(_EXP_PROBS_B[0]) for n in by_name):
+    rows = rows + (_EXP_PROBS_B,)
+  layer_rows = tuple((n, kind.rstrip("*"), target, optional if isinstance(optional, str)
+                      else None) for n, kind, target, optional in rows
+                     if optional is not True or f"blk.0.{n}" in by_name)
   if arch == "phi3" and ("blk.0.attn_qkv.weight" in by_name) == ("blk.0.attn_q.weight"
                                                                   in by_name):
     raise UserError(f"file {f.path!r}: a phi3 layer needs attn_qkv.weight or attn_q / "
@@ -564,7 +737,10 @@ def _family(f: _File):
     present = []    # left over: refused by name with the file's other unknown tensors
   top += [(n, "vec", t, None) for n, t in present]
   top.append(("output.weight", "lin", "unembed", "untied"))
-  return adapters.Family(_FAMILY[f.kind], (), {}, tuple(top), layer_rows, prefixes=("",),
+  name = _FAMILY[f.kind]
+  if arch == "deepseek2" and f.meta("expert_gating_func", 1, required=False) == 2:
+    name = "deepseek_v3"       # sigmoid routing: V3's
+  return adapters.Family(name, (), {}, tuple(top), layer_rows, prefixes=("",),
                          layer_prefix="blk.{i}.", ignore_tensors=(),
                          norm="layer" if arch in _LAYER_NORM_ARCH else "rms")
 

@@ -200,8 +200,11 @@ def read(folder: str, dtype: str = "float32", place=None):
                                     where),
                    pad_id=_token_id(cfg.get("pad_token_id"), "pad_token_id", where),
                    add_bos=False, chat_template="")
-    return params, mcfg, tok, tok_cfg, dict(format="safetensors", files=[
-        os.path.basename(f) for f in files], tensor_dtypes=weights.dtypes)
+    info = dict(format="safetensors", files=[os.path.basename(f) for f in files],
+                tensor_dtypes=weights.dtypes)
+    if settings.get("skipped"):      # recorded in the workdir's config (source.skipped)
+      info["skipped"] = settings["skipped"]
+    return params, mcfg, tok, tok_cfg, info
   if place is not None:
     raise UserError(f"file {folder!r}: a BERT model is read whole; mesh places the "
                      f"decoder families' tensors as they stream (import it without mesh)",

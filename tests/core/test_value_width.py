@@ -175,32 +175,61 @@ def test_mla_equals_deepseek_s_attention_in_float64(low_rank_q):
     assert rel_err(got, want) < 1e-5, impl
 
 
-@pytest.mark.slow
-def test_mla_gradients_and_kv_cache():
-  rng = np.random.default_rng(5)
-  w, p = _mla_weights(rng)
-  x = jnp.asarray(rng.standard_normal((1, 6, D)), jnp.float32)
-  ct = rng.standard_normal((1, 6, D))
-  x64 = np.asarray(x, np.float64)
-  eps, picks = 1e-6, [(0, 1, 3), (0, 5, 20), (0, 3, 7)]
-  want = []
+def _central_differences(w, x64, ct, picks, eps=1e-6):
+  """d sum(oracle(x) * ct) / dx at the picked entries, by central differences (float64)."""
+  out = []
   for ix in picks:
     hi, lo = x64.copy(), x64.copy()
     hi[ix] += eps
     lo[ix] -= eps
-    want.append((np.sum(mla_oracle(w, hi) * ct) - np.sum(mla_oracle(w, lo) * ct)) / (2 * eps))
+    out.append((np.sum(mla_oracle(w, hi) * ct) - np.sum(mla_oracle(w, lo) * ct)) / (2 * eps))
+  return out
+
+
+@pytest.mark.slow
+def test_mla_gradients_on_every_kernel_that_serves_it():
+  rng = np.random.default_rng(5)
+  w, p = _mla_weights(rng)
+  x = jnp.asarray(rng.standard_normal((1, 6, D)), jnp.float32)
+  ct = rng.standard_normal((1, 6, D))
+  picks = [(0, 1, 3), (0, 5, 20), (0, 3, 7)]
+  want = _central_differences(w, np.asarray(x, np.float64), ct, picks)
   for impl in ("reference", "blocked"):
     gx = jax.grad(lambda x: jnp.sum(attention.multi_head_attention(
         p, x, causal=True, rope=MLA_ROPE, impl=impl) * jnp.asarray(ct, jnp.float32)))(x)
     np.testing.assert_allclose([gx[ix] for ix in picks], want, rtol=2e-3, atol=1e-4)
-  cache = attention.init_kv_cache(1, 8, H, R + KN, v_dim=V)
-  y, cache = attention.multi_head_attention(p, x[:, :3], causal=True, rope=MLA_ROPE,
+  with pytest.raises(ValueError, match="MLA"):
+    attention.multi_head_attention({**p, "wk_rope": p["wk_rope"][:, :2]}, x)
+
+
+def _cached_decode(p, x, prefill: int):
+  """x's outputs decoded with a KV cache: the first `prefill` tokens in one call, then
+  one token per call (the cache holds each head's decompressed key and value)."""
+  b, t, _ = x.shape
+  cache = attention.init_kv_cache(b, t + 2, H, R + KN, v_dim=V)
+  assert cache["k"].shape == (b, t + 2, H, R + KN) and cache["v"].shape == (b, t + 2, H, V)
+  y, cache = attention.multi_head_attention(p, x[:, :prefill], causal=True, rope=MLA_ROPE,
                                             cache=cache)
   outs = [y]
-  for i in range(3, 6):
+  for i in range(prefill, t):
     y, cache = attention.multi_head_attention(p, x[:, i:i + 1], causal=True, rope=MLA_ROPE,
                                               cache=cache)
     outs.append(y)
-  assert rel_err(jnp.concatenate(outs, 1), mla_oracle(w, x)) < 1e-5
-  with pytest.raises(ValueError, match="MLA"):
-    attention.multi_head_attention({**p, "wk_rope": p["wk_rope"][:, :2]}, x)
+  assert cache["length"].shape == ()
+  return jnp.concatenate(outs, 1)
+
+
+def test_mla_with_the_kv_cache_equals_the_oracle_forward_and_gradients():
+  """MLA (V != K) decoded through the KV cache (a prefill, then one token a step) equals
+  DeepSeek's attention written per head in float64, and so do the gradients taken
+  through the cached calls (central differences of the oracle)."""
+  rng = np.random.default_rng(6)
+  w, p = _mla_weights(rng)
+  x = jnp.asarray(rng.standard_normal((2, 6, D)), jnp.float32)
+  decode = jax.jit(lambda x: _cached_decode(p, x, 3))
+  assert rel_err(decode(x), mla_oracle(w, x)) < 1e-5
+  ct = rng.standard_normal((2, 6, D))
+  picks = [(0, 1, 3), (1, 4, 20), (0, 5, 7), (1, 0, 11)]   # prefill and decoded tokens
+  want = _central_differences(w, np.asarray(x, np.float64), ct, picks)
+  gx = jax.jit(jax.grad(lambda x: jnp.sum(decode(x) * jnp.asarray(ct, jnp.float32))))(x)
+  np.testing.assert_allclose([gx[ix] for ix in picks], want, rtol=2e-3, atol=1e-4)

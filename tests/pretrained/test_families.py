@@ -12,6 +12,7 @@ torch and transformers are test-only references (setup.cfg's test extra).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -121,20 +122,36 @@ def test_alibi_on_every_kernel_and_with_left_padding_matches_transformers(import
   assert rel_err(got[mask], want[mask]) < RTOL
 
 
-def test_kv_cache_decoding_across_the_window_matches_transformers(imported):
-  """Greedy decoding with the KV cache past the sliding window (Gemma 3: MQA, QK-norm,
-  local/global RoPE) gives transformers' tokens and the full recomputation's logits."""
+@pytest.mark.parametrize("case", ["gemma3", "deepseek_v3"])
+def test_kv_cache_decoding_matches_transformers_generate_and_the_uncached_forward(
+    imported, case):
+  """Greedy decoding with the KV cache gives transformers' generate tokens and logits
+  and the logits of the uncached forward over the same tokens. gemma3: past the sliding
+  window (MQA, QK-norm, local/global RoPE); deepseek_v3: MLA, whose cache holds each
+  head's decompressed key (B, S, H, R + Kn) and value (B, S, H, V), with MoE layers."""
   from mha_jax.models import decoder
-  model, loaded, _ = imported("gemma3")
+  model, loaded, _ = imported(case)
+  spec = loaded.task.spec
   prompt = TOKENS[:1, :6]
-  new, logits = decoder.generate(loaded.params, loaded.task.spec, prompt, 12, return_logits=True)
+  new, logits = decoder.generate(loaded.params, spec, prompt, 12, return_logits=True)
+  model.generation_config.eos_token_id = None    # no stop, no eos suppression
   with torch.no_grad():
-    want = model.generate(torch.as_tensor(prompt, dtype=torch.long), max_new_tokens=12,
-                          do_sample=False, min_new_tokens=12)[0, 6:].numpy()
-  np.testing.assert_array_equal(new[0], want)
+    out = model.generate(torch.as_tensor(prompt, dtype=torch.long), max_new_tokens=12,
+                         do_sample=False, return_dict_in_generate=True, output_logits=True)
+  np.testing.assert_array_equal(new[0], out.sequences[0, 6:].numpy())
   full = np.concatenate([prompt, new], 1)
-  ref = hf_logits(model, full)[0, 5:-1]
-  assert rel_err(logits[0], ref) < RTOL
+  errs = {"generate": rel_err(logits[0], torch.stack(out.logits, 1)[0].double().numpy()),
+          "uncached": rel_err(logits[0], np.asarray(decoder.apply(
+              loaded.params, spec, full))[0, 5:-1]),
+          "forward": rel_err(logits[0], hf_logits(model, full)[0, 5:-1])}
+  if case == "deepseek_v3":
+    cache = decoder.init_cache(loaded.params, 1, 18)
+    attn = loaded.params["lm"]["layer_0"]["attn"]
+    h, k, v = attn["wq"].shape[1], attn["wq"].shape[2], attn["wv"].shape[2]
+    assert k != v and cache["layer_0"]["k"].shape == (1, 18, h, k)
+    assert cache["layer_0"]["v"].shape == (1, 18, h, v)
+  print(f"\n{case}: max relative logit error of cached decoding {errs}")
+  assert max(errs.values()) < RTOL, errs
 
 
 @pytest.mark.parametrize("case", ["dynamic_rope", pytest.param("phi3_longrope",
@@ -564,10 +581,10 @@ def gguf_imported(tmp_path_factory):
 # The default run: one file per mechanism the GGUF reader undoes (llama's permuted
 # rows with experts, ALiBi with BLOOM's reordered QKV, Gemma's 1 + w norms with its
 # fixed layer pattern, GPT-2's transposed Conv1D); every other architecture in the slow run.
-GGUF_DEFAULT = ("llama:mixtral", "bloom", "gemma3", "gpt2")
+GGUF_DEFAULT = ("llama:mixtral", "bloom", "gemma3", "gpt2", "deepseek2", "gpt-oss")
 GGUF_SLOW = ("gemma2", "gptneox", "olmo2", "phi3", "qwen3", "qwen3moe", "olmoe", "stablelm",
-             "stablelm:parallel", "phi2", "gptj", "falcon", "falcon:mq", "command-r",
-             "granite", "smollm3")
+             "stablelm:parallel", "phi2", "falcon", "falcon:mq", "command-r",
+             "granite", "smollm3", "deepseek2:lite")
 
 
 @pytest.mark.parametrize("arch", list(GGUF_DEFAULT) + [
@@ -582,6 +599,8 @@ def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
       {"model_type": model.config.model_type}).name
   types = sorted({t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors})
   assert {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"} <= set(types)
+  if arch == "gpt-oss":      # the experts in MXFP4, dequantized by gguf
+    assert "MXFP4" in types
   got = np.asarray(loaded.task.logits(loaded.params, TOKENS))
   err = rel_err(got, hf_logits(model, TOKENS))
   refs = [f"transformers ({GGUF_CASES[arch][0]}) on the dequantized weights {err:.1e}"]
@@ -596,8 +615,51 @@ def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
   print(f"\n{arch} GGUF round trip: {'; '.join(refs)}")
 
 
+def test_granite_gguf_reads_llama_cpp_s_zero_scales_and_rope_switch(tmp_path):
+  """llama.cpp's granite graph: attention.scale, embedding_scale and residual_scale of 0
+  mean its defaults (1 / sqrt(K), 1, 1), and rope.scaling.finetuned false runs no RoPE:
+  the import matches transformers' Granite with those defaults and its rotary
+  frequencies zeroed (cos 1, sin 0: no rotation)."""
+  from hf_models import build_hf_for_gguf, load_held, write_gguf
+  model = build_hf_for_gguf("granite")
+  c = model.config
+  want = dict(attention_multiplier=(c.hidden_size // c.num_attention_heads) ** -0.5,
+              embedding_multiplier=1.0, residual_multiplier=1.0)
+  for k, v in want.items():        # the transformers model runs the defaults...
+    setattr(c, k, v)
+  for mod in model.modules():
+    for k, v in want.items():
+      if hasattr(mod, k):
+        setattr(mod, k, v)
+    if hasattr(mod, "scaling") and hasattr(mod, "attention_dropout"):
+      mod.scaling = want["attention_multiplier"]
+    if hasattr(mod, "inv_freq"):
+      mod.inv_freq.zero_()
+  saved = {k: getattr(c, k) for k in want}
+  for k in want:                   # ...while the file says 0
+    setattr(c, k, 0.0)
+  try:
+    _, held = write_gguf(model, tmp_path / "g.gguf",
+                         extra_meta=[("add_rope_scaling_finetuned", False)])
+  finally:
+    for k, v in saved.items():
+      setattr(c, k, v)
+  importer.import_model(str(tmp_path / "w"), file=str(tmp_path / "g.gguf"))
+  loaded = mha_jax.load(str(tmp_path / "w"))
+  assert all(lay["rope"] is None for lay in loaded.config.model.decoder["layers"])
+  err = rel_err(np.asarray(loaded.task.logits(loaded.params, TOKENS)),
+                hf_logits(load_held(model, held), TOKENS))
+  print(f"\ngranite GGUF with zero scales, no RoPE: max relative logit error {err:.1e}")
+  assert err < RTOL, err
+
+
 _SIZES = [("add_embedding_length", 64), ("add_head_count", 4), ("add_block_count", 2),
           ("add_feed_forward_length", 96)]
+_Gating = collections.namedtuple("_Gating", "value")   # a gating number gguf has no name for
+_MLA = [("add_kv_lora_rank", 32), ("add_rope_dimension_count", 8), ("add_head_count_kv", 1),
+        ("add_key_length", 40), ("add_value_length", 32), ("add_key_length_mla", 40),
+        ("add_value_length_mla", 16), ("add_expert_count", 4), ("add_expert_used_count", 2),
+        ("add_expert_feed_forward_length", 32)]
 
 
 @pytest.mark.parametrize("arch,meta,match", [
@@ -615,9 +677,19 @@ _SIZES = [("add_embedding_length", 64), ("add_head_count", 4), ("add_block_count
      r"phi3\.rope\.scaling\.type='yarn' is not implemented"),
     ("olmo2", [("add_layer_norm_rms_eps", 1e-5), ("add_rope_dimension_count", 8)],
      r"olmo2\.rope\.dimension_count=8 \(partial rotary\)"),
-    # llama.cpp architectures of the families that are not read from GGUF
-    ("deepseek2", [], r"'deepseek2'.*attn_k_b.*import the HF folder"),
-    ("gpt-oss", [], r"'gpt-oss'.*MXFP4.*import the HF folder"),
+    # llama.cpp has the name but no graph (nor converter) for GPT-J
+    ("gptj", [], r"'gptj': llama.cpp defines no GPT-J graph.*import the HF folder"),
+    # DeepSeek-V2/V3 files whose layout or settings are not run exactly
+    ("deepseek2", [("add_layer_norm_rms_eps", 1e-6), ("add_kv_lora_rank", 32),
+                   ("add_rope_dimension_count", 8)],
+     r"deepseek2\.attention\.key_length_mla=None is missing: the older converters' layout"),
+    ("deepseek2", _MLA + [("add_layer_norm_rms_eps", 1e-5)],
+     r"layer_norm_rms_epsilon=\S+ is not 1e-6: llama.cpp normalises MLA's latents"),
+    ("deepseek2", _MLA + [("add_layer_norm_rms_eps", 1e-6), ("add_expert_group_count", 2),
+                          ("add_expert_group_used_count", 1)],
+     r"deepseek2\.expert_group_count=2 with softmax gating"),
+    ("deepseek2", _MLA + [("add_layer_norm_rms_eps", 1e-6), ("add_expert_gating_func", _Gating(3))],
+     r"deepseek2\.expert_gating_func=3"),
     # keys the newer architectures' graphs read that are not implemented
     ("qwen3moe", [("add_expert_weights_scale", 2.0)], r"'qwen3moe\.expert_weights_scale'"),
     ("bloom", [("add_layer_norm_eps", 1e-5), ("add_max_alibi_bias", 4.0)],
@@ -722,6 +794,42 @@ def test_router_site_reads_transformers_choices_and_fixing_them_reproduces_its_l
       names[i]: interventions.replace(jnp_f32(np.roll(theirs[i], 1, axis=-1)))
       for i in range(n)})
   assert rel_err(np.asarray(other), ref) > 1e-3
+
+
+def test_deepseek_v3_mtp_layer_tensors_are_skipped_with_a_note(imported, tmp_path):
+  """A DeepSeek-V3 folder with a multi-token-prediction layer (num_nextn_predict_layers 1,
+  its tensors stored as layer n): the import skips them, says so in the workdir's
+  config, and gives the same logits (transformers' model has no such layer); without
+  the config key the same tensors are refused as unknown."""
+  import shutil
+  from safetensors.numpy import load_file, save_file
+  from mha_jax.errors import UserError
+  model, loaded, folder = imported("deepseek_v3")
+  n = model.config.num_hidden_layers
+  rng = np.random.default_rng(0)
+  for mtp in (1, 0):
+    src = tmp_path / f"hf{mtp}"
+    shutil.copytree(folder, src)
+    st = load_file(str(src / "model.safetensors"))
+    extra = {f"model.layers.{n}.{k}": rng.standard_normal(shape).astype(np.float32)
+             for k, shape in (("enorm.weight", (64,)), ("hnorm.weight", (64,)),
+                              ("eh_proj.weight", (64, 128)), ("shared_head.norm.weight", (64,)),
+                              ("self_attn.q_a_proj.weight", (20, 64)),
+                              ("mlp.gate.weight", (8, 64)))}
+    save_file({**st, **extra}, str(src / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_nextn_predict_layers"] = mtp
+    (src / "config.json").write_text(json.dumps(cfg))
+    if not mtp:
+      with pytest.raises(UserError, match=rf"does not know.*model\.layers\.{n}\."):
+        importer.import_model(str(tmp_path / "w0"), file=str(src))
+      continue
+    importer.import_model(str(tmp_path / "w1"), file=str(src))
+    got = mha_jax.load(str(tmp_path / "w1"))
+    src_cfg = json.loads((tmp_path / "w1" / "config.json").read_text())["source"]
+    assert src_cfg["skipped"].startswith("6 tensors of the 1 multi-token-prediction layer")
+    np.testing.assert_array_equal(np.asarray(got.task.logits(got.params, TOKENS)),
+                                  np.asarray(loaded.task.logits(loaded.params, TOKENS)))
 
 
 def test_deepseek_v3_router_reads_transformers_choices_and_its_correction_bias_matters(
