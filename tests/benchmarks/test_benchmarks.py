@@ -316,3 +316,29 @@ def test_bench_notebook_times_a_fresh_kernel_to_the_first_view(tmp_path, capsys)
   assert doc["ci"] == {"seconds": {"a": 1.0}} and len(doc["cold"]) == len(doc["warm"]) == 1
   for r in doc["cold"] + doc["warm"]:
     assert 0 < r["kernel_ready_s"] <= r["first_view_s"]
+
+
+def test_bench_eap_peer_without_the_peers_says_how_to_add_them(tmp_path, capsys,
+                                                               monkeypatch):
+  import importlib.util
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name in ("eap", "MIB_circuit_track")
+                      else real(name, *a))
+  out = tmp_path / "peer.json"
+  assert cli.main(["bench", "eap-peer", "--workdir", str(tmp_path), "--out", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert "eap, MIB_circuit_track are not importable" in err and "PYTHONPATH" in err
+  assert not out.exists()
+
+
+@pytest.mark.slow    # SmolLM2-135M's edges by the EAP-IG library (the peers on PYTHONPATH)
+def test_bench_eap_peer_agrees_with_the_library(smollm2_workdir, tmp_path, capsys):
+  pytest.importorskip("eap")
+  pytest.importorskip("MIB_circuit_track")
+  out = tmp_path / "peer.json"
+  assert cli.main(["bench", "eap-peer", "--workdir", smollm2_workdir, "--pairs", "2",
+                   "--steps", "2", "--methods", "eap", "--no-mib-eval",
+                   "--out", str(out)]) == 0, capsys.readouterr().err
+  a = json.loads(out.read_text())["methods"]["eap"]["mib_graph"]
+  assert a["pearson"] > 0.999 and a["top100"] >= 95
