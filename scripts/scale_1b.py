@@ -22,7 +22,6 @@ import subprocess
 import sys
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 SHAPES = {
     # Llama-3.2-1B's shapes, SmolLM2's vocabulary (49,152), tied embeddings
