@@ -491,7 +491,7 @@ def _moe_sizes(docs) -> list[str]:
 
 
 def _scale_1b(docs) -> list[str]:
-  """The 1B run (scripts/scale_1b.py): import, patch and circuit times and peak RSS, and
+  """The 1B run (`mha-jax bench scale-1b`): import, patch and circuit times and peak RSS, and
   the head table against torch hooks."""
   rel = "results/scale_1b_cpu.json"
   if not (docs / rel).exists():
@@ -510,7 +510,7 @@ def _scale_1b(docs) -> list[str]:
   if d.get("unfinished"):
     agree += [f"Not finished: {d['unfinished']}.", ""]
   return ["## A 1B model on 2 CPU cores", "",
-          f"`scripts/scale_1b.py`: a random Llama-3.2-1B-shaped model ({d['params']:,} params; "
+          f"`mha-jax bench scale-1b`: a random Llama-3.2-1B-shaped model ({d['params']:,} params; "
           f"SmolLM2's tokenizer and vocabulary) saved by transformers as "
           f"{len(d['shards_bytes'])} bf16 safetensors shards, imported in float32, then "
           f"`patch --sites head_out` and `circuit --method eap-ig` on {d['pairs']} IOI pairs "

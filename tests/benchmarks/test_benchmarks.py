@@ -342,3 +342,24 @@ def test_bench_eap_peer_agrees_with_the_library(smollm2_workdir, tmp_path, capsy
                    "--out", str(out)]) == 0, capsys.readouterr().err
   a = json.loads(out.read_text())["methods"]["eap"]["mib_graph"]
   assert a["pearson"] > 0.999 and a["top100"] >= 95
+
+
+@pytest.mark.slow    # the 1B run's path at test size: three fresh processes and torch
+def test_bench_scale_1b_path_at_test_size_matches_torch_hooks(tmp_path, capsys):
+  """A random transformers Llama (2 layers, width 64) with SmolLM2's tokenizer saved
+  sharded in bf16, imported, then `patch --sites head_out` and `circuit --method eap-ig`
+  on 4 IOI pairs with a memory budget; the head table equals torch forward hooks on the
+  same transformers model."""
+  pytest.importorskip("torch")
+  out = tmp_path / "scale.json"
+  assert cli.main(["bench", "scale-1b", "--shape", "tiny", "--work", str(tmp_path / "w"),
+                   "--budget", "64MB", "--sample", "6", "--out", str(out)]) == 0, \
+      capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  assert doc["import"]["rc"] == doc["patch"]["rc"] == doc["circuit"]["rc"] == 0
+  ref = doc["reference"]
+  assert len(ref["heads"]) == 5 and ref["max_abs_diff"] < 1e-4
+  assert ref["ld_clean"] != ref["ld_corrupt"]
+  assert doc["patch_plan"]["bytes"] <= 64 * 10**6
+  mem = doc["circuit_summary"]["memory_budget"]
+  assert mem["bytes"] == 64 * 10**6 and mem["eap_ig"]["bytes"] <= 64 * 10**6

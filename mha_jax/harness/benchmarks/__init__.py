@@ -17,7 +17,7 @@ import os
 # `mha-jax bench NAME` -> mha_jax.harness.benchmarks.bench_NAME (NAME with "_" for "-")
 NAMES = ("ab-attention", "attention-parts", "bf16-drift", "circuit", "compile-cache",
          "eap-peer", "import-peak", "mib-circuit", "models", "moe-import", "notebook",
-         "patching", "plan-heads", "pruned", "seeds", "window")
+         "patching", "plan-heads", "pruned", "scale-1b", "seeds", "window")
 
 # The folder holding this checkout's `mha_jax` (a benchmark's fresh processes import it).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
