@@ -1,7 +1,7 @@
 """Llama-3.1-70B on v5p without a full compile: why its plan is slow to make here, and the
 least memory its train state needs per device on each v5p slice.
 
-  /work/venv-tpu/bin/python scripts/plan_llama70b.py
+  PYTHONPATH=$PWD /work/venv-tpu/bin/python scripts/plan_llama70b.py
 
 1. Lowers (traces, no compile) the forward of Llama-3.1-8B and -70B (docs/data/*.config.json,
    bfloat16, B 8 x T 2048) for v5p:2x2x1 with a model axis of 4: the time and the size of
@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 RESULT = "docs/results/plan_llama70b_v5p.json"

@@ -5,7 +5,7 @@ k and v in the kernel's default layout (heads, T, K) and in the layout the wrapp
 (pallas.splash_blocks), read from XLA's buffer assignment, into
 docs/results/splash_buffers_v5e.json (scripts/docs_results.py renders it).
 
-  /work/venv-tpu/bin/python scripts/splash_buffers.py
+  PYTHONPATH=$PWD /work/venv-tpu/bin/python scripts/splash_buffers.py
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ import glob
 import json
 import os
 import re
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 RESULT = "docs/results/splash_buffers_v5e.json"

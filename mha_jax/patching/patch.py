@@ -273,7 +273,7 @@ def _write_attribution(w: _Writing) -> None:
            "method": "AtP: (z_clean - z_corrupt) . d mean LD / dz at the corrupt run, "
                      "over (LD_clean - LD_corrupt)",
            "scores": {"head_out": activation_patching.head_table(atp["z"]["heads"], s.heads)},
-           # its cost in forward+backward passes: scripts/bench_patching.py
+           # its cost in forward+backward passes: `mha-jax bench patching`
            "seconds": {"attribution_first_call": round(sec, 3)}}
   t0 = time.perf_counter()
   s.attribution(("z",))

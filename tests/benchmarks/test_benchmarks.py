@@ -148,3 +148,218 @@ def test_bench_import_peak_writes_the_folder_and_states_the_bound(tmp_path, caps
   assert doc["bound"] == int(1.3 * shards[-1] + 4 * n)
   assert doc["added_peak"] == doc["peak_rss"] - doc["base_rss"]
   assert doc["within_bound"] == (doc["added_peak"] <= doc["bound"])
+
+
+# ------------------------------------------- the benchmarks that were scripts/*.py
+
+
+@pytest.mark.slow    # a 2048 matmul's rate, the revision's package imported, four compiles
+def test_bench_ab_attention_compares_a_revision_with_the_tree(tmp_path, capsys):
+  out = tmp_path / "ab.json"
+  assert cli.main(["bench", "ab-attention", "HEAD", "--heads", "2", "--d-model", "8",
+                   "--seq-len", "4", "--batch", "1", "--rounds", "2",
+                   "--out", str(out)]) == 0, capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  assert doc["config"]["rev"] == "HEAD" and doc["config"]["heads"] == [2]
+  rows = {r["impl"]: r for r in doc["rows"]}
+  assert set(rows) == {"mha_jax at HEAD", "mha_jax now", "flax.linen MHDPA",
+                       "linen + jax.nn.dot_product_attention"}
+  peer = min(r["median_ms"] for n, r in rows.items() if not n.startswith("mha_jax"))
+  for r in rows.values():
+    assert len(r["times_ms"]) == 2
+    assert r["median_ms"] == pytest.approx(float(np.median(r["times_ms"])))
+    assert r["ratio_to_best_peer"] == pytest.approx(r["median_ms"] / peer)
+
+
+def test_bench_ab_attention_refuses_a_bad_revision_or_width(tmp_path, capsys):
+  out = tmp_path / "ab.json"
+  assert cli.main(["bench", "ab-attention", "no-such-rev", "--out", str(out)]) == 2
+  assert "rev 'no-such-rev' is not a revision" in capsys.readouterr().err
+  assert cli.main(["bench", "ab-attention", "--heads", "3", "--d-model", "8",
+                   "--out", str(out)]) == 2
+  assert "--heads [3] do not divide --d-model 8" in capsys.readouterr().err
+
+
+def _plan(h: int, data: int) -> dict:
+  """A planted plan.json of `mha-jax plan` (the keys plan-heads reads)."""
+  step = {"name": "train_step", "attention_kernels": [f"k{h}"], "flops": 10.0 * h,
+          "bytes_accessed": 3.0 * h, "per_device": {"total": 100 + h, "temp": h},
+          "memory_spaces": {"hbm": h}, "est_seconds": 0.5}
+  return {"programs": [step], "params": {"count": 1000 + h}, "mesh": {"data": data},
+          "jax": "j", "libtpu": "l", "date": "d", "device_kind": "TPU v5 lite"}
+
+
+def test_bench_plan_heads_collects_the_plans_with_their_scores_bytes(tmp_path, capsys,
+                                                                    monkeypatch):
+  from mha_jax import config as mc
+  from builders import ROOT
+  monkeypatch.chdir(ROOT)                 # configs/lm.py, as the benchmark reads it
+  plans, out = tmp_path / "plans", tmp_path / "summary.json"
+  for impl, h in (("reference", 8), ("auto", 96)):
+    (plans / f"{impl}_h{h}").mkdir(parents=True)
+    (plans / f"{impl}_h{h}" / "plan.json").write_text(json.dumps(_plan(h, data=4)))
+  assert cli.main(["bench", "plan-heads", "--plans", str(plans), "--collect",
+                   "--out", str(out)]) == 0, capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  assert [(r["impl"], r["heads"], r["d_k"]) for r in doc["rows"]] == [
+      ("reference", 8, 96), ("auto", 96, 8)]           # the ends first, as ORDER runs
+  for r in doc["rows"]:
+    h = r["heads"]
+    cfg = mc.load_config(f"configs/lm.py:heads={h},d_model=768")
+    want = (cfg.train.batch_size // 4) * h * cfg.model.max_len ** 2 * 4 * cfg.model.num_layers
+    assert r["scores_bytes"] == want and r["params"] == 1000 + h
+    assert r["kernels"] == [f"k{h}"] and r["train_step"]["total"] == 100 + h
+  assert (doc["topology"], doc["mesh"], doc["device_kind"]) == ("v5e:2x2", {"data": 4},
+                                                                "TPU v5 lite")
+  assert cli.main(["bench", "plan-heads", "--plans", str(tmp_path / "none"), "--collect",
+                   "--out", str(out)]) == 2
+  assert "--plans: no plan.json under" in capsys.readouterr().err
+
+
+@pytest.mark.slow    # compiles the (tiny) quickstart step for 1 seed and for 2 vmapped
+def test_bench_seeds_times_one_step_against_the_vmapped_seeds(tmp_path, capsys):
+  from builders import TINY_TRANSLATION
+  out = tmp_path / "seeds.json"
+  assert cli.main(["bench", "seeds", "--seeds", "2", "--step-rounds", "2", "--out", str(out),
+                   *TINY_TRANSLATION, "--config.train.batch_size=4"]) == 0, \
+      capsys.readouterr().err
+  doc = json.loads((tmp_path / "seeds.json.steps.json").read_text())   # no --out yet
+  assert (doc["seeds"], doc["rounds"]) == (2, 2)
+  assert doc["ratio"] == pytest.approx(doc["n_seeds_ms"] / doc["one_seed_ms"])
+  assert doc["machine"]["cpu_count"] > 0
+
+
+def test_bench_seeds_refuses_an_earlier_run_before_training(tmp_path, capsys):
+  out = tmp_path / "seeds.json"
+  (tmp_path / "wd" / "seeds_2").mkdir(parents=True)
+  assert cli.main(["bench", "seeds", "--seeds", "2", "--workdir", str(tmp_path / "wd"),
+                   "--out", str(out)]) == 2
+  assert "--workdir" in capsys.readouterr().err and not out.exists()
+  assert cli.main(["bench", "seeds", "--out", str(out), "--config.no.such=1"]) == 2
+
+
+@pytest.mark.slow    # three processes: transformers builds the folder, import, forward
+def test_bench_moe_import_imports_the_tiny_moe_and_runs_it(tmp_path, capsys):
+  from mha_jax.harness.benchmarks import bench_moe_import as moe
+  out = tmp_path / "moe.json"
+  assert cli.main(["bench", "moe-import", "--model", "tiny", "--layers", "1",
+                   "--out", str(out)]) == 0, capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  assert doc["config"] == {**moe.TINY_OLMOE, "num_hidden_layers": 1}
+  assert "failed" not in doc["import"] and "failed" not in doc["forward_process"], doc
+  assert doc["logits_finite"] is True and doc["import"]["peak_rss_gb"] > 0
+
+
+@pytest.mark.slow    # generates with both libraries (compiles a decode per length)
+def test_bench_models_times_the_model_against_transformers(tiny_hf_folder, tmp_path,
+                                                           capsys):
+  wd, out = str(tmp_path / "wd"), tmp_path / "models.json"
+  assert cli.main(["import", "--file", tiny_hf_folder, "--workdir", wd]) == 0
+  assert cli.main(["bench", "models", "--workdir", wd, "--batches", "1,2", "--seq-lens", "8",
+                   "--new-tokens", "3", "--rounds", "1", "--out", str(out)]) == 0, \
+      capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  assert doc["logits_rel_err_vs_transformers"] < 1e-4     # the same weights on both sides
+  assert {(r["impl"], r["batch"]) for r in doc["rows"]} == {
+      (i, b) for i in ("mha-jax", "transformers") for b in (1, 2)}
+  for r in doc["rows"]:
+    b = r["batch"]
+    assert r["forward_tok_s"] == pytest.approx(b * 8 / r["forward_s"])
+    assert r["decode_tok_s"] == pytest.approx(b * 2 / max(r["generate_n_s"] -
+                                                          r["generate_1_s"], 1e-9))
+
+
+@pytest.mark.slow    # three fresh processes of `mha-jax analyze`
+def test_bench_compile_cache_runs_each_command_three_times(ind_run, tmp_path, capsys):
+  out = tmp_path / "cc.json"
+  assert cli.main(["bench", "compile-cache", "--workdir", ind_run, "--commands", "analyze",
+                   "--out", str(out)]) == 0, capsys.readouterr().err
+  r = json.loads(out.read_text())["commands"]["analyze"]
+  assert r["argv"][:3] == ["analyze", "--workdir", ind_run]
+  assert r["no_cache"]["compiled"] == 0 < r["first"]["compiled"]     # nothing cached when off
+  assert r["second"]["loaded"] > 0 and r["cache_bytes"] > 0
+
+
+@pytest.mark.slow    # SmolLM2-135M: the IOI head sweep and AtP
+def test_bench_patching_times_the_sweep_and_atp(smollm2_workdir, tmp_path, capsys):
+  out = tmp_path / "patching.json"
+  assert cli.main(["bench", "patching", "--workdir", smollm2_workdir, "--pairs", "2",
+                   "--rounds", "1", "--out", str(out)]) == 0, capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  assert doc["pairs"] == 2 and doc["sweep"].endswith("270 heads")    # 30 layers x 9
+  a = doc["atp"]
+  assert a["ratio_to_forward_backward"] == pytest.approx(a["median_s"] /
+                                                         a["forward_backward_s"])
+  assert "| mha-jax (one compiled program) |" in doc["table"]
+
+
+@pytest.mark.slow    # SmolLM2-135M: `mha-jax circuit` on a MIB task as a fresh process
+def test_bench_mib_circuit_runs_a_task_as_the_circuit_verb(smollm2_workdir, tmp_path, capsys):
+  out = tmp_path / "mib.json"
+  assert cli.main(["bench", "mib-circuit", "--workdir", smollm2_workdir, "--skip-timing",
+                   "--tasks", "mib-ioi", "--model", "smollm2", "--out", str(out)]) == 0, \
+      capsys.readouterr().err
+  t = json.loads(out.read_text())["tasks"]["mib-ioi"]
+  assert t["model"] == "smollm2" and t["argv"][:4] == ["circuit", "--workdir",
+                                                       smollm2_workdir, "--task"]
+  assert t["graph"]["edges"] > 0 and 0 < t["pairs"] <= 8
+
+
+@pytest.mark.slow    # imports SmolLM2-135M, then two Jupyter kernels
+def test_bench_notebook_times_a_fresh_kernel_to_the_first_view(tmp_path, capsys):
+  pytest.importorskip("jupyter_client")
+  out, ci = tmp_path / "nb.json", tmp_path / "ci.json"
+  ci.write_text(json.dumps({"seconds": {"a": 1.0}}))
+  assert cli.main(["bench", "notebook", "--repeats", "1", "--ci-json", str(ci),
+                   "--out", str(out)]) == 0, capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  assert doc["ci"] == {"seconds": {"a": 1.0}} and len(doc["cold"]) == len(doc["warm"]) == 1
+  for r in doc["cold"] + doc["warm"]:
+    assert 0 < r["kernel_ready_s"] <= r["first_view_s"]
+
+
+def test_bench_eap_peer_without_the_peers_says_how_to_add_them(tmp_path, capsys,
+                                                               monkeypatch):
+  import importlib.util
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name in ("eap", "MIB_circuit_track")
+                      else real(name, *a))
+  out = tmp_path / "peer.json"
+  assert cli.main(["bench", "eap-peer", "--workdir", str(tmp_path), "--out", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert "eap, MIB_circuit_track are not importable" in err and "PYTHONPATH" in err
+  assert not out.exists()
+
+
+@pytest.mark.slow    # SmolLM2-135M's edges by the EAP-IG library (the peers on PYTHONPATH)
+def test_bench_eap_peer_agrees_with_the_library(smollm2_workdir, tmp_path, capsys):
+  pytest.importorskip("eap")
+  pytest.importorskip("MIB_circuit_track")
+  out = tmp_path / "peer.json"
+  assert cli.main(["bench", "eap-peer", "--workdir", smollm2_workdir, "--pairs", "2",
+                   "--steps", "2", "--methods", "eap", "--no-mib-eval",
+                   "--out", str(out)]) == 0, capsys.readouterr().err
+  a = json.loads(out.read_text())["methods"]["eap"]["mib_graph"]
+  assert a["pearson"] > 0.999 and a["top100"] >= 95
+
+
+@pytest.mark.slow    # the 1B run's path at test size: three fresh processes and torch
+def test_bench_scale_1b_path_at_test_size_matches_torch_hooks(tmp_path, capsys):
+  """A random transformers Llama (2 layers, width 64) with SmolLM2's tokenizer saved
+  sharded in bf16, imported, then `patch --sites head_out` and `circuit --method eap-ig`
+  on 4 IOI pairs with a memory budget; the head table equals torch forward hooks on the
+  same transformers model."""
+  pytest.importorskip("torch")
+  out = tmp_path / "scale.json"
+  assert cli.main(["bench", "scale-1b", "--shape", "tiny", "--work", str(tmp_path / "w"),
+                   "--budget", "64MB", "--sample", "6", "--out", str(out)]) == 0, \
+      capsys.readouterr().err
+  doc = json.loads(out.read_text())
+  assert doc["import"]["rc"] == doc["patch"]["rc"] == doc["circuit"]["rc"] == 0
+  ref = doc["reference"]
+  assert len(ref["heads"]) == 5 and ref["max_abs_diff"] < 1e-4
+  assert ref["ld_clean"] != ref["ld_corrupt"]
+  assert doc["patch_plan"]["bytes"] <= 64 * 10**6
+  mem = doc["circuit_summary"]["memory_budget"]
+  assert mem["bytes"] == 64 * 10**6 and mem["eap_ig"]["bytes"] <= 64 * 10**6

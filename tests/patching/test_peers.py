@@ -1,7 +1,6 @@
-"""scripts/bench_patching.py's peers (TransformerLens, nnsight) on a tiny random HF LLaMA:
+"""`mha-jax bench patching`'s peers (TransformerLens, nnsight) on a tiny random HF LLaMA:
 their head-output patching tables equal mha-jax's (values only; `pip install .[bench]`)."""
 
-import importlib.util
 import os
 
 import numpy as np
@@ -10,18 +9,14 @@ import pytest
 from mha_jax import cli, load
 from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit.pairs import Pairs
-from builders import ROOT
 from hf_models import build_hf, save_folder
 
 pytestmark = pytest.mark.slow
 
 
 def _bench():
-  spec = importlib.util.spec_from_file_location(
-      "bench_patching", os.path.join(ROOT, "scripts", "bench_patching.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  from mha_jax.harness.benchmarks import bench_patching
+  return bench_patching
 
 
 def test_the_peers_tables_equal_ours(tmp_path):

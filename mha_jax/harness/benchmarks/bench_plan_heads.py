@@ -1,18 +1,24 @@
-"""The seeds' claim per device: `mha-jax plan` of configs/lm.py's train step at h = 8, 16,
-32, 64, 96 (d_model 768, so d_k = 96 .. 8) on a TPU slice, one row per kernel, into
-docs/results/plan_heads_v5e.json (scripts/docs_results.py renders it).
+"""The seeds' claim per device: `mha-jax plan` of the LM's train step at h = 8 .. 96.
 
-  /work/venv-tpu/bin/python scripts/plan_heads.py --out /tmp/plan_heads [--topology v5e:2x2]
+configs/lm.py's train step at h = 8, 16, 32, 64, 96 (d_model 768, so d_k = 96 .. 8) on a
+TPU slice, one row per kernel, into docs/results/plan_heads_v5e.json
+(scripts/docs_results.py renders it).
 
-Each plan is written to OUT/<impl>_h<h>/plan.json (a plan already there is kept, so an
-interrupted run resumes); the summary collects them.
+  mha-jax bench plan-heads --plans /tmp/plan_heads [--topology v5e:2x2]
+
+(with the TPU compiler installed: libtpu). Each plan is written to
+PLANS/<impl>_h<h>/plan.json (a plan already there is kept, so an interrupted run resumes);
+the summary (--out) collects them.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
+
+from mha_jax.errors import UserError
+from mha_jax.settings import setting
 
 
 HEADS = (8, 16, 32, 64, 96)
@@ -20,6 +26,16 @@ ORDER = (8, 96, 16, 32, 64)     # the ends first: an interrupted run has the ran
 IMPLS = ("reference", "auto")
 D_MODEL = 768
 RESULT = "docs/results/plan_heads_v5e.json"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanHeadsOptions:
+  """The settings of `bench plan-heads`."""
+  plans: str = setting(path=True, help="the folder of the plans (PLANS/<impl>_h<h>/"
+                       "plan.json; one already there is kept)")
+  topology: str = setting("v5e:2x2", help="the TPU slice (mha-jax plan --topology)")
+  out: str = setting(RESULT, path=True, help="the summary's JSON file")
+  collect: bool = setting(False, help="only collect the plans already in --plans")
 
 
 def _scores(doc: dict, h: int) -> int:
@@ -41,18 +57,12 @@ def _row(impl: str, h: int, doc: dict) -> dict:
                     "est_seconds": p["est_seconds"]} for name, p in progs.items()}}
 
 
-def main() -> None:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", required=True)
-  ap.add_argument("--topology", default="v5e:2x2")
-  ap.add_argument("--result", default=RESULT)
-  ap.add_argument("--collect", action="store_true", help="only collect the plans in --out")
-  args = ap.parse_args()
+def run(args: PlanHeadsOptions) -> int:
   from mha_jax import machine, plan
-  rows, versions = [], {}
+  rows, versions, doc = [], {}, None
   for h in ORDER:
     for impl in IMPLS:
-      path = os.path.join(args.out, f"{impl}_h{h}", "plan.json")
+      path = os.path.join(args.plans, f"{impl}_h{h}", "plan.json")
       if not os.path.exists(path) and args.collect:
         continue
       if not os.path.exists(path):
@@ -65,6 +75,8 @@ def main() -> None:
       versions = {"jax": doc["jax"], "libtpu": doc["libtpu"], "date": doc["date"]}
       rows.append(_row(impl, h, doc))
       print(impl, h, rows[-1]["train_step"]["total"], flush=True)
+  if doc is None:
+    raise UserError(f"plans: no plan.json under {args.plans!r} to collect", setting="plans")
   out = {"topology": args.topology, "device_kind": doc["device_kind"], "mesh": doc["mesh"],
          "config": f"configs/lm.py:heads=H,d_model={D_MODEL} --config.model.impl=IMPL",
          "job": "train", "chip": doc.get("chip"), **versions,
@@ -72,10 +84,7 @@ def main() -> None:
                            "auto: dispatch's choice for the TPU target (Pallas splash "
                            "through shard_map; q, k and v as (heads, K, T) when K < 128)"),
          "rows": rows, "machine": machine.machine()}
-  with open(args.result, "w") as f:
+  with open(args.out, "w") as f:
     json.dump(out, f, indent=1)
-  print(f"wrote {args.result}")
-
-
-if __name__ == "__main__":
-  main()
+  print(f"wrote {args.out}")
+  return 0

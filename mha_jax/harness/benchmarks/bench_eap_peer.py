@@ -1,17 +1,19 @@
 """The EAP-IG library and MIB's evaluation as measured peers of `mha-jax circuit`.
 
-    python scripts/bench_eap_peer.py --workdir W --eap-ig DIR --mib DIR [--pairs 4]
-        [--steps 5] [--methods eap,eap-ig] [--mib-eval eap-ig] [--command]
-        [--out docs/results/circuits/eap_peer_smollm2.json]
+    PYTHONPATH=EAP_IG/src:MIB venv-eap/bin/python -m mha_jax.cli bench eap-peer \
+        --workdir W [--pairs 4] [--steps 5] [--methods eap,eap-ig] [--mib-eval eap-ig]
+        [--command] [--out docs/results/circuits/eap_peer_smollm2.json]
 
 The peers are benchmark-only (the `bench` extra, best in a virtual environment of its
 own with --system-site-packages): TransformerLens 3.x (`HookedTransformer`; 4.x dropped
-it), EAP-IG at --eap-ig (a checkout of hannamw/EAP-IG at 7af394a, the commit MIB's
-circuit track pins: its `src/`) and MIB's circuit track at --mib (hannamw/MIB-circuit-track,
-for MIB_circuit_track.evaluation and .metrics). Nothing here is imported by mha-jax.
+it), EAP-IG (a checkout of hannamw/EAP-IG at 7af394a, the commit MIB's circuit track
+pins: its `src/` on PYTHONPATH) and MIB's circuit track (a checkout of
+hannamw/MIB-circuit-track on PYTHONPATH, for MIB_circuit_track.evaluation and .metrics).
+Neither is a package to install, so both come in on PYTHONPATH; nothing here is imported
+by mha-jax.
 
 The same weights: the workdir's params written into transformers' LlamaForCausalLM
-(scripts/bench_models.to_transformers) and converted by TransformerLens' own
+(bench_models.to_transformers) and converted by TransformerLens' own
 `convert_llama_weights` into a `HookedTransformer` (no folding or centring), float32,
 CPU, grouped-query attention ungrouped (`ungroup_grouped_query_attention`, as MIB runs
 it). The same pairs: `circuit --task ioi`'s first --pairs pairs (those the model gets
@@ -40,7 +42,8 @@ each step) and prints a table.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
@@ -50,7 +53,28 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from mha_jax.errors import UserError
+from mha_jax.harness.benchmarks import child_env
+from mha_jax.harness.benchmarks.bench_models import to_transformers
+from mha_jax.settings import setting
+
+METHODS = ("eap", "eap-ig")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EapPeerOptions:
+  """The settings of `bench eap-peer`."""
+  workdir: str = setting(path=True, help="an imported smollm2-135m")
+  pairs: int = setting(4, lo=1, help="the IOI pairs requested")
+  steps: int = setting(5, lo=1, help="EAP-IG's steps")
+  methods: tuple[str, ...] = setting(METHODS, choices=METHODS, help="the methods compared")
+  mib_eval: tuple[str, ...] | None = setting(("eap-ig",), choices=METHODS, help="the "
+                                             "methods MIB's evaluation runs on (default: "
+                                             "eap-ig)")
+  no_mib_eval: bool = setting(False, help="run MIB's evaluation on none")
+  command: bool = setting(False, help="also time mha-jax circuit as fresh processes")
+  out: str = setting("docs/results/circuits/eap_peer_smollm2.json", path=True,
+                     help="the JSON file")
 
 
 def stamp() -> dict:
@@ -65,8 +89,6 @@ def peer_model(loaded, tokenizer_file: str):
   import transformers
   from transformer_lens import HookedTransformer, HookedTransformerConfig
   from transformer_lens.pretrained.weight_conversions import convert_llama_weights
-  from mha_jax.harness import module_at
-  to_transformers = module_at("bench_models", os.path.join(ROOT, "scripts")).to_transformers
   hf = to_transformers(loaded).float().eval()
   c = hf.config
   cfg = HookedTransformerConfig(
@@ -154,30 +176,28 @@ def grouped_sum(mib_graph, mib_edges, scores, grouped_graph, grouped_edges) -> n
   return out
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--workdir", required=True)
-  p.add_argument("--eap-ig", required=True, help="EAP-IG checkout at 7af394a (holds src/eap)")
-  p.add_argument("--mib", required=True, help="MIB-circuit-track checkout")
-  p.add_argument("--pairs", type=int, default=4)
-  p.add_argument("--steps", type=int, default=5)
-  p.add_argument("--methods", default="eap,eap-ig")
-  p.add_argument("--mib-eval", default="eap-ig", help="methods MIB's evaluation runs on "
-                 "(comma-separated; '' for none)")
-  p.add_argument("--command", action="store_true", help="also time mha-jax circuit")
-  p.add_argument("--out", default="docs/results/circuits/eap_peer_smollm2.json")
-  args = p.parse_args(argv)
-  sys.path[:0] = [os.path.join(args.eap_ig, "src"), args.mib]
+def _peers_importable() -> None:
+  """The peers' checkouts on PYTHONPATH, or a refusal saying how."""
+  missing = [m for m in ("eap", "MIB_circuit_track") if importlib.util.find_spec(m) is None]
+  if missing:
+    raise UserError(f"the peers {', '.join(missing)} are not importable: put the EAP-IG "
+                    f"checkout's src/ and the MIB-circuit-track checkout on PYTHONPATH "
+                    f"(docs/guide/circuits.md)")
+
+
+def run(args: EapPeerOptions) -> int:
+  _peers_importable()
   from mha_jax.harness import bench
   from mha_jax.machine import machine
-  result = run(args, lambda partial: bench.write_json(partial, args.out))
+  result = measure(args, lambda partial: bench.write_json(partial, args.out))
   result["machine"] = machine()
   bench.write_json(result, args.out)
   print(table(result))
   print(f"wrote {args.out}")
+  return 0
 
 
-def run(args, save=lambda doc: None) -> dict:
+def measure(args: EapPeerOptions, save=lambda doc: None) -> dict:
   """The measurements (see the module docstring); save(doc) after each step."""
   import torch
   from functools import partial
@@ -215,7 +235,7 @@ def run(args, save=lambda doc: None) -> dict:
     for text, ids in ((c, ci), (x, xi)):
       got = model.to_tokens(text, prepend_bos=False)[0].tolist()
       if got != [int(v) for v in ids[:n]]:
-        raise SystemExit(f"the library's tokens of {text!r} differ from the project's: {got}")
+        raise RuntimeError(f"the library's tokens of {text!r} differ from the project's: {got}")
   loader_ = DataLoader(data, batch_size=len(data), collate_fn=collate_EAP)
   metric = get_metric("logit_diff", "ioi", model.tokenizer, model)
   n = len(data)
@@ -223,7 +243,7 @@ def run(args, save=lambda doc: None) -> dict:
           "eap-ig": lambda s: s.eap_ig(args.steps, "inputs", "left")}
   lib_method = {"eap": "EAP", "eap-ig": "EAP-IG-inputs"}
   out["methods"] = {}
-  for m in [m for m in args.methods.split(",") if m]:
+  for m in args.methods:
     graph = Graph.from_model(model)
     t0 = time.perf_counter()
     eap.attribute.attribute(model, graph, loader_, partial(metric, mean=True, loss=True),
@@ -244,7 +264,7 @@ def run(args, save=lambda doc: None) -> dict:
     print(m, json.dumps(row), flush=True)
     out["methods"][m] = row
     save(out)
-    if m in args.mib_eval.split(","):
+    if not args.no_mib_eval and m in (args.mib_eval or ()):
       row["mib_evaluation"] = mib_eval(model, graph, loader_, metric, es, lib, search,
                                        evaluate_area_under_curve)
       print(m, "MIB evaluation", json.dumps(row["mib_evaluation"]), flush=True)
@@ -284,18 +304,19 @@ def command_times(args) -> dict:
   """`mha-jax circuit --graph mib --method M` as a fresh process, cold and warm
   compile cache: wall seconds and the command's own."""
   out = {}
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+  env = child_env()
   with tempfile.TemporaryDirectory() as tmp:
-    for m in [m for m in args.methods.split(",") if m]:
+    for m in args.methods:
       for run_name in ("cold", "warm"):
         argv = ["circuit", "--workdir", args.workdir, "--task", "ioi", "--n-pairs",
                 str(args.pairs), "--graph", "mib", "--method", m, "--steps", str(args.steps)]
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "mha_jax.cli", *argv, "--out",
                         f"{tmp}/{m}_{run_name}", "--compile-cache", f"{tmp}/xla_{m}"],
-                       check=True, env=env, cwd=ROOT, capture_output=True)
+                       check=True, env=env, capture_output=True)
         wall = time.perf_counter() - t0
-        doc = json.load(open(f"{tmp}/{m}_{run_name}/circuit.json"))
+        with open(f"{tmp}/{m}_{run_name}/circuit.json") as f:
+          doc = json.load(f)
         out[f"{m}_{run_name}"] = {"argv": argv, "wall_s": round(wall, 2),
                                   "seconds": doc["seconds"], "cpr": doc["cpr"],
                                   "cmd": doc["cmd"], **stamp()}
@@ -318,7 +339,3 @@ def table(r: dict) -> str:
                   f"{e['ours']['cpr']:.4f}) | CMD {e['mib']['cmd']:.4f} (ours "
                   f"{e['ours']['cmd']:.4f}) | | | |")
   return "\n".join(rows)
-
-
-if __name__ == "__main__":
-  main()

@@ -1,7 +1,8 @@
-"""Speed of activation patching on SmolLM2-135M: mha-jax against TransformerLens and nnsight.
+"""Speed of activation patching on SmolLM2-135M: mha-jax against TransformerLens and
+nnsight.
 
-    python scripts/bench_patching.py [--workdir DIR] [--pairs 4] [--rounds 3] [--command]
-                                     [--torch-rounds 1] [--out results/bench_patching.json]
+    mha-jax bench patching [--workdir DIR] [--pairs 4] [--rounds 3] [--command]
+                           [--torch-rounds 1] [--out results/bench_patching.json]
 
 The sweep: every head's output (z, the input of W_O; all positions), clean into corrupt,
 on --pairs IOI pairs; the metric is the recovery (LD - LD_corrupt) / (LD_clean -
@@ -29,7 +30,7 @@ AtP for all heads against one forward+backward. float32, CPU.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -40,6 +41,34 @@ import time
 
 import numpy as np
 
+from mha_jax.harness.benchmarks import child_env
+from mha_jax.harness.benchmarks.bench_models import to_transformers
+from mha_jax.settings import setting
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PatchingOptions:
+  """The settings of `bench patching`."""
+  workdir: str | None = setting(None, path=True, help="an imported smollm2-135m (default: "
+                                "import it into a temporary folder)")
+  pairs: int = setting(4, lo=1, help="the IOI pairs")
+  rounds: int = setting(3, lo=1, help="timed rounds of mha-jax's sweep after its first call")
+  torch_rounds: int = setting(0, lo=0, help="rounds of the (slow) torch-hooks loop after "
+                              "its warm-up (0: skip)")
+  peer_rounds: int = setting(1, lo=0, help="rounds of each peer's sweep after its first "
+                             "call (0: the first is the median)")
+  peer_layers: int | None = setting(None, lo=1, help="run the peers on the first N layers' "
+                                    "heads only and scale their times to all heads (a "
+                                    "peer's sweep is a forward per head)")
+  command: bool = setting(False, help="also time `mha-jax patch --sites head_out` as fresh "
+                          "processes")
+  no_prefix: bool = setting(False, help="also time mha-jax's sweep without the shared "
+                            "prefix")
+  cores: int = setting(0, lo=0, help="pin the process to this many cores and torch to as "
+                       "many threads (0: all cores, torch's default threads); on a shared "
+                       "machine torch's OpenMP threads thrash, 1 keeps both libraries on "
+                       "equal terms")
+  out: str = setting("results/bench_patching.json", path=True, help="the JSON file")
 
 
 
@@ -195,7 +224,6 @@ def load_peers(gguf_path: str | None = None, hf=None, tokenizer=None):
 
 def to_transformers_sd(loaded) -> dict:
   """mha-jax's weights in transformers' layout (to check the peers hold the same)."""
-  from bench_models import to_transformers
   return to_transformers(loaded).state_dict()
 
 
@@ -204,16 +232,14 @@ def command_times(workdir: str, n_pairs: int) -> dict:
   process (imports, load, the baseline runs, the sweep, its heatmap; no --outputs):
   without the compile cache, into an empty one, and again from it; with the sweep's own
   seconds."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = {}
   with tempfile.TemporaryDirectory() as tmp:
     for name, cache in (("no_cache", "off"), ("first", f"{tmp}/xla"), ("second", f"{tmp}/xla")):
       argv = [sys.executable, "-m", "mha_jax.cli", "patch", "--workdir", workdir, "--task",
               "ioi", "--n-pairs", str(n_pairs), "--sites", "head_out", "--method",
               "activation", "--out", f"{tmp}/{name}", "--compile-cache", cache]
-      env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
       t0 = time.perf_counter()
-      subprocess.run(argv, check=True, env=env, cwd=root, capture_output=True)
+      subprocess.run(argv, check=True, env=child_env(), capture_output=True)
       wall = time.perf_counter() - t0
       with open(f"{tmp}/{name}/summary.json") as f:
         sweep = json.load(f)["seconds"]["patch_head_out"]
@@ -260,53 +286,19 @@ def table_of(result: dict, heads: int, pairs: int, cores: int) -> str:
   return "\n".join(rows)
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__)
-  p.add_argument("--workdir", default=None, help="an imported smollm2-135m (default: import "
-                 "into a temporary folder)")
-  p.add_argument("--pairs", type=int, default=4)
-  p.add_argument("--rounds", type=int, default=3)
-  p.add_argument("--torch-rounds", type=int, default=0,
-                 help="rounds of the (slow) torch-hooks loop after its warm-up (0: skip)")
-  p.add_argument("--peer-rounds", type=int, default=1,
-                 help="rounds of each peer's sweep after its first call (0: the first is the median)")
-  p.add_argument("--peer-layers", type=int, default=None,
-                 help="run the peers on the first N layers' heads only and scale their "
-                      "times to all heads (a peer's sweep is a forward per head)")
-  p.add_argument("--command", action="store_true",
-                 help="also time `mha-jax patch --sites head_out` as fresh processes")
-  p.add_argument("--no-prefix", action="store_true",
-                 help="also time mha-jax's sweep without the shared prefix")
-  p.add_argument("--cores", type=int, default=0,
-                 help="pin the process to this many cores and torch to as many threads "
-                      "(0: all cores, torch's default threads); on a shared machine torch's "
-                      "OpenMP threads thrash, 1 keeps both libraries on equal terms")
-  p.add_argument("--out", default="results/bench_patching.json")
-  args = p.parse_args(argv)
-  cores = sorted(os.sched_getaffinity(0))
-  if args.cores:                     # before JAX starts its thread pool
-    cores = cores[:args.cores]
-    os.sched_setaffinity(0, set(cores))
-  import mha_jax
+def _ours(loaded, pairs, rounds: int) -> tuple:
+  """mha-jax's sweep and AtP: (the Study, its table, the result's entries)."""
   from mha_jax.harness import bench
   from mha_jax.machine import machine
-  from mha_jax.toolkit import activation_patching, pairs as pairs_lib
-  from mha_jax.pretrained import importer
-  workdir, tmp = args.workdir, None
-  if workdir is None:
-    tmp = tempfile.TemporaryDirectory()
-    workdir = os.path.join(tmp.name, "smollm2")
-    importer.import_model(workdir, name="smollm2-135m")
-  loaded = mha_jax.load(workdir)
-  pairs = pairs_lib.ioi_pairs(loaded.task, args.pairs, seed=0)
+  from mha_jax.toolkit import activation_patching
   rate_before = bench.matmul_gflops()
   t0 = time.perf_counter()
   s = activation_patching.Study(loaded.task, loaded.params, pairs)
   setup = time.perf_counter() - t0
-  ours, ours_first, ours_med, ours_all = bench.first_and_rounds(lambda: s.patch("z"), args.rounds)
+  ours, ours_first, ours_med, ours_all = bench.first_and_rounds(lambda: s.patch("z"), rounds)
   print(f"mha-jax batched sweep: {ours_med:.2f} s (first call {ours_first:.1f} s)", flush=True)
-  atp, atp_first, atp_med, _ = bench.first_and_rounds(lambda: s.attribution(("z",)), args.rounds)
-  fb = s.forward_backward_seconds(args.rounds)
+  atp, atp_first, atp_med, _ = bench.first_and_rounds(lambda: s.attribution(("z",)), rounds)
+  fb = s.forward_backward_seconds(rounds)
   print(f"AtP all heads: {atp_med:.3f} s; one forward+backward {fb:.3f} s", flush=True)
   result = {"model": "smollm2-135m (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized to f32)",
             "sweep": "head outputs (z), all positions, clean into corrupt, "
@@ -319,61 +311,98 @@ def main(argv=None):
                     "agreement_with_exact": activation_patching.agreement(atp["z"]["heads"],
                                                            ours["recovery"])},
             "machine": machine(matmul_gflops=rate_before)}
+  return s, ours, result
+
+
+def _peers(loaded, pairs, ours, a: PatchingOptions, result: dict) -> None:
+  """TransformerLens' and nnsight's sweeps (when installed) into result["peers"]."""
+  from mha_jax.harness import bench
+  import torch
+  import transformers
+  P = load_peers(loaded.config["source"]["path"])
+  hf_same = max(float((P["state"][k] - v).abs().max())
+                for k, v in to_transformers_sd(loaded).items())
+  print(f"peers loaded: {P['seconds']}; max |weight difference| to mha-jax's {hf_same:.1e}",
+        flush=True)
+  n = a.peer_layers
+  for name, fn in (("transformer_lens", lambda: tl_sweep(P["tl"], pairs, n)),
+                   ("nnsight", lambda: nnsight_sweep(P["nnsight"], P["hf"], pairs, layers=n))):
+    table, p_first, p_med, p_all = bench.first_and_rounds(fn, a.peer_rounds)
+    diff = float(np.nanmax(np.abs(table - ours["recovery"])))
+    done = int(np.isfinite(table).sum())
+    if done < table.size:     # a part of the heads: the time per head, times all heads
+      scale = table.size / done
+      p_first, p_med, p_all = p_first * scale, p_med * scale, [t * scale for t in p_all]
+    load = P["seconds"]["hf"] + P["seconds"]["tl" if name == "transformer_lens" else
+                                              "nnsight"]
+    result["peers"][name] = {
+        "median_s": p_med, "first_s": p_first, "runs_s": p_all, "load_s": load,
+        "command_s": load + p_first, "max_abs_recovery_difference": diff,
+        "heads_run": done, "heads": int(table.size),
+        "version": importlib.metadata.version(name.replace("_", "-"))}
+    print(f"{name}: sweep {p_med:.2f} s (first {p_first:.1f} s), load {load:.1f} s; max "
+          f"|recovery difference| to mha-jax {diff:.2e}", flush=True)
+  result["peers_weights_max_abs_difference"] = hf_same
+  result["torch"], result["transformers"] = torch.__version__, transformers.__version__
+  result["torch_threads"] = torch.get_num_threads()
+
+
+def _torch_loop(loaded, pairs, s, ours, rounds: int) -> dict:
+  """The loop of transformers forwards with a pre-hook on o_proj, against ours."""
+  import torch
+  from mha_jax.harness import bench
+  hf = to_transformers(loaded)
+  theirs, t_first, t_med, t_all = bench.first_and_rounds(lambda: torch_sweep(hf, pairs),
+                                                         rounds)
+  denom = s.ld_clean.mean() - s.ld_corrupt.mean()
+  rec = (theirs.mean(-1) - s.ld_corrupt.mean()) / denom
+  diff = float(np.nanmax(np.abs(rec - ours["recovery"])))
+  print(f"torch hooks loop: {t_med:.2f} s; max |recovery difference| {diff:.2e}", flush=True)
+  return {"median_s": t_med, "first_s": t_first, "runs_s": t_all,
+          "threads": torch.get_num_threads(), "max_abs_recovery_difference": diff}
+
+
+def _installed(*names: str) -> bool:
   try:
-    import torch
-    import transformers
+    for name in names:
+      importlib.import_module(name)
   except ImportError:
-    torch = None
+    return False
+  return True
+
+
+def run(args: PatchingOptions) -> int:
+  cores = sorted(os.sched_getaffinity(0))
+  if args.cores:                     # before JAX's CPU backend starts its thread pool
+    cores = cores[:args.cores]
+    os.sched_setaffinity(0, set(cores))
+  import mha_jax
+  from mha_jax.harness import bench
+  from mha_jax.toolkit import activation_patching, pairs as pairs_lib
+  from mha_jax.pretrained import importer
+  workdir, tmp = args.workdir, None
+  if workdir is None:
+    tmp = tempfile.TemporaryDirectory()
+    workdir = os.path.join(tmp.name, "smollm2")
+    importer.import_model(workdir, name="smollm2-135m")
+  loaded = mha_jax.load(workdir)
+  pairs = pairs_lib.ioi_pairs(loaded.task, args.pairs, seed=0)
+  s, ours, result = _ours(loaded, pairs, args.rounds)
+  torch_ok = _installed("torch", "transformers")
+  if not torch_ok:
     print("transformers/torch not installed: mha-jax only")
-  if torch is not None and args.cores:
+  elif args.cores:
+    import torch
     torch.set_num_threads(args.cores)
   result["peers"] = {}
-  try:
-    import nnsight
-    import transformer_lens  # noqa: F401
-  except ImportError:
-    nnsight = None
+  if not _installed("nnsight", "transformer_lens"):
     print("transformer-lens / nnsight not installed (pip install .[bench]): no peers")
-  if torch is not None and nnsight is not None:
-    P = load_peers(loaded.config["source"]["path"])
-    hf_same = max(float((P["state"][k] - v).abs().max())
-                  for k, v in to_transformers_sd(loaded).items())
-    print(f"peers loaded: {P['seconds']}; max |weight difference| to mha-jax's {hf_same:.1e}",
-          flush=True)
-    n = args.peer_layers
-    for name, fn in (("transformer_lens", lambda: tl_sweep(P["tl"], pairs, n)),
-                     ("nnsight", lambda: nnsight_sweep(P["nnsight"], P["hf"], pairs, layers=n))):
-      table, p_first, p_med, p_all = bench.first_and_rounds(fn, args.peer_rounds)
-      diff = float(np.nanmax(np.abs(table - ours["recovery"])))
-      done = int(np.isfinite(table).sum())
-      if done < table.size:     # a part of the heads: the time per head, times all heads
-        scale = table.size / done
-        p_first, p_med, p_all = p_first * scale, p_med * scale, [t * scale for t in p_all]
-      load = P["seconds"]["hf"] + P["seconds"]["tl" if name == "transformer_lens" else
-                                                "nnsight"]
-      result["peers"][name] = {
-          "median_s": p_med, "first_s": p_first, "runs_s": p_all, "load_s": load,
-          "command_s": load + p_first, "max_abs_recovery_difference": diff,
-          "heads_run": done, "heads": int(table.size),
-          "version": importlib.metadata.version(name.replace("_", "-"))}
-      print(f"{name}: sweep {p_med:.2f} s (first {p_first:.1f} s), load {load:.1f} s; max "
-            f"|recovery difference| to mha-jax {diff:.2e}", flush=True)
-    result["peers_weights_max_abs_difference"] = hf_same
-    result["torch"], result["transformers"] = torch.__version__, transformers.__version__
-    result["torch_threads"] = torch.get_num_threads()
+  elif torch_ok:
+    _peers(loaded, pairs, ours, args, result)
   if args.command:
     result["command"] = command_times(workdir, len(pairs))
-  if torch is not None and args.torch_rounds:
-    from bench_models import to_transformers
-    hf = to_transformers(loaded)
-    theirs, t_first, t_med, t_all = bench.first_and_rounds(lambda: torch_sweep(hf, pairs), args.torch_rounds)
-    denom = s.ld_clean.mean() - s.ld_corrupt.mean()
-    rec = (theirs.mean(-1) - s.ld_corrupt.mean()) / denom
-    diff = float(np.nanmax(np.abs(rec - ours["recovery"])))
-    print(f"torch hooks loop: {t_med:.2f} s; max |recovery difference| {diff:.2e}", flush=True)
-    result["torch_hooks_loop"] = {"median_s": t_med, "first_s": t_first, "runs_s": t_all,
-                                  "threads": torch.get_num_threads(),
-                                  "max_abs_recovery_difference": diff}
+  if torch_ok and args.torch_rounds:
+    result["torch_hooks_loop"] = _torch_loop(loaded, pairs, s, ours, args.torch_rounds)
   if args.no_prefix:
     s_full = activation_patching.Study(loaded.task, loaded.params, pairs, share_prefix=False)
     _, f_first, f_med, f_all = bench.first_and_rounds(lambda: s_full.patch("z"), args.rounds)
@@ -385,7 +414,6 @@ def main(argv=None):
   print(result["table"])
   bench.write_json(result, args.out)
   print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-  main()
+  if tmp:
+    tmp.cleanup()
+  return 0

@@ -1,12 +1,14 @@
-"""The 1B run of issue 47 (item 5): a random model at Llama-3.2-1B's shapes with SmolLM2's
+"""The 1B run: import, patch and circuit on a random model at Llama-3.2-1B's shapes.
+
+Issue 47 (item 5): a random model at Llama-3.2-1B's shapes with SmolLM2's
 tokenizer, saved by transformers as an HF folder (bf16 safetensors, sharded), imported
 through the project (peak host memory against 1.3 x the largest shard + the model once),
 then `patch --sites head_out` and `circuit --method eap-ig` on 4 IOI pairs
 (--keep-failing, --memory-budget 4GB), and the head table against torch forward hooks on
 the same transformers model for 5 heads.
 
-    python scripts/scale_1b.py [--shape llama32_1b|tiny] [--work DIR]
-                               [--out docs/results/scale_1b_cpu.json]
+    mha-jax bench scale-1b [--shape llama32_1b|tiny] [--work DIR]
+                           [--out docs/results/scale_1b_cpu.json]
 
 Each stage runs in a fresh process (wall time and peak RSS from getrusage, after its
 imports and at the end); a stage whose output is already in --work is not rerun. The
@@ -15,24 +17,37 @@ transformers model is the test reference (built here, never a runtime dependency
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+from mha_jax.harness.benchmarks import child_env
+from mha_jax.settings import setting
 
 SHAPES = {
     # Llama-3.2-1B's shapes, SmolLM2's vocabulary (49,152), tied embeddings
     "llama32_1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                        num_key_value_heads=8, intermediate_size=8192),
-    # the same path at test size (tests/patching/test_scale_1b.py)
+    # the same path at test size (tests/benchmarks/test_benchmarks.py)
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=96),
 }
 PAIRS, SEED, HEADS = 4, 0, 5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Scale1bOptions:
+  """The settings of `bench scale-1b`."""
+  shape: str = setting("llama32_1b", choices=tuple(sorted(SHAPES)), help="the model's "
+                       "shapes (tiny: the same path at test size)")
+  work: str = setting("/tmp/scale_1b", path=True, help="the folder of the stages (a stage "
+                      "whose output is there already is not rerun)")
+  budget: str = setting("4GB", help="patch's and circuit's --memory-budget")
+  sample: int = setting(40, lo=1, help="circuit's --sample")
+  circuit: bool = setting(True, help="run the circuit stage (the longest)")
+  out: str | None = setting(None, path=True, help="the JSON file (default: printed only)")
 
 
 def smollm2_tokenizer_json() -> str:
@@ -85,9 +100,8 @@ def child(args: list[str], record: str | None = None) -> dict:
   """A fresh, niced process running `args` (the CLI, or "import WORKDIR FOLDER DTYPE"):
   its return code, wall time and peak RSS (also written to `record`, a JSON file, so a
   later stage's failure keeps it)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
-  out = subprocess.run(["nice", sys.executable, "-c", _CHILD, *args], env=env,
-                       capture_output=True, text=True, cwd=REPO)
+  out = subprocess.run(["nice", sys.executable, "-c", _CHILD, *args],
+                       env=child_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True)
   if out.returncode:
     raise RuntimeError(f"{args[:1]} failed:\n{out.stderr[-4000:]}")
   r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -101,10 +115,8 @@ def child(args: list[str], record: str | None = None) -> dict:
 def study_pairs(workdir: str):
   """The pairs `patch` and `circuit` draw (task ioi, 4 pairs, seed 0)."""
   import mha_jax
-  from mha_jax.patching import patch
-  loaded = mha_jax.load(workdir)
-  p = patch.make_pairs(loaded, "ioi", None, PAIRS, SEED)
-  return p
+  from mha_jax.toolkit import pairs as pairs_lib
+  return pairs_lib.select_pairs(mha_jax.load(workdir).task, "ioi", None, PAIRS, SEED)
 
 
 def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dict:
@@ -160,8 +172,8 @@ def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dic
           "ld_clean": float(c), "ld_corrupt": float(x), "max_abs_diff": max(diff.values())}
 
 
-def run(shape: str, work: str, budget: str = "4GB", sample: int = 40,
-        with_circuit: bool = True) -> dict:
+def measure(shape: str, work: str, budget: str = "4GB", sample: int = 40,
+            with_circuit: bool = True) -> dict:
   """Every stage (see the module docstring; the circuit last, unless with_circuit is
   False); returns the results document."""
   import numpy as np
@@ -188,21 +200,21 @@ def run(shape: str, work: str, budget: str = "4GB", sample: int = 40,
   if not os.path.exists(os.path.join(pout, "patching.json")):
     doc["patch"] = child(["patch", *common, "--method", "activation", "--sites", "head_out",
                           "--out", pout], rec("patch"))
-  pj = json.load(open(os.path.join(pout, "patching.json")))
-  doc["patch_plan"] = json.load(open(os.path.join(pout, "summary.json"))).get("plan")
+  pj = _read(os.path.join(pout, "patching.json"))
+  doc["patch_plan"] = _read(os.path.join(pout, "summary.json")).get("plan")
   if not os.path.exists(rec("reference")):     # before the circuit: the longest stage
     ref = reference(folder, wd, pj["scores"]["head_out"])
     with open(rec("reference"), "w") as f:
       json.dump(ref, f)
-  doc["reference"] = json.load(open(rec("reference")))
+  doc["reference"] = _read(rec("reference"))
   if with_circuit and not os.path.exists(os.path.join(cout, "circuit.json")):
     doc["circuit"] = child(["circuit", *common, "--method", "eap-ig", "--sample", str(sample),
                             "--out", cout], rec("circuit"))
   for stage in ("import", "patch", "circuit"):     # from an earlier, interrupted run
     if stage not in doc and os.path.exists(rec(stage)):
-      doc[stage] = json.load(open(rec(stage)))
+      doc[stage] = _read(rec(stage))
   if os.path.exists(os.path.join(cout, "circuit.json")):
-    cj = json.load(open(os.path.join(cout, "circuit.json")))
+    cj = _read(os.path.join(cout, "circuit.json"))
     doc["circuit_summary"] = {k: cj.get(k) for k in (
         "graph", "cpr", "cmd", "memory_budget", "seconds", "metric_full", "metric_empty")}
   return doc
@@ -220,23 +232,18 @@ def _shapes(folder: str) -> dict:
   return out
 
 
-def main() -> None:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--shape", default="llama32_1b", choices=sorted(SHAPES))
-  ap.add_argument("--work", default="/tmp/scale_1b")
-  ap.add_argument("--budget", default="4GB")
-  ap.add_argument("--sample", type=int, default=40)
-  ap.add_argument("--no-circuit", action="store_true")
-  ap.add_argument("--out")
-  a = ap.parse_args()
+def _read(path: str):
+  with open(path) as f:
+    return json.load(f)
+
+
+def run(a: Scale1bOptions) -> int:
   from mha_jax.machine import machine
-  doc = run(a.shape, a.work, a.budget, a.sample, not a.no_circuit)
+  os.makedirs(a.work, exist_ok=True)
+  doc = measure(a.shape, a.work, a.budget, a.sample, a.circuit)
   doc["machine"] = machine()
   print(json.dumps({k: v for k, v in doc.items() if k != "machine"}, indent=1, default=str))
   if a.out:
     with open(a.out, "w") as f:
       json.dump(doc, f, indent=1, default=str)
-
-
-if __name__ == "__main__":
-  main()
+  return 0

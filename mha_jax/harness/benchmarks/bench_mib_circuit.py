@@ -1,6 +1,6 @@
 """`mha-jax circuit` with MIB's evaluation: its time cold and warm, and MIB's tasks.
 
-    python scripts/bench_mib_circuit.py --workdir W [--tasks mib-ioi,mib-mcqa,...]
+    mha-jax bench mib-circuit --workdir W [--tasks mib-ioi,mib-mcqa,...]
         [--out docs/results/circuits/mib_smollm2.json] [--skip-timing] [--model NAME]
 
 1. The default `circuit` (IOI, 4 pairs) as a fresh process twice on one compile-cache
@@ -13,7 +13,7 @@ Each entry records the date and the load average; the machine record is added.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,16 +21,33 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from mha_jax.circuits import mib_tasks
+from mha_jax.harness.benchmarks import child_env
+from mha_jax.settings import setting
 
 
-def run(argv, cache: str) -> tuple[float, dict]:
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MibCircuitOptions:
+  """The settings of `bench mib-circuit`."""
+  workdir: str = setting(path=True, help="the model's workdir (an imported smollm2-135m)")
+  tasks: tuple[str, ...] = setting(mib_tasks.TASKS, choices=mib_tasks.TASKS,
+                                   help="the MIB tasks to run")
+  out: str = setting("docs/results/circuits/mib_smollm2.json", path=True,
+                     help="the JSON file (what it holds is kept, each entry updated)")
+  skip_timing: bool = setting(False, help="only the tasks, not the cold and warm timing")
+  label: str = setting("timing", help="the key the timing is stored under (e.g. "
+                       "timing_before, to keep a measurement before a change)")
+  model: str | None = setting(None, help="the model's name in the results (default: the "
+                              "workdir)")
+
+
+def circuit_run(argv, cache: str) -> tuple[float, dict]:
+  """(wall seconds, circuit.json) of `mha-jax circuit ARGV` as a fresh process."""
   t0 = time.perf_counter()
   p = subprocess.run([sys.executable, "-m", "mha_jax.cli", *argv, "--compile-cache", cache],
-                     capture_output=True, text=True, env=env, cwd=ROOT)
+                     capture_output=True, text=True, env=child_env())
   if p.returncode != 0:
-    raise SystemExit(f"{' '.join(argv)} failed:\n{p.stderr[-3000:]}")
+    raise RuntimeError(f"{' '.join(argv)} failed:\n{p.stderr[-3000:]}")
   with open(os.path.join(argv[argv.index("--out") + 1], "circuit.json")) as f:
     return round(time.perf_counter() - t0, 2), json.load(f)
 
@@ -46,7 +63,7 @@ def timing(workdir: str, tmp: str) -> dict:
   for run_name in ("cold", "warm"):
     argv = ["circuit", "--workdir", workdir, "--task", "ioi", "--n-pairs", "4",
             "--out", os.path.join(tmp, run_name)]
-    wall, doc = run(argv, cache)
+    wall, doc = circuit_run(argv, cache)
     sec = doc["seconds"]
     # the curves: one step for every method since search.curves (before: curve_NAME)
     own = sec["eap_ig"] + sec.get("curves", sec.get("curve_eap-ig", 0.0))
@@ -65,7 +82,7 @@ def tasks(workdir: str, tmp: str, names, model: str | None = None) -> dict:
     argv = ["circuit", "--workdir", workdir, "--task", name, "--n-pairs", "8",
             "--graph", "mib", "--method", "eap-ig", "--sample", "20",
             "--out", os.path.join(tmp, name)]
-    wall, doc = run(argv, os.path.join(tmp, "xla"))
+    wall, doc = circuit_run(argv, os.path.join(tmp, "xla"))
     out[name] = {"argv": argv[:-2], "model": model or workdir, "cpr": doc["cpr"], "cmd": doc["cmd"],
                  "cpr_absolute_ranking": doc["cpr_absolute_ranking"],
                  "pairs": doc["pairs"], "failing": len(doc["failing"]),
@@ -89,17 +106,7 @@ def table(t: dict) -> str:
   return "\n".join(rows)
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--workdir", required=True)
-  p.add_argument("--tasks", default="mib-ioi,mib-mcqa,mib-arithmetic-add,mib-arithmetic-sub")
-  p.add_argument("--out", default="docs/results/circuits/mib_smollm2.json")
-  p.add_argument("--skip-timing", action="store_true")
-  p.add_argument("--label", default="timing", help="the key the timing is stored under "
-                 "(e.g. timing_before, to keep a measurement before a change)")
-  p.add_argument("--model", default=None, help="the model's name in the results "
-                 "(default: the workdir)")
-  args = p.parse_args(argv)
+def run(args: MibCircuitOptions) -> int:
   from mha_jax.harness import bench
   from mha_jax.machine import machine
   result = {"workdir": args.workdir}
@@ -112,13 +119,10 @@ def main(argv=None):
       result["machine"] = machine()
       bench.write_json(result, args.out)
       print(table(result[args.label]))
-    for name in [t for t in args.tasks.split(",") if t]:
+    for name in args.tasks:
       result.setdefault("tasks", {}).update(tasks(args.workdir, tmp, [name], args.model))
       bench.write_json(result, args.out)
   result["machine"] = machine()
   bench.write_json(result, args.out)
   print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-  main()
+  return 0

@@ -2,19 +2,20 @@
 rounds interleaved (drift on a shared machine hits both alike), forward+backward, with
 flax.linen and linen + jax.nn as peers. Prints a table and writes JSON.
 
-  PYTHONPATH=. python scripts/ab_attention.py 135ac61 --heads 8,96 --rounds 7 \
+  mha-jax bench ab-attention 135ac61 --heads 8,96 --rounds 7 \
       --out docs/results/ab_fused_qkv_cpu.json
 
-(135ac61: the code before the fused q/k/v projection.) The revision's whole package is
-loaded, kernels included, so a kernel change is compared too:
+(135ac61: the code before the fused q/k/v projection; run in the checkout, whose git
+history holds the revision.) The revision's whole package is loaded, kernels included, so
+a kernel change is compared too:
 
-  PYTHONPATH=. python scripts/ab_attention.py 8c0d26a --heads 8,96 --rounds 7 \
+  mha-jax bench ab-attention 8c0d26a --heads 8,96 --rounds 7 \
       --out docs/results/ab_packed_qkv_cpu.json
 
 (8c0d26a: q, k, v read from one packed projection by the blocked kernel; not kept.)
 """
 
-import argparse
+import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
@@ -27,7 +28,23 @@ import jax
 
 from mha_jax.harness import bench
 from mha_jax import attention
+from mha_jax.errors import UserError
+from mha_jax.harness.benchmarks import ROOT
 from mha_jax.machine import machine
+from mha_jax.settings import setting
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AbAttentionOptions:
+  """The settings of `bench ab-attention`."""
+  rev: str = setting("HEAD", positional=True, help="the git revision to compare with the "
+                     "working tree (default: HEAD)")
+  heads: tuple[int, ...] = setting((8, 96), lo=1, help="the head counts h")
+  rounds: int = setting(7, lo=1, help="timed rounds (interleaved)")
+  d_model: int = setting(768, lo=1, help="the model width (a multiple of each h)")
+  seq_len: int = setting(512, lo=1, help="T")
+  batch: int = setting(4, lo=1, help="B")
+  out: str = setting("results/ab_attention.json", path=True, help="the JSON file")
 
 
 def _old_attention(rev: str):
@@ -35,7 +52,10 @@ def _old_attention(rev: str):
   included, extracted with git archive), imported beside the working tree's: the
   working tree's modules are put back in sys.modules afterwards."""
   root = tempfile.mkdtemp()
-  tar = subprocess.run(["git", "archive", rev, "mha_jax"], check=True, capture_output=True)
+  tar = subprocess.run(["git", "-C", ROOT, "archive", rev, "mha_jax"], capture_output=True)
+  if tar.returncode:
+    raise UserError(f"rev {rev!r} is not a revision of {ROOT}'s history: "
+                    f"{tar.stderr.decode().strip()[-300:]}", setting="rev")
   subprocess.run(["tar", "-x", "-C", root], input=tar.stdout, check=True)
   ours = {n: m for n, m in sys.modules.items() if n == "mha_jax" or n.startswith("mha_jax.")}
   for n in ours:
@@ -51,22 +71,17 @@ def _old_attention(rev: str):
     sys.modules.update(ours)
 
 
-def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument("rev")
-  ap.add_argument("--heads", default="8,96")
-  ap.add_argument("--rounds", type=int, default=7)
-  ap.add_argument("--d-model", type=int, default=768)
-  ap.add_argument("--seq-len", type=int, default=512)
-  ap.add_argument("--batch", type=int, default=4)
-  ap.add_argument("--out", default="results/ab_attention.json")
-  a = ap.parse_args()
+def run(a: AbAttentionOptions) -> int:
+  bad = [h for h in a.heads if a.d_model % h]
+  if bad:
+    raise UserError(f"heads {bad} do not divide d_model {a.d_model}",
+                    setting=("heads", "d_model"))
   old = _old_attention(a.rev)
   gflops = bench.matmul_gflops()
   print(f"matmul rate {gflops:.1f} GFLOP/s")
   x = jax.random.normal(jax.random.PRNGKey(1), (a.batch, a.seq_len, a.d_model))
   rows = []
-  for h in [int(v) for v in a.heads.split(",")]:
+  for h in a.heads:
     built = bench.build_impls(a.d_model, h, with_cudnn=False)
     p = built["mha_jax impl=auto"][1]
     fns = {f"mha_jax at {a.rev}": (lambda p, x: old.multi_head_attention(p, x), p),
@@ -95,12 +110,9 @@ def main():
     per_round = sorted(u / v for u, v in zip(now, then))
     print(f"h={h} now / at {a.rev}: {med['mha_jax now'] / med[f'mha_jax at {a.rev}']:.3f} "
           f"(rounds {per_round[0]:.3f}-{per_round[-1]:.3f}); matmul {rate:.0f} GFLOP/s")
-  result = {"config": vars(a), "mode": "forward+backward",
+  result = {"config": dataclasses.asdict(a), "mode": "forward+backward",
             "machine": machine(matmul_gflops=gflops),
             "rows": rows}
   bench.write_json(result, a.out)
   print(f"wrote {a.out}")
-
-
-if __name__ == "__main__":
-  main()
+  return 0

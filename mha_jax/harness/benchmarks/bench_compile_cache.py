@@ -1,7 +1,7 @@
 """First and second runs of `mha-jax` commands with the persistent compilation cache.
 
-    python scripts/bench_compile_cache.py [--workdir smollm2] [--commands quickstart,analyze,patch]
-                                          [--out docs/results/compile_cache.json]
+    mha-jax bench compile-cache --workdir smollm2 [--commands quickstart,analyze,patch]
+                                [--out docs/results/compile_cache.json]
 
 Each command runs three times as a fresh process: without the cache (--compile-cache
 off), into an empty cache folder (first run), then again on the same folder (second
@@ -15,7 +15,7 @@ read --workdir (an imported SmolLM2-135M: `mha-jax import smollm2-135m --workdir
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,7 +23,21 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from mha_jax.harness.benchmarks import child_env
+from mha_jax.settings import setting
+
+COMMANDS = ("quickstart", "analyze", "patch", "patch_head_out", "patch_all_sites", "circuit")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompileCacheOptions:
+  """The settings of `bench compile-cache`."""
+  workdir: str = setting(path=True, help="an imported smollm2-135m (mha-jax import "
+                         "smollm2-135m --workdir W)")
+  commands: tuple[str, ...] = setting(("quickstart", "analyze", "patch"), choices=COMMANDS,
+                                      help="the commands to time")
+  out: str = setting("docs/results/compile_cache.json", path=True, help="the JSON file "
+                     "(the commands measured before are kept)")
 
 
 def commands(workdir: str, tmp: str, i: str) -> dict:
@@ -44,15 +58,14 @@ def commands(workdir: str, tmp: str, i: str) -> dict:
 
 
 def run_once(argv, cache: str) -> dict:
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-         "JAX_LOG_COMPILES": "1", "JAX_EXPLAIN_CACHE_MISSES": "1"}
+  env = child_env(JAX_LOG_COMPILES="1", JAX_EXPLAIN_CACHE_MISSES="1")
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
   t0 = time.perf_counter()
   p = subprocess.run([sys.executable, "-m", "mha_jax.cli", *argv, "--compile-cache", cache],
-                     capture_output=True, text=True, env=env, cwd=ROOT)
+                     capture_output=True, text=True, env=env)
   sec = time.perf_counter() - t0
   if p.returncode != 0:
-    raise SystemExit(f"{' '.join(argv)} failed:\n{p.stderr[-3000:]}")
+    raise RuntimeError(f"{' '.join(argv)} failed:\n{p.stderr[-3000:]}")
   out = {"seconds": round(sec, 2),
          "compiled": p.stderr.count("PERSISTENT COMPILATION CACHE MISS"),
          "loaded": p.stderr.count("Persistent compilation cache hit")}
@@ -85,13 +98,8 @@ def _size(root: str) -> int:
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--workdir", required=True, help="an imported smollm2-135m")
-  p.add_argument("--commands", default="quickstart,analyze,patch")
-  p.add_argument("--out", default="docs/results/compile_cache.json")
-  args = p.parse_args(argv)
-  names = [c for c in args.commands.split(",") if c]
+def run(args: CompileCacheOptions) -> int:
+  names = list(args.commands)
   from mha_jax.harness import bench
   from mha_jax import cli
   result = {"workdir": args.workdir, "commands": {}}
@@ -121,7 +129,4 @@ def main(argv=None):
   print(result["table"])
   bench.write_json(result, args.out)
   print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-  main()
+  return 0

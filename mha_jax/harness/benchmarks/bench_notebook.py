@@ -1,7 +1,7 @@
 """Time from a fresh Jupyter kernel to the first attention view, cold and warm.
 
-    python scripts/bench_notebook.py [--out docs/results/notebooks.json] [--ci-json FILE]
-                                     [--repeats 2]
+    mha-jax bench notebook [--out docs/results/notebooks.json] [--ci-json FILE]
+                           [--repeats 2]
 
 A fresh kernel (jupyter_client, the python3 kernel) runs the README's three lines on
 SmolLM2-135M (`mha_jax.load("smollm2-135m")`, `loaded.run(prompt)`, shown); the time is
@@ -16,13 +16,13 @@ Writes the JSON with the machine record.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
-import os
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from mha_jax.harness.benchmarks import ROOT, child_env
+from mha_jax.settings import setting
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 CODE = ("import time; t = time.time()\nimport mha_jax\nloaded = mha_jax.load('smollm2-135m')\n"
         "t_load = time.time() - t\ntr = loaded.run({prompt!r})\nt_run = time.time() - t - t_load\n"
@@ -61,21 +61,23 @@ def first_view(env: dict) -> dict:
           "load_s": split[0], "run_s": split[1]}
 
 
-def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "notebooks.json"))
-  p.add_argument("--ci-json", default=None)
-  p.add_argument("--repeats", type=int, default=2, help="cold + warm pairs, each in a "
-                 "new cache folder")
-  args = p.parse_args(argv)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NotebookOptions:
+  """The settings of `bench notebook`."""
+  out: str = setting("docs/results/notebooks.json", path=True, help="the JSON file")
+  ci_json: str | None = setting(None, path=True, help="a JSON file of `pytest -m "
+                                "notebooks` times ({\"seconds\": {...}}) to add")
+  repeats: int = setting(2, lo=1, help="cold + warm pairs, each in a new cache folder")
+
+
+def run(args: NotebookOptions) -> int:
   import mha_jax
   from mha_jax.machine import machine
   models = tempfile.mkdtemp(prefix="models-")     # a fresh model cache: the import is timed
   t = time.perf_counter()
   mha_jax.load("smollm2-135m", cache=models, log=lambda s: None)
   import_s = time.perf_counter() - t
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "MHA_JAX_MODELS": models}
+  env = child_env(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", MHA_JAX_MODELS=models)
   result = {"prompt": PROMPT, "model": "smollm2-135m",
             "first_import_and_load_s": round(import_s, 2)}
   for name in ("cold", "warm"):
@@ -87,7 +89,8 @@ def main(argv=None) -> int:
         result[name].append(first_view(env))
         print(name, result[name][-1], flush=True)
   if args.ci_json:
-    result["ci"] = json.load(open(args.ci_json))
+    with open(args.ci_json) as f:
+      result["ci"] = json.load(f)
   result["machine"] = machine()
   import shutil
   shutil.rmtree(models, ignore_errors=True)
@@ -95,7 +98,3 @@ def main(argv=None) -> int:
     json.dump(result, f, indent=1)
   print(f"wrote {args.out}")
   return 0
-
-
-if __name__ == "__main__":
-  raise SystemExit(main())

@@ -1,6 +1,7 @@
-"""Wall time of 1 seed vs N seeds (train.seeds, one vmapped program) of the quickstart model.
+"""Wall time of 1 seed vs N seeds (train.seeds, one vmapped program) of the quickstart
+model.
 
-    python scripts/bench_seeds.py [--seeds 8] [--workdir workdirs/bench_seeds]
+    mha-jax bench seeds [--seeds 8] [--workdir workdirs/bench_seeds]
         [--out docs/results/bench_seeds_cpu.json] [--config.train.steps=...]
 
 Trains configs/translation.py:quickstart (the model and run `mha-jax quickstart` trains)
@@ -16,15 +17,34 @@ shared).
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import statistics
-import sys
 import time
+
+from mha_jax.errors import UserError
+from mha_jax.settings import setting
 
 
 CONFIG = "configs/translation.py:quickstart"
+OVERRIDES = True       # the verb hands on --config.KEY=VALUE (the quickstart config's)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SeedsOptions:
+  """The settings of `bench seeds`."""
+  seeds: int = setting(8, lo=2, help="N, the seeds of the vmapped run")
+  workdir: str = setting("workdirs/bench_seeds", path=True, help="where the two runs train "
+                         "(WORKDIR/seeds_1, WORKDIR/seeds_N; an existing one is refused)")
+  out: str = setting("docs/results/bench_seeds_cpu.json", path=True, help="the JSON file")
+  step_rounds: int = setting(0, lo=0, help="only time the step, 1 vs N seeds interleaved, "
+                             "this many rounds; adds the result to --out if it exists. Not "
+                             "a fair ratio: the 1-seed step runs slower right after the "
+                             "N-seed one")
+  profile: int = setting(0, lo=0, help="only profile the step (1 seed, N seeds, 1 seed at N "
+                         "times the batch) over this many interleaved rounds; adds it to "
+                         "--out as \"profile\"")
 
 
 def _load() -> float:
@@ -48,16 +68,17 @@ def run_one(seeds: int, workdir: str, overrides) -> dict:
   rest = mc.apply_overrides(cfg, [*overrides, f"--config.train.seeds={seeds}",
                                   "--config.train.progress=false"])
   if rest:
-    raise SystemExit(f"unrecognized arguments: {rest}")
+    raise UserError(f"unrecognized arguments: {' '.join(rest)}")
   if os.path.exists(workdir):
-    raise SystemExit(f"{workdir} exists; move it away (this script times fresh runs)")
+    raise UserError(f"workdir: {workdir} exists; move it away (this benchmark times fresh "
+                    f"runs)", setting="workdir")
   load_before = _load()
   t0 = time.perf_counter()
   summary = loop.train(cfg, workdir, log=lambda s: print(f"  [{seeds} seed(s)] {s}",
                                                          flush=True))
   wall = time.perf_counter() - t0
   if summary["status"] != "done":
-    raise SystemExit(f"{workdir}: training {summary['status']} at step {summary['step']}; "
+    raise RuntimeError(f"{workdir}: training {summary['status']} at step {summary['step']}; "
                      f"no timing written (resume it with mha-jax train)")
   dirs = summary.get("workdirs", [workdir])
   t = cfg.train
@@ -196,68 +217,71 @@ def format_table(res: dict) -> str:
   return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--seeds", type=int, default=8)
-  p.add_argument("--workdir", default="workdirs/bench_seeds")
-  p.add_argument("--out", default="docs/results/bench_seeds_cpu.json")
-  p.add_argument("--step-rounds", type=int, default=0,
-                 help="only time the step, 1 vs N seeds interleaved, this many rounds; "
-                      "adds the result to --out if it exists. Not a fair ratio: the 1-seed "
-                      "step runs slower right after the N-seed one (README)")
-  p.add_argument("--profile", type=int, default=0,
-                 help="only profile the step (1 seed, N seeds, 1 seed at N times the batch) "
-                      "over this many interleaved rounds; adds it to --out as \"profile\"")
-  args, overrides = p.parse_known_args(argv)
+def _add_to(out: str, key: str, res: dict) -> bool:
+  """Adds `res` under `key` to the JSON at `out` when it exists; whether it did."""
+  if not os.path.exists(out):
+    return False
+  with open(out) as f:
+    full = json.load(f)
+  full[key] = res
+  with open(out, "w") as f:
+    json.dump(full, f, indent=1)
+  return True
+
+
+def _profile(a: SeedsOptions, overrides) -> int:
   from mha_jax.machine import machine
-  if args.profile:
-    res = {**profile_steps(args.seeds, args.profile, overrides), "machine": machine()}
-    res["table"] = format_profile(res)
-    print(res["table"])
-    full = {}
-    if os.path.exists(args.out):
-      with open(args.out) as f:
-        full = json.load(f)
-    full["profile"] = res
-    with open(args.out, "w") as f:
-      json.dump(full, f, indent=1)
-    print(f"wrote {args.out}")
-    return 0
-  if args.step_rounds:
-    res = {"load_before": _load(), **interleaved_steps(args.seeds, args.step_rounds,
-                                                       overrides), "machine": machine()}
-    print(f"step alone, interleaved, median of {args.step_rounds}: 1 seed "
-          f"{res['one_seed_ms']:.0f} ms, {args.seeds} seeds {res['n_seeds_ms']:.0f} ms "
-          f"({res['ratio']:.2f}x); load {res['load_before']:.2f} -> {res['load_after']:.2f}")
-    if os.path.exists(args.out):
-      with open(args.out) as f:
-        full = json.load(f)
-      full["step_interleaved"] = res
-      with open(args.out, "w") as f:
-        json.dump(full, f, indent=1)
-    else:
-      with open(args.out + ".steps.json", "w") as f:
-        json.dump(res, f, indent=1)
-    return 0
+  res = {**profile_steps(a.seeds, a.profile, overrides), "machine": machine()}
+  res["table"] = format_profile(res)
+  print(res["table"])
+  if not _add_to(a.out, "profile", res):
+    with open(a.out, "w") as f:
+      json.dump({"profile": res}, f, indent=1)
+  print(f"wrote {a.out}")
+  return 0
+
+
+def _step_rounds(a: SeedsOptions, overrides) -> int:
+  from mha_jax.machine import machine
+  res = {"load_before": _load(), **interleaved_steps(a.seeds, a.step_rounds, overrides),
+         "machine": machine()}
+  print(f"step alone, interleaved, median of {a.step_rounds}: 1 seed "
+        f"{res['one_seed_ms']:.0f} ms, {a.seeds} seeds {res['n_seeds_ms']:.0f} ms "
+        f"({res['ratio']:.2f}x); load {res['load_before']:.2f} -> {res['load_after']:.2f}")
+  if not _add_to(a.out, "step_interleaved", res):
+    with open(a.out + ".steps.json", "w") as f:
+      json.dump(res, f, indent=1)
+  return 0
+
+
+def run(a: SeedsOptions, overrides=()) -> int:
+  """The benchmark: the two runs (or --profile, or --step-rounds alone)."""
+  if a.profile:
+    return _profile(a, overrides)
+  if a.step_rounds:
+    return _step_rounds(a, overrides)
   from mha_jax import config as mc
+  from mha_jax.machine import machine
   cfg = mc.load_config(CONFIG)
-  mc.apply_overrides(cfg, list(overrides))
+  rest = mc.apply_overrides(cfg, list(overrides))
+  if rest:
+    raise UserError(f"unrecognized arguments: {' '.join(rest)}")
+  for n in (1, a.seeds):       # both refused before either trains
+    if os.path.exists(os.path.join(a.workdir, f"seeds_{n}")):
+      raise UserError(f"workdir: {a.workdir}/seeds_{n} exists; move it away (this "
+                      f"benchmark times fresh runs)", setting="workdir")
   rows = []
-  for n in (1, args.seeds):
+  for n in (1, a.seeds):
     print(f"training {n} seed(s) ...", flush=True)
-    rows.append(run_one(n, os.path.join(args.workdir, f"seeds_{n}"), overrides))
+    rows.append(run_one(n, os.path.join(a.workdir, f"seeds_{n}"), overrides))
     print(json.dumps(rows[-1]), flush=True)
   res = {"config": CONFIG, "overrides": list(overrides), "batch_size": cfg.train.batch_size,
          "machine": machine(), "rows": rows,
          "ratio_wall": rows[1]["wall_s"] / rows[0]["wall_s"],
          "note": "shared machine: see the load averages"}
   print(format_table(res))
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
+  os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+  with open(a.out, "w") as f:
     json.dump(res, f, indent=1)
-  print(f"\nwrote {args.out}")
+  print(f"\nwrote {a.out}")
   return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -1,6 +1,7 @@
-"""Speed of a real model: SmolLM2-135M forward and greedy generation, mha-jax vs transformers.
+"""Speed of a real model: SmolLM2-135M forward and greedy generation, mha-jax vs
+transformers.
 
-    python scripts/bench_models.py [--workdir DIR] [--out results/bench_models.json]
+    mha-jax bench models [--workdir DIR] [--out results/bench_models.json]
 
 Forward: tokens/s of one full forward (B x T tokens, logits at every position).
 Generation: a prompt of T tokens, then N new tokens greedily with the KV cache; decode
@@ -13,7 +14,7 @@ installed (an optional extra, never a dependency). Medians over --rounds after a
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -22,6 +23,30 @@ import time
 
 import numpy as np
 
+from mha_jax.settings import setting
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelsOptions:
+  """The settings of `bench models`."""
+  workdir: str | None = setting(None, path=True, help="an imported Llama-family model "
+                                "(default: import smollm2-135m into a temporary folder)")
+  batches: tuple[int, ...] = setting((1, 8), lo=1, help="the batch sizes B")
+  seq_lens: tuple[int, ...] = setting((128, 512), lo=1, help="the prompt lengths T")
+  new_tokens: int = setting(32, lo=2, help="N, the tokens generated")
+  rounds: int = setting(2, lo=1, help="timed rounds after a warm-up")
+  transformers: bool = setting(True, help="also time transformers' LlamaForCausalLM "
+                               "when it is installed")
+  cores: int = setting(0, lo=0, help="pin the process to this many cores, torch threads "
+                       "to match (0: all); on a shared machine 1 keeps OpenMP from "
+                       "thrashing")
+  out: str = setting("results/bench_models.json", path=True, help="the JSON file")
+
+
+def _tokens(rng, vocab: int, b: int, t: int):
+  """(b, t) token ids in [100, 40000), within the vocabulary (a small model's: from 0)."""
+  lo = 100 if vocab > 40000 else 0
+  return rng.integers(lo, min(40000, vocab), (b, t))
 
 
 def _median_time(fn, rounds: int) -> float:
@@ -42,7 +67,7 @@ def bench_mha_jax(loaded, b, t, new_tokens, rounds):
   rng = np.random.default_rng(0)
   rows = []
   if True:
-    tokens = jax.numpy.asarray(rng.integers(100, 40000, (b, t)), jax.numpy.int32)
+    tokens = jax.numpy.asarray(_tokens(rng, params["embed"].shape[0], b, t), jax.numpy.int32)
     t_fwd = _median_time(lambda: fwd(params, tokens).block_until_ready(), rounds)
     t_1, t_n = (_median_time(lambda n=n: llama.generate(params, model.spec, tokens, n), rounds)
                 for n in (1, new_tokens))
@@ -98,7 +123,7 @@ def bench_transformers(model, b, t, new_tokens, rounds):
   rng = np.random.default_rng(0)
   rows = []
   if True:
-    tokens = torch.from_numpy(rng.integers(100, 40000, (b, t)))
+    tokens = torch.from_numpy(_tokens(rng, model.config.vocab_size, b, t))
     with torch.inference_mode():
       t_fwd = _median_time(lambda: model(tokens, use_cache=False).logits, rounds)
       t_1, t_n = (_median_time(lambda n=n: model.generate(
@@ -157,28 +182,15 @@ def _write(out, rows, args, extra) -> dict:
   return result
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__)
-  p.add_argument("--workdir", default=None, help="an imported smollm2-135m (default: import "
-                 "into a temporary folder)")
-  p.add_argument("--batches", default="1,8")
-  p.add_argument("--seq-lens", default="128,512")
-  p.add_argument("--new-tokens", type=int, default=32)
-  p.add_argument("--rounds", type=int, default=2)
-  p.add_argument("--no-transformers", action="store_true")
-  p.add_argument("--cores", type=int, default=0,
-                 help="pin the process to this many cores, torch threads to match (0: all); "
-                      "on a shared machine 1 keeps OpenMP from thrashing")
-  p.add_argument("--out", default="results/bench_models.json")
-  args = p.parse_args(argv)
+def run(args: ModelsOptions) -> int:
   cores = sorted(os.sched_getaffinity(0))
   if args.cores:                     # before JAX starts its thread pool
     cores = cores[:args.cores]
     os.sched_setaffinity(0, set(cores))
-  import jax  # noqa: F401 - JAX starts after the cores are pinned
+  import jax  # noqa: F401 - JAX's CPU backend starts after the cores are pinned
   import mha_jax
   from mha_jax.pretrained import importer
-  shapes = [(int(b), int(t)) for b in args.batches.split(",") for t in args.seq_lens.split(",")]
+  shapes = [(b, t) for b in args.batches for t in args.seq_lens]
   tmp = None
   workdir = args.workdir
   if workdir is None:
@@ -187,7 +199,7 @@ def main(argv=None):
     importer.import_model(workdir, name="smollm2-135m")
   loaded = mha_jax.load(workdir)
   extra, hf_model = {}, None
-  if not args.no_transformers:
+  if args.transformers:
     try:
       import torch
       import transformers
@@ -214,7 +226,4 @@ def main(argv=None):
   print(f"wrote {args.out}")
   if tmp:
     tmp.cleanup()
-
-
-if __name__ == "__main__":
-  main()
+  return 0
