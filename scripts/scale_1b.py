@@ -84,14 +84,19 @@ print(json.dumps({"rc": rc, "base_rss": base, "peak_rss": rss(), "added_rss": rs
 def child(args: list[str], record: str | None = None) -> dict:
   """A fresh, niced process running `args` (the CLI, or "import WORKDIR FOLDER DTYPE"):
   its return code, wall time and peak RSS (also written to `record`, a JSON file, so a
-  later stage's failure keeps it)."""
+  later stage's failure keeps it; its output goes to the record's .log as it runs)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
-  out = subprocess.run(["nice", sys.executable, "-c", _CHILD, *args], env=env,
-                       capture_output=True, text=True, cwd=REPO)
-  if out.returncode:
-    raise RuntimeError(f"{args[:1]} failed:\n{out.stderr[-4000:]}")
-  r = json.loads(out.stdout.strip().splitlines()[-1])
-  r["log_tail"] = out.stdout.strip().splitlines()[-12:-1]
+  import tempfile
+  log = (record.removesuffix(".json") if record else tempfile.mktemp()) + ".log"
+  with open(log, "w") as f:
+    rc = subprocess.run(["nice", sys.executable, "-c", _CHILD, *args], env=env,
+                        stdout=f, stderr=subprocess.STDOUT, text=True, cwd=REPO).returncode
+  text = open(log).read()
+  if rc:
+    raise RuntimeError(f"{args[:1]} failed:\n{text[-4000:]}")
+  lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+  r = json.loads(lines[-1])
+  r["log_tail"] = [ln for ln in lines[-40:-1] if not ln.startswith(("WARNING", "W0"))][-11:]
   if record:
     with open(record, "w") as f:
       json.dump(r, f)
@@ -107,11 +112,38 @@ def study_pairs(workdir: str):
   return p
 
 
-def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dict:
+def _float64(model) -> None:
+  """The transformers model computing in float64 throughout: its RMSNorm and rotary
+  embedding compute in float32 whatever the model's dtype (transformers' design for half
+  precision), so they are replaced here by the same formulas in the input's dtype;
+  attention is SDPA's, which keeps the dtype."""
+  import torch
+  for m in model.modules():
+    name = type(m).__name__
+    if name.endswith("RMSNorm"):
+      m.forward = lambda h, m=m: m.weight * (h * torch.rsqrt(
+          h.pow(2).mean(-1, keepdim=True) + m.variance_epsilon))
+    elif name.endswith("RotaryEmbedding"):
+      dim = m.inv_freq.numel() * 2
+      m.inv_freq = 1.0 / (m.config.rope_theta ** (
+          torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+      def rope(x, position_ids, m=m):
+        freqs = position_ids[..., None].double() * m.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return ((emb.cos() * m.attention_scaling).to(x.dtype),
+                (emb.sin() * m.attention_scaling).to(x.dtype))
+      m.forward = rope
+
+
+def reference(folder: str, workdir: str, table: dict, heads: int = HEADS,
+              dtype: str = "float32") -> dict:
   """The recovery of the `heads` heads with the largest |recovery| in `table`, by torch
-  forward pre-hooks on the transformers model (float32) read from `folder`: each head's
-  slice of o_proj's input from the clean run patched into the corrupt run at every
-  position; the logit difference at each prompt's last position."""
+  forward pre-hooks on the transformers model read from `folder` in `dtype` (float32, or
+  float64 throughout: _float64): each head's slice of o_proj's input from the clean run
+  patched into the corrupt run at every position; the logit difference at each
+  prompt's last position. Also each head's patched logit difference (mean over pairs),
+  to compare in logit units."""
   import gc
 
   import numpy as np
@@ -119,8 +151,12 @@ def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dic
   import transformers
   pairs = study_pairs(workdir)
   gc.collect()
-  model = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+  dt = getattr(torch, dtype)
+  model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=dt,
+                                                        attn_implementation="sdpa")
   model.eval()
+  if dtype == "float64":
+    _float64(model)
   h = model.config.num_attention_heads
   clean = torch.as_tensor(np.asarray(pairs.clean), dtype=torch.long)
   corrupt = torch.as_tensor(np.asarray(pairs.corrupt), dtype=torch.long)
@@ -146,7 +182,7 @@ def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dic
   x = ld(corrupt).mean()
   k = saved[0].shape[-1] // h
   top = sorted(table, key=lambda n: -abs(table[n]))[:heads]
-  out = {}
+  out, patched = {}, {}
   for name in top:
     i, head = (int(v) for v in name.split(".")[1:3])
 
@@ -154,10 +190,12 @@ def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dic
       y = a[0].clone()
       y[..., head * k:(head + 1) * k] = saved[i][..., head * k:(head + 1) * k]
       return (y,)
-    out[name] = float((ld(corrupt, patch, layers[i].self_attn.o_proj).mean() - x) / (c - x))
+    patched[name] = float(ld(corrupt, patch, layers[i].self_attn.o_proj).mean())
+    out[name] = float((patched[name] - x) / (c - x))
   diff = {n: abs(out[n] - table[n]) for n in out}
-  return {"heads": {n: {"ours": table[n], "torch": out[n]} for n in out},
-          "ld_clean": float(c), "ld_corrupt": float(x), "max_abs_diff": max(diff.values())}
+  return {"dtype": dtype, "heads": {n: {"ours": table[n], "torch": out[n]} for n in out},
+          "patched_ld": patched, "ld_clean": float(c), "ld_corrupt": float(x),
+          "max_abs_diff": max(diff.values())}
 
 
 def run(shape: str, work: str, budget: str = "4GB", sample: int = 40,
@@ -190,11 +228,13 @@ def run(shape: str, work: str, budget: str = "4GB", sample: int = 40,
                           "--out", pout], rec("patch"))
   pj = json.load(open(os.path.join(pout, "patching.json")))
   doc["patch_plan"] = json.load(open(os.path.join(pout, "summary.json"))).get("plan")
-  if not os.path.exists(rec("reference")):     # before the circuit: the longest stage
-    ref = reference(folder, wd, pj["scores"]["head_out"])
-    with open(rec("reference"), "w") as f:
-      json.dump(ref, f)
-  doc["reference"] = json.load(open(rec("reference")))
+  for name, dtype in (("reference", "float32"), ("reference_float64", "float64")):
+    if not os.path.exists(rec(name)):     # before the circuit: the longest stage
+      ref = reference(folder, wd, pj["scores"]["head_out"], dtype=dtype)
+      with open(rec(name), "w") as f:
+        json.dump(ref, f)
+    doc[name] = json.load(open(rec(name)))
+  doc["agreement"] = agreement(pj, {k: doc[k] for k in ("reference", "reference_float64")})
   if with_circuit and not os.path.exists(os.path.join(cout, "circuit.json")):
     doc["circuit"] = child(["circuit", *common, "--method", "eap-ig", "--sample", str(sample),
                             "--out", cout], rec("circuit"))
@@ -206,6 +246,29 @@ def run(shape: str, work: str, budget: str = "4GB", sample: int = 40,
     doc["circuit_summary"] = {k: cj.get(k) for k in (
         "graph", "cpr", "cmd", "memory_budget", "seconds", "metric_full", "metric_empty")}
   return doc
+
+
+def agreement(pj: dict, refs: dict) -> dict:
+  """Ours (the patch's JSON) against each reference, on the reference's heads: the
+  largest difference in recovery, and in logit units (the patched pair-mean logit
+  difference, ours x + r (c - x), and the clean and corrupt ones)."""
+  c, x = pj["ld_clean"], pj["ld_corrupt"]
+  out = {}
+  for name, ref in refs.items():
+    ours = {n: x + h["ours"] * (c - x) for n, h in ref["heads"].items()}
+    out[name] = {
+        "recovery": max(abs(h["ours"] - h["torch"]) for h in ref["heads"].values()),
+        "patched_ld": max(abs(ours[n] - ref["patched_ld"][n]) for n in ours),
+        "ld_clean": abs(c - ref["ld_clean"]), "ld_corrupt": abs(x - ref["ld_corrupt"])}
+  f32, f64 = refs["reference"], refs["reference_float64"]
+  out["torch_float32_vs_float64"] = {
+      "recovery": max(abs(f32["heads"][n]["torch"] - f64["heads"][n]["torch"])
+                      for n in f64["heads"]),
+      "patched_ld": max(abs(f32["patched_ld"][n] - f64["patched_ld"][n])
+                        for n in f64["heads"]),
+      "ld_clean": abs(f32["ld_clean"] - f64["ld_clean"]),
+      "ld_corrupt": abs(f32["ld_corrupt"] - f64["ld_corrupt"])}
+  return out
 
 
 def _shapes(folder: str) -> dict:

@@ -30,6 +30,10 @@ SHAPES = {
     "llama32_1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                        num_key_value_heads=8, intermediate_size=8192, vocab_size=128256,
                        tie_word_embeddings=True),
+    # small enough for the default tests, the embeddings most of it as in small models
+    "small": dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8,
+                  num_key_value_heads=4, intermediate_size=2048, vocab_size=32768,
+                  tie_word_embeddings=False),
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=96, vocab_size=256,
                  tie_word_embeddings=False),
@@ -120,6 +124,8 @@ import json, resource, sys
 from mha_jax.pretrained import importer
 import jax, numpy
 jax.devices()
+if sys.argv[4]:
+  importer.import_model(sys.argv[4] + ".wd", file=sys.argv[4], dtype=sys.argv[3])
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 cfg = importer.import_model(sys.argv[1], file=sys.argv[2], dtype=sys.argv[3])
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -127,11 +133,13 @@ print(json.dumps({"base_rss": base, "peak_rss": peak}))
 """
 
 
-def measure(folder: str, workdir: str, dtype: str) -> dict:
-  """Peak RSS of a fresh process importing `folder` into `workdir`."""
+def measure(folder: str, workdir: str, dtype: str, warm: str | None = None) -> dict:
+  """Peak RSS of a fresh process importing `folder` into `workdir`. warm: a (tiny) HF
+  folder imported first, next to itself, so that the base holds what any import loads
+  once (modules, TensorStore's thread pools), not the model."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", _CHILD, workdir, folder, dtype], env=env,
-                       capture_output=True, text=True)
+  out = subprocess.run([sys.executable, "-c", _CHILD, workdir, folder, dtype, warm or ""],
+                       env=env, capture_output=True, text=True)
   if out.returncode:
     raise RuntimeError(f"the import failed:\n{out.stderr[-3000:]}")
   return json.loads(out.stdout.strip().splitlines()[-1])
