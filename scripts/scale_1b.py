@@ -104,28 +104,31 @@ def child(args: list[str], record: str | None = None) -> dict:
 
 
 def study_pairs(workdir: str):
-  """The pairs `patch` and `circuit` draw (task ioi, 4 pairs, seed 0)."""
+  """The pairs `patch` and `circuit` draw (task ioi, 4 pairs, seed 0; --keep-failing:
+  all of them)."""
   import mha_jax
-  from mha_jax.patching import patch
+  from mha_jax.toolkit import pairs as pairs_lib
   loaded = mha_jax.load(workdir)
-  p = patch.make_pairs(loaded, "ioi", None, PAIRS, SEED)
-  return p
+  return pairs_lib.select_pairs(loaded.task, "ioi", None, PAIRS, SEED)
 
 
 def _float64(model) -> None:
-  """The transformers model computing in float64 throughout: its RMSNorm and rotary
-  embedding compute in float32 whatever the model's dtype (transformers' design for half
-  precision), so they are replaced here by the same formulas in the input's dtype;
-  attention is SDPA's, which keeps the dtype."""
+  """The transformers model (read in bf16, its stored dtype, so that every value is
+  exact) computing in float64 throughout, with a float64 copy of one decoder layer at a
+  time (the whole model in float64 is 8.6 GB): the embeddings and final norm converted
+  once, each layer converted as it starts and back to bf16 (exact: bf16 values) as it
+  ends. Its RMSNorm and rotary embedding compute in float32 whatever the model's dtype
+  (transformers' design for half precision), so they are replaced here by the same
+  formulas in the input's dtype; attention is SDPA's, which keeps the dtype."""
   import torch
   for m in model.modules():
     name = type(m).__name__
     if name.endswith("RMSNorm"):
-      m.forward = lambda h, m=m: m.weight * (h * torch.rsqrt(
+      m.forward = lambda h, m=m: m.weight.to(h.dtype) * (h * torch.rsqrt(
           h.pow(2).mean(-1, keepdim=True) + m.variance_epsilon))
     elif name.endswith("RotaryEmbedding"):
       dim = m.inv_freq.numel() * 2
-      m.inv_freq = 1.0 / (m.config.rope_theta ** (
+      m.inv_freq = 1.0 / (m.config.rope_parameters["rope_theta"] ** (
           torch.arange(0, dim, 2, dtype=torch.float64) / dim))
 
       def rope(x, position_ids, m=m):
@@ -134,6 +137,13 @@ def _float64(model) -> None:
         return ((emb.cos() * m.attention_scaling).to(x.dtype),
                 (emb.sin() * m.attention_scaling).to(x.dtype))
       m.forward = rope
+  model.model.embed_tokens.double()      # tied: the unembedding too
+  model.model.norm.double()
+  if model.lm_head.weight.dtype != torch.float64:
+    model.lm_head.double()
+  for layer in model.model.layers:
+    layer.register_forward_pre_hook(lambda mod, _a: mod.double() and None)
+    layer.register_forward_hook(lambda mod, _a, _o: mod.to(torch.bfloat16) and None)
 
 
 def reference(folder: str, workdir: str, table: dict, heads: int = HEADS,
@@ -151,7 +161,7 @@ def reference(folder: str, workdir: str, table: dict, heads: int = HEADS,
   import transformers
   pairs = study_pairs(workdir)
   gc.collect()
-  dt = getattr(torch, dtype)
+  dt = torch.bfloat16 if dtype == "float64" else getattr(torch, dtype)
   model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=dt,
                                                         attn_implementation="sdpa")
   model.eval()
@@ -218,8 +228,6 @@ def run(shape: str, work: str, budget: str = "4GB", sample: int = 40,
   model = 4 * n
   doc["params"], doc["shards_bytes"], doc["model_bytes_float32"] = n, shards, model
   doc["import_bound"] = int(1.3 * shards[-1] + model)
-  if "import" in doc:
-    doc["import"]["within_bound"] = doc["import"]["added_rss"] <= doc["import_bound"]
   common = ["--workdir", wd, "--task", "ioi", "--n-pairs", str(PAIRS), "--seed", str(SEED),
             "--keep-failing", "--memory-budget", budget]
   pout, cout = os.path.join(work, "patch"), os.path.join(work, "circuit")
@@ -241,6 +249,8 @@ def run(shape: str, work: str, budget: str = "4GB", sample: int = 40,
   for stage in ("import", "patch", "circuit"):     # from an earlier, interrupted run
     if stage not in doc and os.path.exists(rec(stage)):
       doc[stage] = json.load(open(rec(stage)))
+  if "import" in doc:
+    doc["import"]["within_bound"] = doc["import"]["added_rss"] <= doc["import_bound"]
   if os.path.exists(os.path.join(cout, "circuit.json")):
     cj = json.load(open(os.path.join(cout, "circuit.json")))
     doc["circuit_summary"] = {k: cj.get(k) for k in (
