@@ -183,7 +183,22 @@ def _params_handler(host_bytes: int | None, mp) -> ocp.StandardCheckpointHandler
   h._impl = SmallFiles(
       save_device_host_concurrent_gb=(int(host_bytes) + 1) / 1e9,
       type_handler_registry=registry, multiprocessing_options=mp, use_ocdbt=True)
+  _few_files_at_once(h._impl._handler_impl, max(1, host_bytes // size))
   return h
+
+
+def _few_files_at_once(impl, files: int) -> None:
+  """TensorStore writes (and so buffers) at most `files` data files at once in impl's
+  saves (orbax: 128, the whole of a small model when the disk is slower than encoding)."""
+  from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+  from orbax.checkpoint._src.serialization import types as ser
+  ctx = ts_utils.get_ts_context(use_ocdbt=True, file_io_concurrency_limit=int(files))
+  infos = impl._get_param_infos
+
+  def bounded(*a, **k):
+    return jax.tree.map(lambda i: i.replace(ts_context=ctx), infos(*a, **k),
+                        is_leaf=lambda x: isinstance(x, ser.ParamInfo))
+  impl._get_param_infos = bounded
 
 
 class Checkpoints:
