@@ -85,7 +85,7 @@ def child(args: list[str], record: str | None = None) -> dict:
   """A fresh, niced process running `args` (the CLI, or "import WORKDIR FOLDER DTYPE"):
   its return code, wall time and peak RSS (also written to `record`, a JSON file, so a
   later stage's failure keeps it; its output goes to the record's .log as it runs)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
   import tempfile
   log = (record.removesuffix(".json") if record else tempfile.mktemp()) + ".log"
   with open(log, "w") as f:
