@@ -8,8 +8,8 @@ the same transformers model for 5 heads.
     python scripts/scale_1b.py [--shape llama32_1b|tiny] [--work DIR]
                                [--out docs/results/scale_1b_cpu.json]
 
-Each stage runs in a fresh process (wall time and peak RSS from getrusage, after its
-imports and at the end); a stage whose output is already in --work is not rerun. The
+Each stage runs in a fresh process (wall time and peak RSS, its VmHWM: getrusage's
+ru_maxrss keeps the parent's peak across the exec, after its imports and at the end); a stage whose output is already in --work is not rerun. The
 transformers model is the test reference (built here, never a runtime dependency).
 """
 
@@ -63,13 +63,14 @@ def build(folder: str, shape: str, shard: str = "500MB") -> dict:
 
 
 _CHILD = """
-import json, resource, sys, time
+import json, sys, time
 t0 = time.perf_counter()
 import jax
 jax.devices()
 from mha_jax import cli
 from mha_jax.pretrained import importer
-rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+rss = lambda: 1024 * int(next(ln for ln in open("/proc/self/status")   # not ru_maxrss:
+                              if ln.startswith("VmHWM")).split()[1])   # the parent's too
 base, t1 = rss(), time.perf_counter()
 if sys.argv[1] == "import":
   importer.import_model(sys.argv[2], file=sys.argv[3], dtype=sys.argv[4])

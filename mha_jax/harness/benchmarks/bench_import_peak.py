@@ -6,7 +6,7 @@ safetensors (an HF folder), against the bound: 1.3 x the largest shard + the mod
 
 The folder is written one tensor at a time (random normal * 0.02, in row blocks), then a
 fresh process imports it (`importer.import_model`) and reports its peak RSS
-(getrusage ru_maxrss) after its imports and at the end; the difference is what the import
+(VmHWM) after its imports and at the end; the difference is what the import
 added. "model once" is the params' bytes in the import's dtype.
 """
 
@@ -119,17 +119,20 @@ def write_folder(folder: str, shape: str, tokenizer_json: str, shard_bytes: int 
   return {"shards": sizes}
 
 
+# The peak is the process's VmHWM (its own address space's high-water mark): getrusage's
+# ru_maxrss also holds the parent's peak before the exec (Linux keeps it across execve).
 _CHILD = """
-import json, resource, sys
+import json, sys
 from mha_jax.pretrained import importer
 import jax, numpy
 jax.devices()
+hwm = lambda: 1024 * int(next(ln for ln in open("/proc/self/status")
+                              if ln.startswith("VmHWM")).split()[1])
 if sys.argv[4]:
   importer.import_model(sys.argv[4] + ".wd", file=sys.argv[4], dtype=sys.argv[3])
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+base = hwm()
 cfg = importer.import_model(sys.argv[1], file=sys.argv[2], dtype=sys.argv[3])
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"base_rss": base, "peak_rss": peak}))
+print(json.dumps({"base_rss": base, "peak_rss": hwm()}))
 """
 
 
