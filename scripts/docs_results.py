@@ -500,13 +500,20 @@ def _scale_1b(docs) -> list[str]:
   gb = lambda b: f"{b / 1e9:.2f}"  # noqa: E731
   rows = [[stage, f"{d[stage]['wall_s']:.0f}", gb(d[stage]["peak_rss"]),
            gb(d[stage]["added_rss"])] for stage in ("import", "patch", "circuit") if stage in d]
-  ref = d.get("reference")
-  agree = [f"The head table against torch forward hooks on the same transformers model "
-           f"({len(ref['heads'])} heads with the largest |recovery|): max |difference| "
-           f"{ref['max_abs_diff']:.1e} of the recovery, "
-           f"{ref.get('max_abs_diff_logit_units', float('nan')):.1e} in logit-difference "
-           f"units (the random model's clean-corrupt gap is "
-           f"{ref.get('gap_clean_corrupt', float('nan')):.3f}).", ""] if ref else []
+  ref, ag = d.get("reference"), d.get("agreement")
+  agree = []
+  if ref and ag:
+    f32, f64, tt = ag["reference"], ag["reference_float64"], ag["torch_float32_vs_float64"]
+    gap = ref["ld_clean"] - ref["ld_corrupt"]
+    agree = [f"The head table against torch forward hooks on the same transformers model "
+             f"({len(ref['heads'])} heads with the largest |recovery|), the largest "
+             f"difference: against torch in float32 {f32['recovery']:.1e} of the recovery "
+             f"({f32['patched_ld']:.1e} in the patched logit difference), against torch in "
+             f"float64 {f64['recovery']:.1e} ({f64['patched_ld']:.1e}; the clean logit "
+             f"difference {f64['ld_clean']:.1e}); torch's own float32 run is "
+             f"{tt['recovery']:.1e} of the recovery from its float64 run. The random "
+             f"model's clean-corrupt gap is {gap:.3f}: the recovery divides by it, so float32 "
+             f"rounding of about 1e-6 logits becomes about 1e-4 of the recovery.", ""]
   if d.get("unfinished"):
     agree += [f"Not finished: {d['unfinished']}.", ""]
   return ["## A 1B model on 2 CPU cores", "",

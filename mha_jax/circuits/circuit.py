@@ -42,6 +42,7 @@ from mha_jax.circuits import mib_graph
 from mha_jax.circuits import search, circuit_behaviours
 from mha_jax.errors import UserError
 from mha_jax.settings import setting
+from mha_jax.train import sharding
 from mha_jax.toolkit import activation_patching
 from mha_jax.toolkit import ablations
 from mha_jax.toolkit import memory
@@ -95,6 +96,7 @@ class CircuitOptions:
   memory_budget: str | None = memory.budget_setting(
       "EAP's and EAP-IG's gradient programs", "the ends per gradient chunk are")
   dtype: str | None = memory.dtype_setting()
+  mesh: str | None = memory.mesh_setting()
   n_pairs: int = setting(8, lo=1, help="built-in behaviours: pairs drawn")
   seed: int = setting(0, lo=0, help="the random seed (default: 0)")
   threshold: float = setting(0.01, lo=0, hi=1, lo_open=True, hi_open=True,
@@ -109,17 +111,19 @@ def _clean_metric(s: activation_patching.Study, metric) -> np.ndarray:
 
 
 def prepare(loaded, behaviour, pairs_file, n_pairs, seed, keep_failing, log=print,
-            graph: str = "grouped", memory_budget: int = 2 << 30, dtype: str | None = None):
+            graph: str = "grouped", memory_budget: int = 2 << 30, dtype: str | None = None,
+            mesh: str | None = None):
   """(Study, metric fn, metric spec, pairs doc, failing doc): the pairs with those the
   model fails on the clean prompt (metric <= 0) left out unless keep_failing; graph
   "mib": the study's params ungrouped (graph.ungroup); dtype: the params cast
-  (memory.cast)."""
+  (memory.cast); mesh: the Study's ("data=2,model=4": sharding.study_mesh)."""
   if graph not in graph_lib.GRAPHS:
     raise UserError(f"graph must be one of {graph_lib.GRAPHS}; got {graph!r}", setting="graph")
   params = graph_lib.ungroup(loaded.params) if graph == "mib" else loaded.params
-  params = memory.cast(params, dtype)
+  params, mesh = memory.cast(params, dtype), sharding.study_mesh(mesh)
   pairs, spec = circuit_behaviours.make(loaded, behaviour, pairs_file, n_pairs, seed)
-  s = activation_patching.Study(loaded.task, params, pairs, memory_budget=memory_budget)
+  s = activation_patching.Study(loaded.task, params, pairs, memory_budget=memory_budget,
+                                  mesh=mesh)
   m_clean = _clean_metric(s, circuit_behaviours.metric_of(pairs, spec))
   bad = np.nonzero(m_clean <= 0)[0]
   failing = [{**pairs.to_json()[i], "metric_clean": float(m_clean[i])} for i in bad]
@@ -131,7 +135,8 @@ def prepare(loaded, behaviour, pairs_file, n_pairs, seed, keep_failing, log=prin
     if not len(good):
       raise UserError("the model fails every clean prompt (metric <= 0): no circuit to find")
     pairs, spec = pairs.subset(good), circuit_behaviours.subset_metric(spec, good)
-    s = activation_patching.Study(loaded.task, params, pairs, memory_budget=memory_budget)
+    s = activation_patching.Study(loaded.task, params, pairs, memory_budget=memory_budget,
+                                  mesh=mesh)
     m_clean = m_clean[good]
   return s, circuit_behaviours.metric_of(pairs, spec), spec, failing
 
@@ -153,7 +158,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   budget, budget_from = memory.budget(opts.memory_budget,
                                       memory.params_bytes(loaded.params, opts.dtype))
   s, metric, spec, failing = prepare(loaded, behaviour, pairs_file, n_pairs, seed,
-                                     opts.keep_failing, log, graph, budget, opts.dtype)
+                                     opts.keep_failing, log, graph, budget, opts.dtype, opts.mesh)
   es = edges_lib.EdgeStudy(s, metric=metric, ablation=ablation)
   if opts.export:
     mib_graph.edge_names(es.graph, es.edges[:0])      # refused before the work

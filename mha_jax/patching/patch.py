@@ -39,6 +39,7 @@ from mha_jax.toolkit import activation_patching, memory, pairs as pairs_lib
 from mha_jax.patching import patch_explorer
 from mha_jax.toolkit import plots
 from mha_jax.settings import setting
+from mha_jax.train import sharding
 
 METHODS = ("activation", "path", "attribution")
 BEHAVIOURS = pairs_lib.BEHAVIOURS    # --task: what the pairs test
@@ -117,6 +118,7 @@ class PatchOptions:
   memory_budget: str | None = memory.budget_setting(
       "a sweep's program", "the chunk sizes (interventions per group, pairs per batch) are")
   dtype: str | None = memory.dtype_setting()
+  mesh: str | None = memory.mesh_setting()
 
 
 def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -> dict:
@@ -137,7 +139,8 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
   pairs = pairs_lib.select_pairs(loaded.task, behaviour, pairs_file, n_pairs, seed)
   params = memory.cast(loaded.params, opts.dtype)
   budget, budget_from = memory.budget(opts.memory_budget, memory.params_bytes(params))
-  s = activation_patching.Study(loaded.task, params, pairs, memory_budget=budget)
+  mesh = sharding.study_mesh(opts.mesh)
+  s = activation_patching.Study(loaded.task, params, pairs, memory_budget=budget, mesh=mesh)
   failing = [] if keep_failing else failing_pairs(s, pairs)
   if failing:
     keep = np.asarray([i for i in range(len(pairs)) if i not in {f["index"] for f in failing}])

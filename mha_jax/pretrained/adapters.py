@@ -1251,7 +1251,9 @@ def _lin_shape(name: str, s: dict) -> tuple | None:
 def _convert(t: Tensors, name, kind, s, family, dt):
   """{relative target: array} for one row of the table."""
   d, h, g, k, f = s["d"], s["h"], s["g"], s["k"], s["f"]
-  cast = lambda x: np.ascontiguousarray(x.astype(dt, copy=False))  # noqa: E731
+  # one copy at most (dtype and layout together: a transposed bf16 weight is not first
+  # converted to float32, then made contiguous)
+  cast = lambda x: np.asarray(x, dtype=dt, order="C")  # noqa: E731
   if kind == "vec":
     x = t.take(name, _vec_shape(name, s)).astype(np.float32)
     if family.plus_one and name.endswith("norm.weight"):

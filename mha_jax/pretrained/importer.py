@@ -48,7 +48,14 @@ def _sha256(*paths: str) -> str:
 def placer(mesh):
   """f(dotted param path, NumPy array) -> the array on `mesh`'s devices, heads (and MLP
   hidden units) split over its "model" axis where it divides them, else replicated
-  (train/sharding.py's rules, the ones training uses)."""
+  (train/sharding.py's rules, the ones training uses).
+
+  Each copy is finished before f returns and JAX's reference to the host array dropped
+  (JAX releases the arrays it copied from only when a garbage collection runs its
+  callback: without one, every converted tensor stays in host memory to the end of the
+  import, the model twice)."""
+  import gc
+
   import jax
   from jax.sharding import NamedSharding
   from mha_jax.train import sharding
@@ -56,7 +63,10 @@ def placer(mesh):
 
   def place(path: str, arr):
     spec = sharding.spec_of_names(path.split("."), arr.shape, m)
-    return jax.device_put(arr, NamedSharding(mesh, spec))
+    out = jax.device_put(arr, NamedSharding(mesh, spec))
+    out.block_until_ready()
+    gc.collect(0)      # runs JAX's callback: the host array is then the caller's alone
+    return out
   return place
 
 
@@ -67,7 +77,8 @@ def read_model(name: str | None = None, file: str | None = None, dtype: str = "f
   as they are). scratch: a folder where a model stored in chunks is assembled (inside
   the import's own temporary folder). mesh: a jax.sharding.Mesh with a "model" axis:
   each tensor is placed on it, sharded (placer), as it is converted, so the whole model
-  is never on one device (nor, converted, on the host)."""
+  is never on one device (nor, converted, on the host); without one, the params are
+  NumPy arrays, each converted as it is read (the host holds the model once)."""
   place = None if mesh is None else placer(mesh)
   if (name is None) == (file is None):
     raise UserError(f"give a known model name ({sorted(registry.KNOWN)}) or file PATH, "
@@ -109,21 +120,6 @@ def read_model(name: str | None = None, file: str | None = None, dtype: str = "f
   return params, cfg, tok
 
 
-def _to_device(tree: dict) -> None:
-  """Each NumPy leaf of the nested dict replaced, in place and one at a time, by a jax
-  array (each NumPy copy dropped as its array is made): the checkpoint's writer then
-  copies nothing, and the host holds the model once, not twice."""
-  import jax
-  import numpy as np
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      _to_device(v)
-    elif isinstance(v, np.ndarray):
-      tree[k] = None
-      tree[k] = jax.device_put(v)
-      del v
-
-
 def import_model(workdir: str, name: str | None = None, file: str | None = None,
                  dtype: str = "float32", mesh: str | None = None) -> dict:
   """Writes the workdir; refuses one that exists and is not empty. Returns config dict.
@@ -147,8 +143,9 @@ def import_model(workdir: str, name: str | None = None, file: str | None = None,
   storage.makedirs(tmp)
   try:
     scratch = storage.join(tmp, ".source")      # a chunked model is assembled here
+    # NumPy arrays (or, on a mesh, placed as they stream), written as they are: the
+    # host never holds the model twice
     params, cfg, tok = read_model(name, file, dtype, scratch=scratch, mesh=device_mesh)
-    _to_device(params)
     if storage.exists(scratch):
       storage.rmtree(scratch)
     storage.write_json(storage.join(tmp, "config.json"), cfg)

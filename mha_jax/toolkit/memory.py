@@ -272,6 +272,13 @@ def dtype_setting():
                  "stored); softmax, norms, logits and metrics stay float32")
 
 
+def mesh_setting():
+  """A study's `mesh` setting (train.sharding.study_mesh reads it)."""
+  return setting(None, metavar="data=D,model=M", help="run on a mesh of every device: "
+                 "pairs and interventions over data, heads over model (D x M must be the "
+                 "device count; default: one device)")
+
+
 def params_bytes(params, dtype: str | None = None) -> int:
   """Bytes of the params' arrays (their floating ones in `dtype` when given, as `cast`
   makes them)."""

@@ -137,31 +137,68 @@ def has_train_state(workdir: str, step: int) -> bool:
   return storage.isdir(storage.join(workdir, "checkpoints", str(step), "opt_state"))
 
 
+def data_file_bytes(host_bytes: int) -> int:
+  """The OCDBT data files' target size of a save with host_bytes: TensorStore holds the
+  data files being filled in memory (orbax's default target, 2 GiB, is the whole of a
+  1B model), so they are a 16th of the largest array, from 1 MiB to 64 MiB."""
+  return int(min(max(host_bytes // 16, 1 << 20), 64 << 20))
+
+
 def _params_handler(host_bytes: int | None, mp) -> ocp.StandardCheckpointHandler:
-  """The params item's handler: orbax's, or with host_bytes, one whose save copies the
-  arrays from the devices to the host in batches of at most host_bytes, each written
-  before the next is copied (orbax's device-host limit, which its Standard handler does
-  not pass on, and every array "deprioritized": by default orbax copies them all to the
-  host first). The checkpoint's format is the same."""
+  """The params item's handler: orbax's, or with host_bytes, one whose save holds little
+  beside the params: NumPy leaves written as they are (orbax deep-copies each by
+  default), jax.Array leaves copied from the devices to the host in batches of at most
+  host_bytes, each written before the next is copied (orbax's device-host limit, which
+  its Standard handler does not pass on, and every array "deprioritized": by default
+  orbax copies them all to the host first), and OCDBT data files of data_file_bytes(host_bytes).
+  The checkpoint's format is the same."""
   h = ocp.StandardCheckpointHandler(multiprocessing_options=mp)
   if host_bytes is None:
     return h
   import copy
+  import dataclasses
   from orbax.checkpoint._src.serialization import type_handler_registry as thr
   from orbax.checkpoint._src.serialization import types as ser
 
   class Later(ser.DefaultSerializationStatusCallback):
     def key_priority(self, _):
       return ser.TransferPriority.ASYNCHRONOUS_DEPRIORITIZED
+
+  size = data_file_bytes(host_bytes)
+
+  class SmallFiles(ocp.PyTreeCheckpointHandler):
+    async def async_save(self, directory, *a, args=None, **k):
+      if args is not None:
+        args = dataclasses.replace(args, ocdbt_target_data_file_size=size, save_args=(
+            args.save_args or jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=size),
+                                           args.item)))
+      return await super().async_save(directory, *a, args=args, **k)
   registry = copy.copy(thr.GLOBAL_TYPE_HANDLER_REGISTRY)
   registry._type_registry = list(registry._type_registry)
   registry._typestr_registry = dict(registry._typestr_registry)
   registry.add(jax.Array, ocp.type_handlers.ArrayHandler(callback=Later()), override=True,
                ignore_warnings=True)
-  h._impl = ocp.PyTreeCheckpointHandler(
+  registry.add(np.ndarray, ocp.type_handlers.NumpyHandler(deepcopy_host_arrays=False),
+               override=True, ignore_warnings=True)
+  h._impl = SmallFiles(
       save_device_host_concurrent_gb=(int(host_bytes) + 1) / 1e9,
       type_handler_registry=registry, multiprocessing_options=mp, use_ocdbt=True)
+  _few_files_at_once(h._impl._handler_impl, max(1, host_bytes // size))
   return h
+
+
+def _few_files_at_once(impl, files: int) -> None:
+  """TensorStore writes (and so buffers) at most `files` data files at once in impl's
+  saves (orbax: 128, the whole of a small model when the disk is slower than encoding)."""
+  from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+  from orbax.checkpoint._src.serialization import types as ser
+  ctx = ts_utils.get_ts_context(use_ocdbt=True, file_io_concurrency_limit=int(files))
+  infos = impl._get_param_infos
+
+  def bounded(*a, **k):
+    return jax.tree.map(lambda i: i.replace(ts_context=ctx), infos(*a, **k),
+                        is_leaf=lambda x: isinstance(x, ser.ParamInfo))
+  impl._get_param_infos = bounded
 
 
 class Checkpoints:
@@ -194,6 +231,7 @@ class Checkpoints:
     if read_only and not storage.isdir(self.directory):
       raise UserError(f"workdir {storage.dirname(self.directory)!r} has no trained "
                        f"checkpoint (no {self.directory})")
+    self.host_bytes = host_bytes
     handlers = {"params": _params_handler(host_bytes, mp),
                 "opt_state": ocp.StandardCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
@@ -269,9 +307,10 @@ class Checkpoints:
 
     params = jax.tree_util.tree_map_with_path(fill, params)
     sums = checksums(params)
-    if jax.process_count() == 1:
+    if jax.process_count() == 1 and self.host_bytes is None:
       # orbax deep-copies every NumPy leaf before writing it (3x slower than a jax.Array
-      # on CPU: an imported 1 GB model saves in 5 s instead of 15)
+      # on CPU: an imported 1 GB model saves in 5 s instead of 15); with host_bytes
+      # they are written as they are
       params = jax.tree.map(lambda x: jax.device_put(x) if isinstance(x, np.ndarray) and
                             x.dtype == jax.dtypes.canonicalize_dtype(x.dtype) else x, params)
     with self._faults(step), _orbax_drains():

@@ -41,6 +41,22 @@ def make_mesh(data: int = 0, model: int = 1, devices=None) -> Mesh:
   return Mesh(np.asarray(devices[:data * model]).reshape(data, model), ("data", "model"))
 
 
+def study_mesh(text: str | None, flag: str = "mesh") -> Mesh | None:
+  """None (text None: one device), or the (data, model) mesh of "data=2,model=4"
+  (parse_mesh) over every device this process sees; refused by name unless data x model
+  is the device count (data=0 or left out: the devices left over model)."""
+  if text is None:
+    return None
+  data, model = parse_mesh(text, flag)
+  n = jax.device_count()
+  if data == 0 and n % model == 0:
+    data = n // model
+  if data * model != n:
+    raise UserError(f"{flag}={text!r} asks for {data or '?'} x {model} devices; this "
+                    f"process sees {n} (a study's mesh uses every device)", setting=flag)
+  return make_mesh(data, model)
+
+
 def _names(path) -> list[str]:
   return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
 

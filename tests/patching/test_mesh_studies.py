@@ -72,3 +72,53 @@ def test_patch_tables_and_eap_on_a_mesh_equal_one_device():
   assert max(out["patch"].values()) < 1e-4, out     # sums split over "model": float32 order
   assert max(out["patch_chunked"].values()) < 1e-4 and out["chunk"] == 4, out
   assert out["eap"] < 1e-5 * max(1.0, out["eap_scale"]), out
+
+
+_CLI = r"""
+import json, sys
+import jax
+from mha_jax import cli
+assert jax.device_count() == 8
+wd, out = sys.argv[1], sys.argv[2]
+common = ["--workdir", wd, "--task", "induction", "--n-pairs", "3", "--keep-failing"]
+got = {}
+for name, mesh in (("one", []), ("mesh", ["--mesh", "data=2,model=4"])):
+  assert cli.main(["patch", *common, "--method", "activation", "--sites", "head_out",
+                   "--out", f"{out}/patch_{name}", *mesh]) == 0
+  assert cli.main(["circuit", *common, "--method", "eap", "--sample", "4",
+                   "--out", f"{out}/circuit_{name}", *mesh]) == 0
+  p = json.load(open(f"{out}/patch_{name}/patching.json"))["scores"]["head_out"]
+  c = json.load(open(f"{out}/circuit_{name}/circuit.json"))["edges"]
+  got[name] = {"patch": p, "edges": {e["from"] + ">" + e["to"]: e["score"] for e in c}}
+got["refused"] = cli.main(["patch", *common, "--out", f"{out}/bad", "--mesh", "data=3,model=2"])
+print("RESULT" + json.dumps(got))
+"""
+
+
+@pytest.mark.slow      # a fresh 8-device process: two patch and two circuit runs
+def test_patch_and_circuit_take_a_mesh_on_the_command_line(tiny_attn_lm, tmp_path):
+  """`patch --mesh data=2,model=4` and `circuit --mesh ...` on 8 host devices: the same
+  head table and edge scores (names and values) as on one device; a mesh that is not
+  the device count (3 x 2 of 8) is refused."""
+  r = subprocess.run([sys.executable, "-c", _CLI, tiny_attn_lm[0], str(tmp_path)],
+                     env=with_devices(8), capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = json.loads(r.stdout.split("RESULT")[-1])
+  assert got["refused"] == 2 and "mesh='data=3,model=2'" in r.stderr
+  one, mesh = got["one"], got["mesh"]
+  assert one["patch"].keys() == mesh["patch"].keys() and len(one["patch"]) > 1
+  assert max(abs(one["patch"][k] - mesh["patch"][k]) for k in one["patch"]) < 1e-4
+  assert one["edges"].keys() == mesh["edges"].keys() and len(one["edges"]) > 1
+  assert max(abs(one["edges"][k] - mesh["edges"][k]) for k in one["edges"]) < 1e-5
+
+
+def test_a_study_mesh_that_is_not_the_device_count_is_refused_by_name(tiny_attn_lm, tmp_path,
+                                                                      capsys):
+  from mha_jax import cli
+  import jax
+  n = jax.device_count()
+  rc = cli.main(["patch", "--workdir", tiny_attn_lm[0], "--task", "induction", "--n-pairs",
+                 "3", "--out", str(tmp_path / "p"), "--mesh", f"data=2,model={n}"])
+  err = capsys.readouterr().err
+  assert rc == 2 and f"mesh='data=2,model={n}'" in err and f"sees {n}" in err, err
+  assert not (tmp_path / "p").exists()

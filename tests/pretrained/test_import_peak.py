@@ -36,6 +36,21 @@ def test_the_reader_returns_the_files_tensors(tmp_path):
   assert n == len(ip.tensors(ip.SHAPES["tiny"]))
 
 
+def test_an_import_holds_the_model_once(tmp_path):
+  """A small random model (sharded bf16, 2 layers, vocab 32,768; 0.16 GB in float32)
+  imported in float32 by a fresh process, after a tiny import there (modules and thread
+  pools, loaded once): the import adds less than 1.5 x the model's bytes to the peak
+  resident memory, which holding the model twice (reading it whole, a device copy
+  kept, the writer's copy) exceeds."""
+  ip = _script()
+  folder, warm = str(tmp_path / "hf"), str(tmp_path / "warm")
+  ip.write_folder(folder, "small", tokenizer_json(), shard_bytes=16 << 20)
+  ip.write_folder(warm, "tiny", tokenizer_json())
+  r = ip.measure(folder, str(tmp_path / "wd"), "float32", warm=warm)
+  model = 4 * sum(int(np.prod(s)) for _, s in ip.tensors(ip.SHAPES["small"]))
+  assert 0 < r["peak_rss"] - r["base_rss"] <= 1.5 * model, (r, model)
+
+
 @pytest.mark.slow
 def test_an_8b_wide_import_holds_the_model_once(tmp_path):
   """A random 2-layer model at Llama-3.1-8B's width (hidden 4096, 32/8 heads, MLP 14336,

@@ -6,7 +6,7 @@ safetensors (an HF folder), against the bound: 1.3 x the largest shard + the mod
 
 The folder is written one tensor at a time (random normal * 0.02, in row blocks), then a
 fresh process imports it (`importer.import_model`) and reports its peak RSS
-(getrusage ru_maxrss) after its imports and at the end; the difference is what the import
+(VmHWM) after its imports and at the end; the difference is what the import
 added. "model once" is the params' bytes in the import's dtype.
 """
 
@@ -30,6 +30,10 @@ SHAPES = {
     "llama32_1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                        num_key_value_heads=8, intermediate_size=8192, vocab_size=128256,
                        tie_word_embeddings=True),
+    # small enough for the default tests, the embeddings most of it as in small models
+    "small": dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8,
+                  num_key_value_heads=4, intermediate_size=2048, vocab_size=32768,
+                  tie_word_embeddings=False),
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=96, vocab_size=256,
                  tie_word_embeddings=False),
@@ -115,23 +119,30 @@ def write_folder(folder: str, shape: str, tokenizer_json: str, shard_bytes: int 
   return {"shards": sizes}
 
 
+# The peak is the process's VmHWM (its own address space's high-water mark): getrusage's
+# ru_maxrss also holds the parent's peak before the exec (Linux keeps it across execve).
 _CHILD = """
-import json, resource, sys
+import json, sys
 from mha_jax.pretrained import importer
 import jax, numpy
 jax.devices()
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+hwm = lambda: 1024 * int(next(ln for ln in open("/proc/self/status")
+                              if ln.startswith("VmHWM")).split()[1])
+if sys.argv[4]:
+  importer.import_model(sys.argv[4] + ".wd", file=sys.argv[4], dtype=sys.argv[3])
+base = hwm()
 cfg = importer.import_model(sys.argv[1], file=sys.argv[2], dtype=sys.argv[3])
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"base_rss": base, "peak_rss": peak}))
+print(json.dumps({"base_rss": base, "peak_rss": hwm()}))
 """
 
 
-def measure(folder: str, workdir: str, dtype: str) -> dict:
-  """Peak RSS of a fresh process importing `folder` into `workdir`."""
+def measure(folder: str, workdir: str, dtype: str, warm: str | None = None) -> dict:
+  """Peak RSS of a fresh process importing `folder` into `workdir`. warm: a (tiny) HF
+  folder imported first, next to itself, so that the base holds what any import loads
+  once (modules, TensorStore's thread pools), not the model."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", _CHILD, workdir, folder, dtype], env=env,
-                       capture_output=True, text=True)
+  out = subprocess.run([sys.executable, "-c", _CHILD, workdir, folder, dtype, warm or ""],
+                       env=env, capture_output=True, text=True)
   if out.returncode:
     raise RuntimeError(f"the import failed:\n{out.stderr[-3000:]}")
   return json.loads(out.stdout.strip().splitlines()[-1])

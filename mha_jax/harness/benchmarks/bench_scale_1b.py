@@ -10,8 +10,9 @@ the same transformers model for 5 heads.
     mha-jax bench scale-1b [--shape llama32_1b|tiny] [--work DIR]
                            [--out docs/results/scale_1b_cpu.json]
 
-Each stage runs in a fresh process (wall time and peak RSS from getrusage, after its
-imports and at the end); a stage whose output is already in --work is not rerun. The
+Each stage runs in a fresh process (wall time and peak RSS, its VmHWM: getrusage's
+ru_maxrss keeps the parent's peak across the exec, after its imports and at the end); a
+stage whose output is already in --work is not rerun. The
 transformers model is the test reference (built here, never a runtime dependency).
 """
 
@@ -78,13 +79,14 @@ def build(folder: str, shape: str, shard: str = "500MB") -> dict:
 
 
 _CHILD = """
-import json, resource, sys, time
+import json, sys, time
 t0 = time.perf_counter()
 import jax
 jax.devices()
 from mha_jax import cli
 from mha_jax.pretrained import importer
-rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+rss = lambda: 1024 * int(next(ln for ln in open("/proc/self/status")   # not ru_maxrss:
+                              if ln.startswith("VmHWM")).split()[1])   # the parent's too
 base, t1 = rss(), time.perf_counter()
 if sys.argv[1] == "import":
   importer.import_model(sys.argv[2], file=sys.argv[3], dtype=sys.argv[4])
@@ -99,13 +101,19 @@ print(json.dumps({"rc": rc, "base_rss": base, "peak_rss": rss(), "added_rss": rs
 def child(args: list[str], record: str | None = None) -> dict:
   """A fresh, niced process running `args` (the CLI, or "import WORKDIR FOLDER DTYPE"):
   its return code, wall time and peak RSS (also written to `record`, a JSON file, so a
-  later stage's failure keeps it)."""
-  out = subprocess.run(["nice", sys.executable, "-c", _CHILD, *args],
-                       env=child_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True)
-  if out.returncode:
-    raise RuntimeError(f"{args[:1]} failed:\n{out.stderr[-4000:]}")
-  r = json.loads(out.stdout.strip().splitlines()[-1])
-  r["log_tail"] = out.stdout.strip().splitlines()[-12:-1]
+  later stage's failure keeps it; its output goes to the record's .log as it runs)."""
+  env = child_env(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  import tempfile
+  log = (record.removesuffix(".json") if record else tempfile.mktemp()) + ".log"
+  with open(log, "w") as f:
+    rc = subprocess.run(["nice", sys.executable, "-c", _CHILD, *args], env=env,
+                        stdout=f, stderr=subprocess.STDOUT, text=True).returncode
+  text = open(log).read()
+  if rc:
+    raise RuntimeError(f"{args[:1]} failed:\n{text[-4000:]}")
+  lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+  r = json.loads(lines[-1])
+  r["log_tail"] = [ln for ln in lines[-40:-1] if not ln.startswith(("WARNING", "W0"))][-11:]
   if record:
     with open(record, "w") as f:
       json.dump(r, f)
@@ -113,17 +121,56 @@ def child(args: list[str], record: str | None = None) -> dict:
 
 
 def study_pairs(workdir: str):
-  """The pairs `patch` and `circuit` draw (task ioi, 4 pairs, seed 0)."""
+  """The pairs `patch` and `circuit` draw (task ioi, 4 pairs, seed 0; --keep-failing:
+  all of them)."""
   import mha_jax
   from mha_jax.toolkit import pairs as pairs_lib
-  return pairs_lib.select_pairs(mha_jax.load(workdir).task, "ioi", None, PAIRS, SEED)
+  loaded = mha_jax.load(workdir)
+  return pairs_lib.select_pairs(loaded.task, "ioi", None, PAIRS, SEED)
 
 
-def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dict:
+def _float64(model) -> None:
+  """The transformers model (read in bf16, its stored dtype, so that every value is
+  exact) computing in float64 throughout, with a float64 copy of one decoder layer at a
+  time (the whole model in float64 is 8.6 GB): the embeddings and final norm converted
+  once, each layer converted as it starts and back to bf16 (exact: bf16 values) as it
+  ends. Its RMSNorm and rotary embedding compute in float32 whatever the model's dtype
+  (transformers' design for half precision), so they are replaced here by the same
+  formulas in the input's dtype; attention is SDPA's, which keeps the dtype."""
+  import torch
+  for m in model.modules():
+    name = type(m).__name__
+    if name.endswith("RMSNorm"):
+      m.forward = lambda h, m=m: m.weight.to(h.dtype) * (h * torch.rsqrt(
+          h.pow(2).mean(-1, keepdim=True) + m.variance_epsilon))
+    elif name.endswith("RotaryEmbedding"):
+      dim = m.inv_freq.numel() * 2
+      m.inv_freq = 1.0 / (m.config.rope_parameters["rope_theta"] ** (
+          torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+      def rope(x, position_ids, m=m):
+        freqs = position_ids[..., None].double() * m.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return ((emb.cos() * m.attention_scaling).to(x.dtype),
+                (emb.sin() * m.attention_scaling).to(x.dtype))
+      m.forward = rope
+  model.model.embed_tokens.double()      # tied: the unembedding too
+  model.model.norm.double()
+  if model.lm_head.weight.dtype != torch.float64:
+    model.lm_head.double()
+  for layer in model.model.layers:
+    layer.register_forward_pre_hook(lambda mod, _a: mod.double() and None)
+    layer.register_forward_hook(lambda mod, _a, _o: mod.to(torch.bfloat16) and None)
+
+
+def reference(folder: str, workdir: str, table: dict, heads: int = HEADS,
+              dtype: str = "float32") -> dict:
   """The recovery of the `heads` heads with the largest |recovery| in `table`, by torch
-  forward pre-hooks on the transformers model (float32) read from `folder`: each head's
-  slice of o_proj's input from the clean run patched into the corrupt run at every
-  position; the logit difference at each prompt's last position."""
+  forward pre-hooks on the transformers model read from `folder` in `dtype` (float32, or
+  float64 throughout: _float64): each head's slice of o_proj's input from the clean run
+  patched into the corrupt run at every position; the logit difference at each
+  prompt's last position. Also each head's patched logit difference (mean over pairs),
+  to compare in logit units."""
   import gc
 
   import numpy as np
@@ -131,8 +178,12 @@ def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dic
   import transformers
   pairs = study_pairs(workdir)
   gc.collect()
-  model = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+  dt = torch.bfloat16 if dtype == "float64" else getattr(torch, dtype)
+  model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=dt,
+                                                        attn_implementation="sdpa")
   model.eval()
+  if dtype == "float64":
+    _float64(model)
   h = model.config.num_attention_heads
   clean = torch.as_tensor(np.asarray(pairs.clean), dtype=torch.long)
   corrupt = torch.as_tensor(np.asarray(pairs.corrupt), dtype=torch.long)
@@ -158,7 +209,7 @@ def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dic
   x = ld(corrupt).mean()
   k = saved[0].shape[-1] // h
   top = sorted(table, key=lambda n: -abs(table[n]))[:heads]
-  out = {}
+  out, patched = {}, {}
   for name in top:
     i, head = (int(v) for v in name.split(".")[1:3])
 
@@ -166,10 +217,12 @@ def reference(folder: str, workdir: str, table: dict, heads: int = HEADS) -> dic
       y = a[0].clone()
       y[..., head * k:(head + 1) * k] = saved[i][..., head * k:(head + 1) * k]
       return (y,)
-    out[name] = float((ld(corrupt, patch, layers[i].self_attn.o_proj).mean() - x) / (c - x))
+    patched[name] = float(ld(corrupt, patch, layers[i].self_attn.o_proj).mean())
+    out[name] = float((patched[name] - x) / (c - x))
   diff = {n: abs(out[n] - table[n]) for n in out}
-  return {"heads": {n: {"ours": table[n], "torch": out[n]} for n in out},
-          "ld_clean": float(c), "ld_corrupt": float(x), "max_abs_diff": max(diff.values())}
+  return {"dtype": dtype, "heads": {n: {"ours": table[n], "torch": out[n]} for n in out},
+          "patched_ld": patched, "ld_clean": float(c), "ld_corrupt": float(x),
+          "max_abs_diff": max(diff.values())}
 
 
 def measure(shape: str, work: str, budget: str = "4GB", sample: int = 40,
@@ -192,8 +245,6 @@ def measure(shape: str, work: str, budget: str = "4GB", sample: int = 40,
   model = 4 * n
   doc["params"], doc["shards_bytes"], doc["model_bytes_float32"] = n, shards, model
   doc["import_bound"] = int(1.3 * shards[-1] + model)
-  if "import" in doc:
-    doc["import"]["within_bound"] = doc["import"]["added_rss"] <= doc["import_bound"]
   common = ["--workdir", wd, "--task", "ioi", "--n-pairs", str(PAIRS), "--seed", str(SEED),
             "--keep-failing", "--memory-budget", budget]
   pout, cout = os.path.join(work, "patch"), os.path.join(work, "circuit")
@@ -202,22 +253,49 @@ def measure(shape: str, work: str, budget: str = "4GB", sample: int = 40,
                           "--out", pout], rec("patch"))
   pj = _read(os.path.join(pout, "patching.json"))
   doc["patch_plan"] = _read(os.path.join(pout, "summary.json")).get("plan")
-  if not os.path.exists(rec("reference")):     # before the circuit: the longest stage
-    ref = reference(folder, wd, pj["scores"]["head_out"])
-    with open(rec("reference"), "w") as f:
-      json.dump(ref, f)
-  doc["reference"] = _read(rec("reference"))
+  for name, dtype in (("reference", "float32"), ("reference_float64", "float64")):
+    if not os.path.exists(rec(name)):     # before the circuit: the longest stage
+      ref = reference(folder, wd, pj["scores"]["head_out"], dtype=dtype)
+      with open(rec(name), "w") as f:
+        json.dump(ref, f)
+    doc[name] = _read(rec(name))
+  doc["agreement"] = agreement(pj, {k: doc[k] for k in ("reference", "reference_float64")})
   if with_circuit and not os.path.exists(os.path.join(cout, "circuit.json")):
     doc["circuit"] = child(["circuit", *common, "--method", "eap-ig", "--sample", str(sample),
                             "--out", cout], rec("circuit"))
   for stage in ("import", "patch", "circuit"):     # from an earlier, interrupted run
     if stage not in doc and os.path.exists(rec(stage)):
       doc[stage] = _read(rec(stage))
+  if "import" in doc:
+    doc["import"]["within_bound"] = doc["import"]["added_rss"] <= doc["import_bound"]
   if os.path.exists(os.path.join(cout, "circuit.json")):
     cj = _read(os.path.join(cout, "circuit.json"))
     doc["circuit_summary"] = {k: cj.get(k) for k in (
         "graph", "cpr", "cmd", "memory_budget", "seconds", "metric_full", "metric_empty")}
   return doc
+
+
+def agreement(pj: dict, refs: dict) -> dict:
+  """Ours (the patch's JSON) against each reference, on the reference's heads: the
+  largest difference in recovery, and in logit units (the patched pair-mean logit
+  difference, ours x + r (c - x), and the clean and corrupt ones)."""
+  c, x = pj["ld_clean"], pj["ld_corrupt"]
+  out = {}
+  for name, ref in refs.items():
+    ours = {n: x + h["ours"] * (c - x) for n, h in ref["heads"].items()}
+    out[name] = {
+        "recovery": max(abs(h["ours"] - h["torch"]) for h in ref["heads"].values()),
+        "patched_ld": max(abs(ours[n] - ref["patched_ld"][n]) for n in ours),
+        "ld_clean": abs(c - ref["ld_clean"]), "ld_corrupt": abs(x - ref["ld_corrupt"])}
+  f32, f64 = refs["reference"], refs["reference_float64"]
+  out["torch_float32_vs_float64"] = {
+      "recovery": max(abs(f32["heads"][n]["torch"] - f64["heads"][n]["torch"])
+                      for n in f64["heads"]),
+      "patched_ld": max(abs(f32["patched_ld"][n] - f64["patched_ld"][n])
+                        for n in f64["heads"]),
+      "ld_clean": abs(f32["ld_clean"] - f64["ld_clean"]),
+      "ld_corrupt": abs(f32["ld_corrupt"] - f64["ld_corrupt"])}
+  return out
 
 
 def _shapes(folder: str) -> dict:
