@@ -976,12 +976,35 @@ def _mib_sections(base, srcs) -> list[str]:
                 "`circuits.search.mib` on the same scores:", "",
                 _table(["method", "CPR (MIB)", "CPR (ours)", "CMD (MIB)", "CMD (ours)",
                         "MIB's evaluation s", "ours s"], evals), ""]
+    parts += _peer_timing(d)
     if d.get("command"):
       parts += [_table(["mha-jax circuit", "wall s", "its total s", "load average"],
                        [[k, _f(v["wall_s"]), _f(v["seconds"]["total"]),
                          " / ".join(f"{x:.1f}" for x in v["load_average"])]
                         for k, v in d["command"].items()]), ""]
   return parts
+
+
+def _peer_timing(d) -> list[str]:
+  """The peer timing table of an eap_peer_*.json run with --rounds (its "timing" rows):
+  the library's median against the project's first and warm median, per graph."""
+  rows = [[m, g, _f(t["library"]["median"]), _f(t[g]["first"]),
+           _f(t[g]["median_warm"]) if t[g]["median_warm"] else "",
+           f"{t['library']['median'] / t[g]['median_warm']:.1f}x" if t[g]["median_warm"]
+           else ""]
+          for m, r in d["methods"].items() if (t := r.get("timing"))
+          for g in t if g != "library"]
+  if not rows:
+    return []
+  rates = "; ".join(f"{k.split('_')[-1]}: JAX {v['jax']:.0f}, torch {v['torch']:.0f} "
+                    f"(load {v['load_average'][0]:.1f})"
+                    for k, v in d.items() if k.startswith("matmul_gflops_"))
+  return [f"Attribution time, {d.get('rounds', 1)} interleaved rounds in one process (the "
+          "library's `Graph.from_model` + `attribute`; ours `EdgeStudy.eap` / `.eap_ig`, "
+          "whose first call compiles). Measured float32 matmul rate, GFLOP/s: "
+          f"{rates}.", "",
+          _table(["method", "our graph", "library median s", "ours first s",
+                  "ours warm median s", "library / ours warm"], rows), ""]
 
 
 def _mib(b):
