@@ -954,13 +954,18 @@ def _mib_sections(base, srcs) -> list[str]:
     rows, evals = [], []
     for m, r in d["methods"].items():
       for g, a in (("mib", r["mib_graph"]), ("grouped (GQA sum)", r["grouped_graph_gqa_sum"])):
-        rows.append([m, g, f"{a['n']:,}", f"{a['pearson']:.7f}", f"{a['spearman']:.5f}",
+        rows.append([m, g, f"{a['n']:,}", f"{1 - a['pearson']:.1e}", f"{a['spearman']:.5f}",
                      f"{a['top100']}/100", f"{a['max_abs_diff_over_max']:.1e}",
                      _f(r["library_seconds"])])
       e = r.get("mib_evaluation")
       if e:
         evals.append([m, f"{e['mib']['cpr']:.4f}", f"{e['ours']['cpr']:.4f}",
                       f"{e['mib']['cmd']:.4f}", f"{e['ours']['cmd']:.4f}",
+                      f"{e['cpr_diff']:.1e} / {e['cmd_diff']:.1e}",
+                      "yes" if all(a["edges"] == b for a, b in zip(
+                          e["ours"]["curve_signed"] + e["ours"]["curve_absolute"],
+                          e["mib"]["curves"]["signed"]["edge_counts"]
+                          + e["mib"]["curves"]["absolute"]["edge_counts"])) else "no",
                       _f(e["mib"]["curves"]["signed"]["seconds"]
                          + e["mib"]["curves"]["absolute"]["seconds"]),
                       _f(e["ours"]["seconds"])])
@@ -969,12 +974,13 @@ def _mib_sections(base, srcs) -> list[str]:
               f"weights, {len(d['pairs'])} IOI pairs, no BOS, {d['steps']} left IG points; "
               "scores mapped by name, the library's sign and 1/N undone "
               "(`scripts/bench_eap_peer.py`). " + d.get("note", ""), "",
-              _table(["method", "graph", "edges", "Pearson", "Spearman", "top-100",
+              _table(["method", "graph", "edges", "1 - Pearson", "Spearman", "top-100",
                       "max diff / max", "library s"], rows), ""]
     if evals:
       parts += ["MIB's own `evaluate_area_under_curve` on the library's scores against "
                 "`circuits.search.mib` on the same scores:", "",
                 _table(["method", "CPR (MIB)", "CPR (ours)", "CMD (MIB)", "CMD (ours)",
+                        "difference CPR / CMD", "edge counts equal (20 circuits)",
                         "MIB's evaluation s", "ours s"], evals), ""]
     parts += _peer_timing(d)
     if d.get("command"):
