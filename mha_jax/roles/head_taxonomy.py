@@ -702,9 +702,9 @@ def text_bootstrap(loaded, settings: ClassifyOptions, sc: dict, heads, log=print
 
 def merge(doc: dict, new: dict) -> dict:
   """doc with new's roles added (or replaced): their scores, thresholds, qualifying
-  heads, causal checks (the two runs' causal seconds added), second checks and detector
-  seconds; the assignment and counts recomputed over every role; new's settings and
-  machine under "merged"."""
+  heads, causal checks (the two runs' causal seconds added), second checks, detector
+  seconds and bootstrap intervals; the assignment and counts recomputed over every
+  role; new's settings and machine under "merged"."""
   out = {**doc, "lm_roles": {**doc["lm_roles"], **new["lm_roles"]},
          "thresholds": {**doc["thresholds"], **new["thresholds"]},
          "qualifies": {**doc["qualifies"], **new["qualifies"]},
@@ -715,6 +715,9 @@ def merge(doc: dict, new: dict) -> dict:
   if "causal" in new:
     out["causal"] = {**doc.get("causal", {}), **new["causal"]}
     out["seconds"]["causal"] = doc["seconds"].get("causal", 0.0) + new["seconds"]["causal"]
+  if "bootstrap" in new:     # new's text roles by their intervals, doc's others kept
+    out["bootstrap"] = {**new["bootstrap"], "roles": {
+        **doc.get("bootstrap", {}).get("roles", {}), **new["bootstrap"]["roles"]}}
   out["assigned"] = assign(list(doc["assigned"]), out["qualifies"])
   out["counts"] = {}
   for r in out["assigned"].values():
