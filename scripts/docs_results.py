@@ -961,13 +961,18 @@ def _mib_sections(base, srcs) -> list[str]:
     rows, evals = [], []
     for m, r in d["methods"].items():
       for g, a in (("mib", r["mib_graph"]), ("grouped (GQA sum)", r["grouped_graph_gqa_sum"])):
-        rows.append([m, g, f"{a['n']:,}", f"{a['pearson']:.7f}", f"{a['spearman']:.5f}",
+        rows.append([m, g, f"{a['n']:,}", f"{1 - a['pearson']:.1e}", f"{a['spearman']:.5f}",
                      f"{a['top100']}/100", f"{a['max_abs_diff_over_max']:.1e}",
                      _f(r["library_seconds"])])
       e = r.get("mib_evaluation")
       if e:
         evals.append([m, f"{e['mib']['cpr']:.4f}", f"{e['ours']['cpr']:.4f}",
                       f"{e['mib']['cmd']:.4f}", f"{e['ours']['cmd']:.4f}",
+                      f"{e['cpr_diff']:.1e} / {e['cmd_diff']:.1e}",
+                      "yes" if all(a["edges"] == b for a, b in zip(
+                          e["ours"]["curve_signed"] + e["ours"]["curve_absolute"],
+                          e["mib"]["curves"]["signed"]["edge_counts"]
+                          + e["mib"]["curves"]["absolute"]["edge_counts"])) else "no",
                       _f(e["mib"]["curves"]["signed"]["seconds"]
                          + e["mib"]["curves"]["absolute"]["seconds"]),
                       _f(e["ours"]["seconds"])])
@@ -976,19 +981,43 @@ def _mib_sections(base, srcs) -> list[str]:
               f"weights, {len(d['pairs'])} IOI pairs, no BOS, {d['steps']} left IG points; "
               "scores mapped by name, the library's sign and 1/N undone "
               "(`mha-jax bench eap-peer`). " + d.get("note", ""), "",
-              _table(["method", "graph", "edges", "Pearson", "Spearman", "top-100",
+              _table(["method", "graph", "edges", "1 - Pearson", "Spearman", "top-100",
                       "max diff / max", "library s"], rows), ""]
     if evals:
       parts += ["MIB's own `evaluate_area_under_curve` on the library's scores against "
                 "`circuits.search.mib` on the same scores:", "",
                 _table(["method", "CPR (MIB)", "CPR (ours)", "CMD (MIB)", "CMD (ours)",
+                        "difference CPR / CMD", "edge counts equal (20 circuits)",
                         "MIB's evaluation s", "ours s"], evals), ""]
+    parts += _peer_timing(d)
     if d.get("command"):
       parts += [_table(["mha-jax circuit", "wall s", "its total s", "load average"],
                        [[k, _f(v["wall_s"]), _f(v["seconds"]["total"]),
                          " / ".join(f"{x:.1f}" for x in v["load_average"])]
                         for k, v in d["command"].items()]), ""]
   return parts
+
+
+def _peer_timing(d) -> list[str]:
+  """The peer timing table of an eap_peer_*.json run with --rounds (its "timing" rows):
+  the library's median against the project's first and warm median, per graph."""
+  rows = [[m, g, _f(t["library"]["median"]), _f(t[g]["first"]),
+           _f(t[g]["median_warm"]) if t[g]["median_warm"] else "",
+           f"{t['library']['median'] / t[g]['median_warm']:.1f}x" if t[g]["median_warm"]
+           else ""]
+          for m, r in d["methods"].items() if (t := r.get("timing"))
+          for g in t if g != "library"]
+  if not rows:
+    return []
+  rates = "; ".join(f"{k.split('_')[-1]}: JAX {v['jax']:.0f}, torch {v['torch']:.0f} "
+                    f"(load {v['load_average'][0]:.1f})"
+                    for k, v in d.items() if k.startswith("matmul_gflops_"))
+  return [f"Attribution time, {d.get('rounds', 1)} interleaved rounds in one process (the "
+          "library's `Graph.from_model` + `attribute`; ours `EdgeStudy.eap` / `.eap_ig`, "
+          "whose first call compiles). Measured float32 matmul rate, GFLOP/s: "
+          f"{rates}.", "",
+          _table(["method", "our graph", "library median s", "ours first s",
+                  "ours warm median s", "library / ours warm"], rows), ""]
 
 
 def _mib(b):

@@ -5,7 +5,8 @@ al.'s statistics and the LM pattern scores, reduced batch by batch; the roles' c
 and order), `head_roles` (every head's statistics and role for a loaded run, by its
 task), `syntax` (syntactic heads of a wordpiece encoder on CoNLL-U sentences),
 `detectors` (successor, copy suppression, IOI and retrieval detectors of decoder LMs),
-`head_taxonomy` (every head of a decoder LM assigned a role, each role checked causally)
+`head_taxonomy` (every head of a decoder LM assigned a role, each role checked causally),
+`bootstrap` (the text roles' scores over many windows, with bootstrap intervals)
 and `behaviour` (prefix matching, previous token, copying and ICL scores on repeated
 tokens).
 

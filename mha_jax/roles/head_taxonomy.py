@@ -43,7 +43,7 @@ import numpy as np
 from mha_jax import interventions
 from mha_jax import storage
 from mha_jax.machine import machine
-from mha_jax.roles import detectors
+from mha_jax.roles import bootstrap, detectors
 from mha_jax.toolkit import memory
 from mha_jax.roles import role_scores as roles_lib
 from mha_jax.errors import UserError
@@ -91,6 +91,11 @@ class ClassifyOptions:
   retrieval_threshold: float = 0.1    # copy-paste score (Wu et al.)
   memory_budget: int | None = None    # bytes a causal check's program may hold (None: no
                                       # plan, every row at once)
+  bootstrap_windows: int = 0          # text roles also scored on this many windows spread
+                                      # over the split, qualifying by the bootstrap
+                                      # interval (roles.bootstrap; 0: off)
+  bootstrap_draws: int = 2000         # bootstrap resamples
+  bootstrap_level: float = 0.9        # two-sided interval level
 
   def __post_init__(self):
     roles = tuple(self.roles)
@@ -103,6 +108,11 @@ class ClassifyOptions:
                  "mean_windows", "frequent"):
       if int(getattr(self, name)) < 1:
         raise UserError(f"{name} must be >= 1; got {getattr(self, name)}")
+    if self.bootstrap_windows < 0 or self.bootstrap_draws < 1:
+      raise UserError(f"bootstrap_windows must be >= 0 and bootstrap_draws >= 1; got "
+                      f"{self.bootstrap_windows}, {self.bootstrap_draws}")
+    if not 0.0 < self.bootstrap_level < 1.0:
+      raise UserError(f"bootstrap_level must be in (0, 1); got {self.bootstrap_level}")
     if self.text_len < 3:
       raise UserError(f"text_len must be >= 3; got {self.text_len}")
     if not self.depths or any(not 0.0 <= float(d) <= 1.0 for d in self.depths):
@@ -643,6 +653,7 @@ def classify(loaded, rows: Sequence[Mapping] | None = None, settings: ClassifyOp
   log("taxonomy: scores ...")
   sc = scores(loaded, settings, rows, log)
   heads = head_list(loaded.params)
+  boot = text_bootstrap(loaded, settings, sc, heads, log)
   assigned = assign(heads, sc["qualifies"])
   counts: dict[str, int] = {}
   for r in assigned.values():
@@ -653,6 +664,8 @@ def classify(loaded, rows: Sequence[Mapping] | None = None, settings: ClassifyOp
          "extra": sc["extra"], "seconds": {"detectors": sc["seconds"]},
          "settings": {k: list(v) if isinstance(v, tuple) else v
                       for k, v in dataclasses.asdict(settings).items()}}
+  if boot is not None:
+    doc["bootstrap"] = boot
   if on_scores is not None:
     on_scores({**doc, "machine": machine()})
   if check:
@@ -664,11 +677,34 @@ def classify(loaded, rows: Sequence[Mapping] | None = None, settings: ClassifyOp
   return doc
 
 
+def text_bootstrap(loaded, settings: ClassifyOptions, sc: dict, heads, log=print
+                   ) -> dict | None:
+  """With settings.bootstrap_windows, the text roles scored (roles.bootstrap.stability)
+  and their qualifying heads in sc["qualifies"] replaced by those whose interval clears
+  the threshold (the point score's kept as "qualifies_point"); else None."""
+  roles = [r for r in bootstrap.TEXT_ROLES if r in sc["lm_roles"]]
+  if not settings.bootstrap_windows or not roles:
+    return None
+  log(f"taxonomy: bootstrap of {', '.join(roles)} over {settings.bootstrap_windows} windows")
+  t0 = time.perf_counter()
+  out = bootstrap.stability(loaded.task, loaded.params, heads, settings.thresholds(),
+                            sc["lm_roles"], sc["extra"].get("ov_self"),
+                            vocab_sample(loaded.task, settings.seed),
+                            settings.bootstrap_windows, settings.text_len,
+                            settings.bootstrap_draws, settings.bootstrap_level,
+                            settings.seed, roles, log)
+  for r in roles:
+    out["roles"][r]["qualifies_point"] = sc["qualifies"][r]
+    sc["qualifies"][r] = out["roles"][r]["qualifies"]
+  sc["seconds"]["bootstrap"] = time.perf_counter() - t0
+  return out
+
+
 def merge(doc: dict, new: dict) -> dict:
   """doc with new's roles added (or replaced): their scores, thresholds, qualifying
-  heads, causal checks (the two runs' causal seconds added), second checks and detector
-  seconds; the assignment and counts recomputed over every role; new's settings and
-  machine under "merged"."""
+  heads, causal checks (the two runs' causal seconds added), second checks, detector
+  seconds and bootstrap intervals; the assignment and counts recomputed over every
+  role; new's settings and machine under "merged"."""
   out = {**doc, "lm_roles": {**doc["lm_roles"], **new["lm_roles"]},
          "thresholds": {**doc["thresholds"], **new["thresholds"]},
          "qualifies": {**doc["qualifies"], **new["qualifies"]},
@@ -679,6 +715,9 @@ def merge(doc: dict, new: dict) -> dict:
   if "causal" in new:
     out["causal"] = {**doc.get("causal", {}), **new["causal"]}
     out["seconds"]["causal"] = doc["seconds"].get("causal", 0.0) + new["seconds"]["causal"]
+  if "bootstrap" in new:     # new's text roles by their intervals, doc's others kept
+    out["bootstrap"] = {**new["bootstrap"], "roles": {
+        **doc.get("bootstrap", {}).get("roles", {}), **new["bootstrap"]["roles"]}}
   out["assigned"] = assign(list(doc["assigned"]), out["qualifies"])
   out["counts"] = {}
   for r in out["assigned"].values():

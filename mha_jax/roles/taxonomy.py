@@ -4,7 +4,9 @@ the checks). Writes OUT/roles.json and taxonomy.png (default WORKDIR/taxonomy).
 
 The pattern roles (previous-token, induction, duplicate-token) are scored on repeated
 random tokens of the run's own vocabulary (head_roles.real_lm_roles, 2 x 32 + BOS or as
-many as the window holds), as `role-steps` scores them at every checkpoint.
+many as the window holds), as `role-steps` scores them at every checkpoint. With
+--bootstrap-windows N the text roles also get each head's bootstrap interval over N
+windows spread across the test split, and qualify by it (roles.bootstrap).
 """
 
 from __future__ import annotations
@@ -32,13 +34,24 @@ class TaxonomyOptions:
   n_pairs: int = setting(8, lo=1, help="IOI pairs (the IOI roles)")
   retrieval_len: int = setting(384, lo=16, help="role retrieval: tokens of each "
                                "needle-in-a-haystack input")
+  bootstrap_windows: int = setting(0, lo=0, help="the text roles (copy_suppression, "
+                                   "attention_sink) also scored on this many windows "
+                                   "spread over the test split; a head qualifies only when "
+                                   "its bootstrap interval over windows clears the "
+                                   "threshold (roles.json's \"bootstrap\"; 0: off)")
+  bootstrap_level: float = setting(0.9, lo=0.0, hi=1.0, lo_open=True, hi_open=True,
+                                   help="the bootstrap interval's two-sided level")
+  bootstrap_draws: int = setting(2000, lo=1, help="bootstrap resamples of the windows")
 
 
 def classifier_settings(opts: TaxonomyOptions) -> head_taxonomy.ClassifyOptions:
   """The classifier's settings of a study's options."""
   return head_taxonomy.ClassifyOptions(roles=opts.roles, top_k=opts.top_k, draws=opts.draws,
                                 seed=opts.seed, n_pairs=opts.n_pairs,
-                                retrieval_len=opts.retrieval_len)
+                                retrieval_len=opts.retrieval_len,
+                                bootstrap_windows=opts.bootstrap_windows,
+                                bootstrap_level=opts.bootstrap_level,
+                                bootstrap_draws=opts.bootstrap_draws)
 
 
 def taxonomy(loaded, out: str | None = None, opts: TaxonomyOptions = TaxonomyOptions(), *,

@@ -106,6 +106,21 @@ def test_signed_ranking_keeps_the_edges_that_help_the_metric(setup, es):
   assert search.mib_counts(1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
 
 
+def test_cpr_and_cmd_of_planted_curves_equal_their_areas_by_hand():
+  k = np.asarray(FRACTIONS)
+  n = np.arange(20)
+  # f(k) = k: CPR = integral of k over [0.001, 1] = (1 - 0.001^2) / 2 (trapezoids are
+  # exact on a line); f(k) = 1 - k and 1 + k: CMD = the same integral of |1 - f| = k
+  for signed, absolute, cpr, cmd in ((k, 1 - k, 0.4999995, 0.4999995),
+                                     (k, 1 + k, 0.4999995, 0.4999995),
+                                     (2 + 0 * k, 1 + 0 * k, 2 * 0.999, 0.0)):
+    got = search.mib_curves(np.concatenate([signed, absolute]), n, n)
+    assert got["cpr"] == pytest.approx(cpr, abs=1e-12)
+    assert got["cmd"] == pytest.approx(cmd, abs=1e-12)
+    assert [p["fraction"] for p in got["curve_absolute"]] == list(FRACTIONS)
+  assert search.areas(k, k) == pytest.approx({"cpr": 0.4999995, "cmd": 0.999 - 0.4999995})
+
+
 @pytest.mark.slow
 def test_eap_ig_left_points_equal_a_float64_numpy_ig(setup, es):
   """EAP-IG on the inputs with alpha = k/steps (k = 0..steps-1): for each edge

@@ -355,6 +355,13 @@ def test_merge_adds_a_role_and_assigns_every_head_again():
          "causal": {"retrieval": {"verdict": "fails"}}, "settings": {"retrieval_len": 1024},
          "machine": {}}
   got = head_taxonomy.merge(doc, new)
+  assert "bootstrap" not in got
+  boot = {"windows": [0, 3], "roles": {"attention_sink": {"qualifies": ["lm.0.2"]}}}
+  sink = {**new, "roles": ["attention_sink"], "lm_roles": {"attention_sink": {"lm.0.2": 0.9}},
+          "thresholds": {"attention_sink": 0.8}, "qualifies": {"attention_sink": ["lm.0.2"]},
+          "bootstrap": boot}
+  assert head_taxonomy.merge(got, sink)["bootstrap"] == boot
+  assert head_taxonomy.merge(got, sink)["assigned"]["lm.0.0"] == "induction"
   assert got["roles"] == ["retrieval", "induction"]           # ROLES' order
   assert got["assigned"] == {"lm.0.0": "induction", "lm.0.1": "retrieval",
                              "lm.0.2": "retrieval"}

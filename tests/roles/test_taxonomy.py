@@ -40,7 +40,8 @@ def test_the_taxonomy_verb_writes_scores_equal_to_their_recomputation(ind_run, t
                                                                       capsys):
   out = str(tmp_path / "tax")
   rc = cli.main(["taxonomy", "--workdir", ind_run, "--out", out,
-                 "--roles", "previous_token,attention_sink", "--no-causal"])
+                 "--roles", "previous_token,attention_sink", "--no-causal",
+                 "--bootstrap-windows", "3", "--bootstrap-draws", "200"])
   assert rc == 0, capsys.readouterr()
   doc = json.load(open(os.path.join(out, "roles.json")))
   assert os.path.getsize(os.path.join(out, "taxonomy.png")) > 1000
@@ -49,8 +50,20 @@ def test_the_taxonomy_verb_writes_scores_equal_to_their_recomputation(ind_run, t
   hand = previous_token_by_hand(ind_run)
   assert doc["lm_roles"]["previous_token"] == pytest.approx(hand, abs=1e-5)
   th = doc["thresholds"]
+  boot = doc["bootstrap"]["roles"]["attention_sink"]        # the sink by its interval
+  assert list(boot) == ["threshold", "heads", "qualifies", "qualifies_point"]
+  assert len(doc["bootstrap"]["windows"]) == 3 and doc["bootstrap"]["level"] == 0.9
+  for head, v in boot["heads"].items():
+    assert v["point"] == doc["lm_roles"]["attention_sink"][head]
+    assert v["lo"] <= v["mean"] <= v["hi"] and v["stable"] == (v["lo"] >= th["attention_sink"])
+  assert doc["qualifies"]["attention_sink"] == [h for h, v in boot["heads"].items()
+                                                if v["stable"]]
+  assert boot["qualifies_point"] == [h for h, v in doc["lm_roles"]["attention_sink"].items()
+                                     if v >= th["attention_sink"]]
   for head, role in doc["assigned"].items():     # a head's role is one it qualifies for
-    if role != "other":
+    if role == "attention_sink":
+      assert boot["heads"][head]["stable"]
+    elif role != "other":
       assert doc["lm_roles"][role][head] >= th[role]
   assert sorted(doc["qualifies"]["previous_token"]) == sorted(
       h for h, v in hand.items() if v >= th["previous_token"])

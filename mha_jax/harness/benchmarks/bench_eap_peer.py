@@ -2,7 +2,7 @@
 
     PYTHONPATH=EAP_IG/src:MIB venv-eap/bin/python -m mha_jax.cli bench eap-peer \
         --workdir W [--pairs 4] [--steps 5] [--methods eap,eap-ig] [--mib-eval eap-ig]
-        [--command] [--out docs/results/circuits/eap_peer_smollm2.json]
+        [--rounds 1] [--command] [--out docs/results/circuits/eap_peer_smollm2.json]
 
 The peers are benchmark-only (the `bench` extra, best in a virtual environment of its
 own with --system-site-packages): TransformerLens 3.x (`HookedTransformer`; 4.x dropped
@@ -35,9 +35,14 @@ with device='cuda', are made on the CPU (on_cpu). Those are the only changes.
 3. Wall times: the library's model build, attribution and MIB's evaluation, against
    `mha-jax circuit --graph mib --method M --n-pairs N` as a fresh process (--command;
    model load included on both sides).
+4. The peer timing table (--rounds R): per method, R interleaved rounds of the
+   library's attribution and the project's on each graph, in the same process, so
+   that the shared machine's load hits both alike; the library's median, the
+   project's first call (it compiles) and its median over the later ones. The float32
+   matmul rate (2048^3, median of 7) of JAX and of torch is measured before and after.
 
-Writes --out with the machine record (mha_jax.machine.machine(); the load average at
-each step) and prints a table.
+Writes --out with the machine record (mha_jax.machine.machine(), with JAX's matmul
+rate; the load average at each step) and prints the tables.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,6 +78,8 @@ class EapPeerOptions:
                                              "methods MIB's evaluation runs on (default: "
                                              "eap-ig)")
   no_mib_eval: bool = setting(False, help="run MIB's evaluation on none")
+  rounds: int = setting(1, lo=1, help="interleaved timing rounds of each method's "
+                        "attribution (library, then ours on each graph)")
   command: bool = setting(False, help="also time mha-jax circuit as fresh processes")
   out: str = setting("docs/results/circuits/eap_peer_smollm2.json", path=True,
                      help="the JSON file")
@@ -190,7 +198,8 @@ def run(args: EapPeerOptions) -> int:
   from mha_jax.harness import bench
   from mha_jax.machine import machine
   result = measure(args, lambda partial: bench.write_json(partial, args.out))
-  result["machine"] = machine()
+  result["matmul_gflops_after"] = matmul_rates()
+  result["machine"] = machine(matmul_gflops=result["matmul_gflops_before"]["jax"])
   bench.write_json(result, args.out)
   print(table(result))
   print(f"wrote {args.out}")
@@ -215,7 +224,8 @@ def measure(args: EapPeerOptions, save=lambda doc: None) -> dict:
   import eap.utils
   on_cpu([eap.attribute, eap.evaluate, eap.utils])
   out = {"workdir": args.workdir, "pairs_requested": args.pairs, "steps": args.steps,
-         "ig_points": "left", "seconds": {}, "started": stamp()}
+         "ig_points": "left", "rounds": args.rounds, "seconds": {}, "started": stamp(),
+         "matmul_gflops_before": matmul_rates()}
   sec = out["seconds"]
   loaded = loader.load(args.workdir)
   studies = {}
@@ -244,21 +254,22 @@ def measure(args: EapPeerOptions, save=lambda doc: None) -> dict:
   lib_method = {"eap": "EAP", "eap-ig": "EAP-IG-inputs"}
   out["methods"] = {}
   for m in args.methods:
-    graph = Graph.from_model(model)
-    t0 = time.perf_counter()
-    eap.attribute.attribute(model, graph, loader_, partial(metric, mean=True, loss=True),
-                            lib_method[m], "patching", ig_steps=args.steps, quiet=True)
-    t_lib = time.perf_counter() - t0
+    def library():
+      graph = Graph.from_model(model)
+      eap.attribute.attribute(model, graph, loader_, partial(metric, mean=True, loss=True),
+                              lib_method[m], "patching", ig_steps=args.steps, quiet=True)
+      return graph
+    graph, mine, times = timed_rounds(args.rounds, library,
+                                      {g: partial(ours[m], s) for g, s in studies.items()})
     with tempfile.TemporaryDirectory() as tmp:
       graph.to_json(os.path.join(tmp, "g.json"))
       doc = json.load(open(os.path.join(tmp, "g.json")))
     lib = mib_graph.scores_of(doc, es.graph, es.edges, n)       # our sign and units
-    t0 = time.perf_counter()
-    mine = {g: ours[m](studies[g]) for g in studies}
-    t_ours = time.perf_counter() - t0
     gs = studies["grouped"]
     lib_grouped = grouped_sum(es.graph, es.edges, lib, gs.graph, gs.edges)
-    row = {"library_seconds": round(t_lib, 2), "ours_seconds_both_graphs": round(t_ours, 2),
+    row = {"library_seconds": times["library"]["median"],
+           "ours_seconds_both_graphs": round(sum(times[g]["rounds"][0] for g in studies), 2),
+           "timing": times,
            "mib_graph": agreement(lib, mine["mib"]),
            "grouped_graph_gqa_sum": agreement(lib_grouped, mine["grouped"]), **stamp()}
     print(m, json.dumps(row), flush=True)
@@ -273,6 +284,46 @@ def measure(args: EapPeerOptions, save=lambda doc: None) -> dict:
   if args.command:
     out["command"] = command_times(args)
   return out
+
+
+def matmul_rates(n: int = 2048, rounds: int = 7) -> dict:
+  """{"jax", "torch"}: the float32 (n x n) @ (n x n) rate, GFLOP/s, median of rounds
+  (the project's and the library's array library, on the same machine)."""
+  import torch
+  from mha_jax.harness import bench
+  a = torch.randn(n, n)
+  a @ a
+  ts = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    a @ a
+    ts.append(time.perf_counter() - t0)
+  return {"jax": round(bench.matmul_gflops(n, rounds), 1),
+          "torch": round(2 * n**3 / statistics.median(ts) / 1e9, 1), **stamp()}
+
+
+def timed_rounds(rounds: int, library, ours: dict):
+  """(the library's last result, {graph: our last scores}, seconds): `rounds` rounds,
+  each timing library() then every ours[graph]() once. seconds: {"library", graph:
+  {"rounds": [...], "median"; ours also "first" (compiles) and "median_warm" (the
+  median after the first; None with one round)}}."""
+  times = {"library": []} | {g: [] for g in ours}
+  mine = {}
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    graph = library()
+    times["library"].append(time.perf_counter() - t0)
+    for g, fn in ours.items():
+      t0 = time.perf_counter()
+      mine[g] = np.asarray(fn())
+      times[g].append(time.perf_counter() - t0)
+  out = {k: {"rounds": [round(t, 2) for t in v], "median": round(statistics.median(v), 2)}
+         for k, v in times.items()}
+  for g in ours:
+    out[g]["first"] = out[g]["rounds"][0]
+    out[g]["median_warm"] = (round(statistics.median(times[g][1:]), 2)
+                             if len(times[g]) > 1 else None)
+  return graph, mine, out
 
 
 def mib_eval(model, graph, loader_, metric, es, lib_scores, search, evaluate) -> dict:
@@ -338,4 +389,22 @@ def table(r: dict) -> str:
       rows.append(f"| {m} | MIB's evaluation | CPR {e['mib']['cpr']:.4f} (ours "
                   f"{e['ours']['cpr']:.4f}) | CMD {e['mib']['cmd']:.4f} (ours "
                   f"{e['ours']['cmd']:.4f}) | | | |")
-  return "\n".join(rows)
+  return "\n".join(rows + ["", *timing_table(r)])
+
+
+def timing_table(r: dict) -> list[str]:
+  """The peer timing table: library median against ours (first call, warm median) per
+  method and graph, with the matmul rates."""
+  rates = [r[k] for k in ("matmul_gflops_before", "matmul_gflops_after") if k in r]
+  rows = [f"{r.get('rounds', 1)} interleaved rounds; float32 matmul GFLOP/s (JAX / torch): "
+          + ", ".join(f"{x['jax']} / {x['torch']}" for x in rates), "",
+          "| method | graph | library median s | ours first s | ours warm median s | "
+          "library / ours warm |", "|---|---|---|---|---|---|"]
+  for m, row in r["methods"].items():
+    t = row.get("timing")
+    for g in [g for g in (t or {}) if g != "library"]:
+      warm = t[g]["median_warm"]
+      rows.append(f"| {m} | {g} | {t['library']['median']} | {t[g]['first']} | {warm} | "
+                  + (f"{t['library']['median'] / warm:.1f}x |" if warm else " |"))
+  return rows
+
