@@ -37,14 +37,19 @@ Per program (the train step, the eval step, the forward, a study's sweep):
   attention_kernels   the kernels dispatch chose while the program was traced: every
                program is lowered inside `dispatch.compile_target(mesh)`, so the choice is
                the one the topology's own devices make (kernels/target.py).
-A job that does not fit is a plan with fits false and `suggestion`: the first of the
-same topology with a model axis over the heads, then the next larger slices of the same
-generation, on which every program fits (each compiled to know).
+A program whose arguments alone (a train step's: with its gradients, which global-norm
+clipping holds at once) pass the HBM is not compiled: fits false from its shapes
+(`compiled: false`, `ruled_out`; total is that least). A job that does not fit is a plan
+with fits false and `suggestion`: the first of the same topology with a model axis over
+the heads, then the next larger slices of the same generation, on which every program
+fits: the candidates ruled out from shapes are skipped uncompiled, the others compiled
+(at most --search), each until its first program that does not fit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import datetime
 import functools
@@ -54,6 +59,7 @@ import math
 import os
 import re
 import tempfile
+import time
 from typing import Callable
 
 import jax
@@ -410,10 +416,49 @@ def _out_of_memory(name, message, args, lowered, donate, topo, mesh, chosen) -> 
           "est_seconds": None, "compiler": message.splitlines()[0][:300]}
 
 
+# How compile_program runs in `suggest`: None (compile every program), or {"bounds_only":
+# True} (rule candidates out from shapes, nothing compiled), or {"bounds_only": False,
+# "missed": bool} (compile until the first program that does not fit).
+_MODE: contextvars.ContextVar = contextvars.ContextVar("plan_mode", default=None)
+
+
+def _ruled_out(name: str, args: tuple, floor: int, topo: Topology, mesh, why: str) -> dict:
+  """A program not compiled: its arguments' bytes per device from their shapes, plus the
+  temporaries known from shapes alone (floor), are its least total; fits false when that
+  passes the HBM, None (unknown) otherwise."""
+  arguments = shard_bytes(args)
+  least = arguments + floor
+  return {"name": name, "mesh": dict(mesh.shape), "flops": None, "xla_flops": None,
+          "loops": [], "bytes_accessed": None,
+          "per_device": {"arguments": arguments, "outputs": None, "temps": floor or None,
+                         "total": least, "hbm": int(topo.hbm)},
+          "memory_spaces": {}, "fits": False if least > topo.hbm else None,
+          "attention_kernels": [], "est_seconds": None, "compiled": False, "ruled_out": why}
+
+
 def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, *,
-                    donate: tuple = (), out_shardings=None) -> dict:
+                    donate: tuple = (), out_shardings=None, floor: int = 0) -> dict:
   """One program of a plan: `fn` jitted, traced under the topology's kernel choice,
-  compiled for its devices from `args` (ShapeDtypeStructs), measured."""
+  compiled for its devices from `args` (ShapeDtypeStructs), measured. floor: bytes per
+  device of temporaries the program must hold at once, known from shapes (a train
+  step's gradients). When the arguments and the floor alone pass the HBM, the program is
+  not lowered nor compiled: fits false from shapes (`_ruled_out`)."""
+  mode = _MODE.get()
+  if shard_bytes(args) + floor > topo.hbm:
+    return _ruled_out(name, args, floor, topo, mesh, "its arguments and gradients alone "
+                      "pass the HBM" if floor else "its arguments alone pass the HBM")
+  if mode is not None and (mode["bounds_only"] or mode["missed"]):
+    return _ruled_out(name, args, floor, topo, mesh, "searching: " + (
+        "bounds only" if mode["bounds_only"] else "an earlier program does not fit"))
+  out = _compile(name, fn, args, topo, mesh, donate, out_shardings)
+  if mode is not None and not out["fits"]:
+    mode["missed"] = True
+  return out
+
+
+def _compile(name: str, fn: Callable, args: tuple, topo: Topology, mesh, donate,
+             out_shardings) -> dict:
+  t0, c0 = time.time(), time.process_time()
   jitted = jax.jit(fn, donate_argnums=donate, out_shardings=out_shardings)
   with dispatch.compile_target(mesh) as chosen:
     lowered = jitted.lower(*args)
@@ -425,6 +470,8 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
         raise
       return _out_of_memory(name, str(e), args, lowered, donate, topo, mesh, chosen)
     spaces = temp_bytes(d)
+  took = {"compile_wall_s": round(time.time() - t0, 1),
+          "compile_cpu_s": round(time.process_time() - c0, 1)}
   mem = compiled.memory_analysis()
   temps = sum(spaces.values())
   total = (mem.argument_size_in_bytes + mem.output_size_in_bytes + temps
@@ -444,7 +491,7 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
                          "total": int(total), "hbm": int(topo.hbm)},
           "memory_spaces": spaces, "fits": bool(total <= topo.hbm),
           "attention_kernels": sorted(set(chosen)), "est_seconds": est,
-          "mosaic_calls": text.count('custom_call_target="tpu_custom_call"'),
+          "mosaic_calls": text.count('custom_call_target="tpu_custom_call"'), **took,
           **({"uncounted": cost["uncounted"]} if cost.get("uncounted") else {})}
 
 
@@ -674,8 +721,10 @@ def train_programs(src: Source, topo: Topology, mesh) -> list[dict]:
   args = (*placed(state, shard), batch_on(src.batches["train"], mesh),
           jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
           jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep))
+  # global-norm clipping needs every gradient before any update: all held at once
+  grads = shard_bytes(placed(src.params, shard[0])) if src.train.clip > 0 else 0
   train = compile_program("train_step", step, args, topo, mesh, donate=(0, 1),
-                          out_shardings=(*shard, rep))
+                          out_shardings=(*shard, rep), floor=grads)
 
   def eval_step(params, batch):
     b = {k: v for k, v in batch.items() if k != "weight"}
@@ -836,12 +885,14 @@ def _model_axis(n: int, heads: int) -> int:
 def suggest(src: Source, opts: PlanOptions, topo: Topology, mesh) -> dict:
   """The first of: this topology with the largest model axis over the heads, then the
   larger slices of its generation (each with its largest model axis), on which every
-  program fits; at most opts.search compiles. {"fits": false, "tried": [...]} when none
-  did."""
+  program fits. A candidate whose arguments (and a train step's gradients) alone pass the
+  HBM is ruled out from shapes, uncompiled and uncounted (`ruled_out` in tried); the others
+  are compiled, at most opts.search of them, each until its first program that does not
+  fit. {"fits": false, "tried": [...]} when none did."""
   rows = min(v.shape[0] for b in src.batches.values() for v in b.values())
-  tried = []
+  tried, compiled = [], 0
   for name in [topo.name] + larger(topo.name):
-    if len(tried) >= opts.search:
+    if compiled >= opts.search:
       break
     t = topo if name == topo.name else topology(name)
     n = len(t.devices)
@@ -850,12 +901,26 @@ def suggest(src: Source, opts: PlanOptions, topo: Topology, mesh) -> dict:
     if name == topo.name and (data, model) == (mesh.shape["data"], mesh.shape["model"]):
       continue
     m = sharding.make_mesh(data, model, devices=t.devices)
-    programs = job_programs(src, t, m, opts.job)
-    total = max(p["per_device"]["total"] for p in programs)
-    tried.append({"topology": name, "mesh": dict(m.shape), "total": total, "hbm": t.hbm})
+    row = {"topology": name, "mesh": dict(m.shape), "hbm": t.hbm}
+    programs = _searching(True, lambda: job_programs(src, t, m, opts.job))
+    if any(p["fits"] is False for p in programs):
+      tried.append(dict(row, total=max(p["per_device"]["total"] for p in programs),
+                        ruled_out=True))
+      continue
+    compiled += 1
+    programs = _searching(False, lambda: job_programs(src, t, m, opts.job))
+    tried.append(dict(row, total=max(p["per_device"]["total"] for p in programs)))
     if all(p["fits"] for p in programs):
       return {"fits": True, **tried[-1], "tried": tried[:-1]}
   return {"fits": False, "tried": tried}
+
+
+def _searching(bounds_only: bool, run: Callable):
+  token = _MODE.set({"bounds_only": bounds_only, "missed": False})
+  try:
+    return run()
+  finally:
+    _MODE.reset(token)
 
 
 def _gib(b) -> str:
@@ -879,17 +944,22 @@ def format_plan(plan: dict) -> str:
     tf = "-" if p["flops"] is None else f"{p['flops'] / 1e12:.3f}"
     acc = "-" if p["bytes_accessed"] is None else f"{p['bytes_accessed'] / 1e9:.2f}"
     temps = "-" if d["temps"] is None else _gib(d["temps"])
-    lines.append(f"{p['name']:<14} {_gib(d['arguments']):>8} {_gib(d['outputs']):>8} "
+    outs = "-" if d["outputs"] is None else _gib(d["outputs"])
+    lines.append(f"{p['name']:<14} {_gib(d['arguments']):>8} {outs:>8} "
                  f"{temps:>8} {_gib(d['total']):>8} {_gib(d['hbm']):>7} "
                  f"{'yes' if p['fits'] else 'NO':>4} {tf:>9} {acc:>8} {est:>9}  "
                  f"{','.join(p['attention_kernels']) or '-'}")
+    if p.get("compiled") is False:
+      lines.append(f"  {p['name']}: not compiled, {p['ruled_out']} (total: at least that)")
   s = plan.get("suggestion")
   if s is not None and s["fits"]:
     mesh = ",".join(f"{k}={v}" for k, v in s["mesh"].items())
     lines.append(f"does not fit; fits on {s['topology']} with mesh {mesh} "
                  f"({_gib(s['total'])} of {_gib(s['hbm'])} GiB per device)")
   elif s is not None:
-    tried = "; ".join(f"{t['topology']} {t['mesh']}: {_gib(t['total'])} GiB" for t in s["tried"])
+    tried = "; ".join(f"{t['topology']} {t['mesh']}: "
+                      f"{'at least ' if t.get('ruled_out') else ''}{_gib(t['total'])} GiB"
+                      for t in s["tried"])
     lines.append(f"does not fit; nor on what was tried ({tried or 'nothing: --search 0'})")
   return "\n".join(lines)
 

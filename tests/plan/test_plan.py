@@ -7,6 +7,7 @@ and the verb through `mha_jax.cli.main`. The TPU topologies' tests are marked `t
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -46,6 +47,8 @@ def test_a_job_planned_twice_is_the_same_plan():
   a, b = _induction_plan(), _induction_plan()
   for k in ("date", "machine"):        # when, and the load average then
     a.pop(k), b.pop(k)
+  for prog in a["programs"] + b["programs"]:   # how long the compile took
+    prog.pop("compile_wall_s"), prog.pop("compile_cpu_s")
   assert a == b
   assert set(a) >= {"topology", "platform", "device_kind", "devices", "mesh", "job",
                     "params", "programs", "fits", "jax", "libtpu"}
@@ -143,6 +146,65 @@ def test_a_compile_refused_for_memory_is_a_plan_that_does_not_fit(monkeypatch):
   assert dev["temps"] == int(37.86 * 2**30) and dev["arguments"] >= p["params"]["bytes"]
   assert dev["total"] >= dev["temps"] + dev["arguments"]
   assert "does not fit" in plan.format_plan(p)
+
+
+def _counting_compiles(monkeypatch) -> list:
+  """Every Lowered.compile call appended to the returned list (then compiled as usual)."""
+  calls, real = [], jax.stages.Lowered.compile
+
+  def count(self, *a, **k):
+    calls.append(1)
+    return real(self, *a, **k)
+  monkeypatch.setattr(jax.stages.Lowered, "compile", count)
+  return calls
+
+
+def test_a_program_whose_arguments_pass_the_hbm_is_ruled_out_uncompiled(monkeypatch):
+  """Arguments of 4 MiB per device against 1 MiB of HBM: fits false from the shapes,
+  nothing lowered or compiled; the train step's least total adds its gradients (one
+  float32 per param: global-norm clipping holds them all) to its arguments."""
+  calls = _counting_compiles(monkeypatch)
+  topo = dataclasses.replace(plan.topology("cpu:1"), hbm=2**20)
+  mesh = plan.sharding.make_mesh(1, 1, devices=topo.devices)
+  x = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+  prog = plan.compile_program("f", lambda x: x * 2, (x,), topo, mesh)
+  assert prog["compiled"] is False and prog["fits"] is False and not calls
+  assert prog["per_device"]["arguments"] == prog["per_device"]["total"] == 4 * 2**20
+  count = 2 * 64 * 64 + 49 * 64 + 2 * accounting.attention_params(64, 8)
+  opts = plan.PlanOptions(topology="cpu:1", job="train", search=0)
+  p = plan.make_plan(opts, config=os.path.join(ROOT, "configs", "induction.py"),
+                     overrides=["--config.model.num_heads=8"],
+                     topo=dataclasses.replace(topo, hbm=int(3.5 * 4 * count)))
+  train, ev = p["programs"]
+  d = train["per_device"]
+  assert train["compiled"] is False and d["total"] - d["arguments"] == 4 * count
+  assert d["arguments"] >= 3 * 4 * count        # params and AdamW's two moments
+  assert ev.get("compiled", True) and len(calls) == 1 and p["fits"] is False
+
+
+def test_the_search_skips_slices_ruled_out_from_shapes(monkeypatch):
+  """suggest over made-up larger slices (cpu:1's device, each its own HBM): one whose
+  arguments pass its HBM is skipped uncompiled and not counted against --search; one that
+  passes the bound is compiled until its first program that does not fit (its eval step
+  not compiled); the next, roomy, fits."""
+  calls = _counting_compiles(monkeypatch)
+  base = plan.topology("cpu:1")
+  hbm = {"cpu:1": 2**10, "tight": 2**10, "mid": None, "roomy": 2**40}
+  probe = _induction_plan(job="train", search=0)
+  train_total = probe["programs"][0]["per_device"]
+  hbm["mid"] = train_total["arguments"] + 4 * (2 * 64 * 64 + 49 * 64 +   # + gradients
+                                                2 * accounting.attention_params(64, 8)) + 64
+  calls.clear()
+  monkeypatch.setattr(plan, "larger", lambda name: ["tight", "mid", "roomy"])
+  monkeypatch.setattr(plan, "topology", lambda name: dataclasses.replace(
+      base, name=name, hbm=hbm[name]))
+  p = _induction_plan(job="train", search=2)
+  s = p["suggestion"]
+  assert p["fits"] is False and s["fits"] is True and s["topology"] == "roomy"
+  assert [(t["topology"], bool(t.get("ruled_out"))) for t in s["tried"]] == [
+      ("tight", True), ("mid", False)]
+  assert s["tried"][1]["total"] > hbm["mid"]
+  assert len(calls) == 1 + 2          # mid's train step; roomy's train and eval steps
 
 
 def test_a_bad_topology_is_refused_by_name(tmp_path, capsys):
