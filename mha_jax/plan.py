@@ -888,12 +888,11 @@ def suggest(src: Source, opts: PlanOptions, topo: Topology, mesh) -> dict:
   program fits. A candidate whose arguments (and a train step's gradients) alone pass the
   HBM is ruled out from shapes, uncompiled and uncounted (`ruled_out` in tried); the others
   are compiled, at most opts.search of them, each until its first program that does not
-  fit. {"fits": false, "tried": [...]} when none did."""
+  fit. {"fits": false, "tried": [...]} when none did, with `next`: the smallest candidate
+  not ruled out and not compiled (--search spent), its least total from shapes."""
   rows = min(v.shape[0] for b in src.batches.values() for v in b.values())
   tried, compiled = [], 0
   for name in [topo.name] + larger(topo.name):
-    if compiled >= opts.search:
-      break
     t = topo if name == topo.name else topology(name)
     n = len(t.devices)
     model = _model_axis(n, src.heads)
@@ -907,6 +906,9 @@ def suggest(src: Source, opts: PlanOptions, topo: Topology, mesh) -> dict:
       tried.append(dict(row, total=max(p["per_device"]["total"] for p in programs),
                         ruled_out=True))
       continue
+    if compiled >= opts.search:
+      least = max(p["per_device"]["total"] for p in programs)
+      return {"fits": False, "tried": tried, "next": dict(row, total=least)}
     compiled += 1
     programs = _searching(False, lambda: job_programs(src, t, m, opts.job))
     tried.append(dict(row, total=max(p["per_device"]["total"] for p in programs)))
@@ -960,7 +962,12 @@ def format_plan(plan: dict) -> str:
     tried = "; ".join(f"{t['topology']} {t['mesh']}: "
                       f"{'at least ' if t.get('ruled_out') else ''}{_gib(t['total'])} GiB"
                       for t in s["tried"])
-    lines.append(f"does not fit; nor on what was tried ({tried or 'nothing: --search 0'})")
+    lines.append(f"does not fit; nor on what was tried ({tried or 'nothing'})")
+    if s.get("next"):
+      n = s["next"]
+      mesh = ",".join(f"{k}={v}" for k, v in n["mesh"].items())
+      lines.append(f"next, not compiled (--search spent): {n['topology']} with mesh {mesh}, "
+                   f"at least {_gib(n['total'])} of {_gib(n['hbm'])} GiB per device")
   return "\n".join(lines)
 
 

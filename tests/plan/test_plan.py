@@ -186,7 +186,8 @@ def test_the_search_skips_slices_ruled_out_from_shapes(monkeypatch):
   """suggest over made-up larger slices (cpu:1's device, each its own HBM): one whose
   arguments pass its HBM is skipped uncompiled and not counted against --search; one that
   passes the bound is compiled until its first program that does not fit (its eval step
-  not compiled); the next, roomy, fits."""
+  not compiled); the next, roomy, fits. With --search 0, nothing compiled: the first
+  slice not ruled out is named as `next`."""
   calls = _counting_compiles(monkeypatch)
   base = plan.topology("cpu:1")
   hbm = {"cpu:1": 2**10, "tight": 2**10, "mid": None, "roomy": 2**40}
@@ -205,6 +206,10 @@ def test_the_search_skips_slices_ruled_out_from_shapes(monkeypatch):
       ("tight", True), ("mid", False)]
   assert s["tried"][1]["total"] > hbm["mid"]
   assert len(calls) == 1 + 2          # mid's train step; roomy's train and eval steps
+  calls.clear()
+  s = _induction_plan(job="train", search=0)["suggestion"]
+  assert s["fits"] is False and [t["topology"] for t in s["tried"]] == ["tight"]
+  assert s["next"]["topology"] == "mid" and s["next"]["total"] <= hbm["mid"] and not calls
 
 
 def test_a_bad_topology_is_refused_by_name(tmp_path, capsys):
