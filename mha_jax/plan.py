@@ -780,7 +780,9 @@ def _shapes(args, mesh) -> tuple:
 def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
   """patch: the activation-patching sweep of `patch --sites head_out` (Study.patch_many
   at the chunk its memory budget gives); circuit: the EAP and EAP-IG (5 steps on the
-  inputs) gradient programs of `circuit` (circuits/edges.py) on the corrupt ablation."""
+  inputs) gradient programs of `circuit` (circuits/edges.py) on the corrupt ablation,
+  one chunk of ends each (the study's budget's: ends_per_chunk, chunks; a run is
+  `chunks` of them)."""
   # host arrays, outside the target's mesh (a TPU compile-only client runs nothing);
   # the programs are traced for the target in compile_program
   with jax.default_device(jax.devices("cpu")[0]):
@@ -795,9 +797,11 @@ def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
   from mha_jax.circuits import edges
   with jax.default_device(jax.devices("cpu")[0]):
     es = edges.EdgeStudy(study, run=False)
-    progs = (("eap", es.eap_program()), ("eap_ig", es.eap_ig_program()))
-  return [compile_program(name, prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
-          for name, prog in progs]
+    progs = (("eap", es.eap_program(), es.plan("eap")),
+             ("eap_ig", es.eap_ig_program(), es.plan("ig")))
+  return [dict(compile_program(name, prog["fn"], _shapes(prog["args"], mesh), topo, mesh),
+               ends_per_chunk=chunks.ends_per_chunk, chunks=len(chunks.chunks),
+               memory_budget=chunks.budget) for name, prog, chunks in progs]
 
 
 def taxonomy_programs(src: Source, topo: Topology, mesh) -> list[dict]:

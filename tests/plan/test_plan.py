@@ -301,6 +301,9 @@ def test_circuit_job_counts_eap_igs_five_gradients():
   assert (eap["name"], ig["name"]) == ("eap", "eap_ig") and 5 in ig["loops"]
   assert 2.5 * eap["flops"] < ig["flops"] < 5 * eap["flops"]
   assert ig["xla_flops"] < 1.5 * eap["flops"]
+  for prog in (eap, ig):    # the study's default budget holds the tiny model's ends at once
+    assert (prog["ends_per_chunk"], prog["chunks"], prog["memory_budget"]) >= (1, 1, 2 << 30)
+    assert prog["chunks"] == 1
 
 
 def test_taxonomy_job_compiles_the_causal_checks():
