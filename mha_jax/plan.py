@@ -110,6 +110,10 @@ class PlanOptions:
                        "Face config's, as `import --dtype`)")
   search: int = setting(3, lo=0, help="when a job does not fit: how many other meshes or "
                         "larger slices to compile for the smallest that fits")
+  memory_budget: str | None = setting(None, metavar="BYTES", help="bytes a study program "
+                                      "(patch, circuit, taxonomy) may hold on one device, e.g. "
+                                      "4GB: its chunk sizes are chosen from it (default: half "
+                                      "the chip's HBM less the params per device)")
 
 
 # ------------------------------------------------------------------ topologies
@@ -743,17 +747,30 @@ def forward_programs(src: Source, topo: Topology, mesh) -> list[dict]:
                           topo, mesh)]
 
 
-def job_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
+def job_programs(src: Source, topo: Topology, mesh, job: str,
+                 opts: PlanOptions | None = None) -> list[dict]:
   if job == "train":
     if not getattr(src.task, "trainable", True) and src.cfg.task != "pretrained_lm":
       raise UserError(f"job train: task {src.cfg.task!r} is not trained", setting="job")
     return train_programs(src, topo, mesh)
   if job == "forward":
     return forward_programs(src, topo, mesh)
-  return study_programs(src, topo, mesh, job)
+  return study_programs(src, topo, mesh, job, opts or PlanOptions(topology=topo.name))
 
 
-def _study(src: Source, mesh):
+def study_budget(opts: PlanOptions, topo: Topology, mesh, src: Source) -> int:
+  """Bytes a study program may hold on one device of the target: --memory-budget, else
+  memory.DEFAULT_FRACTION (as a study's own default) of the HBM less the params' bytes
+  per device. The studies' byte models count a whole program on one device, an upper
+  bound of one device's share on a mesh."""
+  from mha_jax.toolkit import memory
+  if opts.memory_budget is not None:
+    return memory.parse_bytes(opts.memory_budget)
+  params = shard_bytes(placed(src.params, sharding.shardings(src.params, mesh)))
+  return int(memory.DEFAULT_FRACTION * max(0, topo.hbm - params))
+
+
+def _study(src: Source, mesh, budget: int):
   """A patching Study of the job's pairs (rows x seq tokens) from shapes alone: params
   ShapeDtypeStructs placed as training places them, the unpatched runs not run. The
   clean and corrupt prompts differ at every position (no shared prefix: the most
@@ -766,7 +783,8 @@ def _study(src: Source, mesh):
                           np.full(n, t, np.int32), [{}] * n)
   base = {r: {"ld": np.zeros(n), "logp": np.zeros(n)} for r in ("clean", "corrupt")}
   params = placed(src.params, sharding.shardings(src.params, mesh))
-  return activation_patching.Study(src.task, params, pairs, baseline=base)
+  return activation_patching.Study(src.task, params, pairs, baseline=base,
+                                   memory_budget=budget)
 
 
 def _shapes(args, mesh) -> tuple:
@@ -777,23 +795,52 @@ def _shapes(args, mesh) -> tuple:
                       jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=rep), args)
 
 
-def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
+def study_programs(src: Source, topo: Topology, mesh, job: str, opts: PlanOptions
+                   ) -> list[dict]:
   """patch: the activation-patching sweep of `patch --sites head_out` (Study.patch_many
   at the chunk its memory budget gives); circuit: the EAP and EAP-IG (5 steps on the
   inputs) gradient programs of `circuit` (circuits/edges.py) on the corrupt ablation,
   one chunk of ends each (the study's budget's: ends_per_chunk, chunks; a run is
-  `chunks` of them)."""
+  `chunks` of them); taxonomy: taxonomy_programs. The budget: study_budget. When the
+  default budget is below one item (the study would refuse it), the job is a plan that
+  does not fit (`_too_small`); a --memory-budget too small is refused, as the study
+  refuses it."""
+  budget = study_budget(opts, topo, mesh, src)
+  try:
+    return _study_programs(src, topo, mesh, job, budget)
+  except UserError as e:
+    if opts.memory_budget is not None or "memory_budget" not in e.settings:
+      raise
+    return [_too_small(job, e, budget, src, topo, mesh)]
+
+
+_NEEDS = re.compile(r"needs at least ([\d,]+) bytes")
+
+
+def _too_small(job: str, e: UserError, budget: int, src: Source, topo: Topology, mesh) -> dict:
+  """The study's default budget is below one item: not compiled, fits false; total: the
+  params per device and the least bytes one item needs (the study's byte model)."""
+  params = placed(src.params, sharding.shardings(src.params, mesh))
+  m = _NEEDS.search(str(e))
+  need = int(m.group(1).replace(",", "")) if m else 0
+  out = _ruled_out(job, (params,), need, topo, mesh, f"the study's default memory budget "
+                   f"({budget:,} bytes: half the HBM less the params) is below one item: "
+                   f"{e} (--memory-budget sets it)")
+  return dict(out, fits=False, memory_budget=budget)
+
+
+def _study_programs(src: Source, topo: Topology, mesh, job: str, budget: int) -> list[dict]:
   # host arrays, outside the target's mesh (a TPU compile-only client runs nothing);
   # the programs are traced for the target in compile_program
-  with jax.default_device(jax.devices("cpu")[0]):
-    study = _study(src, mesh)
   if job == "taxonomy":
-    return taxonomy_programs(src, topo, mesh)
+    return taxonomy_programs(src, topo, mesh, budget)
+  with jax.default_device(jax.devices("cpu")[0]):
+    study = _study(src, mesh, budget)
   if job == "patch":
     with jax.default_device(jax.devices("cpu")[0]):
       prog = study.sweep_program([("z", False)])
     out = compile_program("patch_sweep", prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
-    return [dict(out, chunk=prog["chunk"], groups=prog["groups"])]
+    return [dict(out, chunk=prog["chunk"], groups=prog["groups"], memory_budget=budget)]
   from mha_jax.circuits import edges
   with jax.default_device(jax.devices("cpu")[0]):
     es = edges.EdgeStudy(study, run=False)
@@ -804,19 +851,19 @@ def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
                memory_budget=chunks.budget) for name, prog, chunks in progs]
 
 
-def taxonomy_programs(src: Source, topo: Topology, mesh) -> list[dict]:
+def taxonomy_programs(src: Source, topo: Topology, mesh, budget: int) -> list[dict]:
   """The head taxonomy's causal checks (roles.head_taxonomy.plan_programs: repeat loss,
   IOI logit difference, context logit, text loss, top-k heads mean-ablated) at the job's
-  rows x seq tokens, their rows per batch from the Study's default budget."""
+  rows x seq tokens, their rows per batch from `budget`."""
   import types
   from mha_jax.roles import head_taxonomy as taxonomy
   tokens = src.batches["forward"]["tokens"]
   with jax.default_device(jax.devices("cpu")[0]):
     params = placed(src.params, sharding.shardings(src.params, mesh))
     progs = taxonomy.plan_programs(types.SimpleNamespace(task=src.task, params=params),
-                                   tokens.shape[0], tokens.shape[1] - 1, 2 << 30)
-  return [dict(compile_program(name, fn, _shapes(args, mesh), topo, mesh), rows_per_batch=r)
-          for name, fn, args, r in progs]
+                                   tokens.shape[0], tokens.shape[1] - 1, budget)
+  return [dict(compile_program(name, fn, _shapes(args, mesh), topo, mesh), rows_per_batch=r,
+               memory_budget=budget) for name, fn, args, r in progs]
 
 
 # ------------------------------------------------------------------ the plan
@@ -863,7 +910,7 @@ def make_plan(opts: PlanOptions, *, config: str | None = None, overrides=(),
   src = load_source(opts, config, list(overrides), workdir)
   data, model = _mesh_shape(opts, src)
   mesh = sharding.make_mesh(data, model, devices=topo.devices)
-  programs = job_programs(src, topo, mesh, opts.job)
+  programs = job_programs(src, topo, mesh, opts.job, opts)
   leaves = jax.tree.leaves(src.params)
   plan = {"topology": topo.name, "platform": topo.platform, "device_kind": topo.device_kind,
           "devices": len(topo.devices), "mesh": dict(mesh.shape), "job": opts.job,
@@ -905,7 +952,7 @@ def suggest(src: Source, opts: PlanOptions, topo: Topology, mesh) -> dict:
       continue
     m = sharding.make_mesh(data, model, devices=t.devices)
     row = {"topology": name, "mesh": dict(m.shape), "hbm": t.hbm}
-    programs = _searching(True, lambda: job_programs(src, t, m, opts.job))
+    programs = _searching(True, lambda: job_programs(src, t, m, opts.job, opts))
     if any(p["fits"] is False for p in programs):
       tried.append(dict(row, total=max(p["per_device"]["total"] for p in programs),
                         ruled_out=True))
@@ -914,7 +961,7 @@ def suggest(src: Source, opts: PlanOptions, topo: Topology, mesh) -> dict:
       least = max(p["per_device"]["total"] for p in programs)
       return {"fits": False, "tried": tried, "next": dict(row, total=least)}
     compiled += 1
-    programs = _searching(False, lambda: job_programs(src, t, m, opts.job))
+    programs = _searching(False, lambda: job_programs(src, t, m, opts.job, opts))
     tried.append(dict(row, total=max(p["per_device"]["total"] for p in programs)))
     if all(p["fits"] for p in programs):
       return {"fits": True, **tried[-1], "tried": tried[:-1]}

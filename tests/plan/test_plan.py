@@ -23,6 +23,7 @@ from builders import ROOT, with_devices
 
 from mha_jax import accounting, attention, chips, cli, gpu_targets, plan
 from mha_jax import config as mha_config
+from mha_jax.errors import UserError
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 LLAMA_8B = os.path.join(ROOT, "docs", "data", "llama-3.1-8b.config.json")
@@ -210,6 +211,29 @@ def test_the_search_skips_slices_ruled_out_from_shapes(monkeypatch):
   s = _induction_plan(job="train", search=0)["suggestion"]
   assert s["fits"] is False and [t["topology"] for t in s["tried"]] == ["tight"]
   assert s["next"]["topology"] == "mid" and s["next"]["total"] <= hbm["mid"] and not calls
+
+
+def test_study_jobs_budget_half_the_hbm_less_the_params():
+  """A study job's chunks come from half the target's HBM less the params per device
+  (float32 on cpu:1: 4 bytes a param); a default budget below one item is a plan that
+  does not fit, uncompiled; a --memory-budget below one item is refused by name."""
+  count = 2 * 64 * 64 + 49 * 64 + 2 * accounting.attention_params(64, 8)
+  topo = dataclasses.replace(plan.topology("cpu:1"), hbm=2**30)
+  cfg = dict(config=os.path.join(ROOT, "configs", "induction.py"),
+             overrides=["--config.model.num_heads=8"])
+  p = plan.make_plan(plan.PlanOptions(topology="cpu:1", job="patch", batch=4), topo=topo,
+                     **cfg)
+  assert p["programs"][0]["memory_budget"] == (2**30 - 4 * count) // 2
+  small = dataclasses.replace(topo, hbm=2**20)
+  p = plan.make_plan(plan.PlanOptions(topology="cpu:1", job="circuit", batch=4), topo=small,
+                     **cfg)
+  (prog,) = p["programs"]
+  assert prog["compiled"] is False and prog["fits"] is False and p["fits"] is False
+  assert "--memory-budget" in prog["ruled_out"] and prog["per_device"]["total"] > 4 * count
+  with pytest.raises(UserError) as e:
+    plan.make_plan(plan.PlanOptions(topology="cpu:1", job="circuit", batch=4,
+                                    memory_budget="1KB"), topo=topo, **cfg)
+  assert "memory_budget" in e.value.settings
 
 
 def test_a_bad_topology_is_refused_by_name(tmp_path, capsys):
