@@ -37,14 +37,19 @@ Per program (the train step, the eval step, the forward, a study's sweep):
   attention_kernels   the kernels dispatch chose while the program was traced: every
                program is lowered inside `dispatch.compile_target(mesh)`, so the choice is
                the one the topology's own devices make (kernels/target.py).
-A job that does not fit is a plan with fits false and `suggestion`: the first of the
-same topology with a model axis over the heads, then the next larger slices of the same
-generation, on which every program fits (each compiled to know).
+A program whose arguments alone (a train step's: with its gradients, which global-norm
+clipping holds at once) pass the HBM is not compiled: fits false from its shapes
+(`compiled: false`, `ruled_out`; total is that least). A job that does not fit is a plan
+with fits false and `suggestion`: the first of the same topology with a model axis over
+the heads, then the next larger slices of the same generation, on which every program
+fits: the candidates ruled out from shapes are skipped uncompiled, the others compiled
+(at most --search), each until its first program that does not fit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import datetime
 import functools
@@ -54,6 +59,7 @@ import math
 import os
 import re
 import tempfile
+import time
 from typing import Callable
 
 import jax
@@ -104,6 +110,10 @@ class PlanOptions:
                        "Face config's, as `import --dtype`)")
   search: int = setting(3, lo=0, help="when a job does not fit: how many other meshes or "
                         "larger slices to compile for the smallest that fits")
+  memory_budget: str | None = setting(None, metavar="BYTES", help="bytes a study program "
+                                      "(patch, circuit, taxonomy) may hold on one device, e.g. "
+                                      "4GB: its chunk sizes are chosen from it (default: half "
+                                      "the chip's HBM less the params per device)")
 
 
 # ------------------------------------------------------------------ topologies
@@ -410,10 +420,49 @@ def _out_of_memory(name, message, args, lowered, donate, topo, mesh, chosen) -> 
           "est_seconds": None, "compiler": message.splitlines()[0][:300]}
 
 
+# How compile_program runs in `suggest`: None (compile every program), or {"bounds_only":
+# True} (rule candidates out from shapes, nothing compiled), or {"bounds_only": False,
+# "missed": bool} (compile until the first program that does not fit).
+_MODE: contextvars.ContextVar = contextvars.ContextVar("plan_mode", default=None)
+
+
+def _ruled_out(name: str, args: tuple, floor: int, topo: Topology, mesh, why: str) -> dict:
+  """A program not compiled: its arguments' bytes per device from their shapes, plus the
+  temporaries known from shapes alone (floor), are its least total; fits false when that
+  passes the HBM, None (unknown) otherwise."""
+  arguments = shard_bytes(args)
+  least = arguments + floor
+  return {"name": name, "mesh": dict(mesh.shape), "flops": None, "xla_flops": None,
+          "loops": [], "bytes_accessed": None,
+          "per_device": {"arguments": arguments, "outputs": None, "temps": floor or None,
+                         "total": least, "hbm": int(topo.hbm)},
+          "memory_spaces": {}, "fits": False if least > topo.hbm else None,
+          "attention_kernels": [], "est_seconds": None, "compiled": False, "ruled_out": why}
+
+
 def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, *,
-                    donate: tuple = (), out_shardings=None) -> dict:
+                    donate: tuple = (), out_shardings=None, floor: int = 0) -> dict:
   """One program of a plan: `fn` jitted, traced under the topology's kernel choice,
-  compiled for its devices from `args` (ShapeDtypeStructs), measured."""
+  compiled for its devices from `args` (ShapeDtypeStructs), measured. floor: bytes per
+  device of temporaries the program must hold at once, known from shapes (a train
+  step's gradients). When the arguments and the floor alone pass the HBM, the program is
+  not lowered nor compiled: fits false from shapes (`_ruled_out`)."""
+  mode = _MODE.get()
+  if shard_bytes(args) + floor > topo.hbm:
+    return _ruled_out(name, args, floor, topo, mesh, "its arguments and gradients alone "
+                      "pass the HBM" if floor else "its arguments alone pass the HBM")
+  if mode is not None and (mode["bounds_only"] or mode["missed"]):
+    return _ruled_out(name, args, floor, topo, mesh, "searching: " + (
+        "bounds only" if mode["bounds_only"] else "an earlier program does not fit"))
+  out = _compile(name, fn, args, topo, mesh, donate, out_shardings)
+  if mode is not None and not out["fits"]:
+    mode["missed"] = True
+  return out
+
+
+def _compile(name: str, fn: Callable, args: tuple, topo: Topology, mesh, donate,
+             out_shardings) -> dict:
+  t0, c0 = time.time(), time.process_time()
   jitted = jax.jit(fn, donate_argnums=donate, out_shardings=out_shardings)
   with dispatch.compile_target(mesh) as chosen:
     lowered = jitted.lower(*args)
@@ -425,6 +474,8 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
         raise
       return _out_of_memory(name, str(e), args, lowered, donate, topo, mesh, chosen)
     spaces = temp_bytes(d)
+  took = {"compile_wall_s": round(time.time() - t0, 1),
+          "compile_cpu_s": round(time.process_time() - c0, 1)}
   mem = compiled.memory_analysis()
   temps = sum(spaces.values())
   total = (mem.argument_size_in_bytes + mem.output_size_in_bytes + temps
@@ -444,7 +495,7 @@ def compile_program(name: str, fn: Callable, args: tuple, topo: Topology, mesh, 
                          "total": int(total), "hbm": int(topo.hbm)},
           "memory_spaces": spaces, "fits": bool(total <= topo.hbm),
           "attention_kernels": sorted(set(chosen)), "est_seconds": est,
-          "mosaic_calls": text.count('custom_call_target="tpu_custom_call"'),
+          "mosaic_calls": text.count('custom_call_target="tpu_custom_call"'), **took,
           **({"uncounted": cost["uncounted"]} if cost.get("uncounted") else {})}
 
 
@@ -674,8 +725,10 @@ def train_programs(src: Source, topo: Topology, mesh) -> list[dict]:
   args = (*placed(state, shard), batch_on(src.batches["train"], mesh),
           jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
           jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep))
+  # global-norm clipping needs every gradient before any update: all held at once
+  grads = shard_bytes(placed(src.params, shard[0])) if src.train.clip > 0 else 0
   train = compile_program("train_step", step, args, topo, mesh, donate=(0, 1),
-                          out_shardings=(*shard, rep))
+                          out_shardings=(*shard, rep), floor=grads)
 
   def eval_step(params, batch):
     b = {k: v for k, v in batch.items() if k != "weight"}
@@ -694,17 +747,30 @@ def forward_programs(src: Source, topo: Topology, mesh) -> list[dict]:
                           topo, mesh)]
 
 
-def job_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
+def job_programs(src: Source, topo: Topology, mesh, job: str,
+                 opts: PlanOptions | None = None) -> list[dict]:
   if job == "train":
     if not getattr(src.task, "trainable", True) and src.cfg.task != "pretrained_lm":
       raise UserError(f"job train: task {src.cfg.task!r} is not trained", setting="job")
     return train_programs(src, topo, mesh)
   if job == "forward":
     return forward_programs(src, topo, mesh)
-  return study_programs(src, topo, mesh, job)
+  return study_programs(src, topo, mesh, job, opts or PlanOptions(topology=topo.name))
 
 
-def _study(src: Source, mesh):
+def study_budget(opts: PlanOptions, topo: Topology, mesh, src: Source) -> int:
+  """Bytes a study program may hold on one device of the target: --memory-budget, else
+  memory.DEFAULT_FRACTION (as a study's own default) of the HBM less the params' bytes
+  per device. The studies' byte models count a whole program on one device, an upper
+  bound of one device's share on a mesh."""
+  from mha_jax.toolkit import memory
+  if opts.memory_budget is not None:
+    return memory.parse_bytes(opts.memory_budget)
+  params = shard_bytes(placed(src.params, sharding.shardings(src.params, mesh)))
+  return int(memory.DEFAULT_FRACTION * max(0, topo.hbm - params))
+
+
+def _study(src: Source, mesh, budget: int):
   """A patching Study of the job's pairs (rows x seq tokens) from shapes alone: params
   ShapeDtypeStructs placed as training places them, the unpatched runs not run. The
   clean and corrupt prompts differ at every position (no shared prefix: the most
@@ -717,7 +783,8 @@ def _study(src: Source, mesh):
                           np.full(n, t, np.int32), [{}] * n)
   base = {r: {"ld": np.zeros(n), "logp": np.zeros(n)} for r in ("clean", "corrupt")}
   params = placed(src.params, sharding.shardings(src.params, mesh))
-  return activation_patching.Study(src.task, params, pairs, baseline=base)
+  return activation_patching.Study(src.task, params, pairs, baseline=base,
+                                   memory_budget=budget)
 
 
 def _shapes(args, mesh) -> tuple:
@@ -728,42 +795,75 @@ def _shapes(args, mesh) -> tuple:
                       jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=rep), args)
 
 
-def study_programs(src: Source, topo: Topology, mesh, job: str) -> list[dict]:
+def study_programs(src: Source, topo: Topology, mesh, job: str, opts: PlanOptions
+                   ) -> list[dict]:
   """patch: the activation-patching sweep of `patch --sites head_out` (Study.patch_many
   at the chunk its memory budget gives); circuit: the EAP and EAP-IG (5 steps on the
-  inputs) gradient programs of `circuit` (circuits/edges.py) on the corrupt ablation."""
+  inputs) gradient programs of `circuit` (circuits/edges.py) on the corrupt ablation,
+  one chunk of ends each (the study's budget's: ends_per_chunk, chunks; a run is
+  `chunks` of them); taxonomy: taxonomy_programs. The budget: study_budget. When the
+  default budget is below one item (the study would refuse it), the job is a plan that
+  does not fit (`_too_small`); a --memory-budget too small is refused, as the study
+  refuses it."""
+  budget = study_budget(opts, topo, mesh, src)
+  try:
+    return _study_programs(src, topo, mesh, job, budget)
+  except UserError as e:
+    if opts.memory_budget is not None or "memory_budget" not in e.settings:
+      raise
+    return [_too_small(job, e, budget, src, topo, mesh)]
+
+
+_NEEDS = re.compile(r"needs at least ([\d,]+) bytes")
+
+
+def _too_small(job: str, e: UserError, budget: int, src: Source, topo: Topology, mesh) -> dict:
+  """The study's default budget is below one item: not compiled, fits false; total: the
+  params per device and the least bytes one item needs (the study's byte model)."""
+  params = placed(src.params, sharding.shardings(src.params, mesh))
+  m = _NEEDS.search(str(e))
+  need = int(m.group(1).replace(",", "")) if m else 0
+  out = _ruled_out(job, (params,), need, topo, mesh, f"the study's default memory budget "
+                   f"({budget:,} bytes: half the HBM less the params) is below one item: "
+                   f"{e} (--memory-budget sets it)")
+  return dict(out, fits=False, memory_budget=budget)
+
+
+def _study_programs(src: Source, topo: Topology, mesh, job: str, budget: int) -> list[dict]:
   # host arrays, outside the target's mesh (a TPU compile-only client runs nothing);
   # the programs are traced for the target in compile_program
-  with jax.default_device(jax.devices("cpu")[0]):
-    study = _study(src, mesh)
   if job == "taxonomy":
-    return taxonomy_programs(src, topo, mesh)
+    return taxonomy_programs(src, topo, mesh, budget)
+  with jax.default_device(jax.devices("cpu")[0]):
+    study = _study(src, mesh, budget)
   if job == "patch":
     with jax.default_device(jax.devices("cpu")[0]):
       prog = study.sweep_program([("z", False)])
     out = compile_program("patch_sweep", prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
-    return [dict(out, chunk=prog["chunk"], groups=prog["groups"])]
+    return [dict(out, chunk=prog["chunk"], groups=prog["groups"], memory_budget=budget)]
   from mha_jax.circuits import edges
   with jax.default_device(jax.devices("cpu")[0]):
     es = edges.EdgeStudy(study, run=False)
-    progs = (("eap", es.eap_program()), ("eap_ig", es.eap_ig_program()))
-  return [compile_program(name, prog["fn"], _shapes(prog["args"], mesh), topo, mesh)
-          for name, prog in progs]
+    progs = (("eap", es.eap_program(), es.plan("eap")),
+             ("eap_ig", es.eap_ig_program(), es.plan("ig")))
+  return [dict(compile_program(name, prog["fn"], _shapes(prog["args"], mesh), topo, mesh),
+               ends_per_chunk=chunks.ends_per_chunk, chunks=len(chunks.chunks),
+               memory_budget=chunks.budget) for name, prog, chunks in progs]
 
 
-def taxonomy_programs(src: Source, topo: Topology, mesh) -> list[dict]:
+def taxonomy_programs(src: Source, topo: Topology, mesh, budget: int) -> list[dict]:
   """The head taxonomy's causal checks (roles.head_taxonomy.plan_programs: repeat loss,
   IOI logit difference, context logit, text loss, top-k heads mean-ablated) at the job's
-  rows x seq tokens, their rows per batch from the Study's default budget."""
+  rows x seq tokens, their rows per batch from `budget`."""
   import types
   from mha_jax.roles import head_taxonomy as taxonomy
   tokens = src.batches["forward"]["tokens"]
   with jax.default_device(jax.devices("cpu")[0]):
     params = placed(src.params, sharding.shardings(src.params, mesh))
     progs = taxonomy.plan_programs(types.SimpleNamespace(task=src.task, params=params),
-                                   tokens.shape[0], tokens.shape[1] - 1, 2 << 30)
-  return [dict(compile_program(name, fn, _shapes(args, mesh), topo, mesh), rows_per_batch=r)
-          for name, fn, args, r in progs]
+                                   tokens.shape[0], tokens.shape[1] - 1, budget)
+  return [dict(compile_program(name, fn, _shapes(args, mesh), topo, mesh), rows_per_batch=r,
+               memory_budget=budget) for name, fn, args, r in progs]
 
 
 # ------------------------------------------------------------------ the plan
@@ -810,7 +910,7 @@ def make_plan(opts: PlanOptions, *, config: str | None = None, overrides=(),
   src = load_source(opts, config, list(overrides), workdir)
   data, model = _mesh_shape(opts, src)
   mesh = sharding.make_mesh(data, model, devices=topo.devices)
-  programs = job_programs(src, topo, mesh, opts.job)
+  programs = job_programs(src, topo, mesh, opts.job, opts)
   leaves = jax.tree.leaves(src.params)
   plan = {"topology": topo.name, "platform": topo.platform, "device_kind": topo.device_kind,
           "devices": len(topo.devices), "mesh": dict(mesh.shape), "job": opts.job,
@@ -836,13 +936,14 @@ def _model_axis(n: int, heads: int) -> int:
 def suggest(src: Source, opts: PlanOptions, topo: Topology, mesh) -> dict:
   """The first of: this topology with the largest model axis over the heads, then the
   larger slices of its generation (each with its largest model axis), on which every
-  program fits; at most opts.search compiles. {"fits": false, "tried": [...]} when none
-  did."""
+  program fits. A candidate whose arguments (and a train step's gradients) alone pass the
+  HBM is ruled out from shapes, uncompiled and uncounted (`ruled_out` in tried); the others
+  are compiled, at most opts.search of them, each until its first program that does not
+  fit. {"fits": false, "tried": [...]} when none did, with `next`: the smallest candidate
+  not ruled out and not compiled (--search spent), its least total from shapes."""
   rows = min(v.shape[0] for b in src.batches.values() for v in b.values())
-  tried = []
+  tried, compiled = [], 0
   for name in [topo.name] + larger(topo.name):
-    if len(tried) >= opts.search:
-      break
     t = topo if name == topo.name else topology(name)
     n = len(t.devices)
     model = _model_axis(n, src.heads)
@@ -850,12 +951,29 @@ def suggest(src: Source, opts: PlanOptions, topo: Topology, mesh) -> dict:
     if name == topo.name and (data, model) == (mesh.shape["data"], mesh.shape["model"]):
       continue
     m = sharding.make_mesh(data, model, devices=t.devices)
-    programs = job_programs(src, t, m, opts.job)
-    total = max(p["per_device"]["total"] for p in programs)
-    tried.append({"topology": name, "mesh": dict(m.shape), "total": total, "hbm": t.hbm})
+    row = {"topology": name, "mesh": dict(m.shape), "hbm": t.hbm}
+    programs = _searching(True, lambda: job_programs(src, t, m, opts.job, opts))
+    if any(p["fits"] is False for p in programs):
+      tried.append(dict(row, total=max(p["per_device"]["total"] for p in programs),
+                        ruled_out=True))
+      continue
+    if compiled >= opts.search:
+      least = max(p["per_device"]["total"] for p in programs)
+      return {"fits": False, "tried": tried, "next": dict(row, total=least)}
+    compiled += 1
+    programs = _searching(False, lambda: job_programs(src, t, m, opts.job, opts))
+    tried.append(dict(row, total=max(p["per_device"]["total"] for p in programs)))
     if all(p["fits"] for p in programs):
       return {"fits": True, **tried[-1], "tried": tried[:-1]}
   return {"fits": False, "tried": tried}
+
+
+def _searching(bounds_only: bool, run: Callable):
+  token = _MODE.set({"bounds_only": bounds_only, "missed": False})
+  try:
+    return run()
+  finally:
+    _MODE.reset(token)
 
 
 def _gib(b) -> str:
@@ -879,18 +997,28 @@ def format_plan(plan: dict) -> str:
     tf = "-" if p["flops"] is None else f"{p['flops'] / 1e12:.3f}"
     acc = "-" if p["bytes_accessed"] is None else f"{p['bytes_accessed'] / 1e9:.2f}"
     temps = "-" if d["temps"] is None else _gib(d["temps"])
-    lines.append(f"{p['name']:<14} {_gib(d['arguments']):>8} {_gib(d['outputs']):>8} "
+    outs = "-" if d["outputs"] is None else _gib(d["outputs"])
+    lines.append(f"{p['name']:<14} {_gib(d['arguments']):>8} {outs:>8} "
                  f"{temps:>8} {_gib(d['total']):>8} {_gib(d['hbm']):>7} "
                  f"{'yes' if p['fits'] else 'NO':>4} {tf:>9} {acc:>8} {est:>9}  "
                  f"{','.join(p['attention_kernels']) or '-'}")
+    if p.get("compiled") is False:
+      lines.append(f"  {p['name']}: not compiled, {p['ruled_out']} (total: at least that)")
   s = plan.get("suggestion")
   if s is not None and s["fits"]:
     mesh = ",".join(f"{k}={v}" for k, v in s["mesh"].items())
     lines.append(f"does not fit; fits on {s['topology']} with mesh {mesh} "
                  f"({_gib(s['total'])} of {_gib(s['hbm'])} GiB per device)")
   elif s is not None:
-    tried = "; ".join(f"{t['topology']} {t['mesh']}: {_gib(t['total'])} GiB" for t in s["tried"])
-    lines.append(f"does not fit; nor on what was tried ({tried or 'nothing: --search 0'})")
+    tried = "; ".join(f"{t['topology']} {t['mesh']}: "
+                      f"{'at least ' if t.get('ruled_out') else ''}{_gib(t['total'])} GiB"
+                      for t in s["tried"])
+    lines.append(f"does not fit; nor on what was tried ({tried or 'nothing'})")
+    if s.get("next"):
+      n = s["next"]
+      mesh = ",".join(f"{k}={v}" for k, v in n["mesh"].items())
+      lines.append(f"next, not compiled (--search spent): {n['topology']} with mesh {mesh}, "
+                   f"at least {_gib(n['total'])} of {_gib(n['hbm'])} GiB per device")
   return "\n".join(lines)
 
 

@@ -1079,16 +1079,14 @@ def llama70b_section(docs):
   a, b = d["lowered"]
   return [
       "## Llama-3.1-70B on v5p", "",
-      "Not compiled whole here. The decoder runs its layers as a Python loop over "
-      "`params['lm']['layer_i']` (no `scan` over stacked layers), so the program XLA "
-      "compiles holds every layer: 70B's lowered forward is "
-      f"{b['stablehlo_lines'] / a['stablehlo_lines']:.2f}x 8B's ({b['layers']} layers "
-      f"against {a['layers']}; no while loop in either), and the compile grows with it. "
-      "8B's 32-layer programs took 151-168 s of CPU (14-17 min wall at load average ~16) "
-      "per compile on this 2-core machine, so a 70B plan is about 2.5x that per program, "
-      "and the plan's search for a slice where train fits compiles each candidate again. "
-      "A `scan` over stacked layers (one layer compiled once) is the fix, in the model, "
-      "not in the plan.", "",
+      "The decoder runs its layers as a Python loop over `params['lm']['layer_i']` (no "
+      "`scan` over stacked layers), so the program XLA compiles holds every layer: 70B's "
+      f"lowered forward is {b['stablehlo_lines'] / a['stablehlo_lines']:.2f}x 8B's "
+      f"({b['layers']} layers against {a['layers']}; no while loop in either), and the "
+      "compile grows with it (the plans' `compile CPU s` below). So `plan` rules out from "
+      "shapes what cannot fit before compiling it: a program whose arguments (a train "
+      "step's: with its gradients) pass the HBM is not compiled, and the search for a "
+      "slice skips such slices uncompiled (the 70B plans below).", "",
       _table(["model", "layers", "StableHLO lines", "dot_general", "while", "lower CPU s"],
              low), "",
       "What 70B's train state needs per device (params, gradients and AdamW's two moments, "
@@ -1097,6 +1095,47 @@ def llama70b_section(docs):
       "axis does not split (`train/sharding.py`) stay whole on every device.", "",
       _table(["slice", "mesh", "params GiB", "train state GiB", "HBM GiB", "state fits"],
              st), "", _source(rel), ""]
+
+
+def _chunk(g: dict) -> str:
+  """A program's chunking: patch chunk x groups, circuit ends x chunks, taxonomy rows."""
+  if "chunk" in g:
+    return f"{g['chunk']} x {g.get('groups', '?')}"
+  if "ends_per_chunk" in g:
+    return f"{g['ends_per_chunk']} ends x {g['chunks']}"
+  return f"{g['rows_per_batch']} rows" if "rows_per_batch" in g else ""
+
+
+def _plan_row(path, p: dict, g: dict) -> list:
+  dev = g["per_device"]
+  fits = "yes" if g["fits"] else "no (shapes)" if g.get("compiled") is False else "no"
+  return [path.stem, p["topology"], ",".join(f"{k}={v}" for k, v in p["mesh"].items()),
+          g["name"], f"{p['params']['count']:,}", _f(dev["arguments"] / 2**30, 2),
+          "" if dev["temps"] is None else _f(dev["temps"] / 2**30, 2),
+          _f(dev["total"] / 2**30, 2), _f(dev["hbm"] / 2**30, 0), fits,
+          "" if g["flops"] is None else _f(g["flops"] / 1e12, 2),
+          "" if g.get("xla_flops") is None else _f(g["xla_flops"] / 1e12, 2),
+          "" if g["est_seconds"] is None else _f(g["est_seconds"] * 1e3, 1),
+          ", ".join(g["attention_kernels"]), _chunk(g),
+          ", ".join("?" if n is None else str(n) for n in g.get("loops", [])),
+          "" if g.get("compile_cpu_s") is None else _f(g["compile_cpu_s"], 0)]
+
+
+def _suggestion(s: dict) -> str:
+  """A plan's suggestion in words: where it fits, what was tried, the next slice."""
+  mesh = lambda t: ",".join(f"{k}={v}" for k, v in t["mesh"].items())
+  gib = lambda b: _f(b / 2**30, 1)
+  tried = "; ".join(f"{t['topology']} {mesh(t)}: {'at least ' if t.get('ruled_out') else ''}"
+                    f"{gib(t['total'])} GiB{' (ruled out from shapes)' if t.get('ruled_out') else ''}"
+                    for t in s.get("tried", []))
+  out = (f"fits on {s['topology']} {mesh(s)} ({gib(s['total'])} of {gib(s['hbm'])} GiB)"
+         if s["fits"] else "no slice tried fits")
+  out += f"; tried: {tried}" if tried else ""
+  if s.get("next"):
+    n = s["next"]
+    out += (f"; next, not compiled: {n['topology']} {mesh(n)}, at least {gib(n['total'])} "
+            f"of {gib(n['hbm'])} GiB")
+  return out
 
 
 def plan_page(docs):
@@ -1126,29 +1165,27 @@ def plan_page(docs):
   folder = docs / "results" / "plans"
   plans = sorted(folder.glob("*.json")) if folder.exists() else []
   if plans:
-    prow = []
-    for path in plans:
-      p = json.loads(path.read_text())
-      for g in p["programs"]:
-        dev = g["per_device"]
-        prow.append([path.stem, p["topology"], ",".join(f"{k}={v}" for k, v in p["mesh"].items()),
-                     g["name"], f"{p['params']['count']:,}", _f(dev["arguments"] / 2**30, 2),
-                     "" if dev["temps"] is None else _f(dev["temps"] / 2**30, 2),
-                     _f(dev["total"] / 2**30, 2),
-                     _f(dev["hbm"] / 2**30, 0), "yes" if g["fits"] else "no",
-                     "" if g["flops"] is None else _f(g["flops"] / 1e12, 2),
-                     "" if g.get("xla_flops") is None else _f(g["xla_flops"] / 1e12, 2),
-                     "" if g["est_seconds"] is None else _f(g["est_seconds"] * 1e3, 1),
-                     ", ".join(g["attention_kernels"]), g.get("chunk", ""),
-                     ", ".join("?" if n is None else str(n) for n in g.get("loops", []))])
+    docs_ = [(path, json.loads(path.read_text())) for path in plans]
+    prow = [_plan_row(path, p, g) for path, p, g in
+            ((path, p, g) for path, p in docs_ for g in p["programs"])]
+    srow = [[path.stem, _suggestion(p["suggestion"])] for path, p in docs_
+            if p.get("suggestion")]
     parts += ["## Plans", "", "Per device, GiB; TFLOP per device (TFLOP: every loop trip "
-              "counted; XLA: XLA's cost analysis, a loop body once); chunk: a patch "
-              "sweep's interventions per group; loops: the trip counts of the program's while "
-              "loops (?: unknown, its body counted once).", "",
+              "counted; XLA: XLA's cost analysis, a loop body once); fits `no (shapes)`: "
+              "ruled out from its arguments' shapes (a train step's: with its gradients), "
+              "not compiled, total a least figure; chunk: a patch sweep's interventions "
+              "per group x groups, a circuit program's ends per chunk x chunks (est ms: "
+              "one chunk), a taxonomy check's rows per batch; loops: the trip counts of "
+              "the program's while loops (?: unknown, its body counted once); compile "
+              "CPU s: this machine's CPU seconds to lower and compile it (see its "
+              "record).", "",
               _table(["plan", "topology", "mesh", "program", "params", "args", "temps",
                       "total", "HBM", "fits", "TFLOP", "XLA TFLOP", "est ms", "kernels",
-                      "chunk", "loops"], prow), "",
-              _source(*[f"results/plans/{p.name}" for p in plans]), ""]
+                      "chunk", "loops", "compile CPU s"], prow), ""]
+    if srow:
+      parts += ["Where a plan does not fit, its search (`suggestion`):", "",
+                _table(["plan", "suggestion"], srow), ""]
+    parts += [_source(*[f"results/plans/{p.name}" for p in plans]), ""]
   return "\n".join(parts)
 
 

@@ -7,6 +7,7 @@ and the verb through `mha_jax.cli.main`. The TPU topologies' tests are marked `t
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -22,6 +23,7 @@ from builders import ROOT, with_devices
 
 from mha_jax import accounting, attention, chips, cli, gpu_targets, plan
 from mha_jax import config as mha_config
+from mha_jax.errors import UserError
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 LLAMA_8B = os.path.join(ROOT, "docs", "data", "llama-3.1-8b.config.json")
@@ -46,6 +48,8 @@ def test_a_job_planned_twice_is_the_same_plan():
   a, b = _induction_plan(), _induction_plan()
   for k in ("date", "machine"):        # when, and the load average then
     a.pop(k), b.pop(k)
+  for prog in a["programs"] + b["programs"]:   # how long the compile took
+    prog.pop("compile_wall_s"), prog.pop("compile_cpu_s")
   assert a == b
   assert set(a) >= {"topology", "platform", "device_kind", "devices", "mesh", "job",
                     "params", "programs", "fits", "jax", "libtpu"}
@@ -145,6 +149,93 @@ def test_a_compile_refused_for_memory_is_a_plan_that_does_not_fit(monkeypatch):
   assert "does not fit" in plan.format_plan(p)
 
 
+def _counting_compiles(monkeypatch) -> list:
+  """Every Lowered.compile call appended to the returned list (then compiled as usual)."""
+  calls, real = [], jax.stages.Lowered.compile
+
+  def count(self, *a, **k):
+    calls.append(1)
+    return real(self, *a, **k)
+  monkeypatch.setattr(jax.stages.Lowered, "compile", count)
+  return calls
+
+
+def test_a_program_whose_arguments_pass_the_hbm_is_ruled_out_uncompiled(monkeypatch):
+  """Arguments of 4 MiB per device against 1 MiB of HBM: fits false from the shapes,
+  nothing lowered or compiled; the train step's least total adds its gradients (one
+  float32 per param: global-norm clipping holds them all) to its arguments."""
+  calls = _counting_compiles(monkeypatch)
+  topo = dataclasses.replace(plan.topology("cpu:1"), hbm=2**20)
+  mesh = plan.sharding.make_mesh(1, 1, devices=topo.devices)
+  x = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+  prog = plan.compile_program("f", lambda x: x * 2, (x,), topo, mesh)
+  assert prog["compiled"] is False and prog["fits"] is False and not calls
+  assert prog["per_device"]["arguments"] == prog["per_device"]["total"] == 4 * 2**20
+  count = 2 * 64 * 64 + 49 * 64 + 2 * accounting.attention_params(64, 8)
+  opts = plan.PlanOptions(topology="cpu:1", job="train", search=0)
+  p = plan.make_plan(opts, config=os.path.join(ROOT, "configs", "induction.py"),
+                     overrides=["--config.model.num_heads=8"],
+                     topo=dataclasses.replace(topo, hbm=int(3.5 * 4 * count)))
+  train, ev = p["programs"]
+  d = train["per_device"]
+  assert train["compiled"] is False and d["total"] - d["arguments"] == 4 * count
+  assert d["arguments"] >= 3 * 4 * count        # params and AdamW's two moments
+  assert ev.get("compiled", True) and len(calls) == 1 and p["fits"] is False
+
+
+def test_the_search_skips_slices_ruled_out_from_shapes(monkeypatch):
+  """suggest over made-up larger slices (cpu:1's device, each its own HBM): one whose
+  arguments pass its HBM is skipped uncompiled and not counted against --search; one that
+  passes the bound is compiled until its first program that does not fit (its eval step
+  not compiled); the next, roomy, fits. With --search 0, nothing compiled: the first
+  slice not ruled out is named as `next`."""
+  calls = _counting_compiles(monkeypatch)
+  base = plan.topology("cpu:1")
+  hbm = {"cpu:1": 2**10, "tight": 2**10, "mid": None, "roomy": 2**40}
+  probe = _induction_plan(job="train", search=0)
+  train_total = probe["programs"][0]["per_device"]
+  hbm["mid"] = train_total["arguments"] + 4 * (2 * 64 * 64 + 49 * 64 +   # + gradients
+                                                2 * accounting.attention_params(64, 8)) + 64
+  calls.clear()
+  monkeypatch.setattr(plan, "larger", lambda name: ["tight", "mid", "roomy"])
+  monkeypatch.setattr(plan, "topology", lambda name: dataclasses.replace(
+      base, name=name, hbm=hbm[name]))
+  p = _induction_plan(job="train", search=2)
+  s = p["suggestion"]
+  assert p["fits"] is False and s["fits"] is True and s["topology"] == "roomy"
+  assert [(t["topology"], bool(t.get("ruled_out"))) for t in s["tried"]] == [
+      ("tight", True), ("mid", False)]
+  assert s["tried"][1]["total"] > hbm["mid"]
+  assert len(calls) == 1 + 2          # mid's train step; roomy's train and eval steps
+  calls.clear()
+  s = _induction_plan(job="train", search=0)["suggestion"]
+  assert s["fits"] is False and [t["topology"] for t in s["tried"]] == ["tight"]
+  assert s["next"]["topology"] == "mid" and s["next"]["total"] <= hbm["mid"] and not calls
+
+
+def test_study_jobs_budget_half_the_hbm_less_the_params():
+  """A study job's chunks come from half the target's HBM less the params per device
+  (float32 on cpu:1: 4 bytes a param); a default budget below one item is a plan that
+  does not fit, uncompiled; a --memory-budget below one item is refused by name."""
+  count = 2 * 64 * 64 + 49 * 64 + 2 * accounting.attention_params(64, 8)
+  topo = dataclasses.replace(plan.topology("cpu:1"), hbm=2**30)
+  cfg = dict(config=os.path.join(ROOT, "configs", "induction.py"),
+             overrides=["--config.model.num_heads=8"])
+  p = plan.make_plan(plan.PlanOptions(topology="cpu:1", job="patch", batch=4), topo=topo,
+                     **cfg)
+  assert p["programs"][0]["memory_budget"] == (2**30 - 4 * count) // 2
+  small = dataclasses.replace(topo, hbm=2**20)
+  p = plan.make_plan(plan.PlanOptions(topology="cpu:1", job="circuit", batch=4), topo=small,
+                     **cfg)
+  (prog,) = p["programs"]
+  assert prog["compiled"] is False and prog["fits"] is False and p["fits"] is False
+  assert "--memory-budget" in prog["ruled_out"] and prog["per_device"]["total"] > 4 * count
+  with pytest.raises(UserError) as e:
+    plan.make_plan(plan.PlanOptions(topology="cpu:1", job="circuit", batch=4,
+                                    memory_budget="1KB"), topo=topo, **cfg)
+  assert "memory_budget" in e.value.settings
+
+
 def test_a_bad_topology_is_refused_by_name(tmp_path, capsys):
   rc = cli.main(["plan", "--topology", "v5x:2x2", "--config", "configs/induction.py",
                  "--out", str(tmp_path / "p")])
@@ -234,6 +325,9 @@ def test_circuit_job_counts_eap_igs_five_gradients():
   assert (eap["name"], ig["name"]) == ("eap", "eap_ig") and 5 in ig["loops"]
   assert 2.5 * eap["flops"] < ig["flops"] < 5 * eap["flops"]
   assert ig["xla_flops"] < 1.5 * eap["flops"]
+  for prog in (eap, ig):    # the study's default budget holds the tiny model's ends at once
+    assert (prog["ends_per_chunk"], prog["chunks"], prog["memory_budget"]) >= (1, 1, 2 << 30)
+    assert prog["chunks"] == 1
 
 
 def test_taxonomy_job_compiles_the_causal_checks():
