@@ -380,7 +380,7 @@ GGUF_CASES = {
     "gpt-oss": ("gpt_oss", dict(intermediate_size=64, swiglu_limit=7.0, swiglu_alpha=1.702)),
 }
 # Tensor types a GGUF test file of an architecture takes by name (others: GGUF_CYCLE)
-GGUF_TYPES = {"gpt-oss": lambda gname: "MXFP4" if gname.endswith("_exps.weight") else None}
+GGUF_TYPES_BY_ARCH = {"gpt-oss": lambda gname: "MXFP4" if gname.endswith("_exps.weight") else None}
 
 
 def build_hf_for_gguf(arch: str, seed: int = 0):
@@ -765,7 +765,7 @@ def write_gguf(model, path, types: dict | None = None, extra_meta=()):
     getattr(w, method)(value)
   _add_byte_level_vocab(w, model.get_input_embeddings().weight.shape[0])
   n2 = 0
-  by_name = GGUF_TYPES.get(arch, lambda gname: None)
+  by_name = GGUF_TYPES_BY_ARCH.get(arch, lambda gname: None)
   for gname, _, x, _ in tensors:
     qt = (types or {}).get(gname) or by_name(gname)
     if qt is None:
