@@ -241,3 +241,30 @@ def test_the_primer_verb_writes_the_page_once(tmp_path, text_lm, capsys):
   assert cli.main(argv) == 2
   assert "already has primer.html; refusing to overwrite it" in capsys.readouterr().err
   assert open(path).read() == html
+
+
+def test_the_primer_verb_on_no_runs_writes_the_page_once(tmp_path, monkeypatch, capsys):
+  """`mha-jax primer --out` through the CLI, in the default run: the page from the
+  measured sections alone (no runs given). The seven lines run at the zoo's two smallest
+  widths here (every width, GPT-3's included, is the slow test above)."""
+  from mha_jax import cli
+  small = sorted(accounting.ZOO, key=lambda e: e.d_model)[:2]
+  whole = primer.seven_lines_zoo
+  monkeypatch.setattr(primer, "seven_lines_zoo", lambda: whole(entries=small))
+  out = str(tmp_path / "page")
+  assert cli.main(["primer", "--out", out]) == 0, capsys.readouterr().err
+  path = os.path.join(out, "primer.html")
+  assert capsys.readouterr().out.strip() == f"wrote {path}"
+  html = open(path).read()
+  data = json.loads(html.split('<script id="data" type="application/json">', 1)[1]
+                    .split("</script>", 1)[0])
+  assert data["sentence"] == list(measure.SENTENCE)
+  assert "pruning" not in data and "text_circuit" not in data
+  rows = data["seven_lines"]["rows"]
+  assert [r["model"] for r in rows] == [e.name for e in small]
+  for r in rows:
+    assert r["params"] == r["params_formula"]
+    assert r["output_shape"] == r["input_shape"] == [1, 4, r["d_model"]]
+  assert cli.main(["primer", "--out", out]) == 2
+  assert "already has primer.html; refusing to overwrite it" in capsys.readouterr().err
+  assert open(path).read() == html
