@@ -90,12 +90,9 @@ def run_one(seeds: int, workdir: str, overrides) -> dict:
           "valid_bleu": [v["bleu"] for v in valid], "valid_loss": [v["loss"] for v in valid]}
 
 
-def interleaved_steps(seeds: int, rounds: int, overrides) -> dict:
-  """The training step alone (loop.make_train_step, jitted; vmapped over `seeds`), 1 seed
-  and N seeds timed in alternation so both see the same machine load; medians in ms."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
+def step_and_init(overrides):
+  """CONFIG with `overrides`: (cfg, task, the train step, init(key) -> (params, opt
+  state)), the pieces both step timings jit."""
   from mha_jax import config as mc, tasks
   from mha_jax.train import loop
   cfg = mc.load_config(CONFIG)
@@ -107,7 +104,16 @@ def interleaved_steps(seeds: int, rounds: int, overrides) -> dict:
   def init(key):
     p = task.init_params(key)
     return p, opt.init(p)
+  return cfg, task, step, init
 
+
+def interleaved_steps(seeds: int, rounds: int, overrides) -> dict:
+  """The training step alone (loop.make_train_step, jitted; vmapped over `seeds`), 1 seed
+  and N seeds timed in alternation so both see the same machine load; medians in ms."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  _, task, step, init = step_and_init(overrides)
   keys = jnp.stack([jax.random.PRNGKey(i) for i in range(seeds)])
   batches = [task.train_batch(i) for i in range(seeds)]
   one = (jax.jit(step, donate_argnums=(0, 1)), jax.jit(init)(keys[0]), batches[0], keys[0])
@@ -138,18 +144,7 @@ def profile_steps(seeds: int, rounds: int, overrides) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from mha_jax import config as mc, tasks
-  from mha_jax.train import loop
-  cfg = mc.load_config(CONFIG)
-  mc.apply_overrides(cfg, list(overrides))
-  task = tasks.build(cfg, None)
-  opt = loop.make_optimizer(cfg.train)
-  step = loop.make_train_step(task, opt, cfg)
-
-  def init(key):
-    p = task.init_params(key)
-    return p, opt.init(p)
-
+  cfg, task, step, init = step_and_init(overrides)
   keys = jnp.stack([jax.random.PRNGKey(i) for i in range(seeds)])
   t0 = time.perf_counter()
   batches = [task.train_batch(i) for i in range(seeds)]
