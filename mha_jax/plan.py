@@ -815,6 +815,7 @@ def study_programs(src: Source, topo: Topology, mesh, job: str, opts: PlanOption
 
 
 _NEEDS = re.compile(r"needs at least ([\d,]+) bytes")
+_FEWER = re.compile(r"at most (\d+) of its \d+ pairs fit")
 
 
 def _too_small(job: str, e: UserError, budget: int, src: Source, topo: Topology, mesh) -> dict:
@@ -826,7 +827,9 @@ def _too_small(job: str, e: UserError, budget: int, src: Source, topo: Topology,
   out = _ruled_out(job, (params,), need, topo, mesh, f"the study's default memory budget "
                    f"({budget:,} bytes: half the HBM less the params) is below one item: "
                    f"{e} (--memory-budget sets it)")
-  return dict(out, fits=False, memory_budget=budget)
+  fewer = _FEWER.search(str(e))
+  return dict(out, fits=False, memory_budget=budget,
+              **({"pairs_that_fit": int(fewer.group(1))} if fewer else {}))
 
 
 def _study_programs(src: Source, topo: Topology, mesh, job: str, budget: int) -> list[dict]:
@@ -843,12 +846,14 @@ def _study_programs(src: Source, topo: Topology, mesh, job: str, budget: int) ->
     return [dict(out, chunk=prog["chunk"], groups=prog["groups"], memory_budget=budget)]
   from mha_jax.circuits import edges
   with jax.default_device(jax.devices("cpu")[0]):
-    es = edges.EdgeStudy(study, run=False)
+    es = edges.EdgeStudy(study, run=False, mesh=mesh)
     progs = (("eap", es.eap_program(), es.plan("eap")),
              ("eap_ig", es.eap_ig_program(), es.plan("ig")))
+  split = dict(zip(("data", "model"), es.node_axes()))
   return [dict(compile_program(name, prog["fn"], _shapes(prog["args"], mesh), topo, mesh),
                ends_per_chunk=chunks.ends_per_chunk, chunks=len(chunks.chunks),
-               memory_budget=chunks.budget) for name, prog, chunks in progs]
+               memory_budget=chunks.budget, node_values_split=split)
+          for name, prog, chunks in progs]
 
 
 def taxonomy_programs(src: Source, topo: Topology, mesh, budget: int) -> list[dict]:

@@ -492,39 +492,70 @@ def _moe_sizes(docs) -> list[str]:
 
 def _scale_1b(docs) -> list[str]:
   """The 1B run (`mha-jax bench scale-1b`): import, patch and circuit times and peak RSS, and
-  the head table against torch hooks."""
+  the head table against torch hooks; stages kept from an earlier run (`earlier_runs`, an
+  earlier initializer_range) are labelled so."""
   rel = "results/scale_1b_cpu.json"
   if not (docs / rel).exists():
     return []
   d = _load(docs, rel)
   gb = lambda b: f"{b / 1e9:.2f}"  # noqa: E731
-  rows = [[stage, f"{d[stage]['wall_s']:.0f}", gb(d[stage]["peak_rss"]),
-           gb(d[stage]["added_rss"])] for stage in ("import", "patch", "circuit") if stage in d]
-  ref, ag = d.get("reference"), d.get("agreement")
-  agree = []
-  if ref and ag:
-    f32, f64, tt = ag["reference"], ag["reference_float64"], ag["torch_float32_vs_float64"]
-    gap = ref["ld_clean"] - ref["ld_corrupt"]
-    agree = [f"The head table against torch forward hooks on the same transformers model "
-             f"({len(ref['heads'])} heads with the largest |recovery|), the largest "
-             f"difference: against torch in float32 {f32['recovery']:.1e} of the recovery "
-             f"({f32['patched_ld']:.1e} in the patched logit difference), against torch in "
-             f"float64 {f64['recovery']:.1e} ({f64['patched_ld']:.1e}; the clean logit "
-             f"difference {f64['ld_clean']:.1e}); torch's own float32 run is "
-             f"{tt['recovery']:.1e} of the recovery from its float64 run. The random "
-             f"model's clean-corrupt gap is {gap:.3f}: the recovery divides by it, so float32 "
-             f"rounding of about 1e-6 logits becomes about 1e-4 of the recovery.", ""]
+  row = lambda stage, r, label: [label, f"{r['wall_s']:.0f}", gb(r["peak_rss"]),  # noqa: E731
+                                 gb(r["added_rss"])]
+  rows = [row(s, d[s], s) for s in ("import", "patch", "circuit") if s in d]
+  for e in d.get("earlier_runs", []):
+    rows += [row(s, e[s], f"{s} (earlier run, initializer_range "
+                          f"{e.get('initializer_range', 0.02)})")
+             for s in ("import", "patch", "circuit") if s in e]
+  agree = _scale_1b_agreement(d)
+  for e in d.get("earlier_runs", []):
+    if e.get("agreement"):
+      agree += [f"Earlier run, initializer_range {e.get('initializer_range', 0.02)}: "
+                + _scale_1b_agreement(e)[0], ""]
   if d.get("unfinished"):
     agree += [f"Not finished: {d['unfinished']}.", ""]
+  init = d.get("initializer_range", 0.02)
   return ["## A 1B model on 2 CPU cores", "",
           f"`mha-jax bench scale-1b`: a random Llama-3.2-1B-shaped model ({d['params']:,} params; "
-          f"SmolLM2's tokenizer and vocabulary) saved by transformers as "
+          f"SmolLM2's tokenizer and vocabulary; weights of std {init}, transformers' "
+          f"initializer_range) saved by transformers as "
           f"{len(d['shards_bytes'])} bf16 safetensors shards, imported in float32, then "
           f"`patch --sites head_out` and `circuit --method eap-ig` on {d['pairs']} IOI pairs "
           f"with `--memory-budget {d['memory_budget']}`, each in a fresh process. Import "
-          f"bound (1.3 x the largest shard + the model once): {gb(d['import_bound'])} GB.", "",
+          f"bound (1.3 x the largest shard + the model once): {gb(d['import_bound'])} GB. "
+          f"{_scale_1b_gap_note(d)}", "",
           _table(["stage", "wall s", "peak RSS GB", "added by the stage GB"], rows), "",
           *agree, _source(rel), ""]
+
+
+def _scale_1b_gap_note(d) -> str:
+  """Why the weights' std: the recovery divides by the gap (the earlier run's, if any)."""
+  old = [e for e in d.get("earlier_runs", []) if e.get("reference")]
+  if not old:
+    return ""
+  e = old[0]
+  gap = e["reference"]["ld_clean"] - e["reference"]["ld_corrupt"]
+  return (f"The recovery divides by the clean-corrupt gap of the logit difference: at std "
+          f"{e.get('initializer_range', 0.02)} (transformers' default) this random model's "
+          f"gap was {gap:.3f} logits, where a trained model's is several, so float32 rounding "
+          "of about 1e-6 logits became about 1e-4 of the recovery; hence the larger std.")
+
+
+def _scale_1b_agreement(d) -> list[str]:
+  """The head table against torch hooks in float32 and float64, in recovery and logits."""
+  ref, ag = d.get("reference"), d.get("agreement")
+  if not (ref and ag):
+    return []
+  f32, f64, tt = ag["reference"], ag["reference_float64"], ag["torch_float32_vs_float64"]
+  gap = ref["ld_clean"] - ref["ld_corrupt"]
+  return [f"The head table against torch forward hooks on the same transformers model "
+          f"({len(ref['heads'])} heads with the largest |recovery|), the largest "
+          f"difference: against torch in float32 {f32['recovery']:.1e} of the recovery "
+          f"({f32['patched_ld']:.1e} in the patched logit difference), against torch in "
+          f"float64 {f64['recovery']:.1e} ({f64['patched_ld']:.1e}; the clean logit "
+          f"difference {f64['ld_clean']:.1e}); torch's own float32 run is "
+          f"{tt['recovery']:.1e} of the recovery from its float64 run "
+          f"({tt['patched_ld']:.1e} in logits). The clean-corrupt gap is {gap:.4g} logits.",
+          ""]
 
 
 def _num(v):
@@ -916,6 +947,16 @@ def _circuit_speed(docs) -> list[str]:
           _source(rel), ""]
 
 
+def _cpu_cell(r: dict) -> str:
+  """A timing run's process CPU seconds per step and its CPU ratio ("–" before they
+  were recorded)."""
+  cpu = r.get("cpu_seconds")
+  if not cpu:
+    return "–"
+  return (", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+          + f"; ratio {r['cpu_total_over_eap_ig_plus_curve']:.2f}")
+
+
 def _mib_sections(base, srcs) -> list[str]:
   """MIB's evaluation and tasks (mib_*.json of `mha-jax bench mib-circuit`: the
   command's cold and warm time, each MIB task's CPR / CMD per model) and the EAP-IG
@@ -933,7 +974,7 @@ def _mib_sections(base, srcs) -> list[str]:
                _f(r["seconds"]["total"] - r["seconds"]["eap_ig"] - sum(
                    v for k, v in r["seconds"].items() if k.startswith("curve"))),
                ", ".join(f"{k} {v:.1f}" for k, v in r["seconds"].items() if k != "total"),
-               " / ".join(f"{x:.1f}" for x in r["load_average"]), r["date"]]
+               _cpu_cell(r), " / ".join(f"{x:.1f}" for x in r["load_average"]), r["date"]]
               for name, r in t.items()]
       parts += [f"## `mha-jax circuit`'s time: {path.stem}", "",
                 f"`circuit --task ioi --n-pairs 4` on `{d['workdir']}`, a fresh process with "
@@ -943,7 +984,8 @@ def _mib_sections(base, srcs) -> list[str]:
                 "",
                 _table(["run", "wall s", "total s", "EAP-IG + curve s", "total / (EAP-IG + "
                         "curve)", "the rest: total - EAP-IG - every curve (s)", "steps (s)",
-                        "load average", "date"], rows), ""]
+                        "process CPU s: steps; total / (EAP-IG + curves)", "load average",
+                        "date"], rows), ""]
     rows = [[name, r.get("model", d["workdir"]), f"{r['pairs']} ({r['failing']} left out)",
              f"{r['graph']['edges']:,}", f"{r['cpr']:.3f}", f"{r['cmd']:.3f}",
              f"{r['cpr_absolute_ranking']:.3f}", f"{r['metric_full']:.3f}",
@@ -1106,6 +1148,17 @@ def _chunk(g: dict) -> str:
   return f"{g['rows_per_batch']} rows" if "rows_per_batch" in g else ""
 
 
+def _loops(trips: list) -> str:
+  """Loop trip counts, runs of the same one as "N x k" (?: unknown)."""
+  runs: list = []
+  for n in ("?" if t is None else str(t) for t in trips):
+    if runs and runs[-1][0] == n:
+      runs[-1][1] += 1
+    else:
+      runs.append([n, 1])
+  return ", ".join(n if k == 1 else f"{n} x {k}" for n, k in runs)
+
+
 def _plan_row(path, p: dict, g: dict) -> list:
   dev = g["per_device"]
   fits = "yes" if g["fits"] else "no (shapes)" if g.get("compiled") is False else "no"
@@ -1117,7 +1170,7 @@ def _plan_row(path, p: dict, g: dict) -> list:
           "" if g.get("xla_flops") is None else _f(g["xla_flops"] / 1e12, 2),
           "" if g["est_seconds"] is None else _f(g["est_seconds"] * 1e3, 1),
           ", ".join(g["attention_kernels"]), _chunk(g),
-          ", ".join("?" if n is None else str(n) for n in g.get("loops", [])),
+          _loops(g.get("loops", [])),
           "" if g.get("compile_cpu_s") is None else _f(g["compile_cpu_s"], 0)]
 
 
@@ -1136,6 +1189,12 @@ def _suggestion(s: dict) -> str:
     out += (f"; next, not compiled: {n['topology']} {mesh(n)}, at least {gib(n['total'])} "
             f"of {gib(n['hbm'])} GiB")
   return out
+
+
+def _fewer_pairs(p: dict) -> str:
+  """A study plan's most pairs that fit its default budget, where fewer than asked do."""
+  fit = [g["pairs_that_fit"] for g in p["programs"] if g.get("pairs_that_fit")]
+  return f"; on this slice at most {min(fit)} pairs fit (plan --batch {min(fit)})" if fit else ""
 
 
 def plan_page(docs):
@@ -1168,7 +1227,7 @@ def plan_page(docs):
     docs_ = [(path, json.loads(path.read_text())) for path in plans]
     prow = [_plan_row(path, p, g) for path, p, g in
             ((path, p, g) for path, p in docs_ for g in p["programs"])]
-    srow = [[path.stem, _suggestion(p["suggestion"])] for path, p in docs_
+    srow = [[path.stem, _suggestion(p["suggestion"]) + _fewer_pairs(p)] for path, p in docs_
             if p.get("suggestion")]
     parts += ["## Plans", "", "Per device, GiB; TFLOP per device (TFLOP: every loop trip "
               "counted; XLA: XLA's cost analysis, a loop body once); fits `no (shapes)`: "

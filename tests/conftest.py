@@ -31,10 +31,14 @@ def _share_compilations() -> None:
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _OWN_CACHE = tempfile.mkdtemp(prefix="mha-jax-test-xla-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+  # The workers write only compiles of a second or more (writing the rest cost them 8 %
+  # more CPU than it saved); the subprocesses they start write every compile, so a CLI
+  # run a test starts twice compiles once.
+  own = os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
   jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+                    1.0 if own is None else float(own))
 
 
 _OWN_CACHE = None
@@ -44,13 +48,19 @@ _share_compilations()
 machine.avoid_hugepage_stalls()
 
 
-# Tests that start processes (training, kills, meshes, the compile cache's checks) go first:
-# xdist (--dist loadgroup) hands out the groups, then single tests in collection order, so
-# a long test left to the end keeps one worker busy while the other idles.
-_EARLY = ("tests/train/", "tests/cli/")
+# Tests that start processes (training, kills, meshes, the compile cache's checks) and the
+# real models go first: xdist (--dist loadgroup) hands out the groups in collection order,
+# so a long group left to the end keeps one worker busy while the other idles.
+_EARLY = ("tests/train/", "tests/cli/", "tests/pretrained/")
 
 
+@pytest.hookimpl(tryfirst=True)      # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+  """A test without an xdist group runs in its file's group: a file's module fixtures and
+  compiled programs are then made on one worker, not on both."""
+  for item in items:
+    if item.get_closest_marker("xdist_group") is None:
+      item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
   items.sort(key=lambda item: not item.nodeid.startswith(_EARLY))
 
 

@@ -273,6 +273,24 @@ CASES = {
                               qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
                               n_group=1, topk_group=1, norm_topk_prob=False,
                               rope_interleave=False)),
+    # YaRN as DeepSeek's configs carry it: mscale = mscale_all_dim (cos / sin unscaled, the
+    # scores x yarn_get_mscale(factor, mscale_all_dim)^2), original context 16 < T
+    "deepseek_v3_yarn": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                         dict(TINY_LLAMA_KW, num_key_value_heads=4, moe_intermediate_size=24,
+                              n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                              first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=20,
+                              qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10,
+                              n_group=2, topk_group=1, rope_parameters={
+                                  "rope_theta": 300.0, "rope_type": "yarn", "factor": 8.0,
+                                  "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                                  "beta_slow": 1.0, "mscale": 0.8, "mscale_all_dim": 0.8})),
+    # gpt-oss's own YaRN: truncate false (the correction range not rounded)
+    "gpt_oss_yarn": ("GptOssConfig", "GptOssForCausalLM",
+                     dict(TINY_LLAMA_KW, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                          sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
+                          rope_parameters={"rope_theta": 500.0, "rope_type": "yarn", "factor": 8.0,
+                                           "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                           "original_max_position_embeddings": 16})),
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(TINY_LLAMA_KW, embedding_multiplier=3.0, residual_multiplier=0.4,
                      attention_multiplier=0.2, logits_scaling=2.5, attention_bias=True,
@@ -361,6 +379,9 @@ GGUF_CASES = {
     "falcon:mq": ("falcon_mq", dict(bias=False)),
     "command-r": ("cohere", dict(intermediate_size=96)),     # with q / k / v / o biases
     "granite": ("granite", dict(attention_bias=False, mlp_bias=False, intermediate_size=96)),
+    # Granite with q / k / v / o and MLP biases (llama.cpp's optional tensors; the q / k
+    # biases permuted like their rows)
+    "granite:bias": ("granite", dict(intermediate_size=96)),
     "smollm3": ("smollm3", dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0],
                                 use_sliding_window=False, sliding_window=None,
                                 attention_bias=False, intermediate_size=96)),
@@ -375,6 +396,20 @@ GGUF_CASES = {
     "deepseek2:lite": ("deepseek_v2_lite", dict(rms_norm_eps=1e-6, intermediate_size=96,
                                                 kv_lora_rank=32, qk_nope_head_dim=32,
                                                 v_head_dim=32, moe_intermediate_size=32)),
+    # DeepSeek-V3 with YaRN (factor 8, original context 16 < T, mscale = mscale_all_dim
+    # 0.8: the converter's yarn_log_multiplier 0.08)
+    "deepseek2:yarn": ("deepseek_v3_yarn", dict(rms_norm_eps=1e-6, intermediate_size=96,
+                                                q_lora_rank=32, kv_lora_rank=32,
+                                                qk_nope_head_dim=32, v_head_dim=16,
+                                                moe_intermediate_size=32)),
+    # gpt-oss with YaRN as llama.cpp runs it: the correction range rounded out (ggml
+    # always truncates; gpt-oss's own config says truncate false: see the guide)
+    "gpt-oss:yarn": ("gpt_oss_yarn", dict(intermediate_size=64, swiglu_limit=7.0,
+                                          swiglu_alpha=1.702, rope_parameters={
+                                              "rope_theta": 500.0, "rope_type": "yarn",
+                                              "factor": 8.0, "beta_fast": 32.0,
+                                              "beta_slow": 1.0, "truncate": True,
+                                              "original_max_position_embeddings": 16})),
     # gpt-oss with MXFP4 experts (as the converter repacks the checkpoint's own MXFP4
     # blocks); llama.cpp's fixed SwiGLU limit 7 and alpha 1.702
     "gpt-oss": ("gpt_oss", dict(intermediate_size=64, swiglu_limit=7.0, swiglu_alpha=1.702)),
@@ -540,7 +575,7 @@ def _new_meta(c, arch):
   meta = [("add_block_count", g("num_hidden_layers", "n_layer")), ("add_embedding_length", d),
           ("add_head_count", h)]
   if arch == "deepseek2":
-    return meta + _deepseek2_meta(c)
+    return meta + _deepseek2_meta(c) + _yarn_meta(rp)
   if arch in ("bloom", "falcon", "phi2"):       # their classes: 4 D, no RoPE base written
     ctx = 2048 if arch == "falcon" else getattr(c, "seq_length", d) if arch == "bloom" \
         else c.max_position_embeddings
@@ -581,12 +616,32 @@ def _new_meta(c, arch):
              ("add_rope_scaling_type", gguf.RopeScalingType.NONE)]
   if arch == "gpt-oss":
     meta += [("add_sliding_window", c.sliding_window),
-             ("add_expert_feed_forward_length", c.intermediate_size)]
+             ("add_expert_feed_forward_length", c.intermediate_size)] + _yarn_meta(rp)
   if arch == "granite":
     meta += [("add_attention_scale", c.attention_multiplier),
              ("add_embedding_scale", c.embedding_multiplier),
              ("add_residual_scale", c.residual_multiplier),
              ("add_logit_scale", c.logits_scaling)]
+  return meta
+
+
+def _yarn_meta(rp):
+  """The YaRN keys of the converter's TextModel (its generic RoPE settings): the type,
+  factor and original context, the betas and attention factor where the config has them;
+  DeepseekV2Model adds mscale_all_dim x 0.1 as yarn_log_multiplier."""
+  import gguf
+  if rp.get("rope_type") != "yarn" or rp.get("factor") is None:
+    return []
+  meta = [("add_rope_scaling_type", gguf.RopeScalingType.YARN),
+          ("add_rope_scaling_factor", rp["factor"]),
+          ("add_rope_scaling_orig_ctx_len", rp["original_max_position_embeddings"])]
+  for key, method in (("attention_factor", "add_rope_scaling_yarn_attn_factor"),
+                      ("beta_fast", "add_rope_scaling_yarn_beta_fast"),
+                      ("beta_slow", "add_rope_scaling_yarn_beta_slow")):
+    if rp.get(key) is not None:
+      meta.append((method, rp[key]))
+  if rp.get("mscale_all_dim") is not None:
+    meta.append(("add_rope_scaling_yarn_log_mul", 0.1 * rp["mscale_all_dim"]))
   return meta
 
 
@@ -672,8 +727,8 @@ def _gguf_new_layout(model, sd):
     if hname == "lm_head.weight" and c.tie_word_embeddings:
       continue
     to = back = same
-    if arch in ("llama", "granite", "smollm3") and hname.endswith(("q_proj.weight",
-                                                                   "k_proj.weight")):
+    if arch in ("llama", "granite", "smollm3") and hname.endswith((
+        "q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):   # LlamaModel's
       n = h if "q_proj" in hname else g
       to = lambda x, n=n: converter_permute(x, n)   # noqa: E731
       back = lambda x, n=n: _unpermute(x, n)   # noqa: E731

@@ -150,6 +150,23 @@ class LlamaTask:
 H, G, K, D, L = 4, 2, 4, 16, 2
 
 
+class CachedLlamaTask(LlamaTask):
+  """LlamaTask with what imported LMs have: a shared prefix's KV cache (`prefix_cache`)
+  and resuming at a layer (start, stream), so Studies share prefix and depth."""
+
+  def apply(self, params, batch, *, gates=None, capture=False, key=None, hook=None):
+    kw = dict(hook=hook, logits_at=batch.get("logits_at"), start=batch.get("start"),
+              stream=batch.get("stream"))
+    if "cache" in batch:
+      return llama.apply(params, SPEC, batch["tokens"][:, :-1], cache=batch["cache"],
+                         **kw)[0]
+    return llama.apply(params, SPEC, batch["tokens"][:, :-1], **kw)
+
+  def prefix_cache(self, params, tokens_BT, max_len):
+    cache = llama.init_cache(params, tokens_BT.shape[0], max_len)
+    return llama.apply(params, SPEC, tokens_BT, cache=cache, last_only=True)[1]
+
+
 def numpy_llama(params, tokens, patch=None):
   """Float64 LLaMA forward written from the formulas, with explicit substitution:
   patch {(layer, site): fn(value) -> value} at "q", "z" (B, T, H, K), "k", "v"

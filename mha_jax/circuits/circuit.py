@@ -11,7 +11,8 @@
                      "cpr_absolute_ranking", "agreement" (EAP and EAP-IG against exact
                      patching on a sample of edges), "nodes" ({"heads", "mlps", "faithfulness_nodes"}
                      of the smallest circuit on the curve reaching the target),
-                     "seconds", and the pairs (those left out: "failing")
+                     "seconds" (wall) and "cpu_seconds" (this process's CPU time, all
+                     threads) per step, and the pairs (those left out: "failing")
   DIR/mib_graph.json     with --export mib: the chosen scores (and the target circuit as
                          in_graph) in the EAP-IG library's graph JSON (circuits.mib_graph)
   DIR/faithfulness.png   the curve
@@ -153,7 +154,7 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
       opts.ablation
   target, n_pairs, seed, steps, ig_on = opts.target, opts.n_pairs, opts.seed, opts.steps, \
       opts.ig_on
-  t0 = time.perf_counter()
+  t0, c0 = time.perf_counter(), time.process_time()
   graph = "mib" if opts.evaluate else opts.graph     # the library's graph is MIB's
   budget, budget_from = memory.budget(opts.memory_budget,
                                       memory.params_bytes(loaded.params, opts.dtype))
@@ -163,18 +164,13 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   if opts.export:
     mib_graph.edge_names(es.graph, es.edges[:0])      # refused before the work
   roles = read_roles(opts.roles, es.graph)
-  seconds = {}
+  seconds, cpu = {}, {}
   log(f"graph: {es.graph.size()}; metric full {es.m_full:.4f}, empty {es.m_empty:.4f}")
-
-  def timed(name, fn):
-    t = time.perf_counter()
-    v = fn()
-    seconds[name] = round(time.perf_counter() - t, 3)
-    log(f"{name}: {seconds[name]:.1f} s")
-    return v
-
+  timed = _timer(seconds, cpu, log)
   estimates, candidates = _scores(es, opts, timed, log)
   agreement = timed("agreement", lambda: es.agreements(estimates, sample=opts.sample, seed=seed))
+  log("agreement's exact patching: {edges} edges in {groups} groups of {per_group}, "
+      "{layer_rows} layer-rows run ({layer_rows_needed} needed)".format(**es.last_exact))
   drawn = timed("curves", lambda: search.curves(es, candidates, with_mib=True))
   tried = {name: _circuit_at(candidates[name], drawn[name], target) for name in candidates}
   chosen = max(tried, key=lambda n: (tried[n]["cpr"], -tried[n]["cmd"]))
@@ -184,12 +180,14 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   scores, points, best, at = (tried[chosen][k] for k in ("scores", "points", "keep", "at"))
   area = {k: tried[chosen][k] for k in ("cpr", "cmd", "cpr_absolute_ranking")}
   view = search.touched(es.graph, best)
+  node_of: dict = {}        # the node view's function, made once for both steps
   nodes = {"heads": view["heads"], "mlps": view["mlps"], "edges": int(best.sum()),
            "faithfulness": points[at if at is not None else -1]["faithfulness"],
            "reached_target": at is not None,
-           **timed("nodes", lambda: search.node_view(s, view["heads"]))}
+           **timed("nodes", lambda: node_of.setdefault(0, search.node_faithfulness(s))(
+               view["heads"]))}
   nodes["fewest_heads"] = timed("fewest_heads", lambda: search.fewest_heads(
-      s, es.graph, es.edges, scores, target))
+      s, es.graph, es.edges, scores, target, of=node_of[0]))
   names = es.graph.nodes, es.graph.ends
   order = np.argsort(-np.abs(scores), kind="stable")
   doc = {"workdir": loaded.workdir, "task": behaviour or pairs_file, "method": method,
@@ -205,12 +203,11 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
                     "score": round(float(scores[r]), 7)} for r in order],
          "curve": points, **area, "curve_signed": tried[chosen]["curve_signed"],
          "curve_absolute": tried[chosen]["curve_absolute"], "agreement": agreement, "nodes": nodes,
-         "pairs": len(s.pairs), "failing": failing, "seconds": seconds,
-         "memory_budget": {"bytes": budget, "from": budget_from,
-                           "eap": dataclasses.asdict(es.plan("eap")),
-                           "eap_ig": dataclasses.asdict(es.plan(
-                               "ig" if ig_on == "inputs" else "activations"))}}
+         "pairs": len(s.pairs), "failing": failing, "failing_kept": opts.keep_failing,
+         "seconds": seconds, "cpu_seconds": cpu,
+         "memory_budget": _memory_doc(es, budget, budget_from, ig_on)}
   doc["seconds"]["total"] = round(time.perf_counter() - t0, 3)
+  doc["cpu_seconds"]["total"] = round(time.process_time() - c0, 3)
   storage.makedirs(out)
   storage.write_json(storage.join(out, "circuit.json"), doc)
   plots.faithfulness_curve(points, target, storage.join(out, "faithfulness.png"),
@@ -223,6 +220,27 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
     mib_graph.write(storage.join(out, "mib_graph.json"), es.graph, es.edges, scores,
                     len(s.pairs), s.d_model, best)
   return doc
+
+
+def _timer(seconds: dict, cpu: dict, log):
+  """timed(name, fn) -> fn(): its wall seconds into seconds[name] and this process's
+  CPU seconds (all threads) into cpu[name], logged."""
+  def timed(name, fn):
+    t, c = time.perf_counter(), time.process_time()
+    v = fn()
+    seconds[name] = round(time.perf_counter() - t, 3)
+    cpu[name] = round(time.process_time() - c, 3)
+    log(f"{name}: {seconds[name]:.1f} s ({cpu[name]:.1f} s CPU)")
+    return v
+  return timed
+
+
+def _memory_doc(es, budget: int, budget_from: str, ig_on: str) -> dict:
+  """circuit.json's "memory_budget": the budget, both gradient programs' plans and the
+  mesh axes the node values are split over."""
+  return {"bytes": budget, "from": budget_from, "eap": dataclasses.asdict(es.plan("eap")),
+          "eap_ig": dataclasses.asdict(es.plan("ig" if ig_on == "inputs" else "activations")),
+          "node_values_split": dict(zip(("data", "model"), es.node_axes()))}
 
 
 def read_roles(path: str | None, graph) -> dict:
@@ -358,8 +376,9 @@ def write_explorer(out, doc, es, keep, scores, study, task, pairs: int = 2, curv
 def format_summary(doc: dict) -> str:
   n = doc["nodes"]
   a = doc["agreement"]
+  fate = "kept" if doc.get("failing_kept") else "left out"
   lines = [f"graph {doc['graph']}; {doc['pairs']} pairs ({len(doc['failing'])} failing "
-           f"left out); metric full {doc['metric_full']:.4f}, empty {doc['metric_empty']:.4f}",
+           f"{fate}); metric full {doc['metric_full']:.4f}, empty {doc['metric_empty']:.4f}",
            f"circuit at target {doc['target']}: {n['edges']} edges, {len(n['heads'])} heads, "
            f"{len(n['mlps'])} MLPs, faithfulness {n['faithfulness']:.3f}, "
            f"faithfulness_nodes {n['faithfulness_nodes']:.3f}",

@@ -63,13 +63,18 @@ class EdgeStudy:
   Study's logit difference); ablation: toolkit.ablations KINDS; mean_per_position: the
   mean ablation's mean per position (else over positions). run=False: nothing runs (the
   study's params may be ShapeDtypeStructs; `mha-jax plan`): clean_out and ablated are
-  shapes, m_full and m_empty None, and only the *_program methods serve.
+  shapes, m_full and m_empty None, and only the *_program methods serve. mesh (default:
+  the study's): the node values (B, T, N_nodes, D) and their differences live split
+  over it, the pairs over "data" and D over "model" where they divide (node_axes), so
+  a device holds its share; the scores are the single-device ones.
   """
 
   def __init__(self, study: activation_patching.Study, *, metric: Callable | None = None,
-               ablation: str = "corrupt", mean_per_position: bool = True, run: bool = True):
+               ablation: str = "corrupt", mean_per_position: bool = True, run: bool = True,
+               mesh=None):
     ablations.check_kind(ablation)
     self.s, self.params = study, study.params
+    self.mesh = mesh if mesh is not None else study.mesh
     self.graph = graph_lib.graph_of(study, study.params)
     self.sites = graph_lib.output_sites(self.graph, study.params)
     self.mask = self.graph.mask()
@@ -78,21 +83,52 @@ class EdgeStudy:
     self._metric = metric or (lambda logits: study._score(logits)[0])
     self._jit: dict = {}
     self.last_plan: memory.EapPlan | None = None   # the last gradient program's chunks
-    outs = self._cached("outputs", lambda: lambda p, tok: graph_lib.node_outputs(
-        self.graph, p, self.s._forward(p, tok, read=self.sites)[1]))
+    self.last_exact: dict = {}    # the last exact(): edges, groups x per_group, layers run
+    outs = self._cached("outputs", lambda: lambda p, tok: self.on_nodes(graph_lib.node_outputs(
+        self.graph, p, self.s._forward(p, tok, read=self.sites)[1])))
     if not run:
-      self.clean_out = outs.eval_shape(self.params, study.tokens["clean"])
-      self.ablated = jax.eval_shape(lambda c: ablations.values(
+      sharded = self.node_sharding()
+      shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharded)  # noqa: E731
+      self.clean_out = shape(outs.eval_shape(self.params, study.tokens["clean"]))
+      self.ablated = shape(jax.eval_shape(lambda c: ablations.values(
           ablation, c, corrupt=c if ablation == "corrupt" else None,
-          per_position=mean_per_position), self.clean_out)
+          per_position=mean_per_position), self.clean_out))
       self.m_full = self.m_empty = None
       return
     self.clean_out = outs(self.params, study.tokens["clean"])
     corrupt = outs(self.params, study.tokens["corrupt"]) if ablation == "corrupt" else None
-    self.ablated = ablations.values(ablation, self.clean_out, corrupt=corrupt,
-                                    per_position=mean_per_position)
+    self.ablated = self.on_nodes(ablations.values(ablation, self.clean_out, corrupt=corrupt,
+                                                  per_position=mean_per_position))
     ones = np.ones((1,) + self.mask.shape, np.float32)
     self.m_full, self.m_empty = (float(v) for v in self.curve(np.concatenate([ones, 0 * ones])))
+
+  def node_axes(self) -> tuple[int, int]:
+    """(data, model): the mesh axes the node values are split over, the pairs over
+    "data" and D over "model" (1 without a mesh, or where the axis does not divide)."""
+    if self.mesh is None:
+      return 1, 1
+    data, model = self.mesh.shape["data"], self.mesh.shape["model"]
+    return (data if self.s.n % data == 0 else 1, model if self.s.d_model % model == 0 else 1)
+
+  def node_sharding(self):
+    """The NamedSharding of (B, T, N_nodes, D) node values (node_axes); None without a
+    mesh."""
+    if self.mesh is None:
+      return None
+    from jax.sharding import NamedSharding, PartitionSpec
+    data, model = self.node_axes()
+    return NamedSharding(self.mesh, PartitionSpec("data" if data > 1 else None, None, None,
+                                                  "model" if model > 1 else None))
+
+  def on_nodes(self, a):
+    """(B, T, N, D) node values placed (traced: constrained) as node_sharding; a itself
+    without a mesh."""
+    sh = self.node_sharding()
+    if sh is None:
+      return a
+    if isinstance(a, jax.core.Tracer):
+      return jax.lax.with_sharding_constraint(a, sh)
+    return jax.device_put(a, sh)
 
   def _cached(self, key, build):
     if key not in self._jit:
@@ -100,18 +136,28 @@ class EdgeStudy:
     return self._jit[key]
 
   # ------------------------------------------------------------------ the forward
-  def pairs_metric(self, params, keep, ablated, base=None, embed=None):
+  def pairs_metric(self, params, keep, ablated, base=None, embed=None, cache=None):
     """(N,) the metric of each pair with the edges' keep; embed (N, T, D) replaces the
-    input embedding."""
+    input embedding; cache: the shared prefix's KV cache (Study._prefix_cache; ablated
+    and base then hold the positions after the prefix alone)."""
     edits = graph_lib.edge_edits(self.graph, params, keep, ablated, base)
     if embed is not None:
       edits["lm.0.resid_pre"] = interventions.replace(embed)
-    logits, _ = self.s._forward(params, self.s.tokens["clean"], edits, read=self.sites)
+    logits, _ = self.s._forward(params, self.s.tokens["clean"], edits, read=self.sites,
+                                cache=cache)
     return self._metric(logits)
+
+  def _prefixed_metric(self, p, k, a, pre: int):
+    """pairs_metric's pair mean from the shared prefix's KV cache when pre > 0 (an edge
+    cut changes nothing there: shared_prefix), else over every position."""
+    cache = self.s._prefix_cache(p) if pre else None
+    return self.pairs_metric(p, k, a[:, pre:], cache=cache).mean()
 
   def metric(self, keep) -> float:
     """The pair-mean metric with the edges where keep (N_nodes, N_ends) is 0 ablated."""
-    fn = self._cached("metric", lambda: lambda p, k, a: self.pairs_metric(p, k, a).mean())
+    pre = self.shared_prefix()
+    fn = self._cached(("metric", pre), lambda: lambda p, k, a: self._prefixed_metric(
+        p, k, a, pre))
     return float(fn(self.params, jnp.asarray(keep, jnp.float32), self.ablated))
 
   def faithfulness(self, m) -> np.ndarray:
@@ -131,17 +177,20 @@ class EdgeStudy:
     """(S,) the pair-mean metric of S circuits keeps (S, N_nodes, N_ends): blocks of
     CURVE_BLOCK circuits (fewer where the study's memory budget says so; the last one
     padded), each a call of the same compiled program, so every curve, size and method
-    shares one program."""
+    shares one program; the positions after the shared prefix alone, from its KV cache
+    (shared_prefix)."""
     keeps = np.asarray(keeps, np.float32)
     block = self._chunk(self.CURVE_BLOCK)
     n = keeps.shape[0]
     pad = np.concatenate([keeps, np.repeat(keeps[-1:], -n % block, 0)])
 
+    pre = self.shared_prefix()
+
     def build():
-      def fn(p, ks, a):
-        return jax.vmap(lambda k: self.pairs_metric(p, k, a).mean())(ks)
+      def fn(p, ks, a):      # the prefix's cache does not depend on k: computed once
+        return jax.vmap(lambda k: self._prefixed_metric(p, k, a, pre))(ks)
       return fn
-    fn = self._cached(("curve", block), build)
+    fn = self._cached(("curve", block, pre), build)
     got = [fn(self.params, jnp.asarray(pad[i:i + block]), self.ablated)
            for i in range(0, len(pad), block)]
     return np.asarray(jnp.concatenate(got), np.float64)[:n]
@@ -151,16 +200,26 @@ class EdgeStudy:
     """(len,) m(M without e) - m(M) for the edges self.edges[edge_rows] (default all),
     one batched program. Ablating one edge u -> e leaves every node upstream of e as in
     the clean run, so it is the clean run with A_u - a_u added to e's input alone: the
-    edges are folded into the rows, grouped by e's layer, each group run from that layer
-    on from the clean residual stream (share_depth, as `patch` does) and, where every
+    edges are folded into the rows, sorted by e's layer and cut into groups
+    (Study._depth_groups), each group run from its first edge's layer on from the clean
+    residual stream (share_depth, as `patch` does) and, where every
     A_u - a_u vanishes on the prompts' shared prefix, from its KV cache."""
     rows = np.arange(len(self.edges)) if edge_rows is None else np.asarray(edge_rows)
     info = self._end_info()[self.edges[rows, 1]]            # (R, 3) layer, kind, slot
     by_layer = self.s.share_depth
-    idx = [(0, int(l), r) for r, l in enumerate(info[:, 0])]
-    starts, groups, where = activation_patching.Study._groups(
-        idx, sorted(set(info[:, 0].tolist())), self.s._chunk(len(rows), 2.0), by_layer)
+    chunk = self.s._chunk(len(rows), 2.0)
+    if by_layer:
+      starts, groups, where = activation_patching.Study._depth_groups(
+          info[:, 0], chunk, self.graph.layers)
+    else:
+      starts, groups, where = activation_patching.Study._groups(
+          [(0, int(l), r) for r, l in enumerate(info[:, 0])], [0], chunk, False)
     pre = self.shared_prefix()
+    firsts = np.zeros(len(groups)) if starts is None else starts
+    self.last_exact = {"edges": len(rows), "groups": groups.shape[0],
+                       "per_group": groups.shape[1], "prefix": pre,
+                       "layer_rows": int(((self.graph.layers - firsts) * groups.shape[1]).sum()),
+                       "layer_rows_needed": int((self.graph.layers - info[:, 0]).sum())}
     cols = [jnp.asarray(c[groups], jnp.int32) for c in
             (self.edges[rows, 0], info[:, 0], info[:, 1], info[:, 2])]
     key = ("exact", groups.shape, by_layer, pre)
@@ -283,7 +342,9 @@ class EdgeStudy:
   def shapes(self, program: str = "eap") -> memory.EapShapes:
     """What a gradient program's memory depends on (memory.EapShapes)."""
     model = dataclasses.replace(self.s.shapes(), t=self.s.t, t_keys=self.s.t)  # no prefix
-    return memory.EapShapes(model, len(self.graph.nodes), len(self.graph.ends), program)
+    data, axis = self.node_axes()
+    return memory.EapShapes(model, len(self.graph.nodes), len(self.graph.ends), program,
+                            data=data, model_axis=axis)
 
   def plan(self, program: str = "eap") -> memory.EapPlan:
     """Ends per gradient chunk of `program` ("eap", "ig", "activations") in the study's
@@ -312,7 +373,8 @@ class EdgeStudy:
     ends = self.plan("eap").chunks[0] if ends is None else tuple(ends)
 
     def fn(p, abl, clean):
-      return jnp.einsum("btnd,bted->ne", abl - clean, self._end_grads(p, ends=ends))
+      return jnp.einsum("btnd,bted->ne", self.on_nodes(abl - clean),
+                        self._end_grads(p, ends=ends))
     return {"fn": fn, "args": (self.params, self.ablated, self.clean_out),
             "key": ("eap", "eap", ends), "ends": ends}
 
@@ -351,7 +413,7 @@ class EdgeStudy:
             return carry + self._end_grads(p, abl_e + a * (clean_e - abl_e), ends), None
           b, t, _, d = clean.shape
           total, _ = jax.lax.scan(one, jnp.zeros((b, t, ends[1] - ends[0], d)), alphas)
-          return jnp.einsum("btnd,bted->ne", abl - clean, total / steps)
+          return jnp.einsum("btnd,bted->ne", self.on_nodes(abl - clean), total / steps)
 
         def one(carry, a):
           return carry - self._grad_keep(p, ones * a, abl), None

@@ -340,15 +340,16 @@ def head_scores(graph, edges, scores) -> dict[str, float]:
           if n != "embed" and not n.endswith(".mlp")}
 
 
-def fewest_heads(study, graph, edges, scores, target: float) -> dict:
+def fewest_heads(study, graph, edges, scores, target: float, of=None) -> dict:
   """The fewest heads whose node view reaches target: heads ranked by head_scores,
   signed (the most helpful first, as MIB's node track ranks), the smallest k whose top k
   reach faithfulness_nodes >= target (a bisection, then down while k - 1 still reaches;
   one forward per k tried). {"heads", "count", "faithfulness_nodes", "reached", "tried":
-  {k: faithfulness}}."""
+  {k: faithfulness}}. of: node_faithfulness(study) when already made (its corrupt z and
+  LD_none are not run again)."""
   hs = head_scores(graph, edges, scores)
   ranked = sorted(hs, key=lambda n: hs[n])
-  of = node_faithfulness(study)
+  of = of or node_faithfulness(study)
   tried: dict[int, float] = {}
 
   def f(k):

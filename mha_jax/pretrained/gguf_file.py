@@ -37,15 +37,19 @@ linear layer as (out, in), like torch. The conventions of llama.cpp's converter 
             are optional and its logits x logit_scale (0: not applied).
   granite   attention.scale, embedding_scale, residual_scale (0: llama.cpp's defaults),
             and logit_scale (llama.cpp divides the logits by it); rope.scaling.finetuned
-            false: no RoPE (llama.cpp's switch).
+            false: no RoPE (llama.cpp's switch); q / k / v / output and MLP biases when
+            present (llama.cpp's optional tensors; q / k biases permuted like the rows).
   deepseek2 attn_kv_b split by the converter into attn_k_b (H, C, Kn) and attn_v_b
             (H, V, C) for llama.cpp's absorbed MLA: joined back into each head's
             decompressed key and value; the latent's key/value lengths (C + R, C, one kv
-            head) and the heads' (key_length_mla, value_length_mla); interleaved RoPE.
+            head) and the heads' (key_length_mla, value_length_mla); interleaved RoPE;
+            YaRN with the scores x (1 + 0.1 m ln factor)^2, m = yarn_log_multiplier / 0.1
+            (the converter's 0.1 x mscale_all_dim), cos / sin unscaled (_yarn).
   gpt-oss   experts in MXFP4, gate / up split from the interleaved gate_up_proj, with
             biases; sink logits (attn_sinks); even layers sliding; SwiGLU limit 7 and
-            alpha 1.702 (llama.cpp's constants). smollm3: no RoPE in every 4th layer (llama.cpp's
-            fixed step; the file carries no key).
+            alpha 1.702 (llama.cpp's constants); YaRN on every layer, correction range
+            truncated as ggml does, cos / sin x (1 + 0.1 ln factor) (_yarn).
+  smollm3   no RoPE in every 4th layer (llama.cpp's fixed step; the file carries no key).
 
 Metadata: every `{arch}.*` key is in the architecture's table (_GGUF_KEYS) or refused by
 name; a value that cannot be run exactly is refused naming the file, key and value.
@@ -163,7 +167,13 @@ _GGUF_LAYER = {
     "llama": _LLAMA_ATTN + _NORMS[1:] + _MLP,
     # Mixtral: llama with experts (LlamaModel's converter merges block_sparse_moe)
     "mixtral": _LLAMA_ATTN + _NORMS[1:] + _EXPERTS,
-    "granite": _LLAMA_ATTN + _NORMS[1:] + _MLP,
+    # Granite: q / k / v / output and MLP biases when the file has them (llama.cpp's
+    # optional tensors); q / k biases permuted like their rows
+    "granite": _LLAMA_ATTN + (
+        ("attn_q.bias", "bq*", "attn.bq", True), ("attn_k.bias", "bkv*", "attn.bk", True),
+        ("attn_v.bias", "bkv", "attn.bv", True), ("attn_output.bias", "vec", "attn.bo", True))
+    + _NORMS[1:] + _MLP + tuple((n.replace(".weight", ".bias"), "vec", t.replace(".w_", ".b_"),
+                                 True) for n, _, t, _ in _MLP),
     "smollm3": _LLAMA_ATTN + _NORMS[1:] + _MLP,
     "qwen3moe": _NORMS + _QKVO + _QK_NORM + _EXPERTS,
     "olmoe": _NORMS + _QKVO + (("attn_q_norm.weight", "whole_q", "attn.q_norm", False),
@@ -282,6 +292,7 @@ _SIZES = ("context_length", "embedding_length", "block_count", "feed_forward_len
 _ROPE = ("rope.freq_base", "rope.dimension_count", "rope.scaling.type",
          "rope.scaling.factor", "rope.scaling.original_context_length",
          "rope.scaling.finetuned")
+_YARN_KEYS = ("rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow")   # _yarn
 _RMS = ("attention.layer_norm_rms_epsilon",)
 _WINDOW = ("attention.sliding_window",)
 _EXPERT_KEYS = ("expert_count", "expert_used_count")
@@ -306,8 +317,10 @@ _GGUF_KEYS = {
     "phi3": _SIZES + _ROPE + _RMS + _WINDOW + ("rope.scaling.attn_factor",),
     "gpt2": _SIZES + ("attention.layer_norm_epsilon",),
     "gptneox": _SIZES + _ROPE + ("attention.layer_norm_epsilon", "use_parallel_residual"),
-    "gpt-oss": _SIZES + _ROPE + _RMS + _WINDOW + _EXPERT_KEYS + ("expert_feed_forward_length",),
-    "deepseek2": _SIZES + _ROPE + _RMS + _EXPERT_KEYS + (
+    "gpt-oss": _SIZES + _ROPE + _YARN_KEYS + _RMS + _WINDOW + _EXPERT_KEYS + (
+        "expert_feed_forward_length",),
+    "deepseek2": _SIZES + _ROPE + _YARN_KEYS + _RMS + _EXPERT_KEYS + (
+        "rope.scaling.yarn_log_multiplier",
         "leading_dense_block_count", "attention.q_lora_rank", "attention.kv_lora_rank",
         "attention.key_length_mla", "attention.value_length_mla",
         "expert_feed_forward_length", "expert_shared_count", "expert_weights_scale",
@@ -590,8 +603,10 @@ def _attention_layout(f: _File, s: dict) -> None:
   s["layer_types"], s["window"] = ["full_attention"] * n_layers, None
   rope = None
   if arch not in ("gpt2", "bloom"):   # learned positions / ALiBi, no RoPE
-    rope = _rope(meta, f.refuse, arch, s["k"], f.by_name, f.reader, f.path)
+    rope = _rope(f, s["k"])
   s["rope"] = None if rope is None else {"full_attention": rope}
+  if arch == "deepseek2" and rope["type"] == "yarn":   # llama.cpp's kq_scale x mscale^2
+    s["scale"] *= _mla_yarn_mscale(f, rope["factor"]) ** 2
   window = f.size("attention.sliding_window", 0, lo=0)
   if arch in ("gemma2", "gemma3"):
     # llama.cpp's Gemma 2: even layers local (pattern 2), Gemma 3: every 6th layer global
@@ -662,10 +677,12 @@ def _params(f: _File, s: dict, fam, dtype: str, place):
                        f"{arch}.feed_forward_length={s['f']} and embedding_length={d} "
                        f"say {want}", setting="file")
     qtypes[t.tensor_type.name] = qtypes.get(t.tensor_type.name, 0) + 1
-    heads = s["h"] if name.endswith("attn_q.weight") else s["g"]
-    if arch in _PERMUTED_ARCH and name.endswith(("attn_q.weight", "attn_k.weight")) and (
-        w.ndim == 2 and w.shape[0] == heads * s["k"] and s["k"] % 2 == 0):
-      w = unpermute_rope_rows(w, heads)    # another shape: refused by its row's check
+    heads = s["h"] if name.endswith(("attn_q.weight", "attn_q.bias")) else s["g"]
+    if arch in _PERMUTED_ARCH and name.endswith(("attn_q.weight", "attn_k.weight",
+                                                 "attn_q.bias", "attn_k.bias")) and (
+        w.ndim in (1, 2) and w.shape[0] == heads * s["k"] and s["k"] % 2 == 0):
+      # rows (and the biases of Granite's rows); another shape: refused by its row's check
+      w = unpermute_rope_rows(w.reshape(w.shape[0], -1), heads).reshape(w.shape)
     return w
 
   names = [n for n in by_name if n not in _ROPE_FACTOR_TENSORS]
@@ -791,9 +808,10 @@ def _tokenizer(f: _File, vocab: int):
 _ROPE_FACTOR_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
-def _rope(meta, refuse, arch, k, by_name, reader, path) -> dict:
+def _rope(f: _File, k: int) -> dict:
   """The RoPE setting dict (models/rope_scaling) of the file's global layers."""
   import gguf
+  meta, refuse, arch, by_name, path = f.meta, f.refuse, f.arch, f.by_name, f.path
   rot = int(meta("rope.dimension_count", k))
   if rot % 2 or rot < 2 or rot > k:
     refuse("rope.dimension_count", rot, f"with head width {k} (must be even, 2..{k})")
@@ -827,14 +845,71 @@ def _rope(meta, refuse, arch, k, by_name, reader, path) -> dict:
     if att is not None:
       rope["attention_factor"] = float(att)
     return rope
-  if scaling == "linear" and meta("rope.scaling.factor", None, required=False) is not None:
+  if scaling == "yarn" and arch in _YARN_ARCH:
+    rope = _yarn(f, rope)
+  elif scaling == "linear" and meta("rope.scaling.factor", None, required=False) is not None:
+    if arch == "deepseek2":    # its graph's kq_scale x (1 + 0.1 ln factor)^2 under linear too
+      refuse("rope.scaling.type", scaling, "(linear scaling): llama.cpp's deepseek2 graph "
+             "scales the scores by (1 + 0.1 ln factor)^2 with it, transformers does not")
     rope = dict(rope, type="linear", factor=float(meta("rope.scaling.factor")))
   elif scaling not in ("none", "linear"):
-    refuse("rope.scaling.type", scaling, "is not implemented (linear is)")
+    refuse("rope.scaling.type", scaling, f"is not implemented for {arch} (linear is; yarn "
+           f"for {' and '.join(_YARN_ARCH)})")
   att = meta("rope.scaling.attn_factor", None, required=False)
   if att is not None and float(att) != 1.0:
     refuse("rope.scaling.attn_factor", att, "without LongRoPE factor tensors")
   return rope
+
+
+# The architectures whose YaRN files are read (llama.cpp's graphs checked against
+# transformers' for them; the others' yarn is refused naming the architecture).
+_YARN_ARCH = ("deepseek2", "gpt-oss")
+_YARN_BETAS = (("rope.scaling.yarn_beta_fast", 32.0), ("rope.scaling.yarn_beta_slow", 1.0))
+
+
+def _yarn(f: _File, rope: dict) -> dict:
+  """YaRN as llama.cpp runs it for deepseek2 and gpt-oss, as a models/rope_scaling
+  setting: theta_i blended between theta_i / factor and theta_i over the correction range
+  of rope.scaling.original_context_length (context_length when absent), rounded out to
+  whole dimensions (ggml always truncates: transformers' truncate true) with beta_fast 32
+  and beta_slow 1 (their graphs read no beta key: a file whose yarn_beta_fast / _slow
+  differ is refused); cos / sin x (1 + 0.1 ln factor) (gpt-oss) or x 1 (deepseek2, which
+  scales the scores instead: _mla_yarn_mscale)."""
+  if f.meta("rope.scaling.factor", None, required=False) is None:
+    f.refuse("rope.scaling.factor", None, "is missing (rope.scaling.type yarn needs it)")
+  factor = f.number("rope.scaling.factor")
+  if factor < 1.0:
+    f.refuse("rope.scaling.factor", factor, "with rope.scaling.type yarn: a factor of 1 "
+             "or more is implemented")
+  orig = f.size("rope.scaling.original_context_length", f.size("context_length", 2048))
+  for key, want in _YARN_BETAS:
+    got = f.meta(key, None, required=False)
+    if got is not None and f.number(key) != want:
+      f.refuse(key, got, f"is not {want:g}: llama.cpp's {f.arch} graph does not read it "
+               f"and runs {want:g}, the model it came from ran {got!r}")
+  out = dict(rope, type="yarn", factor=factor, original_max_position_embeddings=orig,
+             beta_fast=32.0, beta_slow=1.0, truncate=True)
+  if f.arch == "deepseek2":
+    out["attention_factor"] = 1.0
+  return out
+
+
+def _mla_yarn_mscale(f: _File, factor: float) -> float:
+  """deepseek2's YaRN score factor's square root: 1 + 0.1 m ln(factor), m the
+  mscale_all_dim the converter stores as rope.scaling.yarn_log_multiplier = 0.1 m
+  (llama.cpp divides it back). transformers' DeepSeek: the same factor, with cos / sin
+  unscaled when its mscale equals mscale_all_dim (DeepSeek's configs; the file cannot
+  carry mscale, and llama.cpp takes them equal). Without the key (or 0) llama.cpp
+  scales the scores by (1 + 0.1 ln factor)^2 and cos / sin by 1 + 0.1 ln factor, which
+  transformers does not: refused."""
+  log_mul = f.number("rope.scaling.yarn_log_multiplier", 0.0)
+  if log_mul == 0.0:
+    f.refuse("rope.scaling.yarn_log_multiplier", f.meta(
+        "rope.scaling.yarn_log_multiplier", None, required=False), "with YaRN: without "
+        "DeepSeek's mscale_all_dim llama.cpp scales both the scores and cos / sin by 1 + "
+        "0.1 ln factor, transformers only cos / sin")
+  m = log_mul / 0.1
+  return 1.0 if factor <= 1.0 else 0.1 * m * float(np.log(factor)) + 1.0
 
 
 def _dequantize_rows(gguf, t, rows_per_chunk: int = 8192) -> np.ndarray:

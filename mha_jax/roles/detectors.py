@@ -89,14 +89,24 @@ def ordinal_ids(task, min_items: int = 3) -> dict[str, list[int]]:
   return out
 
 
-def effective_embeddings(task, params, ids: Sequence[int]) -> np.ndarray:
+def effective_embeddings(task, params, ids: Sequence[int], rows: int | None = None
+                         ) -> np.ndarray:
   """(N, D) float64: the residual after layer 0 at each token, on [BOS, token] (or the
-  token alone without a BOS): Gould et al.'s effective embedding (MLP0 of the embedding)."""
+  token alone without a BOS): Gould et al.'s effective embedding (MLP0 of the embedding);
+  `rows` tokens per batch (None: all at once; head_taxonomy.plan chooses it)."""
   bos = bos_of(task)
   ids = np.asarray(ids, np.int32)
   tok = np.stack([np.asarray(bos + [int(i), int(i)], np.int32) for i in ids])
-  _, vals = jax.jit(lambda p, t: _forward(task, p, t, read=("lm.0.resid_post",)))(params, tok)
-  return np.asarray(vals["lm.0.resid_post"][:, len(bos)], np.float64)
+  fn = jax.jit(lambda p, t: _forward(task, p, t, read=("lm.0.resid_post",))[1][
+      "lm.0.resid_post"][:, len(bos)])
+  return np.concatenate([np.asarray(fn(params, c), np.float64) for c in row_chunks(tok, rows)])
+
+
+def row_chunks(a: np.ndarray, rows: int | None) -> list[np.ndarray]:
+  """a's rows `rows` at a time (None: one chunk of all)."""
+  n = len(a)
+  rows = n if rows is None else max(1, int(rows))
+  return [a[i:i + rows] for i in range(0, n, rows)]
 
 
 def _unembed_g(params, columns) -> np.ndarray:
@@ -149,10 +159,12 @@ def succession_scores(params, x_by_seq: Mapping[str, np.ndarray],
   return out
 
 
-def successor_scores(task, params, min_items: int = 3) -> tuple[np.ndarray, dict]:
-  """((L, H_max) succession scores, {sequence: [ids]}) on the model's ordinal sequences."""
+def successor_scores(task, params, min_items: int = 3, rows: int | None = None
+                     ) -> tuple[np.ndarray, dict]:
+  """((L, H_max) succession scores, {sequence: [ids]}) on the model's ordinal sequences
+  (their effective embeddings `rows` tokens per batch)."""
   ids = ordinal_ids(task, min_items)
-  x = {k: effective_embeddings(task, params, v) for k, v in ids.items()}
+  x = {k: effective_embeddings(task, params, v, rows) for k, v in ids.items()}
   return succession_scores(params, x, ids), ids
 
 
@@ -175,12 +187,13 @@ def _post_scales(params) -> list[np.ndarray | None]:
   return [params["lm"][n].get("ln1_post", {}).get("scale") for n in common.layers_of(params["lm"])]
 
 
-def copy_suppression_text(task, params, tokens_BT: np.ndarray, sample: np.ndarray
-                          ) -> np.ndarray:
+def copy_suppression_text(task, params, tokens_BT: np.ndarray, sample: np.ndarray,
+                          rows: int | None = None) -> np.ndarray:
   """(L, H_max) copy-suppression score on text windows tokens (B, T + 1) (see the module
   docstring): the head's direct effect on the logit of the token it attends to most,
   as a z-score against its effect on the `sample` tokens (M,), negated and averaged
-  over queries t >= 2 weighted by that attention weight."""
+  over queries t >= 2 weighted by that attention weight; `rows` windows per batch (None:
+  all at once), their weighted sums added."""
   layers = len(common.layers_of(params["lm"]))
   read = tuple(f"lm.{i}.attn.{s}" for i in range(layers) for s in ("pattern", "result"))
   ug_r = jnp.asarray(_unembed_g(params, sample), jnp.float32)      # (D, M)
@@ -209,10 +222,14 @@ def copy_suppression_text(task, params, tokens_BT: np.ndarray, sample: np.ndarra
       eff_r = jnp.einsum("bthd,dm->bhtm", r, ug_r)
       z = (eff_s - eff_r.mean(-1)) / jnp.maximum(eff_r.std(-1), 1e-12)
       wt = wt * (jnp.arange(t) >= 2)[None, None]
-      out.append(-(wt * z).sum((0, 2)) / jnp.maximum(wt.sum((0, 2)), 1e-12))
+      out.append((-(wt * z).sum((0, 2)), wt.sum((0, 2))))
     return out
 
-  per = jax.jit(fn)(params, jnp.asarray(tokens_BT))
+  jf = jax.jit(fn)
+  parts = [jf(params, jnp.asarray(c)) for c in row_chunks(np.asarray(tokens_BT), rows)]
+  per = [sum(np.asarray(p[i][0], np.float64) for p in parts)
+         / np.maximum(sum(np.asarray(p[i][1], np.float64) for p in parts), 1e-12)
+         for i in range(layers)]
   hmax = max(int(x.shape[0]) for x in per)
   arr = np.full((layers, hmax), np.nan)
   for i, x in enumerate(per):
@@ -220,13 +237,18 @@ def copy_suppression_text(task, params, tokens_BT: np.ndarray, sample: np.ndarra
   return arr
 
 
-def sink_scores(task, params, tokens_BT: np.ndarray) -> np.ndarray:
+def sink_scores(task, params, tokens_BT: np.ndarray, rows: int | None = None) -> np.ndarray:
   """(L, H_max): role_scores.first_token_share (attention on key 0 over queries 1..) on tokens
-  (B, T + 1)."""
+  (B, T + 1), `rows` windows per batch (None: all at once; every row weighs the same)."""
   layers = len(common.layers_of(params["lm"]))
   read = tuple(f"lm.{i}.attn.pattern" for i in range(layers))
-  _, vals = jax.jit(lambda p, t: _forward(task, p, t, read=read))(params, jnp.asarray(tokens_BT))
-  per = [role_scores.first_token_share(np.asarray(vals[n])) for n in read]
+  fn = jax.jit(lambda p, t: _forward(task, p, t, read=read)[1])
+  tok = np.asarray(tokens_BT)
+  per = [0.0] * layers
+  for c in row_chunks(tok, rows):
+    vals = fn(params, jnp.asarray(c))
+    per = [a + role_scores.first_token_share(np.asarray(vals[n])) * len(c) / len(tok)
+           for a, n in zip(per, read)]
   arr = np.full((layers, max(len(x) for x in per)), np.nan)
   for i, x in enumerate(per):
     arr[i, :len(x)] = x

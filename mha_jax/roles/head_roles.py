@@ -86,24 +86,29 @@ def repeat_half_len(loaded, most: int = 32) -> int:
 
 def real_lm_roles(loaded, split: str = "test", *, batches: int = 2, batch_size: int = 8,
                   half_len: int = 32, text_windows: int = 8, threshold: float = 0.4,
-                  sink: float = 0.8, seed: int = 7_000_003) -> list[dict]:
+                  sink: float = 0.8, seed: int = 7_000_003,
+                  memory_budget: int | None = None) -> list[dict]:
   """Roles of every head of an LM over a real tokenizer (mha_jax.load of an imported
   model). On `batches` x `batch_size` sequences of repeated random tokens over the model's
   own vocabulary with its BOS ([BOS] r_1..r_n r_1..r_n, n = half_len): previous-token,
   duplicate-token and induction scores (lm_scores). On `text_windows` windows of the
   built-in text (split): the attention-sink share (weight on the first token) and the
   mean entropy. Role: the largest of the three scores if >= threshold, else
-  "attention_sink" if the sink share >= sink, else "other"."""
+  "attention_sink" if the sink share >= sink, else "other". memory_budget (bytes): each
+  batch captured capture.plan's sequences at a time (the same captures)."""
   sums, n = {}, 0
   for i in range(batches):
     tokens, _ = loaded.task.repeated_tokens(seed + i, batch_size, half_len)
-    cap = capture_lib.captured(loaded.task, loaded.params, {"tokens": tokens})
+    batch = {"tokens": tokens}
+    rows = None if memory_budget is None else capture_lib.plan(
+        loaded.task, loaded.params, batch, memory_budget).rows_per_batch
+    cap = capture_lib.captured_rows(loaded.task, loaded.params, batch, rows=rows)
     for layer, r in enumerate(cap["lm"]):
       acc = sums.setdefault(layer, {})
       for k, v in role_scores.lm_scores(np.asarray(r.weights), tokens[:, :-1]).items():
         acc[k] = acc.get(k, 0) + v
     n += 1
-  text = sink_and_entropy(loaded, split, windows=text_windows)
+  text = sink_and_entropy(loaded, split, windows=text_windows, memory_budget=memory_budget)
   rows = []
   for layer in sorted(sums):
     t = text[layer]
@@ -119,17 +124,18 @@ def real_lm_roles(loaded, split: str = "test", *, batches: int = 2, batch_size: 
 
 
 def sink_and_entropy(loaded, split: str = "test", *, windows: int = 8,
-                     batch_size: int | None = None) -> dict[int, dict[str, np.ndarray]]:
+                     batch_size: int | None = None, memory_budget: int | None = None
+                     ) -> dict[int, dict[str, np.ndarray]]:
   """{layer: {"sink_share": (H,), "entropy": (H,), "off_keys": (H,)}} of a decoder's
   heads on the first `windows` windows of its text (split): the mean weight on the first
   token over real queries 1.. (role_scores.first_token_share), the mean entropy in nats over
   real queries (role_scores.entropy) and the mean weight on no key, 1 - the row's sum over real
   queries 1.. (variant="sink": the sink logit's weight; 0 for softmax).
-  batch_size: the run's eval batch size by default."""
+  batch_size: the run's eval batch size by default; memory_budget: iter_captures'."""
   text = {}
   for batch, cap, weight in capture_lib.iter_captures(
       loaded, split, stacks=("lm",), batch_size=batch_size or loaded.config.eval.batch_size,
-      limit=windows):
+      limit=windows, memory_budget=memory_budget):
     valid = np.broadcast_to(weight[:, None] > 0, np.asarray(batch["tokens"])[:, :-1].shape)
     for layer, r in cap["lm"].items():
       acc = text.setdefault(layer, {"sink": 0, "entropy": 0, "off": 0, "n": 0, "n_sink": 0})

@@ -89,8 +89,8 @@ class ClassifyOptions:
   name_mover_threshold: float = 0.1   # |DLA| / clean logit difference
   s_inhibition_threshold: float = 0.05  # path-patching recovery into the name movers
   retrieval_threshold: float = 0.1    # copy-paste score (Wu et al.)
-  memory_budget: int | None = None    # bytes a causal check's program may hold (None: no
-                                      # plan, every row at once)
+  memory_budget: int | None = None    # bytes each program (detector, check) may hold:
+                                      # `plan` (None: every row at once)
   bootstrap_windows: int = 0          # text roles also scored on this many windows spread
                                       # over the split, qualifying by the bootstrap
                                       # interval (roles.bootstrap; 0: off)
@@ -246,9 +246,15 @@ def _check_rows(inputs: dict) -> dict[str, tuple[int, int]]:
 
 
 def plan(loaded, inputs: dict, budget: int) -> dict[str, memory.RowsPlan]:
-  """{behaviour: memory.RowsPlan}: the rows per batch of each causal check's forward
-  (its inputs' rows, their logits at every position or one) in `budget` bytes, chosen
-  from the shapes before anything compiles; a budget below one row is refused."""
+  """{program: memory.RowsPlan}: the rows per batch of every program the taxonomy runs
+  on `inputs` in `budget` bytes, chosen from the shapes before anything compiles; a
+  budget below one row of any is refused, naming the minimum. The causal checks (CHECKS:
+  their inputs' rows, logits at every position or one) and the detectors: "text"
+  (B, T + 1) windows: attention_sink (every layer's float32 pattern kept) and
+  copy_suppression (every layer's pattern and head results, and one layer's effects on
+  the key tokens and on COPY_SAMPLE tokens); "embeddings" N: effective_embeddings (N
+  tokens on [BOS, token]); "needle": retrieval (one input at a time, its attention rows
+  at the answer positions kept)."""
   out = {}
   for name, (rows, t) in _check_rows(inputs).items():
     every = CHECKS[name][1]
@@ -256,7 +262,48 @@ def plan(loaded, inputs: dict, budget: int) -> dict[str, memory.RowsPlan]:
                                  logits_positions=t if every else 1,
                                  kept_per_row=4 * t * t if name == "context_logit" else 0,
                                  what=f"one row of the {name} check")
+  out.update(_detector_plan(loaded, inputs, budget))
   return out
+
+
+COPY_SAMPLE = 256    # vocab_sample's tokens: copy suppression's z-score reference
+EMBEDDED = 256       # the effective embeddings planned per batch at most (frequent tokens,
+                     # an ordinal sequence's items)
+
+
+def _detector_plan(loaded, inputs: dict, budget: int) -> dict[str, memory.RowsPlan]:
+  """The detectors' part of `plan`."""
+  out = {}
+
+  def rows_of(name, t, rows, kept, positions):
+    return memory.rows_plan(model_shapes(loaded, t), rows, budget, kept_per_row=kept,
+                            logits_positions=positions, what=f"one row of the {name} detector")
+  if "text" in inputs:
+    rows, t = int(np.shape(inputs["text"])[0]), int(np.shape(inputs["text"])[1]) - 1
+    sh = model_shapes(loaded, t)
+    pat = 4 * sh.layers * sh.heads * t * t
+    res = 4 * sh.layers * t * sh.heads * sh.d_model
+    out["attention_sink"] = rows_of("attention_sink", t, rows, pat, t)
+    out["copy_suppression"] = rows_of("copy_suppression", t, rows,
+                                      pat + res + 4 * sh.heads * t * (t + COPY_SAMPLE), t)
+  if "embeddings" in inputs:
+    t = len(detectors.bos_of(loaded.task)) + 1
+    out["effective_embeddings"] = rows_of("effective_embeddings", t, int(inputs["embeddings"]),
+                                          0, t)
+  if "needle" in inputs:
+    nd = inputs["needle"]
+    t, n = int(np.shape(nd["tokens"])[1]) - 1, int(nd["len"])
+    sh = model_shapes(loaded, t)
+    out["retrieval"] = rows_of("retrieval", t, 1, 4 * sh.layers * sh.heads * n * t, n)
+  return out
+
+
+def detector_rows(loaded, settings: "ClassifyOptions", inputs: dict) -> dict[str, int | None]:
+  """{program: rows per batch} of `plan` in settings.memory_budget ({} without one: every
+  row at once)."""
+  if settings.memory_budget is None:
+    return {}
+  return {k: v.rows_per_batch for k, v in plan(loaded, inputs, settings.memory_budget).items()}
 
 
 def _by_rows(fn, arrays: tuple, rows: int):
@@ -414,7 +461,8 @@ def ioi_scores(loaded, settings: ClassifyOptions, pairs, log=print) -> dict[str,
   them. Without a name mover (or with every one in layer 0), S-inhibition has no path
   to score: all NaN."""
   from mha_jax.toolkit import activation_patching
-  s = activation_patching.Study(loaded.task, loaded.params, pairs)
+  budget = {} if settings.memory_budget is None else {"memory_budget": settings.memory_budget}
+  s = activation_patching.Study(loaded.task, loaded.params, pairs, **budget)
   dla = s.dla("clean")["heads"] / max(abs(float(np.mean(s.ld_clean))), 1e-9)
   read = tuple(f"lm.{i}.attn.pattern" for i in range(s.layers))
   vals = s.values("clean", read)
@@ -512,25 +560,25 @@ def scores(loaded, settings: ClassifyOptions, rows: Sequence[Mapping] | None, lo
     from mha_jax.data import repeated_tokens as rt
     inputs["repeat"] = (tok, rt.position_masks(m, tok.shape[1] - 1)["repeat"])
   inputs["text"] = _text_tokens(task, settings.text_windows, settings.text_len)
+  rows_of = detector_rows(loaded, settings, {"text": inputs["text"], "embeddings": EMBEDDED})
   if "attention_sink" in want:
     t0 = time.perf_counter()
-    out["attention_sink"] = _table(detectors.sink_scores(task, params, inputs["text"]), counts)
+    out["attention_sink"] = _table(detectors.sink_scores(
+        task, params, inputs["text"], rows_of.get("attention_sink")), counts)
     sec["attention_sink"] = time.perf_counter() - t0
   if "successor" in want:
     _needs_tokenizer(loaded, "successor")
     t0 = time.perf_counter()
-    arr, ids = detectors.successor_scores(task, params)
+    arr, ids = detectors.successor_scores(task, params,
+                                          rows=rows_of.get("effective_embeddings"))
     out["successor"] = _table(arr, counts)
     inputs["successor"] = ids
     extra["successor_sequences"] = {k: len(v) for k, v in ids.items()}
     sec["successor"] = time.perf_counter() - t0
   if "copy_suppression" in want:
     t0 = time.perf_counter()
-    out["copy_suppression"] = _table(detectors.copy_suppression_text(
-        task, params, inputs["text"], vocab_sample(task, settings.seed)), counts)
-    freq = detectors.frequent_tokens(inputs["text"], settings.frequent, _specials(task))
-    ov = detectors.ov_self_scores(params, detectors.effective_embeddings(task, params, freq), freq)
-    extra["ov_self"] = _table(ov, counts)
+    out["copy_suppression"], extra["ov_self"] = _copy_suppression(
+        loaded, settings, inputs["text"], rows_of, counts)
     ok["copy_suppression"] = [h for h, v in out["copy_suppression"].items()
                               if v >= th["copy_suppression"] and extra["ov_self"][h] < 0]
     sec["copy_suppression"] = time.perf_counter() - t0
@@ -555,6 +603,7 @@ def scores(loaded, settings: ClassifyOptions, rows: Sequence[Mapping] | None, lo
   if "retrieval" in want:
     t0 = time.perf_counter()
     nd = needle(loaded, settings)
+    detector_rows(loaded, settings, {"needle": nd})     # one input at a time: refused if not
     arr, recall = detectors.retrieval_scores(task, params, nd["tokens"], nd["start"], nd["answer"],
                                      nd["len"])
     out["retrieval"] = _table(arr, counts)
@@ -564,6 +613,19 @@ def scores(loaded, settings: ClassifyOptions, rows: Sequence[Mapping] | None, lo
   for role, table in out.items():
     ok.setdefault(role, [h for h, v in table.items() if v >= th[role]])
   return {"lm_roles": out, "qualifies": ok, "seconds": sec, "extra": extra, "inputs": inputs}
+
+
+def _copy_suppression(loaded, settings: ClassifyOptions, text, rows_of: dict, counts
+                      ) -> tuple[dict, dict]:
+  """({head: copy-suppression score}, {head: OV self-logit z}) on the text windows, the
+  rows per batch of rows_of (detector_rows)."""
+  task, params = loaded.task, loaded.params
+  cs = detectors.copy_suppression_text(task, params, text, vocab_sample(
+      task, settings.seed, COPY_SAMPLE), rows_of.get("copy_suppression"))
+  freq = detectors.frequent_tokens(text, settings.frequent, _specials(task))
+  ov = detectors.ov_self_scores(params, detectors.effective_embeddings(
+      task, params, freq, rows_of.get("effective_embeddings")), freq)
+  return _table(cs, counts), _table(ov, counts)
 
 
 def needle(loaded, settings: ClassifyOptions) -> dict:
@@ -582,7 +644,7 @@ def _specials(task) -> list[int]:
   return [int(i) for i in task.special_ids()] if hasattr(task, "special_ids") else []
 
 
-def vocab_sample(task, seed: int, n: int = 256) -> np.ndarray:
+def vocab_sample(task, seed: int, n: int = COPY_SAMPLE) -> np.ndarray:
   rng = np.random.default_rng(seed + 11)
   pool = np.setdiff1d(np.arange(task.vocab_size), np.asarray(_specials(task), np.int64))
   return np.sort(rng.choice(pool, min(n, len(pool)), replace=False))
@@ -666,6 +728,11 @@ def classify(loaded, rows: Sequence[Mapping] | None = None, settings: ClassifyOp
                       for k, v in dataclasses.asdict(settings).items()}}
   if boot is not None:
     doc["bootstrap"] = boot
+  if settings.memory_budget is not None:
+    planned = plan(loaded, {**{k: v for k, v in sc["inputs"].items() if k != "unchecked"},
+                            "embeddings": EMBEDDED}, settings.memory_budget)
+    doc["memory_budget"] = {"bytes": settings.memory_budget,
+                            "plan": {k: dataclasses.asdict(v) for k, v in planned.items()}}
   if on_scores is not None:
     on_scores({**doc, "machine": machine()})
   if check:

@@ -17,6 +17,7 @@ from typing import Callable
 from mha_jax import loader, settings as settings_lib, storage
 from mha_jax.roles import head_roles, head_taxonomy
 from mha_jax.settings import setting
+from mha_jax.toolkit import memory
 
 PATTERN_ROLES = ("previous_token", "induction", "duplicate_token")
 
@@ -42,11 +43,15 @@ class TaxonomyOptions:
   bootstrap_level: float = setting(0.9, lo=0.0, hi=1.0, lo_open=True, hi_open=True,
                                    help="the bootstrap interval's two-sided level")
   bootstrap_draws: int = setting(2000, lo=1, help="bootstrap resamples of the windows")
+  memory_budget: str | None = memory.budget_setting(
+      "each detector's and causal check's program", "the rows per batch of each are")
 
 
-def classifier_settings(opts: TaxonomyOptions) -> head_taxonomy.ClassifyOptions:
-  """The classifier's settings of a study's options."""
-  return head_taxonomy.ClassifyOptions(roles=opts.roles, top_k=opts.top_k, draws=opts.draws,
+def classifier_settings(opts: TaxonomyOptions, budget: int | None = None
+                        ) -> head_taxonomy.ClassifyOptions:
+  """The classifier's settings of a study's options; budget: the bytes of
+  memory.budget (None: every row at once)."""
+  return head_taxonomy.ClassifyOptions(memory_budget=budget, roles=opts.roles, top_k=opts.top_k, draws=opts.draws,
                                 seed=opts.seed, n_pairs=opts.n_pairs,
                                 retrieval_len=opts.retrieval_len,
                                 bootstrap_windows=opts.bootstrap_windows,
@@ -62,8 +67,10 @@ def taxonomy(loaded, out: str | None = None, opts: TaxonomyOptions = TaxonomyOpt
   if not loaded.task.decoder_only:
     loader.refuse("taxonomy", loaded.workdir, "a decoder LM (its heads' roles are read on "
                   "next-token prediction)")
-  tax = classifier_settings(opts)
-  rows = (head_roles.real_lm_roles(loaded, half_len=head_roles.repeat_half_len(loaded))
+  budget, _ = memory.budget(opts.memory_budget, memory.params_bytes(loaded.params))
+  tax = classifier_settings(opts, budget)
+  rows = (head_roles.real_lm_roles(loaded, half_len=head_roles.repeat_half_len(loaded),
+                                   memory_budget=budget)
           if set(tax.roles) & set(PATTERN_ROLES) else None)
   doc = head_taxonomy.classify(loaded, rows, tax, log, check=opts.causal)
   doc["workdir"] = loaded.workdir

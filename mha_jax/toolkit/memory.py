@@ -129,10 +129,10 @@ def patch_plan(shapes: PatchShapes, interventions: int, budget: int,
   return Plan(c, int(pairs), patch_bytes(shapes, c, pairs), int(budget))
 
 
-def _too_small(setting: str, budget: int, one: int, what: str) -> UserError:
+def _too_small(setting: str, budget: int, one: int, what: str, more: str = "") -> UserError:
   return UserError(f"{setting} of {budget:,} bytes ({budget / 2**20:.1f} MiB) is too small "
-                   f"for {what}: it needs at least {one:,} bytes ({one / 2**20:.1f} MiB)",
-                   setting=setting)
+                   f"for {what}: it needs at least {one:,} bytes ({one / 2**20:.1f} MiB)"
+                   + more, setting=setting)
 
 
 def layer_bytes(s: PatchShapes, rows: int, t_keys: int | None = None) -> int:
@@ -150,27 +150,36 @@ class EapShapes:
   (t: the positions run, pairs: the batch B), the graph's nodes and ends, and the
   program: "eap" (one backward), "ig" (EAP-IG on the inputs: the gradients summed over
   the steps, a carry beside each step's) or "activations" (EAP-IG on the edge mask: no
-  end gradients kept)."""
+  end gradients kept). data, model: the mesh axes the node values (B, T, N_nodes, D) are
+  split over on one device's share (the pairs over data, D over model; 1 where an axis
+  does not divide them: edges.EdgeStudy.node_axes); the end gradients split over data."""
   model: PatchShapes
   nodes: int
   ends: int
   program: str = "eap"
+  data: int = 1
+  model_axis: int = 1
+
+  def rows(self) -> int:
+    """Pairs on one device (the pairs over the data axis)."""
+    return -(-self.model.pairs // self.data)
 
   def fixed(self) -> int:
-    """Bytes of a chunk's program whatever its ends: the clean and ablated node values
-    and their difference (B, T, N_nodes, D) float32 and, for the backward, every
-    layer's activations and the float32 logits."""
+    """Bytes of a chunk's program on one device whatever its ends: the clean and ablated
+    node values and their difference (B, T, N_nodes, D) float32, split over the mesh
+    (data, model_axis), and, for the backward, every layer's activations and the float32
+    logits (a bound: not split)."""
     s = self.model
-    nodes = 3 * 4 * s.pairs * s.t * self.nodes * s.d_model
+    nodes = 3 * 4 * self.rows() * s.t * self.nodes * -(-s.d_model // self.model_axis)
     return nodes + s.layers * layer_bytes(s, s.pairs) + 4 * 2 * s.pairs * s.vocab
 
   def per_end(self) -> int:
     """Bytes each end of a chunk adds: its zero delta and its gradient (B, T, D) float32
-    (and the steps' carry for "ig"), and its column of the scores (N_nodes,)."""
+    (B over data; and the steps' carry for "ig"), and its column of the scores."""
     s = self.model
     if self.program == "activations":
       return 0
-    store = (3 if self.program == "ig" else 2) * 4 * s.pairs * s.t * s.d_model
+    store = (3 if self.program == "ig" else 2) * 4 * self.rows() * s.t * s.d_model
     return store + 4 * self.nodes
 
 
@@ -194,18 +203,33 @@ def eap_bytes(shapes: EapShapes, ends: int) -> int:
 
 def eap_plan(shapes: EapShapes, budget: int, setting: str = "memory_budget") -> EapPlan:
   """The most ends per gradient chunk that fit `budget` (every end when they do); a
-  budget below one end is refused, naming the minimum."""
+  budget below one end is refused, naming the minimum and, when fewer pairs would fit,
+  the most that do (eap_pairs_that_fit)."""
   if shapes.program not in EAP_PROGRAMS:
     raise ValueError(f"program must be one of {EAP_PROGRAMS}; got {shapes.program!r}")
   one = eap_bytes(shapes, 1)
   if budget < one:
+    fit = eap_pairs_that_fit(shapes, budget)
+    fewer = (f"; at most {fit} of its {shapes.model.pairs} pairs fit it (fewer pairs: "
+             f"circuit --n-pairs {fit}, plan --batch {fit})") if fit else ""
     raise _too_small(setting, budget, one, f"one end's gradient of this {shapes.program} "
-                     "program")
+                     "program", fewer)
   c = shapes.ends if shapes.per_end() == 0 else min(
       shapes.ends, (budget - shapes.fixed()) // shapes.per_end())
   c = int(max(1, c))
   chunks = tuple((lo, min(lo + c, shapes.ends)) for lo in range(0, shapes.ends, c))
   return EapPlan(c, chunks, eap_bytes(shapes, c), int(budget))
+
+
+def eap_pairs_that_fit(shapes: EapShapes, budget: int) -> int:
+  """The most pairs whose one-end chunk fits `budget` (split over the data axis where
+  it divides them); 0 when not even one pair does."""
+  for b in range(shapes.model.pairs, 0, -1):
+    s = dataclasses.replace(shapes, model=dataclasses.replace(shapes.model, pairs=b),
+                            data=shapes.data if b % shapes.data == 0 else 1)
+    if eap_bytes(s, 1) <= budget:
+      return b
+  return 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -349,7 +349,7 @@ def test_bench_scale_1b_path_at_test_size_matches_torch_hooks(tmp_path, capsys):
   """A random transformers Llama (2 layers, width 64) with SmolLM2's tokenizer saved
   sharded in bf16, imported, then `patch --sites head_out` and `circuit --method eap-ig`
   on 4 IOI pairs with a memory budget; the head table equals torch forward hooks on the
-  same transformers model."""
+  same transformers model; the weights' std is the --init-range setting."""
   pytest.importorskip("torch")
   out = tmp_path / "scale.json"
   assert cli.main(["bench", "scale-1b", "--shape", "tiny", "--work", str(tmp_path / "w"),
@@ -363,3 +363,12 @@ def test_bench_scale_1b_path_at_test_size_matches_torch_hooks(tmp_path, capsys):
   assert doc["patch_plan"]["bytes"] <= 64 * 10**6
   mem = doc["circuit_summary"]["memory_budget"]
   assert mem["bytes"] == 64 * 10**6 and mem["eap_ig"]["bytes"] <= 64 * 10**6
+  # the model's weights have the setting's std (transformers' initializer_range, default
+  # 0.1: recovery divides by the clean-corrupt gap, which the torch run measures too)
+  cfg = json.loads((tmp_path / "w" / "hf" / "config.json").read_text())
+  assert cfg["initializer_range"] == doc["initializer_range"] == 0.1
+  assert abs(doc["gap"] - (ref["ld_clean"] - ref["ld_corrupt"])) < 1e-4
+  # a --work built with another std is refused by name, not mixed into the results
+  assert cli.main(["bench", "scale-1b", "--shape", "tiny", "--work", str(tmp_path / "w"),
+                   "--init-range", "0.02", "--no-circuit"]) == 2
+  assert "initializer_range 0.1, not --init-range 0.02" in capsys.readouterr().err

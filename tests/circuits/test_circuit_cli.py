@@ -52,6 +52,11 @@ def test_the_circuit_command_writes_its_files(made):
   assert all(n.startswith("lm.") for n in doc["nodes"]["heads"])
   for f in ("faithfulness.png", "circuit.png"):
     assert os.path.getsize(os.path.join(out, f)) > 1000
+  # --keep-failing: the failing pairs are counted among the pairs, and said to be kept
+  assert doc["failing_kept"] is True and doc["pairs"] == 4
+  line = circuit.format_summary(doc).splitlines()[0]
+  assert f"4 pairs ({len(doc['failing'])} failing kept)" in line
+  assert "left out" in circuit.format_summary({**doc, "failing_kept": False})
 
 
 def test_the_written_numbers_are_the_library_s(made):
@@ -165,6 +170,7 @@ def test_auto_keeps_the_most_faithful_method(tiny_attn_lm, tmp_path):
   assert all(abs(got[k] - v) < 1e-5 for k, v in want.items())
 
 
+@pytest.mark.slow  # default run: test_the_circuit_view_s_size_slider_and_role_colours
 def test_the_explorer_s_circuit_view_in_a_browser(made):
   """The circuit view holds every node of the graph, the target circuit's heads marked and
   its edges drawn; a click on a head opens that head's attention on pair 0's clean

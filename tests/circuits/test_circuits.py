@@ -70,7 +70,9 @@ def test_composition_hand_values_and_random_baseline():
             want - comp["baseline"][kind], rel=1e-9)
 
 
-@pytest.mark.parametrize("pos", ["learned", "qk", "qk_sinusoidal", "relative"])
+@pytest.mark.parametrize("pos", [pytest.param("learned", marks=pytest.mark.slow), "qk",
+                                 pytest.param("qk_sinusoidal", marks=pytest.mark.slow),
+                                 pytest.param("relative", marks=pytest.mark.slow)])
 def test_path_expansion_sums_to_the_logits(pos):
   p = lm.init(jax.random.PRNGKey(0), vocab_size=30, d_model=16, num_heads=2, num_layers=2,
               d_ff=0, max_len=12, attn_only=True, layer_norm=False, pos=pos)
@@ -187,6 +189,7 @@ def test_circuits_runs_on_a_text_model_with_layernorm(tmp_path):
   assert len(res["composition"]["k"]) == 64 and res["over_steps"][0]["step"] == 3
 
 
+@pytest.mark.slow  # default run: test_study_outputs.py's circuits cells
 def test_a_text_model_without_layernorm_has_its_terms_measured_on_its_own_text(tmp_path):
   """The natural-text config itself (BPE over three stdlib modules), shrunk: a previous-token
   head needs its phase change (the slow test above; no reduced size grows one in a few

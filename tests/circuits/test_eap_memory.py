@@ -136,3 +136,32 @@ def test_the_circuit_command_takes_a_budget(tiny_attn_lm, tmp_path, capsys):
   assert cli.main(args + ["--memory-budget", "1KB", "--out", str(tmp_path / "b")]) != 0
   err = capsys.readouterr().err
   assert "memory-budget of 1,000 bytes" in err and "needs at least" in err
+
+
+@pytest.mark.parametrize("data,model", [(1, 1), (2, 1), (1, 8), (4, 8)])
+def test_a_mesh_splits_the_node_values_and_the_end_gradients(data, model):
+  """On a mesh, a device holds 1/data of the pairs and 1/model of D of the node values,
+  and 1/data of the pairs of each end's gradient (the rest of the model as on one)."""
+  nodes, ends = graph_size(LLAMA_8B)
+  one = memory.EapShapes(LLAMA_8B, nodes, ends, "eap")
+  split = memory.EapShapes(LLAMA_8B, nodes, ends, "eap", data=data, model_axis=model)
+  s = LLAMA_8B
+  node_values = 12 * s.pairs * s.t * nodes * s.d_model
+  assert one.fixed() - split.fixed() == node_values - node_values // (data * model)
+  assert split.per_end() == 2 * 4 * (s.pairs // data) * s.t * s.d_model + 4 * nodes
+
+
+def test_a_budget_below_one_end_names_the_most_pairs_that_fit():
+  """The refusal names the largest pair count whose one-end chunk fits (checked by
+  hand one pair more and at that count), and none when not even one pair fits."""
+  nodes, ends = graph_size(LLAMA_8B)
+  sh = memory.EapShapes(LLAMA_8B, nodes, ends, "eap")
+  at = lambda b: by_hand(dataclasses.replace(LLAMA_8B, pairs=b), nodes, 1, "eap")  # noqa: E731
+  budget = (at(3) + at(4)) // 2
+  assert memory.eap_pairs_that_fit(sh, budget) == 3
+  with pytest.raises(UserError, match="at most 3 of its 8 pairs fit it.*--n-pairs 3"):
+    memory.eap_plan(sh, budget)
+  assert memory.eap_pairs_that_fit(sh, at(1) - 1) == 0
+  with pytest.raises(UserError) as e:
+    memory.eap_plan(sh, at(1) - 1)
+  assert "pairs fit" not in str(e.value)

@@ -196,27 +196,14 @@ def test_the_mib_graph_has_key_and_value_ends_per_query_head(setup, es):
     np.testing.assert_allclose(eg[f"embed -> lm.1.{grp}.k"], want, rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.slow  # default run: test_edges.py::test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_edge
 def test_exact_patching_from_the_edge_s_layer_and_theshared_prefix_changes_nothing(setup):
   """exact() runs each edge from its end's layer on, from the clean stream and the shared
   prefix's KV cache: equal to the full forward's and to the edge-mask forward's."""
   from mha_jax.circuits import edges as edges_lib
-  from mha_jax.models import llama
   from mha_jax.toolkit import activation_patching
   from mha_jax.toolkit.pairs import Pairs
-  from oracles import SPEC, LlamaTask
-
-  class Cached(LlamaTask):
-    def apply(self, params, batch, *, key=None, hook=None):
-      kw = dict(hook=hook, logits_at=batch.get("logits_at"), start=batch.get("start"),
-                stream=batch.get("stream"))
-      if "cache" in batch:
-        return llama.apply(params, SPEC, batch["tokens"][:, :-1], cache=batch["cache"],
-                           **kw)[0]
-      return llama.apply(params, SPEC, batch["tokens"][:, :-1], **kw)
-
-    def prefix_cache(self, params, tokens_BT, max_len):
-      cache = llama.init_cache(params, tokens_BT.shape[0], max_len)
-      return llama.apply(params, SPEC, tokens_BT, cache=cache, last_only=True)[1]
+  from oracles import CachedLlamaTask as Cached, LlamaTask
 
   _, params, pairs = setup
   corrupt = pairs.clean.copy()
@@ -320,3 +307,50 @@ def test_several_methods_curves_in_one_call_equal_a_numpy_recomputation(setup, e
     fa, _ = library_curve(es.graph, es.edges, -scores, metric, absolute=True)
     np.testing.assert_allclose([p["faithfulness"] for p in mib["curve_signed"]], fs, atol=2e-4)
     np.testing.assert_allclose([p["faithfulness"] for p in mib["curve_absolute"]], fa, atol=2e-4)
+
+
+def test_the_agreement_s_batched_exact_patching_equals_each_edge_patched_alone(setup):
+  """agreements() patches its sampled edges in one program (groups of edges of several
+  layers, each group run from its first edge's layer on the clean stream and the shared
+  prefix's cache): every value equals the edge ablated alone in the float64 NumPy
+  forward, one forward per edge; the curve's circuits, also from the prefix's cache,
+  equal it too."""
+  from mha_jax.circuits import edges as edges_lib
+  from mha_jax.toolkit import activation_patching
+  from mha_jax.toolkit.pairs import Pairs
+  from oracles import CachedLlamaTask
+
+  _, params, pairs = setup
+  corrupt = pairs.clean.copy()
+  corrupt[:, 4] = (corrupt[:, 4] + 7) % 37
+  p = Pairs(pairs.clean, corrupt, pairs.answer, pairs.wrong, pairs.length, pairs.text)
+  es = edges_lib.EdgeStudy(activation_patching.Study(CachedLlamaTask(), params, p))
+  assert es.s.share_depth and es.shared_prefix() == 4
+  names = es.graph.edge_names()
+  _, corrupt_out = numpy_edges(params, p.corrupt)
+  base = ld_np(numpy_edges(params, p.clean)[0], p).mean()
+  want = np.asarray([ld_np(numpy_edges(params, p.clean, [n], corrupt_out)[0], p).mean() - base
+                     for n in names])
+  assert np.abs(want).max() > 1e-2
+  # uneven depths: 3 edges into layer 0, 5 into layer 1, 2 into the logits (one group
+  # then spans layers 0 and 1)
+  layer = [int(n.split(" -> ")[1].split(".")[1]) if "lm." in n.split(" -> ")[1] else 2
+           for n in names]
+  rows = ([i for i, l in enumerate(layer) if l == 0][:3] + [i for i, l in enumerate(layer)
+                                                             if l == 1][::7][:5]
+          + [i for i, l in enumerate(layer) if l == 2][-2:])
+  assert len(rows) == 10
+  np.testing.assert_allclose(es.exact(rows[::-1]), want[rows[::-1]], atol=2e-5)
+  # fewer layer-rows than one group per layer padded to the fullest (7 x 2 + 7 x 1)
+  assert es.last_exact["edges"] == 10 and es.last_exact["layer_rows"] < 21
+  # the curve's circuits also run from the prefix's cache: a random circuit's metric
+  rng = np.random.default_rng(2)
+  cut = [n for n in names if rng.random() < 0.5]
+  lg, _ = numpy_edges(params, p.clean, cut, corrupt_out)
+  keep = es.keep_of([i for i, n in enumerate(names) if n not in cut])
+  np.testing.assert_allclose(es.curve(keep[None])[0], ld_np(lg, p).mean(), atol=2e-5)
+  np.testing.assert_allclose(es.metric(keep), ld_np(lg, p).mean(), atol=2e-5)
+  ag = es.agreements({"x": want, "y": -want}, sample=12, top=4)
+  assert ag["x"]["n"] == 12 and ag["x"]["pearson"] == pytest.approx(1, abs=1e-6)
+  assert ag["x"]["spearman"] == pytest.approx(1, abs=1e-6)
+  assert ag["y"]["pearson"] == pytest.approx(-1, abs=1e-6)

@@ -225,6 +225,18 @@ def test_the_primer_verb_writes_the_page_once(tmp_path, text_lm, capsys):
   wd = _planted_translation(tmp_path, LOG_ALPHA, KEPT, ROLES)
   out = str(tmp_path / "page")
   argv = ["primer", "--out", out, "--pruning-workdir", wd, "--text-workdir", text_lm]
+  path, html, data = _primer_page(cli, argv, out, capsys)
+  assert sorted(data["pruning"]["kept"]) == sorted(KEPT)
+  assert (data["pruning"]["bleu_all"], data["pruning"]["bleu_kept"]) == (30.0, 28.5)
+  assert data["text_circuit"]["induction_head"].startswith("lm.1.")
+  assert [r["params"] for r in data["seven_lines"]["rows"]] == [
+      z["params"] for z in accounting.zoo_rows()]
+  _second_run_refused(cli, argv, path, html, capsys)
+
+
+def _primer_page(cli, argv, out, capsys):
+  """(path, html, the page's data) of `mha-jax primer` run through the CLI: it prints
+  the path it wrote and the page carries the sentence."""
   assert cli.main(argv) == 0, capsys.readouterr().err
   path = os.path.join(out, "primer.html")
   assert capsys.readouterr().out.strip() == f"wrote {path}"
@@ -232,12 +244,11 @@ def test_the_primer_verb_writes_the_page_once(tmp_path, text_lm, capsys):
   data = json.loads(html.split('<script id="data" type="application/json">', 1)[1]
                     .split("</script>", 1)[0])
   assert data["sentence"] == list(measure.SENTENCE)
-  assert sorted(data["pruning"]["kept"]) == sorted(KEPT)
-  assert (data["pruning"]["bleu_all"], data["pruning"]["bleu_kept"]) == (30.0, 28.5)
-  assert data["text_circuit"]["induction_head"].startswith("lm.1.")
-  assert [r["params"] for r in data["seven_lines"]["rows"]] == [
-      z["params"] for z in accounting.zoo_rows()]
-  # a second run never overwrites the page
+  return path, html, data
+
+
+def _second_run_refused(cli, argv, path, html, capsys):
+  """A second run never overwrites the page."""
   assert cli.main(argv) == 2
   assert "already has primer.html; refusing to overwrite it" in capsys.readouterr().err
   assert open(path).read() == html
@@ -252,19 +263,11 @@ def test_the_primer_verb_on_no_runs_writes_the_page_once(tmp_path, monkeypatch, 
   whole = primer.seven_lines_zoo
   monkeypatch.setattr(primer, "seven_lines_zoo", lambda: whole(entries=small))
   out = str(tmp_path / "page")
-  assert cli.main(["primer", "--out", out]) == 0, capsys.readouterr().err
-  path = os.path.join(out, "primer.html")
-  assert capsys.readouterr().out.strip() == f"wrote {path}"
-  html = open(path).read()
-  data = json.loads(html.split('<script id="data" type="application/json">', 1)[1]
-                    .split("</script>", 1)[0])
-  assert data["sentence"] == list(measure.SENTENCE)
+  path, html, data = _primer_page(cli, ["primer", "--out", out], out, capsys)
   assert "pruning" not in data and "text_circuit" not in data
   rows = data["seven_lines"]["rows"]
   assert [r["model"] for r in rows] == [e.name for e in small]
   for r in rows:
     assert r["params"] == r["params_formula"]
     assert r["output_shape"] == r["input_shape"] == [1, 4, r["d_model"]]
-  assert cli.main(["primer", "--out", out]) == 2
-  assert "already has primer.html; refusing to overwrite it" in capsys.readouterr().err
-  assert open(path).read() == html
+  _second_run_refused(cli, ["primer", "--out", out], path, html, capsys)

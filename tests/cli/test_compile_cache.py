@@ -66,6 +66,7 @@ def test_a_second_process_compiles_nothing_and_gets_the_same_bits(warm):
     {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_fast_min_max=true"},
     pytest.param({"PATCH_JAXLIB": ".other"}, marks=pytest.mark.slow)],
     ids=["xla_flag", "jaxlib_version"])
+@pytest.mark.slow  # default run: test_a_second_process_compiles_nothing_and_gets_the_same_bits
 def test_a_changed_key_misses(warm, env):
   argv, root, cold, _ = warm
   other = _cli(argv, root, **env)

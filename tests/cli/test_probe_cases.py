@@ -46,6 +46,7 @@ def test_every_sequence_setting_reaches_its_verb_as_the_tuple_its_dataclass_decl
   assert isinstance(got, tuple) and got == tuple(spec.kind(v) for v in values), got
 
 
+@pytest.mark.slow  # default run: test_verb_matrix.py's compare-runs cell
 def test_compare_runs_through_the_command_line(ind_run, tmp_path, capsys):
   out = str(tmp_path / "cmp")
   assert cli_mod.main(["compare-runs", ind_run, ind_run, "--out", out, "--prune-steps", "1",
@@ -114,7 +115,8 @@ def test_patch_explorer_refuses_a_folder_without_a_readable_result_in_one_line(
 
 
 @pytest.mark.parametrize("verb,needs", [
-    ("patch", "a decoder LM (prompt pairs compared by their next-token logits)"),
+    pytest.param("patch", "a decoder LM (prompt pairs compared by their next-token logits)",
+                 marks=pytest.mark.slow),
     ("circuit", "a decoder LM (prompt pairs compared by their next-token logits)"),
     ("role-steps", "a decoder LM trained here")])
 def test_decoder_verbs_refuse_a_translation_run_by_name_and_leave_no_out(

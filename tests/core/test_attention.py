@@ -515,7 +515,8 @@ def _decoder_params(g=2, rel=True):
   return p, x
 
 
-@pytest.mark.parametrize("impl", ["reference", "xla", "blocked"])
+@pytest.mark.parametrize("impl", ["reference", pytest.param("xla", marks=pytest.mark.slow),
+                                  pytest.param("blocked", marks=pytest.mark.slow)])
 def test_kv_cache_decoding_token_by_token_equals_one_causal_pass(impl):
   p, x = _decoder_params()
   rope = attention.RoPE(base=100.0)
@@ -540,6 +541,7 @@ def test_kv_cache_decoding_token_by_token_equals_one_causal_pass(impl):
   np.testing.assert_array_equal(cache["k"][:, 8:], 0.0)
 
 
+@pytest.mark.slow  # default run: test_kv_cache_decoding_token_by_token_equals_one_causal_pass
 def test_kv_cache_in_chunks_with_padding_mask_and_weights():
   """Prompt of 5 (the first example left-padded by 2), then 1 token at a time."""
   p, x = _decoder_params(g=1)
@@ -571,6 +573,7 @@ def test_kv_cache_in_chunks_with_padding_mask_and_weights():
   np.testing.assert_array_equal(w[0, :, :, :2], 0.0)  # nor do the padding slots
 
 
+@pytest.mark.slow  # default run: test_kv_cache_decoding_token_by_token_equals_one_causal_pass
 def test_kv_cache_without_causal_sees_every_filled_slot_and_keeps_rel_bias():
   p, x = _decoder_params()
   cache = attention.init_kv_cache(2, 9, 2, 8)

@@ -65,6 +65,7 @@ def test_fused_qkv_projection_equals_three_matmuls_with_gradients(h, g):
       _close(a, b, what=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow  # default run: the golden softmax file (test_attention.py)
 def test_softmax_equals_the_code_before_the_variants_to_float32_rounding():
   """The golden file holds outputs and gradients of the default (softmax) attention from
   before the variants existed (scripts/make_attention_golden.py, the tests' XLA flags),
@@ -271,6 +272,7 @@ def test_blocked_kernel_equals_reference_over_many_blocks(kind):
     _close(a, b, rtol=1e-5, what=name)
 
 
+@pytest.mark.slow  # default run: test_variant_matches_numpy_oracle_with_mask_gqa_rope_and_gradients
 def test_gate_held_at_one_and_lambda_zero_reduce_to_softmax():
   x = jnp.asarray(np.random.default_rng(9).standard_normal((B, T, D)), jnp.float32)
   base = _variant_params("softmax")
@@ -299,6 +301,7 @@ def test_gate_held_at_one_and_lambda_zero_reduce_to_softmax():
   _close(got.heads, heads / jnp.sqrt(ms + attention.DIFF_NORM_EPS) * (1 - lam_init), what="heads")
 
 
+@pytest.mark.slow  # default run: test_attention.py's KV-cache tests, test_value_width.py's MLA cache
 def test_kv_cache_decoding_equals_one_pass_for_every_variant():
   x = jnp.asarray(np.random.default_rng(10).standard_normal((B, 5, D)), jnp.float32)
 

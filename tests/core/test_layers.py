@@ -10,7 +10,7 @@ from flax import nnx
 from mha_jax import attention, layers
 
 
-@pytest.mark.parametrize("use_bias", [False, True])
+@pytest.mark.parametrize("use_bias", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_layer_owns_params_in_the_documented_layout(use_bias):
   x = jnp.ones((2, 5, 48))
   m = layers.MultiHeadAttention(num_heads=6, use_bias=use_bias)
@@ -32,7 +32,7 @@ def test_layer_rejects_heads_not_dividing_width():
     layers.MultiHeadAttention(num_heads=5).init(jax.random.PRNGKey(0), jnp.ones((1, 2, 48)))
 
 
-@pytest.mark.parametrize("use_bias", [False, True])
+@pytest.mark.parametrize("use_bias", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_same_output_as_flax_linen_on_the_same_weights(use_bias):
   x = jax.random.normal(jax.random.PRNGKey(1), (2, 7, 64))
   ctx = jax.random.normal(jax.random.PRNGKey(2), (2, 9, 64))
@@ -67,6 +67,7 @@ def test_same_output_as_flax_nnx_on_the_same_weights():
   np.testing.assert_allclose(attention.multi_head_attention(ours, x), model(x), atol=1e-5)
 
 
+@pytest.mark.slow  # default run: test_attention.py::test_gqa_rope_gradients_agree_across_impls_and_with_finite_differences
 def test_layer_with_grouped_kv_heads_and_rope():
   x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 48))
   rope = attention.RoPE(layout="interleaved")

@@ -65,6 +65,7 @@ def test_alibi_gradients_blocked_equal_reference():
   assert rel_err(gb[1], gr[1]) < 1e-4
 
 
+@pytest.mark.slow  # default run: test_alibi_matches_the_dense_bias_oracle
 def test_alibi_with_a_kv_cache_equals_the_full_oracle():
   """A prompt of 7 then 5 single steps through the cache: each step's output equals the
   oracle's row of the full 12-token call."""

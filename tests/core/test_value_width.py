@@ -20,7 +20,8 @@ def _params(rng, g=G):
                          jnp.float32) for n in ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo")}
 
 
-@pytest.mark.parametrize("impl", ["reference", "blocked", "auto"])
+@pytest.mark.parametrize("impl", [pytest.param("reference", marks=pytest.mark.slow),
+                                  pytest.param("blocked", marks=pytest.mark.slow), "auto"])
 def test_v_wider_than_k_matches_the_oracle(impl):
   rng = np.random.default_rng(0)
   p = _params(rng)
@@ -84,6 +85,7 @@ def test_gradients_equal_the_oracle_s_central_differences():
                                atol=1e-4)
 
 
+@pytest.mark.slow  # default run: test_mla_with_the_kv_cache_equals_the_oracle_forward_and_gradients
 def test_kv_cache_holds_values_of_their_own_width():
   rng = np.random.default_rng(3)
   p = _params(rng)
@@ -164,7 +166,7 @@ def mla_oracle(w, x):
 MLA_ROPE = attention.RoPE(base=50.0, dim=R, layout="interleaved")
 
 
-@pytest.mark.parametrize("low_rank_q", [True, False])
+@pytest.mark.parametrize("low_rank_q", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_mla_equals_deepseek_s_attention_in_float64(low_rank_q):
   rng = np.random.default_rng(4)
   w, p = _mla_weights(rng, low_rank_q)

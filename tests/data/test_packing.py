@@ -79,8 +79,8 @@ def test_rows_ladder_and_rung():
     packing.rung((20, 64), 65)
 
 
-@pytest.mark.parametrize("extra", [[], ["--config.model.pos=sinusoidal",
-                                        "--config.model.ln_position=post"]])
+@pytest.mark.parametrize("extra", [pytest.param([], marks=pytest.mark.slow), ["--config.model.pos=sinusoidal",
+                                     "--config.model.ln_position=post"]])
 def test_packed_loss_and_gradients_equal_the_padded_batch(tmp_path, extra):
   cfg = _cfg(*extra)
   task = tasks.build(cfg, str(tmp_path))

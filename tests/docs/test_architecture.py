@@ -14,6 +14,7 @@ import pathlib
 import re
 
 import pytest
+import sources
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "mha_jax"
@@ -68,7 +69,7 @@ def imports(name: str, path: pathlib.Path, known) -> set[str]:
   is_pkg = path.name == "__init__.py"
   pkg = name if is_pkg else name.rpartition(".")[0]
   found = set()
-  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+  for node in ast.walk(sources.tree(path)):
     if isinstance(node, ast.Import):
       targets = [a.name for a in node.names]
     elif isinstance(node, ast.ImportFrom):
@@ -241,7 +242,7 @@ def test_the_library_reaches_the_harness_through_the_one_hook_only():
               for b in deps if inside(b))
   assert up == []
   named = sorted(str(p.relative_to(ROOT)) for n, p in modules().items() if not inside(n)
-                 for node in ast.walk(ast.parse(p.read_text()))
+                 for node in ast.walk(sources.tree(p))
                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
                  and inside(node.value))
   assert named == ["mha_jax/cli/table.py"]        # HARNESS = "mha_jax.harness.verbs"
@@ -282,17 +283,17 @@ def _module_names(tree):
 def test_no_dead_module_names():
   # A constant or private helper that nothing reads (mha_jax, tests, scripts, configs,
   # tutorials) is stale: it says something the code no longer does.
-  sources = [p for d in ("mha_jax", "tests", "scripts", "configs",
-                         "docs/tutorials") for p in (ROOT / d).rglob("*.py")]
-  words = collections.Counter(re.findall(r"\w+", "\n".join(p.read_text() for p in sources)))
+  files = [p for d in ("mha_jax", "tests", "scripts", "configs",
+                       "docs/tutorials") for p in (ROOT / d).rglob("*.py")]
+  words = collections.Counter(re.findall(r"\w+", "\n".join(p.read_text() for p in files)))
   dead = [f"{p.relative_to(ROOT)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
-          for n in _module_names(ast.parse(p.read_text())) if words[n] <= 1]
+          for n in _module_names(sources.tree(p)) if words[n] <= 1]
   assert dead == []
 
 
 @pytest.mark.parametrize("package", ["models", "tasks"])
 def test_a_package_docstring_names_each_of_its_modules(package):
-  doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
+  doc = ast.get_docstring(sources.tree(PACKAGE / package / "__init__.py"))
   for path in (PACKAGE / package).glob("*.py"):
     if path.stem != "__init__":
       assert re.search(rf"\b{path.stem}\b", doc), f"mha_jax/{package}/__init__.py: {path.stem}"

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from mha_jax import assets
+import sources
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -39,7 +40,7 @@ def test_placeholders_are_filled_once_and_checked():
 
 def test_no_page_lives_in_a_python_string_and_the_assets_are_package_data():
   for path in (ROOT / "mha_jax").rglob("*.py"):
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(sources.tree(path)):
       if isinstance(node, ast.Constant) and isinstance(node.value, str):
         assert "<!doctype" not in node.value.lower() and "<script" not in node.value, path
   cfg = configparser.ConfigParser()

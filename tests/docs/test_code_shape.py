@@ -7,6 +7,7 @@ function doing several things). The kernels (mha_jax/kernels/) keep their fused 
 
 import ast
 import pathlib
+import sources
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAX_LINES = 80
@@ -30,7 +31,7 @@ def function_lengths(path: pathlib.Path) -> list[tuple[int, str]]:
       elif isinstance(child, ast.ClassDef):
         visit(child, prefix + child.name + ".")
 
-  visit(ast.parse(path.read_text(), str(path)), "")
+  visit(sources.tree(path), "")
   return out
 
 

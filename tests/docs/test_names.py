@@ -12,6 +12,7 @@ one file and the primer in the next."""
 
 import ast
 import pathlib
+import sources
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("mha_jax",)
@@ -39,7 +40,7 @@ def project_modules(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
 def crossings(name: str, source: str, known, *, is_package: bool = False) -> list[str]:
   """`name: module._private` for each private name of another project module that the
   source of module `name` imports or reaches through an imported module."""
-  tree = ast.parse(source)
+  tree = sources.parse(source)
   pkg = name if is_package else name.rpartition(".")[0]
   bound, found = {}, set()     # local name -> project module it stands for
   for node in ast.walk(tree):
@@ -113,7 +114,7 @@ def one_letter_aliases(source: str) -> list[str]:
   `from x import y as Y` of a lower-case name (a module; classes such as
   `PartitionSpec as P` are CamelCase)."""
   bad = []
-  for node in ast.walk(ast.parse(source)):
+  for node in ast.walk(sources.parse(source)):
     if isinstance(node, (ast.Import, ast.ImportFrom)):
       for a in node.names:
         if a.asname and len(a.asname) == 1 and (isinstance(node, ast.Import)
@@ -136,6 +137,6 @@ def test_no_module_has_a_one_letter_alias():
 
 def test_no_function_is_named_like_a_class():
   bad = [f"{p.relative_to(ROOT)}: {node.name}" for p in sorted((ROOT / "mha_jax").rglob("*.py"))
-         for node in ast.walk(ast.parse(p.read_text()))
+         for node in ast.walk(sources.tree(p))
          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name[:1].isupper()]
   assert bad == []

@@ -5,6 +5,7 @@ import os
 
 
 from builders import ROOT
+import sources
 
 
 def test_ci_installs_the_browser_and_no_test_installs_anything():
@@ -17,7 +18,7 @@ def test_ci_installs_the_browser_and_no_test_installs_anything():
   for path in glob.glob(os.path.join(root, "tests", "**", "*.py"), recursive=True):
     name = os.path.relpath(path, root)
     if os.path.abspath(path) != os.path.abspath(__file__):
-      tree = ast.parse(open(path).read())
+      tree = sources.tree(path)
       for node in ast.walk(tree):    # a command a test runs: subprocess.* / os.system
         func = getattr(node, "func", None)
         if isinstance(node, ast.Call) and getattr(func, "attr", getattr(func, "id", "")) in runners:
@@ -89,7 +90,7 @@ def private_uses(source: str) -> list[str]:
   string (monkeypatch.setattr(obj, "_y", ...)) of anything but the test's own objects
   (self, cls, its helper modules) and OTHERS_PRIVATE."""
   import ast
-  tree = ast.parse(source)
+  tree = sources.parse(source)
   ours = ("mha_jax",)
   helpers = {a.asname or a.name for n in ast.walk(tree)
              if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names

@@ -102,6 +102,7 @@ def _run(cases):
   return res
 
 
+@pytest.mark.slow  # default run: test_pallas_mesh.py (the shard_map path)
 def test_blocked_on_a_data_mesh_keeps_each_devices_rows():
   res = _run(["data", "flops"])
   # XLA counts a loop's body once; with one step and one block nothing is in a loop.

@@ -121,6 +121,7 @@ WINDOW_GRID = [
 
 
 @pytest.mark.parametrize("b,t,s,h,g,causal,kind,bq,bk,cap,window", WINDOW_GRID)
+@pytest.mark.slow  # default run: test_softcap_and_window_through_the_layer_in_every_kernel
 def test_blocked_window_and_softcap_match_reference(b, t, s, h, g, causal, kind, bq, bk,
                                                     cap, window):
   """Forward and gradients (q, k, v, bias) against the reference with the cap written
@@ -139,6 +140,7 @@ def test_blocked_window_and_softcap_match_reference(b, t, s, h, g, causal, kind,
     assert float(jnp.max(jnp.abs(plain - r(q, k, v, bias)))) > 1e-2
 
 
+@pytest.mark.slow  # default run: test_softcap_and_window_through_the_layer_in_every_kernel
 def test_blocked_window_skips_the_blocks_outside_it():
   """Key blocks wholly outside every query's window are never read: NaN values there
   reach only the queries whose window covers them (a dense band mask would read them,
@@ -160,6 +162,7 @@ def test_blocked_window_skips_the_blocks_outside_it():
   assert bool(jnp.any(jnp.isnan(o_dense[:, 8:])))    # what skipping avoids
 
 
+@pytest.mark.slow  # default run: test_value_width.py::test_v_wider_than_k_matches_the_oracle[auto]
 def test_blocked_value_width_may_differ_and_bfloat16_runs():
   q, k, v = _inputs(1, 9, 9, 2, 2, 8, dv=5)
   _check(lambda q, k, v: blocked.blocked_attention(q, k, v, block_q=4, block_k=4),
@@ -300,7 +303,7 @@ def _layer_case(h, g, t, s, kind, seed=0):
 # (h, g, t, s, kind): GQA, cross-attention with T != S, every extra.
 LAYER_GRID = [
     (4, 4, 6, 6, "mask causal gates"),
-    (6, 2, 5, 9, "mask bias rel"),
+    pytest.param(6, 2, 5, 9, "mask bias rel", marks=pytest.mark.slow),
     pytest.param(1, 1, 7, 7, "causal rel", marks=pytest.mark.slow),
     pytest.param(8, 1, 9, 4, "mask gates bias", marks=pytest.mark.slow),
 ]

@@ -32,7 +32,7 @@ def test_param_paths_and_head_names(s2s):
                               "decoder_cross": [4, 4]}
 
 
-@pytest.mark.parametrize("stack,layer", [("encoder", 1), ("decoder_self", 0),
+@pytest.mark.parametrize("stack,layer", [pytest.param("encoder", 1, marks=pytest.mark.slow), ("decoder_self", 0),
                                          ("decoder_cross", 1)])
 def test_gate_zero_equals_removing_the_head_in_every_block_type(s2s, stack, layer):
   p, src, tgt = s2s
@@ -143,6 +143,7 @@ def test_model_with_a_layer_of_zero_heads_runs(s2s):
   assert common.head_counts(p0)["encoder"] == [0, 4]
 
 
+@pytest.mark.slow  # default run: test_train.py::test_loss_falls_when_training
 def test_dropout_only_with_a_key(s2s):
   p, src, tgt = s2s
   spec = common.ModelSpec("seq2seq", dropout=0.3)
@@ -169,6 +170,7 @@ def test_post_ln_is_a_different_residual_layout(s2s):
   assert float(jnp.abs(out - seq2seq.apply(pre, SPEC, src, tgt)).max()) > 1e-3
 
 
+@pytest.mark.slow  # default run: test_kernels.py's rel cases
 def test_relative_positions_replace_sinusoids_with_a_per_head_offset_bias(s2s):
   _, src, tgt = s2s
   kw = dict(vocab_size=40, d_model=32, num_heads=4, enc_layers=2, dec_layers=2, d_ff=64)

@@ -77,7 +77,9 @@ def test_sweep_variants_plans_h_times_variant(tmp_path):
       attention.VARIANTS)
 
 
-@pytest.mark.parametrize("variant", ["gated", "gated_head", "differential", "sink"])
+@pytest.mark.parametrize("variant", [pytest.param("gated", marks=pytest.mark.slow),
+                                     pytest.param("gated_head", marks=pytest.mark.slow),
+                                     pytest.param("differential", marks=pytest.mark.slow), "sink"])
 def test_export_pruned_slices_the_variant_params_with_their_heads(variant):
   from mha_jax.toolkit import head_masks
   p = lm.init(jax.random.PRNGKey(1), vocab_size=11, d_model=16, num_heads=4, num_layers=2,

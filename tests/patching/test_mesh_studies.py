@@ -89,7 +89,9 @@ for name, mesh in (("one", []), ("mesh", ["--mesh", "data=2,model=4"])):
                    "--out", f"{out}/circuit_{name}", *mesh]) == 0
   p = json.load(open(f"{out}/patch_{name}/patching.json"))["scores"]["head_out"]
   c = json.load(open(f"{out}/circuit_{name}/circuit.json"))["edges"]
-  got[name] = {"patch": p, "edges": {e["from"] + ">" + e["to"]: e["score"] for e in c}}
+  split = json.load(open(f"{out}/circuit_{name}/circuit.json"))["memory_budget"]["node_values_split"]
+  got[name] = {"patch": p, "edges": {e["from"] + ">" + e["to"]: e["score"] for e in c},
+               "split": split}
 got["refused"] = cli.main(["patch", *common, "--out", f"{out}/bad", "--mesh", "data=3,model=2"])
 print("RESULT" + json.dumps(got))
 """
@@ -110,6 +112,9 @@ def test_patch_and_circuit_take_a_mesh_on_the_command_line(tiny_attn_lm, tmp_pat
   assert max(abs(one["patch"][k] - mesh["patch"][k]) for k in one["patch"]) < 1e-4
   assert one["edges"].keys() == mesh["edges"].keys() and len(one["edges"]) > 1
   assert max(abs(one["edges"][k] - mesh["edges"][k]) for k in one["edges"]) < 1e-5
+  assert one["split"] == {"data": 1, "model": 1}      # circuit.json: the node values' split
+  assert mesh["split"]["data"] in (1, 2) and mesh["split"]["model"] in (1, 4)
+  assert mesh["split"] != one["split"], mesh["split"]
 
 
 def test_a_study_mesh_that_is_not_the_device_count_is_refused_by_name(tiny_attn_lm, tmp_path,

@@ -12,10 +12,10 @@ from mha_jax import cli
 from mha_jax.loader import load
 from mha_jax.errors import UserError
 from mha_jax.models import common
-from mha_jax.models import llama
 from mha_jax.models import lm as lm_model
 from mha_jax.toolkit import activation_patching, pairs as pairs_lib
 from mha_jax.toolkit.pairs import Pairs
+import oracles
 from oracles import G, H, L, SPEC, LlamaTask, numpy_llama, tiny_llama_pairs
 
 
@@ -105,6 +105,7 @@ def test_per_position_and_residual_patching_equal_numpy(setup):
   np.testing.assert_allclose(noise["ld"][0], s.ld_corrupt, atol=1e-5)
 
 
+@pytest.mark.slow  # default run: test_activation_patching_equals_numpy_substitution
 def test_batched_sweep_equals_one_at_a_time(setup):
   s, _, _ = setup
   for site, n in (("z", H), ("k", G)):
@@ -129,24 +130,15 @@ def test_batched_sweep_equals_one_at_a_time(setup):
   np.testing.assert_allclose(z["logit_diff"][1, 2, 6], one["logit_diff"], atol=1e-5)
 
 
-class CachedLlamaTask(LlamaTask):
+class CachedLlamaTask(oracles.CachedLlamaTask):
   """With a prefix cache, as PretrainedLMTask: the sweeps share the common prefix."""
 
   starts = []         # the start of every forward traced with one (depth sharing)
 
-  def apply(self, params, batch, *, key=None, hook=None):
-    kw = dict(hook=hook, logits_at=batch.get("logits_at"), start=batch.get("start"),
-              stream=batch.get("stream"))
+  def apply(self, params, batch, *, key=None, hook=None, **kw):
     if "start" in batch:
       self.starts.append(batch["start"])
-    if "cache" in batch:
-      return llama.apply(params, SPEC, batch["tokens"][:, :-1], cache=batch["cache"],
-                         **kw)[0]
-    return llama.apply(params, SPEC, batch["tokens"][:, :-1], **kw)
-
-  def prefix_cache(self, params, tokens_BT, max_len):
-    cache = llama.init_cache(params, tokens_BT.shape[0], max_len)
-    return llama.apply(params, SPEC, tokens_BT, cache=cache, last_only=True)[1]
+    return super().apply(params, batch, key=key, hook=hook, **kw)
 
 
 @pytest.mark.slow
@@ -166,6 +158,7 @@ def test_a_shared_prefix_computed_once_changes_no_result(setup):
   np.testing.assert_allclose(a["ld"], b["ld"], atol=2e-5)
 
 
+@pytest.mark.slow  # default run: test_activation_patching_equals_numpy_substitution
 def test_sweeps_that_start_each_intervention_at_its_layer_change_no_result(setup):
   """share_depth: each group of one layer's interventions resumes at that layer from
   the base run's stream; every table equals the full forward's, in groups of any size
@@ -422,7 +415,7 @@ def test_patch_command_on_a_trained_lm(patched, tmp_path):
   assert cli.main(["patch", "--workdir", wd, "--task", "ioi", "--out", out]) == 2
 
 
-@pytest.mark.parametrize("sites", ["q", "resid,v", "kv"])
+@pytest.mark.parametrize("sites", ["q", "resid,v", pytest.param("kv", marks=pytest.mark.slow)])
 def test_patch_sites_write_exactly_their_tables(patched, tmp_path, sites):
   wd, full_out, _ = patched
   out = str(tmp_path / "p")

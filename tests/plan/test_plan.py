@@ -183,6 +183,7 @@ def test_a_program_whose_arguments_pass_the_hbm_is_ruled_out_uncompiled(monkeypa
   assert ev.get("compiled", True) and len(calls) == 1 and p["fits"] is False
 
 
+@pytest.mark.slow  # default run: test_a_program_whose_arguments_pass_the_hbm_is_ruled_out_uncompiled
 def test_the_search_skips_slices_ruled_out_from_shapes(monkeypatch):
   """suggest over made-up larger slices (cpu:1's device, each its own HBM): one whose
   arguments pass its HBM is skipped uncompiled and not counted against --search; one that
@@ -330,6 +331,7 @@ def test_circuit_job_counts_eap_igs_five_gradients():
     assert prog["chunks"] == 1
 
 
+@pytest.mark.slow  # default run: test_circuit_job_counts_eap_igs_five_gradients
 def test_taxonomy_job_compiles_the_causal_checks():
   """job taxonomy from shapes alone: the head taxonomy's four causal checks (repeat loss,
   IOI logit difference, context logit, text loss) with top-k heads mean-ablated, their
@@ -343,6 +345,7 @@ def test_taxonomy_job_compiles_the_causal_checks():
   assert progs["taxonomy_text_loss"]["flops"] > progs["taxonomy_ioi_logit_diff"]["flops"]
 
 
+@pytest.mark.slow  # default run: test_the_verb_on_a_workdir_plans_its_checkpoints_shapes
 def test_the_patch_job_on_2_host_devices(tmp_path):
   """job patch through the CLI on cpu:2 with the heads over model=2: one sweep program
   whose groups of `chunk` interventions cover every layer and head (2 x 8)."""
@@ -500,3 +503,46 @@ def test_tpu_matmul_flops_of_dots_written_as_convolutions_are_xlas(spec, a, b):
   assert plan.matmul_flops(compiled.as_text())["once"] == want
   cost = compiled.cost_analysis()
   assert (cost[0] if isinstance(cost, list) else cost)["flops"] == want
+
+
+@pytest.mark.slow     # two fresh processes
+def test_the_circuit_job_splits_the_node_values_over_the_mesh(tmp_path):
+  """job circuit through the CLI on cpu:4 at data=2, model=2: each program's node values
+  split over both axes (node_values_split), and a device's arguments (params, node values,
+  tokens) below one device's whole."""
+  def run(topology, mesh, name):
+    out = tmp_path / name
+    r = subprocess.run([sys.executable, "-m", "mha_jax.cli", "plan", "--topology", topology,
+                        "--config", "configs/induction.py", "--config.model.num_heads=8",
+                        *mesh, "--job", "circuit", "--batch", "4", "--out", str(out)],
+                       cwd=ROOT, env=with_devices(1), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads((out / "plan.json").read_text())
+  many = run("cpu:4", ["--mesh", "data=2,model=2"], "many")
+  one = run("cpu:1", [], "one")
+  for m, o in zip(many["programs"], one["programs"]):
+    assert m["node_values_split"] == {"data": 2, "model": 2} and m["fits"], m
+    assert o["node_values_split"] == {"data": 1, "model": 1}
+    assert m["per_device"]["arguments"] < o["per_device"]["arguments"] / 2
+
+
+def test_a_circuit_job_too_big_for_its_pairs_names_the_pairs_that_fit():
+  """A default budget below one end at 4 pairs, above it at 1: the plan does not fit and
+  names the most pairs that do (the study's refusal, memory.eap_pairs_that_fit)."""
+  cfg = dict(config=os.path.join(ROOT, "configs", "induction.py"),
+             overrides=["--config.model.num_heads=8"])
+  base = plan.topology("cpu:1")
+  found = {}
+  for hbm in (2**21, 2**22, 2**23, 2**24):
+    p = plan.make_plan(plan.PlanOptions(topology="cpu:1", job="circuit", batch=4, search=0),
+                       topo=dataclasses.replace(base, hbm=hbm), **cfg)
+    prog = p["programs"][0]
+    if prog.get("pairs_that_fit"):
+      found = prog
+      break
+  assert found, "no hbm gave a budget between one pair's and four pairs' one-end chunk"
+  k = found["pairs_that_fit"]
+  assert 1 <= k < 4 and found["fits"] is False and found["compiled"] is False
+  assert f"at most {k} of its 4 pairs fit it" in found["ruled_out"]
+  assert f"plan --batch {k}" in found["ruled_out"]

@@ -81,6 +81,7 @@ def test_logits_match_transformers(imported, case):
   assert err < RTOL, err
 
 
+@pytest.mark.slow  # default run: test_logits_match_transformers (windowed families)
 def test_sliding_windows_matter_and_every_kernel_serves_them(imported):
   """The windowed families really use the window (T > window), and the blocked and xla
   kernels give the reference's logits."""
@@ -102,6 +103,7 @@ def test_sliding_windows_matter_and_every_kernel_serves_them(imported):
     assert rel_err(got, ref) < RTOL, impl
 
 
+@pytest.mark.slow  # default run: test_logits_match_transformers[bloom]
 def test_alibi_on_every_kernel_and_with_left_padding_matches_transformers(imported):
   """BLOOM's ALiBi: the blocked kernel (the slopes as a per-block table, no dense bias)
   and xla give the reference's logits; a left-padded batch matches transformers with
@@ -122,7 +124,7 @@ def test_alibi_on_every_kernel_and_with_left_padding_matches_transformers(import
   assert rel_err(got[mask], want[mask]) < RTOL
 
 
-@pytest.mark.parametrize("case", ["gemma3", "deepseek_v3"])
+@pytest.mark.parametrize("case", [pytest.param("gemma3", marks=pytest.mark.slow), "deepseek_v3"])
 def test_kv_cache_decoding_matches_transformers_generate_and_the_uncached_forward(
     imported, case):
   """Greedy decoding with the KV cache gives transformers' generate tokens and logits
@@ -579,11 +581,13 @@ def gguf_imported(tmp_path_factory):
 
 # The default run: one file per mechanism the GGUF reader undoes (llama's permuted
 # rows with experts, ALiBi with BLOOM's reordered QKV, Gemma's 1 + w norms with its
-# fixed layer pattern, GPT-2's transposed Conv1D); every other architecture in the slow run.
-GGUF_DEFAULT = ("llama:mixtral", "bloom", "gemma3", "gpt2", "deepseek2", "gpt-oss")
+# fixed layer pattern, GPT-2's transposed Conv1D, MLA and gpt-oss with YaRN, Granite's
+# permuted biases); every other architecture in the slow run.
+GGUF_DEFAULT = ("llama:mixtral", "bloom", "gemma3", "gpt2", "deepseek2:yarn", "gpt-oss:yarn",
+                "granite:bias")
 GGUF_SLOW = ("gemma2", "gptneox", "olmo2", "phi3", "qwen3", "qwen3moe", "olmoe", "stablelm",
              "stablelm:parallel", "phi2", "falcon", "falcon:mq", "command-r",
-             "granite", "smollm3", "deepseek2:lite")
+             "granite", "smollm3", "deepseek2", "deepseek2:lite", "gpt-oss")
 
 
 @pytest.mark.parametrize("arch", list(GGUF_DEFAULT) + [
@@ -598,7 +602,7 @@ def test_gguf_round_trip_matches_transformers(gguf_imported, arch):
       {"model_type": model.config.model_type}).name
   types = sorted({t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors})
   assert {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16", "F32"} <= set(types)
-  if arch == "gpt-oss":      # the experts in MXFP4, dequantized by gguf
+  if arch.startswith("gpt-oss"):      # the experts in MXFP4, dequantized by gguf
     assert "MXFP4" in types
   got = np.asarray(loaded.task.logits(loaded.params, TOKENS))
   err = rel_err(got, hf_logits(model, TOKENS))
@@ -652,9 +656,32 @@ def test_granite_gguf_reads_llama_cpp_s_zero_scales_and_rope_switch(tmp_path):
   assert err < RTOL, err
 
 
+def test_gpt_oss_gguf_yarn_runs_llama_cpp_s_truncated_correction_range(gguf_imported):
+  """ggml rounds YaRN's correction range out to whole dimensions; gpt-oss's own config
+  says truncate false. The import runs llama.cpp's ramp: it matches transformers with
+  truncate true (the round trip) and differs from transformers with truncate false by far
+  more than the tolerance (the setting is live in this file: range [0, 2] against
+  [0, 1.2])."""
+  model, loaded, _ = gguf_imported("gpt-oss:yarn")
+  cfg = model.config.__class__.from_dict(model.config.to_dict())
+  cfg.rope_parameters = dict(cfg.rope_parameters, truncate=False)
+  cfg._attn_implementation = "eager"
+  untruncated = type(model)(cfg).eval()
+  untruncated.load_state_dict(model.state_dict())
+  got = np.asarray(loaded.task.logits(loaded.params, TOKENS))
+  assert rel_err(got, hf_logits(model, TOKENS)) < RTOL
+  err = rel_err(got, hf_logits(untruncated, TOKENS))
+  print(f"\ngpt-oss GGUF YaRN against transformers with truncate false: {err:.1e}")
+  assert err > 100 * RTOL, err
+
+
 _SIZES = [("add_embedding_length", 64), ("add_head_count", 4), ("add_block_count", 2),
           ("add_feed_forward_length", 96)]
 _Gating = collections.namedtuple("_Gating", "value")   # a gating number gguf has no name for
+_YARN = gguf.RopeScalingType.YARN
+_OSS = [("add_layer_norm_rms_eps", 1e-5), ("add_expert_count", 4), ("add_expert_used_count", 2),
+        ("add_sliding_window", 8), ("add_rope_scaling_type", _YARN),
+        ("add_rope_scaling_factor", 4.0)]
 _MLA = [("add_kv_lora_rank", 32), ("add_rope_dimension_count", 8), ("add_head_count_kv", 1),
         ("add_key_length", 40), ("add_value_length", 32), ("add_key_length_mla", 40),
         ("add_value_length_mla", 16), ("add_expert_count", 4), ("add_expert_used_count", 2),
@@ -697,6 +724,26 @@ _MLA = [("add_kv_lora_rank", 32), ("add_rope_dimension_count", 8), ("add_head_co
      r"falcon\.tensor_data_layout='other'"),
     ("olmoe", [("add_layer_norm_rms_eps", 1e-5), ("add_expert_count", 4),
                ("add_expert_used_count", 6)], r"olmoe\.expert_used_count=6 is more than"),
+    # YaRN: what llama.cpp and transformers would run differently, or that is not read
+    ("qwen3", [("add_layer_norm_rms_eps", 1e-5), ("add_rope_scaling_type", _YARN),
+               ("add_rope_scaling_factor", 4.0)],
+     r"qwen3\.rope\.scaling\.type='yarn' is not implemented for qwen3"),
+    ("deepseek2", _MLA + [("add_layer_norm_rms_eps", 1e-6), ("add_rope_scaling_type", _YARN),
+                          ("add_rope_scaling_factor", 4.0)],
+     r"deepseek2\.rope\.scaling\.yarn_log_multiplier=None with YaRN: without DeepSeek's "
+     r"mscale_all_dim"),
+    ("deepseek2", _MLA + [("add_layer_norm_rms_eps", 1e-6),
+                          ("add_rope_scaling_type", gguf.RopeScalingType.LINEAR),
+                          ("add_rope_scaling_factor", 4.0)],
+     r"deepseek2\.rope\.scaling\.type='linear' \(linear scaling\): llama.cpp's deepseek2"),
+    ("gpt-oss", _OSS + [("add_rope_scaling_yarn_beta_fast", 16.0)],
+     r"gpt-oss\.rope\.scaling\.yarn_beta_fast=16\.0 is not 32: llama.cpp's gpt-oss graph "
+     r"does not read it"),
+    ("gpt-oss", _OSS + [("add_rope_scaling_yarn_attn_factor", 1.2)],
+     r"'gpt-oss\.rope\.scaling\.yarn_attn_factor' \(= 1\.2"),
+    ("gpt-oss", _OSS[:-1], r"gpt-oss\.rope\.scaling\.factor=None is missing"),
+    ("gpt-oss", _OSS[:-1] + [("add_rope_scaling_factor", 0.5)],
+     r"gpt-oss\.rope\.scaling\.factor=0\.5 with rope\.scaling\.type yarn: a factor of 1"),
 ])
 def test_gguf_refuses_unimplemented_keys_and_settings_by_name(tmp_path, arch, meta, match):
   from hf_models import write_gguf_header

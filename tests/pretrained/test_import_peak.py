@@ -36,6 +36,7 @@ def test_the_reader_returns_the_files_tensors(tmp_path):
   assert n == len(ip.tensors(ip.SHAPES["tiny"]))
 
 
+@pytest.mark.slow  # default run: test_a_params_save_copies_at_most_host_bytes_to_the_host_at_once
 def test_an_import_holds_the_model_once(tmp_path):
   """A small random model (sharded bf16, 2 layers, vocab 32,768; 0.16 GB in float32)
   imported in float32 by a fresh process, after a tiny import there (modules and thread

@@ -236,20 +236,19 @@ def test_smollm2_logits_match_independent_numpy_forward(smol_run, smol_gguf):
   err = rel_err(got[mask], ref[mask])
   print(f"\nSmolLM2 logits: max relative error vs float64 NumPy = {err:.2e}")
   assert err < RTOL
-  # apply() follows runs trained here: logits for tokens[:, :-1]
-  logits = model.apply(params, {"tokens": tokens, "mask": mask})
-  np.testing.assert_allclose(np.asarray(logits), got[:, :-1], rtol=1e-4, atol=1e-3)
 
 
-# Slow: two more compiles of the 30-layer model. By default the studies of
-# test_studies_real capture SmolLM2's weights (its roles) and gate its heads (the frozen
-# gate step) through the same hooks.
+# Slow: three more compiles of the 30-layer model. The hooks are the ones every model uses:
+# the default run captures and gates the tiny models' heads (tests/core/test_interventions.py).
 @pytest.mark.slow
 def test_smollm2_capture_and_gates_are_hooks_on_apply(smol_run):
   _, model, params = smol_run
   tokens = np.asarray([model.tokenizer.encode("The capital of France is Paris.")], np.int32)
   t = tokens.shape[1]
   logits = model.apply(params, {"tokens": tokens})
+  # apply() follows runs trained here: logits for tokens[:, :-1]
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(model.logits(params, tokens))[:, :-1],
+                             rtol=1e-4, atol=1e-3)
   cap = capture.captured(model, params, {"tokens": tokens})
   assert len(cap["lm"]) == 30 and cap["lm"][0].weights.shape == (1, 9, t - 1, t - 1)
   np.testing.assert_allclose(np.asarray(cap["lm"][0].weights).sum(-1), 1.0, atol=1e-5)
@@ -327,6 +326,7 @@ def paris(smol_run):
   return prompt, new[0], logits[0]
 
 
+@pytest.mark.slow  # default run: test_import_checks.py's generate on a tiny model
 def test_generate_continues_with_paris(smol_run, paris):
   cfg, model, params = smol_run
   prompt, new, _ = paris
@@ -338,6 +338,7 @@ def test_generate_continues_with_paris(smol_run, paris):
   assert model.generate(params, PROMPT, NEW)["tokens"] == list(new)
 
 
+@pytest.mark.slow  # default run: test_families.py's KV cache against transformers' generate
 def test_kv_cache_decoding_matches_full_recomputation(smol_run, paris):
   cfg, model, params = smol_run
   prompt, new, step_logits = paris
@@ -349,6 +350,7 @@ def test_kv_cache_decoding_matches_full_recomputation(smol_run, paris):
   assert err < RTOL
 
 
+@pytest.mark.slow  # default run: test_train.py's eval
 def test_perplexity_on_builtin_text(smol_run):
   import ml_collections
   cfg, model, params = smol_run

@@ -52,6 +52,7 @@ def smol_rows(smol):
                               text_windows=4)
 
 
+@pytest.mark.slow  # default run: test_families.py::test_roles_and_export_pruned_on_gqa_and_mqa
 def test_real_lm_roles_score_every_head(smol, smol_rows):
   assert len(smol_rows) == LAYERS * 9 == len(smol.head_names)
   for r in smol_rows:
@@ -281,6 +282,7 @@ def test_conllu_words_align_to_wordpieces_and_a_head_along_the_arcs_scores_1(
   assert role_scores.assign_role({**prev, "positional_share": 0.0, "rare_share": 0.0}) == "other"
 
 
+@pytest.mark.slow  # default run: test_conllu_words_align_to_wordpieces_and_a_head_along_the_arcs_scores_1
 def test_bert_syntactic_roles_from_a_conllu_file(minilm, tmp_path, capsys):
   from mha_jax import cli
   path = tmp_path / "s.conllu"

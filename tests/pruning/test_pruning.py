@@ -57,6 +57,7 @@ def loaded(tmp_path_factory):
                              "--config.model.enc_layers=2")
 
 
+@pytest.mark.slow  # default run: test_prune_cli_and_bad_input
 def test_gate_training_freezes_the_model_and_lambda_prunes(loaded):
   la, params, hist = methods.train_gates(loaded, 0.5, stacks=["encoder"], steps=40, lr=0.2,
                                          log=lambda s: None)

@@ -146,6 +146,7 @@ def test_random_draws_never_include_the_tested_heads():
     head_taxonomy.random_draws(top, top + ["lm.1.1"], 1)
 
 
+@pytest.mark.slow  # default run: test_copy_suppression_and_sink_scores_equal_their_definitions_by_hand
 def test_mean_and_sink_edits_touch_only_the_chosen_heads():
   task, p = Task(), planted()
   tok = jnp.asarray(text())
@@ -242,6 +243,7 @@ def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
                    log=lambda m: None)
 
 
+@pytest.mark.slow  # default run: test_s_inhibition_receivers_are_the_name_movers_only
 def test_path_patching_of_chosen_senders_equals_the_full_sweep():
   from oracles import LlamaTask, tiny_llama_pairs
   from mha_jax.toolkit import activation_patching
@@ -253,6 +255,7 @@ def test_path_patching_of_chosen_senders_equals_the_full_sweep():
   assert np.isnan(some[0, 0]).all() and np.isnan(some[1]).all()
 
 
+@pytest.mark.slow  # default run: test_each_detector_finds_exactly_the_planted_head
 def test_each_behaviour_reads_its_own_inputs():
   import types
   task, p = Task(), random_params(5)

@@ -74,3 +74,47 @@ def test_the_taxonomy_refuses_a_run_that_is_not_a_decoder_lm(parallel_run):
   loaded = mha_jax.load(parallel_run[0], **QUIET)
   with pytest.raises(UserError, match="taxonomy needs a decoder LM"):
     taxonomy.taxonomy(loaded, None, taxonomy.TaxonomyOptions(roles=("previous_token",)))
+
+
+def test_the_taxonomy_takes_a_memory_budget(ind_run, tmp_path, capsys):
+  """--memory-budget: the detectors' rows per batch come from it (roles.json's
+  "memory_budget"); at one window per batch the scores equal all windows at once; a
+  budget below one window is refused by name with the minimum."""
+  args = ["taxonomy", "--workdir", ind_run, "--roles", "attention_sink,copy_suppression",
+          "--no-causal"]
+  assert cli.main(args + ["--out", str(tmp_path / "a"), "--memory-budget", "1GB"]) == 0
+  a = json.load(open(tmp_path / "a" / "roles.json"))
+  sink = a["memory_budget"]["plan"]["attention_sink"]
+  windows = sink["rows_per_batch"]
+  assert a["memory_budget"]["bytes"] == 10**9 and windows >= 2
+  one = max(a["memory_budget"]["plan"][k]["bytes"] // windows
+            for k in ("attention_sink", "copy_suppression"))
+  assert cli.main(args + ["--out", str(tmp_path / "b"), "--memory-budget", str(one)]) == 0
+  b = json.load(open(tmp_path / "b" / "roles.json"))
+  assert b["memory_budget"]["plan"]["copy_suppression"]["rows_per_batch"] == 1
+  for role in ("attention_sink", "copy_suppression"):
+    assert b["lm_roles"][role].keys() == a["lm_roles"][role].keys()
+    assert b["lm_roles"][role] == pytest.approx(a["lm_roles"][role], abs=1e-5), role
+  capsys.readouterr()
+  assert cli.main(args + ["--out", str(tmp_path / "c"), "--memory-budget", "1KB"]) == 2
+  err = capsys.readouterr().err
+  assert "memory-budget of 1,000 bytes" in err and "needs at least" in err, err
+  assert not (tmp_path / "c").exists()
+
+
+def test_the_pattern_roles_are_the_same_a_few_sequences_at_a_time(ind_run):
+  """real_lm_roles with a budget of one captured sequence of its larger input (capture.plan)
+  gives the same rows as every sequence at once."""
+  run = mha_jax.load(ind_run, **QUIET)
+  tok, _ = run.task.repeated_tokens(7_000_003, 8, head_roles.repeat_half_len(run))
+  text, _ = next(iter(run.task.eval_batches("test", run.config.eval.batch_size)))
+  one = max(capture.plan(run.task, run.params, b, 10**12).bytes // len(b["tokens"])
+            for b in ({"tokens": tok}, {"tokens": np.asarray(text["tokens"])}))
+  assert capture.plan(run.task, run.params, {"tokens": tok}, one).rows_per_batch < 8
+  half = head_roles.repeat_half_len(run)
+  want = head_roles.real_lm_roles(run, half_len=half)
+  got = head_roles.real_lm_roles(run, half_len=half, memory_budget=one)
+  assert [r["head"] for r in got] == [r["head"] for r in want]
+  for a, b in zip(got, want):
+    for k in ("previous_token", "induction", "duplicate_token", "sink_share", "entropy"):
+      assert a[k] == pytest.approx(b[k], abs=1e-6), (a["head"], k)

@@ -1,16 +1,21 @@
-"""The taxonomy's causal checks' memory plan (roles.head_taxonomy.plan): rows per batch of
-each check chosen from the shapes and a budget, its bytes within the budget, the same
-behaviour values at any batching, and a budget below one row refused with the minimum."""
+"""The taxonomy's memory plan (roles.head_taxonomy.plan): rows per batch of each causal
+check and each detector chosen from the shapes and a budget, its bytes within the budget,
+the same behaviour values and scores at any batching, and a budget below one row refused
+with the minimum."""
 
 import types
 
 import numpy as np
 import pytest
 
-from mha_jax.roles import head_taxonomy as taxonomy
+from mha_jax.roles import detectors, head_taxonomy as taxonomy
 from mha_jax.errors import UserError
 from mha_jax.toolkit import memory
 from oracles import D, G, H, K, L, LlamaTask, tiny_llama_pairs
+
+
+class NoBosTask(LlamaTask):
+  bos_id = -1           # the tiny LLaMA has no BOS (detectors.bos_of)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +26,7 @@ def run_inputs():
   mask = np.zeros((5, 8), np.float32)
   mask[:, 4:] = 1.0
   text = rng.integers(1, 37, (3, 7)).astype(np.int32)
-  run = types.SimpleNamespace(task=LlamaTask(), params=params)
+  run = types.SimpleNamespace(task=NoBosTask(), params=params)
   return run, {"repeat": (rep, mask), "text": text, "ioi": pairs}
 
 
@@ -40,7 +45,7 @@ def test_the_plan_is_each_check_s_rows_within_the_budget(run_inputs):
           "context_logit": (3, row_bytes(6, 6, 4 * 36)), "ioi_logit_diff": (3, row_bytes(7, 1))}
   for budget in (10**5, 2 * 10**5, 10**9):
     got = taxonomy.plan(run, inputs, budget)
-    assert set(got) == set(want)
+    assert set(got) == set(want) | {"attention_sink", "copy_suppression"}
     for name, (rows, one) in want.items():
       r = got[name].rows_per_batch
       assert got[name].bytes == r * one <= budget
@@ -72,3 +77,43 @@ def test_a_budget_below_one_row_is_refused_by_name(run_inputs):
     taxonomy.plan(run, {"repeat": inputs["repeat"]}, one - 1)
   assert taxonomy.plan(run, {"repeat": inputs["repeat"]}, one)["repeat_loss"].bytes == one
   assert memory.rows_plan(taxonomy.model_shapes(run, 8), 5, one).rows_per_batch == 1
+
+
+def test_the_detectors_plan_their_windows_within_the_budget(run_inputs):
+  """attention_sink keeps every layer's float32 pattern, copy_suppression also every
+  layer's head results and one layer's effects on the key and sample tokens,
+  effective_embeddings a forward of [BOS, token] (the tiny LLaMA has no BOS: 1 + 1)."""
+  run, inputs = run_inputs
+  t = 6
+  pat = 4 * L * H * t * t
+  want = {"attention_sink": (3, row_bytes(t, t, pat)),
+          "copy_suppression": (3, row_bytes(t, t, pat + 4 * L * t * H * D
+                                            + 4 * H * t * (t + taxonomy.COPY_SAMPLE))),
+          "effective_embeddings": (50, row_bytes(1, 1))}
+  for budget in (2 * 10**5, 10**6, 10**9):
+    got = taxonomy.plan(run, {"text": inputs["text"], "embeddings": 50}, budget)
+    assert set(got) == set(want) | {"context_logit", "text_loss"}
+    for name, (rows, one) in want.items():
+      r = got[name].rows_per_batch
+      assert got[name].bytes == r * one <= budget, name
+      assert r == rows or (r + 1) * one > budget, name
+  one = want["copy_suppression"][1]
+  with pytest.raises(UserError, match=f"at least {one:,} bytes") as e:
+    taxonomy.plan(run, {"text": inputs["text"]}, one - 1)
+  assert e.value.settings == ("memory_budget",) and "copy_suppression" in str(e.value)
+
+
+def test_the_detectors_are_the_same_one_window_at_a_time(run_inputs):
+  """Forced to one row per batch (and two), the detectors' scores equal all rows at once."""
+  run, inputs = run_inputs
+  task, p, text = run.task, run.params, inputs["text"]
+  sample = np.arange(1, 37)
+  for rows in (1, 2):
+    np.testing.assert_allclose(detectors.sink_scores(task, p, text, rows),
+                               detectors.sink_scores(task, p, text), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(detectors.copy_suppression_text(task, p, text, sample, rows),
+                               detectors.copy_suppression_text(task, p, text, sample),
+                               rtol=1e-5, atol=1e-6)
+  ids = np.arange(1, 12)
+  np.testing.assert_allclose(detectors.effective_embeddings(task, p, ids, 4),
+                             detectors.effective_embeddings(task, p, ids), rtol=1e-6, atol=1e-7)

@@ -18,6 +18,9 @@ from mha_jax.tasks import base, embedding
 from mha_jax.train import loop
 from builders import TINY_TRANSLATION, tiny
 
+# On the worker that trains conftest's ind_run for the CLI tests (one training, not two).
+pytestmark = pytest.mark.xdist_group("trained_runs")
+
 QUIET = dict(log=lambda s: None)
 
 

@@ -129,6 +129,7 @@ def test_patch_command_takes_a_budget_and_a_dtype(tiny_attn_lm, tmp_path, capsys
   assert "memory-budget of 1,000 bytes" in err and "needs at least" in err
 
 
+@pytest.mark.slow  # default run: test_bfloat16_studies_are_near_float32
 def test_bfloat16_on_an_imported_model_with_a_shared_prefix_and_depth(tmp_path):
   """An imported LM (prefix cache, each intervention from its layer on): bf16 weights run
   (the cache and the stream stay bf16) and the table stays within 0.1 of float32's (a

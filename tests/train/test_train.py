@@ -210,6 +210,7 @@ def test_checkpoints_move_between_8_devices_and_1(tmp_path):
   assert r.stdout.strip() == "8"
 
 
+@pytest.mark.slow  # default run: test_objective.py::test_lm_label_smoothing_changes_the_objective_as_the_formula_says
 def test_token_losses_match_optax_with_and_without_label_smoothing():
   import jax.numpy as jnp
   import optax

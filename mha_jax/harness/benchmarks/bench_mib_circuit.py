@@ -4,8 +4,9 @@
         [--out docs/results/circuits/mib_smollm2.json] [--skip-timing] [--model NAME]
 
 1. The default `circuit` (IOI, 4 pairs) as a fresh process twice on one compile-cache
-   folder: cold (empty) and warm. Reported: wall seconds, circuit.json's own seconds, and
-   the command's total over its EAP-IG + that method's curve (the issue's target: <= 3x).
+   folder: cold (empty) and warm. Reported: wall seconds, circuit.json's own seconds (wall
+   and process CPU per step), and the command's total over its EAP-IG + the curves (the
+   issue's target: <= 3x), in wall and in CPU seconds (CPU: less noisy on a shared machine).
 2. Each MIB task (circuits.mib_tasks) with --graph mib (MIB's edge count) and
    --method eap-ig (left points, MIB's): CPR, CMD, the pairs kept, the graph's size.
 Each entry records the date and the load average; the machine record is added.
@@ -67,10 +68,14 @@ def timing(workdir: str, tmp: str) -> dict:
     sec = doc["seconds"]
     # the curves: one step for every method since search.curves (before: curve_NAME)
     own = sec["eap_ig"] + sec.get("curves", sec.get("curve_eap-ig", 0.0))
+    cpu = doc.get("cpu_seconds", {})
+    own_cpu = cpu["eap_ig"] + cpu["curves"] if cpu else None
     out[run_name] = {"argv": argv[:-2], "wall_s": wall, "seconds": sec,
                      "eap_ig_plus_curve_s": round(own, 2),
                      "total_over_eap_ig_plus_curve": round(sec["total"] / own, 2),
                      "wall_over_eap_ig_plus_curve": round(wall / own, 2),
+                     **({"cpu_seconds": cpu, "cpu_total_over_eap_ig_plus_curve":
+                         round(cpu["total"] / own_cpu, 2)} if cpu else {}),
                      "cpr": doc["cpr"], "cmd": doc["cmd"], "chosen": doc["chosen"], **stamp()}
     print(run_name, json.dumps(out[run_name]), flush=True)
   return out

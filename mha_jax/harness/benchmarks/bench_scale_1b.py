@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 
+from mha_jax.errors import UserError
 from mha_jax.harness.benchmarks import child_env
 from mha_jax.settings import setting
 
@@ -36,6 +37,11 @@ SHAPES = {
                  num_key_value_heads=2, intermediate_size=96),
 }
 PAIRS, SEED, HEADS = 4, 0, 5
+# The weights' std (transformers' initializer_range; its default 0.02 gives this model an
+# IOI clean-corrupt gap of 0.05 logits, and recovery divides by the gap, so a float32
+# rounding of 1e-6 logits became 1e-4 of recovery). At 0.1 the gap is ~7 logits, a
+# trained model's order, as are the logits' spread (std ~4.5).
+INIT_RANGE = 0.1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,6 +51,10 @@ class Scale1bOptions:
                        "shapes (tiny: the same path at test size)")
   work: str = setting("/tmp/scale_1b", path=True, help="the folder of the stages (a stage "
                       "whose output is there already is not rerun)")
+  init_range: float = setting(INIT_RANGE, lo=0.0, lo_open=True, help="the random "
+                              "weights' std (transformers' initializer_range; its default "
+                              "0.02 leaves an IOI gap of 0.05 logits, and recovery divides "
+                              "by it)")
   budget: str = setting("4GB", help="patch's and circuit's --memory-budget")
   sample: int = setting(40, lo=1, help="circuit's --sample")
   circuit: bool = setting(True, help="run the circuit stage (the longest)")
@@ -58,15 +68,17 @@ def smollm2_tokenizer_json() -> str:
   return tok.to_str(pretty=True)
 
 
-def build(folder: str, shape: str, shard: str = "500MB") -> dict:
-  """The random transformers LlamaForCausalLM (seed 0, bf16), saved sharded with
-  SmolLM2's tokenizer.json."""
+def build(folder: str, shape: str, init_range: float = INIT_RANGE,
+          shard: str = "500MB") -> dict:
+  """The random transformers LlamaForCausalLM (seed 0, bf16, weights of std
+  `init_range`), saved sharded with SmolLM2's tokenizer.json."""
   import torch
   import transformers
   torch.manual_seed(0)
   cfg = transformers.LlamaConfig(**SHAPES[shape], vocab_size=49152, tie_word_embeddings=True,
                                  rope_theta=500000.0, max_position_embeddings=2048,
-                                 rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+                                 rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+                                 initializer_range=init_range)
   model = transformers.LlamaForCausalLM._from_config(cfg, torch_dtype=torch.bfloat16)
   with torch.no_grad():     # norms off 1 so that they matter
     for p in model.parameters():
@@ -226,15 +238,19 @@ def reference(folder: str, workdir: str, table: dict, heads: int = HEADS,
 
 
 def measure(shape: str, work: str, budget: str = "4GB", sample: int = 40,
-            with_circuit: bool = True) -> dict:
+            with_circuit: bool = True, init_range: float = INIT_RANGE) -> dict:
   """Every stage (see the module docstring; the circuit last, unless with_circuit is
   False); returns the results document."""
   import numpy as np
   folder, wd = os.path.join(work, "hf"), os.path.join(work, "wd")
   doc: dict = {"shape": shape, "config": SHAPES[shape], "vocab": 49152, "pairs": PAIRS,
-               "memory_budget": budget}
+               "memory_budget": budget, "initializer_range": init_range}
   if not os.path.exists(os.path.join(folder, "config.json")):
-    doc["build"] = build(folder, shape)
+    doc["build"] = build(folder, shape, init_range)
+  built = _read(os.path.join(folder, "config.json"))["initializer_range"]
+  if built != init_range:
+    raise UserError(f"--work {work}: its model was built with initializer_range {built}, "
+                     f"not --init-range {init_range}; use another --work")
   shards = sorted(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
                   if f.endswith(".safetensors"))
   rec = lambda stage: os.path.join(work, f"{stage}.json")  # noqa: E731
@@ -253,6 +269,7 @@ def measure(shape: str, work: str, budget: str = "4GB", sample: int = 40,
                           "--out", pout], rec("patch"))
   pj = _read(os.path.join(pout, "patching.json"))
   doc["patch_plan"] = _read(os.path.join(pout, "summary.json")).get("plan")
+  doc["gap"] = pj["ld_clean"] - pj["ld_corrupt"]     # what recovery divides by
   for name, dtype in (("reference", "float32"), ("reference_float64", "float64")):
     if not os.path.exists(rec(name)):     # before the circuit: the longest stage
       ref = reference(folder, wd, pj["scores"]["head_out"], dtype=dtype)
@@ -318,7 +335,7 @@ def _read(path: str):
 def run(a: Scale1bOptions) -> int:
   from mha_jax.machine import machine
   os.makedirs(a.work, exist_ok=True)
-  doc = measure(a.shape, a.work, a.budget, a.sample, a.circuit)
+  doc = measure(a.shape, a.work, a.budget, a.sample, a.circuit, a.init_range)
   doc["machine"] = machine()
   print(json.dumps({k: v for k, v in doc.items() if k != "machine"}, indent=1, default=str))
   if a.out:
