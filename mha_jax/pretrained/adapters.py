@@ -450,6 +450,9 @@ def _parse_falcon(c: Config) -> dict:
   if not new and not mq and int(c.get("num_kv_heads", h)) != h:
     c.refuse("num_kv_heads", c.cfg["num_kv_heads"], "the per-head q, k, v layout has one "
              "kv head per head")
+  if c.get("num_key_value_heads") is not None and int(c.get("num_key_value_heads")) != g:
+    c.refuse("num_key_value_heads", c.get("num_key_value_heads"), f"the layout above "
+             f"(new_decoder_architecture, multi_query, num_kv_heads) gives {g}")
   s = dict(d=d, h=h, g=g, k=d // h, f=int(c.get("ffn_hidden_size") or 4 * d),
            n=int(c.need("num_hidden_layers")), v=int(c.need("vocab_size")),
            max_len=int(c.get("max_position_embeddings", 2048)),
@@ -946,6 +949,7 @@ FAMILIES = {f.name: f for f in (
     Family("falcon", ("falcon",),
            {"vocab_size": USE, "hidden_size": USE, "num_hidden_layers": USE,
             "num_attention_heads": USE, "num_kv_heads": USE, "layer_norm_epsilon": USE,
+            "num_key_value_heads": USE,   # derived (newer transformers write it); must agree
             "hidden_dropout": IGNORE, "activation": USE, "alibi": USE, "bias": USE,
             "ffn_hidden_size": USE, "multi_query": USE, "new_decoder_architecture": USE,
             "num_ln_in_parallel_attn": USE, "parallel_attn": USE},

@@ -925,6 +925,8 @@ NAMED_REFUSALS = [
     ("falcon", {"new_decoder_architecture": True, "parallel_attn": False}, "parallel_attn"),
     ("falcon", {"new_decoder_architecture": False, "multi_query": False, "num_kv_heads": 2},
      "num_kv_heads"),
+    ("falcon", {"new_decoder_architecture": False, "multi_query": True,
+                "num_key_value_heads": 4}, "num_key_value_heads"),
     ("opt", {"word_embed_proj_dim": 32}, "word_embed_proj_dim"),
     ("gptj", {"rotary_dim": None}, "rotary_dim"),
     ("smollm3", {"no_rope_layers": [1, 2, 1]}, "no_rope_layers"),
