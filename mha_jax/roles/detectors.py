@@ -36,7 +36,7 @@ import numpy as np
 
 from mha_jax import interventions
 from mha_jax.roles import role_scores
-from mha_jax.toolkit import composition
+from mha_jax.toolkit import composition, memory
 from mha_jax.errors import UserError
 from mha_jax.models import common
 
@@ -97,16 +97,11 @@ def effective_embeddings(task, params, ids: Sequence[int], rows: int | None = No
   bos = bos_of(task)
   ids = np.asarray(ids, np.int32)
   tok = np.stack([np.asarray(bos + [int(i), int(i)], np.int32) for i in ids])
-  fn = jax.jit(lambda p, t: _forward(task, p, t, read=("lm.0.resid_post",))[1][
-      "lm.0.resid_post"][:, len(bos)])
-  return np.concatenate([np.asarray(fn(params, c), np.float64) for c in row_chunks(tok, rows)])
-
-
-def row_chunks(a: np.ndarray, rows: int | None) -> list[np.ndarray]:
-  """a's rows `rows` at a time (None: one chunk of all)."""
-  n = len(a)
-  rows = n if rows is None else max(1, int(rows))
-  return [a[i:i + rows] for i in range(0, n, rows)]
+  one = lambda p, t: _forward(task, p, t, read=("lm.0.resid_post",))[1][  # noqa: E731
+      "lm.0.resid_post"][:, len(bos)]
+  fn = jax.jit(lambda p, t: memory.map_rows(lambda c, _: one(p, c), (t,), rows))
+  x = np.asarray(fn(params, tok), np.float64)                    # (groups, rows, D)
+  return x.reshape(-1, x.shape[-1])[:len(tok)]
 
 
 def _unembed_g(params, columns) -> np.ndarray:
@@ -201,7 +196,7 @@ def copy_suppression_text(task, params, tokens_BT: np.ndarray, sample: np.ndarra
   g = params["lm"].get("ln_final", {}).get("scale")
   posts = [None if p is None else jnp.asarray(p, jnp.float32) for p in _post_scales(params)]
 
-  def fn(p, tok):
+  def fn(p, tok, wt_row):
     _, vals = _forward(task, p, tok, read=read)
     inp = tok[:, :-1]
     t = inp.shape[1]
@@ -221,15 +216,15 @@ def copy_suppression_text(task, params, tokens_BT: np.ndarray, sample: np.ndarra
       eff_s = jnp.take_along_axis(eff_k, a[..., None], -1)[..., 0]
       eff_r = jnp.einsum("bthd,dm->bhtm", r, ug_r)
       z = (eff_s - eff_r.mean(-1)) / jnp.maximum(eff_r.std(-1), 1e-12)
-      wt = wt * (jnp.arange(t) >= 2)[None, None]
+      wt = wt * (jnp.arange(t) >= 2)[None, None] * wt_row[:, None, None]
       out.append((-(wt * z).sum((0, 2)), wt.sum((0, 2))))
     return out
 
-  jf = jax.jit(fn)
-  parts = [jf(params, jnp.asarray(c)) for c in row_chunks(np.asarray(tokens_BT), rows)]
-  per = [sum(np.asarray(p[i][0], np.float64) for p in parts)
-         / np.maximum(sum(np.asarray(p[i][1], np.float64) for p in parts), 1e-12)
-         for i in range(layers)]
+  jf = jax.jit(lambda p, tok: jax.tree.map(lambda a: a.sum(0), memory.map_rows(
+      lambda c, w: fn(p, c, w), (tok,), rows)))
+  parts = jf(params, jnp.asarray(tokens_BT))
+  per = [np.asarray(num, np.float64) / np.maximum(np.asarray(den, np.float64), 1e-12)
+         for num, den in parts]
   hmax = max(int(x.shape[0]) for x in per)
   arr = np.full((layers, hmax), np.nan)
   for i, x in enumerate(per):
@@ -242,13 +237,15 @@ def sink_scores(task, params, tokens_BT: np.ndarray, rows: int | None = None) ->
   (B, T + 1), `rows` windows per batch (None: all at once; every row weighs the same)."""
   layers = len(common.layers_of(params["lm"]))
   read = tuple(f"lm.{i}.attn.pattern" for i in range(layers))
-  fn = jax.jit(lambda p, t: _forward(task, p, t, read=read)[1])
-  tok = np.asarray(tokens_BT)
-  per = [0.0] * layers
-  for c in row_chunks(tok, rows):
-    vals = fn(params, jnp.asarray(c))
-    per = [a + role_scores.first_token_share(np.asarray(vals[n])) * len(c) / len(tok)
-           for a, n in zip(per, read)]
+  n = len(tokens_BT)
+
+  def key0(p, tok):                                  # per layer (B, H, T, 1): key 0's column
+    vals = _forward(task, p, tok, read=read)[1]
+    return [vals[r][..., :1] for r in read]
+
+  fn = jax.jit(lambda p, tok: memory.map_rows(lambda c, _: key0(p, c), (tok,), rows))
+  per = [role_scores.first_token_share(np.asarray(x).reshape((-1,) + x.shape[2:])[:n])
+         for x in fn(params, jnp.asarray(tokens_BT))]
   arr = np.full((layers, max(len(x) for x in per)), np.nan)
   for i, x in enumerate(per):
     arr[i, :len(x)] = x

@@ -308,17 +308,10 @@ def detector_rows(loaded, settings: "ClassifyOptions", inputs: dict) -> dict[str
 
 def _by_rows(fn, arrays: tuple, rows: int):
   """fn(p, edits, *row_arrays, weight) -> (numerator, denominator) summed over a batch of
-  rows; returns g(p, edits) -> their ratio over every row, `rows` at a time (lax.map;
-  padding rows weigh 0)."""
-  n = int(np.shape(arrays[0])[0])
-  g = -(-n // rows)
-  pad = g * rows - n
-  w = jnp.concatenate([jnp.ones(n), jnp.zeros(pad)]).reshape(g, rows)
-  xs = tuple(jnp.concatenate([jnp.asarray(a), jnp.repeat(jnp.asarray(a)[:1], pad, 0)])
-             .reshape((g, rows) + np.shape(a)[1:]) for a in arrays)
-
+  rows; returns g(p, edits) -> their ratio over every row, `rows` at a time
+  (memory.map_rows: padding rows weigh 0)."""
   def run(p, edits):
-    num, den = jax.lax.map(lambda c: fn(p, edits, *c), xs + (w,))
+    num, den = memory.map_rows(lambda *c: fn(p, edits, *c), arrays, rows)
     return num.sum() / den.sum()
   return run
 

@@ -72,6 +72,8 @@ def plan(task, params, batch, budget: int, rows: int | None = None):
       dtype_bytes=memory.dtype_bytes(params))
   return memory.rows_plan(shapes, rows or b, budget, kept_per_row=kept, logits_positions=t,
                           what="one captured sequence")
+
+
 def _layers(values: dict, stack: str) -> int:
   """How many layers of `stack` the forward recorded (its `attn_out` sites)."""
   return sum(1 for k in values if k.startswith(f"{stack}.") and k.endswith(".attn_out"))

@@ -16,6 +16,9 @@ pairs per batch (all of them when they fit with one intervention), then the most
 interventions per group that fit. A budget below one pair and one intervention is
 refused, naming the minimum.
 
+`map_rows(fn, arrays, rows)` runs a program over its rows a planned number at a time in
+one compiled shape (the last group padded with rows that weigh 0).
+
 `budget(text)` reads `--memory-budget` ("4GB", "512MiB", "3e9", or None: the free memory,
 `kernels.dispatch.memory_limit()` less the params).
 """
@@ -24,6 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 from mha_jax.errors import UserError
 from mha_jax.kernels import dispatch
@@ -259,6 +266,21 @@ def rows_plan(s: PatchShapes, rows: int, budget: int, *, kept_per_row: int = 0,
     raise _too_small(setting, budget, one, what)
   r = max(1, min(rows, budget // one))
   return RowsPlan(int(r), forward_bytes(s, r, kept_per_row, logits_positions), int(budget))
+
+
+def map_rows(fn, arrays: tuple, rows: int | None):
+  """fn(*row_arrays, weight (rows,)) -> pytree, over the arrays' leading axis (N rows),
+  `rows` at a time (None: all at once) in one compiled shape (jax.lax.map): the last
+  group is padded with copies of row 0 whose weight is 0. Returns the pytree stacked
+  over the groups (each leaf (groups, ...)); jit-traceable."""
+  n = int(np.shape(arrays[0])[0])
+  rows = n if rows is None else max(1, min(int(rows), n))
+  g = -(-n // rows)
+  pad = g * rows - n
+  w = (jnp.arange(g * rows) < n).astype(jnp.float32).reshape(g, rows)
+  xs = tuple(jnp.concatenate([jnp.asarray(a), jnp.repeat(jnp.asarray(a)[:1], pad, 0)])
+             .reshape((g, rows) + tuple(np.shape(a)[1:])) for a in arrays)
+  return jax.lax.map(lambda c: fn(*c), xs + (w,))
 
 
 def mlp_width(params, d_model: int) -> int:

@@ -77,6 +77,20 @@ def tiny():
   return params, pairs
 
 
+@pytest.mark.parametrize("rows", [None, 1, 3, 7, 50])
+def test_map_rows_runs_every_row_once_and_pads_with_weight_zero(rows):
+  """7 rows, `rows` at a time: the weighted sums equal NumPy's over the 7 rows, the
+  per-row outputs (stacked over groups) are the rows in order, the padding after them."""
+  x = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
+  total, per_row, weights = memory.map_rows(
+      lambda c, w: ((c * w[:, None]).sum(0), 2 * c, w), (x,), rows)
+  g = 1 if rows is None else -(-7 // min(rows, 7))
+  assert per_row.shape[:1] == weights.shape[:1] == (g,)
+  np.testing.assert_allclose(np.asarray(total).sum(0), x.sum(0), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(per_row).reshape(-1, 5)[:7], 2 * x)
+  assert np.asarray(weights).sum() == 7 and np.asarray(weights).ravel()[:7].all()
+
+
 def test_tables_are_the_same_at_any_chunking(tiny):
   """One pair and one intervention per program (the smallest budget that fits) against
   every intervention and pair in one program."""
