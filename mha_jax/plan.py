@@ -97,7 +97,7 @@ class PlanOptions:
                           "or cpu:N (N host devices)")
   job: str = setting("train", choices=JOBS, help="the programs planned: train (train and "
                      "eval steps), forward, patch (the patching sweep), circuit (EAP) or "
-                     "taxonomy (the head taxonomy's causal checks)")
+                     "taxonomy (the head taxonomy's causal checks and detectors)")
   hf_config: str | None = setting(None, path=True, help="a Hugging Face config.json of a "
                                   "supported decoder family (instead of --config)")
   batch: int | None = setting(None, lo=1, help="the batch (pairs for patch and circuit; "
@@ -858,8 +858,9 @@ def _study_programs(src: Source, topo: Topology, mesh, job: str, budget: int) ->
 
 def taxonomy_programs(src: Source, topo: Topology, mesh, budget: int) -> list[dict]:
   """The head taxonomy's causal checks (roles.head_taxonomy.plan_programs: repeat loss,
-  IOI logit difference, context logit, text loss, top-k heads mean-ablated) at the job's
-  rows x seq tokens, their rows per batch from `budget`."""
+  IOI logit difference, context logit, text loss, top-k heads mean-ablated) and its
+  detectors (sink, copy suppression, effective embeddings) at the job's rows x seq
+  tokens, their rows per batch from `budget`."""
   import types
   from mha_jax.roles import head_taxonomy as taxonomy
   tokens = src.batches["forward"]["tokens"]

@@ -47,16 +47,16 @@ def spread_windows(task, n: int, text_len: int) -> tuple[np.ndarray, list[int], 
 def per_window(task, params, windows: np.ndarray, sample: np.ndarray,
                roles=TEXT_ROLES, log=None) -> dict[str, np.ndarray]:
   """{role: (W, L, H_max)}: the taxonomy's detectors on each window (T + 1,) alone, for
-  the text roles named."""
-  fns = {"copy_suppression": lambda t: detectors.copy_suppression_text(task, params, t, sample),
-         "attention_sink": lambda t: detectors.sink_scores(task, params, t)}
-  out: dict[str, list] = {r: [] for r in roles}
-  for i, w in enumerate(windows):
-    for r in roles:
-      out[r].append(fns[r](np.asarray(w)[None]))
+  the text roles named (one program per detector, a window per batch)."""
+  fns = {"copy_suppression": lambda t: detectors.copy_suppression_text(
+             task, params, t, sample, per_window=True),
+         "attention_sink": lambda t: detectors.sink_scores(task, params, t, per_window=True)}
+  out = {}
+  for r in roles:
+    out[r] = fns[r](np.asarray(windows))
     if log is not None:
-      log(f"  bootstrap: window {i + 1}/{len(windows)}")
-  return {r: np.stack(v) for r, v in out.items()}
+      log(f"  bootstrap: {r} on {len(windows)} windows")
+  return out
 
 
 def intervals(x_WLH: np.ndarray, draws: int, level: float, seed: int):

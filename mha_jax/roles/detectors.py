@@ -89,29 +89,42 @@ def ordinal_ids(task, min_items: int = 3) -> dict[str, list[int]]:
   return out
 
 
+def embedding_tokens(task, ids: Sequence[int]) -> np.ndarray:
+  """(N, len(BOS) + 2) int32: [BOS, token, token] per id (the last is a target)."""
+  bos = bos_of(task)
+  return np.stack([np.asarray(bos + [int(i), int(i)], np.int32) for i in ids]).reshape(
+      len(ids), len(bos) + 2)
+
+
+def embeddings_program(task, rows: int | None):
+  """fn(params, embedding_tokens (N, len(BOS) + 2)) -> (G, rows, D): the residual after
+  layer 0 at the token, `rows` tokens per group (memory.map_rows; padding after N)."""
+  at = len(bos_of(task))
+
+  def group(p, tok):
+    return _forward(task, p, tok, read=("lm.0.resid_post",))[1]["lm.0.resid_post"][:, at]
+  return lambda p, tok: memory.map_rows(lambda c, _: group(p, c), (tok,), rows)
+
+
 def effective_embeddings(task, params, ids: Sequence[int], rows: int | None = None
                          ) -> np.ndarray:
   """(N, D) float64: the residual after layer 0 at each token, on [BOS, token] (or the
   token alone without a BOS): Gould et al.'s effective embedding (MLP0 of the embedding);
   `rows` tokens per batch (None: all at once; head_taxonomy.plan chooses it)."""
-  bos = bos_of(task)
-  ids = np.asarray(ids, np.int32)
-  tok = np.stack([np.asarray(bos + [int(i), int(i)], np.int32) for i in ids])
-  one = lambda p, t: _forward(task, p, t, read=("lm.0.resid_post",))[1][  # noqa: E731
-      "lm.0.resid_post"][:, len(bos)]
-  fn = jax.jit(lambda p, t: memory.map_rows(lambda c, _: one(p, c), (t,), rows))
-  x = np.asarray(fn(params, tok), np.float64)                    # (groups, rows, D)
-  return x.reshape(-1, x.shape[-1])[:len(tok)]
+  x = np.asarray(jax.jit(embeddings_program(task, rows))(
+      params, embedding_tokens(task, ids)), np.float64)            # (G, rows, D)
+  return x.reshape(-1, x.shape[-1])[:len(ids)]
 
 
-def _unembed_g(params, columns) -> np.ndarray:
-  """(D, M) float64: the unembedding's `columns` (M,), the final norm's scale folded
-  into its rows."""
+def _unembed_g(params, columns, xp=np):
+  """(D, M): the unembedding's `columns` (M,), the final norm's scale folded into its
+  rows; float64 NumPy (xp=np) or float32 traced (xp=jnp, params may be abstract)."""
   cols = np.asarray(columns)
-  u = (np.asarray(params["unembed"][:, cols], np.float64) if "unembed" in params else
-       np.asarray(params["embed"][cols], np.float64).T)
+  dt = np.float64 if xp is np else jnp.float32
+  u = (xp.asarray(params["unembed"][:, cols], dt) if "unembed" in params else
+       xp.asarray(params["embed"][cols], dt).T)
   g = params["lm"].get("ln_final", {}).get("scale")
-  return u if g is None else np.asarray(g, np.float64)[:, None] * u
+  return u if g is None else xp.asarray(g, dt)[:, None] * u
 
 
 def ov_logits(params, x_ND: np.ndarray, columns: np.ndarray) -> list[np.ndarray]:
@@ -177,41 +190,41 @@ def ov_self_scores(params, x_ND: np.ndarray, ids: Sequence[int]) -> np.ndarray:
   return out
 
 
-def _post_scales(params) -> list[np.ndarray | None]:
-  """Per layer, the post-attention norm's scale (Gemma's ln1_post; None elsewhere)."""
-  return [params["lm"][n].get("ln1_post", {}).get("scale") for n in common.layers_of(params["lm"])]
+def by_layer(per_layer: Sequence[np.ndarray]) -> np.ndarray:
+  """(L, H_max) float64 of per-layer (H_l,) scores, NaN past a layer's heads."""
+  arr = np.full((len(per_layer), max(len(x) for x in per_layer)), np.nan)
+  for i, x in enumerate(per_layer):
+    arr[i, :len(x)] = np.asarray(x, np.float64)
+  return arr
 
 
-def copy_suppression_text(task, params, tokens_BT: np.ndarray, sample: np.ndarray,
-                          rows: int | None = None) -> np.ndarray:
-  """(L, H_max) copy-suppression score on text windows tokens (B, T + 1) (see the module
-  docstring): the head's direct effect on the logit of the token it attends to most,
-  as a z-score against its effect on the `sample` tokens (M,), negated and averaged
-  over queries t >= 2 weighted by that attention weight; `rows` windows per batch (None:
-  all at once), their weighted sums added."""
-  layers = len(common.layers_of(params["lm"]))
+def copy_suppression_program(task, layers: int, sample: np.ndarray, rows: int | None):
+  """fn(params, tokens (B, T + 1)) -> per layer (numerator (G, H), denominator (G, H)):
+  copy suppression's weighted sums (see `copy_suppression_text`) of each group of `rows`
+  windows (memory.map_rows; G groups); every weight is read from the params inside the
+  program, so `mha-jax plan --job taxonomy` compiles it from shapes."""
   read = tuple(f"lm.{i}.attn.{s}" for i in range(layers) for s in ("pattern", "result"))
-  ug_r = jnp.asarray(_unembed_g(params, sample), jnp.float32)      # (D, M)
-  u = params["unembed"].T if "unembed" in params else params["embed"]   # (V, D)
-  g = params["lm"].get("ln_final", {}).get("scale")
-  posts = [None if p is None else jnp.asarray(p, jnp.float32) for p in _post_scales(params)]
 
-  def fn(p, tok, wt_row):
+  def group(p, tok, wt_row):
     _, vals = _forward(task, p, tok, read=read)
+    ug_r = _unembed_g(p, sample, jnp)                                   # (D, M)
+    u = p["unembed"].T if "unembed" in p else p["embed"]                # (V, D)
+    g = p["lm"].get("ln_final", {}).get("scale")
     inp = tok[:, :-1]
     t = inp.shape[1]
-    uk = u[inp].astype(jnp.float32)                                   # (B, S, D) key tokens
+    uk = u[inp].astype(jnp.float32)                                     # (B, S, D) key tokens
     if g is not None:
       uk = uk * g.astype(jnp.float32)
     keys = (jnp.arange(t)[None, :] >= 1) & (jnp.arange(t)[None, :] < jnp.arange(t)[:, None])
     out = []
-    for i in range(layers):
+    for i, name in enumerate(common.layers_of(p["lm"])):
       w = jnp.where(keys[None, None], vals[f"lm.{i}.attn.pattern"], -1.0)  # (B, H, T, S)
       a = w.argmax(-1)
       wt = jnp.take_along_axis(w, a[..., None], -1)[..., 0].clip(0.0)     # (B, H, T)
       r = vals[f"lm.{i}.attn.result"].astype(jnp.float32)                # (B, T, H, D)
-      if posts[i] is not None:
-        r = r * posts[i]
+      post = p["lm"][name].get("ln1_post", {}).get("scale")              # Gemma's
+      if post is not None:
+        r = r * post.astype(jnp.float32)
       eff_k = jnp.einsum("bthd,bsd->bhts", r, uk)        # effect on each key token's logit
       eff_s = jnp.take_along_axis(eff_k, a[..., None], -1)[..., 0]
       eff_r = jnp.einsum("bthd,dm->bhtm", r, ug_r)
@@ -219,37 +232,51 @@ def copy_suppression_text(task, params, tokens_BT: np.ndarray, sample: np.ndarra
       wt = wt * (jnp.arange(t) >= 2)[None, None] * wt_row[:, None, None]
       out.append((-(wt * z).sum((0, 2)), wt.sum((0, 2))))
     return out
-
-  jf = jax.jit(lambda p, tok: jax.tree.map(lambda a: a.sum(0), memory.map_rows(
-      lambda c, w: fn(p, c, w), (tok,), rows)))
-  parts = jf(params, jnp.asarray(tokens_BT))
-  per = [np.asarray(num, np.float64) / np.maximum(np.asarray(den, np.float64), 1e-12)
-         for num, den in parts]
-  hmax = max(int(x.shape[0]) for x in per)
-  arr = np.full((layers, hmax), np.nan)
-  for i, x in enumerate(per):
-    arr[i, :x.shape[0]] = np.asarray(x, np.float64)
-  return arr
+  return lambda p, tok: memory.map_rows(lambda c, w: group(p, c, w), (tok,), rows)
 
 
-def sink_scores(task, params, tokens_BT: np.ndarray, rows: int | None = None) -> np.ndarray:
-  """(L, H_max): role_scores.first_token_share (attention on key 0 over queries 1..) on tokens
-  (B, T + 1), `rows` windows per batch (None: all at once; every row weighs the same)."""
+def copy_suppression_text(task, params, tokens_BT: np.ndarray, sample: np.ndarray,
+                          rows: int | None = None, per_window: bool = False) -> np.ndarray:
+  """(L, H_max) copy-suppression score on text windows tokens (B, T + 1) (see the module
+  docstring): the head's direct effect on the logit of the token it attends to most,
+  as a z-score against its effect on the `sample` tokens (M,), negated and averaged
+  over queries t >= 2 weighted by that attention weight; `rows` windows per batch (None:
+  all at once), their weighted sums added. per_window: (B, L, H_max), each window's own
+  score, from the same program at one window per batch."""
   layers = len(common.layers_of(params["lm"]))
-  read = tuple(f"lm.{i}.attn.pattern" for i in range(layers))
-  n = len(tokens_BT)
+  fn = jax.jit(copy_suppression_program(task, layers, sample, 1 if per_window else rows))
+  sums = [(np.asarray(num, np.float64), np.asarray(den, np.float64))
+          for num, den in fn(params, jnp.asarray(tokens_BT))]          # (G, H) each
+  ratio = lambda num, den: num / np.maximum(den, 1e-12)               # noqa: E731
+  if per_window:
+    return np.stack([by_layer([ratio(n[w], d[w]) for n, d in sums])
+                     for w in range(len(tokens_BT))])
+  return by_layer([ratio(n.sum(0), d.sum(0)) for n, d in sums])
 
-  def key0(p, tok):                                  # per layer (B, H, T, 1): key 0's column
+
+def sink_program(task, layers: int, rows: int | None):
+  """fn(params, tokens (B, T + 1)) -> per layer (G, rows, H, T, 1): the attention on key 0
+  of each window (memory.map_rows; the rows after the B-th are padding)."""
+  read = tuple(f"lm.{i}.attn.pattern" for i in range(layers))
+
+  def key0(p, tok):
     vals = _forward(task, p, tok, read=read)[1]
     return [vals[r][..., :1] for r in read]
+  return lambda p, tok: memory.map_rows(lambda c, _: key0(p, c), (tok,), rows)
 
-  fn = jax.jit(lambda p, tok: memory.map_rows(lambda c, _: key0(p, c), (tok,), rows))
-  per = [role_scores.first_token_share(np.asarray(x).reshape((-1,) + x.shape[2:])[:n])
-         for x in fn(params, jnp.asarray(tokens_BT))]
-  arr = np.full((layers, max(len(x) for x in per)), np.nan)
-  for i, x in enumerate(per):
-    arr[i, :len(x)] = x
-  return arr
+
+def sink_scores(task, params, tokens_BT: np.ndarray, rows: int | None = None,
+                per_window: bool = False) -> np.ndarray:
+  """(L, H_max): role_scores.first_token_share (attention on key 0 over queries 1..) on tokens
+  (B, T + 1), `rows` windows per batch (None: all at once; every row weighs the same).
+  per_window: (B, L, H_max), each window's own share."""
+  layers, n = len(common.layers_of(params["lm"])), len(tokens_BT)
+  cols = [np.asarray(x).reshape((-1,) + x.shape[2:])[:n] for x in
+          jax.jit(sink_program(task, layers, rows))(params, jnp.asarray(tokens_BT))]
+  if per_window:
+    return np.stack([by_layer([role_scores.first_token_share(c[w:w + 1]) for c in cols])
+                     for w in range(n)])
+  return by_layer([role_scores.first_token_share(c) for c in cols])
 
 
 def frequent_tokens(tokens: np.ndarray, n: int, exclude: Sequence[int] = ()) -> np.ndarray:

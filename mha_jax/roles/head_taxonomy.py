@@ -387,20 +387,34 @@ def plan_programs(loaded, rows: int, seq: int, budget: int,
                   settings: ClassifyOptions = ClassifyOptions()) -> list[tuple[str, Callable, tuple, int]]:
   """[(name, fn, args, rows per batch)] of the causal checks at `rows` rows of `seq` tokens each (the
   repeated tokens, the text windows and the IOI pairs all of that shape), each with
-  settings.top_k heads mean-ablated, from the params' shapes alone (loaded.params may be
-  ShapeDtypeStructs; `mha-jax plan --job taxonomy` compiles them for a target)."""
+  settings.top_k heads mean-ablated, and of the detectors on those text windows (sink,
+  copy suppression on COPY_SAMPLE tokens) and on every ordinal item (the effective
+  embeddings), from the params' shapes alone (loaded.params may be ShapeDtypeStructs;
+  `mha-jax plan --job taxonomy` compiles them for a target)."""
   from mha_jax.toolkit.pairs import Pairs
   tok = np.ones((rows, seq + 1), np.int32)
   z = np.zeros(rows, np.int32)
+  items = sum(len(v) for v in detectors.ORDINAL_SEQUENCES.values())
   inputs = {"repeat": (tok, np.ones((rows, seq), np.float32)), "text": tok,
             "ioi": Pairs(tok[:, :seq], tok[:, :seq], z, z + 1, np.full(rows, seq, np.int32),
-                         [{}] * rows)}
+                         [{}] * rows), "embeddings": items}
   sh = model_shapes(loaded, seq)
   means = [np.zeros((h, sh.head_dim), np.float32) for h in common.head_counts(loaded.params)["lm"]]
   edits = mean_edits(loaded.params, head_list(loaded.params)[:settings.top_k], means)
-  rows_of = plan(loaded, inputs, budget)
-  return [(f"taxonomy_{name}", fn, (loaded.params, edits), rows_of[name].rows_per_batch)
-          for name, fn in check_programs(loaded, inputs, budget).items()]
+  rows_of = {k: v.rows_per_batch for k, v in plan(loaded, inputs, budget).items()}
+  checks = [(f"taxonomy_{name}", fn, (loaded.params, edits), rows_of[name])
+            for name, fn in check_programs(loaded, inputs, budget).items()]
+  task, layers = loaded.task, len(common.layers_of(loaded.params["lm"]))
+  sample = np.arange(COPY_SAMPLE)
+  found = [("attention_sink", detectors.sink_program(task, layers, rows_of["attention_sink"]),
+            tok),
+           ("copy_suppression", detectors.copy_suppression_program(
+               task, layers, sample, rows_of["copy_suppression"]), tok),
+           ("effective_embeddings", detectors.embeddings_program(
+               task, rows_of["effective_embeddings"]),
+            detectors.embedding_tokens(task, np.ones(items, np.int32)))]
+  return checks + [(f"taxonomy_detector_{name}", fn, (loaded.params, t), rows_of[name])
+                   for name, fn, t in found]
 
 
 def _text_checks(fwd, compiled, text) -> dict[str, Callable]:

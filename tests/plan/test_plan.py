@@ -332,17 +332,27 @@ def test_circuit_job_counts_eap_igs_five_gradients():
 
 
 @pytest.mark.slow  # default run: test_circuit_job_counts_eap_igs_five_gradients
-def test_taxonomy_job_compiles_the_causal_checks():
+def test_taxonomy_job_compiles_the_causal_checks_and_the_detectors():
   """job taxonomy from shapes alone: the head taxonomy's four causal checks (repeat loss,
-  IOI logit difference, context logit, text loss) with top-k heads mean-ablated, their
-  rows per batch planned (all 4 rows fit the default budget); the checks that read
-  logits at every position cost more than the one that reads one."""
+  IOI logit difference, context logit, text loss) with top-k heads mean-ablated and its
+  three detectors (sink and copy suppression on the 4 windows, the effective embeddings
+  of the 65 ordinal items), their rows per batch planned (all rows fit the default
+  budget); the checks that read logits at every position cost more than the one that
+  reads one, and copy suppression (every head's result against the sample) more than
+  the sink (key 0's weights)."""
   p = _induction_plan(job="taxonomy", batch=4)
   progs = {q["name"]: q for q in p["programs"]}
-  assert set(progs) == {"taxonomy_repeat_loss", "taxonomy_ioi_logit_diff",
-                        "taxonomy_context_logit", "taxonomy_text_loss"}
-  assert all(q["fits"] and q["flops"] > 0 and q["rows_per_batch"] == 4 for q in progs.values())
+  checks = {"taxonomy_repeat_loss", "taxonomy_ioi_logit_diff", "taxonomy_context_logit",
+            "taxonomy_text_loss"}
+  found = {"taxonomy_detector_attention_sink", "taxonomy_detector_copy_suppression",
+           "taxonomy_detector_effective_embeddings"}
+  assert set(progs) == checks | found
+  assert all(q["fits"] and q["flops"] > 0 for q in progs.values())
+  assert {n: q["rows_per_batch"] for n, q in progs.items()} == {
+      **{n: 4 for n in checks | found}, "taxonomy_detector_effective_embeddings": 65}
   assert progs["taxonomy_text_loss"]["flops"] > progs["taxonomy_ioi_logit_diff"]["flops"]
+  assert (progs["taxonomy_detector_copy_suppression"]["flops"]
+          > progs["taxonomy_detector_attention_sink"]["flops"])
 
 
 @pytest.mark.slow  # default run: test_the_verb_on_a_workdir_plans_its_checkpoints_shapes

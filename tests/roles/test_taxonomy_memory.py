@@ -114,6 +114,13 @@ def test_the_detectors_are_the_same_one_window_at_a_time(run_inputs):
     np.testing.assert_allclose(detectors.copy_suppression_text(task, p, text, sample, rows),
                                detectors.copy_suppression_text(task, p, text, sample),
                                rtol=1e-5, atol=1e-6)
+  each = detectors.copy_suppression_text(task, p, text, sample, per_window=True)
+  assert each.shape == (len(text),) + detectors.sink_scores(task, p, text).shape
+  for w in range(len(text)):        # per window: the window alone, through the one program
+    np.testing.assert_allclose(each[w], detectors.copy_suppression_text(
+        task, p, text[w:w + 1], sample), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(detectors.sink_scores(task, p, text, per_window=True)[w],
+                               detectors.sink_scores(task, p, text[w:w + 1]), rtol=1e-6)
   ids = np.arange(1, 12)
   np.testing.assert_allclose(detectors.effective_embeddings(task, p, ids, 4),
                              detectors.effective_embeddings(task, p, ids), rtol=1e-6, atol=1e-7)
