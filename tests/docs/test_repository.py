@@ -1,8 +1,12 @@
 """The repository as a newcomer meets it: CI installs the
 browser and no test installs anything, the results the README cites are committed."""
 
+import ast
+import glob
+import json
 import os
-
+import re
+import subprocess
 
 from builders import ROOT
 import sources
@@ -12,9 +16,7 @@ def test_ci_installs_the_browser_and_no_test_installs_anything():
   root = ROOT
   ci = open(os.path.join(root, ".ci", "run")).read()
   assert "apt-get install -y -qq chromium" in ci and "command -v chromium" in ci
-  import ast
   runners = {"run", "Popen", "call", "check_call", "check_output", "system", "popen"}
-  import glob
   for path in glob.glob(os.path.join(root, "tests", "**", "*.py"), recursive=True):
     name = os.path.relpath(path, root)
     if os.path.abspath(path) != os.path.abspath(__file__):
@@ -30,9 +32,6 @@ def test_ci_installs_the_browser_and_no_test_installs_anything():
 
 
 def test_the_results_the_readme_cites_are_in_the_repository():
-  import glob
-  import re
-  import subprocess
   root = ROOT
   pages = [os.path.join(root, "README.md")] + glob.glob(os.path.join(root, "docs", "guide",
                                                                      "*.md"))
@@ -56,9 +55,6 @@ def test_the_results_the_readme_cites_are_in_the_repository():
 
 
 def test_every_committed_results_json_records_its_machine_and_date():
-  import json
-  import re
-  import subprocess
   tracked = subprocess.run(["git", "ls-files", "docs/results", "docs/claims"], cwd=ROOT,
                            text=True, capture_output=True, check=True).stdout.split()
   files = [t for t in tracked if t.endswith(".json")]
@@ -89,7 +85,6 @@ def private_uses(source: str) -> list[str]:
   (`from mha_jax.x import _y`, `mha_jax._x`), or reached as an attribute or an attribute
   string (monkeypatch.setattr(obj, "_y", ...)) of anything but the test's own objects
   (self, cls, its helper modules) and OTHERS_PRIVATE."""
-  import ast
   tree = sources.parse(source)
   ours = ("mha_jax",)
   helpers = {a.asname or a.name for n in ast.walk(tree)
@@ -123,7 +118,6 @@ def private_uses(source: str) -> list[str]:
 
 
 def test_no_test_uses_a_private_name_of_the_package():
-  import glob
   found = {os.path.relpath(p, ROOT): private_uses(open(p).read())
            for p in sorted(glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True))}
   assert {p: b for p, b in found.items() if b} == {}
