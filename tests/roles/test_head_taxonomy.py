@@ -217,7 +217,7 @@ def test_needle_inputs_place_the_needle_and_the_answer():
   assert start[0] == 0 and start[2] == 40 - 2 * 3 - 2
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # default run: test_taxonomy.py's test_the_taxonomy_verb_writes_scores_equal_to_their_recomputation
 def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
   import json
   import mha_jax
@@ -226,7 +226,7 @@ def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
   out = str(tmp_path / "analysis")
   analyze.analyze(loaded, out, analyze.AnalyzeOptions(
       ablations=False, roles="attention_sink,copy_suppression"), log=lambda m: None)
-  doc = json.load(open(f"{out}/role_scores.json"))
+  doc = json.load(open(f"{out}/roles.json"))
   heads = [r["head"] for r in json.load(open(f"{out}/heads.json"))]
   assert set(doc["lm_roles"]) == {"attention_sink", "copy_suppression"}
   assert sorted(doc["assigned"]) == sorted(heads)
@@ -237,7 +237,7 @@ def test_analyze_writes_roles_json_with_causal_checks(ind_run, tmp_path):
     assert c["verdict"] == ("holds" if c["effect"] > max(0, *c["random"]) else "fails")
   rows = {r["head"]: r["role"] for r in json.load(open(f"{out}/heads.json"))}
   assert rows == doc["assigned"]                       # the explorer's colours
-  assert (tmp_path / "analysis" / "head_taxonomy.png").exists()
+  assert (tmp_path / "analysis" / "taxonomy.png").exists()
   with pytest.raises(UserError, match="roles must be a non-empty subset"):
     analyze.analyze(loaded, out, analyze.AnalyzeOptions(ablations=False, roles="sinks"),
                    log=lambda m: None)

@@ -52,9 +52,12 @@ def test_the_plan_is_each_check_s_rows_within_the_budget(run_inputs):
       assert r == rows or (r + 1) * one > budget, name
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # default run: test_taxonomy.py's test_the_taxonomy_takes_a_memory_budget
 def test_the_checks_are_the_same_at_any_batching(run_inputs):
+  """At a budget of one row of the largest program (copy suppression's), each check runs
+  its rows a few at a time (the last batch padded) and equals all rows at once."""
   run, inputs = run_inputs
+  inputs = dict(inputs, text=np.concatenate([inputs["text"]] * 3))     # 9 windows
   settings = taxonomy.ClassifyOptions()
   full = taxonomy.behaviours(run, settings, inputs)
   one = max(p.bytes for p in taxonomy.plan(run, inputs, 10**9).values()) // 5
@@ -62,7 +65,9 @@ def test_the_checks_are_the_same_at_any_batching(run_inputs):
   budget = max(need.values())          # one row of the largest check: 1-2 rows of each
   small = taxonomy.behaviours(run, settings, inputs, budget)
   rows = {n: p.rows_per_batch for n, p in taxonomy.plan(run, inputs, budget).items()}
-  assert rows["repeat_loss"] == 1 and max(rows.values()) < 5 and one > 0
+  assert rows["copy_suppression"] == 1 and one > 0
+  assert rows["repeat_loss"] < 5 and rows["text_loss"] < 9 and rows["context_logit"] < 9
+  assert 5 % rows["repeat_loss"] and 9 % rows["text_loss"]             # padded last batches
   edits = taxonomy.mean_edits(run.params, ["lm.1.2"], [np.zeros((H, K), np.float32)] * L)
   for name in ("repeat_loss", "text_loss", "context_logit", "ioi_logit_diff"):
     for e in ({}, edits):
