@@ -113,15 +113,15 @@ def _clean_metric(s: activation_patching.Study, metric) -> np.ndarray:
 
 def prepare(loaded, behaviour, pairs_file, n_pairs, seed, keep_failing, log=print,
             graph: str = "grouped", memory_budget: int = 2 << 30, dtype: str | None = None,
-            mesh: str | None = None):
+            mesh=None):
   """(Study, metric fn, metric spec, pairs doc, failing doc): the pairs with those the
   model fails on the clean prompt (metric <= 0) left out unless keep_failing; graph
   "mib": the study's params ungrouped (graph.ungroup); dtype: the params cast
-  (memory.cast); mesh: the Study's ("data=2,model=4": sharding.study_mesh)."""
+  (memory.cast); mesh: the Study's (sharding.study_mesh; None: one device)."""
   if graph not in graph_lib.GRAPHS:
     raise UserError(f"graph must be one of {graph_lib.GRAPHS}; got {graph!r}", setting="graph")
   params = graph_lib.ungroup(loaded.params) if graph == "mib" else loaded.params
-  params, mesh = memory.cast(params, dtype), sharding.study_mesh(mesh)
+  params = memory.cast(params, dtype)
   pairs, spec = circuit_behaviours.make(loaded, behaviour, pairs_file, n_pairs, seed)
   s = activation_patching.Study(loaded.task, params, pairs, memory_budget=memory_budget,
                                   mesh=mesh)
@@ -156,10 +156,12 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
       opts.ig_on
   t0, c0 = time.perf_counter(), time.process_time()
   graph = "mib" if opts.evaluate else opts.graph     # the library's graph is MIB's
+  mesh = sharding.study_mesh(opts.mesh)
+  held = jax.eval_shape(graph_lib.ungroup, loaded.params) if graph == "mib" else loaded.params
   budget, budget_from = memory.budget(opts.memory_budget,
-                                      memory.params_bytes(loaded.params, opts.dtype))
+                                      memory.params_bytes(held, opts.dtype, mesh))
   s, metric, spec, failing = prepare(loaded, behaviour, pairs_file, n_pairs, seed,
-                                     opts.keep_failing, log, graph, budget, opts.dtype, opts.mesh)
+                                     opts.keep_failing, log, graph, budget, opts.dtype, mesh)
   es = edges_lib.EdgeStudy(s, metric=metric, ablation=ablation)
   if opts.export:
     mib_graph.edge_names(es.graph, es.edges[:0])      # refused before the work

@@ -138,8 +138,8 @@ def patch(loaded, out: str, opts: PatchOptions = PatchOptions(), *, log=print) -
   _sweeps(sites, False)
   pairs = pairs_lib.select_pairs(loaded.task, behaviour, pairs_file, n_pairs, seed)
   params = memory.cast(loaded.params, opts.dtype)
-  budget, budget_from = memory.budget(opts.memory_budget, memory.params_bytes(params))
   mesh = sharding.study_mesh(opts.mesh)
+  budget, budget_from = memory.budget(opts.memory_budget, memory.params_bytes(params, mesh=mesh))
   s = activation_patching.Study(loaded.task, params, pairs, memory_budget=budget, mesh=mesh)
   failing = [] if keep_failing else failing_pairs(s, pairs)
   if failing:

@@ -20,7 +20,7 @@ refused, naming the minimum.
 one compiled shape (the last group padded with rows that weigh 0).
 
 `budget(text)` reads `--memory-budget` ("4GB", "512MiB", "3e9", or None: the free memory,
-`kernels.dispatch.memory_limit()` less the params).
+`kernels.dispatch.memory_limit()` less the params a device holds: `params_bytes`).
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def budget_setting(holds: str, chosen: str):
   chosen from it before compiling."""
   return setting(None, metavar="BYTES", help=f"bytes {holds} may hold, e.g. 4GB or 512MiB: "
                  f"{chosen} chosen from it before compiling (default: half the device's "
-                 "free memory)")
+                 "free memory less the params it holds)")
 
 
 def dtype_setting():
@@ -325,19 +325,25 @@ def mesh_setting():
                  "device count; default: one device)")
 
 
-def params_bytes(params, dtype: str | None = None) -> int:
-  """Bytes of the params' arrays (their floating ones in `dtype` when given, as `cast`
-  makes them)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
+def params_bytes(params, dtype: str | None = None, mesh=None) -> int:
+  """Bytes of the params' arrays on one device (their floating ones in `dtype` when given,
+  as `cast` makes them); with a (data, model) mesh, each array's shard as a study places
+  it (train.sharding.shardings: heads and hidden units over "model")."""
+  shards = None
+  if mesh is not None:
+    from mha_jax.train import sharding
+    shards = sharding.shardings(params, mesh)
 
-  def size(x):
+  def size(x, sh=None):
+    if not hasattr(x, "dtype"):
+      return 0
     dt = jnp.dtype(x.dtype)
     if dtype is not None and jnp.issubdtype(dt, jnp.floating):
       dt = jnp.dtype(dtype)
-    return int(np.prod(np.shape(x))) * dt.itemsize
-  return int(sum(size(x) for x in jax.tree.leaves(params) if hasattr(x, "dtype")))
+    shape = np.shape(x) if sh is None else sh.shard_shape(np.shape(x))
+    return int(np.prod(shape)) * dt.itemsize
+  sizes = jax.tree.map(size, params) if shards is None else jax.tree.map(size, params, shards)
+  return int(sum(jax.tree.leaves(sizes)))
 
 
 def cast(params, dtype: str | None, setting: str = "dtype"):

@@ -3,6 +3,7 @@ chunking; bfloat16 studies near float32."""
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -75,6 +76,25 @@ def test_bad_sizes_are_refused_by_name(text):
 def tiny():
   params, pairs = tiny_llama_pairs(slice(1, 3), [7, 6, 7])
   return params, pairs
+
+
+def test_params_bytes_on_a_mesh_are_one_device_s_shard():
+  """On a (data 2, model 2) mesh a device holds half of each attention projection (its
+  heads) and of each MLP matrix (its hidden units), and the whole of everything else
+  (embeddings, norms); in bfloat16 half of that again."""
+  from jax.sharding import AbstractMesh
+  params, _ = tiny_llama_pairs(slice(1, 3), [7, 6, 7])
+  split = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
+  whole = halved = 0
+  for path, x in jax.tree_util.tree_leaves_with_path(params):
+    n = x.size * x.dtype.itemsize
+    whole += n
+    halved += n // 2 if path[-1].key in split else n
+  assert whole > halved > whole // 2
+  mesh = AbstractMesh((2, 2), ("data", "model"))
+  assert memory.params_bytes(params) == whole
+  assert memory.params_bytes(params, mesh=mesh) == halved
+  assert memory.params_bytes(params, "bfloat16", mesh) == halved // 2
 
 
 @pytest.mark.parametrize("rows", [None, 1, 3, 7, 50])
