@@ -1,7 +1,8 @@
 """`mha-jax circuits --workdir DIR`: behavioural and weight-based circuit scores of a
 decoder-only model, the phase change over its checkpoints, path expansion and term
 importance. Writes DIR/circuits/circuits.json and composition.png, positivity.png,
-icl.png. (`mha-jax circuit`, circuit.py, is the edge circuit of one behaviour.)"""
+icl.png (an imported model: circuits.json and induction.png). (`mha-jax circuit`,
+circuit.py, is the edge circuit of one behaviour.)"""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from mha_jax.circuits import paths
 from mha_jax.roles import behaviour
 from mha_jax.toolkit import composition as scores
 from mha_jax.loader import each_checkpoint
+from mha_jax.machine import machine
 from mha_jax.models import common
 from mha_jax.settings import setting
 from mha_jax.toolkit import capture, plots
@@ -189,7 +191,8 @@ def real_lm_circuits(loaded, out_dir: str, *, top: int = 10, batch: int = 8,
   result = {"workdir": loaded.workdir, "step": loaded.step, "heads": heads, **icl,
             "repeated_tokens": {"batch": int(tokens.shape[0]), "length": int(tokens.shape[1])},
             "previous_token_heads": [n for n in prev_rank if n in prev_set],
-            "k_composition_baseline": base, "top_induction_heads": rows}
+            "k_composition_baseline": base, "top_induction_heads": rows,
+            "machine": machine()}
   storage.write_json(storage.join(out_dir, "circuits.json"), result)
   plots.real_model_induction(result, storage.join(out_dir, "induction.png"))
   return result

@@ -96,8 +96,10 @@ STUDIES = {
     "export-pruned": Study(prune_lib.export_pruned, check=_export_check,
                            show=_keys("head_counts", "max_abs_diff_vs_masked",
                                       "relative_diff_vs_masked", "forward_speed")),
-    "circuits": Study(circuits_report.circuits, out="circuits", show=_summary(
-        circuits_report, "circuits.json, composition.png, positivity.png, icl.png")),
+    "circuits": Study(circuits_report.circuits, out="circuits", show=lambda res, out, opts:
+                      _summary(circuits_report, "circuits.json, induction.png"
+                               if "top_induction_heads" in res else "circuits.json, "
+                               "composition.png, positivity.png, icl.png")(res, out, opts)),
     "role-steps": Study(role_steps_lib.role_steps, out="role_steps", show=_summary(
         role_steps_lib, "role_steps.json, role_steps.png", seconds=True)),
     "taxonomy": Study(taxonomy_lib.taxonomy, out="taxonomy", show=lambda res, out, opts:

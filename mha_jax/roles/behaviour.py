@@ -5,7 +5,9 @@
   previous token   attention to the previous position
   copying          the head's direct effect on the logit of the token it attends to,
                    minus its mean effect over the vocabulary (row convention:
-                   head output @ Wo_h @ U; exact for models without a final LayerNorm)
+                   head output @ Wo_h @ U; exact for models without a final LayerNorm),
+                   at the queries whose most-attended key is not position 0 (BOS, where
+                   a head rests: what it writes against BOS's logit is not copying)
   ICL score        loss at a late position minus loss at an early one (Olsson et al.):
                    on repeated tokens (icl_score) and on the run's own text
                    (text_icl_score: token 500, or the last the context holds, minus 50)
@@ -39,7 +41,6 @@ def head_scores(loaded, tokens: np.ndarray) -> dict[str, dict[str, float]]:
   cap = capture.captured(loaded.task, loaded.params, {"tokens": tokens})
   x = tokens[:, :-1]
   u = scores.unembed_matrix(loaded.params)                             # (D, V)
-  u_mean = u.mean(1)
   out = {}
   for layer, r in enumerate(cap["lm"]):
     w = np.asarray(r.weights)
@@ -48,15 +49,26 @@ def head_scores(loaded, tokens: np.ndarray) -> dict[str, dict[str, float]]:
     wo = np.asarray(attn["wo"], np.float64)
     heads = np.asarray(r.heads, np.float64)                         # (B, T, H, K)
     for h in range(w.shape[1]):
-      write = heads[:, :, h] @ wo[h]                                 # (B, T, D)
-      attended = np.take_along_axis(x, w[:, h].argmax(-1), axis=1)   # (B, T)
-      own = np.einsum("btd,dbt->bt", write, u[:, attended])          # logit of attended
-      copying = float((own - write @ u_mean)[:, 1:].mean())
       out[f"lm.{layer}.{h}"] = {"prefix_matching": float(s["induction"][h]),
                                 "previous_token": float(s["previous_token"][h]),
                                 "duplicate_token": float(s["duplicate_token"][h]),
-                                "copying": copying}
+                                "copying": copying(heads[:, :, h] @ wo[h], w[:, h], x, u)}
   return out
+
+
+def copying(write_BTD: np.ndarray, weights_BTS: np.ndarray, tokens_BT: np.ndarray,
+            u_DV: np.ndarray) -> float:
+  """A head's copying score (see the module docstring): what it writes (B, T, D), dotted
+  with the unembedding column (u (D, V)) of the token at its most-attended key, less
+  its mean over the vocabulary, averaged over the queries t >= 1 whose most-attended
+  key is not 0; 0.0 for a head that only ever attends to key 0."""
+  keys = np.asarray(weights_BTS).argmax(-1)                               # (B, T)
+  attended = np.take_along_axis(np.asarray(tokens_BT), keys, axis=1)     # (B, T)
+  own = np.einsum("btd,dbt->bt", write_BTD, u_DV[:, attended])          # logit of attended
+  effect = own - write_BTD @ u_DV.mean(1)
+  keep = keys > 0
+  keep[:, 0] = False
+  return float(effect[keep].mean()) if keep.any() else 0.0
 
 
 def icl_score(loaded, tokens: np.ndarray, lengths: np.ndarray) -> dict[str, float]:

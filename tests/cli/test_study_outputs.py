@@ -11,6 +11,7 @@ import pytest
 
 import mha_jax
 from mha_jax import cli as cli_mod
+from mha_jax.models import common
 from builders import QUIET, file_tree, read_only_under
 
 # On the worker that trains conftest's ind_run and parallel_run (setup.cfg: --dist loadgroup).
@@ -92,3 +93,27 @@ def test_a_model_without_heads_runs_through_analyze_and_circuits(ind_run, tmp_pa
   assert res["heads"] == {} and res["induction_heads"] == []
   assert res["previous_token_head"] is None
   assert "no attention heads in this model" in capsys.readouterr().out
+
+
+def test_circuits_on_an_imported_lm_through_the_cli(tiny_hf_folder, tmp_path, capsys):
+  """`mha-jax circuits` on an imported LLaMA (GQA, RMSNorm, MLPs): every head scored, the
+  top heads by prefix matching (in that order) with their OV positivity and K-composition
+  partners from earlier layers, the machine recorded; it names the files it wrote."""
+  wd, out = str(tmp_path / "w"), str(tmp_path / "c")
+  assert cli_mod.main(["import", "--file", tiny_hf_folder, "--workdir", wd]) == 0
+  capsys.readouterr()
+  assert cli_mod.main(["circuits", "--workdir", wd, "--out", out]) == 0
+  assert f"wrote {out}/ (circuits.json, induction.png)" in capsys.readouterr().out
+  assert sorted(os.listdir(out)) == ["circuits.json", "induction.png"]
+  res = json.load(open(os.path.join(out, "circuits.json")))
+  counts = common.head_counts(mha_jax.load(wd).params)["lm"]
+  assert set(res["heads"]) == {f"lm.{l}.{h}" for l, n in enumerate(counts) for h in range(n)}
+  top = res["top_induction_heads"]
+  prefix = [r["prefix_matching"] for r in top]
+  assert top and prefix == sorted(prefix, reverse=True)
+  for r in top:
+    assert res["heads"][r["head"]]["copying"] == r["copying"]
+    assert -1.0 <= r["ov_positivity"] <= 1.0
+    assert all(int(p["head"].split(".")[1]) < int(r["head"].split(".")[1])
+               for p in r["k_partners"])
+  assert res["machine"]["date"]
