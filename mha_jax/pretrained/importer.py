@@ -161,15 +161,27 @@ def import_model(workdir: str, name: str | None = None, file: str | None = None,
       storage.rmdir(workdir)         # empty (checked above)
     storage.rename(tmp, workdir)
   except StorageFault as e:    # named as the target, not the hidden folder it was
-    storage.rmtree(tmp, ignore_errors=True)
+    _remove_staging(tmp)
     fault = StorageFault(f"import: {str(e).replace(tmp, storage.abspath(workdir))}; "
                          f"nothing was left behind")
     fault.kind, fault.where = getattr(e, "kind", None), workdir
     raise fault from None
   except BaseException:
-    storage.rmtree(tmp, ignore_errors=True)
+    _remove_staging(tmp)
     raise
   return cfg
+
+
+def _remove_staging(tmp: str, tries: int = 40, wait_s: float = 0.25) -> None:
+  """Removes a failed import's folder, again while something still writes into it (a
+  failed save's storage threads can finish a file after the first removal), for up to
+  tries x wait_s seconds."""
+  import time
+  for _ in range(tries):
+    storage.rmtree(tmp, ignore_errors=True)
+    if not storage.exists(tmp):
+      return
+    time.sleep(wait_s)
 
 
 # ------------------------------------------------------------------ the user's model cache

@@ -404,6 +404,41 @@ def test_corrupt_and_truncated_files_are_refused(tmp_path):
   assert not [p for p in os.listdir(tmp_path) if p.startswith(".import-")]
 
 
+def test_a_failed_save_leaves_nothing_even_when_the_first_removal_fails(tiny_hf_folder,
+                                                                       tmp_path, monkeypatch):
+  """The save fails (a full disk) after writing part of a checkpoint, and the first
+  removal of the import's folder fails too (as when storage threads still finish or
+  remove files in it): the import says so in one line and the folder is still gone."""
+  from mha_jax import storage
+  from mha_jax.errors import StorageFault
+  from mha_jax.train import checkpoint as ckpt_lib
+
+  class FullDisk:
+    def __init__(self, workdir, **kw):
+      self.workdir = workdir
+
+    def save_params(self, *a, **kw):
+      part = os.path.join(self.workdir, "checkpoints", "0.orbax-checkpoint-tmp")
+      os.makedirs(part)
+      open(os.path.join(part, "params"), "wb").write(b"partial")
+      raise StorageFault(f"the disk is full at {part}")
+
+    def close(self):
+      pass
+
+  real, calls = storage.rmtree, []
+
+  def first_fails(p, *, ignore_errors=False):
+    calls.append(p)
+    if len(calls) > 1:
+      real(p, ignore_errors=ignore_errors)
+  monkeypatch.setattr(ckpt_lib, "Checkpoints", FullDisk)
+  monkeypatch.setattr(storage, "rmtree", first_fails)
+  with pytest.raises(StorageFault, match="the disk is full.*nothing was left behind"):
+    importer.import_model(str(tmp_path / "w"), file=tiny_hf_folder)
+  assert len(calls) >= 2 and os.listdir(tmp_path) == []
+
+
 def test_wrong_architecture_is_refused(tmp_path):
   path = write_gguf_header(tmp_path / "mamba.gguf", "mamba", [("add_block_count", 1)])
   with pytest.raises(ValueError, match=r"mamba.gguf.*architecture is 'mamba'"):
