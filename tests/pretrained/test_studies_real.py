@@ -141,7 +141,10 @@ def test_prune_and_export_an_imported_lm(smol, tmp_path):
   assert info["kept"] == 20 and info["after"]["loss"] > info["base"]["loss"]
   ex = prune_lib.export_pruned(mha_jax.load(out), str(tmp_path / "exported"),
                                log=lambda s: None)
-  assert ex["max_abs_diff_vs_masked"] < 2e-3
+  # auto runs the masked layers (9 heads) on the blocked kernel and the exported ones (0-2
+  # heads) on the reference kernel: float32 sums in another order, 1e-2 of logits up to
+  # 36 after 30 layers (both on the reference kernel: 0.0; docs/guide/pruning.md)
+  assert ex["relative_diff_vs_masked"] < 5e-3
   assert sum(ex["head_counts"]["lm"]) >= 20 and ex["forward_speed"]["speedup"] > 0
   # L0 gates train on the built-in text's train split, the model frozen
   la, params, hist = methods.train_gates(smol, 0.05, stacks=["lm"], steps=2,
