@@ -182,14 +182,12 @@ def circuit(loaded, out: str, opts: CircuitOptions = CircuitOptions(), *,
   scores, points, best, at = (tried[chosen][k] for k in ("scores", "points", "keep", "at"))
   area = {k: tried[chosen][k] for k in ("cpr", "cmd", "cpr_absolute_ranking")}
   view = search.touched(es.graph, best)
-  node_of: dict = {}        # the node view's function, made once for both steps
+  of = search.node_faithfulness(s)       # the node view's function: both steps use it
   nodes = {"heads": view["heads"], "mlps": view["mlps"], "edges": int(best.sum()),
            "faithfulness": points[at if at is not None else -1]["faithfulness"],
-           "reached_target": at is not None,
-           **timed("nodes", lambda: node_of.setdefault(0, search.node_faithfulness(s))(
-               view["heads"]))}
+           "reached_target": at is not None, **timed("nodes", lambda: of(view["heads"]))}
   nodes["fewest_heads"] = timed("fewest_heads", lambda: search.fewest_heads(
-      s, es.graph, es.edges, scores, target, of=node_of[0]))
+      s, es.graph, es.edges, scores, target, of=of))
   names = es.graph.nodes, es.graph.ends
   order = np.argsort(-np.abs(scores), kind="stable")
   doc = {"workdir": loaded.workdir, "task": behaviour or pairs_file, "method": method,

@@ -172,7 +172,9 @@ def successor_scores(task, params, min_items: int = 3, rows: int | None = None
   """((L, H_max) succession scores, {sequence: [ids]}) on the model's ordinal sequences
   (their effective embeddings `rows` tokens per batch)."""
   ids = ordinal_ids(task, min_items)
-  x = {k: effective_embeddings(task, params, v, rows) for k, v in ids.items()}
+  every = effective_embeddings(task, params, [i for v in ids.values() for i in v], rows)
+  ends = np.cumsum([len(v) for v in ids.values()])[:-1]              # one program for all
+  x = dict(zip(ids, np.split(every, ends)))
   return succession_scores(params, x, ids), ids
 
 

@@ -51,12 +51,11 @@ def classifier_settings(opts: TaxonomyOptions, budget: int | None = None
                         ) -> head_taxonomy.ClassifyOptions:
   """The classifier's settings of a study's options; budget: the bytes of
   memory.budget (None: every row at once)."""
-  return head_taxonomy.ClassifyOptions(memory_budget=budget, roles=opts.roles, top_k=opts.top_k, draws=opts.draws,
-                                seed=opts.seed, n_pairs=opts.n_pairs,
-                                retrieval_len=opts.retrieval_len,
-                                bootstrap_windows=opts.bootstrap_windows,
-                                bootstrap_level=opts.bootstrap_level,
-                                bootstrap_draws=opts.bootstrap_draws)
+  return head_taxonomy.ClassifyOptions(
+      memory_budget=budget, roles=opts.roles, top_k=opts.top_k, draws=opts.draws,
+      seed=opts.seed, n_pairs=opts.n_pairs, retrieval_len=opts.retrieval_len,
+      bootstrap_windows=opts.bootstrap_windows, bootstrap_level=opts.bootstrap_level,
+      bootstrap_draws=opts.bootstrap_draws)
 
 
 def taxonomy(loaded, out: str | None = None, opts: TaxonomyOptions = TaxonomyOptions(), *,

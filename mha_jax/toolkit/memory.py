@@ -285,8 +285,6 @@ def map_rows(fn, arrays: tuple, rows: int | None):
 
 def mlp_width(params, d_model: int) -> int:
   """The widest MLP (its w_up's output width) of the params; 4 * d_model without one."""
-  import jax
-  import numpy as np
   widths = [int(np.shape(x)[-1]) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
             if getattr(path[-1], "key", None) == "w_up"]
   return max(widths, default=4 * d_model)
