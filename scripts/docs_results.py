@@ -10,6 +10,7 @@ docs/claims/claims.json), never copied by hand. Run before `mkdocs build`
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import pathlib
 
@@ -1150,12 +1151,8 @@ def _chunk(g: dict) -> str:
 
 def _loops(trips: list) -> str:
   """Loop trip counts, runs of the same one as "N x k" (?: unknown)."""
-  runs: list = []
-  for n in ("?" if t is None else str(t) for t in trips):
-    if runs and runs[-1][0] == n:
-      runs[-1][1] += 1
-    else:
-      runs.append([n, 1])
+  runs = ((n, len(list(g))) for n, g in itertools.groupby(
+      "?" if t is None else str(t) for t in trips))
   return ", ".join(n if k == 1 else f"{n} x {k}" for n, k in runs)
 
 
